@@ -1,0 +1,577 @@
+//! The validated program both backends consume.
+//!
+//! Everything here has been resolved and checked by [`crate::lang`]: names are ids, values
+//! are in range, every action list ends in exactly one terminal action, the pipe graph is
+//! acyclic. Nothing here knows about syntax or source locations.
+
+mod field;
+
+pub use field::{
+    info as field_info, Field, FieldId, FieldInfo, ValueKind, CT_STATE_NAMES, FIELDS,
+    TCP_FLAG_NAMES,
+};
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+macro_rules! id_type {
+    ($($name:ident),*) => {$(
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(pub u16);
+        impl $name {
+            pub fn index(self) -> usize {
+                self.0 as usize
+            }
+        }
+    )*};
+}
+id_type!(PortId, PipeId, MeterId, ServiceId);
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Program {
+    pub name: String,
+    pub ports: Vec<Port>,
+    pub pipes: Vec<Pipe>,
+    pub meters: Vec<Meter>,
+    pub services: Vec<Service>,
+    pub conntrack: Option<Conntrack>,
+    pub telemetry: Telemetry,
+}
+
+impl Program {
+    pub fn port(&self, id: PortId) -> &Port {
+        &self.ports[id.index()]
+    }
+
+    pub fn pipe(&self, id: PipeId) -> &Pipe {
+        &self.pipes[id.index()]
+    }
+
+    /// The root pipe fed by a port, if any.
+    pub fn root_of(&self, port: PortId) -> Option<PipeId> {
+        self.pipes
+            .iter()
+            .position(|p| p.from.contains(&port))
+            .map(|i| PipeId(i as u16))
+    }
+
+    /// Total number of rules and table entries.
+    pub fn entry_count(&self) -> usize {
+        self.pipes.iter().map(|p| p.body.len()).sum()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Driver {
+    Pcap,
+    AfPacket,
+    AfXdp,
+    Doca,
+}
+
+impl Driver {
+    pub const ALL: &'static [(&'static str, Driver)] = &[
+        ("pcap", Driver::Pcap),
+        ("af_packet", Driver::AfPacket),
+        ("af_xdp", Driver::AfXdp),
+        ("doca", Driver::Doca),
+    ];
+
+    pub fn name(self) -> &'static str {
+        Driver::ALL
+            .iter()
+            .find(|(_, d)| *d == self)
+            .map_or("?", |(n, _)| n)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Port {
+    pub name: String,
+    pub driver: Driver,
+    /// Interface name (af_packet, af_xdp) or DOCA device representor.
+    pub iface: Option<String>,
+    /// Capture file (pcap driver).
+    pub file: Option<PathBuf>,
+    pub queues: u16,
+    /// Largest IP packet the port sends, in bytes (the L3 MTU).
+    pub mtu: u16,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pipe {
+    pub name: String,
+    /// Ports whose received packets enter here (a DOCA root pipe when non-empty).
+    pub from: Vec<PortId>,
+    pub body: PipeBody,
+    /// What happens to a packet no rule or entry matched.
+    pub miss: ActionList,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum PipeBody {
+    /// Ordered rules, first match wins (a DOCA control or ACL pipe).
+    Rules(Vec<Rule>),
+    /// Exact match on a tuple of fields (a DOCA basic pipe with a hash of entries).
+    Exact {
+        fields: Vec<Field>,
+        entries: Vec<ExactEntry>,
+    },
+    /// Longest-prefix match on one address field (a DOCA LPM pipe).
+    Lpm {
+        field: Field,
+        entries: Vec<LpmEntry>,
+    },
+}
+
+impl PipeBody {
+    pub fn len(&self) -> usize {
+        match self {
+            PipeBody::Rules(r) => r.len(),
+            PipeBody::Exact { entries, .. } => entries.len(),
+            PipeBody::Lpm { entries, .. } => entries.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every action list in the body, without the miss list.
+    pub fn action_lists(&self) -> Box<dyn Iterator<Item = &ActionList> + '_> {
+        match self {
+            PipeBody::Rules(r) => Box::new(r.iter().map(|r| &r.actions)),
+            PipeBody::Exact { entries, .. } => Box::new(entries.iter().map(|e| &e.actions)),
+            PipeBody::Lpm { entries, .. } => Box::new(entries.iter().map(|e| &e.actions)),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    pub name: String,
+    /// All must hold; at most one pattern per field.
+    pub matches: Vec<FieldMatch>,
+    pub actions: ActionList,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExactEntry {
+    /// One value per field of the table, in the table's field order.
+    pub key: Vec<u128>,
+    pub actions: ActionList,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LpmEntry {
+    pub value: u128,
+    pub len: u8,
+    pub actions: ActionList,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct FieldMatch {
+    pub field: Field,
+    pub pattern: Pattern,
+}
+
+/// A set of values of one field. Values are right-aligned in a `u128` (an IPv4 address is
+/// its 32-bit number, a MAC its 48-bit number).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pattern {
+    /// `value & mask == value`: exact values, prefixes and bit masks.
+    Masked { value: u128, mask: u128 },
+    /// `lo <= v <= hi`.
+    Range { lo: u128, hi: u128 },
+    /// Any of these patterns (each a `Masked` or a `Range`).
+    Any(Vec<Pattern>),
+}
+
+impl Pattern {
+    pub fn exact(value: u128, kind: ValueKind) -> Pattern {
+        Pattern::Masked {
+            value,
+            mask: kind.full_mask(),
+        }
+    }
+
+    pub fn prefix(value: u128, len: u8, kind: ValueKind) -> Pattern {
+        let full = kind.full_mask();
+        let mask = match len {
+            0 => 0,
+            l if l >= kind.bits() => full,
+            l => full & !(full >> l),
+        };
+        Pattern::Masked {
+            value: value & mask,
+            mask,
+        }
+    }
+
+    pub fn matches(&self, v: u128) -> bool {
+        match self {
+            Pattern::Masked { value, mask } => v & mask == *value,
+            Pattern::Range { lo, hi } => (*lo..=*hi).contains(&v),
+            Pattern::Any(ps) => ps.iter().any(|p| p.matches(v)),
+        }
+    }
+
+    /// The pattern as an inclusive interval, when it is one (ranges and prefix masks).
+    fn interval(&self, kind: ValueKind) -> Option<(u128, u128)> {
+        match *self {
+            Pattern::Range { lo, hi } => Some((lo, hi)),
+            Pattern::Masked { value, mask } => {
+                let host = !mask & kind.full_mask();
+                // A prefix mask has all its host bits below its network bits.
+                (host & host.wrapping_add(1) == 0).then_some((value, value | host))
+            }
+            Pattern::Any(_) => None,
+        }
+    }
+
+    /// True when every value `other` matches, `self` matches too. Conservative: it may
+    /// answer false for exotic combinations (a set jointly covering a range, a range
+    /// covering a non-prefix mask), never true wrongly.
+    pub fn covers(&self, other: &Pattern, kind: ValueKind) -> bool {
+        if let Pattern::Any(others) = other {
+            return others.iter().all(|o| self.covers(o, kind));
+        }
+        if let Pattern::Any(mine) = self {
+            return mine.iter().any(|m| m.covers(other, kind));
+        }
+        if let (Some((lo, hi)), Some((olo, ohi))) = (self.interval(kind), other.interval(kind)) {
+            return lo <= olo && ohi <= hi;
+        }
+        match (self, other) {
+            (
+                Pattern::Masked { value, mask },
+                Pattern::Masked {
+                    value: ov,
+                    mask: om,
+                },
+            ) => mask & om == *mask && ov & mask == *value,
+            (Pattern::Masked { .. }, Pattern::Range { lo, hi }) => {
+                hi - lo < 256 && (*lo..=*hi).all(|v| self.matches(v))
+            }
+            _ => false,
+        }
+    }
+}
+
+/// One action. Terminal actions (`fwd`, `goto`, `drop`, `to`) end a list.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    Count,
+    Meter(MeterId),
+    Mirror(PortId),
+    Set {
+        field: Field,
+        value: u128,
+    },
+    /// Decrement IPv4 TTL or IPv6 hop limit; the packet is dropped at zero.
+    DecTtl,
+    VlanPush {
+        vid: u16,
+        pcp: u8,
+    },
+    VlanPop,
+    Encap(Box<Encap>),
+    Decap(Tunnel),
+    CtCommit {
+        zone: u16,
+    },
+    Mark(u32),
+    Fwd(PortId),
+    Goto(PipeId),
+    Drop,
+    ToService(ServiceId),
+}
+
+impl Action {
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            Action::Fwd(_) | Action::Goto(_) | Action::Drop | Action::ToService(_)
+        )
+    }
+}
+
+/// A list of actions whose last element, and only it, is terminal.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ActionList(pub Vec<Action>);
+
+impl ActionList {
+    pub fn terminal(&self) -> &Action {
+        self.0
+            .last()
+            .expect("validated action lists end in a terminal action")
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tunnel {
+    Vxlan,
+    Geneve,
+}
+
+impl Tunnel {
+    /// IANA-assigned UDP destination ports (RFC 7348 §5, RFC 8926 §3.3).
+    pub fn default_port(self) -> u16 {
+        match self {
+            Tunnel::Vxlan => 4789,
+            Tunnel::Geneve => 6081,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Tunnel::Vxlan => "vxlan",
+            Tunnel::Geneve => "geneve",
+        }
+    }
+}
+
+/// Outer headers to prepend: Ethernet, IPv4 or IPv6, UDP, then VXLAN or Geneve.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Encap {
+    pub tunnel: Tunnel,
+    pub vni: u32,
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub smac: [u8; 6],
+    pub dmac: [u8; 6],
+    pub udp_dst: u16,
+    pub ttl: u8,
+    /// Geneve options (RFC 8926 §3.5); empty for VXLAN.
+    pub options: Vec<GeneveOption>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GeneveOption {
+    pub class: u16,
+    pub kind: u8,
+    pub critical: bool,
+    /// A multiple of 4 bytes, at most 124.
+    pub data: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MeterRate {
+    Packets,
+    Bits,
+}
+
+/// A two-rate or single-rate three-colour meter; rates and bursts in packets or in
+/// bits/s and bytes, as `unit` says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Meter {
+    pub name: String,
+    pub unit: MeterRate,
+    /// Committed information rate (per second).
+    pub cir: u64,
+    /// Committed burst size.
+    pub cbs: u64,
+    pub algorithm: MeterAlgorithm,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MeterAlgorithm {
+    /// RFC 2697: excess burst size.
+    SingleRate { ebs: u64 },
+    /// RFC 2698: peak rate and peak burst size.
+    TwoRate { pir: u64, pbs: u64 },
+}
+
+/// Connection-tracking table settings; timeouts default to Linux nf_conntrack's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conntrack {
+    pub capacity: u64,
+    pub timeouts: CtTimeouts,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CtTimeouts {
+    pub tcp_syn_sent: Duration,
+    pub tcp_syn_recv: Duration,
+    pub tcp_established: Duration,
+    pub tcp_fin_wait: Duration,
+    pub tcp_close_wait: Duration,
+    pub tcp_last_ack: Duration,
+    pub tcp_time_wait: Duration,
+    pub tcp_close: Duration,
+    pub udp: Duration,
+    pub udp_stream: Duration,
+    pub icmp: Duration,
+}
+
+impl Default for CtTimeouts {
+    /// Linux 6.1 `nf_conntrack_*_timeout*` sysctl defaults.
+    fn default() -> Self {
+        let s = Duration::from_secs;
+        CtTimeouts {
+            tcp_syn_sent: s(120),
+            tcp_syn_recv: s(60),
+            tcp_established: s(432_000),
+            tcp_fin_wait: s(120),
+            tcp_close_wait: s(60),
+            tcp_last_ack: s(30),
+            tcp_time_wait: s(120),
+            tcp_close: s(10),
+            udp: s(30),
+            udp_stream: s(120),
+            icmp: s(30),
+        }
+    }
+}
+
+impl CtTimeouts {
+    /// Names as written in the `conntrack` block, with a mutable reference to each.
+    pub fn by_name(&mut self) -> [(&'static str, &mut Duration); 11] {
+        [
+            ("tcp_syn_sent", &mut self.tcp_syn_sent),
+            ("tcp_syn_recv", &mut self.tcp_syn_recv),
+            ("tcp_established", &mut self.tcp_established),
+            ("tcp_fin_wait", &mut self.tcp_fin_wait),
+            ("tcp_close_wait", &mut self.tcp_close_wait),
+            ("tcp_last_ack", &mut self.tcp_last_ack),
+            ("tcp_time_wait", &mut self.tcp_time_wait),
+            ("tcp_close", &mut self.tcp_close),
+            ("udp", &mut self.udp),
+            ("udp_stream", &mut self.udp_stream),
+            ("icmp", &mut self.icmp),
+        ]
+    }
+}
+
+/// Telemetry settings; both exporters are off unless an address is given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Telemetry {
+    pub prometheus: Option<SocketAddr>,
+    pub ipfix: Option<SocketAddr>,
+    /// IPFIX active timeout: a long flow is exported at least this often.
+    pub active_timeout: Duration,
+    /// IPFIX idle timeout: a flow silent this long is exported and forgotten.
+    pub idle_timeout: Duration,
+    /// How often IPFIX templates are sent again (RFC 7011 §8.4).
+    pub template_refresh: Duration,
+    /// Rules with their own Prometheus series; the rest are summed into one.
+    pub max_rule_series: u32,
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Telemetry {
+            prometheus: None,
+            ipfix: None,
+            active_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(15),
+            template_refresh: Duration::from_secs(600),
+            max_rule_series: 1000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Service {
+    pub name: String,
+    pub kind: ServiceKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServiceKind {
+    KvCache(KvCache),
+}
+
+/// The KV-cache block service: where it listens and where it stores blocks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvCache {
+    pub listen: SocketAddr,
+    pub target: StorageTarget,
+    /// Bytes of storage the index may allocate.
+    pub capacity: u64,
+    /// Allocation unit in bytes (a multiple of 512).
+    pub block_size: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StorageTarget {
+    /// `nvme-tcp://HOST:PORT/NQN`
+    NvmeTcp { addr: SocketAddr, nqn: String },
+    /// `nbd://HOST:PORT[/EXPORT]`
+    Nbd { addr: SocketAddr, export: String },
+    /// `nvme:///dev/nvme0n1` or `file:///path`: a local block device or file.
+    Local { path: PathBuf },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const IP4: ValueKind = ValueKind::Ipv4;
+    const PORT: ValueKind = ValueKind::Int { bits: 16 };
+
+    #[test]
+    fn prefix_masks() {
+        assert_eq!(
+            Pattern::prefix(0x0a01_0203, 16, IP4),
+            Pattern::Masked {
+                value: 0x0a01_0000,
+                mask: 0xffff_0000
+            }
+        );
+        assert_eq!(
+            Pattern::prefix(5, 0, IP4),
+            Pattern::Masked { value: 0, mask: 0 }
+        );
+        assert_eq!(
+            Pattern::prefix(1, 128, ValueKind::Ipv6),
+            Pattern::Masked {
+                value: 1,
+                mask: u128::MAX
+            }
+        );
+    }
+
+    #[test]
+    fn coverage() {
+        let p8 = Pattern::prefix(0x0a00_0000, 8, IP4);
+        let p16 = Pattern::prefix(0x0a01_0000, 16, IP4);
+        assert!(p8.covers(&p16, IP4));
+        assert!(!p16.covers(&p8, IP4));
+        let r = Pattern::Range {
+            lo: 1024,
+            hi: 65535,
+        };
+        assert!(r.covers(&Pattern::exact(8080, PORT), PORT));
+        assert!(!r.covers(&Pattern::exact(80, PORT), PORT));
+        let set = Pattern::Any(vec![Pattern::exact(80, PORT), Pattern::exact(443, PORT)]);
+        assert!(r.covers(&Pattern::exact(2000, PORT), PORT));
+        assert!(set.covers(&Pattern::exact(443, PORT), PORT));
+        assert!(!Pattern::exact(443, PORT).covers(&set, PORT));
+        assert!(Pattern::Masked { value: 0, mask: 0 }.covers(&r, PORT));
+        assert!(Pattern::Range { lo: 0, hi: 65535 }.covers(&set, PORT));
+    }
+}
+
+/// A value written the way the language writes it for its kind.
+pub fn display_value(v: u128, kind: ValueKind) -> String {
+    match kind {
+        ValueKind::Ipv4 => std::net::Ipv4Addr::from(v as u32).to_string(),
+        ValueKind::Ipv6 => std::net::Ipv6Addr::from(v).to_string(),
+        ValueKind::Mac => {
+            let b = v.to_be_bytes();
+            b[10..]
+                .iter()
+                .map(|x| format!("{x:02x}"))
+                .collect::<Vec<_>>()
+                .join(":")
+        }
+        _ => v.to_string(),
+    }
+}
+
+/// `ADDR/LEN`.
+pub fn display_prefix(v: u128, len: u8, kind: ValueKind) -> String {
+    format!("{}/{len}", display_value(v, kind))
+}

@@ -1,0 +1,89 @@
+//! Pipeline files: text → tokens → syntax tree → checks → [`crate::ir::Program`].
+//!
+//! [`check_file`] and [`check_source`] are the entry points. They never panic on any
+//! input: a file yields a program, or diagnostics that say what is wrong and where.
+
+pub mod ast;
+pub mod classbench;
+pub mod diag;
+mod lexer;
+mod lower;
+pub mod parser;
+pub mod value;
+
+pub use diag::{Diagnostic, Severity, SourceMap, Span};
+pub use lower::classbench_matches;
+
+use crate::ir::Program;
+use std::path::Path;
+
+/// The outcome of checking one pipeline file.
+#[derive(Debug)]
+pub struct Checked {
+    /// The pipeline file and every rule file it read, for rendering diagnostics.
+    pub sources: SourceMap,
+    /// Errors and warnings, in the order found.
+    pub diagnostics: Vec<Diagnostic>,
+    /// The program, when there is no error.
+    pub program: Option<Program>,
+}
+
+impl Checked {
+    pub fn has_errors(&self) -> bool {
+        self.diagnostics
+            .iter()
+            .any(|d| d.severity == Severity::Error)
+    }
+
+    /// Every diagnostic rendered rustc-style, one after another.
+    pub fn render(&self) -> String {
+        self.diagnostics
+            .iter()
+            .map(|d| self.sources.render(d))
+            .collect()
+    }
+}
+
+/// Reads and checks a pipeline file. Only failing to read the file itself is an `Err`;
+/// rule files it names are resolved relative to its directory.
+pub fn check_file(path: &Path) -> std::io::Result<Checked> {
+    let bytes = std::fs::read(path)?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    Ok(check_bytes(&path.display().to_string(), &bytes, base))
+}
+
+/// Checks pipeline text given as bytes; invalid UTF-8 is an error at its first bad byte.
+pub fn check_bytes(name: &str, bytes: &[u8], base_dir: &Path) -> Checked {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => check_source(name, text, base_dir),
+        Err(e) => {
+            let mut sources = SourceMap::default();
+            let at = e.valid_up_to();
+            let file = sources.add(name, String::from_utf8_lossy(bytes).into_owned());
+            let d = Diagnostic::error(
+                Span::new(file, at, at + 1),
+                "the file is not valid UTF-8 text",
+            )
+            .hint("pipeline files are UTF-8 text");
+            Checked {
+                sources,
+                diagnostics: vec![d],
+                program: None,
+            }
+        }
+    }
+}
+
+/// Checks pipeline text; `base_dir` is where `rules from` paths are resolved.
+pub fn check_source(name: &str, text: &str, base_dir: &Path) -> Checked {
+    let mut sources = SourceMap::default();
+    let file = sources.add(name, text.to_owned());
+    let mut diags = Vec::new();
+    let ast = parser::parse(file, text, &mut diags);
+    let (program, diagnostics) = lower::lower(&ast, &mut sources, file, base_dir, diags);
+    Checked {
+        sources,
+        diagnostics,
+        program,
+    }
+}

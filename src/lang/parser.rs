@@ -1,0 +1,629 @@
+//! Recursive-descent parser from tokens to the syntax tree, with error recovery.
+//!
+//! After an error the parser skips to the end of the rule or block it was in and carries
+//! on, so one run reports at least one error per rule or block. Which words a construct
+//! takes is fixed by the tables below (block keys, action arities); their meaning is
+//! checked later, in [`super::lower`].
+
+use super::ast::*;
+use super::diag::{did_you_mean, Diagnostic, FileId, Span};
+use super::lexer::{tokenize, Token, TokenKind};
+
+/// Keys each option block accepts. `rate` etc. take the words up to the next key.
+pub fn block_keys(kind: BlockKind) -> &'static [&'static str] {
+    match kind {
+        BlockKind::Port => &["driver", "iface", "queues", "mtu", "file"],
+        BlockKind::Meter => &["rate", "burst", "excess_burst", "peak", "peak_burst"],
+        BlockKind::Service => &["type", "listen", "target", "capacity", "block_size"],
+        BlockKind::Conntrack => &["capacity", "timeout"],
+        BlockKind::Telemetry => &[
+            "prometheus",
+            "ipfix",
+            "interval",
+            "idle_timeout",
+            "template_refresh",
+            "max_rule_series",
+        ],
+    }
+}
+
+/// Keys of the `vxlan.encap { … }` / `geneve.encap { … }` block.
+pub const ENCAP_KEYS: &[&str] = &[
+    "vni", "src", "dst", "smac", "dmac", "dport", "ttl", "option",
+];
+/// Keys of the `vlan.push { … }` block.
+pub const VLAN_PUSH_KEYS: &[&str] = &["id", "pcp"];
+
+/// What follows an action's name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Arity {
+    Zero,
+    One,
+    Two,
+    Block(&'static [&'static str]),
+    OneOrBlock(&'static [&'static str]),
+    /// `ct.commit` or `ct.commit zone N`.
+    OptionalZone,
+}
+
+const ACTIONS: &[(&str, Arity)] = &[
+    ("fwd", Arity::One),
+    ("goto", Arity::One),
+    ("drop", Arity::Zero),
+    ("to", Arity::One),
+    ("count", Arity::Zero),
+    ("meter", Arity::One),
+    ("mirror", Arity::One),
+    ("set", Arity::Two),
+    ("dec", Arity::One),
+    ("mark", Arity::One),
+    ("vlan.push", Arity::OneOrBlock(VLAN_PUSH_KEYS)),
+    ("vlan.pop", Arity::Zero),
+    ("vxlan.encap", Arity::Block(ENCAP_KEYS)),
+    ("vxlan.decap", Arity::Zero),
+    ("geneve.encap", Arity::Block(ENCAP_KEYS)),
+    ("geneve.decap", Arity::Zero),
+    ("ct.commit", Arity::OptionalZone),
+];
+
+/// Every action name, for suggestions.
+pub fn action_names() -> impl Iterator<Item = &'static str> {
+    ACTIONS.iter().map(|(n, _)| *n)
+}
+
+const TOP_KEYWORDS: &[&str] = &[
+    "pipeline",
+    "port",
+    "meter",
+    "service",
+    "conntrack",
+    "telemetry",
+    "pipe",
+];
+const PIPE_KEYWORDS: &[&str] = &["rule", "default", "table", "rules"];
+
+/// Marker for "an error was reported; recover".
+struct Reported;
+type PResult<T> = Result<T, Reported>;
+
+struct Parser<'d> {
+    tokens: Vec<Token>,
+    pos: usize,
+    /// Brace nesting of the tokens consumed so far.
+    depth: usize,
+    diags: &'d mut Vec<Diagnostic>,
+}
+
+/// Parses one pipeline file. Errors go to `diags`; the tree holds whatever parsed.
+pub fn parse(file: FileId, src: &str, diags: &mut Vec<Diagnostic>) -> File {
+    let tokens = tokenize(file, src, diags);
+    let mut p = Parser {
+        tokens,
+        pos: 0,
+        depth: 0,
+        diags,
+    };
+    p.file()
+}
+
+impl Parser<'_> {
+    fn peek(&self) -> &Token {
+        &self.tokens[self.pos]
+    }
+
+    fn peek_is_word(&self, w: &str) -> bool {
+        let t = self.peek();
+        t.kind == TokenKind::Word && t.text == w
+    }
+
+    fn at(&self, kind: TokenKind) -> bool {
+        self.peek().kind == kind
+    }
+
+    fn bump(&mut self) -> Token {
+        let t = self.tokens[self.pos].clone();
+        match t.kind {
+            TokenKind::Eof => return t,
+            TokenKind::LBrace => self.depth += 1,
+            TokenKind::RBrace => self.depth = self.depth.saturating_sub(1),
+            _ => {}
+        }
+        self.pos += 1;
+        t
+    }
+
+    fn error(&mut self, span: Span, msg: impl Into<String>, hint: Option<String>) -> Reported {
+        self.diags
+            .push(Diagnostic::error(span, msg).maybe_hint(hint));
+        Reported
+    }
+
+    fn describe(t: &Token) -> String {
+        match t.kind {
+            TokenKind::Word => format!("`{}`", t.text),
+            TokenKind::Str => format!("string \"{}\"", t.text),
+            TokenKind::LBrace => "`{`".into(),
+            TokenKind::RBrace => "`}`".into(),
+            TokenKind::Comma => "`,`".into(),
+            TokenKind::Arrow => "`=>`".into(),
+            TokenKind::Eof => "end of file".into(),
+        }
+    }
+
+    fn unexpected(&mut self, expected: &str) -> Reported {
+        let t = self.peek().clone();
+        self.error(
+            t.span,
+            format!("expected {expected}, found {}", Self::describe(&t)),
+            None,
+        )
+    }
+
+    fn expect(&mut self, kind: TokenKind, what: &str) -> PResult<Token> {
+        if self.at(kind) {
+            Ok(self.bump())
+        } else {
+            Err(self.unexpected(what))
+        }
+    }
+
+    fn keyword(&mut self, kw: &str) -> PResult<Span> {
+        if self.peek_is_word(kw) {
+            Ok(self.bump().span)
+        } else {
+            Err(self.unexpected(&format!("`{kw}`")))
+        }
+    }
+
+    /// A name: a word that is not punctuation.
+    fn name(&mut self, what: &str) -> PResult<Word> {
+        if self.at(TokenKind::Word) {
+            let t = self.bump();
+            Ok(Word {
+                text: t.text,
+                span: t.span,
+                quoted: false,
+            })
+        } else {
+            Err(self.unexpected(what))
+        }
+    }
+
+    /// A value: a word or a string.
+    fn value(&mut self, what: &str) -> PResult<Word> {
+        match self.peek().kind {
+            TokenKind::Word | TokenKind::Str => {
+                let t = self.bump();
+                Ok(Word {
+                    quoted: t.kind == TokenKind::Str,
+                    text: t.text,
+                    span: t.span,
+                })
+            }
+            _ => Err(self.unexpected(what)),
+        }
+    }
+
+    /// Skips tokens until, at brace depth `depth`, the next token is `}` or one of `stop`.
+    /// Always consumes at least one token unless already there.
+    fn sync(&mut self, depth: usize, stop: &[&str]) {
+        loop {
+            let t = self.peek();
+            if t.kind == TokenKind::Eof {
+                return;
+            }
+            if self.depth == depth
+                && (t.kind == TokenKind::RBrace
+                    || (t.kind == TokenKind::Word && stop.contains(&t.text.as_str())))
+            {
+                return;
+            }
+            if self.depth < depth {
+                return;
+            }
+            self.bump();
+        }
+    }
+
+    fn file(&mut self) -> File {
+        let mut file = File::default();
+        while !self.at(TokenKind::Eof) {
+            let start = self.pos;
+            match self.item() {
+                Ok(item) => file.items.push(item),
+                Err(Reported) => {
+                    if self.pos == start {
+                        self.bump();
+                    }
+                    self.sync(0, TOP_KEYWORDS);
+                    if self.depth == 0 && self.at(TokenKind::RBrace) {
+                        // A stray `}` at top level: report it and go on.
+                        let t = self.bump();
+                        self.error(t.span, "unmatched `}`", None);
+                    }
+                }
+            }
+        }
+        file
+    }
+
+    fn item(&mut self) -> PResult<Item> {
+        let t = self.peek().clone();
+        if t.kind != TokenKind::Word {
+            return Err(self.unexpected("`pipeline`, `port`, `pipe` or another top-level item"));
+        }
+        let kind = match t.text.as_str() {
+            "pipeline" => {
+                self.bump();
+                return Ok(Item::Pipeline(self.name("a pipeline name")?));
+            }
+            "pipe" => return self.pipe().map(Item::Pipe),
+            "port" => BlockKind::Port,
+            "meter" => BlockKind::Meter,
+            "service" => BlockKind::Service,
+            "conntrack" => BlockKind::Conntrack,
+            "telemetry" => BlockKind::Telemetry,
+            other => {
+                let hint = did_you_mean(other, TOP_KEYWORDS.iter().copied());
+                return Err(self.error(t.span, format!("unknown item `{other}`"), hint.or_else(|| {
+                    Some("a file holds `pipeline`, `port`, `meter`, `service`, `conntrack`, `telemetry` and `pipe` items".into())
+                })));
+            }
+        };
+        let keyword = self.bump().span;
+        if matches!(kind, BlockKind::Conntrack | BlockKind::Telemetry) {
+            let options = self.option_block(block_keys(kind))?;
+            Ok(Item::Settings(Settings {
+                kind,
+                keyword,
+                options,
+            }))
+        } else {
+            let name = self.name(&format!("a {} name", kind.keyword()))?;
+            let options = self.option_block(block_keys(kind))?;
+            Ok(Item::Named(NamedBlock {
+                kind,
+                keyword,
+                name,
+                options,
+            }))
+        }
+    }
+
+    /// `{ key value… key value… }`; unknown keys are reported and skipped.
+    fn option_block(&mut self, keys: &[&str]) -> PResult<Vec<Opt>> {
+        self.expect(TokenKind::LBrace, "`{`")?;
+        let depth = self.depth;
+        let mut opts = Vec::new();
+        let mut failed = false;
+        loop {
+            let t = self.peek().clone();
+            match t.kind {
+                TokenKind::RBrace => {
+                    self.bump();
+                    break;
+                }
+                TokenKind::Eof => return Err(self.unexpected("`}`")),
+                TokenKind::Word if keys.contains(&t.text.as_str()) => {
+                    let key = self.name("a key")?;
+                    let mut values = Vec::new();
+                    while matches!(self.peek().kind, TokenKind::Word | TokenKind::Str)
+                        && !keys.contains(&self.peek().text.as_str())
+                    {
+                        values.push(self.value("a value")?);
+                    }
+                    if values.is_empty() {
+                        failed = true;
+                        self.error(key.span, format!("`{}` needs a value", key.text), None);
+                    }
+                    opts.push(Opt {
+                        key,
+                        values,
+                        block: None,
+                    });
+                }
+                TokenKind::Word => {
+                    let hint = did_you_mean(&t.text, keys.iter().copied())
+                        .or_else(|| Some(format!("this block takes: {}", keys.join(", "))));
+                    failed = true;
+                    self.error(t.span, format!("unknown key `{}`", t.text), hint);
+                    self.bump();
+                    // Skip this key's values up to the next known key.
+                    while matches!(self.peek().kind, TokenKind::Word | TokenKind::Str)
+                        && !keys.contains(&self.peek().text.as_str())
+                    {
+                        self.bump();
+                    }
+                }
+                _ => {
+                    failed = true;
+                    self.unexpected("a key or `}`");
+                    self.bump();
+                    self.sync(depth, keys);
+                }
+            }
+        }
+        if failed {
+            Err(Reported)
+        } else {
+            Ok(opts)
+        }
+    }
+
+    fn pipe(&mut self) -> PResult<Pipe> {
+        self.keyword("pipe")?;
+        let name = self.name("a pipe name")?;
+        let root = self.peek_is_word("root").then(|| self.bump().span);
+        let mut from = Vec::new();
+        if self.peek_is_word("from") {
+            self.bump();
+            from.push(self.name("a port name")?);
+            while self.at(TokenKind::Comma) {
+                self.bump();
+                from.push(self.name("a port name")?);
+            }
+        }
+        self.expect(TokenKind::LBrace, "`{`")?;
+        let depth = self.depth;
+        let mut items = Vec::new();
+        let end = loop {
+            let t = self.peek().clone();
+            match t.kind {
+                TokenKind::RBrace => break self.bump().span,
+                TokenKind::Eof => return Err(self.unexpected("`}` to close the pipe")),
+                _ => {}
+            }
+            let start = self.pos;
+            match self.pipe_item() {
+                Ok(item) => items.push(item),
+                Err(Reported) => {
+                    if self.pos == start {
+                        self.bump();
+                    }
+                    self.sync(depth, PIPE_KEYWORDS);
+                }
+            }
+        };
+        Ok(Pipe {
+            name,
+            root,
+            from,
+            items,
+            end,
+        })
+    }
+
+    fn pipe_item(&mut self) -> PResult<PipeItem> {
+        let t = self.peek().clone();
+        match (t.kind, t.text.as_str()) {
+            (TokenKind::Word, "rule") => self.rule().map(PipeItem::Rule),
+            (TokenKind::Word, "default") => {
+                let keyword = self.bump().span;
+                self.expect(TokenKind::LBrace, "`{`")?;
+                self.keyword("actions")?;
+                let actions = self.actions()?;
+                self.expect(TokenKind::RBrace, "`,` or `}`")?;
+                Ok(PipeItem::Default { keyword, actions })
+            }
+            (TokenKind::Word, "table") => self.table().map(PipeItem::Table),
+            (TokenKind::Word, "rules") => {
+                let keyword = self.bump().span;
+                self.keyword("from")?;
+                let path = self.value("a quoted file name")?;
+                self.expect(TokenKind::LBrace, "`{`")?;
+                self.keyword("actions")?;
+                let actions = self.actions()?;
+                self.expect(TokenKind::RBrace, "`,` or `}`")?;
+                Ok(PipeItem::RulesFrom(RulesFrom {
+                    keyword,
+                    path,
+                    actions,
+                }))
+            }
+            (TokenKind::Word, other) => {
+                let hint = did_you_mean(other, PIPE_KEYWORDS.iter().copied()).or_else(|| {
+                    Some("a pipe holds `rule`, `table`, `rules from` and `default` items".into())
+                });
+                Err(self.error(t.span, format!("unknown pipe item `{other}`"), hint))
+            }
+            _ => Err(self.unexpected("`rule`, `table`, `rules from` or `default`")),
+        }
+    }
+
+    fn rule(&mut self) -> PResult<Rule> {
+        let start = self.keyword("rule")?;
+        let name = self.name("a rule name")?;
+        self.expect(TokenKind::LBrace, "`{`")?;
+        let mut matches = Vec::new();
+        if self.peek_is_word("match") {
+            self.bump();
+            while !self.peek_is_word("actions") {
+                if !self.at(TokenKind::Word) {
+                    return Err(self.unexpected("a match field or `actions`"));
+                }
+                let field = self.name("a match field")?;
+                let value = self.match_value(&field)?;
+                matches.push(Match { field, value });
+            }
+            if matches.is_empty() {
+                let t = self.peek().clone();
+                return Err(self.error(
+                    t.span,
+                    "`match` needs at least one field",
+                    Some("leave out `match` to match every packet".into()),
+                ));
+            }
+        }
+        self.keyword("actions")?;
+        let actions = self.actions()?;
+        let end = self.expect(TokenKind::RBrace, "`,` or `}`")?.span;
+        Ok(Rule {
+            name,
+            matches,
+            actions,
+            span: start.to(end),
+        })
+    }
+
+    fn match_value(&mut self, field: &Word) -> PResult<MatchValue> {
+        if self.at(TokenKind::LBrace) {
+            let open = self.bump().span;
+            let mut values = vec![self.value("a value")?];
+            while self.at(TokenKind::Comma) {
+                self.bump();
+                values.push(self.value("a value")?);
+            }
+            let close = self.expect(TokenKind::RBrace, "`,` or `}`")?.span;
+            return Ok(MatchValue::Set(values, open.to(close)));
+        }
+        if self.peek_is_word("actions")
+            || !matches!(self.peek().kind, TokenKind::Word | TokenKind::Str)
+        {
+            let t = self.peek().clone();
+            return Err(self.error(t.span, format!("missing value for `{}`", field.text), None));
+        }
+        Ok(MatchValue::One(self.value("a value")?))
+    }
+
+    /// `ACTION {, ACTION}`
+    fn actions(&mut self) -> PResult<Vec<Action>> {
+        let mut list = vec![self.action()?];
+        while self.at(TokenKind::Comma) {
+            self.bump();
+            list.push(self.action()?);
+        }
+        Ok(list)
+    }
+
+    fn action(&mut self) -> PResult<Action> {
+        let name = self.name("an action")?;
+        let Some(&(_, arity)) = ACTIONS.iter().find(|(n, _)| *n == name.text) else {
+            let hint = did_you_mean(&name.text, action_names());
+            return Err(self.error(name.span, format!("unknown action `{}`", name.text), hint));
+        };
+        let mut args = Vec::new();
+        let mut block = None;
+        let what = format!("an argument for `{}`", name.text);
+        match arity {
+            Arity::Zero => {}
+            Arity::One => args.push(self.value(&what)?),
+            Arity::Two => {
+                args.push(self.value(&what)?);
+                args.push(self.value(&what)?);
+            }
+            Arity::Block(keys) => block = Some(self.option_block(keys)?),
+            Arity::OneOrBlock(keys) => {
+                if self.at(TokenKind::LBrace) {
+                    block = Some(self.option_block(keys)?);
+                } else {
+                    args.push(self.value(&what)?);
+                }
+            }
+            Arity::OptionalZone => {
+                if self.peek_is_word("zone") {
+                    args.push(self.value(&what)?);
+                    args.push(self.value("a zone number")?);
+                }
+            }
+        }
+        let end = self.tokens[self.pos.saturating_sub(1)].span;
+        Ok(Action {
+            span: name.span.to(end),
+            name,
+            args,
+            block,
+        })
+    }
+
+    fn table(&mut self) -> PResult<Table> {
+        let keyword = self.keyword("table")?;
+        let kind = self.name("`exact` or `lpm`")?;
+        let mut fields = Vec::new();
+        while self.at(TokenKind::Word) {
+            fields.push(self.name("a field")?);
+        }
+        if fields.is_empty() {
+            return Err(self.unexpected("the table's key fields"));
+        }
+        self.expect(TokenKind::LBrace, "`{`")?;
+        let mut entries = Vec::new();
+        while !self.at(TokenKind::RBrace) {
+            let mut key = Vec::new();
+            while matches!(self.peek().kind, TokenKind::Word | TokenKind::Str) {
+                key.push(self.value("a key value")?);
+            }
+            if key.is_empty() {
+                return Err(self.unexpected("a key value or `}`"));
+            }
+            self.expect(TokenKind::Arrow, "`=>`")?;
+            let actions = self.actions()?;
+            entries.push(TableEntry { key, actions });
+        }
+        self.bump();
+        Ok(Table {
+            keyword,
+            kind,
+            fields,
+            entries,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_ok(src: &str) -> File {
+        let mut d = Vec::new();
+        let f = parse(FileId(0), src, &mut d);
+        assert!(d.is_empty(), "{d:#?}");
+        f
+    }
+
+    #[test]
+    fn parses_a_pipe_with_rules_and_default() {
+        let f = parse_ok(
+            "pipeline p\nport a { driver pcap }\npipe x root from a {\n rule r { match tcp.dst {80, 443} ipv4.src 10.0.0.0/8 actions count, fwd a }\n default { actions drop }\n}\n",
+        );
+        assert_eq!(f.items.len(), 3);
+        let Item::Pipe(p) = &f.items[2] else { panic!() };
+        assert_eq!(p.items.len(), 2);
+        let PipeItem::Rule(r) = &p.items[0] else {
+            panic!()
+        };
+        assert_eq!(r.matches.len(), 2);
+        assert_eq!(r.actions.len(), 2);
+    }
+
+    #[test]
+    fn table_entries_end_at_next_key() {
+        let f = parse_ok(
+            "pipe o { table lpm ipv4.dst { 10.1.0.0/16 => vxlan.encap { vni 1 src 1.1.1.1 }, fwd up 10.2.0.0/16 => drop } default { actions drop } }",
+        );
+        let Item::Pipe(p) = &f.items[0] else { panic!() };
+        let PipeItem::Table(t) = &p.items[0] else {
+            panic!()
+        };
+        assert_eq!(t.entries.len(), 2);
+        assert_eq!(t.entries[0].actions.len(), 2);
+    }
+
+    #[test]
+    fn one_error_per_broken_rule() {
+        let mut d = Vec::new();
+        parse(
+            FileId(0),
+            "pipe x {\n rule a { match tcp.dst actions drop }\n rule b { actions fwdd p }\n rule c { actions drop }\n default { actions drop }\n}\nport q { drivr pcap }\n",
+            &mut d,
+        );
+        let msgs: Vec<_> = d.iter().map(|d| d.message.as_str()).collect();
+        assert_eq!(
+            msgs,
+            [
+                "missing value for `tcp.dst`",
+                "unknown action `fwdd`",
+                "unknown key `drivr`"
+            ]
+        );
+    }
+}

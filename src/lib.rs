@@ -1,0 +1,19 @@
+//! dpuflow: packet pipelines for NVIDIA BlueField DPUs.
+//!
+//! Data flows one way: pipeline text ([`lang`]) → validated program ([`ir`]) → a backend
+//! (the software engine, or a DOCA Flow plan) → packets. [`graph`] renders a program for
+//! people.
+
+#![deny(unsafe_code)]
+
+pub mod graph;
+pub mod ir;
+pub mod lang;
+
+/// The crate version and the git revision it was built from.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("DPUFLOW_GIT_REV"),
+    ")"
+);
