@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand, ValueEnum};
 use dpuflow::lang::{self, Severity};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
@@ -109,7 +109,7 @@ fn check(files: &[PathBuf], format: Format) -> ExitCode {
     status
 }
 
-fn graph(path: &PathBuf) -> ExitCode {
+fn graph(path: &Path) -> ExitCode {
     let checked = match lang::check_file(path) {
         Ok(c) => c,
         Err(e) => {

@@ -504,6 +504,28 @@ pub enum StorageTarget {
     Local { path: PathBuf },
 }
 
+/// A value written the way the language writes it for its kind.
+pub fn display_value(v: u128, kind: ValueKind) -> String {
+    match kind {
+        ValueKind::Ipv4 => std::net::Ipv4Addr::from(v as u32).to_string(),
+        ValueKind::Ipv6 => std::net::Ipv6Addr::from(v).to_string(),
+        ValueKind::Mac => {
+            let b = v.to_be_bytes();
+            b[10..]
+                .iter()
+                .map(|x| format!("{x:02x}"))
+                .collect::<Vec<_>>()
+                .join(":")
+        }
+        _ => v.to_string(),
+    }
+}
+
+/// `ADDR/LEN`.
+pub fn display_prefix(v: u128, len: u8, kind: ValueKind) -> String {
+    format!("{}/{len}", display_value(v, kind))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -552,26 +574,4 @@ mod tests {
         assert!(Pattern::Masked { value: 0, mask: 0 }.covers(&r, PORT));
         assert!(Pattern::Range { lo: 0, hi: 65535 }.covers(&set, PORT));
     }
-}
-
-/// A value written the way the language writes it for its kind.
-pub fn display_value(v: u128, kind: ValueKind) -> String {
-    match kind {
-        ValueKind::Ipv4 => std::net::Ipv4Addr::from(v as u32).to_string(),
-        ValueKind::Ipv6 => std::net::Ipv6Addr::from(v).to_string(),
-        ValueKind::Mac => {
-            let b = v.to_be_bytes();
-            b[10..]
-                .iter()
-                .map(|x| format!("{x:02x}"))
-                .collect::<Vec<_>>()
-                .join(":")
-        }
-        _ => v.to_string(),
-    }
-}
-
-/// `ADDR/LEN`.
-pub fn display_prefix(v: u128, len: u8, kind: ValueKind) -> String {
-    format!("{}/{len}", display_value(v, kind))
 }

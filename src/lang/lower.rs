@@ -284,6 +284,7 @@ impl Lowerer<'_> {
         }
         match driver {
             Some(d) => port.driver = d,
+            None if !ok => return None,
             None => {
                 self.err(b.name.span, format!("port `{}` has no driver", b.name.text))
                     .hint = Some(
@@ -311,7 +312,7 @@ impl Lowerer<'_> {
     }
 
     /// `rate 10000 pps` (number and unit may be one word or two).
-    fn joined<'w>(&mut self, o: &'w Opt) -> (String, Span) {
+    fn joined(&mut self, o: &Opt) -> (String, Span) {
         let text: String = o.values.iter().map(|w| w.text.as_str()).collect();
         let span = o.values[0].span.to(o.values[o.values.len() - 1].span);
         (text, span)
@@ -325,7 +326,7 @@ impl Lowerer<'_> {
             };
             let (text, span) = l.joined(o);
             match value::rate(&text) {
-                Some(r) if matches!(r, value::Rate::Pps(0) | value::Rate::Bps(0)) => {
+                Some(value::Rate::Pps(0) | value::Rate::Bps(0)) => {
                     l.err(span, format!("{key} must be above zero"));
                     None
                 }
@@ -593,8 +594,7 @@ impl Lowerer<'_> {
                         ok = false;
                         continue;
                     };
-                    let mut timeouts = ct.timeouts.clone();
-                    let mut names = timeouts.by_name();
+                    let mut names = ct.timeouts.by_name();
                     match names.iter_mut().find(|(n, _)| *n == state.text) {
                         Some((_, slot)) => **slot = d,
                         None => {
@@ -609,8 +609,6 @@ impl Lowerer<'_> {
                             ok = false;
                         }
                     }
-                    drop(names);
-                    ct.timeouts = timeouts;
                 }
                 _ => unreachable!("the parser accepts only conntrack keys"),
             }
@@ -1081,7 +1079,7 @@ impl Lowerer<'_> {
         let what = match field.id {
             FieldId::VxlanVni | FieldId::GeneveVni => "VNI".to_owned(),
             FieldId::IpDscp => "DSCP".to_owned(),
-            _ => format!("`{field}` value"),
+            _ => "value".to_owned(),
         };
         self.err(
             w.span,
