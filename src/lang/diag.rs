@@ -59,7 +59,10 @@ impl SourceFile {
 
     /// 1-based line and column (in characters) of a byte offset.
     pub fn line_col(&self, offset: u32) -> (usize, usize) {
-        let offset = offset.min(self.text.len() as u32);
+        let mut offset = offset.min(self.text.len() as u32);
+        while !self.text.is_char_boundary(offset as usize) {
+            offset -= 1;
+        }
         let line = self.line_starts.partition_point(|&s| s <= offset) - 1;
         let start = self.line_starts[line] as usize;
         let col = self.text[start..offset as usize].chars().count() + 1;

@@ -187,14 +187,9 @@ impl Lowerer<'_> {
 
     // ---- option blocks -------------------------------------------------------------
 
-    /// The single value of an option, or an error naming the key.
+    /// The value of a one-value option (the parser guarantees there is one).
     fn single<'w>(&mut self, o: &'w Opt) -> Option<&'w Word> {
-        if o.values.len() == 1 {
-            return Some(&o.values[0]);
-        }
-        let span = o.values[1].span.to(o.values[o.values.len() - 1].span);
-        self.err(span, format!("`{}` takes one value", o.key.text));
-        None
+        o.values.first()
     }
 
     fn check_repeats(&mut self, opts: &[Opt], repeatable: &[&str]) {
@@ -452,9 +447,11 @@ impl Lowerer<'_> {
         let mut block_size = 65536;
         let mut ok = true;
         for o in &b.options {
-            let Some(w) = self.single(o) else {
-                ok = false;
-                continue;
+            let (text, span) = self.joined(o);
+            let w = &Word {
+                text,
+                span,
+                quoted: o.values[0].quoted,
             };
             match o.key.text.as_str() {
                 "type" => {}
@@ -709,11 +706,14 @@ impl Lowerer<'_> {
         let mut table: Option<(PipeBody, Span)> = None;
         let mut miss: Option<(Option<ActionList>, Span)> = None;
         let mut rules_span: Option<Span> = None;
+        let mut rule_names = Names::default();
         for item in &p.items {
             match item {
                 PipeItem::Rule(r) => {
                     rules_span.get_or_insert(r.name.span);
-                    if let Some(rule) = self.rule(r, &mut ctx) {
+                    if !rule_names.declare("rule", &r.name, &mut self.diags) {
+                        ctx.failed = true;
+                    } else if let Some(rule) = self.rule(r, &mut ctx) {
                         rules.push((rule, RuleSite { span: r.name.span }));
                     }
                 }
@@ -874,11 +874,10 @@ impl Lowerer<'_> {
             ctx.failed = true;
             return;
         };
-        let display = rf.path.text.clone();
-        let stem = Path::new(&display)
+        let stem = Path::new(&rf.path.text)
             .file_name()
-            .map_or(display.clone(), |s| s.to_string_lossy().into_owned());
-        let file = self.sources.add(display, text);
+            .map_or(rf.path.text.clone(), |s| s.to_string_lossy().into_owned());
+        let file = self.sources.add(path.display().to_string(), text);
         let text = &self.sources.file(file).text;
         let mut parsed = Vec::new();
         let mut errors = Vec::new();

@@ -61,7 +61,7 @@ pub fn check_bytes(name: &str, bytes: &[u8], base_dir: &Path) -> Checked {
             let at = e.valid_up_to();
             let file = sources.add(name, String::from_utf8_lossy(bytes).into_owned());
             let d = Diagnostic::error(
-                Span::new(file, at, at + 1),
+                Span::new(file, at, at + char::REPLACEMENT_CHARACTER.len_utf8()),
                 "the file is not valid UTF-8 text",
             )
             .hint("pipeline files are UTF-8 text");
@@ -80,7 +80,9 @@ pub fn check_source(name: &str, text: &str, base_dir: &Path) -> Checked {
     let file = sources.add(name, text.to_owned());
     let mut diags = Vec::new();
     let ast = parser::parse(file, text, &mut diags);
-    let (program, diagnostics) = lower::lower(&ast, &mut sources, file, base_dir, diags);
+    let (program, mut diagnostics) = lower::lower(&ast, &mut sources, file, base_dir, diags);
+    // Report in reading order: by file, then position.
+    diagnostics.sort_by_key(|d| (d.span.file.0, d.span.start));
     Checked {
         sources,
         diagnostics,

@@ -9,30 +9,73 @@ use super::ast::*;
 use super::diag::{did_you_mean, Diagnostic, FileId, Span};
 use super::lexer::{tokenize, Token, TokenKind};
 
-/// Keys each option block accepts. `rate` etc. take the words up to the next key.
-pub fn block_keys(kind: BlockKind) -> &'static [&'static str] {
+/// How many words follow a key in an option block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Values {
+    One,
+    Two,
+    Three,
+    /// A number and an optional separate unit word: `rate 10 mbps` or `rate 10mbps`.
+    Quantity,
+}
+
+/// The keys of one kind of option block.
+pub type Keys = &'static [(&'static str, Values)];
+
+/// Keys each option block accepts.
+pub fn block_keys(kind: BlockKind) -> Keys {
+    use Values::*;
     match kind {
-        BlockKind::Port => &["driver", "iface", "queues", "mtu", "file"],
-        BlockKind::Meter => &["rate", "burst", "excess_burst", "peak", "peak_burst"],
-        BlockKind::Service => &["type", "listen", "target", "capacity", "block_size"],
-        BlockKind::Conntrack => &["capacity", "timeout"],
+        BlockKind::Port => &[
+            ("driver", One),
+            ("iface", One),
+            ("queues", One),
+            ("mtu", One),
+            ("file", One),
+        ],
+        BlockKind::Meter => &[
+            ("rate", Quantity),
+            ("burst", Quantity),
+            ("excess_burst", Quantity),
+            ("peak", Quantity),
+            ("peak_burst", Quantity),
+        ],
+        BlockKind::Service => &[
+            ("type", One),
+            ("listen", One),
+            ("target", One),
+            ("capacity", Quantity),
+            ("block_size", Quantity),
+        ],
+        BlockKind::Conntrack => &[("capacity", One), ("timeout", Two)],
         BlockKind::Telemetry => &[
-            "prometheus",
-            "ipfix",
-            "interval",
-            "idle_timeout",
-            "template_refresh",
-            "max_rule_series",
+            ("prometheus", One),
+            ("ipfix", One),
+            ("interval", One),
+            ("idle_timeout", One),
+            ("template_refresh", One),
+            ("max_rule_series", One),
         ],
     }
 }
 
 /// Keys of the `vxlan.encap { … }` / `geneve.encap { … }` block.
-pub const ENCAP_KEYS: &[&str] = &[
-    "vni", "src", "dst", "smac", "dmac", "dport", "ttl", "option",
+pub const ENCAP_KEYS: Keys = &[
+    ("vni", Values::One),
+    ("src", Values::One),
+    ("dst", Values::One),
+    ("smac", Values::One),
+    ("dmac", Values::One),
+    ("dport", Values::One),
+    ("ttl", Values::One),
+    ("option", Values::Three),
 ];
 /// Keys of the `vlan.push { … }` block.
-pub const VLAN_PUSH_KEYS: &[&str] = &["id", "pcp"];
+pub const VLAN_PUSH_KEYS: Keys = &[("id", Values::One), ("pcp", Values::One)];
+
+fn key_of(keys: Keys, word: &str) -> Option<Values> {
+    keys.iter().find(|(k, _)| *k == word).map(|&(_, v)| v)
+}
 
 /// What follows an action's name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,8 +83,8 @@ enum Arity {
     Zero,
     One,
     Two,
-    Block(&'static [&'static str]),
-    OneOrBlock(&'static [&'static str]),
+    Block(Keys),
+    OneOrBlock(Keys),
     /// `ct.commit` or `ct.commit zone N`.
     OptionalZone,
 }
@@ -204,12 +247,12 @@ impl Parser<'_> {
         }
     }
 
-    /// Skips tokens until, at brace depth `depth`, the next token is `}` or one of `stop`.
-    /// Always consumes at least one token unless already there.
+    /// Skips tokens until, at brace depth `depth`, the next token is `}` or one of `stop`,
+    /// or until the `}` closing the block the error was in has been consumed.
     fn sync(&mut self, depth: usize, stop: &[&str]) {
         loop {
             let t = self.peek();
-            if t.kind == TokenKind::Eof {
+            if t.kind == TokenKind::Eof || self.depth < depth {
                 return;
             }
             if self.depth == depth
@@ -218,10 +261,9 @@ impl Parser<'_> {
             {
                 return;
             }
-            if self.depth < depth {
+            if self.bump().kind == TokenKind::RBrace && self.depth == depth {
                 return;
             }
-            self.bump();
         }
     }
 
@@ -290,12 +332,15 @@ impl Parser<'_> {
         }
     }
 
-    /// `{ key value… key value… }`; unknown keys are reported and skipped.
-    fn option_block(&mut self, keys: &[&str]) -> PResult<Vec<Opt>> {
+    /// `{ key value… key value… }`; unknown keys are reported and skipped, and the block
+    /// keeps what did parse so its name stays declared (no cascade of "undefined" errors).
+    fn option_block(&mut self, keys: Keys) -> PResult<Vec<Opt>> {
         self.expect(TokenKind::LBrace, "`{`")?;
         let depth = self.depth;
         let mut opts = Vec::new();
-        let mut failed = false;
+        let is_value = |t: &Token| {
+            matches!(t.kind, TokenKind::Word | TokenKind::Str) && key_of(keys, &t.text).is_none()
+        };
         loop {
             let t = self.peek().clone();
             match t.kind {
@@ -304,50 +349,72 @@ impl Parser<'_> {
                     break;
                 }
                 TokenKind::Eof => return Err(self.unexpected("`}`")),
-                TokenKind::Word if keys.contains(&t.text.as_str()) => {
+                TokenKind::Word if key_of(keys, &t.text).is_some() => {
                     let key = self.name("a key")?;
+                    let want = match key_of(keys, &key.text) {
+                        Some(Values::One | Values::Quantity) => 1,
+                        Some(Values::Two) => 2,
+                        _ => 3,
+                    };
                     let mut values = Vec::new();
-                    while matches!(self.peek().kind, TokenKind::Word | TokenKind::Str)
-                        && !keys.contains(&self.peek().text.as_str())
-                    {
+                    while values.len() < want && is_value(self.peek()) {
                         values.push(self.value("a value")?);
                     }
-                    if values.is_empty() {
-                        failed = true;
-                        self.error(key.span, format!("`{}` needs a value", key.text), None);
-                    }
-                    opts.push(Opt {
-                        key,
-                        values,
-                        block: None,
-                    });
-                }
-                TokenKind::Word => {
-                    let hint = did_you_mean(&t.text, keys.iter().copied())
-                        .or_else(|| Some(format!("this block takes: {}", keys.join(", "))));
-                    failed = true;
-                    self.error(t.span, format!("unknown key `{}`", t.text), hint);
-                    self.bump();
-                    // Skip this key's values up to the next known key.
-                    while matches!(self.peek().kind, TokenKind::Word | TokenKind::Str)
-                        && !keys.contains(&self.peek().text.as_str())
+                    let unit_follows = |v: &Word, next: &Token| {
+                        v.text.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+                            && next.kind == TokenKind::Word
+                            && next.text.starts_with(|c: char| c.is_ascii_alphabetic())
+                    };
+                    if key_of(keys, &key.text) == Some(Values::Quantity)
+                        && values.len() == 1
+                        && is_value(self.peek())
+                        && unit_follows(&values[0], self.peek())
                     {
+                        values.push(self.value("a unit")?);
+                    }
+                    if values.len() < want {
+                        let what = if want == 1 {
+                            "a value".to_owned()
+                        } else {
+                            format!("{want} values")
+                        };
+                        self.error(key.span, format!("`{}` needs {what}", key.text), None);
+                    } else {
+                        opts.push(Opt {
+                            key,
+                            values,
+                            block: None,
+                        });
+                    }
+                }
+                TokenKind::Word | TokenKind::Str => {
+                    let names = keys.iter().map(|(k, _)| *k);
+                    let hint = did_you_mean(&t.text, names.clone()).or_else(|| {
+                        Some(format!(
+                            "this block takes: {}",
+                            names.collect::<Vec<_>>().join(", ")
+                        ))
+                    });
+                    let msg = if t.kind == TokenKind::Str {
+                        format!("unexpected string \"{}\"", t.text)
+                    } else {
+                        format!("unknown key `{}`", t.text)
+                    };
+                    self.error(t.span, msg, hint);
+                    self.bump();
+                    // Skip whatever values follow, up to the next known key.
+                    while is_value(self.peek()) {
                         self.bump();
                     }
                 }
                 _ => {
-                    failed = true;
                     self.unexpected("a key or `}`");
                     self.bump();
-                    self.sync(depth, keys);
+                    self.sync(depth, &[]);
                 }
             }
         }
-        if failed {
-            Err(Reported)
-        } else {
-            Ok(opts)
-        }
+        Ok(opts)
     }
 
     fn pipe(&mut self) -> PResult<Pipe> {

@@ -1,0 +1,129 @@
+//! Golden-file tests for diagnostics: each `tests/bad/NAME.pipe` is checked and its
+//! rendered diagnostics must equal `tests/bad/NAME.stderr` exactly.
+//!
+//! After an intended change of wording, regenerate with `DPUFLOW_BLESS=1 cargo test --test
+//! diagnostics` and review the diff.
+
+use dpuflow::lang;
+use std::path::Path;
+
+#[test]
+fn bad_files_give_exact_diagnostics() {
+    let bless = std::env::var_os("DPUFLOW_BLESS").is_some();
+    let mut files: Vec<_> = std::fs::read_dir("tests/bad")
+        .expect("tests/bad exists")
+        .map(|e| e.expect("readable entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "pipe"))
+        .collect();
+    files.sort();
+    assert!(
+        files.len() >= 10,
+        "expected the bad-file corpus, found {files:?}"
+    );
+    let mut failures = Vec::new();
+    for pipe in files {
+        let checked = lang::check_file(&pipe).expect("readable");
+        let actual = checked.render();
+        let golden = pipe.with_extension("stderr");
+        if bless {
+            std::fs::write(&golden, &actual).expect("write golden file");
+            continue;
+        }
+        let expected = std::fs::read_to_string(&golden)
+            .unwrap_or_else(|_| panic!("missing {}", golden.display()));
+        if actual != expected {
+            failures.push(format!("--- {}\n{actual}", golden.display()));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "diagnostics differ from the golden files:\n{}",
+        failures.join("\n")
+    );
+}
+
+/// The checks each bad file exists for: a file must keep producing its diagnostic.
+#[test]
+fn every_semantic_check_has_a_bad_file() {
+    let expect = [
+        ("undefined-names", "error: undefined port `hots`"),
+        ("undefined-names", "error: undefined pipe `overlya`"),
+        ("undefined-names", "error: undefined meter `dns_limt`"),
+        ("undefined-names", "error: undefined service `kvcache`"),
+        ("duplicate-names", "error: duplicate port `host`"),
+        ("duplicate-names", "error: duplicate rule `a`"),
+        ("duplicate-names", "error: duplicate pipe `ingress`"),
+        (
+            "goto-cycle",
+            "error: `goto` cycle: classify -> police -> classify",
+        ),
+        (
+            "unreachable-pipe",
+            "warning: pipe `orphan` is not reached from any root pipe",
+        ),
+        ("no-default", "error: pipe `ingress` has no `default`"),
+        (
+            "out-of-range",
+            "error: value 65536 is out of range for `tcp.dst` (0-65535)",
+        ),
+        (
+            "out-of-range",
+            "error: prefix length 33 is out of range for an IPv4 address (0-32)",
+        ),
+        (
+            "out-of-range",
+            "error: prefix length 129 is out of range for an IPv6 address (0-128)",
+        ),
+        (
+            "out-of-range",
+            "error: VNI 16777216 is out of range for `vxlan.vni` (0-16777215)",
+        ),
+        (
+            "out-of-range",
+            "error: DSCP 64 is out of range for `ip.dscp` (0-63)",
+        ),
+        (
+            "out-of-range",
+            "error: range `2000-1000` of `udp.dst` is empty",
+        ),
+        (
+            "out-of-range",
+            "error: `ipv4.dst` takes an IPv4 address, found IPv6 `2001:db8::1`",
+        ),
+        (
+            "conflicting-actions",
+            "error: conflicting terminal actions: `drop` after `fwd`",
+        ),
+        (
+            "conflicting-actions",
+            "error: `vxlan.encap` without a forward",
+        ),
+        (
+            "conflicting-actions",
+            "error: `geneve.decap` of a tunnel this rule does not match",
+        ),
+        (
+            "shadowed-rule",
+            "warning: rule `ssh` is never used: rule `internal` before it",
+        ),
+        ("misspelled", "hint: did you mean `ipv4.dst`?"),
+        ("misspelled", "hint: did you mean `fwd`?"),
+        (
+            "rules-missing",
+            "error: cannot read rule file `no-such-file.rules`",
+        ),
+        (
+            "rules-malformed",
+            "malformed.rules:4:1: error: malformed ClassBench rule",
+        ),
+    ];
+    for (file, needle) in expect {
+        let checked =
+            lang::check_file(Path::new(&format!("tests/bad/{file}.pipe"))).expect("readable");
+        let text = checked.render();
+        assert!(
+            text.contains(needle),
+            "{file}.pipe: expected `{needle}` in:\n{text}"
+        );
+    }
+}
