@@ -6,7 +6,10 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 fn dpuflow(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dpuflow")).args(args).output().expect("run dpuflow")
+    Command::new(env!("CARGO_BIN_EXE_dpuflow"))
+        .args(args)
+        .output()
+        .expect("run dpuflow")
 }
 
 fn examples() -> Vec<String> {
@@ -23,29 +26,81 @@ fn examples() -> Vec<String> {
 fn check_accepts_every_example() {
     let files = examples();
     assert!(files.len() >= 4);
-    let args: Vec<&str> = std::iter::once("check").chain(files.iter().map(String::as_str)).collect();
+    let args: Vec<&str> = std::iter::once("check")
+        .chain(files.iter().map(String::as_str))
+        .collect();
     let out = dpuflow(&args);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.stderr.is_empty(), "examples must have no warnings: {}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains(": ok: ")).count(), files.len());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "examples must have no warnings: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains(": ok: "))
+            .count(),
+        files.len()
+    );
 }
 
 #[test]
 fn check_exit_codes() {
-    assert_eq!(dpuflow(&["check", "tests/bad/unreachable-pipe.pipe"]).status.code(), Some(0), "warnings only");
-    assert_eq!(dpuflow(&["check", "tests/bad/no-default.pipe"]).status.code(), Some(1));
-    assert_eq!(dpuflow(&["check", "pipelines/vxlan-gateway.pipe", "tests/bad/no-default.pipe"]).status.code(), Some(1));
-    assert_eq!(dpuflow(&["check", "tests/no-such-file.pipe"]).status.code(), Some(2));
+    assert_eq!(
+        dpuflow(&["check", "tests/bad/unreachable-pipe.pipe"])
+            .status
+            .code(),
+        Some(0),
+        "warnings only"
+    );
+    assert_eq!(
+        dpuflow(&["check", "tests/bad/no-default.pipe"])
+            .status
+            .code(),
+        Some(1)
+    );
+    assert_eq!(
+        dpuflow(&[
+            "check",
+            "pipelines/vxlan-gateway.pipe",
+            "tests/bad/no-default.pipe"
+        ])
+        .status
+        .code(),
+        Some(1)
+    );
+    assert_eq!(
+        dpuflow(&["check", "tests/no-such-file.pipe"]).status.code(),
+        Some(2)
+    );
     assert_eq!(dpuflow(&["check"]).status.code(), Some(2), "usage error");
-    assert_eq!(dpuflow(&["check", "--format", "yaml", "x.pipe"]).status.code(), Some(2));
+    assert_eq!(
+        dpuflow(&["check", "--format", "yaml", "x.pipe"])
+            .status
+            .code(),
+        Some(2)
+    );
 }
 
 #[test]
 fn check_json_lines() {
-    let out = dpuflow(&["check", "--format", "json", "tests/bad/undefined-names.pipe"]);
+    let out = dpuflow(&[
+        "check",
+        "--format",
+        "json",
+        "tests/bad/undefined-names.pipe",
+    ]);
     assert_eq!(out.status.code(), Some(1));
     let stdout = String::from_utf8(out.stdout).expect("utf-8");
-    let lines: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).expect("JSON line")).collect();
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
     assert_eq!(lines.len(), 6);
     assert_eq!(
         lines[0],
@@ -65,7 +120,11 @@ fn check_json_lines() {
 fn graph_renders_with_graphviz() {
     for file in examples() {
         let out = dpuflow(&["graph", &file]);
-        assert!(out.status.success(), "{file}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let dot = String::from_utf8(out.stdout).expect("utf-8");
         assert!(dot.starts_with("digraph "));
         let mut child = Command::new("dot")
@@ -75,10 +134,23 @@ fn graph_renders_with_graphviz() {
             .stderr(Stdio::piped())
             .spawn()
             .expect("Graphviz `dot` must be installed (Debian package graphviz; scripts/test installs it)");
-        child.stdin.take().expect("stdin").write_all(dot.as_bytes()).expect("write");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(dot.as_bytes())
+            .expect("write");
         let svg = child.wait_with_output().expect("dot");
-        assert!(svg.status.success(), "{file}: dot rejected the graph: {}", String::from_utf8_lossy(&svg.stderr));
-        assert!(svg.stderr.is_empty(), "{file}: dot warned: {}", String::from_utf8_lossy(&svg.stderr));
+        assert!(
+            svg.status.success(),
+            "{file}: dot rejected the graph: {}",
+            String::from_utf8_lossy(&svg.stderr)
+        );
+        assert!(
+            svg.stderr.is_empty(),
+            "{file}: dot warned: {}",
+            String::from_utf8_lossy(&svg.stderr)
+        );
         let svg = String::from_utf8(svg.stdout).expect("utf-8");
         assert!(svg.contains("<svg"));
     }
@@ -111,7 +183,10 @@ fn every_subcommand_has_help_with_an_example() {
         let out = dpuflow(&[sub, "--help"]);
         assert!(out.status.success());
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(text.contains("Example:") && text.contains(&format!("dpuflow {sub} ")), "{sub} --help:\n{text}");
+        assert!(
+            text.contains("Example:") && text.contains(&format!("dpuflow {sub} ")),
+            "{sub} --help:\n{text}"
+        );
     }
     assert!(Path::new(env!("CARGO_BIN_EXE_dpuflow")).exists());
 }

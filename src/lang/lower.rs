@@ -15,6 +15,9 @@ use std::io::Read;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
+/// Shadowed rules reported one by one per file; the rest are counted in one warning.
+const MAX_SHADOW_WARNINGS: usize = 20;
+
 /// Largest rule file read; bigger ones are refused rather than exhausting memory.
 const MAX_RULE_FILE_BYTES: u64 = 256 << 20;
 
@@ -56,6 +59,7 @@ struct Lowerer<'a> {
     pipes: Names,
     meters: Names,
     services: Names,
+    shadow_warnings: usize,
 }
 
 /// Where a rule came from, for shadowing reports.
@@ -81,6 +85,7 @@ pub fn lower(
         pipes: Names::default(),
         meters: Names::default(),
         services: Names::default(),
+        shadow_warnings: 0,
     };
     let program = l.program(file);
     diags.append(&mut l.diags);
@@ -775,7 +780,7 @@ impl Lowerer<'_> {
         let body = match table {
             Some((body, _)) => body,
             None => {
-                self.check_shadowing(&rules);
+                self.check_shadowing(&p.name, &rules);
                 PipeBody::Rules(rules.into_iter().map(|(r, _)| r).collect())
             }
         };
@@ -1696,7 +1701,7 @@ impl Lowerer<'_> {
     }
 
     /// Warns about each rule that an earlier rule of the same pipe fully covers.
-    fn check_shadowing(&mut self, rules: &[(Rule, RuleSite)]) {
+    fn check_shadowing(&mut self, pipe: &Word, rules: &[(Rule, RuleSite)]) {
         // Fast path: every pattern of every rule as an interval over a common field list,
         // so a pair is compared with a few integer comparisons (10k-rule files stay fast).
         let mut fields: Vec<Field> = rules
@@ -1709,6 +1714,7 @@ impl Lowerer<'_> {
             .iter()
             .map(|(r, _)| interval_box(r, &fields))
             .collect();
+        let mut more = 0;
         for j in 1..rules.len() {
             let covering = (0..j).find(|&i| match (&boxes[i], &boxes[j]) {
                 (Some(a), Some(b)) => a
@@ -1717,7 +1723,10 @@ impl Lowerer<'_> {
                     .all(|(&(alo, ahi), &(blo, bhi))| alo <= blo && bhi <= ahi),
                 _ => rule_covers(&rules[i].0, &rules[j].0),
             });
-            if let Some(i) = covering {
+            if covering.is_some() && self.shadow_warnings == MAX_SHADOW_WARNINGS {
+                more += 1;
+            } else if let Some(i) = covering {
+                self.shadow_warnings += 1;
                 let (a, b) = (&rules[i].0.name, &rules[j].0.name);
                 self.diags.push(
                     Diagnostic::warning(rules[j].1.span, format!("rule `{b}` is never used: rule `{a}` before it matches every packet it matches"))
@@ -1725,6 +1734,12 @@ impl Lowerer<'_> {
                         .hint("remove the rule, or move it above the broader one"),
                 );
             }
+        }
+        if more > 0 {
+            self.diags.push(Diagnostic::warning(
+                pipe.span,
+                format!("{more} more rules of pipe `{}` are never used (only the first {MAX_SHADOW_WARNINGS} are shown)", pipe.text),
+            ));
         }
     }
 }
