@@ -18,6 +18,9 @@ use std::path::{Path, PathBuf};
 /// Shadowed rules reported one by one per file; the rest are counted in one warning.
 const MAX_SHADOW_WARNINGS: usize = 20;
 
+/// Connections tracked when the `conntrack` block does not say.
+const DEFAULT_CT_CAPACITY: u64 = 1 << 20;
+
 /// Largest rule file read; bigger ones are refused rather than exhausting memory.
 const MAX_RULE_FILE_BYTES: u64 = 256 << 20;
 
@@ -178,11 +181,18 @@ impl Lowerer<'_> {
             gotos.push(edges);
         }
         self.check_graph(&pipes, &gotos);
-        let pipes: Option<Vec<Pipe>> = lowered.into_iter().collect();
+        let pipes: Vec<Pipe> = lowered.into_iter().collect::<Option<_>>()?;
+        // A pipeline that tracks connections without a `conntrack` block gets the defaults.
+        let conntrack = conntrack.or_else(|| {
+            pipes.iter().any(uses_conntrack).then(|| Conntrack {
+                capacity: DEFAULT_CT_CAPACITY,
+                timeouts: CtTimeouts::default(),
+            })
+        });
         Some(Program {
             name,
             ports,
-            pipes: pipes?,
+            pipes,
             meters,
             services,
             conntrack,
@@ -558,7 +568,7 @@ impl Lowerer<'_> {
     fn conntrack(&mut self, s: &ast::Settings) -> Option<Conntrack> {
         self.check_repeats(&s.options, &["timeout"]);
         let mut ct = Conntrack {
-            capacity: 1 << 20,
+            capacity: DEFAULT_CT_CAPACITY,
             timeouts: CtTimeouts::default(),
         };
         let mut ok = true;
@@ -1791,6 +1801,22 @@ fn rule_covers(a: &Rule, b: &Rule) -> bool {
             .find(|bm| bm.field == am.field)
             .is_some_and(|bm| am.pattern.covers(&bm.pattern, am.field.kind()))
     })
+}
+
+/// Whether any rule of the pipe commits to or matches on connection tracking.
+fn uses_conntrack(p: &Pipe) -> bool {
+    let lists = p.body.action_lists().chain(std::iter::once(&p.miss));
+    let commits = lists
+        .flat_map(|l| &l.0)
+        .any(|a| matches!(a, Action::CtCommit { .. }));
+    let matches = match &p.body {
+        PipeBody::Rules(rules) => rules
+            .iter()
+            .flat_map(|r| &r.matches)
+            .any(|m| m.field.id == FieldId::CtState),
+        _ => false,
+    };
+    commits || matches
 }
 
 /// Whether the match list pins the packet to the given tunnel.

@@ -89,3 +89,52 @@ pub fn check_source(name: &str, text: &str, base_dir: &Path) -> Checked {
         program,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{Action, Driver, PipeBody, Tunnel};
+
+    fn program(text: &str) -> Program {
+        let c = check_source("t.pipe", text, Path::new("."));
+        assert!(!c.has_errors(), "{}", c.render());
+        c.program.expect("valid")
+    }
+
+    #[test]
+    fn conntrack_defaults_when_used_without_a_block() {
+        let p = program("pipeline p\nport a { driver pcap }\npipe x from a { rule r { actions ct.commit, fwd a } default { actions drop } }");
+        assert_eq!(p.conntrack.map(|c| c.capacity), Some(1 << 20));
+        let p = program(
+            "pipeline p\nport a { driver pcap }\npipe x from a { default { actions drop } }",
+        );
+        assert!(p.conntrack.is_none());
+    }
+
+    #[test]
+    fn lowers_encap_tables_and_ids() {
+        let p = program(
+            "pipeline p\nport h { driver af_xdp iface \"x\" }\nport u { driver pcap }\n\
+             pipe a root from h { table lpm ipv4.dst { 10.1.0.0/16 => vxlan.encap { vni 100 src 192.0.2.1 dst 192.0.2.10 \
+             smac 02:00:00:00:00:01 dmac 02:00:00:00:00:02 }, fwd u } default { actions drop } }",
+        );
+        assert_eq!(p.ports[0].driver, Driver::AfXdp);
+        assert_eq!(p.root_of(crate::ir::PortId(0)), Some(crate::ir::PipeId(0)));
+        let PipeBody::Lpm { entries, .. } = &p.pipes[0].body else {
+            panic!()
+        };
+        assert_eq!((entries[0].value, entries[0].len), (0x0a01_0000, 16));
+        let Action::Encap(e) = &entries[0].actions.0[0] else {
+            panic!()
+        };
+        assert_eq!(
+            (e.tunnel, e.vni, e.udp_dst, e.ttl),
+            (Tunnel::Vxlan, 100, 4789, 64)
+        );
+        assert_eq!(e.dmac, [2, 0, 0, 0, 0, 2]);
+        assert_eq!(
+            entries[0].actions.terminal(),
+            &Action::Fwd(crate::ir::PortId(1))
+        );
+    }
+}
