@@ -9,6 +9,7 @@
 pub mod graph;
 pub mod ir;
 pub mod lang;
+pub mod wire;
 
 /// The crate version and the git revision it was built from.
 pub const VERSION: &str = concat!(

@@ -1,0 +1,65 @@
+//! ICMP (RFC 792) and ICMPv6 (RFC 4443) share their first four bytes: type, code,
+//! checksum. Echo messages then carry an identifier and a sequence number.
+
+use super::{be16, need, Result};
+
+pub const HEADER_LEN: usize = 8;
+
+pub mod v4_type {
+    pub const ECHO_REPLY: u8 = 0;
+    pub const DEST_UNREACHABLE: u8 = 3;
+    pub const ECHO_REQUEST: u8 = 8;
+    pub const TIME_EXCEEDED: u8 = 11;
+}
+
+pub mod v6_type {
+    pub const DEST_UNREACHABLE: u8 = 1;
+    pub const PACKET_TOO_BIG: u8 = 2;
+    pub const TIME_EXCEEDED: u8 = 3;
+    pub const ECHO_REQUEST: u8 = 128;
+    pub const ECHO_REPLY: u8 = 129;
+}
+
+/// A view of an ICMP or ICMPv6 message.
+#[derive(Debug, Clone)]
+pub struct Packet<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> Packet<T> {
+    pub fn new_unchecked(buffer: T) -> Self {
+        Packet { buffer }
+    }
+
+    pub fn new_checked(buffer: T) -> Result<Self> {
+        let p = Self::new_unchecked(buffer);
+        need(p.buffer.as_ref(), HEADER_LEN)?;
+        Ok(p)
+    }
+
+    pub fn msg_type(&self) -> u8 {
+        self.buffer.as_ref()[0]
+    }
+
+    pub fn code(&self) -> u8 {
+        self.buffer.as_ref()[1]
+    }
+
+    pub fn checksum(&self) -> u16 {
+        be16(self.buffer.as_ref(), 2)
+    }
+
+    /// Echo identifier (meaningful for echo request and reply).
+    pub fn echo_ident(&self) -> u16 {
+        be16(self.buffer.as_ref(), 4)
+    }
+
+    pub fn echo_seq(&self) -> u16 {
+        be16(self.buffer.as_ref(), 6)
+    }
+
+    /// For error messages: the quoted original packet.
+    pub fn quoted(&self) -> &[u8] {
+        &self.buffer.as_ref()[HEADER_LEN..]
+    }
+}

@@ -1,0 +1,75 @@
+//! Zero-copy views and builders for the headers the dataplane reads and writes.
+//!
+//! Each header has a `Packet<T: AsRef<[u8]>>` view over a buffer. `new_checked` runs
+//! `check_len` first; after it succeeds no accessor panics, whatever the bytes are. Headers
+//! that dpuflow builds also have a `Repr`, a plain struct with `parse` and `emit`.
+
+pub mod checksum;
+pub mod ethernet;
+pub mod geneve;
+pub mod icmp;
+pub mod ipv4;
+pub mod ipv6;
+pub mod tcp;
+pub mod udp;
+pub mod vlan;
+pub mod vxlan;
+
+/// Why a header could not be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// the buffer is shorter than the header says it is
+    #[error("truncated header")]
+    Truncated,
+    /// a field holds a value the header's specification does not allow
+    #[error("malformed header")]
+    Malformed,
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// IP protocol numbers (IANA "Assigned Internet Protocol Numbers").
+pub mod ip_proto {
+    pub const HOP_BY_HOP: u8 = 0;
+    pub const ICMP: u8 = 1;
+    pub const TCP: u8 = 6;
+    pub const UDP: u8 = 17;
+    pub const IPV6_ROUTING: u8 = 43;
+    pub const IPV6_FRAGMENT: u8 = 44;
+    pub const ESP: u8 = 50;
+    pub const AH: u8 = 51;
+    pub const ICMPV6: u8 = 58;
+    pub const IPV6_NO_NEXT: u8 = 59;
+    pub const IPV6_DEST_OPTS: u8 = 60;
+    pub const SCTP: u8 = 132;
+}
+
+#[inline]
+pub(crate) fn be16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
+
+#[inline]
+pub(crate) fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+#[inline]
+pub(crate) fn put16(b: &mut [u8], at: usize, v: u16) {
+    b[at..at + 2].copy_from_slice(&v.to_be_bytes());
+}
+
+#[inline]
+pub(crate) fn put32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_be_bytes());
+}
+
+/// Checks that `buf` holds at least `len` bytes.
+#[inline]
+pub(crate) fn need(buf: &[u8], len: usize) -> Result<()> {
+    if buf.len() < len {
+        Err(Error::Truncated)
+    } else {
+        Ok(())
+    }
+}

@@ -1,0 +1,88 @@
+//! TCP headers (RFC 9293 §3.1).
+
+use super::{be16, be32, need, put16, Error, Result};
+
+pub const MIN_HEADER_LEN: usize = 20;
+
+pub mod flags {
+    pub const FIN: u8 = 0x01;
+    pub const SYN: u8 = 0x02;
+    pub const RST: u8 = 0x04;
+    pub const PSH: u8 = 0x08;
+    pub const ACK: u8 = 0x10;
+    pub const URG: u8 = 0x20;
+}
+
+/// A view of a TCP segment.
+#[derive(Debug, Clone)]
+pub struct Packet<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> Packet<T> {
+    pub fn new_unchecked(buffer: T) -> Self {
+        Packet { buffer }
+    }
+
+    pub fn new_checked(buffer: T) -> Result<Self> {
+        let p = Self::new_unchecked(buffer);
+        p.check_len()?;
+        Ok(p)
+    }
+
+    /// The fixed header fits, the data offset is at least 5 words and the options fit.
+    pub fn check_len(&self) -> Result<()> {
+        let b = self.buffer.as_ref();
+        need(b, MIN_HEADER_LEN)?;
+        if self.header_len() < MIN_HEADER_LEN {
+            return Err(Error::Malformed);
+        }
+        need(b, self.header_len())
+    }
+
+    pub fn src_port(&self) -> u16 {
+        be16(self.buffer.as_ref(), 0)
+    }
+
+    pub fn dst_port(&self) -> u16 {
+        be16(self.buffer.as_ref(), 2)
+    }
+
+    pub fn seq(&self) -> u32 {
+        be32(self.buffer.as_ref(), 4)
+    }
+
+    pub fn ack(&self) -> u32 {
+        be32(self.buffer.as_ref(), 8)
+    }
+
+    pub fn header_len(&self) -> usize {
+        usize::from(self.buffer.as_ref()[12] >> 4) * 4
+    }
+
+    pub fn flags(&self) -> u8 {
+        self.buffer.as_ref()[13]
+    }
+
+    pub fn window(&self) -> u16 {
+        be16(self.buffer.as_ref(), 14)
+    }
+
+    pub fn checksum(&self) -> u16 {
+        be16(self.buffer.as_ref(), 16)
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+    pub fn set_src_port(&mut self, v: u16) {
+        put16(self.buffer.as_mut(), 0, v);
+    }
+
+    pub fn set_dst_port(&mut self, v: u16) {
+        put16(self.buffer.as_mut(), 2, v);
+    }
+
+    pub fn set_checksum(&mut self, v: u16) {
+        put16(self.buffer.as_mut(), 16, v);
+    }
+}
