@@ -6,9 +6,12 @@
 
 #![deny(unsafe_code)]
 
+pub mod engine;
 pub mod graph;
+pub mod io;
 pub mod ir;
 pub mod lang;
+pub mod replay;
 pub mod wire;
 
 /// The crate version and the git revision it was built from.

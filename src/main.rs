@@ -1,7 +1,10 @@
 //! The `dpuflow` command line.
 
 use clap::{Parser, Subcommand, ValueEnum};
+use dpuflow::engine::{Engine, NoObserver};
+use dpuflow::ir::{PortId, Program};
 use dpuflow::lang::{self, Severity};
+use dpuflow::replay::Bindings;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -37,6 +40,30 @@ enum Command {
         /// Pipeline file.
         file: PathBuf,
     },
+    /// Run capture files through a pipeline with the software engine.
+    ///
+    /// Inputs are merged in timestamp order (ties go to the input named first); time in
+    /// the engine is the packets' capture time, so the same inputs always give the same
+    /// outputs. Prints per-port and per-entry counters at the end.
+    #[command(
+        after_help = "Example:\n  dpuflow replay pipelines/vxlan-gateway.pipe --in host=host.pcap --out uplink=uplink.pcap"
+    )]
+    Replay {
+        /// Pipeline file.
+        pipeline: PathBuf,
+        /// An input capture (pcap or pcapng) received on PORT.
+        #[arg(long = "in", value_name = "PORT=FILE")]
+        inputs: Vec<String>,
+        /// Where packets sent out of PORT are written (pcap).
+        #[arg(long = "out", value_name = "PORT=FILE")]
+        outputs: Vec<String>,
+        /// Packets per batch.
+        #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=1024))]
+        batch: u16,
+        /// Print the summary as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -54,6 +81,91 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Check { files, format } => check(&files, format),
         Command::Graph { file } => graph(&file),
+        Command::Replay {
+            pipeline,
+            inputs,
+            outputs,
+            batch,
+            json,
+        } => replay(&pipeline, &inputs, &outputs, batch, json),
+    }
+}
+
+/// Checks a pipeline file and returns its program, or prints why not and the exit status.
+fn load(path: &Path) -> Result<Program, ExitCode> {
+    let checked = match lang::check_file(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{}: error: cannot read file: {e}", path.display());
+            return Err(ExitCode::from(EXIT_USAGE));
+        }
+    };
+    eprint!("{}", checked.render());
+    checked.program.ok_or(ExitCode::from(EXIT_INVALID))
+}
+
+/// Resolves `PORT=FILE` arguments against the program's ports.
+fn bind(
+    program: &Program,
+    args: &[String],
+    flag: &str,
+) -> Result<Vec<(PortId, PathBuf)>, ExitCode> {
+    args.iter()
+        .map(|arg| {
+            let Some((name, file)) = arg.split_once('=') else {
+                eprintln!("error: --{flag} takes PORT=FILE, found `{arg}`");
+                return Err(ExitCode::from(EXIT_USAGE));
+            };
+            match program.ports.iter().position(|p| p.name == name) {
+                Some(i) => Ok((PortId(i as u16), PathBuf::from(file))),
+                None => {
+                    let names: Vec<&str> = program.ports.iter().map(|p| p.name.as_str()).collect();
+                    let hint = lang::diag::did_you_mean(name, names.iter().copied())
+                        .unwrap_or_else(|| format!("ports: {}", names.join(", ")));
+                    eprintln!(
+                        "error: --{flag}: pipeline {} has no port `{name}` ({hint})",
+                        program.name
+                    );
+                    Err(ExitCode::from(EXIT_USAGE))
+                }
+            }
+        })
+        .collect()
+}
+
+fn replay(path: &Path, inputs: &[String], outputs: &[String], batch: u16, json: bool) -> ExitCode {
+    let program = match load(path) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let bindings = match (bind(&program, inputs, "in"), bind(&program, outputs, "out")) {
+        (Ok(inputs), Ok(outputs)) => Bindings { inputs, outputs }.with_pipeline_files(&program),
+        (Err(code), _) | (_, Err(code)) => return code,
+    };
+    if bindings.inputs.is_empty() {
+        eprintln!("error: no input: bind one with --in PORT=FILE");
+        return ExitCode::from(EXIT_USAGE);
+    }
+    let mut engine = Engine::new(&program);
+    match dpuflow::replay::replay(
+        &program,
+        &mut engine,
+        &bindings,
+        usize::from(batch),
+        &mut NoObserver,
+    ) {
+        Ok(report) => {
+            if json {
+                println!("{}", report.to_json(&program));
+            } else {
+                print!("{}", report.summary(&program));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(EXIT_USAGE)
+        }
     }
 }
 

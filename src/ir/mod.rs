@@ -92,8 +92,10 @@ pub struct Port {
     pub driver: Driver,
     /// Interface name (af_packet, af_xdp) or DOCA device representor.
     pub iface: Option<String>,
-    /// Capture file (pcap driver).
+    /// Capture file the pcap driver reads.
     pub file: Option<PathBuf>,
+    /// Capture file the pcap driver writes.
+    pub out: Option<PathBuf>,
     pub queues: u16,
     /// Largest IP packet the port sends, in bytes (the L3 MTU).
     pub mtu: u16,

@@ -256,6 +256,7 @@ impl Lowerer<'_> {
             driver: Driver::Pcap,
             iface: None,
             file: None,
+            out: None,
             queues: 1,
             mtu: 1500,
         };
@@ -281,6 +282,7 @@ impl Lowerer<'_> {
                 },
                 "iface" => port.iface = Some(w.text.clone()),
                 "file" => port.file = Some(PathBuf::from(&w.text)),
+                "out" => port.out = Some(PathBuf::from(&w.text)),
                 "queues" => match self.int_in(w, "queue count", 1, 1024) {
                     Some(q) => port.queues = q as u16,
                     None => ok = false,

@@ -32,6 +32,7 @@ pub fn block_keys(kind: BlockKind) -> Keys {
             ("queues", One),
             ("mtu", One),
             ("file", One),
+            ("out", One),
         ],
         BlockKind::Meter => &[
             ("rate", Quantity),

@@ -79,6 +79,13 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 }
 
+/// The options of a whole Geneve header (base header and options, as `header_len` gives).
+pub fn options_in(header: &[u8]) -> Options<'_> {
+    Options {
+        rest: header.get(BASE_LEN..).unwrap_or_default(),
+    }
+}
+
 /// Iterator over Geneve option TLVs.
 #[derive(Debug, Clone)]
 pub struct Options<'a> {

@@ -1,0 +1,356 @@
+//! Packet-rewriting actions: field sets with incremental checksum updates (RFC 1624),
+//! TTL decrement, VLAN push and pop, tunnel encapsulation and decapsulation.
+
+use super::packet::PacketBuf;
+use super::parse::{Layers, Meta, L3};
+use super::DropReason;
+use crate::ir::{Encap, Field, FieldId, Tunnel};
+use crate::wire::ethernet::{self, ethertype};
+use crate::wire::{be16, checksum, geneve, ip_proto, ipv4, ipv6, put16, udp, vxlan};
+use std::net::IpAddr;
+
+/// Outer headers of one `*.encap` action, built once; per packet only lengths, the UDP
+/// source port and checksums are filled in.
+#[derive(Debug, Clone)]
+pub struct EncapTemplate {
+    bytes: Box<[u8]>,
+    v6: bool,
+    /// Sum of the outer IPv4 header with total length and checksum zero.
+    ip_sum: u32,
+}
+
+const IP_AT: usize = ethernet::HEADER_LEN;
+
+impl EncapTemplate {
+    pub fn new(e: &Encap) -> EncapTemplate {
+        let v6 = e.dst.is_ipv6();
+        let ip_len = if v6 {
+            ipv6::HEADER_LEN
+        } else {
+            ipv4::MIN_HEADER_LEN
+        };
+        let mut options = Vec::new();
+        for o in &e.options {
+            geneve::encode_option(&mut options, o.class, o.kind, &o.data);
+        }
+        let tunnel_len = match e.tunnel {
+            Tunnel::Vxlan => vxlan::HEADER_LEN,
+            Tunnel::Geneve => geneve::BASE_LEN + options.len(),
+        };
+        let mut b = vec![0u8; IP_AT + ip_len + udp::HEADER_LEN + tunnel_len];
+        ethernet::Repr {
+            src: e.smac,
+            dst: e.dmac,
+            ethertype: if v6 { ethertype::IPV6 } else { ethertype::IPV4 },
+        }
+        .emit(&mut b);
+        match (e.src, e.dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => ipv4::Repr {
+                src: s.octets(),
+                dst: d.octets(),
+                protocol: ip_proto::UDP,
+                ttl: e.ttl,
+                dscp: 0,
+                dont_frag: true,
+                payload_len: 0,
+            }
+            .emit(&mut b[IP_AT..]),
+            (s, d) => ipv6::Repr {
+                src: to_v6(s),
+                dst: to_v6(d),
+                next_header: ip_proto::UDP,
+                hop_limit: e.ttl,
+                dscp: 0,
+                flow_label: 0,
+                payload_len: 0,
+            }
+            .emit(&mut b[IP_AT..]),
+        }
+        let udp_at = IP_AT + ip_len;
+        put16(&mut b, udp_at + 2, e.udp_dst);
+        let t = &mut b[udp_at + udp::HEADER_LEN..];
+        match e.tunnel {
+            Tunnel::Vxlan => vxlan::Repr { vni: e.vni }.emit(t),
+            Tunnel::Geneve => geneve::Repr {
+                vni: e.vni,
+                protocol: ethertype::TEB,
+                options: &options,
+                critical: e.options.iter().any(|o| o.critical),
+            }
+            .emit(t),
+        }
+        let mut ip_sum = 0;
+        if !v6 {
+            put16(&mut b, IP_AT + 2, 0);
+            put16(&mut b, IP_AT + 10, 0);
+            ip_sum = checksum::sum(0, &b[IP_AT..IP_AT + ipv4::MIN_HEADER_LEN]);
+        }
+        EncapTemplate {
+            bytes: b.into_boxed_slice(),
+            v6,
+            ip_sum,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// Prepends the outer headers. `hash` is the inner flow's hash, spread over the
+    /// ephemeral range 49152–65535 as the UDP source port (RFC 7348 §5, RFC 8926 §3.3).
+    pub fn apply(&self, pkt: &mut PacketBuf, hash: u32) -> Result<(), DropReason> {
+        if !pkt.push_front(self.bytes.len()) {
+            return Err(DropReason::NoHeadroom);
+        }
+        let total = pkt.len();
+        let b = pkt.data_mut();
+        b[..self.bytes.len()].copy_from_slice(&self.bytes);
+        let ip_len = if self.v6 {
+            ipv6::HEADER_LEN
+        } else {
+            ipv4::MIN_HEADER_LEN
+        };
+        let udp_at = IP_AT + ip_len;
+        let udp_len = total - udp_at;
+        if total - IP_AT > usize::from(u16::MAX) {
+            return Err(DropReason::MtuExceeded);
+        }
+        put16(b, udp_at, 0xc000 | (hash as u16 & 0x3fff));
+        put16(b, udp_at + 4, udp_len as u16);
+        if self.v6 {
+            put16(b, IP_AT + 4, udp_len as u16);
+            // UDP over IPv6 carries a real checksum (RFC 8200 §8.1; RFC 6935/6936 allow a
+            // zero one only under conditions this dataplane does not check).
+            let src: [u8; 16] = b[IP_AT + 8..IP_AT + 24].try_into().expect("IPv6 header");
+            let dst: [u8; 16] = b[IP_AT + 24..IP_AT + 40].try_into().expect("IPv6 header");
+            let sum = checksum::sum(
+                checksum::pseudo_v6(&src, &dst, ip_proto::UDP, udp_len as u32),
+                &b[udp_at..],
+            );
+            let c = !checksum::fold(sum);
+            put16(b, udp_at + 6, if c == 0 { 0xffff } else { c });
+        } else {
+            let ip_total = (total - IP_AT) as u16;
+            put16(b, IP_AT + 2, ip_total);
+            put16(
+                b,
+                IP_AT + 10,
+                !checksum::fold(self.ip_sum + u32::from(ip_total)),
+            );
+            // UDP checksum zero over IPv4 (RFC 7348 §5).
+        }
+        Ok(())
+    }
+}
+
+fn to_v6(a: IpAddr) -> [u8; 16] {
+    match a {
+        IpAddr::V6(a) => a.octets(),
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+    }
+}
+
+/// Removes the outer headers of `tunnel`, checking the header first: VXLAN needs the I
+/// flag and zero reserved bits; Geneve may not carry critical options dpuflow does not
+/// know (it knows none, RFC 8926 §3.5.1) and may not be an OAM frame.
+pub fn decap(pkt: &mut PacketBuf, meta: &Meta, tunnel: Tunnel) -> Result<(), DropReason> {
+    let Some(t) = meta.tunnel.filter(|t| t.kind == tunnel) else {
+        return Err(DropReason::NotTunnelled);
+    };
+    let frame = pkt.data();
+    let header = &frame[usize::from(t.header)..usize::from(t.inner)];
+    match tunnel {
+        Tunnel::Vxlan => {
+            if !vxlan::Packet::new_unchecked(header).is_strictly_valid() {
+                return Err(DropReason::VxlanInvalid);
+            }
+        }
+        Tunnel::Geneve => {
+            let g = geneve::Packet::new_unchecked(header);
+            if g.oam() {
+                return Err(DropReason::GeneveOam);
+            }
+            if geneve::options_in(header)
+                .any(|o| o.map_or(true, |o| o.kind & geneve::CRITICAL != 0))
+            {
+                return Err(DropReason::GeneveCriticalOption);
+            }
+        }
+    }
+    pkt.truncate(usize::from(meta.outer.l3_end));
+    pkt.pull_front(usize::from(t.inner));
+    Ok(())
+}
+
+/// Offset of the L3 header after Ethernet and any VLAN tags.
+pub fn l3_offset(frame: &[u8]) -> usize {
+    let mut at = ethernet::HEADER_LEN;
+    while frame.len() >= at && matches!(be16(frame, at - 2), ethertype::VLAN | ethertype::QINQ) {
+        at += 4;
+    }
+    at
+}
+
+/// Pushes an 802.1Q tag (802.1ad when the frame is already tagged).
+pub fn vlan_push(pkt: &mut PacketBuf, vid: u16, pcp: u8) -> Result<(), DropReason> {
+    if !pkt.push_front(4) {
+        return Err(DropReason::NoHeadroom);
+    }
+    let b = pkt.data_mut();
+    b.copy_within(4..16, 0);
+    let inner = be16(b, 16);
+    let tpid = if matches!(inner, ethertype::VLAN | ethertype::QINQ) {
+        ethertype::QINQ
+    } else {
+        ethertype::VLAN
+    };
+    put16(b, 12, tpid);
+    put16(b, 14, (u16::from(pcp & 7) << 13) | (vid & 0x0fff));
+    Ok(())
+}
+
+/// Pops the outermost VLAN tag, if there is one.
+pub fn vlan_pop(pkt: &mut PacketBuf) {
+    let b = pkt.data_mut();
+    if matches!(be16(b, 12), ethertype::VLAN | ethertype::QINQ) && b.len() >= 18 {
+        b.copy_within(0..12, 4);
+        pkt.pull_front(4);
+    }
+}
+
+/// Decrements the IPv4 TTL or IPv6 hop limit; a packet that would reach zero is dropped.
+pub fn dec_ttl(frame: &mut [u8], l: &Layers) -> Result<(), DropReason> {
+    let at = usize::from(l.l3);
+    match l.l3_kind {
+        L3::V4 => {
+            let mut p = ipv4::Packet::new_unchecked(&mut frame[at..]);
+            if p.ttl() <= 1 {
+                return Err(DropReason::TtlExpired);
+            }
+            p.set_ttl(p.ttl() - 1);
+        }
+        L3::V6 => {
+            let mut p = ipv6::Packet::new_unchecked(&mut frame[at..]);
+            if p.hop_limit() <= 1 {
+                return Err(DropReason::TtlExpired);
+            }
+            p.set_hop_limit(p.hop_limit() - 1);
+        }
+        L3::None => {}
+    }
+    Ok(())
+}
+
+/// Offset of the L4 checksum field for the layers' protocol, when the segment has one
+/// that must be kept right (a UDP checksum of zero over IPv4 means "none").
+fn l4_checksum_at(frame: &[u8], l: &Layers) -> Option<usize> {
+    if !l.l4_ok {
+        return None;
+    }
+    let l4 = usize::from(l.l4);
+    match l.proto {
+        ip_proto::TCP => Some(l4 + 16),
+        ip_proto::UDP if l.l3_kind == L3::V6 || be16(frame, l4 + 6) != 0 => Some(l4 + 6),
+        _ => None,
+    }
+}
+
+fn patch_l4(frame: &mut [u8], l: &Layers, old: &[u8], new: &[u8]) {
+    if let Some(at) = l4_checksum_at(frame, l) {
+        let c = checksum::update_bytes(be16(frame, at), old, new);
+        // A computed UDP checksum of zero is sent as all ones (RFC 768).
+        let c = if c == 0 && l.proto == ip_proto::UDP {
+            0xffff
+        } else {
+            c
+        };
+        put16(frame, at, c);
+    }
+}
+
+/// Rewrites one field; headers the packet lacks are left alone.
+pub fn set_field(frame: &mut [u8], meta: &Meta, field: Field, value: u128) {
+    let l = if field.inner {
+        if meta.tunnel.is_none() {
+            return;
+        }
+        meta.inner
+    } else {
+        meta.outer
+    };
+    let (l2, l3, l4) = (usize::from(l.l2), usize::from(l.l3), usize::from(l.l4));
+    let bytes = value.to_be_bytes();
+    let port_at = |proto_ok: bool, off: usize| (l.l4_ok && proto_ok).then_some(l4 + off);
+    let is = |p: u8| l.proto == p;
+    match field.id {
+        FieldId::EthDst => frame[l2..l2 + 6].copy_from_slice(&bytes[10..]),
+        FieldId::EthSrc => frame[l2 + 6..l2 + 12].copy_from_slice(&bytes[10..]),
+        FieldId::VlanId | FieldId::VlanPcp if l.vlan != 0 => {
+            let at = usize::from(l.vlan);
+            let tci = be16(frame, at);
+            let tci = if field.id == FieldId::VlanId {
+                (tci & 0xf000) | (value as u16 & 0x0fff)
+            } else {
+                (tci & 0x1fff) | ((value as u16 & 7) << 13)
+            };
+            put16(frame, at, tci);
+        }
+        FieldId::Ipv4Src | FieldId::Ipv4Dst if l.l3_kind == L3::V4 => {
+            let at = l3 + if field.id == FieldId::Ipv4Src { 12 } else { 16 };
+            let old: [u8; 4] = frame[at..at + 4].try_into().expect("IPv4 header");
+            let new: [u8; 4] = bytes[12..].try_into().expect("4 bytes");
+            let mut p = ipv4::Packet::new_unchecked(&mut frame[l3..]);
+            if field.id == FieldId::Ipv4Src {
+                p.set_src(new);
+            } else {
+                p.set_dst(new);
+            }
+            patch_l4(frame, &l, &old, &new);
+        }
+        FieldId::Ipv6Src | FieldId::Ipv6Dst if l.l3_kind == L3::V6 => {
+            let at = l3 + if field.id == FieldId::Ipv6Src { 8 } else { 24 };
+            let old: [u8; 16] = frame[at..at + 16].try_into().expect("IPv6 header");
+            frame[at..at + 16].copy_from_slice(&bytes);
+            patch_l4(frame, &l, &old, &bytes);
+        }
+        FieldId::IpDscp if l.l3_kind == L3::V4 => {
+            ipv4::Packet::new_unchecked(&mut frame[l3..]).set_dscp(value as u8)
+        }
+        FieldId::IpDscp if l.l3_kind == L3::V6 => {
+            ipv6::Packet::new_unchecked(&mut frame[l3..]).set_dscp(value as u8)
+        }
+        FieldId::IpTtl if l.l3_kind == L3::V4 => {
+            ipv4::Packet::new_unchecked(&mut frame[l3..]).set_ttl(value as u8)
+        }
+        FieldId::IpTtl if l.l3_kind == L3::V6 => {
+            ipv6::Packet::new_unchecked(&mut frame[l3..]).set_hop_limit(value as u8)
+        }
+        FieldId::L4Src
+        | FieldId::L4Dst
+        | FieldId::TcpSrc
+        | FieldId::TcpDst
+        | FieldId::UdpSrc
+        | FieldId::UdpDst => {
+            let ok = match field.id {
+                FieldId::TcpSrc | FieldId::TcpDst => is(ip_proto::TCP),
+                FieldId::UdpSrc | FieldId::UdpDst => is(ip_proto::UDP),
+                _ => is(ip_proto::TCP) || is(ip_proto::UDP) || is(ip_proto::SCTP),
+            };
+            let off = if matches!(field.id, FieldId::L4Src | FieldId::TcpSrc | FieldId::UdpSrc) {
+                0
+            } else {
+                2
+            };
+            if let Some(at) = port_at(ok, off) {
+                let old = [frame[at], frame[at + 1]];
+                frame[at..at + 2].copy_from_slice(&bytes[14..]);
+                patch_l4(frame, &l, &old, &bytes[14..]);
+            }
+        }
+        _ => {}
+    }
+}

@@ -1,0 +1,440 @@
+//! The software backend: a program compiled from the IR, run over batches of packets to
+//! completion on one core.
+//!
+//! Per packet: parse once into [`parse::Meta`], walk the pipes from the input port's root
+//! pipe (the IR guarantees the walk ends), look up each pipe's body, run the chosen entry's
+//! actions, and record a [`Verdict`]. No allocation, lock or log line happens per packet:
+//! counters are plain arrays indexed by port, pipe entry and drop reason.
+
+mod action;
+pub mod field;
+mod meter;
+pub mod packet;
+pub mod parse;
+pub mod table;
+
+pub use action::EncapTemplate;
+pub use meter::Color;
+pub use packet::{PacketBuf, DEFAULT_MAX_FRAME, HEADROOM};
+
+use crate::ir::{self, Action, PipeBody, PipeId, PortId, ServiceId, Tunnel};
+use field::PacketState;
+use meter::MeterState;
+use parse::{Meta, TunnelPorts};
+use table::{ExactTable, LinearScan, LpmTable, PacketView, RuleClassifier};
+
+macro_rules! drop_reasons {
+    ($($variant:ident => $name:literal, $doc:literal;)*) => {
+        /// Why a packet was dropped. Every drop is counted under one of these.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum DropReason {
+            $(#[doc = $doc] $variant,)*
+        }
+
+        impl DropReason {
+            pub const ALL: &'static [DropReason] = &[$(DropReason::$variant,)*];
+            pub const COUNT: usize = Self::ALL.len();
+
+            /// The reason's name in summaries and metric labels.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(DropReason::$variant => $name,)*
+                }
+            }
+        }
+    };
+}
+
+drop_reasons! {
+    NoPipe => "no_pipe", "the input port feeds no root pipe";
+    Rule => "rule", "a `drop` action";
+    MalformedL2 => "malformed_l2", "shorter than an Ethernet header, or a truncated VLAN tag";
+    MalformedL3 => "malformed_l3", "a bad IPv4 or IPv6 header (version, length, extension headers)";
+    MalformedL4 => "malformed_l4", "a truncated or bad TCP, UDP or ICMP header";
+    TunnelMalformed => "tunnel_malformed", "a truncated or bad VXLAN or Geneve header, or inner frame";
+    VxlanInvalid => "vxlan_invalid", "VXLAN without the I flag or with reserved bits set";
+    GeneveCriticalOption => "geneve_critical_option", "a Geneve option marked critical that dpuflow does not know";
+    GeneveOam => "geneve_oam", "a Geneve OAM frame, not data";
+    NotTunnelled => "not_tunnelled", "decapsulation of a packet that carries no such tunnel";
+    TtlExpired => "ttl_expired", "TTL or hop limit reached zero";
+    MeterRed => "meter_red", "a meter marked the packet red";
+    MtuExceeded => "mtu_exceeded", "larger than the output port's MTU";
+    NoHeadroom => "no_headroom", "no room in front of the packet to add headers";
+    Oversize => "oversize", "larger than the engine's packet buffers";
+}
+
+/// What happened to a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Forward(PortId),
+    Drop(DropReason),
+    /// Handed to a local service's queue.
+    Service(ServiceId),
+}
+
+/// Packet and byte counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counter {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+impl Counter {
+    #[inline]
+    fn add(&mut self, bytes: usize) {
+        self.packets += 1;
+        self.bytes += bytes as u64;
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PortStats {
+    pub rx: Counter,
+    pub tx: Counter,
+    /// Drops of packets received on this port, indexed by `DropReason as usize`.
+    pub drops: Vec<u64>,
+}
+
+/// Everything the engine counts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub ports: Vec<PortStats>,
+    /// Per pipe: one counter per rule or table entry, then one for the default.
+    pub entries: Vec<Vec<Counter>>,
+    /// Per meter: green, yellow, red packets.
+    pub meters: Vec<[u64; 3]>,
+    pub services: Vec<Counter>,
+}
+
+/// Watches a packet's walk through the pipeline (`dpuflow trace`). The engine is generic
+/// over it, so the default no-op observer costs nothing.
+pub trait Observer {
+    /// A packet is about to enter the pipeline.
+    fn begin(&mut self, _pkt: &PacketBuf) {}
+    fn pipe(&mut self, _pipe: PipeId) {}
+    /// The entry that matched, or `None` for the pipe's default.
+    fn entry(&mut self, _pipe: PipeId, _entry: Option<usize>) {}
+    /// An action ran (index into the entry's action list).
+    fn action(&mut self, _pipe: PipeId, _entry: Option<usize>, _index: usize) {}
+    /// The packet's fate, with the packet as it leaves.
+    fn verdict(&mut self, _v: Verdict, _pkt: &PacketBuf) {}
+}
+
+/// Observes nothing.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoObserver;
+
+impl Observer for NoObserver {}
+
+#[derive(Debug)]
+enum Body {
+    Rules(Box<dyn RuleClassifier>),
+    Exact(ExactTable),
+    Lpm(LpmTable),
+}
+
+/// An action as the engine runs it: the IR's, with encapsulations prebuilt.
+#[derive(Debug, Clone)]
+enum Op {
+    Ir(Action),
+    Encap(usize),
+}
+
+#[derive(Debug)]
+struct CompiledPipe {
+    body: Body,
+    entries: Vec<Box<[Op]>>,
+    miss: Box<[Op]>,
+}
+
+/// Engine settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Largest frame accepted.
+    pub max_frame: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            max_frame: DEFAULT_MAX_FRAME,
+        }
+    }
+}
+
+/// A compiled pipeline and its per-worker state.
+#[derive(Debug)]
+pub struct Engine {
+    pipes: Vec<CompiledPipe>,
+    roots: Vec<Option<PipeId>>,
+    mtus: Vec<u16>,
+    encaps: Vec<EncapTemplate>,
+    tunnels: TunnelPorts,
+    meters: Vec<MeterState>,
+    stats: Stats,
+}
+
+impl Engine {
+    pub fn new(p: &ir::Program) -> Engine {
+        let mut encaps = Vec::new();
+        let mut tunnels = TunnelPorts {
+            vxlan: vec![Tunnel::Vxlan.default_port()],
+            geneve: vec![Tunnel::Geneve.default_port()],
+        };
+        let mut compile_list = |list: &ir::ActionList| -> Box<[Op]> {
+            list.0
+                .iter()
+                .map(|a| match a {
+                    Action::Encap(e) => {
+                        let ports = match e.tunnel {
+                            Tunnel::Vxlan => &mut tunnels.vxlan,
+                            Tunnel::Geneve => &mut tunnels.geneve,
+                        };
+                        if !ports.contains(&e.udp_dst) {
+                            ports.push(e.udp_dst);
+                        }
+                        encaps.push(EncapTemplate::new(e));
+                        Op::Encap(encaps.len() - 1)
+                    }
+                    other => Op::Ir(other.clone()),
+                })
+                .collect()
+        };
+        let mut pipes = Vec::new();
+        for pipe in &p.pipes {
+            let (body, entries): (Body, Vec<Box<[Op]>>) = match &pipe.body {
+                PipeBody::Rules(rules) => (
+                    Body::Rules(Box::new(LinearScan::new(rules))),
+                    rules.iter().map(|r| compile_list(&r.actions)).collect(),
+                ),
+                PipeBody::Exact { fields, entries } => (
+                    Body::Exact(ExactTable::new(
+                        fields,
+                        entries.iter().map(|e| e.key.clone()),
+                    )),
+                    entries.iter().map(|e| compile_list(&e.actions)).collect(),
+                ),
+                PipeBody::Lpm { field, entries } => (
+                    Body::Lpm(LpmTable::new(
+                        *field,
+                        entries.iter().map(|e| (e.value, e.len)),
+                    )),
+                    entries.iter().map(|e| compile_list(&e.actions)).collect(),
+                ),
+            };
+            let miss = compile_list(&pipe.miss);
+            pipes.push(CompiledPipe {
+                body,
+                entries,
+                miss,
+            });
+        }
+        let stats = Stats {
+            ports: p
+                .ports
+                .iter()
+                .map(|_| PortStats {
+                    drops: vec![0; DropReason::COUNT],
+                    ..PortStats::default()
+                })
+                .collect(),
+            entries: p
+                .pipes
+                .iter()
+                .map(|pp| vec![Counter::default(); pp.body.len() + 1])
+                .collect(),
+            meters: vec![[0; 3]; p.meters.len()],
+            services: vec![Counter::default(); p.services.len()],
+        };
+        Engine {
+            pipes,
+            roots: (0..p.ports.len())
+                .map(|i| p.root_of(PortId(i as u16)))
+                .collect(),
+            mtus: p.ports.iter().map(|port| port.mtu).collect(),
+            encaps,
+            tunnels,
+            meters: p.meters.iter().map(MeterState::new).collect(),
+            stats,
+        }
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Runs every packet of the batch through the pipeline and sets its verdict.
+    pub fn process<O: Observer>(&mut self, batch: &mut [PacketBuf], obs: &mut O) {
+        for pkt in batch.iter_mut() {
+            obs.begin(pkt);
+            let v = self.run(pkt, obs);
+            let port = pkt.port.index();
+            match v {
+                Verdict::Forward(out) => self.stats.ports[out.index()].tx.add(pkt.len()),
+                Verdict::Drop(r) => self.stats.ports[port].drops[r as usize] += 1,
+                Verdict::Service(s) => self.stats.services[s.index()].add(pkt.len()),
+            }
+            pkt.verdict = v;
+            obs.verdict(v, pkt);
+        }
+    }
+
+    /// Counts a packet that never reached the engine (too large for its buffers).
+    pub fn count_oversize(&mut self, port: PortId, len: usize) {
+        let s = &mut self.stats.ports[port.index()];
+        s.rx.add(len);
+        s.drops[DropReason::Oversize as usize] += 1;
+    }
+
+    fn run<O: Observer>(&mut self, pkt: &mut PacketBuf, obs: &mut O) -> Verdict {
+        self.stats.ports[pkt.port.index()].rx.add(pkt.len());
+        let Some(mut pipe) = self.roots[pkt.port.index()] else {
+            return Verdict::Drop(DropReason::NoPipe);
+        };
+        let mut meta = match parse::parse(pkt.data(), &self.tunnels) {
+            Ok(m) => m,
+            Err(r) => return Verdict::Drop(r),
+        };
+        let mut state = PacketState {
+            in_port: pkt.port.0,
+            ..PacketState::default()
+        };
+        // The pipe graph is acyclic, so a walk visits each pipe at most once.
+        for _ in 0..self.pipes.len() {
+            obs.pipe(pipe);
+            let cp = &self.pipes[pipe.index()];
+            let view = PacketView {
+                frame: pkt.data(),
+                meta: &meta,
+                state: &state,
+            };
+            let entry = match &cp.body {
+                Body::Rules(c) => c.classify(&view),
+                Body::Exact(t) => t.lookup(&view),
+                Body::Lpm(t) => t.lookup(&view),
+            };
+            obs.entry(pipe, entry);
+            let counter = entry.unwrap_or(cp.entries.len());
+            self.stats.entries[pipe.index()][counter].add(pkt.len());
+            let ops = match entry {
+                Some(i) => &cp.entries[i],
+                None => &cp.miss,
+            };
+            let mut stale = false;
+            for (i, op) in ops.iter().enumerate() {
+                obs.action(pipe, entry, i);
+                if stale && needs_meta(op) {
+                    meta = match parse::parse(pkt.data(), &self.tunnels) {
+                        Ok(m) => m,
+                        Err(r) => return Verdict::Drop(r),
+                    };
+                    stale = false;
+                }
+                let step = match op {
+                    Op::Encap(t) => {
+                        stale = true;
+                        self.encaps[*t].apply(pkt, meta.hash).map(|()| None)
+                    }
+                    Op::Ir(a) => exec(
+                        a,
+                        pkt,
+                        &mut meta,
+                        &mut state,
+                        &mut stale,
+                        &mut self.meters,
+                        &mut self.stats.meters,
+                        &self.mtus,
+                    ),
+                };
+                match step {
+                    Err(r) => return Verdict::Drop(r),
+                    Ok(None) => {}
+                    Ok(Some(Next::Done(v))) => return v,
+                    Ok(Some(Next::Goto(p))) => {
+                        pipe = p;
+                        if stale {
+                            meta = match parse::parse(pkt.data(), &self.tunnels) {
+                                Ok(m) => m,
+                                Err(r) => return Verdict::Drop(r),
+                            };
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+        unreachable!(
+            "validated pipelines are acyclic and every action list ends in a terminal action"
+        )
+    }
+}
+
+enum Next {
+    Goto(PipeId),
+    Done(Verdict),
+}
+
+/// Whether an op reads header offsets (and so needs fresh metadata after a rewrite).
+fn needs_meta(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Encap(_) | Op::Ir(Action::Set { .. } | Action::DecTtl | Action::Decap(_))
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn exec(
+    a: &Action,
+    pkt: &mut PacketBuf,
+    meta: &mut Meta,
+    state: &mut PacketState,
+    stale: &mut bool,
+    meters: &mut [MeterState],
+    meter_counts: &mut [[u64; 3]],
+    mtus: &[u16],
+) -> Result<Option<Next>, DropReason> {
+    match a {
+        Action::Count | Action::CtCommit { .. } | Action::Mirror(_) => {}
+        Action::Meter(m) => {
+            let c = meters[m.index()].mark(pkt.ts_ns, pkt.len());
+            meter_counts[m.index()][c as usize] += 1;
+            if c == Color::Red {
+                return Err(DropReason::MeterRed);
+            }
+        }
+        Action::Set { field, value } => {
+            if field.id == ir::FieldId::MetaMark {
+                state.mark = *value as u32;
+            } else {
+                action::set_field(pkt.data_mut(), meta, *field, *value);
+            }
+        }
+        Action::Mark(m) => state.mark = *m,
+        Action::DecTtl => action::dec_ttl(pkt.data_mut(), &meta.outer)?,
+        Action::VlanPush { vid, pcp } => {
+            action::vlan_push(pkt, *vid, *pcp)?;
+            *stale = true;
+        }
+        Action::VlanPop => {
+            action::vlan_pop(pkt);
+            *stale = true;
+        }
+        Action::Decap(t) => {
+            action::decap(pkt, meta, *t)?;
+            *stale = true;
+        }
+        Action::Encap(_) => unreachable!("compiled to Op::Encap"),
+        Action::Fwd(port) => {
+            let l3_len = pkt.len().saturating_sub(action::l3_offset(pkt.data()));
+            if l3_len > usize::from(mtus[port.index()]) {
+                return Err(DropReason::MtuExceeded);
+            }
+            return Ok(Some(Next::Done(Verdict::Forward(*port))));
+        }
+        Action::Goto(p) => return Ok(Some(Next::Goto(*p))),
+        Action::Drop => return Err(DropReason::Rule),
+        Action::ToService(s) => return Ok(Some(Next::Done(Verdict::Service(*s)))),
+    }
+    Ok(None)
+}

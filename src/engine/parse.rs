@@ -1,0 +1,213 @@
+//! Parsing a frame once into [`Meta`]: where each layer starts, what it is, the tunnel it
+//! carries, and a flow hash. Field reads then index the frame directly.
+
+use super::DropReason;
+use crate::ir::Tunnel;
+use crate::wire::ethernet::{self, ethertype};
+use crate::wire::{geneve, icmp, ip_proto, ipv4, ipv6, tcp, udp, vlan, vxlan};
+
+/// VLAN tags followed at most (802.1ad + 802.1Q, and one more to be lenient).
+const MAX_VLAN_TAGS: usize = 3;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum L3 {
+    #[default]
+    None,
+    V4,
+    V6,
+}
+
+/// Where one stack of headers (outer, or inner after a tunnel) lies in the frame.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Layers {
+    /// Offset of the Ethernet header.
+    pub l2: u16,
+    /// Offset of the outermost VLAN tag's TCI, or 0 when untagged.
+    pub vlan: u16,
+    /// EtherType after any VLAN tags.
+    pub ethertype: u16,
+    pub l3: u16,
+    pub l3_kind: L3,
+    /// End of the IP packet (frames may carry padding after it).
+    pub l3_end: u16,
+    /// IPv4 protocol or IPv6 upper-layer protocol.
+    pub proto: u8,
+    pub fragment: bool,
+    pub l4: u16,
+    /// The L4 header (TCP, UDP, ICMP, ICMPv6) is present and whole.
+    pub l4_ok: bool,
+}
+
+/// The tunnel a packet carries, when its outer UDP port is a tunnel port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TunnelInfo {
+    pub kind: Tunnel,
+    pub vni: u32,
+    /// Offset of the tunnel header (VXLAN or Geneve).
+    pub header: u16,
+    /// Offset of the inner Ethernet frame.
+    pub inner: u16,
+}
+
+/// Per-packet metadata.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Meta {
+    pub outer: Layers,
+    pub tunnel: Option<TunnelInfo>,
+    /// Valid when `tunnel` is set.
+    pub inner: Layers,
+    /// Symmetric hash of the outer 5-tuple (the same for both directions of a flow).
+    pub hash: u32,
+}
+
+/// Which UDP destination ports carry which tunnel.
+#[derive(Debug, Clone, Default)]
+pub struct TunnelPorts {
+    pub vxlan: Vec<u16>,
+    pub geneve: Vec<u16>,
+}
+
+impl TunnelPorts {
+    fn kind(&self, port: u16) -> Option<Tunnel> {
+        if self.vxlan.contains(&port) {
+            Some(Tunnel::Vxlan)
+        } else if self.geneve.contains(&port) {
+            Some(Tunnel::Geneve)
+        } else {
+            None
+        }
+    }
+}
+
+/// Parses `frame` (starting at offset 0).
+pub fn parse(frame: &[u8], tunnels: &TunnelPorts) -> Result<Meta, DropReason> {
+    let outer = layers(frame, 0)?;
+    let mut meta = Meta {
+        outer,
+        hash: flow_hash(frame, &outer),
+        ..Meta::default()
+    };
+    if outer.l4_ok && outer.proto == ip_proto::UDP {
+        let u = udp::Packet::new_unchecked(&frame[usize::from(outer.l4)..]);
+        if let Some(kind) = tunnels.kind(u.dst_port()) {
+            let at = usize::from(outer.l4) + udp::HEADER_LEN;
+            let end = usize::from(outer.l3_end);
+            let t = &frame[at..end];
+            let (vni, inner) = match kind {
+                Tunnel::Vxlan => {
+                    let v =
+                        vxlan::Packet::new_checked(t).map_err(|_| DropReason::TunnelMalformed)?;
+                    (v.vni(), at + vxlan::HEADER_LEN)
+                }
+                Tunnel::Geneve => {
+                    let g =
+                        geneve::Packet::new_checked(t).map_err(|_| DropReason::TunnelMalformed)?;
+                    if g.protocol() != ethertype::TEB {
+                        return Err(DropReason::TunnelMalformed);
+                    }
+                    (g.vni(), at + g.header_len())
+                }
+            };
+            meta.tunnel = Some(TunnelInfo {
+                kind,
+                vni,
+                header: at as u16,
+                inner: inner as u16,
+            });
+            meta.inner = layers(&frame[..end], inner).map_err(|_| DropReason::TunnelMalformed)?;
+        }
+    }
+    Ok(meta)
+}
+
+/// Parses Ethernet, VLAN tags, IP and the L4 header starting at `at`.
+fn layers(frame: &[u8], at: usize) -> Result<Layers, DropReason> {
+    let eth = ethernet::Frame::new_checked(&frame[at..]).map_err(|_| DropReason::MalformedL2)?;
+    let mut l = Layers {
+        l2: at as u16,
+        ethertype: eth.ethertype(),
+        ..Layers::default()
+    };
+    let mut off = at + ethernet::HEADER_LEN;
+    for _ in 0..MAX_VLAN_TAGS {
+        if l.ethertype != ethertype::VLAN && l.ethertype != ethertype::QINQ {
+            break;
+        }
+        let tag = vlan::Tag::new_checked(&frame[off..]).map_err(|_| DropReason::MalformedL2)?;
+        if l.vlan == 0 {
+            l.vlan = off as u16;
+        }
+        l.ethertype = tag.ethertype();
+        off += vlan::TAG_LEN;
+    }
+    l.l3 = off as u16;
+    match l.ethertype {
+        ethertype::IPV4 => {
+            let p =
+                ipv4::Packet::new_checked(&frame[off..]).map_err(|_| DropReason::MalformedL3)?;
+            l.l3_kind = L3::V4;
+            l.l3_end = (off + usize::from(p.total_len())) as u16;
+            l.proto = p.protocol();
+            l.fragment = p.is_fragment();
+            l.l4 = (off + p.header_len()) as u16;
+            l.l4_ok = !l.fragment;
+        }
+        ethertype::IPV6 => {
+            let p =
+                ipv6::Packet::new_checked(&frame[off..]).map_err(|_| DropReason::MalformedL3)?;
+            let up = p.upper_layer().map_err(|_| DropReason::MalformedL3)?;
+            l.l3_kind = L3::V6;
+            l.l3_end = (off + ipv6::HEADER_LEN + usize::from(p.payload_len())) as u16;
+            l.proto = up.protocol;
+            l.fragment = up.fragment;
+            l.l4 = (off + up.offset) as u16;
+            l.l4_ok = up.l4_present && !up.fragment;
+        }
+        _ => {
+            l.l3_end = frame.len() as u16;
+            return Ok(l);
+        }
+    }
+    if l.l4_ok {
+        let seg = &frame[usize::from(l.l4)..usize::from(l.l3_end)];
+        let whole = match l.proto {
+            ip_proto::TCP => tcp::Packet::new_checked(seg).is_ok(),
+            ip_proto::UDP => udp::Packet::new_checked(seg).is_ok(),
+            ip_proto::ICMP | ip_proto::ICMPV6 => icmp::Packet::new_checked(seg).is_ok(),
+            // SCTP: only the 4 port bytes are read.
+            ip_proto::SCTP => seg.len() >= 12,
+            _ => true,
+        };
+        if !whole {
+            return Err(DropReason::MalformedL4);
+        }
+    }
+    Ok(l)
+}
+
+/// A symmetric hash of addresses, protocol and ports: both directions of a flow hash the
+/// same, so a flow and its replies can be steered to the same worker.
+fn flow_hash(frame: &[u8], l: &Layers) -> u32 {
+    let l3 = usize::from(l.l3);
+    let (a, b): (&[u8], &[u8]) = match l.l3_kind {
+        L3::V4 => (&frame[l3 + 12..l3 + 16], &frame[l3 + 16..l3 + 20]),
+        L3::V6 => (&frame[l3 + 8..l3 + 24], &frame[l3 + 24..l3 + 40]),
+        L3::None => return u32::from(l.ethertype),
+    };
+    let fold = |s: &[u8]| {
+        s.chunks(4).fold(0u32, |h, c| {
+            h ^ u32::from_be_bytes(c.try_into().unwrap_or([0; 4]))
+        })
+    };
+    let (x, y) = (fold(a), fold(b));
+    let (mut p, mut q) = (0u32, 0u32);
+    if l.l4_ok && matches!(l.proto, ip_proto::TCP | ip_proto::UDP | ip_proto::SCTP) {
+        let l4 = usize::from(l.l4);
+        p = u32::from(u16::from_be_bytes([frame[l4], frame[l4 + 1]]));
+        q = u32::from(u16::from_be_bytes([frame[l4 + 2], frame[l4 + 3]]));
+    }
+    let h = u64::from(x.min(y)) << 32 | u64::from(x.max(y));
+    let ports = u64::from(p.min(q)) << 16 | u64::from(p.max(q)) | u64::from(l.proto) << 40;
+    let m = (h ^ ports.rotate_left(17)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (m >> 32) as u32 ^ m as u32
+}

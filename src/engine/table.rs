@@ -1,0 +1,138 @@
+//! Lookup structures for the three pipe bodies: ordered rules, exact-match tables and
+//! longest-prefix-match tables.
+
+use super::field::{self, PacketState};
+use super::parse::Meta;
+use crate::ir::{Field, FieldId, FieldMatch, Pattern, Rule};
+use rustc_hash::FxHashMap;
+
+/// What a classifier sees of one packet.
+#[derive(Debug, Clone, Copy)]
+pub struct PacketView<'a> {
+    pub frame: &'a [u8],
+    pub meta: &'a Meta,
+    pub state: &'a PacketState,
+}
+
+impl PacketView<'_> {
+    #[inline]
+    pub fn field(&self, f: Field) -> Option<u128> {
+        field::read(self.frame, self.meta, self.state, f)
+    }
+
+    #[inline]
+    fn holds(&self, m: &FieldMatch) -> bool {
+        match m.field.id {
+            FieldId::GeneveOptClass => field::geneve_options(self.frame, self.meta)
+                .any(|(c, _)| m.pattern.matches(c.into())),
+            FieldId::GeneveOptType => field::geneve_options(self.frame, self.meta)
+                .any(|(_, t)| m.pattern.matches(t.into())),
+            _ => self.field(m.field).is_some_and(|v| m.pattern.matches(v)),
+        }
+    }
+}
+
+/// Ordered rules, first match wins. The scan below is the reference implementation; a
+/// faster classifier can replace it behind this trait.
+pub trait RuleClassifier: std::fmt::Debug + Send {
+    /// Index of the first rule that matches, if any.
+    fn classify(&self, pkt: &PacketView<'_>) -> Option<usize>;
+}
+
+/// Checks every rule in order.
+#[derive(Debug)]
+pub struct LinearScan {
+    rules: Vec<Box<[FieldMatch]>>,
+}
+
+impl LinearScan {
+    pub fn new(rules: &[Rule]) -> LinearScan {
+        LinearScan {
+            rules: rules
+                .iter()
+                .map(|r| r.matches.clone().into_boxed_slice())
+                .collect(),
+        }
+    }
+}
+
+impl RuleClassifier for LinearScan {
+    fn classify(&self, pkt: &PacketView<'_>) -> Option<usize> {
+        self.rules
+            .iter()
+            .position(|ms| ms.iter().all(|m| pkt.holds(m)))
+    }
+}
+
+/// Longest keys an exact table takes (the language allows 8 fields).
+pub const MAX_EXACT_FIELDS: usize = 8;
+
+/// Exact match on a tuple of fields.
+#[derive(Debug)]
+pub struct ExactTable {
+    fields: Box<[Field]>,
+    map: FxHashMap<Box<[u128]>, usize>,
+}
+
+impl ExactTable {
+    pub fn new(fields: &[Field], keys: impl IntoIterator<Item = Vec<u128>>) -> ExactTable {
+        let map = keys
+            .into_iter()
+            .enumerate()
+            .map(|(i, k)| (k.into_boxed_slice(), i))
+            .collect();
+        ExactTable {
+            fields: fields.into(),
+            map,
+        }
+    }
+
+    #[inline]
+    pub fn lookup(&self, pkt: &PacketView<'_>) -> Option<usize> {
+        let mut key = [0u128; MAX_EXACT_FIELDS];
+        for (slot, f) in key.iter_mut().zip(self.fields.iter()) {
+            *slot = pkt.field(*f)?;
+        }
+        self.map.get(&key[..self.fields.len()]).copied()
+    }
+}
+
+/// Longest-prefix match: one hash map per prefix length in use, longest first.
+#[derive(Debug)]
+pub struct LpmTable {
+    field: Field,
+    /// (prefix length, mask, prefix → entry index), longest prefix first.
+    levels: Vec<(u8, u128, FxHashMap<u128, usize>)>,
+}
+
+impl LpmTable {
+    pub fn new(field: Field, prefixes: impl IntoIterator<Item = (u128, u8)>) -> LpmTable {
+        let kind = field.kind();
+        let mut levels: Vec<(u8, u128, FxHashMap<u128, usize>)> = Vec::new();
+        for (i, (value, len)) in prefixes.into_iter().enumerate() {
+            let Pattern::Masked { mask, value } = Pattern::prefix(value, len, kind) else {
+                unreachable!("prefix patterns are masks")
+            };
+            match levels.iter_mut().find(|(l, _, _)| *l == len) {
+                Some((_, _, m)) => {
+                    m.insert(value, i);
+                }
+                None => {
+                    let mut m = FxHashMap::default();
+                    m.insert(value, i);
+                    levels.push((len, mask, m));
+                }
+            }
+        }
+        levels.sort_by_key(|l| std::cmp::Reverse(l.0));
+        LpmTable { field, levels }
+    }
+
+    #[inline]
+    pub fn lookup(&self, pkt: &PacketView<'_>) -> Option<usize> {
+        let v = pkt.field(self.field)?;
+        self.levels
+            .iter()
+            .find_map(|(_, mask, m)| m.get(&(v & mask)).copied())
+    }
+}
