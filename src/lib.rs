@@ -12,6 +12,7 @@ pub mod io;
 pub mod ir;
 pub mod lang;
 pub mod replay;
+pub mod trace;
 pub mod wire;
 
 /// The crate version and the git revision it was built from.

@@ -5,6 +5,7 @@ use dpuflow::engine::{Engine, NoObserver};
 use dpuflow::ir::{PortId, Program};
 use dpuflow::lang::{self, Severity};
 use dpuflow::replay::Bindings;
+use dpuflow::trace::Tracer;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -64,6 +65,20 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Show each packet's walk through the pipeline: pipes, matched entries, actions, fate.
+    #[command(
+        after_help = "Example:\n  dpuflow trace pipelines/vxlan-gateway.pipe --in uplink=uplink.pcap --packet 3"
+    )]
+    Trace {
+        /// Pipeline file.
+        pipeline: PathBuf,
+        /// An input capture (pcap or pcapng) received on PORT.
+        #[arg(long = "in", value_name = "PORT=FILE", required = true)]
+        inputs: Vec<String>,
+        /// Trace only this packet (1-based, in replay order).
+        #[arg(long, value_name = "N")]
+        packet: Option<u64>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -88,6 +103,11 @@ fn main() -> ExitCode {
             batch,
             json,
         } => replay(&pipeline, &inputs, &outputs, batch, json),
+        Command::Trace {
+            pipeline,
+            inputs,
+            packet,
+        } => trace(&pipeline, &inputs, packet),
     }
 }
 
@@ -236,5 +256,31 @@ fn graph(path: &Path) -> ExitCode {
             ExitCode::SUCCESS
         }
         None => ExitCode::from(EXIT_INVALID),
+    }
+}
+
+fn trace(path: &Path, inputs: &[String], packet: Option<u64>) -> ExitCode {
+    let program = match load(path) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let inputs = match bind(&program, inputs, "in") {
+        Ok(i) => i,
+        Err(code) => return code,
+    };
+    let bindings = Bindings {
+        inputs,
+        outputs: Vec::new(),
+    };
+    let mut engine = Engine::new(&program);
+    let mut tracer = Tracer::new(&program, packet);
+    let result = dpuflow::replay::replay(&program, &mut engine, &bindings, 1, &mut tracer);
+    print!("{}", tracer.out);
+    match result {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(EXIT_USAGE)
+        }
     }
 }

@@ -137,7 +137,7 @@ pub fn replay<O: Observer>(
             break;
         }
         engine.process(&mut slots[..n], obs);
-        for pkt in &slots[..n] {
+        for pkt in slots[..n].iter().chain(engine.mirrors()) {
             if let Verdict::Forward(port) = pkt.verdict {
                 match &mut writers[port.index()] {
                     Some(w) => w.write(pkt.ts_ns, pkt.data())?,

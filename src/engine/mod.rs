@@ -61,6 +61,7 @@ drop_reasons! {
     MtuExceeded => "mtu_exceeded", "larger than the output port's MTU";
     NoHeadroom => "no_headroom", "no room in front of the packet to add headers";
     Oversize => "oversize", "larger than the engine's packet buffers";
+    MirrorOverflow => "mirror_overflow", "a mirror copy found no free buffer in this batch";
 }
 
 /// What happened to a packet.
@@ -162,16 +163,28 @@ impl Default for Config {
     }
 }
 
+/// Mirror copies one batch may make.
+const MIRROR_POOL: usize = 256;
+
 /// A compiled pipeline and its per-worker state.
 #[derive(Debug)]
 pub struct Engine {
     pipes: Vec<CompiledPipe>,
     roots: Vec<Option<PipeId>>,
-    mtus: Vec<u16>,
     encaps: Vec<EncapTemplate>,
     tunnels: TunnelPorts,
+    rt: Runtime,
+}
+
+/// The mutable state actions touch.
+#[derive(Debug)]
+struct Runtime {
+    mtus: Vec<u16>,
     meters: Vec<MeterState>,
     stats: Stats,
+    /// Copies made by `mirror` in the current batch; the first `mirrored` are valid.
+    mirrors: Vec<PacketBuf>,
+    mirrored: usize,
 }
 
 impl Engine {
@@ -246,33 +259,56 @@ impl Engine {
             meters: vec![[0; 3]; p.meters.len()],
             services: vec![Counter::default(); p.services.len()],
         };
+        let mirrors = if p.pipes.iter().any(|pp| {
+            pp.body
+                .action_lists()
+                .chain([&pp.miss])
+                .any(|l| l.0.iter().any(|a| matches!(a, Action::Mirror(_))))
+        }) {
+            (0..MIRROR_POOL)
+                .map(|_| PacketBuf::new(DEFAULT_MAX_FRAME))
+                .collect()
+        } else {
+            Vec::new()
+        };
         Engine {
             pipes,
             roots: (0..p.ports.len())
                 .map(|i| p.root_of(PortId(i as u16)))
                 .collect(),
-            mtus: p.ports.iter().map(|port| port.mtu).collect(),
             encaps,
             tunnels,
-            meters: p.meters.iter().map(MeterState::new).collect(),
-            stats,
+            rt: Runtime {
+                mtus: p.ports.iter().map(|port| port.mtu).collect(),
+                meters: p.meters.iter().map(MeterState::new).collect(),
+                stats,
+                mirrors,
+                mirrored: 0,
+            },
         }
     }
 
     pub fn stats(&self) -> &Stats {
-        &self.stats
+        &self.rt.stats
+    }
+
+    /// The copies `mirror` actions made during the last [`Engine::process`]; each has a
+    /// `Forward` verdict to its mirror port.
+    pub fn mirrors(&self) -> &[PacketBuf] {
+        &self.rt.mirrors[..self.rt.mirrored]
     }
 
     /// Runs every packet of the batch through the pipeline and sets its verdict.
     pub fn process<O: Observer>(&mut self, batch: &mut [PacketBuf], obs: &mut O) {
+        self.rt.mirrored = 0;
         for pkt in batch.iter_mut() {
             obs.begin(pkt);
             let v = self.run(pkt, obs);
             let port = pkt.port.index();
             match v {
-                Verdict::Forward(out) => self.stats.ports[out.index()].tx.add(pkt.len()),
-                Verdict::Drop(r) => self.stats.ports[port].drops[r as usize] += 1,
-                Verdict::Service(s) => self.stats.services[s.index()].add(pkt.len()),
+                Verdict::Forward(out) => self.rt.stats.ports[out.index()].tx.add(pkt.len()),
+                Verdict::Drop(r) => self.rt.stats.ports[port].drops[r as usize] += 1,
+                Verdict::Service(s) => self.rt.stats.services[s.index()].add(pkt.len()),
             }
             pkt.verdict = v;
             obs.verdict(v, pkt);
@@ -281,13 +317,13 @@ impl Engine {
 
     /// Counts a packet that never reached the engine (too large for its buffers).
     pub fn count_oversize(&mut self, port: PortId, len: usize) {
-        let s = &mut self.stats.ports[port.index()];
+        let s = &mut self.rt.stats.ports[port.index()];
         s.rx.add(len);
         s.drops[DropReason::Oversize as usize] += 1;
     }
 
     fn run<O: Observer>(&mut self, pkt: &mut PacketBuf, obs: &mut O) -> Verdict {
-        self.stats.ports[pkt.port.index()].rx.add(pkt.len());
+        self.rt.stats.ports[pkt.port.index()].rx.add(pkt.len());
         let Some(mut pipe) = self.roots[pkt.port.index()] else {
             return Verdict::Drop(DropReason::NoPipe);
         };
@@ -315,7 +351,7 @@ impl Engine {
             };
             obs.entry(pipe, entry);
             let counter = entry.unwrap_or(cp.entries.len());
-            self.stats.entries[pipe.index()][counter].add(pkt.len());
+            self.rt.stats.entries[pipe.index()][counter].add(pkt.len());
             let ops = match entry {
                 Some(i) => &cp.entries[i],
                 None => &cp.miss,
@@ -335,16 +371,7 @@ impl Engine {
                         stale = true;
                         self.encaps[*t].apply(pkt, meta.hash).map(|()| None)
                     }
-                    Op::Ir(a) => exec(
-                        a,
-                        pkt,
-                        &mut meta,
-                        &mut state,
-                        &mut stale,
-                        &mut self.meters,
-                        &mut self.stats.meters,
-                        &self.mtus,
-                    ),
+                    Op::Ir(a) => exec(a, pkt, &mut meta, &mut state, &mut stale, &mut self.rt),
                 };
                 match step {
                     Err(r) => return Verdict::Drop(r),
@@ -382,7 +409,6 @@ fn needs_meta(op: &Op) -> bool {
     )
 }
 
-#[allow(clippy::too_many_arguments)]
 #[inline]
 fn exec(
     a: &Action,
@@ -390,15 +416,24 @@ fn exec(
     meta: &mut Meta,
     state: &mut PacketState,
     stale: &mut bool,
-    meters: &mut [MeterState],
-    meter_counts: &mut [[u64; 3]],
-    mtus: &[u16],
+    rt: &mut Runtime,
 ) -> Result<Option<Next>, DropReason> {
     match a {
-        Action::Count | Action::CtCommit { .. } | Action::Mirror(_) => {}
+        Action::Count | Action::CtCommit { .. } => {}
+        Action::Mirror(port) => match rt.mirrors.get_mut(rt.mirrored) {
+            Some(copy) => {
+                copy.load(pkt.data(), pkt.port, pkt.ts_ns);
+                copy.verdict = Verdict::Forward(*port);
+                rt.mirrored += 1;
+                rt.stats.ports[port.index()].tx.add(pkt.len());
+            }
+            None => {
+                rt.stats.ports[pkt.port.index()].drops[DropReason::MirrorOverflow as usize] += 1
+            }
+        },
         Action::Meter(m) => {
-            let c = meters[m.index()].mark(pkt.ts_ns, pkt.len());
-            meter_counts[m.index()][c as usize] += 1;
+            let c = rt.meters[m.index()].mark(pkt.ts_ns, pkt.len());
+            rt.stats.meters[m.index()][c as usize] += 1;
             if c == Color::Red {
                 return Err(DropReason::MeterRed);
             }
@@ -427,7 +462,7 @@ fn exec(
         Action::Encap(_) => unreachable!("compiled to Op::Encap"),
         Action::Fwd(port) => {
             let l3_len = pkt.len().saturating_sub(action::l3_offset(pkt.data()));
-            if l3_len > usize::from(mtus[port.index()]) {
+            if l3_len > usize::from(rt.mtus[port.index()]) {
                 return Err(DropReason::MtuExceeded);
             }
             return Ok(Some(Next::Done(Verdict::Forward(*port))));

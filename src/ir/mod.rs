@@ -56,6 +56,54 @@ impl Program {
             .map(|i| PipeId(i as u16))
     }
 
+    /// An action as the language writes it.
+    pub fn describe(&self, a: &Action) -> String {
+        let mac = |m: &[u8; 6]| {
+            display_value(
+                m.iter().fold(0u128, |acc, &x| acc << 8 | u128::from(x)),
+                ValueKind::Mac,
+            )
+        };
+        match a {
+            Action::Count => "count".into(),
+            Action::Meter(m) => format!("meter {}", self.meters[m.index()].name),
+            Action::Mirror(p) => format!("mirror {}", self.port(*p).name),
+            Action::Set { field, value } => {
+                format!("set {field} {}", display_value(*value, field.kind()))
+            }
+            Action::DecTtl => "dec ttl".into(),
+            Action::VlanPush { vid, pcp } => format!("vlan.push {{ id {vid} pcp {pcp} }}"),
+            Action::VlanPop => "vlan.pop".into(),
+            Action::Encap(e) => format!(
+                "{}.encap {{ vni {} src {} dst {} smac {} dmac {} dport {} ttl {}{} }}",
+                e.tunnel.name(),
+                e.vni,
+                e.src,
+                e.dst,
+                mac(&e.smac),
+                mac(&e.dmac),
+                e.udp_dst,
+                e.ttl,
+                e.options
+                    .iter()
+                    .map(|o| format!(
+                        " option {:#06x} {:#04x} ({} bytes)",
+                        o.class,
+                        o.kind,
+                        o.data.len()
+                    ))
+                    .collect::<String>()
+            ),
+            Action::Decap(t) => format!("{}.decap", t.name()),
+            Action::CtCommit { zone } => format!("ct.commit zone {zone}"),
+            Action::Mark(m) => format!("mark {m}"),
+            Action::Fwd(p) => format!("fwd {}", self.port(*p).name),
+            Action::Goto(p) => format!("goto {}", self.pipe(*p).name),
+            Action::Drop => "drop".into(),
+            Action::ToService(s) => format!("to {}", self.services[s.index()].name),
+        }
+    }
+
     /// Total number of rules and table entries.
     pub fn entry_count(&self) -> usize {
         self.pipes.iter().map(|p| p.body.len()).sum()
