@@ -6,6 +6,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod bench;
 pub mod engine;
 pub mod graph;
 pub mod io;
@@ -13,6 +14,7 @@ pub mod ir;
 pub mod lang;
 pub mod replay;
 pub mod trace;
+pub mod traffic;
 pub mod wire;
 
 /// The crate version and the git revision it was built from.

@@ -79,6 +79,30 @@ enum Command {
         #[arg(long, value_name = "N")]
         packet: Option<u64>,
     },
+    /// Measure the software engine on one core with synthetic traffic made to hit the
+    /// entries of a port's root pipe.
+    #[command(
+        after_help = "Example:\n  dpuflow bench pipelines/vxlan-gateway.pipe --port uplink --size 64 --flows 1024 --packets 20000000"
+    )]
+    Bench {
+        /// Pipeline file.
+        pipeline: PathBuf,
+        /// Frame size in bytes (at least the headers the entries need).
+        #[arg(long, default_value_t = 64)]
+        size: usize,
+        /// Distinct flows, spread over the root pipe's entries.
+        #[arg(long, default_value_t = 1024)]
+        flows: u32,
+        /// Packets to process.
+        #[arg(long, default_value_t = 10_000_000)]
+        packets: u64,
+        /// The port the traffic arrives on; by default the first port that feeds a root pipe.
+        #[arg(long)]
+        port: Option<String>,
+        /// Packets per batch.
+        #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=1024))]
+        batch: u16,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -108,6 +132,14 @@ fn main() -> ExitCode {
             inputs,
             packet,
         } => trace(&pipeline, &inputs, packet),
+        Command::Bench {
+            pipeline,
+            size,
+            flows,
+            packets,
+            port,
+            batch,
+        } => bench(&pipeline, size, flows, packets, port.as_deref(), batch),
     }
 }
 
@@ -283,4 +315,61 @@ fn trace(path: &Path, inputs: &[String], packet: Option<u64>) -> ExitCode {
             ExitCode::from(EXIT_USAGE)
         }
     }
+}
+
+fn bench(
+    path: &Path,
+    size: usize,
+    flows: u32,
+    packets: u64,
+    port: Option<&str>,
+    batch: u16,
+) -> ExitCode {
+    let program = match load(path) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let port = match port {
+        Some(name) => match bind(&program, &[format!("{name}=")], "port") {
+            Ok(b) => b[0].0,
+            Err(code) => return code,
+        },
+        None => match (0..program.ports.len())
+            .map(|i| PortId(i as u16))
+            .find(|p| program.root_of(*p).is_some())
+        {
+            Some(p) => p,
+            None => {
+                eprintln!(
+                    "error: no port of pipeline {} feeds a root pipe",
+                    program.name
+                );
+                return ExitCode::from(EXIT_USAGE);
+            }
+        },
+    };
+    let frames = dpuflow::traffic::generate(&program, port, size, flows);
+    if frames.is_empty() {
+        eprintln!("error: port {} feeds no root pipe", program.port(port).name);
+        return ExitCode::from(EXIT_USAGE);
+    }
+    let r = dpuflow::bench::run(&program, port, &frames, packets, usize::from(batch));
+    println!(
+        "pipeline {}, port {}, {} flows, {}-byte frames, batch {batch}",
+        program.name,
+        program.port(port).name,
+        frames.len(),
+        frames[0].len()
+    );
+    println!(
+        "{} packets in {:.3} s: {:.2} Mpps, {:.1} ns/packet (forwarded {}, dropped {}, queued {})",
+        r.packets,
+        r.elapsed.as_secs_f64(),
+        r.mpps(),
+        r.ns_per_packet(),
+        r.forwarded,
+        r.dropped,
+        r.queued
+    );
+    ExitCode::SUCCESS
 }

@@ -1,0 +1,409 @@
+//! Synthetic traffic for `dpuflow bench`: packets built to hit each entry of a root pipe,
+//! spread over a number of flows.
+
+use crate::ir::{FieldId, FieldMatch, Pattern, PipeBody, PortId, Program, Tunnel};
+use crate::wire::ethernet::{self, ethertype};
+use crate::wire::{checksum, ip_proto, ipv4, ipv6, put16};
+use std::net::Ipv4Addr;
+
+/// Headers of one synthetic packet.
+#[derive(Debug, Clone)]
+struct Spec {
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+    vlan: Option<u16>,
+    v6: bool,
+    src: u128,
+    dst: u128,
+    dscp: u8,
+    ttl: u8,
+    proto: u8,
+    sport: u16,
+    dport: u16,
+    tcp_flags: u8,
+    icmp: (u8, u8),
+    tunnel: Option<(Tunnel, u32, Box<Spec>)>,
+    /// Fields the entry fixes; flows vary only the others.
+    fixed_src: bool,
+    fixed_sport: bool,
+}
+
+impl Default for Spec {
+    fn default() -> Self {
+        Spec {
+            src_mac: [0x02, 0, 0, 0, 0, 0x10],
+            dst_mac: [0x02, 0, 0, 0, 0, 0x20],
+            vlan: None,
+            v6: false,
+            src: u128::from(u32::from(Ipv4Addr::new(10, 0, 0, 1))),
+            dst: u128::from(u32::from(Ipv4Addr::new(10, 0, 0, 2))),
+            dscp: 0,
+            ttl: 64,
+            proto: ip_proto::UDP,
+            sport: 1024,
+            dport: 5001,
+            tcp_flags: 0x10,
+            icmp: (8, 0),
+            tunnel: None,
+            fixed_src: false,
+            fixed_sport: false,
+        }
+    }
+}
+
+/// A value the pattern matches.
+fn sample(p: &Pattern) -> u128 {
+    match p {
+        Pattern::Masked { value, .. } => *value,
+        Pattern::Range { lo, .. } => *lo,
+        Pattern::Any(ps) => ps.first().map_or(0, sample),
+    }
+}
+
+fn v6_of(v4: u128) -> u128 {
+    // 2001:db8::/96 plus the IPv4 address, for IPv6 fields left unset.
+    0x2001_0db8_0000_0000_0000_0000_0000_0000 | (v4 & 0xffff_ffff)
+}
+
+impl Spec {
+    fn apply(&mut self, m: &FieldMatch) {
+        if m.field.inner {
+            let inner = match &mut self.tunnel {
+                Some((_, _, inner)) => inner,
+                None => {
+                    self.set_tunnel(Tunnel::Vxlan, 0);
+                    &mut self.tunnel.as_mut().expect("just set").2
+                }
+            };
+            let outer_field = FieldMatch {
+                field: crate::ir::Field {
+                    id: m.field.id,
+                    inner: false,
+                },
+                pattern: m.pattern.clone(),
+            };
+            inner.apply(&outer_field);
+            return;
+        }
+        let v = sample(&m.pattern);
+        match m.field.id {
+            FieldId::EthSrc => self.src_mac = mac(v),
+            FieldId::EthDst => self.dst_mac = mac(v),
+            FieldId::VlanId => self.vlan = Some(v as u16),
+            FieldId::Ipv4Src => {
+                self.v6 = false;
+                self.src = v;
+                self.fixed_src = m.pattern == Pattern::exact(v, m.field.kind());
+            }
+            FieldId::Ipv4Dst => {
+                self.v6 = false;
+                self.dst = v;
+            }
+            FieldId::Ipv6Src | FieldId::Ipv6Dst => {
+                if !self.v6 {
+                    self.v6 = true;
+                    self.src = v6_of(self.src);
+                    self.dst = v6_of(self.dst);
+                }
+                if m.field.id == FieldId::Ipv6Src {
+                    self.src = v;
+                    self.fixed_src = m.pattern == Pattern::exact(v, m.field.kind());
+                } else {
+                    self.dst = v;
+                }
+            }
+            FieldId::IpProto => self.proto = v as u8,
+            FieldId::IpDscp => self.dscp = v as u8,
+            FieldId::IpTtl => self.ttl = (v as u8).max(2),
+            FieldId::TcpSrc
+            | FieldId::TcpDst
+            | FieldId::UdpSrc
+            | FieldId::UdpDst
+            | FieldId::L4Src
+            | FieldId::L4Dst => {
+                match m.field.id {
+                    FieldId::TcpSrc | FieldId::TcpDst => self.proto = ip_proto::TCP,
+                    FieldId::UdpSrc | FieldId::UdpDst => self.proto = ip_proto::UDP,
+                    _ if !matches!(self.proto, ip_proto::TCP | ip_proto::UDP) => {
+                        self.proto = ip_proto::UDP
+                    }
+                    _ => {}
+                }
+                if matches!(
+                    m.field.id,
+                    FieldId::TcpSrc | FieldId::UdpSrc | FieldId::L4Src
+                ) {
+                    self.sport = v as u16;
+                    self.fixed_sport = true;
+                } else {
+                    self.dport = v as u16;
+                }
+            }
+            FieldId::TcpFlags => {
+                self.proto = ip_proto::TCP;
+                self.tcp_flags = v as u8;
+            }
+            FieldId::IcmpType | FieldId::IcmpCode => {
+                self.v6 = false;
+                self.proto = ip_proto::ICMP;
+                if m.field.id == FieldId::IcmpType {
+                    self.icmp.0 = v as u8;
+                } else {
+                    self.icmp.1 = v as u8;
+                }
+            }
+            FieldId::Icmp6Type | FieldId::Icmp6Code => {
+                if !self.v6 {
+                    self.v6 = true;
+                    self.src = v6_of(self.src);
+                    self.dst = v6_of(self.dst);
+                }
+                self.proto = ip_proto::ICMPV6;
+                if m.field.id == FieldId::Icmp6Type {
+                    self.icmp.0 = v as u8;
+                } else {
+                    self.icmp.1 = v as u8;
+                }
+            }
+            FieldId::VxlanVni => self.set_tunnel(Tunnel::Vxlan, v as u32),
+            FieldId::GeneveVni => self.set_tunnel(Tunnel::Geneve, v as u32),
+            _ => {}
+        }
+    }
+
+    fn set_tunnel(&mut self, kind: Tunnel, vni: u32) {
+        self.proto = ip_proto::UDP;
+        self.dport = kind.default_port();
+        let inner = self.tunnel.take().map(|(_, _, i)| i).unwrap_or_default();
+        self.tunnel = Some((kind, vni, inner));
+    }
+
+    /// The frame, padded with zeros to at least `size` bytes.
+    fn emit(&self, size: usize, out: &mut Vec<u8>) {
+        let start = out.len();
+        let l2 = ethernet::HEADER_LEN + if self.vlan.is_some() { 4 } else { 0 };
+        out.resize(start + l2, 0);
+        ethernet::Repr {
+            src: self.src_mac,
+            dst: self.dst_mac,
+            ethertype: if self.vlan.is_some() {
+                ethertype::VLAN
+            } else if self.v6 {
+                ethertype::IPV6
+            } else {
+                ethertype::IPV4
+            },
+        }
+        .emit(&mut out[start..]);
+        if let Some(vid) = self.vlan {
+            put16(&mut out[start..], 14, vid & 0x0fff);
+            put16(
+                &mut out[start..],
+                16,
+                if self.v6 {
+                    ethertype::IPV6
+                } else {
+                    ethertype::IPV4
+                },
+            );
+        }
+        let ip_at = out.len();
+        let ip_len = if self.v6 {
+            ipv6::HEADER_LEN
+        } else {
+            ipv4::MIN_HEADER_LEN
+        };
+        out.resize(ip_at + ip_len, 0);
+        let l4_at = out.len();
+        match self.proto {
+            ip_proto::TCP => {
+                out.resize(l4_at + 20, 0);
+                let t = &mut out[l4_at..];
+                put16(t, 0, self.sport);
+                put16(t, 2, self.dport);
+                t[12] = 5 << 4;
+                t[13] = self.tcp_flags;
+                put16(t, 14, 65535);
+            }
+            ip_proto::ICMP | ip_proto::ICMPV6 => {
+                out.resize(l4_at + 8, 0);
+                out[l4_at] = self.icmp.0;
+                out[l4_at + 1] = self.icmp.1;
+            }
+            _ => {
+                out.resize(l4_at + 8, 0);
+                put16(&mut out[l4_at..], 0, self.sport);
+                put16(&mut out[l4_at..], 2, self.dport);
+                if let Some((kind, vni, inner)) = &self.tunnel {
+                    let t = out.len();
+                    match kind {
+                        Tunnel::Vxlan => {
+                            out.resize(t + 8, 0);
+                            crate::wire::vxlan::Repr { vni: *vni }.emit(&mut out[t..]);
+                        }
+                        Tunnel::Geneve => {
+                            out.resize(t + 8, 0);
+                            crate::wire::geneve::Repr {
+                                vni: *vni,
+                                protocol: ethertype::TEB,
+                                options: &[],
+                                critical: false,
+                            }
+                            .emit(&mut out[t..]);
+                        }
+                    }
+                    inner.emit(size.saturating_sub(out.len() - start), out);
+                }
+            }
+        }
+        if out.len() - start < size {
+            out.resize(start + size, 0);
+        }
+        let l4_len = out.len() - l4_at;
+        if self.v6 {
+            ipv6::Repr {
+                src: self.src.to_be_bytes(),
+                dst: self.dst.to_be_bytes(),
+                next_header: self.proto,
+                hop_limit: self.ttl,
+                dscp: self.dscp,
+                flow_label: 0,
+                payload_len: l4_len as u16,
+            }
+            .emit(&mut out[ip_at..]);
+        } else {
+            ipv4::Repr {
+                src: (self.src as u32).to_be_bytes(),
+                dst: (self.dst as u32).to_be_bytes(),
+                protocol: self.proto,
+                ttl: self.ttl,
+                dscp: self.dscp,
+                dont_frag: false,
+                payload_len: l4_len as u16,
+            }
+            .emit(&mut out[ip_at..]);
+        }
+        let seg = &mut out[l4_at..];
+        if self.proto == ip_proto::UDP {
+            put16(seg, 4, l4_len as u16);
+        }
+        let ck_at = match self.proto {
+            ip_proto::TCP => Some(16),
+            ip_proto::UDP if self.v6 => Some(6),
+            ip_proto::ICMP | ip_proto::ICMPV6 => Some(2),
+            _ => None,
+        };
+        if let Some(at) = ck_at {
+            let pseudo = match (self.v6, self.proto) {
+                (_, ip_proto::ICMP) => 0,
+                (true, p) => checksum::pseudo_v6(
+                    &self.src.to_be_bytes(),
+                    &self.dst.to_be_bytes(),
+                    p,
+                    l4_len as u32,
+                ),
+                (false, p) => checksum::pseudo_v4(
+                    (self.src as u32).to_be_bytes(),
+                    (self.dst as u32).to_be_bytes(),
+                    p,
+                    l4_len as u16,
+                ),
+            };
+            let c = !checksum::fold(checksum::sum(pseudo, seg));
+            put16(
+                seg,
+                at,
+                if c == 0 && self.proto == ip_proto::UDP {
+                    0xffff
+                } else {
+                    c
+                },
+            );
+        }
+    }
+
+    /// The same entry, flow number `i`: source port and low source-address bits vary
+    /// where the entry leaves them free.
+    fn flow(&self, i: u32) -> Spec {
+        let mut s = self.clone();
+        if !s.fixed_sport {
+            s.sport = 1024 + (i % 60_000) as u16;
+        }
+        if !s.fixed_src {
+            s.src ^= u128::from(i / 60_000) << 8;
+        }
+        if let Some((_, _, inner)) = &mut s.tunnel {
+            **inner = inner.flow(i);
+        }
+        s
+    }
+}
+
+fn mac(v: u128) -> [u8; 6] {
+    v.to_be_bytes()[10..].try_into().expect("6 bytes")
+}
+
+/// Packets for `port`'s root pipe: `flows` flows spread round-robin over its entries
+/// (its default when it has none). Empty when the port feeds no pipe.
+pub fn generate(p: &Program, port: PortId, size: usize, flows: u32) -> Vec<Vec<u8>> {
+    let Some(root) = p.root_of(port) else {
+        return Vec::new();
+    };
+    let pipe = p.pipe(root);
+    let mut specs: Vec<Spec> = match &pipe.body {
+        PipeBody::Rules(rules) => rules
+            .iter()
+            .map(|r| {
+                let mut s = Spec::default();
+                // Tunnel fields first, so inner fields land in the right header.
+                let mut ms: Vec<&FieldMatch> = r.matches.iter().collect();
+                ms.sort_by_key(|m| !matches!(m.field.id, FieldId::VxlanVni | FieldId::GeneveVni));
+                for m in ms {
+                    s.apply(m);
+                }
+                s
+            })
+            .collect(),
+        PipeBody::Lpm { field, entries } => entries
+            .iter()
+            .map(|e| {
+                let mut s = Spec::default();
+                s.apply(&FieldMatch {
+                    field: *field,
+                    pattern: Pattern::prefix(e.value, e.len, field.kind()),
+                });
+                // A host inside the prefix rather than its network address.
+                if u32::from(e.len) < u32::from(field.kind().bits()) {
+                    s.dst |= 1;
+                }
+                s
+            })
+            .collect(),
+        PipeBody::Exact { fields, entries } => entries
+            .iter()
+            .map(|e| {
+                let mut s = Spec::default();
+                for (f, v) in fields.iter().zip(&e.key) {
+                    s.apply(&FieldMatch {
+                        field: *f,
+                        pattern: Pattern::exact(*v, f.kind()),
+                    });
+                }
+                s
+            })
+            .collect(),
+    };
+    if specs.is_empty() {
+        specs.push(Spec::default());
+    }
+    let flows = flows.max(1);
+    (0..flows)
+        .map(|i| {
+            let mut frame = Vec::with_capacity(size.max(128));
+            specs[i as usize % specs.len()]
+                .flow(i / specs.len() as u32)
+                .emit(size, &mut frame);
+            frame
+        })
+        .collect()
+}
