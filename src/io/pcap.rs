@@ -1,17 +1,18 @@
-//! Capture files: pcap and pcapng in, pcap out (Ethernet link type).
+//! Capture files: pcap and pcapng in, pcap out, Ethernet link type only.
+//!
+//! Formats: pcap as libpcap writes it (microsecond and nanosecond variants, either byte
+//! order), and pcapng (draft-ietf-opsawg-pcapng) section header, interface description
+//! (link type, `if_tsresol`, `if_tsoffset`), enhanced and simple packet blocks; other
+//! blocks are skipped.
 
-use pcap_file::pcap::{PcapHeader, PcapPacket, PcapReader, PcapWriter};
-use pcap_file::pcapng::{Block, PcapNgReader};
-use pcap_file::{DataLink, TsResolution};
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Read};
+use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 /// Why a capture file could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
-    /// the file could not be opened or created
+    /// the file could not be opened, read or written
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -22,62 +23,165 @@ pub enum CaptureError {
     Format { path: PathBuf, message: String },
 }
 
-enum Kind {
-    Pcap(PcapReader<BufReader<File>>),
-    PcapNg(PcapNgReader<BufReader<File>>),
+const LINKTYPE_ETHERNET: u32 = 1;
+const PCAP_MICRO: u32 = 0xa1b2_c3d4;
+const PCAP_NANO: u32 = 0xa1b2_3c4d;
+const PCAPNG_SHB: u32 = 0x0a0d_0d0a;
+const PCAPNG_BYTE_ORDER: u32 = 0x1a2b_3c4d;
+const PCAPNG_IDB: u32 = 1;
+const PCAPNG_SPB: u32 = 3;
+const PCAPNG_EPB: u32 = 6;
+/// Largest block or record accepted; bigger ones mean a damaged file.
+const MAX_RECORD: usize = 16 << 20;
+
+#[derive(Debug, Clone, Copy)]
+struct Interface {
+    linktype: u32,
+    /// Timestamp units per second.
+    units_per_sec: u64,
+    offset_sec: u64,
+}
+
+#[derive(Debug)]
+enum Format {
+    Pcap { nanos: bool },
+    PcapNg { interfaces: Vec<Interface> },
 }
 
 /// Reads Ethernet frames and their timestamps from a pcap or pcapng file.
+#[derive(Debug)]
 pub struct CaptureReader {
     path: PathBuf,
-    kind: Kind,
+    file: BufReader<File>,
+    big_endian: bool,
+    format: Format,
+    buf: Vec<u8>,
 }
-
-impl std::fmt::Debug for CaptureReader {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CaptureReader")
-            .field("path", &self.path)
-            .finish()
-    }
-}
-
-const PCAPNG_MAGIC: [u8; 4] = [0x0a, 0x0d, 0x0d, 0x0a];
 
 impl CaptureReader {
     pub fn open(path: &Path) -> Result<CaptureReader, CaptureError> {
-        let io = |source| CaptureError::Io {
+        let file = File::open(path).map_err(|source| CaptureError::Io {
             path: path.to_owned(),
             source,
-        };
-        let format = |message: String| CaptureError::Format {
+        })?;
+        let mut r = CaptureReader {
             path: path.to_owned(),
-            message,
+            file: BufReader::new(file),
+            big_endian: false,
+            format: Format::Pcap { nanos: false },
+            buf: Vec::new(),
         };
-        let mut magic = [0u8; 4];
-        File::open(path)
-            .and_then(|mut f| f.read_exact(&mut magic))
-            .map_err(io)?;
-        let file = BufReader::new(File::open(path).map_err(io)?);
-        let kind = if magic == PCAPNG_MAGIC {
-            Kind::PcapNg(PcapNgReader::new(file).map_err(|e| format(e.to_string()))?)
-        } else {
-            let r = PcapReader::new(file).map_err(|e| format(e.to_string()))?;
-            if r.header().datalink != DataLink::ETHERNET {
-                return Err(format(format!(
-                    "link type {:?} is not Ethernet",
-                    r.header().datalink
-                )));
+        let mut head = [0u8; 24];
+        r.read_exact(&mut head[..4])?;
+        let magic_le = u32::from_le_bytes(head[..4].try_into().expect("4 bytes"));
+        let magic_be = u32::from_be_bytes(head[..4].try_into().expect("4 bytes"));
+        if magic_le == PCAPNG_SHB {
+            r.format = Format::PcapNg {
+                interfaces: Vec::new(),
+            };
+            r.section_header()?;
+            return Ok(r);
+        }
+        let nanos = match (magic_le, magic_be) {
+            (PCAP_MICRO, _) => false,
+            (PCAP_NANO, _) => true,
+            (_, PCAP_MICRO) => {
+                r.big_endian = true;
+                false
             }
-            Kind::Pcap(r)
+            (_, PCAP_NANO) => {
+                r.big_endian = true;
+                true
+            }
+            _ => return Err(r.bad("not a pcap or pcapng file")),
         };
-        Ok(CaptureReader {
-            path: path.to_owned(),
-            kind,
-        })
+        r.read_exact(&mut head[4..24])?;
+        let linktype = r.u32_at(&head, 20) & 0x0fff_ffff;
+        if linktype != LINKTYPE_ETHERNET {
+            return Err(r.bad(&format!("link type {linktype} is not Ethernet")));
+        }
+        r.format = Format::Pcap { nanos };
+        Ok(r)
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    fn bad(&self, message: &str) -> CaptureError {
+        CaptureError::Format {
+            path: self.path.clone(),
+            message: message.to_owned(),
+        }
+    }
+
+    fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), CaptureError> {
+        self.file
+            .read_exact(buf)
+            .map_err(|source| CaptureError::Io {
+                path: self.path.clone(),
+                source,
+            })
+    }
+
+    /// Reads exactly `buf.len()` bytes, or returns false at a clean end of file.
+    fn read_or_eof(&mut self, buf: &mut [u8]) -> Result<bool, CaptureError> {
+        let mut got = 0;
+        while got < buf.len() {
+            match self.file.read(&mut buf[got..]) {
+                Ok(0) if got == 0 => return Ok(false),
+                Ok(0) => return Err(self.bad("truncated record at the end of the file")),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(source) => {
+                    return Err(CaptureError::Io {
+                        path: self.path.clone(),
+                        source,
+                    })
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    fn u32_at(&self, b: &[u8], at: usize) -> u32 {
+        let w: [u8; 4] = b[at..at + 4].try_into().expect("4 bytes");
+        if self.big_endian {
+            u32::from_be_bytes(w)
+        } else {
+            u32::from_le_bytes(w)
+        }
+    }
+
+    fn u16_at(&self, b: &[u8], at: usize) -> u16 {
+        let w: [u8; 2] = b[at..at + 2].try_into().expect("2 bytes");
+        if self.big_endian {
+            u16::from_be_bytes(w)
+        } else {
+            u16::from_le_bytes(w)
+        }
+    }
+
+    /// Reads the rest of a section header block (its type is already read).
+    fn section_header(&mut self) -> Result<(), CaptureError> {
+        let mut b = [0u8; 8];
+        self.read_exact(&mut b)?;
+        let bom = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes"));
+        self.big_endian = match bom {
+            PCAPNG_BYTE_ORDER => false,
+            _ if bom.swap_bytes() == PCAPNG_BYTE_ORDER => true,
+            _ => return Err(self.bad("bad pcapng byte-order magic")),
+        };
+        let len = self.u32_at(&b, 0) as usize;
+        if !(28..=MAX_RECORD).contains(&len) || len % 4 != 0 {
+            return Err(self.bad("bad pcapng section header length"));
+        }
+        let mut rest = vec![0u8; len - 12];
+        self.read_exact(&mut rest)?;
+        if let Format::PcapNg { interfaces } = &mut self.format {
+            interfaces.clear();
+        }
+        Ok(())
     }
 
     /// Hands the next frame (timestamp in nanoseconds, bytes) to `f`; `None` at the end
@@ -86,52 +190,171 @@ impl CaptureReader {
         &mut self,
         f: impl FnOnce(u64, &[u8]) -> R,
     ) -> Option<Result<R, CaptureError>> {
-        let path = &self.path;
-        let format = |message: String| CaptureError::Format {
-            path: path.clone(),
-            message,
-        };
-        match &mut self.kind {
-            Kind::Pcap(r) => r.next_packet().map(|p| {
-                p.map(|p| f(p.timestamp.as_nanos() as u64, &p.data))
-                    .map_err(|e| format(e.to_string()))
-            }),
-            Kind::PcapNg(r) => loop {
-                let block = match r.next_block()? {
-                    Ok(b) => b,
-                    Err(e) => return Some(Err(format(e.to_string()))),
-                };
-                match block {
-                    Block::EnhancedPacket(p) => {
-                        return Some(Ok(f(p.timestamp.as_nanos() as u64, &p.data)))
+        match self.next_frame() {
+            Ok(Some((ts, range))) => Some(Ok(f(ts, &self.buf[range]))),
+            Ok(None) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    fn next_frame(&mut self) -> Result<Option<(u64, std::ops::Range<usize>)>, CaptureError> {
+        match self.format {
+            Format::Pcap { nanos } => {
+                let mut h = [0u8; 16];
+                if !self.read_or_eof(&mut h)? {
+                    return Ok(None);
+                }
+                let (sec, frac, caplen) = (
+                    self.u32_at(&h, 0),
+                    self.u32_at(&h, 4),
+                    self.u32_at(&h, 8) as usize,
+                );
+                if caplen > MAX_RECORD {
+                    return Err(self.bad("record larger than 16 MiB"));
+                }
+                let mut buf = std::mem::take(&mut self.buf);
+                buf.resize(caplen, 0);
+                let r = self.read_exact(&mut buf);
+                self.buf = buf;
+                r?;
+                let ns =
+                    u64::from(sec) * 1_000_000_000 + u64::from(frac) * if nanos { 1 } else { 1000 };
+                Ok(Some((ns, 0..caplen)))
+            }
+            Format::PcapNg { .. } => loop {
+                let mut h = [0u8; 8];
+                if !self.read_or_eof(&mut h)? {
+                    return Ok(None);
+                }
+                let kind = u32::from_le_bytes(h[..4].try_into().expect("4 bytes"));
+                if kind == PCAPNG_SHB {
+                    // A new section: re-read its byte order and forget the interfaces.
+                    let len = h[4..8].to_vec();
+                    let mut b = [0u8; 4];
+                    self.read_exact(&mut b)?;
+                    let bom = u32::from_le_bytes(b);
+                    self.big_endian = bom != PCAPNG_BYTE_ORDER;
+                    let len = self.u32_at(&len, 0) as usize;
+                    if !(28..=MAX_RECORD).contains(&len) {
+                        return Err(self.bad("bad pcapng section header length"));
                     }
-                    Block::SimplePacket(p) => return Some(Ok(f(0, &p.data))),
-                    Block::InterfaceDescription(i) if i.linktype != DataLink::ETHERNET => {
-                        return Some(Err(format(format!(
-                            "link type {:?} is not Ethernet",
-                            i.linktype
-                        ))));
+                    let mut rest = vec![0u8; len - 12];
+                    self.read_exact(&mut rest)?;
+                    if let Format::PcapNg { interfaces } = &mut self.format {
+                        interfaces.clear();
                     }
-                    _ => continue,
+                    continue;
+                }
+                let kind = self.u32_at(&h, 0);
+                let len = self.u32_at(&h, 4) as usize;
+                if !(12..=MAX_RECORD).contains(&len) || len % 4 != 0 {
+                    return Err(self.bad("bad pcapng block length"));
+                }
+                let mut body = std::mem::take(&mut self.buf);
+                body.resize(len - 8, 0);
+                let r = self.read_exact(&mut body);
+                self.buf = body;
+                r?;
+                let body_len = len - 12;
+                match kind {
+                    PCAPNG_IDB => {
+                        let iface = self.interface(body_len)?;
+                        if let Format::PcapNg { interfaces } = &mut self.format {
+                            interfaces.push(iface);
+                        }
+                    }
+                    PCAPNG_EPB => {
+                        if body_len < 20 {
+                            return Err(self.bad("short enhanced packet block"));
+                        }
+                        let b = &self.buf;
+                        let id = self.u32_at(b, 0) as usize;
+                        let ts = u64::from(self.u32_at(b, 4)) << 32 | u64::from(self.u32_at(b, 8));
+                        let caplen = self.u32_at(b, 12) as usize;
+                        if 20 + caplen > body_len {
+                            return Err(self.bad("packet overruns its block"));
+                        }
+                        let Format::PcapNg { interfaces } = &self.format else {
+                            unreachable!()
+                        };
+                        let Some(iface) = interfaces.get(id).copied() else {
+                            return Err(self.bad("packet names an undeclared interface"));
+                        };
+                        if iface.linktype != LINKTYPE_ETHERNET {
+                            return Err(
+                                self.bad(&format!("link type {} is not Ethernet", iface.linktype))
+                            );
+                        }
+                        let secs = ts / iface.units_per_sec + iface.offset_sec;
+                        let frac = ts % iface.units_per_sec;
+                        let ns = secs * 1_000_000_000
+                            + (u128::from(frac) * 1_000_000_000 / u128::from(iface.units_per_sec))
+                                as u64;
+                        return Ok(Some((ns, 20..20 + caplen)));
+                    }
+                    PCAPNG_SPB => {
+                        if body_len < 4 {
+                            return Err(self.bad("short simple packet block"));
+                        }
+                        let orig = self.u32_at(&self.buf, 0) as usize;
+                        let caplen = orig.min(body_len - 4);
+                        return Ok(Some((0, 4..4 + caplen)));
+                    }
+                    _ => {}
                 }
             },
         }
+    }
+
+    /// Decodes the interface description block in `self.buf`.
+    fn interface(&self, body_len: usize) -> Result<Interface, CaptureError> {
+        let b = &self.buf[..body_len];
+        if b.len() < 8 {
+            return Err(self.bad("short interface description block"));
+        }
+        let mut iface = Interface {
+            linktype: u32::from(self.u16_at(b, 0)),
+            units_per_sec: 1_000_000,
+            offset_sec: 0,
+        };
+        let mut at = 8;
+        while at + 4 <= b.len() {
+            let (code, len) = (self.u16_at(b, at), usize::from(self.u16_at(b, at + 2)));
+            let v = &b[(at + 4).min(b.len())..(at + 4 + len).min(b.len())];
+            match (code, v.len()) {
+                (0, _) => break,
+                // if_tsresol: a power of 10, or of 2 when the top bit is set.
+                (9, 1) => {
+                    let e = u32::from(v[0] & 0x7f);
+                    let base: u64 = if v[0] & 0x80 != 0 { 2 } else { 10 };
+                    iface.units_per_sec = base
+                        .checked_pow(e)
+                        .filter(|&u| u > 0)
+                        .ok_or_else(|| self.bad("bad if_tsresol"))?;
+                }
+                // if_tsoffset: seconds added to every timestamp.
+                (14, 8) => {
+                    let w: [u8; 8] = v.try_into().expect("8 bytes");
+                    iface.offset_sec = if self.big_endian {
+                        u64::from_be_bytes(w)
+                    } else {
+                        u64::from_le_bytes(w)
+                    };
+                }
+                _ => {}
+            }
+            at += 4 + len.div_ceil(4) * 4;
+        }
+        Ok(iface)
     }
 }
 
 /// Writes Ethernet frames to a pcap file (microsecond timestamps, the most widely read
 /// variant).
+#[derive(Debug)]
 pub struct CaptureWriter {
     path: PathBuf,
-    writer: PcapWriter<BufWriter<File>>,
-}
-
-impl std::fmt::Debug for CaptureWriter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CaptureWriter")
-            .field("path", &self.path)
-            .finish()
-    }
+    out: BufWriter<File>,
 }
 
 impl CaptureWriter {
@@ -140,39 +363,68 @@ impl CaptureWriter {
             path: path.to_owned(),
             source,
         })?;
-        let header = PcapHeader {
-            datalink: DataLink::ETHERNET,
-            snaplen: 262_144,
-            ts_resolution: TsResolution::MicroSecond,
-            ..PcapHeader::default()
-        };
-        let writer = PcapWriter::with_header(BufWriter::new(file), header).map_err(|e| {
-            CaptureError::Format {
-                path: path.to_owned(),
-                message: e.to_string(),
-            }
-        })?;
-        Ok(CaptureWriter {
+        let mut w = CaptureWriter {
             path: path.to_owned(),
-            writer,
+            out: BufWriter::new(file),
+        };
+        let mut h = Vec::with_capacity(24);
+        h.extend_from_slice(&PCAP_MICRO.to_le_bytes());
+        h.extend_from_slice(&2u16.to_le_bytes());
+        h.extend_from_slice(&4u16.to_le_bytes());
+        h.extend_from_slice(&[0; 8]);
+        h.extend_from_slice(&262_144u32.to_le_bytes());
+        h.extend_from_slice(&LINKTYPE_ETHERNET.to_le_bytes());
+        w.put(&h)?;
+        Ok(w)
+    }
+
+    fn put(&mut self, b: &[u8]) -> Result<(), CaptureError> {
+        self.out.write_all(b).map_err(|source| CaptureError::Io {
+            path: self.path.clone(),
+            source,
         })
     }
 
     pub fn write(&mut self, ts_ns: u64, frame: &[u8]) -> Result<(), CaptureError> {
-        let p = PcapPacket::new(Duration::from_nanos(ts_ns), frame.len() as u32, frame);
-        self.writer
-            .write_packet(&p)
-            .map(|_| ())
-            .map_err(|e| CaptureError::Format {
-                path: self.path.clone(),
-                message: e.to_string(),
-            })
+        let mut h = [0u8; 16];
+        h[0..4].copy_from_slice(&((ts_ns / 1_000_000_000) as u32).to_le_bytes());
+        h[4..8].copy_from_slice(&((ts_ns % 1_000_000_000 / 1000) as u32).to_le_bytes());
+        h[8..12].copy_from_slice(&(frame.len() as u32).to_le_bytes());
+        h[12..16].copy_from_slice(&(frame.len() as u32).to_le_bytes());
+        self.put(&h)?;
+        self.put(frame)
     }
 
     /// Flushes buffered frames to the file.
-    pub fn finish(self) -> Result<(), CaptureError> {
-        let path = self.path;
-        let mut w = self.writer.into_writer();
-        std::io::Write::flush(&mut w).map_err(|source| CaptureError::Io { path, source })
+    pub fn finish(mut self) -> Result<(), CaptureError> {
+        self.out.flush().map_err(|source| CaptureError::Io {
+            path: self.path.clone(),
+            source,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_then_reads_back() {
+        let path = std::env::temp_dir().join(format!("dpuflow-pcap-{}.pcap", std::process::id()));
+        let mut w = CaptureWriter::create(&path).unwrap();
+        w.write(1_500_000_123_456, &[1, 2, 3]).unwrap();
+        w.write(1_500_000_124_000, &[4; 60]).unwrap();
+        w.finish().unwrap();
+        let mut r = CaptureReader::open(&path).unwrap();
+        assert_eq!(
+            r.next_with(|ts, d| (ts, d.to_vec())).unwrap().unwrap(),
+            (1_500_000_123_000, vec![1, 2, 3])
+        );
+        assert_eq!(
+            r.next_with(|ts, d| (ts, d.len())).unwrap().unwrap(),
+            (1_500_000_124_000, 60)
+        );
+        assert!(r.next_with(|_, _| ()).is_none());
+        std::fs::remove_file(path).unwrap();
     }
 }

@@ -1,0 +1,139 @@
+//! Helpers shared by the integration tests: running dpuflow and the peer tools, scratch
+//! directories, reading captures.
+
+#![allow(dead_code)]
+
+use dpuflow::io::pcap::CaptureReader;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Runs the dpuflow binary.
+pub fn dpuflow(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dpuflow"))
+        .args(args)
+        .output()
+        .expect("run dpuflow")
+}
+
+/// Runs dpuflow and fails the test with its stderr unless it succeeds; returns stdout.
+pub fn dpuflow_ok(args: &[&str]) -> String {
+    let out = dpuflow(args);
+    assert!(
+        out.status.success(),
+        "dpuflow {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+/// Runs an external tool that must be installed (scripts/test installs them); a missing
+/// tool fails the test, it never skips.
+pub fn tool(name: &str, args: &[&str]) -> Output {
+    Command::new(name)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("`{name}` is required (scripts/test installs it): {e}"))
+}
+
+pub fn tool_ok(name: &str, args: &[&str]) -> String {
+    let out = tool(name, args);
+    assert!(
+        out.status.success(),
+        "{name} {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Debian's Python, which has scapy (python3-scapy); not whatever `python3` is first on
+/// the PATH.
+pub const PYTHON: &str = "/usr/bin/python3";
+
+/// Runs a Python script with scapy available, in `dir`.
+pub fn scapy(dir: &Path, script: &str) {
+    let out = Command::new(PYTHON)
+        .arg("-c")
+        .arg(format!("from scapy.all import *\nfrom scapy.contrib.geneve import GENEVE, GeneveOptions\n{script}"))
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("{PYTHON} is required (Debian python3-scapy): {e}"));
+    assert!(
+        out.status.success(),
+        "scapy script failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A fresh scratch directory, removed when dropped.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("dpuflow-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        Scratch(dir)
+    }
+
+    pub fn path(&self, file: &str) -> String {
+        self.0.join(file).display().to_string()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Every frame of a capture file.
+pub fn frames(path: &str) -> Vec<Vec<u8>> {
+    let mut r = CaptureReader::open(Path::new(path)).expect("open capture");
+    let mut out = Vec::new();
+    while let Some(f) = r.next_with(|_, data| data.to_vec()) {
+        out.push(f.expect("read frame"));
+    }
+    out
+}
+
+/// tshark's expert-info summary of a capture, with checksum validation on.
+pub fn tshark_expert(path: &str) -> String {
+    tool_ok(
+        "tshark",
+        &[
+            "-r",
+            path,
+            "-q",
+            "-z",
+            "expert",
+            "-o",
+            "ip.check_checksum:TRUE",
+            "-o",
+            "udp.check_checksum:TRUE",
+            "-o",
+            "tcp.check_checksum:TRUE",
+        ],
+    )
+}
+
+/// Asserts tshark reports no errors or warnings (malformed packets, bad checksums).
+pub fn assert_tshark_clean(path: &str) {
+    let expert = tshark_expert(path);
+    assert!(
+        !expert.contains("Errors (") && !expert.contains("Warnings ("),
+        "tshark found problems in {path}:\n{expert}"
+    );
+}
+
+/// tshark fields, one line per packet, comma-separated.
+pub fn tshark_fields(path: &str, fields: &[&str]) -> Vec<String> {
+    let mut args = vec!["-r", path, "-T", "fields", "-E", "separator=,"];
+    for f in fields {
+        args.push("-e");
+        args.push(f);
+    }
+    tool_ok("tshark", &args)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
