@@ -85,7 +85,7 @@ fn vxlan_encap_is_clean_for_tshark_and_exact() {
         assert_eq!(f[4], "192.0.2.1", "{row}");
         assert_eq!(f[6], "192.0.2.10", "{row}");
         assert_eq!(f[8], "64", "{row}");
-        assert!(f.iter().any(|x| *x == "4789"), "{row}");
+        assert!(f.contains(&"4789"), "{row}");
         assert_eq!(f.last(), Some(&"100"), "{row}");
     }
     // Every inner frame is the original, untouched; the outer UDP source port is in the
