@@ -1,0 +1,324 @@
+//! The Linux kernel's VXLAN driver as the peer, in two network namespaces joined by a
+//! veth pair: dpuflow's encapsulation must be accepted by a kernel `vxlan` device, and the
+//! kernel's own encapsulation must decapsulate in dpuflow to exactly the frames it sent.
+//!
+//! Needs root (CI runs as root) for `ip netns`; traffic stays inside the namespaces.
+
+mod common;
+use common::*;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Two namespaces, removed (with everything in them) when dropped.
+struct Namespaces {
+    a: String,
+    b: String,
+}
+
+impl Namespaces {
+    fn new() -> Namespaces {
+        let id = std::process::id();
+        let ns = Namespaces {
+            a: format!("dpf{id}a"),
+            b: format!("dpf{id}b"),
+        };
+        for n in [&ns.a, &ns.b] {
+            let out = tool("ip", &["netns", "add", n]);
+            assert!(
+                out.status.success(),
+                "ip netns add {n} (this test needs root): {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        ns
+    }
+
+    fn run(&self, ns: &str, args: &[&str]) -> String {
+        let mut full = vec!["netns", "exec", ns];
+        full.extend_from_slice(args);
+        tool_ok("ip", &full)
+    }
+
+    /// Starts tcpdump in `ns` and waits until it is capturing. Immediate mode, so frames
+    /// still in the kernel's capture ring when tcpdump is stopped are not lost; direction
+    /// is chosen with the filter's source address.
+    fn capture(&self, ns: &str, iface: &str, file: &str, filter: &[&str]) -> Child {
+        let mut args = vec![
+            "netns",
+            "exec",
+            ns,
+            "tcpdump",
+            "-Z",
+            "root",
+            "--immediate-mode",
+            "-i",
+            iface,
+            "-U",
+            "-n",
+            "-w",
+            file,
+        ];
+        args.extend_from_slice(filter);
+        let mut child = Command::new("ip")
+            .args(&args)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("tcpdump is required (scripts/test installs it)");
+        let mut line = String::new();
+        let mut err = BufReader::new(child.stderr.take().expect("stderr"));
+        while !line.contains("listening on") {
+            line.clear();
+            assert!(
+                err.read_line(&mut line).expect("tcpdump stderr") > 0,
+                "tcpdump exited before capturing"
+            );
+        }
+        // Keep draining stderr so tcpdump never blocks on it.
+        std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+        child
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for n in [&self.a, &self.b] {
+            let _ = Command::new("ip").args(["netns", "del", n]).status();
+        }
+    }
+}
+
+fn stop(mut tcpdump: Child) {
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = Command::new("kill")
+        .args(["-INT", &tcpdump.id().to_string()])
+        .status();
+    let _ = tcpdump.wait();
+}
+
+fn setup() -> Namespaces {
+    let ns = Namespaces::new();
+    for n in [&ns.a, &ns.b] {
+        ns.run(n, &["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"]);
+        ns.run(
+            n,
+            &["sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1"],
+        );
+        ns.run(n, &["ip", "link", "set", "lo", "up"]);
+    }
+    tool_ok(
+        "ip",
+        &[
+            "link", "add", "vA", "netns", &ns.a, "type", "veth", "peer", "name", "vB", "netns",
+            &ns.b,
+        ],
+    );
+    // A plays dpuflow's uplink (VTEP 192.0.2.1); B is the remote VTEP 192.0.2.10 of
+    // pipelines/vxlan-gateway.pipe with a kernel vxlan device for VNI 100.
+    ns.run(
+        &ns.a,
+        &[
+            "ip",
+            "link",
+            "set",
+            "vA",
+            "address",
+            "02:00:00:00:00:01",
+            "up",
+        ],
+    );
+    ns.run(
+        &ns.b,
+        &[
+            "ip",
+            "link",
+            "set",
+            "vB",
+            "address",
+            "02:00:00:00:00:02",
+            "up",
+        ],
+    );
+    ns.run(&ns.b, &["ip", "addr", "add", "192.0.2.10/24", "dev", "vB"]);
+    ns.run(
+        &ns.b,
+        &[
+            "ip",
+            "neigh",
+            "add",
+            "192.0.2.1",
+            "lladdr",
+            "02:00:00:00:00:01",
+            "dev",
+            "vB",
+            "nud",
+            "permanent",
+        ],
+    );
+    ns.run(
+        &ns.b,
+        &[
+            "ip",
+            "link",
+            "add",
+            "vxlan100",
+            "type",
+            "vxlan",
+            "id",
+            "100",
+            "dstport",
+            "4789",
+            "local",
+            "192.0.2.10",
+            "remote",
+            "192.0.2.1",
+            "dev",
+            "vB",
+            "nolearning",
+        ],
+    );
+    ns.run(
+        &ns.b,
+        &[
+            "ip",
+            "link",
+            "set",
+            "vxlan100",
+            "address",
+            "02:00:00:00:00:bb",
+            "up",
+        ],
+    );
+    ns.run(
+        &ns.b,
+        &["ip", "addr", "add", "10.1.0.1/16", "dev", "vxlan100"],
+    );
+    // The kernel marks a veth operationally up asynchronously; frames sent before that
+    // are lost.
+    for (n, dev) in [(&ns.a, "vA"), (&ns.b, "vB")] {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !ns
+            .run(n, &["ip", "-o", "link", "show", dev])
+            .contains("state UP")
+        {
+            assert!(std::time::Instant::now() < deadline, "{dev} never came up");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    ns
+}
+
+#[test]
+fn kernel_vxlan_interop_both_directions() {
+    let dir = Scratch::new("kernel-vxlan");
+    let ns = setup();
+
+    // 1. dpuflow encapsulates; the kernel decapsulates.
+    scapy(
+        &dir.0,
+        r#"
+pkts = []
+for i in range(5):
+    p = Ether(src="02:00:00:00:00:aa", dst="02:00:00:00:00:bb")/IP(src="10.0.0.%d" % (i + 1), dst="10.1.0.1")/UDP(sport=40000 + i, dport=7)/Raw(b"hello %d" % i)
+    p.time = 1000 + i; pkts.append(p)
+p = Ether(src="02:00:00:00:00:aa", dst="02:00:00:00:00:bb")/IP(src="10.0.0.9", dst="10.1.0.1")/TCP(sport=33000, dport=9, flags="S")
+p.time = 1006; pkts.append(p)
+wrpcap("host.pcap", pkts)
+"#,
+    );
+    dpuflow_ok(&[
+        "replay",
+        "pipelines/vxlan-gateway.pipe",
+        "--in",
+        &format!("host={}", dir.path("host.pcap")),
+        "--out",
+        &format!("uplink={}", dir.path("uplink.pcap")),
+    ]);
+    let cap = ns.capture(
+        &ns.b,
+        "vxlan100",
+        &dir.path("kernel-inner.pcap"),
+        &["src", "net", "10.0.0.0/24"],
+    );
+    ns.run(
+        &ns.a,
+        &[
+            "tcpreplay",
+            "-q",
+            "--topspeed",
+            "-i",
+            "vA",
+            &dir.path("uplink.pcap"),
+        ],
+    );
+    stop(cap);
+    let sent = frames(&dir.path("host.pcap"));
+    let got = frames(&dir.path("kernel-inner.pcap"));
+    assert_eq!(
+        got.len(),
+        sent.len(),
+        "the kernel decapsulated {} of {} frames",
+        got.len(),
+        sent.len()
+    );
+    assert_eq!(
+        got, sent,
+        "inner frames differ after the kernel's decapsulation"
+    );
+
+    // 2. The kernel encapsulates; dpuflow decapsulates.
+    ns.run(
+        &ns.b,
+        &[
+            "ip",
+            "neigh",
+            "add",
+            "10.1.0.2",
+            "lladdr",
+            "02:00:00:00:00:cc",
+            "dev",
+            "vxlan100",
+            "nud",
+            "permanent",
+        ],
+    );
+    let outer = ns.capture(
+        &ns.b,
+        "vB",
+        &dir.path("kernel-outer.pcap"),
+        &["udp", "port", "4789", "and", "src", "host", "192.0.2.10"],
+    );
+    let inner = ns.capture(
+        &ns.b,
+        "vxlan100",
+        &dir.path("kernel-sent.pcap"),
+        &["icmp", "and", "src", "host", "10.1.0.1"],
+    );
+    let _ = Command::new("ip")
+        .args([
+            "netns", "exec", &ns.b, "ping", "-c", "3", "-i", "0.2", "-W", "1", "10.1.0.2",
+        ])
+        .output();
+    stop(outer);
+    stop(inner);
+    dpuflow_ok(&[
+        "replay",
+        "pipelines/vxlan-gateway.pipe",
+        "--in",
+        &format!("uplink={}", dir.path("kernel-outer.pcap")),
+        "--out",
+        &format!("host={}", dir.path("decapped.pcap")),
+    ]);
+    let sent = frames(&dir.path("kernel-sent.pcap"));
+    assert_eq!(
+        sent.len(),
+        3,
+        "expected three echo requests from the kernel"
+    );
+    assert_eq!(
+        frames(&dir.path("decapped.pcap")),
+        sent,
+        "dpuflow's decapsulation differs from what the kernel sent"
+    );
+}
