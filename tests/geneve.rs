@@ -36,8 +36,12 @@ fn geneve_gateway_encap_matches_scapy() {
     let dir = Scratch::new("geneve-encap");
     scapy(&dir.0, INNER);
     dpuflow_ok(&[
-        "replay", "pipelines/geneve-gateway.pipe", "--in", &format!("host={}", dir.path("inner.pcap")),
-        "--out", &format!("uplink={}", dir.path("uplink.pcap")),
+        "replay",
+        "pipelines/geneve-gateway.pipe",
+        "--in",
+        &format!("host={}", dir.path("inner.pcap")),
+        "--out",
+        &format!("uplink={}", dir.path("uplink.pcap")),
     ]);
     scapy(
         &dir.0,
@@ -50,8 +54,15 @@ fn geneve_gateway_encap_matches_scapy() {
     assert_eq!(got.len(), 4);
     assert_eq!(got, frames(&dir.path("reference.pcap")));
     assert_tshark_clean(&dir.path("uplink.pcap"));
-    let rows = tshark_fields(&dir.path("uplink.pcap"), &["geneve.vni", "ip.dst", "udp.dstport"]);
-    assert!(rows.iter().all(|r| r.starts_with("0x0000c8,192.0.2.11,10.1.0.") && r.contains(",6081,5001")), "{rows:?}");
+    let rows = tshark_fields(
+        &dir.path("uplink.pcap"),
+        &["geneve.vni", "ip.dst", "udp.dstport"],
+    );
+    assert!(
+        rows.iter()
+            .all(|r| r.starts_with("0x0000c8,192.0.2.11,10.1.0.") && r.contains(",6081,5001")),
+        "{rows:?}"
+    );
 }
 
 #[test]
@@ -59,8 +70,12 @@ fn geneve_options_over_ipv6_match_scapy() {
     let dir = Scratch::new("geneve-options");
     scapy(&dir.0, INNER);
     dpuflow_ok(&[
-        "replay", "tests/data/geneve-options.pipe", "--in", &format!("host={}", dir.path("inner.pcap")),
-        "--out", &format!("uplink={}", dir.path("uplink.pcap")),
+        "replay",
+        "tests/data/geneve-options.pipe",
+        "--in",
+        &format!("host={}", dir.path("inner.pcap")),
+        "--out",
+        &format!("uplink={}", dir.path("uplink.pcap")),
     ]);
     scapy(
         &dir.0,
@@ -70,7 +85,10 @@ fn geneve_options_over_ipv6_match_scapy() {
         ),
     );
     // scapy computes the UDP checksum over IPv6 itself: equality checks ours too.
-    assert_eq!(frames(&dir.path("uplink.pcap")), frames(&dir.path("reference.pcap")));
+    assert_eq!(
+        frames(&dir.path("uplink.pcap")),
+        frames(&dir.path("reference.pcap"))
+    );
     assert_tshark_clean(&dir.path("uplink.pcap"));
 }
 
@@ -95,12 +113,20 @@ wrpcap("uplink.pcap", outer)
         ),
     );
     let out = dpuflow_ok(&[
-        "replay", "tests/data/geneve-options.pipe", "--in", &format!("uplink={}", dir.path("uplink.pcap")),
-        "--out", &format!("host={}", dir.path("host.pcap")), "--json",
+        "replay",
+        "tests/data/geneve-options.pipe",
+        "--in",
+        &format!("uplink={}", dir.path("uplink.pcap")),
+        "--out",
+        &format!("host={}", dir.path("host.pcap")),
+        "--json",
     ]);
     let s: serde_json::Value = serde_json::from_str(&out).expect("JSON");
     let uplink = &s["ports"][1];
     assert_eq!(uplink["drops"]["geneve_critical_option"], 1, "{s}");
     assert_eq!(uplink["drops"]["tunnel_malformed"], 1, "{s}");
-    assert_eq!(frames(&dir.path("host.pcap")), frames(&dir.path("inner.pcap")));
+    assert_eq!(
+        frames(&dir.path("host.pcap")),
+        frames(&dir.path("inner.pcap"))
+    );
 }
