@@ -3,7 +3,7 @@
 
 use crate::engine::parse::{self, TunnelPorts, L3};
 use crate::engine::{Observer, PacketBuf, Verdict};
-use crate::ir::{PipeId, Program, Tunnel};
+use crate::ir::{PipeId, Program};
 use crate::replay::entry_names;
 use crate::wire::{be16, ip_proto};
 use std::fmt::Write as _;
@@ -101,10 +101,7 @@ impl Observer for Tracer<'_> {
 
 /// One line about a frame: addresses, protocol, ports, tunnel.
 pub fn summary(frame: &[u8]) -> String {
-    let tunnels = TunnelPorts {
-        vxlan: vec![Tunnel::Vxlan.default_port()],
-        geneve: vec![Tunnel::Geneve.default_port()],
-    };
+    let tunnels = TunnelPorts::default();
     let meta = match parse::parse(frame, &tunnels) {
         Ok(m) => m,
         Err(r) => return format!("unparsable ({})", r.name()),

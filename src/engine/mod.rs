@@ -17,7 +17,7 @@ pub use action::EncapTemplate;
 pub use meter::Color;
 pub use packet::{PacketBuf, DEFAULT_MAX_FRAME, HEADROOM};
 
-use crate::ir::{self, Action, PipeBody, PipeId, PortId, ServiceId, Tunnel};
+use crate::ir::{self, Action, PipeBody, PipeId, PortId, ServiceId};
 use field::PacketState;
 use meter::MeterState;
 use parse::{Meta, TunnelPorts};
@@ -190,22 +190,13 @@ struct Runtime {
 impl Engine {
     pub fn new(p: &ir::Program) -> Engine {
         let mut encaps = Vec::new();
-        let mut tunnels = TunnelPorts {
-            vxlan: vec![Tunnel::Vxlan.default_port()],
-            geneve: vec![Tunnel::Geneve.default_port()],
-        };
+        let mut tunnels = TunnelPorts::default();
         let mut compile_list = |list: &ir::ActionList| -> Box<[Op]> {
             list.0
                 .iter()
                 .map(|a| match a {
                     Action::Encap(e) => {
-                        let ports = match e.tunnel {
-                            Tunnel::Vxlan => &mut tunnels.vxlan,
-                            Tunnel::Geneve => &mut tunnels.geneve,
-                        };
-                        if !ports.contains(&e.udp_dst) {
-                            ports.push(e.udp_dst);
-                        }
+                        tunnels.add(e.udp_dst, e.tunnel);
                         encaps.push(EncapTemplate::new(e));
                         Op::Encap(encaps.len() - 1)
                     }
@@ -369,7 +360,8 @@ impl Engine {
                 let step = match op {
                     Op::Encap(t) => {
                         stale = true;
-                        self.encaps[*t].apply(pkt, meta.hash).map(|()| None)
+                        let hash = parse::flow_hash(pkt.data(), &meta.outer);
+                        self.encaps[*t].apply(pkt, hash).map(|()| None)
                     }
                     Op::Ir(a) => exec(a, pkt, &mut meta, &mut state, &mut stale, &mut self.rt),
                 };

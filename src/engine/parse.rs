@@ -56,25 +56,33 @@ pub struct Meta {
     pub tunnel: Option<TunnelInfo>,
     /// Valid when `tunnel` is set.
     pub inner: Layers,
-    /// Symmetric hash of the outer 5-tuple (the same for both directions of a flow).
-    pub hash: u32,
 }
 
-/// Which UDP destination ports carry which tunnel.
+/// Which UDP destination ports carry which tunnel: the IANA ports, plus any other port
+/// an encapsulation of the pipeline uses.
 #[derive(Debug, Clone, Default)]
 pub struct TunnelPorts {
-    pub vxlan: Vec<u16>,
-    pub geneve: Vec<u16>,
+    extra: Vec<(u16, Tunnel)>,
 }
 
 impl TunnelPorts {
+    pub fn add(&mut self, port: u16, kind: Tunnel) {
+        if port != kind.default_port() && !self.extra.iter().any(|&(p, _)| p == port) {
+            self.extra.push((port, kind));
+        }
+    }
+
+    #[inline]
     fn kind(&self, port: u16) -> Option<Tunnel> {
-        if self.vxlan.contains(&port) {
-            Some(Tunnel::Vxlan)
-        } else if self.geneve.contains(&port) {
-            Some(Tunnel::Geneve)
-        } else {
-            None
+        match port {
+            4789 => Some(Tunnel::Vxlan),
+            6081 => Some(Tunnel::Geneve),
+            _ if self.extra.is_empty() => None,
+            _ => self
+                .extra
+                .iter()
+                .find(|&&(p, _)| p == port)
+                .map(|&(_, k)| k),
         }
     }
 }
@@ -84,7 +92,6 @@ pub fn parse(frame: &[u8], tunnels: &TunnelPorts) -> Result<Meta, DropReason> {
     let outer = layers(frame, 0)?;
     let mut meta = Meta {
         outer,
-        hash: flow_hash(frame, &outer),
         ..Meta::default()
     };
     if outer.l4_ok && outer.proto == ip_proto::UDP {
@@ -186,8 +193,9 @@ fn layers(frame: &[u8], at: usize) -> Result<Layers, DropReason> {
 }
 
 /// A symmetric hash of addresses, protocol and ports: both directions of a flow hash the
-/// same, so a flow and its replies can be steered to the same worker.
-fn flow_hash(frame: &[u8], l: &Layers) -> u32 {
+/// same, so a flow and its replies can be steered to the same worker. Computed on demand
+/// (encapsulation needs it; plain forwarding does not).
+pub fn flow_hash(frame: &[u8], l: &Layers) -> u32 {
     let l3 = usize::from(l.l3);
     let (a, b): (&[u8], &[u8]) = match l.l3_kind {
         L3::V4 => (&frame[l3 + 12..l3 + 16], &frame[l3 + 16..l3 + 20]),

@@ -67,20 +67,55 @@ impl RuleClassifier for LinearScan {
 /// Longest keys an exact table takes (the language allows 8 fields).
 pub const MAX_EXACT_FIELDS: usize = 8;
 
-/// Exact match on a tuple of fields.
+/// Exact match on a tuple of fields. Keys whose fields fit in 128 bits together (the
+/// common case: addresses and ports) are packed into one integer, so a lookup hashes and
+/// compares a single `u128`.
 #[derive(Debug)]
 pub struct ExactTable {
     fields: Box<[Field]>,
-    map: FxHashMap<Box<[u128]>, usize>,
+    map: ExactMap,
+}
+
+#[derive(Debug)]
+enum ExactMap {
+    Packed(FxHashMap<u128, usize>),
+    Wide(FxHashMap<Box<[u128]>, usize>),
+}
+
+/// Packs one value per field into an integer, each in its field's width; `None` when
+/// they do not fit in 128 bits.
+fn pack(fields: &[Field], values: impl IntoIterator<Item = u128>) -> Option<u128> {
+    let mut key = 0u128;
+    let mut used = 0u32;
+    for (f, v) in fields.iter().zip(values) {
+        let bits = u32::from(f.kind().bits());
+        used += bits;
+        if used > 128 {
+            return None;
+        }
+        key = if bits == 128 { v } else { key << bits | v };
+    }
+    Some(key)
 }
 
 impl ExactTable {
     pub fn new(fields: &[Field], keys: impl IntoIterator<Item = Vec<u128>>) -> ExactTable {
-        let map = keys
-            .into_iter()
-            .enumerate()
-            .map(|(i, k)| (k.into_boxed_slice(), i))
-            .collect();
+        let width: u32 = fields.iter().map(|f| u32::from(f.kind().bits())).sum();
+        let map = if width <= 128 {
+            ExactMap::Packed(
+                keys.into_iter()
+                    .enumerate()
+                    .map(|(i, k)| (pack(fields, k).expect("width checked"), i))
+                    .collect(),
+            )
+        } else {
+            ExactMap::Wide(
+                keys.into_iter()
+                    .enumerate()
+                    .map(|(i, k)| (k.into_boxed_slice(), i))
+                    .collect(),
+            )
+        };
         ExactTable {
             fields: fields.into(),
             map,
@@ -89,11 +124,24 @@ impl ExactTable {
 
     #[inline]
     pub fn lookup(&self, pkt: &PacketView<'_>) -> Option<usize> {
-        let mut key = [0u128; MAX_EXACT_FIELDS];
-        for (slot, f) in key.iter_mut().zip(self.fields.iter()) {
-            *slot = pkt.field(*f)?;
+        match &self.map {
+            ExactMap::Packed(map) => {
+                let mut key = 0u128;
+                for f in self.fields.iter() {
+                    let bits = u32::from(f.kind().bits());
+                    let v = pkt.field(*f)?;
+                    key = if bits == 128 { v } else { key << bits | v };
+                }
+                map.get(&key).copied()
+            }
+            ExactMap::Wide(map) => {
+                let mut key = [0u128; MAX_EXACT_FIELDS];
+                for (slot, f) in key.iter_mut().zip(self.fields.iter()) {
+                    *slot = pkt.field(*f)?;
+                }
+                map.get(&key[..self.fields.len()]).copied()
+            }
         }
-        self.map.get(&key[..self.fields.len()]).copied()
     }
 }
 
