@@ -73,3 +73,36 @@ pub(crate) fn need(buf: &[u8], len: usize) -> Result<()> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// After `new_checked` succeeds, no accessor of any view panics, whatever the bytes.
+        #[test]
+        fn no_accessor_panics_after_check(bytes in proptest::collection::vec(any::<u8>(), 0..96)) {
+            let b = &bytes[..];
+            if let Ok(f) = ethernet::Frame::new_checked(b) {
+                let _ = (f.src(), f.dst(), f.ethertype(), f.payload().len());
+            }
+            if let Ok(t) = vlan::Tag::new_checked(b) {
+                let _ = (t.tci(), t.pcp(), t.vid(), t.ethertype());
+            }
+            if let Ok(u) = udp::Packet::new_checked(b) {
+                let _ = (u.src_port(), u.dst_port(), u.len(), u.checksum(), u.payload().len());
+            }
+            if let Ok(t) = tcp::Packet::new_checked(b) {
+                let _ = (t.src_port(), t.dst_port(), t.seq(), t.ack(), t.flags(), t.window(), t.checksum());
+            }
+            if let Ok(i) = icmp::Packet::new_checked(b) {
+                let _ = (i.msg_type(), i.code(), i.checksum(), i.echo_ident(), i.echo_seq(), i.quoted().len());
+            }
+            if let Ok(v) = vxlan::Packet::new_checked(b) {
+                let _ = (v.flags(), v.vni(), v.is_strictly_valid(), v.payload().len());
+            }
+            let _ = geneve::options_in(b).count();
+        }
+    }
+}
