@@ -17,23 +17,12 @@ pub mod ethertype {
 
 pub type Address = [u8; 6];
 
-/// A view of an Ethernet frame.
-#[derive(Debug, Clone)]
-pub struct Frame<T: AsRef<[u8]>> {
-    buffer: T,
-}
+view!(
+    /// A view of an Ethernet frame.
+    Frame
+);
 
 impl<T: AsRef<[u8]>> Frame<T> {
-    pub fn new_unchecked(buffer: T) -> Self {
-        Frame { buffer }
-    }
-
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let f = Self::new_unchecked(buffer);
-        f.check_len()?;
-        Ok(f)
-    }
-
     pub fn check_len(&self) -> Result<()> {
         need(self.buffer.as_ref(), HEADER_LEN)
     }

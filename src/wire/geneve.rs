@@ -14,26 +14,19 @@ pub const UDP_PORT: u16 = 6081;
 /// Option types with this bit set are critical (RFC 8926 §3.5).
 pub const CRITICAL: u8 = 0x80;
 
-/// A view of a Geneve header.
-#[derive(Debug, Clone)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
-}
+view!(
+    /// A view of a Geneve header.
+    Packet
+);
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    pub fn new_unchecked(buffer: T) -> Self {
-        Packet { buffer }
-    }
-
     /// The base header fits, the version is 0, and the options fit.
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let p = Self::new_unchecked(buffer);
-        need(p.buffer.as_ref(), BASE_LEN)?;
-        if p.version() != 0 {
+    pub fn check_len(&self) -> Result<()> {
+        need(self.buffer.as_ref(), BASE_LEN)?;
+        if self.version() != 0 {
             return Err(Error::Malformed);
         }
-        need(p.buffer.as_ref(), p.header_len())?;
-        Ok(p)
+        need(self.buffer.as_ref(), self.header_len())
     }
 
     pub fn version(&self) -> u8 {

@@ -20,21 +20,14 @@ pub mod v6_type {
     pub const ECHO_REPLY: u8 = 129;
 }
 
-/// A view of an ICMP or ICMPv6 message.
-#[derive(Debug, Clone)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
-}
+view!(
+    /// A view of an ICMP or ICMPv6 message.
+    Packet
+);
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    pub fn new_unchecked(buffer: T) -> Self {
-        Packet { buffer }
-    }
-
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let p = Self::new_unchecked(buffer);
-        need(p.buffer.as_ref(), HEADER_LEN)?;
-        Ok(p)
+    pub fn check_len(&self) -> Result<()> {
+        need(self.buffer.as_ref(), HEADER_LEN)
     }
 
     pub fn msg_type(&self) -> u8 {

@@ -4,23 +4,12 @@ use super::{be16, be32, checksum, need, put16, put32, Error, Result};
 
 pub const MIN_HEADER_LEN: usize = 20;
 
-/// A view of an IPv4 packet.
-#[derive(Debug, Clone)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
-}
+view!(
+    /// A view of an IPv4 packet.
+    Packet
+);
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    pub fn new_unchecked(buffer: T) -> Self {
-        Packet { buffer }
-    }
-
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let p = Self::new_unchecked(buffer);
-        p.check_len()?;
-        Ok(p)
-    }
-
     /// Version 4, IHL of at least 5 words, and the buffer holds the header and the total
     /// length (the buffer may be longer: Ethernet padding).
     pub fn check_len(&self) -> Result<()> {

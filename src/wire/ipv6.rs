@@ -8,23 +8,12 @@ pub const HEADER_LEN: usize = 40;
 /// (bounds the work an attacker can cause per packet).
 const MAX_EXTENSION_HEADERS: usize = 8;
 
-/// A view of an IPv6 packet.
-#[derive(Debug, Clone)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
-}
+view!(
+    /// A view of an IPv6 packet.
+    Packet
+);
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    pub fn new_unchecked(buffer: T) -> Self {
-        Packet { buffer }
-    }
-
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let p = Self::new_unchecked(buffer);
-        p.check_len()?;
-        Ok(p)
-    }
-
     /// Version 6 and the buffer holds the header and the payload length.
     pub fn check_len(&self) -> Result<()> {
         let b = self.buffer.as_ref();

@@ -4,6 +4,35 @@
 //! `check_len` first; after it succeeds no accessor panics, whatever the bytes are. Headers
 //! that dpuflow builds also have a `Repr`, a plain struct with `parse` and `emit`.
 
+/// Declares a zero-copy view over a buffer with `new_unchecked`, `new_checked` (which
+/// runs the view's own `check_len`) and `into_inner`.
+macro_rules! view {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone)]
+        pub struct $name<T: AsRef<[u8]>> {
+            buffer: T,
+        }
+
+        impl<T: AsRef<[u8]>> $name<T> {
+            pub fn new_unchecked(buffer: T) -> Self {
+                $name { buffer }
+            }
+
+            /// The view, once `check_len` has made sure every accessor is in bounds.
+            pub fn new_checked(buffer: T) -> $crate::wire::Result<Self> {
+                let v = Self::new_unchecked(buffer);
+                v.check_len()?;
+                Ok(v)
+            }
+
+            pub fn into_inner(self) -> T {
+                self.buffer
+            }
+        }
+    };
+}
+
 pub mod checksum;
 pub mod ethernet;
 pub mod geneve;

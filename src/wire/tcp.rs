@@ -13,23 +13,12 @@ pub mod flags {
     pub const URG: u8 = 0x20;
 }
 
-/// A view of a TCP segment.
-#[derive(Debug, Clone)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
-}
+view!(
+    /// A view of a TCP segment.
+    Packet
+);
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    pub fn new_unchecked(buffer: T) -> Self {
-        Packet { buffer }
-    }
-
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let p = Self::new_unchecked(buffer);
-        p.check_len()?;
-        Ok(p)
-    }
-
     /// The fixed header fits, the data offset is at least 5 words and the options fit.
     pub fn check_len(&self) -> Result<()> {
         let b = self.buffer.as_ref();

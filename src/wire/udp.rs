@@ -4,23 +4,12 @@ use super::{be16, need, put16, Error, Result};
 
 pub const HEADER_LEN: usize = 8;
 
-/// A view of a UDP datagram.
-#[derive(Debug, Clone)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
-}
+view!(
+    /// A view of a UDP datagram.
+    Packet
+);
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    pub fn new_unchecked(buffer: T) -> Self {
-        Packet { buffer }
-    }
-
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let p = Self::new_unchecked(buffer);
-        p.check_len()?;
-        Ok(p)
-    }
-
     /// The header fits, and its length field covers the header and fits the buffer.
     pub fn check_len(&self) -> Result<()> {
         let b = self.buffer.as_ref();

@@ -6,21 +6,14 @@ use super::{be16, need, put16, Result};
 
 pub const TAG_LEN: usize = 4;
 
-/// A view of a tag's TCI and the EtherType that follows it.
-#[derive(Debug, Clone)]
-pub struct Tag<T: AsRef<[u8]>> {
-    buffer: T,
-}
+view!(
+    /// A view of a tag's TCI and the EtherType that follows it.
+    Tag
+);
 
 impl<T: AsRef<[u8]>> Tag<T> {
-    pub fn new_unchecked(buffer: T) -> Self {
-        Tag { buffer }
-    }
-
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let t = Self::new_unchecked(buffer);
-        need(t.buffer.as_ref(), TAG_LEN)?;
-        Ok(t)
+    pub fn check_len(&self) -> Result<()> {
+        need(self.buffer.as_ref(), TAG_LEN)
     }
 
     pub fn tci(&self) -> u16 {

@@ -13,21 +13,14 @@ pub const FLAG_I: u8 = 0x08;
 /// IANA-assigned UDP destination port.
 pub const UDP_PORT: u16 = 4789;
 
-/// A view of a VXLAN header.
-#[derive(Debug, Clone)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
-}
+view!(
+    /// A view of a VXLAN header.
+    Packet
+);
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    pub fn new_unchecked(buffer: T) -> Self {
-        Packet { buffer }
-    }
-
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let p = Self::new_unchecked(buffer);
-        need(p.buffer.as_ref(), HEADER_LEN)?;
-        Ok(p)
+    pub fn check_len(&self) -> Result<()> {
+        need(self.buffer.as_ref(), HEADER_LEN)
     }
 
     pub fn flags(&self) -> u8 {
