@@ -112,6 +112,8 @@ fn mirror_copies_and_marks_carry_across_pipes() {
         frames(&dir.path("copies.pcap")),
         frames(&dir.path("in.pcap"))
     );
+    assert_tshark_clean(&dir.path("copies.pcap"));
+    assert_tshark_clean(&dir.path("out.pcap"));
 }
 
 #[test]
@@ -125,6 +127,7 @@ fn oversized_packets_are_dropped_at_the_port_mtu() {
     let s = replay(&dir);
     assert_eq!(s["ports"][1]["tx_packets"], 1, "{s}");
     assert_eq!(s["ports"][0]["drops"]["mtu_exceeded"], 1, "{s}");
+    assert_tshark_clean(&dir.path("out.pcap"));
 }
 
 #[test]
@@ -146,4 +149,5 @@ fn pipeline_capture_files_are_used_when_not_bound() {
     .expect("write");
     dpuflow_ok(&["replay", &pipe]);
     assert_eq!(frames(&dir.path("out.pcap")), frames(&dir.path("in.pcap")));
+    assert_tshark_clean(&dir.path("out.pcap"));
 }

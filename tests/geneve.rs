@@ -129,4 +129,5 @@ wrpcap("uplink.pcap", outer)
         frames(&dir.path("host.pcap")),
         frames(&dir.path("inner.pcap"))
     );
+    assert_tshark_clean(&dir.path("host.pcap"));
 }

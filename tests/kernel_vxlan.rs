@@ -321,4 +321,5 @@ wrpcap("host.pcap", pkts)
         sent,
         "dpuflow's decapsulation differs from what the kernel sent"
     );
+    assert_tshark_clean(&dir.path("decapped.pcap"));
 }

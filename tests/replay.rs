@@ -177,6 +177,7 @@ wrpcap("inner.pcap", inner)
         frames(&dir.path("host.pcap")),
         frames(&dir.path("inner.pcap"))
     );
+    assert_tshark_clean(&dir.path("host.pcap"));
 }
 
 #[test]
@@ -209,6 +210,7 @@ wrpcap("b.pcap", [pkt(2.0, 2), pkt(3.0, 4), pkt(6.0, 6)])
         .iter()
         .map(|f| f[50 + 33])
         .collect();
+    assert_tshark_clean(&dir.path("out.pcap"));
     assert_eq!(order, [1, 2, 3, 4, 5, 6]);
 }
 
