@@ -8,6 +8,7 @@
 
 pub mod bench;
 pub mod engine;
+pub mod firewall;
 pub mod graph;
 pub mod io;
 pub mod ir;

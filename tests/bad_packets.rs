@@ -10,7 +10,12 @@ use std::path::Path;
 
 fn program(path: &str) -> Program {
     let c = dpuflow::lang::check_file(Path::new(path)).expect("read");
-    c.program.expect("valid pipeline")
+    let mut p = c.program.expect("valid pipeline");
+    // A small connection table: these tests build thousands of engines.
+    if let Some(ct) = &mut p.conntrack {
+        ct.capacity = 1024;
+    }
+    p
 }
 
 fn run(engine: &mut Engine, port: PortId, frame: &[u8]) -> Verdict {

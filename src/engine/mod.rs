@@ -17,6 +17,7 @@ pub use action::EncapTemplate;
 pub use meter::Color;
 pub use packet::{PacketBuf, DEFAULT_MAX_FRAME, HEADROOM};
 
+use crate::firewall::conntrack::{Conntrack, Lookup};
 use crate::ir::{self, Action, PipeBody, PipeId, PortId, ServiceId};
 use field::PacketState;
 use meter::MeterState;
@@ -61,6 +62,7 @@ drop_reasons! {
     MtuExceeded => "mtu_exceeded", "larger than the output port's MTU";
     NoHeadroom => "no_headroom", "no room in front of the packet to add headers";
     Oversize => "oversize", "larger than the engine's packet buffers";
+    CtFull => "ct_full", "a new connection found the connection table full";
     MirrorOverflow => "mirror_overflow", "a mirror copy found no free buffer in this batch";
 }
 
@@ -146,6 +148,8 @@ struct CompiledPipe {
     body: Body,
     entries: Vec<Box<[Op]>>,
     miss: Box<[Op]>,
+    /// Its lookup reads `ct.state`, so the packet goes through conntrack first.
+    reads_ct: bool,
 }
 
 /// Engine settings.
@@ -185,6 +189,7 @@ struct Runtime {
     /// Copies made by `mirror` in the current batch; the first `mirrored` are valid.
     mirrors: Vec<PacketBuf>,
     mirrored: usize,
+    ct: Option<Conntrack>,
 }
 
 impl Engine {
@@ -227,10 +232,21 @@ impl Engine {
                 ),
             };
             let miss = compile_list(&pipe.miss);
+            let reads_ct = match &pipe.body {
+                PipeBody::Rules(rules) => rules
+                    .iter()
+                    .flat_map(|r| &r.matches)
+                    .any(|m| m.field.id == ir::FieldId::CtState),
+                PipeBody::Exact { fields, .. } => {
+                    fields.iter().any(|f| f.id == ir::FieldId::CtState)
+                }
+                PipeBody::Lpm { .. } => false,
+            };
             pipes.push(CompiledPipe {
                 body,
                 entries,
                 miss,
+                reads_ct,
             });
         }
         let stats = Stats {
@@ -275,12 +291,23 @@ impl Engine {
                 stats,
                 mirrors,
                 mirrored: 0,
+                ct: p.conntrack.as_ref().map(|c| {
+                    Conntrack::new(
+                        usize::try_from(c.capacity).unwrap_or(usize::MAX),
+                        c.timeouts.clone(),
+                    )
+                }),
             },
         }
     }
 
     pub fn stats(&self) -> &Stats {
         &self.rt.stats
+    }
+
+    /// The connection table, when the pipeline tracks connections.
+    pub fn conntrack(&self) -> Option<&Conntrack> {
+        self.rt.ct.as_ref()
     }
 
     /// The copies `mirror` actions made during the last [`Engine::process`]; each has a
@@ -304,6 +331,9 @@ impl Engine {
             pkt.verdict = v;
             obs.verdict(v, pkt);
         }
+        if let (Some(ct), Some(last)) = (&mut self.rt.ct, batch.last()) {
+            ct.sweep(last.ts_ns);
+        }
     }
 
     /// Counts a packet that never reached the engine (too large for its buffers).
@@ -326,10 +356,19 @@ impl Engine {
             in_port: pkt.port.0,
             ..PacketState::default()
         };
+        // The packet's conntrack lookup (zone, result), done when first needed.
+        let mut ct: Option<(u16, Lookup)> = None;
         // The pipe graph is acyclic, so a walk visits each pipe at most once.
         for _ in 0..self.pipes.len() {
             obs.pipe(pipe);
             let cp = &self.pipes[pipe.index()];
+            if cp.reads_ct && ct.is_none() {
+                if let Some(table) = &mut self.rt.ct {
+                    let l = table.lookup(pkt.data(), &meta, 0, pkt.ts_ns);
+                    state.ct_state = l.state.bit();
+                    ct = Some((0, l));
+                }
+            }
             let view = PacketView {
                 frame: pkt.data(),
                 meta: &meta,
@@ -363,7 +402,15 @@ impl Engine {
                         let hash = parse::flow_hash(pkt.data(), &meta.outer);
                         self.encaps[*t].apply(pkt, hash).map(|()| None)
                     }
-                    Op::Ir(a) => exec(a, pkt, &mut meta, &mut state, &mut stale, &mut self.rt),
+                    Op::Ir(a) => exec(
+                        a,
+                        pkt,
+                        &mut meta,
+                        &mut state,
+                        &mut ct,
+                        &mut stale,
+                        &mut self.rt,
+                    ),
                 };
                 match step {
                     Err(r) => return Verdict::Drop(r),
@@ -407,11 +454,26 @@ fn exec(
     pkt: &mut PacketBuf,
     meta: &mut Meta,
     state: &mut PacketState,
+    ct: &mut Option<(u16, Lookup)>,
     stale: &mut bool,
     rt: &mut Runtime,
 ) -> Result<Option<Next>, DropReason> {
     match a {
-        Action::Count | Action::CtCommit { .. } => {}
+        Action::Count => {}
+        Action::CtCommit { zone } => {
+            if let Some(table) = &mut rt.ct {
+                if !matches!(ct, Some((z, _)) if z == zone) {
+                    let l = table.lookup(pkt.data(), meta, *zone, pkt.ts_ns);
+                    state.ct_state = l.state.bit();
+                    *ct = Some((*zone, l));
+                }
+                if let Some(pending) = ct.as_mut().and_then(|(_, l)| l.pending.take()) {
+                    if !table.commit(&pending, pkt.ts_ns) {
+                        return Err(DropReason::CtFull);
+                    }
+                }
+            }
+        }
         Action::Mirror(port) => match rt.mirrors.get_mut(rt.mirrored) {
             Some(copy) => {
                 copy.load(pkt.data(), pkt.port, pkt.ts_ns);

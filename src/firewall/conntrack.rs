@@ -1,0 +1,856 @@
+//! Connection tracking: one entry per connection, keyed by zone and 5-tuple, found from
+//! either direction; a TCP state machine after Linux nf_conntrack's; UDP and ICMP
+//! pseudo-states; ICMP errors matched to the connection they quote.
+//!
+//! The table is a fixed array of slots, sized once from the configured capacity, with
+//! linear probing and backward-shift deletion: it never grows, and when it holds
+//! `capacity` connections new ones are refused and counted. Slots are found through a
+//! SipHash keyed with a random seed, so nobody can aim collisions at a bucket. Expiry is
+//! lazy (an expired entry found on a probe is removed then) plus a bounded sweep of a few
+//! slots per batch, so no packet ever pays for a scan of the table.
+//!
+//! Multi-core: each worker owns its table; packets are steered to workers by a symmetric
+//! flow hash, so both directions of a connection meet in the same table without locks.
+
+use crate::engine::parse::{Layers, Meta, L3};
+use crate::ir::{CtTimeouts, CT_STATE_NAMES};
+use crate::wire::{be16, icmp, ip_proto, ipv4, ipv6, tcp};
+use std::hash::{BuildHasher, Hasher};
+use std::time::Duration;
+
+/// The `ct.state` of a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CtState {
+    New,
+    Established,
+    Related,
+    Invalid,
+}
+
+impl CtState {
+    /// The bit `match ct.state` tests.
+    pub fn bit(self) -> u8 {
+        let name = match self {
+            CtState::New => "new",
+            CtState::Established => "established",
+            CtState::Related => "related",
+            CtState::Invalid => "invalid",
+        };
+        CT_STATE_NAMES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or(0, |&(_, b)| b as u8)
+    }
+}
+
+/// TCP connection states (Linux `tcp_conntrack`), plus the pseudo-states of other protocols.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ConnState {
+    TcpSynSent,
+    TcpSynRecv,
+    TcpEstablished,
+    TcpFinWait,
+    TcpCloseWait,
+    TcpLastAck,
+    TcpTimeWait,
+    TcpClose,
+    /// Simultaneous open: a SYN seen from both sides.
+    TcpSynSent2,
+    Udp,
+    Icmp,
+    /// Any other IP protocol.
+    Other,
+}
+
+const TCP_STATES: [ConnState; 9] = [
+    ConnState::TcpSynSent,
+    ConnState::TcpSynRecv,
+    ConnState::TcpEstablished,
+    ConnState::TcpFinWait,
+    ConnState::TcpCloseWait,
+    ConnState::TcpLastAck,
+    ConnState::TcpTimeWait,
+    ConnState::TcpClose,
+    ConnState::TcpSynSent2,
+];
+
+/// Canonical key: the smaller (address, port) endpoint first, so both directions agree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Key {
+    a: [u8; 16],
+    b: [u8; 16],
+    port_a: u16,
+    port_b: u16,
+    proto: u8,
+    zone: u16,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    key: Key,
+    used: bool,
+    /// The connection's first packet went from endpoint `a` to `b`.
+    orig_from_a: bool,
+    seen_reply: bool,
+    state: ConnState,
+    first_ns: u64,
+    last_ns: u64,
+    /// Original and reply direction.
+    packets: [u64; 2],
+    bytes: [u64; 2],
+}
+
+const EMPTY: Entry = Entry {
+    key: Key {
+        a: [0; 16],
+        b: [0; 16],
+        port_a: 0,
+        port_b: 0,
+        proto: 0,
+        zone: 0,
+    },
+    used: false,
+    orig_from_a: false,
+    seen_reply: false,
+    state: ConnState::Other,
+    first_ns: 0,
+    last_ns: 0,
+    packets: [0; 2],
+    bytes: [0; 2],
+};
+
+/// A connection the lookup found to be new, to be created if the pipeline commits it.
+#[derive(Debug, Clone, Copy)]
+pub struct Pending {
+    key: Key,
+    orig_from_a: bool,
+    state: ConnState,
+    bytes: u64,
+}
+
+/// What a lookup decided for one packet.
+#[derive(Debug, Clone, Copy)]
+pub struct Lookup {
+    pub state: CtState,
+    pub pending: Option<Pending>,
+}
+
+/// Counters for telemetry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CtStats {
+    pub entries: u64,
+    pub inserts: u64,
+    pub expirations: u64,
+    /// New connections refused because the table was full.
+    pub drops_full: u64,
+    pub invalid: u64,
+}
+
+/// One worker's connection table.
+#[derive(Debug)]
+pub struct Conntrack {
+    slots: Box<[Entry]>,
+    capacity: usize,
+    timeouts: CtTimeouts,
+    seed: std::collections::hash_map::RandomState,
+    sweep_at: usize,
+    pub stats: CtStats,
+}
+
+/// Slots examined for expiry per call of [`Conntrack::sweep`].
+const SWEEP_SLOTS: usize = 64;
+
+fn ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Conntrack {
+    pub fn new(capacity: usize, timeouts: CtTimeouts) -> Conntrack {
+        let capacity = capacity.max(1);
+        // At most 3/4 full, so probe sequences stay short; not rounded to a power of two,
+        // so the memory per connection stays at 4/3 of an entry.
+        let slots = (capacity * 4 / 3).max(capacity + 1).max(16);
+        Conntrack {
+            slots: vec![EMPTY; slots].into_boxed_slice(),
+            capacity,
+            timeouts,
+            seed: std::collections::hash_map::RandomState::new(),
+            sweep_at: 0,
+            stats: CtStats::default(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.stats.entries as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.stats.entries == 0
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Bytes of table memory (fixed at creation).
+    pub fn memory_bytes(&self) -> usize {
+        size_of_val(&*self.slots)
+    }
+
+    /// The key's home slot: a keyed hash mapped onto the table by multiply-shift.
+    fn home(&self, k: &Key) -> usize {
+        let mut h = self.seed.build_hasher();
+        h.write(&k.a);
+        h.write(&k.b);
+        h.write_u16(k.port_a);
+        h.write_u16(k.port_b);
+        h.write_u8(k.proto);
+        h.write_u16(k.zone);
+        ((u128::from(h.finish()) * self.slots.len() as u128) >> 64) as usize
+    }
+
+    fn next(&self, i: usize) -> usize {
+        if i + 1 == self.slots.len() {
+            0
+        } else {
+            i + 1
+        }
+    }
+
+    fn timeout(&self, e: &Entry) -> u64 {
+        let t = &self.timeouts;
+        ns(match e.state {
+            ConnState::TcpSynSent | ConnState::TcpSynSent2 => t.tcp_syn_sent,
+            ConnState::TcpSynRecv => t.tcp_syn_recv,
+            ConnState::TcpEstablished => t.tcp_established,
+            ConnState::TcpFinWait => t.tcp_fin_wait,
+            ConnState::TcpCloseWait => t.tcp_close_wait,
+            ConnState::TcpLastAck => t.tcp_last_ack,
+            ConnState::TcpTimeWait => t.tcp_time_wait,
+            ConnState::TcpClose => t.tcp_close,
+            ConnState::Udp if e.seen_reply && e.packets[0] + e.packets[1] > 2 => t.udp_stream,
+            ConnState::Udp => t.udp,
+            ConnState::Icmp => t.icmp,
+            ConnState::Other => t.udp,
+        })
+    }
+
+    fn expired(&self, e: &Entry, now: u64) -> bool {
+        now > e.last_ns.saturating_add(self.timeout(e))
+    }
+
+    /// Finds the slot of `key`, removing expired entries met on the way.
+    fn find(&mut self, key: &Key, now: u64) -> Result<usize, usize> {
+        let mut i = self.home(key);
+        loop {
+            let e = &self.slots[i];
+            if !e.used {
+                return Err(i);
+            }
+            if e.key == *key {
+                if self.expired(e, now) {
+                    self.remove(i);
+                    self.stats.expirations += 1;
+                    // The slot now holds whatever shifted back into it; look again.
+                    continue;
+                }
+                return Ok(i);
+            }
+            i = self.next(i);
+        }
+    }
+
+    /// Backward-shift deletion (linear probing stays valid without tombstones).
+    fn remove(&mut self, mut hole: usize) {
+        self.slots[hole] = EMPTY;
+        self.stats.entries -= 1;
+        let n = self.slots.len();
+        let mut i = self.next(hole);
+        while self.slots[i].used {
+            let home = self.home(&self.slots[i].key);
+            // Move the entry back if its home is not in the cyclic range (hole, i].
+            let dist_i = (i + n - home) % n;
+            let dist_hole = (hole + n - home) % n;
+            if dist_hole < dist_i {
+                self.slots[hole] = self.slots[i];
+                self.slots[i] = EMPTY;
+                hole = i;
+            }
+            i = self.next(i);
+        }
+    }
+
+    /// Expires up to a few slots' worth of idle connections; call once per batch.
+    pub fn sweep(&mut self, now: u64) {
+        for _ in 0..SWEEP_SLOTS {
+            let i = self.sweep_at;
+            self.sweep_at = self.next(i);
+            let e = self.slots[i];
+            if e.used && self.expired(&e, now) {
+                self.remove(i);
+                self.stats.expirations += 1;
+            }
+        }
+    }
+
+    /// Looks the packet up, advancing an existing connection's state, and says what the
+    /// packet is; a new connection is only described (`pending`), for [`Conntrack::commit`].
+    pub fn lookup(&mut self, frame: &[u8], meta: &Meta, zone: u16, now: u64) -> Lookup {
+        let invalid = Lookup {
+            state: CtState::Invalid,
+            pending: None,
+        };
+        let l = &meta.outer;
+        let Some(t) = tuple(frame, l) else {
+            self.stats.invalid += 1;
+            return invalid;
+        };
+        if let Some(quoted) = t.icmp_error {
+            // Related if the quoted packet belongs to a tracked connection.
+            let Some(q) = quoted_tuple(frame, l, quoted) else {
+                self.stats.invalid += 1;
+                return invalid;
+            };
+            let (key, _) = canonical(&q, zone);
+            return match self.find(&key, now) {
+                Ok(i) => {
+                    let e = &mut self.slots[i];
+                    e.last_ns = now;
+                    Lookup {
+                        state: CtState::Related,
+                        pending: None,
+                    }
+                }
+                Err(_) => {
+                    self.stats.invalid += 1;
+                    invalid
+                }
+            };
+        }
+        let (key, from_a) = canonical(&t, zone);
+        let len = u64::from(l.l3_end) - u64::from(l.l3);
+        match self.find(&key, now) {
+            Ok(i) => {
+                let e = self.slots[i];
+                let reply = from_a != e.orig_from_a;
+                let next = match e.state {
+                    s if is_tcp(s) && !tcp_flags_valid(t.tcp_flags) => Step::Invalid,
+                    s if is_tcp(s) => tcp_transition(s, t.tcp_flags, reply),
+                    s => Step::To(s),
+                };
+                match next {
+                    Step::Invalid => {
+                        self.stats.invalid += 1;
+                        invalid
+                    }
+                    Step::Ignore => {
+                        let state = if reply || e.seen_reply {
+                            CtState::Established
+                        } else {
+                            CtState::New
+                        };
+                        Lookup {
+                            state,
+                            pending: None,
+                        }
+                    }
+                    Step::Reopen => {
+                        // A new SYN on a closed connection starts it afresh (as Linux does).
+                        self.remove(i);
+                        Lookup {
+                            state: CtState::New,
+                            pending: Some(Pending {
+                                key,
+                                orig_from_a: from_a,
+                                state: ConnState::TcpSynSent,
+                                bytes: len,
+                            }),
+                        }
+                    }
+                    Step::To(s) => {
+                        let e = &mut self.slots[i];
+                        e.state = s;
+                        e.last_ns = now;
+                        let dir = usize::from(reply);
+                        e.packets[dir] += 1;
+                        e.bytes[dir] += len;
+                        if reply {
+                            e.seen_reply = true;
+                        }
+                        let state = if reply || e.seen_reply {
+                            CtState::Established
+                        } else {
+                            CtState::New
+                        };
+                        Lookup {
+                            state,
+                            pending: None,
+                        }
+                    }
+                }
+            }
+            Err(_) => {
+                let first = match t.proto {
+                    ip_proto::TCP => match tcp_flags_valid(t.tcp_flags)
+                        .then(|| tcp_transition_new(t.tcp_flags))
+                        .flatten()
+                    {
+                        Some(s) => s,
+                        None => {
+                            self.stats.invalid += 1;
+                            return invalid;
+                        }
+                    },
+                    ip_proto::UDP => ConnState::Udp,
+                    ip_proto::ICMP | ip_proto::ICMPV6 => {
+                        if !t.icmp_request {
+                            self.stats.invalid += 1;
+                            return invalid;
+                        }
+                        ConnState::Icmp
+                    }
+                    _ => ConnState::Other,
+                };
+                Lookup {
+                    state: CtState::New,
+                    pending: Some(Pending {
+                        key,
+                        orig_from_a: from_a,
+                        state: first,
+                        bytes: len,
+                    }),
+                }
+            }
+        }
+    }
+
+    /// Creates the connection a lookup found new. False when the table is full (the
+    /// packet should be dropped and is counted).
+    pub fn commit(&mut self, p: &Pending, now: u64) -> bool {
+        let slot = match self.find(&p.key, now) {
+            Ok(_) => return true,
+            Err(slot) => slot,
+        };
+        if self.len() >= self.capacity {
+            self.stats.drops_full += 1;
+            return false;
+        }
+        self.slots[slot] = Entry {
+            key: p.key,
+            used: true,
+            orig_from_a: p.orig_from_a,
+            seen_reply: false,
+            state: p.state,
+            first_ns: now,
+            last_ns: now,
+            packets: [1, 0],
+            bytes: [p.bytes, 0],
+        };
+        self.stats.entries += 1;
+        self.stats.inserts += 1;
+        true
+    }
+
+    /// Every live connection: (state, first and last packet times, packets and bytes in
+    /// the original and reply directions). For export, not for the packet path.
+    pub fn connections(
+        &self,
+    ) -> impl Iterator<Item = (ConnState, u64, u64, [u64; 2], [u64; 2])> + '_ {
+        self.slots
+            .iter()
+            .filter(|e| e.used)
+            .map(|e| (e.state, e.first_ns, e.last_ns, e.packets, e.bytes))
+    }
+}
+
+fn is_tcp(s: ConnState) -> bool {
+    TCP_STATES.contains(&s)
+}
+
+/// The fields conntrack keys on, read from the outer headers.
+struct Tuple {
+    src: [u8; 16],
+    dst: [u8; 16],
+    sport: u16,
+    dport: u16,
+    proto: u8,
+    tcp_flags: u8,
+    icmp_request: bool,
+    /// For ICMP errors: where the quoted packet starts.
+    icmp_error: Option<usize>,
+}
+
+fn addr16(b: &[u8]) -> [u8; 16] {
+    let mut a = [0u8; 16];
+    a[16 - b.len()..].copy_from_slice(b);
+    a
+}
+
+fn tuple(frame: &[u8], l: &Layers) -> Option<Tuple> {
+    let l3 = usize::from(l.l3);
+    let (src, dst) = match l.l3_kind {
+        L3::V4 => (
+            addr16(&frame[l3 + 12..l3 + 16]),
+            addr16(&frame[l3 + 16..l3 + 20]),
+        ),
+        L3::V6 => (
+            addr16(&frame[l3 + 8..l3 + 24]),
+            addr16(&frame[l3 + 24..l3 + 40]),
+        ),
+        L3::None => return None,
+    };
+    let mut t = Tuple {
+        src,
+        dst,
+        sport: 0,
+        dport: 0,
+        proto: l.proto,
+        tcp_flags: 0,
+        icmp_request: false,
+        icmp_error: None,
+    };
+    if l.fragment {
+        // Fragments are not reassembled here: they cannot be matched to a connection.
+        return None;
+    }
+    if !l.l4_ok {
+        return Some(t);
+    }
+    let l4 = usize::from(l.l4);
+    match l.proto {
+        ip_proto::TCP => {
+            t.sport = be16(frame, l4);
+            t.dport = be16(frame, l4 + 2);
+            t.tcp_flags = frame[l4 + 13];
+        }
+        ip_proto::UDP | ip_proto::SCTP => {
+            t.sport = be16(frame, l4);
+            t.dport = be16(frame, l4 + 2);
+        }
+        ip_proto::ICMP | ip_proto::ICMPV6 => {
+            let (kind, v6) = (frame[l4], l.proto == ip_proto::ICMPV6);
+            let (req, rep) = if v6 {
+                (icmp::v6_type::ECHO_REQUEST, icmp::v6_type::ECHO_REPLY)
+            } else {
+                (icmp::v4_type::ECHO_REQUEST, icmp::v4_type::ECHO_REPLY)
+            };
+            let is_error = if v6 {
+                matches!(kind, 1..=4)
+            } else {
+                matches!(kind, 3 | 4 | 5 | 11 | 12)
+            };
+            if is_error {
+                t.icmp_error = Some(l4 + icmp::HEADER_LEN);
+            } else if kind == req || kind == rep {
+                // Echo request and reply share a connection keyed by the identifier: put
+                // it in both port slots so the canonical key is the same either way.
+                let id = be16(frame, l4 + 4);
+                t.sport = id;
+                t.dport = id;
+                t.icmp_request = kind == req;
+            } else {
+                return None;
+            }
+        }
+        _ => {}
+    }
+    Some(t)
+}
+
+/// The tuple of the packet an ICMP error quotes (its IP header and first 8 L4 bytes).
+fn quoted_tuple(frame: &[u8], l: &Layers, at: usize) -> Option<Tuple> {
+    let q = &frame[at.min(usize::from(l.l3_end))..usize::from(l.l3_end)];
+    let (src, dst, proto, l4) = match l.l3_kind {
+        L3::V4 => {
+            if q.len() < ipv4::MIN_HEADER_LEN || q[0] >> 4 != 4 {
+                return None;
+            }
+            let hl = usize::from(q[0] & 0x0f) * 4;
+            (addr16(&q[12..16]), addr16(&q[16..20]), q[9], hl)
+        }
+        L3::V6 => {
+            if q.len() < ipv6::HEADER_LEN || q[0] >> 4 != 6 {
+                return None;
+            }
+            (
+                addr16(&q[8..24]),
+                addr16(&q[24..40]),
+                q[6],
+                ipv6::HEADER_LEN,
+            )
+        }
+        L3::None => return None,
+    };
+    let mut t = Tuple {
+        src,
+        dst,
+        sport: 0,
+        dport: 0,
+        proto,
+        tcp_flags: 0,
+        icmp_request: false,
+        icmp_error: None,
+    };
+    let ports = q.get(l4..l4 + 8)?;
+    match proto {
+        ip_proto::TCP | ip_proto::UDP | ip_proto::SCTP => {
+            t.sport = u16::from_be_bytes([ports[0], ports[1]]);
+            t.dport = u16::from_be_bytes([ports[2], ports[3]]);
+        }
+        ip_proto::ICMP | ip_proto::ICMPV6 => {
+            let id = u16::from_be_bytes([ports[4], ports[5]]);
+            t.sport = id;
+            t.dport = id;
+        }
+        _ => {}
+    }
+    Some(t)
+}
+
+fn canonical(t: &Tuple, zone: u16) -> (Key, bool) {
+    let from_a = (t.src, t.sport) <= (t.dst, t.dport);
+    let (a, pa, b, pb) = if from_a {
+        (t.src, t.sport, t.dst, t.dport)
+    } else {
+        (t.dst, t.dport, t.src, t.sport)
+    };
+    (
+        Key {
+            a,
+            b,
+            port_a: pa,
+            port_b: pb,
+            proto: t.proto,
+            zone,
+        },
+        from_a,
+    )
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    To(ConnState),
+    Invalid,
+    /// Possibly out of sync (Linux `sIG`): the packet passes as part of the connection but
+    /// does not change its state.
+    Ignore,
+    Reopen,
+}
+
+/// Flag combinations a TCP segment may carry (Linux `tcp_valid_flags`), ignoring PSH,
+/// ECE and CWR; anything else is invalid before any state is consulted.
+fn tcp_flags_valid(flags: u8) -> bool {
+    use tcp::flags::*;
+    let f = flags & !(PSH | 0x40 | 0x80);
+    matches!(
+        f,
+        x if x == SYN || x == SYN | URG || x == SYN | ACK || x == RST || x == RST | ACK
+            || x == FIN | ACK || x == FIN | ACK | URG || x == ACK || x == ACK | URG
+    )
+}
+
+/// The TCP packet kinds of Linux's state table, by flags.
+fn tcp_kind(flags: u8) -> usize {
+    use tcp::flags::*;
+    if flags & RST != 0 {
+        4
+    } else if flags & SYN != 0 {
+        if flags & ACK != 0 {
+            1
+        } else {
+            0
+        }
+    } else if flags & FIN != 0 {
+        2
+    } else if flags & ACK != 0 {
+        3
+    } else {
+        5
+    }
+}
+
+/// The first packet of a connection: a SYN opens it; with loose pickup (Linux's default
+/// `nf_conntrack_tcp_loose=1`) a plain ACK picks up a connection already established.
+fn tcp_transition_new(flags: u8) -> Option<ConnState> {
+    match tcp_kind(flags) {
+        0 => Some(ConnState::TcpSynSent),
+        3 => Some(ConnState::TcpEstablished),
+        _ => None,
+    }
+}
+
+/// Linux `tcp_conntracks[dir][kind][state]` (net/netfilter/nf_conntrack_proto_tcp.c),
+/// without window tracking.
+fn tcp_transition(s: ConnState, flags: u8, reply: bool) -> Step {
+    use ConnState::*;
+    // Columns: SS, SR, ES, FW, CW, LA, TW, CL, S2.
+    const IV: u8 = 100;
+    const IG: u8 = 101;
+    const RO: u8 = 102;
+    const ORIGINAL: [[u8; 9]; 6] = [
+        /* syn    */ [0, IG, IG, IG, IG, IG, RO, RO, 8],
+        /* synack */ [IV, IG, IG, IG, IG, IG, IG, IG, 1],
+        /* fin    */ [IV, 3, 3, 5, 5, 5, 6, 7, IV],
+        /* ack    */ [IV, 2, 2, 4, 4, 6, 6, 7, IV],
+        /* rst    */ [7, 7, 7, 7, 7, 7, 7, 7, 7],
+        /* none   */ [IV, IV, IV, IV, IV, IV, IV, IV, IV],
+    ];
+    const REPLY: [[u8; 9]; 6] = [
+        /* syn    */ [8, IV, IV, IV, IV, IV, IV, IV, 8],
+        /* synack */ [1, IG, IG, IG, IG, IG, IG, IG, 1],
+        /* fin    */ [IV, 3, 3, 5, 5, 5, 6, 7, IV],
+        /* ack    */ [IG, 1, 2, 4, 4, 6, 6, 7, IG],
+        /* rst    */ [7, 7, 7, 7, 7, 7, 7, 7, 7],
+        /* none   */ [IV, IV, IV, IV, IV, IV, IV, IV, IV],
+    ];
+    let col = TCP_STATES.iter().position(|x| *x == s).unwrap_or(0);
+    let table = if reply { &REPLY } else { &ORIGINAL };
+    match table[tcp_kind(flags)][col] {
+        IV => Step::Invalid,
+        IG => Step::Ignore,
+        RO => Step::Reopen,
+        n => Step::To(
+            [
+                TcpSynSent,
+                TcpSynRecv,
+                TcpEstablished,
+                TcpFinWait,
+                TcpCloseWait,
+                TcpLastAck,
+                TcpTimeWait,
+                TcpClose,
+                TcpSynSent2,
+            ][usize::from(n)],
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashSet;
+
+    fn key(n: u16) -> Key {
+        Key {
+            a: [1; 16],
+            b: [2; 16],
+            port_a: n,
+            port_b: 80,
+            proto: 6,
+            zone: 0,
+        }
+    }
+
+    fn pending(n: u16) -> Pending {
+        Pending {
+            key: key(n),
+            orig_from_a: true,
+            state: ConnState::Udp,
+            bytes: 64,
+        }
+    }
+
+    proptest! {
+        /// Inserts and removals in any order leave exactly the model's keys findable:
+        /// backward-shift deletion keeps every probe sequence intact.
+        #[test]
+        fn table_agrees_with_a_set(ops in proptest::collection::vec((any::<bool>(), 0u16..40), 0..300)) {
+            let mut ct = Conntrack::new(24, CtTimeouts::default());
+            let mut model = HashSet::new();
+            for (insert, n) in ops {
+                if insert {
+                    let ok = ct.commit(&pending(n), 1);
+                    if model.len() < 24 || model.contains(&n) {
+                        prop_assert!(ok);
+                        model.insert(n);
+                    } else {
+                        prop_assert!(!ok, "a full table refuses new connections");
+                    }
+                } else if let Ok(i) = ct.find(&key(n), 1) {
+                    ct.remove(i);
+                    model.remove(&n);
+                }
+                prop_assert_eq!(ct.len(), model.len());
+            }
+            for n in 0..40 {
+                prop_assert_eq!(ct.find(&key(n), 1).is_ok(), model.contains(&n), "key {}", n);
+            }
+        }
+    }
+
+    #[test]
+    fn idle_connections_expire_lazily_and_by_sweep() {
+        let t = CtTimeouts {
+            udp: Duration::from_secs(30),
+            ..CtTimeouts::default()
+        };
+        let mut ct = Conntrack::new(100, t);
+        for n in 0..50 {
+            assert!(ct.commit(&pending(n), 1_000_000_000));
+        }
+        assert_eq!(ct.len(), 50);
+        let later = 1_000_000_000 + 31_000_000_000;
+        assert!(ct.find(&key(7), later).is_err());
+        assert_eq!(ct.stats.expirations, 1);
+        for _ in 0..10 {
+            ct.sweep(later);
+        }
+        assert_eq!(ct.len(), 0);
+        assert_eq!(ct.stats.expirations, 50);
+    }
+
+    #[test]
+    fn tcp_state_table_follows_linux() {
+        use tcp::flags::*;
+        use ConnState::*;
+        assert_eq!(
+            tcp_transition(TcpSynSent, SYN | ACK, true),
+            Step::To(TcpSynRecv)
+        );
+        assert_eq!(
+            tcp_transition(TcpSynRecv, ACK, false),
+            Step::To(TcpEstablished)
+        );
+        assert_eq!(
+            tcp_transition(TcpEstablished, FIN | ACK, false),
+            Step::To(TcpFinWait)
+        );
+        assert_eq!(
+            tcp_transition(TcpFinWait, ACK, true),
+            Step::To(TcpCloseWait)
+        );
+        assert_eq!(
+            tcp_transition(TcpCloseWait, FIN | ACK, true),
+            Step::To(TcpLastAck)
+        );
+        assert_eq!(
+            tcp_transition(TcpLastAck, ACK, false),
+            Step::To(TcpTimeWait)
+        );
+        assert_eq!(
+            tcp_transition(TcpEstablished, RST, true),
+            Step::To(TcpClose)
+        );
+        assert_eq!(tcp_transition(TcpSynSent, ACK, false), Step::Invalid);
+        assert_eq!(tcp_transition(TcpEstablished, SYN, false), Step::Ignore);
+        assert_eq!(tcp_transition(TcpTimeWait, SYN, false), Step::Reopen);
+        assert_eq!(tcp_transition_new(SYN | ACK), None);
+        assert_eq!(tcp_transition_new(ACK), Some(TcpEstablished));
+        assert!(!tcp_flags_valid(SYN | FIN));
+        assert!(!tcp_flags_valid(FIN));
+        assert!(tcp_flags_valid(PSH | ACK));
+    }
+
+    #[test]
+    fn at_most_128_bytes_per_connection() {
+        assert!(size_of::<Entry>() <= 96, "{}", size_of::<Entry>());
+        let ct = Conntrack::new(1_000_000, CtTimeouts::default());
+        assert!(
+            ct.memory_bytes() <= 128 * 1_000_000,
+            "{}",
+            ct.memory_bytes()
+        );
+    }
+}

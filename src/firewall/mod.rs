@@ -1,0 +1,3 @@
+//! Stateful firewalling: connection tracking (and, next, the rule classifier).
+
+pub mod conntrack;
