@@ -25,48 +25,55 @@ impl Report {
 }
 
 /// Runs `packets` packets, cycling through `frames`, received on `port`, `batch` at a
-/// time. Each packet is copied into its buffer first, as a receive path would.
+/// time, after `warmup` untimed packets (which, for instance, fill a connection table).
+/// Each packet is copied into its buffer first, as a receive path would.
 pub fn run(
     program: &Program,
     port: PortId,
     frames: &[Vec<u8>],
+    warmup: u64,
     packets: u64,
     batch: usize,
 ) -> Report {
     let mut engine = Engine::new(program);
     let max = frames.iter().map(Vec::len).max().unwrap_or(64);
     let mut slots: Vec<PacketBuf> = (0..batch.max(1)).map(|_| PacketBuf::new(max)).collect();
-    let (mut forwarded, mut dropped, mut queued) = (0u64, 0u64, 0u64);
     let mut next = 0usize;
-    let mut done = 0u64;
     let mut ts = 1_000_000_000u64;
-    let start = Instant::now();
-    while done < packets {
-        let n = (packets - done).min(slots.len() as u64) as usize;
-        for slot in &mut slots[..n] {
-            slot.load(&frames[next], port, ts);
-            next = if next + 1 == frames.len() {
-                0
-            } else {
-                next + 1
-            };
-            ts += 100;
-        }
-        engine.process(&mut slots[..n], &mut NoObserver);
-        for s in &slots[..n] {
-            match s.verdict {
-                Verdict::Forward(_) => forwarded += 1,
-                Verdict::Drop(_) => dropped += 1,
-                Verdict::Service(_) => queued += 1,
+    let mut pump = |count: u64, verdicts: &mut [u64; 3]| {
+        let mut done = 0u64;
+        while done < count {
+            let n = (count - done).min(slots.len() as u64) as usize;
+            for slot in &mut slots[..n] {
+                slot.load(&frames[next], port, ts);
+                next = if next + 1 == frames.len() {
+                    0
+                } else {
+                    next + 1
+                };
+                ts += 100;
             }
+            engine.process(&mut slots[..n], &mut NoObserver);
+            for s in &slots[..n] {
+                let i = match s.verdict {
+                    Verdict::Forward(_) => 0,
+                    Verdict::Drop(_) => 1,
+                    Verdict::Service(_) => 2,
+                };
+                verdicts[i] += 1;
+            }
+            done += n as u64;
         }
-        done += n as u64;
-    }
+    };
+    pump(warmup, &mut [0; 3]);
+    let mut v = [0u64; 3];
+    let start = Instant::now();
+    pump(packets, &mut v);
     Report {
         packets,
         elapsed: start.elapsed(),
-        forwarded,
-        dropped,
-        queued,
+        forwarded: v[0],
+        dropped: v[1],
+        queued: v[2],
     }
 }

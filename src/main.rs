@@ -96,6 +96,9 @@ enum Command {
         /// Packets to process.
         #[arg(long, default_value_t = 10_000_000)]
         packets: u64,
+        /// Packets run before timing starts (to fill a connection table, say).
+        #[arg(long, default_value_t = 0)]
+        warmup: u64,
         /// The port the traffic arrives on; by default the first port that feeds a root pipe.
         #[arg(long)]
         port: Option<String>,
@@ -137,9 +140,18 @@ fn main() -> ExitCode {
             size,
             flows,
             packets,
+            warmup,
             port,
             batch,
-        } => bench(&pipeline, size, flows, packets, port.as_deref(), batch),
+        } => bench(
+            &pipeline,
+            size,
+            flows,
+            packets,
+            warmup,
+            port.as_deref(),
+            batch,
+        ),
     }
 }
 
@@ -322,6 +334,7 @@ fn bench(
     size: usize,
     flows: u32,
     packets: u64,
+    warmup: u64,
     port: Option<&str>,
     batch: u16,
 ) -> ExitCode {
@@ -353,7 +366,7 @@ fn bench(
         eprintln!("error: port {} feeds no root pipe", program.port(port).name);
         return ExitCode::from(EXIT_USAGE);
     }
-    let r = dpuflow::bench::run(&program, port, &frames, packets, usize::from(batch));
+    let r = dpuflow::bench::run(&program, port, &frames, warmup, packets, usize::from(batch));
     println!(
         "pipeline {}, port {}, {} flows, {}-byte frames, batch {batch}",
         program.name,

@@ -113,24 +113,119 @@ struct Lab {
 impl Lab {
     fn new() -> Lab {
         let id = std::process::id();
-        let lab = Lab { c: format!("dpc{id}c"), r: format!("dpc{id}r"), s: format!("dpc{id}s") };
+        let lab = Lab {
+            c: format!("dpc{id}c"),
+            r: format!("dpc{id}r"),
+            s: format!("dpc{id}s"),
+        };
         for n in [&lab.c, &lab.r, &lab.s] {
             let out = tool("ip", &["netns", "add", n]);
-            assert!(out.status.success(), "ip netns add {n} (this test needs root): {}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "ip netns add {n} (this test needs root): {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             lab.run(n, &["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"]);
-            lab.run(n, &["sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1"]);
+            lab.run(
+                n,
+                &["sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1"],
+            );
         }
-        tool_ok("ip", &["link", "add", "c0", "netns", &lab.c, "type", "veth", "peer", "name", "r0", "netns", &lab.r]);
-        tool_ok("ip", &["link", "add", "s0", "netns", &lab.s, "type", "veth", "peer", "name", "r1", "netns", &lab.r]);
-        lab.run(&lab.c, &["ip", "link", "set", "c0", "address", "02:00:00:00:01:02", "up"]);
-        lab.run(&lab.s, &["ip", "link", "set", "s0", "address", "02:00:00:00:02:02", "up"]);
+        tool_ok(
+            "ip",
+            &[
+                "link", "add", "c0", "netns", &lab.c, "type", "veth", "peer", "name", "r0",
+                "netns", &lab.r,
+            ],
+        );
+        tool_ok(
+            "ip",
+            &[
+                "link", "add", "s0", "netns", &lab.s, "type", "veth", "peer", "name", "r1",
+                "netns", &lab.r,
+            ],
+        );
+        lab.run(
+            &lab.c,
+            &[
+                "ip",
+                "link",
+                "set",
+                "c0",
+                "address",
+                "02:00:00:00:01:02",
+                "up",
+            ],
+        );
+        lab.run(
+            &lab.s,
+            &[
+                "ip",
+                "link",
+                "set",
+                "s0",
+                "address",
+                "02:00:00:00:02:02",
+                "up",
+            ],
+        );
         let r = &lab.r;
-        lab.run(r, &["ip", "link", "set", "r0", "address", "02:00:00:00:01:01", "up"]);
-        lab.run(r, &["ip", "link", "set", "r1", "address", "02:00:00:00:02:01", "up"]);
+        lab.run(
+            r,
+            &[
+                "ip",
+                "link",
+                "set",
+                "r0",
+                "address",
+                "02:00:00:00:01:01",
+                "up",
+            ],
+        );
+        lab.run(
+            r,
+            &[
+                "ip",
+                "link",
+                "set",
+                "r1",
+                "address",
+                "02:00:00:00:02:01",
+                "up",
+            ],
+        );
         lab.run(r, &["ip", "addr", "add", "10.0.1.1/24", "dev", "r0"]);
         lab.run(r, &["ip", "addr", "add", "10.0.2.1/24", "dev", "r1"]);
-        lab.run(r, &["ip", "neigh", "add", "10.0.1.2", "lladdr", "02:00:00:00:01:02", "dev", "r0", "nud", "permanent"]);
-        lab.run(r, &["ip", "neigh", "add", "10.0.2.2", "lladdr", "02:00:00:00:02:02", "dev", "r1", "nud", "permanent"]);
+        lab.run(
+            r,
+            &[
+                "ip",
+                "neigh",
+                "add",
+                "10.0.1.2",
+                "lladdr",
+                "02:00:00:00:01:02",
+                "dev",
+                "r0",
+                "nud",
+                "permanent",
+            ],
+        );
+        lab.run(
+            r,
+            &[
+                "ip",
+                "neigh",
+                "add",
+                "10.0.2.2",
+                "lladdr",
+                "02:00:00:00:02:02",
+                "dev",
+                "r1",
+                "nud",
+                "permanent",
+            ],
+        );
         lab.run(r, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
         lab.run(r, &["sysctl", "-qw", "net.ipv4.conf.all.send_redirects=0"]);
         let rules = "table inet ct_test {\n\
@@ -142,9 +237,17 @@ impl Lab {
         std::fs::write(&file, rules).expect("write rules");
         lab.run(r, &["nft", "-f", &file.display().to_string()]);
         let _ = std::fs::remove_file(file);
-        for (n, dev) in [(&lab.c, "c0"), (&lab.s, "s0"), (&lab.r, "r0"), (&lab.r, "r1")] {
+        for (n, dev) in [
+            (&lab.c, "c0"),
+            (&lab.s, "s0"),
+            (&lab.r, "r0"),
+            (&lab.r, "r1"),
+        ] {
             let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            while !lab.run(n, &["ip", "-o", "link", "show", dev]).contains("state UP") {
+            while !lab
+                .run(n, &["ip", "-o", "link", "show", dev])
+                .contains("state UP")
+            {
                 assert!(std::time::Instant::now() < deadline, "{dev} never came up");
                 std::thread::sleep(Duration::from_millis(50));
             }
@@ -159,14 +262,22 @@ impl Lab {
     }
 
     fn counters(&self) -> BTreeMap<String, u64> {
-        let json = self.run(&self.r, &["nft", "-j", "list", "counters", "table", "inet", "ct_test"]);
+        let json = self.run(
+            &self.r,
+            &["nft", "-j", "list", "counters", "table", "inet", "ct_test"],
+        );
         let v: serde_json::Value = serde_json::from_str(&json).expect("nft JSON");
         v["nftables"]
             .as_array()
             .expect("nftables array")
             .iter()
             .filter_map(|o| o.get("counter"))
-            .map(|c| (c["name"].as_str().expect("name").to_owned(), c["packets"].as_u64().expect("packets")))
+            .map(|c| {
+                (
+                    c["name"].as_str().expect("name").to_owned(),
+                    c["packets"].as_u64().expect("packets"),
+                )
+            })
             .collect()
     }
 }
@@ -182,10 +293,23 @@ impl Drop for Lab {
 #[test]
 fn conntrack_states_equal_the_kernels() {
     let dir = Scratch::new("kernel-ct");
-    std::fs::write(dir.0.join("scenarios.py"), format!("from scapy.all import *\n{SCENARIOS}")).expect("write");
+    std::fs::write(
+        dir.0.join("scenarios.py"),
+        format!("from scapy.all import *\n{SCENARIOS}"),
+    )
+    .expect("write");
     let py = |args: &[&str]| {
-        let out = Command::new(PYTHON).arg("scenarios.py").args(args).current_dir(&dir.0).output().expect("python3 with scapy");
-        assert!(out.status.success(), "scenario script {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new(PYTHON)
+            .arg("scenarios.py")
+            .args(args)
+            .current_dir(&dir.0)
+            .output()
+            .expect("python3 with scapy");
+        assert!(
+            out.status.success(),
+            "scenario script {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     };
     py(&["write"]);
     let lab = Lab::new();
@@ -199,16 +323,22 @@ fn conntrack_states_equal_the_kernels() {
         let kernel: Vec<u64> = STATES.iter().map(|s| after[*s] - before[*s]).collect();
 
         let out = dpuflow_ok(&[
-            "replay", "tests/data/ct-count.pipe",
-            "--in", &format!("c={}", dir.path(&format!("c-{name}.pcap"))),
-            "--in", &format!("s={}", dir.path(&format!("s-{name}.pcap"))),
+            "replay",
+            "tests/data/ct-count.pipe",
+            "--in",
+            &format!("c={}", dir.path(&format!("c-{name}.pcap"))),
+            "--in",
+            &format!("s={}", dir.path(&format!("s-{name}.pcap"))),
             "--json",
         ]);
         let s: serde_json::Value = serde_json::from_str(&out).expect("JSON");
         let ours: Vec<u64> = STATES
             .iter()
             .map(|st| {
-                s["entries"].as_array().expect("entries").iter()
+                s["entries"]
+                    .as_array()
+                    .expect("entries")
+                    .iter()
                     .find(|e| e["pipe"] == "classify" && e["entry"] == *st)
                     .and_then(|e| e["packets"].as_u64())
                     .expect("entry counter")
@@ -219,5 +349,9 @@ fn conntrack_states_equal_the_kernels() {
             mismatches.push(format!("{name}: kernel (new, established, related, invalid) = {kernel:?}, dpuflow = {ours:?}"));
         }
     }
-    assert!(mismatches.is_empty(), "conntrack differs from the kernel's:\n{}", mismatches.join("\n"));
+    assert!(
+        mismatches.is_empty(),
+        "conntrack differs from the kernel's:\n{}",
+        mismatches.join("\n")
+    );
 }

@@ -51,26 +51,59 @@ fn stateful_firewall_contract() {
     let dir = Scratch::new("stateful");
     scapy(&dir.0, SESSIONS);
     let trace = dpuflow_ok(&[
-        "trace", "pipelines/stateful-firewall.pipe",
-        "--in", &format!("inside={}", dir.path("in.pcap")),
-        "--in", &format!("outside={}", dir.path("out.pcap")),
+        "trace",
+        "pipelines/stateful-firewall.pipe",
+        "--in",
+        &format!("inside={}", dir.path("in.pcap")),
+        "--in",
+        &format!("outside={}", dir.path("out.pcap")),
     ]);
-    let fates: Vec<bool> = trace.lines().filter_map(|l| l.strip_prefix("  => ")).map(|l| l.starts_with("forwarded")).collect();
-    let expect: Vec<bool> =
-        std::fs::read_to_string(dir.0.join("expect.txt")).expect("expect").lines().map(|l| l.ends_with('1')).collect();
+    let fates: Vec<bool> = trace
+        .lines()
+        .filter_map(|l| l.strip_prefix("  => "))
+        .map(|l| l.starts_with("forwarded"))
+        .collect();
+    let expect: Vec<bool> = std::fs::read_to_string(dir.0.join("expect.txt"))
+        .expect("expect")
+        .lines()
+        .map(|l| l.ends_with('1'))
+        .collect();
     assert_eq!(fates, expect, "trace:\n{trace}");
 
     // The same through replay: outputs hold exactly the passing packets, dissected clean.
     let out = dpuflow_ok(&[
-        "replay", "pipelines/stateful-firewall.pipe",
-        "--in", &format!("inside={}", dir.path("in.pcap")), "--in", &format!("outside={}", dir.path("out.pcap")),
-        "--out", &format!("inside={}", dir.path("to-inside.pcap")), "--out", &format!("outside={}", dir.path("to-outside.pcap")),
+        "replay",
+        "pipelines/stateful-firewall.pipe",
+        "--in",
+        &format!("inside={}", dir.path("in.pcap")),
+        "--in",
+        &format!("outside={}", dir.path("out.pcap")),
+        "--out",
+        &format!("inside={}", dir.path("to-inside.pcap")),
+        "--out",
+        &format!("outside={}", dir.path("to-outside.pcap")),
         "--json",
     ]);
     let s: serde_json::Value = serde_json::from_str(&out).expect("JSON");
-    let passing_in = expect.iter().zip(std::fs::read_to_string(dir.0.join("expect.txt")).expect("e").lines()).filter(|(p, l)| **p && l.starts_with("in")).count();
-    assert_eq!(frames(&dir.path("to-outside.pcap")).len(), passing_in, "{s}");
-    assert_eq!(frames(&dir.path("to-inside.pcap")).len(), expect.iter().filter(|p| **p).count() - passing_in, "{s}");
+    let passing_in = expect
+        .iter()
+        .zip(
+            std::fs::read_to_string(dir.0.join("expect.txt"))
+                .expect("e")
+                .lines(),
+        )
+        .filter(|(p, l)| **p && l.starts_with("in"))
+        .count();
+    assert_eq!(
+        frames(&dir.path("to-outside.pcap")).len(),
+        passing_in,
+        "{s}"
+    );
+    assert_eq!(
+        frames(&dir.path("to-inside.pcap")).len(),
+        expect.iter().filter(|p| **p).count() - passing_in,
+        "{s}"
+    );
     assert_tshark_clean(&dir.path("to-outside.pcap"));
     assert_tshark_clean(&dir.path("to-inside.pcap"));
 }

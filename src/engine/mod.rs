@@ -11,6 +11,7 @@ pub mod field;
 mod meter;
 pub mod packet;
 pub mod parse;
+pub mod prefetch;
 pub mod table;
 
 pub use action::EncapTemplate;
@@ -170,9 +171,14 @@ impl Default for Config {
 /// Mirror copies one batch may make.
 const MIRROR_POOL: usize = 256;
 
+/// Largest batch parsed ahead as a whole (larger ones are processed packet by packet).
+pub const MAX_BATCH: usize = 1024;
+
 /// A compiled pipeline and its per-worker state.
 #[derive(Debug)]
 pub struct Engine {
+    /// Parse results of the current batch, when it is staged.
+    metas: Box<[Result<Meta, DropReason>]>,
     pipes: Vec<CompiledPipe>,
     roots: Vec<Option<PipeId>>,
     encaps: Vec<EncapTemplate>,
@@ -279,6 +285,7 @@ impl Engine {
             Vec::new()
         };
         Engine {
+            metas: vec![Err(DropReason::NoPipe); MAX_BATCH].into_boxed_slice(),
             pipes,
             roots: (0..p.ports.len())
                 .map(|i| p.root_of(PortId(i as u16)))
@@ -319,9 +326,25 @@ impl Engine {
     /// Runs every packet of the batch through the pipeline and sets its verdict.
     pub fn process<O: Observer>(&mut self, batch: &mut [PacketBuf], obs: &mut O) {
         self.rt.mirrored = 0;
-        for pkt in batch.iter_mut() {
+        // With connection tracking, parse the whole batch first and prefetch each packet's
+        // connection slot, so the table's cache misses overlap instead of queueing.
+        let staged = self.rt.ct.is_some() && batch.len() <= MAX_BATCH;
+        if staged {
+            for (pkt, meta) in batch.iter().zip(self.metas.iter_mut()) {
+                *meta = parse::parse(pkt.data(), &self.tunnels);
+                if let (Ok(m), Some(ct)) = (meta.as_ref(), self.rt.ct.as_mut()) {
+                    ct.prefetch(pkt.data(), m);
+                }
+            }
+        }
+        for (i, pkt) in batch.iter_mut().enumerate() {
             obs.begin(pkt);
-            let v = self.run(pkt, obs);
+            let meta = if staged {
+                self.metas[i]
+            } else {
+                parse::parse(pkt.data(), &self.tunnels)
+            };
+            let v = self.run(pkt, meta, obs);
             let port = pkt.port.index();
             match v {
                 Verdict::Forward(out) => self.rt.stats.ports[out.index()].tx.add(pkt.len()),
@@ -332,7 +355,7 @@ impl Engine {
             obs.verdict(v, pkt);
         }
         if let (Some(ct), Some(last)) = (&mut self.rt.ct, batch.last()) {
-            ct.sweep(last.ts_ns);
+            ct.sweep(last.ts_ns, batch.len());
         }
     }
 
@@ -343,12 +366,17 @@ impl Engine {
         s.drops[DropReason::Oversize as usize] += 1;
     }
 
-    fn run<O: Observer>(&mut self, pkt: &mut PacketBuf, obs: &mut O) -> Verdict {
+    fn run<O: Observer>(
+        &mut self,
+        pkt: &mut PacketBuf,
+        parsed: Result<Meta, DropReason>,
+        obs: &mut O,
+    ) -> Verdict {
         self.rt.stats.ports[pkt.port.index()].rx.add(pkt.len());
         let Some(mut pipe) = self.roots[pkt.port.index()] else {
             return Verdict::Drop(DropReason::NoPipe);
         };
-        let mut meta = match parse::parse(pkt.data(), &self.tunnels) {
+        let mut meta = match parsed {
             Ok(m) => m,
             Err(r) => return Verdict::Drop(r),
         };

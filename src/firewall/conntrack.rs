@@ -4,8 +4,8 @@
 //!
 //! The table is a fixed array of slots, sized once from the configured capacity, with
 //! linear probing and backward-shift deletion: it never grows, and when it holds
-//! `capacity` connections new ones are refused and counted. Slots are found through a
-//! SipHash keyed with a random seed, so nobody can aim collisions at a bucket. Expiry is
+//! `capacity` connections new ones are refused and counted. Slots are found through
+//! aHash keyed with random keys per table, so nobody can aim collisions at a bucket. Expiry is
 //! lazy (an expired entry found on a probe is removed then) plus a bounded sweep of a few
 //! slots per batch, so no packet ever pays for a scan of the table.
 //!
@@ -13,6 +13,7 @@
 //! flow hash, so both directions of a connection meet in the same table without locks.
 
 use crate::engine::parse::{Layers, Meta, L3};
+use crate::engine::prefetch::prefetch;
 use crate::ir::{CtTimeouts, CT_STATE_NAMES};
 use crate::wire::{be16, icmp, ip_proto, ipv4, ipv6, tcp};
 use std::hash::{BuildHasher, Hasher};
@@ -153,13 +154,10 @@ pub struct Conntrack {
     slots: Box<[Entry]>,
     capacity: usize,
     timeouts: CtTimeouts,
-    seed: std::collections::hash_map::RandomState,
+    seed: ahash::RandomState,
     sweep_at: usize,
     pub stats: CtStats,
 }
-
-/// Slots examined for expiry per call of [`Conntrack::sweep`].
-const SWEEP_SLOTS: usize = 64;
 
 fn ns(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
@@ -175,7 +173,7 @@ impl Conntrack {
             slots: vec![EMPTY; slots].into_boxed_slice(),
             capacity,
             timeouts,
-            seed: std::collections::hash_map::RandomState::new(),
+            seed: ahash::RandomState::new(),
             sweep_at: 0,
             stats: CtStats::default(),
         }
@@ -281,9 +279,10 @@ impl Conntrack {
         }
     }
 
-    /// Expires up to a few slots' worth of idle connections; call once per batch.
-    pub fn sweep(&mut self, now: u64) {
-        for _ in 0..SWEEP_SLOTS {
+    /// Examines `slots` slots (one per packet of the batch is plenty: the whole table is
+    /// swept every few seconds at line rate) and removes the idle connections among them.
+    pub fn sweep(&mut self, now: u64, slots: usize) {
+        for _ in 0..slots {
             let i = self.sweep_at;
             self.sweep_at = self.next(i);
             let e = self.slots[i];
@@ -291,6 +290,19 @@ impl Conntrack {
                 self.remove(i);
                 self.stats.expirations += 1;
             }
+        }
+    }
+
+    /// Prefetches the slot where the packet's connection would start its probe, so that
+    /// a later [`Conntrack::lookup`] finds it in cache. Batches call this for every packet
+    /// first: the misses then overlap.
+    pub fn prefetch(&self, frame: &[u8], meta: &Meta) {
+        if let Some(t) = tuple(frame, &meta.outer) {
+            let (key, _) = canonical(&t, 0);
+            let e = &self.slots[self.home(&key)];
+            prefetch(e);
+            // An entry may straddle two cache lines.
+            prefetch(&e.packets);
         }
     }
 
@@ -794,9 +806,7 @@ mod tests {
         let later = 1_000_000_000 + 31_000_000_000;
         assert!(ct.find(&key(7), later).is_err());
         assert_eq!(ct.stats.expirations, 1);
-        for _ in 0..10 {
-            ct.sweep(later);
-        }
+        ct.sweep(later, 1000);
         assert_eq!(ct.len(), 0);
         assert_eq!(ct.stats.expirations, 50);
     }
