@@ -14,6 +14,7 @@ pub mod io;
 pub mod ir;
 pub mod lang;
 pub mod replay;
+pub mod sys;
 pub mod trace;
 pub mod traffic;
 pub mod wire;

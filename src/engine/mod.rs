@@ -179,6 +179,8 @@ pub const MAX_BATCH: usize = 1024;
 pub struct Engine {
     /// Parse results of the current batch, when it is staged.
     metas: Box<[Result<Meta, DropReason>]>,
+    /// Connection hashes of the current batch, when it is staged.
+    ct_hints: Box<[Option<u64>]>,
     pipes: Vec<CompiledPipe>,
     roots: Vec<Option<PipeId>>,
     encaps: Vec<EncapTemplate>,
@@ -286,6 +288,7 @@ impl Engine {
         };
         Engine {
             metas: vec![Err(DropReason::NoPipe); MAX_BATCH].into_boxed_slice(),
+            ct_hints: vec![None; MAX_BATCH].into_boxed_slice(),
             pipes,
             roots: (0..p.ports.len())
                 .map(|i| p.root_of(PortId(i as u16)))
@@ -330,21 +333,26 @@ impl Engine {
         // connection slot, so the table's cache misses overlap instead of queueing.
         let staged = self.rt.ct.is_some() && batch.len() <= MAX_BATCH;
         if staged {
-            for (pkt, meta) in batch.iter().zip(self.metas.iter_mut()) {
+            for ((pkt, meta), hint) in batch
+                .iter()
+                .zip(self.metas.iter_mut())
+                .zip(self.ct_hints.iter_mut())
+            {
                 *meta = parse::parse(pkt.data(), &self.tunnels);
-                if let (Ok(m), Some(ct)) = (meta.as_ref(), self.rt.ct.as_mut()) {
-                    ct.prefetch(pkt.data(), m);
-                }
+                *hint = match (meta.as_ref(), self.rt.ct.as_ref()) {
+                    (Ok(m), Some(ct)) => ct.prefetch(pkt.data(), m),
+                    _ => None,
+                };
             }
         }
         for (i, pkt) in batch.iter_mut().enumerate() {
             obs.begin(pkt);
-            let meta = if staged {
-                self.metas[i]
+            let (meta, hint) = if staged {
+                (self.metas[i], self.ct_hints[i])
             } else {
-                parse::parse(pkt.data(), &self.tunnels)
+                (parse::parse(pkt.data(), &self.tunnels), None)
             };
-            let v = self.run(pkt, meta, obs);
+            let v = self.run(pkt, meta, hint, obs);
             let port = pkt.port.index();
             match v {
                 Verdict::Forward(out) => self.rt.stats.ports[out.index()].tx.add(pkt.len()),
@@ -370,6 +378,7 @@ impl Engine {
         &mut self,
         pkt: &mut PacketBuf,
         parsed: Result<Meta, DropReason>,
+        ct_hint: Option<u64>,
         obs: &mut O,
     ) -> Verdict {
         self.rt.stats.ports[pkt.port.index()].rx.add(pkt.len());
@@ -392,7 +401,7 @@ impl Engine {
             let cp = &self.pipes[pipe.index()];
             if cp.reads_ct && ct.is_none() {
                 if let Some(table) = &mut self.rt.ct {
-                    let l = table.lookup(pkt.data(), &meta, 0, pkt.ts_ns);
+                    let l = table.lookup(pkt.data(), &meta, 0, pkt.ts_ns, ct_hint);
                     state.ct_state = l.state.bit();
                     ct = Some((0, l));
                 }
@@ -435,7 +444,7 @@ impl Engine {
                         pkt,
                         &mut meta,
                         &mut state,
-                        &mut ct,
+                        (&mut ct, ct_hint),
                         &mut stale,
                         &mut self.rt,
                     ),
@@ -482,7 +491,7 @@ fn exec(
     pkt: &mut PacketBuf,
     meta: &mut Meta,
     state: &mut PacketState,
-    ct: &mut Option<(u16, Lookup)>,
+    (ct, ct_hint): (&mut Option<(u16, Lookup)>, Option<u64>),
     stale: &mut bool,
     rt: &mut Runtime,
 ) -> Result<Option<Next>, DropReason> {
@@ -491,7 +500,9 @@ fn exec(
         Action::CtCommit { zone } => {
             if let Some(table) = &mut rt.ct {
                 if !matches!(ct, Some((z, _)) if z == zone) {
-                    let l = table.lookup(pkt.data(), meta, *zone, pkt.ts_ns);
+                    // The hint is for the packet as received: not after a rewrite.
+                    let hint = if *stale { None } else { ct_hint };
+                    let l = table.lookup(pkt.data(), meta, *zone, pkt.ts_ns, hint);
                     state.ct_state = l.state.bit();
                     *ct = Some((*zone, l));
                 }

@@ -4,7 +4,9 @@
 //!
 //! The table is a fixed array of slots, sized once from the configured capacity, with
 //! linear probing and backward-shift deletion: it never grows, and when it holds
-//! `capacity` connections new ones are refused and counted. Slots are found through
+//! `capacity` connections new ones are refused and counted. Beside the slots, a byte per
+//! slot holds a fragment of its key's hash (0: empty), so a probe scans a few bytes of one
+//! cache line and compares whole keys only on a fragment match. Slots are found through
 //! aHash keyed with random keys per table, so nobody can aim collisions at a bucket. Expiry is
 //! lazy (an expired entry found on a probe is removed then) plus a bounded sweep of a few
 //! slots per batch, so no packet ever pays for a scan of the table.
@@ -90,7 +92,6 @@ struct Key {
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     key: Key,
-    used: bool,
     /// The connection's first packet went from endpoint `a` to `b`.
     orig_from_a: bool,
     seen_reply: bool,
@@ -111,7 +112,6 @@ const EMPTY: Entry = Entry {
         proto: 0,
         zone: 0,
     },
-    used: false,
     orig_from_a: false,
     seen_reply: false,
     state: ConnState::Other,
@@ -125,6 +125,7 @@ const EMPTY: Entry = Entry {
 #[derive(Debug, Clone, Copy)]
 pub struct Pending {
     key: Key,
+    hash: u64,
     orig_from_a: bool,
     state: ConnState,
     bytes: u64,
@@ -152,6 +153,8 @@ pub struct CtStats {
 #[derive(Debug)]
 pub struct Conntrack {
     slots: Box<[Entry]>,
+    /// Per slot: 0 when empty, else a fragment of the key's hash with the top bit set.
+    tags: Box<[u8]>,
     capacity: usize,
     timeouts: CtTimeouts,
     seed: ahash::RandomState,
@@ -166,11 +169,15 @@ fn ns(d: Duration) -> u64 {
 impl Conntrack {
     pub fn new(capacity: usize, timeouts: CtTimeouts) -> Conntrack {
         let capacity = capacity.max(1);
-        // At most 3/4 full, so probe sequences stay short; not rounded to a power of two,
-        // so the memory per connection stays at 4/3 of an entry.
-        let slots = (capacity * 4 / 3).max(capacity + 1).max(16);
+        // At most 4/5 full (probes scan tag bytes, so they stay cheap); not rounded to a
+        // power of two, so memory per connection is 5/4 of an entry and its tag.
+        let slots = (capacity * 5 / 4).max(capacity + 1).max(16);
+        let mut table = Vec::with_capacity(slots);
+        crate::sys::advise_huge_pages(&mut table);
+        table.resize(slots, EMPTY);
         Conntrack {
-            slots: vec![EMPTY; slots].into_boxed_slice(),
+            slots: table.into_boxed_slice(),
+            tags: vec![0; slots].into_boxed_slice(),
             capacity,
             timeouts,
             seed: ahash::RandomState::new(),
@@ -193,11 +200,10 @@ impl Conntrack {
 
     /// Bytes of table memory (fixed at creation).
     pub fn memory_bytes(&self) -> usize {
-        size_of_val(&*self.slots)
+        size_of_val(&*self.slots) + size_of_val(&*self.tags)
     }
 
-    /// The key's home slot: a keyed hash mapped onto the table by multiply-shift.
-    fn home(&self, k: &Key) -> usize {
+    fn hash(&self, k: &Key) -> u64 {
         let mut h = self.seed.build_hasher();
         h.write(&k.a);
         h.write(&k.b);
@@ -205,7 +211,17 @@ impl Conntrack {
         h.write_u16(k.port_b);
         h.write_u8(k.proto);
         h.write_u16(k.zone);
-        ((u128::from(h.finish()) * self.slots.len() as u128) >> 64) as usize
+        h.finish()
+    }
+
+    /// The home slot of a hash: mapped onto the table by multiply-shift.
+    fn home_of(&self, h: u64) -> usize {
+        ((u128::from(h) * self.slots.len() as u128) >> 64) as usize
+    }
+
+    fn tag_of(h: u64) -> u8 {
+        // The low bits (the home slot uses the high ones), never zero.
+        (h as u8) | 0x80
     }
 
     fn next(&self, i: usize) -> usize {
@@ -238,16 +254,18 @@ impl Conntrack {
         now > e.last_ns.saturating_add(self.timeout(e))
     }
 
-    /// Finds the slot of `key`, removing expired entries met on the way.
-    fn find(&mut self, key: &Key, now: u64) -> Result<usize, usize> {
-        let mut i = self.home(key);
+    /// Finds the slot of `key` (whose hash is `h`), removing expired entries met on the
+    /// way; `Err` is the empty slot where it would go.
+    fn find(&mut self, key: &Key, h: u64, now: u64) -> Result<usize, usize> {
+        let tag = Self::tag_of(h);
+        let mut i = self.home_of(h);
         loop {
-            let e = &self.slots[i];
-            if !e.used {
+            let t = self.tags[i];
+            if t == 0 {
                 return Err(i);
             }
-            if e.key == *key {
-                if self.expired(e, now) {
+            if t == tag && self.slots[i].key == *key {
+                if self.expired(&self.slots[i], now) {
                     self.remove(i);
                     self.stats.expirations += 1;
                     // The slot now holds whatever shifted back into it; look again.
@@ -262,17 +280,20 @@ impl Conntrack {
     /// Backward-shift deletion (linear probing stays valid without tombstones).
     fn remove(&mut self, mut hole: usize) {
         self.slots[hole] = EMPTY;
+        self.tags[hole] = 0;
         self.stats.entries -= 1;
         let n = self.slots.len();
         let mut i = self.next(hole);
-        while self.slots[i].used {
-            let home = self.home(&self.slots[i].key);
+        while self.tags[i] != 0 {
+            let home = self.home_of(self.hash(&self.slots[i].key));
             // Move the entry back if its home is not in the cyclic range (hole, i].
             let dist_i = (i + n - home) % n;
             let dist_hole = (hole + n - home) % n;
             if dist_hole < dist_i {
                 self.slots[hole] = self.slots[i];
+                self.tags[hole] = self.tags[i];
                 self.slots[i] = EMPTY;
+                self.tags[i] = 0;
                 hole = i;
             }
             i = self.next(i);
@@ -286,29 +307,39 @@ impl Conntrack {
             let i = self.sweep_at;
             self.sweep_at = self.next(i);
             let e = self.slots[i];
-            if e.used && self.expired(&e, now) {
+            if self.tags[i] != 0 && self.expired(&e, now) {
                 self.remove(i);
                 self.stats.expirations += 1;
             }
         }
     }
 
-    /// Prefetches the slot where the packet's connection would start its probe, so that
-    /// a later [`Conntrack::lookup`] finds it in cache. Batches call this for every packet
-    /// first: the misses then overlap.
-    pub fn prefetch(&self, frame: &[u8], meta: &Meta) {
-        if let Some(t) = tuple(frame, &meta.outer) {
-            let (key, _) = canonical(&t, 0);
-            let e = &self.slots[self.home(&key)];
-            prefetch(e);
-            // An entry may straddle two cache lines.
-            prefetch(&e.packets);
-        }
+    /// Prefetches the tag and slot where the packet's connection would start its probe,
+    /// so that a later [`Conntrack::lookup`] finds them in cache, and returns the hash for
+    /// it. Batches call this for every packet first: the misses then overlap.
+    pub fn prefetch(&self, frame: &[u8], meta: &Meta) -> Option<u64> {
+        let t = tuple(frame, &meta.outer)?;
+        let (key, _) = canonical(&t, 0);
+        let h = self.hash(&key);
+        let i = self.home_of(h);
+        prefetch(&self.tags[i]);
+        prefetch(&self.slots[i]);
+        // An entry may straddle two cache lines.
+        prefetch(&self.slots[i].bytes);
+        Some(h)
     }
 
     /// Looks the packet up, advancing an existing connection's state, and says what the
     /// packet is; a new connection is only described (`pending`), for [`Conntrack::commit`].
-    pub fn lookup(&mut self, frame: &[u8], meta: &Meta, zone: u16, now: u64) -> Lookup {
+    /// `hint` is the hash [`Conntrack::prefetch`] returned (zone 0 only).
+    pub fn lookup(
+        &mut self,
+        frame: &[u8],
+        meta: &Meta,
+        zone: u16,
+        now: u64,
+        hint: Option<u64>,
+    ) -> Lookup {
         let invalid = Lookup {
             state: CtState::Invalid,
             pending: None,
@@ -325,7 +356,8 @@ impl Conntrack {
                 return invalid;
             };
             let (key, _) = canonical(&q, zone);
-            return match self.find(&key, now) {
+            let h = self.hash(&key);
+            return match self.find(&key, h, now) {
                 Ok(i) => {
                     let e = &mut self.slots[i];
                     e.last_ns = now;
@@ -341,8 +373,12 @@ impl Conntrack {
             };
         }
         let (key, from_a) = canonical(&t, zone);
+        let h = match hint {
+            Some(h) if zone == 0 => h,
+            _ => self.hash(&key),
+        };
         let len = u64::from(l.l3_end) - u64::from(l.l3);
-        match self.find(&key, now) {
+        match self.find(&key, h, now) {
             Ok(i) => {
                 let e = self.slots[i];
                 let reply = from_a != e.orig_from_a;
@@ -374,6 +410,7 @@ impl Conntrack {
                             state: CtState::New,
                             pending: Some(Pending {
                                 key,
+                                hash: h,
                                 orig_from_a: from_a,
                                 state: ConnState::TcpSynSent,
                                 bytes: len,
@@ -428,6 +465,7 @@ impl Conntrack {
                     state: CtState::New,
                     pending: Some(Pending {
                         key,
+                        hash: h,
                         orig_from_a: from_a,
                         state: first,
                         bytes: len,
@@ -440,7 +478,7 @@ impl Conntrack {
     /// Creates the connection a lookup found new. False when the table is full (the
     /// packet should be dropped and is counted).
     pub fn commit(&mut self, p: &Pending, now: u64) -> bool {
-        let slot = match self.find(&p.key, now) {
+        let slot = match self.find(&p.key, p.hash, now) {
             Ok(_) => return true,
             Err(slot) => slot,
         };
@@ -448,9 +486,9 @@ impl Conntrack {
             self.stats.drops_full += 1;
             return false;
         }
+        self.tags[slot] = Self::tag_of(p.hash);
         self.slots[slot] = Entry {
             key: p.key,
-            used: true,
             orig_from_a: p.orig_from_a,
             seen_reply: false,
             state: p.state,
@@ -471,8 +509,9 @@ impl Conntrack {
     ) -> impl Iterator<Item = (ConnState, u64, u64, [u64; 2], [u64; 2])> + '_ {
         self.slots
             .iter()
-            .filter(|e| e.used)
-            .map(|e| (e.state, e.first_ns, e.last_ns, e.packets, e.bytes))
+            .zip(self.tags.iter())
+            .filter(|(_, t)| **t != 0)
+            .map(|(e, _)| (e.state, e.first_ns, e.last_ns, e.packets, e.bytes))
     }
 }
 
@@ -773,21 +812,21 @@ mod tests {
             let mut model = HashSet::new();
             for (insert, n) in ops {
                 if insert {
-                    let ok = ct.commit(&pending(n), 1);
+                    let ok = ct.commit(&pending(&ct, n), 1);
                     if model.len() < 24 || model.contains(&n) {
                         prop_assert!(ok);
                         model.insert(n);
                     } else {
                         prop_assert!(!ok, "a full table refuses new connections");
                     }
-                } else if let Ok(i) = ct.find(&key(n), 1) {
+                } else if let Ok(i) = ct.find(&key(n), ct.hash(&key(n)), 1) {
                     ct.remove(i);
                     model.remove(&n);
                 }
                 prop_assert_eq!(ct.len(), model.len());
             }
             for n in 0..40 {
-                prop_assert_eq!(ct.find(&key(n), 1).is_ok(), model.contains(&n), "key {}", n);
+                prop_assert_eq!(ct.find(&key(n), ct.hash(&key(n)), 1).is_ok(), model.contains(&n), "key {}", n);
             }
         }
     }
@@ -800,11 +839,11 @@ mod tests {
         };
         let mut ct = Conntrack::new(100, t);
         for n in 0..50 {
-            assert!(ct.commit(&pending(n), 1_000_000_000));
+            assert!(ct.commit(&pending(&ct, n), 1_000_000_000));
         }
         assert_eq!(ct.len(), 50);
         let later = 1_000_000_000 + 31_000_000_000;
-        assert!(ct.find(&key(7), later).is_err());
+        assert!(ct.find(&key(7), ct.hash(&key(7)), later).is_err());
         assert_eq!(ct.stats.expirations, 1);
         ct.sweep(later, 1000);
         assert_eq!(ct.len(), 0);

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Connection tracking on one core, 64-byte UDP frames, a table of 1M connections:
+# new connections per second (every packet creates one) and the fast path for packets of
+# existing connections. Each case RUNS times (default 5), median printed.
+# Usage: bench/conntrack.sh [RUNS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs=${1:-5}
+cargo build --release -q
+bin=target/release/dpuflow
+median() { sort -n | sed -n "$(((runs + 1) / 2))p"; }
+rate() { sed -n 's/.*: \([0-9.]*\) Mpps.*/\1/p'; }
+
+new=$(for _ in $(seq "$runs"); do
+    $bin bench bench/conntrack.pipe --flows 1000000 --packets 1000000 | rate
+done | median)
+est=$(for _ in $(seq "$runs"); do
+    $bin bench bench/conntrack.pipe --flows 1000000 --warmup 1000000 --packets 10000000 | rate
+done | median)
+small=$(for _ in $(seq "$runs"); do
+    $bin bench bench/conntrack.pipe --flows 1000 --warmup 100000 --packets 10000000 | rate
+done | median)
+printf 'new connections (1M flows, empty table):        %s M/s\n' "$new"
+printf 'existing connections, 1M tracked:               %s Mpps\n' "$est"
+printf 'existing connections, 1k tracked (in cache):    %s Mpps\n' "$small"
