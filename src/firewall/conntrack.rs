@@ -794,9 +794,10 @@ mod tests {
         }
     }
 
-    fn pending(n: u16) -> Pending {
+    fn pending(ct: &Conntrack, n: u16) -> Pending {
         Pending {
             key: key(n),
+            hash: ct.hash(&key(n)),
             orig_from_a: true,
             state: ConnState::Udp,
             bytes: 64,
