@@ -77,3 +77,51 @@ pub fn run(
         queued: v[2],
     }
 }
+
+/// What an ACL benchmark measured.
+#[derive(Debug, Clone)]
+pub struct AclReport {
+    pub lookups: u64,
+    pub elapsed: Duration,
+    /// Rule updates (a delete and an insert each count one) done between batches.
+    pub updates: u64,
+    /// Matches found (a checksum of the work, and a guard against it being optimised away).
+    pub matched: u64,
+}
+
+/// Classifies `trace` `rounds` times, `batch` keys at a time, on one core. With
+/// `updates_per_batch`, after each batch that many rules are deleted and inserted again
+/// (a random rule each time), so lookups run while the rule set changes.
+pub fn acl(
+    c: &mut crate::firewall::acl::Classifier,
+    rules: &[crate::firewall::acl::Rule],
+    trace: &[crate::firewall::acl::Key],
+    batch: usize,
+    rounds: u32,
+    updates_per_batch: usize,
+) -> AclReport {
+    let batch = batch.max(1);
+    let mut out = vec![None; batch];
+    let mut rng = crate::firewall::acl::SplitMix(7);
+    let (mut lookups, mut updates, mut matched) = (0u64, 0u64, 0u64);
+    let start = Instant::now();
+    for _ in 0..rounds {
+        for keys in trace.chunks(batch) {
+            c.classify_batch(keys, &mut out[..keys.len()]);
+            matched += out[..keys.len()].iter().filter(|o| o.is_some()).count() as u64;
+            lookups += keys.len() as u64;
+            for _ in 0..updates_per_batch {
+                let id = (rng.next_u64() % rules.len() as u64) as u32;
+                c.remove(id);
+                c.insert(id, rules[id as usize]);
+                updates += 2;
+            }
+        }
+    }
+    AclReport {
+        lookups,
+        elapsed: start.elapsed(),
+        updates,
+        matched,
+    }
+}

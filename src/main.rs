@@ -79,6 +79,11 @@ enum Command {
         #[arg(long, value_name = "N")]
         packet: Option<u64>,
     },
+    /// The firewall's rule classifier: classify traces, benchmark, generate traces.
+    Acl {
+        #[command(subcommand)]
+        command: AclCommand,
+    },
     /// Measure the software engine on one core with synthetic traffic made to hit the
     /// entries of a port's root pipe.
     #[command(
@@ -108,6 +113,55 @@ enum Command {
     },
 }
 
+/// The firewall's rule classifier on ClassBench rule sets (the files `dpdk-test-acl` reads).
+#[derive(Subcommand, Debug)]
+enum AclCommand {
+    /// Print, for each trace packet, the 0-based index of the first matching rule, or -1.
+    #[command(
+        after_help = "Example:\n  dpuflow acl classify --rules acl1_10k --trace acl1_10k.trace"
+    )]
+    Classify {
+        /// Rule file (ClassBench format).
+        #[arg(long)]
+        rules: PathBuf,
+        /// Trace: one packet a line, `SRC DST SPORT DPORT PROTO`.
+        #[arg(long)]
+        trace: PathBuf,
+    },
+    /// Measure lookups on one core, the build time and the memory; with --updates, the
+    /// update rate sustained while lookups run.
+    #[command(
+        after_help = "Example:\n  dpuflow acl bench --rules acl1_10k --trace acl1_10k.trace --batch 32 --updates 1"
+    )]
+    Bench {
+        #[arg(long)]
+        rules: PathBuf,
+        #[arg(long)]
+        trace: PathBuf,
+        /// Keys classified per call.
+        #[arg(long, default_value_t = 32)]
+        batch: usize,
+        /// Passes over the trace.
+        #[arg(long, default_value_t = 10)]
+        iter: u32,
+        /// Rules deleted and re-inserted after each batch.
+        #[arg(long, default_value_t = 0)]
+        updates: usize,
+    },
+    /// Write a trace: packets drawn inside random rules' ranges, plus uniformly random ones.
+    #[command(
+        after_help = "Example:\n  dpuflow acl gen-trace --rules acl1_10k --count 100000 --seed 1 > acl1_10k.trace"
+    )]
+    GenTrace {
+        #[arg(long)]
+        rules: PathBuf,
+        #[arg(long)]
+        count: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Format {
     Human,
@@ -121,6 +175,7 @@ const EXIT_USAGE: u8 = 2;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Acl { command } => acl(command),
         Command::Check { files, format } => check(&files, format),
         Command::Graph { file } => graph(&file),
         Command::Replay {
@@ -385,4 +440,83 @@ fn bench(
         r.queued
     );
     ExitCode::SUCCESS
+}
+
+fn acl(command: AclCommand) -> ExitCode {
+    use dpuflow::firewall::acl;
+    let fail = |e: String| {
+        eprintln!("error: {e}");
+        ExitCode::from(EXIT_USAGE)
+    };
+    match command {
+        AclCommand::Classify { rules, trace } => {
+            let (rules, trace) = match (acl::load_rules(&rules), acl::load_trace(&trace)) {
+                (Ok(r), Ok(t)) => (r, t),
+                (Err(e), _) | (_, Err(e)) => return fail(e),
+            };
+            let c = acl::Classifier::new(&rules);
+            let mut out = String::with_capacity(trace.len() * 5);
+            for k in &trace {
+                match c.classify(k) {
+                    Some(i) => out.push_str(&format!("{i}\n")),
+                    None => out.push_str("-1\n"),
+                }
+            }
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        AclCommand::GenTrace { rules, count, seed } => {
+            let rules = match acl::load_rules(&rules) {
+                Ok(r) => r,
+                Err(e) => return fail(e),
+            };
+            let mut out = String::with_capacity(count * 40);
+            for k in acl::gen_trace(&rules, count, seed) {
+                let [s, d, sp, dp, p] = k.0;
+                out.push_str(&format!("{s} {d} {sp} {dp} {p}\n"));
+            }
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        AclCommand::Bench {
+            rules,
+            trace,
+            batch,
+            iter,
+            updates,
+        } => {
+            let (rules, trace) = match (acl::load_rules(&rules), acl::load_trace(&trace)) {
+                (Ok(r), Ok(t)) => (r, t),
+                (Err(e), _) | (_, Err(e)) => return fail(e),
+            };
+            let start = std::time::Instant::now();
+            let mut c = acl::Classifier::new(&rules);
+            let build = start.elapsed();
+            println!(
+                "rules {}, {} trees, build {:.1} ms, memory {:.2} MiB, {} rules force a rebuild when deleted",
+                rules.len(),
+                c.trees(),
+                build.as_secs_f64() * 1e3,
+                c.memory_bytes() as f64 / (1 << 20) as f64,
+                c.covering_rules()
+            );
+            let r = dpuflow::bench::acl(&mut c, &rules, &trace, batch, iter, updates);
+            println!(
+                "lookups: {} in {:.3} s: {:.2} Mpps (batch {batch}, {} matched)",
+                r.lookups,
+                r.elapsed.as_secs_f64(),
+                r.lookups as f64 / r.elapsed.as_secs_f64() / 1e6,
+                r.matched
+            );
+            if updates > 0 {
+                println!(
+                    "updates: {} in the same {:.3} s: {:.2} M/s",
+                    r.updates,
+                    r.elapsed.as_secs_f64(),
+                    r.updates as f64 / r.elapsed.as_secs_f64() / 1e6
+                );
+            }
+            ExitCode::SUCCESS
+        }
+    }
 }

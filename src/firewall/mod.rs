@@ -1,3 +1,4 @@
 //! Stateful firewalling: connection tracking (and, next, the rule classifier).
 
+pub mod acl;
 pub mod conntrack;

@@ -1,0 +1,652 @@
+//! The rule classifier: priority 5-tuple rules (prefixes, port ranges, protocol with
+//! mask), first match in priority order wins.
+//!
+//! Lookups walk HyperSplit-style decision trees: each inner node splits one field's range
+//! at a threshold, each leaf holds a few rules in priority order that are checked in full.
+//! Building cuts the space where it balances the rules best, and stops early in a region
+//! that one rule covers completely (the rules after it are unreachable there). Rules are
+//! first separated by which fields they leave wide open (as EffiCuts does), one tree per
+//! group: a wildcard rule in the same tree as specific ones would be copied into every
+//! small region the specific ones cut, and firewall-style sets would blow up. A lookup
+//! visits the trees in order of their best priority and skips those that cannot beat the
+//! match found so far. Updates do not rebuild the
+//! tree: deletions mark the rule dead, insertions go to a small list checked beside the
+//! tree; [`Classifier::rebuild`] folds them in.
+
+use crate::lang::classbench::ClassBenchRule;
+
+/// Fields, in key order: source and destination address, source and destination port,
+/// protocol.
+pub const FIELDS: usize = 5;
+
+/// A packet's 5-tuple.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Key(pub [u32; FIELDS]);
+
+impl Key {
+    pub fn new(src: u32, dst: u32, sport: u16, dport: u16, proto: u8) -> Key {
+        Key([
+            src,
+            dst,
+            u32::from(sport),
+            u32::from(dport),
+            u32::from(proto),
+        ])
+    }
+}
+
+/// A rule as inclusive ranges per field, plus the protocol's value and mask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rule {
+    pub lo: [u32; FIELDS],
+    pub hi: [u32; FIELDS],
+    pub proto: (u8, u8),
+}
+
+impl Rule {
+    #[inline]
+    pub fn matches(&self, k: &Key) -> bool {
+        (0..4).all(|f| self.lo[f] <= k.0[f] && k.0[f] <= self.hi[f])
+            && (k.0[4] as u8) & self.proto.1 == self.proto.0
+    }
+
+    fn covers(&self, lo: &[u32; FIELDS], hi: &[u32; FIELDS]) -> bool {
+        (0..FIELDS).all(|f| self.lo[f] <= lo[f] && hi[f] <= self.hi[f])
+    }
+}
+
+fn prefix_range(addr: u32, len: u8) -> (u32, u32) {
+    let mask = if len == 0 {
+        0
+    } else {
+        u32::MAX << (32 - u32::from(len.min(32)))
+    };
+    (addr & mask, (addr & mask) | !mask)
+}
+
+impl From<&ClassBenchRule> for Rule {
+    fn from(r: &ClassBenchRule) -> Rule {
+        let (s0, s1) = prefix_range(r.src.0, r.src.1);
+        let (d0, d1) = prefix_range(r.dst.0, r.dst.1);
+        let (value, mask) = (r.proto.0 & r.proto.1, r.proto.1);
+        // The tree splits on ranges; a partial protocol mask is checked at the leaves.
+        let (p0, p1) = if mask == 0xff {
+            (u32::from(value), u32::from(value))
+        } else {
+            (0, 255)
+        };
+        Rule {
+            lo: [s0, d0, u32::from(r.sport.0), u32::from(r.dport.0), p0],
+            hi: [s1, d1, u32::from(r.sport.1), u32::from(r.dport.1), p1],
+            proto: (value, mask),
+        }
+    }
+}
+
+/// Rules a leaf may hold before the builder tries to split it.
+const LEAF_RULES: usize = 8;
+
+#[derive(Debug, Clone, Copy)]
+enum Node {
+    /// Keys with `key[field] <= threshold` go to `left`, the others to `left + 1`'s
+    /// sibling `right`.
+    Split {
+        field: u8,
+        threshold: u32,
+        left: u32,
+        right: u32,
+    },
+    /// Rules `leaf[start..start + len]`, in priority order.
+    Leaf { start: u32, len: u32 },
+}
+
+/// A built decision tree over a fixed set of rules.
+#[derive(Debug, Clone, Default)]
+struct Tree {
+    nodes: Vec<Node>,
+    /// (rule id, rule) for every leaf, leaves back to back.
+    leaf: Vec<(u32, Rule)>,
+    /// Rule ids that cover a whole region of the tree, hiding the rules after them there:
+    /// deleting one of these needs a rebuild (the hidden rules are not in the leaves).
+    covering: Vec<u32>,
+}
+
+struct Job {
+    node: usize,
+    rules: Vec<u32>,
+    lo: [u32; FIELDS],
+    hi: [u32; FIELDS],
+}
+
+impl Tree {
+    /// Builds over `rules` (id = priority: lower wins) given in priority order; `None`
+    /// when the leaves would hold more than `max_leaf` rule copies.
+    fn build(rules: &[(u32, Rule)], max_leaf: usize) -> Option<Tree> {
+        let mut t = Tree {
+            nodes: vec![Node::Leaf { start: 0, len: 0 }],
+            leaf: Vec::new(),
+            covering: Vec::new(),
+        };
+        let all: Vec<u32> = (0..rules.len() as u32).collect();
+        let mut stack = vec![Job {
+            node: 0,
+            rules: all,
+            lo: [0; FIELDS],
+            hi: [u32::MAX, u32::MAX, 65535, 65535, 255],
+        }];
+        while let Some(mut job) = stack.pop() {
+            // In this region the first rule that covers it all shadows every later one.
+            if let Some(p) = job
+                .rules
+                .iter()
+                .position(|&i| rules[i as usize].1.covers(&job.lo, &job.hi))
+            {
+                if p + 1 < job.rules.len() {
+                    t.covering.push(rules[job.rules[p] as usize].0);
+                }
+                job.rules.truncate(p + 1);
+            }
+            let split = if job.rules.len() > LEAF_RULES {
+                best_split(rules, &job)
+            } else {
+                None
+            };
+            let Some((field, threshold)) = split else {
+                let start = t.leaf.len() as u32;
+                if t.leaf.len() + job.rules.len() > max_leaf {
+                    return None;
+                }
+                t.leaf.extend(job.rules.iter().map(|&i| rules[i as usize]));
+                t.nodes[job.node] = Node::Leaf {
+                    start,
+                    len: job.rules.len() as u32,
+                };
+                continue;
+            };
+            let f = usize::from(field);
+            let (left, right) = (t.nodes.len(), t.nodes.len() + 1);
+            t.nodes.push(Node::Leaf { start: 0, len: 0 });
+            t.nodes.push(Node::Leaf { start: 0, len: 0 });
+            t.nodes[job.node] = Node::Split {
+                field,
+                threshold,
+                left: left as u32,
+                right: right as u32,
+            };
+            let in_left: Vec<u32> = job
+                .rules
+                .iter()
+                .copied()
+                .filter(|&i| rules[i as usize].1.lo[f] <= threshold)
+                .collect();
+            let in_right: Vec<u32> = job
+                .rules
+                .iter()
+                .copied()
+                .filter(|&i| rules[i as usize].1.hi[f] > threshold)
+                .collect();
+            let (mut lhi, mut rlo) = (job.hi, job.lo);
+            lhi[f] = threshold;
+            rlo[f] = threshold + 1;
+            stack.push(Job {
+                node: left,
+                rules: in_left,
+                lo: job.lo,
+                hi: lhi,
+            });
+            stack.push(Job {
+                node: right,
+                rules: in_right,
+                lo: rlo,
+                hi: job.hi,
+            });
+        }
+        t.covering.sort_unstable();
+        t.covering.dedup();
+        Some(t)
+    }
+
+    #[inline]
+    fn lookup(&self, k: &Key, dead: &[u64]) -> Option<u32> {
+        let mut n = 0usize;
+        loop {
+            match self.nodes[n] {
+                Node::Split {
+                    field,
+                    threshold,
+                    left,
+                    right,
+                } => {
+                    n = if k.0[usize::from(field)] <= threshold {
+                        left as usize
+                    } else {
+                        right as usize
+                    };
+                }
+                Node::Leaf { start, len } => {
+                    let rules = &self.leaf[start as usize..(start + len) as usize];
+                    return rules
+                        .iter()
+                        .find(|(id, r)| {
+                            r.matches(k)
+                                && dead
+                                    .get(*id as usize / 64)
+                                    .is_none_or(|w| w >> (id % 64) & 1 == 0)
+                        })
+                        .map(|(id, _)| *id);
+                }
+            }
+        }
+    }
+}
+
+/// The split that best balances the rules of a region: over every field and every rule
+/// boundary inside the region, the threshold minimising the larger side (then the total,
+/// which counts replication). `None` when no split makes both sides smaller.
+fn best_split(rules: &[(u32, Rule)], job: &Job) -> Option<(u8, u32)> {
+    let n = job.rules.len();
+    let mut best: Option<(usize, usize, u8, u32)> = None;
+    let mut los = Vec::with_capacity(n);
+    let mut his = Vec::with_capacity(n);
+    for f in 0..FIELDS {
+        los.clear();
+        his.clear();
+        for &i in &job.rules {
+            let r = &rules[i as usize].1;
+            los.push(r.lo[f].max(job.lo[f]));
+            his.push(r.hi[f].min(job.hi[f]));
+        }
+        los.sort_unstable();
+        his.sort_unstable();
+        // Candidate thresholds: each rule's upper end inside the region. Rules left of t
+        // are those starting at or below t; right, those ending above t.
+        let mut j = 0;
+        let mut k = 0;
+        let mut last = None;
+        for &t in &his {
+            if t >= job.hi[f] || last == Some(t) {
+                continue;
+            }
+            last = Some(t);
+            while j < n && los[j] <= t {
+                j += 1;
+            }
+            while k < n && his[k] <= t {
+                k += 1;
+            }
+            let (left, right) = (j, n - k);
+            let (worst, total) = (left.max(right), left + right);
+            if worst < n && best.is_none_or(|(w, s, _, _)| (worst, total) < (w, s)) {
+                best = Some((worst, total, f as u8, t));
+            }
+        }
+    }
+    best.map(|(_, _, f, t)| (f, t))
+}
+
+/// A rule's group: which of source, destination, source port and destination port it
+/// leaves wide open.
+fn group(r: &Rule) -> usize {
+    const WIDE: [u32; 4] = [1 << 16, 1 << 16, 1 << 12, 1 << 12];
+    (0..4)
+        .filter(|&f| r.hi[f] - r.lo[f] >= WIDE[f] - 1)
+        .map(|f| 1 << f)
+        .sum()
+}
+
+/// Rules by priority (their index), trees over them, and the updates since they were built.
+#[derive(Debug, Clone, Default)]
+pub struct Classifier {
+    rules: Vec<Option<Rule>>,
+    /// (best priority in the tree, tree), best first.
+    trees: Vec<(u32, Tree)>,
+    /// Sorted ids of rules whose deletion needs a rebuild (see `Tree::covering`).
+    covering: Vec<u32>,
+    /// Bit per rule id: deleted since the tree was built.
+    dead: Vec<u64>,
+    /// Rules inserted since the tree was built, in priority order.
+    added: Vec<(u32, Rule)>,
+}
+
+impl Classifier {
+    /// Builds over `rules`; a rule's priority is its index (0 first).
+    pub fn new(rules: &[Rule]) -> Classifier {
+        let mut c = Classifier {
+            rules: rules.iter().copied().map(Some).collect(),
+            ..Classifier::default()
+        };
+        c.rebuild();
+        c
+    }
+
+    /// Folds every update into new trees.
+    pub fn rebuild(&mut self) {
+        let mut groups: Vec<Vec<(u32, Rule)>> = vec![Vec::new(); 16];
+        for (i, r) in self.rules.iter().enumerate() {
+            if let Some(r) = r {
+                groups[group(r)].push((i as u32, *r));
+            }
+        }
+        // One tree per group, then merge groups while the merged tree stays small: fewer
+        // trees make faster lookups, as long as rules are not copied much more.
+        let mut parts: Vec<(Vec<(u32, Rule)>, Tree)> = groups
+            .into_iter()
+            .filter(|g| !g.is_empty())
+            .filter_map(|g| Tree::build(&g, usize::MAX).map(|t| (g, t)))
+            .collect();
+        parts.sort_by_key(|(g, _)| std::cmp::Reverse(g.len()));
+        let mut merged: Vec<(Vec<(u32, Rule)>, Tree)> = Vec::new();
+        for (g, t) in parts {
+            let target = merged.iter().enumerate().find_map(|(i, (mg, mt))| {
+                let budget = (mt.leaf.len() + t.leaf.len()) * 3 / 2;
+                let mut all: Vec<(u32, Rule)> = mg.iter().chain(&g).copied().collect();
+                all.sort_unstable_by_key(|(id, _)| *id);
+                Tree::build(&all, budget).map(|tree| (i, all, tree))
+            });
+            match target {
+                Some((i, all, tree)) => merged[i] = (all, tree),
+                None => merged.push((g, t)),
+            }
+        }
+        self.trees = merged.into_iter().map(|(g, t)| (g[0].0, t)).collect();
+        self.trees.sort_by_key(|(best, _)| *best);
+        self.covering = self
+            .trees
+            .iter()
+            .flat_map(|(_, t)| t.covering.iter().copied())
+            .collect();
+        self.covering.sort_unstable();
+        self.dead = vec![0; self.rules.len().div_ceil(64)];
+        self.added.clear();
+    }
+
+    /// Number of live rules.
+    pub fn len(&self) -> usize {
+        self.rules.iter().filter(|r| r.is_some()).count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Updates waiting for [`Classifier::rebuild`].
+    pub fn pending_updates(&self) -> usize {
+        self.added.len()
+            + self
+                .dead
+                .iter()
+                .map(|w| w.count_ones() as usize)
+                .sum::<usize>()
+    }
+
+    /// Bytes of lookup structure.
+    pub fn memory_bytes(&self) -> usize {
+        let trees: usize = self
+            .trees
+            .iter()
+            .map(|(_, t)| {
+                t.nodes.len() * size_of::<Node>() + t.leaf.len() * size_of::<(u32, Rule)>()
+            })
+            .sum();
+        trees + self.dead.len() * 8
+    }
+
+    /// Sets the rule of priority `id` (replacing any).
+    pub fn insert(&mut self, id: u32, rule: Rule) {
+        let i = id as usize;
+        if i >= self.rules.len() {
+            self.rules.resize(i + 1, None);
+        }
+        self.remove(id);
+        self.rules[i] = Some(rule);
+        let at = self.added.partition_point(|(p, _)| *p < id);
+        self.added.insert(at, (id, rule));
+    }
+
+    /// Removes the rule of priority `id`; false if there was none.
+    pub fn remove(&mut self, id: u32) -> bool {
+        let i = id as usize;
+        if self.rules.get(i).copied().flatten().is_none() {
+            return false;
+        }
+        self.rules[i] = None;
+        if let Some(at) = self.added.iter().position(|(p, _)| *p == id) {
+            self.added.remove(at);
+        } else if self.covering.binary_search(&id).is_ok() {
+            // Rules it hides are missing from the leaves: only a rebuild brings them back.
+            self.rebuild();
+        } else if let Some(w) = self.dead.get_mut(i / 64) {
+            *w |= 1 << (i % 64);
+        }
+        true
+    }
+
+    /// Rules whose deletion forces a rebuild.
+    pub fn covering_rules(&self) -> usize {
+        self.covering.len()
+    }
+
+    /// Number of trees (rule groups).
+    pub fn trees(&self) -> usize {
+        self.trees.len()
+    }
+
+    /// The priority (index) of the first rule that matches.
+    #[inline]
+    pub fn classify(&self, k: &Key) -> Option<u32> {
+        let mut found: Option<u32> = None;
+        for (best, tree) in &self.trees {
+            if found.is_some_and(|f| f < *best) {
+                break;
+            }
+            if let Some(id) = tree.lookup(k, &self.dead) {
+                found = Some(found.map_or(id, |f| f.min(id)));
+            }
+        }
+        let added = self
+            .added
+            .iter()
+            .find(|(_, r)| r.matches(k))
+            .map(|(id, _)| *id);
+        match (found, added) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Classifies a batch of keys; `out[i]` is the answer for `keys[i]`.
+    pub fn classify_batch(&self, keys: &[Key], out: &mut [Option<u32>]) {
+        for (k, o) in keys.iter().zip(out.iter_mut()) {
+            *o = self.classify(k);
+        }
+    }
+}
+
+/// Reads a ClassBench rule file; errors name the file and line.
+pub fn load_rules(path: &std::path::Path) -> Result<Vec<Rule>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(n, l)| {
+            crate::lang::classbench::parse_line(l)
+                .map(|r| Rule::from(&r))
+                .map_err(|e| format!("{}:{}: {e}", path.display(), n + 1))
+        })
+        .collect()
+}
+
+/// Reads a trace: one packet a line, `SRC DST SPORT DPORT PROTO` as integers (decimal or
+/// 0x-hexadecimal), as `dpdk-test-acl` reads them.
+pub fn load_trace(path: &std::path::Path) -> Result<Vec<Key>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(n, l)| {
+            let bad = || {
+                format!(
+                    "{}:{}: expected `SRC DST SPORT DPORT PROTO`",
+                    path.display(),
+                    n + 1
+                )
+            };
+            let v: Vec<u32> = l
+                .split_whitespace()
+                .map(|w| {
+                    crate::lang::value::integer(w)
+                        .and_then(|v| u32::try_from(v).ok())
+                        .ok_or_else(bad)
+                })
+                .collect::<Result<_, _>>()?;
+            match v[..] {
+                [s, d, sp, dp, p] if sp <= 65535 && dp <= 65535 && p <= 255 => {
+                    Ok(Key([s, d, sp, dp, p]))
+                }
+                _ => Err(bad()),
+            }
+        })
+        .collect()
+}
+
+/// A small deterministic generator (SplitMix64), so traces are reproducible from a seed.
+#[derive(Debug, Clone)]
+pub struct SplitMix(pub u64);
+
+impl SplitMix {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `lo..=hi`.
+    pub fn range(&mut self, lo: u32, hi: u32) -> u32 {
+        let span = u64::from(hi - lo) + 1;
+        lo + (self.next_u64() % span) as u32
+    }
+}
+
+/// `count` packets: nine in ten drawn inside a random rule's ranges, the rest uniform.
+pub fn gen_trace(rules: &[Rule], count: usize, seed: u64) -> Vec<Key> {
+    let mut rng = SplitMix(seed);
+    (0..count)
+        .map(|_| {
+            if rules.is_empty() || rng.next_u64() % 10 == 0 {
+                let max = [u32::MAX, u32::MAX, 65535, 65535, 255];
+                Key(std::array::from_fn(|f| rng.range(0, max[f])))
+            } else {
+                let r = &rules[(rng.next_u64() % rules.len() as u64) as usize];
+                let mut k = Key(std::array::from_fn(|f| rng.range(r.lo[f], r.hi[f])));
+                if r.proto.1 != 0xff {
+                    k.0[4] = u32::from(r.proto.0) | (rng.range(0, 255) as u8 & !r.proto.1) as u32;
+                }
+                k
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn linear(rules: &[Option<Rule>], k: &Key) -> Option<u32> {
+        rules
+            .iter()
+            .position(|r| r.is_some_and(|r| r.matches(k)))
+            .map(|i| i as u32)
+    }
+
+    /// Rules with heavy overlap: nested prefixes, overlapping ranges, wildcards.
+    fn rule() -> impl Strategy<Value = Rule> {
+        let prefix = (
+            0u32..4,
+            prop_oneof![Just(0u8), Just(8), Just(16), Just(24), Just(30), Just(32)],
+        )
+            .prop_map(|(a, len)| {
+                let (lo, hi) = prefix_range(0x0a00_0000 | (a << 8) | a, len);
+                (lo, hi)
+            });
+        let ports = prop_oneof![
+            Just((0u32, 65535u32)),
+            (0u32..100, 0u32..100).prop_map(|(a, b)| (a.min(b), a.max(b))),
+            (0u32..100).prop_map(|p| (p, p))
+        ];
+        let proto = prop_oneof![Just((0u8, 0u8)), Just((6, 0xff)), Just((17, 0xff))];
+        (prefix.clone(), prefix, ports.clone(), ports, proto).prop_map(
+            |(s, d, sp, dp, (pv, pm))| {
+                let (p0, p1) = if pm == 0xff {
+                    (u32::from(pv), u32::from(pv))
+                } else {
+                    (0, 255)
+                };
+                Rule {
+                    lo: [s.0, d.0, sp.0, dp.0, p0],
+                    hi: [s.1, d.1, sp.1, dp.1, p1],
+                    proto: (pv, pm),
+                }
+            },
+        )
+    }
+
+    fn key() -> impl Strategy<Value = Key> {
+        (
+            0u32..4,
+            0u32..4,
+            0u16..110,
+            0u16..110,
+            prop_oneof![Just(6u8), Just(17), Just(1)],
+        )
+            .prop_map(|(s, d, sp, dp, p)| {
+                Key::new(
+                    0x0a00_0000 | (s << 8) | s,
+                    0x0a00_0000 | (d << 8) | d,
+                    sp,
+                    dp,
+                    p,
+                )
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn agrees_with_a_linear_scan(rules in proptest::collection::vec(rule(), 0..120), keys in proptest::collection::vec(key(), 1..60)) {
+            let c = Classifier::new(&rules);
+            let all: Vec<Option<Rule>> = rules.iter().copied().map(Some).collect();
+            for k in &keys {
+                prop_assert_eq!(c.classify(k), linear(&all, k));
+            }
+        }
+
+        #[test]
+        fn agrees_after_inserts_and_deletes(
+            rules in proptest::collection::vec(rule(), 0..80),
+            updates in proptest::collection::vec((any::<bool>(), 0u32..100, rule()), 0..80),
+            keys in proptest::collection::vec(key(), 1..40),
+        ) {
+            let mut c = Classifier::new(&rules);
+            let mut model: Vec<Option<Rule>> = rules.iter().copied().map(Some).collect();
+            for (i, (insert, id, r)) in updates.into_iter().enumerate() {
+                if insert {
+                    c.insert(id, r);
+                    if model.len() <= id as usize { model.resize(id as usize + 1, None); }
+                    model[id as usize] = Some(r);
+                } else {
+                    let had = model.get(id as usize).copied().flatten().is_some();
+                    prop_assert_eq!(c.remove(id), had);
+                    if had { model[id as usize] = None; }
+                }
+                if i % 17 == 16 {
+                    c.rebuild();
+                }
+                for k in &keys {
+                    prop_assert_eq!(c.classify(k), linear(&model, k));
+                }
+            }
+        }
+    }
+}
