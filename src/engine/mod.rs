@@ -23,7 +23,9 @@ use crate::ir::{self, Action, PipeBody, PipeId, PortId, ServiceId};
 use field::PacketState;
 use meter::MeterState;
 use parse::{Meta, TunnelPorts};
-use table::{ExactTable, LinearScan, LpmTable, PacketView, RuleClassifier};
+use table::{
+    ExactTable, FiveTuple, LinearScan, LpmTable, PacketView, RuleClassifier, FIVE_TUPLE_MIN_RULES,
+};
 
 macro_rules! drop_reasons {
     ($($variant:ident => $name:literal, $doc:literal;)*) => {
@@ -221,7 +223,15 @@ impl Engine {
         for pipe in &p.pipes {
             let (body, entries): (Body, Vec<Box<[Op]>>) = match &pipe.body {
                 PipeBody::Rules(rules) => (
-                    Body::Rules(Box::new(LinearScan::new(rules))),
+                    Body::Rules(
+                        match (rules.len() >= FIVE_TUPLE_MIN_RULES)
+                            .then(|| FiveTuple::new(rules))
+                            .flatten()
+                        {
+                            Some(c) => Box::new(c),
+                            None => Box::new(LinearScan::new(rules)),
+                        },
+                    ),
                     rules.iter().map(|r| compile_list(&r.actions)).collect(),
                 ),
                 PipeBody::Exact { fields, entries } => (

@@ -184,3 +184,92 @@ impl LpmTable {
             .find_map(|(_, mask, m)| m.get(&(v & mask)).copied())
     }
 }
+
+/// Rule pipes over the IPv4 5-tuple use the firewall's classifier; other packets (IPv6,
+/// non-IP) fall back to the scan, which gives the same answers for them.
+#[derive(Debug)]
+pub struct FiveTuple {
+    acl: crate::firewall::acl::Classifier,
+    fallback: LinearScan,
+}
+
+/// Pipes with fewer rules than this keep the plain scan.
+pub const FIVE_TUPLE_MIN_RULES: usize = 64;
+
+/// A port value no rule range contains: packets without L4 ports match only rules that
+/// leave the ports open (as `l4.src`/`l4.dst` never match such packets).
+const NO_PORT: u32 = 65536;
+
+impl FiveTuple {
+    /// The classifier for `rules`, when every match is on an IPv4 address, `ip.proto`
+    /// (exact or wildcard) or an `l4` port, outer headers only.
+    pub fn new(rules: &[Rule]) -> Option<FiveTuple> {
+        use crate::firewall::acl;
+        let mut out = Vec::with_capacity(rules.len());
+        for r in rules {
+            let mut a = acl::Rule {
+                lo: [0; 5],
+                hi: [u32::MAX, u32::MAX, u32::MAX, u32::MAX, 255],
+                proto: (0, 0),
+            };
+            for m in &r.matches {
+                if m.field.inner {
+                    return None;
+                }
+                let (lo, hi) = match m.pattern {
+                    Pattern::Range { lo, hi } => (lo, hi),
+                    Pattern::Masked { value, mask } => {
+                        let host = !mask & m.field.kind().full_mask();
+                        if host & host.wrapping_add(1) != 0 {
+                            return None;
+                        }
+                        (value, value | host)
+                    }
+                    Pattern::Any(_) => return None,
+                };
+                let f = match m.field.id {
+                    FieldId::Ipv4Src => 0,
+                    FieldId::Ipv4Dst => 1,
+                    FieldId::L4Src => 2,
+                    FieldId::L4Dst => 3,
+                    FieldId::IpProto if lo == hi => {
+                        a.proto = (lo as u8, 0xff);
+                        4
+                    }
+                    _ => return None,
+                };
+                a.lo[f] = lo as u32;
+                a.hi[f] = hi as u32;
+            }
+            out.push(a);
+        }
+        Some(FiveTuple {
+            acl: acl::Classifier::new(&out),
+            fallback: LinearScan::new(rules),
+        })
+    }
+}
+
+impl RuleClassifier for FiveTuple {
+    fn classify(&self, pkt: &PacketView<'_>) -> Option<usize> {
+        let l = &pkt.meta.outer;
+        if l.l3_kind != super::parse::L3::V4 {
+            return self.fallback.classify(pkt);
+        }
+        let v = |f: FieldId| {
+            pkt.field(Field {
+                id: f,
+                inner: false,
+            })
+        };
+        let port = |f| v(f).map_or(NO_PORT, |p| p as u32);
+        let key = crate::firewall::acl::Key([
+            v(FieldId::Ipv4Src).unwrap_or(0) as u32,
+            v(FieldId::Ipv4Dst).unwrap_or(0) as u32,
+            port(FieldId::L4Src),
+            port(FieldId::L4Dst),
+            v(FieldId::IpProto).unwrap_or(0) as u32,
+        ]);
+        self.acl.classify(&key).map(|i| i as usize)
+    }
+}
