@@ -83,6 +83,9 @@ impl From<&ClassBenchRule> for Rule {
     }
 }
 
+/// Inserted rules kept beside the trees (checked linearly) before a rebuild folds them in.
+const MAX_ADDED: usize = 256;
+
 /// Rules a leaf may hold before the builder tries to split it.
 const LEAF_RULES: usize = 8;
 
@@ -106,9 +109,9 @@ struct Tree {
     nodes: Vec<Node>,
     /// (rule id, rule) for every leaf, leaves back to back.
     leaf: Vec<(u32, Rule)>,
-    /// Rule ids that cover a whole region of the tree, hiding the rules after them there:
-    /// deleting one of these needs a rebuild (the hidden rules are not in the leaves).
-    covering: Vec<u32>,
+    /// (covering rule, hidden rule) pairs: a rule that covers a whole region of the tree
+    /// hides the rules after it there, which are then missing from that region's leaf.
+    covering: Vec<(u32, u32)>,
 }
 
 struct Job {
@@ -141,9 +144,12 @@ impl Tree {
                 .iter()
                 .position(|&i| rules[i as usize].1.covers(&job.lo, &job.hi))
             {
-                if p + 1 < job.rules.len() {
-                    t.covering.push(rules[job.rules[p] as usize].0);
-                }
+                let cover = rules[job.rules[p] as usize].0;
+                t.covering.extend(
+                    job.rules[p + 1..]
+                        .iter()
+                        .map(|&h| (cover, rules[h as usize].0)),
+                );
                 job.rules.truncate(p + 1);
             }
             let split = if job.rules.len() > LEAF_RULES {
@@ -300,8 +306,10 @@ pub struct Classifier {
     rules: Vec<Option<Rule>>,
     /// (best priority in the tree, tree), best first.
     trees: Vec<(u32, Tree)>,
-    /// Sorted ids of rules whose deletion needs a rebuild (see `Tree::covering`).
-    covering: Vec<u32>,
+    /// Sorted (covering rule, hidden rule) pairs of every tree (see `Tree::covering`).
+    covering: Vec<(u32, u32)>,
+    /// The rules as the trees were built over them, by id.
+    built: Vec<Option<Rule>>,
     /// Bit per rule id: deleted since the tree was built.
     dead: Vec<u64>,
     /// Rules inserted since the tree was built, in priority order.
@@ -357,6 +365,7 @@ impl Classifier {
             .collect();
         self.covering.sort_unstable();
         self.dead = vec![0; self.rules.len().div_ceil(64)];
+        self.built = self.rules.clone();
         self.added.clear();
     }
 
@@ -391,7 +400,9 @@ impl Classifier {
         trees + self.dead.len() * 8
     }
 
-    /// Sets the rule of priority `id` (replacing any).
+    /// Sets the rule of priority `id` (replacing any). A rule the trees already hold
+    /// (deleted, now back) is revived in place; others wait in a list beside the trees,
+    /// folded in by a rebuild once it grows past `MAX_ADDED`.
     pub fn insert(&mut self, id: u32, rule: Rule) {
         let i = id as usize;
         if i >= self.rules.len() {
@@ -399,8 +410,15 @@ impl Classifier {
         }
         self.remove(id);
         self.rules[i] = Some(rule);
+        if self.built.get(i).copied().flatten() == Some(rule) {
+            self.dead[i / 64] &= !(1 << (i % 64));
+            return;
+        }
         let at = self.added.partition_point(|(p, _)| *p < id);
         self.added.insert(at, (id, rule));
+        if self.added.len() > MAX_ADDED {
+            self.rebuild();
+        }
     }
 
     /// Removes the rule of priority `id`; false if there was none.
@@ -412,18 +430,39 @@ impl Classifier {
         self.rules[i] = None;
         if let Some(at) = self.added.iter().position(|(p, _)| *p == id) {
             self.added.remove(at);
-        } else if self.covering.binary_search(&id).is_ok() {
-            // Rules it hides are missing from the leaves: only a rebuild brings them back.
-            self.rebuild();
-        } else if let Some(w) = self.dead.get_mut(i / 64) {
-            *w |= 1 << (i % 64);
+        }
+        // The trees may hold it too (a rule can be both built in and, as a rule another
+        // deleted one hid, copied beside them).
+        if self.built.get(i).copied().flatten().is_some() {
+            self.dead[i / 64] |= 1 << (i % 64);
+            // Rules it hid are missing from some leaves: they join the list beside the
+            // trees (harmless where the trees hold them too: the best priority wins).
+            let from = self.covering.partition_point(|(c, _)| *c < id);
+            let hidden: Vec<u32> = self.covering[from..]
+                .iter()
+                .take_while(|(c, _)| *c == id)
+                .map(|(_, h)| *h)
+                .collect();
+            for h in hidden {
+                if let Some(r) = self.rules[h as usize] {
+                    let at = self.added.partition_point(|(p, _)| *p < h);
+                    if self.added.get(at).is_none_or(|(p, _)| *p != h) {
+                        self.added.insert(at, (h, r));
+                    }
+                }
+            }
+            if self.added.len() > MAX_ADDED {
+                self.rebuild();
+            }
         }
         true
     }
 
-    /// Rules whose deletion forces a rebuild.
+    /// Rules that hide others in some region of the trees.
     pub fn covering_rules(&self) -> usize {
-        self.covering.len()
+        let mut ids: Vec<u32> = self.covering.iter().map(|(c, _)| *c).collect();
+        ids.dedup();
+        ids.len()
     }
 
     /// Number of trees (rule groups).
