@@ -87,28 +87,32 @@ impl From<&ClassBenchRule> for Rule {
 const MAX_ADDED: usize = 256;
 
 /// Rules a leaf may hold before the builder tries to split it.
-const LEAF_RULES: usize = 8;
+const LEAF_RULES: usize = 3;
 
+/// The field index a leaf "splits" on: keys carry a constant zero there.
+const LEAF_FIELD: u8 = FIELDS as u8;
+
+/// A tree node. An inner node sends `key[field] <= threshold` to `child` and the rest to
+/// `child + 1`. A leaf has `field == LEAF_FIELD`, `threshold == u32::MAX` and `child` equal
+/// to itself, so stepping from a leaf stays there: a batch can descend branch-free, every
+/// key the same number of steps.
 #[derive(Debug, Clone, Copy)]
-enum Node {
-    /// Keys with `key[field] <= threshold` go to `left`, the others to `left + 1`'s
-    /// sibling `right`.
-    Split {
-        field: u8,
-        threshold: u32,
-        left: u32,
-        right: u32,
-    },
-    /// Rules `leaf[start..start + len]`, in priority order.
-    Leaf { start: u32, len: u32 },
+struct Node {
+    threshold: u32,
+    child: u32,
+    field: u8,
 }
 
 /// A built decision tree over a fixed set of rules.
 #[derive(Debug, Clone, Default)]
 struct Tree {
     nodes: Vec<Node>,
+    /// Per node: the leaf's rules as `leaf[start..start + len]` (unused for inner nodes).
+    spans: Vec<(u32, u32)>,
     /// (rule id, rule) for every leaf, leaves back to back.
     leaf: Vec<(u32, Rule)>,
+    /// Steps from the root to the deepest leaf.
+    depth: usize,
     /// (covering rule, hidden rule) pairs: a rule that covers a whole region of the tree
     /// hides the rules after it there, which are then missing from that region's leaf.
     covering: Vec<(u32, u32)>,
@@ -116,28 +120,41 @@ struct Tree {
 
 struct Job {
     node: usize,
+    depth: usize,
     rules: Vec<u32>,
     lo: [u32; FIELDS],
     hi: [u32; FIELDS],
+}
+
+/// A key widened with the constant field leaves read.
+type WideKey = [u32; FIELDS + 1];
+
+fn widen(k: &Key) -> WideKey {
+    let mut w = [0; FIELDS + 1];
+    w[..FIELDS].copy_from_slice(&k.0);
+    w
 }
 
 impl Tree {
     /// Builds over `rules` (id = priority: lower wins) given in priority order; `None`
     /// when the leaves would hold more than `max_leaf` rule copies.
     fn build(rules: &[(u32, Rule)], max_leaf: usize) -> Option<Tree> {
-        let mut t = Tree {
-            nodes: vec![Node::Leaf { start: 0, len: 0 }],
-            leaf: Vec::new(),
-            covering: Vec::new(),
-        };
+        let mut t = Tree::default();
+        t.nodes.push(Node {
+            threshold: u32::MAX,
+            child: 0,
+            field: LEAF_FIELD,
+        });
         let all: Vec<u32> = (0..rules.len() as u32).collect();
         let mut stack = vec![Job {
             node: 0,
+            depth: 0,
             rules: all,
             lo: [0; FIELDS],
             hi: [u32::MAX, u32::MAX, 65535, 65535, 255],
         }];
         while let Some(mut job) = stack.pop() {
+            t.depth = t.depth.max(job.depth);
             // In this region the first rule that covers it all shadows every later one.
             if let Some(p) = job
                 .rules
@@ -163,21 +180,33 @@ impl Tree {
                     return None;
                 }
                 t.leaf.extend(job.rules.iter().map(|&i| rules[i as usize]));
-                t.nodes[job.node] = Node::Leaf {
-                    start,
-                    len: job.rules.len() as u32,
+                t.nodes[job.node] = Node {
+                    threshold: u32::MAX,
+                    child: job.node as u32,
+                    field: LEAF_FIELD,
                 };
+                if t.spans.len() <= job.node {
+                    t.spans.resize(job.node + 1, (0, 0));
+                }
+                t.spans[job.node] = (start, job.rules.len() as u32);
                 continue;
             };
             let f = usize::from(field);
-            let (left, right) = (t.nodes.len(), t.nodes.len() + 1);
-            t.nodes.push(Node::Leaf { start: 0, len: 0 });
-            t.nodes.push(Node::Leaf { start: 0, len: 0 });
-            t.nodes[job.node] = Node::Split {
-                field,
+            let left = t.nodes.len();
+            t.nodes.push(Node {
+                threshold: u32::MAX,
+                child: left as u32,
+                field: LEAF_FIELD,
+            });
+            t.nodes.push(Node {
+                threshold: u32::MAX,
+                child: left as u32 + 1,
+                field: LEAF_FIELD,
+            });
+            t.nodes[job.node] = Node {
                 threshold,
-                left: left as u32,
-                right: right as u32,
+                child: left as u32,
+                field,
             };
             let in_left: Vec<u32> = job
                 .rules
@@ -196,51 +225,61 @@ impl Tree {
             rlo[f] = threshold + 1;
             stack.push(Job {
                 node: left,
+                depth: job.depth + 1,
                 rules: in_left,
                 lo: job.lo,
                 hi: lhi,
             });
             stack.push(Job {
-                node: right,
+                node: left + 1,
+                depth: job.depth + 1,
                 rules: in_right,
                 lo: rlo,
                 hi: job.hi,
             });
         }
+        t.spans.resize(t.nodes.len(), (0, 0));
         t.covering.sort_unstable();
         t.covering.dedup();
         Some(t)
     }
 
+    /// The first live rule of leaf `node` that matches.
+    #[inline]
+    fn scan(&self, node: usize, k: &Key, dead: &[u64]) -> Option<u32> {
+        let (start, len) = self.spans[node];
+        self.leaf[start as usize..(start + len) as usize]
+            .iter()
+            .find(|(id, r)| {
+                r.matches(k)
+                    && dead
+                        .get(*id as usize / 64)
+                        .is_none_or(|w| w >> (id % 64) & 1 == 0)
+            })
+            .map(|(id, _)| *id)
+    }
+
     #[inline]
     fn lookup(&self, k: &Key, dead: &[u64]) -> Option<u32> {
+        let w = widen(k);
         let mut n = 0usize;
         loop {
-            match self.nodes[n] {
-                Node::Split {
-                    field,
-                    threshold,
-                    left,
-                    right,
-                } => {
-                    n = if k.0[usize::from(field)] <= threshold {
-                        left as usize
-                    } else {
-                        right as usize
-                    };
-                }
-                Node::Leaf { start, len } => {
-                    let rules = &self.leaf[start as usize..(start + len) as usize];
-                    return rules
-                        .iter()
-                        .find(|(id, r)| {
-                            r.matches(k)
-                                && dead
-                                    .get(*id as usize / 64)
-                                    .is_none_or(|w| w >> (id % 64) & 1 == 0)
-                        })
-                        .map(|(id, _)| *id);
-                }
+            let nd = self.nodes[n];
+            if nd.field == LEAF_FIELD {
+                return self.scan(n, k, dead);
+            }
+            n = (nd.child + u32::from(w[usize::from(nd.field)] > nd.threshold)) as usize;
+        }
+    }
+
+    /// Descends every key of a batch in lockstep, branch-free, so the loads of the
+    /// batch's keys overlap; then scans each key's leaf.
+    fn lookup_batch(&self, keys: &[WideKey], nodes: &mut [u32]) {
+        nodes.fill(0);
+        for _ in 0..self.depth {
+            for (n, w) in nodes.iter_mut().zip(keys) {
+                let nd = self.nodes[*n as usize];
+                *n = nd.child + u32::from(w[usize::from(nd.field)] > nd.threshold);
             }
         }
     }
@@ -493,10 +532,39 @@ impl Classifier {
         }
     }
 
-    /// Classifies a batch of keys; `out[i]` is the answer for `keys[i]`.
+    /// Classifies a batch of keys; `out[i]` is the answer for `keys[i]`. The trees are
+    /// descended for the whole batch at once (see `Tree::lookup_batch`).
     pub fn classify_batch(&self, keys: &[Key], out: &mut [Option<u32>]) {
-        for (k, o) in keys.iter().zip(out.iter_mut()) {
-            *o = self.classify(k);
+        const CHUNK: usize = 64;
+        let mut wide = [[0u32; FIELDS + 1]; CHUNK];
+        let mut at = [0u32; CHUNK];
+        for (keys, out) in keys.chunks(CHUNK).zip(out.chunks_mut(CHUNK)) {
+            let n = keys.len();
+            for (w, k) in wide.iter_mut().zip(keys) {
+                *w = widen(k);
+            }
+            out.fill(None);
+            for (best, tree) in &self.trees {
+                if out.iter().all(|o| o.is_some_and(|f| f < *best)) {
+                    break;
+                }
+                tree.lookup_batch(&wide[..n], &mut at[..n]);
+                for i in 0..n {
+                    if out[i].is_some_and(|f| f < *best) {
+                        continue;
+                    }
+                    if let Some(id) = tree.scan(at[i] as usize, &keys[i], &self.dead) {
+                        out[i] = Some(out[i].map_or(id, |f| f.min(id)));
+                    }
+                }
+            }
+            if !self.added.is_empty() {
+                for (k, o) in keys.iter().zip(out.iter_mut()) {
+                    if let Some((id, _)) = self.added.iter().find(|(_, r)| r.matches(k)) {
+                        *o = Some(o.map_or(*id, |f| f.min(*id)));
+                    }
+                }
+            }
         }
     }
 }
@@ -659,6 +727,10 @@ mod tests {
             for k in &keys {
                 prop_assert_eq!(c.classify(k), linear(&all, k));
             }
+            let mut out = vec![None; keys.len()];
+            c.classify_batch(&keys, &mut out);
+            let want: Vec<Option<u32>> = keys.iter().map(|k| linear(&all, k)).collect();
+            prop_assert_eq!(out, want);
         }
 
         #[test]
