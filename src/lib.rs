@@ -15,6 +15,7 @@ pub mod ir;
 pub mod lang;
 pub mod replay;
 pub mod sys;
+pub mod telemetry;
 pub mod trace;
 pub mod traffic;
 pub mod wire;

@@ -48,6 +48,7 @@ pub struct Report {
     pub unwritten: Vec<u64>,
 }
 
+#[derive(Debug)]
 struct Input {
     port: PortId,
     reader: CaptureReader,
@@ -79,6 +80,62 @@ impl Input {
     }
 }
 
+/// Capture inputs merged into one stream in timestamp order (ties go to the input named
+/// first), read ahead one packet per input.
+#[derive(Debug)]
+pub struct Merger {
+    inputs: Vec<Input>,
+}
+
+/// What [`Merger::next`] produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Merged {
+    /// The packet is in the slot.
+    Packet,
+    /// A frame too large for the buffers arrived on this port (the slot holds nothing).
+    Oversize(PortId, usize),
+}
+
+impl Merger {
+    pub fn open(inputs: &[(PortId, PathBuf)]) -> Result<Merger, CaptureError> {
+        let mut v = Vec::new();
+        for (port, path) in inputs {
+            let mut input = Input {
+                port: *port,
+                reader: CaptureReader::open(path)?,
+                next: None,
+                oversize: None,
+            };
+            input.advance(PacketBuf::new(DEFAULT_MAX_FRAME))?;
+            v.push(input);
+        }
+        Ok(Merger { inputs: v })
+    }
+
+    /// Puts the next packet into `slot` (swapping buffers, no copy); `None` at the end.
+    pub fn next(&mut self, slot: &mut PacketBuf) -> Result<Option<Merged>, CaptureError> {
+        let Some(i) = self
+            .inputs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, inp)| inp.next.as_ref().map(|p| (p.ts_ns, i)))
+            .min()
+            .map(|(_, i)| i)
+        else {
+            return Ok(None);
+        };
+        let input = &mut self.inputs[i];
+        let pkt = input.next.take().expect("chosen input has a packet");
+        let spare = std::mem::replace(slot, pkt);
+        let what = match input.oversize.take() {
+            Some(len) => Merged::Oversize(input.port, len),
+            None => Merged::Packet,
+        };
+        input.advance(spare)?;
+        Ok(Some(what))
+    }
+}
+
 /// Replays the inputs through `engine`, `batch` packets at a time.
 pub fn replay<O: Observer>(
     program: &Program,
@@ -87,17 +144,7 @@ pub fn replay<O: Observer>(
     batch: usize,
     obs: &mut O,
 ) -> Result<Report, CaptureError> {
-    let mut inputs = Vec::new();
-    for (port, path) in &bindings.inputs {
-        let mut input = Input {
-            port: *port,
-            reader: CaptureReader::open(path)?,
-            next: None,
-            oversize: None,
-        };
-        input.advance(PacketBuf::new(DEFAULT_MAX_FRAME))?;
-        inputs.push(input);
-    }
+    let mut merger = Merger::open(&bindings.inputs)?;
     let mut writers: Vec<Option<CaptureWriter>> = (0..program.ports.len()).map(|_| None).collect();
     for (port, path) in &bindings.outputs {
         writers[port.index()] = Some(CaptureWriter::create(path)?);
@@ -111,27 +158,12 @@ pub fn replay<O: Observer>(
     loop {
         let mut n = 0;
         while n < batch {
-            // The earliest next packet; ties go to the input named first.
-            let Some(i) = inputs
-                .iter()
-                .enumerate()
-                .filter_map(|(i, inp)| inp.next.as_ref().map(|p| (p.ts_ns, i)))
-                .min()
-                .map(|(_, i)| i)
-            else {
-                break;
-            };
-            let input = &mut inputs[i];
-            let pkt = input.next.take().expect("chosen input has a packet");
-            packets += 1;
-            if let Some(len) = input.oversize.take() {
-                engine.count_oversize(input.port, len);
-                input.advance(pkt)?;
-                continue;
+            match merger.next(&mut slots[n])? {
+                None => break,
+                Some(Merged::Packet) => n += 1,
+                Some(Merged::Oversize(port, len)) => engine.count_oversize(port, len),
             }
-            let spare = std::mem::replace(&mut slots[n], pkt);
-            input.advance(spare)?;
-            n += 1;
+            packets += 1;
         }
         if n == 0 {
             break;

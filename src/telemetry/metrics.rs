@@ -1,0 +1,329 @@
+//! The Prometheus text exposition (format 0.0.4) of a [`Snapshot`].
+//!
+//! Names follow Prometheus conventions: prefix `dpuflow_`, base units, `_total` on
+//! counters. Labels are bounded: ports, pipes, rules (at most `max_rule_series` of them;
+//! the rest are summed under `rule="_other"`), meters, drop reasons. Flow identities (VNIs,
+//! 5-tuples) are never labels: they belong to IPFIX.
+
+use super::{Snapshot, LATENCY_BUCKETS};
+use crate::engine::DropReason;
+use crate::ir::Program;
+use crate::replay::entry_names;
+use prometheus::proto::{
+    Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType,
+};
+use prometheus::{Encoder, TextEncoder};
+
+/// Facts about the process beside the counters.
+#[derive(Debug, Clone)]
+pub struct Info {
+    pub version: String,
+    pub backend: &'static str,
+    /// Seconds it took to check and compile the pipeline.
+    pub load_seconds: f64,
+    /// Connection-table capacity over all workers.
+    pub conntrack_limit: Option<u64>,
+}
+
+struct Families(Vec<MetricFamily>);
+
+fn labels(pairs: &[(&str, &str)]) -> Vec<LabelPair> {
+    pairs
+        .iter()
+        .map(|(k, v)| {
+            let mut l = LabelPair::default();
+            l.set_name((*k).to_owned());
+            l.set_value((*v).to_owned());
+            l
+        })
+        .collect()
+}
+
+impl Families {
+    fn family(&mut self, name: &str, help: &str, kind: MetricType) -> &mut MetricFamily {
+        let mut f = MetricFamily::default();
+        f.set_name(name.to_owned());
+        f.set_help(help.to_owned());
+        f.set_field_type(kind);
+        self.0.push(f);
+        self.0.last_mut().expect("just pushed")
+    }
+
+    fn counter(
+        &mut self,
+        name: &str,
+        help: &str,
+        series: impl IntoIterator<Item = (Vec<LabelPair>, u64)>,
+    ) {
+        let f = self.family(name, help, MetricType::COUNTER);
+        for (l, v) in series {
+            let mut m = Metric::default();
+            m.set_label(l);
+            let mut c = Counter::default();
+            c.set_value(v as f64);
+            m.set_counter(c);
+            f.mut_metric().push(m);
+        }
+    }
+
+    fn gauge(
+        &mut self,
+        name: &str,
+        help: &str,
+        series: impl IntoIterator<Item = (Vec<LabelPair>, f64)>,
+    ) {
+        let f = self.family(name, help, MetricType::GAUGE);
+        for (l, v) in series {
+            let mut m = Metric::default();
+            m.set_label(l);
+            let mut g = Gauge::default();
+            g.set_value(v);
+            m.set_gauge(g);
+            f.mut_metric().push(m);
+        }
+    }
+}
+
+/// Renders the exposition of `snap` for `program`.
+pub fn render(program: &Program, snap: &Snapshot, info: &Info) -> String {
+    let mut fam = Families(Vec::new());
+    let s = &snap.stats;
+    fam.gauge(
+        "dpuflow_build_info",
+        "dpuflow's version and backend; always 1.",
+        [(
+            labels(&[("version", &info.version), ("backend", info.backend)]),
+            1.0,
+        )],
+    );
+    fam.gauge(
+        "dpuflow_pipeline_load_duration_seconds",
+        "Time taken to check and compile the pipeline.",
+        [(labels(&[("pipeline", &program.name)]), info.load_seconds)],
+    );
+    fam.gauge(
+        "dpuflow_pipeline_ports",
+        "Ports of the pipeline.",
+        [(
+            labels(&[("pipeline", &program.name)]),
+            program.ports.len() as f64,
+        )],
+    );
+    fam.gauge(
+        "dpuflow_pipeline_pipes",
+        "Pipes of the pipeline.",
+        [(
+            labels(&[("pipeline", &program.name)]),
+            program.pipes.len() as f64,
+        )],
+    );
+    fam.gauge(
+        "dpuflow_pipeline_entries",
+        "Rules and table entries of the pipeline.",
+        [(
+            labels(&[("pipeline", &program.name)]),
+            program.entry_count() as f64,
+        )],
+    );
+
+    let ports: Vec<&str> = program.ports.iter().map(|p| p.name.as_str()).collect();
+    let per_port = |f: &dyn Fn(usize) -> u64| -> Vec<(Vec<LabelPair>, u64)> {
+        ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                (
+                    labels(&[("port", p)]),
+                    if s.ports.is_empty() { 0 } else { f(i) },
+                )
+            })
+            .collect()
+    };
+    fam.counter(
+        "dpuflow_port_received_packets_total",
+        "Packets received on the port.",
+        per_port(&|i| s.ports[i].rx.packets),
+    );
+    fam.counter(
+        "dpuflow_port_received_bytes_total",
+        "Bytes received on the port.",
+        per_port(&|i| s.ports[i].rx.bytes),
+    );
+    fam.counter(
+        "dpuflow_port_transmitted_packets_total",
+        "Packets sent out of the port.",
+        per_port(&|i| s.ports[i].tx.packets),
+    );
+    fam.counter(
+        "dpuflow_port_transmitted_bytes_total",
+        "Bytes sent out of the port.",
+        per_port(&|i| s.ports[i].tx.bytes),
+    );
+    let drops: Vec<(Vec<LabelPair>, u64)> = ports
+        .iter()
+        .enumerate()
+        .flat_map(|(i, p)| {
+            DropReason::ALL.iter().map(move |r| {
+                let n = s.ports.get(i).map_or(0, |ps| ps.drops[*r as usize]);
+                (labels(&[("port", p), ("reason", r.name())]), n)
+            })
+        })
+        .collect();
+    fam.counter(
+        "dpuflow_port_dropped_packets_total",
+        "Packets received on the port and dropped, by reason.",
+        drops,
+    );
+
+    // Rules and table entries, in pipeline order, up to the cap; the rest summed.
+    let cap = program.telemetry.max_rule_series as usize;
+    let (mut rule_packets, mut rule_bytes) = (Vec::new(), Vec::new());
+    let (mut other_packets, mut other_bytes, mut any_other) = (0u64, 0u64, false);
+    let mut n = 0usize;
+    for (pi, pipe) in program.pipes.iter().enumerate() {
+        for (ei, name) in entry_names(pipe).iter().enumerate() {
+            let c = s
+                .entries
+                .get(pi)
+                .and_then(|e| e.get(ei))
+                .copied()
+                .unwrap_or_default();
+            if n < cap {
+                rule_packets.push((labels(&[("pipe", &pipe.name), ("rule", name)]), c.packets));
+                rule_bytes.push((labels(&[("pipe", &pipe.name), ("rule", name)]), c.bytes));
+            } else {
+                any_other = true;
+                other_packets += c.packets;
+                other_bytes += c.bytes;
+            }
+            n += 1;
+        }
+    }
+    if any_other {
+        rule_packets.push((
+            labels(&[("pipe", "_other"), ("rule", "_other")]),
+            other_packets,
+        ));
+        rule_bytes.push((
+            labels(&[("pipe", "_other"), ("rule", "_other")]),
+            other_bytes,
+        ));
+    }
+    fam.counter(
+        "dpuflow_rule_matched_packets_total",
+        "Packets a rule or table entry matched (a pipe's default is rule=\"default\").",
+        rule_packets,
+    );
+    fam.counter(
+        "dpuflow_rule_matched_bytes_total",
+        "Bytes a rule or table entry matched.",
+        rule_bytes,
+    );
+
+    let meters: Vec<(Vec<LabelPair>, u64)> = program
+        .meters
+        .iter()
+        .enumerate()
+        .flat_map(|(i, m)| {
+            ["green", "yellow", "red"]
+                .into_iter()
+                .enumerate()
+                .map(move |(c, color)| {
+                    (
+                        labels(&[("meter", &m.name), ("color", color)]),
+                        s.meters.get(i).map_or(0, |v| v[c]),
+                    )
+                })
+        })
+        .collect();
+    fam.counter(
+        "dpuflow_meter_packets_total",
+        "Packets a meter marked, by colour.",
+        meters,
+    );
+    let services = |f: &dyn Fn(usize) -> u64| -> Vec<(Vec<LabelPair>, u64)> {
+        program
+            .services
+            .iter()
+            .enumerate()
+            .map(|(i, sv)| {
+                (
+                    labels(&[("service", &sv.name)]),
+                    if s.services.is_empty() { 0 } else { f(i) },
+                )
+            })
+            .collect()
+    };
+    fam.counter(
+        "dpuflow_service_queued_packets_total",
+        "Packets handed to a local service.",
+        services(&|i| s.services[i].packets),
+    );
+    fam.counter(
+        "dpuflow_service_queued_bytes_total",
+        "Bytes handed to a local service.",
+        services(&|i| s.services[i].bytes),
+    );
+
+    if let Some(limit) = info.conntrack_limit {
+        let ct = snap.conntrack.unwrap_or_default();
+        fam.gauge(
+            "dpuflow_conntrack_entries",
+            "Connections tracked now.",
+            [(vec![], ct.entries as f64)],
+        );
+        fam.gauge(
+            "dpuflow_conntrack_limit",
+            "Connections the tables can hold.",
+            [(vec![], limit as f64)],
+        );
+        fam.counter(
+            "dpuflow_conntrack_inserts_total",
+            "Connections created.",
+            [(vec![], ct.inserts)],
+        );
+        fam.counter(
+            "dpuflow_conntrack_expirations_total",
+            "Connections removed after their timeout.",
+            [(vec![], ct.expirations)],
+        );
+        fam.counter(
+            "dpuflow_conntrack_full_drops_total",
+            "New connections refused because the table was full.",
+            [(vec![], ct.drops_full)],
+        );
+        fam.counter(
+            "dpuflow_conntrack_invalid_packets_total",
+            "Packets conntrack judged invalid.",
+            [(vec![], ct.invalid)],
+        );
+    }
+
+    let l = &snap.latency;
+    let f = fam.family(
+        "dpuflow_processing_latency_seconds",
+        "Time a packet spends in the engine, sampled a batch at a time.",
+        MetricType::HISTOGRAM,
+    );
+    let mut h = Histogram::default();
+    let mut cumulative = 0;
+    let mut buckets = Vec::new();
+    for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
+        cumulative += l.buckets[i];
+        let mut b = Bucket::default();
+        b.set_upper_bound(*bound);
+        b.set_cumulative_count(cumulative);
+        buckets.push(b);
+    }
+    h.set_bucket(buckets);
+    h.set_sample_count(l.count);
+    h.set_sample_sum(l.sum_seconds);
+    let mut m = Metric::default();
+    m.set_histogram(h);
+    f.mut_metric().push(m);
+
+    let mut out = Vec::new();
+    // Encoding into a Vec cannot fail for well-formed families.
+    let _ = TextEncoder::new().encode(&fam.0, &mut out);
+    String::from_utf8(out).unwrap_or_default()
+}
