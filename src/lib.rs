@@ -7,6 +7,7 @@
 #![deny(unsafe_code)]
 
 pub mod bench;
+pub mod daemon;
 pub mod engine;
 pub mod firewall;
 pub mod graph;

@@ -79,6 +79,47 @@ enum Command {
         #[arg(long, value_name = "N")]
         packet: Option<u64>,
     },
+    /// Run a pipeline as a service: workers process the inputs, metrics are served over
+    /// HTTP, SIGTERM or SIGINT stops it gracefully (in-flight batches finished, outputs
+    /// flushed, exit 0).
+    ///
+    /// Without --loop it runs until the inputs are exhausted and then, with a metrics
+    /// endpoint, keeps serving until signalled. Flags override the pipeline's telemetry block.
+    #[command(
+        after_help = "Example:\n  dpuflow run pipelines/vxlan-gateway.pipe --in host=host.pcap --out uplink=uplink.pcap --metrics 127.0.0.1:9464\n  curl -s 127.0.0.1:9464/metrics"
+    )]
+    Run {
+        /// Pipeline file.
+        pipeline: PathBuf,
+        /// An input capture (pcap or pcapng) received on PORT.
+        #[arg(long = "in", value_name = "PORT=FILE")]
+        inputs: Vec<String>,
+        /// Where packets sent out of PORT are written (pcap).
+        #[arg(long = "out", value_name = "PORT=FILE")]
+        outputs: Vec<String>,
+        /// Address of the Prometheus endpoint (default: the pipeline's `prometheus`, else
+        /// 127.0.0.1:9464).
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<std::net::SocketAddr>,
+        /// IPFIX collector address.
+        #[arg(long, value_name = "ADDR")]
+        ipfix: Option<std::net::SocketAddr>,
+        /// Worker threads (default: one per core).
+        #[arg(long)]
+        workers: Option<usize>,
+        /// Read at most this many packets per second.
+        #[arg(long, value_name = "PPS")]
+        rate: Option<u64>,
+        /// Read the inputs over and over.
+        #[arg(long = "loop")]
+        looping: bool,
+        /// Packets per batch.
+        #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=1024))]
+        batch: u16,
+        /// Log lines as plain text or JSON (on stderr).
+        #[arg(long, value_enum, default_value_t = LogFormat::Plain)]
+        log_format: LogFormat,
+    },
     /// The firewall's rule classifier: classify traces, benchmark, generate traces.
     Acl {
         #[command(subcommand)]
@@ -163,6 +204,12 @@ enum AclCommand {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Plain,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Format {
     Human,
     Json,
@@ -175,6 +222,31 @@ const EXIT_USAGE: u8 = 2;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Run {
+            pipeline,
+            inputs,
+            outputs,
+            metrics,
+            ipfix,
+            workers,
+            rate,
+            looping,
+            batch,
+            log_format,
+        } => {
+            let opts = RunFlags {
+                inputs,
+                outputs,
+                metrics,
+                ipfix,
+                workers,
+                rate,
+                looping,
+                batch,
+                log_format,
+            };
+            run(&pipeline, opts)
+        }
         Command::Acl { command } => acl(command),
         Command::Check { files, format } => check(&files, format),
         Command::Graph { file } => graph(&file),
@@ -517,6 +589,68 @@ fn acl(command: AclCommand) -> ExitCode {
                 );
             }
             ExitCode::SUCCESS
+        }
+    }
+}
+
+struct RunFlags {
+    inputs: Vec<String>,
+    outputs: Vec<String>,
+    metrics: Option<std::net::SocketAddr>,
+    ipfix: Option<std::net::SocketAddr>,
+    workers: Option<usize>,
+    rate: Option<u64>,
+    looping: bool,
+    batch: u16,
+    log_format: LogFormat,
+}
+
+fn run(path: &Path, f: RunFlags) -> ExitCode {
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    match f.log_format {
+        LogFormat::Plain => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+    let started = std::time::Instant::now();
+    let program = match load(path) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let load_seconds = started.elapsed().as_secs_f64();
+    if f.ipfix.or(program.telemetry.ipfix).is_some() {
+        tracing::error!("IPFIX export is not implemented yet");
+        return ExitCode::from(EXIT_USAGE);
+    }
+    let bindings = match (
+        bind(&program, &f.inputs, "in"),
+        bind(&program, &f.outputs, "out"),
+    ) {
+        (Ok(inputs), Ok(outputs)) => Bindings { inputs, outputs }.with_pipeline_files(&program),
+        (Err(code), _) | (_, Err(code)) => return code,
+    };
+    let default_metrics = std::net::SocketAddr::from(([127, 0, 0, 1], 9464));
+    let opts = dpuflow::daemon::Options {
+        bindings,
+        metrics: Some(
+            f.metrics
+                .or(program.telemetry.prometheus)
+                .unwrap_or(default_metrics),
+        ),
+        workers: f
+            .workers
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        rate: f.rate,
+        looping: f.looping,
+        batch: usize::from(f.batch),
+    };
+    match dpuflow::daemon::run(program, load_seconds, opts) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "dpuflow run failed");
+            ExitCode::from(EXIT_USAGE)
         }
     }
 }

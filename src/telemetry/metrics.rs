@@ -322,8 +322,11 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info) -> String {
     m.set_histogram(h);
     f.mut_metric().push(m);
 
+    // A family without series (no meters, no services) is not valid exposition.
+    fam.0.retain(|f| !f.get_metric().is_empty());
     let mut out = Vec::new();
-    // Encoding into a Vec cannot fail for well-formed families.
-    let _ = TextEncoder::new().encode(&fam.0, &mut out);
+    if let Err(e) = TextEncoder::new().encode(&fam.0, &mut out) {
+        tracing::error!(error = %e, "cannot encode metrics");
+    }
     String::from_utf8(out).unwrap_or_default()
 }
