@@ -1,0 +1,79 @@
+//! The deployment files stay true to the code: every metric the Grafana dashboard queries
+//! exists, and the systemd unit runs commands the binary has.
+
+use dpuflow::lang;
+use dpuflow::telemetry::metrics::{render, Info};
+use dpuflow::telemetry::Snapshot;
+use std::path::Path;
+
+#[test]
+fn every_metric_the_dashboard_queries_exists() {
+    // A pipeline with everything that has metrics: ports, rules, a meter, conntrack.
+    let text = "pipeline all\nport a { driver pcap }\nport b { driver pcap }\nmeter m { rate 100 pps }\n\
+                pipe p root from a { rule r { actions meter m, ct.commit, fwd b } default { actions drop } }\n";
+    let program = lang::check_source("all.pipe", text, Path::new("."))
+        .program
+        .expect("valid");
+    let info = Info {
+        version: "test".into(),
+        backend: "software",
+        load_seconds: 0.0,
+        conntrack_limit: Some(10),
+    };
+    let exposition = render(&program, &Snapshot::default(), &info);
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string("deploy/grafana/dpuflow.json").expect("dashboard"),
+    )
+    .expect("JSON");
+    let mut used = Vec::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().expect("targets") {
+            let expr = target["expr"].as_str().expect("expr");
+            let mut rest = expr;
+            while let Some(at) = rest.find("dpuflow_") {
+                let name: String = rest[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                rest = &rest[at + name.len()..];
+                used.push(name);
+            }
+        }
+    }
+    assert!(used.len() >= 10, "{used:?}");
+    for name in used {
+        assert!(
+            exposition
+                .lines()
+                .any(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} "))),
+            "the dashboard queries {name}, which dpuflow does not export"
+        );
+    }
+}
+
+#[test]
+fn systemd_unit_runs_existing_commands() {
+    let unit = std::fs::read_to_string("deploy/systemd/dpuflow.service").expect("unit");
+    for line in unit.lines().filter(|l| l.starts_with("ExecStart")) {
+        let args: Vec<&str> = line
+            .split_once('=')
+            .expect("=")
+            .1
+            .split_whitespace()
+            .skip(1)
+            .collect();
+        let sub = args[0];
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpuflow"))
+            .args([sub, "--help"])
+            .output()
+            .expect("run");
+        assert!(out.status.success(), "`dpuflow {sub}` does not exist");
+        for flag in args.iter().filter(|a| a.starts_with("--")) {
+            assert!(
+                String::from_utf8_lossy(&out.stdout).contains(*flag),
+                "`dpuflow {sub}` has no {flag}"
+            );
+        }
+    }
+    assert!(unit.contains("NoNewPrivileges=yes") && unit.contains("CapabilityBoundingSet="));
+}

@@ -1,0 +1,311 @@
+//! `dpuflow run` as operators run it: a live scrape checked by promtool and by our own
+//! rules, a real Prometheus server scraping it, a golden exposition, graceful SIGTERM.
+
+mod common;
+use common::*;
+use std::collections::HashSet;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let code = out.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, out.split_once("\r\n\r\n")?.1.to_owned()))
+}
+
+struct Service {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Service {
+    fn start(args: &[&str]) -> Service {
+        let port = free_port();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        let mut all = vec!["run"];
+        all.extend_from_slice(args);
+        let metrics = addr.to_string();
+        all.extend_from_slice(&["--metrics", &metrics]);
+        let child = Command::new(env!("CARGO_BIN_EXE_dpuflow"))
+            .args(&all)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn dpuflow run");
+        let svc = Service { child, addr };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while get(addr, "/readyz").map(|(c, _)| c) != Some(200) {
+            assert!(Instant::now() < deadline, "dpuflow run never became ready");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        svc
+    }
+
+    /// Scrapes until `pred` holds (the workers publish every 100 ms).
+    fn scrape_until(&self, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (code, body) = get(self.addr, "/metrics").expect("scrape");
+            assert_eq!(code, 200);
+            if pred(&body) {
+                return body;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "metrics never reached the expected state:\n{body}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn terminate(mut self) -> i32 {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(s) = self.child.try_wait().expect("wait") {
+                return s.code().unwrap_or(-1);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "dpuflow run did not stop on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const TRAFFIC: &str = r#"
+pkts = []
+for i in range(100):
+    p = Ether(src="02:00:00:00:00:aa", dst="02:00:00:00:00:bb")/IP(src="10.0.0.%d" % (i % 50 + 1), dst="10.1.0.%d" % (i % 7 + 1))/UDP(sport=1000 + i, dport=5001)/Raw(b"x" * 20)
+    p.time = 1000 + i * 0.001; pkts.append(p)
+for i in range(10):
+    p = Ether()/IP(src="10.0.0.1", dst="10.9.0.1")/UDP(sport=1, dport=5001); p.time = 1001 + i * 0.001; pkts.append(p)
+wrpcap("host.pcap", pkts)
+"#;
+
+/// Series names and label sets; each must appear once.
+fn series(body: &str) -> Vec<&str> {
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| l.rsplit_once(' ').expect("sample").0)
+        .collect()
+}
+
+#[test]
+fn live_scrape_passes_promtool_and_our_rules() {
+    let dir = Scratch::new("service-promtool");
+    scapy(&dir.0, TRAFFIC);
+    let svc = Service::start(&[
+        "pipelines/vxlan-gateway.pipe",
+        "--in",
+        &format!("host={}", dir.path("host.pcap")),
+        "--workers",
+        "2",
+    ]);
+    let body =
+        svc.scrape_until(|b| b.contains("dpuflow_port_received_packets_total{port=\"host\"} 110"));
+    // promtool reads the exposition on stdin and prints nothing when it is clean.
+    let mut p = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool is required (Debian package prometheus; scripts/test installs it)");
+    p.stdin
+        .take()
+        .expect("stdin")
+        .write_all(body.as_bytes())
+        .expect("write");
+    let out = p.wait_with_output().expect("promtool");
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // What promtool does not check: no series twice, every histogram ends with +Inf.
+    let all = series(&body);
+    let unique: HashSet<&&str> = all.iter().collect();
+    assert_eq!(unique.len(), all.len(), "a series appears twice");
+    for hist in body
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" histogram"))
+    {
+        assert!(
+            body.contains(&format!("{hist}_bucket{{le=\"+Inf\"}}")),
+            "{hist} has no +Inf bucket"
+        );
+    }
+    for needle in [
+        "dpuflow_port_transmitted_packets_total{port=\"uplink\"} 100",
+        "dpuflow_port_dropped_packets_total{port=\"host\",reason=\"rule\"} 10",
+        "dpuflow_build_info{",
+    ] {
+        assert!(body.contains(needle), "missing {needle}");
+    }
+    assert_eq!(get(svc.addr, "/healthz").map(|(c, _)| c), Some(200));
+    assert_eq!(get(svc.addr, "/nope").map(|(c, _)| c), Some(404));
+    assert_eq!(svc.terminate(), 0);
+}
+
+#[test]
+fn golden_exposition() {
+    let dir = Scratch::new("service-golden");
+    scapy(&dir.0, TRAFFIC);
+    let svc = Service::start(&[
+        "pipelines/vxlan-gateway.pipe",
+        "--in",
+        &format!("host={}", dir.path("host.pcap")),
+        "--workers",
+        "1",
+    ]);
+    let body =
+        svc.scrape_until(|b| b.contains("dpuflow_port_received_packets_total{port=\"host\"} 110"));
+    assert_eq!(svc.terminate(), 0);
+    // Times and versions vary from run to run; everything else is fixed by the input.
+    let stable: String = body
+        .lines()
+        .filter(|l| {
+            !l.starts_with("dpuflow_processing_latency_seconds_")
+                && !l.starts_with("dpuflow_pipeline_load_duration_seconds{")
+                && !l.starts_with("dpuflow_build_info{")
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let golden = "tests/data/vxlan-gateway.metrics";
+    if std::env::var_os("DPUFLOW_BLESS").is_some() {
+        std::fs::write(golden, &stable).expect("write golden");
+    }
+    assert_eq!(
+        stable,
+        std::fs::read_to_string(golden).expect("golden file"),
+        "exposition differs from {golden}"
+    );
+}
+
+#[test]
+fn sigterm_during_traffic_exits_cleanly_with_outputs_flushed() {
+    let dir = Scratch::new("service-sigterm");
+    scapy(&dir.0, TRAFFIC);
+    let out = dir.path("uplink.pcap");
+    let svc = Service::start(&[
+        "pipelines/vxlan-gateway.pipe",
+        "--in",
+        &format!("host={}", dir.path("host.pcap")),
+        "--out",
+        &format!("uplink={out}"),
+        "--loop",
+        "--rate",
+        "5000",
+        "--workers",
+        "2",
+    ]);
+    let body = svc.scrape_until(|b| {
+        b.lines().any(|l| {
+            l.starts_with("dpuflow_port_transmitted_packets_total{port=\"uplink\"} ")
+                && !l.ends_with(" 0")
+        })
+    });
+    assert!(body.contains("dpuflow_port_received_packets_total{port=\"host\"}"));
+    assert_eq!(svc.terminate(), 0);
+    // Every frame written is whole, and tshark reads the file to its end.
+    let written = frames(&out);
+    assert!(written.len() > 10, "{} frames", written.len());
+    assert!(written.iter().all(|f| f.len() > 50));
+    assert_tshark_clean(&out);
+}
+
+#[test]
+fn a_real_prometheus_scrapes_it() {
+    let dir = Scratch::new("service-prometheus");
+    scapy(&dir.0, TRAFFIC);
+    let svc = Service::start(&[
+        "pipelines/vxlan-gateway.pipe",
+        "--in",
+        &format!("host={}", dir.path("host.pcap")),
+        "--workers",
+        "2",
+    ]);
+    let prom_port = free_port();
+    let config = dir.path("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: dpuflow\n    static_configs:\n      - targets: ['{}']\n", svc.addr),
+    )
+    .expect("config");
+    let mut prom = Command::new("prometheus")
+        .args([
+            &format!("--config.file={config}"),
+            &format!("--storage.tsdb.path={}", dir.path("tsdb")),
+            &format!("--web.listen-address=127.0.0.1:{prom_port}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("prometheus is required (Debian package prometheus; scripts/test installs it)");
+    let api: SocketAddr = format!("127.0.0.1:{prom_port}").parse().expect("addr");
+    let query = |q: &str| -> Option<String> {
+        let (code, body) = get(api, &format!("/api/v1/query?query={q}"))?;
+        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+        (code == 200)
+            .then(|| {
+                v["data"]["result"][0]["value"][1]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .flatten()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let result = loop {
+        let up = query("up%7Bjob%3D%22dpuflow%22%7D");
+        let rx = query("dpuflow_port_received_packets_total%7Bport%3D%22host%22%7D");
+        if up.as_deref() == Some("1") && rx.as_deref() == Some("110") {
+            break Ok(());
+        }
+        if Instant::now() > deadline {
+            break Err(format!(
+                "up = {up:?}, dpuflow_port_received_packets_total{{port=\"host\"}} = {rx:?}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let _ = prom.kill();
+    let _ = prom.wait();
+    result.expect("Prometheus saw the endpoint");
+    assert_eq!(svc.terminate(), 0);
+}
