@@ -14,11 +14,13 @@ use crate::engine::{Engine, NoObserver, PacketBuf, Verdict, DEFAULT_MAX_FRAME};
 use crate::io::pcap::{CaptureError, CaptureWriter};
 use crate::ir::{PortId, Program};
 use crate::replay::{Bindings, Merged, Merger};
+use crate::telemetry::flows::FlowRecord;
 use crate::telemetry::http::{self, Handler};
+use crate::telemetry::ipfix::Exporter;
 use crate::telemetry::metrics::{self, Info};
 use crate::telemetry::{Latency, Snapshot};
 use crossbeam_channel::{bounded, Receiver, Sender};
-use std::net::{SocketAddr, TcpListener};
+use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -29,6 +31,8 @@ pub struct Options {
     pub bindings: Bindings,
     /// Where to serve `/metrics`; none, no endpoint.
     pub metrics: Option<SocketAddr>,
+    /// IPFIX collector; none, no export.
+    pub ipfix: Option<SocketAddr>,
     pub workers: usize,
     /// Packets per second to read at most (all inputs together).
     pub rate: Option<u64>,
@@ -63,6 +67,12 @@ const PUBLISH_EVERY: Duration = Duration::from_millis(100);
 const LATENCY_SAMPLE: u64 = 64;
 /// Batches in flight between two stages.
 const QUEUE: usize = 8;
+/// Workers look for flow records due every this often.
+const EXPIRE_EVERY: Duration = Duration::from_secs(1);
+/// Largest IPFIX message: fits a 1500-byte path MTU with IPv6 and UDP headers.
+const IPFIX_MESSAGE: usize = 1400;
+/// Flows a worker's cache holds.
+const FLOW_CAPACITY: usize = 1 << 20;
 
 struct Shared {
     program: Program,
@@ -132,6 +142,31 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     }
     tracing::info!(pipeline = %shared.program.name, workers, inputs = opts.bindings.inputs.len(), "running");
 
+    let (flows_tx, flows_rx) = bounded::<Vec<FlowRecord>>(QUEUE * workers);
+    let exporter = match opts.ipfix {
+        Some(collector) => {
+            let socket = UdpSocket::bind(if collector.is_ipv4() {
+                "0.0.0.0:0"
+            } else {
+                "[::]:0"
+            })
+            .and_then(|s| s.connect(collector).map(|()| s))
+            .map_err(|source| RunError::Listen {
+                addr: collector,
+                source,
+            })?;
+            let refresh = shared.program.telemetry.template_refresh.as_secs().max(1);
+            tracing::info!(%collector, "exporting IPFIX");
+            Some(
+                std::thread::Builder::new()
+                    .name("ipfix".into())
+                    .spawn(move || export(&socket, &flows_rx, refresh))
+                    .map_err(|e| RunError::Thread(e.to_string()))?,
+            )
+        }
+        None => None,
+    };
+    let flows_tx = opts.ipfix.map(|_| flows_tx);
     let (recycle_tx, recycle_rx) = bounded::<Vec<PacketBuf>>(QUEUE * workers * 2);
     let (done_tx, done_rx) = bounded::<Vec<PacketBuf>>(QUEUE * workers);
     let mut to_workers = Vec::new();
@@ -139,15 +174,16 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     for w in 0..workers {
         let (tx, rx) = bounded::<Vec<PacketBuf>>(QUEUE);
         to_workers.push(tx);
-        let (shared, done_tx) = (Arc::clone(&shared), done_tx.clone());
+        let (shared, done_tx, flows_tx) = (Arc::clone(&shared), done_tx.clone(), flows_tx.clone());
         handles.push(
             std::thread::Builder::new()
                 .name(format!("worker-{w}"))
-                .spawn(move || worker(w, &shared, &rx, &done_tx))
+                .spawn(move || worker(w, &shared, &rx, &done_tx, flows_tx.as_ref()))
                 .map_err(|e| RunError::Thread(e.to_string()))?,
         );
     }
     drop(done_tx);
+    drop(flows_tx);
     let writer = {
         let recycle_tx = recycle_tx.clone();
         std::thread::Builder::new()
@@ -201,6 +237,12 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     let unwritten = writer
         .join()
         .map_err(|_| RunError::Thread("the writer panicked".into()))??;
+    if let Some(e) = exporter {
+        let sent = e
+            .join()
+            .map_err(|_| RunError::Thread("the IPFIX exporter panicked".into()))?;
+        tracing::info!(records = sent, "IPFIX export done");
+    }
     tracing::info!(packets = read, unwritten, "stopped");
     Ok(())
 }
@@ -297,8 +339,14 @@ fn worker(
     shared: &Shared,
     rx: &Receiver<Vec<PacketBuf>>,
     done: &Sender<Vec<PacketBuf>>,
+    flows: Option<&Sender<Vec<FlowRecord>>>,
 ) {
     let mut engine = Engine::new(&shared.program);
+    let t = &shared.program.telemetry;
+    if flows.is_some() {
+        engine.enable_flows(FLOW_CAPACITY, t.active_timeout, t.idle_timeout);
+    }
+    let (mut last_expire, mut now_ns) = (Instant::now(), 0u64);
     let mut latency = Latency::default();
     let mut last = Instant::now();
     let publish = |engine: &Engine, latency: &Latency| {
@@ -315,6 +363,12 @@ fn worker(
     for (n, mut batch) in rx.iter().enumerate() {
         let timed = (n as u64 % LATENCY_SAMPLE == 0).then(Instant::now);
         engine.process(&mut batch, &mut NoObserver);
+        now_ns = batch
+            .iter()
+            .map(|p| p.ts_ns)
+            .max()
+            .unwrap_or(now_ns)
+            .max(now_ns);
         if let Some(t) = timed {
             latency.observe(
                 t.elapsed().as_secs_f64() / batch.len() as f64,
@@ -328,8 +382,41 @@ fn worker(
             publish(&engine, &latency);
             last = Instant::now();
         }
+        if let Some(tx) = flows.filter(|_| last_expire.elapsed() >= EXPIRE_EVERY) {
+            let mut due = Vec::new();
+            engine.expire_flows(now_ns, false, &mut due);
+            if !due.is_empty() {
+                let _ = tx.send(due);
+            }
+            last_expire = Instant::now();
+        }
     }
     publish(&engine, &latency);
+    if let Some(tx) = flows {
+        let mut rest = Vec::new();
+        engine.expire_flows(now_ns, true, &mut rest);
+        if !rest.is_empty() {
+            let _ = tx.send(rest);
+        }
+    }
+}
+
+/// Sends flow records as IPFIX messages until every worker is done; returns the records sent.
+fn export(socket: &UdpSocket, rx: &Receiver<Vec<FlowRecord>>, template_refresh_s: u64) -> u64 {
+    let mut exporter = Exporter::new(1, IPFIX_MESSAGE, template_refresh_s);
+    let mut sent = 0u64;
+    for records in rx.iter() {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        for msg in exporter.messages(&records, now) {
+            if let Err(e) = socket.send(&msg) {
+                tracing::warn!(error = %e, "IPFIX message not sent");
+            }
+        }
+        sent += records.len() as u64;
+    }
+    sent
 }
 
 fn write_outputs(

@@ -620,10 +620,6 @@ fn run(path: &Path, f: RunFlags) -> ExitCode {
         Err(code) => return code,
     };
     let load_seconds = started.elapsed().as_secs_f64();
-    if f.ipfix.or(program.telemetry.ipfix).is_some() {
-        tracing::error!("IPFIX export is not implemented yet");
-        return ExitCode::from(EXIT_USAGE);
-    }
     let bindings = match (
         bind(&program, &f.inputs, "in"),
         bind(&program, &f.outputs, "out"),
@@ -639,6 +635,7 @@ fn run(path: &Path, f: RunFlags) -> ExitCode {
                 .or(program.telemetry.prometheus)
                 .unwrap_or(default_metrics),
         ),
+        ipfix: f.ipfix.or(program.telemetry.ipfix),
         workers: f
             .workers
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),

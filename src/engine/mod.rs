@@ -20,6 +20,7 @@ pub use packet::{PacketBuf, DEFAULT_MAX_FRAME, HEADROOM};
 
 use crate::firewall::conntrack::{Conntrack, Lookup};
 use crate::ir::{self, Action, PipeBody, PipeId, PortId, ServiceId};
+use crate::telemetry::flows::{FlowCache, FlowKey, FlowRecord};
 use field::PacketState;
 use meter::MeterState;
 use parse::{Meta, TunnelPorts};
@@ -200,6 +201,10 @@ struct Runtime {
     mirrors: Vec<PacketBuf>,
     mirrored: usize,
     ct: Option<Conntrack>,
+    /// Flow cache for IPFIX, when enabled.
+    flows: Option<FlowCache>,
+    /// The current packet's flow key, IP length and TCP flags, taken as it arrived.
+    flow_seen: Option<(FlowKey, u64, u8)>,
 }
 
 impl Engine {
@@ -317,12 +322,32 @@ impl Engine {
                         c.timeouts.clone(),
                     )
                 }),
+                flows: None,
+                flow_seen: None,
             },
         }
     }
 
     pub fn stats(&self) -> &Stats {
         &self.rt.stats
+    }
+
+    /// Keeps a flow cache of every flow seen, for IPFIX export.
+    pub fn enable_flows(
+        &mut self,
+        capacity: usize,
+        active: std::time::Duration,
+        idle: std::time::Duration,
+    ) {
+        let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.rt.flows = Some(FlowCache::new(capacity, ns(active), ns(idle)));
+    }
+
+    /// Moves the flow records due at `now` (all of them with `all`) to `out`.
+    pub fn expire_flows(&mut self, now: u64, all: bool, out: &mut Vec<FlowRecord>) {
+        if let Some(f) = &mut self.rt.flows {
+            f.expire(now, all, out);
+        }
     }
 
     /// The connection table, when the pipeline tracks connections.
@@ -363,6 +388,16 @@ impl Engine {
                 (parse::parse(pkt.data(), &self.tunnels), None)
             };
             let v = self.run(pkt, meta, hint, obs);
+            if let (Some(flows), Some((key, bytes, flags))) =
+                (&mut self.rt.flows, self.rt.flow_seen.take())
+            {
+                let (out, denied) = match v {
+                    Verdict::Forward(p) => (Some(p.0), false),
+                    Verdict::Drop(_) => (None, true),
+                    Verdict::Service(_) => (None, false),
+                };
+                flows.update(key, pkt.ts_ns, bytes, flags, out, denied);
+            }
             let port = pkt.port.index();
             match v {
                 Verdict::Forward(out) => self.rt.stats.ports[out.index()].tx.add(pkt.len()),
@@ -399,6 +434,18 @@ impl Engine {
             Ok(m) => m,
             Err(r) => return Verdict::Drop(r),
         };
+        if self.rt.flows.is_some() {
+            let frame = pkt.data();
+            self.rt.flow_seen = FlowKey::of(frame, &meta, pkt.port.0).map(|k| {
+                let l = &meta.outer;
+                let flags = if l.l4_ok && l.proto == crate::wire::ip_proto::TCP {
+                    frame[usize::from(l.l4) + 13]
+                } else {
+                    0
+                };
+                (k, u64::from(l.l3_end - l.l3), flags)
+            });
+        }
         let mut state = PacketState {
             in_port: pkt.port.0,
             ..PacketState::default()

@@ -5,7 +5,9 @@
 //! packet); a scrape sums the copies and renders them, so counting costs the packet path
 //! nothing.
 
+pub mod flows;
 pub mod http;
+pub mod ipfix;
 pub mod metrics;
 
 use crate::engine::{Counter, Stats};

@@ -1,0 +1,197 @@
+//! The flow cache behind IPFIX export, like VPP's flowprobe: every flow the pipeline sees,
+//! keyed by ingress port, addresses, protocol, transport ports and VNI, with packet and
+//! byte counts since its last export. Time is the packets' own.
+
+use crate::engine::parse::{Meta, L3};
+use crate::wire::{be16, ip_proto};
+use rustc_hash::FxHashMap;
+
+/// What identifies a flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct FlowKey {
+    pub in_port: u16,
+    pub v6: bool,
+    /// IPv4 addresses in the last four bytes.
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    pub proto: u8,
+    pub sport: u16,
+    pub dport: u16,
+    /// The VNI of the tunnel the packet arrived in, if any.
+    pub vni: Option<u32>,
+}
+
+impl FlowKey {
+    /// The key of a parsed packet, from its outer headers; `None` for non-IP packets.
+    pub fn of(frame: &[u8], meta: &Meta, in_port: u16) -> Option<FlowKey> {
+        let l = &meta.outer;
+        let l3 = usize::from(l.l3);
+        let mut k = FlowKey {
+            in_port,
+            proto: l.proto,
+            vni: meta.tunnel.map(|t| t.vni),
+            ..FlowKey::default()
+        };
+        match l.l3_kind {
+            L3::V4 => {
+                k.src[12..].copy_from_slice(&frame[l3 + 12..l3 + 16]);
+                k.dst[12..].copy_from_slice(&frame[l3 + 16..l3 + 20]);
+            }
+            L3::V6 => {
+                k.v6 = true;
+                k.src.copy_from_slice(&frame[l3 + 8..l3 + 24]);
+                k.dst.copy_from_slice(&frame[l3 + 24..l3 + 40]);
+            }
+            L3::None => return None,
+        }
+        if l.l4_ok && matches!(l.proto, ip_proto::TCP | ip_proto::UDP | ip_proto::SCTP) {
+            let l4 = usize::from(l.l4);
+            k.sport = be16(frame, l4);
+            k.dport = be16(frame, l4 + 2);
+        }
+        Some(k)
+    }
+}
+
+/// Why a record was exported (IPFIX flowEndReason, RFC 5102).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum EndReason {
+    Idle = 1,
+    Active = 2,
+    Forced = 4,
+}
+
+/// One exported record: a flow's counts since its previous export.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowRecord {
+    pub key: FlowKey,
+    pub first_ns: u64,
+    pub last_ns: u64,
+    pub packets: u64,
+    /// IP bytes (header and payload), as IPFIX counts octets.
+    pub bytes: u64,
+    pub tcp_flags: u8,
+    /// Port the flow's packets went out of, if any.
+    pub out_port: Option<u16>,
+    /// The pipeline dropped the flow's packets.
+    pub denied: bool,
+    pub reason: EndReason,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    rec: FlowRecord,
+    /// When the current reporting interval began (for the active timeout).
+    since_ns: u64,
+}
+
+/// A worker's flow cache, bounded.
+#[derive(Debug)]
+pub struct FlowCache {
+    map: FxHashMap<FlowKey, Entry>,
+    capacity: usize,
+    active_ns: u64,
+    idle_ns: u64,
+    /// Flows not tracked because the cache was full.
+    pub overflow: u64,
+}
+
+impl FlowCache {
+    pub fn new(capacity: usize, active_ns: u64, idle_ns: u64) -> FlowCache {
+        let mut map = FxHashMap::default();
+        map.reserve(capacity.min(1 << 16));
+        FlowCache {
+            map,
+            capacity,
+            active_ns,
+            idle_ns,
+            overflow: 0,
+        }
+    }
+
+    /// Counts one packet of `key`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub fn update(
+        &mut self,
+        key: FlowKey,
+        now: u64,
+        ip_bytes: u64,
+        tcp_flags: u8,
+        out_port: Option<u16>,
+        denied: bool,
+    ) {
+        let len = self.map.len();
+        if let Some(e) = self.map.get_mut(&key) {
+            let r = &mut e.rec;
+            r.packets += 1;
+            r.bytes += ip_bytes;
+            r.last_ns = r.last_ns.max(now);
+            r.tcp_flags |= tcp_flags;
+            if out_port.is_some() {
+                r.out_port = out_port;
+            }
+            r.denied |= denied;
+            return;
+        }
+        if len >= self.capacity {
+            self.overflow += 1;
+            return;
+        }
+        let rec = FlowRecord {
+            key,
+            first_ns: now,
+            last_ns: now,
+            packets: 1,
+            bytes: ip_bytes,
+            tcp_flags,
+            out_port,
+            denied,
+            reason: EndReason::Forced,
+        };
+        self.map.insert(key, Entry { rec, since_ns: now });
+    }
+
+    /// Moves the records due at `now` to `out`: idle flows (removed) and flows past the
+    /// active timeout (their counts restart). With `all`, every flow (forced end).
+    pub fn expire(&mut self, now: u64, all: bool, out: &mut Vec<FlowRecord>) {
+        let (active, idle) = (self.active_ns, self.idle_ns);
+        self.map.retain(|_, e| {
+            if all {
+                out.push(FlowRecord {
+                    reason: EndReason::Forced,
+                    ..e.rec
+                });
+                return false;
+            }
+            if now.saturating_sub(e.rec.last_ns) >= idle {
+                out.push(FlowRecord {
+                    reason: EndReason::Idle,
+                    ..e.rec
+                });
+                return false;
+            }
+            if now.saturating_sub(e.since_ns) >= active && e.rec.packets > 0 {
+                out.push(FlowRecord {
+                    reason: EndReason::Active,
+                    ..e.rec
+                });
+                e.rec.first_ns = e.rec.last_ns;
+                e.rec.packets = 0;
+                e.rec.bytes = 0;
+                e.rec.tcp_flags = 0;
+                e.since_ns = now;
+            }
+            true
+        });
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
