@@ -26,7 +26,9 @@ impl Report {
 
 /// Runs `packets` packets, cycling through `frames`, received on `port`, `batch` at a
 /// time, after `warmup` untimed packets (which, for instance, fill a connection table).
-/// Each packet is copied into its buffer first, as a receive path would.
+/// Each packet is copied into its buffer first, as a receive path would. With
+/// `telemetry`, the engine keeps the IPFIX flow cache as `dpuflow run --ipfix` does
+/// (counters are always kept), so the two can be compared.
 pub fn run(
     program: &Program,
     port: PortId,
@@ -34,8 +36,13 @@ pub fn run(
     warmup: u64,
     packets: u64,
     batch: usize,
+    telemetry: bool,
 ) -> Report {
     let mut engine = Engine::new(program);
+    if telemetry {
+        let t = &program.telemetry;
+        engine.enable_flows(1 << 20, t.active_timeout, t.idle_timeout);
+    }
     let max = frames.iter().map(Vec::len).max().unwrap_or(64);
     let mut slots: Vec<PacketBuf> = (0..batch.max(1)).map(|_| PacketBuf::new(max)).collect();
     let mut next = 0usize;

@@ -145,6 +145,9 @@ enum Command {
         /// Packets run before timing starts (to fill a connection table, say).
         #[arg(long, default_value_t = 0)]
         warmup: u64,
+        /// Keep the IPFIX flow cache, as `dpuflow run --ipfix` does.
+        #[arg(long)]
+        telemetry: bool,
         /// The port the traffic arrives on; by default the first port that feeds a root pipe.
         #[arg(long)]
         port: Option<String>,
@@ -268,6 +271,7 @@ fn main() -> ExitCode {
             flows,
             packets,
             warmup,
+            telemetry,
             port,
             batch,
         } => bench(
@@ -276,6 +280,7 @@ fn main() -> ExitCode {
             flows,
             packets,
             warmup,
+            telemetry,
             port.as_deref(),
             batch,
         ),
@@ -462,6 +467,7 @@ fn bench(
     flows: u32,
     packets: u64,
     warmup: u64,
+    telemetry: bool,
     port: Option<&str>,
     batch: u16,
 ) -> ExitCode {
@@ -493,7 +499,15 @@ fn bench(
         eprintln!("error: port {} feeds no root pipe", program.port(port).name);
         return ExitCode::from(EXIT_USAGE);
     }
-    let r = dpuflow::bench::run(&program, port, &frames, warmup, packets, usize::from(batch));
+    let r = dpuflow::bench::run(
+        &program,
+        port,
+        &frames,
+        warmup,
+        packets,
+        usize::from(batch),
+        telemetry,
+    );
     println!(
         "pipeline {}, port {}, {} flows, {}-byte frames, batch {batch}",
         program.name,
