@@ -276,13 +276,15 @@ fn main() -> ExitCode {
             batch,
         } => bench(
             &pipeline,
-            size,
-            flows,
-            packets,
-            warmup,
-            telemetry,
-            port.as_deref(),
-            batch,
+            BenchFlags {
+                size,
+                flows,
+                packets,
+                warmup,
+                telemetry,
+                port,
+                batch,
+            },
         ),
     }
 }
@@ -461,16 +463,27 @@ fn trace(path: &Path, inputs: &[String], packet: Option<u64>) -> ExitCode {
     }
 }
 
-fn bench(
-    path: &Path,
+struct BenchFlags {
     size: usize,
     flows: u32,
     packets: u64,
     warmup: u64,
     telemetry: bool,
-    port: Option<&str>,
+    port: Option<String>,
     batch: u16,
-) -> ExitCode {
+}
+
+fn bench(path: &Path, f: BenchFlags) -> ExitCode {
+    let BenchFlags {
+        size,
+        flows,
+        packets,
+        warmup,
+        telemetry,
+        port,
+        batch,
+    } = f;
+    let port = port.as_deref();
     let program = match load(path) {
         Ok(p) => p,
         Err(code) => return code,
