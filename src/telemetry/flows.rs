@@ -4,7 +4,6 @@
 
 use crate::engine::parse::{Meta, L3};
 use crate::wire::{be16, ip_proto};
-use rustc_hash::FxHashMap;
 
 /// What identifies a flow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -96,17 +95,37 @@ pub struct FlowRecord {
     pub reason: EndReason,
 }
 
+/// What every packet of a flow updates: kept apart from the rest (32 bytes), so the cache's
+/// per-packet work touches little memory.
+#[derive(Debug, Clone, Copy, Default)]
+struct Hot {
+    packets: u64,
+    bytes: u64,
+    last_ns: u64,
+    /// Port index the packets went out of, `u16::MAX` for none.
+    out_port: u16,
+    tcp_flags: u8,
+    denied: bool,
+}
+
+/// The rest of a flow, read at export.
 #[derive(Debug, Clone, Copy)]
-struct Entry {
-    rec: FlowRecord,
+struct Cold {
+    key: FlowKey,
+    first_ns: u64,
     /// When the current reporting interval began (for the active timeout).
     since_ns: u64,
 }
 
+const NO_PORT: u16 = u16::MAX;
+
 /// A worker's flow cache, bounded.
 #[derive(Debug)]
 pub struct FlowCache {
-    map: FxHashMap<FlowKey, Entry>,
+    index: std::collections::HashMap<FlowKey, u32, ahash::RandomState>,
+    hot: Vec<Hot>,
+    cold: Vec<Option<Cold>>,
+    free: Vec<u32>,
     capacity: usize,
     active_ns: u64,
     idle_ns: u64,
@@ -116,10 +135,13 @@ pub struct FlowCache {
 
 impl FlowCache {
     pub fn new(capacity: usize, active_ns: u64, idle_ns: u64) -> FlowCache {
-        let mut map = FxHashMap::default();
-        map.reserve(capacity.min(1 << 16));
+        let mut index = std::collections::HashMap::with_hasher(ahash::RandomState::new());
+        index.reserve(capacity.min(1 << 16));
         FlowCache {
-            map,
+            index,
+            hot: Vec::new(),
+            cold: Vec::new(),
+            free: Vec::new(),
             capacity,
             active_ns,
             idle_ns,
@@ -128,7 +150,6 @@ impl FlowCache {
     }
 
     /// Counts one packet of `key`.
-    #[allow(clippy::too_many_arguments)]
     #[inline]
     pub fn update(
         &mut self,
@@ -139,76 +160,101 @@ impl FlowCache {
         out_port: Option<u16>,
         denied: bool,
     ) {
-        let len = self.map.len();
-        if let Some(e) = self.map.get_mut(&key) {
-            let r = &mut e.rec;
-            r.packets += 1;
-            r.bytes += ip_bytes;
-            r.last_ns = r.last_ns.max(now);
-            r.tcp_flags |= tcp_flags;
-            if out_port.is_some() {
-                r.out_port = out_port;
+        let out = out_port.unwrap_or(NO_PORT);
+        if let Some(&i) = self.index.get(&key) {
+            let h = &mut self.hot[i as usize];
+            h.packets += 1;
+            h.bytes += ip_bytes;
+            h.last_ns = h.last_ns.max(now);
+            h.tcp_flags |= tcp_flags;
+            if out != NO_PORT {
+                h.out_port = out;
             }
-            r.denied |= denied;
+            h.denied |= denied;
             return;
         }
-        if len >= self.capacity {
+        if self.index.len() >= self.capacity {
             self.overflow += 1;
             return;
         }
-        let rec = FlowRecord {
-            key,
-            first_ns: now,
-            last_ns: now,
+        let hot = Hot {
             packets: 1,
             bytes: ip_bytes,
+            last_ns: now,
+            out_port: out,
             tcp_flags,
-            out_port,
             denied,
-            reason: EndReason::Forced,
         };
-        self.map.insert(key, Entry { rec, since_ns: now });
+        let cold = Some(Cold {
+            key,
+            first_ns: now,
+            since_ns: now,
+        });
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.hot[i as usize] = hot;
+                self.cold[i as usize] = cold;
+                i
+            }
+            None => {
+                self.hot.push(hot);
+                self.cold.push(cold);
+                (self.hot.len() - 1) as u32
+            }
+        };
+        self.index.insert(key, i);
     }
 
     /// Moves the records due at `now` to `out`: idle flows (removed) and flows past the
     /// active timeout (their counts restart). With `all`, every flow (forced end).
     pub fn expire(&mut self, now: u64, all: bool, out: &mut Vec<FlowRecord>) {
-        let (active, idle) = (self.active_ns, self.idle_ns);
-        self.map.retain(|_, e| {
-            if all {
-                out.push(FlowRecord {
-                    reason: EndReason::Forced,
-                    ..e.rec
+        for i in 0..self.hot.len() {
+            let Some(c) = self.cold[i] else { continue };
+            let h = self.hot[i];
+            let reason = if all {
+                EndReason::Forced
+            } else if now.saturating_sub(h.last_ns) >= self.idle_ns {
+                EndReason::Idle
+            } else if now.saturating_sub(c.since_ns) >= self.active_ns && h.packets > 0 {
+                EndReason::Active
+            } else {
+                continue;
+            };
+            out.push(FlowRecord {
+                key: c.key,
+                first_ns: c.first_ns,
+                last_ns: h.last_ns,
+                packets: h.packets,
+                bytes: h.bytes,
+                tcp_flags: h.tcp_flags,
+                out_port: (h.out_port != NO_PORT).then_some(h.out_port),
+                denied: h.denied,
+                reason,
+            });
+            if reason == EndReason::Active {
+                self.hot[i] = Hot {
+                    last_ns: h.last_ns,
+                    out_port: h.out_port,
+                    ..Hot::default()
+                };
+                self.cold[i] = Some(Cold {
+                    first_ns: h.last_ns,
+                    since_ns: now,
+                    ..c
                 });
-                return false;
+            } else {
+                self.index.remove(&c.key);
+                self.cold[i] = None;
+                self.free.push(i as u32);
             }
-            if now.saturating_sub(e.rec.last_ns) >= idle {
-                out.push(FlowRecord {
-                    reason: EndReason::Idle,
-                    ..e.rec
-                });
-                return false;
-            }
-            if now.saturating_sub(e.since_ns) >= active && e.rec.packets > 0 {
-                out.push(FlowRecord {
-                    reason: EndReason::Active,
-                    ..e.rec
-                });
-                e.rec.first_ns = e.rec.last_ns;
-                e.rec.packets = 0;
-                e.rec.bytes = 0;
-                e.rec.tcp_flags = 0;
-                e.since_ns = now;
-            }
-            true
-        });
+        }
     }
 
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.index.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.index.is_empty()
     }
 }
