@@ -88,38 +88,7 @@ enum Command {
     #[command(
         after_help = "Example:\n  dpuflow run pipelines/vxlan-gateway.pipe --in host=host.pcap --out uplink=uplink.pcap --metrics 127.0.0.1:9464\n  curl -s 127.0.0.1:9464/metrics"
     )]
-    Run {
-        /// Pipeline file.
-        pipeline: PathBuf,
-        /// An input capture (pcap or pcapng) received on PORT.
-        #[arg(long = "in", value_name = "PORT=FILE")]
-        inputs: Vec<String>,
-        /// Where packets sent out of PORT are written (pcap).
-        #[arg(long = "out", value_name = "PORT=FILE")]
-        outputs: Vec<String>,
-        /// Address of the Prometheus endpoint (default: the pipeline's `prometheus`, else
-        /// 127.0.0.1:9464).
-        #[arg(long, value_name = "ADDR")]
-        metrics: Option<std::net::SocketAddr>,
-        /// IPFIX collector address.
-        #[arg(long, value_name = "ADDR")]
-        ipfix: Option<std::net::SocketAddr>,
-        /// Worker threads (default: one per core).
-        #[arg(long)]
-        workers: Option<usize>,
-        /// Read at most this many packets per second.
-        #[arg(long, value_name = "PPS")]
-        rate: Option<u64>,
-        /// Read the inputs over and over.
-        #[arg(long = "loop")]
-        looping: bool,
-        /// Packets per batch.
-        #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=1024))]
-        batch: u16,
-        /// Log lines as plain text or JSON (on stderr).
-        #[arg(long, value_enum, default_value_t = LogFormat::Plain)]
-        log_format: LogFormat,
-    },
+    Run(RunFlags),
     /// The firewall's rule classifier: classify traces, benchmark, generate traces.
     Acl {
         #[command(subcommand)]
@@ -130,31 +99,7 @@ enum Command {
     #[command(
         after_help = "Example:\n  dpuflow bench pipelines/vxlan-gateway.pipe --port uplink --size 64 --flows 1024 --packets 20000000"
     )]
-    Bench {
-        /// Pipeline file.
-        pipeline: PathBuf,
-        /// Frame size in bytes (at least the headers the entries need).
-        #[arg(long, default_value_t = 64)]
-        size: usize,
-        /// Distinct flows, spread over the root pipe's entries.
-        #[arg(long, default_value_t = 1024)]
-        flows: u32,
-        /// Packets to process.
-        #[arg(long, default_value_t = 10_000_000)]
-        packets: u64,
-        /// Packets run before timing starts (to fill a connection table, say).
-        #[arg(long, default_value_t = 0)]
-        warmup: u64,
-        /// Keep the IPFIX flow cache, as `dpuflow run --ipfix` does.
-        #[arg(long)]
-        telemetry: bool,
-        /// The port the traffic arrives on; by default the first port that feeds a root pipe.
-        #[arg(long)]
-        port: Option<String>,
-        /// Packets per batch.
-        #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=1024))]
-        batch: u16,
-    },
+    Bench(BenchFlags),
 }
 
 /// The firewall's rule classifier on ClassBench rule sets (the files `dpdk-test-acl` reads).
@@ -206,6 +151,69 @@ enum AclCommand {
     },
 }
 
+/// `dpuflow run`'s arguments.
+#[derive(clap::Args, Debug)]
+struct RunFlags {
+    /// Pipeline file.
+    pipeline: PathBuf,
+    /// An input capture (pcap or pcapng) received on PORT.
+    #[arg(long = "in", value_name = "PORT=FILE")]
+    inputs: Vec<String>,
+    /// Where packets sent out of PORT are written (pcap).
+    #[arg(long = "out", value_name = "PORT=FILE")]
+    outputs: Vec<String>,
+    /// Address of the Prometheus endpoint (default: the pipeline's `prometheus`, else
+    /// 127.0.0.1:9464).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
+    /// IPFIX collector address.
+    #[arg(long, value_name = "ADDR")]
+    ipfix: Option<std::net::SocketAddr>,
+    /// Worker threads (default: one per core).
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Read at most this many packets per second.
+    #[arg(long, value_name = "PPS")]
+    rate: Option<u64>,
+    /// Read the inputs over and over.
+    #[arg(long = "loop")]
+    looping: bool,
+    /// Packets per batch.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    batch: u16,
+    /// Log lines as plain text or JSON (on stderr).
+    #[arg(long, value_enum, default_value_t = LogFormat::Plain)]
+    log_format: LogFormat,
+}
+
+/// `dpuflow bench`'s arguments.
+#[derive(clap::Args, Debug)]
+struct BenchFlags {
+    /// Pipeline file.
+    pipeline: PathBuf,
+    /// Frame size in bytes (at least the headers the entries need).
+    #[arg(long, default_value_t = 64)]
+    size: usize,
+    /// Distinct flows, spread over the root pipe's entries.
+    #[arg(long, default_value_t = 1024)]
+    flows: u32,
+    /// Packets to process.
+    #[arg(long, default_value_t = 10_000_000)]
+    packets: u64,
+    /// Packets run before timing starts (to fill a connection table, say).
+    #[arg(long, default_value_t = 0)]
+    warmup: u64,
+    /// Keep the IPFIX flow cache, as `dpuflow run --ipfix` does.
+    #[arg(long)]
+    telemetry: bool,
+    /// The port the traffic arrives on; by default the first port that feeds a root pipe.
+    #[arg(long)]
+    port: Option<String>,
+    /// Packets per batch.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    batch: u16,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum LogFormat {
     Plain,
@@ -225,31 +233,7 @@ const EXIT_USAGE: u8 = 2;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Run {
-            pipeline,
-            inputs,
-            outputs,
-            metrics,
-            ipfix,
-            workers,
-            rate,
-            looping,
-            batch,
-            log_format,
-        } => {
-            let opts = RunFlags {
-                inputs,
-                outputs,
-                metrics,
-                ipfix,
-                workers,
-                rate,
-                looping,
-                batch,
-                log_format,
-            };
-            run(&pipeline, opts)
-        }
+        Command::Run(flags) => run(flags),
         Command::Acl { command } => acl(command),
         Command::Check { files, format } => check(&files, format),
         Command::Graph { file } => graph(&file),
@@ -265,27 +249,7 @@ fn main() -> ExitCode {
             inputs,
             packet,
         } => trace(&pipeline, &inputs, packet),
-        Command::Bench {
-            pipeline,
-            size,
-            flows,
-            packets,
-            warmup,
-            telemetry,
-            port,
-            batch,
-        } => bench(
-            &pipeline,
-            BenchFlags {
-                size,
-                flows,
-                packets,
-                warmup,
-                telemetry,
-                port,
-                batch,
-            },
-        ),
+        Command::Bench(flags) => bench(flags),
     }
 }
 
@@ -463,18 +427,9 @@ fn trace(path: &Path, inputs: &[String], packet: Option<u64>) -> ExitCode {
     }
 }
 
-struct BenchFlags {
-    size: usize,
-    flows: u32,
-    packets: u64,
-    warmup: u64,
-    telemetry: bool,
-    port: Option<String>,
-    batch: u16,
-}
-
-fn bench(path: &Path, f: BenchFlags) -> ExitCode {
+fn bench(f: BenchFlags) -> ExitCode {
     let BenchFlags {
+        pipeline,
         size,
         flows,
         packets,
@@ -483,7 +438,7 @@ fn bench(path: &Path, f: BenchFlags) -> ExitCode {
         port,
         batch,
     } = f;
-    let port = port.as_deref();
+    let (path, port) = (pipeline.as_path(), port.as_deref());
     let program = match load(path) {
         Ok(p) => p,
         Err(code) => return code,
@@ -620,19 +575,8 @@ fn acl(command: AclCommand) -> ExitCode {
     }
 }
 
-struct RunFlags {
-    inputs: Vec<String>,
-    outputs: Vec<String>,
-    metrics: Option<std::net::SocketAddr>,
-    ipfix: Option<std::net::SocketAddr>,
-    workers: Option<usize>,
-    rate: Option<u64>,
-    looping: bool,
-    batch: u16,
-    log_format: LogFormat,
-}
-
-fn run(path: &Path, f: RunFlags) -> ExitCode {
+fn run(f: RunFlags) -> ExitCode {
+    let path = f.pipeline.as_path();
     let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(false)
