@@ -90,45 +90,64 @@ pub fn run(
 pub struct AclReport {
     pub lookups: u64,
     pub elapsed: Duration,
-    /// Rule updates (a delete and an insert each count one) done between batches.
+    /// Rule updates (a delete and an insert count one each) and the time they took.
     pub updates: u64,
+    pub update_time: Duration,
     /// Matches found (a checksum of the work, and a guard against it being optimised away).
     pub matched: u64,
 }
 
-/// Classifies `trace` `rounds` times, `batch` keys at a time, on one core. With
-/// `updates_per_batch`, after each batch that many rules are deleted and inserted again
-/// (a random rule each time), so lookups run while the rule set changes.
+/// Classifies `trace` `rounds` times, `batch` keys at a time, on one core. With `updates`,
+/// a second thread meanwhile deletes and re-inserts random rules (`updates` operations),
+/// and the lookups go on until it is done: the rates are those sustained together.
 pub fn acl(
-    c: &mut crate::firewall::acl::Classifier,
+    c: &crate::firewall::acl::Classifier,
     rules: &[crate::firewall::acl::Rule],
     trace: &[crate::firewall::acl::Key],
     batch: usize,
     rounds: u32,
-    updates_per_batch: usize,
+    updates: u64,
 ) -> AclReport {
+    use std::sync::atomic::{AtomicBool, Ordering};
     let batch = batch.max(1);
-    let mut out = vec![None; batch];
-    let mut rng = crate::firewall::acl::SplitMix(7);
-    let (mut lookups, mut updates, mut matched) = (0u64, 0u64, 0u64);
-    let start = Instant::now();
-    for _ in 0..rounds {
-        for keys in trace.chunks(batch) {
-            c.classify_batch(keys, &mut out[..keys.len()]);
-            matched += out[..keys.len()].iter().filter(|o| o.is_some()).count() as u64;
-            lookups += keys.len() as u64;
-            for _ in 0..updates_per_batch {
-                let id = (rng.next_u64() % rules.len() as u64) as u32;
-                c.remove(id);
-                c.insert(id, rules[id as usize]);
-                updates += 2;
+    let updating = AtomicBool::new(updates > 0);
+    std::thread::scope(|s| {
+        let updater = (updates > 0).then(|| {
+            s.spawn(|| {
+                let mut rng = crate::firewall::acl::SplitMix(7);
+                let start = Instant::now();
+                let mut done = 0u64;
+                while done < updates {
+                    let id = (rng.next_u64() % rules.len() as u64) as u32;
+                    c.remove(id);
+                    c.insert(id, rules[id as usize]);
+                    done += 2;
+                }
+                updating.store(false, Ordering::Relaxed);
+                (done, start.elapsed())
+            })
+        });
+        let mut out = vec![None; batch];
+        let (mut lookups, mut matched, mut round) = (0u64, 0u64, 0u32);
+        let start = Instant::now();
+        while round < rounds || updating.load(Ordering::Relaxed) {
+            for keys in trace.chunks(batch) {
+                c.classify_batch(keys, &mut out[..keys.len()]);
+                matched += out[..keys.len()].iter().filter(|o| o.is_some()).count() as u64;
+                lookups += keys.len() as u64;
             }
+            round += 1;
         }
-    }
-    AclReport {
-        lookups,
-        elapsed: start.elapsed(),
-        updates,
-        matched,
-    }
+        let elapsed = start.elapsed();
+        let (updates, update_time) = updater.map_or((0, Duration::ZERO), |h| {
+            h.join().unwrap_or((0, Duration::ZERO))
+        });
+        AclReport {
+            lookups,
+            elapsed,
+            updates,
+            update_time,
+            matched,
+        }
+    })
 }

@@ -14,6 +14,9 @@
 //! tree; [`Classifier::rebuild`] folds them in.
 
 use crate::lang::classbench::ClassBenchRule;
+use arc_swap::ArcSwap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Fields, in key order: source and destination address, source and destination port,
 /// protocol.
@@ -246,21 +249,16 @@ impl Tree {
 
     /// The first live rule of leaf `node` that matches.
     #[inline]
-    fn scan(&self, node: usize, k: &Key, dead: &[u64]) -> Option<u32> {
+    fn scan(&self, node: usize, k: &Key, dead: &[AtomicU64]) -> Option<u32> {
         let (start, len) = self.spans[node];
         self.leaf[start as usize..(start + len) as usize]
             .iter()
-            .find(|(id, r)| {
-                r.matches(k)
-                    && dead
-                        .get(*id as usize / 64)
-                        .is_none_or(|w| w >> (id % 64) & 1 == 0)
-            })
+            .find(|(id, r)| r.matches(k) && !is_dead(dead, *id))
             .map(|(id, _)| *id)
     }
 
     #[inline]
-    fn lookup(&self, k: &Key, dead: &[u64]) -> Option<u32> {
+    fn lookup(&self, k: &Key, dead: &[AtomicU64]) -> Option<u32> {
         let w = widen(k);
         let mut n = 0usize;
         loop {
@@ -339,78 +337,70 @@ fn group(r: &Rule) -> usize {
         .sum()
 }
 
-/// Rules by priority (their index), trees over them, and the updates since they were built.
-#[derive(Debug, Clone, Default)]
-pub struct Classifier {
-    rules: Vec<Option<Rule>>,
+/// What lookups read, built once per rebuild and shared by every reader.
+#[derive(Debug, Default)]
+struct Built {
     /// (best priority in the tree, tree), best first.
     trees: Vec<(u32, Tree)>,
     /// Sorted (covering rule, hidden rule) pairs of every tree (see `Tree::covering`).
     covering: Vec<(u32, u32)>,
     /// The rules as the trees were built over them, by id.
-    built: Vec<Option<Rule>>,
-    /// Bit per rule id: deleted since the tree was built.
-    dead: Vec<u64>,
-    /// Rules inserted since the tree was built, in priority order.
-    added: Vec<(u32, Rule)>,
+    rules: Vec<Option<Rule>>,
+    /// Bit per rule id: deleted since the trees were built. Writers flip bits with atomic
+    /// operations, so deletions and revivals need no new snapshot.
+    dead: Box<[AtomicU64]>,
+}
+
+/// Rules by priority (their index), trees over them, and the updates since they were
+/// built. Lookups (`&self`, any number of threads) never wait for a writer: they load the
+/// current trees and the list of added rules, each an immutable snapshot swapped
+/// atomically (`ArcSwap`); a deletion or a revival is one atomic bit flip; a new rule
+/// publishes a new copy of the short added list; a rebuild publishes new trees first and
+/// then empties the list, so a reader never misses a rule. Writers take turns on a mutex.
+#[derive(Debug)]
+pub struct Classifier {
+    built: ArcSwap<Built>,
+    added: ArcSwap<Vec<(u32, Rule)>>,
+    /// The current rules by id; its lock orders the writers.
+    rules: Mutex<Vec<Option<Rule>>>,
+}
+
+#[inline]
+fn is_dead(dead: &[AtomicU64], id: u32) -> bool {
+    dead.get(id as usize / 64)
+        .is_some_and(|w| w.load(Ordering::Relaxed) >> (id % 64) & 1 == 1)
 }
 
 impl Classifier {
     /// Builds over `rules`; a rule's priority is its index (0 first).
     pub fn new(rules: &[Rule]) -> Classifier {
-        let mut c = Classifier {
-            rules: rules.iter().copied().map(Some).collect(),
-            ..Classifier::default()
-        };
-        c.rebuild();
-        c
+        let all: Vec<Option<Rule>> = rules.iter().copied().map(Some).collect();
+        Classifier {
+            built: ArcSwap::from_pointee(build(&all)),
+            added: ArcSwap::from_pointee(Vec::new()),
+            rules: Mutex::new(all),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Option<Rule>>> {
+        // A writer that panicked left the rules as they were: carry on with them.
+        self.rules.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Folds every update into new trees.
-    pub fn rebuild(&mut self) {
-        let mut groups: Vec<Vec<(u32, Rule)>> = vec![Vec::new(); 16];
-        for (i, r) in self.rules.iter().enumerate() {
-            if let Some(r) = r {
-                groups[group(r)].push((i as u32, *r));
-            }
-        }
-        // One tree per group, then merge groups while the merged tree stays small: fewer
-        // trees make faster lookups, as long as rules are not copied much more.
-        let mut parts: Vec<(Vec<(u32, Rule)>, Tree)> = groups
-            .into_iter()
-            .filter(|g| !g.is_empty())
-            .filter_map(|g| Tree::build(&g, usize::MAX).map(|t| (g, t)))
-            .collect();
-        parts.sort_by_key(|(g, _)| std::cmp::Reverse(g.len()));
-        let mut merged: Vec<(Vec<(u32, Rule)>, Tree)> = Vec::new();
-        for (g, t) in parts {
-            let target = merged.iter().enumerate().find_map(|(i, (mg, mt))| {
-                let budget = (mt.leaf.len() + t.leaf.len()) * 3 / 2;
-                let mut all: Vec<(u32, Rule)> = mg.iter().chain(&g).copied().collect();
-                all.sort_unstable_by_key(|(id, _)| *id);
-                Tree::build(&all, budget).map(|tree| (i, all, tree))
-            });
-            match target {
-                Some((i, all, tree)) => merged[i] = (all, tree),
-                None => merged.push((g, t)),
-            }
-        }
-        self.trees = merged.into_iter().map(|(g, t)| (g[0].0, t)).collect();
-        self.trees.sort_by_key(|(best, _)| *best);
-        self.covering = self
-            .trees
-            .iter()
-            .flat_map(|(_, t)| t.covering.iter().copied())
-            .collect();
-        self.covering.sort_unstable();
-        self.dead = vec![0; self.rules.len().div_ceil(64)];
-        self.built = self.rules.clone();
-        self.added.clear();
+    pub fn rebuild(&self) {
+        let rules = self.lock();
+        self.rebuild_locked(&rules);
+    }
+
+    fn rebuild_locked(&self, rules: &[Option<Rule>]) {
+        self.built.store(Arc::new(build(rules)));
+        self.added.store(Arc::new(Vec::new()));
     }
 
     /// Number of live rules.
     pub fn len(&self) -> usize {
-        self.rules.iter().filter(|r| r.is_some()).count()
+        self.lock().iter().filter(|r| r.is_some()).count()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -419,79 +409,107 @@ impl Classifier {
 
     /// Updates waiting for [`Classifier::rebuild`].
     pub fn pending_updates(&self) -> usize {
-        self.added.len()
-            + self
-                .dead
-                .iter()
-                .map(|w| w.count_ones() as usize)
-                .sum::<usize>()
+        let dead: usize = self
+            .built
+            .load()
+            .dead
+            .iter()
+            .map(|w| w.load(Ordering::Relaxed).count_ones() as usize)
+            .sum();
+        self.added.load().len() + dead
     }
 
     /// Bytes of lookup structure.
     pub fn memory_bytes(&self) -> usize {
-        let trees: usize = self
+        let b = self.built.load();
+        let trees: usize = b
             .trees
             .iter()
             .map(|(_, t)| {
-                t.nodes.len() * size_of::<Node>() + t.leaf.len() * size_of::<(u32, Rule)>()
+                t.nodes.len() * (size_of::<Node>() + size_of::<(u32, u32)>())
+                    + t.leaf.len() * size_of::<(u32, Rule)>()
             })
             .sum();
-        trees + self.dead.len() * 8
+        trees + b.dead.len() * 8
+    }
+
+    /// Publishes the added list with `f` applied.
+    fn edit_added(&self, f: impl FnOnce(&mut Vec<(u32, Rule)>)) -> usize {
+        let mut list = Vec::clone(&self.added.load());
+        f(&mut list);
+        let n = list.len();
+        self.added.store(Arc::new(list));
+        n
     }
 
     /// Sets the rule of priority `id` (replacing any). A rule the trees already hold
     /// (deleted, now back) is revived in place; others wait in a list beside the trees,
     /// folded in by a rebuild once it grows past `MAX_ADDED`.
-    pub fn insert(&mut self, id: u32, rule: Rule) {
+    pub fn insert(&self, id: u32, rule: Rule) {
+        let mut rules = self.lock();
         let i = id as usize;
-        if i >= self.rules.len() {
-            self.rules.resize(i + 1, None);
+        if i >= rules.len() {
+            rules.resize(i + 1, None);
         }
-        self.remove(id);
-        self.rules[i] = Some(rule);
-        if self.built.get(i).copied().flatten() == Some(rule) {
-            self.dead[i / 64] &= !(1 << (i % 64));
+        self.remove_locked(&mut rules, id);
+        rules[i] = Some(rule);
+        let built = self.built.load();
+        if built.rules.get(i).copied().flatten() == Some(rule) {
+            built.dead[i / 64].fetch_and(!(1 << (i % 64)), Ordering::Relaxed);
             return;
         }
-        let at = self.added.partition_point(|(p, _)| *p < id);
-        self.added.insert(at, (id, rule));
-        if self.added.len() > MAX_ADDED {
-            self.rebuild();
+        let n = self.edit_added(|l| {
+            let at = l.partition_point(|(p, _)| *p < id);
+            l.insert(at, (id, rule));
+        });
+        if n > MAX_ADDED {
+            self.rebuild_locked(&rules);
         }
     }
 
     /// Removes the rule of priority `id`; false if there was none.
-    pub fn remove(&mut self, id: u32) -> bool {
+    pub fn remove(&self, id: u32) -> bool {
+        let mut rules = self.lock();
+        self.remove_locked(&mut rules, id)
+    }
+
+    fn remove_locked(&self, rules: &mut [Option<Rule>], id: u32) -> bool {
         let i = id as usize;
-        if self.rules.get(i).copied().flatten().is_none() {
+        if rules.get(i).copied().flatten().is_none() {
             return false;
         }
-        self.rules[i] = None;
-        if let Some(at) = self.added.iter().position(|(p, _)| *p == id) {
-            self.added.remove(at);
+        rules[i] = None;
+        if self.added.load().iter().any(|(p, _)| *p == id) {
+            self.edit_added(|l| l.retain(|(p, _)| *p != id));
         }
         // The trees may hold it too (a rule can be both built in and, as a rule another
         // deleted one hid, copied beside them).
-        if self.built.get(i).copied().flatten().is_some() {
-            self.dead[i / 64] |= 1 << (i % 64);
+        let built = self.built.load();
+        if built.rules.get(i).copied().flatten().is_some() {
             // Rules it hid are missing from some leaves: they join the list beside the
-            // trees (harmless where the trees hold them too: the best priority wins).
-            let from = self.covering.partition_point(|(c, _)| *c < id);
-            let hidden: Vec<u32> = self.covering[from..]
+            // trees first (harmless where the trees hold them too: the best priority
+            // wins), then the rule dies, so no reader misses them.
+            let from = built.covering.partition_point(|(c, _)| *c < id);
+            let hidden: Vec<(u32, Rule)> = built.covering[from..]
                 .iter()
                 .take_while(|(c, _)| *c == id)
-                .map(|(_, h)| *h)
+                .filter_map(|&(_, h)| rules[h as usize].map(|r| (h, r)))
                 .collect();
-            for h in hidden {
-                if let Some(r) = self.rules[h as usize] {
-                    let at = self.added.partition_point(|(p, _)| *p < h);
-                    if self.added.get(at).is_none_or(|(p, _)| *p != h) {
-                        self.added.insert(at, (h, r));
+            let n = if hidden.is_empty() {
+                0
+            } else {
+                self.edit_added(|l| {
+                    for (h, r) in hidden {
+                        let at = l.partition_point(|(p, _)| *p < h);
+                        if l.get(at).is_none_or(|(p, _)| *p != h) {
+                            l.insert(at, (h, r));
+                        }
                     }
-                }
-            }
-            if self.added.len() > MAX_ADDED {
-                self.rebuild();
+                })
+            };
+            built.dead[i / 64].fetch_or(1 << (i % 64), Ordering::Relaxed);
+            if n > MAX_ADDED {
+                self.rebuild_locked(rules);
             }
         }
         true
@@ -499,34 +517,32 @@ impl Classifier {
 
     /// Rules that hide others in some region of the trees.
     pub fn covering_rules(&self) -> usize {
-        let mut ids: Vec<u32> = self.covering.iter().map(|(c, _)| *c).collect();
+        let mut ids: Vec<u32> = self.built.load().covering.iter().map(|(c, _)| *c).collect();
         ids.dedup();
         ids.len()
     }
 
     /// Number of trees (rule groups).
     pub fn trees(&self) -> usize {
-        self.trees.len()
+        self.built.load().trees.len()
     }
 
     /// The priority (index) of the first rule that matches.
     #[inline]
     pub fn classify(&self, k: &Key) -> Option<u32> {
+        let built = self.built.load();
+        let added = self.added.load();
         let mut found: Option<u32> = None;
-        for (best, tree) in &self.trees {
+        for (best, tree) in &built.trees {
             if found.is_some_and(|f| f < *best) {
                 break;
             }
-            if let Some(id) = tree.lookup(k, &self.dead) {
+            if let Some(id) = tree.lookup(k, &built.dead) {
                 found = Some(found.map_or(id, |f| f.min(id)));
             }
         }
-        let added = self
-            .added
-            .iter()
-            .find(|(_, r)| r.matches(k))
-            .map(|(id, _)| *id);
-        match (found, added) {
+        let extra = added.iter().find(|(_, r)| r.matches(k)).map(|(id, _)| *id);
+        match (found, extra) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
@@ -536,6 +552,8 @@ impl Classifier {
     /// descended for the whole batch at once (see `Tree::lookup_batch`).
     pub fn classify_batch(&self, keys: &[Key], out: &mut [Option<u32>]) {
         const CHUNK: usize = 64;
+        let built = self.built.load();
+        let added = self.added.load();
         let mut wide = [[0u32; FIELDS + 1]; CHUNK];
         let mut at = [0u32; CHUNK];
         for (keys, out) in keys.chunks(CHUNK).zip(out.chunks_mut(CHUNK)) {
@@ -544,7 +562,7 @@ impl Classifier {
                 *w = widen(k);
             }
             out.fill(None);
-            for (best, tree) in &self.trees {
+            for (best, tree) in &built.trees {
                 if out.iter().all(|o| o.is_some_and(|f| f < *best)) {
                     break;
                 }
@@ -553,19 +571,64 @@ impl Classifier {
                     if out[i].is_some_and(|f| f < *best) {
                         continue;
                     }
-                    if let Some(id) = tree.scan(at[i] as usize, &keys[i], &self.dead) {
+                    if let Some(id) = tree.scan(at[i] as usize, &keys[i], &built.dead) {
                         out[i] = Some(out[i].map_or(id, |f| f.min(id)));
                     }
                 }
             }
-            if !self.added.is_empty() {
+            if !added.is_empty() {
                 for (k, o) in keys.iter().zip(out.iter_mut()) {
-                    if let Some((id, _)) = self.added.iter().find(|(_, r)| r.matches(k)) {
+                    if let Some((id, _)) = added.iter().find(|(_, r)| r.matches(k)) {
                         *o = Some(o.map_or(*id, |f| f.min(*id)));
                     }
                 }
             }
         }
+    }
+}
+
+/// Trees over the live `rules`: one per group, then groups merged while the merged tree
+/// stays small (fewer trees make faster lookups, as long as rules are not copied much more).
+fn build(rules: &[Option<Rule>]) -> Built {
+    let mut groups: Vec<Vec<(u32, Rule)>> = vec![Vec::new(); 16];
+    for (i, r) in rules.iter().enumerate() {
+        if let Some(r) = r {
+            groups[group(r)].push((i as u32, *r));
+        }
+    }
+    let mut parts: Vec<(Vec<(u32, Rule)>, Tree)> = groups
+        .into_iter()
+        .filter(|g| !g.is_empty())
+        .filter_map(|g| Tree::build(&g, usize::MAX).map(|t| (g, t)))
+        .collect();
+    parts.sort_by_key(|(g, _)| std::cmp::Reverse(g.len()));
+    let mut merged: Vec<(Vec<(u32, Rule)>, Tree)> = Vec::new();
+    for (g, t) in parts {
+        let target = merged.iter().enumerate().find_map(|(i, (mg, mt))| {
+            let budget = (mt.leaf.len() + t.leaf.len()) * 3 / 2;
+            let mut all: Vec<(u32, Rule)> = mg.iter().chain(&g).copied().collect();
+            all.sort_unstable_by_key(|(id, _)| *id);
+            Tree::build(&all, budget).map(|tree| (i, all, tree))
+        });
+        match target {
+            Some((i, all, tree)) => merged[i] = (all, tree),
+            None => merged.push((g, t)),
+        }
+    }
+    let mut trees: Vec<(u32, Tree)> = merged.into_iter().map(|(g, t)| (g[0].0, t)).collect();
+    trees.sort_by_key(|(best, _)| *best);
+    let mut covering: Vec<(u32, u32)> = trees
+        .iter()
+        .flat_map(|(_, t)| t.covering.iter().copied())
+        .collect();
+    covering.sort_unstable();
+    Built {
+        trees,
+        covering,
+        rules: rules.to_vec(),
+        dead: (0..rules.len().div_ceil(64))
+            .map(|_| AtomicU64::new(0))
+            .collect(),
     }
 }
 
@@ -719,6 +782,51 @@ mod tests {
             })
     }
 
+    /// Readers running while a writer deletes and re-inserts a rule always see the rule
+    /// set either with it or without it.
+    #[test]
+    fn readers_see_consistent_answers_during_updates() {
+        let rules: Vec<Rule> = (0..200u32)
+            .map(|i| {
+                let (s0, s1) = prefix_range(0x0a00_0000 | (i % 7) << 8, 24 - (i % 3) as u8 * 8);
+                Rule {
+                    lo: [s0, 0, 0, i % 50, 0],
+                    hi: [s1, u32::MAX, 65535, 65535, 255],
+                    proto: (0, 0),
+                }
+            })
+            .collect();
+        let c = Classifier::new(&rules);
+        let keys: Vec<Key> = (0..64u32)
+            .map(|i| Key::new(0x0a00_0000 | (i % 7) << 8 | i, 1, 2, (i * 3) as u16, 6))
+            .collect();
+        let all: Vec<Option<Rule>> = rules.iter().copied().map(Some).collect();
+        let toggled = 3u32;
+        let mut without = all.clone();
+        without[toggled as usize] = None;
+        let allowed: Vec<[Option<u32>; 2]> = keys
+            .iter()
+            .map(|k| [linear(&all, k), linear(&without, k)])
+            .collect();
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..20_000 {
+                    c.remove(toggled);
+                    c.insert(toggled, rules[toggled as usize]);
+                }
+                done.store(true, Ordering::Relaxed);
+            });
+            let mut out = vec![None; keys.len()];
+            while !done.load(Ordering::Relaxed) {
+                c.classify_batch(&keys, &mut out);
+                for (o, ok) in out.iter().zip(&allowed) {
+                    assert!(ok.contains(o), "{o:?} not in {ok:?}");
+                }
+            }
+        });
+    }
+
     proptest! {
         #[test]
         fn agrees_with_a_linear_scan(rules in proptest::collection::vec(rule(), 0..120), keys in proptest::collection::vec(key(), 1..60)) {
@@ -739,7 +847,7 @@ mod tests {
             updates in proptest::collection::vec((any::<bool>(), 0u32..100, rule()), 0..80),
             keys in proptest::collection::vec(key(), 1..40),
         ) {
-            let mut c = Classifier::new(&rules);
+            let c = Classifier::new(&rules);
             let mut model: Vec<Option<Rule>> = rules.iter().copied().map(Some).collect();
             for (i, (insert, id, r)) in updates.into_iter().enumerate() {
                 if insert {
