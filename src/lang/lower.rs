@@ -782,13 +782,6 @@ impl Lowerer<'_> {
             }
             Some((list, _)) => list,
         };
-        if p.items
-            .iter()
-            .all(|i| matches!(i, PipeItem::Default { .. }))
-            && miss.is_some()
-        {
-            // A pipe that is only a default is fine: it is an unconditional action list.
-        }
         let body = match table {
             Some((body, _)) => body,
             None => {

@@ -219,6 +219,11 @@ mod tests {
             .messages(&records[..1], 1100)
             .iter()
             .all(|m| u16::from_be_bytes([m[16], m[17]]) != TEMPLATE_SET));
-        assert_eq!(u16::from_be_bytes([e.messages(&[], 1600)[0][16], 0]), 0);
+        // Templates again once the refresh interval has passed.
+        let again = e.messages(&[], 1600);
+        assert_eq!(
+            u16::from_be_bytes([again[0][16], again[0][17]]),
+            TEMPLATE_SET
+        );
     }
 }
