@@ -129,11 +129,12 @@ struct Job {
     hi: [u32; FIELDS],
 }
 
-/// A key widened with the constant field leaves read.
-type WideKey = [u32; FIELDS + 1];
+/// A key widened with the constant field leaves read, to eight so that indexing it with
+/// `field & 7` needs no bounds check.
+type WideKey = [u32; 8];
 
 fn widen(k: &Key) -> WideKey {
-    let mut w = [0; FIELDS + 1];
+    let mut w = [0; 8];
     w[..FIELDS].copy_from_slice(&k.0);
     w
 }
@@ -266,7 +267,7 @@ impl Tree {
             if nd.field == LEAF_FIELD {
                 return self.scan(n, k, dead);
             }
-            n = (nd.child + u32::from(w[usize::from(nd.field)] > nd.threshold)) as usize;
+            n = (nd.child + u32::from(w[usize::from(nd.field) & 7] > nd.threshold)) as usize;
         }
     }
 
@@ -277,7 +278,7 @@ impl Tree {
         for _ in 0..self.depth {
             for (n, w) in nodes.iter_mut().zip(keys) {
                 let nd = self.nodes[*n as usize];
-                *n = nd.child + u32::from(w[usize::from(nd.field)] > nd.threshold);
+                *n = nd.child + u32::from(w[usize::from(nd.field) & 7] > nd.threshold);
             }
         }
     }
@@ -554,7 +555,7 @@ impl Classifier {
         const CHUNK: usize = 64;
         let built = self.built.load();
         let added = self.added.load();
-        let mut wide = [[0u32; FIELDS + 1]; CHUNK];
+        let mut wide = [[0u32; 8]; CHUNK];
         let mut at = [0u32; CHUNK];
         for (keys, out) in keys.chunks(CHUNK).zip(out.chunks_mut(CHUNK)) {
             let n = keys.len();
