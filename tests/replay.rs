@@ -279,6 +279,9 @@ fn every_example_replays_traces_and_benches() {
     let dir = Scratch::new("examples");
     for entry in std::fs::read_dir("pipelines").expect("pipelines") {
         let path = entry.expect("entry").path();
+        if path.extension().is_none_or(|e| e != "pipe") {
+            continue;
+        }
         let pipe = path.display().to_string();
         let text = std::fs::read_to_string(&path).expect("read");
         let ports: Vec<&str> = text
@@ -308,4 +311,22 @@ fn every_example_replays_traces_and_benches() {
             assert_eq!(out.matches("=> ").count(), 2, "{pipe} {port}: {out}");
         }
     }
+}
+
+/// The captures shipped for trying dpuflow out (README) replay as documented.
+#[test]
+fn shipped_captures_replay() {
+    let out = dpuflow_ok(&[
+        "replay",
+        "pipelines/vxlan-gateway.pipe",
+        "--in",
+        "host=pipelines/captures/host.pcap",
+        "--in",
+        "uplink=pipelines/captures/uplink.pcap",
+        "--json",
+    ]);
+    let s = json(&out);
+    assert_eq!(port(&s, "host")["rx_packets"], 200);
+    assert_eq!(port(&s, "uplink")["tx_packets"], 180);
+    assert_eq!(port(&s, "host")["tx_packets"], 45);
 }
