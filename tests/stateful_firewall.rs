@@ -107,3 +107,41 @@ fn stateful_firewall_contract() {
     assert_tshark_clean(&dir.path("to-outside.pcap"));
     assert_tshark_clean(&dir.path("to-inside.pcap"));
 }
+
+/// A connection committed after `vxlan.decap` is keyed on the inner headers (not on the
+/// outer ones the batch was looked at first), so the host's replies find it.
+#[test]
+fn conntrack_after_decap_tracks_the_inner_flow() {
+    let dir = Scratch::new("ct-decap");
+    scapy(
+        &dir.0,
+        r#"
+inner = Ether()/IP(src="10.1.0.5", dst="10.0.0.1")/UDP(sport=5001, dport=3000)/Raw(b"req")
+up = Ether()/IP(src="192.0.2.10", dst="192.0.2.1")/UDP(sport=50000, dport=4789)/VXLAN(vni=100, flags=0x08)/inner
+up.time = 1.0
+reply = Ether()/IP(src="10.0.0.1", dst="10.1.0.5")/UDP(sport=3000, dport=5001)/Raw(b"resp")
+reply.time = 2.0
+stranger = Ether()/IP(src="10.0.0.1", dst="10.1.0.6")/UDP(sport=3000, dport=5001)/Raw(b"no")
+stranger.time = 3.0
+wrpcap("up.pcap", [up]); wrpcap("host.pcap", [reply, stranger])
+"#,
+    );
+    let trace = dpuflow_ok(&[
+        "trace",
+        "tests/data/ct-after-decap.pipe",
+        "--in",
+        &format!("uplink={}", dir.path("up.pcap")),
+        "--in",
+        &format!("host={}", dir.path("host.pcap")),
+    ]);
+    let fates: Vec<&str> = trace
+        .lines()
+        .filter_map(|l| l.strip_prefix("  => "))
+        .map(|l| l.split(',').next().unwrap_or(l))
+        .collect();
+    assert_eq!(
+        fates,
+        ["forwarded to host", "forwarded to uplink", "dropped: rule"],
+        "{trace}"
+    );
+}

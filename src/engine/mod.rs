@@ -18,7 +18,7 @@ pub use action::EncapTemplate;
 pub use meter::Color;
 pub use packet::{PacketBuf, DEFAULT_MAX_FRAME, HEADROOM};
 
-use crate::firewall::conntrack::{Conntrack, Lookup};
+use crate::firewall::conntrack::{Conntrack, Lookup, Probe};
 use crate::ir::{self, Action, PipeBody, PipeId, PortId, ServiceId};
 use crate::telemetry::flows::{FlowCache, FlowKey, FlowRecord};
 use field::PacketState;
@@ -183,7 +183,7 @@ pub struct Engine {
     /// Parse results of the current batch, when it is staged.
     metas: Box<[Result<Meta, DropReason>]>,
     /// Connection hashes of the current batch, when it is staged.
-    ct_hints: Box<[Option<u64>]>,
+    ct_hints: Box<[Option<Probe>]>,
     pipes: Vec<CompiledPipe>,
     roots: Vec<Option<PipeId>>,
     encaps: Vec<EncapTemplate>,
@@ -423,7 +423,7 @@ impl Engine {
         &mut self,
         pkt: &mut PacketBuf,
         parsed: Result<Meta, DropReason>,
-        ct_hint: Option<u64>,
+        mut ct_hint: Option<Probe>,
         obs: &mut O,
     ) -> Verdict {
         self.rt.stats.ports[pkt.port.index()].rx.add(pkt.len());
@@ -458,7 +458,7 @@ impl Engine {
             let cp = &self.pipes[pipe.index()];
             if cp.reads_ct && ct.is_none() {
                 if let Some(table) = &mut self.rt.ct {
-                    let l = table.lookup(pkt.data(), &meta, 0, pkt.ts_ns, ct_hint);
+                    let l = table.lookup(pkt.data(), &meta, 0, pkt.ts_ns, ct_hint.as_ref());
                     state.ct_state = l.state.bit();
                     ct = Some((0, l));
                 }
@@ -501,11 +501,15 @@ impl Engine {
                         pkt,
                         &mut meta,
                         &mut state,
-                        (&mut ct, ct_hint),
+                        (&mut ct, ct_hint.as_ref()),
                         &mut stale,
                         &mut self.rt,
                     ),
                 };
+                // The precomputed conntrack probe describes the packet as it arrived.
+                if !keeps_tuple(op) {
+                    ct_hint = None;
+                }
                 match step {
                     Err(r) => return Verdict::Drop(r),
                     Ok(None) => {}
@@ -534,6 +538,21 @@ enum Next {
     Done(Verdict),
 }
 
+/// Whether an op leaves the addresses, protocol and ports conntrack keys on unchanged.
+fn keeps_tuple(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Ir(
+            Action::Count
+                | Action::Meter(_)
+                | Action::Mirror(_)
+                | Action::Mark(_)
+                | Action::CtCommit { .. }
+                | Action::DecTtl
+        )
+    )
+}
+
 /// Whether an op reads header offsets (and so needs fresh metadata after a rewrite).
 fn needs_meta(op: &Op) -> bool {
     matches!(
@@ -548,7 +567,7 @@ fn exec(
     pkt: &mut PacketBuf,
     meta: &mut Meta,
     state: &mut PacketState,
-    (ct, ct_hint): (&mut Option<(u16, Lookup)>, Option<u64>),
+    (ct, ct_hint): (&mut Option<(u16, Lookup)>, Option<&Probe>),
     stale: &mut bool,
     rt: &mut Runtime,
 ) -> Result<Option<Next>, DropReason> {
@@ -557,9 +576,7 @@ fn exec(
         Action::CtCommit { zone } => {
             if let Some(table) = &mut rt.ct {
                 if !matches!(ct, Some((z, _)) if z == zone) {
-                    // The hint is for the packet as received: not after a rewrite.
-                    let hint = if *stale { None } else { ct_hint };
-                    let l = table.lookup(pkt.data(), meta, *zone, pkt.ts_ns, hint);
+                    let l = table.lookup(pkt.data(), meta, *zone, pkt.ts_ns, ct_hint);
                     state.ct_state = l.state.bit();
                     *ct = Some((*zone, l));
                 }

@@ -317,35 +317,41 @@ impl Conntrack {
     /// Prefetches the tag and slot where the packet's connection would start its probe,
     /// so that a later [`Conntrack::lookup`] finds them in cache, and returns the hash for
     /// it. Batches call this for every packet first: the misses then overlap.
-    pub fn prefetch(&self, frame: &[u8], meta: &Meta) -> Option<u64> {
+    pub fn prefetch(&self, frame: &[u8], meta: &Meta) -> Option<Probe> {
         let t = tuple(frame, &meta.outer)?;
-        let (key, _) = canonical(&t, 0);
-        let h = self.hash(&key);
-        let i = self.home_of(h);
+        let (key, from_a) = canonical(&t, 0);
+        let hash = self.hash(&key);
+        let i = self.home_of(hash);
         prefetch(&self.tags[i]);
         prefetch(&self.slots[i]);
         // An entry may straddle two cache lines.
         prefetch(&self.slots[i].bytes);
-        Some(h)
+        Some(Probe {
+            t,
+            key,
+            from_a,
+            hash,
+        })
     }
 
     /// Looks the packet up, advancing an existing connection's state, and says what the
     /// packet is; a new connection is only described (`pending`), for [`Conntrack::commit`].
-    /// `hint` is the hash [`Conntrack::prefetch`] returned (zone 0 only).
+    /// `probe` is what [`Conntrack::prefetch`] computed for this packet (zone 0), so the
+    /// tuple and hash are not computed twice.
     pub fn lookup(
         &mut self,
         frame: &[u8],
         meta: &Meta,
         zone: u16,
         now: u64,
-        hint: Option<u64>,
+        probe: Option<&Probe>,
     ) -> Lookup {
         let invalid = Lookup {
             state: CtState::Invalid,
             pending: None,
         };
         let l = &meta.outer;
-        let Some(t) = tuple(frame, l) else {
+        let Some(t) = probe.map(|p| p.t).or_else(|| tuple(frame, l)) else {
             self.stats.invalid += 1;
             return invalid;
         };
@@ -372,10 +378,12 @@ impl Conntrack {
                 }
             };
         }
-        let (key, from_a) = canonical(&t, zone);
-        let h = match hint {
-            Some(h) if zone == 0 => h,
-            _ => self.hash(&key),
+        let (key, from_a, h) = match probe {
+            Some(p) if zone == 0 => (p.key, p.from_a, p.hash),
+            _ => {
+                let (key, from_a) = canonical(&t, zone);
+                (key, from_a, self.hash(&key))
+            }
         };
         let len = u64::from(l.l3_end) - u64::from(l.l3);
         match self.find(&key, h, now) {
@@ -519,7 +527,17 @@ fn is_tcp(s: ConnState) -> bool {
     TCP_STATES.contains(&s)
 }
 
+/// A packet's connection key and hash, computed once ahead of its lookup.
+#[derive(Debug, Clone, Copy)]
+pub struct Probe {
+    t: Tuple,
+    key: Key,
+    from_a: bool,
+    hash: u64,
+}
+
 /// The fields conntrack keys on, read from the outer headers.
+#[derive(Debug, Clone, Copy)]
 struct Tuple {
     src: [u8; 16],
     dst: [u8; 16],
