@@ -555,6 +555,10 @@ fn acl(command: AclCommand) -> ExitCode {
                 c.memory_bytes() as f64 / (1 << 20) as f64,
                 c.covering_rules()
             );
+            println!(
+                "trees (depth, nodes, rule copies in leaves): {:?}",
+                c.tree_shapes()
+            );
             let r = dpuflow::bench::acl(&c, &rules, &trace, batch, iter, updates);
             println!(
                 "lookups: {} in {:.3} s: {:.2} Mpps (batch {batch}, {} matched)",

@@ -528,6 +528,16 @@ impl Classifier {
         self.built.load().trees.len()
     }
 
+    /// Per tree: (depth, nodes, rule copies in leaves).
+    pub fn tree_shapes(&self) -> Vec<(usize, usize, usize)> {
+        self.built
+            .load()
+            .trees
+            .iter()
+            .map(|(_, t)| (t.depth, t.nodes.len(), t.leaf.len()))
+            .collect()
+    }
+
     /// The priority (index) of the first rule that matches.
     #[inline]
     pub fn classify(&self, k: &Key) -> Option<u32> {
@@ -606,7 +616,8 @@ fn build(rules: &[Option<Rule>]) -> Built {
     let mut merged: Vec<(Vec<(u32, Rule)>, Tree)> = Vec::new();
     for (g, t) in parts {
         let target = merged.iter().enumerate().find_map(|(i, (mg, mt))| {
-            let budget = (mt.leaf.len() + t.leaf.len()) * 3 / 2;
+            // Up to half again as many rule copies, plus a little: small groups always merge.
+            let budget = (mt.leaf.len() + t.leaf.len()) * 3 / 2 + 256;
             let mut all: Vec<(u32, Rule)> = mg.iter().chain(&g).copied().collect();
             all.sort_unstable_by_key(|(id, _)| *id);
             Tree::build(&all, budget).map(|tree| (i, all, tree))
