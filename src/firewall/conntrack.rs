@@ -81,8 +81,10 @@ const TCP_STATES: [ConnState; 9] = [
 /// Canonical key: the smaller (address, port) endpoint first, so both directions agree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 struct Key {
-    a: [u8; 16],
-    b: [u8; 16],
+    /// Addresses as two big-endian 64-bit halves (IPv4 in the low half), so comparing and
+    /// hashing them is a few word operations.
+    a: Addr,
+    b: Addr,
     port_a: u16,
     port_b: u16,
     proto: u8,
@@ -105,8 +107,8 @@ struct Entry {
 
 const EMPTY: Entry = Entry {
     key: Key {
-        a: [0; 16],
-        b: [0; 16],
+        a: [0; 2],
+        b: [0; 2],
         port_a: 0,
         port_b: 0,
         proto: 0,
@@ -205,8 +207,10 @@ impl Conntrack {
 
     fn hash(&self, k: &Key) -> u64 {
         let mut h = self.seed.build_hasher();
-        h.write(&k.a);
-        h.write(&k.b);
+        h.write_u64(k.a[0]);
+        h.write_u64(k.a[1]);
+        h.write_u64(k.b[0]);
+        h.write_u64(k.b[1]);
         h.write_u16(k.port_a);
         h.write_u16(k.port_b);
         h.write_u8(k.proto);
@@ -539,8 +543,8 @@ pub struct Probe {
 /// The fields conntrack keys on, read from the outer headers.
 #[derive(Debug, Clone, Copy)]
 struct Tuple {
-    src: [u8; 16],
-    dst: [u8; 16],
+    src: Addr,
+    dst: Addr,
     sport: u16,
     dport: u16,
     proto: u8,
@@ -550,22 +554,32 @@ struct Tuple {
     icmp_error: Option<usize>,
 }
 
-fn addr16(b: &[u8]) -> [u8; 16] {
-    let mut a = [0u8; 16];
-    a[16 - b.len()..].copy_from_slice(b);
-    a
+/// An IPv4 or IPv6 address as two big-endian 64-bit halves.
+type Addr = [u64; 2];
+
+fn addr(b: &[u8]) -> Addr {
+    match b.len() {
+        4 => [
+            0,
+            u64::from(u32::from_be_bytes(b.try_into().expect("4 bytes"))),
+        ],
+        _ => [
+            u64::from_be_bytes(b[..8].try_into().expect("8 bytes")),
+            u64::from_be_bytes(b[8..16].try_into().expect("8 bytes")),
+        ],
+    }
 }
 
 fn tuple(frame: &[u8], l: &Layers) -> Option<Tuple> {
     let l3 = usize::from(l.l3);
     let (src, dst) = match l.l3_kind {
         L3::V4 => (
-            addr16(&frame[l3 + 12..l3 + 16]),
-            addr16(&frame[l3 + 16..l3 + 20]),
+            addr(&frame[l3 + 12..l3 + 16]),
+            addr(&frame[l3 + 16..l3 + 20]),
         ),
         L3::V6 => (
-            addr16(&frame[l3 + 8..l3 + 24]),
-            addr16(&frame[l3 + 24..l3 + 40]),
+            addr(&frame[l3 + 8..l3 + 24]),
+            addr(&frame[l3 + 24..l3 + 40]),
         ),
         L3::None => return None,
     };
@@ -636,18 +650,13 @@ fn quoted_tuple(frame: &[u8], l: &Layers, at: usize) -> Option<Tuple> {
                 return None;
             }
             let hl = usize::from(q[0] & 0x0f) * 4;
-            (addr16(&q[12..16]), addr16(&q[16..20]), q[9], hl)
+            (addr(&q[12..16]), addr(&q[16..20]), q[9], hl)
         }
         L3::V6 => {
             if q.len() < ipv6::HEADER_LEN || q[0] >> 4 != 6 {
                 return None;
             }
-            (
-                addr16(&q[8..24]),
-                addr16(&q[24..40]),
-                q[6],
-                ipv6::HEADER_LEN,
-            )
+            (addr(&q[8..24]), addr(&q[24..40]), q[6], ipv6::HEADER_LEN)
         }
         L3::None => return None,
     };
@@ -803,8 +812,8 @@ mod tests {
 
     fn key(n: u16) -> Key {
         Key {
-            a: [1; 16],
-            b: [2; 16],
+            a: [1; 2],
+            b: [2; 2],
             port_a: n,
             port_b: 80,
             proto: 6,
