@@ -24,9 +24,7 @@ use crate::telemetry::flows::{FlowCache, FlowKey, FlowRecord};
 use field::PacketState;
 use meter::MeterState;
 use parse::{Meta, TunnelPorts};
-use table::{
-    ExactTable, FiveTuple, LinearScan, LpmTable, PacketView, RuleClassifier, FIVE_TUPLE_MIN_RULES,
-};
+use table::{ExactTable, LinearScan, LpmTable, PacketView, RuleClassifier, TREE_MIN_RULES};
 
 macro_rules! drop_reasons {
     ($($variant:ident => $name:literal, $doc:literal;)*) => {
@@ -229,11 +227,11 @@ impl Engine {
             let (body, entries): (Body, Vec<Box<[Op]>>) = match &pipe.body {
                 PipeBody::Rules(rules) => (
                     Body::Rules(
-                        match (rules.len() >= FIVE_TUPLE_MIN_RULES)
-                            .then(|| FiveTuple::new(rules))
+                        match (rules.len() >= TREE_MIN_RULES)
+                            .then(|| table::rule_trees(rules))
                             .flatten()
                         {
-                            Some(c) => Box::new(c),
+                            Some(c) => c,
                             None => Box::new(LinearScan::new(rules)),
                         },
                     ),

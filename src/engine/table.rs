@@ -3,7 +3,8 @@
 
 use super::field::{self, PacketState};
 use super::parse::Meta;
-use crate::ir::{Field, FieldId, FieldMatch, Pattern, Rule};
+use crate::firewall::acl;
+use crate::ir::{Field, FieldId, FieldMatch, Pattern, Rule, ValueKind};
 use rustc_hash::FxHashMap;
 
 /// What a classifier sees of one packet.
@@ -185,91 +186,441 @@ impl LpmTable {
     }
 }
 
-/// Rule pipes over the IPv4 5-tuple use the firewall's classifier; other packets (IPv6,
-/// non-IP) fall back to the scan, which gives the same answers for them.
-#[derive(Debug)]
-pub struct FiveTuple {
-    acl: crate::firewall::acl::Classifier,
-    fallback: LinearScan,
+/// Rule pipes of many rules classify with the firewall's decision trees when every
+/// match can be said as a range per 32-bit word (see [`RuleTrees::new`]).
+pub fn rule_trees(rules: &[Rule]) -> Option<Box<dyn RuleClassifier>> {
+    let layout = Layout::new(rules)?;
+    Some(match layout.words {
+        0..=8 => Box::new(RuleTrees::<8>::new(layout, rules)?),
+        9..=acl::MAX_FIELDS => Box::new(RuleTrees::<{ acl::MAX_FIELDS }>::new(layout, rules)?),
+        _ => return None,
+    })
 }
 
 /// Pipes with fewer rules than this keep the plain scan.
-pub const FIVE_TUPLE_MIN_RULES: usize = 64;
+pub const TREE_MIN_RULES: usize = 64;
 
-/// A port value no rule range contains: packets without L4 ports match only rules that
-/// leave the ports open (as `l4.src`/`l4.dst` never match such packets).
-const NO_PORT: u32 = 65536;
+/// Where one matched field sits in a classifier key.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    field: Field,
+    /// Its first word; an IPv6 address takes four, most significant first.
+    at: usize,
+    /// For addresses: the word saying which IP version the packet has (at this depth).
+    family: Option<usize>,
+}
 
-impl FiveTuple {
-    /// The classifier for `rules`, when every match is on an IPv4 address, `ip.proto`
-    /// (exact or wildcard) or an `l4` port, outer headers only.
-    pub fn new(rules: &[Rule]) -> Option<FiveTuple> {
-        use crate::firewall::acl;
-        let mut out = Vec::with_capacity(rules.len());
-        for r in rules {
-            let mut a = acl::Rule {
-                lo: [0; 5],
-                hi: [u32::MAX, u32::MAX, u32::MAX, u32::MAX, 255],
-                proto: (0, 0),
+/// Values of a family word (no IP header, IPv4, IPv6, a rule asking for both).
+const FAMILY_NONE: u32 = 0;
+const FAMILY_V4: u32 = 1;
+const FAMILY_V6: u32 = 2;
+const FAMILY_BOTH: u32 = 3;
+
+/// The key layout: each matched field as words. A field narrower than 32 bits reads
+/// `1 << bits` when the packet lacks it, a value no rule range contains unless the rule
+/// leaves the field open; addresses fill all 32 bits, so their presence is the family word.
+#[derive(Debug, Clone)]
+struct Layout {
+    slots: Vec<Slot>,
+    words: usize,
+}
+
+impl Layout {
+    fn new(rules: &[Rule]) -> Option<Layout> {
+        let mut fields: Vec<Field> = rules
+            .iter()
+            .flat_map(|r| r.matches.iter().map(|m| m.field))
+            .collect();
+        // Addresses then ports first: the trees group rules by how open these are.
+        let rank = |f: &Field| match f.id {
+            FieldId::Ipv4Src | FieldId::Ipv6Src => 0,
+            FieldId::Ipv4Dst | FieldId::Ipv6Dst => 1,
+            FieldId::L4Src | FieldId::TcpSrc | FieldId::UdpSrc => 2,
+            FieldId::L4Dst | FieldId::TcpDst | FieldId::UdpDst => 3,
+            _ => 4,
+        };
+        fields.sort_by_key(|f| (rank(f), *f));
+        fields.dedup();
+        let mut words = 0;
+        let mut families = [None; 2];
+        let mut slots = Vec::with_capacity(fields.len());
+        for field in fields {
+            let width = match (field.id, field.kind()) {
+                (FieldId::GeneveOptClass | FieldId::GeneveOptType, _) => return None,
+                (_, ValueKind::Ipv4) => 1,
+                (_, ValueKind::Ipv6) => 4,
+                (_, k) if k.bits() < 32 => 0,
+                _ => return None,
             };
-            for m in &r.matches {
-                if m.field.inner {
-                    return None;
-                }
-                let (lo, hi) = match m.pattern {
-                    Pattern::Range { lo, hi } => (lo, hi),
-                    Pattern::Masked { value, mask } => {
-                        let host = !mask & m.field.kind().full_mask();
-                        if host & host.wrapping_add(1) != 0 {
-                            return None;
-                        }
-                        (value, value | host)
-                    }
-                    Pattern::Any(_) => return None,
-                };
-                let f = match m.field.id {
-                    FieldId::Ipv4Src => 0,
-                    FieldId::Ipv4Dst => 1,
-                    FieldId::L4Src => 2,
-                    FieldId::L4Dst => 3,
-                    FieldId::IpProto if lo == hi => {
-                        a.proto = (lo as u8, 0xff);
-                        4
-                    }
-                    _ => return None,
-                };
-                a.lo[f] = lo as u32;
-                a.hi[f] = hi as u32;
-            }
-            out.push(a);
+            let family = (width > 0).then(|| {
+                *families[usize::from(field.inner)].get_or_insert_with(|| {
+                    words += 1;
+                    words - 1
+                })
+            });
+            slots.push(Slot {
+                field,
+                at: words,
+                family,
+            });
+            words += width.max(1);
         }
-        Some(FiveTuple {
-            acl: acl::Classifier::new(&out),
-            fallback: LinearScan::new(rules),
+        Some(Layout { slots, words })
+    }
+
+    fn space<const N: usize>(&self) -> acl::Space<N> {
+        let mut space = acl::Space {
+            max: [0; N],
+            wide: [0; N],
+        };
+        for s in &self.slots {
+            match s.field.kind() {
+                ValueKind::Ipv4 | ValueKind::Ipv6 => {
+                    let words = s.field.kind().bits() as usize / 32;
+                    space.max[s.at..s.at + words].fill(u32::MAX);
+                    space.wide[s.at] = 1 << 16;
+                }
+                k => {
+                    space.max[s.at] = 1 << k.bits();
+                    if matches!(
+                        s.field.id,
+                        FieldId::L4Src
+                            | FieldId::L4Dst
+                            | FieldId::TcpSrc
+                            | FieldId::TcpDst
+                            | FieldId::UdpSrc
+                            | FieldId::UdpDst
+                    ) {
+                        space.wide[s.at] = 1 << 12;
+                    }
+                }
+            }
+            if let Some(f) = s.family {
+                space.max[f] = FAMILY_BOTH;
+            }
+        }
+        space
+    }
+
+    /// The classifier rule for `r`; `None` when a match is not ranges per word plus at
+    /// most two bit-mask tests.
+    fn rule<const N: usize>(&self, r: &Rule, space: &acl::Space<N>) -> Option<acl::Rule<N>> {
+        let mut out = acl::Rule::any(space.max);
+        let mut tests = 0;
+        let narrow = |out: &mut acl::Rule<N>, at: usize, lo: u32, hi: u32| {
+            out.lo[at] = out.lo[at].max(lo);
+            out.hi[at] = out.hi[at].min(hi);
+        };
+        for m in &r.matches {
+            let s = self.slots.iter().find(|s| s.field == m.field)?;
+            let kind = m.field.kind();
+            let words = kind.bits().div_ceil(32) as usize;
+            if let Some(f) = s.family {
+                let want = if kind == ValueKind::Ipv4 {
+                    FAMILY_V4
+                } else {
+                    FAMILY_V6
+                };
+                let have = out.lo[f];
+                let v = if have == 0 || have == want {
+                    want
+                } else {
+                    FAMILY_BOTH
+                };
+                (out.lo[f], out.hi[f]) = (v, v);
+            } else {
+                // Leave out the value an absent field reads as.
+                narrow(&mut out, s.at, 0, space.max[s.at] - 1);
+            }
+            let (lo, hi) = match m.pattern {
+                Pattern::Range { lo, hi } => (lo, hi),
+                Pattern::Masked { value, mask } => {
+                    let host = !mask & kind.full_mask();
+                    if host & host.wrapping_add(1) == 0 {
+                        (value, value | host)
+                    } else if words == 1 && tests < 2 {
+                        out.masked[tests] = acl::Masked {
+                            field: s.at as u8,
+                            value: value as u32,
+                            mask: mask as u32,
+                        };
+                        tests += 1;
+                        continue;
+                    } else {
+                        return None;
+                    }
+                }
+                Pattern::Any(_) => return None,
+            };
+            // An address range splits into per-word ranges only when it is an aligned
+            // block (a prefix), which contiguous host bits guarantee.
+            if words > 1 && !matches!(m.pattern, Pattern::Masked { .. }) {
+                return None;
+            }
+            for w in 0..words {
+                let shift = 32 * (words - 1 - w);
+                narrow(
+                    &mut out,
+                    s.at + w,
+                    (lo >> shift) as u32,
+                    (hi >> shift) as u32,
+                );
+            }
+        }
+        Some(out)
+    }
+}
+
+/// Ordered rules as decision trees over the words of a [`Layout`].
+#[derive(Debug)]
+pub struct RuleTrees<const N: usize> {
+    layout: Layout,
+    acl: acl::Classifier<N>,
+}
+
+impl<const N: usize> RuleTrees<N> {
+    fn new(layout: Layout, rules: &[Rule]) -> Option<RuleTrees<N>> {
+        let space = layout.space::<N>();
+        let out: Vec<acl::Rule<N>> = rules
+            .iter()
+            .map(|r| layout.rule(r, &space))
+            .collect::<Option<_>>()?;
+        Some(RuleTrees {
+            acl: acl::Classifier::with_space(space, &out),
+            layout,
         })
     }
 }
 
-impl RuleClassifier for FiveTuple {
+impl<const N: usize> RuleClassifier for RuleTrees<N> {
     fn classify(&self, pkt: &PacketView<'_>) -> Option<usize> {
-        let l = &pkt.meta.outer;
-        if l.l3_kind != super::parse::L3::V4 {
-            return self.fallback.classify(pkt);
+        let mut key = acl::Key([FAMILY_NONE; N]);
+        for s in &self.layout.slots {
+            let v = pkt.field(s.field);
+            match s.field.kind() {
+                ValueKind::Ipv4 | ValueKind::Ipv6 => {
+                    let (Some(v), Some(f)) = (v, s.family) else {
+                        continue;
+                    };
+                    let words = if s.field.kind() == ValueKind::Ipv4 {
+                        key.0[f] = FAMILY_V4;
+                        1
+                    } else {
+                        key.0[f] = FAMILY_V6;
+                        4
+                    };
+                    for w in 0..words {
+                        key.0[s.at + w] = (v >> (32 * (words - 1 - w))) as u32;
+                    }
+                }
+                k => key.0[s.at] = v.map_or(1 << k.bits(), |v| v as u32),
+            }
         }
-        let v = |f: FieldId| {
-            pkt.field(Field {
-                id: f,
-                inner: false,
-            })
-        };
-        let port = |f| v(f).map_or(NO_PORT, |p| p as u32);
-        let key = crate::firewall::acl::Key([
-            v(FieldId::Ipv4Src).unwrap_or(0) as u32,
-            v(FieldId::Ipv4Dst).unwrap_or(0) as u32,
-            port(FieldId::L4Src),
-            port(FieldId::L4Dst),
-            v(FieldId::IpProto).unwrap_or(0) as u32,
-        ]);
         self.acl.classify(&key).map(|i| i as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::parse::{self, TunnelPorts};
+    use crate::ir::ActionList;
+    use crate::wire::{ethernet, ip_proto, ipv4, ipv6};
+    use proptest::prelude::*;
+
+    fn outer(id: FieldId) -> Field {
+        Field { id, inner: false }
+    }
+
+    /// One of four nested prefixes of a small address pool (as v4 and as v6).
+    fn prefix(v6: bool) -> impl Strategy<Value = Pattern> {
+        (0u128..4, 0u8..=4).prop_map(move |(a, step)| {
+            let kind = if v6 { ValueKind::Ipv6 } else { ValueKind::Ipv4 };
+            let len = (u16::from(step) * u16::from(kind.bits()) / 4) as u8;
+            Pattern::prefix(address(v6, a), len, kind)
+        })
+    }
+
+    fn address(v6: bool, a: u128) -> u128 {
+        if v6 {
+            0x2001_0db8_u128 << 96 | a << 64 | a
+        } else {
+            0x0a00_0000 | a << 8 | a
+        }
+    }
+
+    /// Matches over fifteen key words, the most a key holds.
+    fn field_match() -> impl Strategy<Value = FieldMatch> {
+        let port = (0u128..40, 0u128..40).prop_map(|(a, b)| Pattern::Range {
+            lo: a.min(b),
+            hi: a.max(b),
+        });
+        prop_oneof![
+            prefix(false).prop_map(|p| FieldMatch {
+                field: outer(FieldId::Ipv4Src),
+                pattern: p
+            }),
+            prefix(false).prop_map(|p| FieldMatch {
+                field: outer(FieldId::Ipv4Dst),
+                pattern: p
+            }),
+            prefix(true).prop_map(|p| FieldMatch {
+                field: outer(FieldId::Ipv6Src),
+                pattern: p
+            }),
+            prefix(true).prop_map(|p| FieldMatch {
+                field: outer(FieldId::Ipv6Dst),
+                pattern: p
+            }),
+            port.prop_map(|p| FieldMatch {
+                field: outer(FieldId::L4Dst),
+                pattern: p
+            }),
+            prop_oneof![Just(6u128), Just(17), Just(1)].prop_map(|v| FieldMatch {
+                field: outer(FieldId::IpProto),
+                pattern: Pattern::exact(v, ValueKind::Int { bits: 8 }),
+            }),
+            // SYN without ACK, and ACK alone: bit masks, not ranges.
+            prop_oneof![Just((0x02u128, 0x12u128)), Just((0x10, 0x10))].prop_map(
+                |(value, mask)| {
+                    FieldMatch {
+                        field: outer(FieldId::TcpFlags),
+                        pattern: Pattern::Masked { value, mask },
+                    }
+                }
+            ),
+            (0u128..64).prop_map(|d| FieldMatch {
+                field: outer(FieldId::IpDscp),
+                pattern: Pattern::Range { lo: d / 2, hi: d },
+            }),
+        ]
+    }
+
+    fn rules() -> impl Strategy<Value = Vec<Rule>> {
+        proptest::collection::vec(proptest::collection::vec(field_match(), 0..4), 1..100).prop_map(
+            |rs| {
+                rs.into_iter()
+                    .map(|mut matches| {
+                        matches.sort_by_key(|m| m.field);
+                        matches.dedup_by_key(|m| m.field);
+                        Rule {
+                            name: String::new(),
+                            matches,
+                            actions: ActionList(Vec::new()),
+                        }
+                    })
+                    .collect()
+            },
+        )
+    }
+
+    /// An Ethernet frame: IPv4 or IPv6 carrying TCP, UDP or ICMP.
+    fn frame() -> impl Strategy<Value = Vec<u8>> {
+        (
+            any::<bool>(),
+            0u128..4,
+            0u128..4,
+            prop_oneof![Just(6u8), Just(17), Just(1)],
+            0u16..45,
+            0u16..45,
+            any::<u8>(),
+            0u8..64,
+        )
+            .prop_map(|(v6, s, d, proto, sport, dport, flags, dscp)| {
+                let l4_len = if proto == ip_proto::TCP { 20 } else { 8 };
+                let l3_len = if v6 { ipv6::HEADER_LEN } else { 20 };
+                let mut f = vec![0u8; ethernet::HEADER_LEN + l3_len + l4_len];
+                let (src, dst) = (address(v6, s), address(v6, d));
+                ethernet::Repr {
+                    src: [2, 0, 0, 0, 0, 1],
+                    dst: [2, 0, 0, 0, 0, 2],
+                    ethertype: if v6 {
+                        ethernet::ethertype::IPV6
+                    } else {
+                        ethernet::ethertype::IPV4
+                    },
+                }
+                .emit(&mut f);
+                let l3 = &mut f[ethernet::HEADER_LEN..];
+                if v6 {
+                    ipv6::Repr {
+                        src: src.to_be_bytes(),
+                        dst: dst.to_be_bytes(),
+                        next_header: proto,
+                        hop_limit: 64,
+                        dscp,
+                        flow_label: 0,
+                        payload_len: l4_len as u16,
+                    }
+                    .emit(l3);
+                } else {
+                    ipv4::Repr {
+                        src: (src as u32).to_be_bytes(),
+                        dst: (dst as u32).to_be_bytes(),
+                        protocol: proto,
+                        ttl: 64,
+                        dscp,
+                        dont_frag: false,
+                        payload_len: l4_len as u16,
+                    }
+                    .emit(l3);
+                }
+                let l4 = &mut f[ethernet::HEADER_LEN + l3_len..];
+                l4[0..2].copy_from_slice(&sport.to_be_bytes());
+                l4[2..4].copy_from_slice(&dport.to_be_bytes());
+                if proto == ip_proto::UDP {
+                    l4[4..6].copy_from_slice(&8u16.to_be_bytes());
+                }
+                if proto == ip_proto::TCP {
+                    l4[12] = 0x50;
+                    l4[13] = flags;
+                }
+                f
+            })
+    }
+
+    proptest! {
+        /// The trees give the scan's answer for every packet, whatever fields the rules
+        /// mix (both IP versions, ports, bit masks, fields the packet lacks).
+        #[test]
+        fn rule_trees_agree_with_the_scan(rules in rules(), frames in proptest::collection::vec(frame(), 1..40)) {
+            let trees = rule_trees(&rules).expect("every match is ranges or masks");
+            let scan = LinearScan::new(&rules);
+            let state = PacketState::default();
+            for f in &frames {
+                let meta = parse::parse(f, &TunnelPorts::default()).expect("well-formed frame");
+                let view = PacketView { frame: f, meta: &meta, state: &state };
+                prop_assert_eq!(trees.classify(&view), scan.classify(&view));
+            }
+        }
+    }
+
+    #[test]
+    fn layouts_pick_words_per_field() {
+        let m = |id, pattern| FieldMatch {
+            field: outer(id),
+            pattern,
+        };
+        let any_port = Pattern::Range { lo: 0, hi: 65535 };
+        let v6 = vec![Rule {
+            name: String::new(),
+            matches: vec![
+                m(FieldId::Ipv6Src, Pattern::prefix(1, 64, ValueKind::Ipv6)),
+                m(FieldId::Ipv6Dst, Pattern::prefix(1, 64, ValueKind::Ipv6)),
+                m(FieldId::L4Dst, any_port.clone()),
+            ],
+            actions: ActionList(Vec::new()),
+        }];
+        // A family word, four words per address, one for the port.
+        assert_eq!(Layout::new(&v6).map(|l| l.words), Some(10));
+        let mac = vec![Rule {
+            name: String::new(),
+            matches: vec![m(FieldId::EthSrc, Pattern::exact(1, ValueKind::Mac))],
+            actions: ActionList(Vec::new()),
+        }];
+        assert!(
+            rule_trees(&mac).is_none(),
+            "48-bit fields stay with the scan"
+        );
     }
 }

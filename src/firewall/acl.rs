@@ -18,13 +18,38 @@ use arc_swap::ArcSwap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Fields, in key order: source and destination address, source and destination port,
-/// protocol.
+/// Fields of the 5-tuple classifier, in key order: source and destination address,
+/// source and destination port, protocol. Classifiers over other fields use another `N`.
 pub const FIELDS: usize = 5;
 
-/// A packet's 5-tuple.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Key(pub [u32; FIELDS]);
+/// What a classifier's fields hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Space<const N: usize> {
+    /// The largest value of each field.
+    pub max: [u32; N],
+    /// Per field, the width from which a rule counts as open on it when rules are
+    /// grouped into trees (0: not a grouping field). The first four non-zero count.
+    pub wide: [u32; N],
+}
+
+/// The 5-tuple: addresses are open from a /16, ports from 4096 values.
+pub const FIVE_TUPLE: Space<FIELDS> = Space {
+    max: [u32::MAX, u32::MAX, 65535, 65535, 255],
+    wide: [1 << 16, 1 << 16, 1 << 12, 1 << 12, 0],
+};
+
+/// Most fields a classifier handles (keys are widened to 16 words in lookups).
+pub const MAX_FIELDS: usize = 15;
+
+/// A packet's key: one value per field (the 5-tuple by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Key<const N: usize = FIELDS>(pub [u32; N]);
+
+impl<const N: usize> Default for Key<N> {
+    fn default() -> Self {
+        Key([0; N])
+    }
+}
 
 impl Key {
     pub fn new(src: u32, dst: u32, sport: u16, dport: u16, proto: u8) -> Key {
@@ -38,23 +63,47 @@ impl Key {
     }
 }
 
-/// A rule as inclusive ranges per field, plus the protocol's value and mask.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rule {
-    pub lo: [u32; FIELDS],
-    pub hi: [u32; FIELDS],
-    pub proto: (u8, u8),
+/// A value/mask test on one field (`mask` 0: no test).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Masked {
+    pub field: u8,
+    pub value: u32,
+    pub mask: u32,
 }
 
-impl Rule {
-    #[inline]
-    pub fn matches(&self, k: &Key) -> bool {
-        (0..4).all(|f| self.lo[f] <= k.0[f] && k.0[f] <= self.hi[f])
-            && (k.0[4] as u8) & self.proto.1 == self.proto.0
+/// A rule: an inclusive range per field, plus up to two value/mask tests for what ranges
+/// cannot say (a protocol under a partial mask, TCP flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rule<const N: usize = FIELDS> {
+    pub lo: [u32; N],
+    pub hi: [u32; N],
+    pub masked: [Masked; 2],
+}
+
+impl<const N: usize> Rule<N> {
+    /// A rule that matches everything in `space`.
+    pub fn any(space: [u32; N]) -> Rule<N> {
+        Rule {
+            lo: [0; N],
+            hi: space,
+            masked: [Masked::default(); 2],
+        }
     }
 
-    fn covers(&self, lo: &[u32; FIELDS], hi: &[u32; FIELDS]) -> bool {
-        (0..FIELDS).all(|f| self.lo[f] <= lo[f] && hi[f] <= self.hi[f])
+    #[inline]
+    pub fn matches(&self, k: &Key<N>) -> bool {
+        let v = &k.0;
+        (0..N).all(|f| self.lo[f] <= v[f] && v[f] <= self.hi[f])
+            && self
+                .masked
+                .iter()
+                .all(|m| v[usize::from(m.field) % N] & m.mask == m.value)
+    }
+
+    /// Whether every key of the region matches (a masked test may always fail somewhere).
+    fn covers(&self, lo: &[u32; N], hi: &[u32; N]) -> bool {
+        (0..N).all(|f| self.lo[f] <= lo[f] && hi[f] <= self.hi[f])
+            && self.masked.iter().all(|m| m.mask == 0)
     }
 }
 
@@ -78,10 +127,18 @@ impl From<&ClassBenchRule> for Rule {
         } else {
             (0, 255)
         };
+        let mut masked = [Masked::default(); 2];
+        if mask != 0 && mask != 0xff {
+            masked[0] = Masked {
+                field: 4,
+                value: u32::from(value),
+                mask: u32::from(mask),
+            };
+        }
         Rule {
             lo: [s0, d0, u32::from(r.sport.0), u32::from(r.dport.0), p0],
             hi: [s1, d1, u32::from(r.sport.1), u32::from(r.dport.1), p1],
-            proto: (value, mask),
+            masked,
         }
     }
 }
@@ -92,11 +149,9 @@ const MAX_ADDED: usize = 256;
 /// Rules a leaf may hold before the builder tries to split it.
 const LEAF_RULES: usize = 3;
 
-/// The field index a leaf "splits" on: keys carry a constant zero there.
-const LEAF_FIELD: u8 = FIELDS as u8;
-
 /// A tree node. An inner node sends `key[field] <= threshold` to `child` and the rest to
-/// `child + 1`. A leaf has `field == LEAF_FIELD`, `threshold == u32::MAX` and `child` equal
+/// `child + 1`. A leaf has `field == N` (keys carry a constant zero there),
+/// `threshold == u32::MAX` and `child` equal
 /// to itself, so stepping from a leaf stays there: a batch can descend branch-free, every
 /// key the same number of steps.
 #[derive(Debug, Clone, Copy)]
@@ -107,13 +162,13 @@ struct Node {
 }
 
 /// A built decision tree over a fixed set of rules.
-#[derive(Debug, Clone, Default)]
-struct Tree {
+#[derive(Debug, Clone)]
+struct Tree<const N: usize> {
     nodes: Vec<Node>,
     /// Per node: the leaf's rules as `leaf[start..start + len]` (unused for inner nodes).
     spans: Vec<(u32, u32)>,
     /// (rule id, rule) for every leaf, leaves back to back.
-    leaf: Vec<(u32, Rule)>,
+    leaf: Vec<(u32, Rule<N>)>,
     /// Steps from the root to the deepest leaf.
     depth: usize,
     /// (covering rule, hidden rule) pairs: a rule that covers a whole region of the tree
@@ -121,41 +176,49 @@ struct Tree {
     covering: Vec<(u32, u32)>,
 }
 
-struct Job {
+struct Job<const N: usize> {
     node: usize,
     depth: usize,
     rules: Vec<u32>,
-    lo: [u32; FIELDS],
-    hi: [u32; FIELDS],
+    lo: [u32; N],
+    hi: [u32; N],
 }
 
-/// A key widened with the constant field leaves read, to eight so that indexing it with
-/// `field & 7` needs no bounds check.
-type WideKey = [u32; 8];
+/// A key widened with the constant field leaves read, to sixteen so that indexing it
+/// with `field & 15` needs no bounds check.
+type WideKey = [u32; 16];
 
-fn widen(k: &Key) -> WideKey {
-    let mut w = [0; 8];
-    w[..FIELDS].copy_from_slice(&k.0);
+fn widen<const N: usize>(k: &Key<N>) -> WideKey {
+    let mut w = [0; 16];
+    w[..N].copy_from_slice(&k.0);
     w
 }
 
-impl Tree {
-    /// Builds over `rules` (id = priority: lower wins) given in priority order; `None`
-    /// when the leaves would hold more than `max_leaf` rule copies.
-    fn build(rules: &[(u32, Rule)], max_leaf: usize) -> Option<Tree> {
-        let mut t = Tree::default();
+impl<const N: usize> Tree<N> {
+    /// Builds over `rules` (id = priority: lower wins) given in priority order, in the
+    /// region `0..=space`; `None` when the leaves would hold more than `max_leaf` copies.
+    fn build(rules: &[(u32, Rule<N>)], max_leaf: usize, space: [u32; N]) -> Option<Tree<N>> {
+        const { assert!(N <= MAX_FIELDS) };
+        let leaf_field = N as u8;
+        let mut t = Tree {
+            nodes: Vec::new(),
+            spans: Vec::new(),
+            leaf: Vec::new(),
+            depth: 0,
+            covering: Vec::new(),
+        };
         t.nodes.push(Node {
             threshold: u32::MAX,
             child: 0,
-            field: LEAF_FIELD,
+            field: leaf_field,
         });
         let all: Vec<u32> = (0..rules.len() as u32).collect();
         let mut stack = vec![Job {
             node: 0,
             depth: 0,
             rules: all,
-            lo: [0; FIELDS],
-            hi: [u32::MAX, u32::MAX, 65535, 65535, 255],
+            lo: [0; N],
+            hi: space,
         }];
         while let Some(mut job) = stack.pop() {
             t.depth = t.depth.max(job.depth);
@@ -187,7 +250,7 @@ impl Tree {
                 t.nodes[job.node] = Node {
                     threshold: u32::MAX,
                     child: job.node as u32,
-                    field: LEAF_FIELD,
+                    field: leaf_field,
                 };
                 if t.spans.len() <= job.node {
                     t.spans.resize(job.node + 1, (0, 0));
@@ -200,12 +263,12 @@ impl Tree {
             t.nodes.push(Node {
                 threshold: u32::MAX,
                 child: left as u32,
-                field: LEAF_FIELD,
+                field: leaf_field,
             });
             t.nodes.push(Node {
                 threshold: u32::MAX,
                 child: left as u32 + 1,
-                field: LEAF_FIELD,
+                field: leaf_field,
             });
             t.nodes[job.node] = Node {
                 threshold,
@@ -250,7 +313,7 @@ impl Tree {
 
     /// The first live rule of leaf `node` that matches.
     #[inline]
-    fn scan(&self, node: usize, k: &Key, dead: &[AtomicU64]) -> Option<u32> {
+    fn scan(&self, node: usize, k: &Key<N>, dead: &[AtomicU64]) -> Option<u32> {
         let (start, len) = self.spans[node];
         self.leaf[start as usize..(start + len) as usize]
             .iter()
@@ -259,15 +322,15 @@ impl Tree {
     }
 
     #[inline]
-    fn lookup(&self, k: &Key, dead: &[AtomicU64]) -> Option<u32> {
+    fn lookup(&self, k: &Key<N>, dead: &[AtomicU64]) -> Option<u32> {
         let w = widen(k);
         let mut n = 0usize;
         loop {
             let nd = self.nodes[n];
-            if nd.field == LEAF_FIELD {
+            if usize::from(nd.field) == N {
                 return self.scan(n, k, dead);
             }
-            n = (nd.child + u32::from(w[usize::from(nd.field) & 7] > nd.threshold)) as usize;
+            n = (nd.child + u32::from(w[usize::from(nd.field) & 15] > nd.threshold)) as usize;
         }
     }
 
@@ -278,7 +341,7 @@ impl Tree {
         for _ in 0..self.depth {
             for (n, w) in nodes.iter_mut().zip(keys) {
                 let nd = self.nodes[*n as usize];
-                *n = nd.child + u32::from(w[usize::from(nd.field) & 7] > nd.threshold);
+                *n = nd.child + u32::from(w[usize::from(nd.field) & 15] > nd.threshold);
             }
         }
     }
@@ -287,12 +350,12 @@ impl Tree {
 /// The split that best balances the rules of a region: over every field and every rule
 /// boundary inside the region, the threshold minimising the larger side (then the total,
 /// which counts replication). `None` when no split makes both sides smaller.
-fn best_split(rules: &[(u32, Rule)], job: &Job) -> Option<(u8, u32)> {
+fn best_split<const N: usize>(rules: &[(u32, Rule<N>)], job: &Job<N>) -> Option<(u8, u32)> {
     let n = job.rules.len();
     let mut best: Option<(usize, usize, u8, u32)> = None;
     let mut los = Vec::with_capacity(n);
     let mut his = Vec::with_capacity(n);
-    for f in 0..FIELDS {
+    for f in 0..N {
         los.clear();
         his.clear();
         for &i in &job.rules {
@@ -328,25 +391,27 @@ fn best_split(rules: &[(u32, Rule)], job: &Job) -> Option<(u8, u32)> {
     best.map(|(_, _, f, t)| (f, t))
 }
 
-/// A rule's group: which of source, destination, source port and destination port it
-/// leaves wide open.
-fn group(r: &Rule) -> usize {
-    const WIDE: [u32; 4] = [1 << 16, 1 << 16, 1 << 12, 1 << 12];
-    (0..4)
-        .filter(|&f| r.hi[f] - r.lo[f] >= WIDE[f] - 1)
-        .map(|f| 1 << f)
+/// A rule's group: which of the grouping fields (those with a `wide` width, at most
+/// four) it leaves wide open. Rules open on the same fields build small trees together.
+fn group<const N: usize>(r: &Rule<N>, space: &Space<N>) -> usize {
+    (0..N)
+        .filter(|&f| space.wide[f] != 0)
+        .take(4)
+        .enumerate()
+        .filter(|&(_, f)| r.hi[f] - r.lo[f] >= space.wide[f] - 1)
+        .map(|(bit, _)| 1 << bit)
         .sum()
 }
 
 /// What lookups read, built once per rebuild and shared by every reader.
-#[derive(Debug, Default)]
-struct Built {
+#[derive(Debug)]
+struct Built<const N: usize> {
     /// (best priority in the tree, tree), best first.
-    trees: Vec<(u32, Tree)>,
+    trees: Vec<(u32, Tree<N>)>,
     /// Sorted (covering rule, hidden rule) pairs of every tree (see `Tree::covering`).
     covering: Vec<(u32, u32)>,
     /// The rules as the trees were built over them, by id.
-    rules: Vec<Option<Rule>>,
+    rules: Vec<Option<Rule<N>>>,
     /// Bit per rule id: deleted since the trees were built. Writers flip bits with atomic
     /// operations, so deletions and revivals need no new snapshot.
     dead: Box<[AtomicU64]>,
@@ -359,11 +424,12 @@ struct Built {
 /// publishes a new copy of the short added list; a rebuild publishes new trees first and
 /// then empties the list, so a reader never misses a rule. Writers take turns on a mutex.
 #[derive(Debug)]
-pub struct Classifier {
-    built: ArcSwap<Built>,
-    added: ArcSwap<Vec<(u32, Rule)>>,
+pub struct Classifier<const N: usize = FIELDS> {
+    space: Space<N>,
+    built: ArcSwap<Built<N>>,
+    added: ArcSwap<Vec<(u32, Rule<N>)>>,
     /// The current rules by id; its lock orders the writers.
-    rules: Mutex<Vec<Option<Rule>>>,
+    rules: Mutex<Vec<Option<Rule<N>>>>,
 }
 
 #[inline]
@@ -373,17 +439,25 @@ fn is_dead(dead: &[AtomicU64], id: u32) -> bool {
 }
 
 impl Classifier {
-    /// Builds over `rules`; a rule's priority is its index (0 first).
+    /// A 5-tuple classifier over `rules`; a rule's priority is its index (0 first).
     pub fn new(rules: &[Rule]) -> Classifier {
-        let all: Vec<Option<Rule>> = rules.iter().copied().map(Some).collect();
+        Classifier::with_space(FIVE_TUPLE, rules)
+    }
+}
+
+impl<const N: usize> Classifier<N> {
+    /// A classifier over the fields `space` describes.
+    pub fn with_space(space: Space<N>, rules: &[Rule<N>]) -> Classifier<N> {
+        let all: Vec<Option<Rule<N>>> = rules.iter().copied().map(Some).collect();
         Classifier {
-            built: ArcSwap::from_pointee(build(&all)),
+            built: ArcSwap::from_pointee(build(&all, &space)),
+            space,
             added: ArcSwap::from_pointee(Vec::new()),
             rules: Mutex::new(all),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Option<Rule>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Option<Rule<N>>>> {
         // A writer that panicked left the rules as they were: carry on with them.
         self.rules.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -394,8 +468,8 @@ impl Classifier {
         self.rebuild_locked(&rules);
     }
 
-    fn rebuild_locked(&self, rules: &[Option<Rule>]) {
-        self.built.store(Arc::new(build(rules)));
+    fn rebuild_locked(&self, rules: &[Option<Rule<N>>]) {
+        self.built.store(Arc::new(build(rules, &self.space)));
         self.added.store(Arc::new(Vec::new()));
     }
 
@@ -428,14 +502,14 @@ impl Classifier {
             .iter()
             .map(|(_, t)| {
                 t.nodes.len() * (size_of::<Node>() + size_of::<(u32, u32)>())
-                    + t.leaf.len() * size_of::<(u32, Rule)>()
+                    + t.leaf.len() * size_of::<(u32, Rule<N>)>()
             })
             .sum();
         trees + b.dead.len() * 8
     }
 
     /// Publishes the added list with `f` applied.
-    fn edit_added(&self, f: impl FnOnce(&mut Vec<(u32, Rule)>)) -> usize {
+    fn edit_added(&self, f: impl FnOnce(&mut Vec<(u32, Rule<N>)>)) -> usize {
         let mut list = Vec::clone(&self.added.load());
         f(&mut list);
         let n = list.len();
@@ -446,7 +520,7 @@ impl Classifier {
     /// Sets the rule of priority `id` (replacing any). A rule the trees already hold
     /// (deleted, now back) is revived in place; others wait in a list beside the trees,
     /// folded in by a rebuild once it grows past `MAX_ADDED`.
-    pub fn insert(&self, id: u32, rule: Rule) {
+    pub fn insert(&self, id: u32, rule: Rule<N>) {
         let mut rules = self.lock();
         let i = id as usize;
         if i >= rules.len() {
@@ -474,7 +548,7 @@ impl Classifier {
         self.remove_locked(&mut rules, id)
     }
 
-    fn remove_locked(&self, rules: &mut [Option<Rule>], id: u32) -> bool {
+    fn remove_locked(&self, rules: &mut [Option<Rule<N>>], id: u32) -> bool {
         let i = id as usize;
         if rules.get(i).copied().flatten().is_none() {
             return false;
@@ -491,7 +565,7 @@ impl Classifier {
             // trees first (harmless where the trees hold them too: the best priority
             // wins), then the rule dies, so no reader misses them.
             let from = built.covering.partition_point(|(c, _)| *c < id);
-            let hidden: Vec<(u32, Rule)> = built.covering[from..]
+            let hidden: Vec<(u32, Rule<N>)> = built.covering[from..]
                 .iter()
                 .take_while(|(c, _)| *c == id)
                 .filter_map(|&(_, h)| rules[h as usize].map(|r| (h, r)))
@@ -540,7 +614,7 @@ impl Classifier {
 
     /// The priority (index) of the first rule that matches.
     #[inline]
-    pub fn classify(&self, k: &Key) -> Option<u32> {
+    pub fn classify(&self, k: &Key<N>) -> Option<u32> {
         let built = self.built.load();
         let added = self.added.load();
         let mut found: Option<u32> = None;
@@ -561,11 +635,11 @@ impl Classifier {
 
     /// Classifies a batch of keys; `out[i]` is the answer for `keys[i]`. The trees are
     /// descended for the whole batch at once (see `Tree::lookup_batch`).
-    pub fn classify_batch(&self, keys: &[Key], out: &mut [Option<u32>]) {
+    pub fn classify_batch(&self, keys: &[Key<N>], out: &mut [Option<u32>]) {
         const CHUNK: usize = 64;
         let built = self.built.load();
         let added = self.added.load();
-        let mut wide = [[0u32; 8]; CHUNK];
+        let mut wide = [[0u32; 16]; CHUNK];
         let mut at = [0u32; CHUNK];
         for (keys, out) in keys.chunks(CHUNK).zip(out.chunks_mut(CHUNK)) {
             let n = keys.len();
@@ -600,34 +674,34 @@ impl Classifier {
 
 /// Trees over the live `rules`: one per group, then groups merged while the merged tree
 /// stays small (fewer trees make faster lookups, as long as rules are not copied much more).
-fn build(rules: &[Option<Rule>]) -> Built {
-    let mut groups: Vec<Vec<(u32, Rule)>> = vec![Vec::new(); 16];
+fn build<const N: usize>(rules: &[Option<Rule<N>>], space: &Space<N>) -> Built<N> {
+    let mut groups: Vec<Vec<(u32, Rule<N>)>> = vec![Vec::new(); 16];
     for (i, r) in rules.iter().enumerate() {
         if let Some(r) = r {
-            groups[group(r)].push((i as u32, *r));
+            groups[group(r, space)].push((i as u32, *r));
         }
     }
-    let mut parts: Vec<(Vec<(u32, Rule)>, Tree)> = groups
+    let mut parts: Vec<(Vec<(u32, Rule<N>)>, Tree<N>)> = groups
         .into_iter()
         .filter(|g| !g.is_empty())
-        .filter_map(|g| Tree::build(&g, usize::MAX).map(|t| (g, t)))
+        .filter_map(|g| Tree::build(&g, usize::MAX, space.max).map(|t| (g, t)))
         .collect();
     parts.sort_by_key(|(g, _)| std::cmp::Reverse(g.len()));
-    let mut merged: Vec<(Vec<(u32, Rule)>, Tree)> = Vec::new();
+    let mut merged: Vec<(Vec<(u32, Rule<N>)>, Tree<N>)> = Vec::new();
     for (g, t) in parts {
         let target = merged.iter().enumerate().find_map(|(i, (mg, mt))| {
             // Up to half again as many rule copies, plus a little: small groups always merge.
             let budget = (mt.leaf.len() + t.leaf.len()) * 3 / 2 + 256;
-            let mut all: Vec<(u32, Rule)> = mg.iter().chain(&g).copied().collect();
+            let mut all: Vec<(u32, Rule<N>)> = mg.iter().chain(&g).copied().collect();
             all.sort_unstable_by_key(|(id, _)| *id);
-            Tree::build(&all, budget).map(|tree| (i, all, tree))
+            Tree::build(&all, budget, space.max).map(|tree| (i, all, tree))
         });
         match target {
             Some((i, all, tree)) => merged[i] = (all, tree),
             None => merged.push((g, t)),
         }
     }
-    let mut trees: Vec<(u32, Tree)> = merged.into_iter().map(|(g, t)| (g[0].0, t)).collect();
+    let mut trees: Vec<(u32, Tree<N>)> = merged.into_iter().map(|(g, t)| (g[0].0, t)).collect();
     trees.sort_by_key(|(best, _)| *best);
     let mut covering: Vec<(u32, u32)> = trees
         .iter()
@@ -722,8 +796,9 @@ pub fn gen_trace(rules: &[Rule], count: usize, seed: u64) -> Vec<Key> {
             } else {
                 let r = &rules[(rng.next_u64() % rules.len() as u64) as usize];
                 let mut k = Key(std::array::from_fn(|f| rng.range(r.lo[f], r.hi[f])));
-                if r.proto.1 != 0xff {
-                    k.0[4] = u32::from(r.proto.0) | (rng.range(0, 255) as u8 & !r.proto.1) as u32;
+                for m in r.masked.iter().filter(|m| m.mask != 0) {
+                    let f = usize::from(m.field);
+                    k.0[f] = m.value | (k.0[f] & !m.mask);
                 }
                 k
             }
@@ -758,7 +833,12 @@ mod tests {
             (0u32..100, 0u32..100).prop_map(|(a, b)| (a.min(b), a.max(b))),
             (0u32..100).prop_map(|p| (p, p))
         ];
-        let proto = prop_oneof![Just((0u8, 0u8)), Just((6, 0xff)), Just((17, 0xff))];
+        let proto = prop_oneof![
+            Just((0u8, 0u8)),
+            Just((6, 0xff)),
+            Just((17, 0xff)),
+            Just((0x04, 0x0c))
+        ];
         (prefix.clone(), prefix, ports.clone(), ports, proto).prop_map(
             |(s, d, sp, dp, (pv, pm))| {
                 let (p0, p1) = if pm == 0xff {
@@ -766,10 +846,18 @@ mod tests {
                 } else {
                     (0, 255)
                 };
+                let mut masked = [Masked::default(); 2];
+                if pm != 0 && pm != 0xff {
+                    masked[0] = Masked {
+                        field: 4,
+                        value: u32::from(pv),
+                        mask: u32::from(pm),
+                    };
+                }
                 Rule {
                     lo: [s.0, d.0, sp.0, dp.0, p0],
                     hi: [s.1, d.1, sp.1, dp.1, p1],
-                    proto: (pv, pm),
+                    masked,
                 }
             },
         )
@@ -781,7 +869,7 @@ mod tests {
             0u32..4,
             0u16..110,
             0u16..110,
-            prop_oneof![Just(6u8), Just(17), Just(1)],
+            prop_oneof![Just(6u8), Just(17), Just(1), Just(4), Just(7)],
         )
             .prop_map(|(s, d, sp, dp, p)| {
                 Key::new(
@@ -804,7 +892,7 @@ mod tests {
                 Rule {
                     lo: [s0, 0, 0, i % 50, 0],
                     hi: [s1, u32::MAX, 65535, 65535, 255],
-                    proto: (0, 0),
+                    masked: Default::default(),
                 }
             })
             .collect();
