@@ -38,7 +38,8 @@ pub const FIVE_TUPLE: Space<FIELDS> = Space {
     wide: [1 << 16, 1 << 16, 1 << 12, 1 << 12, 0],
 };
 
-/// Most fields a classifier handles (keys are widened to 16 words in lookups).
+/// Most fields a classifier handles (a node names its field in a byte; fifteen keep
+/// a key within a cache line).
 pub const MAX_FIELDS: usize = 15;
 
 /// A packet's key: one value per field (the 5-tuple by default).
@@ -97,7 +98,7 @@ impl<const N: usize> Rule<N> {
             && self
                 .masked
                 .iter()
-                .all(|m| v[usize::from(m.field) % N] & m.mask == m.value)
+                .all(|m| m.mask == 0 || v[usize::from(m.field) % N] & m.mask == m.value)
     }
 
     /// Whether every key of the region matches (a masked test may always fail somewhere).
@@ -150,10 +151,9 @@ const MAX_ADDED: usize = 256;
 const LEAF_RULES: usize = 3;
 
 /// A tree node. An inner node sends `key[field] <= threshold` to `child` and the rest to
-/// `child + 1`. A leaf has `field == N` (keys carry a constant zero there),
-/// `threshold == u32::MAX` and `child` equal
-/// to itself, so stepping from a leaf stays there: a batch can descend branch-free, every
-/// key the same number of steps.
+/// `child + 1`. A leaf has `threshold == u32::MAX` (no split has it: a split leaves values
+/// on both sides) and `child` equal to itself, so stepping from a leaf stays there: a
+/// batch can descend branch-free, every key the same number of steps.
 #[derive(Debug, Clone, Copy)]
 struct Node {
     threshold: u32,
@@ -184,14 +184,13 @@ struct Job<const N: usize> {
     hi: [u32; N],
 }
 
-/// A key widened with the constant field leaves read, to sixteen so that indexing it
-/// with `field & 15` needs no bounds check.
-type WideKey = [u32; 16];
-
-fn widen<const N: usize>(k: &Key<N>) -> WideKey {
-    let mut w = [0; 16];
-    w[..N].copy_from_slice(&k.0);
-    w
+/// A leaf at node `at`.
+const fn leaf(at: usize) -> Node {
+    Node {
+        threshold: u32::MAX,
+        child: at as u32,
+        field: 0,
+    }
 }
 
 impl<const N: usize> Tree<N> {
@@ -199,7 +198,6 @@ impl<const N: usize> Tree<N> {
     /// region `0..=space`; `None` when the leaves would hold more than `max_leaf` copies.
     fn build(rules: &[(u32, Rule<N>)], max_leaf: usize, space: [u32; N]) -> Option<Tree<N>> {
         const { assert!(N <= MAX_FIELDS) };
-        let leaf_field = N as u8;
         let mut t = Tree {
             nodes: Vec::new(),
             spans: Vec::new(),
@@ -207,11 +205,7 @@ impl<const N: usize> Tree<N> {
             depth: 0,
             covering: Vec::new(),
         };
-        t.nodes.push(Node {
-            threshold: u32::MAX,
-            child: 0,
-            field: leaf_field,
-        });
+        t.nodes.push(leaf(0));
         let all: Vec<u32> = (0..rules.len() as u32).collect();
         let mut stack = vec![Job {
             node: 0,
@@ -247,11 +241,7 @@ impl<const N: usize> Tree<N> {
                     return None;
                 }
                 t.leaf.extend(job.rules.iter().map(|&i| rules[i as usize]));
-                t.nodes[job.node] = Node {
-                    threshold: u32::MAX,
-                    child: job.node as u32,
-                    field: leaf_field,
-                };
+                t.nodes[job.node] = leaf(job.node);
                 if t.spans.len() <= job.node {
                     t.spans.resize(job.node + 1, (0, 0));
                 }
@@ -260,16 +250,8 @@ impl<const N: usize> Tree<N> {
             };
             let f = usize::from(field);
             let left = t.nodes.len();
-            t.nodes.push(Node {
-                threshold: u32::MAX,
-                child: left as u32,
-                field: leaf_field,
-            });
-            t.nodes.push(Node {
-                threshold: u32::MAX,
-                child: left as u32 + 1,
-                field: leaf_field,
-            });
+            t.nodes.push(leaf(left));
+            t.nodes.push(leaf(left + 1));
             t.nodes[job.node] = Node {
                 threshold,
                 child: left as u32,
@@ -323,25 +305,24 @@ impl<const N: usize> Tree<N> {
 
     #[inline]
     fn lookup(&self, k: &Key<N>, dead: &[AtomicU64]) -> Option<u32> {
-        let w = widen(k);
         let mut n = 0usize;
         loop {
             let nd = self.nodes[n];
-            if usize::from(nd.field) == N {
+            if nd.threshold == u32::MAX {
                 return self.scan(n, k, dead);
             }
-            n = (nd.child + u32::from(w[usize::from(nd.field) & 15] > nd.threshold)) as usize;
+            n = (nd.child + u32::from(k.0[usize::from(nd.field)] > nd.threshold)) as usize;
         }
     }
 
     /// Descends every key of a batch in lockstep, branch-free, so the loads of the
     /// batch's keys overlap; then scans each key's leaf.
-    fn lookup_batch(&self, keys: &[WideKey], nodes: &mut [u32]) {
+    fn lookup_batch(&self, keys: &[Key<N>], nodes: &mut [u32]) {
         nodes.fill(0);
         for _ in 0..self.depth {
-            for (n, w) in nodes.iter_mut().zip(keys) {
+            for (n, k) in nodes.iter_mut().zip(keys) {
                 let nd = self.nodes[*n as usize];
-                *n = nd.child + u32::from(w[usize::from(nd.field) & 15] > nd.threshold);
+                *n = nd.child + u32::from(k.0[usize::from(nd.field)] > nd.threshold);
             }
         }
     }
@@ -639,19 +620,15 @@ impl<const N: usize> Classifier<N> {
         const CHUNK: usize = 64;
         let built = self.built.load();
         let added = self.added.load();
-        let mut wide = [[0u32; 16]; CHUNK];
         let mut at = [0u32; CHUNK];
         for (keys, out) in keys.chunks(CHUNK).zip(out.chunks_mut(CHUNK)) {
             let n = keys.len();
-            for (w, k) in wide.iter_mut().zip(keys) {
-                *w = widen(k);
-            }
             out.fill(None);
             for (best, tree) in &built.trees {
                 if out.iter().all(|o| o.is_some_and(|f| f < *best)) {
                     break;
                 }
-                tree.lookup_batch(&wide[..n], &mut at[..n]);
+                tree.lookup_batch(keys, &mut at[..n]);
                 for i in 0..n {
                     if out[i].is_some_and(|f| f < *best) {
                         continue;
