@@ -87,6 +87,56 @@ pub fn read(frame: &[u8], meta: &Meta, st: &PacketState, field: Field) -> Option
     })
 }
 
+/// `read` for one field, as a function with that field's header checks folded in, for
+/// lookups that read a list of fields chosen at build time.
+pub type Reader = fn(&[u8], &Meta, &PacketState) -> Option<u128>;
+
+pub fn reader(field: Field) -> Reader {
+    macro_rules! readers {
+        ($($id:ident),* $(,)?) => {
+            match (field.id, field.inner) {
+                $(
+                    (FieldId::$id, false) => |fr, m, st| read(fr, m, st, Field { id: FieldId::$id, inner: false }),
+                    (FieldId::$id, true) => |fr, m, st| read(fr, m, st, Field { id: FieldId::$id, inner: true }),
+                )*
+            }
+        };
+    }
+    readers!(
+        EthSrc,
+        EthDst,
+        EthType,
+        VlanId,
+        VlanPcp,
+        Ipv4Src,
+        Ipv4Dst,
+        Ipv6Src,
+        Ipv6Dst,
+        IpProto,
+        IpDscp,
+        IpEcn,
+        IpTtl,
+        L4Src,
+        L4Dst,
+        TcpSrc,
+        TcpDst,
+        TcpFlags,
+        UdpSrc,
+        UdpDst,
+        IcmpType,
+        IcmpCode,
+        Icmp6Type,
+        Icmp6Code,
+        VxlanVni,
+        GeneveVni,
+        GeneveOptClass,
+        GeneveOptType,
+        CtState,
+        InPort,
+        MetaMark,
+    )
+}
+
 /// Class and type of each Geneve option of the packet's tunnel, for matching
 /// `geneve.opt.class` and `geneve.opt.type` (a match holds if any option matches).
 pub fn geneve_options<'a>(frame: &'a [u8], meta: &Meta) -> impl Iterator<Item = (u16, u8)> + 'a {

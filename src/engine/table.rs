@@ -190,8 +190,10 @@ impl LpmTable {
 /// match can be said as a range per 32-bit word (see [`RuleTrees::new`]).
 pub fn rule_trees(rules: &[Rule]) -> Option<Box<dyn RuleClassifier>> {
     let layout = Layout::new(rules)?;
+    // A few key widths, so a 5-tuple key (six words with its family word) stays small.
     Some(match layout.words {
-        0..=8 => Box::new(RuleTrees::<8>::new(layout, rules)?),
+        0..=6 => Box::new(RuleTrees::<6>::new(layout, rules)?),
+        7..=8 => Box::new(RuleTrees::<8>::new(layout, rules)?),
         9..=acl::MAX_FIELDS => Box::new(RuleTrees::<{ acl::MAX_FIELDS }>::new(layout, rules)?),
         _ => return None,
     })
@@ -204,10 +206,33 @@ pub const TREE_MIN_RULES: usize = 64;
 #[derive(Debug, Clone, Copy)]
 struct Slot {
     field: Field,
+    reader: field::Reader,
     /// Its first word; an IPv6 address takes four, most significant first.
     at: usize,
-    /// For addresses: the word saying which IP version the packet has (at this depth).
-    family: Option<usize>,
+    read: Read,
+}
+
+/// How a slot's words come from the packet.
+#[derive(Debug, Clone, Copy)]
+enum Read {
+    /// One word; `absent` when the packet lacks the field.
+    Narrow { absent: u32 },
+    /// An address of one word (IPv4) or four (IPv6); when present, the word `family`
+    /// (which IP version the packet has at this depth) says so.
+    Address {
+        words: usize,
+        family: usize,
+        version: u32,
+    },
+}
+
+impl Slot {
+    fn family(&self) -> Option<usize> {
+        match self.read {
+            Read::Narrow { .. } => None,
+            Read::Address { family, .. } => Some(family),
+        }
+    }
 }
 
 /// Values of a family word (no IP header, IPv4, IPv6, a rule asking for both).
@@ -252,16 +277,27 @@ impl Layout {
                 (_, k) if k.bits() < 32 => 0,
                 _ => return None,
             };
-            let family = (width > 0).then(|| {
-                *families[usize::from(field.inner)].get_or_insert_with(|| {
+            let read = if width == 0 {
+                Read::Narrow {
+                    absent: 1 << field.kind().bits(),
+                }
+            } else {
+                let family = *families[usize::from(field.inner)].get_or_insert_with(|| {
                     words += 1;
                     words - 1
-                })
-            });
+                });
+                let version = if width == 1 { FAMILY_V4 } else { FAMILY_V6 };
+                Read::Address {
+                    words: width,
+                    family,
+                    version,
+                }
+            };
             slots.push(Slot {
                 field,
+                reader: field::reader(field),
                 at: words,
-                family,
+                read,
             });
             words += width.max(1);
         }
@@ -295,7 +331,7 @@ impl Layout {
                     }
                 }
             }
-            if let Some(f) = s.family {
+            if let Some(f) = s.family() {
                 space.max[f] = FAMILY_BOTH;
             }
         }
@@ -315,7 +351,7 @@ impl Layout {
             let s = self.slots.iter().find(|s| s.field == m.field)?;
             let kind = m.field.kind();
             let words = kind.bits().div_ceil(32) as usize;
-            if let Some(f) = s.family {
+            if let Some(f) = s.family() {
                 let want = if kind == ValueKind::Ipv4 {
                     FAMILY_V4
                 } else {
@@ -396,24 +432,21 @@ impl<const N: usize> RuleClassifier for RuleTrees<N> {
     fn classify(&self, pkt: &PacketView<'_>) -> Option<usize> {
         let mut key = acl::Key([FAMILY_NONE; N]);
         for s in &self.layout.slots {
-            let v = pkt.field(s.field);
-            match s.field.kind() {
-                ValueKind::Ipv4 | ValueKind::Ipv6 => {
-                    let (Some(v), Some(f)) = (v, s.family) else {
-                        continue;
-                    };
-                    let words = if s.field.kind() == ValueKind::Ipv4 {
-                        key.0[f] = FAMILY_V4;
-                        1
-                    } else {
-                        key.0[f] = FAMILY_V6;
-                        4
-                    };
-                    for w in 0..words {
-                        key.0[s.at + w] = (v >> (32 * (words - 1 - w))) as u32;
+            let v = (s.reader)(pkt.frame, pkt.meta, pkt.state);
+            match s.read {
+                Read::Narrow { absent } => key.0[s.at] = v.map_or(absent, |v| v as u32),
+                Read::Address {
+                    words,
+                    family,
+                    version,
+                } => {
+                    if let Some(v) = v {
+                        key.0[family] = version;
+                        for w in 0..words {
+                            key.0[s.at + w] = (v >> (32 * (words - 1 - w))) as u32;
+                        }
                     }
                 }
-                k => key.0[s.at] = v.map_or(1 << k.bits(), |v| v as u32),
             }
         }
         self.acl.classify(&key).map(|i| i as usize)
