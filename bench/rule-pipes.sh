@@ -9,7 +9,7 @@ set_name=${1:-acl1_1k}
 packets=${2:-2000000}
 rules=$(realpath "../shared/classbench/$set_name")
 cargo build --release -q
-bin=target/release/dpuflow
+bin=${DPUFLOW_BIN:-target/release/dpuflow}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 

@@ -411,7 +411,7 @@ impl Layout {
 #[derive(Debug)]
 pub struct RuleTrees<const N: usize> {
     layout: Layout,
-    acl: acl::Classifier<N>,
+    acl: acl::FixedClassifier<N>,
 }
 
 impl<const N: usize> RuleTrees<N> {
@@ -422,7 +422,7 @@ impl<const N: usize> RuleTrees<N> {
             .map(|r| layout.rule(r, &space))
             .collect::<Option<_>>()?;
         Some(RuleTrees {
-            acl: acl::Classifier::with_space(space, &out),
+            acl: acl::FixedClassifier::new(space, &out),
             layout,
         })
     }

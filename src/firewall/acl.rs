@@ -398,6 +398,41 @@ struct Built<const N: usize> {
     dead: Box<[AtomicU64]>,
 }
 
+impl<const N: usize> Built<N> {
+    /// The first live rule of the trees that matches.
+    #[inline]
+    fn classify(&self, k: &Key<N>) -> Option<u32> {
+        let mut found: Option<u32> = None;
+        for (best, tree) in &self.trees {
+            if found.is_some_and(|f| f < *best) {
+                break;
+            }
+            if let Some(id) = tree.lookup(k, &self.dead) {
+                found = Some(found.map_or(id, |f| f.min(id)));
+            }
+        }
+        found
+    }
+}
+
+/// Trees over rules that never change (a pipe of a loaded pipeline): lookups skip the
+/// snapshot loads a [`Classifier`] makes to allow concurrent updates.
+#[derive(Debug)]
+pub struct FixedClassifier<const N: usize>(Built<N>);
+
+impl<const N: usize> FixedClassifier<N> {
+    pub fn new(space: Space<N>, rules: &[Rule<N>]) -> FixedClassifier<N> {
+        let all: Vec<Option<Rule<N>>> = rules.iter().copied().map(Some).collect();
+        FixedClassifier(build(&all, &space))
+    }
+
+    /// The priority (index) of the first rule that matches.
+    #[inline]
+    pub fn classify(&self, k: &Key<N>) -> Option<u32> {
+        self.0.classify(k)
+    }
+}
+
 /// Rules by priority (their index), trees over them, and the updates since they were
 /// built. Lookups (`&self`, any number of threads) never wait for a writer: they load the
 /// current trees and the list of added rules, each an immutable snapshot swapped
@@ -596,17 +631,8 @@ impl<const N: usize> Classifier<N> {
     /// The priority (index) of the first rule that matches.
     #[inline]
     pub fn classify(&self, k: &Key<N>) -> Option<u32> {
-        let built = self.built.load();
+        let found = self.built.load().classify(k);
         let added = self.added.load();
-        let mut found: Option<u32> = None;
-        for (best, tree) in &built.trees {
-            if found.is_some_and(|f| f < *best) {
-                break;
-            }
-            if let Some(id) = tree.lookup(k, &built.dead) {
-                found = Some(found.map_or(id, |f| f.min(id)));
-            }
-        }
         let extra = added.iter().find(|(_, r)| r.matches(k)).map(|(id, _)| *id);
         match (found, extra) {
             (Some(a), Some(b)) => Some(a.min(b)),
