@@ -338,73 +338,95 @@ impl Layout {
         space
     }
 
-    /// The classifier rule for `r`; `None` when a match is not ranges per word plus at
-    /// most two bit-mask tests.
-    fn rule<const N: usize>(&self, r: &Rule, space: &acl::Space<N>) -> Option<acl::Rule<N>> {
-        let mut out = acl::Rule::any(space.max);
-        let mut tests = 0;
-        let narrow = |out: &mut acl::Rule<N>, at: usize, lo: u32, hi: u32| {
-            out.lo[at] = out.lo[at].max(lo);
-            out.hi[at] = out.hi[at].min(hi);
-        };
+    /// The classifier rules for `r`: one per combination of the values its sets allow,
+    /// consecutive, so the first to match still names the first pipe rule that matches.
+    /// `None` when a match is not ranges per word plus at most two bit-mask tests.
+    fn rules<const N: usize>(&self, r: &Rule, space: &acl::Space<N>) -> Option<Vec<acl::Rule<N>>> {
+        let mut out = vec![acl::Rule::any(space.max)];
         for m in &r.matches {
             let s = self.slots.iter().find(|s| s.field == m.field)?;
-            let kind = m.field.kind();
-            let words = kind.bits().div_ceil(32) as usize;
-            if let Some(f) = s.family() {
-                let want = if kind == ValueKind::Ipv4 {
-                    FAMILY_V4
-                } else {
-                    FAMILY_V6
-                };
-                let have = out.lo[f];
-                let v = if have == 0 || have == want {
-                    want
-                } else {
-                    FAMILY_BOTH
-                };
-                (out.lo[f], out.hi[f]) = (v, v);
-            } else {
-                // Leave out the value an absent field reads as.
-                narrow(&mut out, s.at, 0, space.max[s.at] - 1);
-            }
-            let (lo, hi) = match m.pattern {
-                Pattern::Range { lo, hi } => (lo, hi),
-                Pattern::Masked { value, mask } => {
-                    let host = !mask & kind.full_mask();
-                    if host & host.wrapping_add(1) == 0 {
-                        (value, value | host)
-                    } else if words == 1 && tests < 2 {
-                        out.masked[tests] = acl::Masked {
-                            field: s.at as u8,
-                            value: value as u32,
-                            mask: mask as u32,
-                        };
-                        tests += 1;
-                        continue;
-                    } else {
-                        return None;
-                    }
-                }
-                Pattern::Any(_) => return None,
+            let alternatives = match &m.pattern {
+                Pattern::Any(ps) => ps.as_slice(),
+                p => std::slice::from_ref(p),
             };
-            // An address range splits into per-word ranges only when it is an aligned
-            // block (a prefix), which contiguous host bits guarantee.
-            if words > 1 && !matches!(m.pattern, Pattern::Masked { .. }) {
+            if out.len() * alternatives.len() > MAX_COMBINATIONS {
                 return None;
             }
-            for w in 0..words {
-                let shift = 32 * (words - 1 - w);
-                narrow(
-                    &mut out,
-                    s.at + w,
-                    (lo >> shift) as u32,
-                    (hi >> shift) as u32,
-                );
-            }
+            out = out
+                .iter()
+                .flat_map(|base| {
+                    alternatives.iter().map(move |p| {
+                        let mut r = *base;
+                        apply(&mut r, s, p, space).map(|()| r)
+                    })
+                })
+                .collect::<Option<_>>()?;
         }
         Some(out)
     }
+}
+
+/// Most classifier rules one pipe rule may become (sets on several fields multiply).
+const MAX_COMBINATIONS: usize = 64;
+
+/// Narrows `out` to packets whose field in slot `s` matches `pattern` (a range or a mask).
+fn apply<const N: usize>(
+    out: &mut acl::Rule<N>,
+    s: &Slot,
+    pattern: &Pattern,
+    space: &acl::Space<N>,
+) -> Option<()> {
+    let narrow = |out: &mut acl::Rule<N>, at: usize, lo: u32, hi: u32| {
+        out.lo[at] = out.lo[at].max(lo);
+        out.hi[at] = out.hi[at].min(hi);
+    };
+    let kind = s.field.kind();
+    let words = kind.bits().div_ceil(32) as usize;
+    if let Some(f) = s.family() {
+        let want = if kind == ValueKind::Ipv4 {
+            FAMILY_V4
+        } else {
+            FAMILY_V6
+        };
+        let have = out.lo[f];
+        let v = if have == 0 || have == want {
+            want
+        } else {
+            FAMILY_BOTH
+        };
+        (out.lo[f], out.hi[f]) = (v, v);
+    } else {
+        // Leave out the value an absent field reads as.
+        narrow(out, s.at, 0, space.max[s.at] - 1);
+    }
+    let (lo, hi) = match *pattern {
+        Pattern::Range { lo, hi } if words == 1 => (lo, hi),
+        Pattern::Masked { value, mask } => {
+            let host = !mask & kind.full_mask();
+            if host & host.wrapping_add(1) == 0 {
+                // Contiguous host bits: an aligned block, so a range in every word.
+                (value, value | host)
+            } else {
+                let free = out.masked.iter().position(|m| m.mask == 0);
+                let (Some(t), 1) = (free, words) else {
+                    return None;
+                };
+                out.masked[t] = acl::Masked {
+                    field: s.at as u8,
+                    value: value as u32,
+                    mask: mask as u32,
+                };
+                return Some(());
+            }
+        }
+        // IPv6 ranges that are not prefixes do not split into per-word ranges.
+        _ => return None,
+    };
+    for w in 0..words {
+        let shift = 32 * (words - 1 - w);
+        narrow(out, s.at + w, (lo >> shift) as u32, (hi >> shift) as u32);
+    }
+    Some(())
 }
 
 /// Ordered rules as decision trees over the words of a [`Layout`].
@@ -412,17 +434,23 @@ impl Layout {
 pub struct RuleTrees<const N: usize> {
     layout: Layout,
     acl: acl::FixedClassifier<N>,
+    /// The pipe rule each classifier rule comes from.
+    pipe_rule: Vec<usize>,
 }
 
 impl<const N: usize> RuleTrees<N> {
     fn new(layout: Layout, rules: &[Rule]) -> Option<RuleTrees<N>> {
         let space = layout.space::<N>();
-        let out: Vec<acl::Rule<N>> = rules
-            .iter()
-            .map(|r| layout.rule(r, &space))
-            .collect::<Option<_>>()?;
+        let mut out = Vec::with_capacity(rules.len());
+        let mut pipe_rule = Vec::with_capacity(rules.len());
+        for (i, r) in rules.iter().enumerate() {
+            let expanded = layout.rules(r, &space)?;
+            pipe_rule.extend(std::iter::repeat_n(i, expanded.len()));
+            out.extend(expanded);
+        }
         Some(RuleTrees {
             acl: acl::FixedClassifier::new(space, &out),
+            pipe_rule,
             layout,
         })
     }
@@ -449,7 +477,9 @@ impl<const N: usize> RuleClassifier for RuleTrees<N> {
                 }
             }
         }
-        self.acl.classify(&key).map(|i| i as usize)
+        self.acl
+            .classify(&key)
+            .and_then(|i| self.pipe_rule.get(i as usize).copied())
     }
 }
 
@@ -505,9 +535,21 @@ mod tests {
                 field: outer(FieldId::Ipv6Dst),
                 pattern: p
             }),
-            port.prop_map(|p| FieldMatch {
+            port.clone().prop_map(|p| FieldMatch {
                 field: outer(FieldId::L4Dst),
                 pattern: p
+            }),
+            // Sets: `{a, b-c}` and `{6, 17}`.
+            (0u128..40, port).prop_map(|(a, p)| FieldMatch {
+                field: outer(FieldId::L4Dst),
+                pattern: Pattern::Any(vec![Pattern::exact(a, ValueKind::Int { bits: 16 }), p]),
+            }),
+            Just(FieldMatch {
+                field: outer(FieldId::IpProto),
+                pattern: Pattern::Any(vec![
+                    Pattern::exact(6, ValueKind::Int { bits: 8 }),
+                    Pattern::exact(17, ValueKind::Int { bits: 8 })
+                ]),
             }),
             prop_oneof![Just(6u128), Just(17), Just(1)].prop_map(|v| FieldMatch {
                 field: outer(FieldId::IpProto),
