@@ -21,19 +21,20 @@ pub struct FlowKey {
 }
 
 impl std::hash::Hash for FlowKey {
-    /// One mixed word instead of a write per field: the cache hashes every packet.
+    /// Every field, in four fixed-size writes: the cache hashes each packet's key with a
+    /// keyed hash, so crafted flows cannot aim at one bucket.
     fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        let w = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
-        let mut x = w(&self.src[..8])
-            ^ w(&self.src[8..]).rotate_left(13)
-            ^ w(&self.dst[..8]).rotate_left(29)
-            ^ w(&self.dst[8..]).rotate_left(41);
-        x ^= u64::from(self.sport) << 48
-            | u64::from(self.dport) << 32
-            | u64::from(self.proto) << 24
-            | u64::from(self.in_port);
-        x ^= u64::from(self.vni.unwrap_or(0)).rotate_left(7);
-        h.write_u64(x.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        h.write_u128(u128::from_le_bytes(self.src));
+        h.write_u128(u128::from_le_bytes(self.dst));
+        h.write_u64(
+            u64::from(self.sport) << 48
+                | u64::from(self.dport) << 32
+                | u64::from(self.proto) << 24
+                | u64::from(self.v6) << 16
+                | u64::from(self.in_port),
+        );
+        // VNIs are 24 bits: bit 31 tells VNI 0 from no tunnel.
+        h.write_u32(self.vni.map_or(0, |v| v | 1 << 31));
     }
 }
 
@@ -119,10 +120,15 @@ struct Cold {
 
 const NO_PORT: u16 = u16::MAX;
 
-/// A worker's flow cache, bounded.
+/// A worker's flow cache, bounded. The index is open addressing with linear probing over
+/// (hash, slot + 1) pairs, at most half full, with deletion by backward shift (no
+/// tombstones): a lookup compares 32-bit hashes and reads a flow's key only on a match.
 #[derive(Debug)]
 pub struct FlowCache {
-    index: std::collections::HashMap<FlowKey, u32, ahash::RandomState>,
+    buckets: Vec<(u32, u32)>,
+    mask: usize,
+    hasher: ahash::RandomState,
+    len: usize,
     hot: Vec<Hot>,
     cold: Vec<Option<Cold>>,
     free: Vec<u32>,
@@ -135,10 +141,12 @@ pub struct FlowCache {
 
 impl FlowCache {
     pub fn new(capacity: usize, active_ns: u64, idle_ns: u64) -> FlowCache {
-        let mut index = std::collections::HashMap::with_hasher(ahash::RandomState::new());
-        index.reserve(capacity.min(1 << 16));
+        let buckets = (capacity.max(1) * 2).next_power_of_two();
         FlowCache {
-            index,
+            buckets: vec![(0, 0); buckets],
+            mask: buckets - 1,
+            hasher: ahash::RandomState::new(),
+            len: 0,
             hot: Vec::new(),
             cold: Vec::new(),
             free: Vec::new(),
@@ -161,19 +169,23 @@ impl FlowCache {
         denied: bool,
     ) {
         let out = out_port.unwrap_or(NO_PORT);
-        if let Some(&i) = self.index.get(&key) {
-            let h = &mut self.hot[i as usize];
-            h.packets += 1;
-            h.bytes += ip_bytes;
-            h.last_ns = h.last_ns.max(now);
-            h.tcp_flags |= tcp_flags;
-            if out != NO_PORT {
-                h.out_port = out;
+        let hash = self.hasher.hash_one(key) as u32;
+        let empty = match self.find(&key, hash) {
+            Ok(b) => {
+                let h = &mut self.hot[self.buckets[b].1 as usize - 1];
+                h.packets += 1;
+                h.bytes += ip_bytes;
+                h.last_ns = h.last_ns.max(now);
+                h.tcp_flags |= tcp_flags;
+                if out != NO_PORT {
+                    h.out_port = out;
+                }
+                h.denied |= denied;
+                return;
             }
-            h.denied |= denied;
-            return;
-        }
-        if self.index.len() >= self.capacity {
+            Err(empty) => empty,
+        };
+        if self.len >= self.capacity {
             self.overflow += 1;
             return;
         }
@@ -202,7 +214,45 @@ impl FlowCache {
                 (self.hot.len() - 1) as u32
             }
         };
-        self.index.insert(key, i);
+        self.buckets[empty] = (hash, i + 1);
+        self.len += 1;
+    }
+
+    /// The bucket holding `key` (`Ok`), or the empty bucket ending its probe (`Err`).
+    #[inline]
+    fn find(&self, key: &FlowKey, hash: u32) -> Result<usize, usize> {
+        let mut b = hash as usize & self.mask;
+        loop {
+            let (h, slot) = self.buckets[b];
+            if slot == 0 {
+                return Err(b);
+            }
+            if h == hash && self.cold[slot as usize - 1].is_some_and(|c| c.key == *key) {
+                return Ok(b);
+            }
+            b = (b + 1) & self.mask;
+        }
+    }
+
+    /// Empties bucket `hole`, moving later entries of the probe run back so every
+    /// probe still reaches its entry before an empty bucket.
+    fn remove_bucket(&mut self, mut hole: usize) {
+        let mut b = (hole + 1) & self.mask;
+        loop {
+            let (h, slot) = self.buckets[b];
+            if slot == 0 {
+                break;
+            }
+            let home = h as usize & self.mask;
+            // Movable when its home is not cyclically within (hole, b].
+            if (b.wrapping_sub(home) & self.mask) >= (b.wrapping_sub(hole) & self.mask) {
+                self.buckets[hole] = (h, slot);
+                hole = b;
+            }
+            b = (b + 1) & self.mask;
+        }
+        self.buckets[hole] = (0, 0);
+        self.len -= 1;
     }
 
     /// Moves the records due at `now` to `out`: idle flows (removed) and flows past the
@@ -243,7 +293,10 @@ impl FlowCache {
                     ..c
                 });
             } else {
-                self.index.remove(&c.key);
+                let hash = self.hasher.hash_one(c.key) as u32;
+                if let Ok(b) = self.find(&c.key, hash) {
+                    self.remove_bucket(b);
+                }
                 self.cold[i] = None;
                 self.free.push(i as u32);
             }
@@ -251,10 +304,77 @@ impl FlowCache {
     }
 
     pub fn len(&self) -> usize {
-        self.index.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
+        self.len == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    fn key(n: u16) -> FlowKey {
+        FlowKey {
+            in_port: n % 3,
+            src: u128::from(n % 17).to_be_bytes(),
+            dst: u128::from(n / 17).to_be_bytes(),
+            proto: 17,
+            sport: n,
+            dport: 53,
+            ..FlowKey::default()
+        }
+    }
+
+    proptest! {
+        /// Counts, idle expiry and the capacity bound agree with a plain map, through
+        /// removals that shift probe runs (a small table keeps runs long).
+        #[test]
+        fn cache_counts_like_a_map(ops in proptest::collection::vec((0u16..40, 0u8..10), 1..400)) {
+            const IDLE: u64 = 50;
+            let mut c = FlowCache::new(24, u64::MAX, IDLE);
+            let mut model: HashMap<FlowKey, (u64, u64)> = HashMap::new();
+            let mut out = Vec::new();
+            for (now, (n, op)) in ops.into_iter().enumerate() {
+                let now = now as u64 * 3;
+                if op == 0 {
+                    out.clear();
+                    c.expire(now, false, &mut out);
+                    let idle: Vec<FlowKey> = model
+                        .iter()
+                        .filter(|(_, (_, last))| now - last >= IDLE)
+                        .map(|(k, _)| *k)
+                        .collect();
+                    let mut got: Vec<(u16, u64)> = out.iter().map(|r| (r.key.sport, r.packets)).collect();
+                    let mut want: Vec<(u16, u64)> = idle.iter().map(|k| (k.sport, model[k].0)).collect();
+                    got.sort_unstable();
+                    want.sort_unstable();
+                    prop_assert_eq!(got, want);
+                    for k in idle {
+                        model.remove(&k);
+                    }
+                } else {
+                    let k = key(n);
+                    c.update(k, now, 100, 0, Some(1), false);
+                    if let Some(e) = model.get_mut(&k) {
+                        *e = (e.0 + 1, now);
+                    } else if model.len() < 24 {
+                        model.insert(k, (1, now));
+                    }
+                }
+                prop_assert_eq!(c.len(), model.len());
+            }
+            out.clear();
+            c.expire(u64::MAX, true, &mut out);
+            let mut got: Vec<(u16, u64)> = out.iter().map(|r| (r.key.sport, r.packets)).collect();
+            let mut want: Vec<(u16, u64)> = model.iter().map(|(k, (p, _))| (k.sport, *p)).collect();
+            got.sort_unstable();
+            want.sort_unstable();
+            prop_assert_eq!(got, want);
+        }
     }
 }
