@@ -233,6 +233,9 @@ const EXIT_USAGE: u8 = 2;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Run(_)) {
+        dpuflow::sys::die_on_broken_pipe();
+    }
     match cli.command {
         Command::Run(flags) => run(flags),
         Command::Acl { command } => acl(command),

@@ -30,3 +30,15 @@ pub fn advise_huge_pages<T>(v: &mut Vec<T>) {
     #[cfg(not(target_os = "linux"))]
     let _ = v;
 }
+
+/// Lets SIGPIPE end the process, as command-line tools do: `dpuflow acl classify … | head`
+/// then stops quietly when `head` exits, instead of failing on its next write. Not for the
+/// service, whose sockets must see EPIPE rather than die with a client.
+pub fn die_on_broken_pipe() {
+    #[cfg(unix)]
+    // SAFETY: resetting a signal's disposition to the default affects no memory; no
+    // handler of ours is installed for SIGPIPE.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}

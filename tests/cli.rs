@@ -190,3 +190,30 @@ fn every_subcommand_has_help_with_an_example() {
     }
     assert!(Path::new(env!("CARGO_BIN_EXE_dpuflow")).exists());
 }
+
+/// A reader that stops early (`| head`) ends the command quietly, by SIGPIPE as other
+/// command-line tools end, not with a panic about a failed write.
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/classbench/acl1_1k");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dpuflow"))
+        .args(["acl", "gen-trace", "--rules", rules, "--count", "1000000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dpuflow");
+    let mut first = [0u8; 64];
+    child
+        .stdout
+        .as_mut()
+        .expect("stdout")
+        .read_exact(&mut first)
+        .expect("first line");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.is_empty(), "stderr: {stderr}");
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?}", out.status);
+}
