@@ -1,5 +1,8 @@
-//! The rule classifier: priority 5-tuple rules (prefixes, port ranges, protocol with
-//! mask), first match in priority order wins.
+//! The rule classifier: priority rules as an inclusive range per key word plus up to two
+//! bit-mask tests, first match in priority order wins. Keys are up to fifteen 32-bit
+//! words; the firewall's 5-tuple (prefixes, port ranges, protocol with mask) is one layout
+//! ([`FIVE_TUPLE`]), and the engine lays out any rule pipe's fields as words
+//! (`engine::table`).
 //!
 //! Lookups walk HyperSplit-style decision trees: each inner node splits one field's range
 //! at a threshold, each leaf holds a few rules in priority order that are checked in full.
@@ -11,7 +14,8 @@
 //! visits the trees in order of their best priority and skips those that cannot beat the
 //! match found so far. Updates do not rebuild the
 //! tree: deletions mark the rule dead, insertions go to a small list checked beside the
-//! tree; [`Classifier::rebuild`] folds them in.
+//! tree; [`Classifier::rebuild`] folds them in. Rules that never change (a loaded
+//! pipeline's) use [`FixedClassifier`], which skips the snapshot loads updates need.
 
 use crate::lang::classbench::ClassBenchRule;
 use arc_swap::ArcSwap;
