@@ -187,7 +187,7 @@ impl LpmTable {
 }
 
 /// Rule pipes of many rules classify with the firewall's decision trees when every
-/// match can be said as a range per 32-bit word (see [`RuleTrees::new`]).
+/// match can be said as a range per 32-bit word (see `Layout`).
 pub fn rule_trees(rules: &[Rule]) -> Option<Box<dyn RuleClassifier>> {
     let layout = Layout::new(rules)?;
     // A few key widths, so a 5-tuple key (six words with its family word) stays small.
@@ -429,7 +429,7 @@ fn apply<const N: usize>(
     Some(())
 }
 
-/// Ordered rules as decision trees over the words of a [`Layout`].
+/// Ordered rules as decision trees over the words of a `Layout`.
 #[derive(Debug)]
 pub struct RuleTrees<const N: usize> {
     layout: Layout,

@@ -1,5 +1,5 @@
 //! The syntax tree of a pipeline file: what was written, with spans, before any checking.
-//! Values stay as words here; [`super::lower`] gives them meaning.
+//! Values stay as words here; `lang::lower` gives them meaning.
 
 use super::diag::Span;
 

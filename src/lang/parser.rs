@@ -3,7 +3,7 @@
 //! After an error the parser skips to the end of the rule or block it was in and carries
 //! on, so one run reports at least one error per rule or block. Which words a construct
 //! takes is fixed by the tables below (block keys, action arities); their meaning is
-//! checked later, in [`super::lower`].
+//! checked later, in `lang::lower`.
 
 use super::ast::*;
 use super::diag::{did_you_mean, Diagnostic, FileId, Span};
