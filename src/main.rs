@@ -116,6 +116,9 @@ enum AclCommand {
         /// Trace: one packet a line, `SRC DST SPORT DPORT PROTO`.
         #[arg(long)]
         trace: PathBuf,
+        /// IPv6 rules and trace, in the format `dpdk-test-acl --ipv6` reads.
+        #[arg(long)]
+        ipv6: bool,
     },
     /// Measure lookups on one core, the build time and the memory; with --updates, the
     /// update rate sustained while lookups run.
@@ -500,6 +503,19 @@ fn bench(f: BenchFlags) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// Prints each packet's rule index, or -1 for no match, a line each.
+fn print_classes(classes: impl Iterator<Item = Option<u32>>) -> ExitCode {
+    let mut out = String::new();
+    for c in classes {
+        match c {
+            Some(i) => out.push_str(&format!("{i}\n")),
+            None => out.push_str("-1\n"),
+        }
+    }
+    print!("{out}");
+    ExitCode::SUCCESS
+}
+
 fn acl(command: AclCommand) -> ExitCode {
     use dpuflow::firewall::acl;
     let fail = |e: String| {
@@ -507,22 +523,28 @@ fn acl(command: AclCommand) -> ExitCode {
         ExitCode::from(EXIT_USAGE)
     };
     match command {
-        AclCommand::Classify { rules, trace } => {
-            let (rules, trace) = match (acl::load_rules(&rules), acl::load_trace(&trace)) {
-                (Ok(r), Ok(t)) => (r, t),
-                (Err(e), _) | (_, Err(e)) => return fail(e),
-            };
-            let c = acl::Classifier::new(&rules);
-            let mut out = String::with_capacity(trace.len() * 5);
-            for k in &trace {
-                match c.classify(k) {
-                    Some(i) => out.push_str(&format!("{i}\n")),
-                    None => out.push_str("-1\n"),
-                }
+        AclCommand::Classify {
+            rules,
+            trace,
+            ipv6: false,
+        } => match (acl::load_rules(&rules), acl::load_trace(&trace)) {
+            (Ok(r), Ok(t)) => {
+                let c = acl::Classifier::new(&r);
+                print_classes(t.iter().map(|k| c.classify(k)))
             }
-            print!("{out}");
-            ExitCode::SUCCESS
-        }
+            (Err(e), _) | (_, Err(e)) => fail(e),
+        },
+        AclCommand::Classify {
+            rules,
+            trace,
+            ipv6: true,
+        } => match (acl::load_rules_v6(&rules), acl::load_trace_v6(&trace)) {
+            (Ok(r), Ok(t)) => {
+                let c = acl::Classifier::with_space(acl::IPV6_FIVE_TUPLE, &r);
+                print_classes(t.iter().map(|k| c.classify(k)))
+            }
+            (Err(e), _) | (_, Err(e)) => fail(e),
+        },
         AclCommand::GenTrace { rules, count, seed } => {
             let rules = match acl::load_rules(&rules) {
                 Ok(r) => r,

@@ -43,38 +43,145 @@ fn same_answers_as_rte_acl_on_classbench() {
                 .lines()
                 .map(str::to_owned)
                 .collect();
-        let out = tool_ok(
-            "dpdk-test-acl",
-            &[
-                "-l",
-                "0",
-                "--no-huge",
-                "--no-pci",
-                "-m",
-                "512",
-                &format!("--file-prefix=dpuflow-test-{}", std::process::id()),
-                "--",
-                &format!("--rulesf={rules}"),
-                &format!("--tracef={trace}"),
-                "--tracenum=20000",
-                "--tracestep=32",
-                "--alg=scalar",
-                "--iter=1",
-            ],
-        );
-        // dpdk-test-acl reports each packet as `ipv4_5tuple: N, category: 0, result: RULE`.
-        let theirs: Vec<String> = out
-            .lines()
-            .filter_map(|l| l.strip_prefix("ipv4_5tuple: "))
-            .filter(|l| l.contains("category: 0,"))
-            .filter_map(|l| l.rsplit_once("result: ").map(|(_, r)| r.to_owned()))
+        let theirs = rte_acl_results(&rules, &trace, 20000, false);
+        let differ: Vec<usize> = (0..ours.len())
+            .filter(|&i| ours[i] != theirs[i])
+            .take(5)
             .collect();
-        assert_eq!(
-            theirs.len(),
-            20000,
-            "{set}: dpdk-test-acl printed {} results",
-            theirs.len()
+        assert!(
+            differ.is_empty(),
+            "{set}: packets {differ:?} classified differently (ours, rte_acl): {:?}",
+            differ
+                .iter()
+                .map(|&i| (&ours[i], &theirs[i]))
+                .collect::<Vec<_>>()
         );
+    }
+}
+
+/// Each trace packet's result from `dpdk-test-acl` (scalar algorithm, one pass), which
+/// reports each packet as `ipv4_5tuple: N, category: 0, result: RULE` (`ipv6_5tuple` with
+/// `--ipv6`).
+fn rte_acl_results(rules: &str, trace: &str, count: usize, ipv6: bool) -> Vec<String> {
+    let mut args = vec![
+        "-l".to_owned(),
+        "0".to_owned(),
+        "--no-huge".to_owned(),
+        "--no-pci".to_owned(),
+        "-m".to_owned(),
+        "512".to_owned(),
+        // Tests run in parallel in one process: one DPDK runtime directory each.
+        format!(
+            "--file-prefix=dpuflow-test-{}-v{}",
+            std::process::id(),
+            if ipv6 { 6 } else { 4 }
+        ),
+        "--".to_owned(),
+        format!("--rulesf={rules}"),
+        format!("--tracef={trace}"),
+        format!("--tracenum={count}"),
+        "--tracestep=32".to_owned(),
+        "--alg=scalar".to_owned(),
+        "--iter=1".to_owned(),
+    ];
+    if ipv6 {
+        args.push("--ipv6".to_owned());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = tool_ok("dpdk-test-acl", &args);
+    let prefix = if ipv6 {
+        "ipv6_5tuple: "
+    } else {
+        "ipv4_5tuple: "
+    };
+    let theirs: Vec<String> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix(prefix))
+        .filter(|l| l.contains("category: 0,"))
+        .filter_map(|l| l.rsplit_once("result: ").map(|(_, r)| r.to_owned()))
+        .collect();
+    assert_eq!(
+        theirs.len(),
+        count,
+        "dpdk-test-acl printed {} results for {rules}",
+        theirs.len()
+    );
+    theirs
+}
+
+/// An IPv4 address inside 2001:db8::/32 (bits 64..96), the low 64 bits `low`, written
+/// with all eight groups as dpdk-test-acl reads them.
+fn embed(v4: u32, low: u64) -> String {
+    let a = 0x2001_0db8_u128 << 96 | u128::from(v4) << 64 | u128::from(low);
+    (0..8)
+        .map(|g| format!("{:x}", (a >> (112 - 16 * g)) as u16))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// The same rules and packets moved into IPv6 (each prefix 32 bits longer, inside
+/// 2001:db8::/32; packets get varied low 64 bits no rule looks at): both classifiers must
+/// still agree packet for packet.
+#[test]
+fn same_answers_as_rte_acl_over_ipv6() {
+    let dir = Scratch::new("acl-dpdk-v6");
+    for set in ["acl1_1k", "fw1_1k", "ipc1_1k"] {
+        let rules4 = classbench(set);
+        let net = |p: &str| {
+            let (a, len) = p.trim_start_matches('@').split_once('/').expect("prefix");
+            let a: std::net::Ipv4Addr = a.parse().expect("IPv4 address");
+            let len: u32 = len.parse().expect("length");
+            format!("{}/{}", embed(a.into(), 0), len + 32)
+        };
+        let rules6: String = std::fs::read_to_string(&rules4)
+            .expect("rules")
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                let t: Vec<&str> = l.split_whitespace().collect();
+                format!("@{} {} {}\n", net(t[0]), net(t[1]), t[2..9].join(" "))
+            })
+            .collect();
+        let rules = dir.path(&format!("{set}.rules6"));
+        std::fs::write(&rules, rules6).expect("write rules");
+        let trace4 = dpuflow_ok(&[
+            "acl",
+            "gen-trace",
+            "--rules",
+            &rules4,
+            "--count",
+            "20000",
+            "--seed",
+            "5",
+        ]);
+        let trace6: String = trace4
+            .lines()
+            .enumerate()
+            .map(|(i, l)| {
+                let t: Vec<u64> = l
+                    .split_whitespace()
+                    .map(|w| w.parse().expect("number"))
+                    .collect();
+                let low = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                format!(
+                    "{} {} {} {} {}\n",
+                    embed(t[0] as u32, low),
+                    embed(t[1] as u32, !low),
+                    t[2],
+                    t[3],
+                    t[4]
+                )
+            })
+            .collect();
+        let trace = dir.path(&format!("{set}.trace6"));
+        std::fs::write(&trace, trace6).expect("write trace");
+        let ours: Vec<String> = dpuflow_ok(&[
+            "acl", "classify", "--ipv6", "--rules", &rules, "--trace", &trace,
+        ])
+        .lines()
+        .map(str::to_owned)
+        .collect();
+        let theirs = rte_acl_results(&rules, &trace, 20000, true);
         let differ: Vec<usize> = (0..ours.len())
             .filter(|&i| ours[i] != theirs[i])
             .take(5)

@@ -121,31 +121,152 @@ fn prefix_range(addr: u32, len: u8) -> (u32, u32) {
     (addr & mask, (addr & mask) | !mask)
 }
 
+/// A protocol value/mask as the range the trees split on plus, for a partial mask, the
+/// test the leaves check on word `field`.
+fn protocol(value: u8, mask: u8, field: u8) -> ((u32, u32), [Masked; 2]) {
+    let value = value & mask;
+    let mut masked = [Masked::default(); 2];
+    let range = match mask {
+        0xff => (u32::from(value), u32::from(value)),
+        0 => (0, 255),
+        _ => {
+            masked[0] = Masked {
+                field,
+                value: u32::from(value),
+                mask: u32::from(mask),
+            };
+            (0, 255)
+        }
+    };
+    (range, masked)
+}
+
 impl From<&ClassBenchRule> for Rule {
     fn from(r: &ClassBenchRule) -> Rule {
         let (s0, s1) = prefix_range(r.src.0, r.src.1);
         let (d0, d1) = prefix_range(r.dst.0, r.dst.1);
-        let (value, mask) = (r.proto.0 & r.proto.1, r.proto.1);
-        // The tree splits on ranges; a partial protocol mask is checked at the leaves.
-        let (p0, p1) = if mask == 0xff {
-            (u32::from(value), u32::from(value))
-        } else {
-            (0, 255)
-        };
-        let mut masked = [Masked::default(); 2];
-        if mask != 0 && mask != 0xff {
-            masked[0] = Masked {
-                field: 4,
-                value: u32::from(value),
-                mask: u32::from(mask),
-            };
-        }
+        let ((p0, p1), masked) = protocol(r.proto.0, r.proto.1, 4);
         Rule {
             lo: [s0, d0, u32::from(r.sport.0), u32::from(r.dport.0), p0],
             hi: [s1, d1, u32::from(r.sport.1), u32::from(r.dport.1), p1],
             masked,
         }
     }
+}
+
+/// Words of an IPv6 5-tuple key: source and destination address (four words each, most
+/// significant first), source and destination port, protocol.
+pub const IPV6_FIELDS: usize = 11;
+
+/// The IPv6 5-tuple: grouped by the top word of each address and by the ports.
+pub const IPV6_FIVE_TUPLE: Space<IPV6_FIELDS> = Space {
+    max: [
+        u32::MAX,
+        u32::MAX,
+        u32::MAX,
+        u32::MAX,
+        u32::MAX,
+        u32::MAX,
+        u32::MAX,
+        u32::MAX,
+        65535,
+        65535,
+        255,
+    ],
+    wide: [1 << 16, 0, 0, 0, 1 << 16, 0, 0, 0, 1 << 12, 1 << 12, 0],
+};
+
+/// An IPv6 address as four words, most significant first.
+fn words(a: u128) -> [u32; 4] {
+    std::array::from_fn(|w| (a >> (96 - 32 * w)) as u32)
+}
+
+/// One line of an IPv6 rule file as `dpdk-test-acl --ipv6` reads it:
+/// `@SRC/LEN DST/LEN SPORT : SPORT DPORT : DPORT PROTO/MASK`, addresses in IPv6 notation.
+fn parse_rule_v6(line: &str) -> Option<Rule<IPV6_FIELDS>> {
+    let t: Vec<&str> = line.trim_start_matches('@').split_whitespace().collect();
+    let [src, dst, sp0, ":", sp1, dp0, ":", dp1, proto, ..] = t[..] else {
+        return None;
+    };
+    let prefix = |p: &str| -> Option<(u128, u128)> {
+        let (a, len) = p.split_once('/')?;
+        let a = u128::from(a.parse::<std::net::Ipv6Addr>().ok()?);
+        let len: u32 = len.parse().ok().filter(|l| *l <= 128)?;
+        let host = u128::MAX.checked_shr(len).unwrap_or(0);
+        Some((a & !host, a | host))
+    };
+    let int = |w: &str| crate::lang::value::integer(w).and_then(|v| u32::try_from(v).ok());
+    let port = |w: &str| int(w).filter(|p| *p <= 65535);
+    let (s, d) = (prefix(src)?, prefix(dst)?);
+    let (pv, pm) = proto.split_once('/')?;
+    let byte = |w: &str| int(w).and_then(|v| u8::try_from(v).ok());
+    let ((p0, p1), masked) = protocol(byte(pv)?, byte(pm)?, 10);
+    let (slo, shi, dlo, dhi) = (words(s.0), words(s.1), words(d.0), words(d.1));
+    let mut lo = [0; IPV6_FIELDS];
+    let mut hi = [0; IPV6_FIELDS];
+    lo[..4].copy_from_slice(&slo);
+    hi[..4].copy_from_slice(&shi);
+    lo[4..8].copy_from_slice(&dlo);
+    hi[4..8].copy_from_slice(&dhi);
+    (lo[8], hi[8], lo[9], hi[9]) = (port(sp0)?, port(sp1)?, port(dp0)?, port(dp1)?);
+    (lo[10], hi[10]) = (p0, p1);
+    Some(Rule { lo, hi, masked })
+}
+
+/// Reads an IPv6 rule file (see `parse_rule_v6`); errors name the file and line.
+pub fn load_rules_v6(path: &std::path::Path) -> Result<Vec<Rule<IPV6_FIELDS>>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(n, l)| {
+            parse_rule_v6(l).ok_or_else(|| {
+                format!(
+                    "{}:{}: expected `@SRC/LEN DST/LEN SPORT : SPORT DPORT : DPORT PROTO/MASK`",
+                    path.display(),
+                    n + 1
+                )
+            })
+        })
+        .collect()
+}
+
+/// Reads an IPv6 trace: `SRC DST SPORT DPORT PROTO`, addresses in IPv6 notation.
+pub fn load_trace_v6(path: &std::path::Path) -> Result<Vec<Key<IPV6_FIELDS>>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(n, l)| {
+            let bad = || {
+                format!(
+                    "{}:{}: expected `SRC DST SPORT DPORT PROTO`",
+                    path.display(),
+                    n + 1
+                )
+            };
+            let t: Vec<&str> = l.split_whitespace().collect();
+            let [src, dst, sp, dp, proto] = t[..] else {
+                return Err(bad());
+            };
+            let addr = |w: &str| {
+                w.parse::<std::net::Ipv6Addr>()
+                    .map(u128::from)
+                    .map_err(|_| bad())
+            };
+            let int = |w: &str, max: u32| {
+                crate::lang::value::integer(w)
+                    .and_then(|v| u32::try_from(v).ok())
+                    .filter(|v| *v <= max)
+                    .ok_or_else(bad)
+            };
+            let mut k = [0; IPV6_FIELDS];
+            k[..4].copy_from_slice(&words(addr(src)?));
+            k[4..8].copy_from_slice(&words(addr(dst)?));
+            (k[8], k[9], k[10]) = (int(sp, 65535)?, int(dp, 65535)?, int(proto, 255)?);
+            Ok(Key(k))
+        })
+        .collect()
 }
 
 /// Inserted rules kept beside the trees (checked linearly) before a rebuild folds them in.
