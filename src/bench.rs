@@ -100,10 +100,10 @@ pub struct AclReport {
 /// Classifies `trace` `rounds` times, `batch` keys at a time, on one core. With `updates`,
 /// a second thread meanwhile deletes and re-inserts random rules (`updates` operations),
 /// and the lookups go on until it is done: the rates are those sustained together.
-pub fn acl(
-    c: &crate::firewall::acl::Classifier,
-    rules: &[crate::firewall::acl::Rule],
-    trace: &[crate::firewall::acl::Key],
+pub fn acl<const N: usize>(
+    c: &crate::firewall::acl::Classifier<N>,
+    rules: &[crate::firewall::acl::Rule<N>],
+    trace: &[crate::firewall::acl::Key<N>],
     batch: usize,
     rounds: u32,
     updates: u64,

@@ -140,6 +140,9 @@ enum AclCommand {
         /// while the lookups run.
         #[arg(long, default_value_t = 0)]
         updates: u64,
+        /// IPv6 rules and trace, in the format `dpdk-test-acl --ipv6` reads.
+        #[arg(long)]
+        ipv6: bool,
     },
     /// Write a trace: packets drawn inside random rules' ranges, plus uniformly random ones.
     #[command(
@@ -564,45 +567,66 @@ fn acl(command: AclCommand) -> ExitCode {
             batch,
             iter,
             updates,
-        } => {
-            let (rules, trace) = match (acl::load_rules(&rules), acl::load_trace(&trace)) {
-                (Ok(r), Ok(t)) => (r, t),
-                (Err(e), _) | (_, Err(e)) => return fail(e),
-            };
-            let start = std::time::Instant::now();
-            let c = acl::Classifier::new(&rules);
-            let build = start.elapsed();
-            println!(
-                "rules {}, {} trees, build {:.1} ms, memory {:.2} MiB, {} rules hide others in covered regions",
-                rules.len(),
-                c.trees(),
-                build.as_secs_f64() * 1e3,
-                c.memory_bytes() as f64 / (1 << 20) as f64,
-                c.covering_rules()
-            );
-            println!(
-                "trees (depth, nodes, rule copies in leaves): {:?}",
-                c.tree_shapes()
-            );
-            let r = dpuflow::bench::acl(&c, &rules, &trace, batch, iter, updates);
-            println!(
-                "lookups: {} in {:.3} s: {:.2} Mpps (batch {batch}, {} matched)",
-                r.lookups,
-                r.elapsed.as_secs_f64(),
-                r.lookups as f64 / r.elapsed.as_secs_f64() / 1e6,
-                r.matched
-            );
-            if updates > 0 {
-                println!(
-                    "updates (second thread, while the lookups ran): {} in {:.3} s: {:.2} M/s",
-                    r.updates,
-                    r.update_time.as_secs_f64(),
-                    r.updates as f64 / r.update_time.as_secs_f64() / 1e6
-                );
-            }
-            ExitCode::SUCCESS
-        }
+            ipv6: false,
+        } => match (acl::load_rules(&rules), acl::load_trace(&trace)) {
+            (Ok(r), Ok(t)) => acl_bench(acl::FIVE_TUPLE, &r, &t, batch, iter, updates),
+            (Err(e), _) | (_, Err(e)) => fail(e),
+        },
+        AclCommand::Bench {
+            rules,
+            trace,
+            batch,
+            iter,
+            updates,
+            ipv6: true,
+        } => match (acl::load_rules_v6(&rules), acl::load_trace_v6(&trace)) {
+            (Ok(r), Ok(t)) => acl_bench(acl::IPV6_FIVE_TUPLE, &r, &t, batch, iter, updates),
+            (Err(e), _) | (_, Err(e)) => fail(e),
+        },
     }
+}
+
+/// `dpuflow acl bench` over any key layout.
+fn acl_bench<const N: usize>(
+    space: dpuflow::firewall::acl::Space<N>,
+    rules: &[dpuflow::firewall::acl::Rule<N>],
+    trace: &[dpuflow::firewall::acl::Key<N>],
+    batch: usize,
+    iter: u32,
+    updates: u64,
+) -> ExitCode {
+    let start = std::time::Instant::now();
+    let c = dpuflow::firewall::acl::Classifier::with_space(space, rules);
+    let build = start.elapsed();
+    println!(
+        "rules {}, {} trees, build {:.1} ms, memory {:.2} MiB, {} rules hide others in covered regions",
+        rules.len(),
+        c.trees(),
+        build.as_secs_f64() * 1e3,
+        c.memory_bytes() as f64 / (1 << 20) as f64,
+        c.covering_rules()
+    );
+    println!(
+        "trees (depth, nodes, rule copies in leaves): {:?}",
+        c.tree_shapes()
+    );
+    let r = dpuflow::bench::acl(&c, rules, trace, batch, iter, updates);
+    println!(
+        "lookups: {} in {:.3} s: {:.2} Mpps (batch {batch}, {} matched)",
+        r.lookups,
+        r.elapsed.as_secs_f64(),
+        r.lookups as f64 / r.elapsed.as_secs_f64() / 1e6,
+        r.matched
+    );
+    if updates > 0 {
+        println!(
+            "updates (second thread, while the lookups ran): {} in {:.3} s: {:.2} M/s",
+            r.updates,
+            r.update_time.as_secs_f64(),
+            r.updates as f64 / r.update_time.as_secs_f64() / 1e6
+        );
+    }
+    ExitCode::SUCCESS
 }
 
 fn run(f: RunFlags) -> ExitCode {

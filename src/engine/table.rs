@@ -307,14 +307,17 @@ impl Layout {
     fn space<const N: usize>(&self) -> acl::Space<N> {
         let mut space = acl::Space {
             max: [0; N],
-            wide: [0; N],
+            open_bits: [0; N],
+            span: [0; N],
         };
         for s in &self.slots {
             match s.field.kind() {
                 ValueKind::Ipv4 | ValueKind::Ipv6 => {
                     let words = s.field.kind().bits() as usize / 32;
                     space.max[s.at..s.at + words].fill(u32::MAX);
-                    space.wide[s.at] = 1 << 16;
+                    // Open from a /16 (IPv4) or a /48 (IPv6).
+                    space.open_bits[s.at] = if words == 1 { 16 } else { 80 };
+                    space.span[s.at] = words as u8;
                 }
                 k => {
                     space.max[s.at] = 1 << k.bits();
@@ -327,7 +330,7 @@ impl Layout {
                             | FieldId::UdpSrc
                             | FieldId::UdpDst
                     ) {
-                        space.wide[s.at] = 1 << 12;
+                        space.open_bits[s.at] = 12;
                     }
                 }
             }

@@ -31,15 +31,20 @@ pub const FIELDS: usize = 5;
 pub struct Space<const N: usize> {
     /// The largest value of each field.
     pub max: [u32; N],
-    /// Per field, the width from which a rule counts as open on it when rules are
-    /// grouped into trees (0: not a grouping field). The first four non-zero count.
-    pub wide: [u32; N],
+    /// Per field, from how many free bits a rule counts as open on it when rules are
+    /// grouped into trees (0: not a grouping field; the first four non-zero count). Set
+    /// on a field's first word.
+    pub open_bits: [u8; N],
+    /// Per field's first word, how many words the field takes (an IPv6 address four);
+    /// 0 or 1 for one.
+    pub span: [u8; N],
 }
 
 /// The 5-tuple: addresses are open from a /16, ports from 4096 values.
 pub const FIVE_TUPLE: Space<FIELDS> = Space {
     max: [u32::MAX, u32::MAX, 65535, 65535, 255],
-    wide: [1 << 16, 1 << 16, 1 << 12, 1 << 12, 0],
+    open_bits: [16, 16, 12, 12, 0],
+    span: [1; FIELDS],
 };
 
 /// Most fields a classifier handles (a node names its field in a byte; fifteen keep
@@ -158,7 +163,7 @@ impl From<&ClassBenchRule> for Rule {
 /// significant first), source and destination port, protocol.
 pub const IPV6_FIELDS: usize = 11;
 
-/// The IPv6 5-tuple: grouped by the top word of each address and by the ports.
+/// The IPv6 5-tuple: grouped by how open each address and port range is.
 pub const IPV6_FIVE_TUPLE: Space<IPV6_FIELDS> = Space {
     max: [
         u32::MAX,
@@ -173,7 +178,9 @@ pub const IPV6_FIVE_TUPLE: Space<IPV6_FIELDS> = Space {
         65535,
         255,
     ],
-    wide: [1 << 16, 0, 0, 0, 1 << 16, 0, 0, 0, 1 << 12, 1 << 12, 0],
+    // A /48 or shorter is open, as a /16 is for IPv4.
+    open_bits: [80, 0, 0, 0, 80, 0, 0, 0, 12, 12, 0],
+    span: [4, 0, 0, 0, 4, 0, 0, 0, 1, 1, 1],
 };
 
 /// An IPv6 address as four words, most significant first.
@@ -497,16 +504,31 @@ fn best_split<const N: usize>(rules: &[(u32, Rule<N>)], job: &Job<N>) -> Option<
     best.map(|(_, _, f, t)| (f, t))
 }
 
-/// A rule's group: which of the grouping fields (those with a `wide` width, at most
-/// four) it leaves wide open. Rules open on the same fields build small trees together.
+/// A rule's group: which of the grouping fields (those with `open_bits`, at most four)
+/// it leaves open. Rules open on the same fields build small trees together.
 fn group<const N: usize>(r: &Rule<N>, space: &Space<N>) -> usize {
     (0..N)
-        .filter(|&f| space.wide[f] != 0)
+        .filter(|&f| space.open_bits[f] != 0)
         .take(4)
         .enumerate()
-        .filter(|&(_, f)| r.hi[f] - r.lo[f] >= space.wide[f] - 1)
+        .filter(|&(_, f)| free_bits(r, f, space) >= u32::from(space.open_bits[f]))
         .map(|(bit, _)| 1 << bit)
         .sum()
+}
+
+/// How many low bits of field `f` (from its first word over its span) the rule leaves
+/// free: those of its first word that is not a single value, and all words after it. A
+/// range of `d + 1` values frees floor(log2(d + 1)) bits, so a one-word field is open from
+/// `2^open_bits` values, whether or not the range is a prefix.
+fn free_bits<const N: usize>(r: &Rule<N>, f: usize, space: &Space<N>) -> u32 {
+    let span = usize::from(space.span[f].max(1));
+    (f..(f + span).min(N))
+        .find(|&w| r.hi[w] > r.lo[w])
+        .map_or(0, |w| {
+            let d = r.hi[w] - r.lo[w];
+            let bits = d.checked_add(1).map_or(32, |n| 31 - n.leading_zeros());
+            bits + 32 * (f + span - 1 - w) as u32
+        })
 }
 
 /// What lookups read, built once per rebuild and shared by every reader.
