@@ -44,18 +44,7 @@ fn same_answers_as_rte_acl_on_classbench() {
                 .map(str::to_owned)
                 .collect();
         let theirs = rte_acl_results(&rules, &trace, 20000, false);
-        let differ: Vec<usize> = (0..ours.len())
-            .filter(|&i| ours[i] != theirs[i])
-            .take(5)
-            .collect();
-        assert!(
-            differ.is_empty(),
-            "{set}: packets {differ:?} classified differently (ours, rte_acl): {:?}",
-            differ
-                .iter()
-                .map(|&i| (&ours[i], &theirs[i]))
-                .collect::<Vec<_>>()
-        );
+        assert_same_rules(set, &ours, &theirs);
     }
 }
 
@@ -107,6 +96,22 @@ fn rte_acl_results(rules: &str, trace: &str, count: usize, ipv6: bool) -> Vec<St
         theirs.len()
     );
     theirs
+}
+
+/// Both classifiers chose the same rule for every packet.
+fn assert_same_rules(set: &str, ours: &[String], theirs: &[String]) {
+    let differ: Vec<usize> = (0..ours.len())
+        .filter(|&i| ours[i] != theirs[i])
+        .take(5)
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "{set}: packets {differ:?} classified differently (ours, rte_acl): {:?}",
+        differ
+            .iter()
+            .map(|&i| (&ours[i], &theirs[i]))
+            .collect::<Vec<_>>()
+    );
 }
 
 /// An IPv4 address inside 2001:db8::/32 (bits 64..96), the low 64 bits `low`, written
@@ -182,18 +187,7 @@ fn same_answers_as_rte_acl_over_ipv6() {
         .map(str::to_owned)
         .collect();
         let theirs = rte_acl_results(&rules, &trace, 20000, true);
-        let differ: Vec<usize> = (0..ours.len())
-            .filter(|&i| ours[i] != theirs[i])
-            .take(5)
-            .collect();
-        assert!(
-            differ.is_empty(),
-            "{set}: packets {differ:?} classified differently (ours, rte_acl): {:?}",
-            differ
-                .iter()
-                .map(|&i| (&ours[i], &theirs[i]))
-                .collect::<Vec<_>>()
-        );
+        assert_same_rules(set, &ours, &theirs);
     }
 }
 

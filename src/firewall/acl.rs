@@ -202,11 +202,10 @@ fn parse_rule_v6(line: &str) -> Option<Rule<IPV6_FIELDS>> {
         let host = u128::MAX.checked_shr(len).unwrap_or(0);
         Some((a & !host, a | host))
     };
-    let int = |w: &str| crate::lang::value::integer(w).and_then(|v| u32::try_from(v).ok());
-    let port = |w: &str| int(w).filter(|p| *p <= 65535);
+    let port = |w: &str| integer_upto(w, 65535);
     let (s, d) = (prefix(src)?, prefix(dst)?);
     let (pv, pm) = proto.split_once('/')?;
-    let byte = |w: &str| int(w).and_then(|v| u8::try_from(v).ok());
+    let byte = |w: &str| integer_upto(w, 255).map(|v| v as u8);
     let ((p0, p1), masked) = protocol(byte(pv)?, byte(pm)?, 10);
     let (slo, shi, dlo, dhi) = (words(s.0), words(s.1), words(d.0), words(d.1));
     let mut lo = [0; IPV6_FIELDS];
@@ -220,60 +219,58 @@ fn parse_rule_v6(line: &str) -> Option<Rule<IPV6_FIELDS>> {
     Some(Rule { lo, hi, masked })
 }
 
-/// Reads an IPv6 rule file (see `parse_rule_v6`); errors name the file and line.
-pub fn load_rules_v6(path: &std::path::Path) -> Result<Vec<Rule<IPV6_FIELDS>>, String> {
+/// The parsed non-empty lines of a file; errors name the file and line.
+fn read_lines<T>(
+    path: &std::path::Path,
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Result<Vec<T>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(n, l)| {
-            parse_rule_v6(l).ok_or_else(|| {
-                format!(
-                    "{}:{}: expected `@SRC/LEN DST/LEN SPORT : SPORT DPORT : DPORT PROTO/MASK`",
-                    path.display(),
-                    n + 1
-                )
-            })
-        })
+        .map(|(n, l)| parse(l).map_err(|e| format!("{}:{}: {e}", path.display(), n + 1)))
         .collect()
 }
 
-/// Reads an IPv6 trace: `SRC DST SPORT DPORT PROTO`, addresses in IPv6 notation.
-pub fn load_trace_v6(path: &std::path::Path) -> Result<Vec<Key<IPV6_FIELDS>>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(n, l)| {
-            let bad = || {
-                format!(
-                    "{}:{}: expected `SRC DST SPORT DPORT PROTO`",
-                    path.display(),
-                    n + 1
-                )
-            };
-            let t: Vec<&str> = l.split_whitespace().collect();
-            let [src, dst, sp, dp, proto] = t[..] else {
-                return Err(bad());
-            };
-            let addr = |w: &str| {
-                w.parse::<std::net::Ipv6Addr>()
-                    .map(u128::from)
-                    .map_err(|_| bad())
-            };
-            let int = |w: &str, max: u32| {
-                crate::lang::value::integer(w)
-                    .and_then(|v| u32::try_from(v).ok())
-                    .filter(|v| *v <= max)
-                    .ok_or_else(bad)
-            };
-            let mut k = [0; IPV6_FIELDS];
-            k[..4].copy_from_slice(&words(addr(src)?));
-            k[4..8].copy_from_slice(&words(addr(dst)?));
-            (k[8], k[9], k[10]) = (int(sp, 65535)?, int(dp, 65535)?, int(proto, 255)?);
-            Ok(Key(k))
+const TRACE_FORMAT: &str = "expected `SRC DST SPORT DPORT PROTO`";
+
+/// An integer of at most `max`, decimal or 0x-hexadecimal.
+fn integer_upto(w: &str, max: u32) -> Option<u32> {
+    crate::lang::value::integer(w)
+        .and_then(|v| u32::try_from(v).ok())
+        .filter(|v| *v <= max)
+}
+
+/// Reads an IPv6 rule file (see `parse_rule_v6`).
+pub fn load_rules_v6(path: &std::path::Path) -> Result<Vec<Rule<IPV6_FIELDS>>, String> {
+    read_lines(path, |l| {
+        parse_rule_v6(l).ok_or_else(|| {
+            "expected `@SRC/LEN DST/LEN SPORT : SPORT DPORT : DPORT PROTO/MASK`".to_owned()
         })
-        .collect()
+    })
+}
+
+/// One IPv6 trace line: `SRC DST SPORT DPORT PROTO`, addresses in IPv6 notation.
+fn parse_trace_v6(line: &str) -> Option<Key<IPV6_FIELDS>> {
+    let t: Vec<&str> = line.split_whitespace().collect();
+    let [src, dst, sp, dp, proto] = t[..] else {
+        return None;
+    };
+    let addr = |w: &str| w.parse::<std::net::Ipv6Addr>().ok().map(u128::from);
+    let mut k = [0; IPV6_FIELDS];
+    k[..4].copy_from_slice(&words(addr(src)?));
+    k[4..8].copy_from_slice(&words(addr(dst)?));
+    k[8] = integer_upto(sp, 65535)?;
+    k[9] = integer_upto(dp, 65535)?;
+    k[10] = integer_upto(proto, 255)?;
+    Some(Key(k))
+}
+
+/// Reads an IPv6 trace (see `parse_trace_v6`).
+pub fn load_trace_v6(path: &std::path::Path) -> Result<Vec<Key<IPV6_FIELDS>>, String> {
+    read_lines(path, |l| {
+        parse_trace_v6(l).ok_or_else(|| TRACE_FORMAT.to_owned())
+    })
 }
 
 /// Inserted rules kept beside the trees (checked linearly) before a rebuild folds them in.
@@ -878,49 +875,34 @@ fn build<const N: usize>(rules: &[Option<Rule<N>>], space: &Space<N>) -> Built<N
 
 /// Reads a ClassBench rule file; errors name the file and line.
 pub fn load_rules(path: &std::path::Path) -> Result<Vec<Rule>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(n, l)| {
-            crate::lang::classbench::parse_line(l)
-                .map(|r| Rule::from(&r))
-                .map_err(|e| format!("{}:{}: {e}", path.display(), n + 1))
-        })
-        .collect()
+    read_lines(path, |l| {
+        crate::lang::classbench::parse_line(l)
+            .map(|r| Rule::from(&r))
+            .map_err(|e| e.to_string())
+    })
 }
 
-/// Reads a trace: one packet a line, `SRC DST SPORT DPORT PROTO` as integers (decimal or
-/// 0x-hexadecimal), as `dpdk-test-acl` reads them.
+/// One trace line: `SRC DST SPORT DPORT PROTO` as integers (decimal or 0x-hexadecimal),
+/// as `dpdk-test-acl` reads them.
+fn parse_trace(line: &str) -> Option<Key> {
+    let t: Vec<&str> = line.split_whitespace().collect();
+    let [s, d, sp, dp, p] = t[..] else {
+        return None;
+    };
+    Some(Key([
+        integer_upto(s, u32::MAX)?,
+        integer_upto(d, u32::MAX)?,
+        integer_upto(sp, 65535)?,
+        integer_upto(dp, 65535)?,
+        integer_upto(p, 255)?,
+    ]))
+}
+
+/// Reads a trace (see `parse_trace`).
 pub fn load_trace(path: &std::path::Path) -> Result<Vec<Key>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(n, l)| {
-            let bad = || {
-                format!(
-                    "{}:{}: expected `SRC DST SPORT DPORT PROTO`",
-                    path.display(),
-                    n + 1
-                )
-            };
-            let v: Vec<u32> = l
-                .split_whitespace()
-                .map(|w| {
-                    crate::lang::value::integer(w)
-                        .and_then(|v| u32::try_from(v).ok())
-                        .ok_or_else(bad)
-                })
-                .collect::<Result<_, _>>()?;
-            match v[..] {
-                [s, d, sp, dp, p] if sp <= 65535 && dp <= 65535 && p <= 255 => {
-                    Ok(Key([s, d, sp, dp, p]))
-                }
-                _ => Err(bad()),
-            }
-        })
-        .collect()
+    read_lines(path, |l| {
+        parse_trace(l).ok_or_else(|| TRACE_FORMAT.to_owned())
+    })
 }
 
 /// A small deterministic generator (SplitMix64), so traces are reproducible from a seed.
