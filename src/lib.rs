@@ -11,6 +11,7 @@ pub mod daemon;
 pub mod engine;
 pub mod firewall;
 pub mod graph;
+pub mod hash;
 pub mod io;
 pub mod ir;
 pub mod lang;

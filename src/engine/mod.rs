@@ -20,7 +20,7 @@ pub use packet::{PacketBuf, DEFAULT_MAX_FRAME, HEADROOM};
 
 use crate::firewall::conntrack::{Conntrack, Lookup, Probe};
 use crate::ir::{self, Action, PipeBody, PipeId, PortId, ServiceId};
-use crate::telemetry::flows::{FlowCache, FlowKey, FlowRecord};
+use crate::telemetry::flows::{FlowCache, FlowProbe, FlowRecord, Seen};
 use field::PacketState;
 use meter::MeterState;
 use parse::{Meta, TunnelPorts};
@@ -182,6 +182,8 @@ pub struct Engine {
     metas: Box<[Result<Meta, DropReason>]>,
     /// Connection hashes of the current batch, when it is staged.
     ct_hints: Box<[Option<Probe>]>,
+    /// Each staged packet's flow-cache probe, when flows are kept.
+    flow_probes: Box<[Option<FlowProbe>]>,
     pipes: Vec<CompiledPipe>,
     roots: Vec<Option<PipeId>>,
     encaps: Vec<EncapTemplate>,
@@ -201,8 +203,8 @@ struct Runtime {
     ct: Option<Conntrack>,
     /// Flow cache for IPFIX, when enabled.
     flows: Option<FlowCache>,
-    /// The current packet's flow key, IP length and TCP flags, taken as it arrived.
-    flow_seen: Option<(FlowKey, u64, u8)>,
+    /// The current packet's flow slot, IP length and TCP flags, taken as it arrived.
+    flow_seen: Option<Seen>,
 }
 
 impl Engine {
@@ -302,6 +304,7 @@ impl Engine {
         Engine {
             metas: vec![Err(DropReason::NoPipe); MAX_BATCH].into_boxed_slice(),
             ct_hints: vec![None; MAX_BATCH].into_boxed_slice(),
+            flow_probes: vec![None; MAX_BATCH].into_boxed_slice(),
             pipes,
             roots: (0..p.ports.len())
                 .map(|i| p.root_of(PortId(i as u16)))
@@ -362,39 +365,44 @@ impl Engine {
     /// Runs every packet of the batch through the pipeline and sets its verdict.
     pub fn process<O: Observer>(&mut self, batch: &mut [PacketBuf], obs: &mut O) {
         self.rt.mirrored = 0;
-        // With connection tracking, parse the whole batch first and prefetch each packet's
-        // connection slot, so the table's cache misses overlap instead of queueing.
-        let staged = self.rt.ct.is_some() && batch.len() <= MAX_BATCH;
-        if staged {
-            for ((pkt, meta), hint) in batch
-                .iter()
-                .zip(self.metas.iter_mut())
-                .zip(self.ct_hints.iter_mut())
-            {
-                *meta = parse::parse(pkt.data(), &self.tunnels);
-                *hint = match (meta.as_ref(), self.rt.ct.as_ref()) {
-                    (Ok(m), Some(ct)) => ct.prefetch(pkt.data(), m),
-                    _ => None,
-                };
+        for part in batch.chunks_mut(MAX_BATCH) {
+            self.process_part(part, obs);
+        }
+    }
+
+    /// [`Engine::process`] for at most [`MAX_BATCH`] packets. The whole batch is parsed
+    /// first, and each packet's connection slot and flow prefetched, so the tables' cache
+    /// misses overlap instead of queueing; each packet's parse result is read long after
+    /// it was written (a copy straight after the write stalls on store forwarding).
+    fn process_part<O: Observer>(&mut self, batch: &mut [PacketBuf], obs: &mut O) {
+        for (i, pkt) in batch.iter().enumerate() {
+            // Parsed straight into its slot: a temporary copied in would stall on store
+            // forwarding.
+            let staged = &mut self.metas[i];
+            *staged = parse::parse(pkt.data(), &self.tunnels);
+            let meta = staged.as_ref().ok();
+            if let Some(ct) = &self.rt.ct {
+                self.ct_hints[i] = meta.and_then(|m| ct.prefetch(pkt.data(), m));
+            }
+            if let Some(flows) = &self.rt.flows {
+                self.flow_probes[i] = meta.and_then(|m| flows.probe(pkt.data(), m, pkt.port.0));
+            }
+        }
+        if let Some(flows) = &self.rt.flows {
+            for probe in self.flow_probes[..batch.len()].iter().flatten() {
+                flows.prefetch_flow(probe);
             }
         }
         for (i, pkt) in batch.iter_mut().enumerate() {
             obs.begin(pkt);
-            let (meta, hint) = if staged {
-                (self.metas[i], self.ct_hints[i])
-            } else {
-                (parse::parse(pkt.data(), &self.tunnels), None)
-            };
-            let v = self.run(pkt, meta, hint, obs);
-            if let (Some(flows), Some((key, bytes, flags))) =
-                (&mut self.rt.flows, self.rt.flow_seen.take())
-            {
+            let v = self.run(pkt, i, obs);
+            if let (Some(flows), Some(seen)) = (&mut self.rt.flows, self.rt.flow_seen.take()) {
                 let (out, denied) = match v {
                     Verdict::Forward(p) => (Some(p.0), false),
                     Verdict::Drop(_) => (None, true),
                     Verdict::Service(_) => (None, false),
                 };
-                flows.update(key, pkt.ts_ns, bytes, flags, out, denied);
+                flows.count(seen, out, denied);
             }
             let port = pkt.port.index();
             match v {
@@ -417,31 +425,33 @@ impl Engine {
         s.drops[DropReason::Oversize as usize] += 1;
     }
 
-    fn run<O: Observer>(
-        &mut self,
-        pkt: &mut PacketBuf,
-        parsed: Result<Meta, DropReason>,
-        mut ct_hint: Option<Probe>,
-        obs: &mut O,
-    ) -> Verdict {
+    fn run<O: Observer>(&mut self, pkt: &mut PacketBuf, staged_at: usize, obs: &mut O) -> Verdict {
         self.rt.stats.ports[pkt.port.index()].rx.add(pkt.len());
         let Some(mut pipe) = self.roots[pkt.port.index()] else {
             return Verdict::Drop(DropReason::NoPipe);
         };
-        let mut meta = match parsed {
-            Ok(m) => m,
-            Err(r) => return Verdict::Drop(r),
+        let mut meta = match &self.metas[staged_at] {
+            Ok(m) => *m,
+            Err(r) => return Verdict::Drop(*r),
         };
-        if self.rt.flows.is_some() {
+        let mut ct_hint = self.ct_hints[staged_at];
+        if let (Some(flows), Some(flow)) = (&mut self.rt.flows, &self.flow_probes[staged_at]) {
             let frame = pkt.data();
-            self.rt.flow_seen = FlowKey::of(frame, &meta, pkt.port.0).map(|k| {
+            let now = pkt.ts_ns;
+            self.rt.flow_seen = flows.slot(flow, now).map(|slot| {
                 let l = &meta.outer;
-                let flags = if l.l4_ok && l.proto == crate::wire::ip_proto::TCP {
+                let tcp_flags = if l.l4_ok && l.proto == crate::wire::ip_proto::TCP {
                     frame[usize::from(l.l4) + 13]
                 } else {
                     0
                 };
-                (k, u64::from(l.l3_end - l.l3), flags)
+                let ip_bytes = l.l3_end - l.l3;
+                Seen {
+                    slot,
+                    ip_bytes,
+                    tcp_flags,
+                    now,
+                }
             });
         }
         let mut state = PacketState {

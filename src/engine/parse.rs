@@ -88,6 +88,7 @@ impl TunnelPorts {
 }
 
 /// Parses `frame` (starting at offset 0).
+#[inline(always)]
 pub fn parse(frame: &[u8], tunnels: &TunnelPorts) -> Result<Meta, DropReason> {
     let outer = layers(frame, 0)?;
     let mut meta = Meta {
@@ -128,6 +129,7 @@ pub fn parse(frame: &[u8], tunnels: &TunnelPorts) -> Result<Meta, DropReason> {
 }
 
 /// Parses Ethernet, VLAN tags, IP and the L4 header starting at `at`.
+#[inline(always)]
 fn layers(frame: &[u8], at: usize) -> Result<Layers, DropReason> {
     let eth = ethernet::Frame::new_checked(&frame[at..]).map_err(|_| DropReason::MalformedL2)?;
     let mut l = Layers {

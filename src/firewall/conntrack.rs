@@ -16,9 +16,9 @@
 
 use crate::engine::parse::{Layers, Meta, L3};
 use crate::engine::prefetch::prefetch;
+use crate::hash::KeyedHash;
 use crate::ir::{CtTimeouts, CT_STATE_NAMES};
 use crate::wire::{be16, icmp, ip_proto, ipv4, ipv6, tcp};
-use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
 /// The `ct.state` of a packet.
@@ -159,7 +159,7 @@ pub struct Conntrack {
     tags: Box<[u8]>,
     capacity: usize,
     timeouts: CtTimeouts,
-    seed: ahash::RandomState,
+    seed: KeyedHash,
     sweep_at: usize,
     pub stats: CtStats,
 }
@@ -182,7 +182,7 @@ impl Conntrack {
             tags: vec![0; slots].into_boxed_slice(),
             capacity,
             timeouts,
-            seed: ahash::RandomState::new(),
+            seed: KeyedHash::new(),
             sweep_at: 0,
             stats: CtStats::default(),
         }
@@ -206,16 +206,16 @@ impl Conntrack {
     }
 
     fn hash(&self, k: &Key) -> u64 {
-        let mut h = self.seed.build_hasher();
-        h.write_u64(k.a[0]);
-        h.write_u64(k.a[1]);
-        h.write_u64(k.b[0]);
-        h.write_u64(k.b[1]);
-        h.write_u16(k.port_a);
-        h.write_u16(k.port_b);
-        h.write_u8(k.proto);
-        h.write_u16(k.zone);
-        h.finish()
+        self.seed.hash([
+            k.a[0],
+            k.a[1],
+            k.b[0],
+            k.b[1],
+            u64::from(k.port_a) << 48
+                | u64::from(k.port_b) << 32
+                | u64::from(k.proto) << 16
+                | u64::from(k.zone),
+        ])
     }
 
     /// The home slot of a hash: mapped onto the table by multiply-shift.

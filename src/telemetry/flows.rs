@@ -3,16 +3,19 @@
 //! byte counts since its last export. Time is the packets' own.
 
 use crate::engine::parse::{Meta, L3};
-use crate::wire::{be16, ip_proto};
+use crate::engine::prefetch::prefetch;
+use crate::hash::KeyedHash;
+use crate::wire::{be128, be32, ip_proto};
 
 /// What identifies a flow.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct FlowKey {
     pub in_port: u16,
     pub v6: bool,
-    /// IPv4 addresses in the last four bytes.
-    pub src: [u8; 16],
-    pub dst: [u8; 16],
+    /// Addresses as big-endian integers; IPv4 in the low 32 bits. Integers, not byte
+    /// arrays, so a key is built and hashed in registers.
+    pub src: u128,
+    pub dst: u128,
     pub proto: u8,
     pub sport: u16,
     pub dport: u16,
@@ -20,53 +23,66 @@ pub struct FlowKey {
     pub vni: Option<u32>,
 }
 
-impl std::hash::Hash for FlowKey {
-    /// Every field, in four fixed-size writes: the cache hashes each packet's key with a
-    /// keyed hash, so crafted flows cannot aim at one bucket.
-    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        h.write_u128(u128::from_le_bytes(self.src));
-        h.write_u128(u128::from_le_bytes(self.dst));
-        h.write_u64(
-            u64::from(self.sport) << 48
-                | u64::from(self.dport) << 32
-                | u64::from(self.proto) << 24
-                | u64::from(self.v6) << 16
-                | u64::from(self.in_port),
-        );
-        // VNIs are 24 bits: bit 31 tells VNI 0 from no tunnel.
-        h.write_u32(self.vni.map_or(0, |v| v | 1 << 31));
-    }
-}
+/// A flow key as the cache keeps it: six words, compared and hashed whole.
+/// Addresses take two words each; the fifth holds ports, protocol, family and ingress
+/// port; the sixth the VNI with bit 31 telling VNI 0 from no tunnel (VNIs are 24 bits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Packed([u64; 6]);
 
-impl FlowKey {
+impl Packed {
     /// The key of a parsed packet, from its outer headers; `None` for non-IP packets.
-    pub fn of(frame: &[u8], meta: &Meta, in_port: u16) -> Option<FlowKey> {
+    #[inline(always)]
+    fn of(frame: &[u8], meta: &Meta, in_port: u16) -> Option<Packed> {
         let l = &meta.outer;
         let l3 = usize::from(l.l3);
-        let mut k = FlowKey {
-            in_port,
-            proto: l.proto,
-            vni: meta.tunnel.map(|t| t.vni),
-            ..FlowKey::default()
-        };
-        match l.l3_kind {
-            L3::V4 => {
-                k.src[12..].copy_from_slice(&frame[l3 + 12..l3 + 16]);
-                k.dst[12..].copy_from_slice(&frame[l3 + 16..l3 + 20]);
-            }
-            L3::V6 => {
-                k.v6 = true;
-                k.src.copy_from_slice(&frame[l3 + 8..l3 + 24]);
-                k.dst.copy_from_slice(&frame[l3 + 24..l3 + 40]);
-            }
+        let (v6, src, dst) = match l.l3_kind {
+            L3::V4 => (
+                false,
+                u128::from(be32(frame, l3 + 12)),
+                u128::from(be32(frame, l3 + 16)),
+            ),
+            L3::V6 => (true, be128(frame, l3 + 8), be128(frame, l3 + 24)),
             L3::None => return None,
+        };
+        let ports = if l.l4_ok && matches!(l.proto, ip_proto::TCP | ip_proto::UDP | ip_proto::SCTP)
+        {
+            u64::from(be32(frame, usize::from(l.l4)))
+        } else {
+            0
+        };
+        let vni = meta.tunnel.map_or(0, |t| u64::from(t.vni) | 1 << 31);
+        Some(Packed([
+            (src >> 64) as u64,
+            src as u64,
+            (dst >> 64) as u64,
+            dst as u64,
+            ports << 32 | u64::from(l.proto) << 24 | u64::from(v6) << 16 | u64::from(in_port),
+            vni,
+        ]))
+    }
+
+    /// Equality without a branch per word.
+    #[inline(always)]
+    fn same(&self, other: &Packed) -> bool {
+        self.0
+            .iter()
+            .zip(other.0)
+            .fold(0, |acc, (a, b)| acc | (a ^ b))
+            == 0
+    }
+
+    fn unpack(&self) -> FlowKey {
+        let w = &self.0;
+        FlowKey {
+            in_port: w[4] as u16,
+            v6: w[4] >> 16 & 1 == 1,
+            src: u128::from(w[0]) << 64 | u128::from(w[1]),
+            dst: u128::from(w[2]) << 64 | u128::from(w[3]),
+            proto: (w[4] >> 24) as u8,
+            sport: (w[4] >> 48) as u16,
+            dport: (w[4] >> 32) as u16,
+            vni: (w[5] & 1 << 31 != 0).then_some(w[5] as u32 & 0x00ff_ffff),
         }
-        if l.l4_ok && matches!(l.proto, ip_proto::TCP | ip_proto::UDP | ip_proto::SCTP) {
-            let l4 = usize::from(l.l4);
-            k.sport = be16(frame, l4);
-            k.dport = be16(frame, l4 + 2);
-        }
-        Some(k)
     }
 }
 
@@ -96,6 +112,22 @@ pub struct FlowRecord {
     pub reason: EndReason,
 }
 
+/// A packet's flow key and its hash, from [`FlowCache::probe`].
+#[derive(Debug, Clone, Copy)]
+pub struct FlowProbe {
+    key: Packed,
+    hash: u32,
+}
+
+/// What the engine notes of a packet as it arrives, to count it once it leaves.
+#[derive(Debug, Clone, Copy)]
+pub struct Seen {
+    pub slot: u32,
+    pub ip_bytes: u16,
+    pub tcp_flags: u8,
+    pub now: u64,
+}
+
 /// What every packet of a flow updates: kept apart from the rest (32 bytes), so the cache's
 /// per-packet work touches little memory.
 #[derive(Debug, Clone, Copy, Default)]
@@ -107,12 +139,15 @@ struct Hot {
     out_port: u16,
     tcp_flags: u8,
     denied: bool,
+    /// The slot holds a flow (free slots are listed in `free`).
+    live: bool,
 }
 
-/// The rest of a flow, read at export.
+/// The rest of a flow, read at export: one cache line.
 #[derive(Debug, Clone, Copy)]
+#[repr(align(64))]
 struct Cold {
-    key: FlowKey,
+    key: Packed,
     first_ns: u64,
     /// When the current reporting interval began (for the active timeout).
     since_ns: u64,
@@ -127,10 +162,10 @@ const NO_PORT: u16 = u16::MAX;
 pub struct FlowCache {
     buckets: Vec<(u32, u32)>,
     mask: usize,
-    hasher: ahash::RandomState,
+    hasher: KeyedHash,
     len: usize,
     hot: Vec<Hot>,
-    cold: Vec<Option<Cold>>,
+    cold: Vec<Cold>,
     free: Vec<u32>,
     capacity: usize,
     active_ns: u64,
@@ -145,7 +180,7 @@ impl FlowCache {
         FlowCache {
             buckets: vec![(0, 0); buckets],
             mask: buckets - 1,
-            hasher: ahash::RandomState::new(),
+            hasher: KeyedHash::new(),
             len: 0,
             hot: Vec::new(),
             cold: Vec::new(),
@@ -157,51 +192,52 @@ impl FlowCache {
         }
     }
 
-    /// Counts one packet of `key`.
+    /// Takes the key of a parsed packet (`None` for non-IP packets), hashes it and starts
+    /// loading its index bucket: the first step of a lookup, done
+    /// for a whole batch before any of it is processed so the cache misses overlap.
     #[inline]
-    pub fn update(
-        &mut self,
-        key: FlowKey,
-        now: u64,
-        ip_bytes: u64,
-        tcp_flags: u8,
-        out_port: Option<u16>,
-        denied: bool,
-    ) {
-        let out = out_port.unwrap_or(NO_PORT);
-        let hash = self.hasher.hash_one(key) as u32;
-        let empty = match self.find(&key, hash) {
-            Ok(b) => {
-                let h = &mut self.hot[self.buckets[b].1 as usize - 1];
-                h.packets += 1;
-                h.bytes += ip_bytes;
-                h.last_ns = h.last_ns.max(now);
-                h.tcp_flags |= tcp_flags;
-                if out != NO_PORT {
-                    h.out_port = out;
-                }
-                h.denied |= denied;
-                return;
-            }
+    pub fn probe(&self, frame: &[u8], meta: &Meta, in_port: u16) -> Option<FlowProbe> {
+        let key = Packed::of(frame, meta, in_port)?;
+        let hash = self.hasher.hash(key.0) as u32;
+        prefetch(&self.buckets[hash as usize & self.mask]);
+        Some(FlowProbe { key, hash })
+    }
+
+    /// The second step: with the bucket loaded, starts loading the flow it names.
+    #[inline]
+    pub fn prefetch_flow(&self, probe: &FlowProbe) {
+        let (_, slot) = self.buckets[probe.hash as usize & self.mask];
+        if let Some(i) = (slot as usize).checked_sub(1) {
+            prefetch(&self.cold[i]);
+            prefetch(&self.hot[i]);
+        }
+    }
+
+    /// The slot of the probed flow, a new one if the flow is new, looked up as the packet
+    /// arrives (before the pipeline may rewrite its headers); `None` when the cache is
+    /// full (counted in `overflow`).
+    #[inline]
+    pub fn slot(&mut self, probe: &FlowProbe, now: u64) -> Option<u32> {
+        let (key, hash) = (&probe.key, probe.hash);
+        let empty = match self.find(key, hash) {
+            Ok(b) => return Some(self.buckets[b].1 - 1),
             Err(empty) => empty,
         };
         if self.len >= self.capacity {
             self.overflow += 1;
-            return;
+            return None;
         }
         let hot = Hot {
-            packets: 1,
-            bytes: ip_bytes,
             last_ns: now,
-            out_port: out,
-            tcp_flags,
-            denied,
+            out_port: NO_PORT,
+            live: true,
+            ..Hot::default()
         };
-        let cold = Some(Cold {
-            key,
+        let cold = Cold {
+            key: *key,
             first_ns: now,
             since_ns: now,
-        });
+        };
         let i = match self.free.pop() {
             Some(i) => {
                 self.hot[i as usize] = hot;
@@ -216,18 +252,34 @@ impl FlowCache {
         };
         self.buckets[empty] = (hash, i + 1);
         self.len += 1;
+        Some(i)
+    }
+
+    /// Counts one packet into the flow at `seen.slot` (from [`FlowCache::slot`], with no
+    /// expiry in between), once the pipeline has decided its fate.
+    #[inline]
+    pub fn count(&mut self, seen: Seen, out_port: Option<u16>, denied: bool) {
+        let h = &mut self.hot[seen.slot as usize];
+        h.packets += 1;
+        h.bytes += u64::from(seen.ip_bytes);
+        h.last_ns = h.last_ns.max(seen.now);
+        h.tcp_flags |= seen.tcp_flags;
+        if let Some(p) = out_port {
+            h.out_port = p;
+        }
+        h.denied |= denied;
     }
 
     /// The bucket holding `key` (`Ok`), or the empty bucket ending its probe (`Err`).
-    #[inline]
-    fn find(&self, key: &FlowKey, hash: u32) -> Result<usize, usize> {
+    #[inline(always)]
+    fn find(&self, key: &Packed, hash: u32) -> Result<usize, usize> {
         let mut b = hash as usize & self.mask;
         loop {
             let (h, slot) = self.buckets[b];
             if slot == 0 {
                 return Err(b);
             }
-            if h == hash && self.cold[slot as usize - 1].is_some_and(|c| c.key == *key) {
+            if h == hash && self.cold[slot as usize - 1].key.same(key) {
                 return Ok(b);
             }
             b = (b + 1) & self.mask;
@@ -259,8 +311,10 @@ impl FlowCache {
     /// active timeout (their counts restart). With `all`, every flow (forced end).
     pub fn expire(&mut self, now: u64, all: bool, out: &mut Vec<FlowRecord>) {
         for i in 0..self.hot.len() {
-            let Some(c) = self.cold[i] else { continue };
-            let h = self.hot[i];
+            let (h, c) = (self.hot[i], self.cold[i]);
+            if !h.live {
+                continue;
+            }
             let reason = if all {
                 EndReason::Forced
             } else if now.saturating_sub(h.last_ns) >= self.idle_ns {
@@ -271,7 +325,7 @@ impl FlowCache {
                 continue;
             };
             out.push(FlowRecord {
-                key: c.key,
+                key: c.key.unpack(),
                 first_ns: c.first_ns,
                 last_ns: h.last_ns,
                 packets: h.packets,
@@ -285,19 +339,20 @@ impl FlowCache {
                 self.hot[i] = Hot {
                     last_ns: h.last_ns,
                     out_port: h.out_port,
+                    live: true,
                     ..Hot::default()
                 };
-                self.cold[i] = Some(Cold {
+                self.cold[i] = Cold {
                     first_ns: h.last_ns,
                     since_ns: now,
                     ..c
-                });
+                };
             } else {
-                let hash = self.hasher.hash_one(c.key) as u32;
+                let hash = self.hasher.hash(c.key.0) as u32;
                 if let Ok(b) = self.find(&c.key, hash) {
                     self.remove_bucket(b);
                 }
-                self.cold[i] = None;
+                self.hot[i].live = false;
                 self.free.push(i as u32);
             }
         }
@@ -318,11 +373,53 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::HashMap;
 
+    /// The inverse of `Packed::unpack`.
+    fn pack(k: &FlowKey) -> Packed {
+        Packed([
+            (k.src >> 64) as u64,
+            k.src as u64,
+            (k.dst >> 64) as u64,
+            k.dst as u64,
+            u64::from(k.sport) << 48
+                | u64::from(k.dport) << 32
+                | u64::from(k.proto) << 24
+                | u64::from(k.v6) << 16
+                | u64::from(k.in_port),
+            k.vni.map_or(0, |v| u64::from(v) | 1 << 31),
+        ])
+    }
+
+    fn probe(c: &FlowCache, k: &FlowKey) -> FlowProbe {
+        let key = pack(k);
+        FlowProbe {
+            key,
+            hash: c.hasher.hash(key.0) as u32,
+        }
+    }
+
+    #[test]
+    fn keys_unpack_as_packed() {
+        let k = FlowKey {
+            in_port: 7,
+            v6: true,
+            src: u128::MAX - 5,
+            dst: 1 << 100 | 9,
+            proto: 6,
+            sport: 65535,
+            dport: 1,
+            vni: Some(0),
+        };
+        assert_eq!(pack(&k).unpack(), k);
+        let none = FlowKey { vni: None, ..k };
+        assert_eq!(pack(&none).unpack(), none);
+        assert!(!pack(&none).same(&pack(&k)));
+    }
+
     fn key(n: u16) -> FlowKey {
         FlowKey {
             in_port: n % 3,
-            src: u128::from(n % 17).to_be_bytes(),
-            dst: u128::from(n / 17).to_be_bytes(),
+            src: u128::from(n % 17),
+            dst: u128::from(n / 17),
             proto: 17,
             sport: n,
             dport: 53,
@@ -359,7 +456,10 @@ mod tests {
                     }
                 } else {
                     let k = key(n);
-                    c.update(k, now, 100, 0, Some(1), false);
+                    if let Some(slot) = c.slot(&probe(&c, &k), now) {
+                        let seen = Seen { slot, ip_bytes: 100, tcp_flags: 0, now };
+                        c.count(seen, Some(1), false);
+                    }
                     if let Some(e) = model.get_mut(&k) {
                         *e = (e.0 + 1, now);
                     } else if model.len() < 24 {

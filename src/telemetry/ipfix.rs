@@ -152,11 +152,11 @@ fn encode(msg: &mut Vec<u8>, r: &FlowRecord) {
     msg.extend_from_slice(&r.out_port.map_or(0, |p| u32::from(p) + 1).to_be_bytes());
     msg.push(k.proto);
     if k.v6 {
-        msg.extend_from_slice(&k.src);
-        msg.extend_from_slice(&k.dst);
+        msg.extend_from_slice(&k.src.to_be_bytes());
+        msg.extend_from_slice(&k.dst.to_be_bytes());
     } else {
-        msg.extend_from_slice(&k.src[12..]);
-        msg.extend_from_slice(&k.dst[12..]);
+        msg.extend_from_slice(&(k.src as u32).to_be_bytes());
+        msg.extend_from_slice(&(k.dst as u32).to_be_bytes());
     }
     msg.extend_from_slice(&k.sport.to_be_bytes());
     msg.extend_from_slice(&k.dport.to_be_bytes());
@@ -178,8 +178,8 @@ mod tests {
             key: FlowKey {
                 in_port: 0,
                 v6,
-                src: [1; 16],
-                dst: [2; 16],
+                src: 1,
+                dst: 2,
                 proto: 17,
                 sport: n,
                 dport: 53,
