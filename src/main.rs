@@ -219,6 +219,10 @@ struct BenchFlags {
     /// Packets per batch.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=1024))]
     batch: u16,
+    /// Write the traffic as a pcap (each flow's frame once, 1 µs apart) and exit, to feed
+    /// `dpuflow run` or another tool the same packets.
+    #[arg(long, value_name = "FILE")]
+    write: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -447,6 +451,7 @@ fn bench(f: BenchFlags) -> ExitCode {
         telemetry,
         port,
         batch,
+        write,
     } = f;
     let (path, port) = (pipeline.as_path(), port.as_deref());
     let program = match load(path) {
@@ -476,6 +481,21 @@ fn bench(f: BenchFlags) -> ExitCode {
     if frames.is_empty() {
         eprintln!("error: port {} feeds no root pipe", program.port(port).name);
         return ExitCode::from(EXIT_USAGE);
+    }
+    if let Some(out) = write {
+        let written = dpuflow::io::pcap::CaptureWriter::create(&out).and_then(|mut w| {
+            for (i, frame) in frames.iter().enumerate() {
+                w.write(1_000_000_000 + i as u64 * 1000, frame)?;
+            }
+            w.finish()
+        });
+        return match written {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {}: {e}", out.display());
+                ExitCode::from(EXIT_USAGE)
+            }
+        };
     }
     let r = dpuflow::bench::run(
         &program,

@@ -7,7 +7,7 @@
 //! `capacity` connections new ones are refused and counted. Beside the slots, a byte per
 //! slot holds a fragment of its key's hash (0: empty), so a probe scans a few bytes of one
 //! cache line and compares whole keys only on a fragment match. Slots are found through
-//! aHash keyed with random keys per table, so nobody can aim collisions at a bucket. Expiry is
+//! a hash keyed with random keys per table, so nobody can aim collisions at a bucket. Expiry is
 //! lazy (an expired entry found on a probe is removed then) plus a bounded sweep of a few
 //! slots per batch, so no packet ever pays for a scan of the table.
 //!

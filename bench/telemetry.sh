@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The service with telemetry off and on, side by side: `dpuflow run` loops a capture of
+# the benchmark's synthetic traffic through one worker while this script scrapes
+# /metrics every second; the rate is the growth of dpuflow_port_received_packets_total
+# over the measured seconds. "On" adds IPFIX export (to a UDP sink on 127.0.0.1).
+# Also prints the engine alone (`dpuflow bench` with and without --telemetry).
+# Usage: bench/telemetry.sh [ROUNDS] [SECONDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-3}
+seconds=${2:-10}
+pipe=pipelines/vxlan-gateway.pipe
+cargo build --release -q
+bin=target/release/dpuflow
+dir=$(mktemp -d)
+sink_pid=
+cleanup() {
+    [ -n "$sink_pid" ] && kill "$sink_pid" 2>/dev/null
+    pkill -f "$dir/traffic.pcap" 2>/dev/null || true
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+"$bin" bench "$pipe" --port host --flows 4096 --write "$dir/traffic.pcap"
+python3 -c '
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1], flush=True)
+while True:
+    s.recv(65535)
+' >"$dir/sink.port" &
+sink_pid=$!
+while [ ! -s "$dir/sink.port" ]; do sleep 0.1; done
+ipfix=127.0.0.1:$(cat "$dir/sink.port")
+
+received() {
+    curl -sf "http://$1/metrics" |
+        sed -n 's/^dpuflow_port_received_packets_total{port="host"} \([0-9]*\)$/\1/p'
+}
+
+# Prints the service's packets per second over `seconds`, after two seconds of warm-up.
+service() {
+    local addr=127.0.0.1:$((20000 + RANDOM % 20000)) extra=("$@") pid a b
+    "$bin" run "$pipe" --in "host=$dir/traffic.pcap" --loop --workers 1 \
+        --metrics "$addr" "${extra[@]}" 2>/dev/null &
+    pid=$!
+    until received "$addr" >/dev/null 2>&1; do sleep 0.1; done
+    sleep 2
+    a=$(received "$addr")
+    for _ in $(seq "$seconds"); do
+        sleep 1
+        b=$(received "$addr")
+    done
+    kill -TERM "$pid"
+    wait "$pid"
+    echo $(( (b - a) / seconds ))
+}
+
+engine() {
+    "$bin" bench "$pipe" --port host --flows 4096 --packets 20000000 "$@" |
+        sed -n 's/.*: \([0-9.]*\) Mpps.*/\1/p'
+}
+
+printf '%-6s %14s %14s %7s %12s %12s %7s\n' round "service off" "service on" ratio \
+    "engine off" "engine on" ratio
+for r in $(seq "$rounds"); do
+    off=$(service)
+    on=$(service --ipfix "$ipfix")
+    eoff=$(engine)
+    eon=$(engine --telemetry)
+    printf '%-6s %14s %14s %7.3f %12s %12s %7.3f\n' "$r" "$off" "$on" \
+        "$(echo "$on / $off" | bc -l)" "$eoff" "$eon" "$(echo "$eon / $eoff" | bc -l)"
+done
