@@ -301,14 +301,16 @@ fn every_example_replays_traces_and_benches() {
                 "64",
             ]);
             assert!(out.contains("Mpps"), "{out}");
-            // Replay and trace the bench's own traffic: write it with a pcap-driver copy of
-            // the pipeline is not needed; synthesize with scapy instead.
+            // The bench's own traffic, written out, replays and traces the same way.
             let pcap = dir.path(&format!("{port}.pcap"));
-            scapy(&dir.0, &format!("wrpcap({pcap:?}, [Ether()/IP(src='10.0.0.1', dst='10.1.0.1')/UDP(sport=1, dport=5001), Ether()/IP()/TCP(dport=22)])"));
+            dpuflow_ok(&[
+                "bench", &pipe, "--port", port, "--flows", "64", "--write", &pcap,
+            ]);
+            assert_tshark_clean(&pcap);
             let out = dpuflow_ok(&["replay", &pipe, "--in", &format!("{port}={pcap}"), "--json"]);
-            assert_eq!(json(&out)["packets"], 2, "{pipe} {port}");
+            assert_eq!(json(&out)["packets"], 64, "{pipe} {port}");
             let out = dpuflow_ok(&["trace", &pipe, "--in", &format!("{port}={pcap}")]);
-            assert_eq!(out.matches("=> ").count(), 2, "{pipe} {port}: {out}");
+            assert_eq!(out.matches("=> ").count(), 64, "{pipe} {port}: {out}");
         }
     }
 }
