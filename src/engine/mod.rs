@@ -388,6 +388,11 @@ impl Engine {
                 self.flow_probes[i] = meta.and_then(|m| flows.probe(pkt.data(), m, pkt.port.0));
             }
         }
+        if let Some(ct) = &self.rt.ct {
+            for probe in self.ct_hints[..batch.len()].iter().flatten() {
+                ct.prefetch_slot(probe);
+            }
+        }
         if let Some(flows) = &self.rt.flows {
             for probe in self.flow_probes[..batch.len()].iter().flatten() {
                 flows.prefetch_flow(probe);

@@ -15,7 +15,7 @@
 //! flow hash, so both directions of a connection meet in the same table without locks.
 
 use crate::engine::parse::{Layers, Meta, L3};
-use crate::engine::prefetch::prefetch;
+use crate::engine::prefetch::{prefetch, prefetch_span};
 use crate::hash::KeyedHash;
 use crate::ir::{CtTimeouts, CT_STATE_NAMES};
 use crate::wire::{be16, icmp, ip_proto, ipv4, ipv6, tcp};
@@ -318,24 +318,40 @@ impl Conntrack {
         }
     }
 
-    /// Prefetches the tag and slot where the packet's connection would start its probe,
-    /// so that a later [`Conntrack::lookup`] finds them in cache, and returns the hash for
-    /// it. Batches call this for every packet first: the misses then overlap.
+    /// Prefetches the tags where the packet's connection would start its probe, so that
+    /// [`Conntrack::prefetch_slot`] and then [`Conntrack::lookup`] find them in cache, and
+    /// returns the hash for it. Batches call this for every packet first: the misses then
+    /// overlap.
     pub fn prefetch(&self, frame: &[u8], meta: &Meta) -> Option<Probe> {
         let t = tuple(frame, &meta.outer)?;
         let (key, from_a) = canonical(&t, 0);
         let hash = self.hash(&key);
-        let i = self.home_of(hash);
-        prefetch(&self.tags[i]);
-        prefetch(&self.slots[i]);
-        // An entry may straddle two cache lines.
-        prefetch(&self.slots[i].bytes);
+        prefetch(&self.tags[self.home_of(hash)]);
         Some(Probe {
             t,
             key,
             from_a,
             hash,
         })
+    }
+
+    /// The second step, once the tags have arrived: prefetches the slot whose tag matches
+    /// the probe's or, for a new connection, the empty slot it would take. At 4/5 full an
+    /// entry sits a few slots past its home, often in another cache line than the home
+    /// slot, so the tags say which slot to load.
+    pub fn prefetch_slot(&self, probe: &Probe) {
+        let tag = Self::tag_of(probe.hash);
+        let mut i = self.home_of(probe.hash);
+        // A probe run is short at this load; a long one is left to the lookup.
+        for _ in 0..16 {
+            let t = self.tags[i];
+            if t == 0 || t == tag {
+                // An entry (96 bytes) spans two cache lines.
+                prefetch_span(&self.slots[i]);
+                return;
+            }
+            i = self.next(i);
+        }
     }
 
     /// Looks the packet up, advancing an existing connection's state, and says what the
