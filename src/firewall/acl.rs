@@ -100,14 +100,19 @@ impl<const N: usize> Rule<N> {
         }
     }
 
+    /// Every test is evaluated and combined without a branch: whether a leaf's rules match
+    /// is unpredictable, and a mispredicted branch costs more than the compares it skips.
     #[inline]
     pub fn matches(&self, k: &Key<N>) -> bool {
         let v = &k.0;
-        (0..N).all(|f| self.lo[f] <= v[f] && v[f] <= self.hi[f])
-            && self
-                .masked
-                .iter()
-                .all(|m| m.mask == 0 || v[usize::from(m.field) % N] & m.mask == m.value)
+        let ranges = (0..N).fold(true, |ok, f| {
+            ok & (self.lo[f] <= v[f]) & (v[f] <= self.hi[f])
+        });
+        // A test with mask 0 passes whatever the word.
+        let tests = self.masked.iter().fold(true, |ok, m| {
+            ok & (v[usize::from(m.field).min(N - 1)] & m.mask == m.value & m.mask)
+        });
+        ranges & tests
     }
 
     /// Whether every key of the region matches (a masked test may always fail somewhere).
