@@ -330,7 +330,9 @@ const fn leaf(at: usize) -> Node {
 
 impl<const N: usize> Tree<N> {
     /// Builds over `rules` (id = priority: lower wins) given in priority order, in the
-    /// region `0..=space`; `None` when the leaves would hold more than `max_leaf` copies.
+    /// region `0..=space`; `None` when the leaves would hold more than `max_leaf` copies,
+    /// found as soon as the copies made plus the rules of the regions still to build pass
+    /// it.
     fn build(rules: &[(u32, Rule<N>)], max_leaf: usize, space: [u32; N]) -> Option<Tree<N>> {
         const { assert!(N <= MAX_FIELDS) };
         let mut t = Tree {
@@ -349,7 +351,11 @@ impl<const N: usize> Tree<N> {
             lo: [0; N],
             hi: space,
         }];
+        // Rules of the regions still on the stack: each will reach at least one leaf (but
+        // for those a covering rule hides), so a build over budget stops early.
+        let mut pending = rules.len();
         while let Some(mut job) = stack.pop() {
+            pending -= job.rules.len();
             t.depth = t.depth.max(job.depth);
             // In this region the first rule that covers it all shadows every later one.
             if let Some(p) = job
@@ -365,6 +371,9 @@ impl<const N: usize> Tree<N> {
                 );
                 job.rules.truncate(p + 1);
             }
+            if t.leaf.len() + pending + job.rules.len() > max_leaf {
+                return None;
+            }
             let split = if job.rules.len() > LEAF_RULES {
                 best_split(rules, &job)
             } else {
@@ -372,9 +381,6 @@ impl<const N: usize> Tree<N> {
             };
             let Some((field, threshold)) = split else {
                 let start = t.leaf.len() as u32;
-                if t.leaf.len() + job.rules.len() > max_leaf {
-                    return None;
-                }
                 t.leaf.extend(job.rules.iter().map(|&i| rules[i as usize]));
                 t.nodes[job.node] = leaf(job.node);
                 if t.spans.len() <= job.node {
@@ -407,6 +413,7 @@ impl<const N: usize> Tree<N> {
             let (mut lhi, mut rlo) = (job.hi, job.lo);
             lhi[f] = threshold;
             rlo[f] = threshold + 1;
+            pending += in_left.len() + in_right.len();
             stack.push(Job {
                 node: left,
                 depth: job.depth + 1,
@@ -510,6 +517,11 @@ fn best_split<const N: usize>(rules: &[(u32, Rule<N>)], job: &Job<N>) -> Option<
             let r = &rules[i as usize].1;
             los.push(r.lo[f].max(job.lo[f]));
             his.push(r.hi[f].min(job.hi[f]));
+        }
+        // A field every rule leaves open over the region has no threshold to offer (the
+        // low words of IPv6 prefixes, mostly): skip the sorting.
+        if his.iter().all(|&h| h >= job.hi[f]) {
+            continue;
         }
         los.sort_unstable();
         his.sort_unstable();
