@@ -20,7 +20,7 @@ pub use packet::{PacketBuf, DEFAULT_MAX_FRAME, HEADROOM};
 
 use crate::firewall::conntrack::{Conntrack, Lookup, Probe};
 use crate::ir::{self, Action, PipeBody, PipeId, PortId, ServiceId};
-use crate::telemetry::flows::{FlowCache, FlowProbe, FlowRecord, Seen};
+use crate::telemetry::flows::{FlowCache, FlowProbe, FlowRecord};
 use field::PacketState;
 use meter::MeterState;
 use parse::{Meta, TunnelPorts};
@@ -203,8 +203,6 @@ struct Runtime {
     ct: Option<Conntrack>,
     /// Flow cache for IPFIX, when enabled.
     flows: Option<FlowCache>,
-    /// The current packet's flow slot, IP length and TCP flags, taken as it arrived.
-    flow_seen: Option<Seen>,
 }
 
 impl Engine {
@@ -324,7 +322,6 @@ impl Engine {
                     )
                 }),
                 flows: None,
-                flow_seen: None,
             },
         }
     }
@@ -401,14 +398,6 @@ impl Engine {
         for (i, pkt) in batch.iter_mut().enumerate() {
             obs.begin(pkt);
             let v = self.run(pkt, i, obs);
-            if let (Some(flows), Some(seen)) = (&mut self.rt.flows, self.rt.flow_seen.take()) {
-                let (out, denied) = match v {
-                    Verdict::Forward(p) => (Some(p.0), false),
-                    Verdict::Drop(_) => (None, true),
-                    Verdict::Service(_) => (None, false),
-                };
-                flows.count(seen, out, denied);
-            }
             let port = pkt.port.index();
             match v {
                 Verdict::Forward(out) => self.rt.stats.ports[out.index()].tx.add(pkt.len()),
@@ -417,6 +406,19 @@ impl Engine {
             }
             pkt.verdict = v;
             obs.verdict(v, pkt);
+        }
+        // Flows are counted once the batch's fates are known, in one tight pass over what
+        // each packet's probe noted as it arrived.
+        if let Some(flows) = &mut self.rt.flows {
+            for (pkt, probe) in batch.iter().zip(&self.flow_probes[..batch.len()]) {
+                let Some(probe) = probe else { continue };
+                let (out, denied) = match pkt.verdict {
+                    Verdict::Forward(p) => (Some(p.0), false),
+                    Verdict::Drop(_) => (None, true),
+                    Verdict::Service(_) => (None, false),
+                };
+                flows.count(probe, pkt.ts_ns, out, denied);
+            }
         }
         if let (Some(ct), Some(last)) = (&mut self.rt.ct, batch.last()) {
             ct.sweep(last.ts_ns, batch.len());
@@ -440,25 +442,6 @@ impl Engine {
             Err(r) => return Verdict::Drop(*r),
         };
         let mut ct_hint = self.ct_hints[staged_at];
-        if let (Some(flows), Some(flow)) = (&mut self.rt.flows, &self.flow_probes[staged_at]) {
-            let frame = pkt.data();
-            let now = pkt.ts_ns;
-            self.rt.flow_seen = flows.slot(flow, now).map(|slot| {
-                let l = &meta.outer;
-                let tcp_flags = if l.l4_ok && l.proto == crate::wire::ip_proto::TCP {
-                    frame[usize::from(l.l4) + 13]
-                } else {
-                    0
-                };
-                let ip_bytes = l.l3_end - l.l3;
-                Seen {
-                    slot,
-                    ip_bytes,
-                    tcp_flags,
-                    now,
-                }
-            });
-        }
         let mut state = PacketState {
             in_port: pkt.port.0,
             ..PacketState::default()

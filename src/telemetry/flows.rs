@@ -112,20 +112,15 @@ pub struct FlowRecord {
     pub reason: EndReason,
 }
 
-/// A packet's flow key and its hash, from [`FlowCache::probe`].
+/// What a packet's flow record needs of it, taken as it arrives (before the pipeline may
+/// rewrite its headers), from [`FlowCache::probe`]: its key and the key's hash, its IP
+/// length and TCP flags.
 #[derive(Debug, Clone, Copy)]
 pub struct FlowProbe {
     key: Packed,
     hash: u32,
-}
-
-/// What the engine notes of a packet as it arrives, to count it once it leaves.
-#[derive(Debug, Clone, Copy)]
-pub struct Seen {
-    pub slot: u32,
-    pub ip_bytes: u16,
-    pub tcp_flags: u8,
-    pub now: u64,
+    ip_bytes: u16,
+    tcp_flags: u8,
 }
 
 /// What every packet of a flow updates: kept apart from the rest (32 bytes), so the cache's
@@ -200,7 +195,18 @@ impl FlowCache {
         let key = Packed::of(frame, meta, in_port)?;
         let hash = self.hasher.hash(key.0) as u32;
         prefetch(&self.buckets[hash as usize & self.mask]);
-        Some(FlowProbe { key, hash })
+        let l = &meta.outer;
+        let tcp_flags = if l.l4_ok && l.proto == ip_proto::TCP {
+            frame.get(usize::from(l.l4) + 13).copied().unwrap_or(0)
+        } else {
+            0
+        };
+        Some(FlowProbe {
+            key,
+            hash,
+            ip_bytes: l.l3_end - l.l3,
+            tcp_flags,
+        })
     }
 
     /// The second step: with the bucket loaded, starts loading the flow it names.
@@ -213,11 +219,28 @@ impl FlowCache {
         }
     }
 
-    /// The slot of the probed flow, a new one if the flow is new, looked up as the packet
-    /// arrives (before the pipeline may rewrite its headers); `None` when the cache is
-    /// full (counted in `overflow`).
+    /// Counts the probed packet, sent out of `out_port` or dropped (`denied`) at `now`,
+    /// into its flow, a new one if the flow is new (not when the cache is full: that is
+    /// counted in `overflow`).
     #[inline]
-    pub fn slot(&mut self, probe: &FlowProbe, now: u64) -> Option<u32> {
+    pub fn count(&mut self, probe: &FlowProbe, now: u64, out_port: Option<u16>, denied: bool) {
+        if let Some(slot) = self.slot(probe, now) {
+            let h = &mut self.hot[slot as usize];
+            h.packets += 1;
+            h.bytes += u64::from(probe.ip_bytes);
+            h.last_ns = h.last_ns.max(now);
+            h.tcp_flags |= probe.tcp_flags;
+            if let Some(p) = out_port {
+                h.out_port = p;
+            }
+            h.denied |= denied;
+        }
+    }
+
+    /// The slot of the probed flow, a new one if the flow is new; `None` when the cache is
+    /// full (counted in `overflow`).
+    #[inline(always)]
+    fn slot(&mut self, probe: &FlowProbe, now: u64) -> Option<u32> {
         let (key, hash) = (&probe.key, probe.hash);
         let empty = match self.find(key, hash) {
             Ok(b) => return Some(self.buckets[b].1 - 1),
@@ -253,21 +276,6 @@ impl FlowCache {
         self.buckets[empty] = (hash, i + 1);
         self.len += 1;
         Some(i)
-    }
-
-    /// Counts one packet into the flow at `seen.slot` (from [`FlowCache::slot`], with no
-    /// expiry in between), once the pipeline has decided its fate.
-    #[inline]
-    pub fn count(&mut self, seen: Seen, out_port: Option<u16>, denied: bool) {
-        let h = &mut self.hot[seen.slot as usize];
-        h.packets += 1;
-        h.bytes += u64::from(seen.ip_bytes);
-        h.last_ns = h.last_ns.max(seen.now);
-        h.tcp_flags |= seen.tcp_flags;
-        if let Some(p) = out_port {
-            h.out_port = p;
-        }
-        h.denied |= denied;
     }
 
     /// The bucket holding `key` (`Ok`), or the empty bucket ending its probe (`Err`).
@@ -394,6 +402,8 @@ mod tests {
         FlowProbe {
             key,
             hash: c.hasher.hash(key.0) as u32,
+            ip_bytes: 100,
+            tcp_flags: 0,
         }
     }
 
@@ -456,10 +466,7 @@ mod tests {
                     }
                 } else {
                     let k = key(n);
-                    if let Some(slot) = c.slot(&probe(&c, &k), now) {
-                        let seen = Seen { slot, ip_bytes: 100, tcp_flags: 0, now };
-                        c.count(seen, Some(1), false);
-                    }
+                    c.count(&probe(&c, &k), now, Some(1), false);
                     if let Some(e) = model.get_mut(&k) {
                         *e = (e.0 + 1, now);
                     } else if model.len() < 24 {
