@@ -172,8 +172,11 @@ impl Default for Config {
 /// Mirror copies one batch may make.
 const MIRROR_POOL: usize = 256;
 
-/// Largest batch parsed ahead as a whole (larger ones are processed packet by packet).
+/// Largest batch parsed ahead as a whole (larger ones are processed in parts this size).
 pub const MAX_BATCH: usize = 1024;
+
+/// Packets whose root-pipe keys are classified together.
+const CLASSIFY_CHUNK: usize = 32;
 
 /// A compiled pipeline and its per-worker state.
 #[derive(Debug)]
@@ -184,8 +187,15 @@ pub struct Engine {
     ct_hints: Box<[Option<Probe>]>,
     /// Each staged packet's flow-cache probe, when flows are kept.
     flow_probes: Box<[Option<FlowProbe>]>,
+    /// Each staged packet's entry in its root pipe, when classified with the batch.
+    root_entries: Box<[Option<Option<usize>>]>,
     pipes: Vec<CompiledPipe>,
     roots: Vec<Option<PipeId>>,
+    /// Root pipes of rules whose lookup reads nothing the pipeline sets (`ct.state`): the
+    /// keys of a batch's packets are classified together, through the batched lookup.
+    batch_roots: Vec<PipeId>,
+    /// The state a packet arriving on each port starts with.
+    port_states: Box<[PacketState]>,
     encaps: Vec<EncapTemplate>,
     tunnels: TunnelPorts,
     rt: Runtime,
@@ -299,14 +309,34 @@ impl Engine {
         } else {
             Vec::new()
         };
+        let roots: Vec<Option<PipeId>> = (0..p.ports.len())
+            .map(|i| p.root_of(PortId(i as u16)))
+            .collect();
+        let mut batch_roots: Vec<PipeId> = roots
+            .iter()
+            .flatten()
+            .copied()
+            .filter(|r| {
+                let cp = &pipes[r.index()];
+                matches!(cp.body, Body::Rules(_)) && !cp.reads_ct
+            })
+            .collect();
+        batch_roots.sort_unstable_by_key(|r| r.index());
+        batch_roots.dedup();
         Engine {
             metas: vec![Err(DropReason::NoPipe); MAX_BATCH].into_boxed_slice(),
             ct_hints: vec![None; MAX_BATCH].into_boxed_slice(),
             flow_probes: vec![None; MAX_BATCH].into_boxed_slice(),
-            pipes,
-            roots: (0..p.ports.len())
-                .map(|i| p.root_of(PortId(i as u16)))
+            root_entries: vec![None; MAX_BATCH].into_boxed_slice(),
+            batch_roots,
+            port_states: (0..p.ports.len())
+                .map(|i| PacketState {
+                    in_port: i as u16,
+                    ..PacketState::default()
+                })
                 .collect(),
+            pipes,
+            roots,
             encaps,
             tunnels,
             rt: Runtime {
@@ -390,6 +420,7 @@ impl Engine {
                 ct.prefetch_slot(probe);
             }
         }
+        self.classify_roots(batch);
         if let Some(flows) = &self.rt.flows {
             for probe in self.flow_probes[..batch.len()].iter().flatten() {
                 flows.prefetch_flow(probe);
@@ -425,6 +456,47 @@ impl Engine {
         }
     }
 
+    /// Classifies the staged packets of each root pipe in `batch_roots` together, their
+    /// keys taken as they arrived (the state a root pipe sees), into `root_entries`.
+    fn classify_roots(&mut self, batch: &[PacketBuf]) {
+        self.root_entries[..batch.len()].fill(None);
+        for &root in &self.batch_roots {
+            let Body::Rules(c) = &self.pipes[root.index()].body else {
+                continue;
+            };
+            let view = |i: usize| {
+                let pkt = &batch[i];
+                self.metas[i].as_ref().ok().map(|meta| PacketView {
+                    frame: pkt.data(),
+                    meta,
+                    state: &self.port_states[pkt.port.index()],
+                })
+            };
+            let mut waiting = batch
+                .iter()
+                .enumerate()
+                .filter(|(_, pkt)| self.roots[pkt.port.index()] == Some(root))
+                .filter_map(|(i, _)| view(i).map(|v| (i, v)))
+                .peekable();
+            let mut idx = [0usize; CLASSIFY_CHUNK];
+            let mut found = [None; CLASSIFY_CHUNK];
+            while let Some(&(_, first)) = waiting.peek() {
+                let mut views = [first; CLASSIFY_CHUNK];
+                let mut n = 0;
+                // The chunk's slots come first in the zip, so it stops before taking a
+                // packet it has no room for.
+                for ((slot, v), (i, view)) in idx.iter_mut().zip(&mut views).zip(&mut waiting) {
+                    (*slot, *v) = (i, view);
+                    n += 1;
+                }
+                c.classify_batch(&views[..n], &mut found[..n]);
+                for (&i, &e) in idx[..n].iter().zip(&found[..n]) {
+                    self.root_entries[i] = Some(e);
+                }
+            }
+        }
+    }
+
     /// Counts a packet that never reached the engine (too large for its buffers).
     pub fn count_oversize(&mut self, port: PortId, len: usize) {
         let s = &mut self.rt.stats.ports[port.index()];
@@ -442,6 +514,8 @@ impl Engine {
             Err(r) => return Verdict::Drop(*r),
         };
         let mut ct_hint = self.ct_hints[staged_at];
+        // The root pipe's entry, when the batch was classified together.
+        let mut root_entry = self.root_entries[staged_at];
         let mut state = PacketState {
             in_port: pkt.port.0,
             ..PacketState::default()
@@ -464,10 +538,11 @@ impl Engine {
                 meta: &meta,
                 state: &state,
             };
-            let entry = match &cp.body {
-                Body::Rules(c) => c.classify(&view),
-                Body::Exact(t) => t.lookup(&view),
-                Body::Lpm(t) => t.lookup(&view),
+            let entry = match (root_entry.take(), &cp.body) {
+                (Some(e), _) => e,
+                (None, Body::Rules(c)) => c.classify(&view),
+                (None, Body::Exact(t)) => t.lookup(&view),
+                (None, Body::Lpm(t)) => t.lookup(&view),
             };
             obs.entry(pipe, entry);
             let counter = entry.unwrap_or(cp.entries.len());

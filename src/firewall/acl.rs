@@ -593,6 +593,36 @@ struct Built<const N: usize> {
 }
 
 impl<const N: usize> Built<N> {
+    /// The first live rule of the trees that matches each key of a batch: `out[i]` for
+    /// `keys[i]`, the trees descended for many keys at once (see `Tree::lookup_batch`).
+    fn classify_batch(&self, keys: &[Key<N>], out: &mut [Option<u32>]) {
+        const CHUNK: usize = 64;
+        let mut at = [0u32; CHUNK];
+        let mut padded = [[0u32; 16]; CHUNK];
+        for (keys, out) in keys.chunks(CHUNK).zip(out.chunks_mut(CHUNK)) {
+            let n = keys.len();
+            for (p, k) in padded.iter_mut().zip(keys) {
+                p[..N].copy_from_slice(&k.0);
+            }
+            out.fill(None);
+            for (best, tree) in &self.trees {
+                if out.iter().all(|o| o.is_some_and(|f| f < *best)) {
+                    break;
+                }
+                tree.lookup_batch(&padded[..n], &mut at[..n]);
+                tree.prefetch_leaves(&at[..n]);
+                for i in 0..n {
+                    if out[i].is_some_and(|f| f < *best) {
+                        continue;
+                    }
+                    if let Some(id) = tree.scan(at[i] as usize, &keys[i], &self.dead) {
+                        out[i] = Some(out[i].map_or(id, |f| f.min(id)));
+                    }
+                }
+            }
+        }
+    }
+
     /// The first live rule of the trees that matches.
     #[inline]
     fn classify(&self, k: &Key<N>) -> Option<u32> {
@@ -624,6 +654,11 @@ impl<const N: usize> FixedClassifier<N> {
     #[inline]
     pub fn classify(&self, k: &Key<N>) -> Option<u32> {
         self.0.classify(k)
+    }
+
+    /// [`FixedClassifier::classify`] for each key of a batch: `out[i]` for `keys[i]`.
+    pub fn classify_batch(&self, keys: &[Key<N>], out: &mut [Option<u32>]) {
+        self.0.classify_batch(keys, out);
     }
 }
 
@@ -837,37 +872,12 @@ impl<const N: usize> Classifier<N> {
     /// Classifies a batch of keys; `out[i]` is the answer for `keys[i]`. The trees are
     /// descended for the whole batch at once (see `Tree::lookup_batch`).
     pub fn classify_batch(&self, keys: &[Key<N>], out: &mut [Option<u32>]) {
-        const CHUNK: usize = 64;
-        let built = self.built.load();
+        self.built.load().classify_batch(keys, out);
         let added = self.added.load();
-        let mut at = [0u32; CHUNK];
-        let mut padded = [[0u32; 16]; CHUNK];
-        for (keys, out) in keys.chunks(CHUNK).zip(out.chunks_mut(CHUNK)) {
-            let n = keys.len();
-            for (p, k) in padded.iter_mut().zip(keys) {
-                p[..N].copy_from_slice(&k.0);
-            }
-            out.fill(None);
-            for (best, tree) in &built.trees {
-                if out.iter().all(|o| o.is_some_and(|f| f < *best)) {
-                    break;
-                }
-                tree.lookup_batch(&padded[..n], &mut at[..n]);
-                tree.prefetch_leaves(&at[..n]);
-                for i in 0..n {
-                    if out[i].is_some_and(|f| f < *best) {
-                        continue;
-                    }
-                    if let Some(id) = tree.scan(at[i] as usize, &keys[i], &built.dead) {
-                        out[i] = Some(out[i].map_or(id, |f| f.min(id)));
-                    }
-                }
-            }
-            if !added.is_empty() {
-                for (k, o) in keys.iter().zip(out.iter_mut()) {
-                    if let Some((id, _)) = added.iter().find(|(_, r)| r.matches(k)) {
-                        *o = Some(o.map_or(*id, |f| f.min(*id)));
-                    }
+        if !added.is_empty() {
+            for (k, o) in keys.iter().zip(out.iter_mut()) {
+                if let Some((id, _)) = added.iter().find(|(_, r)| r.matches(k)) {
+                    *o = Some(o.map_or(*id, |f| f.min(*id)));
                 }
             }
         }
