@@ -513,7 +513,7 @@ impl Engine {
             Ok(m) => *m,
             Err(r) => return Verdict::Drop(*r),
         };
-        let mut ct_hint = self.ct_hints[staged_at];
+        let mut ct_hint = self.ct_hints[staged_at].as_ref();
         // The root pipe's entry, when the batch was classified together.
         let mut root_entry = self.root_entries[staged_at];
         let mut state = PacketState {
@@ -528,7 +528,7 @@ impl Engine {
             let cp = &self.pipes[pipe.index()];
             if cp.reads_ct && ct.is_none() {
                 if let Some(table) = &mut self.rt.ct {
-                    let l = table.lookup(pkt.data(), &meta, 0, pkt.ts_ns, ct_hint.as_ref());
+                    let l = table.lookup(pkt.data(), &meta, 0, pkt.ts_ns, ct_hint);
                     state.ct_state = l.state.bit();
                     ct = Some((0, l));
                 }
@@ -572,7 +572,7 @@ impl Engine {
                         pkt,
                         &mut meta,
                         &mut state,
-                        (&mut ct, ct_hint.as_ref()),
+                        (&mut ct, ct_hint),
                         &mut stale,
                         &mut self.rt,
                     ),
