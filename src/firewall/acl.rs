@@ -596,7 +596,7 @@ impl<const N: usize> Built<N> {
     /// The first live rule of the trees that matches each key of a batch: `out[i]` for
     /// `keys[i]`, the trees descended for many keys at once (see `Tree::lookup_batch`).
     fn classify_batch(&self, keys: &[Key<N>], out: &mut [Option<u32>]) {
-        const CHUNK: usize = 64;
+        const CHUNK: usize = 32;
         let mut at = [0u32; CHUNK];
         let mut padded = [[0u32; 16]; CHUNK];
         for (keys, out) in keys.chunks(CHUNK).zip(out.chunks_mut(CHUNK)) {
