@@ -585,6 +585,8 @@ struct Built<const N: usize> {
     trees: Vec<(u32, Tree<N>)>,
     /// Sorted (covering rule, hidden rule) pairs of every tree (see `Tree::covering`).
     covering: Vec<(u32, u32)>,
+    /// The same pairs the other way round, (hidden rule, covering rule), sorted.
+    hidden_by: Vec<(u32, u32)>,
     /// The rules as the trees were built over them, by id.
     rules: Vec<Option<Rule<N>>>,
     /// Bit per rule id: deleted since the trees were built. Writers flip bits with atomic
@@ -775,7 +777,26 @@ impl<const N: usize> Classifier<N> {
         rules[i] = Some(rule);
         let built = self.built.load();
         if built.rules.get(i).copied().flatten() == Some(rule) {
+            // The trees hold the rule again, except in regions a rule covering them hid
+            // it from: if such a rule is dead now, the rule also goes in the list beside
+            // the trees (first, so no reader misses it there).
+            let from = built.hidden_by.partition_point(|(h, _)| *h < id);
+            let uncovered = built.hidden_by[from..]
+                .iter()
+                .take_while(|(h, _)| *h == id)
+                .any(|&(_, c)| is_dead(&built.dead, c));
+            let n = if uncovered {
+                self.edit_added(|l| {
+                    let at = l.partition_point(|(p, _)| *p < id);
+                    l.insert(at, (id, rule));
+                })
+            } else {
+                0
+            };
             built.dead[i / 64].fetch_and(!(1 << (i % 64)), Ordering::Relaxed);
+            if n > MAX_ADDED {
+                self.rebuild_locked(&rules);
+            }
             return;
         }
         let n = self.edit_added(|l| {
@@ -928,9 +949,12 @@ fn build<const N: usize>(rules: &[Option<Rule<N>>], space: &Space<N>) -> Built<N
         .flat_map(|(_, t)| t.covering.iter().copied())
         .collect();
     covering.sort_unstable();
+    let mut hidden_by: Vec<(u32, u32)> = covering.iter().map(|&(c, h)| (h, c)).collect();
+    hidden_by.sort_unstable();
     Built {
         trees,
         covering,
+        hidden_by,
         rules: rules.to_vec(),
         dead: (0..rules.len().div_ceil(64))
             .map(|_| AtomicU64::new(0))
@@ -1149,13 +1173,19 @@ mod tests {
         #[test]
         fn agrees_after_inserts_and_deletes(
             rules in proptest::collection::vec(rule(), 0..80),
-            updates in proptest::collection::vec((any::<bool>(), 0u32..100, rule()), 0..80),
+            updates in proptest::collection::vec((0u8..3, 0u32..100, rule()), 0..80),
             keys in proptest::collection::vec(key(), 1..40),
         ) {
             let c = Classifier::new(&rules);
             let mut model: Vec<Option<Rule>> = rules.iter().copied().map(Some).collect();
-            for (i, (insert, id, r)) in updates.into_iter().enumerate() {
-                if insert {
+            for (i, (op, id, r)) in updates.into_iter().enumerate() {
+                // Re-inserting a rule as it was built revives it in the trees; any other
+                // rule at an id is new to them.
+                let r = match rules.get(id as usize) {
+                    Some(original) if op == 2 => *original,
+                    _ => r,
+                };
+                if op > 0 {
                     c.insert(id, r);
                     if model.len() <= id as usize { model.resize(id as usize + 1, None); }
                     model[id as usize] = Some(r);
