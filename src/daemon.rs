@@ -1,8 +1,9 @@
 //! `dpuflow run`: the long-running service. A reader thread merges the capture inputs in
 //! timestamp order and deals packets to worker threads by a symmetric flow hash (both
 //! directions of a connection reach the same worker and its connection table); each
-//! worker owns an engine; a writer thread writes what the workers forward and hands the
-//! buffers back to the reader. The main thread serves metrics. Batches travel through
+//! worker owns an engine; a writer thread writes what the workers forward (and the copies
+//! `mirror` actions made) and hands the buffers back to the reader (and the copies' back
+//! to their worker). The main thread serves metrics. Batches travel through
 //! bounded crossbeam channels, so a slow stage holds the others back instead of buffering
 //! without bound, and buffers are reused, never allocated per packet.
 //!
@@ -73,6 +74,14 @@ const EXPIRE_EVERY: Duration = Duration::from_secs(1);
 const IPFIX_MESSAGE: usize = 1400;
 /// Flows a worker's cache holds.
 const FLOW_CAPACITY: usize = 1 << 20;
+
+/// A processed batch on its way to the writer: the packets, then the copies `mirror`
+/// actions made, in buffers that go back to the worker that filled them.
+struct Processed {
+    packets: Vec<PacketBuf>,
+    mirrors: Vec<PacketBuf>,
+    worker: usize,
+}
 
 struct Shared {
     program: Program,
@@ -168,17 +177,26 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     };
     let flows_tx = opts.ipfix.map(|_| flows_tx);
     let (recycle_tx, recycle_rx) = bounded::<Vec<PacketBuf>>(QUEUE * workers * 2);
-    let (done_tx, done_rx) = bounded::<Vec<PacketBuf>>(QUEUE * workers);
+    let (done_tx, done_rx) = bounded::<Processed>(QUEUE * workers);
     let mut to_workers = Vec::new();
+    let mut spares_back = Vec::new();
     let mut handles = Vec::new();
     for w in 0..workers {
         let (tx, rx) = bounded::<Vec<PacketBuf>>(QUEUE);
         to_workers.push(tx);
+        let (spare_tx, spare_rx) = bounded::<Vec<PacketBuf>>(QUEUE);
+        spares_back.push(spare_tx);
         let (shared, done_tx, flows_tx) = (Arc::clone(&shared), done_tx.clone(), flows_tx.clone());
+        let channels = WorkerChannels {
+            rx,
+            done: done_tx,
+            spares: spare_rx,
+            flows: flows_tx,
+        };
         handles.push(
             std::thread::Builder::new()
                 .name(format!("worker-{w}"))
-                .spawn(move || worker(w, &shared, &rx, &done_tx, flows_tx.as_ref()))
+                .spawn(move || worker(w, &shared, &channels))
                 .map_err(|e| RunError::Thread(e.to_string()))?,
         );
     }
@@ -188,7 +206,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         let recycle_tx = recycle_tx.clone();
         std::thread::Builder::new()
             .name("writer".into())
-            .spawn(move || write_outputs(writers, &done_rx, &recycle_tx))
+            .spawn(move || write_outputs(writers, &done_rx, &recycle_tx, &spares_back))
             .map_err(|e| RunError::Thread(e.to_string()))?
     };
     drop(recycle_tx);
@@ -334,13 +352,23 @@ fn recycled(
     }
 }
 
-fn worker(
-    id: usize,
-    shared: &Shared,
-    rx: &Receiver<Vec<PacketBuf>>,
-    done: &Sender<Vec<PacketBuf>>,
-    flows: Option<&Sender<Vec<FlowRecord>>>,
-) {
+/// What a worker receives from and sends to the other stages.
+struct WorkerChannels {
+    /// Batches from the reader.
+    rx: Receiver<Vec<PacketBuf>>,
+    /// Processed batches to the writer.
+    done: Sender<Processed>,
+    /// Mirror-copy buffers the writer has written, back for reuse.
+    spares: Receiver<Vec<PacketBuf>>,
+    /// Flow records to the IPFIX exporter, when exporting.
+    flows: Option<Sender<Vec<FlowRecord>>>,
+}
+
+fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
+    let (rx, done, flows) = (&ch.rx, &ch.done, ch.flows.as_ref());
+    // Buffers for mirror copies: they travel to the writer and come back, so after the
+    // first copies none is allocated.
+    let mut spare: Vec<PacketBuf> = Vec::new();
     let mut engine = Engine::new(&shared.program);
     let t = &shared.program.telemetry;
     if flows.is_some() {
@@ -375,7 +403,33 @@ fn worker(
                 batch.len() as u64,
             );
         }
-        if done.send(batch).is_err() {
+        let mut mirrors = Vec::new();
+        let copies = engine.mirrors();
+        if !copies.is_empty() {
+            while let Ok(mut back) = ch.spares.try_recv() {
+                spare.append(&mut back);
+                if mirrors.capacity() == 0 {
+                    mirrors = back;
+                }
+            }
+            for c in copies {
+                let mut b = spare
+                    .pop()
+                    .unwrap_or_else(|| PacketBuf::new(DEFAULT_MAX_FRAME));
+                if b.load(c.data(), c.port, c.ts_ns) {
+                    b.verdict = c.verdict;
+                    mirrors.push(b);
+                } else {
+                    spare.push(b);
+                }
+            }
+        }
+        let processed = Processed {
+            packets: batch,
+            mirrors,
+            worker: id,
+        };
+        if done.send(processed).is_err() {
             break;
         }
         if last.elapsed() >= PUBLISH_EVERY {
@@ -421,12 +475,13 @@ fn export(socket: &UdpSocket, rx: &Receiver<Vec<FlowRecord>>, template_refresh_s
 
 fn write_outputs(
     mut writers: Vec<Option<CaptureWriter>>,
-    done: &Receiver<Vec<PacketBuf>>,
+    done: &Receiver<Processed>,
     recycle: &Sender<Vec<PacketBuf>>,
+    spares_back: &[Sender<Vec<PacketBuf>>],
 ) -> Result<u64, CaptureError> {
     let mut unwritten = 0u64;
     for batch in done.iter() {
-        for pkt in &batch {
+        for pkt in batch.packets.iter().chain(&batch.mirrors) {
             if let Verdict::Forward(port) = pkt.verdict {
                 match &mut writers[port.index()] {
                     Some(w) => w.write(pkt.ts_ns, pkt.data())?,
@@ -434,7 +489,10 @@ fn write_outputs(
                 }
             }
         }
-        let _ = recycle.try_send(batch);
+        let _ = recycle.try_send(batch.packets);
+        if !batch.mirrors.is_empty() {
+            let _ = spares_back[batch.worker].try_send(batch.mirrors);
+        }
     }
     for w in writers.into_iter().flatten() {
         w.finish()?;

@@ -250,6 +250,44 @@ fn sigterm_during_traffic_exits_cleanly_with_outputs_flushed() {
     assert_tshark_clean(&out);
 }
 
+/// Copies `mirror` actions make are written to the mirror port's output, as `replay`
+/// writes them, next to the packets forwarded.
+#[test]
+fn mirror_copies_reach_their_port() {
+    let dir = Scratch::new("service-mirror");
+    scapy(
+        &dir.0,
+        r#"wrpcap("in.pcap", [Ether()/IP(src="10.0.0.1", dst="10.0.0.2")/UDP(sport=i, dport=7005)/Raw(b"m" * 20) for i in range(1, 41)])"#,
+    );
+    let (copies, out) = (dir.path("copies.pcap"), dir.path("out.pcap"));
+    let svc = Service::start(&[
+        "tests/data/actions.pipe",
+        "--in",
+        &format!("in={}", dir.path("in.pcap")),
+        "--out",
+        &format!("out={out}"),
+        "--out",
+        &format!("copies={copies}"),
+        "--workers",
+        "2",
+        "--batch",
+        "8",
+    ]);
+    svc.scrape_until(|b| {
+        b.lines()
+            .any(|l| l == "dpuflow_port_transmitted_packets_total{port=\"copies\"} 40")
+    });
+    assert_eq!(svc.terminate(), 0);
+    let mut written = frames(&copies);
+    let mut sent = frames(&dir.path("in.pcap"));
+    // Two workers: each keeps its flows' order, the file interleaves them.
+    written.sort();
+    sent.sort();
+    assert_eq!(written, sent);
+    assert_eq!(frames(&out).len(), 40);
+    assert_tshark_clean(&copies);
+}
+
 #[test]
 fn a_real_prometheus_scrapes_it() {
     let dir = Scratch::new("service-prometheus");
