@@ -102,39 +102,7 @@ pub fn reader(field: Field) -> Reader {
             }
         };
     }
-    readers!(
-        EthSrc,
-        EthDst,
-        EthType,
-        VlanId,
-        VlanPcp,
-        Ipv4Src,
-        Ipv4Dst,
-        Ipv6Src,
-        Ipv6Dst,
-        IpProto,
-        IpDscp,
-        IpEcn,
-        IpTtl,
-        L4Src,
-        L4Dst,
-        TcpSrc,
-        TcpDst,
-        TcpFlags,
-        UdpSrc,
-        UdpDst,
-        IcmpType,
-        IcmpCode,
-        Icmp6Type,
-        Icmp6Code,
-        VxlanVni,
-        GeneveVni,
-        GeneveOptClass,
-        GeneveOptType,
-        CtState,
-        InPort,
-        MetaMark,
-    )
+    crate::ir::with_field_ids!(readers)
 }
 
 /// Class and type of each Geneve option of the packet's tunnel, for matching

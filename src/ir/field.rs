@@ -42,41 +42,57 @@ impl ValueKind {
     }
 }
 
-/// Header fields, plus metadata (`ct.state`, `in_port`, `meta.mark`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum FieldId {
-    EthSrc,
-    EthDst,
-    EthType,
-    VlanId,
-    VlanPcp,
-    Ipv4Src,
-    Ipv4Dst,
-    Ipv6Src,
-    Ipv6Dst,
-    IpProto,
-    IpDscp,
-    IpEcn,
-    IpTtl,
-    L4Src,
-    L4Dst,
-    TcpSrc,
-    TcpDst,
-    TcpFlags,
-    UdpSrc,
-    UdpDst,
-    IcmpType,
-    IcmpCode,
-    Icmp6Type,
-    Icmp6Code,
-    VxlanVni,
-    GeneveVni,
-    GeneveOptClass,
-    GeneveOptType,
-    CtState,
-    InPort,
-    MetaMark,
+/// Calls macro `$m!` with every field id, in declaration order: the one list of fields,
+/// from which `FieldId` and the engine's per-field readers are both made.
+macro_rules! with_field_ids {
+    ($m:ident) => {
+        $m! {
+            EthSrc,
+            EthDst,
+            EthType,
+            VlanId,
+            VlanPcp,
+            Ipv4Src,
+            Ipv4Dst,
+            Ipv6Src,
+            Ipv6Dst,
+            IpProto,
+            IpDscp,
+            IpEcn,
+            IpTtl,
+            L4Src,
+            L4Dst,
+            TcpSrc,
+            TcpDst,
+            TcpFlags,
+            UdpSrc,
+            UdpDst,
+            IcmpType,
+            IcmpCode,
+            Icmp6Type,
+            Icmp6Code,
+            VxlanVni,
+            GeneveVni,
+            GeneveOptClass,
+            GeneveOptType,
+            CtState,
+            InPort,
+            MetaMark,
+        }
+    };
 }
+pub(crate) use with_field_ids;
+
+macro_rules! declare_field_id {
+    ($($id:ident),* $(,)?) => {
+        /// Header fields, plus metadata (`ct.state`, `in_port`, `meta.mark`).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum FieldId {
+            $($id),*
+        }
+    };
+}
+with_field_ids!(declare_field_id);
 
 /// Static facts about one field.
 #[derive(Debug, Clone, Copy)]

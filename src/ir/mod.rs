@@ -6,6 +6,7 @@
 
 mod field;
 
+pub(crate) use field::with_field_ids;
 pub use field::{
     info as field_info, Field, FieldId, FieldInfo, ValueKind, CT_STATE_NAMES, FIELDS,
     TCP_FLAG_NAMES,
