@@ -398,9 +398,11 @@ impl Engine {
     }
 
     /// [`Engine::process`] for at most [`MAX_BATCH`] packets. The whole batch is parsed
-    /// first, and each packet's connection slot and flow prefetched, so the tables' cache
-    /// misses overlap instead of queueing; each packet's parse result is read long after
-    /// it was written (a copy straight after the write stalls on store forwarding).
+    /// first, each packet's connection slot and flow prefetched (so the tables' cache
+    /// misses overlap instead of queueing) and root pipes of rules classified for all
+    /// their packets at once; each packet's parse result is read long after it was
+    /// written (a copy straight after the write stalls on store forwarding). Then the
+    /// packets run, and their flows are counted.
     fn process_part<O: Observer>(&mut self, batch: &mut [PacketBuf], obs: &mut O) {
         for (i, pkt) in batch.iter().enumerate() {
             // Parsed straight into its slot: a temporary copied in would stall on store
