@@ -454,7 +454,7 @@ impl Engine {
             }
         }
         if let (Some(ct), Some(last)) = (&mut self.rt.ct, batch.last()) {
-            ct.sweep(last.ts_ns, batch.len());
+            ct.sweep_due(last.ts_ns);
         }
     }
 
