@@ -85,13 +85,25 @@ struct Key {
     /// hashing them is a few word operations.
     a: Addr,
     b: Addr,
-    port_a: u16,
-    port_b: u16,
-    proto: u8,
-    zone: u16,
-    /// IPv6: an IPv4 address and the IPv6 address with the same low 32 bits (`::a.b.c.d`)
-    /// are different endpoints.
-    v6: bool,
+    /// Both ports, the protocol, the zone and the address family in one word (see
+    /// [`Key::new`]), so a key compares and hashes as five words.
+    rest: u64,
+}
+
+impl Key {
+    /// `v6` tells an IPv4 address from the IPv6 address with the same low 32 bits
+    /// (`::a.b.c.d`): they are different endpoints.
+    fn new(a: Addr, port_a: u16, b: Addr, port_b: u16, proto: u8, zone: u16, v6: bool) -> Key {
+        Key {
+            a,
+            b,
+            rest: u64::from(port_a) << 48
+                | u64::from(port_b) << 32
+                | u64::from(v6) << 24
+                | u64::from(proto) << 16
+                | u64::from(zone),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -112,11 +124,7 @@ const EMPTY: Entry = Entry {
     key: Key {
         a: [0; 2],
         b: [0; 2],
-        port_a: 0,
-        port_b: 0,
-        proto: 0,
-        zone: 0,
-        v6: false,
+        rest: 0,
     },
     orig_from_a: false,
     seen_reply: false,
@@ -213,17 +221,7 @@ impl Conntrack {
     }
 
     fn hash(&self, k: &Key) -> u64 {
-        self.seed.hash([
-            k.a[0],
-            k.a[1],
-            k.b[0],
-            k.b[1],
-            u64::from(k.port_a) << 48
-                | u64::from(k.port_b) << 32
-                | u64::from(k.v6) << 24
-                | u64::from(k.proto) << 16
-                | u64::from(k.zone),
-        ])
+        self.seed.hash([k.a[0], k.a[1], k.b[0], k.b[1], k.rest])
     }
 
     /// The home slot of a hash: mapped onto the table by multiply-shift.
@@ -604,6 +602,7 @@ const SWEEP_MAX: usize = 1024;
 /// An IPv4 or IPv6 address as two big-endian 64-bit halves.
 type Addr = [u64; 2];
 
+#[inline(always)]
 fn addr(b: &[u8]) -> Addr {
     match b.len() {
         4 => [
@@ -617,6 +616,9 @@ fn addr(b: &[u8]) -> Addr {
     }
 }
 
+/// Inlined: returned through memory, the tuple's fields written one by one would be read
+/// back at once by wider loads, which stall until the stores complete.
+#[inline(always)]
 fn tuple(frame: &[u8], l: &Layers) -> Option<Tuple> {
     let l3 = usize::from(l.l3);
     let (src, dst) = match l.l3_kind {
@@ -735,6 +737,7 @@ fn quoted_tuple(frame: &[u8], l: &Layers, at: usize) -> Option<Tuple> {
     Some(t)
 }
 
+#[inline(always)]
 fn canonical(t: &Tuple, zone: u16) -> (Key, bool) {
     let from_a = (t.src, t.sport) <= (t.dst, t.dport);
     let (a, pa, b, pb) = if from_a {
@@ -742,18 +745,7 @@ fn canonical(t: &Tuple, zone: u16) -> (Key, bool) {
     } else {
         (t.dst, t.dport, t.src, t.sport)
     };
-    (
-        Key {
-            a,
-            b,
-            port_a: pa,
-            port_b: pb,
-            proto: t.proto,
-            zone,
-            v6: t.v6,
-        },
-        from_a,
-    )
+    (Key::new(a, pa, b, pb, t.proto, zone, t.v6), from_a)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -861,15 +853,7 @@ mod tests {
     use std::collections::HashSet;
 
     fn key(n: u16) -> Key {
-        Key {
-            a: [1; 2],
-            b: [2; 2],
-            port_a: n,
-            port_b: 80,
-            proto: 6,
-            zone: 0,
-            v6: false,
-        }
+        Key::new([1; 2], n, [2; 2], 80, 6, 0, false)
     }
 
     fn pending(ct: &Conntrack, n: u16) -> Pending {
