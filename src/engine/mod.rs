@@ -318,7 +318,7 @@ impl Engine {
             .copied()
             .filter(|r| {
                 let cp = &pipes[r.index()];
-                matches!(cp.body, Body::Rules(_)) && !cp.reads_ct
+                matches!(&cp.body, Body::Rules(c) if c.batches()) && !cp.reads_ct
             })
             .collect();
         batch_roots.sort_unstable_by_key(|r| r.index());

@@ -45,6 +45,12 @@ pub trait RuleClassifier: std::fmt::Debug + Send {
             *o = self.classify(p);
         }
     }
+
+    /// Whether [`RuleClassifier::classify_batch`] beats classifying packet by packet
+    /// (for a short scan it only adds the gathering of the batch).
+    fn batches(&self) -> bool {
+        false
+    }
 }
 
 /// Checks every rule in order.
@@ -498,6 +504,10 @@ impl<const N: usize> RuleClassifier for RuleTrees<N> {
         self.acl
             .classify(&self.key(pkt))
             .and_then(|i| self.pipe_rule.get(i as usize).copied())
+    }
+
+    fn batches(&self) -> bool {
+        true
     }
 
     /// The keys of up to 32 packets at a time, classified together.
