@@ -131,6 +131,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             backend: "software",
             load_seconds,
             conntrack_limit,
+            flow_limit: opts.ipfix.map(|_| (FLOW_CAPACITY * workers) as u64),
         },
         snapshots: (0..workers)
             .map(|_| Mutex::new(Snapshot::default()))
@@ -382,6 +383,7 @@ fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
             *s = Snapshot {
                 stats: engine.stats().clone(),
                 conntrack: engine.conntrack().map(|c| c.stats),
+                flows: engine.flow_stats(),
                 latency: latency.clone(),
             };
         }
@@ -445,7 +447,6 @@ fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
             last_expire = Instant::now();
         }
     }
-    publish(&engine, &latency);
     if let Some(tx) = flows {
         let mut rest = Vec::new();
         engine.expire_flows(now_ns, true, &mut rest);
@@ -453,6 +454,7 @@ fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
             let _ = tx.send(rest);
         }
     }
+    publish(&engine, &latency);
 }
 
 /// Sends flow records as IPFIX messages until every worker is done; returns the records sent.

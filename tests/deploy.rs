@@ -8,7 +8,8 @@ use std::path::Path;
 
 #[test]
 fn every_metric_the_dashboard_queries_exists() {
-    // A pipeline with everything that has metrics: ports, rules, a meter, conntrack.
+    // A pipeline with everything that has metrics: ports, rules, a meter, conntrack; and
+    // the flow cache of IPFIX export.
     let text = "pipeline all\nport a { driver pcap }\nport b { driver pcap }\nmeter m { rate 100 pps }\n\
                 pipe p root from a { rule r { actions meter m, ct.commit, fwd b } default { actions drop } }\n";
     let program = lang::check_source("all.pipe", text, Path::new("."))
@@ -19,6 +20,7 @@ fn every_metric_the_dashboard_queries_exists() {
         backend: "software",
         load_seconds: 0.0,
         conntrack_limit: Some(10),
+        flow_limit: Some(10),
     };
     let exposition = render(&program, &Snapshot::default(), &info);
     let dashboard: serde_json::Value = serde_json::from_str(

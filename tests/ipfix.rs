@@ -132,6 +132,14 @@ fn nfdump_and_tshark_read_the_export() {
         .expect("dpuflow run");
     // The inputs are read in well under a second; the workers export when they finish.
     std::thread::sleep(Duration::from_secs(2));
+    let (code, exposition) = get(metrics.parse().expect("addr"), "/metrics").expect("scrape");
+    assert_eq!(code, 200);
+    let value = |name: &str| -> u64 {
+        exposition
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in:\n{exposition}"))
+    };
     stop(run);
     std::thread::sleep(Duration::from_millis(500));
     stop(nfcapd);
@@ -172,6 +180,13 @@ fn nfdump_and_tshark_read_the_export() {
         })
         .collect();
     assert_eq!(got, want, "nfdump's flows differ from the input's");
+    // The metrics agree: every record nfdump read was counted, no flow went untracked, and
+    // the caches emptied at the end.
+    let records = csv.lines().filter(|l| !l.trim().is_empty()).count() as u64;
+    assert_eq!(value("dpuflow_flow_records_total"), records);
+    assert_eq!(value("dpuflow_flow_cache_full_packets_total"), 0);
+    assert_eq!(value("dpuflow_flow_cache_entries"), 0);
+    assert_eq!(value("dpuflow_flow_cache_limit"), 2 << 20);
 
     // tshark: decodes cleanly, and each data message's sequence number is the previous
     // one plus the records it carried.

@@ -4,8 +4,8 @@
 mod common;
 use common::*;
 use std::collections::HashSet;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -15,20 +15,6 @@ fn free_port() -> u16 {
         .local_addr()
         .expect("addr")
         .port()
-}
-
-fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let code = out.split_whitespace().nth(1)?.parse().ok()?;
-    Some((code, out.split_once("\r\n\r\n")?.1.to_owned()))
 }
 
 struct Service {
@@ -122,15 +108,21 @@ fn series(body: &str) -> Vec<&str> {
 fn live_scrape_passes_promtool_and_our_rules() {
     let dir = Scratch::new("service-promtool");
     scapy(&dir.0, TRAFFIC);
+    // IPFIX on (to a socket that reads nothing), so the flow-cache series are checked too.
+    let sink = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+    let ipfix = sink.local_addr().expect("addr").to_string();
     let svc = Service::start(&[
         "pipelines/vxlan-gateway.pipe",
         "--in",
         &format!("host={}", dir.path("host.pcap")),
         "--workers",
         "2",
+        "--ipfix",
+        &ipfix,
     ]);
     let body =
         svc.scrape_until(|b| b.contains("dpuflow_port_received_packets_total{port=\"host\"} 110"));
+    assert!(body.contains("dpuflow_flow_records_total "), "{body}");
     // promtool reads the exposition on stdin and prints nothing when it is clean.
     let mut p = Command::new("promtool")
         .args(["check", "metrics"])

@@ -20,7 +20,7 @@ pub use packet::{PacketBuf, DEFAULT_MAX_FRAME, HEADROOM};
 
 use crate::firewall::conntrack::{Conntrack, Lookup, Probe};
 use crate::ir::{self, Action, PipeBody, PipeId, PortId, ServiceId};
-use crate::telemetry::flows::{FlowCache, FlowProbe, FlowRecord};
+use crate::telemetry::flows::{FlowCache, FlowProbe, FlowRecord, FlowStats};
 use field::PacketState;
 use meter::MeterState;
 use parse::{Meta, TunnelPorts};
@@ -376,6 +376,11 @@ impl Engine {
         if let Some(f) = &mut self.rt.flows {
             f.expire(now, all, out);
         }
+    }
+
+    /// The flow cache's counts, when flows are kept.
+    pub fn flow_stats(&self) -> Option<FlowStats> {
+        self.rt.flows.as_ref().map(FlowCache::stats)
     }
 
     /// The connection table, when the pipeline tracks connections.

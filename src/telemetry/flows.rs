@@ -86,6 +86,17 @@ impl Packed {
     }
 }
 
+/// What a flow cache reports to metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlowStats {
+    /// Flows held now.
+    pub flows: u64,
+    /// Packets of flows the cache had no room for (those flows are not exported).
+    pub full_packets: u64,
+    /// Records produced for export.
+    pub records: u64,
+}
+
 /// Why a record was exported (IPFIX flowEndReason, RFC 5102).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -165,8 +176,10 @@ pub struct FlowCache {
     capacity: usize,
     active_ns: u64,
     idle_ns: u64,
-    /// Flows not tracked because the cache was full.
-    pub overflow: u64,
+    /// Packets of flows not tracked because the cache was full.
+    overflow: u64,
+    /// Records produced by `expire`.
+    records: u64,
 }
 
 impl FlowCache {
@@ -184,6 +197,7 @@ impl FlowCache {
             active_ns,
             idle_ns,
             overflow: 0,
+            records: 0,
         }
     }
 
@@ -332,6 +346,7 @@ impl FlowCache {
             } else {
                 continue;
             };
+            self.records += 1;
             out.push(FlowRecord {
                 key: c.key.unpack(),
                 first_ns: c.first_ns,
@@ -368,6 +383,14 @@ impl FlowCache {
 
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    pub fn stats(&self) -> FlowStats {
+        FlowStats {
+            flows: self.len as u64,
+            full_packets: self.overflow,
+            records: self.records,
+        }
     }
 
     pub fn is_empty(&self) -> bool {

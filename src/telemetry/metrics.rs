@@ -23,6 +23,8 @@ pub struct Info {
     pub load_seconds: f64,
     /// Connection-table capacity over all workers.
     pub conntrack_limit: Option<u64>,
+    /// Flow-cache capacity over all workers, when flows are exported.
+    pub flow_limit: Option<u64>,
 }
 
 struct Families(Vec<MetricFamily>);
@@ -296,6 +298,30 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info) -> String {
             "dpuflow_conntrack_invalid_packets_total",
             "Packets conntrack judged invalid.",
             [(vec![], ct.invalid)],
+        );
+    }
+
+    if let Some(limit) = info.flow_limit {
+        let fl = snap.flows.unwrap_or_default();
+        fam.gauge(
+            "dpuflow_flow_cache_entries",
+            "Flows held in the IPFIX flow caches now.",
+            [(vec![], fl.flows as f64)],
+        );
+        fam.gauge(
+            "dpuflow_flow_cache_limit",
+            "Flows the caches can hold.",
+            [(vec![], limit as f64)],
+        );
+        fam.counter(
+            "dpuflow_flow_cache_full_packets_total",
+            "Packets of flows the caches had no room for; those flows are not exported.",
+            [(vec![], fl.full_packets)],
+        );
+        fam.counter(
+            "dpuflow_flow_records_total",
+            "Flow records handed to the IPFIX exporter.",
+            [(vec![], fl.records)],
         );
     }
 

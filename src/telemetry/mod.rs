@@ -12,6 +12,7 @@ pub mod metrics;
 
 use crate::engine::{Counter, Stats};
 use crate::firewall::conntrack::CtStats;
+use crate::telemetry::flows::FlowStats;
 
 /// Upper bounds of the processing-latency histogram, in seconds.
 pub const LATENCY_BUCKETS: [f64; 12] = [
@@ -52,6 +53,7 @@ impl Latency {
 pub struct Snapshot {
     pub stats: Stats,
     pub conntrack: Option<CtStats>,
+    pub flows: Option<FlowStats>,
     pub latency: Latency,
 }
 
@@ -95,6 +97,12 @@ impl Snapshot {
             a.expirations += b.expirations;
             a.drops_full += b.drops_full;
             a.invalid += b.invalid;
+        }
+        if let Some(b) = &o.flows {
+            let a = self.flows.get_or_insert_with(FlowStats::default);
+            a.flows += b.flows;
+            a.full_packets += b.full_packets;
+            a.records += b.records;
         }
         self.latency.merge(&o.latency);
     }

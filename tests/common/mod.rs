@@ -4,8 +4,11 @@
 #![allow(dead_code)]
 
 use dpuflow::io::pcap::CaptureReader;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::Duration;
 
 /// Runs the dpuflow binary.
 pub fn dpuflow(args: &[&str]) -> Output {
@@ -136,4 +139,19 @@ pub fn tshark_fields(path: &str, fields: &[&str]) -> Vec<String> {
         .lines()
         .map(str::to_owned)
         .collect()
+}
+
+/// An HTTP GET: the status code and body, or `None` when nothing answered.
+pub fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let code = out.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, out.split_once("\r\n\r\n")?.1.to_owned()))
 }
