@@ -106,14 +106,22 @@ impl<const N: usize> Rule<N> {
     #[inline]
     pub fn matches(&self, k: &Key<N>) -> bool {
         let v = &k.0;
-        let ranges = (0..N).fold(true, |ok, f| {
-            ok & (self.lo[f] <= v[f]) & (v[f] <= self.hi[f])
-        });
+        let ranges = self.in_ranges(k);
         // A test with mask 0 passes whatever the word.
         let tests = self.masked.iter().fold(true, |ok, m| {
             ok & (v[usize::from(m.field).min(N - 1)] & m.mask == m.value & m.mask)
         });
         ranges & tests
+    }
+
+    /// The range tests alone (a rule without value/mask tests matches exactly when they
+    /// pass), combined without branches.
+    #[inline]
+    fn in_ranges(&self, k: &Key<N>) -> bool {
+        let v = &k.0;
+        (0..N).fold(true, |ok, f| {
+            ok & (self.lo[f] <= v[f]) & (v[f] <= self.hi[f])
+        })
     }
 
     /// Whether every key of the region matches (a masked test may always fail somewhere).
@@ -304,6 +312,9 @@ struct Tree<const N: usize> {
     spans: Vec<(u32, u32)>,
     /// (rule id, rule) for every leaf, leaves back to back.
     leaf: Vec<(u32, Rule<N>)>,
+    /// Some leaf rule has a value/mask test (most rule sets have none: their leaves then
+    /// compare ranges only).
+    masked: bool,
     /// Steps from the root to the deepest leaf.
     depth: usize,
     /// (covering rule, hidden rule) pairs: a rule that covers a whole region of the tree
@@ -339,6 +350,7 @@ impl<const N: usize> Tree<N> {
             nodes: Vec::new(),
             spans: Vec::new(),
             leaf: Vec::new(),
+            masked: false,
             depth: 0,
             covering: Vec::new(),
         };
@@ -432,6 +444,10 @@ impl<const N: usize> Tree<N> {
         t.spans.resize(t.nodes.len(), (0, 0));
         t.covering.sort_unstable();
         t.covering.dedup();
+        t.masked = t
+            .leaf
+            .iter()
+            .any(|(_, r)| r.masked.iter().any(|m| m.mask != 0));
         Some(t)
     }
 
@@ -454,10 +470,13 @@ impl<const N: usize> Tree<N> {
     #[inline]
     fn scan(&self, node: usize, k: &Key<N>, dead: &[AtomicU64]) -> Option<u32> {
         let (start, len) = self.spans[node];
-        self.leaf[start as usize..(start + len) as usize]
-            .iter()
-            .find(|(id, r)| r.matches(k) && !is_dead(dead, *id))
-            .map(|(id, _)| *id)
+        let mut leaf = self.leaf[start as usize..(start + len) as usize].iter();
+        let found = if self.masked {
+            leaf.find(|(id, r)| r.matches(k) && !is_dead(dead, *id))
+        } else {
+            leaf.find(|(id, r)| r.in_ranges(k) && !is_dead(dead, *id))
+        };
+        found.map(|(id, _)| *id)
     }
 
     #[inline]
