@@ -533,7 +533,7 @@ mod tests {
     use super::*;
     use crate::engine::parse::{self, TunnelPorts};
     use crate::ir::ActionList;
-    use crate::wire::{ethernet, ip_proto, ipv4, ipv6};
+    use crate::wire::testing::frame as frame_of;
     use proptest::prelude::*;
 
     fn outer(id: FieldId) -> Field {
@@ -647,55 +647,16 @@ mod tests {
             0u8..64,
         )
             .prop_map(|(v6, s, d, proto, sport, dport, flags, dscp)| {
-                let l4_len = if proto == ip_proto::TCP { 20 } else { 8 };
-                let l3_len = if v6 { ipv6::HEADER_LEN } else { 20 };
-                let mut f = vec![0u8; ethernet::HEADER_LEN + l3_len + l4_len];
-                let (src, dst) = (address(v6, s), address(v6, d));
-                ethernet::Repr {
-                    src: [2, 0, 0, 0, 0, 1],
-                    dst: [2, 0, 0, 0, 0, 2],
-                    ethertype: if v6 {
-                        ethernet::ethertype::IPV6
-                    } else {
-                        ethernet::ethertype::IPV4
-                    },
-                }
-                .emit(&mut f);
-                let l3 = &mut f[ethernet::HEADER_LEN..];
-                if v6 {
-                    ipv6::Repr {
-                        src: src.to_be_bytes(),
-                        dst: dst.to_be_bytes(),
-                        next_header: proto,
-                        hop_limit: 64,
-                        dscp,
-                        flow_label: 0,
-                        payload_len: l4_len as u16,
-                    }
-                    .emit(l3);
-                } else {
-                    ipv4::Repr {
-                        src: (src as u32).to_be_bytes(),
-                        dst: (dst as u32).to_be_bytes(),
-                        protocol: proto,
-                        ttl: 64,
-                        dscp,
-                        dont_frag: false,
-                        payload_len: l4_len as u16,
-                    }
-                    .emit(l3);
-                }
-                let l4 = &mut f[ethernet::HEADER_LEN + l3_len..];
-                l4[0..2].copy_from_slice(&sport.to_be_bytes());
-                l4[2..4].copy_from_slice(&dport.to_be_bytes());
-                if proto == ip_proto::UDP {
-                    l4[4..6].copy_from_slice(&8u16.to_be_bytes());
-                }
-                if proto == ip_proto::TCP {
-                    l4[12] = 0x50;
-                    l4[13] = flags;
-                }
-                f
+                frame_of(
+                    v6,
+                    address(v6, s),
+                    address(v6, d),
+                    proto,
+                    sport,
+                    dport,
+                    flags,
+                    dscp,
+                )
             })
     }
 

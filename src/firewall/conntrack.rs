@@ -897,47 +897,7 @@ mod tests {
     /// A UDP frame between two addresses (IPv4 in the low 32 bits of `src` and `dst`
     /// unless `v6`) and its parse.
     fn udp(v6: bool, src: u128, dst: u128, sport: u16, dport: u16) -> (Vec<u8>, Meta) {
-        use crate::wire::{ethernet, ipv4};
-        let l3_len = if v6 { ipv6::HEADER_LEN } else { 20 };
-        let mut f = vec![0u8; ethernet::HEADER_LEN + l3_len + 8];
-        ethernet::Repr {
-            src: [2, 0, 0, 0, 0, 1],
-            dst: [2, 0, 0, 0, 0, 2],
-            ethertype: if v6 {
-                ethernet::ethertype::IPV6
-            } else {
-                ethernet::ethertype::IPV4
-            },
-        }
-        .emit(&mut f);
-        let l3 = &mut f[ethernet::HEADER_LEN..];
-        if v6 {
-            ipv6::Repr {
-                src: src.to_be_bytes(),
-                dst: dst.to_be_bytes(),
-                next_header: ip_proto::UDP,
-                hop_limit: 64,
-                dscp: 0,
-                flow_label: 0,
-                payload_len: 8,
-            }
-            .emit(l3);
-        } else {
-            ipv4::Repr {
-                src: (src as u32).to_be_bytes(),
-                dst: (dst as u32).to_be_bytes(),
-                protocol: ip_proto::UDP,
-                ttl: 64,
-                dscp: 0,
-                dont_frag: false,
-                payload_len: 8,
-            }
-            .emit(l3);
-        }
-        let l4 = &mut f[ethernet::HEADER_LEN + l3_len..];
-        l4[0..2].copy_from_slice(&sport.to_be_bytes());
-        l4[2..4].copy_from_slice(&dport.to_be_bytes());
-        l4[4..6].copy_from_slice(&8u16.to_be_bytes());
+        let f = crate::wire::testing::frame(v6, src, dst, ip_proto::UDP, sport, dport, 0, 0);
         let meta = crate::engine::parse::parse(&f, &Default::default()).expect("valid frame");
         (f, meta)
     }

@@ -111,6 +111,75 @@ pub(crate) fn need(buf: &[u8], len: usize) -> Result<()> {
     }
 }
 
+/// Frames for the tests of the layers above.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::{ethernet, ip_proto, ipv4, ipv6};
+
+    /// An Ethernet frame carrying IPv4 (addresses in the low 32 bits of `src` and `dst`) or
+    /// IPv6, and a TCP (with `tcp_flags`), UDP or other L4 header of 20 or 8 bytes.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn frame(
+        v6: bool,
+        src: u128,
+        dst: u128,
+        proto: u8,
+        sport: u16,
+        dport: u16,
+        tcp_flags: u8,
+        dscp: u8,
+    ) -> Vec<u8> {
+        let l4_len = if proto == ip_proto::TCP { 20 } else { 8 };
+        let l3_len = if v6 { ipv6::HEADER_LEN } else { 20 };
+        let mut f = vec![0u8; ethernet::HEADER_LEN + l3_len + l4_len];
+        ethernet::Repr {
+            src: [2, 0, 0, 0, 0, 1],
+            dst: [2, 0, 0, 0, 0, 2],
+            ethertype: if v6 {
+                ethernet::ethertype::IPV6
+            } else {
+                ethernet::ethertype::IPV4
+            },
+        }
+        .emit(&mut f);
+        let l3 = &mut f[ethernet::HEADER_LEN..];
+        if v6 {
+            ipv6::Repr {
+                src: src.to_be_bytes(),
+                dst: dst.to_be_bytes(),
+                next_header: proto,
+                hop_limit: 64,
+                dscp,
+                flow_label: 0,
+                payload_len: l4_len as u16,
+            }
+            .emit(l3);
+        } else {
+            ipv4::Repr {
+                src: (src as u32).to_be_bytes(),
+                dst: (dst as u32).to_be_bytes(),
+                protocol: proto,
+                ttl: 64,
+                dscp,
+                dont_frag: false,
+                payload_len: l4_len as u16,
+            }
+            .emit(l3);
+        }
+        let l4 = &mut f[ethernet::HEADER_LEN + l3_len..];
+        l4[0..2].copy_from_slice(&sport.to_be_bytes());
+        l4[2..4].copy_from_slice(&dport.to_be_bytes());
+        if proto == ip_proto::UDP {
+            l4[4..6].copy_from_slice(&8u16.to_be_bytes());
+        }
+        if proto == ip_proto::TCP {
+            l4[12] = 0x50;
+            l4[13] = tcp_flags;
+        }
+        f
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
