@@ -70,6 +70,9 @@ const LATENCY_SAMPLE: u64 = 64;
 const QUEUE: usize = 8;
 /// Workers look for flow records due every this often.
 const EXPIRE_EVERY: Duration = Duration::from_secs(1);
+/// Workers hand over connections' records early once this many wait (a quarter of what a
+/// connection table keeps).
+const RECORDS_EARLY: usize = crate::firewall::conntrack::RECORDS_KEPT / 4;
 /// Largest IPFIX message: fits a 1500-byte path MTU with IPv6 and UDP headers.
 const IPFIX_MESSAGE: usize = 1400;
 /// Flows a worker's cache holds.
@@ -438,13 +441,18 @@ fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
             publish(&engine, &latency);
             last = Instant::now();
         }
-        if let Some(tx) = flows.filter(|_| last_expire.elapsed() >= EXPIRE_EVERY) {
+        if let Some(tx) = flows {
             let mut due = Vec::new();
-            engine.expire_flows(now_ns, false, &mut due);
+            if last_expire.elapsed() >= EXPIRE_EVERY {
+                engine.expire_flows(now_ns, false, &mut due);
+                last_expire = Instant::now();
+            } else if engine.flow_records_waiting() >= RECORDS_EARLY {
+                // Connections that end fast would fill their bounded buffer in a second.
+                engine.take_flow_records(&mut due);
+            }
             if !due.is_empty() {
                 let _ = tx.send(due);
             }
-            last_expire = Instant::now();
         }
     }
     if let Some(tx) = flows {

@@ -1,6 +1,8 @@
 //! IPFIX export read by real collectors: nfcapd stores what `dpuflow run --ipfix` sends and
 //! `nfdump` must list exactly the flows of the input with their packet and byte counts;
 //! tshark decodes the same messages with no expert errors and no sequence-number gaps.
+//! Once from the flow cache (a pipeline without connection tracking), once mostly from
+//! connection entries (the stateful firewall).
 
 mod common;
 use common::*;
@@ -37,7 +39,16 @@ fn stop(mut c: Child) {
     }
 }
 
-/// Flows of the input: (src, dst, sport, dport, proto) → (packets, IP bytes).
+/// Writes `flows.txt`, each flow of `pkts` as "src dst sport dport proto packets bytes".
+const COUNT_FLOWS: &str = r#"
+flows = {}
+for p in pkts:
+    k = (p[IP].src, p[IP].dst, p.sport, p.dport, p[IP].proto)
+    c = flows.get(k, (0, 0)); flows[k] = (c[0] + 1, c[1] + len(bytes(p[IP])))
+open("flows.txt", "w").write("\n".join("%s %s %d %d %d %d %d" % (k + v) for k, v in flows.items()))
+"#;
+
+/// Into the VXLAN gateway from the host.
 const TRAFFIC: &str = r#"
 pkts, t = [], 1000.0
 def add(p):
@@ -51,17 +62,113 @@ for n in range(3):
 for n in range(2):
     add(Ether()/IP(src="10.0.0.50", dst="10.7.0.1")/UDP(sport=9, dport=9)/Raw(b"dropped"))   # outside 10.1/16: dropped
 wrpcap("host.pcap", pkts)
-flows = {}
-for p in pkts:
-    k = (p[IP].src, p[IP].dst, p.sport, p.dport, p[IP].proto)
-    c = flows.get(k, (0, 0)); flows[k] = (c[0] + 1, c[1] + len(bytes(p[IP])))
-open("flows.txt", "w").write("\n".join("%s %s %d %d %d %d %d" % (k + v) for k, v in flows.items()))
 "#;
 
-#[test]
-fn nfdump_and_tshark_read_the_export() {
-    let dir = Scratch::new("ipfix");
-    scapy(&dir.0, TRAFFIC);
+/// Through the stateful firewall, both ways: a TCP connection that resets and is opened
+/// again on the same ports 200 s later (the lookup then finds the closed one expired and
+/// ends it: flowEndReason 3), a DNS exchange, and packets the firewall drops from outside
+/// and to a port it does not allow.
+const FIREWALL_TRAFFIC: &str = r#"
+inside, outside, pkts, t = [], [], [], 1000.0
+def add(side, p, gap=0.001):
+    global t
+    t += gap; p.time = t; side.append(p); pkts.append(p)
+c, s = "10.0.0.1", "198.51.100.1"
+def tcp(side, src, dst, sp, dp, flags, payload=b""):
+    add(side, Ether()/IP(src=src, dst=dst)/TCP(sport=sp, dport=dp, flags=flags)/Raw(payload))
+for gap in (0.001, 200.0):
+    add(inside, Ether()/IP(src=c, dst=s)/TCP(sport=40000, dport=443, flags="S"), gap)
+    tcp(outside, s, c, 443, 40000, "SA")
+    tcp(inside, c, s, 40000, 443, "A")
+    tcp(inside, c, s, 40000, 443, "PA", b"q" * 100)
+    tcp(outside, s, c, 443, 40000, "PA", b"r" * 300)
+    tcp(inside, c, s, 40000, 443, "R")
+for n in range(3):
+    add(inside, Ether()/IP(src="10.0.0.2", dst="198.51.100.53")/UDP(sport=5353, dport=53)/Raw(b"query%d" % n))
+    if n < 2:
+        add(outside, Ether()/IP(src="198.51.100.53", dst="10.0.0.2")/UDP(sport=53, dport=5353)/Raw(b"answer" * 5))
+for n in range(2):
+    tcp(outside, "203.0.113.9", c, 1234, 22, "S")
+    add(inside, Ether()/IP(src="10.0.0.3", dst="198.51.100.1")/UDP(sport=999, dport=25)/Raw(b"no"))
+wrpcap("inside.pcap", inside)
+wrpcap("outside.pcap", outside)
+"#;
+
+/// What the collectors saw of one `dpuflow run --ipfix`.
+struct Export {
+    /// nfdump's flows: "src dst sport dport proto" → (packets, bytes), records summed.
+    flows: BTreeMap<String, (u64, u64)>,
+    /// Records nfdump listed.
+    records: u64,
+    /// The flows the input holds, from `flows.txt`.
+    want: BTreeMap<String, (u64, u64)>,
+    /// Reads a metric of the scrape taken after the inputs were processed.
+    metrics: String,
+    /// The export as captured on loopback, and the UDP port it went to.
+    pcap: String,
+    port: u16,
+}
+
+impl Export {
+    fn metric(&self, name: &str) -> u64 {
+        self.metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in:\n{}", self.metrics))
+    }
+
+    /// tshark's fields of each data record in the capture, `;`-separated per message
+    /// (values of one message comma-separated).
+    fn tshark(&self, fields: &[&str]) -> String {
+        let decode = format!("udp.port=={},cflow", self.port);
+        let mut args = vec![
+            "-r",
+            &self.pcap,
+            "-d",
+            &decode,
+            "-T",
+            "fields",
+            "-E",
+            "separator=;",
+        ];
+        for f in fields {
+            args.extend(["-e", f]);
+        }
+        tool_ok("tshark", &args)
+    }
+
+    /// tshark decodes the capture cleanly, and each data message's sequence number is the
+    /// previous one plus the records it carried; returns the records seen.
+    fn check_with_tshark(&self) -> u64 {
+        let decode = format!("udp.port=={},cflow", self.port);
+        let expert = tool_ok(
+            "tshark",
+            &["-r", &self.pcap, "-d", &decode, "-q", "-z", "expert"],
+        );
+        assert!(
+            !expert.contains("Errors (") && !expert.contains("Warnings ("),
+            "tshark: {expert}"
+        );
+        let mut expected_seq = 0u64;
+        let mut records = 0u64;
+        for row in self.tshark(&["cflow.sequence", "cflow.srcaddr"]).lines() {
+            let (seq, addrs) = row.split_once(';').expect("two fields");
+            let n = addrs.split(',').filter(|a| !a.is_empty()).count() as u64;
+            assert_eq!(
+                seq.parse::<u64>().expect("sequence"),
+                expected_seq,
+                "sequence gap at {row}"
+            );
+            expected_seq += n;
+            records += n;
+        }
+        records
+    }
+}
+
+/// Runs `pipeline` over `inputs` (port, capture in `dir`) with IPFIX export to nfcapd, and
+/// reads back what it stored.
+fn export(dir: &Scratch, pipeline: &str, inputs: &[(&str, &str)]) -> Export {
     let port = free_udp_port();
     let store = dir.0.join("nfcapd");
     std::fs::create_dir_all(&store).expect("mkdir");
@@ -114,32 +221,28 @@ fn nfdump_and_tshark_read_the_export() {
     std::thread::sleep(Duration::from_millis(300));
 
     let metrics = format!("127.0.0.1:{}", free_tcp_port());
+    let mut args = vec![
+        "run".to_string(),
+        pipeline.to_string(),
+        "--metrics".to_string(),
+        metrics.clone(),
+        "--ipfix".to_string(),
+        format!("127.0.0.1:{port}"),
+        "--workers".to_string(),
+        "2".to_string(),
+    ];
+    for (name, file) in inputs {
+        args.extend(["--in".to_string(), format!("{name}={}", dir.path(file))]);
+    }
     let run = Command::new(env!("CARGO_BIN_EXE_dpuflow"))
-        .args([
-            "run",
-            "pipelines/vxlan-gateway.pipe",
-            "--in",
-            &format!("host={}", dir.path("host.pcap")),
-            "--metrics",
-            &metrics,
-            "--ipfix",
-            &format!("127.0.0.1:{port}"),
-            "--workers",
-            "2",
-        ])
+        .args(&args)
         .stderr(Stdio::null())
         .spawn()
         .expect("dpuflow run");
     // The inputs are read in well under a second; the workers export when they finish.
     std::thread::sleep(Duration::from_secs(2));
-    let (code, exposition) = get(metrics.parse().expect("addr"), "/metrics").expect("scrape");
+    let (code, metrics) = get(metrics.parse().expect("addr"), "/metrics").expect("scrape");
     assert_eq!(code, 200);
-    let value = |name: &str| -> u64 {
-        exposition
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in:\n{exposition}"))
-    };
     stop(run);
     std::thread::sleep(Duration::from_millis(500));
     stop(nfcapd);
@@ -155,7 +258,7 @@ fn nfdump_and_tshark_read_the_export() {
             "fmt:%sa,%da,%sp,%dp,%pr,%pkt,%byt",
         ],
     );
-    let mut got: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let mut flows: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     for l in csv.lines().filter(|l| !l.trim().is_empty()) {
         let f: Vec<&str> = l.split(',').map(str::trim).collect();
         let proto = match f[4] {
@@ -164,11 +267,11 @@ fn nfdump_and_tshark_read_the_export() {
             p => p,
         };
         let key = format!("{} {} {} {} {}", f[0], f[1], f[2], f[3], proto);
-        let e = got.entry(key).or_default();
+        let e = flows.entry(key).or_default();
         e.0 += f[5].parse::<u64>().expect("packets");
         e.1 += f[6].parse::<u64>().expect("bytes");
     }
-    let want: BTreeMap<String, (u64, u64)> = std::fs::read_to_string(dir.0.join("flows.txt"))
+    let want = std::fs::read_to_string(dir.0.join("flows.txt"))
         .expect("flows")
         .lines()
         .map(|l| {
@@ -179,56 +282,72 @@ fn nfdump_and_tshark_read_the_export() {
             )
         })
         .collect();
-    assert_eq!(got, want, "nfdump's flows differ from the input's");
+    Export {
+        flows,
+        records: csv.lines().filter(|l| !l.trim().is_empty()).count() as u64,
+        want,
+        metrics,
+        pcap: dir.path("export.pcap"),
+        port,
+    }
+}
+
+#[test]
+fn nfdump_and_tshark_read_the_export() {
+    let dir = Scratch::new("ipfix");
+    scapy(&dir.0, &format!("{TRAFFIC}{COUNT_FLOWS}"));
+    let x = export(
+        &dir,
+        "pipelines/vxlan-gateway.pipe",
+        &[("host", "host.pcap")],
+    );
+    assert_eq!(x.flows, x.want, "nfdump's flows differ from the input's");
     // The metrics agree: every record nfdump read was counted, no flow went untracked, and
     // the caches emptied at the end.
-    let records = csv.lines().filter(|l| !l.trim().is_empty()).count() as u64;
-    assert_eq!(value("dpuflow_flow_records_total"), records);
-    assert_eq!(value("dpuflow_flow_cache_full_packets_total"), 0);
-    assert_eq!(value("dpuflow_flow_cache_entries"), 0);
-    assert_eq!(value("dpuflow_flow_cache_limit"), 2 << 20);
+    assert_eq!(x.metric("dpuflow_flow_records_total"), x.records);
+    assert_eq!(x.metric("dpuflow_flow_records_lost_total"), 0);
+    assert_eq!(x.metric("dpuflow_flow_cache_full_packets_total"), 0);
+    assert_eq!(x.metric("dpuflow_flow_cache_entries"), 0);
+    assert_eq!(x.metric("dpuflow_flow_cache_limit"), 2 << 20);
+    assert_eq!(x.check_with_tshark(), x.want.len() as u64);
+}
 
-    // tshark: decodes cleanly, and each data message's sequence number is the previous
-    // one plus the records it carried.
-    let pcap = dir.path("export.pcap");
-    let decode = format!("udp.port=={port},cflow");
-    let expert = tool_ok(
-        "tshark",
-        &["-r", &pcap, "-d", &decode, "-q", "-z", "expert"],
+/// Where the pipeline tracks connections, their entries are the records of the packets
+/// they count; the flow cache keeps only the rest (here the packets dropped before a
+/// commit). nfdump still lists every flow exactly, and the TCP connection that closed is
+/// reported as ended (flowEndReason 3), which only conntrack knows.
+#[test]
+fn connections_are_the_records_of_a_stateful_pipeline() {
+    let dir = Scratch::new("ipfix-ct");
+    scapy(&dir.0, &format!("{FIREWALL_TRAFFIC}{COUNT_FLOWS}"));
+    let x = export(
+        &dir,
+        "pipelines/stateful-firewall.pipe",
+        &[("inside", "inside.pcap"), ("outside", "outside.pcap")],
     );
-    assert!(
-        !expert.contains("Errors (") && !expert.contains("Warnings ("),
-        "tshark: {expert}"
-    );
-    let rows = tool_ok(
-        "tshark",
-        &[
-            "-r",
-            &pcap,
-            "-d",
-            &decode,
-            "-T",
-            "fields",
-            "-E",
-            "separator=;",
-            "-e",
-            "cflow.sequence",
-            "-e",
-            "cflow.srcaddr",
-        ],
-    );
-    let mut expected_seq = 0u64;
-    let mut records = 0u64;
-    for row in rows.lines() {
-        let (seq, addrs) = row.split_once(';').expect("two fields");
-        let n = addrs.split(',').filter(|a| !a.is_empty()).count() as u64;
-        assert_eq!(
-            seq.parse::<u64>().expect("sequence"),
-            expected_seq,
-            "sequence gap at {row}"
-        );
-        expected_seq += n;
-        records += n;
+    assert_eq!(x.flows, x.want, "nfdump's flows differ from the input's");
+    assert_eq!(x.metric("dpuflow_flow_records_total"), x.records);
+    assert_eq!(x.metric("dpuflow_flow_records_lost_total"), 0);
+    x.check_with_tshark();
+    // Per record: source address, end reason, firewall event (3: denied); template-only
+    // messages give empty rows.
+    let rows = x.tshark(&[
+        "cflow.srcaddr",
+        "cflow.flow_end_reason",
+        "cflow.firewall_event",
+    ]);
+    let mut records = Vec::new();
+    for row in rows.lines().filter(|r| !r.starts_with(';')) {
+        let f: Vec<Vec<&str>> = row.split(';').map(|v| v.split(',').collect()).collect();
+        let fields = f[0].iter().zip(&f[1]).zip(&f[2]);
+        records.extend(fields.map(|((src, reason), event)| (*src, *reason, *event)));
     }
-    assert_eq!(records, want.len() as u64);
+    assert!(
+        records.contains(&("10.0.0.1", "3", "2")),
+        "the reset connection ended: {records:?}"
+    );
+    for (src, _, event) in &records {
+        let dropped = ["203.0.113.9", "10.0.0.3"].contains(src);
+        assert_eq!(*event == "3", dropped, "{records:?}");
+    }
 }

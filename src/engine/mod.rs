@@ -360,7 +360,10 @@ impl Engine {
         &self.rt.stats
     }
 
-    /// Keeps a flow cache of every flow seen, for IPFIX export.
+    /// Keeps flow records of every packet, for IPFIX export: in the connection that
+    /// counts the packet where the pipeline tracks connections (the lookup is made anyway),
+    /// else in a flow cache. Connections note ports in a byte each, so a pipeline of more
+    /// than 255 ports keeps all its flows in the cache.
     pub fn enable_flows(
         &mut self,
         capacity: usize,
@@ -369,6 +372,9 @@ impl Engine {
     ) {
         let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         self.rt.flows = Some(FlowCache::new(capacity, ns(active), ns(idle)));
+        if let Some(ct) = self.rt.ct.as_mut().filter(|_| self.rt.mtus.len() <= 255) {
+            ct.enable_export(ns(active));
+        }
     }
 
     /// Moves the flow records due at `now` (all of them with `all`) to `out`.
@@ -376,11 +382,35 @@ impl Engine {
         if let Some(f) = &mut self.rt.flows {
             f.expire(now, all, out);
         }
+        if let Some(ct) = &mut self.rt.ct {
+            if all {
+                ct.report_all(now, out);
+            }
+            ct.take_records(out);
+        }
     }
 
-    /// The flow cache's counts, when flows are kept.
+    /// Flow records connections have made and not yet handed over.
+    pub fn flow_records_waiting(&self) -> usize {
+        self.rt.ct.as_ref().map_or(0, Conntrack::records_waiting)
+    }
+
+    /// Moves the records connections have made to `out` (the flow cache's are only due
+    /// at [`Engine::expire_flows`]).
+    pub fn take_flow_records(&mut self, out: &mut Vec<FlowRecord>) {
+        if let Some(ct) = &mut self.rt.ct {
+            ct.take_records(out);
+        }
+    }
+
+    /// The flow records' counts, when flows are kept.
     pub fn flow_stats(&self) -> Option<FlowStats> {
-        self.rt.flows.as_ref().map(FlowCache::stats)
+        let mut s = self.rt.flows.as_ref().map(FlowCache::stats)?;
+        if let Some(r) = self.rt.ct.as_ref().and_then(Conntrack::record_stats) {
+            s.records += r.made;
+            s.lost_records += r.dropped;
+        }
+        Some(s)
     }
 
     /// The connection table, when the pipeline tracks connections.
@@ -416,10 +446,18 @@ impl Engine {
             *staged = parse::parse(pkt.data(), &self.tunnels);
             let meta = staged.as_ref().ok();
             if let Some(ct) = &self.rt.ct {
-                self.ct_hints[i] = meta.and_then(|m| ct.prefetch(pkt.data(), m));
+                self.ct_hints[i] = meta.and_then(|m| ct.prefetch(pkt.data(), m, pkt.port.0));
             }
             if let Some(flows) = &self.rt.flows {
-                self.flow_probes[i] = meta.and_then(|m| flows.probe(pkt.data(), m, pkt.port.0));
+                // A packet a connection will count needs no flow-cache key (and in the
+                // rare case none does, conntrack's probe gives it).
+                let probe = &mut self.flow_probes[i];
+                match meta {
+                    Some(m) if !self.ct_hints[i].as_ref().is_some_and(Probe::reports) => {
+                        *probe = flows.probe(pkt.data(), m, pkt.port.0);
+                    }
+                    _ => *probe = None,
+                }
             }
         }
         if let Some(ct) = &self.rt.ct {
@@ -444,17 +482,24 @@ impl Engine {
             }
             pkt.verdict = v;
             obs.verdict(v, pkt);
+            // A packet a connection counted for the flow records is not the flow cache's;
+            // one expected to be, but that no connection took, is.
+            if let (Some(ct), Some(flows)) = (&mut self.rt.ct, &self.rt.flows) {
+                let (out, denied) = fate(v);
+                let hint = self.ct_hints[i].as_ref().filter(|h| h.reports());
+                if let (false, Some(h), Ok(m)) = (ct.settle(out, denied), hint, &self.metas[i]) {
+                    let (key, tcp_flags) = h.arrival_flow();
+                    let ip_bytes = m.outer.l3_end - m.outer.l3;
+                    self.flow_probes[i] = Some(flows.probe_key(&key, ip_bytes, tcp_flags));
+                }
+            }
         }
         // Flows are counted once the batch's fates are known, in one tight pass over what
         // each packet's probe noted as it arrived.
         if let Some(flows) = &mut self.rt.flows {
             for (pkt, probe) in batch.iter().zip(&self.flow_probes[..batch.len()]) {
                 let Some(probe) = probe else { continue };
-                let (out, denied) = match pkt.verdict {
-                    Verdict::Forward(p) => (Some(p.0), false),
-                    Verdict::Drop(_) => (None, true),
-                    Verdict::Service(_) => (None, false),
-                };
+                let (out, denied) = fate(pkt.verdict);
                 flows.count(probe, pkt.ts_ns, out, denied);
             }
         }
@@ -614,6 +659,15 @@ impl Engine {
 enum Next {
     Goto(PipeId),
     Done(Verdict),
+}
+
+/// What a flow record notes of a verdict: the egress port, and whether it was a drop.
+fn fate(v: Verdict) -> (Option<u16>, bool) {
+    match v {
+        Verdict::Forward(p) => (Some(p.0), false),
+        Verdict::Drop(_) => (None, true),
+        Verdict::Service(_) => (None, false),
+    }
 }
 
 /// Whether an op leaves the addresses, protocol and ports conntrack keys on unchanged.

@@ -13,11 +13,19 @@
 //!
 //! Multi-core: each worker owns its table; packets are steered to workers by a symmetric
 //! flow hash, so both directions of a connection meet in the same table without locks.
+//!
+//! With IPFIX export on, connections are the flow records of the packets they count: an
+//! entry keeps per direction the packets, bytes, TCP flags and ports since its last report,
+//! the sweep reports connections past the active timeout, and a removed connection reports
+//! its last counts (into a bounded buffer the worker drains). A packet counts here only when
+//! it was looked up as it arrived and did not arrive tunnelled, so the records describe the
+//! packets as they arrived, like the flow cache's, and no packet is in both.
 
 use crate::engine::parse::{Layers, Meta, L3};
 use crate::engine::prefetch::{prefetch, prefetch_span};
 use crate::hash::KeyedHash;
 use crate::ir::{CtTimeouts, CT_STATE_NAMES};
+use crate::telemetry::flows::{EndReason, FlowKey, FlowRecord};
 use crate::wire::{be16, icmp, ip_proto, ipv4, ipv6, tcp};
 use std::time::Duration;
 
@@ -106,19 +114,34 @@ impl Key {
     }
 }
 
+/// One connection: 96 bytes. Arrays are per direction, original then reply; the counts
+/// are those not yet reported (kept only while exporting).
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     key: Key,
-    /// The connection's first packet went from endpoint `a` to `b`.
-    orig_from_a: bool,
-    seen_reply: bool,
     state: ConnState,
+    /// [`ORIG_FROM_A`], [`SEEN_REPLY`], `DENIED << direction` and, in the top bits, the
+    /// packets seen (saturating at 7; UDP timeouts depend on it).
+    flags: u8,
+    tcp_flags: [u8; 2],
+    /// Port indices, [`NO_PORT`] when unknown.
+    in_port: [u8; 2],
+    out_port: [u8; 2],
+    /// When the connection, or the interval since its last report, began.
     first_ns: u64,
     last_ns: u64,
-    /// Original and reply direction.
     packets: [u64; 2],
     bytes: [u64; 2],
 }
+
+/// The connection's first packet went from endpoint `a` to `b`.
+const ORIG_FROM_A: u8 = 1;
+const SEEN_REPLY: u8 = 2;
+/// Shifted left by the direction: the pipeline dropped a counted packet.
+const DENIED: u8 = 4;
+const SEEN_SHIFT: u32 = 5;
+const SEEN_MAX: u8 = 7;
+const NO_PORT: u8 = u8::MAX;
 
 const EMPTY: Entry = Entry {
     key: Key {
@@ -126,14 +149,109 @@ const EMPTY: Entry = Entry {
         b: [0; 2],
         rest: 0,
     },
-    orig_from_a: false,
-    seen_reply: false,
     state: ConnState::Other,
+    flags: 0,
+    tcp_flags: [0; 2],
+    in_port: [NO_PORT; 2],
+    out_port: [NO_PORT; 2],
     first_ns: 0,
     last_ns: 0,
     packets: [0; 2],
     bytes: [0; 2],
 };
+
+impl Entry {
+    /// Notes one more packet seen (and whether it was a reply).
+    fn seen(&mut self, reply: bool) {
+        let n = (self.flags >> SEEN_SHIFT).saturating_add(1).min(SEEN_MAX);
+        self.flags = self.flags & !(SEEN_MAX << SEEN_SHIFT) | n << SEEN_SHIFT;
+        if reply {
+            self.flags |= SEEN_REPLY;
+        }
+    }
+
+    fn seen_reply(&self) -> bool {
+        self.flags & SEEN_REPLY != 0
+    }
+
+    fn orig_from_a(&self) -> bool {
+        self.flags & ORIG_FROM_A != 0
+    }
+
+    /// Counts a packet into direction `dir` for the flow records.
+    fn count(&mut self, dir: usize, bytes: u64, tcp_flags: u8, in_port: u8) {
+        self.packets[dir] += 1;
+        self.bytes[dir] += bytes;
+        self.tcp_flags[dir] |= tcp_flags;
+        self.in_port[dir] = in_port;
+    }
+
+    /// The flow record of direction `dir` (0 original, 1 reply).
+    fn record(&self, dir: usize, reason: EndReason) -> FlowRecord {
+        let k = &self.key;
+        let (port_a, port_b) = ((k.rest >> 48) as u16, (k.rest >> 32) as u16);
+        let proto = (k.rest >> 16) as u8;
+        let wide = |a: Addr| u128::from(a[0]) << 64 | u128::from(a[1]);
+        let ((src, sport), (dst, dport)) = if self.orig_from_a() == (dir == 0) {
+            ((k.a, port_a), (k.b, port_b))
+        } else {
+            ((k.b, port_b), (k.a, port_a))
+        };
+        // As the flow cache keys them: ICMP's identifier is no port.
+        let ports = matches!(proto, ip_proto::TCP | ip_proto::UDP | ip_proto::SCTP);
+        FlowRecord {
+            key: FlowKey {
+                in_port: u16::from(self.in_port[dir]),
+                v6: k.rest >> 24 & 1 == 1,
+                src: wide(src),
+                dst: wide(dst),
+                proto,
+                sport: if ports { sport } else { 0 },
+                dport: if ports { dport } else { 0 },
+                vni: None,
+            },
+            first_ns: self.first_ns,
+            last_ns: self.last_ns,
+            packets: self.packets[dir],
+            bytes: self.bytes[dir],
+            tcp_flags: self.tcp_flags[dir],
+            out_port: (self.out_port[dir] != NO_PORT).then_some(u16::from(self.out_port[dir])),
+            denied: self.flags & DENIED << dir != 0,
+            reason,
+        }
+    }
+
+    /// Starts a new reporting interval at `now`.
+    fn reported(&mut self, now: u64) {
+        self.first_ns = now;
+        self.packets = [0; 2];
+        self.bytes = [0; 2];
+        self.tcp_flags = [0; 2];
+        self.flags &= !(DENIED | DENIED << 1);
+    }
+}
+
+/// Why a connection's last record ends it: a TCP connection closed by FIN or RST ended
+/// (RFC 5102 "end of flow detected"), anything else went idle.
+fn end_reason(s: ConnState) -> EndReason {
+    match s {
+        ConnState::TcpTimeWait | ConnState::TcpClose => EndReason::EndOfFlow,
+        _ => EndReason::Idle,
+    }
+}
+
+/// Where connection records wait for the worker, bounded so a burst of removals allocates
+/// nothing: past `RECORDS_KEPT`, records are counted and lost.
+#[derive(Debug)]
+struct Export {
+    active_ns: u64,
+    records: Vec<FlowRecord>,
+    made: u64,
+    dropped: u64,
+}
+
+/// Records a connection table keeps for the worker to drain.
+pub const RECORDS_KEPT: usize = 16_384;
 
 /// A connection the lookup found to be new, to be created if the pipeline commits it.
 #[derive(Debug, Clone, Copy)]
@@ -143,6 +261,9 @@ pub struct Pending {
     orig_from_a: bool,
     state: ConnState,
     bytes: u64,
+    tcp_flags: u8,
+    /// The ingress port index, when the packet counts for the flow records.
+    report: Option<u8>,
 }
 
 /// What a lookup decided for one packet.
@@ -176,6 +297,20 @@ pub struct Conntrack {
     /// Packet time of the last [`Conntrack::sweep_due`] that swept.
     swept_ns: u64,
     pub stats: CtStats,
+    /// Set while connections are the source of flow records.
+    export: Option<Export>,
+    /// The slot and direction that counted the current packet, for [`Conntrack::settle`].
+    counted: Option<(usize, usize)>,
+    /// An entry was removed (others may have moved) since `counted` was set.
+    moved: bool,
+}
+
+/// What [`Conntrack`] reports of its flow records.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecordStats {
+    pub made: u64,
+    /// Lost because the worker had not drained the buffer.
+    pub dropped: u64,
 }
 
 fn ns(d: Duration) -> u64 {
@@ -200,7 +335,88 @@ impl Conntrack {
             sweep_at: 0,
             swept_ns: 0,
             stats: CtStats::default(),
+            export: None,
+            counted: None,
+            moved: false,
         }
+    }
+
+    /// Makes connections the source of flow records for the packets they count, with
+    /// records at least every `active_ns` for a connection that stays busy.
+    pub fn enable_export(&mut self, active_ns: u64) {
+        self.export = Some(Export {
+            active_ns,
+            records: Vec::with_capacity(RECORDS_KEPT),
+            made: 0,
+            dropped: 0,
+        });
+    }
+
+    /// Records waiting for [`Conntrack::take_records`].
+    pub fn records_waiting(&self) -> usize {
+        self.export.as_ref().map_or(0, |x| x.records.len())
+    }
+
+    pub fn record_stats(&self) -> Option<RecordStats> {
+        self.export.as_ref().map(|x| RecordStats {
+            made: x.made,
+            dropped: x.dropped,
+        })
+    }
+
+    /// Moves the records made so far to `out`.
+    pub fn take_records(&mut self, out: &mut Vec<FlowRecord>) {
+        if let Some(x) = &mut self.export {
+            out.append(&mut x.records);
+        }
+    }
+
+    /// Reports every connection's counts now (forced end, at shutdown) into `out`.
+    pub fn report_all(&mut self, now: u64, out: &mut Vec<FlowRecord>) {
+        let Some(x) = &mut self.export else { return };
+        for (e, _) in self
+            .slots
+            .iter_mut()
+            .zip(self.tags.iter())
+            .filter(|(_, t)| **t != 0)
+        {
+            for dir in (0..2).filter(|&d| e.packets[d] > 0) {
+                out.push(e.record(dir, EndReason::Forced));
+                x.made += 1;
+            }
+            e.reported(now);
+        }
+    }
+
+    /// Queues the records of an entry's counts (one per direction that has any).
+    fn report(&mut self, e: &Entry, reason: EndReason) {
+        let Some(x) = &mut self.export else { return };
+        for dir in (0..2).filter(|&d| e.packets[d] > 0) {
+            if x.records.len() < RECORDS_KEPT {
+                x.records.push(e.record(dir, reason));
+                x.made += 1;
+            } else {
+                x.dropped += 1;
+            }
+        }
+    }
+
+    /// Once the packet's walk has ended: notes its fate in the connection that counted it,
+    /// if one did, and says so (the packet then needs no other flow record).
+    pub fn settle(&mut self, out_port: Option<u16>, denied: bool) -> bool {
+        let Some((slot, dir)) = self.counted.take() else {
+            return false;
+        };
+        if !self.moved {
+            let e = &mut self.slots[slot];
+            if denied {
+                e.flags |= DENIED << dir;
+            }
+            if let Some(p) = out_port {
+                e.out_port[dir] = u8::try_from(p).unwrap_or(NO_PORT);
+            }
+        }
+        true
     }
 
     pub fn len(&self) -> usize {
@@ -253,7 +469,7 @@ impl Conntrack {
             ConnState::TcpLastAck => t.tcp_last_ack,
             ConnState::TcpTimeWait => t.tcp_time_wait,
             ConnState::TcpClose => t.tcp_close,
-            ConnState::Udp if e.seen_reply && e.packets[0] + e.packets[1] > 2 => t.udp_stream,
+            ConnState::Udp if e.seen_reply() && e.flags >> SEEN_SHIFT > 2 => t.udp_stream,
             ConnState::Udp => t.udp,
             ConnState::Icmp => t.icmp,
             ConnState::Other => t.udp,
@@ -289,6 +505,11 @@ impl Conntrack {
 
     /// Backward-shift deletion (linear probing stays valid without tombstones).
     fn remove(&mut self, mut hole: usize) {
+        if self.export.is_some() {
+            let e = self.slots[hole];
+            self.report(&e, end_reason(e.state));
+        }
+        self.moved = true;
         self.slots[hole] = EMPTY;
         self.tags[hole] = 0;
         self.stats.entries -= 1;
@@ -310,14 +531,25 @@ impl Conntrack {
         }
     }
 
-    /// Examines `slots` slots and removes the idle connections among them.
+    /// Examines `slots` slots, removes the idle connections among them and, when
+    /// exporting, reports those past the active timeout.
     pub fn sweep(&mut self, now: u64, slots: usize) {
+        let active_ns = self.export.as_ref().map(|x| x.active_ns);
         for _ in 0..slots {
             let i = self.sweep_at;
             self.sweep_at = self.next(i);
-            if self.tags[i] != 0 && self.expired(&self.slots[i], now) {
+            if self.tags[i] == 0 {
+                continue;
+            }
+            let e = self.slots[i];
+            if self.expired(&e, now) {
                 self.remove(i);
                 self.stats.expirations += 1;
+            } else if active_ns.is_some_and(|a| now.saturating_sub(e.first_ns) >= a)
+                && e.packets != [0; 2]
+            {
+                self.report(&e, EndReason::Active);
+                self.slots[i].reported(now);
             }
         }
     }
@@ -345,16 +577,23 @@ impl Conntrack {
     /// [`Conntrack::prefetch_slot`] and then [`Conntrack::lookup`] find them in cache, and
     /// returns the hash for it. Batches call this for every packet first: the misses then
     /// overlap.
-    pub fn prefetch(&self, frame: &[u8], meta: &Meta) -> Option<Probe> {
+    /// `in_port` is where the packet arrived: when exporting, the connection that counts the
+    /// packet notes it.
+    pub fn prefetch(&self, frame: &[u8], meta: &Meta, in_port: u16) -> Option<Probe> {
         let t = tuple(frame, &meta.outer)?;
         let (key, from_a) = canonical(&t, 0);
         let hash = self.hash(&key);
         prefetch(&self.tags[self.home_of(hash)]);
+        let report = match (&self.export, meta.tunnel) {
+            (Some(_), None) => u8::try_from(in_port).ok().filter(|&p| p != NO_PORT),
+            _ => None,
+        };
         Some(Probe {
             t,
             key,
             from_a,
             hash,
+            report,
         })
     }
 
@@ -380,7 +619,8 @@ impl Conntrack {
     /// Looks the packet up, advancing an existing connection's state, and says what the
     /// packet is; a new connection is only described (`pending`), for [`Conntrack::commit`].
     /// `probe` is what [`Conntrack::prefetch`] computed for this packet (zone 0), so the
-    /// tuple and hash are not computed twice.
+    /// tuple and hash are not computed twice; given only while the packet's tuple is as it
+    /// arrived, it also tells whether the packet counts for the flow records.
     pub fn lookup(
         &mut self,
         frame: &[u8],
@@ -429,30 +669,29 @@ impl Conntrack {
             }
         };
         let len = u64::from(l.l3_end) - u64::from(l.l3);
+        // A packet counts in one connection at most (a second zone's lookup does not).
+        let report = probe
+            .and_then(|p| p.report)
+            .filter(|_| self.counted.is_none());
         match self.find(&key, h, now) {
             Ok(i) => {
                 let e = self.slots[i];
-                let reply = from_a != e.orig_from_a;
+                let reply = from_a != e.orig_from_a();
+                let dir = usize::from(reply);
                 let next = match e.state {
                     s if is_tcp(s) && !tcp_flags_valid(t.tcp_flags) => Step::Invalid,
                     s if is_tcp(s) => tcp_transition(s, t.tcp_flags, reply),
                     s => Step::To(s),
                 };
+                let established = if reply || e.seen_reply() {
+                    CtState::Established
+                } else {
+                    CtState::New
+                };
                 match next {
                     Step::Invalid => {
                         self.stats.invalid += 1;
                         invalid
-                    }
-                    Step::Ignore => {
-                        let state = if reply || e.seen_reply {
-                            CtState::Established
-                        } else {
-                            CtState::New
-                        };
-                        Lookup {
-                            state,
-                            pending: None,
-                        }
                     }
                     Step::Reopen => {
                         // A new SYN on a closed connection starts it afresh (as Linux does).
@@ -465,26 +704,27 @@ impl Conntrack {
                                 orig_from_a: from_a,
                                 state: ConnState::TcpSynSent,
                                 bytes: len,
+                                tcp_flags: t.tcp_flags,
+                                report,
                             }),
                         }
                     }
-                    Step::To(s) => {
+                    Step::Ignore | Step::To(_) => {
                         let e = &mut self.slots[i];
-                        e.state = s;
-                        e.last_ns = now;
-                        let dir = usize::from(reply);
-                        e.packets[dir] += 1;
-                        e.bytes[dir] += len;
-                        if reply {
-                            e.seen_reply = true;
+                        // An ignored packet passes as part of the connection without
+                        // changing its state or timer.
+                        if let Step::To(s) = next {
+                            e.state = s;
+                            e.last_ns = now;
+                            e.seen(reply);
                         }
-                        let state = if reply || e.seen_reply {
-                            CtState::Established
-                        } else {
-                            CtState::New
-                        };
+                        if let Some(port) = report {
+                            e.count(dir, len, t.tcp_flags, port);
+                            self.counted = Some((i, dir));
+                            self.moved = false;
+                        }
                         Lookup {
-                            state,
+                            state: established,
                             pending: None,
                         }
                     }
@@ -520,6 +760,8 @@ impl Conntrack {
                         orig_from_a: from_a,
                         state: first,
                         bytes: len,
+                        tcp_flags: t.tcp_flags,
+                        report,
                     }),
                 }
             }
@@ -538,31 +780,24 @@ impl Conntrack {
             return false;
         }
         self.tags[slot] = Self::tag_of(p.hash);
-        self.slots[slot] = Entry {
+        let mut e = Entry {
             key: p.key,
-            orig_from_a: p.orig_from_a,
-            seen_reply: false,
             state: p.state,
+            flags: if p.orig_from_a { ORIG_FROM_A } else { 0 },
             first_ns: now,
             last_ns: now,
-            packets: [1, 0],
-            bytes: [p.bytes, 0],
+            ..EMPTY
         };
+        e.seen(false);
+        if let Some(port) = p.report.filter(|_| self.counted.is_none()) {
+            e.count(0, p.bytes, p.tcp_flags, port);
+            self.counted = Some((slot, 0));
+            self.moved = false;
+        }
+        self.slots[slot] = e;
         self.stats.entries += 1;
         self.stats.inserts += 1;
         true
-    }
-
-    /// Every live connection: (state, first and last packet times, packets and bytes in
-    /// the original and reply directions). For export, not for the packet path.
-    pub fn connections(
-        &self,
-    ) -> impl Iterator<Item = (ConnState, u64, u64, [u64; 2], [u64; 2])> + '_ {
-        self.slots
-            .iter()
-            .zip(self.tags.iter())
-            .filter(|(_, t)| **t != 0)
-            .map(|(e, _)| (e.state, e.first_ns, e.last_ns, e.packets, e.bytes))
     }
 }
 
@@ -577,6 +812,35 @@ pub struct Probe {
     key: Key,
     from_a: bool,
     hash: u64,
+    /// The ingress port index, when the packet counts for the flow records.
+    report: Option<u8>,
+}
+
+impl Probe {
+    /// Whether the connection that takes the packet counts it for the flow records.
+    pub fn reports(&self) -> bool {
+        self.report.is_some()
+    }
+
+    /// The flow key of a packet that [`Probe::reports`] (it arrived untunnelled on a port
+    /// below 255), as the flow cache keys it, and its TCP flags: for when no connection
+    /// took it after all.
+    pub fn arrival_flow(&self) -> (FlowKey, u8) {
+        let t = &self.t;
+        let wide = |a: Addr| u128::from(a[0]) << 64 | u128::from(a[1]);
+        let ports = matches!(t.proto, ip_proto::TCP | ip_proto::UDP | ip_proto::SCTP);
+        let key = FlowKey {
+            in_port: self.report.map_or(0, u16::from),
+            v6: t.v6,
+            src: wide(t.src),
+            dst: wide(t.dst),
+            proto: t.proto,
+            sport: if ports { t.sport } else { 0 },
+            dport: if ports { t.dport } else { 0 },
+            vni: None,
+        };
+        (key, t.tcp_flags)
+    }
 }
 
 /// The fields conntrack keys on, read from the outer headers.
@@ -863,6 +1127,8 @@ mod tests {
             orig_from_a: true,
             state: ConnState::Udp,
             bytes: 64,
+            tcp_flags: 0,
+            report: None,
         }
     }
 
@@ -1007,6 +1273,99 @@ mod tests {
         assert!(!tcp_flags_valid(SYN | FIN));
         assert!(!tcp_flags_valid(FIN));
         assert!(tcp_flags_valid(PSH | ACK));
+    }
+
+    /// One packet through conntrack as the engine sends it: probed as it arrived on
+    /// `in_port`, looked up, committed when new, then settled with its fate.
+    fn pass(ct: &mut Conntrack, frame: &[u8], in_port: u16, now: u64, out: u16) -> bool {
+        let meta = crate::engine::parse::parse(frame, &Default::default()).expect("valid frame");
+        let probe = ct.prefetch(frame, &meta, in_port);
+        let l = ct.lookup(frame, &meta, 0, now, probe.as_ref());
+        if let Some(p) = l.pending {
+            assert!(ct.commit(&p, now));
+        }
+        ct.settle(Some(out), false)
+    }
+
+    /// With export on, a TCP connection reports each direction's packets, bytes, flags and
+    /// ports: after the active timeout, and at its end (flowEndReason 3 once closed).
+    #[test]
+    fn connections_report_their_directions() {
+        use tcp::flags::*;
+        let mut ct = Conntrack::new(100, CtTimeouts::default());
+        let s = 1_000_000_000u64;
+        ct.enable_export(60 * s);
+        let (a, b) = (0x0a00_0001u128, 0x0a00_0002u128);
+        let tcp = |from_a: bool, flags: u8| {
+            let (src, dst, sp, dp) = if from_a {
+                (a, b, 40000, 443)
+            } else {
+                (b, a, 443, 40000)
+            };
+            crate::wire::testing::frame(false, src, dst, ip_proto::TCP, sp, dp, flags, 0)
+        };
+        // 40 bytes of IP each (20 + 20).
+        assert!(pass(&mut ct, &tcp(true, SYN), 0, s, 1));
+        assert!(pass(&mut ct, &tcp(false, SYN | ACK), 1, 2 * s, 0));
+        assert!(pass(&mut ct, &tcp(true, ACK), 0, 3 * s, 1));
+        ct.sweep_due(3 * s);
+        ct.sweep_due(70 * s);
+        let mut out = Vec::new();
+        ct.take_records(&mut out);
+        assert_eq!(out.len(), 2, "{out:?}");
+        let orig = out
+            .iter()
+            .find(|r| r.key.src == a)
+            .expect("original direction");
+        assert_eq!(
+            (orig.packets, orig.bytes, orig.tcp_flags),
+            (2, 80, SYN | ACK)
+        );
+        assert_eq!((orig.key.in_port, orig.out_port), (0, Some(1)));
+        assert_eq!(
+            (orig.key.sport, orig.key.dport, orig.key.dst),
+            (40000, 443, b)
+        );
+        assert_eq!((orig.first_ns, orig.last_ns), (s, 3 * s));
+        assert_eq!(orig.reason, EndReason::Active);
+        let reply = out
+            .iter()
+            .find(|r| r.key.src == b)
+            .expect("reply direction");
+        assert_eq!(
+            (reply.packets, reply.key.in_port, reply.out_port),
+            (1, 1, Some(0))
+        );
+        // The connection closes; its last packets are reported when it is swept.
+        assert!(pass(&mut ct, &tcp(false, RST), 1, 71 * s, 0));
+        ct.sweep_due(200 * s);
+        out.clear();
+        ct.take_records(&mut out);
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!((out[0].packets, out[0].reason), (1, EndReason::EndOfFlow));
+        assert_eq!(ct.record_stats().map(|r| r.made), Some(3));
+        assert!(ct.is_empty());
+    }
+
+    /// A packet that arrived tunnelled, or whose tuple the pipeline changed before the
+    /// lookup (no probe), is left to the flow cache; with export off nothing is counted.
+    #[test]
+    fn only_packets_looked_up_as_they_arrived_count() {
+        let mut ct = Conntrack::new(100, CtTimeouts::default());
+        let f = crate::wire::testing::frame(false, 1, 2, ip_proto::UDP, 1, 2, 0, 0);
+        assert!(!pass(&mut ct, &f, 0, 1, 1), "export is off");
+        ct.enable_export(u64::MAX);
+        let meta = crate::engine::parse::parse(&f, &Default::default()).expect("valid frame");
+        ct.lookup(&f, &meta, 0, 2, None);
+        assert!(
+            !ct.settle(Some(1), false),
+            "no probe: the tuple was rewritten"
+        );
+        assert!(pass(&mut ct, &f, 0, 3, 1));
+        let mut out = Vec::new();
+        ct.report_all(4, &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!((out[0].packets, out[0].reason), (1, EndReason::Forced));
     }
 
     #[test]

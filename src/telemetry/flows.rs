@@ -61,6 +61,21 @@ impl Packed {
         ]))
     }
 
+    fn from_key(k: &FlowKey) -> Packed {
+        Packed([
+            (k.src >> 64) as u64,
+            k.src as u64,
+            (k.dst >> 64) as u64,
+            k.dst as u64,
+            u64::from(k.sport) << 48
+                | u64::from(k.dport) << 32
+                | u64::from(k.proto) << 24
+                | u64::from(k.v6) << 16
+                | u64::from(k.in_port),
+            k.vni.map_or(0, |v| u64::from(v) | 1 << 31),
+        ])
+    }
+
     /// Equality without a branch per word.
     #[inline(always)]
     fn same(&self, other: &Packed) -> bool {
@@ -93,8 +108,10 @@ pub struct FlowStats {
     pub flows: u64,
     /// Packets of flows the cache had no room for (those flows are not exported).
     pub full_packets: u64,
-    /// Records produced for export.
+    /// Records produced for export (by the cache and by connections).
     pub records: u64,
+    /// Records connections made but could not keep until the worker took them.
+    pub lost_records: u64,
 }
 
 /// Why a record was exported (IPFIX flowEndReason, RFC 5102).
@@ -103,6 +120,8 @@ pub struct FlowStats {
 pub enum EndReason {
     Idle = 1,
     Active = 2,
+    /// A TCP connection closed (its record comes from conntrack).
+    EndOfFlow = 3,
     Forced = 4,
 }
 
@@ -161,9 +180,14 @@ struct Cold {
 
 const NO_PORT: u16 = u16::MAX;
 
+/// The index's first size (8 KiB): it doubles whenever it would pass half full.
+const MIN_BUCKETS: usize = 1024;
+
 /// A worker's flow cache, bounded. The index is open addressing with linear probing over
 /// (hash, slot + 1) pairs, at most half full, with deletion by backward shift (no
 /// tombstones): a lookup compares 32-bit hashes and reads a flow's key only on a match.
+/// The index grows with the flows held rather than being sized for the bound: spread over
+/// the bound's 16 MB, a few thousand flows missed the TLB on nearly every lookup.
 #[derive(Debug)]
 pub struct FlowCache {
     buckets: Vec<(u32, u32)>,
@@ -184,7 +208,7 @@ pub struct FlowCache {
 
 impl FlowCache {
     pub fn new(capacity: usize, active_ns: u64, idle_ns: u64) -> FlowCache {
-        let buckets = (capacity.max(1) * 2).next_power_of_two();
+        let buckets = (capacity.max(1) * 2).next_power_of_two().min(MIN_BUCKETS);
         FlowCache {
             buckets: vec![(0, 0); buckets],
             mask: buckets - 1,
@@ -221,6 +245,17 @@ impl FlowCache {
             ip_bytes: l.l3_end - l.l3,
             tcp_flags,
         })
+    }
+
+    /// The probe of a packet whose key was taken elsewhere (by conntrack, as it arrived).
+    pub fn probe_key(&self, key: &FlowKey, ip_bytes: u16, tcp_flags: u8) -> FlowProbe {
+        let key = Packed::from_key(key);
+        FlowProbe {
+            key,
+            hash: self.hasher.hash(key.0) as u32,
+            ip_bytes,
+            tcp_flags,
+        }
     }
 
     /// The second step: with the bucket loaded, starts loading the flow it names.
@@ -289,7 +324,25 @@ impl FlowCache {
         };
         self.buckets[empty] = (hash, i + 1);
         self.len += 1;
+        if self.len * 2 > self.buckets.len() {
+            self.grow();
+        }
         Some(i)
+    }
+
+    /// Doubles the index, placing each entry again by the hash it holds.
+    #[cold]
+    fn grow(&mut self) {
+        let doubled = vec![(0, 0); self.buckets.len() * 2];
+        let old = std::mem::replace(&mut self.buckets, doubled);
+        self.mask = self.buckets.len() - 1;
+        for (hash, slot) in old.into_iter().filter(|&(_, slot)| slot != 0) {
+            let mut b = hash as usize & self.mask;
+            while self.buckets[b].1 != 0 {
+                b = (b + 1) & self.mask;
+            }
+            self.buckets[b] = (hash, slot);
+        }
     }
 
     /// The bucket holding `key` (`Ok`), or the empty bucket ending its probe (`Err`).
@@ -390,6 +443,7 @@ impl FlowCache {
             flows: self.len as u64,
             full_packets: self.overflow,
             records: self.records,
+            lost_records: 0,
         }
     }
 
@@ -404,30 +458,8 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::HashMap;
 
-    /// The inverse of `Packed::unpack`.
-    fn pack(k: &FlowKey) -> Packed {
-        Packed([
-            (k.src >> 64) as u64,
-            k.src as u64,
-            (k.dst >> 64) as u64,
-            k.dst as u64,
-            u64::from(k.sport) << 48
-                | u64::from(k.dport) << 32
-                | u64::from(k.proto) << 24
-                | u64::from(k.v6) << 16
-                | u64::from(k.in_port),
-            k.vni.map_or(0, |v| u64::from(v) | 1 << 31),
-        ])
-    }
-
     fn probe(c: &FlowCache, k: &FlowKey) -> FlowProbe {
-        let key = pack(k);
-        FlowProbe {
-            key,
-            hash: c.hasher.hash(key.0) as u32,
-            ip_bytes: 100,
-            tcp_flags: 0,
-        }
+        c.probe_key(k, 100, 0)
     }
 
     #[test]
@@ -442,10 +474,10 @@ mod tests {
             dport: 1,
             vni: Some(0),
         };
-        assert_eq!(pack(&k).unpack(), k);
+        assert_eq!(Packed::from_key(&k).unpack(), k);
         let none = FlowKey { vni: None, ..k };
-        assert_eq!(pack(&none).unpack(), none);
-        assert!(!pack(&none).same(&pack(&k)));
+        assert_eq!(Packed::from_key(&none).unpack(), none);
+        assert!(!Packed::from_key(&none).same(&Packed::from_key(&k)));
     }
 
     fn key(n: u16) -> FlowKey {
@@ -458,6 +490,23 @@ mod tests {
             dport: 53,
             ..FlowKey::default()
         }
+    }
+
+    #[test]
+    fn index_grows_past_its_first_size_and_keeps_every_flow() {
+        let mut c = FlowCache::new(1 << 20, u64::MAX, u64::MAX);
+        let n = 5 * MIN_BUCKETS as u16;
+        for round in 0..2 {
+            for i in 0..n {
+                c.count(&probe(&c, &key(i)), round, None, false);
+            }
+        }
+        assert_eq!(c.len(), usize::from(n));
+        assert!(c.buckets.len() >= 2 * usize::from(n));
+        let mut out = Vec::new();
+        c.expire(0, true, &mut out);
+        assert_eq!(out.len(), usize::from(n));
+        assert!(out.iter().all(|r| r.packets == 2));
     }
 
     proptest! {

@@ -323,6 +323,11 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info) -> String {
             "Flow records handed to the IPFIX exporter.",
             [(vec![], fl.records)],
         );
+        fam.counter(
+            "dpuflow_flow_records_lost_total",
+            "Flow records of connections lost because the exporter fell behind.",
+            [(vec![], fl.lost_records)],
+        );
     }
 
     let l = &snap.latency;

@@ -103,6 +103,7 @@ impl Snapshot {
             a.flows += b.flows;
             a.full_packets += b.full_packets;
             a.records += b.records;
+            a.lost_records += b.lost_records;
         }
         self.latency.merge(&o.latency);
     }
