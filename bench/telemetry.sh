@@ -4,12 +4,15 @@
 # /metrics every second; the rate is the growth of dpuflow_port_received_packets_total
 # over the measured seconds. "On" adds IPFIX export (to a UDP sink on 127.0.0.1).
 # Also prints the engine alone (`dpuflow bench` with and without --telemetry).
-# Usage: bench/telemetry.sh [ROUNDS] [SECONDS]
+# The default pipeline keeps its flows in the flow cache; bench/conntrack.pipe (port a)
+# tracks connections, whose entries then hold the flow records.
+# Usage: bench/telemetry.sh [ROUNDS] [SECONDS] [PIPELINE PORT]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
 seconds=${2:-10}
-pipe=pipelines/vxlan-gateway.pipe
+pipe=${3:-pipelines/vxlan-gateway.pipe}
+port=${4:-host}
 cargo build --release -q
 bin=target/release/dpuflow
 dir=$(mktemp -d)
@@ -20,7 +23,7 @@ cleanup() {
     rm -rf "$dir"
 }
 trap cleanup EXIT
-"$bin" bench "$pipe" --port host --flows 4096 --write "$dir/traffic.pcap"
+"$bin" bench "$pipe" --port "$port" --flows 4096 --write "$dir/traffic.pcap"
 python3 -c '
 import socket
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -35,13 +38,13 @@ ipfix=127.0.0.1:$(cat "$dir/sink.port")
 
 received() {
     curl -sf "http://$1/metrics" |
-        sed -n 's/^dpuflow_port_received_packets_total{port="host"} \([0-9]*\)$/\1/p'
+        sed -n "s/^dpuflow_port_received_packets_total{port=\"$port\"} \\([0-9]*\\)\$/\\1/p"
 }
 
 # Prints the service's packets per second over `seconds`, after two seconds of warm-up.
 service() {
     local addr=127.0.0.1:$((20000 + RANDOM % 20000)) extra=("$@") pid a b
-    "$bin" run "$pipe" --in "host=$dir/traffic.pcap" --loop --workers 1 \
+    "$bin" run "$pipe" --in "$port=$dir/traffic.pcap" --loop --workers 1 \
         --metrics "$addr" "${extra[@]}" 2>/dev/null &
     pid=$!
     until received "$addr" >/dev/null 2>&1; do sleep 0.1; done
@@ -57,7 +60,7 @@ service() {
 }
 
 engine() {
-    "$bin" bench "$pipe" --port host --flows 4096 --packets 20000000 "$@" |
+    "$bin" bench "$pipe" --port "$port" --flows 4096 --packets 20000000 "$@" |
         sed -n 's/.*: \([0-9.]*\) Mpps.*/\1/p'
 }
 

@@ -4,7 +4,7 @@
 use super::DropReason;
 use crate::ir::Tunnel;
 use crate::wire::ethernet::{self, ethertype};
-use crate::wire::{geneve, icmp, ip_proto, ipv4, ipv6, tcp, udp, vlan, vxlan};
+use crate::wire::{be128, be32, geneve, icmp, ip_proto, ipv4, ipv6, tcp, udp, vlan, vxlan};
 
 /// VLAN tags followed at most (802.1ad + 802.1Q, and one more to be lenient).
 const MAX_VLAN_TAGS: usize = 3;
@@ -199,23 +199,19 @@ fn layers(frame: &[u8], at: usize) -> Result<Layers, DropReason> {
 /// (encapsulation needs it; plain forwarding does not).
 pub fn flow_hash(frame: &[u8], l: &Layers) -> u32 {
     let l3 = usize::from(l.l3);
-    let (a, b): (&[u8], &[u8]) = match l.l3_kind {
-        L3::V4 => (&frame[l3 + 12..l3 + 16], &frame[l3 + 16..l3 + 20]),
-        L3::V6 => (&frame[l3 + 8..l3 + 24], &frame[l3 + 24..l3 + 40]),
+    // Each address folded to 32 bits (IPv6 by xoring its four words).
+    let fold = |a: u128| (a >> 96) as u32 ^ (a >> 64) as u32 ^ (a >> 32) as u32 ^ a as u32;
+    let (x, y) = match l.l3_kind {
+        L3::V4 => (be32(frame, l3 + 12), be32(frame, l3 + 16)),
+        L3::V6 => (fold(be128(frame, l3 + 8)), fold(be128(frame, l3 + 24))),
         L3::None => return u32::from(l.ethertype),
     };
-    let fold = |s: &[u8]| {
-        s.chunks(4).fold(0u32, |h, c| {
-            h ^ u32::from_be_bytes(c.try_into().unwrap_or([0; 4]))
-        })
+    let (p, q) = if l.l4_ok && matches!(l.proto, ip_proto::TCP | ip_proto::UDP | ip_proto::SCTP) {
+        let ports = be32(frame, usize::from(l.l4));
+        (ports >> 16, ports & 0xffff)
+    } else {
+        (0, 0)
     };
-    let (x, y) = (fold(a), fold(b));
-    let (mut p, mut q) = (0u32, 0u32);
-    if l.l4_ok && matches!(l.proto, ip_proto::TCP | ip_proto::UDP | ip_proto::SCTP) {
-        let l4 = usize::from(l.l4);
-        p = u32::from(u16::from_be_bytes([frame[l4], frame[l4 + 1]]));
-        q = u32::from(u16::from_be_bytes([frame[l4 + 2], frame[l4 + 3]]));
-    }
     let h = u64::from(x.min(y)) << 32 | u64::from(x.max(y));
     let ports = u64::from(p.min(q)) << 16 | u64::from(p.max(q)) | u64::from(l.proto) << 40;
     let m = (h ^ ports.rotate_left(17)).wrapping_mul(0x9e37_79b9_7f4a_7c15);

@@ -84,6 +84,12 @@ pub(crate) fn be32(b: &[u8], at: usize) -> u32 {
     u32::from_be_bytes(b[at..at + 4].try_into().expect("four bytes"))
 }
 
+/// Eight bytes from `at` (an IPv4 source and destination) as one big-endian integer.
+#[inline]
+pub(crate) fn be64(b: &[u8], at: usize) -> u64 {
+    u64::from_be_bytes(b[at..at + 8].try_into().expect("eight bytes"))
+}
+
 /// Sixteen bytes from `at` as one big-endian integer (an IPv6 address).
 #[inline]
 pub(crate) fn be128(b: &[u8], at: usize) -> u128 {
