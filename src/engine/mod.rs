@@ -185,8 +185,10 @@ pub struct Engine {
     metas: Box<[Result<Meta, DropReason>]>,
     /// Connection hashes of the current batch, when it is staged.
     ct_hints: Box<[Option<Probe>]>,
-    /// Each staged packet's flow-cache probe, when flows are kept.
-    flow_probes: Box<[Option<FlowProbe>]>,
+    /// The flow-cache probes of the staged packets that have one (those no connection
+    /// counts), with the packet's index in the batch; `flow_probed` of them.
+    flow_probes: Box<[(u16, FlowProbe)]>,
+    flow_probed: usize,
     /// Each staged packet's entry in its root pipe, when classified with the batch.
     root_entries: Box<[Option<Option<usize>>]>,
     pipes: Vec<CompiledPipe>,
@@ -326,7 +328,8 @@ impl Engine {
         Engine {
             metas: vec![Err(DropReason::NoPipe); MAX_BATCH].into_boxed_slice(),
             ct_hints: vec![None; MAX_BATCH].into_boxed_slice(),
-            flow_probes: vec![None; MAX_BATCH].into_boxed_slice(),
+            flow_probes: vec![(0, FlowProbe::default()); MAX_BATCH].into_boxed_slice(),
+            flow_probed: 0,
             root_entries: vec![None; MAX_BATCH].into_boxed_slice(),
             batch_roots,
             port_states: (0..p.ports.len())
@@ -439,27 +442,32 @@ impl Engine {
     /// written (a copy straight after the write stalls on store forwarding). Then the
     /// packets run, and their flows are counted.
     fn process_part<O: Observer>(&mut self, batch: &mut [PacketBuf], obs: &mut O) {
+        let mut probed = 0;
         for (i, pkt) in batch.iter().enumerate() {
             // Parsed straight into its slot: a temporary copied in would stall on store
             // forwarding.
             let staged = &mut self.metas[i];
             *staged = parse::parse(pkt.data(), &self.tunnels);
             let meta = staged.as_ref().ok();
+            let mut reports = false;
             if let Some(ct) = &self.rt.ct {
-                self.ct_hints[i] = meta.and_then(|m| ct.prefetch(pkt.data(), m, pkt.port.0));
+                let hint = &mut self.ct_hints[i];
+                *hint = meta.and_then(|m| ct.prefetch(pkt.data(), m, pkt.port.0));
+                reports = hint.as_ref().is_some_and(Probe::reports);
             }
             if let Some(flows) = &self.rt.flows {
                 // A packet a connection will count needs no flow-cache key (and in the
                 // rare case none does, conntrack's probe gives it).
-                let probe = &mut self.flow_probes[i];
-                match meta {
-                    Some(m) if !self.ct_hints[i].as_ref().is_some_and(Probe::reports) => {
-                        *probe = flows.probe(pkt.data(), m, pkt.port.0);
-                    }
-                    _ => *probe = None,
+                if let Some(probe) = meta
+                    .filter(|_| !reports)
+                    .and_then(|m| flows.probe(pkt.data(), m, pkt.port.0))
+                {
+                    self.flow_probes[probed] = (i as u16, probe);
+                    probed += 1;
                 }
             }
         }
+        self.flow_probed = probed;
         if let Some(ct) = &self.rt.ct {
             for probe in self.ct_hints[..batch.len()].iter().flatten() {
                 ct.prefetch_slot(probe);
@@ -467,7 +475,7 @@ impl Engine {
         }
         self.classify_roots(batch);
         if let Some(flows) = &self.rt.flows {
-            for probe in self.flow_probes[..batch.len()].iter().flatten() {
+            for (_, probe) in &self.flow_probes[..self.flow_probed] {
                 flows.prefetch_flow(probe);
             }
         }
@@ -485,20 +493,25 @@ impl Engine {
             // A packet a connection counted for the flow records is not the flow cache's;
             // one expected to be, but that no connection took, is.
             if let (Some(ct), Some(flows)) = (&mut self.rt.ct, &self.rt.flows) {
-                let (out, denied) = fate(v);
-                let hint = self.ct_hints[i].as_ref().filter(|h| h.reports());
-                if let (false, Some(h), Ok(m)) = (ct.settle(out, denied), hint, &self.metas[i]) {
-                    let (key, tcp_flags) = h.arrival_flow();
-                    let ip_bytes = m.outer.l3_end - m.outer.l3;
-                    self.flow_probes[i] = Some(flows.probe_key(&key, ip_bytes, tcp_flags));
+                if let Some(counted) = ct.take_counted() {
+                    let (out, denied) = fate(v);
+                    ct.note_fate(counted, out, denied);
+                } else if let (Some(h), Ok(m)) = (&self.ct_hints[i], &self.metas[i]) {
+                    if h.reports() {
+                        let (key, tcp_flags) = h.arrival_flow();
+                        let ip_bytes = m.outer.l3_end - m.outer.l3;
+                        let probe = flows.probe_key(&key, ip_bytes, tcp_flags);
+                        self.flow_probes[self.flow_probed] = (i as u16, probe);
+                        self.flow_probed += 1;
+                    }
                 }
             }
         }
         // Flows are counted once the batch's fates are known, in one tight pass over what
         // each packet's probe noted as it arrived.
         if let Some(flows) = &mut self.rt.flows {
-            for (pkt, probe) in batch.iter().zip(&self.flow_probes[..batch.len()]) {
-                let Some(probe) = probe else { continue };
+            for (i, probe) in &self.flow_probes[..self.flow_probed] {
+                let pkt = &batch[usize::from(*i)];
                 let (out, denied) = fate(pkt.verdict);
                 flows.count(probe, pkt.ts_ns, out, denied);
             }

@@ -120,8 +120,8 @@ impl Key {
 struct Entry {
     key: Key,
     state: ConnState,
-    /// [`ORIG_FROM_A`], [`SEEN_REPLY`], `DENIED << direction` and, in the top bits, the
-    /// packets seen (saturating at 7; UDP timeouts depend on it).
+    /// [`ORIG_FROM_A`], [`SEEN_REPLY`], `DENIED << direction` and, in the top three
+    /// bits, the packets seen counted in unary up to three (UDP timeouts depend on it).
     flags: u8,
     tcp_flags: [u8; 2],
     /// Port indices, [`NO_PORT`] when unknown.
@@ -139,8 +139,12 @@ const ORIG_FROM_A: u8 = 1;
 const SEEN_REPLY: u8 = 2;
 /// Shifted left by the direction: the pipeline dropped a counted packet.
 const DENIED: u8 = 4;
-const SEEN_SHIFT: u32 = 5;
-const SEEN_MAX: u8 = 7;
+/// A first, second and third packet seen.
+const SEEN_1: u8 = 0x20;
+const SEEN_2: u8 = 0x40;
+const SEEN_3: u8 = 0x80;
+/// A UDP connection that saw a reply and more than two packets is a stream.
+const UDP_STREAM: u8 = SEEN_REPLY | SEEN_3;
 const NO_PORT: u8 = u8::MAX;
 
 const EMPTY: Entry = Entry {
@@ -163,11 +167,8 @@ const EMPTY: Entry = Entry {
 impl Entry {
     /// Notes one more packet seen (and whether it was a reply).
     fn seen(&mut self, reply: bool) {
-        let n = (self.flags >> SEEN_SHIFT).saturating_add(1).min(SEEN_MAX);
-        self.flags = self.flags & !(SEEN_MAX << SEEN_SHIFT) | n << SEEN_SHIFT;
-        if reply {
-            self.flags |= SEEN_REPLY;
-        }
+        let f = self.flags;
+        self.flags = f | SEEN_1 | (f & (SEEN_1 | SEEN_2)) << 1 | (u8::from(reply) * SEEN_REPLY);
     }
 
     fn seen_reply(&self) -> bool {
@@ -299,9 +300,17 @@ pub struct Conntrack {
     pub stats: CtStats,
     /// Set while connections are the source of flow records.
     export: Option<Export>,
-    /// The slot and direction that counted the current packet, for [`Conntrack::settle`].
+    /// The slot and direction that counted the current packet, for [`Conntrack::take_counted`].
     counted: Option<(usize, usize)>,
     /// An entry was removed (others may have moved) since `counted` was set.
+    moved: bool,
+}
+
+/// The connection direction that counted a packet (from [`Conntrack::take_counted`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Counted {
+    slot: usize,
+    dir: usize,
     moved: bool,
 }
 
@@ -401,22 +410,32 @@ impl Conntrack {
         }
     }
 
-    /// Once the packet's walk has ended: notes its fate in the connection that counted it,
-    /// if one did, and says so (the packet then needs no other flow record).
-    pub fn settle(&mut self, out_port: Option<u16>, denied: bool) -> bool {
-        let Some((slot, dir)) = self.counted.take() else {
-            return false;
-        };
-        if !self.moved {
-            let e = &mut self.slots[slot];
-            if denied {
-                e.flags |= DENIED << dir;
-            }
-            if let Some(p) = out_port {
-                e.out_port[dir] = u8::try_from(p).unwrap_or(NO_PORT);
-            }
+    /// Once the packet's walk has ended: the connection direction that counted it for the
+    /// flow records, if one did (the packet then needs no other record), for
+    /// [`Conntrack::note_fate`].
+    pub fn take_counted(&mut self) -> Option<Counted> {
+        self.counted.take().map(|(slot, dir)| Counted {
+            slot,
+            dir,
+            moved: self.moved,
+        })
+    }
+
+    /// Notes where the packet went (`out_port`) or that it was dropped in the connection
+    /// that counted it.
+    pub fn note_fate(&mut self, c: Counted, out_port: Option<u16>, denied: bool) {
+        if c.moved {
+            // A removal during the packet's walk may have shifted the entry: the fate of
+            // this one packet goes unnoted.
+            return;
         }
-        true
+        let e = &mut self.slots[c.slot];
+        if denied {
+            e.flags |= DENIED << c.dir;
+        }
+        if let Some(p) = out_port {
+            e.out_port[c.dir] = u8::try_from(p).unwrap_or(NO_PORT);
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -469,7 +488,7 @@ impl Conntrack {
             ConnState::TcpLastAck => t.tcp_last_ack,
             ConnState::TcpTimeWait => t.tcp_time_wait,
             ConnState::TcpClose => t.tcp_close,
-            ConnState::Udp if e.seen_reply() && e.flags >> SEEN_SHIFT > 2 => t.udp_stream,
+            ConnState::Udp if e.flags & UDP_STREAM == UDP_STREAM => t.udp_stream,
             ConnState::Udp => t.udp,
             ConnState::Icmp => t.icmp,
             ConnState::Other => t.udp,
@@ -541,13 +560,14 @@ impl Conntrack {
             if self.tags[i] == 0 {
                 continue;
             }
-            let e = self.slots[i];
-            if self.expired(&e, now) {
+            let e = &self.slots[i];
+            if self.expired(e, now) {
                 self.remove(i);
                 self.stats.expirations += 1;
             } else if active_ns.is_some_and(|a| now.saturating_sub(e.first_ns) >= a)
                 && e.packets != [0; 2]
             {
+                let e = *e;
                 self.report(&e, EndReason::Active);
                 self.slots[i].reported(now);
             }
@@ -683,11 +703,6 @@ impl Conntrack {
                     s if is_tcp(s) => tcp_transition(s, t.tcp_flags, reply),
                     s => Step::To(s),
                 };
-                let established = if reply || e.seen_reply() {
-                    CtState::Established
-                } else {
-                    CtState::New
-                };
                 match next {
                     Step::Invalid => {
                         self.stats.invalid += 1;
@@ -709,22 +724,40 @@ impl Conntrack {
                             }),
                         }
                     }
-                    Step::Ignore | Step::To(_) => {
+                    Step::To(s) => {
                         let e = &mut self.slots[i];
-                        // An ignored packet passes as part of the connection without
-                        // changing its state or timer.
-                        if let Step::To(s) = next {
-                            e.state = s;
-                            e.last_ns = now;
-                            e.seen(reply);
-                        }
+                        e.state = s;
+                        e.last_ns = now;
+                        e.seen(reply);
+                        let seen_reply = e.seen_reply();
                         if let Some(port) = report {
                             e.count(dir, len, t.tcp_flags, port);
                             self.counted = Some((i, dir));
                             self.moved = false;
                         }
                         Lookup {
-                            state: established,
+                            state: if seen_reply {
+                                CtState::Established
+                            } else {
+                                CtState::New
+                            },
+                            pending: None,
+                        }
+                    }
+                    Step::Ignore => {
+                        // Passes as part of the connection without changing its state or
+                        // timer.
+                        if let Some(port) = report {
+                            self.slots[i].count(dir, len, t.tcp_flags, port);
+                            self.counted = Some((i, dir));
+                            self.moved = false;
+                        }
+                        Lookup {
+                            state: if reply || e.seen_reply() {
+                                CtState::Established
+                            } else {
+                                CtState::New
+                            },
                             pending: None,
                         }
                     }
@@ -1284,7 +1317,9 @@ mod tests {
         if let Some(p) = l.pending {
             assert!(ct.commit(&p, now));
         }
-        ct.settle(Some(out), false)
+        ct.take_counted()
+            .map(|c| ct.note_fate(c, Some(out), false))
+            .is_some()
     }
 
     /// With export on, a TCP connection reports each direction's packets, bytes, flags and
@@ -1358,7 +1393,7 @@ mod tests {
         let meta = crate::engine::parse::parse(&f, &Default::default()).expect("valid frame");
         ct.lookup(&f, &meta, 0, 2, None);
         assert!(
-            !ct.settle(Some(1), false),
+            ct.take_counted().is_none(),
             "no probe: the tuple was rewritten"
         );
         assert!(pass(&mut ct, &f, 0, 3, 1));
@@ -1366,6 +1401,36 @@ mod tests {
         ct.report_all(4, &mut out);
         assert_eq!(out.len(), 1);
         assert_eq!((out[0].packets, out[0].reason), (1, EndReason::Forced));
+    }
+
+    /// A UDP connection becomes a stream (the longer timeout) once it has seen a reply and
+    /// more than two packets, in either order.
+    #[test]
+    fn udp_streams_need_a_reply_and_three_packets() {
+        let t = CtTimeouts {
+            udp: Duration::from_secs(30),
+            udp_stream: Duration::from_secs(120),
+            ..CtTimeouts::default()
+        };
+        for replies_first in [true, false] {
+            let mut ct = Conntrack::new(10, t.clone());
+            let out = crate::wire::testing::frame(false, 1, 2, ip_proto::UDP, 5, 6, 0, 0);
+            let back = crate::wire::testing::frame(false, 2, 1, ip_proto::UDP, 6, 5, 0, 0);
+            let order = if replies_first {
+                [&out, &back, &out]
+            } else {
+                [&out, &out, &back]
+            };
+            let mut timeouts = Vec::new();
+            for (n, f) in order.into_iter().enumerate() {
+                pass(&mut ct, f, 0, n as u64 + 1, 1);
+                let i = (0..ct.slots.len())
+                    .find(|&i| ct.tags[i] != 0)
+                    .expect("tracked");
+                timeouts.push(ct.timeout(&ct.slots[i]) / 1_000_000_000);
+            }
+            assert_eq!(timeouts, [30, 30, 120], "replies first: {replies_first}");
+        }
     }
 
     #[test]

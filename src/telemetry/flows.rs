@@ -28,7 +28,7 @@ pub struct FlowKey {
 /// tunnel (VNIs are 24 bits); then the addresses: an IPv4 source and destination together
 /// in the third word (the rest zero), IPv6 ones in the last four. An IPv4 key is hashed by
 /// its nonzero words only: two multiplies, where six words took four.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 struct Packed([u64; 6]);
 
 const V6_BIT: u64 = 1 << 16;
@@ -184,7 +184,7 @@ pub struct FlowRecord {
 /// What a packet's flow record needs of it, taken as it arrives (before the pipeline may
 /// rewrite its headers), from [`FlowCache::probe`]: its key and the key's hash, its IP
 /// length and TCP flags.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct FlowProbe {
     key: Packed,
     hash: u32,
