@@ -1403,6 +1403,28 @@ mod tests {
         assert_eq!((out[0].packets, out[0].reason), (1, EndReason::Forced));
     }
 
+    /// IPv6 connections give IPv6 records, each direction with its own addresses.
+    #[test]
+    fn ipv6_connections_report_ipv6_flows() {
+        let mut ct = Conntrack::new(10, CtTimeouts::default());
+        ct.enable_export(u64::MAX);
+        let (a, b) = (0x2001_0db8_u128 << 96 | 1, 0x2001_0db8_u128 << 96 | 2);
+        let f = crate::wire::testing::frame(true, a, b, ip_proto::UDP, 5000, 53, 0, 0);
+        let r = crate::wire::testing::frame(true, b, a, ip_proto::UDP, 53, 5000, 0, 0);
+        assert!(pass(&mut ct, &f, 0, 1, 1));
+        assert!(pass(&mut ct, &r, 1, 2, 0));
+        let mut out = Vec::new();
+        ct.report_all(3, &mut out);
+        out.sort_by_key(|r| r.key.src);
+        let keys: Vec<_> = out
+            .iter()
+            .map(|r| (r.key.v6, r.key.src, r.key.dst, r.key.sport))
+            .collect();
+        assert_eq!(keys, [(true, a, b, 5000), (true, b, a, 53)]);
+        // 40-byte header and 8 bytes of UDP.
+        assert!(out.iter().all(|r| r.packets == 1 && r.bytes == 48));
+    }
+
     /// A UDP connection becomes a stream (the longer timeout) once it has seen a reply and
     /// more than two packets, in either order.
     #[test]
