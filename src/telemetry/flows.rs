@@ -439,18 +439,22 @@ impl FlowCache {
             } else {
                 continue;
             };
-            self.records += 1;
-            out.push(FlowRecord {
-                key: c.key.unpack(),
-                first_ns: c.first_ns,
-                last_ns: h.last_ns,
-                packets: h.packets,
-                bytes: h.bytes,
-                tcp_flags: h.tcp_flags,
-                out_port: (h.out_port != NO_PORT).then_some(h.out_port),
-                denied: h.denied,
-                reason,
-            });
+            // A flow whose counts went out at its last active timeout ends without a record:
+            // an empty one would say nothing.
+            if h.packets > 0 {
+                self.records += 1;
+                out.push(FlowRecord {
+                    key: c.key.unpack(),
+                    first_ns: c.first_ns,
+                    last_ns: h.last_ns,
+                    packets: h.packets,
+                    bytes: h.bytes,
+                    tcp_flags: h.tcp_flags,
+                    out_port: (h.out_port != NO_PORT).then_some(h.out_port),
+                    denied: h.denied,
+                    reason,
+                });
+            }
             if reason == EndReason::Active {
                 self.hot[i] = Hot {
                     last_ns: h.last_ns,
