@@ -109,11 +109,10 @@ impl Packed {
     /// Equality without a branch per word.
     #[inline(always)]
     fn same(&self, other: &Packed) -> bool {
-        self.0
-            .iter()
-            .zip(other.0)
-            .fold(0, |acc, (a, b)| acc | (a ^ b))
-            == 0
+        let (a, b) = (&self.0, &other.0);
+        let head = (a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]);
+        // The first word holds the family: the last three are zero in IPv4 keys.
+        head == 0 && (a[0] & V6_BIT == 0 || (a[3] ^ b[3]) | (a[4] ^ b[4]) | (a[5] ^ b[5]) == 0)
     }
 
     fn unpack(&self) -> FlowKey {
