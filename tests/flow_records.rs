@@ -3,7 +3,7 @@
 //! rest: drops before a commit, packets no connection takes); whatever the mix of
 //! directions, TCP flags, batch boundaries and jumps in time (idle and active timeouts,
 //! expiries met on lookup, TCP reopens), the records' packets and bytes per 5-tuple add up
-//! to what was sent.
+//! to what was sent. Likewise where connections are tracked after decapsulation.
 
 use dpuflow::engine::{Engine, NoObserver, PacketBuf};
 use dpuflow::ir::PortId;
@@ -68,74 +68,172 @@ fn frame(t: Tuple, tcp_flags: u8, payload: usize) -> (Vec<u8>, u64) {
     (f, ip_len as u64)
 }
 
+/// An inner frame in VXLAN (RFC 7348 §5) from the remote VTEP 192.0.2.10 to 192.0.2.1; its
+/// outer tuple and IP length (what the flow cache keys and counts for it).
+fn vxlan(inner: &[u8], vni: u32, sport: u16) -> (Vec<u8>, Tuple, u64) {
+    let udp_len = 8 + 8 + inner.len();
+    let ip_len = 20 + udp_len;
+    let (src, dst) = (0xc000_020a_u32, 0xc000_0201_u32);
+    let mut f = vec![0u8; ethernet::HEADER_LEN + ip_len];
+    ethernet::Repr {
+        src: [2, 0, 0, 0, 0, 3],
+        dst: [2, 0, 0, 0, 0, 4],
+        ethertype: ethernet::ethertype::IPV4,
+    }
+    .emit(&mut f);
+    ipv4::Repr {
+        src: src.to_be_bytes(),
+        dst: dst.to_be_bytes(),
+        protocol: ip_proto::UDP,
+        ttl: 64,
+        dscp: 0,
+        dont_frag: false,
+        payload_len: udp_len as u16,
+    }
+    .emit(&mut f[ethernet::HEADER_LEN..]);
+    let udp = &mut f[ethernet::HEADER_LEN + 20..];
+    udp[0..2].copy_from_slice(&sport.to_be_bytes());
+    udp[2..4].copy_from_slice(&4789u16.to_be_bytes());
+    udp[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+    udp[8] = 0x08;
+    udp[12..15].copy_from_slice(&vni.to_be_bytes()[1..]);
+    udp[16..].copy_from_slice(inner);
+    (f, (src, dst, sport, 4789, ip_proto::UDP), ip_len as u64)
+}
+
 /// SYN, SYN-ACK, ACK, PSH-ACK, FIN-ACK, RST.
 const TCP_FLAGS: [u8; 6] = [0x02, 0x12, 0x10, 0x18, 0x11, 0x04];
 
 /// Time steps: within a burst, past the active timeout, past the idle ones.
 const STEPS_NS: [u64; 4] = [1_000_000, 1_000_000, 3_000_000_000, 200_000_000_000];
 
+/// What a record is keyed on: the packet's tuple as it arrived, and its VNI if tunnelled.
+type Key = (Tuple, Option<u32>);
+
+/// One packet to send: its port, frame, the key and IP length its record must show, how
+/// far time moves before it, and how many packets make a batch.
+struct Send {
+    port: PortId,
+    frame: Vec<u8>,
+    key: Key,
+    ip_len: u64,
+    step: usize,
+    flush_after: usize,
+}
+
+/// Runs `sends` through `pipeline` with flow records kept (2 s active, 5 s idle timeout,
+/// 64 connections at most), expiring records after every batch and flushing at the end,
+/// and checks that the records' packets and bytes per key are what was sent.
+fn records_add_up(pipeline: &str, sends: Vec<Send>) -> Result<(), TestCaseError> {
+    let checked = dpuflow::lang::check_file(Path::new(pipeline)).expect("read");
+    let mut program = checked.program.expect("valid pipeline");
+    if let Some(ct) = &mut program.conntrack {
+        ct.capacity = 64;
+    }
+    let mut engine = Engine::new(&program);
+    engine.enable_flows(1 << 10, Duration::from_secs(2), Duration::from_secs(5));
+
+    let mut sent: BTreeMap<Key, (u64, u64)> = BTreeMap::new();
+    let mut records: Vec<FlowRecord> = Vec::new();
+    let mut now = 1_000_000_000u64;
+    let mut batch: Vec<PacketBuf> = Vec::new();
+    let mut run = |engine: &mut Engine, batch: &mut Vec<PacketBuf>, now: u64| {
+        engine.process(batch, &mut NoObserver);
+        batch.clear();
+        engine.expire_flows(now, false, &mut records);
+    };
+    for s in sends {
+        now += STEPS_NS[s.step];
+        let mut pkt = PacketBuf::new(512);
+        prop_assert!(pkt.load(&s.frame, s.port, now));
+        batch.push(pkt);
+        let e = sent.entry(s.key).or_default();
+        e.0 += 1;
+        e.1 += s.ip_len;
+        if batch.len() >= s.flush_after {
+            run(&mut engine, &mut batch, now);
+        }
+    }
+    run(&mut engine, &mut batch, now);
+    engine.expire_flows(now, true, &mut records);
+
+    let mut got: BTreeMap<Key, (u64, u64)> = BTreeMap::new();
+    for r in &records {
+        let k = &r.key;
+        let key = (
+            (k.src as u32, k.dst as u32, k.sport, k.dport, k.proto),
+            k.vni,
+        );
+        let e = got.entry(key).or_default();
+        e.0 += r.packets;
+        e.1 += r.bytes;
+        prop_assert!(r.packets > 0, "an empty record: {:?}", r);
+    }
+    prop_assert_eq!(got, sent);
+    let stats = engine.flow_stats().expect("flows kept");
+    prop_assert_eq!(stats.records, records.len() as u64);
+    prop_assert_eq!(stats.lost_records, 0);
+    Ok(())
+}
+
+/// (conversation, reply, TCP flags, time step, payload, batch size)
+fn packet() -> impl Strategy<Value = (usize, bool, usize, usize, usize, usize)> {
+    (
+        0usize..8,
+        any::<bool>(),
+        0..TCP_FLAGS.len(),
+        0..STEPS_NS.len(),
+        0usize..40,
+        1usize..6,
+    )
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
     #[test]
-    fn every_packet_is_in_one_record(
-        packets in proptest::collection::vec(
-            (0usize..8, any::<bool>(), 0..TCP_FLAGS.len(), 0..STEPS_NS.len(), 0usize..40, 1usize..6),
-            1..300,
-        )
+    fn every_packet_is_in_one_record(packets in proptest::collection::vec(packet(), 1..300)) {
+        let sends = packets
+            .into_iter()
+            .map(|(n, reply, flags, step, payload, flush_after)| {
+                let t = conversation(n);
+                // A reply goes the other way, from the other side.
+                let (t, port) = match (reply, t.0 >> 24 == 10) {
+                    (false, inside) => (t, if inside { INSIDE } else { OUTSIDE }),
+                    (true, inside) => ((t.1, t.0, t.3, t.2, t.4), if inside { OUTSIDE } else { INSIDE }),
+                };
+                let (frame, ip_len) = frame(t, TCP_FLAGS[flags], payload);
+                Send { port, frame, key: (t, None), ip_len, step, flush_after }
+            })
+            .collect();
+        records_add_up("pipelines/stateful-firewall.pipe", sends)?;
+    }
+
+    /// Connections tracked after decapsulation: their tunnelled packets are the flow
+    /// cache's (keyed on the outer headers and the VNI), the host's replies the
+    /// connection's; VNIs the pipeline does not take are dropped and still recorded.
+    #[test]
+    fn tunnelled_packets_are_recorded_as_they_arrived(
+        packets in proptest::collection::vec((packet(), 0u16..3, any::<bool>()), 1..300)
     ) {
-        let checked = dpuflow::lang::check_file(Path::new("pipelines/stateful-firewall.pipe"))
-            .expect("read");
-        let mut program = checked.program.expect("valid pipeline");
-        if let Some(ct) = &mut program.conntrack {
-            ct.capacity = 64;
-        }
-        let mut engine = Engine::new(&program);
-        engine.enable_flows(1 << 10, Duration::from_secs(2), Duration::from_secs(5));
-
-        let mut sent: BTreeMap<Tuple, (u64, u64)> = BTreeMap::new();
-        let mut records: Vec<FlowRecord> = Vec::new();
-        let mut now = 1_000_000_000u64;
-        let mut batch: Vec<PacketBuf> = Vec::new();
-        let mut run = |engine: &mut Engine, batch: &mut Vec<PacketBuf>, now: u64| {
-            engine.process(batch, &mut NoObserver);
-            batch.clear();
-            engine.expire_flows(now, false, &mut records);
-        };
-        for (n, reply, flags, step, payload, flush_after) in packets {
-            let t = conversation(n);
-            // A reply goes the other way, from the other side.
-            let (t, port) = match (reply, t.0 >> 24 == 10) {
-                (false, inside) => (t, if inside { INSIDE } else { OUTSIDE }),
-                (true, inside) => ((t.1, t.0, t.3, t.2, t.4), if inside { OUTSIDE } else { INSIDE }),
-            };
-            let (f, ip_len) = frame(t, TCP_FLAGS[flags], payload);
-            now += STEPS_NS[step];
-            let mut pkt = PacketBuf::new(256);
-            prop_assert!(pkt.load(&f, port, now));
-            batch.push(pkt);
-            let e = sent.entry(t).or_default();
-            e.0 += 1;
-            e.1 += ip_len;
-            if batch.len() >= flush_after {
-                run(&mut engine, &mut batch, now);
-            }
-        }
-        run(&mut engine, &mut batch, now);
-        engine.expire_flows(now, true, &mut records);
-
-        let mut got: BTreeMap<Tuple, (u64, u64)> = BTreeMap::new();
-        for r in &records {
-            let k = &r.key;
-            let t = (k.src as u32, k.dst as u32, k.sport, k.dport, k.proto);
-            let e = got.entry(t).or_default();
-            e.0 += r.packets;
-            e.1 += r.bytes;
-            prop_assert!(r.packets > 0, "an empty record: {:?}", r);
-        }
-        prop_assert_eq!(got, sent);
-        let stats = engine.flow_stats().expect("flows kept");
-        prop_assert_eq!(stats.records, records.len() as u64);
-        prop_assert_eq!(stats.lost_records, 0);
+        let host = PortId(0);
+        let uplink = PortId(1);
+        let sends = packets
+            .into_iter()
+            .map(|((n, reply, flags, step, payload, flush_after), entropy, other_vni)| {
+                let t = conversation(n % 2);
+                if reply {
+                    let t = (t.1, t.0, t.3, t.2, t.4);
+                    let (frame, ip_len) = frame(t, TCP_FLAGS[flags], payload);
+                    Send { port: host, frame, key: (t, None), ip_len, step, flush_after }
+                } else {
+                    let (inner, _) = frame(t, TCP_FLAGS[flags], payload);
+                    let vni = if other_vni { 200 } else { 100 };
+                    let (frame, outer, ip_len) = vxlan(&inner, vni, 49152 + entropy);
+                    Send { port: uplink, frame, key: (outer, Some(vni)), ip_len, step, flush_after }
+                }
+            })
+            .collect();
+        records_add_up("tests/data/ct-after-decap.pipe", sends)?;
     }
 }
