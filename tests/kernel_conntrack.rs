@@ -1,9 +1,9 @@
 //! Connection-tracking states against the Linux kernel's nf_conntrack. A router namespace
 //! forwards between a client and a server namespace and counts, with nftables on its
 //! forward hook, the packets in `ct state new / established / related / invalid`. Crafted
-//! sessions are sent through it in order from both sides, and the same packets are
-//! replayed through dpuflow (tests/data/ct-count.pipe); per scenario the counts must be
-//! equal.
+//! sessions are sent through it in order from both sides, over IPv4 and over IPv6, and the
+//! same packets are replayed through dpuflow (tests/data/ct-count.pipe); per scenario the
+//! counts must be equal.
 //!
 //! Needs root for `ip netns`; all traffic stays inside the namespaces.
 
@@ -15,68 +15,91 @@ use std::time::Duration;
 
 const STATES: [&str; 4] = ["new", "established", "related", "invalid"];
 
-/// The scenarios, as scapy builds them. Client 10.0.1.2 behind r0, server 10.0.2.2 behind
-/// r1; each scenario uses its own ports so none disturbs another.
+/// The scenarios, as scapy builds them, once per address family (`v4_…` and `v6_…`).
+/// Client 10.0.1.2 / fd00:1::2 behind r0, server 10.0.2.2 / fd00:2::2 behind r1; each
+/// scenario uses its own ports so none disturbs another.
 const SCENARIOS: &str = r#"
 import json, sys
-C, S = "10.0.1.2", "10.0.2.2"
 EC = Ether(src="02:00:00:00:01:02", dst="02:00:00:00:01:01")
 ES = Ether(src="02:00:00:00:02:02", dst="02:00:00:00:02:01")
-def c(p): return ("c", EC/IP(src=C, dst=S, ttl=64)/p)
-def s(p): return ("s", ES/IP(src=S, dst=C, ttl=64)/p)
+def scenarios(v6):
+  C, S = ("fd00:1::2", "fd00:2::2") if v6 else ("10.0.1.2", "10.0.2.2")
+  ip = (lambda src, dst: IPv6(src=src, dst=dst, hlim=64)) if v6 else (lambda src, dst: IP(src=src, dst=dst, ttl=64))
+  def c(p): return ("c", EC/ip(C, S)/p)
+  def s(p): return ("s", ES/ip(S, C)/p)
+  def echo(kind, id, data):
+      if v6:
+          return (ICMPv6EchoRequest if kind == "request" else ICMPv6EchoReply)(id=id, seq=1, data=data)
+      return ICMP(type=8 if kind == "request" else 0, id=id, seq=1)/Raw(data)
+  def unreachable(quoted):
+      # An ICMP error quoting the packet it is about (port unreachable).
+      if v6:
+          return ICMPv6DestUnreach(code=4)/quoted
+      return ICMP(type=3, code=3)/quoted
+  def quoted_udp(sp, dp):
+      u = UDP(sport=sp, dport=dp, len=9, chksum=0)/Raw(b"x")
+      return (IPv6(src=C, dst=S, hlim=63)/u) if v6 else (IP(src=C, dst=S, ttl=63)/u)
+  return body(c, s, echo, unreachable, quoted_udp)
+
 def tcp(sp, dp, fl, sq, ak=0, data=b""):
     t = TCP(sport=sp, dport=dp, flags=fl, seq=sq, ack=ak, window=65535)
     return t/Raw(data) if data else t
 
-def handshake(cp, sp=80):
+def body(c, s, echo, unreachable, quoted_udp):
+  def handshake(cp, sp=80):
     return [c(tcp(cp, sp, "S", 1000)), s(tcp(sp, cp, "SA", 5000, 1001)), c(tcp(cp, sp, "A", 1001, 5001))]
+  sc = {}
+  sc["tcp_handshake_teardown"] = handshake(41001) + [
+      c(tcp(41001, 80, "PA", 1001, 5001, b"hello")),
+      s(tcp(80, 41001, "PA", 5001, 1006, b"world!")),
+      c(tcp(41001, 80, "FA", 1006, 5007)),
+      s(tcp(80, 41001, "A", 5007, 1007)),
+      s(tcp(80, 41001, "FA", 5007, 1007)),
+      c(tcp(41001, 80, "A", 1007, 5008)),
+  ]
+  sc["data_before_handshake"] = [
+      c(tcp(41002, 80, "PA", 7000, 9000, b"mid-stream")),
+      s(tcp(80, 41002, "A", 9000, 7010)),
+      c(tcp(41002, 80, "PA", 7010, 9000, b"more")),
+  ]
+  sc["rst_mid_flow"] = handshake(41003) + [
+      c(tcp(41003, 80, "PA", 1001, 5001, b"data")),
+      s(tcp(80, 41003, "R", 5001)),
+      c(tcp(41003, 80, "PA", 1005, 5001, b"late")),
+  ]
+  sc["syn_retries"] = [c(tcp(41004, 80, "S", 1000)), c(tcp(41004, 80, "S", 1000)), c(tcp(41004, 80, "S", 1000)),
+                       s(tcp(80, 41004, "SA", 5000, 1001)), c(tcp(41004, 80, "A", 1001, 5001))]
+  sc["simultaneous_close"] = handshake(41005) + [
+      c(tcp(41005, 80, "FA", 1001, 5001)),
+      s(tcp(80, 41005, "FA", 5001, 1001)),
+      c(tcp(41005, 80, "A", 1002, 5002)),
+      s(tcp(80, 41005, "A", 5002, 1002)),
+  ]
+  sc["invalid_tcp"] = [
+      c(tcp(41006, 80, "SA", 1000, 1)),     # SYN/ACK opening nothing
+      c(tcp(41007, 80, "F", 1000)),         # FIN without ACK
+      c(tcp(41008, 80, "SF", 1000)),        # SYN and FIN
+      s(tcp(80, 41009, "R", 1000)),         # RST for nothing
+  ]
+  sc["udp_request_response"] = [
+      c(UDP(sport=42001, dport=5353)/Raw(b"q1")), c(UDP(sport=42001, dport=5353)/Raw(b"q2")),
+      s(UDP(sport=5353, dport=42001)/Raw(b"r1")), s(UDP(sport=5353, dport=42001)/Raw(b"r2")),
+      c(UDP(sport=42001, dport=5353)/Raw(b"q3")),
+  ]
+  sc["icmp_echo_and_error"] = [
+      c(echo("request", 77, b"ping")), s(echo("reply", 77, b"ping")),
+      s(echo("reply", 78, b"pong")),                                    # a reply nobody asked for
+      c(UDP(sport=42002, dport=7000)/Raw(b"x")),
+      s(unreachable(quoted_udp(42002, 7000))),
+      s(unreachable(quoted_udp(42003, 7000))),
+  ]
+  sc["syn_flood"] = [c(tcp(43000 + i, 80, "S", 1000 + i)) for i in range(50)]
+  return sc
 
 sc = {}
-sc["tcp_handshake_teardown"] = handshake(41001) + [
-    c(tcp(41001, 80, "PA", 1001, 5001, b"hello")),
-    s(tcp(80, 41001, "PA", 5001, 1006, b"world!")),
-    c(tcp(41001, 80, "FA", 1006, 5007)),
-    s(tcp(80, 41001, "A", 5007, 1007)),
-    s(tcp(80, 41001, "FA", 5007, 1007)),
-    c(tcp(41001, 80, "A", 1007, 5008)),
-]
-sc["data_before_handshake"] = [
-    c(tcp(41002, 80, "PA", 7000, 9000, b"mid-stream")),
-    s(tcp(80, 41002, "A", 9000, 7010)),
-    c(tcp(41002, 80, "PA", 7010, 9000, b"more")),
-]
-sc["rst_mid_flow"] = handshake(41003) + [
-    c(tcp(41003, 80, "PA", 1001, 5001, b"data")),
-    s(tcp(80, 41003, "R", 5001)),
-    c(tcp(41003, 80, "PA", 1005, 5001, b"late")),
-]
-sc["syn_retries"] = [c(tcp(41004, 80, "S", 1000)), c(tcp(41004, 80, "S", 1000)), c(tcp(41004, 80, "S", 1000)),
-                     s(tcp(80, 41004, "SA", 5000, 1001)), c(tcp(41004, 80, "A", 1001, 5001))]
-sc["simultaneous_close"] = handshake(41005) + [
-    c(tcp(41005, 80, "FA", 1001, 5001)),
-    s(tcp(80, 41005, "FA", 5001, 1001)),
-    c(tcp(41005, 80, "A", 1002, 5002)),
-    s(tcp(80, 41005, "A", 5002, 1002)),
-]
-sc["invalid_tcp"] = [
-    c(tcp(41006, 80, "SA", 1000, 1)),     # SYN/ACK opening nothing
-    c(tcp(41007, 80, "F", 1000)),         # FIN without ACK
-    c(tcp(41008, 80, "SF", 1000)),        # SYN and FIN
-    s(tcp(80, 41009, "R", 1000)),         # RST for nothing
-]
-sc["udp_request_response"] = [
-    c(UDP(sport=42001, dport=5353)/Raw(b"q1")), c(UDP(sport=42001, dport=5353)/Raw(b"q2")),
-    s(UDP(sport=5353, dport=42001)/Raw(b"r1")), s(UDP(sport=5353, dport=42001)/Raw(b"r2")),
-    c(UDP(sport=42001, dport=5353)/Raw(b"q3")),
-]
-sc["icmp_echo_and_error"] = [
-    c(ICMP(type=8, id=77, seq=1)/Raw(b"ping")), s(ICMP(type=0, id=77, seq=1)/Raw(b"ping")),
-    s(ICMP(type=0, id=78, seq=1)/Raw(b"pong")),                       # a reply nobody asked for
-    c(UDP(sport=42002, dport=7000)/Raw(b"x")),
-    s(ICMP(type=3, code=3)/IP(src=C, dst=S, ttl=63)/UDP(sport=42002, dport=7000, len=9, chksum=0)/Raw(b"x")),
-    s(ICMP(type=3, code=3)/IP(src=C, dst=S, ttl=63)/UDP(sport=42003, dport=7000, len=9, chksum=0)/Raw(b"x")),
-]
-sc["syn_flood"] = [c(tcp(43000 + i, 80, "S", 1000 + i)) for i in range(50)]
+for family, v6 in (("v4", False), ("v6", True)):
+    for name, pkts in scenarios(v6).items():
+        sc[family + "_" + name] = pkts
 
 mode = sys.argv[1]
 if mode == "write":
@@ -125,6 +148,10 @@ impl Lab {
                 "ip netns add {n} (this test needs root): {}",
                 String::from_utf8_lossy(&out.stderr)
             );
+        }
+        // The ends only send raw frames: with no addresses of either family, their stacks
+        // answer nothing that reaches them.
+        for n in [&lab.c, &lab.s] {
             lab.run(n, &["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"]);
             lab.run(
                 n,
@@ -226,6 +253,31 @@ impl Lab {
                 "permanent",
             ],
         );
+        for (addr, dev) in [("fd00:1::1/64", "r0"), ("fd00:2::1/64", "r1")] {
+            lab.run(r, &["ip", "-6", "addr", "add", addr, "dev", dev, "nodad"]);
+        }
+        for (addr, mac, dev) in [
+            ("fd00:1::2", "02:00:00:00:01:02", "r0"),
+            ("fd00:2::2", "02:00:00:00:02:02", "r1"),
+        ] {
+            lab.run(
+                r,
+                &[
+                    "ip",
+                    "-6",
+                    "neigh",
+                    "add",
+                    addr,
+                    "lladdr",
+                    mac,
+                    "dev",
+                    dev,
+                    "nud",
+                    "permanent",
+                ],
+            );
+        }
+        lab.run(r, &["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
         lab.run(r, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
         lab.run(r, &["sysctl", "-qw", "net.ipv4.conf.all.send_redirects=0"]);
         let rules = "table inet ct_test {\n\
