@@ -68,10 +68,10 @@ const PUBLISH_EVERY: Duration = Duration::from_millis(100);
 const LATENCY_SAMPLE: u64 = 64;
 /// Batches in flight between two stages.
 const QUEUE: usize = 8;
-/// Workers look for flow records due every this often.
-const EXPIRE_EVERY: Duration = Duration::from_secs(1);
-/// Workers hand over connections' records early once this many wait (a quarter of what a
-/// connection table keeps).
+/// Workers hand the flow records made to the exporter every this often…
+const EXPORT_EVERY: Duration = Duration::from_secs(1);
+/// … or once this many wait (a quarter of what a connection table keeps: connections that
+/// end fast would fill it in a second).
 const RECORDS_EARLY: usize = crate::firewall::conntrack::RECORDS_KEPT / 4;
 /// Largest IPFIX message: fits a 1500-byte path MTU with IPv6 and UDP headers.
 const IPFIX_MESSAGE: usize = 1400;
@@ -378,7 +378,7 @@ fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
     if flows.is_some() {
         engine.enable_flows(FLOW_CAPACITY, t.active_timeout, t.idle_timeout);
     }
-    let (mut last_expire, mut now_ns) = (Instant::now(), 0u64);
+    let (mut last_export, mut now_ns) = (Instant::now(), 0u64);
     let mut latency = Latency::default();
     let mut last = Instant::now();
     let publish = |engine: &Engine, latency: &Latency| {
@@ -441,23 +441,19 @@ fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
             publish(&engine, &latency);
             last = Instant::now();
         }
-        if let Some(tx) = flows {
-            let mut due = Vec::new();
-            if last_expire.elapsed() >= EXPIRE_EVERY {
-                engine.expire_flows(now_ns, false, &mut due);
-                last_expire = Instant::now();
-            } else if engine.flow_records_waiting() >= RECORDS_EARLY {
-                // Connections that end fast would fill their bounded buffer in a second.
-                engine.take_flow_records(&mut due);
-            }
-            if !due.is_empty() {
-                let _ = tx.send(due);
-            }
+        let waiting = engine.flow_records_waiting();
+        if let Some(tx) = flows.filter(|_| {
+            waiting >= RECORDS_EARLY || (waiting > 0 && last_export.elapsed() >= EXPORT_EVERY)
+        }) {
+            let mut due = Vec::with_capacity(waiting);
+            engine.take_flow_records(&mut due);
+            let _ = tx.send(due);
+            last_export = Instant::now();
         }
     }
     if let Some(tx) = flows {
         let mut rest = Vec::new();
-        engine.expire_flows(now_ns, true, &mut rest);
+        engine.flush_flows(now_ns, &mut rest);
         if !rest.is_empty() {
             let _ = tx.send(rest);
         }

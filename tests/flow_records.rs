@@ -122,7 +122,7 @@ struct Send {
 }
 
 /// Runs `sends` through `pipeline` with flow records kept (2 s active, 5 s idle timeout,
-/// 64 connections at most), expiring records after every batch and flushing at the end,
+/// 64 connections at most), taking the records made after every batch and flushing at the end,
 /// and checks that the records' packets and bytes per key are what was sent.
 fn records_add_up(pipeline: &str, sends: Vec<Send>) -> Result<(), TestCaseError> {
     let checked = dpuflow::lang::check_file(Path::new(pipeline)).expect("read");
@@ -137,10 +137,10 @@ fn records_add_up(pipeline: &str, sends: Vec<Send>) -> Result<(), TestCaseError>
     let mut records: Vec<FlowRecord> = Vec::new();
     let mut now = 1_000_000_000u64;
     let mut batch: Vec<PacketBuf> = Vec::new();
-    let mut run = |engine: &mut Engine, batch: &mut Vec<PacketBuf>, now: u64| {
+    let mut run = |engine: &mut Engine, batch: &mut Vec<PacketBuf>| {
         engine.process(batch, &mut NoObserver);
         batch.clear();
-        engine.expire_flows(now, false, &mut records);
+        engine.take_flow_records(&mut records);
     };
     for s in sends {
         now += STEPS_NS[s.step];
@@ -151,11 +151,11 @@ fn records_add_up(pipeline: &str, sends: Vec<Send>) -> Result<(), TestCaseError>
         e.0 += 1;
         e.1 += s.ip_len;
         if batch.len() >= s.flush_after {
-            run(&mut engine, &mut batch, now);
+            run(&mut engine, &mut batch);
         }
     }
-    run(&mut engine, &mut batch, now);
-    engine.expire_flows(now, true, &mut records);
+    run(&mut engine, &mut batch);
+    engine.flush_flows(now, &mut records);
 
     let mut got: BTreeMap<Key, (u64, u64)> = BTreeMap::new();
     for r in &records {

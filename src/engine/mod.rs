@@ -380,29 +380,30 @@ impl Engine {
         }
     }
 
-    /// Moves the flow records due at `now` (all of them with `all`) to `out`.
-    pub fn expire_flows(&mut self, now: u64, all: bool, out: &mut Vec<FlowRecord>) {
-        if let Some(f) = &mut self.rt.flows {
-            f.expire(now, all, out);
-        }
-        if let Some(ct) = &mut self.rt.ct {
-            if all {
-                ct.report_all(now, out);
-            }
-            ct.take_records(out);
-        }
-    }
-
-    /// Flow records connections have made and not yet handed over.
+    /// Flow records made (as timeouts came due, paced by packet time) and not yet taken.
     pub fn flow_records_waiting(&self) -> usize {
-        self.rt.ct.as_ref().map_or(0, Conntrack::records_waiting)
+        self.rt.flows.as_ref().map_or(0, FlowCache::records_waiting)
+            + self.rt.ct.as_ref().map_or(0, Conntrack::records_waiting)
     }
 
-    /// Moves the records connections have made to `out` (the flow cache's are only due
-    /// at [`Engine::expire_flows`]).
+    /// Moves the flow records made so far to `out`.
     pub fn take_flow_records(&mut self, out: &mut Vec<FlowRecord>) {
+        if let Some(f) = &mut self.rt.flows {
+            f.take_records(out);
+        }
         if let Some(ct) = &mut self.rt.ct {
             ct.take_records(out);
+        }
+    }
+
+    /// Ends every flow at `now` (at shutdown): moves all records to `out`.
+    pub fn flush_flows(&mut self, now: u64, out: &mut Vec<FlowRecord>) {
+        if let Some(f) = &mut self.rt.flows {
+            f.flush(now, out);
+        }
+        if let Some(ct) = &mut self.rt.ct {
+            ct.take_records(out);
+            ct.report_all(now, out);
         }
     }
 
@@ -516,8 +517,13 @@ impl Engine {
                 flows.count(probe, pkt.ts_ns, out, denied);
             }
         }
-        if let (Some(ct), Some(last)) = (&mut self.rt.ct, batch.last()) {
-            ct.sweep_due(last.ts_ns);
+        if let Some(last) = batch.last() {
+            if let Some(ct) = &mut self.rt.ct {
+                ct.sweep_due(last.ts_ns);
+            }
+            if let Some(flows) = &mut self.rt.flows {
+                flows.sweep_due(last.ts_ns);
+            }
         }
     }
 

@@ -237,11 +237,24 @@ fn index(n: usize) -> Vec<(u32, u32)> {
     v
 }
 
+/// Every flow is examined for its timeouts once per this much packet time.
+const SWEEP_PERIOD_NS: u64 = 1_000_000_000;
+/// Flows one [`FlowCache::sweep_due`] examines at most, so a jump in packet time stalls no
+/// batch long.
+const SWEEP_MAX: usize = 1024;
+/// Records a cache keeps for the worker to take; past that, due flows wait in the cache for
+/// the sweep's next pass (nothing is lost).
+pub const RECORDS_KEPT: usize = 16_384;
+
 /// A worker's flow cache, bounded. The index is open addressing with linear probing over
 /// (hash, slot + 1) pairs, at most half full, with deletion by backward shift (no
 /// tombstones): a lookup compares 32-bit hashes and reads a flow's key only on a match.
 /// The index grows with the flows held rather than being sized for the bound: spread over
 /// the bound's 16 MB, a few thousand flows missed the TLB on nearly every lookup.
+///
+/// Timeouts are found by a sweep paced by packet time, a slice of the flows after each
+/// batch, rather than a scan of them all now and then: a million flows took 3 ms to scan,
+/// a stall a dataplane cannot take.
 #[derive(Debug)]
 pub struct FlowCache {
     buckets: Vec<(u32, u32)>,
@@ -256,8 +269,13 @@ pub struct FlowCache {
     idle_ns: u64,
     /// Packets of flows not tracked because the cache was full.
     overflow: u64,
-    /// Records produced by `expire`.
+    /// Records produced.
     records: u64,
+    /// Records the sweep produced, for [`FlowCache::take_records`].
+    due: Vec<FlowRecord>,
+    /// The next slot the sweep examines, and the packet time of its last pass.
+    sweep_at: usize,
+    swept_ns: u64,
 }
 
 impl FlowCache {
@@ -270,12 +288,15 @@ impl FlowCache {
             len: 0,
             hot: reserved(capacity),
             cold: reserved(capacity),
-            free: Vec::new(),
+            free: reserved(capacity),
             capacity,
             active_ns,
             idle_ns,
             overflow: 0,
             records: 0,
+            due: Vec::with_capacity(RECORDS_KEPT),
+            sweep_at: 0,
+            swept_ns: 0,
         }
     }
 
@@ -437,59 +458,110 @@ impl FlowCache {
         self.len -= 1;
     }
 
-    /// Moves the records due at `now` to `out`: idle flows (removed) and flows past the
-    /// active timeout (their counts restart). With `all`, every flow (forced end).
-    pub fn expire(&mut self, now: u64, all: bool, out: &mut Vec<FlowRecord>) {
+    /// Examines the flows due by `now`: all of them once a second of packet time, spread
+    /// over the batches, at most [`SWEEP_MAX`] a call.
+    pub fn sweep_due(&mut self, now: u64) {
+        if now <= self.swept_ns || self.swept_ns == 0 {
+            self.swept_ns = now;
+            return;
+        }
+        let elapsed = u128::from(now - self.swept_ns);
+        let due = self.hot.len() as u128 * elapsed / u128::from(SWEEP_PERIOD_NS);
+        if due > 0 {
+            self.sweep(now, (due as usize).min(SWEEP_MAX));
+            self.swept_ns = now;
+        }
+    }
+
+    /// Examines `slots` flows from where the sweep stands: idle ones are removed with a
+    /// record, those past the active timeout report and restart their counts. Stops early
+    /// when [`RECORDS_KEPT`] records wait.
+    pub fn sweep(&mut self, now: u64, slots: usize) {
+        let mut due = std::mem::take(&mut self.due);
+        for _ in 0..slots.min(self.hot.len()) {
+            if due.len() >= RECORDS_KEPT {
+                break;
+            }
+            if self.sweep_at >= self.hot.len() {
+                self.sweep_at = 0;
+            }
+            self.expire_slot(self.sweep_at, now, false, &mut due);
+            self.sweep_at += 1;
+        }
+        self.due = due;
+    }
+
+    /// Records waiting for [`FlowCache::take_records`].
+    pub fn records_waiting(&self) -> usize {
+        self.due.len()
+    }
+
+    /// Moves the records the sweep made to `out`.
+    pub fn take_records(&mut self, out: &mut Vec<FlowRecord>) {
+        out.append(&mut self.due);
+    }
+
+    /// Ends every flow (forced end, at shutdown): moves their records, and those waiting,
+    /// to `out`.
+    pub fn flush(&mut self, now: u64, out: &mut Vec<FlowRecord>) {
+        self.take_records(out);
         for i in 0..self.hot.len() {
-            let (h, c) = (self.hot[i], self.cold[i]);
-            if !h.live {
-                continue;
-            }
-            let reason = if all {
-                EndReason::Forced
-            } else if now.saturating_sub(h.last_ns) >= self.idle_ns {
-                EndReason::Idle
-            } else if now.saturating_sub(c.since_ns) >= self.active_ns && h.packets > 0 {
-                EndReason::Active
-            } else {
-                continue;
+            self.expire_slot(i, now, true, out);
+        }
+    }
+
+    /// Reports the flow in slot `i` to `out` if it is due at `now` (every flow with `all`):
+    /// idle flows and, with `all`, every flow are removed; flows past the active timeout
+    /// restart their counts.
+    fn expire_slot(&mut self, i: usize, now: u64, all: bool, out: &mut Vec<FlowRecord>) {
+        let (h, c) = (self.hot[i], self.cold[i]);
+        if !h.live {
+            return;
+        }
+        let reason = if all {
+            EndReason::Forced
+        } else if now.saturating_sub(h.last_ns) >= self.idle_ns {
+            EndReason::Idle
+        } else if now.saturating_sub(c.since_ns) >= self.active_ns && h.packets > 0 {
+            EndReason::Active
+        } else {
+            return;
+        };
+        // A flow whose counts went out at its last active timeout ends without a record:
+        // an empty one would say nothing.
+        if h.packets > 0 {
+            self.records += 1;
+            out.push(FlowRecord {
+                key: c.key.unpack(),
+                first_ns: c.first_ns,
+                last_ns: h.last_ns,
+                packets: h.packets,
+                bytes: h.bytes,
+                tcp_flags: h.tcp_flags,
+                out_port: (h.out_port != NO_PORT).then_some(h.out_port),
+                denied: h.denied,
+                reason,
+            });
+        }
+        if reason == EndReason::Active {
+            self.hot[i] = Hot {
+                last_ns: h.last_ns,
+                out_port: h.out_port,
+                live: true,
+                ..Hot::default()
             };
-            // A flow whose counts went out at its last active timeout ends without a record:
-            // an empty one would say nothing.
-            if h.packets > 0 {
-                self.records += 1;
-                out.push(FlowRecord {
-                    key: c.key.unpack(),
-                    first_ns: c.first_ns,
-                    last_ns: h.last_ns,
-                    packets: h.packets,
-                    bytes: h.bytes,
-                    tcp_flags: h.tcp_flags,
-                    out_port: (h.out_port != NO_PORT).then_some(h.out_port),
-                    denied: h.denied,
-                    reason,
-                });
+            self.cold[i] = Cold {
+                first_ns: h.last_ns,
+                since_ns: now,
+                ..c
+            };
+        } else {
+            let hash = c.key.hash(&self.hasher);
+            if let Ok((b, _)) = self.find(&c.key, hash) {
+                self.remove_bucket(b);
             }
-            if reason == EndReason::Active {
-                self.hot[i] = Hot {
-                    last_ns: h.last_ns,
-                    out_port: h.out_port,
-                    live: true,
-                    ..Hot::default()
-                };
-                self.cold[i] = Cold {
-                    first_ns: h.last_ns,
-                    since_ns: now,
-                    ..c
-                };
-            } else {
-                let hash = c.key.hash(&self.hasher);
-                if let Ok((b, _)) = self.find(&c.key, hash) {
-                    self.remove_bucket(b);
-                }
-                self.hot[i].live = false;
-                self.free.push(i as u32);
-            }
+            self.hot[i].live = false;
+            self.free.push(i as u32);
         }
     }
 
@@ -570,9 +642,40 @@ mod tests {
         assert_eq!(c.len(), usize::from(n));
         assert!(c.buckets.len() >= 2 * usize::from(n));
         let mut out = Vec::new();
-        c.expire(0, true, &mut out);
+        c.flush(0, &mut out);
         assert_eq!(out.len(), usize::from(n));
         assert!(out.iter().all(|r| r.packets == 2));
+    }
+
+    /// The sweep examines every flow once a second of packet time, a slice per call; when
+    /// the records it keeps are full, due flows wait in the cache for the next pass.
+    #[test]
+    fn sweeps_are_paced_and_never_lose_records() {
+        let second = 1_000_000_000;
+        let mut c = FlowCache::new(1 << 20, u64::MAX, 5 * second);
+        let n = RECORDS_KEPT as u16 + 3000;
+        for i in 0..n {
+            c.count(&probe(&c, &key(i)), second, Some(1), false);
+        }
+        c.sweep_due(2 * second);
+        assert_eq!(c.sweep_at, 0, "the first call only starts the clock");
+        // A hundredth of a second: a hundredth of the flows.
+        c.sweep_due(2 * second + second / 100);
+        assert_eq!(c.sweep_at, usize::from(n) / 100);
+        assert_eq!(c.records_waiting(), 0, "nothing is due yet");
+        // Long after the idle timeout, all are due; the sweep stops when its records fill.
+        c.sweep(60 * second, usize::MAX);
+        assert_eq!(c.records_waiting(), RECORDS_KEPT);
+        assert_eq!(c.len(), usize::from(n) - RECORDS_KEPT);
+        let mut out = Vec::new();
+        c.take_records(&mut out);
+        c.sweep(60 * second, usize::MAX);
+        c.take_records(&mut out);
+        assert_eq!(out.len(), usize::from(n));
+        assert!(c.is_empty());
+        assert!(out
+            .iter()
+            .all(|r| r.reason == EndReason::Idle && r.packets == 1));
     }
 
     proptest! {
@@ -588,7 +691,8 @@ mod tests {
                 let now = now as u64 * 3;
                 if op == 0 {
                     out.clear();
-                    c.expire(now, false, &mut out);
+                    c.sweep(now, usize::MAX);
+                    c.take_records(&mut out);
                     let idle: Vec<FlowKey> = model
                         .iter()
                         .filter(|(_, (_, last))| now - last >= IDLE)
@@ -614,7 +718,7 @@ mod tests {
                 prop_assert_eq!(c.len(), model.len());
             }
             out.clear();
-            c.expire(u64::MAX, true, &mut out);
+            c.flush(u64::MAX, &mut out);
             let mut got: Vec<(u16, u64)> = out.iter().map(|r| (r.key.sport, r.packets)).collect();
             let mut want: Vec<(u16, u64)> = model.iter().map(|(k, (p, _))| (k.sport, *p)).collect();
             got.sort_unstable();
