@@ -1270,37 +1270,24 @@ mod tests {
     fn tcp_state_table_follows_linux() {
         use tcp::flags::*;
         use ConnState::*;
-        assert_eq!(
-            tcp_transition(TcpSynSent, SYN | ACK, true),
-            Step::To(TcpSynRecv)
-        );
-        assert_eq!(
-            tcp_transition(TcpSynRecv, ACK, false),
-            Step::To(TcpEstablished)
-        );
-        assert_eq!(
-            tcp_transition(TcpEstablished, FIN | ACK, false),
-            Step::To(TcpFinWait)
-        );
-        assert_eq!(
-            tcp_transition(TcpFinWait, ACK, true),
-            Step::To(TcpCloseWait)
-        );
-        assert_eq!(
-            tcp_transition(TcpCloseWait, FIN | ACK, true),
-            Step::To(TcpLastAck)
-        );
-        assert_eq!(
-            tcp_transition(TcpLastAck, ACK, false),
-            Step::To(TcpTimeWait)
-        );
-        assert_eq!(
-            tcp_transition(TcpEstablished, RST, true),
-            Step::To(TcpClose)
-        );
-        assert_eq!(tcp_transition(TcpSynSent, ACK, false), Step::Invalid);
-        assert_eq!(tcp_transition(TcpEstablished, SYN, false), Step::Ignore);
-        assert_eq!(tcp_transition(TcpTimeWait, SYN, false), Step::Reopen);
+        for (from, flags, reply, to) in [
+            (TcpSynSent, SYN | ACK, true, Step::To(TcpSynRecv)),
+            (TcpSynRecv, ACK, false, Step::To(TcpEstablished)),
+            (TcpEstablished, FIN | ACK, false, Step::To(TcpFinWait)),
+            (TcpFinWait, ACK, true, Step::To(TcpCloseWait)),
+            (TcpCloseWait, FIN | ACK, true, Step::To(TcpLastAck)),
+            (TcpLastAck, ACK, false, Step::To(TcpTimeWait)),
+            (TcpEstablished, RST, true, Step::To(TcpClose)),
+            (TcpSynSent, ACK, false, Step::Invalid),
+            (TcpEstablished, SYN, false, Step::Ignore),
+            (TcpTimeWait, SYN, false, Step::Reopen),
+        ] {
+            assert_eq!(
+                tcp_transition(from, flags, reply),
+                to,
+                "{from:?}, flags {flags:#04x}, reply {reply}"
+            );
+        }
         assert_eq!(tcp_transition_new(SYN | ACK), None);
         assert_eq!(tcp_transition_new(ACK), Some(TcpEstablished));
         assert!(!tcp_flags_valid(SYN | FIN));
@@ -1309,7 +1296,8 @@ mod tests {
     }
 
     /// One packet through conntrack as the engine sends it: probed as it arrived on
-    /// `in_port`, looked up, committed when new, then settled with its fate.
+    /// `in_port`, looked up, committed when new, then its fate noted; whether a connection
+    /// counted it.
     fn pass(ct: &mut Conntrack, frame: &[u8], in_port: u16, now: u64, out: u16) -> bool {
         let meta = crate::engine::parse::parse(frame, &Default::default()).expect("valid frame");
         let probe = ct.prefetch(frame, &meta, in_port);
