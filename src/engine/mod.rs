@@ -19,7 +19,7 @@ pub use meter::Color;
 pub use packet::{PacketBuf, DEFAULT_MAX_FRAME, HEADROOM};
 
 use crate::firewall::conntrack::{Conntrack, Lookup, Probe};
-use crate::ir::{self, Action, PipeBody, PipeId, PortId, ServiceId};
+use crate::ir::{self, Action, ActionList, PipeBody, PipeId, PortId, ServiceId};
 use crate::telemetry::flows::{FlowCache, FlowProbe, FlowRecord, FlowStats};
 use field::PacketState;
 use meter::MeterState;
@@ -148,7 +148,12 @@ enum Op {
 #[derive(Debug)]
 struct CompiledPipe {
     body: Body,
-    entries: Vec<Box<[Op]>>,
+    /// Each entry's action list, as an index into `lists`.
+    entry_list: Vec<u32>,
+    /// The distinct action lists of the entries, each kept once: a table of a million
+    /// entries that all `fwd` the same way holds one list, not a million allocations a
+    /// lookup must each load from memory.
+    lists: Vec<Box<[Op]>>,
     miss: Box<[Op]>,
     /// Its lookup reads `ct.state`, so the packet goes through conntrack first.
     reads_ct: bool,
@@ -221,7 +226,7 @@ impl Engine {
     pub fn new(p: &ir::Program) -> Engine {
         let mut encaps = Vec::new();
         let mut tunnels = TunnelPorts::default();
-        let mut compile_list = |list: &ir::ActionList| -> Box<[Op]> {
+        let mut compile_list = |list: &ActionList| -> Box<[Op]> {
             list.0
                 .iter()
                 .map(|a| match a {
@@ -236,7 +241,7 @@ impl Engine {
         };
         let mut pipes = Vec::new();
         for pipe in &p.pipes {
-            let (body, entries): (Body, Vec<Box<[Op]>>) = match &pipe.body {
+            let (body, entries): (Body, Vec<&ActionList>) = match &pipe.body {
                 PipeBody::Rules(rules) => (
                     Body::Rules(
                         match (rules.len() >= TREE_MIN_RULES)
@@ -247,21 +252,21 @@ impl Engine {
                             None => Box::new(LinearScan::new(rules)),
                         },
                     ),
-                    rules.iter().map(|r| compile_list(&r.actions)).collect(),
+                    rules.iter().map(|r| &r.actions).collect(),
                 ),
                 PipeBody::Exact { fields, entries } => (
                     Body::Exact(ExactTable::new(
                         fields,
                         entries.iter().map(|e| e.key.clone()),
                     )),
-                    entries.iter().map(|e| compile_list(&e.actions)).collect(),
+                    entries.iter().map(|e| &e.actions).collect(),
                 ),
                 PipeBody::Lpm { field, entries } => (
                     Body::Lpm(LpmTable::new(
                         *field,
                         entries.iter().map(|e| (e.value, e.len)),
                     )),
-                    entries.iter().map(|e| compile_list(&e.actions)).collect(),
+                    entries.iter().map(|e| &e.actions).collect(),
                 ),
             };
             let miss = compile_list(&pipe.miss);
@@ -275,9 +280,12 @@ impl Engine {
                 }
                 PipeBody::Lpm { .. } => false,
             };
+            let (entry_list, distinct) = intern(entries);
+            let lists = distinct.into_iter().map(&mut compile_list).collect();
             pipes.push(CompiledPipe {
                 body,
-                entries,
+                entry_list,
+                lists,
                 miss,
                 reads_ct,
             });
@@ -616,10 +624,10 @@ impl Engine {
                 (None, Body::Lpm(t)) => t.lookup(&view),
             };
             obs.entry(pipe, entry);
-            let counter = entry.unwrap_or(cp.entries.len());
+            let counter = entry.unwrap_or(cp.entry_list.len());
             self.rt.stats.entries[pipe.index()][counter].add(pkt.len());
             let ops = match entry {
-                Some(i) => &cp.entries[i],
+                Some(i) => &cp.lists[cp.entry_list[i] as usize],
                 None => &cp.miss,
             };
             let mut stale = false;
@@ -678,6 +686,22 @@ impl Engine {
 enum Next {
     Goto(PipeId),
     Done(Verdict),
+}
+
+/// Each list's index among the distinct lists, and those lists.
+fn intern(lists: Vec<&ActionList>) -> (Vec<u32>, Vec<&ActionList>) {
+    let mut distinct = Vec::new();
+    let mut seen = std::collections::HashMap::new();
+    let index = lists
+        .into_iter()
+        .map(|l| {
+            *seen.entry(l).or_insert_with(|| {
+                distinct.push(l);
+                (distinct.len() - 1) as u32
+            })
+        })
+        .collect();
+    (index, distinct)
 }
 
 /// What a flow record notes of a verdict: the egress port, and whether it was a drop.

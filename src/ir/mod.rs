@@ -311,7 +311,7 @@ impl Pattern {
 }
 
 /// One action. Terminal actions (`fwd`, `goto`, `drop`, `to`) end a list.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Action {
     Count,
     Meter(MeterId),
@@ -349,7 +349,7 @@ impl Action {
 }
 
 /// A list of actions whose last element, and only it, is terminal.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ActionList(pub Vec<Action>);
 
 impl ActionList {
@@ -360,7 +360,7 @@ impl ActionList {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Tunnel {
     Vxlan,
     Geneve,
@@ -384,7 +384,7 @@ impl Tunnel {
 }
 
 /// Outer headers to prepend: Ethernet, IPv4 or IPv6, UDP, then VXLAN or Geneve.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Encap {
     pub tunnel: Tunnel,
     pub vni: u32,
@@ -398,7 +398,7 @@ pub struct Encap {
     pub options: Vec<GeneveOption>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct GeneveOption {
     pub class: u16,
     pub kind: u8,
