@@ -328,7 +328,12 @@ impl Engine {
             .copied()
             .filter(|r| {
                 let cp = &pipes[r.index()];
-                matches!(&cp.body, Body::Rules(c) if c.batches()) && !cp.reads_ct
+                let batches = match &cp.body {
+                    Body::Rules(c) => c.batches(),
+                    Body::Exact(t) => t.batches(),
+                    Body::Lpm(_) => false,
+                };
+                batches && !cp.reads_ct
             })
             .collect();
         batch_roots.sort_unstable_by_key(|r| r.index());
@@ -540,9 +545,8 @@ impl Engine {
     fn classify_roots(&mut self, batch: &[PacketBuf]) {
         self.root_entries[..batch.len()].fill(None);
         for &root in &self.batch_roots {
-            let Body::Rules(c) = &self.pipes[root.index()].body else {
-                continue;
-            };
+            let cp = &self.pipes[root.index()];
+            let counters = &self.rt.stats.entries[root.index()];
             let view = |i: usize| {
                 let pkt = &batch[i];
                 self.metas[i].as_ref().ok().map(|meta| PacketView {
@@ -568,9 +572,18 @@ impl Engine {
                     (*slot, *v) = (i, view);
                     n += 1;
                 }
-                c.classify_batch(&views[..n], &mut found[..n]);
+                match &cp.body {
+                    Body::Rules(c) => c.classify_batch(&views[..n], &mut found[..n]),
+                    Body::Exact(t) => t.lookup_batch(&views[..n], &mut found[..n]),
+                    Body::Lpm(_) => unreachable!("LPM roots are not classified in batches"),
+                }
                 for (&i, &e) in idx[..n].iter().zip(&found[..n]) {
                     self.root_entries[i] = Some(e);
+                    // The entry's counter and action list are read when the packet runs.
+                    if let Some(e) = e {
+                        prefetch::prefetch(&counters[e]);
+                        prefetch::prefetch(&cp.entry_list[e]);
+                    }
                 }
             }
         }

@@ -3,7 +3,9 @@
 
 use super::field::{self, PacketState};
 use super::parse::Meta;
+use super::prefetch::prefetch;
 use crate::firewall::acl;
+use crate::hash::KeyedHash;
 use crate::ir::{Field, FieldId, FieldMatch, Pattern, Rule, ValueKind};
 use rustc_hash::FxHashMap;
 
@@ -92,8 +94,80 @@ pub struct ExactTable {
 
 #[derive(Debug)]
 enum ExactMap {
-    Packed(FxHashMap<u128, usize>),
+    Packed(PackedMap),
     Wide(FxHashMap<Box<[u128]>, usize>),
+}
+
+/// Tables at least this large are looked up for a whole batch at once (their slots miss
+/// the caches; smaller ones stay in them, and gathering the batch would only cost).
+const BATCH_MIN_ENTRIES: usize = 1 << 14;
+
+/// Packed keys to entry indices: open addressing with linear probing, at most half full,
+/// found through a keyed hash. A lookup splits in two, hashing the key and prefetching its
+/// slot, then reading it, so a batch's cache misses overlap.
+#[derive(Debug)]
+struct PackedMap {
+    /// (key, entry); entry [`EMPTY_SLOT`] for none.
+    slots: Box<[(u128, u32)]>,
+    mask: usize,
+    hasher: KeyedHash,
+    len: usize,
+}
+
+const EMPTY_SLOT: u32 = u32::MAX;
+
+impl PackedMap {
+    /// Later entries of the same key replace earlier ones.
+    fn new(items: Vec<(u128, usize)>) -> PackedMap {
+        let n = (items.len() * 2).next_power_of_two().max(16);
+        let mut slots = Vec::with_capacity(n);
+        crate::sys::advise_huge_pages(&mut slots);
+        slots.resize(n, (0, EMPTY_SLOT));
+        let mut map = PackedMap {
+            slots: slots.into_boxed_slice(),
+            mask: n - 1,
+            hasher: KeyedHash::new(),
+            len: items.len(),
+        };
+        for (key, entry) in items {
+            let mut i = map.home(map.hash(key));
+            while map.slots[i].1 != EMPTY_SLOT && map.slots[i].0 != key {
+                i = (i + 1) & map.mask;
+            }
+            map.slots[i] = (key, u32::try_from(entry).expect("fewer than 4G entries"));
+        }
+        map
+    }
+
+    #[inline(always)]
+    fn hash(&self, key: u128) -> u64 {
+        self.hasher.hash([key as u64, (key >> 64) as u64])
+    }
+
+    #[inline(always)]
+    fn home(&self, hash: u64) -> usize {
+        hash as usize & self.mask
+    }
+
+    #[inline(always)]
+    fn prefetch(&self, hash: u64) {
+        prefetch(&self.slots[self.home(hash)]);
+    }
+
+    #[inline(always)]
+    fn get(&self, key: u128, hash: u64) -> Option<usize> {
+        let mut i = self.home(hash);
+        loop {
+            let (k, entry) = self.slots[i];
+            if entry == EMPTY_SLOT {
+                return None;
+            }
+            if k == key {
+                return Some(entry as usize);
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
 }
 
 /// Packs one value per field into an integer, each in its field's width; `None` when
@@ -116,12 +190,12 @@ impl ExactTable {
     pub fn new(fields: &[Field], keys: impl IntoIterator<Item = Vec<u128>>) -> ExactTable {
         let width: u32 = fields.iter().map(|f| u32::from(f.kind().bits())).sum();
         let map = if width <= 128 {
-            ExactMap::Packed(
+            ExactMap::Packed(PackedMap::new(
                 keys.into_iter()
                     .enumerate()
                     .map(|(i, k)| (pack(fields, k).expect("width checked"), i))
                     .collect(),
-            )
+            ))
         } else {
             ExactMap::Wide(
                 keys.into_iter()
@@ -136,17 +210,56 @@ impl ExactTable {
         }
     }
 
+    /// The packet's key packed as the table packs its keys; `None` when a field is absent.
+    #[inline]
+    fn packed_key(&self, pkt: &PacketView<'_>) -> Option<u128> {
+        let mut key = 0u128;
+        for f in self.fields.iter() {
+            let bits = u32::from(f.kind().bits());
+            let v = pkt.field(*f)?;
+            key = if bits == 128 { v } else { key << bits | v };
+        }
+        Some(key)
+    }
+
+    /// Whether [`ExactTable::lookup_batch`] beats looking packets up one by one: for tables
+    /// too large for the caches.
+    pub fn batches(&self) -> bool {
+        matches!(&self.map, ExactMap::Packed(m) if m.len >= BATCH_MIN_ENTRIES)
+    }
+
+    /// [`ExactTable::lookup`] for many packets: every key hashed and its slot prefetched
+    /// first, 32 at a time, then the slots read.
+    pub fn lookup_batch(&self, pkts: &[PacketView<'_>], out: &mut [Option<usize>]) {
+        const CHUNK: usize = 32;
+        let ExactMap::Packed(map) = &self.map else {
+            for (p, o) in pkts.iter().zip(out) {
+                *o = self.lookup(p);
+            }
+            return;
+        };
+        let mut keys = [None; CHUNK];
+        let mut hashes = [0u64; CHUNK];
+        for (pkts, out) in pkts.chunks(CHUNK).zip(out.chunks_mut(CHUNK)) {
+            for ((k, h), p) in keys.iter_mut().zip(&mut hashes).zip(pkts) {
+                *k = self.packed_key(p);
+                if let Some(key) = *k {
+                    *h = map.hash(key);
+                    map.prefetch(*h);
+                }
+            }
+            for ((o, k), h) in out.iter_mut().zip(&keys).zip(&hashes) {
+                *o = k.and_then(|key| map.get(key, *h));
+            }
+        }
+    }
+
     #[inline]
     pub fn lookup(&self, pkt: &PacketView<'_>) -> Option<usize> {
         match &self.map {
             ExactMap::Packed(map) => {
-                let mut key = 0u128;
-                for f in self.fields.iter() {
-                    let bits = u32::from(f.kind().bits());
-                    let v = pkt.field(*f)?;
-                    key = if bits == 128 { v } else { key << bits | v };
-                }
-                map.get(&key).copied()
+                let key = self.packed_key(pkt)?;
+                map.get(key, map.hash(key))
             }
             ExactMap::Wide(map) => {
                 let mut key = [0u128; MAX_EXACT_FIELDS];
@@ -658,6 +771,52 @@ mod tests {
                     dscp,
                 )
             })
+    }
+
+    /// A table large enough to be looked up in batches gives what looking up one by one
+    /// and a plain map give, for present and absent keys, and the later of two entries
+    /// with the same key wins (as it did with the standard map).
+    #[test]
+    fn exact_tables_agree_batched_and_one_by_one() {
+        let fields = [outer(FieldId::Ipv4Dst), outer(FieldId::L4Dst)];
+        let n = BATCH_MIN_ENTRIES as u128 + 1000;
+        let key = |i: u128| vec![0x0a00_0000 | i, 5000 + i % 1000];
+        let mut keys: Vec<Vec<u128>> = (0..n).map(key).collect();
+        keys.push(key(7));
+        let table = ExactTable::new(&fields, keys);
+        assert!(table.batches());
+        let frames: Vec<Vec<u8>> = (0..200u128)
+            .map(|i| {
+                // Every third key is absent (its port is off by one).
+                let k = key(i * 97 % (n + 50));
+                let port = k[1] as u16 + u16::from(i % 3 == 0);
+                frame_of(false, 0x0b00_0001, k[0], 17, 1234, port, 0, 0)
+            })
+            .collect();
+        let state = PacketState::default();
+        let metas: Vec<Meta> = frames
+            .iter()
+            .map(|f| parse::parse(f, &TunnelPorts::default()).expect("well-formed frame"))
+            .collect();
+        let views: Vec<PacketView<'_>> = frames
+            .iter()
+            .zip(&metas)
+            .map(|(frame, meta)| PacketView {
+                frame,
+                meta,
+                state: &state,
+            })
+            .collect();
+        let mut batched = vec![None; views.len()];
+        table.lookup_batch(&views, &mut batched);
+        for (i, (v, b)) in views.iter().zip(&batched).enumerate() {
+            let i = i as u128;
+            let k = i * 97 % (n + 50);
+            let want =
+                (i % 3 != 0 && k < n).then_some(if k == 7 { n as usize } else { k as usize });
+            assert_eq!(table.lookup(v), want, "packet {i}");
+            assert_eq!(*b, want, "packet {i}, batched");
+        }
     }
 
     proptest! {
