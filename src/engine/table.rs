@@ -120,9 +120,7 @@ impl PackedMap {
     /// Later entries of the same key replace earlier ones.
     fn new(items: Vec<(u128, usize)>) -> PackedMap {
         let n = (items.len() * 2).next_power_of_two().max(16);
-        let mut slots = Vec::with_capacity(n);
-        crate::sys::advise_huge_pages(&mut slots);
-        slots.resize(n, (0, EMPTY_SLOT));
+        let slots = vec![(0, EMPTY_SLOT); n];
         let mut map = PackedMap {
             slots: slots.into_boxed_slice(),
             mask: n - 1,
