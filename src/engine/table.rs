@@ -58,7 +58,26 @@ pub trait RuleClassifier: std::fmt::Debug + Send {
 /// Checks every rule in order.
 #[derive(Debug)]
 pub struct LinearScan {
-    rules: Vec<Box<[FieldMatch]>>,
+    rules: Vec<Box<[Test]>>,
+}
+
+/// One match of a rule, with its field's reader chosen at build time (the generic read is
+/// a wide `match` on the field).
+#[derive(Debug)]
+struct Test {
+    m: FieldMatch,
+    read: field::Reader,
+}
+
+impl Test {
+    #[inline]
+    fn holds(&self, pkt: &PacketView<'_>) -> bool {
+        match self.m.field.id {
+            FieldId::GeneveOptClass | FieldId::GeneveOptType => pkt.holds(&self.m),
+            _ => (self.read)(pkt.frame, pkt.meta, pkt.state)
+                .is_some_and(|v| self.m.pattern.matches(v)),
+        }
+    }
 }
 
 impl LinearScan {
@@ -66,7 +85,15 @@ impl LinearScan {
         LinearScan {
             rules: rules
                 .iter()
-                .map(|r| r.matches.clone().into_boxed_slice())
+                .map(|r| {
+                    r.matches
+                        .iter()
+                        .map(|m| Test {
+                            m: m.clone(),
+                            read: field::reader(m.field),
+                        })
+                        .collect()
+                })
                 .collect(),
         }
     }
@@ -76,7 +103,7 @@ impl RuleClassifier for LinearScan {
     fn classify(&self, pkt: &PacketView<'_>) -> Option<usize> {
         self.rules
             .iter()
-            .position(|ms| ms.iter().all(|m| pkt.holds(m)))
+            .position(|ts| ts.iter().all(|t| t.holds(pkt)))
     }
 }
 
@@ -89,6 +116,9 @@ pub const MAX_EXACT_FIELDS: usize = 8;
 #[derive(Debug)]
 pub struct ExactTable {
     fields: Box<[Field]>,
+    /// Each field's reader and width in bits, chosen at build time (the generic read is a
+    /// wide `match` on the field).
+    readers: Box<[(field::Reader, u32)]>,
     map: ExactMap,
 }
 
@@ -204,6 +234,10 @@ impl ExactTable {
         };
         ExactTable {
             fields: fields.into(),
+            readers: fields
+                .iter()
+                .map(|f| (field::reader(*f), u32::from(f.kind().bits())))
+                .collect(),
             map,
         }
     }
@@ -212,9 +246,8 @@ impl ExactTable {
     #[inline]
     fn packed_key(&self, pkt: &PacketView<'_>) -> Option<u128> {
         let mut key = 0u128;
-        for f in self.fields.iter() {
-            let bits = u32::from(f.kind().bits());
-            let v = pkt.field(*f)?;
+        for &(read, bits) in self.readers.iter() {
+            let v = read(pkt.frame, pkt.meta, pkt.state)?;
             key = if bits == 128 { v } else { key << bits | v };
         }
         Some(key)
@@ -273,7 +306,8 @@ impl ExactTable {
 /// Longest-prefix match: one hash map per prefix length in use, longest first.
 #[derive(Debug)]
 pub struct LpmTable {
-    field: Field,
+    /// The field's reader, chosen at build time.
+    read: field::Reader,
     /// (prefix length, mask, prefix → entry index), longest prefix first.
     levels: Vec<(u8, u128, FxHashMap<u128, usize>)>,
 }
@@ -298,12 +332,15 @@ impl LpmTable {
             }
         }
         levels.sort_by_key(|l| std::cmp::Reverse(l.0));
-        LpmTable { field, levels }
+        LpmTable {
+            read: field::reader(field),
+            levels,
+        }
     }
 
     #[inline]
     pub fn lookup(&self, pkt: &PacketView<'_>) -> Option<usize> {
-        let v = pkt.field(self.field)?;
+        let v = (self.read)(pkt.frame, pkt.meta, pkt.state)?;
         self.levels
             .iter()
             .find_map(|(_, mask, m)| m.get(&(v & mask)).copied())
