@@ -604,9 +604,10 @@ impl Conntrack {
         let (key, from_a) = canonical(&t, 0);
         let hash = self.hash(&key);
         prefetch(&self.tags[self.home_of(hash)]);
-        let report = match (&self.export, meta.tunnel) {
-            (Some(_), None) => u8::try_from(in_port).ok().filter(|&p| p != NO_PORT),
-            _ => None,
+        let report = if self.export.is_some() && meta.tunnel.is_none() {
+            u8::try_from(in_port).ok().filter(|&p| p != NO_PORT)
+        } else {
+            None
         };
         Some(Probe {
             t,
@@ -654,9 +655,20 @@ impl Conntrack {
             pending: None,
         };
         let l = &meta.outer;
-        let Some(t) = probe.map(|p| p.t).or_else(|| tuple(frame, l)) else {
-            self.stats.invalid += 1;
-            return invalid;
+        // Borrowed from the probe, not copied out of it.
+        let computed;
+        let t = match probe {
+            Some(p) => &p.t,
+            None => match tuple(frame, l) {
+                Some(t) => {
+                    computed = t;
+                    &computed
+                }
+                None => {
+                    self.stats.invalid += 1;
+                    return invalid;
+                }
+            },
         };
         if let Some(quoted) = t.icmp_error {
             // Related if the quoted packet belongs to a tracked connection.
@@ -684,7 +696,7 @@ impl Conntrack {
         let (key, from_a, h) = match probe {
             Some(p) if zone == 0 => (p.key, p.from_a, p.hash),
             _ => {
-                let (key, from_a) = canonical(&t, zone);
+                let (key, from_a) = canonical(t, zone);
                 (key, from_a, self.hash(&key))
             }
         };
@@ -695,10 +707,11 @@ impl Conntrack {
             .filter(|_| self.counted.is_none());
         match self.find(&key, h, now) {
             Ok(i) => {
-                let e = self.slots[i];
-                let reply = from_a != e.orig_from_a();
+                // Two fields read, not the 96-byte entry copied.
+                let (state, flags) = (self.slots[i].state, self.slots[i].flags);
+                let reply = from_a != (flags & ORIG_FROM_A != 0);
                 let dir = usize::from(reply);
-                let next = match e.state {
+                let next = match state {
                     s if is_tcp(s) && !tcp_flags_valid(t.tcp_flags) => Step::Invalid,
                     s if is_tcp(s) => tcp_transition(s, t.tcp_flags, reply),
                     s => Step::To(s),
@@ -753,7 +766,7 @@ impl Conntrack {
                             self.moved = false;
                         }
                         Lookup {
-                            state: if reply || e.seen_reply() {
+                            state: if reply || flags & SEEN_REPLY != 0 {
                                 CtState::Established
                             } else {
                                 CtState::New
