@@ -459,7 +459,7 @@ impl FlowCache {
     }
 
     /// Examines the flows due by `now`: all of them once a second of packet time, spread
-    /// over the batches, at most [`SWEEP_MAX`] a call.
+    /// over the batches, at most `SWEEP_MAX` a call.
     pub fn sweep_due(&mut self, now: u64) {
         if now <= self.swept_ns || self.swept_ns == 0 {
             self.swept_ns = now;
