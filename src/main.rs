@@ -185,8 +185,9 @@ struct RunFlags {
     /// Read the inputs over and over.
     #[arg(long = "loop")]
     looping: bool,
-    /// Packets per batch.
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    /// Packets per batch passed between the service's threads (the engine runs them 32 at
+    /// a time): larger batches spend less on channels and wake-ups.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u16).range(1..=1024))]
     batch: u16,
     /// Log lines as plain text or JSON (on stderr).
     #[arg(long, value_enum, default_value_t = LogFormat::Plain)]
@@ -216,7 +217,7 @@ struct BenchFlags {
     /// The port the traffic arrives on; by default the first port that feeds a root pipe.
     #[arg(long)]
     port: Option<String>,
-    /// Packets per batch.
+    /// Packets handed to the engine per call (it runs them 32 at a time).
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=1024))]
     batch: u16,
     /// Write the traffic as a pcap (each flow's frame once, 1 µs apart) and exit, to feed
