@@ -180,7 +180,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         None => None,
     };
     let flows_tx = opts.ipfix.map(|_| flows_tx);
-    let (recycle_tx, recycle_rx) = bounded::<Vec<PacketBuf>>(QUEUE * workers * 2);
+    let (recycle_tx, recycle_rx) = bounded::<Vec<PacketBuf>>(batches_in_flight(workers));
     let (done_tx, done_rx) = bounded::<Processed>(QUEUE * workers);
     let mut to_workers = Vec::new();
     let mut spares_back = Vec::new();
@@ -295,6 +295,7 @@ fn read_inputs(
     let n = to_workers.len();
     let mut pool: Vec<PacketBuf> = Vec::new();
     let mut current: Vec<Vec<PacketBuf>> = (0..n).map(|_| Vec::with_capacity(batch)).collect();
+    let (mut made, limit) = (n, batches_in_flight(n));
     let (mut read, mut offset, mut first, mut last) = (0u64, 0u64, None::<u64>, 0u64);
     let start = Instant::now();
     let mut slot = PacketBuf::new(DEFAULT_MAX_FRAME);
@@ -321,7 +322,8 @@ fn read_inputs(
             .unwrap_or_else(|| PacketBuf::new(DEFAULT_MAX_FRAME));
         current[w].push(std::mem::replace(&mut slot, fresh));
         if current[w].len() == batch {
-            let full = std::mem::replace(&mut current[w], recycled(recycle, &mut pool, batch));
+            let empty = recycled(recycle, &mut pool, batch, &mut made, limit);
+            let full = std::mem::replace(&mut current[w], empty);
             if to_workers[w].send(full).is_err() {
                 break;
             }
@@ -341,18 +343,39 @@ fn read_inputs(
     Ok(read)
 }
 
-/// An empty batch: a returned one if any, its buffers back into the pool.
+/// The most batches that can be out of the reader's hands at once: one being filled per
+/// worker, a full channel to each worker, one in each worker's hands, a full channel to
+/// the writer and one in its hands. The reader makes no more than this, and the channel
+/// that brings them back holds them all, so none is ever dropped and made again (which,
+/// with its buffers zeroed anew, halved the service's rate in some runs).
+fn batches_in_flight(workers: usize) -> usize {
+    workers * (2 * QUEUE + 2) + 1
+}
+
+/// An empty batch, its buffers back into the pool: a returned one if any, else a new one
+/// while fewer than `batches_in_flight` exist (`made` counts them), else the next one the
+/// writer returns.
 fn recycled(
     recycle: &Receiver<Vec<PacketBuf>>,
     pool: &mut Vec<PacketBuf>,
     batch: usize,
+    made: &mut usize,
+    limit: usize,
 ) -> Vec<PacketBuf> {
-    match recycle.try_recv() {
-        Ok(mut b) => {
+    let back = match recycle.try_recv() {
+        Ok(b) => Some(b),
+        Err(_) if *made < limit => None,
+        Err(_) => recycle.recv().ok(),
+    };
+    match back {
+        Some(mut b) => {
             pool.append(&mut b);
             b
         }
-        Err(_) => Vec::with_capacity(batch),
+        None => {
+            *made += 1;
+            Vec::with_capacity(batch)
+        }
     }
 }
 
