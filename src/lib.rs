@@ -16,6 +16,7 @@ pub mod io;
 pub mod ir;
 pub mod lang;
 pub mod replay;
+pub mod sweep;
 pub mod sys;
 pub mod telemetry;
 pub mod trace;

@@ -25,6 +25,7 @@ use crate::engine::parse::{Layers, Meta, L3};
 use crate::engine::prefetch::{prefetch, prefetch_span};
 use crate::hash::KeyedHash;
 use crate::ir::{CtTimeouts, CT_STATE_NAMES};
+use crate::sweep::Pace;
 use crate::telemetry::flows::{EndReason, FlowKey, FlowRecord};
 use crate::wire::{be16, icmp, ip_proto, ipv4, ipv6, tcp};
 use std::time::Duration;
@@ -295,8 +296,7 @@ pub struct Conntrack {
     timeouts: CtTimeouts,
     seed: KeyedHash,
     sweep_at: usize,
-    /// Packet time of the last [`Conntrack::sweep_due`] that swept.
-    swept_ns: u64,
+    pace: Pace,
     pub stats: CtStats,
     /// Set while connections are the source of flow records.
     export: Option<Export>,
@@ -342,7 +342,7 @@ impl Conntrack {
             timeouts,
             seed: KeyedHash::new(),
             sweep_at: 0,
-            swept_ns: 0,
+            pace: Pace::default(),
             stats: CtStats::default(),
             export: None,
             counted: None,
@@ -575,21 +575,15 @@ impl Conntrack {
     }
 
     /// Sweeps the slots due by `now`: the whole table once a second of packet time, spread
-    /// over the batches, at most `SWEEP_MAX` slots a call. Lookups already remove the expired
+    /// over the batches, at most 1024 slots a call. Lookups already remove the expired
     /// entries they meet; the sweep reclaims those nobody asks for again, and timeouts of ten
     /// seconds and more make a second's delay immaterial. Paced by time rather than by
     /// packets, it costs a packet less the faster packets come (at 8 Mpps, five slots a
     /// batch of 32 for a 1M-connection table, not 32).
     pub fn sweep_due(&mut self, now: u64) {
-        if now <= self.swept_ns || self.swept_ns == 0 {
-            self.swept_ns = now;
-            return;
-        }
-        let elapsed = u128::from(now - self.swept_ns);
-        let due = self.slots.len() as u128 * elapsed / u128::from(SWEEP_PERIOD_NS);
+        let due = self.pace.due(now, self.slots.len());
         if due > 0 {
-            self.sweep(now, (due as usize).min(SWEEP_MAX));
-            self.swept_ns = now;
+            self.sweep(now, due);
         }
     }
 
@@ -903,11 +897,6 @@ struct Tuple {
     /// For ICMP errors: where the quoted packet starts.
     icmp_error: Option<usize>,
 }
-
-/// The whole table is swept once per this much packet time.
-const SWEEP_PERIOD_NS: u64 = 1_000_000_000;
-/// Slots one sweep call examines at most, so a jump in packet time stalls no batch long.
-const SWEEP_MAX: usize = 1024;
 
 /// An IPv4 or IPv6 address as two big-endian 64-bit halves.
 type Addr = [u64; 2];

@@ -5,6 +5,7 @@
 use crate::engine::parse::{Meta, L3};
 use crate::engine::prefetch::prefetch;
 use crate::hash::KeyedHash;
+use crate::sweep::Pace;
 use crate::wire::{be128, be32, be64, ip_proto};
 
 /// What identifies a flow.
@@ -237,11 +238,6 @@ fn index(n: usize) -> Vec<(u32, u32)> {
     v
 }
 
-/// Every flow is examined for its timeouts once per this much packet time.
-const SWEEP_PERIOD_NS: u64 = 1_000_000_000;
-/// Flows one [`FlowCache::sweep_due`] examines at most, so a jump in packet time stalls no
-/// batch long.
-const SWEEP_MAX: usize = 1024;
 /// Records a cache keeps for the worker to take; past that, due flows wait in the cache for
 /// the sweep's next pass (nothing is lost).
 pub const RECORDS_KEPT: usize = 16_384;
@@ -273,9 +269,9 @@ pub struct FlowCache {
     records: u64,
     /// Records the sweep produced, for [`FlowCache::take_records`].
     due: Vec<FlowRecord>,
-    /// The next slot the sweep examines, and the packet time of its last pass.
+    /// The next slot the sweep examines.
     sweep_at: usize,
-    swept_ns: u64,
+    pace: Pace,
 }
 
 impl FlowCache {
@@ -296,7 +292,7 @@ impl FlowCache {
             records: 0,
             due: Vec::with_capacity(RECORDS_KEPT),
             sweep_at: 0,
-            swept_ns: 0,
+            pace: Pace::default(),
         }
     }
 
@@ -459,17 +455,11 @@ impl FlowCache {
     }
 
     /// Examines the flows due by `now`: all of them once a second of packet time, spread
-    /// over the batches, at most `SWEEP_MAX` a call.
+    /// over the batches (see [`crate::sweep`]).
     pub fn sweep_due(&mut self, now: u64) {
-        if now <= self.swept_ns || self.swept_ns == 0 {
-            self.swept_ns = now;
-            return;
-        }
-        let elapsed = u128::from(now - self.swept_ns);
-        let due = self.hot.len() as u128 * elapsed / u128::from(SWEEP_PERIOD_NS);
+        let due = self.pace.due(now, self.hot.len());
         if due > 0 {
-            self.sweep(now, (due as usize).min(SWEEP_MAX));
-            self.swept_ns = now;
+            self.sweep(now, due);
         }
     }
 
