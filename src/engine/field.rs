@@ -52,14 +52,8 @@ pub fn read(frame: &[u8], meta: &Meta, st: &PacketState, field: Field) -> Option
         FieldId::IpEcn if v6 => u128::from((be16(frame, l3) >> 4) & 3),
         FieldId::IpTtl if v4 => u128::from(frame[l3 + 8]),
         FieldId::IpTtl if v6 => u128::from(frame[l3 + 7]),
-        FieldId::L4Src
-            if has_l4(ip_proto::TCP) || has_l4(ip_proto::UDP) || has_l4(ip_proto::SCTP) =>
-        {
-            u128::from(be16(frame, l4))
-        }
-        FieldId::L4Dst
-            if has_l4(ip_proto::TCP) || has_l4(ip_proto::UDP) || has_l4(ip_proto::SCTP) =>
-        {
+        FieldId::L4Src if l.l4_ok && ip_proto::has_ports(l.proto) => u128::from(be16(frame, l4)),
+        FieldId::L4Dst if l.l4_ok && ip_proto::has_ports(l.proto) => {
             u128::from(be16(frame, l4 + 2))
         }
         FieldId::TcpSrc if has_l4(ip_proto::TCP) => u128::from(be16(frame, l4)),

@@ -184,9 +184,6 @@ const MIRROR_POOL: usize = 256;
 /// over larger batches save their own per-batch costs (the service's channels).
 pub const STAGE: usize = 32;
 
-/// Packets whose root-pipe keys are classified together.
-const CLASSIFY_CHUNK: usize = 32;
-
 /// A compiled pipeline and its per-worker state.
 #[derive(Debug)]
 pub struct Engine {
@@ -202,8 +199,8 @@ pub struct Engine {
     root_entries: Box<[Option<Option<usize>>]>,
     pipes: Vec<CompiledPipe>,
     roots: Vec<Option<PipeId>>,
-    /// Root pipes of rules whose lookup reads nothing the pipeline sets (`ct.state`): the
-    /// keys of a batch's packets are classified together, through the batched lookup.
+    /// Root pipes on rule trees or large exact tables whose lookup reads nothing the
+    /// pipeline sets (`ct.state`): the keys of a part's packets are looked up together.
     batch_roots: Vec<PipeId>,
     /// The state a packet arriving on each port starts with.
     port_states: Box<[PacketState]>,
@@ -455,8 +452,8 @@ impl Engine {
 
     /// [`Engine::process`] for at most [`STAGE`] packets. The whole part is parsed
     /// first, each packet's connection slot and flow prefetched (so the tables' cache
-    /// misses overlap instead of queueing) and root pipes of rules classified for all
-    /// their packets at once; each packet's parse result is read long after it was
+    /// misses overlap instead of queueing) and batched root pipes looked up for all their
+    /// packets at once; each packet's parse result is read long after it was
     /// written (a copy straight after the write stalls on store forwarding). Then the
     /// packets run, and their flows are counted.
     fn process_part<O: Observer>(&mut self, batch: &mut [PacketBuf], obs: &mut O) {
@@ -563,31 +560,28 @@ impl Engine {
                 .iter()
                 .enumerate()
                 .filter(|(_, pkt)| self.roots[pkt.port.index()] == Some(root))
-                .filter_map(|(i, _)| view(i).map(|v| (i, v)))
-                .peekable();
-            let mut idx = [0usize; CLASSIFY_CHUNK];
-            let mut found = [None; CLASSIFY_CHUNK];
-            while let Some(&(_, first)) = waiting.peek() {
-                let mut views = [first; CLASSIFY_CHUNK];
-                let mut n = 0;
-                // The chunk's slots come first in the zip, so it stops before taking a
-                // packet it has no room for.
-                for ((slot, v), (i, view)) in idx.iter_mut().zip(&mut views).zip(&mut waiting) {
-                    (*slot, *v) = (i, view);
-                    n += 1;
-                }
-                match &cp.body {
-                    Body::Rules(c) => c.classify_batch(&views[..n], &mut found[..n]),
-                    Body::Exact(t) => t.lookup_batch(&views[..n], &mut found[..n]),
-                    Body::Lpm(_) => unreachable!("LPM roots are not classified in batches"),
-                }
-                for (&i, &e) in idx[..n].iter().zip(&found[..n]) {
-                    self.root_entries[i] = Some(e);
-                    // The entry's counter and action list are read when the packet runs.
-                    if let Some(e) = e {
-                        prefetch::prefetch(&counters[e]);
-                        prefetch::prefetch(&cp.entry_list[e]);
-                    }
+                .filter_map(|(i, _)| view(i).map(|v| (i, v)));
+            let Some((i, first)) = waiting.next() else {
+                continue;
+            };
+            // A part holds at most STAGE packets.
+            let (mut idx, mut views, mut found) = ([i; STAGE], [first; STAGE], [None; STAGE]);
+            let mut n = 1;
+            for (i, view) in waiting {
+                (idx[n], views[n]) = (i, view);
+                n += 1;
+            }
+            match &cp.body {
+                Body::Rules(c) => c.classify_batch(&views[..n], &mut found[..n]),
+                Body::Exact(t) => t.lookup_batch(&views[..n], &mut found[..n]),
+                Body::Lpm(_) => unreachable!("LPM roots are not classified in batches"),
+            }
+            for (&i, &e) in idx[..n].iter().zip(&found[..n]) {
+                self.root_entries[i] = Some(e);
+                // The entry's counter and action list are read when the packet runs.
+                if let Some(e) = e {
+                    prefetch::prefetch(&counters[e]);
+                    prefetch::prefetch(&cp.entry_list[e]);
                 }
             }
         }
@@ -612,10 +606,7 @@ impl Engine {
         let mut ct_hint = self.ct_hints[staged_at].as_ref();
         // The root pipe's entry, when the batch was classified together.
         let mut root_entry = self.root_entries[staged_at];
-        let mut state = PacketState {
-            in_port: pkt.port.0,
-            ..PacketState::default()
-        };
+        let mut state = self.port_states[pkt.port.index()];
         // The packet's conntrack lookup (zone, result), done when first needed.
         let mut ct: Option<(u16, Lookup)> = None;
         // The pipe graph is acyclic, so a walk visits each pipe at most once.

@@ -206,7 +206,7 @@ pub fn flow_hash(frame: &[u8], l: &Layers) -> u32 {
         L3::V6 => (fold(be128(frame, l3 + 8)), fold(be128(frame, l3 + 24))),
         L3::None => return u32::from(l.ethertype),
     };
-    let (p, q) = if l.l4_ok && matches!(l.proto, ip_proto::TCP | ip_proto::UDP | ip_proto::SCTP) {
+    let (p, q) = if l.l4_ok && ip_proto::has_ports(l.proto) {
         let ports = be32(frame, usize::from(l.l4));
         (ports >> 16, ports & 0xffff)
     } else {

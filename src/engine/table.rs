@@ -115,7 +115,6 @@ pub const MAX_EXACT_FIELDS: usize = 8;
 /// compares a single `u128`.
 #[derive(Debug)]
 pub struct ExactTable {
-    fields: Box<[Field]>,
     /// Each field's reader and width in bits, chosen at build time (the generic read is a
     /// wide `match` on the field).
     readers: Box<[(field::Reader, u32)]>,
@@ -233,7 +232,6 @@ impl ExactTable {
             )
         };
         ExactTable {
-            fields: fields.into(),
             readers: fields
                 .iter()
                 .map(|f| (field::reader(*f), u32::from(f.kind().bits())))
@@ -294,10 +292,10 @@ impl ExactTable {
             }
             ExactMap::Wide(map) => {
                 let mut key = [0u128; MAX_EXACT_FIELDS];
-                for (slot, f) in key.iter_mut().zip(self.fields.iter()) {
-                    *slot = pkt.field(*f)?;
+                for (slot, &(read, _)) in key.iter_mut().zip(self.readers.iter()) {
+                    *slot = read(pkt.frame, pkt.meta, pkt.state)?;
                 }
-                map.get(&key[..self.fields.len()]).copied()
+                map.get(&key[..self.readers.len()]).copied()
             }
         }
     }

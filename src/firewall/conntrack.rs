@@ -192,26 +192,19 @@ impl Entry {
     fn record(&self, dir: usize, reason: EndReason) -> FlowRecord {
         let k = &self.key;
         let (port_a, port_b) = ((k.rest >> 48) as u16, (k.rest >> 32) as u16);
-        let proto = (k.rest >> 16) as u8;
-        let wide = |a: Addr| u128::from(a[0]) << 64 | u128::from(a[1]);
-        let ((src, sport), (dst, dport)) = if self.orig_from_a() == (dir == 0) {
+        let (src, dst) = if self.orig_from_a() == (dir == 0) {
             ((k.a, port_a), (k.b, port_b))
         } else {
             ((k.b, port_b), (k.a, port_a))
         };
-        // As the flow cache keys them: ICMP's identifier is no port.
-        let ports = matches!(proto, ip_proto::TCP | ip_proto::UDP | ip_proto::SCTP);
         FlowRecord {
-            key: FlowKey {
-                in_port: u16::from(self.in_port[dir]),
-                v6: k.rest >> 24 & 1 == 1,
-                src: wide(src),
-                dst: wide(dst),
-                proto,
-                sport: if ports { sport } else { 0 },
-                dport: if ports { dport } else { 0 },
-                vni: None,
-            },
+            key: flow_key(
+                u16::from(self.in_port[dir]),
+                k.rest >> 24 & 1 == 1,
+                src,
+                dst,
+                (k.rest >> 16) as u8,
+            ),
             first_ns: self.first_ns,
             last_ns: self.last_ns,
             packets: self.packets[dir],
@@ -223,6 +216,13 @@ impl Entry {
         }
     }
 
+    /// A record for each direction that counted packets.
+    fn records(&self, reason: EndReason) -> impl Iterator<Item = FlowRecord> + '_ {
+        (0..2)
+            .filter(|&d| self.packets[d] > 0)
+            .map(move |d| self.record(d, reason))
+    }
+
     /// Starts a new reporting interval at `now`.
     fn reported(&mut self, now: u64) {
         self.first_ns = now;
@@ -230,6 +230,23 @@ impl Entry {
         self.bytes = [0; 2];
         self.tcp_flags = [0; 2];
         self.flags &= !(DENIED | DENIED << 1);
+    }
+}
+
+/// A flow key as the flow cache keys a packet that arrived untunnelled: ports only for
+/// protocols that have them (ICMP's identifier is no port).
+fn flow_key(in_port: u16, v6: bool, src: (Addr, u16), dst: (Addr, u16), proto: u8) -> FlowKey {
+    let wide = |a: Addr| u128::from(a[0]) << 64 | u128::from(a[1]);
+    let ports = ip_proto::has_ports(proto);
+    FlowKey {
+        in_port,
+        v6,
+        src: wide(src.0),
+        dst: wide(dst.0),
+        proto,
+        sport: if ports { src.1 } else { 0 },
+        dport: if ports { dst.1 } else { 0 },
+        vni: None,
     }
 }
 
@@ -389,10 +406,9 @@ impl Conntrack {
             .zip(self.tags.iter())
             .filter(|(_, t)| **t != 0)
         {
-            for dir in (0..2).filter(|&d| e.packets[d] > 0) {
-                out.push(e.record(dir, EndReason::Forced));
-                x.made += 1;
-            }
+            let before = out.len();
+            out.extend(e.records(EndReason::Forced));
+            x.made += (out.len() - before) as u64;
             e.reported(now);
         }
     }
@@ -400,14 +416,22 @@ impl Conntrack {
     /// Queues the records of an entry's counts (one per direction that has any).
     fn report(&mut self, e: &Entry, reason: EndReason) {
         let Some(x) = &mut self.export else { return };
-        for dir in (0..2).filter(|&d| e.packets[d] > 0) {
+        for r in e.records(reason) {
             if x.records.len() < RECORDS_KEPT {
-                x.records.push(e.record(dir, reason));
+                x.records.push(r);
                 x.made += 1;
             } else {
                 x.dropped += 1;
             }
         }
+    }
+
+    /// Counts the current packet into direction `dir` of the connection in `slot`, for the
+    /// flow records, and notes that it did for [`Conntrack::take_counted`].
+    fn count_in(&mut self, slot: usize, dir: usize, bytes: u64, tcp_flags: u8, in_port: u8) {
+        self.slots[slot].count(dir, bytes, tcp_flags, in_port);
+        self.counted = Some((slot, dir));
+        self.moved = false;
     }
 
     /// Once the packet's walk has ended: the connection direction that counted it for the
@@ -738,9 +762,7 @@ impl Conntrack {
                         e.seen(reply);
                         let seen_reply = e.seen_reply();
                         if let Some(port) = report {
-                            e.count(dir, len, t.tcp_flags, port);
-                            self.counted = Some((i, dir));
-                            self.moved = false;
+                            self.count_in(i, dir, len, t.tcp_flags, port);
                         }
                         Lookup {
                             state: if seen_reply {
@@ -755,9 +777,7 @@ impl Conntrack {
                         // Passes as part of the connection without changing its state or
                         // timer.
                         if let Some(port) = report {
-                            self.slots[i].count(dir, len, t.tcp_flags, port);
-                            self.counted = Some((i, dir));
-                            self.moved = false;
+                            self.count_in(i, dir, len, t.tcp_flags, port);
                         }
                         Lookup {
                             state: if reply || flags & SEEN_REPLY != 0 {
@@ -829,12 +849,10 @@ impl Conntrack {
             ..EMPTY
         };
         e.seen(false);
-        if let Some(port) = p.report.filter(|_| self.counted.is_none()) {
-            e.count(0, p.bytes, p.tcp_flags, port);
-            self.counted = Some((slot, 0));
-            self.moved = false;
-        }
         self.slots[slot] = e;
+        if let Some(port) = p.report.filter(|_| self.counted.is_none()) {
+            self.count_in(slot, 0, p.bytes, p.tcp_flags, port);
+        }
         self.stats.entries += 1;
         self.stats.inserts += 1;
         true
@@ -867,18 +885,8 @@ impl Probe {
     /// took it after all.
     pub fn arrival_flow(&self) -> (FlowKey, u8) {
         let t = &self.t;
-        let wide = |a: Addr| u128::from(a[0]) << 64 | u128::from(a[1]);
-        let ports = matches!(t.proto, ip_proto::TCP | ip_proto::UDP | ip_proto::SCTP);
-        let key = FlowKey {
-            in_port: self.report.map_or(0, u16::from),
-            v6: t.v6,
-            src: wide(t.src),
-            dst: wide(t.dst),
-            proto: t.proto,
-            sport: if ports { t.sport } else { 0 },
-            dport: if ports { t.dport } else { 0 },
-            vni: None,
-        };
+        let in_port = self.report.map_or(0, u16::from);
+        let key = flow_key(in_port, t.v6, (t.src, t.sport), (t.dst, t.dport), t.proto);
         (key, t.tcp_flags)
     }
 }

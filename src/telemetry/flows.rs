@@ -40,8 +40,7 @@ impl Packed {
     fn of(frame: &[u8], meta: &Meta, in_port: u16) -> Option<Packed> {
         let l = &meta.outer;
         let l3 = usize::from(l.l3);
-        let ports = if l.l4_ok && matches!(l.proto, ip_proto::TCP | ip_proto::UDP | ip_proto::SCTP)
-        {
+        let ports = if l.l4_ok && ip_proto::has_ports(l.proto) {
             u64::from(be32(frame, usize::from(l.l4)))
         } else {
             0

@@ -71,6 +71,12 @@ pub mod ip_proto {
     pub const IPV6_NO_NEXT: u8 = 59;
     pub const IPV6_DEST_OPTS: u8 = 60;
     pub const SCTP: u8 = 132;
+
+    /// Whether the protocol's header starts with source and destination ports (TCP, UDP,
+    /// SCTP): the transport ports of a 5-tuple.
+    pub fn has_ports(proto: u8) -> bool {
+        matches!(proto, TCP | UDP | SCTP)
+    }
 }
 
 #[inline]
