@@ -237,3 +237,53 @@ proptest! {
         records_add_up("tests/data/ct-after-decap.pipe", sends)?;
     }
 }
+
+/// Enough flows that the cache loads its lines ahead of each part (past 16k flows), with
+/// every packet still counted in its own flow: 40k flows from the host through the VXLAN
+/// gateway, each twice.
+#[test]
+fn many_flows_are_counted_exactly() {
+    let checked =
+        dpuflow::lang::check_file(Path::new("pipelines/vxlan-gateway.pipe")).expect("read");
+    let program = checked.program.expect("valid pipeline");
+    let mut engine = Engine::new(&program);
+    engine.enable_flows(1 << 17, Duration::from_secs(60), Duration::from_secs(60));
+    const FLOWS: u32 = 40_000;
+    let tuple = |i: u32| {
+        (
+            0x0a00_0001,
+            0x0a01_0000 + (i >> 8),
+            i as u16,
+            80,
+            ip_proto::UDP,
+        )
+    };
+    let mut records = Vec::new();
+    let mut now = 1_000_000_000u64;
+    for _round in 0..2 {
+        for first in (0..FLOWS).step_by(256) {
+            let mut batch: Vec<PacketBuf> = (first..(first + 256).min(FLOWS))
+                .map(|i| {
+                    now += 100;
+                    let mut pkt = PacketBuf::new(512);
+                    assert!(pkt.load(&frame(tuple(i), 0, 10).0, PortId(0), now));
+                    pkt
+                })
+                .collect();
+            engine.process(&mut batch, &mut NoObserver);
+            engine.take_flow_records(&mut records);
+        }
+    }
+    engine.flush_flows(now, &mut records);
+    let mut got: BTreeMap<Tuple, (u64, u64)> = BTreeMap::new();
+    for r in &records {
+        let k = &r.key;
+        let e = got
+            .entry((k.src as u32, k.dst as u32, k.sport, k.dport, k.proto))
+            .or_default();
+        e.0 += r.packets;
+        e.1 += r.bytes;
+    }
+    let want: BTreeMap<Tuple, (u64, u64)> = (0..FLOWS).map(|i| (tuple(i), (2, 2 * 38))).collect();
+    assert_eq!(got, want);
+}

@@ -183,6 +183,8 @@ const MIRROR_POOL: usize = 256;
 /// connections: 8.9 Mpps in parts of 32, 6.4 in parts of 256), while callers that hand
 /// over larger batches save their own per-batch costs (the service's channels).
 pub const STAGE: usize = 32;
+// A part's packets are a bit each in a u32 (the packets the flow cache counts).
+const _: () = assert!(STAGE <= 32);
 
 /// A compiled pipeline and its per-worker state.
 #[derive(Debug)]
@@ -191,10 +193,9 @@ pub struct Engine {
     metas: Box<[Result<Meta, DropReason>]>,
     /// Connection hashes of the current batch, when it is staged.
     ct_hints: Box<[Option<Probe>]>,
-    /// The flow-cache probes of the staged packets that have one (those no connection
-    /// counts), with the packet's index in the batch; `flow_probed` of them.
-    flow_probes: Box<[(u16, FlowProbe)]>,
-    flow_probed: usize,
+    /// The probes of the staged packets the flow cache counts (those no connection counts),
+    /// by packet.
+    flow_probes: Box<[FlowProbe; STAGE]>,
     /// Each staged packet's entry in its root pipe, when classified with the batch.
     root_entries: Box<[Option<Option<usize>>]>,
     pipes: Vec<CompiledPipe>,
@@ -342,8 +343,7 @@ impl Engine {
         Engine {
             metas: vec![Err(DropReason::NoPipe); STAGE].into_boxed_slice(),
             ct_hints: vec![None; STAGE].into_boxed_slice(),
-            flow_probes: vec![(0, FlowProbe::default()); STAGE].into_boxed_slice(),
-            flow_probed: 0,
+            flow_probes: Box::new([FlowProbe::default(); STAGE]),
             root_entries: vec![None; STAGE].into_boxed_slice(),
             batch_roots,
             port_states: (0..p.ports.len())
@@ -457,41 +457,37 @@ impl Engine {
     /// written (a copy straight after the write stalls on store forwarding). Then the
     /// packets run, and their flows are counted.
     fn process_part<O: Observer>(&mut self, batch: &mut [PacketBuf], obs: &mut O) {
-        let mut probed = 0;
+        let mut flow_staged = 0u32;
         for (i, pkt) in batch.iter().enumerate() {
+            let frame = pkt.data();
             // Parsed straight into its slot: a temporary copied in would stall on store
             // forwarding.
             let staged = &mut self.metas[i];
-            *staged = parse::parse(pkt.data(), &self.tunnels);
+            *staged = parse::parse(frame, &self.tunnels);
             let meta = staged.as_ref().ok();
             let mut reports = false;
             if let Some(ct) = &self.rt.ct {
                 let hint = &mut self.ct_hints[i];
-                *hint = meta.and_then(|m| ct.prefetch(pkt.data(), m, pkt.port.0));
+                *hint = meta.and_then(|m| ct.prefetch(frame, m, pkt.port.0));
                 reports = hint.as_ref().is_some_and(Probe::reports);
             }
-            if let Some(flows) = &self.rt.flows {
+            if let (Some(flows), Some(m)) = (&self.rt.flows, meta) {
                 // A packet a connection will count needs no flow-cache key (and in the
                 // rare case none does, conntrack's probe gives it).
-                if let Some(probe) = meta
-                    .filter(|_| !reports)
-                    .and_then(|m| flows.probe(pkt.data(), m, pkt.port.0))
-                {
-                    self.flow_probes[probed] = (i as u16, probe);
-                    probed += 1;
+                if !reports && flows.probe(frame, m, pkt.port.0, &mut self.flow_probes[i]) {
+                    flow_staged |= 1 << i;
                 }
             }
         }
-        self.flow_probed = probed;
         if let Some(ct) = &self.rt.ct {
             for probe in self.ct_hints[..batch.len()].iter().flatten() {
                 ct.prefetch_slot(probe);
             }
         }
         self.classify_roots(batch);
-        if let Some(flows) = &self.rt.flows {
-            for (_, probe) in &self.flow_probes[..self.flow_probed] {
-                flows.prefetch_flow(probe);
+        if let Some(flows) = self.rt.flows.as_ref().filter(|f| f.prefetches()) {
+            for i in staged_packets(flow_staged) {
+                flows.prefetch_flow(&self.flow_probes[i]);
             }
         }
         for (i, pkt) in batch.iter_mut().enumerate() {
@@ -511,24 +507,23 @@ impl Engine {
                 if let Some(counted) = ct.take_counted() {
                     let (out, denied) = fate(v);
                     ct.note_fate(counted, out, denied);
-                } else if let (Some(h), Ok(m)) = (&self.ct_hints[i], &self.metas[i]) {
-                    if h.reports() {
-                        let (key, tcp_flags) = h.arrival_flow();
-                        let ip_bytes = m.outer.l3_end - m.outer.l3;
-                        let probe = flows.probe_key(&key, ip_bytes, tcp_flags);
-                        self.flow_probes[self.flow_probed] = (i as u16, probe);
-                        self.flow_probed += 1;
-                    }
+                } else if let Some(h) = self.ct_hints[i].as_ref().filter(|h| h.reports()) {
+                    let (key, tcp_flags) = h.arrival_flow();
+                    self.flow_probes[i] = flows.probe_key(&key, tcp_flags);
+                    flow_staged |= 1 << i;
                 }
             }
         }
         // Flows are counted once the batch's fates are known, in one tight pass over what
         // each packet's probe noted as it arrived.
         if let Some(flows) = &mut self.rt.flows {
-            for (i, probe) in &self.flow_probes[..self.flow_probed] {
-                let pkt = &batch[usize::from(*i)];
-                let (out, denied) = fate(pkt.verdict);
-                flows.count(probe, pkt.ts_ns, out, denied);
+            for i in staged_packets(flow_staged) {
+                // Staged packets parsed: the arrival parse gives the IP length.
+                if let (Some(pkt), Some(Ok(m))) = (batch.get(i), self.metas.get(i)) {
+                    let (out, denied) = fate(pkt.verdict);
+                    let ip_bytes = m.outer.l3_end - m.outer.l3;
+                    flows.count(&self.flow_probes[i], ip_bytes, pkt.ts_ns, out, denied);
+                }
             }
         }
         if let Some(last) = batch.last() {
@@ -710,6 +705,15 @@ fn intern(lists: Vec<&ActionList>) -> (Vec<u32>, Vec<&ActionList>) {
         })
         .collect();
     (index, distinct)
+}
+
+/// The packets whose bits are set in `staged`, in order.
+fn staged_packets(mut staged: u32) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        let i = staged.trailing_zeros() as usize;
+        staged &= staged.wrapping_sub(1);
+        (i < 32).then_some(i)
+    })
 }
 
 /// What a flow record notes of a verdict: the egress port, and whether it was a drop.
