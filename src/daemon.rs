@@ -1,13 +1,18 @@
-//! `dpuflow run`: the long-running service. A reader thread merges the capture inputs in
+//! `dpuflow run`: the long-running service. An I/O thread merges the capture inputs in
 //! timestamp order and deals packets to worker threads by a symmetric flow hash (both
 //! directions of a connection reach the same worker and its connection table); each
-//! worker owns an engine; a writer thread writes what the workers forward (and the copies
-//! `mirror` actions made) and hands the buffers back to the reader (and the copies' back
-//! to their worker). The main thread serves metrics. Batches travel through
-//! bounded crossbeam channels, so a slow stage holds the others back instead of buffering
-//! without bound, and buffers are reused, never allocated per packet.
+//! worker owns an engine and sends its processed batches back to the I/O thread, which
+//! writes what they forward (and the copies `mirror` actions made), keeps their buffers
+//! for the packets it reads next, and hands the copies' buffers back to their worker. The
+//! main thread serves metrics. Batches travel through bounded crossbeam channels, so a
+//! slow stage holds the others back instead of buffering without bound, and buffers are
+//! reused, never allocated per packet.
 //!
-//! SIGTERM or SIGINT stops the reader; the batches already read are processed and
+//! Reading and writing share one thread so that one worker and its I/O take two cores,
+//! not three threads on two: a separate writer, woken by every batch, kept preempting the
+//! worker wherever they shared a core, and the service's rate halved in such runs.
+//!
+//! SIGTERM or SIGINT stops the reading; the batches already read are processed and
 //! written, outputs are flushed, and the process exits 0.
 
 use crate::engine::parse::{self, TunnelPorts};
@@ -20,7 +25,7 @@ use crate::telemetry::http::{self, Handler};
 use crate::telemetry::ipfix::Exporter;
 use crate::telemetry::metrics::{self, Info};
 use crate::telemetry::{Latency, Snapshot};
-use crossbeam_channel::{bounded, Receiver, Sender};
+use crossbeam_channel::{bounded, Receiver, Select, Sender, TrySendError};
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -78,8 +83,8 @@ const IPFIX_MESSAGE: usize = 1400;
 /// Flows a worker's cache holds.
 const FLOW_CAPACITY: usize = 1 << 20;
 
-/// A processed batch on its way to the writer: the packets, then the copies `mirror`
-/// actions made, in buffers that go back to the worker that filled them.
+/// A processed batch on its way back to the I/O thread: the packets, then the copies
+/// `mirror` actions made, in buffers that go back to the worker that filled them.
 struct Processed {
     packets: Vec<PacketBuf>,
     mirrors: Vec<PacketBuf>,
@@ -180,7 +185,6 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         None => None,
     };
     let flows_tx = opts.ipfix.map(|_| flows_tx);
-    let (recycle_tx, recycle_rx) = bounded::<Vec<PacketBuf>>(batches_in_flight(workers));
     let (done_tx, done_rx) = bounded::<Processed>(QUEUE * workers);
     let mut to_workers = Vec::new();
     let mut spares_back = Vec::new();
@@ -206,36 +210,22 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     }
     drop(done_tx);
     drop(flows_tx);
-    let writer = {
-        let recycle_tx = recycle_tx.clone();
-        std::thread::Builder::new()
-            .name("writer".into())
-            .spawn(move || write_outputs(writers, &done_rx, &recycle_tx, &spares_back))
-            .map_err(|e| RunError::Thread(e.to_string()))?
-    };
-    drop(recycle_tx);
-    let reader = {
+    let io = {
         let stop = Arc::clone(&stop);
-        let (inputs, batch, rate, looping) = (
-            opts.bindings.inputs.clone(),
-            opts.batch.max(1),
-            opts.rate,
-            opts.looping,
-        );
+        let reading = Reading {
+            inputs: opts.bindings.inputs.clone(),
+            looping: opts.looping,
+            rate: opts.rate,
+            batch: opts.batch.max(1),
+        };
+        let ends = IoEnds {
+            to_workers,
+            done: done_rx,
+            spares_back,
+        };
         std::thread::Builder::new()
-            .name("reader".into())
-            .spawn(move || {
-                read_inputs(
-                    merger,
-                    &inputs,
-                    looping,
-                    rate,
-                    batch,
-                    &to_workers,
-                    &recycle_rx,
-                    &stop,
-                )
-            })
+            .name("io".into())
+            .spawn(move || io(merger, &reading, writers, ends, &stop))
             .map_err(|e| RunError::Thread(e.to_string()))?
     };
 
@@ -243,22 +233,19 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     match &listener {
         Some(l) => http::serve(l, &stop, &*shared).map_err(|e| RunError::Thread(e.to_string()))?,
         None => {
-            while !stop.load(Ordering::Relaxed) && !reader.is_finished() {
+            while !stop.load(Ordering::Relaxed) && !io.is_finished() {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
     }
     stop.store(true, Ordering::Relaxed);
-    let read = reader
+    let (read, unwritten) = io
         .join()
-        .map_err(|_| RunError::Thread("the reader panicked".into()))??;
+        .map_err(|_| RunError::Thread("the I/O thread panicked".into()))??;
     for h in handles {
         h.join()
             .map_err(|_| RunError::Thread("a worker panicked".into()))?;
     }
-    let unwritten = writer
-        .join()
-        .map_err(|_| RunError::Thread("the writer panicked".into()))??;
     if let Some(e) = exporter {
         let sent = e
             .join()
@@ -280,32 +267,66 @@ fn pick(pkt: &PacketBuf, tunnels: &TunnelPorts, workers: usize) -> usize {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn read_inputs(
-    mut merger: Merger,
-    inputs: &[(PortId, std::path::PathBuf)],
+/// How the I/O thread reads.
+struct Reading {
+    inputs: Vec<(PortId, std::path::PathBuf)>,
+    /// Read the inputs again and again.
     looping: bool,
+    /// Packets per second at most.
     rate: Option<u64>,
+    /// Packets per batch.
     batch: usize,
-    to_workers: &[Sender<Vec<PacketBuf>>],
-    recycle: &Receiver<Vec<PacketBuf>>,
+}
+
+/// The I/O thread's ends of the channels.
+struct IoEnds {
+    to_workers: Vec<Sender<Vec<PacketBuf>>>,
+    /// Processed batches from every worker.
+    done: Receiver<Processed>,
+    /// Mirror-copy buffers back to each worker.
+    spares_back: Vec<Sender<Vec<PacketBuf>>>,
+}
+
+/// The I/O thread: reads the inputs into batches for the workers until they end (or, with
+/// `looping`, until `stop`), writing the batches the workers send back as they come; then
+/// writes the rest and flushes the outputs. Returns the packets read and those forwarded to
+/// a port without an output.
+fn io(
+    mut merger: Merger,
+    reading: &Reading,
+    writers: Vec<Option<CaptureWriter>>,
+    ends: IoEnds,
     stop: &AtomicBool,
-) -> Result<u64, CaptureError> {
+) -> Result<(u64, u64), CaptureError> {
+    let IoEnds {
+        to_workers,
+        done,
+        spares_back,
+    } = ends;
+    let mut out = Outputs {
+        writers,
+        unwritten: 0,
+        pool: Vec::new(),
+        batches: Vec::new(),
+        spares_back,
+    };
     let tunnels = TunnelPorts::default();
-    let n = to_workers.len();
-    let mut pool: Vec<PacketBuf> = Vec::new();
+    let (n, batch) = (to_workers.len(), reading.batch);
+    // Buffers made so far, and the most there may be: beyond it, a packet waits for a
+    // processed batch's buffers (see `batches_in_flight`).
+    let (mut made, limit) = (0usize, batches_in_flight(n) * batch);
     let mut current: Vec<Vec<PacketBuf>> = (0..n).map(|_| Vec::with_capacity(batch)).collect();
-    let (mut made, limit) = (n, batches_in_flight(n));
     let (mut read, mut offset, mut first, mut last) = (0u64, 0u64, None::<u64>, 0u64);
     let start = Instant::now();
     let mut slot = PacketBuf::new(DEFAULT_MAX_FRAME);
-    while !stop.load(Ordering::Relaxed) {
+    let mut workers_gone = false;
+    while !stop.load(Ordering::Relaxed) && !workers_gone {
         match merger.next(&mut slot)? {
-            None if looping && read > 0 => {
+            None if reading.looping && read > 0 => {
                 // Again from the start, later in time by the length of one pass.
                 offset += last.saturating_sub(first.unwrap_or(last)) + 1_000_000;
                 first = None;
-                merger = Merger::open(inputs)?;
+                merger = Merger::open(&reading.inputs)?;
                 continue;
             }
             None => break,
@@ -317,18 +338,33 @@ fn read_inputs(
         slot.ts_ns += offset;
         read += 1;
         let w = pick(&slot, &tunnels, n);
-        let fresh = pool
-            .pop()
-            .unwrap_or_else(|| PacketBuf::new(DEFAULT_MAX_FRAME));
+        let fresh = match out.pool.pop() {
+            Some(b) => b,
+            None if made < limit => {
+                made += 1;
+                PacketBuf::new(DEFAULT_MAX_FRAME)
+            }
+            None => match done.recv() {
+                Ok(p) => {
+                    out.write(p)?;
+                    out.pool
+                        .pop()
+                        .expect("a processed batch returns its buffers")
+                }
+                // Every worker is gone (none runs without the I/O thread's batches).
+                Err(_) => break,
+            },
+        };
         current[w].push(std::mem::replace(&mut slot, fresh));
         if current[w].len() == batch {
-            let empty = recycled(recycle, &mut pool, batch, &mut made, limit);
+            let empty = out
+                .batches
+                .pop()
+                .unwrap_or_else(|| Vec::with_capacity(batch));
             let full = std::mem::replace(&mut current[w], empty);
-            if to_workers[w].send(full).is_err() {
-                break;
-            }
+            workers_gone = !send(&to_workers[w], full, &done, &mut out)?;
         }
-        if let Some(pps) = rate {
+        if let Some(pps) = reading.rate {
             let due = Duration::from_secs_f64(read as f64 / pps as f64);
             if let Some(wait) = due.checked_sub(start.elapsed()) {
                 std::thread::sleep(wait);
@@ -336,47 +372,93 @@ fn read_inputs(
         }
     }
     for (w, b) in current.into_iter().enumerate() {
-        if !b.is_empty() {
-            let _ = to_workers[w].send(b);
+        if !b.is_empty() && !send(&to_workers[w], b, &done, &mut out)? {
+            break;
         }
     }
-    Ok(read)
+    // The workers finish what they hold once their channels close.
+    drop(to_workers);
+    for p in done.iter() {
+        out.write(p)?;
+    }
+    for w in out.writers.into_iter().flatten() {
+        w.finish()?;
+    }
+    Ok((read, out.unwritten))
 }
 
-/// The most batches that can be out of the reader's hands at once: one being filled per
-/// worker, a full channel to each worker, one in each worker's hands, a full channel to
-/// the writer and one in its hands. The reader makes no more than this, and the channel
-/// that brings them back holds them all, so none is ever dropped and made again (which,
-/// with its buffers zeroed anew, halved the service's rate in some runs).
+/// Sends a batch to a worker, writing the processed batches that arrive while its channel
+/// is full; `false` when the worker is gone.
+fn send(
+    to: &Sender<Vec<PacketBuf>>,
+    batch: Vec<PacketBuf>,
+    done: &Receiver<Processed>,
+    out: &mut Outputs,
+) -> Result<bool, CaptureError> {
+    let mut batch = match to.try_send(batch) {
+        Ok(()) => return Ok(true),
+        Err(TrySendError::Disconnected(_)) => return Ok(false),
+        Err(TrySendError::Full(b)) => b,
+    };
+    loop {
+        let mut sel = Select::new();
+        let (sending, receiving) = (sel.send(to), sel.recv(done));
+        let op = sel.select();
+        match op.index() {
+            i if i == sending => return Ok(op.send(to, batch).is_ok()),
+            i if i == receiving => match op.recv(done) {
+                Ok(p) => out.write(p)?,
+                // No worker left to send anything back: this one is gone too.
+                Err(_) => return Ok(false),
+            },
+            _ => unreachable!("two operations were selected from"),
+        }
+        batch = match to.try_send(batch) {
+            Ok(()) => return Ok(true),
+            Err(TrySendError::Disconnected(_)) => return Ok(false),
+            Err(TrySendError::Full(b)) => b,
+        };
+    }
+}
+
+/// Where processed batches go: their forwarded packets to the output files, their buffers
+/// back to the reading (and the mirror copies' to their worker).
+struct Outputs {
+    writers: Vec<Option<CaptureWriter>>,
+    /// Packets forwarded to a port without an output.
+    unwritten: u64,
+    /// Packet buffers free for reading into.
+    pool: Vec<PacketBuf>,
+    /// Empty batches to fill.
+    batches: Vec<Vec<PacketBuf>>,
+    spares_back: Vec<Sender<Vec<PacketBuf>>>,
+}
+
+impl Outputs {
+    fn write(&mut self, mut batch: Processed) -> Result<(), CaptureError> {
+        for pkt in batch.packets.iter().chain(&batch.mirrors) {
+            if let Verdict::Forward(port) = pkt.verdict {
+                match &mut self.writers[port.index()] {
+                    Some(w) => w.write(pkt.ts_ns, pkt.data())?,
+                    None => self.unwritten += 1,
+                }
+            }
+        }
+        self.pool.append(&mut batch.packets);
+        self.batches.push(batch.packets);
+        if !batch.mirrors.is_empty() {
+            let _ = self.spares_back[batch.worker].try_send(batch.mirrors);
+        }
+        Ok(())
+    }
+}
+
+/// The most batches that can be out of the I/O thread's hands at once: a full channel to
+/// each worker, one in each worker's hands and a full channel back, plus one being filled
+/// per worker. The I/O thread makes buffers for no more than this; past it, it waits for
+/// processed batches and reuses theirs (buffers made anew are zeroed, 9 KB each).
 fn batches_in_flight(workers: usize) -> usize {
     workers * (2 * QUEUE + 2) + 1
-}
-
-/// An empty batch, its buffers back into the pool: a returned one if any, else a new one
-/// while fewer than `batches_in_flight` exist (`made` counts them), else the next one the
-/// writer returns.
-fn recycled(
-    recycle: &Receiver<Vec<PacketBuf>>,
-    pool: &mut Vec<PacketBuf>,
-    batch: usize,
-    made: &mut usize,
-    limit: usize,
-) -> Vec<PacketBuf> {
-    let back = match recycle.try_recv() {
-        Ok(b) => Some(b),
-        Err(_) if *made < limit => None,
-        Err(_) => recycle.recv().ok(),
-    };
-    match back {
-        Some(mut b) => {
-            pool.append(&mut b);
-            b
-        }
-        None => {
-            *made += 1;
-            Vec::with_capacity(batch)
-        }
-    }
 }
 
 /// What a worker receives from and sends to the other stages.
@@ -500,31 +582,4 @@ fn export(socket: &UdpSocket, rx: &Receiver<Vec<FlowRecord>>, template_refresh_s
         sent += records.len() as u64;
     }
     sent
-}
-
-fn write_outputs(
-    mut writers: Vec<Option<CaptureWriter>>,
-    done: &Receiver<Processed>,
-    recycle: &Sender<Vec<PacketBuf>>,
-    spares_back: &[Sender<Vec<PacketBuf>>],
-) -> Result<u64, CaptureError> {
-    let mut unwritten = 0u64;
-    for batch in done.iter() {
-        for pkt in batch.packets.iter().chain(&batch.mirrors) {
-            if let Verdict::Forward(port) = pkt.verdict {
-                match &mut writers[port.index()] {
-                    Some(w) => w.write(pkt.ts_ns, pkt.data())?,
-                    None => unwritten += 1,
-                }
-            }
-        }
-        let _ = recycle.try_send(batch.packets);
-        if !batch.mirrors.is_empty() {
-            let _ = spares_back[batch.worker].try_send(batch.mirrors);
-        }
-    }
-    for w in writers.into_iter().flatten() {
-        w.finish()?;
-    }
-    Ok(unwritten)
 }

@@ -280,6 +280,44 @@ fn mirror_copies_reach_their_port() {
     assert_tshark_clean(&copies);
 }
 
+/// With batches of one packet the service makes a few dozen buffers, then reads on into
+/// those of the batches the workers have processed and written: every packet of a longer
+/// input is still processed and written, once.
+#[test]
+fn long_input_through_few_buffers_is_written_whole() {
+    let dir = Scratch::new("service-recycle");
+    let (input, out) = (dir.path("host.pcap"), dir.path("uplink.pcap"));
+    dpuflow_ok(&[
+        "bench",
+        "pipelines/vxlan-gateway.pipe",
+        "--port",
+        "host",
+        "--flows",
+        "3000",
+        "--write",
+        &input,
+    ]);
+    let svc = Service::start(&[
+        "pipelines/vxlan-gateway.pipe",
+        "--in",
+        &format!("host={input}"),
+        "--out",
+        &format!("uplink={out}"),
+        "--workers",
+        "2",
+        "--batch",
+        "1",
+    ]);
+    svc.scrape_until(|b| {
+        b.lines()
+            .any(|l| l == "dpuflow_port_transmitted_packets_total{port=\"uplink\"} 3000")
+    });
+    assert_eq!(svc.terminate(), 0);
+    let written: HashSet<Vec<u8>> = frames(&out).into_iter().collect();
+    assert_eq!(frames(&out).len(), 3000);
+    assert_eq!(written.len(), 3000, "every packet once");
+}
+
 #[test]
 fn a_real_prometheus_scrapes_it() {
     let dir = Scratch::new("service-prometheus");
