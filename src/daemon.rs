@@ -463,11 +463,11 @@ fn batches_in_flight(workers: usize) -> usize {
 
 /// What a worker receives from and sends to the other stages.
 struct WorkerChannels {
-    /// Batches from the reader.
+    /// Batches from the I/O thread.
     rx: Receiver<Vec<PacketBuf>>,
-    /// Processed batches to the writer.
+    /// Processed batches back to the I/O thread.
     done: Sender<Processed>,
-    /// Mirror-copy buffers the writer has written, back for reuse.
+    /// Mirror-copy buffers the I/O thread has written, back for reuse.
     spares: Receiver<Vec<PacketBuf>>,
     /// Flow records to the IPFIX exporter, when exporting.
     flows: Option<Sender<Vec<FlowRecord>>>,
@@ -475,7 +475,7 @@ struct WorkerChannels {
 
 fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
     let (rx, done, flows) = (&ch.rx, &ch.done, ch.flows.as_ref());
-    // Buffers for mirror copies: they travel to the writer and come back, so after the
+    // Buffers for mirror copies: they travel to the I/O thread and come back, so after the
     // first copies none is allocated.
     let mut spare: Vec<PacketBuf> = Vec::new();
     let mut engine = Engine::new(&shared.program);
