@@ -8,6 +8,7 @@
 
 mod action;
 pub mod field;
+mod lpm;
 mod meter;
 pub mod packet;
 pub mod parse;
@@ -22,9 +23,10 @@ use crate::firewall::conntrack::{Conntrack, Lookup, Probe};
 use crate::ir::{self, Action, ActionList, PipeBody, PipeId, PortId, ServiceId};
 use crate::telemetry::flows::{FlowCache, FlowProbe, FlowRecord, FlowStats};
 use field::PacketState;
+use lpm::LpmTable;
 use meter::MeterState;
 use parse::{Meta, TunnelPorts};
-use table::{ExactTable, LinearScan, LpmTable, PacketView, RuleClassifier, TREE_MIN_RULES};
+use table::{ExactTable, LinearScan, PacketView, RuleClassifier, TREE_MIN_RULES};
 
 macro_rules! drop_reasons {
     ($($variant:ident => $name:literal, $doc:literal;)*) => {

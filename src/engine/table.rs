@@ -1,5 +1,5 @@
-//! Lookup structures for the three pipe bodies: ordered rules, exact-match tables and
-//! longest-prefix-match tables.
+//! Lookup structures for two of the three pipe bodies: ordered rules and exact-match
+//! tables (longest-prefix-match tables are in `lpm`).
 
 use super::field::{self, PacketState};
 use super::parse::Meta;
@@ -298,50 +298,6 @@ impl ExactTable {
                 map.get(&key[..self.readers.len()]).copied()
             }
         }
-    }
-}
-
-/// Longest-prefix match: one hash map per prefix length in use, longest first.
-#[derive(Debug)]
-pub struct LpmTable {
-    /// The field's reader, chosen at build time.
-    read: field::Reader,
-    /// (prefix length, mask, prefix → entry index), longest prefix first.
-    levels: Vec<(u8, u128, FxHashMap<u128, usize>)>,
-}
-
-impl LpmTable {
-    pub fn new(field: Field, prefixes: impl IntoIterator<Item = (u128, u8)>) -> LpmTable {
-        let kind = field.kind();
-        let mut levels: Vec<(u8, u128, FxHashMap<u128, usize>)> = Vec::new();
-        for (i, (value, len)) in prefixes.into_iter().enumerate() {
-            let Pattern::Masked { mask, value } = Pattern::prefix(value, len, kind) else {
-                unreachable!("prefix patterns are masks")
-            };
-            match levels.iter_mut().find(|(l, _, _)| *l == len) {
-                Some((_, _, m)) => {
-                    m.insert(value, i);
-                }
-                None => {
-                    let mut m = FxHashMap::default();
-                    m.insert(value, i);
-                    levels.push((len, mask, m));
-                }
-            }
-        }
-        levels.sort_by_key(|l| std::cmp::Reverse(l.0));
-        LpmTable {
-            read: field::reader(field),
-            levels,
-        }
-    }
-
-    #[inline]
-    pub fn lookup(&self, pkt: &PacketView<'_>) -> Option<usize> {
-        let v = (self.read)(pkt.frame, pkt.meta, pkt.state)?;
-        self.levels
-            .iter()
-            .find_map(|(_, mask, m)| m.get(&(v & mask)).copied())
     }
 }
 

@@ -1,0 +1,327 @@
+//! Longest-prefix-match tables.
+//!
+//! Fields of up to 32 bits (IPv4 addresses) are looked up in a multibit trie whose slots
+//! hold their answer: a root of 2^16 slots indexed by the field's top 16 bits, then nodes
+//! of 256 slots for each further 8 bits. Each prefix is written into every slot it covers
+//! at its own depth, and a node made under a slot starts with that slot's answer in all
+//! its slots, so every slot holds the longest prefix covering it (the DIR-24-8 idea of
+//! DPDK's rte_lpm, with 16-8-8 steps to keep the root at 256 KiB). A lookup is at most
+//! three dependent loads, however many prefix lengths the table has; one hash probe per
+//! length, longest first, took nine for a /24 among the lengths of an Internet table.
+//!
+//! Wider fields (IPv6) keep one hash map per prefix length: a trie over 128 bits in 8-bit
+//! steps would take kilobytes a route.
+
+use super::field;
+use super::table::PacketView;
+use crate::ir::{Field, Pattern};
+use rustc_hash::FxHashMap;
+
+/// Slots of the root: the field's top `ROOT_BITS` bits index it.
+const ROOT_BITS: u32 = 16;
+/// Bits each node below the root consumes.
+const STEP_BITS: u32 = 8;
+const STEP_SLOTS: usize = 1 << STEP_BITS;
+/// A slot naming a node (its index in the low bits), not an answer.
+const NODE: u32 = 1 << 31;
+
+/// A longest-prefix-match table over one field.
+#[derive(Debug)]
+pub struct LpmTable {
+    /// The field's reader, chosen at build time.
+    read: field::Reader,
+    index: Index,
+}
+
+#[derive(Debug)]
+enum Index {
+    Trie(Trie),
+    /// (prefix length, mask, prefix → entry index), longest prefix first.
+    Levels(Vec<(u8, u128, FxHashMap<u128, usize>)>),
+}
+
+impl LpmTable {
+    /// The table of `prefixes` (value, length), entry `i` being the `i`th; of equal
+    /// prefixes the last is kept.
+    pub fn new(field: Field, prefixes: impl IntoIterator<Item = (u128, u8)>) -> LpmTable {
+        let kind = field.kind();
+        let bits = u32::from(kind.bits());
+        let mut masked: Vec<(u128, u8, usize)> = prefixes
+            .into_iter()
+            .enumerate()
+            .map(|(i, (value, len))| {
+                let Pattern::Masked { value, .. } = Pattern::prefix(value, len, kind) else {
+                    unreachable!("prefix patterns are masks")
+                };
+                (value, len.min(kind.bits()), i)
+            })
+            .collect();
+        // Shorter prefixes first (a trie needs them so), and in entry order within a length.
+        masked.sort_by_key(|&(_, len, i)| (len, i));
+        let index = if bits <= 32 {
+            let mut trie = Trie::new(bits);
+            for &(value, len, i) in &masked {
+                trie.insert(value as u32, u32::from(len), i);
+            }
+            Index::Trie(trie)
+        } else {
+            let mut levels: Vec<(u8, u128, FxHashMap<u128, usize>)> = Vec::new();
+            for &(value, len, i) in &masked {
+                if levels.last().is_none_or(|l| l.0 != len) {
+                    let Pattern::Masked { mask, .. } = Pattern::prefix(0, len, kind) else {
+                        unreachable!("prefix patterns are masks")
+                    };
+                    levels.push((len, mask, FxHashMap::default()));
+                }
+                if let Some((_, _, m)) = levels.last_mut() {
+                    m.insert(value, i);
+                }
+            }
+            levels.reverse();
+            Index::Levels(levels)
+        };
+        LpmTable {
+            read: field::reader(field),
+            index,
+        }
+    }
+
+    #[inline]
+    pub fn lookup(&self, pkt: &PacketView<'_>) -> Option<usize> {
+        let v = (self.read)(pkt.frame, pkt.meta, pkt.state)?;
+        match &self.index {
+            Index::Trie(t) => t.lookup(v as u32),
+            Index::Levels(levels) => levels
+                .iter()
+                .find_map(|(_, mask, m)| m.get(&(v & mask)).copied()),
+        }
+    }
+}
+
+/// The multibit trie of a field of `bits` ≤ 32 bits. A slot holds 0 (no prefix covers it),
+/// entry + 1, or [`NODE`] | the index of the node under it.
+#[derive(Debug)]
+struct Trie {
+    /// Shift that aligns a value's top bit with bit 31.
+    align: u32,
+    root: Box<[u32; 1 << ROOT_BITS]>,
+    nodes: Vec<[u32; STEP_SLOTS]>,
+}
+
+impl Trie {
+    fn new(bits: u32) -> Trie {
+        Trie {
+            align: 32 - bits,
+            root: vec![0; 1 << ROOT_BITS]
+                .into_boxed_slice()
+                .try_into()
+                .expect("root size"),
+            nodes: Vec::new(),
+        }
+    }
+
+    /// Adds a prefix (`value` with its host bits clear) of `len` bits for `entry`. Prefixes
+    /// come shortest first: then the slots a prefix covers at its own depth never have a
+    /// node under them (a node is made only for a longer prefix).
+    fn insert(&mut self, value: u32, len: u32, entry: usize) {
+        let key = value.checked_shl(self.align).unwrap_or(0);
+        let answer = u32::try_from(entry + 1).expect("fewer than 2^31 entries");
+        if len <= ROOT_BITS {
+            let first = (key >> (32 - ROOT_BITS)) as usize;
+            self.root[first..first + (1 << (ROOT_BITS - len))].fill(answer);
+            return;
+        }
+        let at = (key >> (32 - ROOT_BITS)) as usize;
+        let mut node = self.node_under_root(at);
+        let mut depth = ROOT_BITS;
+        loop {
+            let slot = ((key >> (32 - depth - STEP_BITS)) as usize) & (STEP_SLOTS - 1);
+            if len <= depth + STEP_BITS {
+                let n = 1 << (depth + STEP_BITS - len);
+                self.nodes[node][slot..slot + n].fill(answer);
+                return;
+            }
+            node = self.node_under(node, slot);
+            depth += STEP_BITS;
+        }
+    }
+
+    /// The node under root slot `at`, made (holding the slot's answer) if there is none.
+    fn node_under_root(&mut self, at: usize) -> usize {
+        let s = self.root[at];
+        if s & NODE != 0 {
+            return (s & !NODE) as usize;
+        }
+        let n = self.new_node(s);
+        self.root[at] = NODE | n as u32;
+        n
+    }
+
+    /// The node under slot `at` of `node`, made likewise.
+    fn node_under(&mut self, node: usize, at: usize) -> usize {
+        let s = self.nodes[node][at];
+        if s & NODE != 0 {
+            return (s & !NODE) as usize;
+        }
+        let n = self.new_node(s);
+        self.nodes[node][at] = NODE | n as u32;
+        n
+    }
+
+    fn new_node(&mut self, answer: u32) -> usize {
+        self.nodes.push([answer; STEP_SLOTS]);
+        self.nodes.len() - 1
+    }
+
+    #[inline]
+    fn lookup(&self, value: u32) -> Option<usize> {
+        let key = value.checked_shl(self.align).unwrap_or(0);
+        let mut s = self.root[(key >> (32 - ROOT_BITS)) as usize];
+        let mut depth = ROOT_BITS;
+        while s & NODE != 0 && depth < 32 {
+            let slot = ((key >> (32 - depth - STEP_BITS)) as usize) & (STEP_SLOTS - 1);
+            s = self.nodes.get((s & !NODE) as usize)?[slot];
+            depth += STEP_BITS;
+        }
+        s.checked_sub(1).map(|e| e as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The longest of `prefixes` (value, length) over `bits` bits that covers `v`, the
+    /// last of equal ones: the definition, by scanning.
+    fn longest(prefixes: &[(u32, u8)], bits: u32, v: u32) -> Option<usize> {
+        let mask = |len: u8| match u32::from(len) {
+            0 => 0,
+            l if l >= bits => u32::MAX >> (32 - bits),
+            l => (u32::MAX >> (32 - bits)) & !((u32::MAX >> (32 - bits)) >> l),
+        };
+        let mut best: Option<(u8, usize)> = None;
+        for (i, &(p, len)) in prefixes.iter().enumerate() {
+            let len = len.min(bits as u8);
+            if v & mask(len) == p & mask(len) && best.is_none_or(|(l, _)| len >= l) {
+                best = Some((len, i));
+            }
+        }
+        best.map(|(_, i)| i)
+    }
+
+    fn trie(prefixes: &[(u32, u8)], bits: u32) -> Trie {
+        let mut sorted: Vec<(u32, u8, usize)> = prefixes
+            .iter()
+            .enumerate()
+            .map(|(i, &(p, len))| {
+                let len = len.min(bits as u8);
+                let host = if u32::from(len) >= bits {
+                    0
+                } else {
+                    (u32::MAX >> (32 - bits)) >> len
+                };
+                (p & !host & (u32::MAX >> (32 - bits)), len, i)
+            })
+            .collect();
+        sorted.sort_by_key(|&(_, len, i)| (len, i));
+        let mut t = Trie::new(bits);
+        for (p, len, i) in sorted {
+            t.insert(p, u32::from(len), i);
+        }
+        t
+    }
+
+    #[test]
+    fn nested_prefixes_of_every_depth() {
+        let p = [
+            (0x0a00_0000, 8),  // 10/8
+            (0x0a01_0000, 16), // 10.1/16
+            (0x0a01_0200, 24), // 10.1.2/24
+            (0x0a01_0280, 25), // 10.1.2.128/25
+            (0x0a01_0281, 32), // 10.1.2.129/32
+            (0, 0),            // default
+            (0x0a01_0000, 16), // 10.1/16 again: the last is kept
+        ];
+        let t = trie(&p, 32);
+        assert_eq!(t.lookup(0x0a01_0281), Some(4));
+        assert_eq!(t.lookup(0x0a01_0282), Some(3));
+        assert_eq!(t.lookup(0x0a01_0201), Some(2));
+        assert_eq!(t.lookup(0x0a01_0301), Some(6));
+        assert_eq!(t.lookup(0x0a02_0000), Some(0));
+        assert_eq!(t.lookup(0x0b00_0000), Some(5));
+        assert_eq!(trie(&p[..5], 32).lookup(0x0b00_0000), None);
+    }
+
+    proptest! {
+        /// Tables over IPv4 (the trie) and IPv6 (one map per length) destinations answer
+        /// what a scan for the longest covering prefix answers, for packets as parsed.
+        #[test]
+        fn tables_find_the_longest_prefix_of_packets(
+            v6 in any::<bool>(),
+            prefixes in proptest::collection::vec((0u128..8, 0u8..=8), 0..30),
+            probes in proptest::collection::vec(0u128..8, 1..20),
+        ) {
+            use crate::engine::field::PacketState;
+            use crate::engine::parse::{self, TunnelPorts};
+            use crate::ir::{FieldId, ValueKind};
+            let (id, kind) = if v6 {
+                (FieldId::Ipv6Dst, ValueKind::Ipv6)
+            } else {
+                (FieldId::Ipv4Dst, ValueKind::Ipv4)
+            };
+            // Addresses of a small pool, so prefixes of eighths of the width nest.
+            let address = |a: u128| if v6 {
+                0x2001_0db8_u128 << 96 | a << 93 | a << 64 | a
+            } else {
+                0x0a00_0000 | a << 21 | a << 8 | a
+            };
+            let prefixes: Vec<(u128, u8)> = prefixes
+                .into_iter()
+                .map(|(a, step)| (address(a), (u16::from(step) * u16::from(kind.bits()) / 8) as u8))
+                .collect();
+            let table = LpmTable::new(Field { id, inner: false }, prefixes.iter().copied());
+            prop_assert_eq!(matches!(table.index, Index::Trie(_)), !v6);
+            let state = PacketState::default();
+            for a in probes {
+                let frame = crate::wire::testing::frame(v6, address(1), address(a), 17, 1, 2, 0, 0);
+                let meta = parse::parse(&frame, &TunnelPorts::default()).expect("well-formed frame");
+                let view = PacketView { frame: &frame, meta: &meta, state: &state };
+                let want = prefixes
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &(p, len))| Pattern::prefix(p, len, kind).matches(address(a)))
+                    .max_by_key(|&(i, &(_, len))| (len, i))
+                    .map(|(i, _)| i);
+                prop_assert_eq!(table.lookup(&view), want);
+            }
+        }
+
+        /// The trie answers what a scan for the longest covering prefix answers, for
+        /// fields of every width up to 32 bits, prefixes clustered so they nest.
+        #[test]
+        fn trie_finds_the_longest_prefix(
+            bits in 1u32..=32,
+            prefixes in proptest::collection::vec((0u32..64, any::<u32>(), 0u8..=33), 0..60),
+            probes in proptest::collection::vec((0u32..64, any::<u32>()), 1..60),
+        ) {
+            let field = u32::MAX >> (32 - bits);
+            // The top six bits pick one of 64 clusters; the rest vary freely.
+            let spread = |top: u32, low: u32| {
+                ((top << 26) | (low >> 6)) >> (32 - bits) & field
+            };
+            let prefixes: Vec<(u32, u8)> = prefixes
+                .into_iter()
+                .map(|(top, low, len)| (spread(top, low), len))
+                .collect();
+            let t = trie(&prefixes, bits);
+            for (top, low) in probes {
+                let v = spread(top, low);
+                prop_assert_eq!(t.lookup(v), longest(&prefixes, bits, v), "value {:#x}", v);
+            }
+            for &(p, _) in &prefixes {
+                prop_assert_eq!(t.lookup(p), longest(&prefixes, bits, p), "prefix {:#x}", p);
+            }
+        }
+    }
+}
