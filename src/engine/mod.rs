@@ -202,7 +202,7 @@ pub struct Engine {
     root_entries: Box<[Option<Option<usize>>]>,
     pipes: Vec<CompiledPipe>,
     roots: Vec<Option<PipeId>>,
-    /// Root pipes on rule trees or large exact tables whose lookup reads nothing the
+    /// Root pipes on rule trees or large exact or LPM tables whose lookup reads nothing the
     /// pipeline sets (`ct.state`): the keys of a part's packets are looked up together.
     batch_roots: Vec<PipeId>,
     /// The state a packet arriving on each port starts with.
@@ -335,7 +335,7 @@ impl Engine {
                 let batches = match &cp.body {
                     Body::Rules(c) => c.batches(),
                     Body::Exact(t) => t.batches(),
-                    Body::Lpm(_) => false,
+                    Body::Lpm(t) => t.batches(),
                 };
                 batches && !cp.reads_ct
             })
@@ -571,7 +571,7 @@ impl Engine {
             match &cp.body {
                 Body::Rules(c) => c.classify_batch(&views[..n], &mut found[..n]),
                 Body::Exact(t) => t.lookup_batch(&views[..n], &mut found[..n]),
-                Body::Lpm(_) => unreachable!("LPM roots are not classified in batches"),
+                Body::Lpm(t) => t.lookup_batch(&views[..n], &mut found[..n]),
             }
             for (&i, &e) in idx[..n].iter().zip(&found[..n]) {
                 self.root_entries[i] = Some(e);
