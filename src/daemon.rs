@@ -16,7 +16,7 @@
 //! written, outputs are flushed, and the process exits 0.
 
 use crate::engine::parse::{self, TunnelPorts};
-use crate::engine::{Engine, NoObserver, PacketBuf, Verdict, DEFAULT_MAX_FRAME};
+use crate::engine::{Compiled, Engine, NoObserver, PacketBuf, Verdict, DEFAULT_MAX_FRAME};
 use crate::io::pcap::{CaptureError, CaptureWriter};
 use crate::ir::{PortId, Program};
 use crate::replay::{Bindings, Merged, Merger};
@@ -93,6 +93,8 @@ struct Processed {
 
 struct Shared {
     program: Program,
+    /// The program compiled once, run by every worker's engine.
+    code: Arc<Compiled>,
     info: Info,
     snapshots: Vec<Mutex<Snapshot>>,
     workers_up: AtomicUsize,
@@ -146,6 +148,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             .collect(),
         workers_up: AtomicUsize::new(0),
         workers,
+        code: Arc::new(Compiled::new(&program)),
         program,
     });
     // Open everything before any thread starts, so a bad file fails the command at once.
@@ -478,7 +481,7 @@ fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
     // Buffers for mirror copies: they travel to the I/O thread and come back, so after the
     // first copies none is allocated.
     let mut spare: Vec<PacketBuf> = Vec::new();
-    let mut engine = Engine::new(&shared.program);
+    let mut engine = Engine::sharing(Arc::clone(&shared.code));
     let t = &shared.program.telemetry;
     if flows.is_some() {
         engine.enable_flows(FLOW_CAPACITY, t.active_timeout, t.idle_timeout);

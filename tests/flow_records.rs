@@ -287,3 +287,37 @@ fn many_flows_are_counted_exactly() {
     let want: BTreeMap<Tuple, (u64, u64)> = (0..FLOWS).map(|i| (tuple(i), (2, 2 * 38))).collect();
     assert_eq!(got, want);
 }
+
+/// Engines sharing one compiled program, as the service's workers do, keep their own
+/// connections and counters: the reply to a connection one of them saw open passes there
+/// and is dropped by the other.
+#[test]
+fn engines_sharing_compiled_code_keep_their_own_state() {
+    use dpuflow::engine::{Compiled, Verdict};
+    use std::sync::Arc;
+    let checked =
+        dpuflow::lang::check_file(Path::new("pipelines/stateful-firewall.pipe")).expect("read");
+    let program = checked.program.expect("valid pipeline");
+    let code = Arc::new(Compiled::new(&program));
+    let (mut a, mut b) = (Engine::sharing(Arc::clone(&code)), Engine::sharing(code));
+    let send = |engine: &mut Engine, port: PortId, f: &[u8]| {
+        let mut pkt = PacketBuf::new(512);
+        assert!(pkt.load(f, port, 1_000_000_000));
+        engine.process(std::slice::from_mut(&mut pkt), &mut NoObserver);
+        pkt.verdict
+    };
+    let t = conversation(0);
+    let reply = (t.1, t.0, t.3, t.2, t.4);
+    assert!(matches!(
+        send(&mut a, INSIDE, &frame(t, 0x02, 0).0),
+        Verdict::Forward(_)
+    ));
+    let synack = frame(reply, 0x12, 0).0;
+    assert!(matches!(
+        send(&mut a, OUTSIDE, &synack),
+        Verdict::Forward(_)
+    ));
+    assert!(matches!(send(&mut b, OUTSIDE, &synack), Verdict::Drop(_)));
+    assert_eq!(a.stats().ports[INSIDE.index()].rx.packets, 1);
+    assert_eq!(b.stats().ports[INSIDE.index()].rx.packets, 0);
+}

@@ -26,6 +26,7 @@ use field::PacketState;
 use lpm::LpmTable;
 use meter::MeterState;
 use parse::{Meta, TunnelPorts};
+use std::sync::Arc;
 use table::{ExactTable, LinearScan, PacketView, RuleClassifier, TREE_MIN_RULES};
 
 macro_rules! drop_reasons {
@@ -200,6 +201,15 @@ pub struct Engine {
     flow_probes: Box<[FlowProbe; STAGE]>,
     /// Each staged packet's entry in its root pipe, when classified with the batch.
     root_entries: Box<[Option<Option<usize>>]>,
+    code: Arc<Compiled>,
+    rt: Runtime,
+}
+
+/// A program compiled for the engine: pipes, their tables and action lists, encapsulation
+/// templates. Nothing in it changes while packets run, so the workers of a service share
+/// one: a large table is built once and held once, not once per worker.
+#[derive(Debug)]
+pub struct Compiled {
     pipes: Vec<CompiledPipe>,
     roots: Vec<Option<PipeId>>,
     /// Root pipes on rule trees or large exact or LPM tables whose lookup reads nothing the
@@ -209,7 +219,21 @@ pub struct Engine {
     port_states: Box<[PacketState]>,
     encaps: Vec<EncapTemplate>,
     tunnels: TunnelPorts,
-    rt: Runtime,
+    /// What each engine's own state starts from.
+    fresh: Fresh,
+}
+
+/// The program's settings an engine's [`Runtime`] is made from.
+#[derive(Debug)]
+struct Fresh {
+    mtus: Vec<u16>,
+    meters: Vec<MeterState>,
+    /// Zeroed counters of the right shape.
+    stats: Stats,
+    /// Some action mirrors (the engine keeps buffers for the copies).
+    mirrors: bool,
+    /// Connection table capacity and timeouts, when the program tracks connections.
+    conntrack: Option<(usize, ir::CtTimeouts)>,
 }
 
 /// The mutable state actions touch.
@@ -226,8 +250,8 @@ struct Runtime {
     flows: Option<FlowCache>,
 }
 
-impl Engine {
-    pub fn new(p: &ir::Program) -> Engine {
+impl Compiled {
+    pub fn new(p: &ir::Program) -> Compiled {
         let mut encaps = Vec::new();
         let mut tunnels = TunnelPorts::default();
         let mut compile_list = |list: &ActionList| -> Box<[Op]> {
@@ -311,18 +335,12 @@ impl Engine {
             meters: vec![[0; 3]; p.meters.len()],
             services: vec![Counter::default(); p.services.len()],
         };
-        let mirrors = if p.pipes.iter().any(|pp| {
+        let mirrors = p.pipes.iter().any(|pp| {
             pp.body
                 .action_lists()
                 .chain([&pp.miss])
                 .any(|l| l.0.iter().any(|a| matches!(a, Action::Mirror(_))))
-        }) {
-            (0..MIRROR_POOL)
-                .map(|_| PacketBuf::new(DEFAULT_MAX_FRAME))
-                .collect()
-        } else {
-            Vec::new()
-        };
+        });
         let roots: Vec<Option<PipeId>> = (0..p.ports.len())
             .map(|i| p.root_of(PortId(i as u16)))
             .collect();
@@ -342,11 +360,9 @@ impl Engine {
             .collect();
         batch_roots.sort_unstable_by_key(|r| r.index());
         batch_roots.dedup();
-        Engine {
-            metas: vec![Err(DropReason::NoPipe); STAGE].into_boxed_slice(),
-            ct_hints: vec![None; STAGE].into_boxed_slice(),
-            flow_probes: Box::new([FlowProbe::default(); STAGE]),
-            root_entries: vec![None; STAGE].into_boxed_slice(),
+        Compiled {
+            pipes,
+            roots,
             batch_roots,
             port_states: (0..p.ports.len())
                 .map(|i| PacketState {
@@ -354,24 +370,59 @@ impl Engine {
                     ..PacketState::default()
                 })
                 .collect(),
-            pipes,
-            roots,
             encaps,
             tunnels,
-            rt: Runtime {
+            fresh: Fresh {
                 mtus: p.ports.iter().map(|port| port.mtu).collect(),
                 meters: p.meters.iter().map(MeterState::new).collect(),
                 stats,
                 mirrors,
-                mirrored: 0,
-                ct: p.conntrack.as_ref().map(|c| {
-                    Conntrack::new(
+                conntrack: p.conntrack.as_ref().map(|c| {
+                    (
                         usize::try_from(c.capacity).unwrap_or(usize::MAX),
                         c.timeouts.clone(),
                     )
                 }),
-                flows: None,
             },
+        }
+    }
+}
+
+impl Engine {
+    /// An engine for `p`, compiled for it alone.
+    pub fn new(p: &ir::Program) -> Engine {
+        Engine::sharing(Arc::new(Compiled::new(p)))
+    }
+
+    /// An engine running compiled code other engines may run too, with state of its own
+    /// (counters, meters, connections, flows).
+    pub fn sharing(code: Arc<Compiled>) -> Engine {
+        let f = &code.fresh;
+        let rt = Runtime {
+            mtus: f.mtus.clone(),
+            meters: f.meters.clone(),
+            stats: f.stats.clone(),
+            mirrors: if f.mirrors {
+                (0..MIRROR_POOL)
+                    .map(|_| PacketBuf::new(DEFAULT_MAX_FRAME))
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            mirrored: 0,
+            ct: f
+                .conntrack
+                .as_ref()
+                .map(|(capacity, timeouts)| Conntrack::new(*capacity, timeouts.clone())),
+            flows: None,
+        };
+        Engine {
+            metas: vec![Err(DropReason::NoPipe); STAGE].into_boxed_slice(),
+            ct_hints: vec![None; STAGE].into_boxed_slice(),
+            flow_probes: Box::new([FlowProbe::default(); STAGE]),
+            root_entries: vec![None; STAGE].into_boxed_slice(),
+            code,
+            rt,
         }
     }
 
@@ -465,7 +516,7 @@ impl Engine {
             // Parsed straight into its slot: a temporary copied in would stall on store
             // forwarding.
             let staged = &mut self.metas[i];
-            *staged = parse::parse(frame, &self.tunnels);
+            *staged = parse::parse(frame, &self.code.tunnels);
             let meta = staged.as_ref().ok();
             let mut reports = false;
             if let Some(ct) = &self.rt.ct {
@@ -542,21 +593,21 @@ impl Engine {
     /// keys taken as they arrived (the state a root pipe sees), into `root_entries`.
     fn classify_roots(&mut self, batch: &[PacketBuf]) {
         self.root_entries[..batch.len()].fill(None);
-        for &root in &self.batch_roots {
-            let cp = &self.pipes[root.index()];
+        for &root in &self.code.batch_roots {
+            let cp = &self.code.pipes[root.index()];
             let counters = &self.rt.stats.entries[root.index()];
             let view = |i: usize| {
                 let pkt = &batch[i];
                 self.metas[i].as_ref().ok().map(|meta| PacketView {
                     frame: pkt.data(),
                     meta,
-                    state: &self.port_states[pkt.port.index()],
+                    state: &self.code.port_states[pkt.port.index()],
                 })
             };
             let mut waiting = batch
                 .iter()
                 .enumerate()
-                .filter(|(_, pkt)| self.roots[pkt.port.index()] == Some(root))
+                .filter(|(_, pkt)| self.code.roots[pkt.port.index()] == Some(root))
                 .filter_map(|(i, _)| view(i).map(|v| (i, v)));
             let Some((i, first)) = waiting.next() else {
                 continue;
@@ -592,8 +643,9 @@ impl Engine {
     }
 
     fn run<O: Observer>(&mut self, pkt: &mut PacketBuf, staged_at: usize, obs: &mut O) -> Verdict {
+        let code = &*self.code;
         self.rt.stats.ports[pkt.port.index()].rx.add(pkt.len());
-        let Some(mut pipe) = self.roots[pkt.port.index()] else {
+        let Some(mut pipe) = code.roots[pkt.port.index()] else {
             return Verdict::Drop(DropReason::NoPipe);
         };
         let mut meta = match &self.metas[staged_at] {
@@ -603,13 +655,13 @@ impl Engine {
         let mut ct_hint = self.ct_hints[staged_at].as_ref();
         // The root pipe's entry, when the batch was classified together.
         let mut root_entry = self.root_entries[staged_at];
-        let mut state = self.port_states[pkt.port.index()];
+        let mut state = code.port_states[pkt.port.index()];
         // The packet's conntrack lookup (zone, result), done when first needed.
         let mut ct: Option<(u16, Lookup)> = None;
         // The pipe graph is acyclic, so a walk visits each pipe at most once.
-        for _ in 0..self.pipes.len() {
+        for _ in 0..code.pipes.len() {
             obs.pipe(pipe);
-            let cp = &self.pipes[pipe.index()];
+            let cp = &code.pipes[pipe.index()];
             if cp.reads_ct && ct.is_none() {
                 if let Some(table) = &mut self.rt.ct {
                     let l = table.lookup(pkt.data(), &meta, 0, pkt.ts_ns, ct_hint);
@@ -639,7 +691,7 @@ impl Engine {
             for (i, op) in ops.iter().enumerate() {
                 obs.action(pipe, entry, i);
                 if stale && needs_meta(op) {
-                    meta = match parse::parse(pkt.data(), &self.tunnels) {
+                    meta = match parse::parse(pkt.data(), &code.tunnels) {
                         Ok(m) => m,
                         Err(r) => return Verdict::Drop(r),
                     };
@@ -649,7 +701,7 @@ impl Engine {
                     Op::Encap(t) => {
                         stale = true;
                         let hash = parse::flow_hash(pkt.data(), &meta.outer);
-                        self.encaps[*t].apply(pkt, hash).map(|()| None)
+                        code.encaps[*t].apply(pkt, hash).map(|()| None)
                     }
                     Op::Ir(a) => exec(
                         a,
@@ -672,7 +724,7 @@ impl Engine {
                     Ok(Some(Next::Goto(p))) => {
                         pipe = p;
                         if stale {
-                            meta = match parse::parse(pkt.data(), &self.tunnels) {
+                            meta = match parse::parse(pkt.data(), &code.tunnels) {
                                 Ok(m) => m,
                                 Err(r) => return Verdict::Drop(r),
                             };

@@ -37,7 +37,7 @@ impl PacketView<'_> {
 
 /// Ordered rules, first match wins. The scan below is the reference implementation; a
 /// faster classifier can replace it behind this trait.
-pub trait RuleClassifier: std::fmt::Debug + Send {
+pub trait RuleClassifier: std::fmt::Debug + Send + Sync {
     /// Index of the first rule that matches, if any.
     fn classify(&self, pkt: &PacketView<'_>) -> Option<usize>;
 
