@@ -366,6 +366,11 @@ fn io(
                 .unwrap_or_else(|| Vec::with_capacity(batch));
             let full = std::mem::replace(&mut current[w], empty);
             workers_gone = !send(&to_workers[w], full, &done, &mut out)?;
+            // Whatever the workers have finished is written now, not when its buffers are
+            // next needed: outputs keep up, and fewer buffers circulate.
+            while let Ok(p) = done.try_recv() {
+                out.write(p)?;
+            }
         }
         if let Some(pps) = reading.rate {
             let due = Duration::from_secs_f64(read as f64 / pps as f64);
