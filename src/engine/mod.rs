@@ -189,7 +189,7 @@ pub const STAGE: usize = 32;
 // A part's packets are a bit each in a u32 (the packets the flow cache counts).
 const _: () = assert!(STAGE <= 32);
 
-/// A compiled pipeline and its per-worker state.
+/// One worker's engine: a compiled program, which engines may share, and its own state.
 #[derive(Debug)]
 pub struct Engine {
     /// Parse results of the current batch, when it is staged.
