@@ -557,13 +557,12 @@ impl Engine {
             // A packet a connection counted for the flow records is not the flow cache's;
             // one expected to be, but that no connection took, is.
             if let (Some(ct), Some(flows)) = (&mut self.rt.ct, &self.rt.flows) {
-                if let Some(counted) = ct.take_counted() {
-                    let (out, denied) = fate(v);
-                    ct.note_fate(counted, out, denied);
-                } else if let Some(h) = self.ct_hints[i].as_ref().filter(|h| h.reports()) {
-                    let (key, tcp_flags) = h.arrival_flow();
-                    self.flow_probes[i] = flows.probe_key(&key, tcp_flags);
-                    flow_staged |= 1 << i;
+                if !ct.note_fate(|| fate(v)) {
+                    if let Some(h) = self.ct_hints[i].as_ref().filter(|h| h.reports()) {
+                        let (key, tcp_flags) = h.arrival_flow();
+                        self.flow_probes[i] = flows.probe_key(&key, tcp_flags);
+                        flow_staged |= 1 << i;
+                    }
                 }
             }
         }

@@ -317,17 +317,9 @@ pub struct Conntrack {
     pub stats: CtStats,
     /// Set while connections are the source of flow records.
     export: Option<Export>,
-    /// The slot and direction that counted the current packet, for [`Conntrack::take_counted`].
+    /// The slot and direction that counted the current packet, for [`Conntrack::note_fate`].
     counted: Option<(usize, usize)>,
     /// An entry was removed (others may have moved) since `counted` was set.
-    moved: bool,
-}
-
-/// The connection direction that counted a packet (from [`Conntrack::take_counted`]).
-#[derive(Debug, Clone, Copy)]
-pub struct Counted {
-    slot: usize,
-    dir: usize,
     moved: bool,
 }
 
@@ -427,39 +419,34 @@ impl Conntrack {
     }
 
     /// Counts the current packet into direction `dir` of the connection in `slot`, for the
-    /// flow records, and notes that it did for [`Conntrack::take_counted`].
+    /// flow records, and notes that it did for [`Conntrack::note_fate`].
     fn count_in(&mut self, slot: usize, dir: usize, bytes: u64, tcp_flags: u8, in_port: u8) {
         self.slots[slot].count(dir, bytes, tcp_flags, in_port);
         self.counted = Some((slot, dir));
         self.moved = false;
     }
 
-    /// Once the packet's walk has ended: the connection direction that counted it for the
-    /// flow records, if one did (the packet then needs no other record), for
-    /// [`Conntrack::note_fate`].
-    pub fn take_counted(&mut self) -> Option<Counted> {
-        self.counted.take().map(|(slot, dir)| Counted {
-            slot,
-            dir,
-            moved: self.moved,
-        })
-    }
-
-    /// Notes where the packet went (`out_port`) or that it was dropped in the connection
-    /// that counted it.
-    pub fn note_fate(&mut self, c: Counted, out_port: Option<u16>, denied: bool) {
-        if c.moved {
-            // A removal during the packet's walk may have shifted the entry: the fate of
-            // this one packet goes unnoted.
-            return;
+    /// Once the packet's walk has ended: notes its fate — the port it went out of, or
+    /// that it was dropped, from `fate` — in the connection direction that counted it for
+    /// the flow records. False when no connection counted it (the packet then needs a
+    /// record of its own).
+    #[inline]
+    pub fn note_fate(&mut self, fate: impl FnOnce() -> (Option<u16>, bool)) -> bool {
+        let Some((slot, dir)) = self.counted.take() else {
+            return false;
+        };
+        // A removal during the packet's walk may have shifted the entry: the fate of this
+        // one packet goes unnoted.
+        if let Some(e) = self.slots.get_mut(slot).filter(|_| !self.moved) {
+            let (out_port, denied) = fate();
+            if denied {
+                e.flags |= DENIED << dir;
+            }
+            if let Some(p) = out_port {
+                e.out_port[dir] = u8::try_from(p).unwrap_or(NO_PORT);
+            }
         }
-        let e = &mut self.slots[c.slot];
-        if denied {
-            e.flags |= DENIED << c.dir;
-        }
-        if let Some(p) = out_port {
-            e.out_port[c.dir] = u8::try_from(p).unwrap_or(NO_PORT);
-        }
+        true
     }
 
     pub fn len(&self) -> usize {
@@ -1315,9 +1302,7 @@ mod tests {
         if let Some(p) = l.pending {
             assert!(ct.commit(&p, now));
         }
-        ct.take_counted()
-            .map(|c| ct.note_fate(c, Some(out), false))
-            .is_some()
+        ct.note_fate(|| (Some(out), false))
     }
 
     /// With export on, a TCP connection reports each direction's packets, bytes, flags and
@@ -1391,7 +1376,7 @@ mod tests {
         let meta = crate::engine::parse::parse(&f, &Default::default()).expect("valid frame");
         ct.lookup(&f, &meta, 0, 2, None);
         assert!(
-            ct.take_counted().is_none(),
+            !ct.note_fate(|| (Some(1), false)),
             "no probe: the tuple was rewritten"
         );
         assert!(pass(&mut ct, &f, 0, 3, 1));
