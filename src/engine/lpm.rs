@@ -9,8 +9,10 @@
 //! three dependent loads, however many prefix lengths the table has; one hash probe per
 //! length, longest first, took nine for a /24 among the lengths of an Internet table.
 //!
-//! Wider fields (IPv6) keep one hash map per prefix length: a trie over 128 bits in 8-bit
-//! steps would take kilobytes a route.
+//! Wider fields (IPv6) keep one hash map per prefix length, probed longest first: a trie
+//! over 128 bits in 8-bit steps would take kilobytes a route, and a binary search on the
+//! lengths was slower on an Internet-shaped table, where most lookups end three lengths
+//! from the top (docs/benchmarks.md).
 
 use super::field;
 use super::prefetch::prefetch;
