@@ -64,9 +64,11 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 
     /// Part of a fragmented datagram: only the first fragment carries the L4 header, and
-    /// even it is not treated as a whole L4 packet.
+    /// even it is not treated as a whole L4 packet. More-fragments set or an offset
+    /// (RFC 791 §3.1): one test of the flags-and-offset word, inlined into the parser.
+    #[inline]
     pub fn is_fragment(&self) -> bool {
-        self.more_frags() || self.frag_offset() != 0
+        be16(self.buffer.as_ref(), 6) & 0x3fff != 0
     }
 
     pub fn ttl(&self) -> u8 {
@@ -240,7 +242,34 @@ mod tests {
         assert_eq!((p.ttl(), p.dscp()), (63, 46));
     }
 
+    #[test]
+    fn fragments_by_flag_or_offset() {
+        let with = |flags_offset: u16| {
+            let mut buf = [0u8; 20];
+            buf[0] = 0x45;
+            buf[2..4].copy_from_slice(&20u16.to_be_bytes());
+            buf[6..8].copy_from_slice(&flags_offset.to_be_bytes());
+            Packet::new_checked(buf).expect("header").is_fragment()
+        };
+        assert!(!with(0), "whole datagram");
+        assert!(!with(0x4000), "don't fragment alone");
+        assert!(with(0x2000), "first fragment: more to come");
+        assert!(with(0x0001), "a later fragment (offset 8)");
+        assert!(with(0x1fff), "the last fragment at the largest offset");
+    }
+
     proptest! {
+        /// The one-word fragment test agrees with the flag and the offset read apart.
+        #[test]
+        fn fragment_test_agrees_with_flag_and_offset(flags_offset in any::<u16>()) {
+            let mut buf = [0u8; 20];
+            buf[0] = 0x45;
+            buf[2..4].copy_from_slice(&20u16.to_be_bytes());
+            buf[6..8].copy_from_slice(&flags_offset.to_be_bytes());
+            let p = Packet::new_checked(buf).expect("header");
+            prop_assert_eq!(p.is_fragment(), p.more_frags() || p.frag_offset() != 0);
+        }
+
         #[test]
         fn accessors_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..80)) {
             if let Ok(p) = Packet::new_checked(&bytes[..]) {
