@@ -18,7 +18,7 @@
 use crate::engine::parse::{self, TunnelPorts};
 use crate::engine::{Compiled, Engine, NoObserver, PacketBuf, Verdict, DEFAULT_MAX_FRAME};
 use crate::io::pcap::{CaptureError, CaptureWriter};
-use crate::ir::{PortId, Program};
+use crate::ir::Program;
 use crate::replay::{Bindings, Merged, Merger};
 use crate::telemetry::flows::FlowRecord;
 use crate::telemetry::http::{self, Handler};
@@ -215,12 +215,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     drop(flows_tx);
     let io = {
         let stop = Arc::clone(&stop);
-        let reading = Reading {
-            inputs: opts.bindings.inputs.clone(),
-            looping: opts.looping,
-            rate: opts.rate,
-            batch: opts.batch.max(1),
-        };
+        let opts = opts.clone();
         let ends = IoEnds {
             to_workers,
             done: done_rx,
@@ -228,7 +223,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         };
         std::thread::Builder::new()
             .name("io".into())
-            .spawn(move || io(merger, &reading, writers, ends, &stop))
+            .spawn(move || io(merger, &opts, writers, ends, &stop))
             .map_err(|e| RunError::Thread(e.to_string()))?
     };
 
@@ -270,17 +265,6 @@ fn pick(pkt: &PacketBuf, tunnels: &TunnelPorts, workers: usize) -> usize {
     }
 }
 
-/// How the I/O thread reads.
-struct Reading {
-    inputs: Vec<(PortId, std::path::PathBuf)>,
-    /// Read the inputs again and again.
-    looping: bool,
-    /// Packets per second at most.
-    rate: Option<u64>,
-    /// Packets per batch.
-    batch: usize,
-}
-
 /// The I/O thread's ends of the channels.
 struct IoEnds {
     to_workers: Vec<Sender<Vec<PacketBuf>>>,
@@ -291,12 +275,12 @@ struct IoEnds {
 }
 
 /// The I/O thread: reads the inputs into batches for the workers until they end (or, with
-/// `looping`, until `stop`), writing the batches the workers send back as they come; then
+/// `--loop`, until `stop`), writing the batches the workers send back as they come; then
 /// writes the rest and flushes the outputs. Returns the packets read and those forwarded to
 /// a port without an output.
 fn io(
     mut merger: Merger,
-    reading: &Reading,
+    opts: &Options,
     writers: Vec<Option<CaptureWriter>>,
     ends: IoEnds,
     stop: &AtomicBool,
@@ -314,7 +298,7 @@ fn io(
         spares_back,
     };
     let tunnels = TunnelPorts::default();
-    let (n, batch) = (to_workers.len(), reading.batch);
+    let (n, batch) = (to_workers.len(), opts.batch.max(1));
     // Buffers made so far, and the most there may be: beyond it, a packet waits for a
     // processed batch's buffers (see `batches_in_flight`).
     let (mut made, limit) = (0usize, batches_in_flight(n) * batch);
@@ -325,11 +309,11 @@ fn io(
     let mut workers_gone = false;
     while !stop.load(Ordering::Relaxed) && !workers_gone {
         match merger.next(&mut slot)? {
-            None if reading.looping && read > 0 => {
+            None if opts.looping && read > 0 => {
                 // Again from the start, later in time by the length of one pass.
                 offset += last.saturating_sub(first.unwrap_or(last)) + 1_000_000;
                 first = None;
-                merger = Merger::open(&reading.inputs)?;
+                merger = Merger::open(&opts.bindings.inputs)?;
                 continue;
             }
             None => break,
@@ -372,7 +356,7 @@ fn io(
                 out.write(p)?;
             }
         }
-        if let Some(pps) = reading.rate {
+        if let Some(pps) = opts.rate {
             let due = Duration::from_secs_f64(read as f64 / pps as f64);
             if let Some(wait) = due.checked_sub(start.elapsed()) {
                 std::thread::sleep(wait);
@@ -403,12 +387,13 @@ fn send(
     done: &Receiver<Processed>,
     out: &mut Outputs,
 ) -> Result<bool, CaptureError> {
-    let mut batch = match to.try_send(batch) {
-        Ok(()) => return Ok(true),
-        Err(TrySendError::Disconnected(_)) => return Ok(false),
-        Err(TrySendError::Full(b)) => b,
-    };
+    let mut batch = batch;
     loop {
+        match to.try_send(batch) {
+            Ok(()) => return Ok(true),
+            Err(TrySendError::Disconnected(_)) => return Ok(false),
+            Err(TrySendError::Full(b)) => batch = b,
+        }
         let mut sel = Select::new();
         let (sending, receiving) = (sel.send(to), sel.recv(done));
         let op = sel.select();
@@ -421,11 +406,6 @@ fn send(
             },
             _ => unreachable!("two operations were selected from"),
         }
-        batch = match to.try_send(batch) {
-            Ok(()) => return Ok(true),
-            Err(TrySendError::Disconnected(_)) => return Ok(false),
-            Err(TrySendError::Full(b)) => b,
-        };
     }
 }
 

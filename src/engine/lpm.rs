@@ -157,81 +157,81 @@ impl Trie {
         }
     }
 
+    /// `value` with its top bit at bit 31.
+    #[inline(always)]
+    fn key(&self, value: u32) -> u32 {
+        value.checked_shl(self.align).unwrap_or(0)
+    }
+
+    /// The root slot of `key`.
+    #[inline(always)]
+    fn root_slot(key: u32) -> usize {
+        (key >> (32 - ROOT_BITS)) as usize
+    }
+
+    /// The slot of `key` in a node at `depth` bits (the bits after the first `depth`).
+    #[inline(always)]
+    fn node_slot(key: u32, depth: u32) -> usize {
+        ((key >> (32 - depth - STEP_BITS)) as usize) & (STEP_SLOTS - 1)
+    }
+
     /// Adds a prefix (`value` with its host bits clear) of `len` bits for `entry`. Prefixes
     /// come shortest first: then the slots a prefix covers at its own depth never have a
     /// node under them (a node is made only for a longer prefix).
     fn insert(&mut self, value: u32, len: u32, entry: usize) {
-        let key = value.checked_shl(self.align).unwrap_or(0);
+        let key = self.key(value);
         let answer = u32::try_from(entry + 1).expect("fewer than 2^31 entries");
+        let at = Trie::root_slot(key);
         if len <= ROOT_BITS {
-            let first = (key >> (32 - ROOT_BITS)) as usize;
-            self.root[first..first + (1 << (ROOT_BITS - len))].fill(answer);
+            self.root[at..at + (1 << (ROOT_BITS - len))].fill(answer);
             return;
         }
-        let at = (key >> (32 - ROOT_BITS)) as usize;
-        let mut node = self.node_under_root(at);
+        let mut node = self.node_for(self.root[at]);
+        self.root[at] = NODE | node as u32;
         let mut depth = ROOT_BITS;
         loop {
-            let slot = ((key >> (32 - depth - STEP_BITS)) as usize) & (STEP_SLOTS - 1);
+            let slot = Trie::node_slot(key, depth);
             if len <= depth + STEP_BITS {
                 let n = 1 << (depth + STEP_BITS - len);
                 self.nodes[node][slot..slot + n].fill(answer);
                 return;
             }
-            node = self.node_under(node, slot);
+            let under = self.node_for(self.nodes[node][slot]);
+            self.nodes[node][slot] = NODE | under as u32;
+            node = under;
             depth += STEP_BITS;
         }
     }
 
-    /// The node under root slot `at`, made (holding the slot's answer) if there is none.
-    fn node_under_root(&mut self, at: usize) -> usize {
-        let s = self.root[at];
+    /// The node a slot holding `s` names, or a new one holding `s`'s answer in all its
+    /// slots (the caller makes the slot name it).
+    fn node_for(&mut self, s: u32) -> usize {
         if s & NODE != 0 {
             return (s & !NODE) as usize;
         }
-        let n = self.new_node(s);
-        self.root[at] = NODE | n as u32;
-        n
-    }
-
-    /// The node under slot `at` of `node`, made likewise.
-    fn node_under(&mut self, node: usize, at: usize) -> usize {
-        let s = self.nodes[node][at];
-        if s & NODE != 0 {
-            return (s & !NODE) as usize;
-        }
-        let n = self.new_node(s);
-        self.nodes[node][at] = NODE | n as u32;
-        n
-    }
-
-    fn new_node(&mut self, answer: u32) -> usize {
-        self.nodes.push([answer; STEP_SLOTS]);
+        self.nodes.push([s; STEP_SLOTS]);
         self.nodes.len() - 1
     }
 
     /// Starts loading the line of the node under `value`'s root slot, if there is one.
     #[inline]
     fn prefetch(&self, value: u32) {
-        let key = value.checked_shl(self.align).unwrap_or(0);
-        let s = self.root[(key >> (32 - ROOT_BITS)) as usize];
+        let key = self.key(value);
+        let s = self.root[Trie::root_slot(key)];
         if s & NODE != 0 {
             if let Some(node) = self.nodes.get((s & !NODE) as usize) {
-                prefetch(
-                    &node[((key >> (32 - ROOT_BITS - STEP_BITS)) as usize) & (STEP_SLOTS - 1)],
-                );
+                prefetch(&node[Trie::node_slot(key, ROOT_BITS)]);
             }
         }
     }
 
     #[inline(always)]
     fn lookup(&self, value: u32) -> Option<usize> {
-        let key = value.checked_shl(self.align).unwrap_or(0);
-        let mut s = self.root[(key >> (32 - ROOT_BITS)) as usize];
+        let key = self.key(value);
+        let mut s = self.root[Trie::root_slot(key)];
         let mut depth = ROOT_BITS;
         while s & NODE != 0 && depth < 32 {
-            let slot = ((key >> (32 - depth - STEP_BITS)) as usize) & (STEP_SLOTS - 1);
-            s = self.nodes.get((s & !NODE) as usize)?[slot];
+            s = self.nodes.get((s & !NODE) as usize)?[Trie::node_slot(key, depth)];
             depth += STEP_BITS;
         }
         s.checked_sub(1).map(|e| e as usize)
@@ -309,7 +309,7 @@ mod tests {
     #[test]
     fn batched_lookups_agree_with_single_ones() {
         use crate::engine::field::PacketState;
-        use crate::engine::parse::{self, TunnelPorts};
+        use crate::engine::table::testing;
         use crate::ir::FieldId;
         let route = |i: u128| (0x0a00_0000 + (i << 16) + (i % 7) * 256, 24);
         let mut routes: Vec<(u128, u8)> = (0..2000).map(route).collect();
@@ -329,20 +329,9 @@ mod tests {
                 crate::wire::testing::frame(false, 0x0b00_0001, dst, 17, 1, 2, 0, 0)
             })
             .collect();
-        let metas: Vec<_> = frames
-            .iter()
-            .map(|f| parse::parse(f, &TunnelPorts::default()).expect("well-formed frame"))
-            .collect();
+        let metas = testing::parsed(&frames);
         let state = PacketState::default();
-        let views: Vec<PacketView<'_>> = frames
-            .iter()
-            .zip(&metas)
-            .map(|(frame, meta)| PacketView {
-                frame,
-                meta,
-                state: &state,
-            })
-            .collect();
+        let views = testing::views(&frames, &metas, &state);
         let mut batched = vec![None; views.len()];
         table.lookup_batch(&views, &mut batched);
         let single: Vec<Option<usize>> = views.iter().map(|v| table.lookup(v)).collect();

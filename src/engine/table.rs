@@ -35,6 +35,32 @@ impl PacketView<'_> {
     }
 }
 
+/// Test frames parsed, and seen as a classifier sees them.
+#[cfg(test)]
+pub(super) mod testing {
+    use super::{Meta, PacketState, PacketView};
+    use crate::engine::parse::{self, TunnelPorts};
+
+    pub fn parsed(frames: &[Vec<u8>]) -> Vec<Meta> {
+        frames
+            .iter()
+            .map(|f| parse::parse(f, &TunnelPorts::default()).expect("well-formed frame"))
+            .collect()
+    }
+
+    pub fn views<'a>(
+        frames: &'a [Vec<u8>],
+        metas: &'a [Meta],
+        state: &'a PacketState,
+    ) -> Vec<PacketView<'a>> {
+        frames
+            .iter()
+            .zip(metas)
+            .map(|(frame, meta)| PacketView { frame, meta, state })
+            .collect()
+    }
+}
+
 /// Ordered rules, first match wins. The scan below is the reference implementation; a
 /// faster classifier can replace it behind this trait.
 pub trait RuleClassifier: std::fmt::Debug + Send + Sync {
@@ -633,7 +659,6 @@ impl<const N: usize> RuleClassifier for RuleTrees<N> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::parse::{self, TunnelPorts};
     use crate::ir::ActionList;
     use crate::wire::testing::frame as frame_of;
     use proptest::prelude::*;
@@ -783,19 +808,8 @@ mod tests {
             })
             .collect();
         let state = PacketState::default();
-        let metas: Vec<Meta> = frames
-            .iter()
-            .map(|f| parse::parse(f, &TunnelPorts::default()).expect("well-formed frame"))
-            .collect();
-        let views: Vec<PacketView<'_>> = frames
-            .iter()
-            .zip(&metas)
-            .map(|(frame, meta)| PacketView {
-                frame,
-                meta,
-                state: &state,
-            })
-            .collect();
+        let metas = testing::parsed(&frames);
+        let views = testing::views(&frames, &metas, &state);
         let mut batched = vec![None; views.len()];
         table.lookup_batch(&views, &mut batched);
         for (i, (v, b)) in views.iter().zip(&batched).enumerate() {
@@ -817,15 +831,8 @@ mod tests {
             let trees = rule_trees(&rules).expect("every match is ranges or masks");
             let scan = LinearScan::new(&rules);
             let state = PacketState::default();
-            let metas: Vec<Meta> = frames
-                .iter()
-                .map(|f| parse::parse(f, &TunnelPorts::default()).expect("well-formed frame"))
-                .collect();
-            let views: Vec<PacketView> = frames
-                .iter()
-                .zip(&metas)
-                .map(|(f, meta)| PacketView { frame: f, meta, state: &state })
-                .collect();
+            let metas = testing::parsed(&frames);
+            let views = testing::views(&frames, &metas, &state);
             let mut batched = vec![None; views.len()];
             trees.classify_batch(&views, &mut batched);
             for (view, b) in views.iter().zip(batched) {
