@@ -24,12 +24,14 @@ pub struct FlowKey {
     pub vni: Option<u32>,
 }
 
-/// A flow key as the cache keeps it: six words, compared whole. The first holds ports,
-/// protocol, family and ingress port; the second the VNI, with bit 31 telling VNI 0 from no
-/// tunnel (VNIs are 24 bits); then the addresses: an IPv4 source and destination together
-/// in the third word (the rest zero), IPv6 ones in the last four. An IPv4 key is hashed by
-/// its nonzero words only: two multiplies, where six words took four.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// A flow key as the cache keeps it: six words, compared by [`Packed::same`]. The first
+/// holds ports, protocol, family and ingress port; the second the VNI, with bit 31 telling
+/// VNI 0 from no tunnel (VNIs are 24 bits); then the addresses: an IPv4 source and
+/// destination together in the third word (the rest zero in the cache, and never read: a
+/// probe's may be stale), IPv6 ones in the last four. An IPv4 key is hashed by its nonzero
+/// words only: two multiplies, where six words took four. No `==`: it would read the stale
+/// words.
+#[derive(Debug, Clone, Copy, Default)]
 struct Packed([u64; 6]);
 
 const V6_BIT: u64 = 1 << 16;
