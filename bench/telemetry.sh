@@ -5,14 +5,16 @@
 # over the measured seconds. "On" adds IPFIX export (to a UDP sink on 127.0.0.1).
 # Also prints the engine alone (`dpuflow bench` with and without --telemetry).
 # The default pipeline keeps its flows in the flow cache; bench/conntrack.pipe (port a)
-# tracks connections, whose entries then hold the flow records.
-# Usage: bench/telemetry.sh [ROUNDS] [SECONDS] [PIPELINE PORT]
+# tracks connections, whose entries then hold the flow records. With SAMPLING N the flow
+# cache counts one packet in N (`--ipfix-sampling N`).
+# Usage: bench/telemetry.sh [ROUNDS] [SECONDS] [PIPELINE PORT] [SAMPLING]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
 seconds=${2:-10}
 pipe=${3:-pipelines/vxlan-gateway.pipe}
 port=${4:-host}
+sampling=${5:-1}
 cargo build --release -q
 bin=target/release/dpuflow
 dir=$(mktemp -d)
@@ -68,9 +70,9 @@ printf '%-6s %14s %14s %7s %12s %12s %7s\n' round "service off" "service on" rat
     "engine off" "engine on" ratio
 for r in $(seq "$rounds"); do
     off=$(service)
-    on=$(service --ipfix "$ipfix")
+    on=$(service --ipfix "$ipfix" --ipfix-sampling "$sampling")
     eoff=$(engine)
-    eon=$(engine --telemetry)
+    eon=$(engine --telemetry --ipfix-sampling "$sampling")
     printf '%-6s %14s %14s %7.3f %12s %12s %7.3f\n' "$r" "$off" "$on" \
         "$(echo "$on / $off" | bc -l)" "$eoff" "$eon" "$(echo "$eon / $eoff" | bc -l)"
 done

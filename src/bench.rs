@@ -40,8 +40,7 @@ pub fn run(
 ) -> Report {
     let mut engine = Engine::new(program);
     if telemetry {
-        let t = &program.telemetry;
-        engine.enable_flows(1 << 20, t.active_timeout, t.idle_timeout);
+        engine.enable_flows(1 << 20, &program.telemetry);
     }
     let max = frames.iter().map(Vec::len).max().unwrap_or(64);
     let mut slots: Vec<PacketBuf> = (0..batch.max(1)).map(|_| PacketBuf::new(max)).collect();

@@ -176,12 +176,13 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
                 addr: collector,
                 source,
             })?;
-            let refresh = shared.program.telemetry.template_refresh.as_secs().max(1);
-            tracing::info!(%collector, "exporting IPFIX");
+            let t = &shared.program.telemetry;
+            let (refresh, sampling) = (t.template_refresh.as_secs().max(1), t.sampling);
+            tracing::info!(%collector, sampling, "exporting IPFIX");
             Some(
                 std::thread::Builder::new()
                     .name("ipfix".into())
-                    .spawn(move || export(&socket, &flows_rx, refresh))
+                    .spawn(move || export(&socket, &flows_rx, refresh, sampling))
                     .map_err(|e| RunError::Thread(e.to_string()))?,
             )
         }
@@ -469,7 +470,7 @@ fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
     let mut engine = Engine::sharing(Arc::clone(&shared.code));
     let t = &shared.program.telemetry;
     if flows.is_some() {
-        engine.enable_flows(FLOW_CAPACITY, t.active_timeout, t.idle_timeout);
+        engine.enable_flows(FLOW_CAPACITY, t);
     }
     let (mut last_export, mut now_ns) = (Instant::now(), 0u64);
     let mut latency = Latency::default();
@@ -555,8 +556,13 @@ fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
 }
 
 /// Sends flow records as IPFIX messages until every worker is done; returns the records sent.
-fn export(socket: &UdpSocket, rx: &Receiver<Vec<FlowRecord>>, template_refresh_s: u64) -> u64 {
-    let mut exporter = Exporter::new(1, IPFIX_MESSAGE, template_refresh_s);
+fn export(
+    socket: &UdpSocket,
+    rx: &Receiver<Vec<FlowRecord>>,
+    template_refresh_s: u64,
+    sampling: u32,
+) -> u64 {
+    let mut exporter = Exporter::new(1, IPFIX_MESSAGE, template_refresh_s, sampling);
     let mut sent = 0u64;
     for records in rx.iter() {
         let now = std::time::SystemTime::now()

@@ -176,6 +176,11 @@ struct RunFlags {
     /// IPFIX collector address.
     #[arg(long, value_name = "ADDR")]
     ipfix: Option<std::net::SocketAddr>,
+    /// Count one packet in N into the IPFIX flow cache (systematic count-based sampling,
+    /// RFC 5475; default: the pipeline's `sampling`, else every packet). Tracked
+    /// connections still count every packet.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    ipfix_sampling: Option<u32>,
     /// Worker threads (default: one per core).
     #[arg(long)]
     workers: Option<usize>,
@@ -214,6 +219,10 @@ struct BenchFlags {
     /// Keep the IPFIX flow cache, as `dpuflow run --ipfix` does.
     #[arg(long)]
     telemetry: bool,
+    /// With --telemetry, count one packet in N into the flow cache, as `dpuflow run
+    /// --ipfix-sampling N` does.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    ipfix_sampling: Option<u32>,
     /// The port the traffic arrives on; by default the first port that feeds a root pipe.
     #[arg(long)]
     port: Option<String>,
@@ -450,15 +459,19 @@ fn bench(f: BenchFlags) -> ExitCode {
         packets,
         warmup,
         telemetry,
+        ipfix_sampling,
         port,
         batch,
         write,
     } = f;
     let (path, port) = (pipeline.as_path(), port.as_deref());
-    let program = match load(path) {
+    let mut program = match load(path) {
         Ok(p) => p,
         Err(code) => return code,
     };
+    if let Some(n) = ipfix_sampling {
+        program.telemetry.sampling = n;
+    }
     let port = match port {
         Some(name) => match bind(&program, &[format!("{name}=")], "port") {
             Ok(b) => b[0].0,
@@ -661,10 +674,13 @@ fn run(f: RunFlags) -> ExitCode {
         LogFormat::Json => builder.json().init(),
     }
     let started = std::time::Instant::now();
-    let program = match load(path) {
+    let mut program = match load(path) {
         Ok(p) => p,
         Err(code) => return code,
     };
+    if let Some(n) = f.ipfix_sampling {
+        program.telemetry.sampling = n;
+    }
     let load_seconds = started.elapsed().as_secs_f64();
     let bindings = match (
         bind(&program, &f.inputs, "in"),

@@ -3,7 +3,8 @@
 //! rest: drops before a commit, packets no connection takes); whatever the mix of
 //! directions, TCP flags, batch boundaries and jumps in time (idle and active timeouts,
 //! expiries met on lookup, TCP reopens), the records' packets and bytes per 5-tuple add up
-//! to what was sent. Likewise where connections are tracked after decapsulation.
+//! to what was sent. Likewise where connections are tracked after decapsulation. With the
+//! flow cache sampling one packet in N, it holds exactly that share of the rest.
 
 use dpuflow::engine::{Engine, NoObserver, PacketBuf};
 use dpuflow::ir::PortId;
@@ -124,14 +125,21 @@ struct Send {
 /// Runs `sends` through `pipeline` with flow records kept (2 s active, 5 s idle timeout,
 /// 64 connections at most), taking the records made after every batch and flushing at the end,
 /// and checks that the records' packets and bytes per key are what was sent.
-fn records_add_up(pipeline: &str, sends: Vec<Send>) -> Result<(), TestCaseError> {
+///
+/// With `sampling` N above 1 the flow cache counts one packet in N of those it is offered
+/// (connections still count all theirs): its records then hold exactly one N-th of the
+/// packets no connection counted, rounded up, and no key more packets than were sent.
+fn records_add_up(pipeline: &str, sends: Vec<Send>, sampling: u32) -> Result<(), TestCaseError> {
     let checked = dpuflow::lang::check_file(Path::new(pipeline)).expect("read");
     let mut program = checked.program.expect("valid pipeline");
     if let Some(ct) = &mut program.conntrack {
         ct.capacity = 64;
     }
     let mut engine = Engine::new(&program);
-    engine.enable_flows(1 << 10, Duration::from_secs(2), Duration::from_secs(5));
+    program.telemetry.active_timeout = Duration::from_secs(2);
+    program.telemetry.idle_timeout = Duration::from_secs(5);
+    program.telemetry.sampling = sampling;
+    engine.enable_flows(1 << 10, &program.telemetry);
 
     let mut sent: BTreeMap<Key, (u64, u64)> = BTreeMap::new();
     let mut records: Vec<FlowRecord> = Vec::new();
@@ -157,7 +165,9 @@ fn records_add_up(pipeline: &str, sends: Vec<Send>) -> Result<(), TestCaseError>
     run(&mut engine, &mut batch);
     engine.flush_flows(now, &mut records);
 
+    // Packets per key: all records, and the sampled ones alone.
     let mut got: BTreeMap<Key, (u64, u64)> = BTreeMap::new();
+    let mut sampled_packets = 0u64;
     for r in &records {
         let k = &r.key;
         let key = (
@@ -168,8 +178,21 @@ fn records_add_up(pipeline: &str, sends: Vec<Send>) -> Result<(), TestCaseError>
         e.0 += r.packets;
         e.1 += r.bytes;
         prop_assert!(r.packets > 0, "an empty record: {:?}", r);
+        prop_assert!(sampling > 1 || !r.sampled, "{:?}", r);
+        if r.sampled {
+            sampled_packets += r.packets;
+        }
     }
-    prop_assert_eq!(got, sent);
+    if sampling == 1 {
+        prop_assert_eq!(got, sent);
+    } else {
+        for (key, (packets, _)) in &got {
+            prop_assert!(sent.get(key).is_some_and(|s| s.0 >= *packets), "{:?}", key);
+        }
+        let all: u64 = sent.values().map(|s| s.0).sum();
+        let offered = all - (got.values().map(|g| g.0).sum::<u64>() - sampled_packets);
+        prop_assert_eq!(sampled_packets, offered.div_ceil(u64::from(sampling)));
+    }
     let stats = engine.flow_stats().expect("flows kept");
     prop_assert_eq!(stats.records, records.len() as u64);
     prop_assert_eq!(stats.lost_records, 0);
@@ -192,7 +215,10 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
     #[test]
-    fn every_packet_is_in_one_record(packets in proptest::collection::vec(packet(), 1..300)) {
+    fn every_packet_is_in_one_record(
+        packets in proptest::collection::vec(packet(), 1..300),
+        sampling in prop_oneof![3 => Just(1u32), 1 => 2u32..5],
+    ) {
         let sends = packets
             .into_iter()
             .map(|(n, reply, flags, step, payload, flush_after)| {
@@ -206,7 +232,7 @@ proptest! {
                 Send { port, frame, key: (t, None), ip_len, step, flush_after }
             })
             .collect();
-        records_add_up("pipelines/stateful-firewall.pipe", sends)?;
+        records_add_up("pipelines/stateful-firewall.pipe", sends, sampling)?;
     }
 
     /// Connections tracked after decapsulation: their tunnelled packets are the flow
@@ -214,7 +240,8 @@ proptest! {
     /// connection's; VNIs the pipeline does not take are dropped and still recorded.
     #[test]
     fn tunnelled_packets_are_recorded_as_they_arrived(
-        packets in proptest::collection::vec((packet(), 0u16..3, any::<bool>()), 1..300)
+        packets in proptest::collection::vec((packet(), 0u16..3, any::<bool>()), 1..300),
+        sampling in prop_oneof![3 => Just(1u32), 1 => 2u32..5],
     ) {
         let host = PortId(0);
         let uplink = PortId(1);
@@ -234,7 +261,7 @@ proptest! {
                 }
             })
             .collect();
-        records_add_up("tests/data/ct-after-decap.pipe", sends)?;
+        records_add_up("tests/data/ct-after-decap.pipe", sends, sampling)?;
     }
 }
 
@@ -245,9 +272,10 @@ proptest! {
 fn many_flows_are_counted_exactly() {
     let checked =
         dpuflow::lang::check_file(Path::new("pipelines/vxlan-gateway.pipe")).expect("read");
-    let program = checked.program.expect("valid pipeline");
+    let mut program = checked.program.expect("valid pipeline");
+    program.telemetry.idle_timeout = Duration::from_secs(60);
     let mut engine = Engine::new(&program);
-    engine.enable_flows(1 << 17, Duration::from_secs(60), Duration::from_secs(60));
+    engine.enable_flows(1 << 17, &program.telemetry);
     const FLOWS: u32 = 40_000;
     let tuple = |i: u32| {
         (

@@ -151,24 +151,30 @@ impl Export {
         );
         let mut expected_seq = 0u64;
         let mut records = 0u64;
-        for row in self.tshark(&["cflow.sequence", "cflow.srcaddr"]).lines() {
-            let (seq, addrs) = row.split_once(';').expect("two fields");
-            let n = addrs.split(',').filter(|a| !a.is_empty()).count() as u64;
+        let fields = [
+            "cflow.sequence",
+            "cflow.srcaddr",
+            "cflow.selector_algorithm",
+        ];
+        for row in self.tshark(&fields).lines() {
+            let f: Vec<&str> = row.split(';').collect();
+            let count = |v: &str| v.split(',').filter(|a| !a.is_empty()).count() as u64;
+            let (flows, selector_reports) = (count(f[1]), count(f[2]));
             assert_eq!(
-                seq.parse::<u64>().expect("sequence"),
+                f[0].parse::<u64>().expect("sequence"),
                 expected_seq,
                 "sequence gap at {row}"
             );
-            expected_seq += n;
-            records += n;
+            expected_seq += flows + selector_reports;
+            records += flows;
         }
         records
     }
 }
 
-/// Runs `pipeline` over `inputs` (port, capture in `dir`) with IPFIX export to nfcapd, and
-/// reads back what it stored.
-fn export(dir: &Scratch, pipeline: &str, inputs: &[(&str, &str)]) -> Export {
+/// Runs `pipeline` over `inputs` (port, capture in `dir`) with IPFIX export to nfcapd and
+/// `flags` added, and reads back what it stored.
+fn export(dir: &Scratch, pipeline: &str, inputs: &[(&str, &str)], flags: &[&str]) -> Export {
     let port = free_udp_port();
     let store = dir.0.join("nfcapd");
     std::fs::create_dir_all(&store).expect("mkdir");
@@ -228,9 +234,8 @@ fn export(dir: &Scratch, pipeline: &str, inputs: &[(&str, &str)]) -> Export {
         metrics.clone(),
         "--ipfix".to_string(),
         format!("127.0.0.1:{port}"),
-        "--workers".to_string(),
-        "2".to_string(),
     ];
+    args.extend(flags.iter().map(|f| f.to_string()));
     for (name, file) in inputs {
         args.extend(["--in".to_string(), format!("{name}={}", dir.path(file))]);
     }
@@ -300,6 +305,7 @@ fn nfdump_and_tshark_read_the_export() {
         &dir,
         "pipelines/vxlan-gateway.pipe",
         &[("host", "host.pcap")],
+        &["--workers", "2"],
     );
     assert_eq!(x.flows, x.want, "nfdump's flows differ from the input's");
     // The metrics agree: every record nfdump read was counted, no flow went untracked, and
@@ -324,6 +330,7 @@ fn connections_are_the_records_of_a_stateful_pipeline() {
         &dir,
         "pipelines/stateful-firewall.pipe",
         &[("inside", "inside.pcap"), ("outside", "outside.pcap")],
+        &["--workers", "2"],
     );
     assert_eq!(x.flows, x.want, "nfdump's flows differ from the input's");
     assert_eq!(x.metric("dpuflow_flow_records_total"), x.records);
@@ -349,5 +356,46 @@ fn connections_are_the_records_of_a_stateful_pipeline() {
     for (src, _, event) in &records {
         let dropped = ["203.0.113.9", "10.0.0.3"].contains(src);
         assert_eq!(*event == "3", dropped, "{records:?}");
+    }
+}
+
+/// With `--ipfix-sampling 4` one worker counts the first packet of every four it sees
+/// (systematic count-based, RFC 5475), so the flows nfdump lists are exactly those of
+/// every fourth packet of the input, from the first. Their records carry selectorId 1,
+/// and the selector report says: systematic count-based, one packet selected, three
+/// passed over. (Debian 12's nfdump 1.7.1 takes samplingPacketInterval, 1 here, as the
+/// rate and lists the selected packets' counts; later versions scale them by
+/// interval + space.)
+#[test]
+fn sampled_export_counts_every_fourth_packet_and_says_so() {
+    let dir = Scratch::new("ipfix-sampled");
+    scapy(&dir.0, &format!("{TRAFFIC}pkts = pkts[::4]\n{COUNT_FLOWS}"));
+    let x = export(
+        &dir,
+        "pipelines/vxlan-gateway.pipe",
+        &[("host", "host.pcap")],
+        &["--workers", "1", "--ipfix-sampling", "4"],
+    );
+    assert_eq!(
+        x.flows, x.want,
+        "nfdump's flows differ from the sampled input's"
+    );
+    assert_eq!(x.metric("dpuflow_flow_records_total"), x.records);
+    assert_eq!(x.check_with_tshark(), x.want.len() as u64);
+    let report = x.tshark(&[
+        "cflow.selector_algorithm",
+        "cflow.sampling_packet_interval",
+        "cflow.sampling_packet_space",
+    ]);
+    assert!(
+        report.lines().any(|r| r == "1;1;3"),
+        "no selector report: {report}"
+    );
+    let selectors = x.tshark(&["cflow.srcaddr", "cflow.selector_id"]);
+    for row in selectors.lines().filter(|r| !r.starts_with(';')) {
+        let (addrs, ids) = row.split_once(';').expect("two fields");
+        let ids: Vec<&str> = ids.split(',').collect();
+        assert_eq!(ids.len(), addrs.split(',').count(), "{row}");
+        assert!(ids.iter().all(|&id| id == "1"), "{row}");
     }
 }

@@ -20,8 +20,8 @@ pub use meter::Color;
 pub use packet::{PacketBuf, DEFAULT_MAX_FRAME, HEADROOM};
 
 use crate::firewall::conntrack::{Conntrack, Lookup, Probe};
-use crate::ir::{self, Action, ActionList, PipeBody, PipeId, PortId, ServiceId};
-use crate::telemetry::flows::{FlowCache, FlowProbe, FlowRecord, FlowStats};
+use crate::ir::{self, Action, ActionList, PipeBody, PipeId, PortId, ServiceId, Telemetry};
+use crate::telemetry::flows::{FlowCache, FlowProbe, FlowRecord, FlowStats, Sampler};
 use field::PacketState;
 use lpm::LpmTable;
 use meter::MeterState;
@@ -434,16 +434,14 @@ impl Engine {
     /// counts the packet where the pipeline tracks connections (the lookup is made anyway),
     /// else in a flow cache. Connections note ports in a byte each, so a pipeline of more
     /// than 255 ports keeps all its flows in the cache.
-    pub fn enable_flows(
-        &mut self,
-        capacity: usize,
-        active: std::time::Duration,
-        idle: std::time::Duration,
-    ) {
+    /// The cache counts the packets of one in `t.sampling` (connections count all theirs).
+    pub fn enable_flows(&mut self, capacity: usize, t: &Telemetry) {
         let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        self.rt.flows = Some(FlowCache::new(capacity, ns(active), ns(idle)));
+        let (active, idle) = (ns(t.active_timeout), ns(t.idle_timeout));
+        let cache = FlowCache::new(capacity, active, idle).sampling(Sampler::new(t.sampling));
+        self.rt.flows = Some(cache);
         if let Some(ct) = self.rt.ct.as_mut().filter(|_| self.rt.mtus.len() <= 255) {
-            ct.enable_export(ns(active));
+            ct.enable_export(active);
         }
     }
 
@@ -524,10 +522,13 @@ impl Engine {
                 *hint = meta.and_then(|m| ct.prefetch(frame, m, pkt.port.0));
                 reports = hint.as_ref().is_some_and(Probe::reports);
             }
-            if let (Some(flows), Some(m)) = (&self.rt.flows, meta) {
+            if let (Some(flows), Some(m)) = (&mut self.rt.flows, meta) {
                 // A packet a connection will count needs no flow-cache key (and in the
                 // rare case none does, conntrack's probe gives it).
-                if !reports && flows.probe(frame, m, pkt.port.0, &mut self.flow_probes[i]) {
+                if !reports
+                    && flows.selects()
+                    && flows.probe(frame, m, pkt.port.0, &mut self.flow_probes[i])
+                {
                     flow_staged |= 1 << i;
                 }
             }
@@ -556,9 +557,10 @@ impl Engine {
             obs.verdict(v, pkt);
             // A packet a connection counted for the flow records is not the flow cache's;
             // one expected to be, but that no connection took, is.
-            if let (Some(ct), Some(flows)) = (&mut self.rt.ct, &self.rt.flows) {
+            if let (Some(ct), Some(flows)) = (&mut self.rt.ct, &mut self.rt.flows) {
                 if !ct.note_fate(|| fate(v)) {
-                    if let Some(h) = self.ct_hints[i].as_ref().filter(|h| h.reports()) {
+                    let hint = self.ct_hints[i].as_ref().filter(|h| h.reports());
+                    if let Some(h) = hint.filter(|_| flows.selects()) {
                         let (key, tcp_flags) = h.arrival_flow();
                         self.flow_probes[i] = flows.probe_key(&key, tcp_flags);
                         flow_staged |= 1 << i;

@@ -213,6 +213,7 @@ impl Entry {
             out_port: (self.out_port[dir] != NO_PORT).then_some(u16::from(self.out_port[dir])),
             denied: self.flags & DENIED << dir != 0,
             reason,
+            sampled: false,
         }
     }
 

@@ -508,6 +508,8 @@ pub struct Telemetry {
     pub template_refresh: Duration,
     /// Rules with their own Prometheus series; the rest are summed into one.
     pub max_rule_series: u32,
+    /// The flow cache counts one packet in this many (1: every packet).
+    pub sampling: u32,
 }
 
 impl Default for Telemetry {
@@ -519,6 +521,7 @@ impl Default for Telemetry {
             idle_timeout: Duration::from_secs(15),
             template_refresh: Duration::from_secs(600),
             max_rule_series: 1000,
+            sampling: 1,
         }
     }
 }

@@ -674,6 +674,11 @@ impl Lowerer<'_> {
                         t.max_rule_series = v as u32;
                     }
                 }
+                "sampling" => {
+                    if let Some(v) = self.int_in(w, "sampling interval", 1, u32::MAX.into()) {
+                        t.sampling = v as u32;
+                    }
+                }
                 _ => unreachable!("the parser accepts only telemetry keys"),
             }
         }

@@ -137,4 +137,15 @@ mod tests {
             &Action::Fwd(crate::ir::PortId(1))
         );
     }
+
+    #[test]
+    fn telemetry_block_sets_ipfix_sampling() {
+        let text =
+            "pipeline p\nport a { driver pcap }\ntelemetry { ipfix 127.0.0.1:4739 sampling 100 }\n\
+                    pipe x root from a { default { actions drop } }";
+        assert_eq!(program(text).telemetry.sampling, 100);
+        let every =
+            "pipeline p\nport a { driver pcap }\npipe x root from a { default { actions drop } }";
+        assert_eq!(program(every).telemetry.sampling, 1);
+    }
 }

@@ -56,6 +56,7 @@ pub fn block_keys(kind: BlockKind) -> Keys {
             ("idle_timeout", One),
             ("template_refresh", One),
             ("max_rule_series", One),
+            ("sampling", One),
         ],
     }
 }

@@ -196,6 +196,44 @@ pub struct FlowRecord {
     /// The pipeline dropped the flow's packets.
     pub denied: bool,
     pub reason: EndReason,
+    /// The counts are of the packets the flow cache's [`Sampler`] selected, not all.
+    pub sampled: bool,
+}
+
+/// Systematic count-based packet selection (RFC 5475 §5.1; selectorAlgorithm 1 of RFC
+/// 5477): the first packet of every `interval`, counted from the first packet offered.
+/// Deterministic, so an export of known traffic is known exactly.
+#[derive(Debug, Clone, Copy)]
+pub struct Sampler {
+    interval: u32,
+    /// Packets to pass over before the next selected one.
+    skip: u32,
+}
+
+impl Sampler {
+    /// One packet in `interval` (at least 1: every packet).
+    pub fn new(interval: u32) -> Sampler {
+        Sampler {
+            interval: interval.max(1),
+            skip: 0,
+        }
+    }
+
+    pub fn interval(&self) -> u32 {
+        self.interval
+    }
+
+    /// Whether the packet offered now is selected.
+    #[inline(always)]
+    pub fn selects(&mut self) -> bool {
+        if self.skip == 0 {
+            self.skip = self.interval - 1;
+            true
+        } else {
+            self.skip -= 1;
+            false
+        }
+    }
 }
 
 /// What a packet's flow record needs of it that the pipeline may rewrite, taken as it
@@ -292,12 +330,15 @@ pub struct FlowCache {
     records: u64,
     /// Records the sweep produced, for [`FlowCache::take_records`].
     due: Vec<FlowRecord>,
+    /// Which packets are counted.
+    sampler: Sampler,
     /// The next slot the sweep examines.
     sweep_at: usize,
     pace: Pace,
 }
 
 impl FlowCache {
+    /// A cache of at most `capacity` flows that counts every packet.
     pub fn new(capacity: usize, active_ns: u64, idle_ns: u64) -> FlowCache {
         let buckets = (capacity.max(1) * 2).next_power_of_two().min(MIN_BUCKETS);
         FlowCache {
@@ -314,9 +355,22 @@ impl FlowCache {
             overflow: 0,
             records: 0,
             due: Vec::with_capacity(RECORDS_KEPT),
+            sampler: Sampler::new(1),
             sweep_at: 0,
             pace: Pace::default(),
         }
+    }
+
+    /// Counts only the packets `sampler` selects.
+    pub fn sampling(self, sampler: Sampler) -> FlowCache {
+        FlowCache { sampler, ..self }
+    }
+
+    /// Whether the packet offered now is to be counted (see [`FlowCache::sampling`]);
+    /// the caller offers each packet it would count once.
+    #[inline(always)]
+    pub fn selects(&mut self) -> bool {
+        self.sampler.selects()
     }
 
     /// Writes the probe of a parsed packet to `probe` (`false` for non-IP packets): its
@@ -568,6 +622,7 @@ impl FlowCache {
                 out_port: (h.out_port != NO_PORT).then_some(h.out_port),
                 denied: h.denied,
                 reason,
+                sampled: self.sampler.interval() > 1,
             });
         }
         if reason == EndReason::Active {
@@ -618,6 +673,16 @@ mod tests {
 
     fn probe(c: &FlowCache, k: &FlowKey) -> FlowProbe {
         c.probe_key(k, 0)
+    }
+
+    #[test]
+    fn sampler_selects_the_first_of_every_interval() {
+        let mut s = Sampler::new(3);
+        let picked: Vec<bool> = (0..7).map(|_| s.selects()).collect();
+        assert_eq!(picked, [true, false, false, true, false, false, true]);
+        let mut every = Sampler::new(0);
+        assert_eq!(every.interval(), 1);
+        assert!((0..5).all(|_| every.selects()));
     }
 
     #[test]

@@ -8,49 +8,116 @@
 //! they fit the path MTU; templates go out first and again every refresh interval
 //! (RFC 7011 §8.4); the sequence number counts data records sent before each message
 //! (§3.1).
+//!
+//! When the flow cache samples packets, its records go out with two more templates that
+//! add selectorId, and the templates' message also carries the selector's report
+//! interpretation (RFC 5476 §6.5.2): an options record naming the algorithm (systematic
+//! count-based, RFC 5477 §8.2.2) and its packet interval and space, from which a collector
+//! scales the counts up. Records from connections count every packet and keep the plain
+//! templates.
 
-use super::flows::FlowRecord;
+use super::flows::{EndReason, FlowRecord};
 
 const VERSION: u16 = 10;
 const HEADER_LEN: usize = 16;
 const SET_HEADER_LEN: usize = 4;
 const TEMPLATE_SET: u16 = 2;
+const OPTIONS_TEMPLATE_SET: u16 = 3;
 pub const TEMPLATE_V4: u16 = 256;
 pub const TEMPLATE_V6: u16 = 257;
+pub const TEMPLATE_V4_SAMPLED: u16 = 258;
+pub const TEMPLATE_V6_SAMPLED: u16 = 259;
+/// The options template of the selector report (RFC 5476 §6.5.2).
+pub const TEMPLATE_SELECTOR: u16 = 260;
+/// The flow cache's one selector.
+const SELECTOR_ID: u64 = 1;
+/// selectorAlgorithm 1: systematic count-based sampling (IANA PSAMP parameters).
+const SYSTEMATIC_COUNT_BASED: u16 = 1;
 
-/// (information element id, length) of each template's fields, in record order.
-fn fields(v6: bool) -> [(u16, u16); 15] {
-    let (src, dst, alen) = if v6 { (27, 28, 16) } else { (8, 12, 4) };
-    [
-        (1, 8),   // octetDeltaCount
-        (2, 8),   // packetDeltaCount
-        (152, 8), // flowStartMilliseconds
-        (153, 8), // flowEndMilliseconds
-        (10, 4),  // ingressInterface
-        (14, 4),  // egressInterface
-        (4, 1),   // protocolIdentifier
-        (src, alen),
-        (dst, alen),
-        (7, 2),   // sourceTransportPort
-        (11, 2),  // destinationTransportPort
-        (6, 2),   // tcpControlBits
-        (233, 1), // firewallEvent
-        (136, 1), // flowEndReason
-        (351, 8), // layer2SegmentId
-    ]
+/// (information element id, length) of the selector report's fields: the scope,
+/// selectorId, then selectorAlgorithm, samplingPacketInterval and samplingPacketSpace.
+const SELECTOR_FIELDS: [(u16, u16); 4] = [(302, 8), (304, 2), (305, 4), (306, 4)];
+
+/// A data template: the address family and whether records carry a selectorId.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Template {
+    v6: bool,
+    sampled: bool,
 }
 
-fn record_len(v6: bool) -> usize {
-    fields(v6).iter().map(|&(_, l)| usize::from(l)).sum()
+impl Template {
+    const ALL: [Template; 4] = [
+        Template::of(false, false),
+        Template::of(true, false),
+        Template::of(false, true),
+        Template::of(true, true),
+    ];
+
+    const fn of(v6: bool, sampled: bool) -> Template {
+        Template { v6, sampled }
+    }
+
+    fn id(self) -> u16 {
+        match (self.v6, self.sampled) {
+            (false, false) => TEMPLATE_V4,
+            (true, false) => TEMPLATE_V6,
+            (false, true) => TEMPLATE_V4_SAMPLED,
+            (true, true) => TEMPLATE_V6_SAMPLED,
+        }
+    }
+
+    /// (information element id, length) of each field, in record order.
+    fn fields(self) -> impl Iterator<Item = (u16, u16)> {
+        let (src, dst, alen) = if self.v6 { (27, 28, 16) } else { (8, 12, 4) };
+        [
+            (1, 8),   // octetDeltaCount
+            (2, 8),   // packetDeltaCount
+            (152, 8), // flowStartMilliseconds
+            (153, 8), // flowEndMilliseconds
+            (10, 4),  // ingressInterface
+            (14, 4),  // egressInterface
+            (4, 1),   // protocolIdentifier
+            (src, alen),
+            (dst, alen),
+            (7, 2),   // sourceTransportPort
+            (11, 2),  // destinationTransportPort
+            (6, 2),   // tcpControlBits
+            (233, 1), // firewallEvent
+            (136, 1), // flowEndReason
+            (351, 8), // layer2SegmentId
+        ]
+        .into_iter()
+        .chain(self.sampled.then_some((302, 8))) // selectorId
+    }
+
+    fn record_len(self) -> usize {
+        self.fields().map(|(_, l)| usize::from(l)).sum()
+    }
 }
 
 /// firewallEvent values (IANA): 2 flow deleted, 3 flow denied, 5 flow update.
 fn firewall_event(r: &FlowRecord) -> u8 {
     match (r.denied, r.reason) {
         (true, _) => 3,
-        (false, super::flows::EndReason::Active) => 5,
+        (false, EndReason::Active) => 5,
         (false, _) => 2,
     }
+}
+
+fn put16(msg: &mut Vec<u8>, v: u16) {
+    msg.extend_from_slice(&v.to_be_bytes());
+}
+
+/// Starts a set of `id`; [`end_set`] writes its length.
+fn start_set(msg: &mut Vec<u8>, id: u16) -> usize {
+    put16(msg, id);
+    put16(msg, 0);
+    msg.len() - SET_HEADER_LEN
+}
+
+fn end_set(msg: &mut [u8], at: usize) {
+    let len = (msg.len() - at) as u16;
+    msg[at + 2..at + 4].copy_from_slice(&len.to_be_bytes());
 }
 
 /// Builds messages for one observation domain.
@@ -61,16 +128,25 @@ pub struct Exporter {
     sequence: u32,
     template_refresh_s: u64,
     last_templates_s: Option<u64>,
+    /// The flow cache's sampling interval (1: every packet, no selector to report).
+    sampling: u32,
 }
 
 impl Exporter {
-    pub fn new(domain: u32, max_message: usize, template_refresh_s: u64) -> Exporter {
+    /// `sampling` is the flow cache's packet interval ([`crate::ir::Telemetry::sampling`]).
+    pub fn new(
+        domain: u32,
+        max_message: usize,
+        template_refresh_s: u64,
+        sampling: u32,
+    ) -> Exporter {
         Exporter {
             domain,
             max_message: max_message.max(256),
             sequence: 0,
             template_refresh_s,
             last_templates_s: None,
+            sampling: sampling.max(1),
         }
     }
 
@@ -80,8 +156,8 @@ impl Exporter {
     }
 
     fn header(&self, msg: &mut Vec<u8>, export_s: u32) {
-        msg.extend_from_slice(&VERSION.to_be_bytes());
-        msg.extend_from_slice(&[0, 0]);
+        put16(msg, VERSION);
+        put16(msg, 0);
         msg.extend_from_slice(&export_s.to_be_bytes());
         msg.extend_from_slice(&self.sequence.to_be_bytes());
         msg.extend_from_slice(&self.domain.to_be_bytes());
@@ -92,6 +168,46 @@ impl Exporter {
         msg[2..4].copy_from_slice(&len.to_be_bytes());
     }
 
+    /// The templates, and with sampling the selector report: its options template and its
+    /// one record (counted in the sequence like any data record).
+    fn templates(&mut self, now_s: u64) -> Vec<u8> {
+        let sampled = self.sampling > 1;
+        let mut msg = Vec::with_capacity(self.max_message);
+        self.header(&mut msg, now_s as u32);
+        let set = start_set(&mut msg, TEMPLATE_SET);
+        for t in Template::ALL.into_iter().filter(|t| sampled || !t.sampled) {
+            put16(&mut msg, t.id());
+            put16(&mut msg, t.fields().count() as u16);
+            for (ie, len) in t.fields() {
+                put16(&mut msg, ie);
+                put16(&mut msg, len);
+            }
+        }
+        end_set(&mut msg, set);
+        if sampled {
+            // RFC 7011 §3.4.2.2: template id, field count, scope field count, fields.
+            let set = start_set(&mut msg, OPTIONS_TEMPLATE_SET);
+            put16(&mut msg, TEMPLATE_SELECTOR);
+            put16(&mut msg, SELECTOR_FIELDS.len() as u16);
+            put16(&mut msg, 1);
+            for (ie, len) in SELECTOR_FIELDS {
+                put16(&mut msg, ie);
+                put16(&mut msg, len);
+            }
+            end_set(&mut msg, set);
+            // One packet selected, then `sampling - 1` passed over (RFC 5477 §8.2.2).
+            let set = start_set(&mut msg, TEMPLATE_SELECTOR);
+            msg.extend_from_slice(&SELECTOR_ID.to_be_bytes());
+            put16(&mut msg, SYSTEMATIC_COUNT_BASED);
+            msg.extend_from_slice(&1u32.to_be_bytes());
+            msg.extend_from_slice(&(self.sampling - 1).to_be_bytes());
+            end_set(&mut msg, set);
+            self.sequence = self.sequence.wrapping_add(1);
+        }
+        Self::finish(&mut msg);
+        msg
+    }
+
     /// Messages for `records` at wall-clock second `now_s`, templates first when due.
     pub fn messages(&mut self, records: &[FlowRecord], now_s: u64) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
@@ -99,39 +215,23 @@ impl Exporter {
             .last_templates_s
             .is_none_or(|t| now_s >= t + self.template_refresh_s)
         {
-            let mut msg = Vec::with_capacity(self.max_message);
-            self.header(&mut msg, now_s as u32);
-            let set_at = msg.len();
-            msg.extend_from_slice(&TEMPLATE_SET.to_be_bytes());
-            msg.extend_from_slice(&[0, 0]);
-            for (id, v6) in [(TEMPLATE_V4, false), (TEMPLATE_V6, true)] {
-                let f = fields(v6);
-                msg.extend_from_slice(&id.to_be_bytes());
-                msg.extend_from_slice(&(f.len() as u16).to_be_bytes());
-                for (ie, len) in f {
-                    msg.extend_from_slice(&ie.to_be_bytes());
-                    msg.extend_from_slice(&len.to_be_bytes());
-                }
-            }
-            let set_len = (msg.len() - set_at) as u16;
-            msg[set_at + 2..set_at + 4].copy_from_slice(&set_len.to_be_bytes());
-            Self::finish(&mut msg);
-            out.push(msg);
+            out.push(self.templates(now_s));
             self.last_templates_s = Some(now_s);
         }
-        for v6 in [false, true] {
-            let per = (self.max_message - HEADER_LEN - SET_HEADER_LEN) / record_len(v6);
-            let mine: Vec<&FlowRecord> = records.iter().filter(|r| r.key.v6 == v6).collect();
+        for t in Template::ALL {
+            let per = (self.max_message - HEADER_LEN - SET_HEADER_LEN) / t.record_len();
+            let mine: Vec<&FlowRecord> = records
+                .iter()
+                .filter(|r| Template::of(r.key.v6, r.sampled) == t)
+                .collect();
             for chunk in mine.chunks(per) {
                 let mut msg = Vec::with_capacity(self.max_message);
                 self.header(&mut msg, now_s as u32);
-                msg.extend_from_slice(&(if v6 { TEMPLATE_V6 } else { TEMPLATE_V4 }).to_be_bytes());
-                msg.extend_from_slice(
-                    &((SET_HEADER_LEN + chunk.len() * record_len(v6)) as u16).to_be_bytes(),
-                );
+                let set = start_set(&mut msg, t.id());
                 for r in chunk {
                     encode(&mut msg, r);
                 }
+                end_set(&mut msg, set);
                 Self::finish(&mut msg);
                 self.sequence = self.sequence.wrapping_add(chunk.len() as u32);
                 out.push(msg);
@@ -166,12 +266,15 @@ fn encode(msg: &mut Vec<u8>, r: &FlowRecord) {
     // layer2SegmentId: segment type 0x01 (VXLAN) in the top byte, the VNI in the low 24 bits.
     let seg = k.vni.map_or(0u64, |v| 0x0100_0000_0000_0000 | u64::from(v));
     msg.extend_from_slice(&seg.to_be_bytes());
+    if r.sampled {
+        msg.extend_from_slice(&SELECTOR_ID.to_be_bytes());
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::telemetry::flows::{EndReason, FlowKey};
+    use crate::telemetry::flows::FlowKey;
 
     fn rec(n: u16, v6: bool) -> FlowRecord {
         FlowRecord {
@@ -193,12 +296,21 @@ mod tests {
             out_port: Some(1),
             denied: false,
             reason: EndReason::Idle,
+            sampled: false,
         }
+    }
+
+    fn u16_at(m: &[u8], at: usize) -> u16 {
+        u16::from_be_bytes([m[at], m[at + 1]])
+    }
+
+    fn u32_at(m: &[u8], at: usize) -> u32 {
+        u32::from_be_bytes(m[at..at + 4].try_into().unwrap())
     }
 
     #[test]
     fn messages_fit_and_count_records() {
-        let mut e = Exporter::new(1, 1400, 600);
+        let mut e = Exporter::new(1, 1400, 600, 1);
         let records: Vec<FlowRecord> = (0..50).map(|n| rec(n, n % 5 == 0)).collect();
         let msgs = e.messages(&records, 1000);
         assert!(msgs
@@ -212,7 +324,7 @@ mod tests {
             assert_eq!(u32::from_be_bytes(m[8..12].try_into().unwrap()), seq);
             let set_len = u16::from_be_bytes([m[18], m[19]]) as usize;
             let v6 = u16::from_be_bytes([m[16], m[17]]) == TEMPLATE_V6;
-            seq += ((set_len - 4) / record_len(v6)) as u32;
+            seq += ((set_len - 4) / Template::of(v6, false).record_len()) as u32;
         }
         // No templates again before the refresh interval.
         assert!(e
@@ -225,5 +337,78 @@ mod tests {
             u16::from_be_bytes([again[0][16], again[0][17]]),
             TEMPLATE_SET
         );
+    }
+
+    /// With sampling, the templates' message holds the four data templates, the selector
+    /// report's options template and its record (one selected, N - 1 passed over), which
+    /// the sequence counts; sampled records go out with the selector's templates.
+    #[test]
+    fn sampled_records_name_their_selector() {
+        let mut e = Exporter::new(7, 1400, 600, 100);
+        let records = [
+            rec(1, false),
+            FlowRecord {
+                sampled: true,
+                ..rec(2, false)
+            },
+            FlowRecord {
+                sampled: true,
+                ..rec(3, true)
+            },
+        ];
+        let msgs = e.messages(&records, 1000);
+        let t = &msgs[0];
+        assert_eq!(u32_at(t, 8), 0, "no data record before the first message");
+        let mut at = HEADER_LEN;
+        let mut sets = Vec::new();
+        while at < t.len() {
+            sets.push((u16_at(t, at), at));
+            at += usize::from(u16_at(t, at + 2));
+        }
+        assert_eq!(at, t.len(), "sets fill the message");
+        let ids: Vec<u16> = sets.iter().map(|s| s.0).collect();
+        assert_eq!(ids, [TEMPLATE_SET, OPTIONS_TEMPLATE_SET, TEMPLATE_SELECTOR]);
+        let data = sets[2].1 + SET_HEADER_LEN;
+        assert_eq!(u64::from_be_bytes(t[data..data + 8].try_into().unwrap()), 1);
+        assert_eq!(u16_at(t, data + 8), SYSTEMATIC_COUNT_BASED);
+        assert_eq!((u32_at(t, data + 10), u32_at(t, data + 14)), (1, 99));
+        // Then one message per template, each counting the records before it.
+        let data_ids: Vec<(u16, u32)> = msgs[1..]
+            .iter()
+            .map(|m| (u16_at(m, HEADER_LEN), u32_at(m, 8)))
+            .collect();
+        assert_eq!(
+            data_ids,
+            [
+                (TEMPLATE_V4, 1),
+                (TEMPLATE_V4_SAMPLED, 2),
+                (TEMPLATE_V6_SAMPLED, 3)
+            ]
+        );
+        let sampled = &msgs[2];
+        let end = sampled.len();
+        assert_eq!(
+            end,
+            HEADER_LEN + SET_HEADER_LEN + Template::of(false, true).record_len()
+        );
+        assert_eq!(
+            u64::from_be_bytes(sampled[end - 8..].try_into().unwrap()),
+            SELECTOR_ID
+        );
+        assert_eq!(e.sequence(), 4);
+    }
+
+    /// Without sampling no selector is reported: two templates, nothing counted.
+    #[test]
+    fn unsampled_exports_report_no_selector() {
+        let mut e = Exporter::new(7, 1400, 600, 1);
+        let t = &e.messages(&[], 1000)[0];
+        assert_eq!(u16_at(t, HEADER_LEN), TEMPLATE_SET);
+        assert_eq!(
+            usize::from(u16_at(t, HEADER_LEN + 2)) + HEADER_LEN,
+            t.len(),
+            "one set"
+        );
+        assert_eq!(e.sequence(), 0);
     }
 }
