@@ -2,7 +2,7 @@
 
 use super::parse::{Layers, Meta, L3};
 use crate::ir::{Field, FieldId};
-use crate::wire::{be16, be32, geneve, ip_proto};
+use crate::wire::{be128, be16, be32, be64, geneve, ip_proto};
 
 /// Per-packet state the pipeline itself sets: the arrival port, the mark, the
 /// connection-tracking verdict.
@@ -14,21 +14,45 @@ pub struct PacketState {
     pub ct_state: u8,
 }
 
-fn bytes_be(b: &[u8]) -> u128 {
-    b.iter().fold(0u128, |acc, &x| acc << 8 | u128::from(x))
-}
-
 /// The value of `field` in `frame`, or `None` when the packet does not have that header
 /// (a TCP field on a UDP packet, an inner field without a tunnel, an L4 field on a
 /// fragment).
-#[inline]
+#[inline(always)]
 pub fn read(frame: &[u8], meta: &Meta, st: &PacketState, field: Field) -> Option<u128> {
-    let l: &Layers = if field.inner {
+    match field.id {
+        FieldId::Ipv6Src | FieldId::Ipv6Dst => {
+            let l = layers(meta, field)?;
+            let at = usize::from(l.l3) + if field.id == FieldId::Ipv6Src { 8 } else { 24 };
+            (l.l3_kind == L3::V6).then(|| be128(frame, at))
+        }
+        _ => read_narrow(frame, meta, st, field).map(u128::from),
+    }
+}
+
+/// The headers `field` is read from: the inner ones (`None` without a tunnel) or the outer.
+#[inline(always)]
+fn layers(meta: &Meta, field: Field) -> Option<&Layers> {
+    if field.inner {
         meta.tunnel?;
-        &meta.inner
+        Some(&meta.inner)
     } else {
-        &meta.outer
-    };
+        Some(&meta.outer)
+    }
+}
+
+/// Whether `field`'s values fit in 64 bits, so [`read_narrow`] reads it.
+pub fn is_narrow(field: Field) -> bool {
+    !matches!(
+        field.id,
+        FieldId::Ipv6Src | FieldId::Ipv6Dst | FieldId::GeneveOptClass | FieldId::GeneveOptType
+    )
+}
+
+/// [`read`] for the fields of at most 64 bits (see [`is_narrow`]; `None` for the others):
+/// the value comes back in registers, where a `u128` in an `Option` goes through memory.
+#[inline(always)]
+pub fn read_narrow(frame: &[u8], meta: &Meta, st: &PacketState, field: Field) -> Option<u64> {
+    let l = layers(meta, field)?;
     let l2 = usize::from(l.l2);
     let l3 = usize::from(l.l3);
     let l4 = usize::from(l.l4);
@@ -36,47 +60,46 @@ pub fn read(frame: &[u8], meta: &Meta, st: &PacketState, field: Field) -> Option
     let v6 = l.l3_kind == L3::V6;
     let has_l4 = |proto: u8| l.l4_ok && l.proto == proto;
     Some(match field.id {
-        FieldId::EthDst => bytes_be(&frame[l2..l2 + 6]),
-        FieldId::EthSrc => bytes_be(&frame[l2 + 6..l2 + 12]),
-        FieldId::EthType => u128::from(l.ethertype),
-        FieldId::VlanId if l.vlan != 0 => u128::from(be16(frame, usize::from(l.vlan)) & 0x0fff),
-        FieldId::VlanPcp if l.vlan != 0 => u128::from(frame[usize::from(l.vlan)] >> 5),
-        FieldId::Ipv4Src if v4 => u128::from(be32(frame, l3 + 12)),
-        FieldId::Ipv4Dst if v4 => u128::from(be32(frame, l3 + 16)),
-        FieldId::Ipv6Src if v6 => bytes_be(&frame[l3 + 8..l3 + 24]),
-        FieldId::Ipv6Dst if v6 => bytes_be(&frame[l3 + 24..l3 + 40]),
-        FieldId::IpProto if v4 || v6 => u128::from(l.proto),
-        FieldId::IpDscp if v4 => u128::from(frame[l3 + 1] >> 2),
-        FieldId::IpDscp if v6 => u128::from((be16(frame, l3) >> 6) & 0x3f),
-        FieldId::IpEcn if v4 => u128::from(frame[l3 + 1] & 3),
-        FieldId::IpEcn if v6 => u128::from((be16(frame, l3) >> 4) & 3),
-        FieldId::IpTtl if v4 => u128::from(frame[l3 + 8]),
-        FieldId::IpTtl if v6 => u128::from(frame[l3 + 7]),
-        FieldId::L4Src if l.l4_ok && ip_proto::has_ports(l.proto) => u128::from(be16(frame, l4)),
-        FieldId::L4Dst if l.l4_ok && ip_proto::has_ports(l.proto) => {
-            u128::from(be16(frame, l4 + 2))
-        }
-        FieldId::TcpSrc if has_l4(ip_proto::TCP) => u128::from(be16(frame, l4)),
-        FieldId::TcpDst if has_l4(ip_proto::TCP) => u128::from(be16(frame, l4 + 2)),
-        FieldId::TcpFlags if has_l4(ip_proto::TCP) => u128::from(frame[l4 + 13]),
-        FieldId::UdpSrc if has_l4(ip_proto::UDP) => u128::from(be16(frame, l4)),
-        FieldId::UdpDst if has_l4(ip_proto::UDP) => u128::from(be16(frame, l4 + 2)),
-        FieldId::IcmpType if v4 && has_l4(ip_proto::ICMP) => u128::from(frame[l4]),
-        FieldId::IcmpCode if v4 && has_l4(ip_proto::ICMP) => u128::from(frame[l4 + 1]),
-        FieldId::Icmp6Type if v6 && has_l4(ip_proto::ICMPV6) => u128::from(frame[l4]),
-        FieldId::Icmp6Code if v6 && has_l4(ip_proto::ICMPV6) => u128::from(frame[l4 + 1]),
+        // Eight bytes read, the two beyond each address dropped (the Ethernet header
+        // the parse found holds them).
+        FieldId::EthDst => be64(frame, l2) >> 16,
+        FieldId::EthSrc => be64(frame, l2 + 4) & 0xffff_ffff_ffff,
+        FieldId::EthType => u64::from(l.ethertype),
+        FieldId::VlanId if l.vlan != 0 => u64::from(be16(frame, usize::from(l.vlan)) & 0x0fff),
+        FieldId::VlanPcp if l.vlan != 0 => u64::from(frame[usize::from(l.vlan)] >> 5),
+        FieldId::Ipv4Src if v4 => u64::from(be32(frame, l3 + 12)),
+        FieldId::Ipv4Dst if v4 => u64::from(be32(frame, l3 + 16)),
+        FieldId::IpProto if v4 || v6 => u64::from(l.proto),
+        FieldId::IpDscp if v4 => u64::from(frame[l3 + 1] >> 2),
+        FieldId::IpDscp if v6 => u64::from((be16(frame, l3) >> 6) & 0x3f),
+        FieldId::IpEcn if v4 => u64::from(frame[l3 + 1] & 3),
+        FieldId::IpEcn if v6 => u64::from((be16(frame, l3) >> 4) & 3),
+        FieldId::IpTtl if v4 => u64::from(frame[l3 + 8]),
+        FieldId::IpTtl if v6 => u64::from(frame[l3 + 7]),
+        FieldId::L4Src if l.l4_ok && ip_proto::has_ports(l.proto) => u64::from(be16(frame, l4)),
+        FieldId::L4Dst if l.l4_ok && ip_proto::has_ports(l.proto) => u64::from(be16(frame, l4 + 2)),
+        FieldId::TcpSrc if has_l4(ip_proto::TCP) => u64::from(be16(frame, l4)),
+        FieldId::TcpDst if has_l4(ip_proto::TCP) => u64::from(be16(frame, l4 + 2)),
+        FieldId::TcpFlags if has_l4(ip_proto::TCP) => u64::from(frame[l4 + 13]),
+        FieldId::UdpSrc if has_l4(ip_proto::UDP) => u64::from(be16(frame, l4)),
+        FieldId::UdpDst if has_l4(ip_proto::UDP) => u64::from(be16(frame, l4 + 2)),
+        FieldId::IcmpType if v4 && has_l4(ip_proto::ICMP) => u64::from(frame[l4]),
+        FieldId::IcmpCode if v4 && has_l4(ip_proto::ICMP) => u64::from(frame[l4 + 1]),
+        FieldId::Icmp6Type if v6 && has_l4(ip_proto::ICMPV6) => u64::from(frame[l4]),
+        FieldId::Icmp6Code if v6 && has_l4(ip_proto::ICMPV6) => u64::from(frame[l4 + 1]),
         FieldId::VxlanVni => match meta.tunnel {
-            Some(t) if t.kind == crate::ir::Tunnel::Vxlan => u128::from(t.vni),
+            Some(t) if t.kind == crate::ir::Tunnel::Vxlan => u64::from(t.vni),
             _ => return None,
         },
         FieldId::GeneveVni => match meta.tunnel {
-            Some(t) if t.kind == crate::ir::Tunnel::Geneve => u128::from(t.vni),
+            Some(t) if t.kind == crate::ir::Tunnel::Geneve => u64::from(t.vni),
             _ => return None,
         },
-        FieldId::CtState => u128::from(st.ct_state),
-        FieldId::InPort => u128::from(st.in_port),
-        FieldId::MetaMark => u128::from(st.mark),
-        // Geneve options are a list; see `geneve_options`.
+        FieldId::CtState => u64::from(st.ct_state),
+        FieldId::InPort => u64::from(st.in_port),
+        FieldId::MetaMark => u64::from(st.mark),
+        // IPv6 addresses are wide (see `read`); Geneve options are a list (see
+        // `geneve_options`).
         _ => return None,
     })
 }
@@ -85,18 +108,53 @@ pub fn read(frame: &[u8], meta: &Meta, st: &PacketState, field: Field) -> Option
 /// lookups that read a list of fields chosen at build time.
 pub type Reader = fn(&[u8], &Meta, &PacketState) -> Option<u128>;
 
+/// [`Reader`] for a field of at most 64 bits.
+pub type NarrowReader = fn(&[u8], &Meta, &PacketState) -> Option<u64>;
+
+/// Each field's own reader: `$read` with the field fixed, a function per field and depth.
+macro_rules! readers {
+    (($field:expr, $read:ident); $($id:ident),* $(,)?) => {
+        match ($field.id, $field.inner) {
+            $(
+                (FieldId::$id, false) => |fr, m, st| $read(fr, m, st, Field { id: FieldId::$id, inner: false }),
+                (FieldId::$id, true) => |fr, m, st| $read(fr, m, st, Field { id: FieldId::$id, inner: true }),
+            )*
+        }
+    };
+}
+
 pub fn reader(field: Field) -> Reader {
-    macro_rules! readers {
-        ($($id:ident),* $(,)?) => {
-            match (field.id, field.inner) {
-                $(
-                    (FieldId::$id, false) => |fr, m, st| read(fr, m, st, Field { id: FieldId::$id, inner: false }),
-                    (FieldId::$id, true) => |fr, m, st| read(fr, m, st, Field { id: FieldId::$id, inner: true }),
-                )*
-            }
-        };
+    crate::ir::with_field_ids!(readers, (field, read))
+}
+
+/// The narrow reader of `field`, if it is narrow ([`is_narrow`]).
+pub fn narrow_reader(field: Field) -> Option<NarrowReader> {
+    if !is_narrow(field) {
+        return None;
     }
-    crate::ir::with_field_ids!(readers)
+    let read: NarrowReader = crate::ir::with_field_ids!(readers, (field, read_narrow));
+    Some(read)
+}
+
+/// A field's reader chosen at build time: the narrow one where the field has one.
+#[derive(Debug, Clone, Copy)]
+pub enum FieldReader {
+    Narrow(NarrowReader),
+    Wide(Reader),
+}
+
+impl FieldReader {
+    pub fn new(field: Field) -> FieldReader {
+        narrow_reader(field).map_or_else(|| FieldReader::Wide(reader(field)), FieldReader::Narrow)
+    }
+
+    #[inline(always)]
+    pub fn read(self, frame: &[u8], meta: &Meta, st: &PacketState) -> Option<u128> {
+        match self {
+            FieldReader::Narrow(read) => read(frame, meta, st).map(u128::from),
+            FieldReader::Wide(read) => read(frame, meta, st),
+        }
+    }
 }
 
 /// Class and type of each Geneve option of the packet's tunnel, for matching
@@ -111,4 +169,57 @@ pub fn geneve_options<'a>(frame: &'a [u8], meta: &Meta) -> impl Iterator<Item = 
     geneve::options_in(header)
         .filter_map(Result::ok)
         .map(|o| (o.class, o.kind))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::parse::{self, TunnelPorts};
+    use crate::wire::testing::frame;
+
+    fn outer(id: FieldId) -> Field {
+        Field { id, inner: false }
+    }
+
+    /// The readers see the frame's own values: MACs, addresses, ports; a field the packet
+    /// lacks reads as `None`, and the narrow readers cover every field but IPv6 addresses
+    /// and Geneve options.
+    #[test]
+    fn readers_read_the_frame() {
+        let src = 0x2001_0db8_0000_0000_0000_0000_0000_0001;
+        let dst = 0xfe80_0000_0000_0000_1234_5678_9abc_def0;
+        let f = frame(true, src, dst, ip_proto::UDP, 5353, 53, 0, 10);
+        let meta = parse::parse(&f, &TunnelPorts::default()).expect("parsed");
+        let st = PacketState::default();
+        let read = |id| FieldReader::new(outer(id)).read(&f, &meta, &st);
+        assert_eq!(read(FieldId::EthDst), Some(0x0200_0000_0002));
+        assert_eq!(read(FieldId::EthSrc), Some(0x0200_0000_0001));
+        assert_eq!(read(FieldId::Ipv6Src), Some(src));
+        assert_eq!(read(FieldId::Ipv6Dst), Some(dst));
+        assert_eq!(read(FieldId::UdpDst), Some(53));
+        assert_eq!(read(FieldId::IpDscp), Some(10));
+        assert_eq!(read(FieldId::TcpDst), None);
+        assert_eq!(read(FieldId::Ipv4Src), None);
+        assert!(matches!(
+            FieldReader::new(outer(FieldId::Ipv6Src)),
+            FieldReader::Wide(_)
+        ));
+        assert!(narrow_reader(outer(FieldId::GeneveOptClass)).is_none());
+        let v4 = frame(
+            false,
+            0xc000_0201,
+            0x0a00_0001,
+            ip_proto::TCP,
+            1,
+            443,
+            0x12,
+            0,
+        );
+        let meta = parse::parse(&v4, &TunnelPorts::default()).expect("parsed");
+        let narrow = |id| narrow_reader(outer(id)).expect("narrow")(&v4, &meta, &st);
+        assert_eq!(narrow(FieldId::Ipv4Src), Some(0xc000_0201));
+        assert_eq!(narrow(FieldId::TcpFlags), Some(0x12));
+        assert_eq!(read_narrow(&v4, &meta, &st, outer(FieldId::Ipv6Dst)), None);
+        assert_eq!(read(FieldId::VxlanVni), None);
+    }
 }

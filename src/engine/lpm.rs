@@ -34,16 +34,15 @@ const BATCH_MIN_NODES: usize = 1024;
 /// A longest-prefix-match table over one field.
 #[derive(Debug)]
 pub struct LpmTable {
-    /// The field's reader, chosen at build time.
-    read: field::Reader,
     index: Index,
 }
 
+/// The index, with the field's reader chosen at build time.
 #[derive(Debug)]
 enum Index {
-    Trie(Trie),
+    Trie(Trie, field::NarrowReader),
     /// (prefix length, mask, prefix → entry index), longest prefix first.
-    Levels(Vec<(u8, u128, FxHashMap<u128, usize>)>),
+    Levels(Vec<(u8, u128, FxHashMap<u128, usize>)>, field::Reader),
 }
 
 impl LpmTable {
@@ -64,12 +63,13 @@ impl LpmTable {
             .collect();
         // Shorter prefixes first (a trie needs them so), and in entry order within a length.
         masked.sort_by_key(|&(_, len, i)| (len, i));
-        let index = if bits <= 32 {
+        let narrow = field::narrow_reader(field).filter(|_| bits <= 32);
+        let index = if let Some(read) = narrow {
             let mut trie = Trie::new(bits);
             for &(value, len, i) in &masked {
                 trie.insert(value as u32, u32::from(len), i);
             }
-            Index::Trie(trie)
+            Index::Trie(trie, read)
         } else {
             let mut levels: Vec<(u8, u128, FxHashMap<u128, usize>)> = Vec::new();
             for &(value, len, i) in &masked {
@@ -84,24 +84,21 @@ impl LpmTable {
                 }
             }
             levels.reverse();
-            Index::Levels(levels)
+            Index::Levels(levels, field::reader(field))
         };
-        LpmTable {
-            read: field::reader(field),
-            index,
-        }
+        LpmTable { index }
     }
 
     /// Whether looking up a batch at once pays: for tries larger than a core's cache.
     pub fn batches(&self) -> bool {
-        matches!(&self.index, Index::Trie(t) if t.nodes.len() >= BATCH_MIN_NODES)
+        matches!(&self.index, Index::Trie(t, _) if t.nodes.len() >= BATCH_MIN_NODES)
     }
 
     /// [`LpmTable::lookup`] for many packets: each one's root slot read and the node under
     /// it prefetched first, 32 at a time, then the walks finished.
     pub fn lookup_batch(&self, pkts: &[PacketView<'_>], out: &mut [Option<usize>]) {
         const CHUNK: usize = 32;
-        let Index::Trie(t) = &self.index else {
+        let Index::Trie(t, read) = &self.index else {
             for (p, o) in pkts.iter().zip(out) {
                 *o = self.lookup(p);
             }
@@ -110,7 +107,7 @@ impl LpmTable {
         let mut values = [None; CHUNK];
         for (pkts, out) in pkts.chunks(CHUNK).zip(out.chunks_mut(CHUNK)) {
             for (v, p) in values.iter_mut().zip(pkts) {
-                *v = (self.read)(p.frame, p.meta, p.state).map(|v| v as u32);
+                *v = read(p.frame, p.meta, p.state).map(|v| v as u32);
                 if let Some(v) = *v {
                     t.prefetch(v);
                 }
@@ -125,12 +122,14 @@ impl LpmTable {
     /// inlining it into the packet's walk, which cost the VXLAN encap path 22 instructions.
     #[inline(always)]
     pub fn lookup(&self, pkt: &PacketView<'_>) -> Option<usize> {
-        let v = (self.read)(pkt.frame, pkt.meta, pkt.state)?;
         match &self.index {
-            Index::Trie(t) => t.lookup(v as u32),
-            Index::Levels(levels) => levels
-                .iter()
-                .find_map(|(_, mask, m)| m.get(&(v & mask)).copied()),
+            Index::Trie(t, read) => t.lookup(read(pkt.frame, pkt.meta, pkt.state)? as u32),
+            Index::Levels(levels, read) => {
+                let v = read(pkt.frame, pkt.meta, pkt.state)?;
+                levels
+                    .iter()
+                    .find_map(|(_, mask, m)| m.get(&(v & mask)).copied())
+            }
         }
     }
 }
@@ -370,7 +369,7 @@ mod tests {
                 .map(|(a, step)| (address(a), (u16::from(step) * u16::from(kind.bits()) / 8) as u8))
                 .collect();
             let table = LpmTable::new(Field { id, inner: false }, prefixes.iter().copied());
-            prop_assert_eq!(matches!(table.index, Index::Trie(_)), !v6);
+            prop_assert_eq!(matches!(table.index, Index::Trie(..)), !v6);
             let state = PacketState::default();
             for a in probes {
                 let frame = crate::wire::testing::frame(v6, address(1), address(a), 17, 1, 2, 0, 0);

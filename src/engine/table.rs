@@ -90,18 +90,91 @@ pub struct LinearScan {
 /// One match of a rule, with its field's reader chosen at build time (the generic read is
 /// a wide `match` on the field).
 #[derive(Debug)]
-struct Test {
-    m: FieldMatch,
-    read: field::Reader,
+enum Test {
+    /// A field of at most 64 bits: its value comes back, and is tested, in a register.
+    Narrow {
+        read: field::NarrowReader,
+        pattern: NarrowPattern,
+    },
+    /// An IPv6 address.
+    Wide {
+        read: field::Reader,
+        pattern: Pattern,
+    },
+    /// A Geneve option field: a list, matched if any option matches.
+    GeneveOption(FieldMatch),
 }
 
 impl Test {
+    fn new(m: &FieldMatch) -> Test {
+        match m.field.id {
+            FieldId::GeneveOptClass | FieldId::GeneveOptType => Test::GeneveOption(m.clone()),
+            _ => match field::narrow_reader(m.field) {
+                Some(read) => Test::Narrow {
+                    read,
+                    pattern: NarrowPattern::of(&m.pattern),
+                },
+                None => Test::Wide {
+                    read: field::reader(m.field),
+                    pattern: m.pattern.clone(),
+                },
+            },
+        }
+    }
+
     #[inline]
     fn holds(&self, pkt: &PacketView<'_>) -> bool {
-        match self.m.field.id {
-            FieldId::GeneveOptClass | FieldId::GeneveOptType => pkt.holds(&self.m),
-            _ => (self.read)(pkt.frame, pkt.meta, pkt.state)
-                .is_some_and(|v| self.m.pattern.matches(v)),
+        match self {
+            Test::Narrow { read, pattern } => {
+                read(pkt.frame, pkt.meta, pkt.state).is_some_and(|v| pattern.matches(v))
+            }
+            Test::Wide { read, pattern } => {
+                read(pkt.frame, pkt.meta, pkt.state).is_some_and(|v| pattern.matches(v))
+            }
+            Test::GeneveOption(m) => pkt.holds(m),
+        }
+    }
+}
+
+/// A [`Pattern`] over a field of at most 64 bits.
+#[derive(Debug)]
+enum NarrowPattern {
+    Masked {
+        value: u64,
+        mask: u64,
+    },
+    /// `lo <= v <= lo + span`, tested as one unsigned comparison.
+    Range {
+        lo: u64,
+        span: u64,
+    },
+    Any(Box<[NarrowPattern]>),
+}
+
+impl NarrowPattern {
+    /// The values of a narrow field's patterns fit in 64 bits (the checker holds them to
+    /// the field's width).
+    fn of(p: &Pattern) -> NarrowPattern {
+        match p {
+            Pattern::Masked { value, mask } => NarrowPattern::Masked {
+                value: *value as u64,
+                mask: *mask as u64,
+            },
+            Pattern::Range { lo, hi } if lo <= hi => NarrowPattern::Range {
+                lo: *lo as u64,
+                span: (hi - lo) as u64,
+            },
+            Pattern::Range { .. } => NarrowPattern::Any(Box::new([])),
+            Pattern::Any(ps) => NarrowPattern::Any(ps.iter().map(NarrowPattern::of).collect()),
+        }
+    }
+
+    #[inline]
+    fn matches(&self, v: u64) -> bool {
+        match self {
+            NarrowPattern::Masked { value, mask } => v & mask == *value,
+            NarrowPattern::Range { lo, span } => v.wrapping_sub(*lo) <= *span,
+            NarrowPattern::Any(ps) => ps.iter().any(|p| p.matches(v)),
         }
     }
 }
@@ -111,15 +184,7 @@ impl LinearScan {
         LinearScan {
             rules: rules
                 .iter()
-                .map(|r| {
-                    r.matches
-                        .iter()
-                        .map(|m| Test {
-                            m: m.clone(),
-                            read: field::reader(m.field),
-                        })
-                        .collect()
-                })
+                .map(|r| r.matches.iter().map(Test::new).collect())
                 .collect(),
         }
     }
@@ -143,7 +208,7 @@ pub const MAX_EXACT_FIELDS: usize = 8;
 pub struct ExactTable {
     /// Each field's reader and width in bits, chosen at build time (the generic read is a
     /// wide `match` on the field).
-    readers: Box<[(field::Reader, u32)]>,
+    readers: Box<[(field::FieldReader, u32)]>,
     map: ExactMap,
 }
 
@@ -260,7 +325,7 @@ impl ExactTable {
         ExactTable {
             readers: fields
                 .iter()
-                .map(|f| (field::reader(*f), u32::from(f.kind().bits())))
+                .map(|f| (field::FieldReader::new(*f), u32::from(f.kind().bits())))
                 .collect(),
             map,
         }
@@ -271,7 +336,7 @@ impl ExactTable {
     fn packed_key(&self, pkt: &PacketView<'_>) -> Option<u128> {
         let mut key = 0u128;
         for &(read, bits) in self.readers.iter() {
-            let v = read(pkt.frame, pkt.meta, pkt.state)?;
+            let v = read.read(pkt.frame, pkt.meta, pkt.state)?;
             key = if bits == 128 { v } else { key << bits | v };
         }
         Some(key)
@@ -319,7 +384,7 @@ impl ExactTable {
             ExactMap::Wide(map) => {
                 let mut key = [0u128; MAX_EXACT_FIELDS];
                 for (slot, &(read, _)) in key.iter_mut().zip(self.readers.iter()) {
-                    *slot = read(pkt.frame, pkt.meta, pkt.state)?;
+                    *slot = read.read(pkt.frame, pkt.meta, pkt.state)?;
                 }
                 map.get(&key[..self.readers.len()]).copied()
             }
@@ -819,6 +884,38 @@ mod tests {
                 (i % 3 != 0 && k < n).then_some(if k == 7 { n as usize } else { k as usize });
             assert_eq!(table.lookup(v), want, "packet {i}");
             assert_eq!(*b, want, "packet {i}, batched");
+        }
+    }
+
+    fn narrow_pattern() -> impl Strategy<Value = Pattern> {
+        let one = prop_oneof![
+            (any::<u64>(), any::<u64>()).prop_map(|(v, m)| Pattern::Masked {
+                value: u128::from(v & m),
+                mask: u128::from(m),
+            }),
+            (any::<u64>(), any::<u64>()).prop_map(|(a, b)| Pattern::Range {
+                lo: u128::from(a.min(b)),
+                hi: u128::from(a.max(b)),
+            }),
+            (0u64..1000, 0u64..1000).prop_map(|(a, b)| Pattern::Range {
+                lo: u128::from(a),
+                hi: u128::from(b),
+            }),
+        ];
+        prop_oneof![
+            one.clone(),
+            proptest::collection::vec(one, 0..4).prop_map(Pattern::Any)
+        ]
+    }
+
+    proptest! {
+        /// A narrow pattern holds for exactly the values its pattern does.
+        #[test]
+        fn narrow_patterns_match_as_their_patterns(
+            p in narrow_pattern(),
+            v in prop_oneof![any::<u64>(), 0u64..1000],
+        ) {
+            prop_assert_eq!(NarrowPattern::of(&p).matches(v), p.matches(u128::from(v)));
         }
     }
 

@@ -42,11 +42,13 @@ impl ValueKind {
     }
 }
 
-/// Calls macro `$m!` with every field id, in declaration order: the one list of fields,
-/// from which `FieldId` and the engine's per-field readers are both made.
+/// Calls macro `$m!` with every field id, in declaration order (after `$args`, if given):
+/// the one list of fields, from which `FieldId` and the engine's per-field readers are
+/// both made.
 macro_rules! with_field_ids {
-    ($m:ident) => {
+    ($m:ident $(, $args:tt)?) => {
         $m! {
+            $($args;)?
             EthSrc,
             EthDst,
             EthType,
