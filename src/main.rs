@@ -176,9 +176,9 @@ struct RunFlags {
     /// IPFIX collector address.
     #[arg(long, value_name = "ADDR")]
     ipfix: Option<std::net::SocketAddr>,
-    /// Count one packet in N into the IPFIX flow cache (systematic count-based sampling,
-    /// RFC 5475; default: the pipeline's `sampling`, else every packet). Tracked
-    /// connections still count every packet.
+    /// Count one packet in N into the IPFIX flow cache, at a random place in each window of
+    /// N (RFC 5475 random n-out-of-N; default: the pipeline's `sampling`, else every
+    /// packet). Tracked connections still count every packet.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     ipfix_sampling: Option<u32>,
     /// Worker threads (default: one per core).

@@ -21,7 +21,8 @@ pub use packet::{PacketBuf, DEFAULT_MAX_FRAME, HEADROOM};
 
 use crate::firewall::conntrack::{Conntrack, Lookup, Probe};
 use crate::ir::{self, Action, ActionList, PipeBody, PipeId, PortId, ServiceId, Telemetry};
-use crate::telemetry::flows::{FlowCache, FlowProbe, FlowRecord, FlowStats, Sampler};
+use crate::telemetry::flows::{FlowCache, FlowProbe, FlowRecord, FlowStats};
+use crate::telemetry::sampling::Sampler;
 use field::PacketState;
 use lpm::LpmTable;
 use meter::MeterState;
@@ -434,11 +435,13 @@ impl Engine {
     /// counts the packet where the pipeline tracks connections (the lookup is made anyway),
     /// else in a flow cache. Connections note ports in a byte each, so a pipeline of more
     /// than 255 ports keeps all its flows in the cache.
-    /// The cache counts the packets of one in `t.sampling` (connections count all theirs).
+    /// The cache counts one packet in `t.sampling`, chosen at random (connections count all
+    /// theirs).
     pub fn enable_flows(&mut self, capacity: usize, t: &Telemetry) {
         let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let (active, idle) = (ns(t.active_timeout), ns(t.idle_timeout));
-        let cache = FlowCache::new(capacity, active, idle).sampling(Sampler::new(t.sampling));
+        let sampler = Sampler::seeded_randomly(t.sampling);
+        let cache = FlowCache::new(capacity, active, idle).sampling(sampler);
         self.rt.flows = Some(cache);
         if let Some(ct) = self.rt.ct.as_mut().filter(|_| self.rt.mtus.len() <= 255) {
             ct.enable_export(active);

@@ -6,6 +6,7 @@ use crate::engine::parse::{Meta, L3};
 use crate::engine::prefetch::prefetch;
 use crate::hash::KeyedHash;
 use crate::sweep::Pace;
+use crate::telemetry::sampling::Sampler;
 use crate::wire::{be128, be32, be64, ip_proto};
 
 /// What identifies a flow.
@@ -200,42 +201,6 @@ pub struct FlowRecord {
     pub sampled: bool,
 }
 
-/// Systematic count-based packet selection (RFC 5475 §5.1; selectorAlgorithm 1 of RFC
-/// 5477): the first packet of every `interval`, counted from the first packet offered.
-/// Deterministic, so an export of known traffic is known exactly.
-#[derive(Debug, Clone, Copy)]
-pub struct Sampler {
-    interval: u32,
-    /// Packets to pass over before the next selected one.
-    skip: u32,
-}
-
-impl Sampler {
-    /// One packet in `interval` (at least 1: every packet).
-    pub fn new(interval: u32) -> Sampler {
-        Sampler {
-            interval: interval.max(1),
-            skip: 0,
-        }
-    }
-
-    pub fn interval(&self) -> u32 {
-        self.interval
-    }
-
-    /// Whether the packet offered now is selected.
-    #[inline(always)]
-    pub fn selects(&mut self) -> bool {
-        if self.skip == 0 {
-            self.skip = self.interval - 1;
-            true
-        } else {
-            self.skip -= 1;
-            false
-        }
-    }
-}
-
 /// What a packet's flow record needs of it that the pipeline may rewrite, taken as it
 /// arrives by [`FlowCache::probe`]: its key, the key's hash and its TCP flags. (Its IP
 /// length is in the arrival parse, which the engine keeps.)
@@ -330,8 +295,8 @@ pub struct FlowCache {
     records: u64,
     /// Records the sweep produced, for [`FlowCache::take_records`].
     due: Vec<FlowRecord>,
-    /// Which packets are counted.
-    sampler: Sampler,
+    /// Which packets are counted (`None`: all).
+    sampler: Option<Sampler>,
     /// The next slot the sweep examines.
     sweep_at: usize,
     pace: Pace,
@@ -355,22 +320,25 @@ impl FlowCache {
             overflow: 0,
             records: 0,
             due: Vec::with_capacity(RECORDS_KEPT),
-            sampler: Sampler::new(1),
+            sampler: None,
             sweep_at: 0,
             pace: Pace::default(),
         }
     }
 
-    /// Counts only the packets `sampler` selects.
+    /// Counts only the packets `sampler` selects (all when its interval is 1).
     pub fn sampling(self, sampler: Sampler) -> FlowCache {
-        FlowCache { sampler, ..self }
+        FlowCache {
+            sampler: (sampler.interval() > 1).then_some(sampler),
+            ..self
+        }
     }
 
     /// Whether the packet offered now is to be counted (see [`FlowCache::sampling`]);
     /// the caller offers each packet it would count once.
     #[inline(always)]
     pub fn selects(&mut self) -> bool {
-        self.sampler.selects()
+        self.sampler.as_mut().is_none_or(Sampler::selects)
     }
 
     /// Writes the probe of a parsed packet to `probe` (`false` for non-IP packets): its
@@ -622,7 +590,7 @@ impl FlowCache {
                 out_port: (h.out_port != NO_PORT).then_some(h.out_port),
                 denied: h.denied,
                 reason,
-                sampled: self.sampler.interval() > 1,
+                sampled: self.sampler.is_some(),
             });
         }
         if reason == EndReason::Active {
@@ -673,16 +641,6 @@ mod tests {
 
     fn probe(c: &FlowCache, k: &FlowKey) -> FlowProbe {
         c.probe_key(k, 0)
-    }
-
-    #[test]
-    fn sampler_selects_the_first_of_every_interval() {
-        let mut s = Sampler::new(3);
-        let picked: Vec<bool> = (0..7).map(|_| s.selects()).collect();
-        assert_eq!(picked, [true, false, false, true, false, false, true]);
-        let mut every = Sampler::new(0);
-        assert_eq!(every.interval(), 1);
-        assert!((0..5).all(|_| every.selects()));
     }
 
     #[test]

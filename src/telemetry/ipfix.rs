@@ -11,9 +11,9 @@
 //!
 //! When the flow cache samples packets, its records go out with two more templates that
 //! add selectorId, and the templates' message also carries the selector's report
-//! interpretation (RFC 5476 §6.5.2): an options record naming the algorithm (systematic
-//! count-based, RFC 5477 §8.2.2) and its packet interval and space, from which a collector
-//! scales the counts up. Records from connections count every packet and keep the plain
+//! interpretation (RFC 5476 §6.5.2): an options record naming the algorithm (random
+//! n-out-of-N, RFC 5477 §8.2.3) with its sample size (1) and population (N), from which a
+//! collector scales the counts up. Records from connections count every packet and keep the plain
 //! templates.
 
 use super::flows::{EndReason, FlowRecord};
@@ -31,12 +31,12 @@ pub const TEMPLATE_V6_SAMPLED: u16 = 259;
 pub const TEMPLATE_SELECTOR: u16 = 260;
 /// The flow cache's one selector.
 const SELECTOR_ID: u64 = 1;
-/// selectorAlgorithm 1: systematic count-based sampling (IANA PSAMP parameters).
-const SYSTEMATIC_COUNT_BASED: u16 = 1;
+/// selectorAlgorithm 3: random n-out-of-N sampling (IANA PSAMP parameters).
+const RANDOM_N_OUT_OF_N: u16 = 3;
 
 /// (information element id, length) of the selector report's fields: the scope,
-/// selectorId, then selectorAlgorithm, samplingPacketInterval and samplingPacketSpace.
-const SELECTOR_FIELDS: [(u16, u16); 4] = [(302, 8), (304, 2), (305, 4), (306, 4)];
+/// selectorId, then selectorAlgorithm, samplingSize and samplingPopulation.
+const SELECTOR_FIELDS: [(u16, u16); 4] = [(302, 8), (304, 2), (309, 4), (310, 4)];
 
 /// A data template: the address family and whether records carry a selectorId.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,12 +195,12 @@ impl Exporter {
                 put16(&mut msg, len);
             }
             end_set(&mut msg, set);
-            // One packet selected, then `sampling - 1` passed over (RFC 5477 §8.2.2).
+            // One packet out of each `sampling` (RFC 5477 §8.2.3).
             let set = start_set(&mut msg, TEMPLATE_SELECTOR);
             msg.extend_from_slice(&SELECTOR_ID.to_be_bytes());
-            put16(&mut msg, SYSTEMATIC_COUNT_BASED);
+            put16(&mut msg, RANDOM_N_OUT_OF_N);
             msg.extend_from_slice(&1u32.to_be_bytes());
-            msg.extend_from_slice(&(self.sampling - 1).to_be_bytes());
+            msg.extend_from_slice(&self.sampling.to_be_bytes());
             end_set(&mut msg, set);
             self.sequence = self.sequence.wrapping_add(1);
         }
@@ -340,8 +340,8 @@ mod tests {
     }
 
     /// With sampling, the templates' message holds the four data templates, the selector
-    /// report's options template and its record (one selected, N - 1 passed over), which
-    /// the sequence counts; sampled records go out with the selector's templates.
+    /// report's options template and its record (one packet out of N), which the sequence
+    /// counts; sampled records go out with the selector's templates.
     #[test]
     fn sampled_records_name_their_selector() {
         let mut e = Exporter::new(7, 1400, 600, 100);
@@ -370,8 +370,8 @@ mod tests {
         assert_eq!(ids, [TEMPLATE_SET, OPTIONS_TEMPLATE_SET, TEMPLATE_SELECTOR]);
         let data = sets[2].1 + SET_HEADER_LEN;
         assert_eq!(u64::from_be_bytes(t[data..data + 8].try_into().unwrap()), 1);
-        assert_eq!(u16_at(t, data + 8), SYSTEMATIC_COUNT_BASED);
-        assert_eq!((u32_at(t, data + 10), u32_at(t, data + 14)), (1, 99));
+        assert_eq!(u16_at(t, data + 8), RANDOM_N_OUT_OF_N);
+        assert_eq!((u32_at(t, data + 10), u32_at(t, data + 14)), (1, 100));
         // Then one message per template, each counting the records before it.
         let data_ids: Vec<(u16, u32)> = msgs[1..]
             .iter()

@@ -9,6 +9,7 @@ pub mod flows;
 pub mod http;
 pub mod ipfix;
 pub mod metrics;
+pub mod sampling;
 
 use crate::engine::{Counter, Stats};
 use crate::firewall::conntrack::CtStats;
