@@ -24,10 +24,10 @@ use crate::telemetry::flows::FlowRecord;
 use crate::telemetry::http::{self, Handler};
 use crate::telemetry::ipfix::Exporter;
 use crate::telemetry::metrics::{self, Info};
-use crate::telemetry::{Latency, Snapshot};
+use crate::telemetry::{ExportStats, Latency, Snapshot};
 use crossbeam_channel::{bounded, Receiver, Select, Sender, TrySendError};
 use std::net::{SocketAddr, TcpListener, UdpSocket};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -97,8 +97,17 @@ struct Shared {
     code: Arc<Compiled>,
     info: Info,
     snapshots: Vec<Mutex<Snapshot>>,
+    /// The IPFIX exporter's counts, when exporting.
+    export: Option<ExportCounts>,
     workers_up: AtomicUsize,
     workers: usize,
+}
+
+/// Counted by the exporter thread, read at scrape time.
+#[derive(Debug, Default)]
+struct ExportCounts {
+    messages: AtomicU64,
+    failed: AtomicU64,
 }
 
 impl Handler for Shared {
@@ -109,6 +118,10 @@ impl Handler for Shared {
                 total.merge(&s);
             }
         }
+        total.export = self.export.as_ref().map(|e| ExportStats {
+            messages: e.messages.load(Ordering::Relaxed),
+            failed: e.failed.load(Ordering::Relaxed),
+        });
         metrics::render(&self.program, &total, &self.info)
     }
 
@@ -146,6 +159,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         snapshots: (0..workers)
             .map(|_| Mutex::new(Snapshot::default()))
             .collect(),
+        export: opts.ipfix.map(|_| ExportCounts::default()),
         workers_up: AtomicUsize::new(0),
         workers,
         code: Arc::new(Compiled::new(&program)),
@@ -182,7 +196,10 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             Some(
                 std::thread::Builder::new()
                     .name("ipfix".into())
-                    .spawn(move || export(&socket, &flows_rx, refresh, sampling))
+                    .spawn({
+                        let shared = Arc::clone(&shared);
+                        move || export(&socket, &flows_rx, refresh, sampling, &shared)
+                    })
                     .map_err(|e| RunError::Thread(e.to_string()))?,
             )
         }
@@ -481,6 +498,7 @@ fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
                 stats: engine.stats().clone(),
                 conntrack: engine.conntrack().map(|c| c.stats),
                 flows: engine.flow_stats(),
+                export: None,
                 latency: latency.clone(),
             };
         }
@@ -555,23 +573,42 @@ fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
     publish(&engine, &latency);
 }
 
-/// Sends flow records as IPFIX messages until every worker is done; returns the records sent.
+/// How often a failing export is logged (each failure is counted).
+const EXPORT_WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// Sends flow records as IPFIX messages until every worker is done, counting messages sent
+/// and refused in `shared`; returns the records sent.
 fn export(
     socket: &UdpSocket,
     rx: &Receiver<Vec<FlowRecord>>,
     template_refresh_s: u64,
     sampling: u32,
+    shared: &Shared,
 ) -> u64 {
+    let Some(counts) = &shared.export else {
+        return 0;
+    };
     let mut exporter = Exporter::new(1, IPFIX_MESSAGE, template_refresh_s, sampling);
     let mut sent = 0u64;
+    // Failures since the last warning, and when that was: a collector that is down would
+    // otherwise be reported for every message.
+    let (mut unreported, mut warned) = (0u64, None::<Instant>);
     for records in rx.iter() {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         for msg in exporter.messages(&records, now) {
-            if let Err(e) = socket.send(&msg) {
-                tracing::warn!(error = %e, "IPFIX message not sent");
-            }
+            match socket.send(&msg) {
+                Ok(_) => counts.messages.fetch_add(1, Ordering::Relaxed),
+                Err(e) => {
+                    unreported += 1;
+                    if warned.is_none_or(|t| t.elapsed() >= EXPORT_WARN_EVERY) {
+                        tracing::warn!(error = %e, messages = unreported, "IPFIX messages not sent");
+                        (unreported, warned) = (0, Some(Instant::now()));
+                    }
+                    counts.failed.fetch_add(1, Ordering::Relaxed)
+                }
+            };
         }
         sent += records.len() as u64;
     }

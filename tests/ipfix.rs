@@ -315,6 +315,8 @@ fn nfdump_and_tshark_read_the_export() {
     assert_eq!(x.metric("dpuflow_flow_cache_full_packets_total"), 0);
     assert_eq!(x.metric("dpuflow_flow_cache_entries"), 0);
     assert_eq!(x.metric("dpuflow_flow_cache_limit"), 2 << 20);
+    assert!(x.metric("dpuflow_ipfix_messages_total") >= 2);
+    assert_eq!(x.metric("dpuflow_ipfix_send_failures_total"), 0);
     assert_eq!(x.check_with_tshark(), x.want.len() as u64);
 }
 

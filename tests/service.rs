@@ -175,6 +175,69 @@ fn live_scrape_passes_promtool_and_our_rules() {
     assert_eq!(svc.terminate(), 0);
 }
 
+/// A collector that is not there: the exporter counts the messages the socket refuses
+/// (loopback answers each with ICMP port unreachable, which fails the next send) and warns
+/// once, not once a message.
+#[test]
+fn unreachable_collector_is_counted_and_warned_once() {
+    let dir = Scratch::new("service-no-collector");
+    scapy(&dir.0, TRAFFIC);
+    let nobody = std::net::UdpSocket::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .to_string();
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dpuflow"))
+        .args([
+            "run",
+            "pipelines/vxlan-gateway.pipe",
+            "--in",
+            &format!("host={}", dir.path("host.pcap")),
+            "--workers",
+            "1",
+            "--metrics",
+            &metrics,
+            "--ipfix",
+            &nobody,
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dpuflow run");
+    let svc_addr: SocketAddr = metrics.parse().expect("addr");
+    let value = |body: &str, name: &str| -> u64 {
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let body = loop {
+        if let Some((200, body)) = get(svc_addr, "/metrics") {
+            if value(&body, "dpuflow_ipfix_send_failures_total") > 0 {
+                break body;
+            }
+        }
+        assert!(Instant::now() < deadline, "no send failure counted");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // 57 flows make a templates message and several data messages.
+    let (sent, failed) = (
+        value(&body, "dpuflow_ipfix_messages_total"),
+        value(&body, "dpuflow_ipfix_send_failures_total"),
+    );
+    assert!(
+        sent >= 1 && sent + failed >= 4,
+        "{sent} sent, {failed} failed"
+    );
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success());
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(log.matches("IPFIX messages not sent").count(), 1, "{log}");
+}
+
 #[test]
 fn golden_exposition() {
     let dir = Scratch::new("service-golden");

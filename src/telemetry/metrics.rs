@@ -328,6 +328,17 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info) -> String {
             "Flow records of connections lost because the exporter fell behind.",
             [(vec![], fl.lost_records)],
         );
+        let ex = snap.export.unwrap_or_default();
+        fam.counter(
+            "dpuflow_ipfix_messages_total",
+            "IPFIX messages sent to the collector.",
+            [(vec![], ex.messages)],
+        );
+        fam.counter(
+            "dpuflow_ipfix_send_failures_total",
+            "IPFIX messages the socket would not send (their records are lost).",
+            [(vec![], ex.failed)],
+        );
     }
 
     let l = &snap.latency;

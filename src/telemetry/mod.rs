@@ -49,12 +49,23 @@ impl Latency {
     }
 }
 
-/// What one worker publishes, and what a scrape sums.
+/// What the IPFIX exporter reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExportStats {
+    /// Messages sent to the collector.
+    pub messages: u64,
+    /// Messages the socket would not send (the collector unreachable, say): their records
+    /// are lost.
+    pub failed: u64,
+}
+
+/// What one worker publishes, and what a scrape sums (with the exporter's counts).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Snapshot {
     pub stats: Stats,
     pub conntrack: Option<CtStats>,
     pub flows: Option<FlowStats>,
+    pub export: Option<ExportStats>,
     pub latency: Latency,
 }
 
