@@ -188,7 +188,7 @@ fn unreachable_collector_is_counted_and_warned_once() {
         .expect("addr")
         .to_string();
     let metrics = format!("127.0.0.1:{}", free_port());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dpuflow"))
+    let child = Command::new(env!("CARGO_BIN_EXE_dpuflow"))
         .args([
             "run",
             "pipelines/vxlan-gateway.pipe",
