@@ -681,6 +681,9 @@ fn run(f: RunFlags) -> ExitCode {
     if let Some(n) = f.ipfix_sampling {
         program.telemetry.sampling = n;
     }
+    if program.telemetry.sampling > 1 && f.ipfix.or(program.telemetry.ipfix).is_none() {
+        tracing::warn!("IPFIX sampling is set but no collector is: nothing is exported");
+    }
     let load_seconds = started.elapsed().as_secs_f64();
     let bindings = match (
         bind(&program, &f.inputs, "in"),
