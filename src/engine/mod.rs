@@ -435,6 +435,7 @@ impl Engine {
     /// counts the packet where the pipeline tracks connections (the lookup is made anyway),
     /// else in a flow cache. Connections note ports in a byte each, so a pipeline of more
     /// than 255 ports keeps all its flows in the cache.
+    ///
     /// The cache counts one packet in `t.sampling`, chosen at random (connections count all
     /// theirs).
     pub fn enable_flows(&mut self, capacity: usize, t: &Telemetry) {
