@@ -12,6 +12,8 @@ pub struct Report {
     pub forwarded: u64,
     pub dropped: u64,
     pub queued: u64,
+    /// With flow records kept: flows in the cache at the end, and records made.
+    pub flows: Option<(u64, u64)>,
 }
 
 impl Report {
@@ -81,6 +83,7 @@ pub fn run(
         forwarded: v[0],
         dropped: v[1],
         queued: v[2],
+        flows: engine.flow_stats().map(|f| (f.flows, f.records)),
     }
 }
 

@@ -537,6 +537,9 @@ fn bench(f: BenchFlags) -> ExitCode {
         r.dropped,
         r.queued
     );
+    if let Some((flows, records)) = r.flows {
+        println!("flow records: {flows} flows held, {records} records made");
+    }
     ExitCode::SUCCESS
 }
 
