@@ -91,10 +91,16 @@ pub struct LinearScan {
 /// a wide `match` on the field).
 #[derive(Debug)]
 enum Test {
-    /// A field of at most 64 bits: its value comes back, and is tested, in a register.
+    /// A field of at most 64 bits matched against one interval: its value comes back, and
+    /// is tested, in registers.
     Narrow {
         read: field::NarrowReader,
-        pattern: NarrowPattern,
+        interval: Interval,
+    },
+    /// A field of at most 64 bits matched against a set.
+    NarrowSet {
+        read: field::NarrowReader,
+        set: Box<[Interval]>,
     },
     /// An IPv6 address.
     Wide {
@@ -109,12 +115,22 @@ impl Test {
     fn new(m: &FieldMatch) -> Test {
         match m.field.id {
             FieldId::GeneveOptClass | FieldId::GeneveOptType => Test::GeneveOption(m.clone()),
-            _ => match field::narrow_reader(m.field) {
-                Some(read) => Test::Narrow {
+            _ => match (field::narrow_reader(m.field), &m.pattern) {
+                (Some(read), Pattern::Any(ps)) => Test::NarrowSet {
                     read,
-                    pattern: NarrowPattern::of(&m.pattern),
+                    set: ps.iter().flat_map(Interval::of).collect(),
                 },
-                None => Test::Wide {
+                (Some(read), p) => match Interval::of(p).as_slice() {
+                    [interval] => Test::Narrow {
+                        read,
+                        interval: *interval,
+                    },
+                    set => Test::NarrowSet {
+                        read,
+                        set: set.into(),
+                    },
+                },
+                (None, _) => Test::Wide {
                     read: field::reader(m.field),
                     pattern: m.pattern.clone(),
                 },
@@ -125,8 +141,11 @@ impl Test {
     #[inline]
     fn holds(&self, pkt: &PacketView<'_>) -> bool {
         match self {
-            Test::Narrow { read, pattern } => {
-                read(pkt.frame, pkt.meta, pkt.state).is_some_and(|v| pattern.matches(v))
+            Test::Narrow { read, interval } => {
+                read(pkt.frame, pkt.meta, pkt.state).is_some_and(|v| interval.holds(v))
+            }
+            Test::NarrowSet { read, set } => {
+                read(pkt.frame, pkt.meta, pkt.state).is_some_and(|v| set.iter().any(|i| i.holds(v)))
             }
             Test::Wide { read, pattern } => {
                 read(pkt.frame, pkt.meta, pkt.state).is_some_and(|v| pattern.matches(v))
@@ -136,46 +155,39 @@ impl Test {
     }
 }
 
-/// A [`Pattern`] over a field of at most 64 bits.
-#[derive(Debug)]
-enum NarrowPattern {
-    Masked {
-        value: u64,
-        mask: u64,
-    },
-    /// `lo <= v <= lo + span`, tested as one unsigned comparison.
-    Range {
-        lo: u64,
-        span: u64,
-    },
-    Any(Box<[NarrowPattern]>),
+/// A masked value or a range over a field of at most 64 bits, in one form: `v` holds when
+/// `(v & mask) - lo`, wrapping, is at most `span` (a mask and value: `lo` the value,
+/// `span` 0; a range: `mask` all ones). One test, no branch on the kind.
+#[derive(Debug, Clone, Copy)]
+struct Interval {
+    mask: u64,
+    lo: u64,
+    span: u64,
 }
 
-impl NarrowPattern {
+impl Interval {
     /// The values of a narrow field's patterns fit in 64 bits (the checker holds them to
-    /// the field's width).
-    fn of(p: &Pattern) -> NarrowPattern {
+    /// the field's width). An empty range is no interval; a set is its members'.
+    fn of(p: &Pattern) -> Vec<Interval> {
         match p {
-            Pattern::Masked { value, mask } => NarrowPattern::Masked {
-                value: *value as u64,
+            Pattern::Masked { value, mask } => vec![Interval {
                 mask: *mask as u64,
-            },
-            Pattern::Range { lo, hi } if lo <= hi => NarrowPattern::Range {
+                lo: *value as u64,
+                span: 0,
+            }],
+            Pattern::Range { lo, hi } if lo <= hi => vec![Interval {
+                mask: u64::MAX,
                 lo: *lo as u64,
                 span: (hi - lo) as u64,
-            },
-            Pattern::Range { .. } => NarrowPattern::Any(Box::new([])),
-            Pattern::Any(ps) => NarrowPattern::Any(ps.iter().map(NarrowPattern::of).collect()),
+            }],
+            Pattern::Range { .. } => Vec::new(),
+            Pattern::Any(ps) => ps.iter().flat_map(Interval::of).collect(),
         }
     }
 
-    #[inline]
-    fn matches(&self, v: u64) -> bool {
-        match self {
-            NarrowPattern::Masked { value, mask } => v & mask == *value,
-            NarrowPattern::Range { lo, span } => v.wrapping_sub(*lo) <= *span,
-            NarrowPattern::Any(ps) => ps.iter().any(|p| p.matches(v)),
-        }
+    #[inline(always)]
+    fn holds(&self, v: u64) -> bool {
+        (v & self.mask).wrapping_sub(self.lo) <= self.span
     }
 }
 
@@ -909,13 +921,18 @@ mod tests {
     }
 
     proptest! {
-        /// A narrow pattern holds for exactly the values its pattern does.
+        /// Narrow intervals hold for exactly the values their pattern does.
         #[test]
-        fn narrow_patterns_match_as_their_patterns(
+        fn narrow_intervals_match_as_their_patterns(
             p in narrow_pattern(),
             v in prop_oneof![any::<u64>(), 0u64..1000],
         ) {
-            prop_assert_eq!(NarrowPattern::of(&p).matches(v), p.matches(u128::from(v)));
+            let test = Test::new(&FieldMatch { field: outer(FieldId::MetaMark), pattern: p.clone() });
+            let (Test::Narrow { .. } | Test::NarrowSet { .. }) = test else {
+                return Err(TestCaseError::fail("a narrow field"));
+            };
+            let held = Interval::of(&p).iter().any(|i| i.holds(v));
+            prop_assert_eq!(held, p.matches(u128::from(v)));
         }
     }
 
