@@ -5,7 +5,7 @@
 //! ingressInterface, egressInterface, protocolIdentifier, source and destination address
 //! and transport port, tcpControlBits, firewallEvent, flowEndReason, layer2SegmentId
 //! (the VNI in its low 24 bits for tunnelled flows). Messages stay under a size limit so
-//! they fit the path MTU; templates go out first and again every refresh interval
+//! they fit the path MTU (at least 512 bytes, which the templates' message needs); templates go out first and again every refresh interval
 //! (RFC 7011 §8.4); the sequence number counts data records sent before each message
 //! (§3.1).
 //!
@@ -29,6 +29,9 @@ pub const TEMPLATE_V4_SAMPLED: u16 = 258;
 pub const TEMPLATE_V6_SAMPLED: u16 = 259;
 /// The options template of the selector report (RFC 5476 §6.5.2).
 pub const TEMPLATE_SELECTOR: u16 = 260;
+/// The smallest size limit taken: the templates' message (332 bytes with the sampled
+/// templates and the selector report) must fit in one.
+const MIN_MESSAGE: usize = 512;
 /// The flow cache's one selector.
 const SELECTOR_ID: u64 = 1;
 /// selectorAlgorithm 3: random n-out-of-N sampling (IANA PSAMP parameters).
@@ -142,7 +145,7 @@ impl Exporter {
     ) -> Exporter {
         Exporter {
             domain,
-            max_message: max_message.max(256),
+            max_message: max_message.max(MIN_MESSAGE),
             sequence: 0,
             template_refresh_s,
             last_templates_s: None,
@@ -275,6 +278,7 @@ fn encode(msg: &mut Vec<u8>, r: &FlowRecord) {
 mod tests {
     use super::*;
     use crate::telemetry::flows::FlowKey;
+    use proptest::prelude::*;
 
     fn rec(n: u16, v6: bool) -> FlowRecord {
         FlowRecord {
@@ -410,5 +414,184 @@ mod tests {
             "one set"
         );
         assert_eq!(e.sequence(), 0);
+    }
+
+    /// A decoder driven by the templates the messages carry: set by set, each data record
+    /// read field by field into (information element, value).
+    struct Decoder {
+        templates: std::collections::HashMap<u16, Vec<(u16, u16)>>,
+        records: Vec<Vec<(u16, u128)>>,
+        /// Data records seen (the options records too), the next sequence number.
+        counted: u32,
+    }
+
+    impl Decoder {
+        fn message(&mut self, m: &[u8], max: usize) {
+            assert!(m.len() <= max, "{} bytes over {max}", m.len());
+            assert_eq!(usize::from(u16_at(m, 2)), m.len());
+            assert_eq!(u32_at(m, 8), self.counted, "sequence number");
+            let mut at = HEADER_LEN;
+            while at < m.len() {
+                let (id, len) = (u16_at(m, at), usize::from(u16_at(m, at + 2)));
+                let body = &m[at + SET_HEADER_LEN..at + len];
+                match id {
+                    TEMPLATE_SET | OPTIONS_TEMPLATE_SET => {
+                        let mut b = 0;
+                        while b < body.len() {
+                            let (tid, count) = (u16_at(body, b), usize::from(u16_at(body, b + 2)));
+                            b += if id == OPTIONS_TEMPLATE_SET { 6 } else { 4 };
+                            let fields = (0..count)
+                                .map(|f| (u16_at(body, b + 4 * f), u16_at(body, b + 4 * f + 2)))
+                                .collect();
+                            b += 4 * count;
+                            self.templates.insert(tid, fields);
+                        }
+                    }
+                    _ => {
+                        let fields = self.templates.get(&id).expect("template sent first");
+                        let width: usize = fields.iter().map(|&(_, l)| usize::from(l)).sum();
+                        for rec in body.chunks(width) {
+                            let mut off = 0;
+                            let values = fields
+                                .iter()
+                                .map(|&(ie, l)| {
+                                    let l = usize::from(l);
+                                    let v = rec[off..off + l]
+                                        .iter()
+                                        .fold(0u128, |a, &x| a << 8 | u128::from(x));
+                                    off += l;
+                                    (ie, v)
+                                })
+                                .collect();
+                            if id != TEMPLATE_SELECTOR {
+                                self.records.push(values);
+                            }
+                            self.counted += 1;
+                        }
+                    }
+                }
+                at += len;
+            }
+        }
+    }
+
+    /// What the export must carry of a record, in information elements.
+    fn expected(r: &FlowRecord) -> Vec<(u16, u128)> {
+        let k = &r.key;
+        let (src, dst) = if k.v6 { (27, 28) } else { (8, 12) };
+        let mut v = vec![
+            (1, u128::from(r.bytes)),
+            (2, u128::from(r.packets)),
+            (152, u128::from(r.first_ns / 1_000_000)),
+            (153, u128::from(r.last_ns / 1_000_000)),
+            (10, u128::from(k.in_port) + 1),
+            (14, r.out_port.map_or(0, |p| u128::from(p) + 1)),
+            (4, u128::from(k.proto)),
+            (src, k.src),
+            (dst, k.dst),
+            (7, u128::from(k.sport)),
+            (11, u128::from(k.dport)),
+            (6, u128::from(r.tcp_flags)),
+            (233, u128::from(firewall_event(r))),
+            (136, r.reason as u128),
+            (351, k.vni.map_or(0, |n| 1 << 56 | u128::from(n))),
+        ];
+        if r.sampled {
+            v.push((302, u128::from(SELECTOR_ID)));
+        }
+        v
+    }
+
+    fn record() -> impl Strategy<Value = FlowRecord> {
+        let reason = prop_oneof![
+            Just(EndReason::Idle),
+            Just(EndReason::Active),
+            Just(EndReason::EndOfFlow),
+            Just(EndReason::Forced)
+        ];
+        (
+            (
+                any::<bool>(),
+                any::<u128>(),
+                any::<u128>(),
+                any::<u16>(),
+                any::<u8>(),
+            ),
+            (
+                any::<u16>(),
+                any::<u16>(),
+                proptest::option::of(0u32..1 << 24),
+            ),
+            (
+                any::<u64>(),
+                any::<u64>(),
+                any::<u64>(),
+                any::<u64>(),
+                any::<u8>(),
+            ),
+            (
+                proptest::option::of(any::<u16>()),
+                any::<bool>(),
+                reason,
+                any::<bool>(),
+            ),
+        )
+            .prop_map(|(addr, ports, counts, end)| {
+                let (v6, src, dst, in_port, proto) = addr;
+                let narrow = |a: u128| if v6 { a } else { a & 0xffff_ffff };
+                FlowRecord {
+                    key: FlowKey {
+                        in_port,
+                        v6,
+                        src: narrow(src),
+                        dst: narrow(dst),
+                        proto,
+                        sport: ports.0,
+                        dport: ports.1,
+                        vni: ports.2,
+                    },
+                    first_ns: counts.0,
+                    last_ns: counts.1,
+                    packets: counts.2,
+                    bytes: counts.3,
+                    tcp_flags: counts.4,
+                    out_port: end.0,
+                    denied: end.1,
+                    reason: end.2,
+                    sampled: end.3,
+                }
+            })
+    }
+
+    proptest! {
+        /// Whatever the records and the message size, a decoder that knows only what the
+        /// messages say reads every record back, with sequence numbers counting the
+        /// records before each message and no message over the size.
+        #[test]
+        fn records_decode_back_from_their_templates(
+            records in proptest::collection::vec(record(), 0..120),
+            max in 0usize..1500,
+            sampling in prop_oneof![Just(1u32), 2u32..1000],
+        ) {
+            let records: Vec<FlowRecord> = records
+                .into_iter()
+                .map(|r| FlowRecord { sampled: r.sampled && sampling > 1, ..r })
+                .collect();
+            let mut e = Exporter::new(9, max, 600, sampling);
+            let mut d = Decoder {
+                templates: Default::default(),
+                records: Vec::new(),
+                counted: 0,
+            };
+            for m in e.messages(&records, 1000) {
+                d.message(&m, max.max(MIN_MESSAGE));
+            }
+            let mut got = d.records;
+            let mut want: Vec<Vec<(u16, u128)>> = records.iter().map(expected).collect();
+            got.sort();
+            want.sort();
+            prop_assert_eq!(got, want);
+            prop_assert_eq!(e.sequence(), d.counted);
+        }
     }
 }
