@@ -238,6 +238,43 @@ fn unreachable_collector_is_counted_and_warned_once() {
     assert_eq!(log.matches("IPFIX messages not sent").count(), 1, "{log}");
 }
 
+/// Clients that connect and send nothing hold up no one: a probe is answered at once while
+/// they wait (the server gives a request 2 s; answering one connection at a time, three
+/// silent ones held it for 6), and a HEAD gets the headers only.
+#[test]
+fn silent_clients_hold_up_no_probe() {
+    let dir = Scratch::new("service-silent");
+    scapy(&dir.0, TRAFFIC);
+    let svc = Service::start(&[
+        "pipelines/vxlan-gateway.pipe",
+        "--in",
+        &format!("host={}", dir.path("host.pcap")),
+        "--workers",
+        "1",
+    ]);
+    let silent: Vec<std::net::TcpStream> = (0..3)
+        .map(|_| std::net::TcpStream::connect(svc.addr).expect("connect"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let asked = Instant::now();
+    assert_eq!(get(svc.addr, "/healthz").map(|(c, _)| c), Some(200));
+    assert!(
+        asked.elapsed() < Duration::from_millis(1500),
+        "the probe waited {:?} behind silent clients",
+        asked.elapsed()
+    );
+    let mut head = std::net::TcpStream::connect(svc.addr).expect("connect");
+    head.write_all(b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .expect("write");
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut head, &mut answer).expect("read");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("Content-Length: "), "{answer}");
+    assert!(answer.ends_with("\r\n\r\n"), "a body after HEAD: {answer}");
+    drop(silent);
+    assert_eq!(svc.terminate(), 0);
+}
+
 #[test]
 fn golden_exposition() {
     let dir = Scratch::new("service-golden");
