@@ -241,7 +241,14 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         };
         std::thread::Builder::new()
             .name("io".into())
-            .spawn(move || io(merger, &opts, writers, ends, &stop))
+            .spawn(move || {
+                let done = io(merger, &opts, writers, ends, &stop);
+                // Said now, not at shutdown: the service goes on serving its metrics.
+                if let Err(e) = &done {
+                    tracing::error!(error = %e, "reading or writing captures failed; no more packets");
+                }
+                done
+            })
             .map_err(|e| RunError::Thread(e.to_string()))?
     };
 

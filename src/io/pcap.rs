@@ -35,6 +35,7 @@ const PCAPNG_EPB: u32 = 6;
 const PCAP_RECORD_HEADER: usize = 16;
 /// Read buffer: a few thousand small records, so most are handed over from it in place.
 const READ_BUFFER: usize = 256 << 10;
+const TRUNCATED: &str = "the file ends in the middle of a record (cut short as it was written?)";
 /// Largest block or record accepted; bigger ones mean a damaged file.
 const MAX_RECORD: usize = 16 << 20;
 
@@ -120,12 +121,15 @@ impl CaptureReader {
     }
 
     fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), CaptureError> {
-        self.file
-            .read_exact(buf)
-            .map_err(|source| CaptureError::Io {
+        match self.file.read_exact(buf) {
+            Ok(()) => Ok(()),
+            // A capture whose writer was stopped mid-record (tcpdump killed, a full disk).
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(self.bad(TRUNCATED)),
+            Err(source) => Err(CaptureError::Io {
                 path: self.path.clone(),
                 source,
-            })
+            }),
+        }
     }
 
     /// Reads exactly `buf.len()` bytes, or returns false at a clean end of file.
@@ -134,7 +138,7 @@ impl CaptureReader {
         while got < buf.len() {
             match self.file.read(&mut buf[got..]) {
                 Ok(0) if got == 0 => return Ok(false),
-                Ok(0) => return Err(self.bad("truncated record at the end of the file")),
+                Ok(0) => return Err(self.bad(TRUNCATED)),
                 Ok(n) => got += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(source) => {
@@ -479,6 +483,35 @@ mod tests {
             assert!(ok, "record {i}");
         }
         assert!(r.next_with(|_, _| ()).is_none());
+        std::fs::remove_file(path).unwrap();
+    }
+
+    /// A capture cut short (its writer stopped mid-record) reads up to its last whole
+    /// record, then says so, whether the cut falls in a record's header or its frame.
+    #[test]
+    fn a_capture_cut_short_says_so_after_its_whole_records() {
+        let path =
+            std::env::temp_dir().join(format!("dpuflow-pcap-cut-{}.pcap", std::process::id()));
+        let mut w = CaptureWriter::create(&path).unwrap();
+        w.write(1_000, &[7; 60]).unwrap();
+        w.write(2_000, &[8; 60]).unwrap();
+        w.finish().unwrap();
+        let whole = std::fs::read(&path).unwrap();
+        let second = 24 + PCAP_RECORD_HEADER + 60;
+        for cut in [second + 5, second + PCAP_RECORD_HEADER + 30] {
+            std::fs::write(&path, &whole[..cut]).unwrap();
+            let mut r = CaptureReader::open(&path).unwrap();
+            assert_eq!(
+                r.next_with(|ts, d| (ts, d.len())).unwrap().unwrap(),
+                (1_000, 60)
+            );
+            match r.next_with(|_, _| ()) {
+                Some(Err(CaptureError::Format { message, .. })) => {
+                    assert_eq!(message, TRUNCATED, "cut at {cut}")
+                }
+                other => panic!("cut at {cut}: {other:?}"),
+            }
+        }
         std::fs::remove_file(path).unwrap();
     }
 }
