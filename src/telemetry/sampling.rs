@@ -12,8 +12,8 @@ use std::hash::BuildHasher;
 #[derive(Debug, Clone)]
 pub struct Sampler {
     interval: u32,
-    /// Packets to pass over before the next selected one.
-    skip: u32,
+    /// Packets to pass over before the next selected one (up to two windows: 64 bits).
+    skip: u64,
     /// Packets of the current window after its selected one.
     rest: u32,
     /// splitmix64 state.
@@ -30,7 +30,7 @@ impl Sampler {
             rest: 0,
             state: seed,
         };
-        s.skip = s.next_window();
+        s.skip = u64::from(s.next_window());
         s
     }
 
@@ -53,7 +53,9 @@ impl Sampler {
             self.skip -= 1;
             return false;
         }
-        self.skip = self.rest + self.next_window();
+        // The rest of this window, then the next one up to its selected place.
+        let rest = u64::from(self.rest);
+        self.skip = rest + u64::from(self.next_window());
         true
     }
 
@@ -115,6 +117,16 @@ mod tests {
             }
         }
         assert!(seen.iter().all(|&x| x));
+    }
+
+    /// The widest interval: the rest of one window and the start of the next add up past
+    /// 32 bits.
+    #[test]
+    fn widest_interval_spans_two_windows() {
+        let mut s = Sampler::new(u32::MAX, 1);
+        (s.skip, s.rest) = (0, u32::MAX - 1);
+        assert!(s.selects());
+        assert!(s.skip >= u64::from(u32::MAX - 1));
     }
 
     #[test]
