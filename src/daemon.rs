@@ -497,6 +497,7 @@ fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
         engine.enable_flows(FLOW_CAPACITY, t);
     }
     let (mut last_export, mut now_ns) = (Instant::now(), 0u64);
+    let mut unsent: Option<Vec<FlowRecord>> = None;
     let mut latency = Latency::default();
     let mut last = Instant::now();
     let publish = |engine: &Engine, latency: &Latency| {
@@ -560,18 +561,27 @@ fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
             publish(&engine, &latency);
             last = Instant::now();
         }
-        let waiting = engine.flow_records_waiting();
-        if let Some(tx) = flows.filter(|_| {
-            waiting >= RECORDS_EARLY || (waiting > 0 && last_export.elapsed() >= EXPORT_EVERY)
-        }) {
-            let mut due = Vec::with_capacity(waiting);
-            engine.take_flow_records(&mut due);
-            let _ = tx.send(due);
-            last_export = Instant::now();
+        // A worker never waits for the exporter: while its queue is full, the records
+        // not sent wait here and new ones in the engine, whose buffers are bounded (due
+        // flows then stay in the cache; connection records past the bound are counted
+        // lost).
+        if let Some(tx) = flows {
+            if let Some(records) = unsent.take() {
+                unsent = queue(tx, records);
+            }
+            let waiting = engine.flow_records_waiting();
+            let due =
+                waiting >= RECORDS_EARLY || (waiting > 0 && last_export.elapsed() >= EXPORT_EVERY);
+            if unsent.is_none() && due {
+                let mut records = Vec::with_capacity(waiting);
+                engine.take_flow_records(&mut records);
+                unsent = queue(tx, records);
+                last_export = Instant::now();
+            }
         }
     }
     if let Some(tx) = flows {
-        let mut rest = Vec::new();
+        let mut rest = unsent.unwrap_or_default();
         engine.flush_flows(now_ns, &mut rest);
         if !rest.is_empty() {
             let _ = tx.send(rest);
@@ -582,6 +592,15 @@ fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
 
 /// How often a failing export is logged (each failure is counted).
 const EXPORT_WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// Hands `records` to the exporter if its queue has room; gives them back if not (and
+/// drops them if the exporter is gone).
+fn queue(tx: &Sender<Vec<FlowRecord>>, records: Vec<FlowRecord>) -> Option<Vec<FlowRecord>> {
+    match tx.try_send(records) {
+        Err(TrySendError::Full(back)) => Some(back),
+        Ok(()) | Err(TrySendError::Disconnected(_)) => None,
+    }
+}
 
 /// Sends flow records as IPFIX messages until every worker is done, counting messages sent
 /// and refused in `shared`; returns the records sent.
