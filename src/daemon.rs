@@ -192,13 +192,19 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             })?;
             let t = &shared.program.telemetry;
             let (refresh, sampling) = (t.template_refresh.as_secs().max(1), t.sampling);
+            let ports = shared
+                .program
+                .ports
+                .iter()
+                .map(|p| p.name.clone())
+                .collect();
             tracing::info!(%collector, sampling, "exporting IPFIX");
             Some(
                 std::thread::Builder::new()
                     .name("ipfix".into())
                     .spawn({
                         let shared = Arc::clone(&shared);
-                        move || export(&socket, &flows_rx, refresh, sampling, &shared)
+                        move || export(&socket, &flows_rx, refresh, sampling, ports, &shared)
                     })
                     .map_err(|e| RunError::Thread(e.to_string()))?,
             )
@@ -609,12 +615,13 @@ fn export(
     rx: &Receiver<Vec<FlowRecord>>,
     template_refresh_s: u64,
     sampling: u32,
+    ports: Vec<String>,
     shared: &Shared,
 ) -> u64 {
     let Some(counts) = &shared.export else {
         return 0;
     };
-    let mut exporter = Exporter::new(1, IPFIX_MESSAGE, template_refresh_s, sampling);
+    let mut exporter = Exporter::new(1, IPFIX_MESSAGE, template_refresh_s, sampling).naming(ports);
     let mut sent = 0u64;
     // Failures since the last warning, and when that was: a collector that is down would
     // otherwise be reported for every message.

@@ -138,7 +138,7 @@ impl Export {
     }
 
     /// tshark decodes the capture cleanly, and each data message's sequence number is the
-    /// previous one plus the records it carried; returns the records seen.
+    /// previous one plus the records it carried; returns the flow records seen.
     fn check_with_tshark(&self) -> u64 {
         let decode = format!("udp.port=={},cflow", self.port);
         let expert = tool_ok(
@@ -151,21 +151,23 @@ impl Export {
         );
         let mut expected_seq = 0u64;
         let mut records = 0u64;
+        // Options records (the selector report, interface names) count too.
         let fields = [
             "cflow.sequence",
             "cflow.srcaddr",
             "cflow.selector_algorithm",
+            "cflow.if_name",
         ];
         for row in self.tshark(&fields).lines() {
             let f: Vec<&str> = row.split(';').collect();
             let count = |v: &str| v.split(',').filter(|a| !a.is_empty()).count() as u64;
-            let (flows, selector_reports) = (count(f[1]), count(f[2]));
+            let (flows, options) = (count(f[1]), count(f[2]) + count(f[3]));
             assert_eq!(
                 f[0].parse::<u64>().expect("sequence"),
                 expected_seq,
                 "sequence gap at {row}"
             );
-            expected_seq += flows + selector_reports;
+            expected_seq += flows + options;
             records += flows;
         }
         records
@@ -318,6 +320,10 @@ fn nfdump_and_tshark_read_the_export() {
     assert!(x.metric("dpuflow_ipfix_messages_total") >= 2);
     assert_eq!(x.metric("dpuflow_ipfix_send_failures_total"), 0);
     assert_eq!(x.check_with_tshark(), x.want.len() as u64);
+    // The ports are named: interface 1 is `host`, 2 `uplink`.
+    let names = x.tshark(&["cflow.if_name"]);
+    let names: Vec<&str> = names.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(names, ["host,uplink"], "interface names");
 }
 
 /// Where the pipeline tracks connections, their entries are the records of the packets

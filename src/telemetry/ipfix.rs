@@ -13,8 +13,12 @@
 //! add selectorId, and the templates' message also carries the selector's report
 //! interpretation (RFC 5476 §6.5.2): an options record naming the algorithm (random
 //! n-out-of-N, RFC 5477 §8.2.3) with its sample size (1) and population (N), from which a
-//! collector scales the counts up. Records from connections count every packet and keep the plain
-//! templates.
+//! collector scales the counts up. Records from connections count every packet and keep
+//! the plain templates.
+//!
+//! With the templates also go the interfaces' names: an options template scoped by
+//! ingressInterface with interfaceName, and a record per port, so a collector can show
+//! `host` where a record says interface 1.
 
 use super::flows::{EndReason, FlowRecord};
 
@@ -29,6 +33,12 @@ pub const TEMPLATE_V4_SAMPLED: u16 = 258;
 pub const TEMPLATE_V6_SAMPLED: u16 = 259;
 /// The options template of the selector report (RFC 5476 §6.5.2).
 pub const TEMPLATE_SELECTOR: u16 = 260;
+/// The options template naming interfaces: ingressInterface (scope) → interfaceName.
+pub const TEMPLATE_INTERFACES: u16 = 261;
+/// A field length saying each value carries its own (RFC 7011 §7).
+const VARIABLE_LENGTH: u16 = 65535;
+/// (information element id, length) of an interface's name record.
+const INTERFACE_FIELDS: [(u16, u16); 2] = [(10, 4), (82, VARIABLE_LENGTH)];
 /// The smallest size limit taken: the templates' message (332 bytes with the sampled
 /// templates and the selector report) must fit in one.
 const MIN_MESSAGE: usize = 512;
@@ -133,6 +143,9 @@ pub struct Exporter {
     last_templates_s: Option<u64>,
     /// The flow cache's sampling interval (1: every packet, no selector to report).
     sampling: u32,
+    /// Interface names by index (ingressInterface and egressInterface are index + 1),
+    /// sent with the templates.
+    interfaces: Vec<String>,
 }
 
 impl Exporter {
@@ -150,7 +163,15 @@ impl Exporter {
             template_refresh_s,
             last_templates_s: None,
             sampling: sampling.max(1),
+            interfaces: Vec::new(),
         }
+    }
+
+    /// Names the interfaces (ports, by index) in the export, so a collector can show
+    /// `host` where a record says ingressInterface 1. Names are cut to 254 bytes.
+    pub fn naming(mut self, interfaces: Vec<String>) -> Exporter {
+        self.interfaces = interfaces;
+        self
     }
 
     /// Data records sent so far (the next message's sequence number).
@@ -187,17 +208,26 @@ impl Exporter {
             }
         }
         end_set(&mut msg, set);
-        if sampled {
+        let named = !self.interfaces.is_empty();
+        if sampled || named {
             // RFC 7011 §3.4.2.2: template id, field count, scope field count, fields.
             let set = start_set(&mut msg, OPTIONS_TEMPLATE_SET);
-            put16(&mut msg, TEMPLATE_SELECTOR);
-            put16(&mut msg, SELECTOR_FIELDS.len() as u16);
-            put16(&mut msg, 1);
-            for (ie, len) in SELECTOR_FIELDS {
-                put16(&mut msg, ie);
-                put16(&mut msg, len);
+            let options = [
+                (sampled, TEMPLATE_SELECTOR, &SELECTOR_FIELDS[..]),
+                (named, TEMPLATE_INTERFACES, &INTERFACE_FIELDS[..]),
+            ];
+            for (_, id, fields) in options.into_iter().filter(|o| o.0) {
+                put16(&mut msg, id);
+                put16(&mut msg, fields.len() as u16);
+                put16(&mut msg, 1);
+                for &(ie, len) in fields {
+                    put16(&mut msg, ie);
+                    put16(&mut msg, len);
+                }
             }
             end_set(&mut msg, set);
+        }
+        if sampled {
             // One packet out of each `sampling` (RFC 5477 §8.2.3).
             let set = start_set(&mut msg, TEMPLATE_SELECTOR);
             msg.extend_from_slice(&SELECTOR_ID.to_be_bytes());
@@ -211,7 +241,35 @@ impl Exporter {
         msg
     }
 
-    /// Messages for `records` at wall-clock second `now_s`, templates first when due.
+    /// The interfaces' names, as many to a message as fit.
+    fn interface_names(&mut self, now_s: u64, out: &mut Vec<Vec<u8>>) {
+        let mut at = 0;
+        while at < self.interfaces.len() {
+            let mut msg = Vec::with_capacity(self.max_message);
+            self.header(&mut msg, now_s as u32);
+            let set = start_set(&mut msg, TEMPLATE_INTERFACES);
+            let mut n = 0u32;
+            for (i, name) in self.interfaces.iter().enumerate().skip(at) {
+                let name = &name.as_bytes()[..name.len().min(254)];
+                // Index, then the name with its one-byte length (under 255, RFC 7011 §7).
+                if msg.len() + 5 + name.len() > self.max_message {
+                    break;
+                }
+                msg.extend_from_slice(&(i as u32 + 1).to_be_bytes());
+                msg.push(name.len() as u8);
+                msg.extend_from_slice(name);
+                n += 1;
+            }
+            end_set(&mut msg, set);
+            Self::finish(&mut msg);
+            self.sequence = self.sequence.wrapping_add(n);
+            at += n as usize;
+            out.push(msg);
+        }
+    }
+
+    /// Messages for `records` at wall-clock second `now_s`, templates (and the interfaces'
+    /// names) first when due.
     pub fn messages(&mut self, records: &[FlowRecord], now_s: u64) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
         if self
@@ -219,6 +277,7 @@ impl Exporter {
             .is_none_or(|t| now_s >= t + self.template_refresh_s)
         {
             out.push(self.templates(now_s));
+            self.interface_names(now_s, &mut out);
             self.last_templates_s = Some(now_s);
         }
         for t in Template::ALL {
@@ -421,6 +480,8 @@ mod tests {
     struct Decoder {
         templates: std::collections::HashMap<u16, Vec<(u16, u16)>>,
         records: Vec<Vec<(u16, u128)>>,
+        /// Interface names as the options records give them: (ingressInterface, name).
+        names: Vec<(u128, String)>,
         /// Data records seen (the options records too), the next sequence number.
         counted: u32,
     }
@@ -449,22 +510,33 @@ mod tests {
                     }
                     _ => {
                         let fields = self.templates.get(&id).expect("template sent first");
-                        let width: usize = fields.iter().map(|&(_, l)| usize::from(l)).sum();
-                        for rec in body.chunks(width) {
-                            let mut off = 0;
-                            let values = fields
-                                .iter()
-                                .map(|&(ie, l)| {
-                                    let l = usize::from(l);
-                                    let v = rec[off..off + l]
-                                        .iter()
-                                        .fold(0u128, |a, &x| a << 8 | u128::from(x));
-                                    off += l;
-                                    (ie, v)
-                                })
-                                .collect();
-                            if id != TEMPLATE_SELECTOR {
-                                self.records.push(values);
+                        let mut off = 0;
+                        while off < body.len() {
+                            // Fixed-length values as integers; variable-length ones (a
+                            // length byte first) as text.
+                            let mut values = Vec::new();
+                            let mut text = String::new();
+                            for &(ie, l) in fields {
+                                let l = if l == VARIABLE_LENGTH {
+                                    off += 1;
+                                    let n = usize::from(body[off - 1]);
+                                    text = String::from_utf8(body[off..off + n].to_vec())
+                                        .expect("UTF-8");
+                                    off += n;
+                                    continue;
+                                } else {
+                                    usize::from(l)
+                                };
+                                let v = body[off..off + l]
+                                    .iter()
+                                    .fold(0u128, |a, &x| a << 8 | u128::from(x));
+                                off += l;
+                                values.push((ie, v));
+                            }
+                            match id {
+                                TEMPLATE_SELECTOR => {}
+                                TEMPLATE_INTERFACES => self.names.push((values[0].1, text)),
+                                _ => self.records.push(values),
                             }
                             self.counted += 1;
                         }
@@ -564,23 +636,26 @@ mod tests {
     }
 
     proptest! {
-        /// Whatever the records and the message size, a decoder that knows only what the
-        /// messages say reads every record back, with sequence numbers counting the
-        /// records before each message and no message over the size.
+        /// Whatever the records, ports and message size, a decoder that knows only what
+        /// the messages say reads every record and interface name back, with sequence
+        /// numbers counting the records before each message and no message over the
+        /// size.
         #[test]
         fn records_decode_back_from_their_templates(
             records in proptest::collection::vec(record(), 0..120),
             max in 0usize..1500,
             sampling in prop_oneof![Just(1u32), 2u32..1000],
+            ports in proptest::collection::vec("[a-z][a-z0-9_]{0,20}|x{250,300}", 0..40),
         ) {
             let records: Vec<FlowRecord> = records
                 .into_iter()
                 .map(|r| FlowRecord { sampled: r.sampled && sampling > 1, ..r })
                 .collect();
-            let mut e = Exporter::new(9, max, 600, sampling);
+            let mut e = Exporter::new(9, max, 600, sampling).naming(ports.clone());
             let mut d = Decoder {
                 templates: Default::default(),
                 records: Vec::new(),
+                names: Vec::new(),
                 counted: 0,
             };
             for m in e.messages(&records, 1000) {
@@ -591,6 +666,12 @@ mod tests {
             got.sort();
             want.sort();
             prop_assert_eq!(got, want);
+            let named: Vec<(u128, String)> = ports
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (i as u128 + 1, p[..p.len().min(254)].to_owned()))
+                .collect();
+            prop_assert_eq!(d.names, named);
             prop_assert_eq!(e.sequence(), d.counted);
         }
     }
