@@ -180,8 +180,12 @@ impl Entry {
         self.flags & ORIG_FROM_A != 0
     }
 
-    /// Counts a packet into direction `dir` for the flow records.
-    fn count(&mut self, dir: usize, bytes: u64, tcp_flags: u8, in_port: u8) {
+    /// Counts a packet into direction `dir` at `now` for the flow records; the first of an
+    /// interval starts it (flowStartMilliseconds is the first packet's time, RFC 7012).
+    fn count(&mut self, dir: usize, bytes: u64, tcp_flags: u8, in_port: u8, now: u64) {
+        if self.packets[0] | self.packets[1] == 0 {
+            self.first_ns = now;
+        }
         self.packets[dir] += 1;
         self.bytes[dir] += bytes;
         self.tcp_flags[dir] |= tcp_flags;
@@ -421,8 +425,9 @@ impl Conntrack {
 
     /// Counts the current packet into direction `dir` of the connection in `slot`, for the
     /// flow records, and notes that it did for [`Conntrack::note_fate`].
-    fn count_in(&mut self, slot: usize, dir: usize, bytes: u64, tcp_flags: u8, in_port: u8) {
-        self.slots[slot].count(dir, bytes, tcp_flags, in_port);
+    fn count_in(&mut self, slot: usize, dir: usize, packet: (u64, u8, u8), now: u64) {
+        let (bytes, tcp_flags, in_port) = packet;
+        self.slots[slot].count(dir, bytes, tcp_flags, in_port, now);
         self.counted = Some((slot, dir));
         self.moved = false;
     }
@@ -750,7 +755,7 @@ impl Conntrack {
                         e.seen(reply);
                         let seen_reply = e.seen_reply();
                         if let Some(port) = report {
-                            self.count_in(i, dir, len, t.tcp_flags, port);
+                            self.count_in(i, dir, (len, t.tcp_flags, port), now);
                         }
                         Lookup {
                             state: if seen_reply {
@@ -765,7 +770,7 @@ impl Conntrack {
                         // Passes as part of the connection without changing its state or
                         // timer.
                         if let Some(port) = report {
-                            self.count_in(i, dir, len, t.tcp_flags, port);
+                            self.count_in(i, dir, (len, t.tcp_flags, port), now);
                         }
                         Lookup {
                             state: if reply || flags & SEEN_REPLY != 0 {
@@ -839,7 +844,7 @@ impl Conntrack {
         e.seen(false);
         self.slots[slot] = e;
         if let Some(port) = p.report.filter(|_| self.counted.is_none()) {
-            self.count_in(slot, 0, p.bytes, p.tcp_flags, port);
+            self.count_in(slot, 0, (p.bytes, p.tcp_flags, port), now);
         }
         self.stats.entries += 1;
         self.stats.inserts += 1;
@@ -1362,6 +1367,8 @@ mod tests {
         ct.take_records(&mut out);
         assert_eq!(out.len(), 1, "{out:?}");
         assert_eq!((out[0].packets, out[0].reason), (1, EndReason::EndOfFlow));
+        // The interval began with its first packet, not with the report before it.
+        assert_eq!((out[0].first_ns, out[0].last_ns), (71 * s, 71 * s));
         assert_eq!(ct.record_stats().map(|r| r.made), Some(3));
         assert!(ct.is_empty());
     }

@@ -411,6 +411,12 @@ impl FlowCache {
             },
         };
         let h = &mut self.hot[slot];
+        // The first packet of an interval starts it (flowStartMilliseconds, RFC 7012).
+        if h.packets == 0 {
+            if let Some(c) = self.cold.get_mut(slot) {
+                c.first_ns = now;
+            }
+        }
         h.packets += 1;
         h.bytes += u64::from(ip_bytes);
         h.last_ns = h.last_ns.max(now);
@@ -600,11 +606,8 @@ impl FlowCache {
                 live: true,
                 ..Hot::default()
             };
-            self.cold[i] = Cold {
-                first_ns: h.last_ns,
-                since_ns: now,
-                ..c
-            };
+            // The next record starts at its first packet (see `count`).
+            self.cold[i] = Cold { since_ns: now, ..c };
         } else {
             let hash = c.key.hash(&self.hasher);
             if let Ok((b, _)) = self.find(&c.key, hash) {
@@ -695,6 +698,30 @@ mod tests {
         c.flush(0, &mut out);
         assert_eq!(out.len(), usize::from(n));
         assert!(out.iter().all(|r| r.packets == 2));
+    }
+
+    /// A flow reported at its active timeout starts its next record with the next packet:
+    /// flowStart is that packet's time, not the last one's before the report.
+    #[test]
+    fn records_after_an_active_report_start_at_their_first_packet() {
+        let second = 1_000_000_000;
+        let mut c = FlowCache::new(16, 10 * second, 100 * second);
+        let k = key(1);
+        c.count(&probe(&c, &k), 100, second, None, false);
+        c.count(&probe(&c, &k), 100, 2 * second, None, false);
+        c.sweep(12 * second, usize::MAX);
+        c.count(&probe(&c, &k), 100, 30 * second, None, false);
+        c.count(&probe(&c, &k), 100, 31 * second, None, false);
+        let mut out = Vec::new();
+        c.flush(40 * second, &mut out);
+        let times: Vec<(u64, u64, u64, EndReason)> = out
+            .iter()
+            .map(|r| (r.first_ns / second, r.last_ns / second, r.packets, r.reason))
+            .collect();
+        assert_eq!(
+            times,
+            [(1, 2, 2, EndReason::Active), (30, 31, 2, EndReason::Forced)]
+        );
     }
 
     /// The sweep examines every flow once a second of packet time, a slice per call; when
