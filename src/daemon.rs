@@ -190,21 +190,14 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
                 addr: collector,
                 source,
             })?;
-            let t = &shared.program.telemetry;
-            let (refresh, sampling) = (t.template_refresh.as_secs().max(1), t.sampling);
-            let ports = shared
-                .program
-                .ports
-                .iter()
-                .map(|p| p.name.clone())
-                .collect();
+            let sampling = shared.program.telemetry.sampling;
             tracing::info!(%collector, sampling, "exporting IPFIX");
             Some(
                 std::thread::Builder::new()
                     .name("ipfix".into())
                     .spawn({
                         let shared = Arc::clone(&shared);
-                        move || export(&socket, &flows_rx, refresh, sampling, ports, &shared)
+                        move || export(&socket, &flows_rx, &shared)
                     })
                     .map_err(|e| RunError::Thread(e.to_string()))?,
             )
@@ -610,18 +603,19 @@ fn queue(tx: &Sender<Vec<FlowRecord>>, records: Vec<FlowRecord>) -> Option<Vec<F
 
 /// Sends flow records as IPFIX messages until every worker is done, counting messages sent
 /// and refused in `shared`; returns the records sent.
-fn export(
-    socket: &UdpSocket,
-    rx: &Receiver<Vec<FlowRecord>>,
-    template_refresh_s: u64,
-    sampling: u32,
-    ports: Vec<String>,
-    shared: &Shared,
-) -> u64 {
+fn export(socket: &UdpSocket, rx: &Receiver<Vec<FlowRecord>>, shared: &Shared) -> u64 {
     let Some(counts) = &shared.export else {
         return 0;
     };
-    let mut exporter = Exporter::new(1, IPFIX_MESSAGE, template_refresh_s, sampling).naming(ports);
+    let t = &shared.program.telemetry;
+    let ports = shared
+        .program
+        .ports
+        .iter()
+        .map(|p| p.name.clone())
+        .collect();
+    let refresh = t.template_refresh.as_secs().max(1);
+    let mut exporter = Exporter::new(1, IPFIX_MESSAGE, refresh, t.sampling).naming(ports);
     let mut sent = 0u64;
     // Failures since the last warning, and when that was: a collector that is down would
     // otherwise be reported for every message.
