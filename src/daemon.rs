@@ -499,18 +499,28 @@ fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
     let mut unsent: Option<Vec<FlowRecord>> = None;
     let mut latency = Latency::default();
     let mut last = Instant::now();
-    let publish = |engine: &Engine, latency: &Latency| {
-        if let Ok(mut s) = shared.snapshots[id].lock() {
-            *s = Snapshot {
-                stats: engine.stats().clone(),
-                conntrack: engine.conntrack().map(|c| c.stats),
-                flows: engine.flow_stats(),
-                export: None,
-                latency: latency.clone(),
-            };
-        }
+    // Publishes the worker's counts for scrapes; `now_or_later` gives up (false) rather
+    // than wait while a scrape reads them: the next batch tries again.
+    let publish = |engine: &Engine, latency: &Latency, now_or_later: bool| {
+        let slot = &shared.snapshots[id];
+        let locked = if now_or_later {
+            slot.try_lock().ok()
+        } else {
+            slot.lock().ok()
+        };
+        let Some(mut s) = locked else {
+            return false;
+        };
+        *s = Snapshot {
+            stats: engine.stats().clone(),
+            conntrack: engine.conntrack().map(|c| c.stats),
+            flows: engine.flow_stats(),
+            export: None,
+            latency: latency.clone(),
+        };
+        true
     };
-    publish(&engine, &latency);
+    publish(&engine, &latency, false);
     shared.workers_up.fetch_add(1, Ordering::Relaxed);
     for (n, mut batch) in rx.iter().enumerate() {
         let timed = (n as u64 % LATENCY_SAMPLE == 0).then(Instant::now);
@@ -556,8 +566,7 @@ fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
         if done.send(processed).is_err() {
             break;
         }
-        if last.elapsed() >= PUBLISH_EVERY {
-            publish(&engine, &latency);
+        if last.elapsed() >= PUBLISH_EVERY && publish(&engine, &latency, true) {
             last = Instant::now();
         }
         // A worker never waits for the exporter: while its queue is full, the records
@@ -586,7 +595,7 @@ fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
             let _ = tx.send(rest);
         }
     }
-    publish(&engine, &latency);
+    publish(&engine, &latency, false);
 }
 
 /// How often a failing export is logged (each failure is counted).

@@ -2,8 +2,8 @@
 //! that serves it.
 //!
 //! Workers count in plain per-worker arrays and publish a copy now and then (never per
-//! packet); a scrape sums the copies and renders them, so counting costs the packet path
-//! nothing.
+//! packet, and never waiting: a copy a scrape is reading is published a batch later); a
+//! scrape sums the copies and renders them, so counting costs the packet path nothing.
 
 pub mod flows;
 pub mod http;
