@@ -80,8 +80,6 @@ const EXPORT_EVERY: Duration = Duration::from_secs(1);
 const RECORDS_EARLY: usize = crate::firewall::conntrack::RECORDS_KEPT / 4;
 /// Largest IPFIX message: fits a 1500-byte path MTU with IPv6 and UDP headers.
 const IPFIX_MESSAGE: usize = 1400;
-/// Flows a worker's cache holds.
-const FLOW_CAPACITY: usize = 1 << 20;
 
 /// A processed batch on its way back to the I/O thread: the packets, then the copies
 /// `mirror` actions made, in buffers that go back to the worker that filled them.
@@ -154,7 +152,9 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             backend: "software",
             load_seconds,
             conntrack_limit,
-            flow_limit: opts.ipfix.map(|_| (FLOW_CAPACITY * workers) as u64),
+            flow_limit: opts
+                .ipfix
+                .map(|_| program.telemetry.flow_cache * workers as u64),
         },
         snapshots: (0..workers)
             .map(|_| Mutex::new(Snapshot::default()))
@@ -493,7 +493,7 @@ fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
     let mut engine = Engine::sharing(Arc::clone(&shared.code));
     let t = &shared.program.telemetry;
     if flows.is_some() {
-        engine.enable_flows(FLOW_CAPACITY, t);
+        engine.enable_flows(usize::try_from(t.flow_cache).unwrap_or(usize::MAX), t);
     }
     let (mut last_export, mut now_ns) = (Instant::now(), 0u64);
     let mut unsent: Option<Vec<FlowRecord>> = None;

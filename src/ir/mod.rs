@@ -510,6 +510,8 @@ pub struct Telemetry {
     pub max_rule_series: u32,
     /// The flow cache counts one packet in this many (1: every packet).
     pub sampling: u32,
+    /// Flows each worker's IPFIX flow cache holds (about 100 bytes each, taken as used).
+    pub flow_cache: u64,
 }
 
 impl Default for Telemetry {
@@ -522,6 +524,7 @@ impl Default for Telemetry {
             template_refresh: Duration::from_secs(600),
             max_rule_series: 1000,
             sampling: 1,
+            flow_cache: 1 << 20,
         }
     }
 }

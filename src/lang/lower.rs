@@ -679,6 +679,16 @@ impl Lowerer<'_> {
                         t.sampling = v as u32;
                     }
                 }
+                "flow_cache" => {
+                    let hint = "write a flow count such as `1000000` or `1m`";
+                    match self.parsed(w, "flow count", hint, value::count) {
+                        Some(0) => {
+                            self.err(w.span, "`flow_cache` must be above zero");
+                        }
+                        Some(n) => t.flow_cache = n,
+                        None => {}
+                    }
+                }
                 _ => unreachable!("the parser accepts only telemetry keys"),
             }
         }

@@ -139,11 +139,14 @@ mod tests {
     }
 
     #[test]
-    fn telemetry_block_sets_ipfix_sampling() {
+    fn telemetry_block_sets_ipfix_sampling_and_flow_cache() {
         let text =
             "pipeline p\nport a { driver pcap }\ntelemetry { ipfix 127.0.0.1:4739 sampling 100 }\n\
                     pipe x root from a { default { actions drop } }";
         assert_eq!(program(text).telemetry.sampling, 100);
+        let sized = "pipeline p\nport a { driver pcap }\ntelemetry { flow_cache 64k }\n\
+                     pipe x root from a { default { actions drop } }";
+        assert_eq!(program(sized).telemetry.flow_cache, 64_000);
         let every =
             "pipeline p\nport a { driver pcap }\npipe x root from a { default { actions drop } }";
         assert_eq!(program(every).telemetry.sampling, 1);

@@ -57,6 +57,7 @@ pub fn block_keys(kind: BlockKind) -> Keys {
             ("template_refresh", One),
             ("max_rule_series", One),
             ("sampling", One),
+            ("flow_cache", One),
         ],
     }
 }
