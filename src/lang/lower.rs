@@ -17,6 +17,12 @@ use std::path::{Path, PathBuf};
 
 /// Shadowed rules reported one by one per file; the rest are counted in one warning.
 const MAX_SHADOW_WARNINGS: usize = 20;
+/// Most connections one worker's table may hold: it is allocated and written at start,
+/// about 120 bytes a connection (30 GiB at this bound).
+const MAX_CT_CAPACITY: u64 = 1 << 28;
+/// Most flows one worker's IPFIX flow cache may hold (its vectors are reserved up front:
+/// about 6.7 GB of address space at this bound).
+const MAX_FLOW_CACHE: u64 = 1 << 26;
 
 /// Connections tracked when the `conntrack` block does not say.
 const DEFAULT_CT_CAPACITY: u64 = 1 << 20;
@@ -584,9 +590,13 @@ impl Lowerer<'_> {
                         value::count,
                     )
                 }) {
-                    Some(c) if c > 0 => ct.capacity = c,
+                    Some(c) if (1..=MAX_CT_CAPACITY).contains(&c) => ct.capacity = c,
                     Some(_) => {
-                        self.err(o.values[0].span, "capacity must be above zero");
+                        let msg = format!(
+                            "capacity is 1 to {MAX_CT_CAPACITY} connections (about 120 bytes each, \
+                             all taken at start)"
+                        );
+                        self.err(o.values[0].span, msg);
                         ok = false;
                     }
                     None => ok = false,
@@ -682,8 +692,9 @@ impl Lowerer<'_> {
                 "flow_cache" => {
                     let hint = "write a flow count such as `1000000` or `1m`";
                     match self.parsed(w, "flow count", hint, value::count) {
-                        Some(0) => {
-                            self.err(w.span, "`flow_cache` must be above zero");
+                        Some(n) if !(1..=MAX_FLOW_CACHE).contains(&n) => {
+                            let msg = format!("`flow_cache` is 1 to {MAX_FLOW_CACHE} flows");
+                            self.err(w.span, msg);
                         }
                         Some(n) => t.flow_cache = n,
                         None => {}
