@@ -17,6 +17,7 @@
 
 use crate::engine::parse::{self, TunnelPorts};
 use crate::engine::{Compiled, Engine, NoObserver, PacketBuf, Verdict, DEFAULT_MAX_FRAME};
+use crate::firewall::conntrack::Conntrack;
 use crate::io::pcap::{CaptureError, CaptureWriter};
 use crate::ir::Program;
 use crate::replay::{Bindings, Merged, Merger};
@@ -65,6 +66,18 @@ pub enum RunError {
     /// a thread of the service failed
     #[error("{0}")]
     Thread(String),
+    /// the connection tables would not fit in memory
+    #[error(
+        "the connection tables need {need_mib} MiB ({workers} workers × conntrack capacity \
+         {capacity}) but {available_mib} MiB are available: lower `conntrack {{ capacity }}` \
+         or --workers"
+    )]
+    Memory {
+        need_mib: u64,
+        available_mib: u64,
+        workers: usize,
+        capacity: u64,
+    },
 }
 
 /// Snapshots are published at most this often by each worker.
@@ -146,6 +159,20 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         .conntrack
         .as_ref()
         .map(|c| c.capacity * workers as u64);
+    // Each worker writes its whole table at start: refuse now, with the sizes, rather than
+    // be killed for memory halfway through.
+    if let (Some(ct), Some(available)) = (&program.conntrack, crate::sys::available_memory()) {
+        let capacity = usize::try_from(ct.capacity).unwrap_or(usize::MAX);
+        let need = Conntrack::table_bytes(capacity).saturating_mul(workers as u64);
+        if need > available {
+            return Err(RunError::Memory {
+                need_mib: need >> 20,
+                available_mib: available >> 20,
+                workers,
+                capacity: ct.capacity,
+            });
+        }
+    }
     let shared = Arc::new(Shared {
         info: Info {
             version: crate::VERSION.to_owned(),

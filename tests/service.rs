@@ -275,6 +275,38 @@ fn silent_clients_hold_up_no_probe() {
     assert_eq!(svc.terminate(), 0);
 }
 
+/// Connection tables that cannot fit are refused at start, with their size, instead of the
+/// workers being killed for memory as they write them (16 workers × 2^28 connections is
+/// about 480 GiB).
+#[test]
+fn connection_tables_too_large_for_memory_are_refused() {
+    let dir = Scratch::new("service-big-tables");
+    let pipe = std::fs::read_to_string("pipelines/stateful-firewall.pipe")
+        .expect("example")
+        .replace("capacity 1000000", "capacity 268435456");
+    std::fs::write(dir.0.join("big.pipe"), pipe).expect("write");
+    std::fs::write(dir.0.join("empty.pcap"), b"").expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_dpuflow"))
+        .args([
+            "run",
+            &dir.path("big.pipe"),
+            "--in",
+            &format!("inside={}", dir.path("empty.pcap")),
+            "--workers",
+            "16",
+            "--metrics",
+            &format!("127.0.0.1:{}", free_port()),
+        ])
+        .output()
+        .expect("dpuflow run");
+    assert_eq!(out.status.code(), Some(2));
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("the connection tables need") && log.contains("16 workers"),
+        "{log}"
+    );
+}
+
 #[test]
 fn golden_exposition() {
     let dir = Scratch::new("service-golden");

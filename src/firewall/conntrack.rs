@@ -341,11 +341,22 @@ fn ns(d: Duration) -> u64 {
 }
 
 impl Conntrack {
+    /// Slots of a table for `capacity` connections: at most 4/5 full (probes scan tag
+    /// bytes, so they stay cheap); not rounded to a power of two, so memory per connection
+    /// is 5/4 of an entry and its tag.
+    fn slots_for(capacity: usize) -> usize {
+        (capacity * 5 / 4).max(capacity + 1).max(16)
+    }
+
+    /// Bytes the table for `capacity` connections takes (all allocated and written when
+    /// it is made).
+    pub fn table_bytes(capacity: usize) -> u64 {
+        (Self::slots_for(capacity.max(1)) * (size_of::<Entry>() + 1)) as u64
+    }
+
     pub fn new(capacity: usize, timeouts: CtTimeouts) -> Conntrack {
         let capacity = capacity.max(1);
-        // At most 4/5 full (probes scan tag bytes, so they stay cheap); not rounded to a
-        // power of two, so memory per connection is 5/4 of an entry and its tag.
-        let slots = (capacity * 5 / 4).max(capacity + 1).max(16);
+        let slots = Self::slots_for(capacity);
         let mut table = Vec::with_capacity(slots);
         crate::sys::advise_huge_pages(&mut table);
         table.resize(slots, EMPTY);
