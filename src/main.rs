@@ -185,7 +185,7 @@ struct RunFlags {
     #[arg(long)]
     workers: Option<usize>,
     /// Read at most this many packets per second.
-    #[arg(long, value_name = "PPS")]
+    #[arg(long, value_name = "PPS", value_parser = clap::value_parser!(u64).range(1..))]
     rate: Option<u64>,
     /// Read the inputs over and over.
     #[arg(long = "loop")]
@@ -211,7 +211,7 @@ struct BenchFlags {
     #[arg(long, default_value_t = 1024)]
     flows: u32,
     /// Packets to process.
-    #[arg(long, default_value_t = 10_000_000)]
+    #[arg(long, default_value_t = 10_000_000, value_parser = clap::value_parser!(u64).range(1..))]
     packets: u64,
     /// Packets run before timing starts (to fill a connection table, say).
     #[arg(long, default_value_t = 0)]

@@ -49,6 +49,32 @@ fn check_accepts_every_example() {
     );
 }
 
+/// Numeric flags out of their range are usage errors (exit 2), not failures later: a rate
+/// of 0 packets a second once panicked the service's reader.
+#[test]
+fn numeric_flags_out_of_range_are_usage_errors() {
+    for args in [
+        &["run", "pipelines/vxlan-gateway.pipe", "--rate", "0"][..],
+        &["run", "pipelines/vxlan-gateway.pipe", "--batch", "0"],
+        &[
+            "run",
+            "pipelines/vxlan-gateway.pipe",
+            "--ipfix-sampling",
+            "0",
+        ],
+        &["bench", "pipelines/vxlan-gateway.pipe", "--batch", "2000"],
+        &["bench", "pipelines/vxlan-gateway.pipe", "--packets", "0"],
+    ] {
+        let out = dpuflow(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("invalid value"),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 #[test]
 fn check_exit_codes() {
     assert_eq!(
