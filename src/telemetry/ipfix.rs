@@ -39,8 +39,8 @@ pub const TEMPLATE_INTERFACES: u16 = 261;
 const VARIABLE_LENGTH: u16 = 65535;
 /// (information element id, length) of an interface's name record.
 const INTERFACE_FIELDS: [(u16, u16); 2] = [(10, 4), (82, VARIABLE_LENGTH)];
-/// The smallest size limit taken: the templates' message (332 bytes with the sampled
-/// templates and the selector report) must fit in one.
+/// The smallest size limit taken: the templates' message (under 400 bytes with the
+/// sampled templates, the options templates and the selector report) must fit in one.
 const MIN_MESSAGE: usize = 512;
 /// The flow cache's one selector.
 const SELECTOR_ID: u64 = 1;
@@ -192,8 +192,9 @@ impl Exporter {
         msg[2..4].copy_from_slice(&len.to_be_bytes());
     }
 
-    /// The templates, and with sampling the selector report: its options template and its
-    /// one record (counted in the sequence like any data record).
+    /// The templates: the data templates, the options templates in use (the selector
+    /// report's, the interface names'), and with sampling the selector report's one record
+    /// (counted in the sequence like any data record).
     fn templates(&mut self, now_s: u64) -> Vec<u8> {
         let sampled = self.sampling > 1;
         let mut msg = Vec::with_capacity(self.max_message);
