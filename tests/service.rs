@@ -307,6 +307,47 @@ fn connection_tables_too_large_for_memory_are_refused() {
     );
 }
 
+/// Running out of file descriptors makes `accept` fail; the endpoint logs it and carries
+/// on, answering again once connections close (it used to end the service).
+#[test]
+fn exhausted_descriptors_do_not_end_the_endpoint() {
+    let dir = Scratch::new("service-emfile");
+    scapy(&dir.0, TRAFFIC);
+    let svc = Service::start(&[
+        "pipelines/vxlan-gateway.pipe",
+        "--in",
+        &format!("host={}", dir.path("host.pcap")),
+        "--workers",
+        "1",
+    ]);
+    let pid = svc.child.id();
+    let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("fds")
+        .count();
+    let limit = format!("--nofile={}", open + 1);
+    let set = Command::new("prlimit")
+        .args(["--pid", &pid.to_string(), &limit])
+        .status()
+        .expect("prlimit is required (Debian package util-linux)");
+    assert!(set.success());
+    // One connection takes the last descriptor; the rest wait, failing `accept`.
+    let held: Vec<std::net::TcpStream> = (0..4)
+        .map(|_| std::net::TcpStream::connect(svc.addr).expect("connect"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    drop(held);
+    // The server drops the silent connection after its 2 s read timeout; then it answers.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while get(svc.addr, "/healthz").map(|(c, _)| c) != Some(200) {
+        assert!(
+            Instant::now() < deadline,
+            "the endpoint never answered again"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(svc.terminate(), 0);
+}
+
 #[test]
 fn golden_exposition() {
     let dir = Scratch::new("service-golden");

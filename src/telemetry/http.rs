@@ -24,8 +24,12 @@ pub trait Handler: Sync {
     fn ready(&self) -> bool;
 }
 
+/// How often a failing `accept` is logged.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
 /// Serves until `stop` is set (checked every 50 ms), then waits for the connections being
-/// answered.
+/// answered. A failed `accept` (a connection reset before it was taken, descriptors
+/// exhausted) is logged and served past, never the end of the endpoint.
 pub fn serve(
     listener: &TcpListener,
     stop: &AtomicBool,
@@ -33,6 +37,7 @@ pub fn serve(
 ) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
     let open = AtomicUsize::new(0);
+    let mut warned: Option<std::time::Instant> = None;
     std::thread::scope(|s| {
         while !stop.load(Ordering::Relaxed) {
             match listener.accept() {
@@ -50,14 +55,19 @@ pub fn serve(
                         open.fetch_sub(1, Ordering::Relaxed);
                     });
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                Err(e) => {
+                    if e.kind() != std::io::ErrorKind::WouldBlock
+                        && warned.is_none_or(|t| t.elapsed() >= WARN_EVERY)
+                    {
+                        tracing::warn!(error = %e, "metrics endpoint: accept failed");
+                        warned = Some(std::time::Instant::now());
+                    }
                     std::thread::sleep(Duration::from_millis(50))
                 }
-                Err(e) => return Err(e),
             }
         }
-        Ok(())
-    })
+    });
+    Ok(())
 }
 
 fn answer(mut stream: TcpStream, handler: &dyn Handler) -> std::io::Result<()> {
