@@ -651,7 +651,8 @@ fn export(socket: &UdpSocket, rx: &Receiver<Vec<FlowRecord>>, shared: &Shared) -
         .map(|p| p.name.clone())
         .collect();
     let refresh = t.template_refresh.as_secs().max(1);
-    let mut exporter = Exporter::new(1, IPFIX_MESSAGE, refresh, t.sampling).naming(ports);
+    let mut exporter =
+        Exporter::new(t.observation_domain, IPFIX_MESSAGE, refresh, t.sampling).naming(ports);
     let mut sent = 0u64;
     // Failures since the last warning, and when that was: a collector that is down would
     // otherwise be reported for every message.

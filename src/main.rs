@@ -181,6 +181,10 @@ struct RunFlags {
     /// packet). Tracked connections still count every packet.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     ipfix_sampling: Option<u32>,
+    /// IPFIX Observation Domain ID (default: the pipeline's `observation_domain`, else 1);
+    /// instances exporting from one address to one collector need different ones.
+    #[arg(long, value_name = "ID")]
+    ipfix_domain: Option<u32>,
     /// Worker threads (default: one per core).
     #[arg(long)]
     workers: Option<usize>,
@@ -683,6 +687,9 @@ fn run(f: RunFlags) -> ExitCode {
     };
     if let Some(n) = f.ipfix_sampling {
         program.telemetry.sampling = n;
+    }
+    if let Some(id) = f.ipfix_domain {
+        program.telemetry.observation_domain = id;
     }
     if program.telemetry.sampling > 1 && f.ipfix.or(program.telemetry.ipfix).is_none() {
         tracing::warn!("IPFIX sampling is set but no collector is: nothing is exported");

@@ -382,7 +382,20 @@ fn sampled_export_counts_one_packet_in_four_and_says_so() {
         &dir,
         "pipelines/vxlan-gateway.pipe",
         &[("host", "host.pcap")],
-        &["--workers", "1", "--ipfix-sampling", "4"],
+        &[
+            "--workers",
+            "1",
+            "--ipfix-sampling",
+            "4",
+            "--ipfix-domain",
+            "7",
+        ],
+    );
+    // Every message is of the domain asked for.
+    let domains = x.tshark(&["cflow.od_id"]);
+    assert!(
+        domains.lines().all(|d| d == "7") && !domains.is_empty(),
+        "observation domains: {domains}"
     );
     for (flow, &(packets, bytes)) in &x.flows {
         let &(sent, sent_bytes) = x.want.get(flow).expect("a flow of the input");

@@ -512,6 +512,9 @@ pub struct Telemetry {
     pub sampling: u32,
     /// Flows each worker's IPFIX flow cache holds (about 100 bytes each, taken as used).
     pub flow_cache: u64,
+    /// IPFIX Observation Domain ID: collectors tell exporters apart by address and domain,
+    /// so instances sharing an address need their own (RFC 7011 §3.1).
+    pub observation_domain: u32,
 }
 
 impl Default for Telemetry {
@@ -525,6 +528,7 @@ impl Default for Telemetry {
             max_rule_series: 1000,
             sampling: 1,
             flow_cache: 1 << 20,
+            observation_domain: 1,
         }
     }
 }

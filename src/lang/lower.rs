@@ -689,6 +689,11 @@ impl Lowerer<'_> {
                         t.sampling = v as u32;
                     }
                 }
+                "observation_domain" => {
+                    if let Some(v) = self.int_in(w, "observation domain", 0, u32::MAX.into()) {
+                        t.observation_domain = v as u32;
+                    }
+                }
                 "flow_cache" => {
                     let hint = "write a flow count such as `1000000` or `1m`";
                     match self.parsed(w, "flow count", hint, value::count) {

@@ -139,7 +139,7 @@ mod tests {
     }
 
     #[test]
-    fn telemetry_block_sets_ipfix_sampling_and_flow_cache() {
+    fn telemetry_block_sets_the_ipfix_settings() {
         let text =
             "pipeline p\nport a { driver pcap }\ntelemetry { ipfix 127.0.0.1:4739 sampling 100 }\n\
                     pipe x root from a { default { actions drop } }";
@@ -147,8 +147,12 @@ mod tests {
         let sized = "pipeline p\nport a { driver pcap }\ntelemetry { flow_cache 64k }\n\
                      pipe x root from a { default { actions drop } }";
         assert_eq!(program(sized).telemetry.flow_cache, 64_000);
+        let domain = "pipeline p\nport a { driver pcap }\ntelemetry { observation_domain 42 }\n\
+                      pipe x root from a { default { actions drop } }";
+        assert_eq!(program(domain).telemetry.observation_domain, 42);
         let every =
             "pipeline p\nport a { driver pcap }\npipe x root from a { default { actions drop } }";
         assert_eq!(program(every).telemetry.sampling, 1);
+        assert_eq!(program(every).telemetry.observation_domain, 1);
     }
 }

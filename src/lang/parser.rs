@@ -58,6 +58,7 @@ pub fn block_keys(kind: BlockKind) -> Keys {
             ("max_rule_series", One),
             ("sampling", One),
             ("flow_cache", One),
+            ("observation_domain", One),
         ],
     }
 }
