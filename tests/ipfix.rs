@@ -111,10 +111,7 @@ struct Export {
 
 impl Export {
     fn metric(&self, name: &str) -> u64 {
-        self.metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in:\n{}", self.metrics))
+        metric(&self.metrics, name).unwrap_or_else(|| panic!("no {name} in:\n{}", self.metrics))
     }
 
     /// tshark's fields of each data record in the capture, `;`-separated per message

@@ -24,6 +24,25 @@ struct Service {
 
 impl Service {
     fn start(args: &[&str]) -> Service {
+        Service::spawn(args, Stdio::null())
+    }
+
+    /// [`Service::start`] keeping the log, for [`Service::terminate_with_log`].
+    fn start_logged(args: &[&str]) -> Service {
+        Service::spawn(args, Stdio::piped())
+    }
+
+    /// `dpuflow run` on the VXLAN gateway with [`TRAFFIC`] as its host input (in `dir`),
+    /// and `flags`.
+    fn gateway(dir: &Scratch, flags: &[&str]) -> Service {
+        scapy(&dir.0, TRAFFIC);
+        let input = format!("host={}", dir.path("host.pcap"));
+        let mut args = vec!["pipelines/vxlan-gateway.pipe", "--in", &input];
+        args.extend_from_slice(flags);
+        Service::start(&args)
+    }
+
+    fn spawn(args: &[&str], stderr: Stdio) -> Service {
         let port = free_port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
         let mut all = vec!["run"];
@@ -32,7 +51,7 @@ impl Service {
         all.extend_from_slice(&["--metrics", &metrics]);
         let child = Command::new(env!("CARGO_BIN_EXE_dpuflow"))
             .args(&all)
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("spawn dpuflow run");
         let svc = Service { child, addr };
@@ -62,6 +81,10 @@ impl Service {
     }
 
     fn terminate(mut self) -> i32 {
+        self.signal_and_wait()
+    }
+
+    fn signal_and_wait(&mut self) -> i32 {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
@@ -76,6 +99,16 @@ impl Service {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// [`Service::terminate`] for a service started with [`Service::start_logged`]: the
+    /// exit code and what it logged.
+    fn terminate_with_log(mut self) -> (i32, String) {
+        let mut log = String::new();
+        let mut stderr = self.child.stderr.take().expect("started logged");
+        let code = self.signal_and_wait();
+        std::io::Read::read_to_string(&mut stderr, &mut log).expect("log");
+        (code, log)
     }
 }
 
@@ -107,19 +140,10 @@ fn series(body: &str) -> Vec<&str> {
 #[test]
 fn live_scrape_passes_promtool_and_our_rules() {
     let dir = Scratch::new("service-promtool");
-    scapy(&dir.0, TRAFFIC);
     // IPFIX on (to a socket that reads nothing), so the flow-cache series are checked too.
     let sink = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
     let ipfix = sink.local_addr().expect("addr").to_string();
-    let svc = Service::start(&[
-        "pipelines/vxlan-gateway.pipe",
-        "--in",
-        &format!("host={}", dir.path("host.pcap")),
-        "--workers",
-        "2",
-        "--ipfix",
-        &ipfix,
-    ]);
+    let svc = Service::gateway(&dir, &["--workers", "2", "--ipfix", &ipfix]);
     let body =
         svc.scrape_until(|b| b.contains("dpuflow_port_received_packets_total{port=\"host\"} 110"));
     assert!(body.contains("dpuflow_flow_records_total "), "{body}");
@@ -187,54 +211,29 @@ fn unreachable_collector_is_counted_and_warned_once() {
         .local_addr()
         .expect("addr")
         .to_string();
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let child = Command::new(env!("CARGO_BIN_EXE_dpuflow"))
-        .args([
-            "run",
-            "pipelines/vxlan-gateway.pipe",
-            "--in",
-            &format!("host={}", dir.path("host.pcap")),
-            "--workers",
-            "1",
-            "--metrics",
-            &metrics,
-            "--ipfix",
-            &nobody,
-        ])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn dpuflow run");
-    let svc_addr: SocketAddr = metrics.parse().expect("addr");
-    let value = |body: &str, name: &str| -> u64 {
-        body.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or(0)
-    };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let body = loop {
-        if let Some((200, body)) = get(svc_addr, "/metrics") {
-            if value(&body, "dpuflow_ipfix_send_failures_total") > 0 {
-                break body;
-            }
-        }
-        assert!(Instant::now() < deadline, "no send failure counted");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let input = format!("host={}", dir.path("host.pcap"));
+    let svc = Service::start_logged(&[
+        "pipelines/vxlan-gateway.pipe",
+        "--in",
+        &input,
+        "--workers",
+        "1",
+        "--ipfix",
+        &nobody,
+    ]);
+    let failures = |b: &str| metric(b, "dpuflow_ipfix_send_failures_total").unwrap_or(0);
+    let body = svc.scrape_until(|b| failures(b) > 0);
     // 57 flows make a templates message and several data messages.
     let (sent, failed) = (
-        value(&body, "dpuflow_ipfix_messages_total"),
-        value(&body, "dpuflow_ipfix_send_failures_total"),
+        metric(&body, "dpuflow_ipfix_messages_total").unwrap_or(0),
+        failures(&body),
     );
     assert!(
         sent >= 1 && sent + failed >= 4,
         "{sent} sent, {failed} failed"
     );
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let out = child.wait_with_output().expect("wait");
-    assert!(out.status.success());
-    let log = String::from_utf8_lossy(&out.stderr);
+    let (code, log) = svc.terminate_with_log();
+    assert_eq!(code, 0);
     assert_eq!(log.matches("IPFIX messages not sent").count(), 1, "{log}");
 }
 
@@ -244,14 +243,7 @@ fn unreachable_collector_is_counted_and_warned_once() {
 #[test]
 fn silent_clients_hold_up_no_probe() {
     let dir = Scratch::new("service-silent");
-    scapy(&dir.0, TRAFFIC);
-    let svc = Service::start(&[
-        "pipelines/vxlan-gateway.pipe",
-        "--in",
-        &format!("host={}", dir.path("host.pcap")),
-        "--workers",
-        "1",
-    ]);
+    let svc = Service::gateway(&dir, &["--workers", "1"]);
     let silent: Vec<std::net::TcpStream> = (0..4)
         .map(|_| std::net::TcpStream::connect(svc.addr).expect("connect"))
         .collect();
@@ -312,14 +304,7 @@ fn connection_tables_too_large_for_memory_are_refused() {
 #[test]
 fn exhausted_descriptors_do_not_end_the_endpoint() {
     let dir = Scratch::new("service-emfile");
-    scapy(&dir.0, TRAFFIC);
-    let svc = Service::start(&[
-        "pipelines/vxlan-gateway.pipe",
-        "--in",
-        &format!("host={}", dir.path("host.pcap")),
-        "--workers",
-        "1",
-    ]);
+    let svc = Service::gateway(&dir, &["--workers", "1"]);
     let pid = svc.child.id();
     let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .expect("fds")
@@ -351,14 +336,7 @@ fn exhausted_descriptors_do_not_end_the_endpoint() {
 #[test]
 fn golden_exposition() {
     let dir = Scratch::new("service-golden");
-    scapy(&dir.0, TRAFFIC);
-    let svc = Service::start(&[
-        "pipelines/vxlan-gateway.pipe",
-        "--in",
-        &format!("host={}", dir.path("host.pcap")),
-        "--workers",
-        "1",
-    ]);
+    let svc = Service::gateway(&dir, &["--workers", "1"]);
     let body =
         svc.scrape_until(|b| b.contains("dpuflow_port_received_packets_total{port=\"host\"} 110"));
     assert_eq!(svc.terminate(), 0);
@@ -494,14 +472,7 @@ fn long_input_through_few_buffers_is_written_whole() {
 #[test]
 fn a_real_prometheus_scrapes_it() {
     let dir = Scratch::new("service-prometheus");
-    scapy(&dir.0, TRAFFIC);
-    let svc = Service::start(&[
-        "pipelines/vxlan-gateway.pipe",
-        "--in",
-        &format!("host={}", dir.path("host.pcap")),
-        "--workers",
-        "2",
-    ]);
+    let svc = Service::gateway(&dir, &["--workers", "2"]);
     let prom_port = free_port();
     let config = dir.path("prometheus.yml");
     std::fs::write(

@@ -155,3 +155,9 @@ pub fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let code = out.split_whitespace().nth(1)?.parse().ok()?;
     Some((code, out.split_once("\r\n\r\n")?.1.to_owned()))
 }
+
+/// The value of an unlabelled series in a Prometheus exposition.
+pub fn metric(body: &str, name: &str) -> Option<u64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
