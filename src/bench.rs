@@ -42,8 +42,7 @@ pub fn run(
 ) -> Report {
     let mut engine = Engine::new(program);
     if telemetry {
-        let capacity = usize::try_from(program.telemetry.flow_cache).unwrap_or(usize::MAX);
-        engine.enable_flows(capacity, &program.telemetry);
+        engine.enable_flows(&program.telemetry);
     }
     let max = frames.iter().map(Vec::len).max().unwrap_or(64);
     let mut slots: Vec<PacketBuf> = (0..batch.max(1)).map(|_| PacketBuf::new(max)).collect();

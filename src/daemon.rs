@@ -520,7 +520,7 @@ fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
     let mut engine = Engine::sharing(Arc::clone(&shared.code));
     let t = &shared.program.telemetry;
     if flows.is_some() {
-        engine.enable_flows(usize::try_from(t.flow_cache).unwrap_or(usize::MAX), t);
+        engine.enable_flows(t);
     }
     let (mut last_export, mut now_ns) = (Instant::now(), 0u64);
     let mut unsent: Option<Vec<FlowRecord>> = None;

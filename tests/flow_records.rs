@@ -140,7 +140,8 @@ fn records_add_up(pipeline: &str, sends: Vec<Send>, sampling: u32) -> Result<(),
     program.telemetry.active_timeout = Duration::from_secs(2);
     program.telemetry.idle_timeout = Duration::from_secs(5);
     program.telemetry.sampling = sampling;
-    engine.enable_flows(1 << 10, &program.telemetry);
+    program.telemetry.flow_cache = 1 << 10;
+    engine.enable_flows(&program.telemetry);
 
     let mut sent: BTreeMap<Key, (u64, u64)> = BTreeMap::new();
     let mut records: Vec<FlowRecord> = Vec::new();
@@ -283,7 +284,8 @@ fn many_flows_are_counted_exactly() {
     let mut program = checked.program.expect("valid pipeline");
     program.telemetry.idle_timeout = Duration::from_secs(60);
     let mut engine = Engine::new(&program);
-    engine.enable_flows(1 << 17, &program.telemetry);
+    program.telemetry.flow_cache = 1 << 17;
+    engine.enable_flows(&program.telemetry);
     const FLOWS: u32 = 40_000;
     let tuple = |i: u32| {
         (

@@ -436,11 +436,12 @@ impl Engine {
     /// else in a flow cache. Connections note ports in a byte each, so a pipeline of more
     /// than 255 ports keeps all its flows in the cache.
     ///
-    /// The cache counts one packet in `t.sampling`, chosen at random (connections count all
-    /// theirs).
-    pub fn enable_flows(&mut self, capacity: usize, t: &Telemetry) {
+    /// The cache holds `t.flow_cache` flows and counts one packet in `t.sampling`, chosen
+    /// at random (connections count all theirs).
+    pub fn enable_flows(&mut self, t: &Telemetry) {
         let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let (active, idle) = (ns(t.active_timeout), ns(t.idle_timeout));
+        let capacity = usize::try_from(t.flow_cache).unwrap_or(usize::MAX);
         let sampler = Sampler::seeded_randomly(t.sampling);
         let cache = FlowCache::new(capacity, active, idle).sampling(sampler);
         self.rt.flows = Some(cache);
