@@ -436,9 +436,14 @@ impl CaptureWriter {
 mod tests {
     use super::*;
 
+    /// A capture path of its own for a test.
+    fn scratch(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("dpuflow-{name}-{}.pcap", std::process::id()))
+    }
+
     #[test]
     fn writes_then_reads_back() {
-        let path = std::env::temp_dir().join(format!("dpuflow-pcap-{}.pcap", std::process::id()));
+        let path = scratch("pcap");
         let mut w = CaptureWriter::create(&path).unwrap();
         w.write(1_500_000_123_456, &[1, 2, 3]).unwrap();
         w.write(1_500_000_124_000, &[4; 60]).unwrap();
@@ -461,8 +466,7 @@ mod tests {
     /// all come back whole and in order.
     #[test]
     fn reads_records_across_buffer_ends() {
-        let path =
-            std::env::temp_dir().join(format!("dpuflow-pcap-big-{}.pcap", std::process::id()));
+        let path = scratch("pcap-big");
         let mut w = CaptureWriter::create(&path).unwrap();
         let frame = |i: usize| -> Vec<u8> { (0..i % 9001).map(|b| (b ^ i) as u8).collect() };
         let n = 3 * READ_BUFFER / 1000;
@@ -490,8 +494,7 @@ mod tests {
     /// record, then says so, whether the cut falls in a record's header or its frame.
     #[test]
     fn a_capture_cut_short_says_so_after_its_whole_records() {
-        let path =
-            std::env::temp_dir().join(format!("dpuflow-pcap-cut-{}.pcap", std::process::id()));
+        let path = scratch("pcap-cut");
         let mut w = CaptureWriter::create(&path).unwrap();
         w.write(1_000, &[7; 60]).unwrap();
         w.write(2_000, &[8; 60]).unwrap();
