@@ -193,8 +193,10 @@ const _: () = assert!(STAGE <= 32);
 /// One worker's engine: a compiled program, which engines may share, and its own state.
 #[derive(Debug)]
 pub struct Engine {
-    /// Parse results of the current batch, when it is staged.
-    metas: Box<[Result<Meta, DropReason>]>,
+    /// Parse results of the current batch, when it is staged: the layers, valid where
+    /// `parsed` says so (kept apart so a parse writes straight into its slot).
+    metas: Box<[Meta]>,
+    parsed: Box<[Result<(), DropReason>]>,
     /// Connection hashes of the current batch, when it is staged.
     ct_hints: Box<[Option<Probe>]>,
     /// The probes of the staged packets the flow cache counts (those no connection counts),
@@ -418,7 +420,8 @@ impl Engine {
             flows: None,
         };
         Engine {
-            metas: vec![Err(DropReason::NoPipe); STAGE].into_boxed_slice(),
+            metas: vec![Meta::default(); STAGE].into_boxed_slice(),
+            parsed: vec![Err(DropReason::NoPipe); STAGE].into_boxed_slice(),
             ct_hints: vec![None; STAGE].into_boxed_slice(),
             flow_probes: Box::new([FlowProbe::default(); STAGE]),
             root_entries: vec![None; STAGE].into_boxed_slice(),
@@ -516,11 +519,8 @@ impl Engine {
         let mut flow_staged = 0u32;
         for (i, pkt) in batch.iter().enumerate() {
             let frame = pkt.data();
-            // Parsed straight into its slot: a temporary copied in would stall on store
-            // forwarding.
-            let staged = &mut self.metas[i];
-            *staged = parse::parse(frame, &self.code.tunnels);
-            let meta = staged.as_ref().ok();
+            self.parsed[i] = parse::parse_into(frame, &self.code.tunnels, &mut self.metas[i]);
+            let meta = staged_meta(&self.metas, &self.parsed, i).ok();
             let mut reports = false;
             if let Some(ct) = &self.rt.ct {
                 let hint = &mut self.ct_hints[i];
@@ -578,7 +578,9 @@ impl Engine {
         if let Some(flows) = &mut self.rt.flows {
             for i in staged_packets(flow_staged) {
                 // Staged packets parsed: the arrival parse gives the IP length.
-                if let (Some(pkt), Some(Ok(m))) = (batch.get(i), self.metas.get(i)) {
+                if let (Some(pkt), Ok(m)) =
+                    (batch.get(i), staged_meta(&self.metas, &self.parsed, i))
+                {
                     let (out, denied) = fate(pkt.verdict);
                     let ip_bytes = m.outer.l3_end - m.outer.l3;
                     flows.count(&self.flow_probes[i], ip_bytes, pkt.ts_ns, out, denied);
@@ -609,11 +611,13 @@ impl Engine {
             let counters = &self.rt.stats.entries[root.index()];
             let view = |i: usize| {
                 let pkt = &batch[i];
-                self.metas[i].as_ref().ok().map(|meta| PacketView {
-                    frame: pkt.data(),
-                    meta,
-                    state: &self.code.port_states[pkt.port.index()],
-                })
+                staged_meta(&self.metas, &self.parsed, i)
+                    .ok()
+                    .map(|meta| PacketView {
+                        frame: pkt.data(),
+                        meta,
+                        state: &self.code.port_states[pkt.port.index()],
+                    })
             };
             let mut waiting = batch
                 .iter()
@@ -659,9 +663,9 @@ impl Engine {
         let Some(mut pipe) = code.roots[pkt.port.index()] else {
             return Verdict::Drop(DropReason::NoPipe);
         };
-        let mut meta = match &self.metas[staged_at] {
+        let mut meta = match staged_meta(&self.metas, &self.parsed, staged_at) {
             Ok(m) => *m,
-            Err(r) => return Verdict::Drop(*r),
+            Err(r) => return Verdict::Drop(r),
         };
         let mut ct_hint = self.ct_hints[staged_at].as_ref();
         // The root pipe's entry, when the batch was classified together.
@@ -749,6 +753,16 @@ impl Engine {
             "validated pipelines are acyclic and every action list ends in a terminal action"
         )
     }
+}
+
+/// The parse of staged packet `i` (see [`Engine::metas`]).
+#[inline(always)]
+fn staged_meta<'a>(
+    metas: &'a [Meta],
+    parsed: &[Result<(), DropReason>],
+    i: usize,
+) -> Result<&'a Meta, DropReason> {
+    parsed[i].map(|()| &metas[i])
 }
 
 enum Next {

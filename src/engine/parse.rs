@@ -88,13 +88,21 @@ impl TunnelPorts {
 }
 
 /// Parses `frame` (starting at offset 0).
-#[inline(always)]
 pub fn parse(frame: &[u8], tunnels: &TunnelPorts) -> Result<Meta, DropReason> {
-    let outer = layers(frame, 0)?;
-    let mut meta = Meta {
-        outer,
-        ..Meta::default()
-    };
+    let mut meta = Meta::default();
+    parse_into(frame, tunnels, &mut meta).map(|()| meta)
+}
+
+/// [`parse`] into `meta` where it lies, each field stored as it is found. A parse returned
+/// by value lives in two dozen registers, more than there are: they spilled to the stack
+/// and were copied from there into place, some 70 instructions a packet. On error `meta`
+/// holds part of the frame's layers.
+#[inline(always)]
+pub fn parse_into(frame: &[u8], tunnels: &TunnelPorts, meta: &mut Meta) -> Result<(), DropReason> {
+    layers(frame, 0, &mut meta.outer)?;
+    meta.tunnel = None;
+    meta.inner = Layers::default();
+    let outer = &meta.outer;
     if outer.l4_ok && outer.proto == ip_proto::UDP {
         let u = udp::Packet::new_unchecked(&frame[usize::from(outer.l4)..]);
         if let Some(kind) = tunnels.kind(u.dst_port()) {
@@ -122,17 +130,18 @@ pub fn parse(frame: &[u8], tunnels: &TunnelPorts) -> Result<Meta, DropReason> {
                 header: at as u16,
                 inner: inner as u16,
             });
-            meta.inner = layers(&frame[..end], inner).map_err(|_| DropReason::TunnelMalformed)?;
+            layers(&frame[..end], inner, &mut meta.inner)
+                .map_err(|_| DropReason::TunnelMalformed)?;
         }
     }
-    Ok(meta)
+    Ok(())
 }
 
-/// Parses Ethernet, VLAN tags, IP and the L4 header starting at `at`.
+/// Parses Ethernet, VLAN tags, IP and the L4 header starting at `at` into `l`.
 #[inline(always)]
-fn layers(frame: &[u8], at: usize) -> Result<Layers, DropReason> {
+fn layers(frame: &[u8], at: usize, l: &mut Layers) -> Result<(), DropReason> {
     let eth = ethernet::Frame::new_checked(&frame[at..]).map_err(|_| DropReason::MalformedL2)?;
-    let mut l = Layers {
+    *l = Layers {
         l2: at as u16,
         ethertype: eth.ethertype(),
         ..Layers::default()
@@ -174,7 +183,7 @@ fn layers(frame: &[u8], at: usize) -> Result<Layers, DropReason> {
         }
         _ => {
             l.l3_end = frame.len() as u16;
-            return Ok(l);
+            return Ok(());
         }
     }
     if l.l4_ok {
@@ -191,7 +200,7 @@ fn layers(frame: &[u8], at: usize) -> Result<Layers, DropReason> {
             return Err(DropReason::MalformedL4);
         }
     }
-    Ok(l)
+    Ok(())
 }
 
 /// A symmetric hash of addresses, protocol and ports: both directions of a flow hash the
