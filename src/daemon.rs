@@ -30,6 +30,7 @@ use crossbeam_channel::{bounded, Receiver, Select, Sender, TrySendError};
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How to run.
@@ -112,6 +113,8 @@ struct Shared {
     export: Option<ExportCounts>,
     workers_up: AtomicUsize,
     workers: usize,
+    /// A thread of the service panicked (see [`Watch`]).
+    failed: Arc<AtomicBool>,
 }
 
 /// Counted by the exporter thread, read at scrape time.
@@ -138,6 +141,7 @@ impl Handler for Shared {
 
     fn ready(&self) -> bool {
         self.workers_up.load(Ordering::Relaxed) == self.workers
+            && !self.failed.load(Ordering::Relaxed)
     }
 }
 
@@ -148,6 +152,10 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, Arc::clone(&stop)).map_err(RunError::Signals)?;
     }
+    let watch = Watch {
+        stop: Arc::clone(&stop),
+        failed: Arc::new(AtomicBool::new(false)),
+    };
     let workers = opts.workers.max(1);
     let listener = match opts.metrics {
         Some(addr) => {
@@ -189,6 +197,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         export: opts.ipfix.map(|_| ExportCounts::default()),
         workers_up: AtomicUsize::new(0),
         workers,
+        failed: Arc::clone(&watch.failed),
         code: Arc::new(Compiled::new(&program)),
         program,
     });
@@ -219,15 +228,8 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             })?;
             let sampling = shared.program.telemetry.sampling;
             tracing::info!(%collector, sampling, "exporting IPFIX");
-            Some(
-                std::thread::Builder::new()
-                    .name("ipfix".into())
-                    .spawn({
-                        let shared = Arc::clone(&shared);
-                        move || export(&socket, &flows_rx, &shared)
-                    })
-                    .map_err(|e| RunError::Thread(e.to_string()))?,
-            )
+            let shared = Arc::clone(&shared);
+            Some(watch.spawn("ipfix", move || export(&socket, &flows_rx, &shared))?)
         }
         None => None,
     };
@@ -248,12 +250,9 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             spares: spare_rx,
             flows: flows_tx,
         };
-        handles.push(
-            std::thread::Builder::new()
-                .name(format!("worker-{w}"))
-                .spawn(move || worker(w, &shared, &channels))
-                .map_err(|e| RunError::Thread(e.to_string()))?,
-        );
+        handles.push(watch.spawn(&format!("worker-{w}"), move || {
+            worker(w, &shared, &channels)
+        })?);
     }
     drop(done_tx);
     drop(flows_tx);
@@ -265,17 +264,14 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             done: done_rx,
             spares_back,
         };
-        std::thread::Builder::new()
-            .name("io".into())
-            .spawn(move || {
-                let done = io(merger, &opts, writers, ends, &stop);
-                // Said now, not at shutdown: the service goes on serving its metrics.
-                if let Err(e) = &done {
-                    tracing::error!(error = %e, "reading or writing captures failed; no more packets");
-                }
-                done
-            })
-            .map_err(|e| RunError::Thread(e.to_string()))?
+        watch.spawn("io", move || {
+            let done = io(merger, &opts, writers, ends, &stop);
+            // Said now, not at shutdown: the service goes on serving its metrics.
+            if let Err(e) = &done {
+                tracing::error!(error = %e, "reading or writing captures failed; no more packets");
+            }
+            done
+        })?
     };
 
     // Serve metrics until signalled; without an endpoint, until the inputs are done.
@@ -288,21 +284,68 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         }
     }
     stop.store(true, Ordering::Relaxed);
-    let (read, unwritten) = io
-        .join()
-        .map_err(|_| RunError::Thread("the I/O thread panicked".into()))??;
-    for h in handles {
-        h.join()
-            .map_err(|_| RunError::Thread("a worker panicked".into()))?;
+    // Every thread is joined, even after one failed: the others finish what they hold, the
+    // outputs are flushed and the final IPFIX export is sent.
+    let io = io.join();
+    let workers_done = handles.into_iter().all(|h| h.join().is_ok());
+    let sent = exporter.map(JoinHandle::join);
+    let (read, unwritten) =
+        io.map_err(|_| RunError::Thread("the I/O thread panicked".into()))??;
+    if !workers_done {
+        return Err(RunError::Thread("a worker panicked".into()));
     }
-    if let Some(e) = exporter {
-        let sent = e
-            .join()
-            .map_err(|_| RunError::Thread("the IPFIX exporter panicked".into()))?;
+    if let Some(sent) = sent {
+        let sent = sent.map_err(|_| RunError::Thread("the IPFIX exporter panicked".into()))?;
         tracing::info!(records = sent, "IPFIX export done");
     }
     tracing::info!(packets = read, unwritten, "stopped");
     Ok(())
+}
+
+/// Starts the service's threads. A thread that panics stops the service, which then exits
+/// with an error: a dataplane short of a worker would otherwise go on serving its metrics,
+/// healthy and ready, while the packets it was dealt went nowhere. (Under systemd,
+/// `Restart=on-failure` starts it afresh.)
+#[derive(Debug, Clone)]
+struct Watch {
+    stop: Arc<AtomicBool>,
+    failed: Arc<AtomicBool>,
+}
+
+impl Watch {
+    fn spawn<T: Send + 'static>(
+        &self,
+        name: &str,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<JoinHandle<T>, RunError> {
+        let tripwire = Tripwire {
+            name: name.to_owned(),
+            watch: self.clone(),
+        };
+        std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || {
+                let _armed = tripwire;
+                f()
+            })
+            .map_err(|e| RunError::Thread(e.to_string()))
+    }
+}
+
+/// Dropped when its thread ends; if that is by a panic, stops the service.
+struct Tripwire {
+    name: String,
+    watch: Watch,
+}
+
+impl Drop for Tripwire {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            tracing::error!(thread = %self.name, "thread panicked; stopping the service");
+            self.watch.failed.store(true, Ordering::Relaxed);
+            self.watch.stop.store(true, Ordering::Relaxed);
+        }
+    }
 }
 
 /// The worker a packet goes to: a symmetric hash of its flow, so both directions meet.
@@ -677,4 +720,28 @@ fn export(socket: &UdpSocket, rx: &Receiver<Vec<FlowRecord>>, shared: &Shared) -
         sent += records.len() as u64;
     }
     sent
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_thread_that_panics_stops_the_service() {
+        let watch = Watch {
+            stop: Arc::new(AtomicBool::new(false)),
+            failed: Arc::new(AtomicBool::new(false)),
+        };
+        let fine = watch.spawn("fine", || 7).expect("spawned");
+        assert_eq!(fine.join().ok(), Some(7));
+        assert!(!watch.stop.load(Ordering::Relaxed));
+        assert!(!watch.failed.load(Ordering::Relaxed));
+
+        let doomed = watch
+            .spawn("doomed", || panic!("a worker's bug"))
+            .expect("spawned");
+        assert!(doomed.join().is_err());
+        assert!(watch.stop.load(Ordering::Relaxed));
+        assert!(watch.failed.load(Ordering::Relaxed));
+    }
 }
