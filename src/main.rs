@@ -173,9 +173,9 @@ struct RunFlags {
     /// 127.0.0.1:9464).
     #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
-    /// IPFIX collector address.
+    /// IPFIX collector: IP:PORT, or NAME:PORT resolved once at start.
     #[arg(long, value_name = "ADDR")]
-    ipfix: Option<std::net::SocketAddr>,
+    ipfix: Option<dpuflow::ir::HostPort>,
     /// Count one packet in N into the IPFIX flow cache, at a random place in each window of
     /// N (RFC 5475 random n-out-of-N; default: the pipeline's `sampling`, else every
     /// packet). Tracked connections still count every packet.
@@ -691,9 +691,20 @@ fn run(f: RunFlags) -> ExitCode {
     if let Some(id) = f.ipfix_domain {
         program.telemetry.observation_domain = id;
     }
-    if program.telemetry.sampling > 1 && f.ipfix.or(program.telemetry.ipfix).is_none() {
+    let collector = f.ipfix.or_else(|| program.telemetry.ipfix.clone());
+    if program.telemetry.sampling > 1 && collector.is_none() {
         tracing::warn!("IPFIX sampling is set but no collector is: nothing is exported");
     }
+    let ipfix = match collector
+        .map(|c| c.resolve().map_err(|e| (c, e)))
+        .transpose()
+    {
+        Ok(a) => a,
+        Err((collector, e)) => {
+            tracing::error!(%collector, error = %e, "cannot resolve the IPFIX collector");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     let load_seconds = started.elapsed().as_secs_f64();
     let bindings = match (
         bind(&program, &f.inputs, "in"),
@@ -710,7 +721,7 @@ fn run(f: RunFlags) -> ExitCode {
                 .or(program.telemetry.prometheus)
                 .unwrap_or(default_metrics),
         ),
-        ipfix: f.ipfix.or(program.telemetry.ipfix),
+        ipfix,
         workers: f
             .workers
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),

@@ -75,6 +75,33 @@ fn numeric_flags_out_of_range_are_usage_errors() {
     }
 }
 
+/// A collector's name that does not resolve, or is not a name, stops `run` at once.
+#[test]
+fn bad_collectors_are_refused_at_start() {
+    let run =
+        |collector: &str| dpuflow(&["run", "pipelines/vxlan-gateway.pipe", "--ipfix", collector]);
+    // RFC 2606: .invalid never resolves.
+    let out = run("no-such-collector.invalid:4739");
+    assert_eq!(out.status.code(), Some(2));
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("cannot resolve the IPFIX collector"), "{log}");
+    assert!(log.contains("no-such-collector.invalid:4739"), "{log}");
+    for bad in [
+        "under_score:4739",
+        "collector",
+        "collector:65536",
+        "x-.example:1",
+    ] {
+        let out = run(bad);
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("invalid value"),
+            "{bad}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 #[test]
 fn check_exit_codes() {
     assert_eq!(

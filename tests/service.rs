@@ -237,6 +237,32 @@ fn unreachable_collector_is_counted_and_warned_once() {
     assert_eq!(log.matches("IPFIX messages not sent").count(), 1, "{log}");
 }
 
+/// A collector may be given by name: it is resolved at start and the export arrives there.
+#[test]
+fn collector_given_by_name_receives_the_export() {
+    use std::net::{ToSocketAddrs, UdpSocket};
+    let dir = Scratch::new("service-named-collector");
+    // Listen where the name resolves first, where the service sends.
+    let at = ("localhost", 0)
+        .to_socket_addrs()
+        .expect("localhost resolves")
+        .next()
+        .expect("an address");
+    let collector = UdpSocket::bind(at).expect("bind");
+    collector
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    let named = format!("localhost:{}", collector.local_addr().expect("addr").port());
+    let svc = Service::gateway(&dir, &["--workers", "1", "--ipfix", &named]);
+    let mut message = [0u8; 2048];
+    let n = collector.recv(&mut message).expect("an IPFIX message");
+    // RFC 7011 §3.1: version 10, then the message's length.
+    assert!(n >= 16, "{n} bytes");
+    assert_eq!(message[..2], [0, 10]);
+    assert_eq!(usize::from(u16::from_be_bytes([message[2], message[3]])), n);
+    assert_eq!(svc.terminate(), 0);
+}
+
 /// Clients that connect and send nothing hold up no one: a probe is answered at once while
 /// they wait (the server gives a request 2 s; answering one connection at a time, four
 /// silent ones held it for 8), and a HEAD gets the headers only.

@@ -495,11 +495,73 @@ impl CtTimeouts {
     }
 }
 
+/// Where a collector listens, as written: an IP address or a host name, and a UDP port.
+/// A name is resolved when the service starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPort {
+    pub host: String,
+    pub port: u16,
+}
+
+impl HostPort {
+    /// The first address the host resolves to (the system resolver; none for an address).
+    pub fn resolve(&self) -> std::io::Result<SocketAddr> {
+        use std::net::ToSocketAddrs;
+        (self.host.as_str(), self.port)
+            .to_socket_addrs()?
+            .next()
+            .ok_or_else(|| std::io::Error::other("the name has no address"))
+    }
+}
+
+impl std::str::FromStr for HostPort {
+    type Err = &'static str;
+
+    /// `IP:PORT` (an IPv6 address in brackets) or `NAME:PORT`, NAME a DNS name (RFC 1123
+    /// §2.1: labels of letters, digits and inner hyphens, at most 63 bytes, 253 in all).
+    fn from_str(s: &str) -> Result<HostPort, &'static str> {
+        if let Ok(a) = s.parse::<SocketAddr>() {
+            return Ok(HostPort {
+                host: a.ip().to_string(),
+                port: a.port(),
+            });
+        }
+        let (host, port) = s.rsplit_once(':').ok_or("no port: write HOST:PORT")?;
+        let port = port
+            .parse()
+            .map_err(|_| "the port is not a number up to 65535")?;
+        let label_ok = |l: &str| {
+            (1..=63).contains(&l.len())
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        };
+        let host = host.strip_suffix('.').unwrap_or(host);
+        if host.len() > 253 || !host.split('.').all(label_ok) {
+            return Err("not an IP address or a host name");
+        }
+        Ok(HostPort {
+            host: host.to_owned(),
+            port,
+        })
+    }
+}
+
+impl std::fmt::Display for HostPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
 /// Telemetry settings; both exporters are off unless an address is given.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Telemetry {
     pub prometheus: Option<SocketAddr>,
-    pub ipfix: Option<SocketAddr>,
+    pub ipfix: Option<HostPort>,
     /// IPFIX active timeout: a long flow is exported at least this often.
     pub active_timeout: Duration,
     /// IPFIX idle timeout: a flow silent this long is exported and forgotten.
@@ -590,6 +652,49 @@ pub fn display_prefix(v: u128, len: u8, kind: ValueKind) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn collectors_are_addresses_or_host_names() {
+        let hp = |s: &str| s.parse::<HostPort>();
+        let named = |host: &str, port| {
+            Ok(HostPort {
+                host: host.into(),
+                port,
+            })
+        };
+        assert_eq!(hp("192.0.2.7:4739"), named("192.0.2.7", 4739));
+        assert_eq!(hp("[2001:db8::7]:4739"), named("2001:db8::7", 4739));
+        assert_eq!(
+            hp("collector.example:4739"),
+            named("collector.example", 4739)
+        );
+        assert_eq!(
+            hp("collector.example.:2055"),
+            named("collector.example", 2055)
+        );
+        assert_eq!(hp("ipfix-1:4739"), named("ipfix-1", 4739));
+        for bad in [
+            "collector",
+            "collector:",
+            "collector:70000",
+            ":4739",
+            "a..b:4739",
+            "-a:4739",
+            "a-:4739",
+            "under_score:4739",
+            "2001:db8::7:4739",
+        ] {
+            assert!(hp(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            hp("[2001:db8::7]:4739").unwrap().to_string(),
+            "[2001:db8::7]:4739"
+        );
+        assert_eq!(
+            hp("192.0.2.7:4739").unwrap().resolve().ok(),
+            Some(SocketAddr::from(([192, 0, 2, 7], 4739)))
+        );
+    }
 
     const IP4: ValueKind = ValueKind::Ipv4;
     const PORT: ValueKind = ValueKind::Int { bits: 16 };

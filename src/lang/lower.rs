@@ -659,9 +659,9 @@ impl Lowerer<'_> {
                 "ipfix" => {
                     t.ipfix = self.parsed(
                         w,
-                        "address",
-                        "write IP:PORT, e.g. 127.0.0.1:4739",
-                        value::socket_addr,
+                        "collector",
+                        "write IP:PORT or NAME:PORT, e.g. 127.0.0.1:4739 or collector.example:4739",
+                        value::host_port,
                     )
                 }
                 "interval" => {

@@ -144,6 +144,11 @@ mod tests {
             "pipeline p\nport a { driver pcap }\ntelemetry { ipfix 127.0.0.1:4739 sampling 100 }\n\
                     pipe x root from a { default { actions drop } }";
         assert_eq!(program(text).telemetry.sampling, 100);
+        let named =
+            "pipeline p\nport a { driver pcap }\ntelemetry { ipfix collector.example:4739 }\n\
+                     pipe x root from a { default { actions drop } }";
+        let collector = program(named).telemetry.ipfix.expect("a collector");
+        assert_eq!(collector.to_string(), "collector.example:4739");
         let sized = "pipeline p\nport a { driver pcap }\ntelemetry { flow_cache 64k }\n\
                      pipe x root from a { default { actions drop } }";
         assert_eq!(program(sized).telemetry.flow_cache, 64_000);

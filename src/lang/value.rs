@@ -1,6 +1,7 @@
 //! Literal values inside words: integers, addresses, prefixes, ranges, durations, rates
 //! and sizes. Each parser takes a whole word and fails unless all of it is consumed.
 
+use crate::ir::HostPort;
 use nom::branch::alt;
 use nom::bytes::complete::{tag_no_case, take_while1, take_while_m_n};
 use nom::character::complete::{char, digit1, hex_digit1};
@@ -147,6 +148,11 @@ pub fn size(word: &str) -> Option<u64> {
 
 /// `127.0.0.1:9464` or `[::1]:9464`.
 pub fn socket_addr(word: &str) -> Option<SocketAddr> {
+    word.parse().ok()
+}
+
+/// `IP:PORT` or `NAME:PORT`.
+pub fn host_port(word: &str) -> Option<HostPort> {
     word.parse().ok()
 }
 
