@@ -92,9 +92,6 @@ const EXPORT_EVERY: Duration = Duration::from_secs(1);
 /// … or once this many wait (a quarter of what a connection table keeps: connections that
 /// end fast would fill it in a second).
 const RECORDS_EARLY: usize = crate::firewall::conntrack::RECORDS_KEPT / 4;
-/// Largest IPFIX message: fits a 1500-byte path MTU with IPv6 and UDP headers.
-const IPFIX_MESSAGE: usize = 1400;
-
 /// A processed batch on its way back to the I/O thread: the packets, then the copies
 /// `mirror` actions made, in buffers that go back to the worker that filled them.
 struct Processed {
@@ -694,8 +691,14 @@ fn export(socket: &UdpSocket, rx: &Receiver<Vec<FlowRecord>>, shared: &Shared) -
         .map(|p| p.name.clone())
         .collect();
     let refresh = t.template_refresh.as_secs().max(1);
+    // Each message, in its UDP and IP headers, fits the path MTU.
+    let headers = match socket.peer_addr() {
+        Ok(SocketAddr::V4(_)) => 20 + 8,
+        _ => 40 + 8,
+    };
+    let largest = usize::from(t.ipfix_mtu).saturating_sub(headers);
     let mut exporter =
-        Exporter::new(t.observation_domain, IPFIX_MESSAGE, refresh, t.sampling).naming(ports);
+        Exporter::new(t.observation_domain, largest, refresh, t.sampling).naming(ports);
     let mut sent = 0u64;
     // Failures since the last warning, and when that was: a collector that is down would
     // otherwise be reported for every message.

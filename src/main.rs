@@ -185,6 +185,10 @@ struct RunFlags {
     /// instances exporting from one address to one collector need different ones.
     #[arg(long, value_name = "ID")]
     ipfix_domain: Option<u32>,
+    /// Path MTU towards the IPFIX collector, in bytes: messages with their IP and UDP
+    /// headers fit in it (default: the pipeline's `ipfix_mtu`, else 1500).
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u16).range(i64::from(dpuflow::lang::MIN_IPFIX_MTU)..))]
+    ipfix_mtu: Option<u16>,
     /// Worker threads (default: one per core).
     #[arg(long)]
     workers: Option<usize>,
@@ -690,6 +694,9 @@ fn run(f: RunFlags) -> ExitCode {
     }
     if let Some(id) = f.ipfix_domain {
         program.telemetry.observation_domain = id;
+    }
+    if let Some(mtu) = f.ipfix_mtu {
+        program.telemetry.ipfix_mtu = mtu;
     }
     let collector = f.ipfix.or_else(|| program.telemetry.ipfix.clone());
     if program.telemetry.sampling > 1 && collector.is_none() {

@@ -263,6 +263,46 @@ fn collector_given_by_name_receives_the_export() {
     assert_eq!(svc.terminate(), 0);
 }
 
+/// IPFIX messages fit the path MTU given (`--ipfix-mtu`), with their IPv4 and UDP headers,
+/// and by default a 1500-byte one.
+#[test]
+fn ipfix_messages_fit_the_path_mtu() {
+    use std::net::UdpSocket;
+    for (mtu, flag) in [(600, Some("600")), (1500, None)] {
+        let dir = Scratch::new("service-ipfix-mtu");
+        let collector = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let at = collector.local_addr().expect("addr").to_string();
+        let mut flags = vec!["--workers", "1", "--ipfix", &at];
+        if let Some(f) = flag {
+            flags.extend(["--ipfix-mtu", f]);
+        }
+        let svc = Service::gateway(&dir, &flags);
+        // Wait for the first message, then stop: the rest (all flows, at shutdown) queue.
+        collector
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("timeout");
+        let mut buf = [0u8; 65536];
+        let mut sizes = vec![collector.recv(&mut buf).expect("a message")];
+        assert_eq!(svc.terminate(), 0);
+        collector
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .expect("timeout");
+        while let Ok(n) = collector.recv(&mut buf) {
+            sizes.push(n);
+        }
+        let largest = sizes.iter().max().copied().unwrap_or(0);
+        assert!(
+            largest + 28 <= mtu,
+            "MTU {mtu}: messages of {sizes:?} bytes"
+        );
+        // Full messages come close to the limit: 57 flows take more than one.
+        assert!(
+            largest + 28 + 64 > mtu,
+            "MTU {mtu}: messages of {sizes:?} bytes"
+        );
+    }
+}
+
 /// Clients that connect and send nothing hold up no one: a probe is answered at once while
 /// they wait (the server gives a request 2 s; answering one connection at a time, four
 /// silent ones held it for 8), and a HEAD gets the headers only.

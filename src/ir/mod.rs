@@ -577,6 +577,9 @@ pub struct Telemetry {
     /// IPFIX Observation Domain ID: collectors tell exporters apart by address and domain,
     /// so instances sharing an address need their own (RFC 7011 §3.1).
     pub observation_domain: u32,
+    /// The path MTU towards the IPFIX collector: each message, with its IP and UDP
+    /// headers, fits in it, so none is fragmented on the way.
+    pub ipfix_mtu: u16,
 }
 
 impl Default for Telemetry {
@@ -591,6 +594,7 @@ impl Default for Telemetry {
             sampling: 1,
             flow_cache: 1 << 20,
             observation_domain: 1,
+            ipfix_mtu: 1500,
         }
     }
 }

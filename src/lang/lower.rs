@@ -23,6 +23,9 @@ const MAX_CT_CAPACITY: u64 = 1 << 28;
 /// Most flows one worker's IPFIX flow cache may hold (its vectors are reserved up front:
 /// about 6.7 GB of address space at this bound).
 const MAX_FLOW_CACHE: u64 = 1 << 26;
+/// The least IPFIX path MTU: 576, the datagram every IPv4 host takes (RFC 791); less IP
+/// and UDP headers it leaves room for the templates' message (512 bytes).
+pub const MIN_IPFIX_MTU: u16 = 576;
 
 /// Connections tracked when the `conntrack` block does not say.
 const DEFAULT_CT_CAPACITY: u64 = 1 << 20;
@@ -687,6 +690,12 @@ impl Lowerer<'_> {
                 "sampling" => {
                     if let Some(v) = self.int_in(w, "sampling interval", 1, u32::MAX.into()) {
                         t.sampling = v as u32;
+                    }
+                }
+                "ipfix_mtu" => {
+                    let (lo, hi) = (u128::from(MIN_IPFIX_MTU), u128::from(u16::MAX));
+                    if let Some(v) = self.int_in(w, "IPFIX path MTU", lo, hi) {
+                        t.ipfix_mtu = v as u16;
                     }
                 }
                 "observation_domain" => {

@@ -12,7 +12,7 @@ pub mod parser;
 pub mod value;
 
 pub use diag::{Diagnostic, Severity, SourceMap, Span};
-pub use lower::classbench_matches;
+pub use lower::{classbench_matches, MIN_IPFIX_MTU};
 
 use crate::ir::Program;
 use std::path::Path;
@@ -155,9 +155,13 @@ mod tests {
         let domain = "pipeline p\nport a { driver pcap }\ntelemetry { observation_domain 42 }\n\
                       pipe x root from a { default { actions drop } }";
         assert_eq!(program(domain).telemetry.observation_domain, 42);
+        let jumbo = "pipeline p\nport a { driver pcap }\ntelemetry { ipfix_mtu 9000 }\n\
+                     pipe x root from a { default { actions drop } }";
+        assert_eq!(program(jumbo).telemetry.ipfix_mtu, 9000);
         let every =
             "pipeline p\nport a { driver pcap }\npipe x root from a { default { actions drop } }";
         assert_eq!(program(every).telemetry.sampling, 1);
         assert_eq!(program(every).telemetry.observation_domain, 1);
+        assert_eq!(program(every).telemetry.ipfix_mtu, 1500);
     }
 }

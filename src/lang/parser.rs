@@ -59,6 +59,7 @@ pub fn block_keys(kind: BlockKind) -> Keys {
             ("sampling", One),
             ("flow_cache", One),
             ("observation_domain", One),
+            ("ipfix_mtu", One),
         ],
     }
 }
