@@ -12,7 +12,7 @@
 //! not three threads on two: a separate writer, woken by every batch, kept preempting the
 //! worker wherever they shared a core, and the service's rate halved in such runs.
 //!
-//! SIGTERM or SIGINT stops the reading; the batches already read are processed and
+//! SIGTERM, SIGINT or SIGHUP stops the reading; the batches already read are processed and
 //! written, outputs are flushed, and the process exits 0.
 
 use crate::engine::parse::{self, TunnelPorts};
@@ -146,7 +146,13 @@ impl Handler for Shared {
 /// until SIGTERM/SIGINT.
 pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), RunError> {
     let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+    // SIGHUP too: a closed terminal, or a reload the service does not have, would otherwise
+    // end it on the spot, its outputs unflushed and its last flows not exported.
+    for sig in [
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
+    ] {
         signal_hook::flag::register(sig, Arc::clone(&stop)).map_err(RunError::Signals)?;
     }
     let watch = Watch {

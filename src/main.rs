@@ -80,7 +80,7 @@ enum Command {
         packet: Option<u64>,
     },
     /// Run a pipeline as a service: workers process the inputs, metrics are served over
-    /// HTTP, SIGTERM or SIGINT stops it gracefully (in-flight batches finished, outputs
+    /// HTTP, SIGTERM, SIGINT or SIGHUP stops it gracefully (in-flight batches finished, outputs
     /// flushed, exit 0).
     ///
     /// Without --loop it runs until the inputs are exhausted and then, with a metrics

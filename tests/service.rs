@@ -80,13 +80,18 @@ impl Service {
         }
     }
 
-    fn terminate(mut self) -> i32 {
-        self.signal_and_wait()
+    fn terminate(self) -> i32 {
+        self.stop_by("TERM")
     }
 
-    fn signal_and_wait(&mut self) -> i32 {
+    /// Sends `signal` (a name for kill(1): `TERM`, `HUP`…) and waits for the exit code.
+    fn stop_by(mut self, signal: &str) -> i32 {
+        self.signal_and_wait(signal)
+    }
+
+    fn signal_and_wait(&mut self, signal: &str) -> i32 {
         let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
             .status();
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -95,7 +100,7 @@ impl Service {
             }
             assert!(
                 Instant::now() < deadline,
-                "dpuflow run did not stop on SIGTERM"
+                "dpuflow run did not stop on SIG{signal}"
             );
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -106,7 +111,7 @@ impl Service {
     fn terminate_with_log(mut self) -> (i32, String) {
         let mut log = String::new();
         let mut stderr = self.child.stderr.take().expect("started logged");
-        let code = self.signal_and_wait();
+        let code = self.signal_and_wait("TERM");
         std::io::Read::read_to_string(&mut stderr, &mut log).expect("log");
         (code, log)
     }
@@ -427,9 +432,17 @@ fn golden_exposition() {
     );
 }
 
+/// SIGTERM, SIGINT and SIGHUP (a closed terminal; the service has no reload) all stop it
+/// the same graceful way.
 #[test]
-fn sigterm_during_traffic_exits_cleanly_with_outputs_flushed() {
-    let dir = Scratch::new("service-sigterm");
+fn stop_signals_during_traffic_exit_cleanly_with_outputs_flushed() {
+    for signal in ["TERM", "INT", "HUP"] {
+        stop_during_traffic(signal);
+    }
+}
+
+fn stop_during_traffic(signal: &str) {
+    let dir = Scratch::new("service-stop");
     scapy(&dir.0, TRAFFIC);
     let out = dir.path("uplink.pcap");
     let svc = Service::start(&[
@@ -451,10 +464,10 @@ fn sigterm_during_traffic_exits_cleanly_with_outputs_flushed() {
         })
     });
     assert!(body.contains("dpuflow_port_received_packets_total{port=\"host\"}"));
-    assert_eq!(svc.terminate(), 0);
+    assert_eq!(svc.stop_by(signal), 0, "SIG{signal}");
     // Every frame written is whole, and tshark reads the file to its end.
     let written = frames(&out);
-    assert!(written.len() > 10, "{} frames", written.len());
+    assert!(written.len() > 10, "SIG{signal}: {} frames", written.len());
     assert!(written.iter().all(|f| f.len() > 50));
     assert_tshark_clean(&out);
 }
