@@ -137,6 +137,10 @@ impl Observer for NoObserver {}
 
 #[derive(Debug)]
 enum Body {
+    /// Rules too few for trees, scanned in order: inlined where the packet runs, where a
+    /// call cost more than a short scan's work (see docs/benchmarks.md).
+    Scan(LinearScan),
+    /// Rules in decision trees.
     Rules(Box<dyn RuleClassifier>),
     Exact(ExactTable),
     Lpm(LpmTable),
@@ -274,15 +278,13 @@ impl Compiled {
         for pipe in &p.pipes {
             let (body, entries): (Body, Vec<&ActionList>) = match &pipe.body {
                 PipeBody::Rules(rules) => (
-                    Body::Rules(
-                        match (rules.len() >= TREE_MIN_RULES)
-                            .then(|| table::rule_trees(rules))
-                            .flatten()
-                        {
-                            Some(c) => c,
-                            None => Box::new(LinearScan::new(rules)),
-                        },
-                    ),
+                    match (rules.len() >= TREE_MIN_RULES)
+                        .then(|| table::rule_trees(rules))
+                        .flatten()
+                    {
+                        Some(c) => Body::Rules(c),
+                        None => Body::Scan(LinearScan::new(rules)),
+                    },
                     rules.iter().map(|r| &r.actions).collect(),
                 ),
                 PipeBody::Exact { fields, entries } => (
@@ -355,6 +357,7 @@ impl Compiled {
                 let cp = &pipes[r.index()];
                 let batches = match &cp.body {
                     Body::Rules(c) => c.batches(),
+                    Body::Scan(_) => false,
                     Body::Exact(t) => t.batches(),
                     Body::Lpm(t) => t.batches(),
                 };
@@ -635,6 +638,7 @@ impl Engine {
                 n += 1;
             }
             match &cp.body {
+                Body::Scan(c) => c.classify_batch(&views[..n], &mut found[..n]),
                 Body::Rules(c) => c.classify_batch(&views[..n], &mut found[..n]),
                 Body::Exact(t) => t.lookup_batch(&views[..n], &mut found[..n]),
                 Body::Lpm(t) => t.lookup_batch(&views[..n], &mut found[..n]),
@@ -691,6 +695,7 @@ impl Engine {
             };
             let entry = match (root_entry.take(), &cp.body) {
                 (Some(e), _) => e,
+                (None, Body::Scan(s)) => s.classify(&view),
                 (None, Body::Rules(c)) => c.classify(&view),
                 (None, Body::Exact(t)) => t.lookup(&view),
                 (None, Body::Lpm(t)) => t.lookup(&view),

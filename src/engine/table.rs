@@ -203,6 +203,7 @@ impl LinearScan {
 }
 
 impl RuleClassifier for LinearScan {
+    #[inline(always)]
     fn classify(&self, pkt: &PacketView<'_>) -> Option<usize> {
         self.rules
             .iter()
@@ -386,7 +387,7 @@ impl ExactTable {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn lookup(&self, pkt: &PacketView<'_>) -> Option<usize> {
         match &self.map {
             ExactMap::Packed(map) => {
