@@ -700,6 +700,25 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// Any host name or address with a port reads back as written; no text panics.
+        #[test]
+        fn collectors_read_back_as_written(
+            labels in proptest::collection::vec("[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?", 1..5),
+            v4 in proptest::prelude::any::<[u8; 4]>(),
+            v6 in proptest::prelude::any::<[u16; 8]>(),
+            port in proptest::prelude::any::<u16>(),
+            noise in "\\PC{0,40}",
+        ) {
+            let v6 = std::net::Ipv6Addr::from(v6).to_string();
+            for host in [labels.join("."), std::net::Ipv4Addr::from(v4).to_string(), v6] {
+                let hp = HostPort { host, port };
+                proptest::prop_assert_eq!(hp.to_string().parse::<HostPort>(), Ok(hp.clone()));
+            }
+            let _ = noise.parse::<HostPort>();
+        }
+    }
+
     const IP4: ValueKind = ValueKind::Ipv4;
     const PORT: ValueKind = ValueKind::Int { bits: 16 };
 
