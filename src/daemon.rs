@@ -709,11 +709,8 @@ fn export(socket: &UdpSocket, rx: &Receiver<Vec<FlowRecord>>, shared: &Shared) -
     // Failures since the last warning, and when that was: a collector that is down would
     // otherwise be reported for every message.
     let (mut unreported, mut warned) = (0u64, None::<Instant>);
-    for records in rx.iter() {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        for msg in exporter.messages(&records, now) {
+    let mut send = |messages: Vec<Vec<u8>>| {
+        for msg in messages {
             match socket.send(&msg) {
                 Ok(_) => counts.messages.fetch_add(1, Ordering::Relaxed),
                 Err(e) => {
@@ -726,7 +723,33 @@ fn export(socket: &UdpSocket, rx: &Receiver<Vec<FlowRecord>>, shared: &Shared) -
                 }
             };
         }
+    };
+    let now_s = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    };
+    // What the flow records miss (flows the caches had no room for) goes to the collector
+    // too, when it has grown: at most once an active timeout, and at the end.
+    let ignored = || {
+        shared.snapshots.iter().fold((0, 0), |(p, b), s| {
+            let f = s.lock().ok().and_then(|s| s.flows).unwrap_or_default();
+            (p + f.full_packets, b + f.full_bytes)
+        })
+    };
+    let (every, mut reported, mut reported_at) = (t.active_timeout, (0, 0), None::<Instant>);
+    for records in rx.iter() {
+        send(exporter.messages(&records, now_s()));
         sent += records.len() as u64;
+        let now = ignored();
+        if now != reported && reported_at.is_none_or(|at| at.elapsed() >= every) {
+            send(exporter.ignored(now.0, now.1, now_s()));
+            (reported, reported_at) = (now, Some(Instant::now()));
+        }
+    }
+    let now = ignored();
+    if now != reported {
+        send(exporter.ignored(now.0, now.1, now_s()));
     }
     sent
 }

@@ -148,17 +148,19 @@ impl Export {
         );
         let mut expected_seq = 0u64;
         let mut records = 0u64;
-        // Options records (the selector report, interface names) count too.
+        // Options records (the selector report, interface names, reliability statistics)
+        // count too.
         let fields = [
             "cflow.sequence",
             "cflow.srcaddr",
             "cflow.selector_algorithm",
             "cflow.if_name",
+            "cflow.ignore_packets",
         ];
         for row in self.tshark(&fields).lines() {
             let f: Vec<&str> = row.split(';').collect();
             let count = |v: &str| v.split(',').filter(|a| !a.is_empty()).count() as u64;
-            let (flows, options) = (count(f[1]), count(f[2]) + count(f[3]));
+            let (flows, options) = (count(f[1]), count(f[2]) + count(f[3]) + count(f[4]));
             assert_eq!(
                 f[0].parse::<u64>().expect("sequence"),
                 expected_seq,
@@ -321,6 +323,42 @@ fn nfdump_and_tshark_read_the_export() {
     let names = x.tshark(&["cflow.if_name"]);
     let names: Vec<&str> = names.lines().filter(|l| !l.is_empty()).collect();
     assert_eq!(names, ["host,uplink"], "interface names");
+}
+
+/// Flows a full flow cache has no room for go unexported; the collector is told how many
+/// packets and bytes the records miss (RFC 7011 §4.2 reliability statistics), as the
+/// metric counts them, and every flow that did get in is exact.
+#[test]
+fn a_full_flow_cache_is_reported_to_the_collector() {
+    let dir = Scratch::new("ipfix-full");
+    scapy(&dir.0, &format!("{TRAFFIC}{COUNT_FLOWS}"));
+    let pipeline = dir.path("small-cache.pipe");
+    let text = std::fs::read_to_string("pipelines/vxlan-gateway.pipe").expect("pipeline");
+    std::fs::write(&pipeline, format!("{text}\ntelemetry {{ flow_cache 8 }}\n")).expect("write");
+    let x = export(
+        &dir,
+        &pipeline,
+        &[("host", "host.pcap")],
+        &["--workers", "1"],
+    );
+    assert_eq!(x.flows.len(), 8, "the cache's flows: {:?}", x.flows);
+    for (flow, counts) in &x.flows {
+        assert_eq!(Some(counts), x.want.get(flow), "{flow}");
+    }
+    let total = |m: &BTreeMap<String, (u64, u64)>| {
+        m.values().fold((0, 0), |(p, b), &(q, c)| (p + q, b + c))
+    };
+    let (sent, exported) = (total(&x.want), total(&x.flows));
+    let missed = (sent.0 - exported.0, sent.1 - exported.1);
+    assert_eq!(x.metric("dpuflow_flow_cache_full_packets_total"), missed.0);
+    let reports = x.tshark(&["cflow.ignore_packets", "cflow.ignore_octets"]);
+    let last = reports.lines().rfind(|l| l.len() > 1);
+    assert_eq!(
+        last,
+        Some(format!("{};{}", missed.0, missed.1).as_str()),
+        "{reports}"
+    );
+    assert_eq!(x.check_with_tshark(), 8);
 }
 
 /// Where the pipeline tracks connections, their entries are the records of the packets

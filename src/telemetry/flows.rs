@@ -163,8 +163,10 @@ impl Packed {
 pub struct FlowStats {
     /// Flows held now.
     pub flows: u64,
-    /// Packets of flows the cache had no room for (those flows are not exported).
+    /// Packets of flows the cache had no room for (those flows are not exported), and
+    /// their IP bytes.
     pub full_packets: u64,
+    pub full_bytes: u64,
     /// Records produced for export (by the cache and by connections).
     pub records: u64,
     /// Records connections made but could not keep until the worker took them.
@@ -289,8 +291,9 @@ pub struct FlowCache {
     capacity: usize,
     active_ns: u64,
     idle_ns: u64,
-    /// Packets of flows not tracked because the cache was full.
+    /// Packets of flows not tracked because the cache was full, and their IP bytes.
     overflow: u64,
+    overflow_bytes: u64,
     /// Records produced.
     records: u64,
     /// Records the sweep produced, for [`FlowCache::take_records`].
@@ -318,6 +321,7 @@ impl FlowCache {
             active_ns,
             idle_ns,
             overflow: 0,
+            overflow_bytes: 0,
             records: 0,
             due: Vec::with_capacity(RECORDS_KEPT),
             sampler: None,
@@ -405,7 +409,7 @@ impl FlowCache {
     ) {
         let slot = match self.find(&probe.key, probe.hash) {
             Ok((_, slot)) => slot,
-            Err(empty) => match self.insert(probe, empty, now) {
+            Err(empty) => match self.insert(probe, empty, now, ip_bytes) {
                 Some(slot) => slot,
                 None => return,
             },
@@ -427,12 +431,19 @@ impl FlowCache {
         h.denied |= denied;
     }
 
-    /// Starts a flow for the probed packet in bucket `empty`; `None` when the cache is
-    /// full (counted in `overflow`).
+    /// Starts a flow for the probed packet (of `ip_bytes`) in bucket `empty`; `None` when
+    /// the cache is full (counted in `overflow`).
     #[cold]
-    fn insert(&mut self, probe: &FlowProbe, empty: usize, now: u64) -> Option<usize> {
+    fn insert(
+        &mut self,
+        probe: &FlowProbe,
+        empty: usize,
+        now: u64,
+        ip_bytes: u16,
+    ) -> Option<usize> {
         if self.len >= self.capacity {
             self.overflow += 1;
+            self.overflow_bytes += u64::from(ip_bytes);
             return None;
         }
         let hot = Hot {
@@ -626,6 +637,7 @@ impl FlowCache {
         FlowStats {
             flows: self.len as u64,
             full_packets: self.overflow,
+            full_bytes: self.overflow_bytes,
             records: self.records,
             lost_records: 0,
         }

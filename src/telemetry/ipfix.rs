@@ -18,7 +18,10 @@
 //!
 //! With the templates also go the interfaces' names: an options template scoped by
 //! ingressInterface with interfaceName, and a record per port, so a collector can show
-//! `host` where a record says interface 1.
+//! `host` where a record says interface 1. When the flow cache had no room for some flows,
+//! a record of the metering process's reliability statistics (RFC 7011 §4.2: scope
+//! observationDomainId, ignoredPacketTotalCount, ignoredOctetTotalCount) tells the
+//! collector what the records miss.
 
 use super::flows::{EndReason, FlowRecord};
 
@@ -35,10 +38,16 @@ pub const TEMPLATE_V6_SAMPLED: u16 = 259;
 pub const TEMPLATE_SELECTOR: u16 = 260;
 /// The options template naming interfaces: ingressInterface (scope) → interfaceName.
 pub const TEMPLATE_INTERFACES: u16 = 261;
+/// The options template of the metering process's reliability statistics (RFC 7011
+/// §4.2): what the flow records miss.
+pub const TEMPLATE_IGNORED: u16 = 262;
 /// A field length saying each value carries its own (RFC 7011 §7).
 const VARIABLE_LENGTH: u16 = 65535;
 /// (information element id, length) of an interface's name record.
 const INTERFACE_FIELDS: [(u16, u16); 2] = [(10, 4), (82, VARIABLE_LENGTH)];
+/// (information element id, length) of the reliability statistics: the scope,
+/// observationDomainId, then ignoredPacketTotalCount and ignoredOctetTotalCount.
+const IGNORED_FIELDS: [(u16, u16); 3] = [(149, 4), (164, 8), (165, 8)];
 /// The smallest size limit taken: the templates' message (under 400 bytes with the
 /// sampled templates, the options templates and the selector report) must fit in one.
 const MIN_MESSAGE: usize = 512;
@@ -193,8 +202,8 @@ impl Exporter {
     }
 
     /// The templates: the data templates, the options templates in use (the selector
-    /// report's, the interface names'), and with sampling the selector report's one record
-    /// (counted in the sequence like any data record).
+    /// report's, the interface names', the reliability statistics'), and with sampling the
+    /// selector report's one record (counted in the sequence like any data record).
     fn templates(&mut self, now_s: u64) -> Vec<u8> {
         let sampled = self.sampling > 1;
         let mut msg = Vec::with_capacity(self.max_message);
@@ -210,24 +219,23 @@ impl Exporter {
         }
         end_set(&mut msg, set);
         let named = !self.interfaces.is_empty();
-        if sampled || named {
-            // RFC 7011 §3.4.2.2: template id, field count, scope field count, fields.
-            let set = start_set(&mut msg, OPTIONS_TEMPLATE_SET);
-            let options = [
-                (sampled, TEMPLATE_SELECTOR, &SELECTOR_FIELDS[..]),
-                (named, TEMPLATE_INTERFACES, &INTERFACE_FIELDS[..]),
-            ];
-            for (_, id, fields) in options.into_iter().filter(|o| o.0) {
-                put16(&mut msg, id);
-                put16(&mut msg, fields.len() as u16);
-                put16(&mut msg, 1);
-                for &(ie, len) in fields {
-                    put16(&mut msg, ie);
-                    put16(&mut msg, len);
-                }
+        // RFC 7011 §3.4.2.2: template id, field count, scope field count, fields.
+        let set = start_set(&mut msg, OPTIONS_TEMPLATE_SET);
+        let options = [
+            (sampled, TEMPLATE_SELECTOR, &SELECTOR_FIELDS[..]),
+            (named, TEMPLATE_INTERFACES, &INTERFACE_FIELDS[..]),
+            (true, TEMPLATE_IGNORED, &IGNORED_FIELDS[..]),
+        ];
+        for (_, id, fields) in options.into_iter().filter(|o| o.0) {
+            put16(&mut msg, id);
+            put16(&mut msg, fields.len() as u16);
+            put16(&mut msg, 1);
+            for &(ie, len) in fields {
+                put16(&mut msg, ie);
+                put16(&mut msg, len);
             }
-            end_set(&mut msg, set);
         }
+        end_set(&mut msg, set);
         if sampled {
             // One packet out of each `sampling` (RFC 5477 §8.2.3).
             let set = start_set(&mut msg, TEMPLATE_SELECTOR);
@@ -269,18 +277,42 @@ impl Exporter {
         }
     }
 
-    /// Messages for `records` at wall-clock second `now_s`, templates (and the interfaces'
-    /// names) first when due.
-    pub fn messages(&mut self, records: &[FlowRecord], now_s: u64) -> Vec<Vec<u8>> {
-        let mut out = Vec::new();
+    /// The templates (and the interfaces' names) into `out`, when due.
+    fn templates_if_due(&mut self, now_s: u64, out: &mut Vec<Vec<u8>>) {
         if self
             .last_templates_s
             .is_none_or(|t| now_s >= t + self.template_refresh_s)
         {
             out.push(self.templates(now_s));
-            self.interface_names(now_s, &mut out);
+            self.interface_names(now_s, out);
             self.last_templates_s = Some(now_s);
         }
+    }
+
+    /// The metering process's reliability statistics at wall-clock second `now_s`: the
+    /// packets, and their IP bytes, that no flow record counts (the flow cache had no room
+    /// for their flows), since the start. One options record, templates first when due.
+    pub fn ignored(&mut self, packets: u64, octets: u64, now_s: u64) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        self.templates_if_due(now_s, &mut out);
+        let mut msg = Vec::with_capacity(HEADER_LEN + SET_HEADER_LEN + 20);
+        self.header(&mut msg, now_s as u32);
+        let set = start_set(&mut msg, TEMPLATE_IGNORED);
+        msg.extend_from_slice(&self.domain.to_be_bytes());
+        msg.extend_from_slice(&packets.to_be_bytes());
+        msg.extend_from_slice(&octets.to_be_bytes());
+        end_set(&mut msg, set);
+        Self::finish(&mut msg);
+        self.sequence = self.sequence.wrapping_add(1);
+        out.push(msg);
+        out
+    }
+
+    /// Messages for `records` at wall-clock second `now_s`, templates (and the interfaces'
+    /// names) first when due.
+    pub fn messages(&mut self, records: &[FlowRecord], now_s: u64) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        self.templates_if_due(now_s, &mut out);
         for t in Template::ALL {
             let per = (self.max_message - HEADER_LEN - SET_HEADER_LEN) / t.record_len();
             let mine: Vec<&FlowRecord> = records
@@ -462,18 +494,45 @@ mod tests {
         assert_eq!(e.sequence(), 4);
     }
 
-    /// Without sampling no selector is reported: two templates, nothing counted.
+    /// Without sampling no selector is reported: two data templates, the reliability
+    /// statistics' options template alone, nothing counted.
     #[test]
     fn unsampled_exports_report_no_selector() {
         let mut e = Exporter::new(7, 1400, 600, 1);
         let t = &e.messages(&[], 1000)[0];
         assert_eq!(u16_at(t, HEADER_LEN), TEMPLATE_SET);
+        let options = HEADER_LEN + usize::from(u16_at(t, HEADER_LEN + 2));
+        assert_eq!(u16_at(t, options), OPTIONS_TEMPLATE_SET);
+        assert_eq!(u16_at(t, options + SET_HEADER_LEN), TEMPLATE_IGNORED);
         assert_eq!(
-            usize::from(u16_at(t, HEADER_LEN + 2)) + HEADER_LEN,
+            options + usize::from(u16_at(t, options + 2)),
             t.len(),
-            "one set"
+            "two sets"
         );
         assert_eq!(e.sequence(), 0);
+    }
+
+    /// The reliability statistics: one options record of the domain, the packets and
+    /// bytes no record counts, counted in the sequence; templates first when due.
+    #[test]
+    fn ignored_packets_are_reported_in_one_record() {
+        let mut e = Exporter::new(7, 1400, 600, 1);
+        let first = e.ignored(5, 300, 1000);
+        assert_eq!(first.len(), 2, "templates, then the record");
+        let m = &first[1];
+        assert_eq!(u32_at(m, 8), 0);
+        assert_eq!(u16_at(m, HEADER_LEN), TEMPLATE_IGNORED);
+        let data = HEADER_LEN + SET_HEADER_LEN;
+        assert_eq!(m.len(), data + 20);
+        assert_eq!(u32_at(m, data), 7);
+        assert_eq!(
+            u64::from_be_bytes(m[data + 4..data + 12].try_into().unwrap()),
+            5
+        );
+        assert_eq!(u64::from_be_bytes(m[data + 12..].try_into().unwrap()), 300);
+        assert_eq!(e.sequence(), 1);
+        assert_eq!(e.ignored(6, 400, 1001).len(), 1, "templates not due again");
+        assert_eq!(e.sequence(), 2);
     }
 
     /// A decoder driven by the templates the messages carry: set by set, each data record

@@ -114,6 +114,7 @@ impl Snapshot {
             let a = self.flows.get_or_insert_with(FlowStats::default);
             a.flows += b.flows;
             a.full_packets += b.full_packets;
+            a.full_bytes += b.full_bytes;
             a.records += b.records;
             a.lost_records += b.lost_records;
         }
