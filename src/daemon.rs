@@ -143,7 +143,7 @@ impl Handler for Shared {
 }
 
 /// Runs until the inputs are exhausted (then, with a metrics endpoint, until signalled) or
-/// until SIGTERM/SIGINT.
+/// until SIGTERM, SIGINT or SIGHUP.
 pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), RunError> {
     let stop = Arc::new(AtomicBool::new(false));
     // SIGHUP too: a closed terminal, or a reload the service does not have, would otherwise
