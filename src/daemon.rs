@@ -211,7 +211,8 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     for (port, path) in &opts.bindings.outputs {
         writers[port.index()] = Some(CaptureWriter::create(path)?);
     }
-    if let Some(addr) = opts.metrics {
+    // The address bound: with port 0, the one the kernel chose.
+    if let Some(addr) = listener.as_ref().and_then(|l| l.local_addr().ok()) {
         tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
     }
     tracing::info!(pipeline = %shared.program.name, workers, inputs = opts.bindings.inputs.len(), "running");

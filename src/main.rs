@@ -703,10 +703,19 @@ fn run(f: RunFlags) -> ExitCode {
         tracing::warn!("IPFIX sampling is set but no collector is: nothing is exported");
     }
     let ipfix = match collector
-        .map(|c| c.resolve().map_err(|e| (c, e)))
+        .map(|c| match c.resolve() {
+            Ok(a) => Ok((c, a)),
+            Err(e) => Err((c, e)),
+        })
         .transpose()
     {
-        Ok(a) => a,
+        Ok(None) => None,
+        Ok(Some((collector, address))) => {
+            if collector.host.parse::<std::net::IpAddr>().is_err() {
+                tracing::info!(%collector, %address, "IPFIX collector resolved");
+            }
+            Some(address)
+        }
         Err((collector, e)) => {
             tracing::error!(%collector, error = %e, "cannot resolve the IPFIX collector");
             return ExitCode::from(EXIT_USAGE);
