@@ -199,15 +199,15 @@ const _: () = assert!(STAGE <= 32);
 pub struct Engine {
     /// Parse results of the current batch, when it is staged: the layers, valid where
     /// `parsed` says so (kept apart so a parse writes straight into its slot).
-    metas: Box<[Meta]>,
-    parsed: Box<[Result<(), DropReason>]>,
+    metas: Box<[Meta; STAGE]>,
+    parsed: Box<[Result<(), DropReason>; STAGE]>,
     /// Connection hashes of the current batch, when it is staged.
-    ct_hints: Box<[Option<Probe>]>,
+    ct_hints: Box<[Option<Probe>; STAGE]>,
     /// The probes of the staged packets the flow cache counts (those no connection counts),
     /// by packet.
     flow_probes: Box<[FlowProbe; STAGE]>,
     /// Each staged packet's entry in its root pipe, when classified with the batch.
-    root_entries: Box<[Option<Option<usize>>]>,
+    root_entries: Box<[Option<Option<usize>>; STAGE]>,
     code: Arc<Compiled>,
     rt: Runtime,
 }
@@ -423,11 +423,11 @@ impl Engine {
             flows: None,
         };
         Engine {
-            metas: vec![Meta::default(); STAGE].into_boxed_slice(),
-            parsed: vec![Err(DropReason::NoPipe); STAGE].into_boxed_slice(),
-            ct_hints: vec![None; STAGE].into_boxed_slice(),
+            metas: Box::new([Meta::default(); STAGE]),
+            parsed: Box::new([Err(DropReason::NoPipe); STAGE]),
+            ct_hints: Box::new([None; STAGE]),
             flow_probes: Box::new([FlowProbe::default(); STAGE]),
-            root_entries: vec![None; STAGE].into_boxed_slice(),
+            root_entries: Box::new([None; STAGE]),
             code,
             rt,
         }
@@ -519,6 +519,11 @@ impl Engine {
     /// written (a copy straight after the write stalls on store forwarding). Then the
     /// packets run, and their flows are counted.
     fn process_part<O: Observer>(&mut self, batch: &mut [PacketBuf], obs: &mut O) {
+        // At most STAGE packets (the caller's chunks), said so the compiler knows every
+        // packet's index is within the staging arrays and checks none.
+        debug_assert!(batch.len() <= STAGE);
+        let n = batch.len().min(STAGE);
+        let batch = &mut batch[..n];
         let mut flow_staged = 0u32;
         for (i, pkt) in batch.iter().enumerate() {
             let frame = pkt.data();
@@ -763,8 +768,8 @@ impl Engine {
 /// The parse of staged packet `i` (see [`Engine::metas`]).
 #[inline(always)]
 fn staged_meta<'a>(
-    metas: &'a [Meta],
-    parsed: &[Result<(), DropReason>],
+    metas: &'a [Meta; STAGE],
+    parsed: &[Result<(), DropReason>; STAGE],
     i: usize,
 ) -> Result<&'a Meta, DropReason> {
     parsed[i].map(|()| &metas[i])
