@@ -829,11 +829,16 @@ fn keeps_tuple(op: &Op) -> bool {
     )
 }
 
-/// Whether an op reads header offsets (and so needs fresh metadata after a rewrite).
+/// Whether an op reads header offsets (and so needs fresh metadata after a rewrite). A
+/// commit looks the connection up: after `vxlan.decap` in the same list it once took the
+/// outer headers' protocol for the inner packet's.
 fn needs_meta(op: &Op) -> bool {
     matches!(
         op,
-        Op::Encap(_) | Op::Ir(Action::Set { .. } | Action::DecTtl | Action::Decap(_))
+        Op::Encap(_)
+            | Op::Ir(
+                Action::Set { .. } | Action::DecTtl | Action::Decap(_) | Action::CtCommit { .. }
+            )
     )
 }
 
