@@ -132,28 +132,36 @@ synack.time = 5.0
 wrpcap("up.pcap", [up, syn]); wrpcap("host.pcap", [reply, stranger, synack])
 "#,
     );
-    let trace = dpuflow_ok(&[
-        "trace",
+    // The second pipeline looks each uplink packet up on its outer headers first (its root
+    // matches `ct.state`): the commit after the decapsulation once reused that lookup and
+    // tracked the outer flow.
+    for pipeline in [
         "tests/data/ct-after-decap.pipe",
-        "--in",
-        &format!("uplink={}", dir.path("up.pcap")),
-        "--in",
-        &format!("host={}", dir.path("host.pcap")),
-    ]);
-    let fates: Vec<&str> = trace
-        .lines()
-        .filter_map(|l| l.strip_prefix("  => "))
-        .map(|l| l.split(',').next().unwrap_or(l))
-        .collect();
-    assert_eq!(
-        fates,
-        [
-            "forwarded to host",
-            "forwarded to uplink",
-            "dropped: rule",
-            "forwarded to host",
-            "forwarded to uplink"
-        ],
-        "{trace}"
-    );
+        "tests/data/ct-state-before-decap.pipe",
+    ] {
+        let trace = dpuflow_ok(&[
+            "trace",
+            pipeline,
+            "--in",
+            &format!("uplink={}", dir.path("up.pcap")),
+            "--in",
+            &format!("host={}", dir.path("host.pcap")),
+        ]);
+        let fates: Vec<&str> = trace
+            .lines()
+            .filter_map(|l| l.strip_prefix("  => "))
+            .map(|l| l.split(',').next().unwrap_or(l))
+            .collect();
+        assert_eq!(
+            fates,
+            [
+                "forwarded to host",
+                "forwarded to uplink",
+                "dropped: rule",
+                "forwarded to host",
+                "forwarded to uplink"
+            ],
+            "{pipeline}: {trace}"
+        );
+    }
 }

@@ -680,8 +680,8 @@ impl Engine {
         // The root pipe's entry, when the batch was classified together.
         let mut root_entry = self.root_entries[staged_at];
         let mut state = code.port_states[pkt.port.index()];
-        // The packet's conntrack lookup (zone, result), done when first needed.
-        let mut ct: Option<(u16, Lookup)> = None;
+        // The packet's conntrack lookup, done when first needed.
+        let mut ct: Option<CtLookup> = None;
         // The pipe graph is acyclic, so a walk visits each pipe at most once.
         for _ in 0..code.pipes.len() {
             obs.pipe(pipe);
@@ -690,7 +690,11 @@ impl Engine {
                 if let Some(table) = &mut self.rt.ct {
                     let l = table.lookup(pkt.data(), &meta, 0, pkt.ts_ns, ct_hint);
                     state.ct_state = l.state.bit();
-                    ct = Some((0, l));
+                    ct = Some(CtLookup {
+                        zone: 0,
+                        current: true,
+                        result: l,
+                    });
                 }
             }
             let view = PacketView {
@@ -738,9 +742,14 @@ impl Engine {
                         &mut self.rt,
                     ),
                 };
-                // The precomputed conntrack probe describes the packet as it arrived.
+                // The precomputed conntrack probe describes the packet as it arrived, and a
+                // lookup the packet as it was then: `ct.state` keeps its answer, but a
+                // commit after the tuple changed (decapsulated, rewritten) looks again.
                 if !keeps_tuple(op) {
                     ct_hint = None;
+                    if let Some(c) = &mut ct {
+                        c.current = false;
+                    }
                 }
                 match step {
                     Err(r) => return Verdict::Drop(r),
@@ -773,6 +782,15 @@ fn staged_meta<'a>(
     i: usize,
 ) -> Result<&'a Meta, DropReason> {
     parsed[i].map(|()| &metas[i])
+}
+
+/// A packet's conntrack lookup, kept for its walk.
+struct CtLookup {
+    zone: u16,
+    /// Of the packet as it is now: no action since changed the addresses, protocol or
+    /// ports it was keyed on.
+    current: bool,
+    result: Lookup,
 }
 
 enum Next {
@@ -848,7 +866,7 @@ fn exec(
     pkt: &mut PacketBuf,
     meta: &mut Meta,
     state: &mut PacketState,
-    (ct, ct_hint): (&mut Option<(u16, Lookup)>, Option<&Probe>),
+    (ct, ct_hint): (&mut Option<CtLookup>, Option<&Probe>),
     stale: &mut bool,
     rt: &mut Runtime,
 ) -> Result<Option<Next>, DropReason> {
@@ -856,12 +874,16 @@ fn exec(
         Action::Count => {}
         Action::CtCommit { zone } => {
             if let Some(table) = &mut rt.ct {
-                if !matches!(ct, Some((z, _)) if z == zone) {
+                if !matches!(ct, Some(c) if c.zone == *zone && c.current) {
                     let l = table.lookup(pkt.data(), meta, *zone, pkt.ts_ns, ct_hint);
                     state.ct_state = l.state.bit();
-                    *ct = Some((*zone, l));
+                    *ct = Some(CtLookup {
+                        zone: *zone,
+                        current: true,
+                        result: l,
+                    });
                 }
-                if let Some(pending) = ct.as_mut().and_then(|(_, l)| l.pending.take()) {
+                if let Some(pending) = ct.as_mut().and_then(|c| c.result.pending.take()) {
                     if !table.commit(&pending, pkt.ts_ns) {
                         return Err(DropReason::CtFull);
                     }
