@@ -263,13 +263,14 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     let io = {
         let stop = Arc::clone(&stop);
         let opts = opts.clone();
+        let tunnels = shared.code.tunnels().clone();
         let ends = IoEnds {
             to_workers,
             done: done_rx,
             spares_back,
         };
         watch.spawn("io", move || {
-            let done = io(merger, &opts, writers, ends, &stop);
+            let done = io(merger, &opts, writers, ends, &tunnels, &stop);
             // Said now, not at shutdown: the service goes on serving its metrics.
             if let Err(e) = &done {
                 tracing::error!(error = %e, "reading or writing captures failed; no more packets");
@@ -352,13 +353,23 @@ impl Drop for Tripwire {
     }
 }
 
-/// The worker a packet goes to: a symmetric hash of its flow, so both directions meet.
+/// The worker a packet goes to: a symmetric hash of its flow, so both directions meet. A
+/// tunnelled packet goes by the flow inside: a pipeline that decapsulates tracks that flow,
+/// whose other direction arrives untunnelled (hashed on the outer headers, a request and
+/// its reply met in one worker's connection table about half the time).
 fn pick(pkt: &PacketBuf, tunnels: &TunnelPorts, workers: usize) -> usize {
     if workers == 1 {
         return 0;
     }
     match parse::parse(pkt.data(), tunnels) {
-        Ok(m) => parse::flow_hash(pkt.data(), &m.outer) as usize % workers,
+        Ok(m) => {
+            let flow = if m.tunnel.is_some() {
+                &m.inner
+            } else {
+                &m.outer
+            };
+            parse::flow_hash(pkt.data(), flow) as usize % workers
+        }
         Err(_) => 0,
     }
 }
@@ -381,6 +392,7 @@ fn io(
     opts: &Options,
     writers: Vec<Option<CaptureWriter>>,
     ends: IoEnds,
+    tunnels: &TunnelPorts,
     stop: &AtomicBool,
 ) -> Result<(u64, u64), CaptureError> {
     let IoEnds {
@@ -395,7 +407,6 @@ fn io(
         batches: Vec::new(),
         spares_back,
     };
-    let tunnels = TunnelPorts::default();
     let (n, batch) = (to_workers.len(), opts.batch.max(1));
     // Buffers made so far, and the most there may be: beyond it, a packet waits for a
     // processed batch's buffers (see `batches_in_flight`).
@@ -422,7 +433,7 @@ fn io(
         last = slot.ts_ns;
         slot.ts_ns += offset;
         read += 1;
-        let w = pick(&slot, &tunnels, n);
+        let w = pick(&slot, tunnels, n);
         let fresh = match out.pool.pop() {
             Some(b) => b,
             None if made < limit => {

@@ -258,6 +258,11 @@ struct Runtime {
 }
 
 impl Compiled {
+    /// The UDP ports whose packets the engine parses as tunnelled.
+    pub fn tunnels(&self) -> &TunnelPorts {
+        &self.tunnels
+    }
+
     pub fn new(p: &ir::Program) -> Compiled {
         let mut encaps = Vec::new();
         let mut tunnels = TunnelPorts::default();
