@@ -216,6 +216,14 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
     }
     tracing::info!(pipeline = %shared.program.name, workers, inputs = opts.bindings.inputs.len(), "running");
+    if workers > 1 && !shared.program.meters.is_empty() {
+        // Each worker's engine keeps its own meters, for the flows dealt to it.
+        tracing::warn!(
+            workers,
+            meters = shared.program.meters.len(),
+            "each worker meters its own flows: together a meter can pass up to {workers} times its rate (--workers 1 for exact policing)"
+        );
+    }
 
     let (flows_tx, flows_rx) = bounded::<Vec<FlowRecord>>(QUEUE * workers);
     let exporter = match opts.ipfix {

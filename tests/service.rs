@@ -349,6 +349,23 @@ wrpcap("up.pcap", up); wrpcap("host.pcap", host)
     }
 }
 
+/// Meters are kept per worker: with several, `run` says at start that together they can
+/// pass more than a meter's rate; with one it says nothing.
+#[test]
+fn meters_across_workers_are_warned_of() {
+    for (workers, warned) in [("2", true), ("1", false)] {
+        let svc = Service::start_logged(&["tests/data/actions.pipe", "--workers", workers]);
+        svc.scrape_until(|b| b.contains("dpuflow_build_info"));
+        let (code, log) = svc.terminate_with_log();
+        assert_eq!(code, 0);
+        assert_eq!(
+            log.contains("each worker meters its own flows"),
+            warned,
+            "{workers} workers: {log}"
+        );
+    }
+}
+
 /// Clients that connect and send nothing hold up no one: a probe is answered at once while
 /// they wait (the server gives a request 2 s; answering one connection at a time, four
 /// silent ones held it for 8), and a HEAD gets the headers only.
