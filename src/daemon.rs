@@ -16,7 +16,9 @@
 //! written, outputs are flushed, and the process exits 0.
 
 use crate::engine::parse::{self, TunnelPorts};
-use crate::engine::{Compiled, Engine, NoObserver, PacketBuf, Verdict, DEFAULT_MAX_FRAME};
+use crate::engine::{
+    Compiled, DropReason, Engine, NoObserver, PacketBuf, Verdict, DEFAULT_MAX_FRAME,
+};
 use crate::firewall::conntrack::Conntrack;
 use crate::io::pcap::{CaptureError, CaptureWriter};
 use crate::ir::Program;
@@ -112,6 +114,9 @@ struct Shared {
     workers: usize,
     /// A thread of the service panicked (see [`Watch`]).
     failed: Arc<AtomicBool>,
+    /// Frames too large for the packet buffers, per port (packets, bytes): the I/O thread
+    /// skips them before any worker sees them, and counts them here for the metrics.
+    oversize: Vec<[AtomicU64; 2]>,
 }
 
 /// Counted by the exporter thread, read at scrape time.
@@ -127,6 +132,14 @@ impl Handler for Shared {
         for s in &self.snapshots {
             if let Ok(s) = s.lock() {
                 total.merge(&s);
+            }
+        }
+        for (p, [packets, bytes]) in self.oversize.iter().enumerate() {
+            if let Some(s) = total.stats.ports.get_mut(p) {
+                let n = packets.load(Ordering::Relaxed);
+                s.rx.packets += n;
+                s.rx.bytes += bytes.load(Ordering::Relaxed);
+                s.drops[DropReason::Oversize as usize] += n;
             }
         }
         total.export = self.export.as_ref().map(|e| ExportStats {
@@ -201,6 +214,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         workers_up: AtomicUsize::new(0),
         workers,
         failed: Arc::clone(&watch.failed),
+        oversize: program.ports.iter().map(|_| Default::default()).collect(),
         code: Arc::new(Compiled::new(&program)),
         program,
     });
@@ -271,14 +285,14 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     let io = {
         let stop = Arc::clone(&stop);
         let opts = opts.clone();
-        let tunnels = shared.code.tunnels().clone();
+        let shared = Arc::clone(&shared);
         let ends = IoEnds {
             to_workers,
             done: done_rx,
             spares_back,
         };
         watch.spawn("io", move || {
-            let done = io(merger, &opts, writers, ends, &tunnels, &stop);
+            let done = io(merger, &opts, writers, ends, &shared, &stop);
             // Said now, not at shutdown: the service goes on serving its metrics.
             if let Err(e) = &done {
                 tracing::error!(error = %e, "reading or writing captures failed; no more packets");
@@ -400,9 +414,10 @@ fn io(
     opts: &Options,
     writers: Vec<Option<CaptureWriter>>,
     ends: IoEnds,
-    tunnels: &TunnelPorts,
+    shared: &Shared,
     stop: &AtomicBool,
 ) -> Result<(u64, u64), CaptureError> {
+    let tunnels = shared.code.tunnels();
     let IoEnds {
         to_workers,
         done,
@@ -424,6 +439,7 @@ fn io(
     let start = Instant::now();
     let mut slot = PacketBuf::new(DEFAULT_MAX_FRAME);
     let mut workers_gone = false;
+    let mut oversize_warned = None;
     while !stop.load(Ordering::Relaxed) && !workers_gone {
         match merger.next(&mut slot)? {
             None if opts.looping && read > 0 => {
@@ -434,7 +450,21 @@ fn io(
                 continue;
             }
             None => break,
-            Some(Merged::Oversize(..)) => continue,
+            Some(Merged::Oversize(port, len)) => {
+                let [packets, bytes] = &shared.oversize[port.index()];
+                packets.fetch_add(1, Ordering::Relaxed);
+                bytes.fetch_add(len as u64, Ordering::Relaxed);
+                if oversize_warned.is_none_or(|t: Instant| t.elapsed() >= WARN_EVERY) {
+                    tracing::warn!(
+                        port = %shared.program.ports[port.index()].name,
+                        bytes = len,
+                        largest = DEFAULT_MAX_FRAME,
+                        "frame larger than the packet buffers skipped (counted as dropped: oversize)"
+                    );
+                    oversize_warned = Some(Instant::now());
+                }
+                continue;
+            }
             Some(Merged::Packet) => {}
         }
         first.get_or_insert(slot.ts_ns);
@@ -691,8 +721,9 @@ fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
     publish(&engine, &latency, false);
 }
 
-/// How often a failing export is logged (each failure is counted).
-const EXPORT_WARN_EVERY: Duration = Duration::from_secs(10);
+/// How often a repeated failure (an export refused, a frame too large) is logged; each is
+/// counted.
+const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// Hands `records` to the exporter if its queue has room; gives them back if not (and
 /// drops them if the exporter is gone).
@@ -735,7 +766,7 @@ fn export(socket: &UdpSocket, rx: &Receiver<Vec<FlowRecord>>, shared: &Shared) -
                 Ok(_) => counts.messages.fetch_add(1, Ordering::Relaxed),
                 Err(e) => {
                     unreported += 1;
-                    if warned.is_none_or(|t| t.elapsed() >= EXPORT_WARN_EVERY) {
+                    if warned.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
                         tracing::warn!(error = %e, messages = unreported, "IPFIX messages not sent");
                         (unreported, warned) = (0, Some(Instant::now()));
                     }

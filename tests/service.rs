@@ -349,6 +349,40 @@ wrpcap("up.pcap", up); wrpcap("host.pcap", host)
     }
 }
 
+/// A frame too large for the packet buffers (a capture taken with GRO on, say) is skipped
+/// before any worker sees it: it still counts as received and as dropped (oversize), and
+/// the log says so; it used to vanish from every metric.
+#[test]
+fn oversize_frames_are_counted_and_logged() {
+    let dir = Scratch::new("service-oversize");
+    scapy(
+        &dir.0,
+        r#"
+f = lambda n: Ether()/IP(src="10.0.0.1", dst="10.1.0.1")/UDP(sport=1, dport=2)/Raw(b"x" * n)
+wrpcap("host.pcap", [f(20), f(12000), f(30)])
+"#,
+    );
+    let svc = Service::start_logged(&[
+        "pipelines/vxlan-gateway.pipe",
+        "--in",
+        &format!("host={}", dir.path("host.pcap")),
+        "--workers",
+        "1",
+    ]);
+    let body =
+        svc.scrape_until(|b| b.contains("dpuflow_port_received_packets_total{port=\"host\"} 3"));
+    assert!(
+        body.contains("dpuflow_port_dropped_packets_total{port=\"host\",reason=\"oversize\"} 1"),
+        "{body}"
+    );
+    let (code, log) = svc.terminate_with_log();
+    assert_eq!(code, 0);
+    assert!(
+        log.contains("frame larger than the packet buffers"),
+        "{log}"
+    );
+}
+
 /// Meters are kept per worker: with several, `run` says at start that together they can
 /// pass more than a meter's rate; with one it says nothing.
 #[test]
