@@ -298,6 +298,27 @@ fn load(path: &Path) -> Result<Program, ExitCode> {
     checked.program.ok_or(ExitCode::from(EXIT_INVALID))
 }
 
+/// The captures `--in` and `--out` bind, then the pipeline's own for ports left unbound;
+/// refused when a file would lose data (see [`Bindings::conflict`]).
+fn bindings(
+    program: &Program,
+    inputs: &[String],
+    outputs: &[String],
+) -> Result<Bindings, ExitCode> {
+    let bound = Bindings {
+        inputs: bind(program, inputs, "in")?,
+        outputs: bind(program, outputs, "out")?,
+    }
+    .with_pipeline_files(program);
+    match bound.conflict() {
+        Some(why) => {
+            eprintln!("error: {why}");
+            Err(ExitCode::from(EXIT_USAGE))
+        }
+        None => Ok(bound),
+    }
+}
+
 /// Resolves `PORT=FILE` arguments against the program's ports.
 fn bind(
     program: &Program,
@@ -332,9 +353,9 @@ fn replay(path: &Path, inputs: &[String], outputs: &[String], batch: u16, json: 
         Ok(p) => p,
         Err(code) => return code,
     };
-    let bindings = match (bind(&program, inputs, "in"), bind(&program, outputs, "out")) {
-        (Ok(inputs), Ok(outputs)) => Bindings { inputs, outputs }.with_pipeline_files(&program),
-        (Err(code), _) | (_, Err(code)) => return code,
+    let bindings = match bindings(&program, inputs, outputs) {
+        Ok(b) => b,
+        Err(code) => return code,
     };
     if bindings.inputs.is_empty() {
         eprintln!("error: no input: bind one with --in PORT=FILE");
@@ -722,12 +743,9 @@ fn run(f: RunFlags) -> ExitCode {
         }
     };
     let load_seconds = started.elapsed().as_secs_f64();
-    let bindings = match (
-        bind(&program, &f.inputs, "in"),
-        bind(&program, &f.outputs, "out"),
-    ) {
-        (Ok(inputs), Ok(outputs)) => Bindings { inputs, outputs }.with_pipeline_files(&program),
-        (Err(code), _) | (_, Err(code)) => return code,
+    let bindings = match bindings(&program, &f.inputs, &f.outputs) {
+        Ok(b) => b,
+        Err(code) => return code,
     };
     let default_metrics = std::net::SocketAddr::from(([127, 0, 0, 1], 9464));
     let opts = dpuflow::daemon::Options {

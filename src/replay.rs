@@ -7,7 +7,7 @@
 use crate::engine::{Engine, Observer, PacketBuf, Stats, Verdict, DEFAULT_MAX_FRAME};
 use crate::io::pcap::{CaptureError, CaptureReader, CaptureWriter};
 use crate::ir::{PortId, Program};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Where replayed packets come from and go to.
 #[derive(Debug, Clone, Default)]
@@ -35,6 +35,35 @@ impl Bindings {
             }
         }
         self
+    }
+
+    /// A file bound where it would lose data: an output that is also an input (it would be
+    /// emptied before it is read), or the output of two ports (their packets interleaved
+    /// into a broken capture).
+    pub fn conflict(&self) -> Option<String> {
+        // Where a path leads, for an output not written yet too (through its directory).
+        let resolved = |p: &Path| {
+            p.canonicalize()
+                .ok()
+                .or_else(|| {
+                    let dir = match p.parent() {
+                        Some(d) if !d.as_os_str().is_empty() => d,
+                        _ => Path::new("."),
+                    };
+                    Some(dir.canonicalize().ok()?.join(p.file_name()?))
+                })
+                .unwrap_or_else(|| p.to_path_buf())
+        };
+        let same = |a: &Path, b: &Path| resolved(a) == resolved(b);
+        for (i, (_, out)) in self.outputs.iter().enumerate() {
+            if self.inputs.iter().any(|(_, input)| same(input, out)) {
+                return Some(format!("{} is both an input and an output", out.display()));
+            }
+            if self.outputs[..i].iter().any(|(_, other)| same(other, out)) {
+                return Some(format!("{} is the output of two ports", out.display()));
+            }
+        }
+        None
     }
 }
 

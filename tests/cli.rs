@@ -102,6 +102,74 @@ fn bad_collectors_are_refused_at_start() {
     }
 }
 
+/// A capture named as both an input and an output would be emptied before it is read, and
+/// one output for two ports would be a broken capture: `replay` and `run` refuse both and
+/// touch nothing.
+#[test]
+fn captures_that_would_lose_data_are_refused() {
+    let dir = std::env::temp_dir().join(format!("dpuflow-cli-bind-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let capture = dir.join("host.pcap");
+    std::fs::copy("pipelines/captures/host.pcap", &capture).expect("copy");
+    let before = std::fs::read(&capture).expect("read");
+    let input = format!("host={}", capture.display());
+    let fresh = dir.join("out.pcap");
+    let same_as_input = format!("uplink={}", capture.display());
+    let same_by_another_path = format!("uplink={}/./host.pcap", dir.display());
+    let first_output = format!("uplink={}", fresh.display());
+    let second_output = format!("host={}/./out.pcap", dir.display());
+    let cases = [
+        (
+            vec![
+                "replay",
+                "pipelines/vxlan-gateway.pipe",
+                "--in",
+                &input,
+                "--out",
+                &same_as_input,
+            ],
+            "is both an input and an output",
+        ),
+        (
+            vec![
+                "run",
+                "pipelines/vxlan-gateway.pipe",
+                "--in",
+                &input,
+                "--out",
+                &same_by_another_path,
+            ],
+            "is both an input and an output",
+        ),
+        (
+            vec![
+                "replay",
+                "pipelines/vxlan-gateway.pipe",
+                "--in",
+                &input,
+                "--out",
+                &first_output,
+                "--out",
+                &second_output,
+            ],
+            "is the output of two ports",
+        ),
+    ];
+    for (args, why) in &cases {
+        let out = dpuflow(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(why), "{args:?}: {err}");
+    }
+    assert_eq!(
+        std::fs::read(&capture).expect("read"),
+        before,
+        "the input was touched"
+    );
+    assert!(!fresh.exists(), "an output was written");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn check_exit_codes() {
     assert_eq!(
