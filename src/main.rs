@@ -310,7 +310,7 @@ fn bindings(
         outputs: bind(program, outputs, "out")?,
     }
     .with_pipeline_files(program);
-    match bound.conflict() {
+    match bound.conflict(program) {
         Some(why) => {
             eprintln!("error: {why}");
             Err(ExitCode::from(EXIT_USAGE))

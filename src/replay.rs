@@ -38,9 +38,9 @@ impl Bindings {
     }
 
     /// A file bound where it would lose data: an output that is also an input (it would be
-    /// emptied before it is read), or the output of two ports (their packets interleaved
-    /// into a broken capture).
-    pub fn conflict(&self) -> Option<String> {
+    /// emptied before it is read), the output of two ports (their packets interleaved into
+    /// a broken capture), or a second output for one port (only one would be written).
+    pub fn conflict(&self, p: &Program) -> Option<String> {
         // Where a path leads, for an output not written yet too (through its directory).
         let resolved = |p: &Path| {
             p.canonicalize()
@@ -55,12 +55,20 @@ impl Bindings {
                 .unwrap_or_else(|| p.to_path_buf())
         };
         let same = |a: &Path, b: &Path| resolved(a) == resolved(b);
-        for (i, (_, out)) in self.outputs.iter().enumerate() {
+        for (i, (port, out)) in self.outputs.iter().enumerate() {
             if self.inputs.iter().any(|(_, input)| same(input, out)) {
                 return Some(format!("{} is both an input and an output", out.display()));
             }
             if self.outputs[..i].iter().any(|(_, other)| same(other, out)) {
                 return Some(format!("{} is the output of two ports", out.display()));
+            }
+            if let Some((_, first)) = self.outputs[..i].iter().find(|(other, _)| other == port) {
+                return Some(format!(
+                    "port `{}` has two outputs, {} and {}",
+                    p.ports[port.index()].name,
+                    first.display(),
+                    out.display()
+                ));
             }
         }
         None

@@ -102,9 +102,9 @@ fn bad_collectors_are_refused_at_start() {
     }
 }
 
-/// A capture named as both an input and an output would be emptied before it is read, and
-/// one output for two ports would be a broken capture: `replay` and `run` refuse both and
-/// touch nothing.
+/// A capture named as both an input and an output would be emptied before it is read, one
+/// output for two ports would be a broken capture, and of two outputs for one port only one
+/// would be written: `replay` and `run` refuse them and touch nothing.
 #[test]
 fn captures_that_would_lose_data_are_refused() {
     let dir = std::env::temp_dir().join(format!("dpuflow-cli-bind-{}", std::process::id()));
@@ -118,6 +118,7 @@ fn captures_that_would_lose_data_are_refused() {
     let same_by_another_path = format!("uplink={}/./host.pcap", dir.display());
     let first_output = format!("uplink={}", fresh.display());
     let second_output = format!("host={}/./out.pcap", dir.display());
+    let third_output = format!("uplink={}", dir.join("other.pcap").display());
     let cases = [
         (
             vec![
@@ -154,6 +155,19 @@ fn captures_that_would_lose_data_are_refused() {
             ],
             "is the output of two ports",
         ),
+        (
+            vec![
+                "replay",
+                "pipelines/vxlan-gateway.pipe",
+                "--in",
+                &input,
+                "--out",
+                &first_output,
+                "--out",
+                &third_output,
+            ],
+            "port `uplink` has two outputs",
+        ),
     ];
     for (args, why) in &cases {
         let out = dpuflow(args);
@@ -167,6 +181,7 @@ fn captures_that_would_lose_data_are_refused() {
         "the input was touched"
     );
     assert!(!fresh.exists(), "an output was written");
+    assert!(!dir.join("other.pcap").exists(), "an output was written");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
