@@ -212,11 +212,12 @@ struct RunFlags {
 struct BenchFlags {
     /// Pipeline file.
     pipeline: PathBuf,
-    /// Frame size in bytes (at least the headers the entries need).
-    #[arg(long, default_value_t = 64)]
-    size: usize,
+    /// Frame size in bytes (at least the headers the entries need; at most 9216, the
+    /// packet buffers' size).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=dpuflow::engine::DEFAULT_MAX_FRAME as i64))]
+    size: u16,
     /// Distinct flows, spread over the root pipe's entries.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     flows: u32,
     /// Packets to process.
     #[arg(long, default_value_t = 10_000_000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -520,7 +521,7 @@ fn bench(f: BenchFlags) -> ExitCode {
             }
         },
     };
-    let frames = dpuflow::traffic::generate(&program, port, size, flows);
+    let frames = dpuflow::traffic::generate(&program, port, usize::from(size), flows);
     if frames.is_empty() {
         eprintln!("error: port {} feeds no root pipe", program.port(port).name);
         return ExitCode::from(EXIT_USAGE);

@@ -64,6 +64,8 @@ fn numeric_flags_out_of_range_are_usage_errors() {
         ],
         &["bench", "pipelines/vxlan-gateway.pipe", "--batch", "2000"],
         &["bench", "pipelines/vxlan-gateway.pipe", "--packets", "0"],
+        &["bench", "pipelines/vxlan-gateway.pipe", "--flows", "0"],
+        &["bench", "pipelines/vxlan-gateway.pipe", "--size", "9217"],
     ] {
         let out = dpuflow(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
