@@ -349,6 +349,50 @@ wrpcap("up.pcap", up); wrpcap("host.pcap", host)
     }
 }
 
+/// Workers change where packets are processed, not what comes out: `run` with three
+/// workers writes, port by port, the frames `replay` (one engine) writes, in some order.
+#[test]
+fn workers_write_what_replay_writes() {
+    let dir = Scratch::new("service-vs-replay");
+    let inputs = [
+        "--in",
+        "host=pipelines/captures/host.pcap",
+        "--in",
+        "uplink=pipelines/captures/uplink.pcap",
+    ];
+    let outputs = |tag: &str| {
+        ["host", "uplink"].map(|p| format!("{p}={}", dir.path(&format!("{tag}-{p}.pcap"))))
+    };
+    let (replayed, served) = (outputs("replay"), outputs("run"));
+    let mut args = vec!["replay", "pipelines/vxlan-gateway.pipe"];
+    args.extend(inputs);
+    for o in &replayed {
+        args.extend(["--out", o]);
+    }
+    dpuflow_ok(&args);
+    let mut args = vec!["pipelines/vxlan-gateway.pipe", "--workers", "3"];
+    args.extend(inputs);
+    for o in &served {
+        args.extend(["--out", o]);
+    }
+    let svc = Service::start(&args);
+    svc.scrape_until(|b| {
+        b.contains("dpuflow_port_transmitted_packets_total{port=\"uplink\"} 180")
+            && b.contains("dpuflow_port_transmitted_packets_total{port=\"host\"} 45")
+    });
+    assert_eq!(svc.terminate(), 0);
+    for port in ["host", "uplink"] {
+        let sorted = |tag: &str| {
+            let mut f = frames(&dir.path(&format!("{tag}-{port}.pcap")));
+            f.sort();
+            f
+        };
+        let want = sorted("replay");
+        assert!(!want.is_empty(), "{port}: nothing replayed");
+        assert_eq!(sorted("run"), want, "{port}");
+    }
+}
+
 /// A frame too large for the packet buffers (a capture taken with GRO on, say) is skipped
 /// before any worker sees it: it still counts as received and as dropped (oversize), and
 /// the log says so; it used to vanish from every metric.
