@@ -151,3 +151,45 @@ fn pipeline_capture_files_are_used_when_not_bound() {
     assert_eq!(frames(&dir.path("out.pcap")), frames(&dir.path("in.pcap")));
     assert_tshark_clean(&dir.path("out.pcap"));
 }
+
+/// Rewriting an inner field of a tunnelled packet keeps every checksum valid: the inner
+/// ones, and the outer UDP checksum, which covers the inner frame (it was left stale, and
+/// receivers that check it dropped the packet). A zero outer checksum (none) stays zero.
+#[test]
+fn inner_rewrites_keep_the_outer_checksum_valid() {
+    let dir = Scratch::new("inner-rewrite");
+    scapy(
+        &dir.0,
+        r#"
+inner = Ether()/IP(src="10.1.0.5", dst="10.0.0.1")/UDP(sport=33000, dport=33000)/Raw(b"req")
+tun = UDP(sport=50000, dport=4789)/VXLAN(vni=100, flags=0x08)/inner
+pkts = [
+    Ether()/IP(src="192.0.2.10", dst="192.0.2.1")/tun,
+    Ether()/IPv6(src="2001:db8::10", dst="2001:db8::1")/tun,
+    Ether()/IP(src="192.0.2.10", dst="192.0.2.1")/UDP(sport=50000, dport=4789, chksum=0)/VXLAN(vni=100, flags=0x08)/inner,
+]
+for i, p in enumerate(pkts):
+    p.time = 100 + i
+wrpcap("in.pcap", pkts)
+"#,
+    );
+    let out = dir.path("out.pcap");
+    dpuflow_ok(&[
+        "replay",
+        "tests/data/inner-rewrite.pipe",
+        "--in",
+        &format!("in={}", dir.path("in.pcap")),
+        "--out",
+        &format!("out={out}"),
+    ]);
+    assert_tshark_clean(&out);
+    let rows = tshark_fields(&out, &["ip.dst", "udp.dstport", "udp.checksum"]);
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    for row in &rows {
+        assert!(
+            row.contains("10.9.9.9") && row.contains("4789,33001"),
+            "{row}"
+        );
+    }
+    assert!(rows[2].contains(",0x0000,"), "{}", rows[2]);
+}

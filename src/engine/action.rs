@@ -272,16 +272,55 @@ fn patch_l4(frame: &mut [u8], l: &Layers, old: &[u8], new: &[u8]) {
     }
 }
 
-/// Rewrites one field; headers the packet lacks are left alone.
-pub fn set_field(frame: &mut [u8], meta: &Meta, field: Field, value: u128) {
-    let l = if field.inner {
-        if meta.tunnel.is_none() {
-            return;
+/// Recomputes a tunnel's outer UDP checksum once its payload, the inner frame, has changed
+/// (it covers it: RFC 768). A zero checksum, none sent (allowed over IPv4; RFC 6935 over
+/// IPv6 for tunnels), stays zero.
+fn refresh_outer_udp_checksum(frame: &mut [u8], outer: &Layers) {
+    if !(outer.l4_ok && outer.proto == ip_proto::UDP) {
+        return;
+    }
+    let (l3, udp_at, end) = (
+        usize::from(outer.l3),
+        usize::from(outer.l4),
+        usize::from(outer.l3_end),
+    );
+    let at = udp_at + 6;
+    if be16(frame, at) == 0 {
+        return;
+    }
+    let len = end - udp_at;
+    let pseudo = match outer.l3_kind {
+        L3::V4 => {
+            let ip = ipv4::Packet::new_unchecked(&frame[l3..]);
+            checksum::pseudo_v4(ip.src(), ip.dst(), ip_proto::UDP, len as u16)
         }
-        meta.inner
-    } else {
-        meta.outer
+        L3::V6 => {
+            let ip = ipv6::Packet::new_unchecked(&frame[l3..]);
+            checksum::pseudo_v6(&ip.src(), &ip.dst(), ip_proto::UDP, len as u32)
+        }
+        L3::None => return,
     };
+    put16(frame, at, 0);
+    let c = !checksum::fold(checksum::sum(pseudo, &frame[udp_at..end]));
+    // A computed checksum of zero is sent as all ones (RFC 768).
+    put16(frame, at, if c == 0 { 0xffff } else { c });
+}
+
+/// Rewrites one field; headers the packet lacks are left alone. An inner field's rewrite
+/// also fixes the tunnel's outer UDP checksum, which covers the inner frame.
+pub fn set_field(frame: &mut [u8], meta: &Meta, field: Field, value: u128) {
+    if field.inner {
+        if meta.tunnel.is_some() {
+            rewrite(frame, &meta.inner, field, value);
+            refresh_outer_udp_checksum(frame, &meta.outer);
+        }
+    } else {
+        rewrite(frame, &meta.outer, field, value);
+    }
+}
+
+/// Rewrites `field` in the headers `l`, with the checksums inside them.
+fn rewrite(frame: &mut [u8], l: &Layers, field: Field, value: u128) {
     let (l2, l3, l4) = (usize::from(l.l2), usize::from(l.l3), usize::from(l.l4));
     let bytes = value.to_be_bytes();
     let port_at = |proto_ok: bool, off: usize| (l.l4_ok && proto_ok).then_some(l4 + off);
@@ -309,13 +348,13 @@ pub fn set_field(frame: &mut [u8], meta: &Meta, field: Field, value: u128) {
             } else {
                 p.set_dst(new);
             }
-            patch_l4(frame, &l, &old, &new);
+            patch_l4(frame, l, &old, &new);
         }
         FieldId::Ipv6Src | FieldId::Ipv6Dst if l.l3_kind == L3::V6 => {
             let at = l3 + if field.id == FieldId::Ipv6Src { 8 } else { 24 };
             let old: [u8; 16] = frame[at..at + 16].try_into().expect("IPv6 header");
             frame[at..at + 16].copy_from_slice(&bytes);
-            patch_l4(frame, &l, &old, &bytes);
+            patch_l4(frame, l, &old, &bytes);
         }
         FieldId::IpDscp if l.l3_kind == L3::V4 => {
             ipv4::Packet::new_unchecked(&mut frame[l3..]).set_dscp(value as u8)
@@ -348,7 +387,7 @@ pub fn set_field(frame: &mut [u8], meta: &Meta, field: Field, value: u128) {
             if let Some(at) = port_at(ok, off) {
                 let old = [frame[at], frame[at + 1]];
                 frame[at..at + 2].copy_from_slice(&bytes[14..]);
-                patch_l4(frame, &l, &old, &bytes[14..]);
+                patch_l4(frame, l, &old, &bytes[14..]);
             }
         }
         _ => {}
