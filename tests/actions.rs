@@ -193,3 +193,61 @@ wrpcap("in.pcap", pkts)
     }
     assert!(rows[2].contains(",0x0000,"), "{}", rows[2]);
 }
+
+/// An IPv6 address rewrite on ICMPv6 patches its checksum (it covers the IPv6
+/// pseudo-header), and an SCTP port rewrite recomputes the packet's CRC32c: both were left
+/// stale. tshark validates both (SCTP's CRC32c when asked).
+#[test]
+fn icmpv6_and_sctp_rewrites_keep_their_checksums_valid() {
+    let dir = Scratch::new("pseudo-header-rewrite");
+    scapy(
+        &dir.0,
+        r#"
+pkts = [
+    Ether()/IPv6(src="2001:db8::1", dst="2001:db8::2")/ICMPv6EchoRequest(id=7, seq=1, data=b"ping"),
+    Ether()/IP(src="10.0.0.1", dst="10.0.0.2")/SCTP(sport=1000, dport=2000)/SCTPChunkData(data=b"chunk"),
+    Ether()/IPv6(src="2001:db8::1", dst="2001:db8::2")/SCTP(sport=1000, dport=2000)/SCTPChunkData(data=b"chunk6"),
+]
+for i, p in enumerate(pkts):
+    p.time = 100 + i
+wrpcap("in.pcap", pkts)
+"#,
+    );
+    let out = dir.path("out.pcap");
+    dpuflow_ok(&[
+        "replay",
+        "tests/data/pseudo-header-rewrite.pipe",
+        "--in",
+        &format!("in={}", dir.path("in.pcap")),
+        "--out",
+        &format!("out={out}"),
+    ]);
+    let fields = tool_ok(
+        "tshark",
+        &[
+            "-r",
+            &out,
+            "-o",
+            "sctp.checksum:CRC-32C",
+            "-T",
+            "fields",
+            "-E",
+            "separator=;",
+            "-e",
+            "icmpv6.checksum.status",
+            "-e",
+            "sctp.checksum.status",
+            "-e",
+            "ipv6.dst",
+            "-e",
+            "sctp.dstport",
+        ],
+    );
+    // Checksum status 1: good.
+    let rows: Vec<&str> = fields.lines().collect();
+    assert_eq!(
+        rows,
+        ["1;;2001:db8::99;", ";1;;9999", ";1;2001:db8::2;9999"],
+        "{fields}"
+    );
+}

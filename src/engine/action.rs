@@ -6,7 +6,7 @@ use super::parse::{Layers, Meta, L3};
 use super::DropReason;
 use crate::ir::{Encap, Field, FieldId, Tunnel};
 use crate::wire::ethernet::{self, ethertype};
-use crate::wire::{be16, checksum, geneve, ip_proto, ipv4, ipv6, put16, udp, vxlan};
+use crate::wire::{be16, checksum, geneve, ip_proto, ipv4, ipv6, put16, sctp, udp, vxlan};
 use std::net::IpAddr;
 
 /// Outer headers of one `*.encap` action, built once; per packet only lengths, the UDP
@@ -255,6 +255,8 @@ fn l4_checksum_at(frame: &[u8], l: &Layers) -> Option<usize> {
     match l.proto {
         ip_proto::TCP => Some(l4 + 16),
         ip_proto::UDP if l.l3_kind == L3::V6 || be16(frame, l4 + 6) != 0 => Some(l4 + 6),
+        // ICMPv6 covers the IPv6 pseudo-header (RFC 4443 §2.3); ICMP for IPv4 does not.
+        ip_proto::ICMPV6 if l.l3_kind == L3::V6 => Some(l4 + 2),
         _ => None,
     }
 }
@@ -387,7 +389,15 @@ fn rewrite(frame: &mut [u8], l: &Layers, field: Field, value: u128) {
             if let Some(at) = port_at(ok, off) {
                 let old = [frame[at], frame[at + 1]];
                 frame[at..at + 2].copy_from_slice(&bytes[14..]);
-                patch_l4(frame, l, &old, &bytes[14..]);
+                if is(ip_proto::SCTP) {
+                    // A CRC over the whole packet, not a sum to patch.
+                    let packet = &mut frame[l4..usize::from(l.l3_end)];
+                    if let Some(c) = sctp::checksum(packet) {
+                        packet[sctp::CHECKSUM_AT..sctp::HEADER_LEN].copy_from_slice(&c);
+                    }
+                } else {
+                    patch_l4(frame, l, &old, &bytes[14..]);
+                }
             }
         }
         _ => {}

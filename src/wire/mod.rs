@@ -39,6 +39,7 @@ pub mod geneve;
 pub mod icmp;
 pub mod ipv4;
 pub mod ipv6;
+pub mod sctp;
 pub mod tcp;
 pub mod udp;
 pub mod vlan;
