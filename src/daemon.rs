@@ -16,9 +16,7 @@
 //! written, outputs are flushed, and the process exits 0.
 
 use crate::engine::parse::{self, TunnelPorts};
-use crate::engine::{
-    Compiled, DropReason, Engine, NoObserver, PacketBuf, Verdict, DEFAULT_MAX_FRAME,
-};
+use crate::engine::{Compiled, Engine, NoObserver, PacketBuf, Verdict, DEFAULT_MAX_FRAME};
 use crate::firewall::conntrack::Conntrack;
 use crate::io::pcap::{CaptureError, CaptureWriter};
 use crate::ir::Program;
@@ -27,7 +25,7 @@ use crate::telemetry::flows::FlowRecord;
 use crate::telemetry::http::{self, Handler};
 use crate::telemetry::ipfix::Exporter;
 use crate::telemetry::metrics::{self, Info};
-use crate::telemetry::{ExportStats, Latency, Snapshot};
+use crate::telemetry::{ExportStats, Latency, Snapshot, WarnThrottle};
 use crossbeam_channel::{bounded, Receiver, Select, Sender, TrySendError};
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -136,10 +134,10 @@ impl Handler for Shared {
         }
         for (p, [packets, bytes]) in self.oversize.iter().enumerate() {
             if let Some(s) = total.stats.ports.get_mut(p) {
-                let n = packets.load(Ordering::Relaxed);
-                s.rx.packets += n;
-                s.rx.bytes += bytes.load(Ordering::Relaxed);
-                s.drops[DropReason::Oversize as usize] += n;
+                s.count_oversize(
+                    packets.load(Ordering::Relaxed),
+                    bytes.load(Ordering::Relaxed),
+                );
             }
         }
         total.export = self.export.as_ref().map(|e| ExportStats {
@@ -439,7 +437,7 @@ fn io(
     let start = Instant::now();
     let mut slot = PacketBuf::new(DEFAULT_MAX_FRAME);
     let mut workers_gone = false;
-    let mut oversize_warned = None;
+    let mut oversize_warning = WarnThrottle::default();
     while !stop.load(Ordering::Relaxed) && !workers_gone {
         match merger.next(&mut slot)? {
             None if opts.looping && read > 0 => {
@@ -454,14 +452,13 @@ fn io(
                 let [packets, bytes] = &shared.oversize[port.index()];
                 packets.fetch_add(1, Ordering::Relaxed);
                 bytes.fetch_add(len as u64, Ordering::Relaxed);
-                if oversize_warned.is_none_or(|t: Instant| t.elapsed() >= WARN_EVERY) {
+                if oversize_warning.ready() {
                     tracing::warn!(
                         port = %shared.program.ports[port.index()].name,
                         bytes = len,
                         largest = DEFAULT_MAX_FRAME,
                         "frame larger than the packet buffers skipped (counted as dropped: oversize)"
                     );
-                    oversize_warned = Some(Instant::now());
                 }
                 continue;
             }
@@ -721,10 +718,6 @@ fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
     publish(&engine, &latency, false);
 }
 
-/// How often a repeated failure (an export refused, a frame too large) is logged; each is
-/// counted.
-const WARN_EVERY: Duration = Duration::from_secs(10);
-
 /// Hands `records` to the exporter if its queue has room; gives them back if not (and
 /// drops them if the exporter is gone).
 fn queue(tx: &Sender<Vec<FlowRecord>>, records: Vec<FlowRecord>) -> Option<Vec<FlowRecord>> {
@@ -759,16 +752,16 @@ fn export(socket: &UdpSocket, rx: &Receiver<Vec<FlowRecord>>, shared: &Shared) -
     let mut sent = 0u64;
     // Failures since the last warning, and when that was: a collector that is down would
     // otherwise be reported for every message.
-    let (mut unreported, mut warned) = (0u64, None::<Instant>);
+    let (mut unreported, mut warning) = (0u64, WarnThrottle::default());
     let mut send = |messages: Vec<Vec<u8>>| {
         for msg in messages {
             match socket.send(&msg) {
                 Ok(_) => counts.messages.fetch_add(1, Ordering::Relaxed),
                 Err(e) => {
                     unreported += 1;
-                    if warned.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
+                    if warning.ready() {
                         tracing::warn!(error = %e, messages = unreported, "IPFIX messages not sent");
-                        (unreported, warned) = (0, Some(Instant::now()));
+                        unreported = 0;
                     }
                     counts.failed.fetch_add(1, Ordering::Relaxed)
                 }

@@ -19,6 +19,20 @@ fn replay(dir: &Scratch) -> serde_json::Value {
     serde_json::from_str(&out).expect("JSON")
 }
 
+/// Replays the dir's in.pcap through `pipeline` (ports `in`, `out`); the output's path.
+fn replay_through(dir: &Scratch, pipeline: &str) -> String {
+    let out = dir.path("out.pcap");
+    dpuflow_ok(&[
+        "replay",
+        pipeline,
+        "--in",
+        &format!("in={}", dir.path("in.pcap")),
+        "--out",
+        &format!("out={out}"),
+    ]);
+    out
+}
+
 #[test]
 fn rewrites_keep_checksums_valid() {
     let dir = Scratch::new("actions");
@@ -173,15 +187,7 @@ for i, p in enumerate(pkts):
 wrpcap("in.pcap", pkts)
 "#,
     );
-    let out = dir.path("out.pcap");
-    dpuflow_ok(&[
-        "replay",
-        "tests/data/inner-rewrite.pipe",
-        "--in",
-        &format!("in={}", dir.path("in.pcap")),
-        "--out",
-        &format!("out={out}"),
-    ]);
+    let out = replay_through(&dir, "tests/data/inner-rewrite.pipe");
     assert_tshark_clean(&out);
     let rows = tshark_fields(&out, &["ip.dst", "udp.dstport", "udp.checksum"]);
     assert_eq!(rows.len(), 3, "{rows:?}");
@@ -213,15 +219,7 @@ for i, p in enumerate(pkts):
 wrpcap("in.pcap", pkts)
 "#,
     );
-    let out = dir.path("out.pcap");
-    dpuflow_ok(&[
-        "replay",
-        "tests/data/pseudo-header-rewrite.pipe",
-        "--in",
-        &format!("in={}", dir.path("in.pcap")),
-        "--out",
-        &format!("out={out}"),
-    ]);
+    let out = replay_through(&dir, "tests/data/pseudo-header-rewrite.pipe");
     let fields = tool_ok(
         "tshark",
         &[

@@ -12,6 +12,14 @@ fn dpuflow(args: &[&str]) -> Output {
         .expect("run dpuflow")
 }
 
+/// Runs dpuflow and asserts it exits 2 (a usage error) saying `says` on stderr.
+fn assert_usage_error(args: &[&str], says: &str) {
+    let out = dpuflow(args);
+    assert_eq!(out.status.code(), Some(2), "{args:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(says), "{args:?}: {err}");
+}
+
 fn examples() -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir("pipelines")
         .expect("pipelines/")
@@ -67,40 +75,25 @@ fn numeric_flags_out_of_range_are_usage_errors() {
         &["bench", "pipelines/vxlan-gateway.pipe", "--flows", "0"],
         &["bench", "pipelines/vxlan-gateway.pipe", "--size", "9217"],
     ] {
-        let out = dpuflow(args);
-        assert_eq!(out.status.code(), Some(2), "{args:?}");
-        assert!(
-            String::from_utf8_lossy(&out.stderr).contains("invalid value"),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_usage_error(args, "invalid value");
     }
 }
 
 /// A collector's name that does not resolve, or is not a name, stops `run` at once.
 #[test]
 fn bad_collectors_are_refused_at_start() {
-    let run =
-        |collector: &str| dpuflow(&["run", "pipelines/vxlan-gateway.pipe", "--ipfix", collector]);
+    let run = |collector| ["run", "pipelines/vxlan-gateway.pipe", "--ipfix", collector];
     // RFC 2606: .invalid never resolves.
-    let out = run("no-such-collector.invalid:4739");
-    assert_eq!(out.status.code(), Some(2));
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(log.contains("cannot resolve the IPFIX collector"), "{log}");
-    assert!(log.contains("no-such-collector.invalid:4739"), "{log}");
+    let unresolved = run("no-such-collector.invalid:4739");
+    assert_usage_error(&unresolved, "cannot resolve the IPFIX collector");
+    assert_usage_error(&unresolved, "no-such-collector.invalid:4739");
     for bad in [
         "under_score:4739",
         "collector",
         "collector:65536",
         "x-.example:1",
     ] {
-        let out = run(bad);
-        assert_eq!(out.status.code(), Some(2), "{bad}");
-        assert!(
-            String::from_utf8_lossy(&out.stderr).contains("invalid value"),
-            "{bad}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_usage_error(&run(bad), "invalid value");
     }
 }
 
@@ -172,10 +165,7 @@ fn captures_that_would_lose_data_are_refused() {
         ),
     ];
     for (args, why) in &cases {
-        let out = dpuflow(args);
-        assert_eq!(out.status.code(), Some(2), "{args:?}");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(why), "{args:?}: {err}");
+        assert_usage_error(args, why);
     }
     assert_eq!(
         std::fs::read(&capture).expect("read"),

@@ -104,6 +104,16 @@ pub struct PortStats {
     pub drops: Vec<u64>,
 }
 
+impl PortStats {
+    /// Counts `packets` frames (of `bytes` in all) too large for the packet buffers: received,
+    /// and dropped before the engine.
+    pub fn count_oversize(&mut self, packets: u64, bytes: u64) {
+        self.rx.packets += packets;
+        self.rx.bytes += bytes;
+        self.drops[DropReason::Oversize as usize] += packets;
+    }
+}
+
 /// Everything the engine counts.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -666,9 +676,7 @@ impl Engine {
 
     /// Counts a packet that never reached the engine (too large for its buffers).
     pub fn count_oversize(&mut self, port: PortId, len: usize) {
-        let s = &mut self.rt.stats.ports[port.index()];
-        s.rx.add(len);
-        s.drops[DropReason::Oversize as usize] += 1;
+        self.rt.stats.ports[port.index()].count_oversize(1, len as u64);
     }
 
     fn run<O: Observer>(&mut self, pkt: &mut PacketBuf, staged_at: usize, obs: &mut O) -> Verdict {

@@ -24,9 +24,6 @@ pub trait Handler: Sync {
     fn ready(&self) -> bool;
 }
 
-/// How often a failing `accept` is logged.
-const WARN_EVERY: Duration = Duration::from_secs(10);
-
 /// Serves until `stop` is set (checked every 50 ms), then waits for the connections being
 /// answered. A failed `accept` (a connection reset before it was taken, descriptors
 /// exhausted) is logged and served past, never the end of the endpoint.
@@ -37,7 +34,7 @@ pub fn serve(
 ) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
     let open = AtomicUsize::new(0);
-    let mut warned: Option<std::time::Instant> = None;
+    let mut throttle = super::WarnThrottle::default();
     std::thread::scope(|s| {
         while !stop.load(Ordering::Relaxed) {
             match listener.accept() {
@@ -56,11 +53,8 @@ pub fn serve(
                     });
                 }
                 Err(e) => {
-                    if e.kind() != std::io::ErrorKind::WouldBlock
-                        && warned.is_none_or(|t| t.elapsed() >= WARN_EVERY)
-                    {
+                    if e.kind() != std::io::ErrorKind::WouldBlock && throttle.ready() {
                         tracing::warn!(error = %e, "metrics endpoint: accept failed");
-                        warned = Some(std::time::Instant::now());
                     }
                     std::thread::sleep(Duration::from_millis(50))
                 }

@@ -15,6 +15,27 @@ use crate::engine::{Counter, Stats};
 use crate::firewall::conntrack::CtStats;
 use crate::telemetry::flows::FlowStats;
 
+/// Lets a repeated warning through at most once every ten seconds: a failure that repeats
+/// (a collector down, descriptors exhausted, oversize frames) is counted every time and
+/// logged now and then, not once per occurrence.
+#[derive(Debug, Default)]
+pub struct WarnThrottle {
+    last: Option<std::time::Instant>,
+}
+
+impl WarnThrottle {
+    const EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+    /// Whether to log now (and, if so, the next not before ten seconds from now).
+    pub fn ready(&mut self) -> bool {
+        let due = self.last.is_none_or(|t| t.elapsed() >= Self::EVERY);
+        if due {
+            self.last = Some(std::time::Instant::now());
+        }
+        due
+    }
+}
+
 /// Upper bounds of the processing-latency histogram, in seconds.
 pub const LATENCY_BUCKETS: [f64; 12] = [
     50e-9, 100e-9, 200e-9, 500e-9, 1e-6, 2e-6, 5e-6, 10e-6, 20e-6, 50e-6, 100e-6, 1e-3,

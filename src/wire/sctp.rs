@@ -26,12 +26,8 @@ const TABLE: [u32; 256] = {
     t
 };
 
-/// CRC32c of `data` (initial value and final complement as RFC 9260 Appendix A).
-pub fn crc32c(data: &[u8]) -> u32 {
-    !update(!0, data)
-}
-
-/// The running CRC `c` continued over `data`.
+/// The running CRC `c` continued over `data` (begun at all ones and complemented at the
+/// end, as RFC 9260 Appendix A).
 fn update(c: u32, data: &[u8]) -> u32 {
     data.iter()
         .fold(c, |c, &b| TABLE[usize::from((c as u8) ^ b)] ^ (c >> 8))
@@ -49,6 +45,10 @@ pub fn checksum(packet: &[u8]) -> Option<[u8; 4]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn crc32c(data: &[u8]) -> u32 {
+        !update(!0, data)
+    }
 
     /// RFC 3720 §B.4's CRC32c test patterns.
     #[test]
