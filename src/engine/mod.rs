@@ -590,7 +590,9 @@ impl Engine {
                     let hint = self.ct_hints[i].as_ref().filter(|h| h.reports());
                     if let Some(h) = hint.filter(|_| flows.selects()) {
                         let (key, tcp_flags) = h.arrival_flow();
-                        self.flow_probes[i] = flows.probe_key(&key, tcp_flags);
+                        let ip_bytes = staged_meta(&self.metas, &self.parsed, i)
+                            .map_or(0, |m| m.outer.l3_end - m.outer.l3);
+                        self.flow_probes[i] = flows.probe_key(&key, tcp_flags, ip_bytes);
                         flow_staged |= 1 << i;
                     }
                 }
@@ -599,16 +601,11 @@ impl Engine {
         // Flows are counted once the batch's fates are known, in one tight pass over what
         // each packet's probe noted as it arrived.
         if let Some(flows) = &mut self.rt.flows {
-            for i in staged_packets(flow_staged) {
-                // Staged packets parsed: the arrival parse gives the IP length.
-                if let (Some(pkt), Ok(m)) =
-                    (batch.get(i), staged_meta(&self.metas, &self.parsed, i))
-                {
-                    let (out, denied) = fate(pkt.verdict);
-                    let ip_bytes = m.outer.l3_end - m.outer.l3;
-                    flows.count(&self.flow_probes[i], ip_bytes, pkt.ts_ns, out, denied);
-                }
-            }
+            flows.count_staged(&self.flow_probes[..], flow_staged, |i| {
+                let pkt = &batch[i];
+                let (out, denied) = fate(pkt.verdict);
+                (pkt.ts_ns, out, denied)
+            });
         }
         if let Some(last) = batch.last() {
             if let Some(ct) = &mut self.rt.ct {
@@ -828,7 +825,7 @@ fn intern(lists: Vec<&ActionList>) -> (Vec<u32>, Vec<&ActionList>) {
 }
 
 /// The packets whose bits are set in `staged`, in order.
-fn staged_packets(mut staged: u32) -> impl Iterator<Item = usize> {
+pub(crate) fn staged_packets(mut staged: u32) -> impl Iterator<Item = usize> {
     std::iter::from_fn(move || {
         let i = staged.trailing_zeros() as usize;
         staged &= staged.wrapping_sub(1);
