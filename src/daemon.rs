@@ -16,7 +16,9 @@
 //! written, outputs are flushed, and the process exits 0.
 
 use crate::engine::parse::{self, TunnelPorts};
-use crate::engine::{Compiled, Engine, NoObserver, PacketBuf, Verdict, DEFAULT_MAX_FRAME};
+use crate::engine::{
+    Compiled, Engine, NoObserver, PacketBuf, SharedMeter, Verdict, DEFAULT_MAX_FRAME,
+};
 use crate::firewall::conntrack::Conntrack;
 use crate::io::pcap::{CaptureError, CaptureWriter};
 use crate::ir::Program;
@@ -104,6 +106,9 @@ struct Shared {
     program: Program,
     /// The program compiled once, run by every worker's engine.
     code: Arc<Compiled>,
+    /// The meters' buckets, which the workers share; empty with one worker, whose engine
+    /// meters alone.
+    meters: Vec<Arc<SharedMeter>>,
     info: Info,
     snapshots: Vec<Mutex<Snapshot>>,
     /// The IPFIX exporter's counts, when exporting.
@@ -195,6 +200,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             });
         }
     }
+    let code = Arc::new(Compiled::new(&program));
     let shared = Arc::new(Shared {
         info: Info {
             version: crate::VERSION.to_owned(),
@@ -213,7 +219,12 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         workers,
         failed: Arc::clone(&watch.failed),
         oversize: program.ports.iter().map(|_| Default::default()).collect(),
-        code: Arc::new(Compiled::new(&program)),
+        meters: if workers > 1 {
+            code.shared_meters()
+        } else {
+            Vec::new()
+        },
+        code,
         program,
     });
     // Open everything before any thread starts, so a bad file fails the command at once.
@@ -228,14 +239,6 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
     }
     tracing::info!(pipeline = %shared.program.name, workers, inputs = opts.bindings.inputs.len(), "running");
-    if workers > 1 && !shared.program.meters.is_empty() {
-        // Each worker's engine keeps its own meters, for the flows dealt to it.
-        tracing::warn!(
-            workers,
-            meters = shared.program.meters.len(),
-            "each worker meters its own flows: together a meter can pass up to {workers} times its rate (--workers 1 for exact policing)"
-        );
-    }
 
     let (flows_tx, flows_rx) = bounded::<Vec<FlowRecord>>(QUEUE * workers);
     let exporter = match opts.ipfix {
@@ -611,6 +614,7 @@ fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
     // first copies none is allocated.
     let mut spare: Vec<PacketBuf> = Vec::new();
     let mut engine = Engine::sharing(Arc::clone(&shared.code));
+    engine.share_meters(&shared.meters, shared.workers);
     let t = &shared.program.telemetry;
     if flows.is_some() {
         engine.enable_flows(t);

@@ -26,6 +26,7 @@ use crate::telemetry::sampling::Sampler;
 use field::PacketState;
 use lpm::LpmTable;
 use meter::MeterState;
+pub use meter::SharedMeter;
 use parse::{Meta, TunnelPorts};
 use std::sync::Arc;
 use table::{ExactTable, LinearScan, PacketView, RuleClassifier, TREE_MIN_RULES};
@@ -268,6 +269,16 @@ struct Runtime {
 }
 
 impl Compiled {
+    /// Buckets for each of the program's meters, full, for engines that share them
+    /// ([`Engine::share_meters`]).
+    pub fn shared_meters(&self) -> Vec<Arc<SharedMeter>> {
+        self.fresh
+            .meters
+            .iter()
+            .map(|m| Arc::new(m.shared()))
+            .collect()
+    }
+
     /// The UDP ports whose packets the engine parses as tunnelled.
     pub fn tunnels(&self) -> &TunnelPorts {
         &self.tunnels
@@ -450,6 +461,15 @@ impl Engine {
 
     pub fn stats(&self) -> &Stats {
         &self.rt.stats
+    }
+
+    /// Makes this engine one of `workers` that meter against the same buckets, `shared`
+    /// (from [`Compiled::shared_meters`]): each meter then holds its rate over all their
+    /// packets, not over each engine's.
+    pub fn share_meters(&mut self, shared: &[Arc<SharedMeter>], workers: usize) {
+        for (m, s) in self.rt.meters.iter_mut().zip(shared) {
+            m.lease_from(Arc::clone(s), workers);
+        }
     }
 
     /// Keeps flow records of every packet, for IPFIX export: in the connection that
