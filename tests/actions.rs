@@ -200,6 +200,59 @@ wrpcap("in.pcap", pkts)
     assert!(rows[2].contains(",0x0000,"), "{}", rows[2]);
 }
 
+/// An address rewrite on a fragmented datagram patches the L4 checksum its first
+/// fragment carries (it covers the addresses of the whole datagram): tshark reassembles
+/// each datagram, UDP and TCP over IPv4 and UDP over IPv6, and finds its checksum good.
+#[test]
+fn address_rewrites_keep_fragmented_datagrams_checksums_valid() {
+    let dir = Scratch::new("fragment-rewrite");
+    scapy(
+        &dir.0,
+        r#"
+pkts = fragment(Ether()/IP(src="10.0.0.1", dst="10.0.0.2", id=7)/UDP(sport=1000, dport=2000)/(b"u" * 3000), fragsize=1200)
+pkts += fragment(Ether()/IP(src="10.0.0.1", dst="10.0.0.2", id=8)/TCP(sport=1000, dport=2000, flags="PA")/(b"t" * 3000), fragsize=1200)
+pkts += [Ether()/p for p in fragment6(IPv6(src="2001:db8::1", dst="2001:db8::2")/IPv6ExtHdrFragment(id=9)/UDP(sport=1000, dport=2000)/(b"v" * 3000), 1280)]
+for i, p in enumerate(pkts):
+    p.time = 100 + i
+wrpcap("in.pcap", pkts)
+"#,
+    );
+    let out = replay_through(&dir, "tests/data/fragment-rewrite.pipe");
+    assert_eq!(frames(&out).len(), 9, "three datagrams of three fragments");
+    let fields = tool_ok(
+        "tshark",
+        &[
+            "-r",
+            &out,
+            "-o",
+            "udp.check_checksum:TRUE",
+            "-o",
+            "tcp.check_checksum:TRUE",
+            "-Y",
+            "udp || tcp",
+            "-T",
+            "fields",
+            "-E",
+            "separator=;",
+            "-e",
+            "ip.dst",
+            "-e",
+            "ipv6.dst",
+            "-e",
+            "udp.checksum.status",
+            "-e",
+            "tcp.checksum.status",
+        ],
+    );
+    // Checksum status 1: good (0: bad), on each reassembled datagram.
+    let rows: Vec<&str> = fields.lines().collect();
+    assert_eq!(
+        rows,
+        ["10.0.0.99;;1;", "10.0.0.99;;;1", ";2001:db8::99;1;"],
+        "{fields}"
+    );
+}
+
 /// An IPv6 address rewrite on ICMPv6 patches its checksum (it covers the IPv6
 /// pseudo-header), and an SCTP port rewrite recomputes the packet's CRC32c: both were left
 /// stale. tshark validates both (SCTP's CRC32c when asked).

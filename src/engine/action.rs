@@ -246,18 +246,36 @@ pub fn dec_ttl(frame: &mut [u8], l: &Layers) -> Result<(), DropReason> {
 }
 
 /// Offset of the L4 checksum field for the layers' protocol, when the segment has one
-/// that must be kept right (a UDP checksum of zero over IPv4 means "none").
+/// that must be kept right (a UDP checksum of zero over IPv4 means "none"). A datagram's
+/// first fragment has its checksum too: it covers the reassembled datagram, and an
+/// address rewrite changes it as it would a whole one (RFC 1624's update needs only the
+/// old sum and the changed words), where it lies within the fragment.
 fn l4_checksum_at(frame: &[u8], l: &Layers) -> Option<usize> {
-    if !l.l4_ok {
+    let carries_l4 = l.l4_ok || (l.fragment && first_fragment(frame, l));
+    if !carries_l4 {
         return None;
     }
     let l4 = usize::from(l.l4);
-    match l.proto {
-        ip_proto::TCP => Some(l4 + 16),
-        ip_proto::UDP if l.l3_kind == L3::V6 || be16(frame, l4 + 6) != 0 => Some(l4 + 6),
+    let at = match l.proto {
+        ip_proto::TCP => l4 + 16,
+        ip_proto::UDP if l.l3_kind == L3::V6 || frame.get(l4 + 6..l4 + 8)? != [0, 0] => l4 + 6,
         // ICMPv6 covers the IPv6 pseudo-header (RFC 4443 §2.3); ICMP for IPv4 does not.
-        ip_proto::ICMPV6 if l.l3_kind == L3::V6 => Some(l4 + 2),
-        _ => None,
+        ip_proto::ICMPV6 if l.l3_kind == L3::V6 => l4 + 2,
+        _ => return None,
+    };
+    (at + 2 <= usize::from(l.l3_end)).then_some(at)
+}
+
+/// Whether a fragment is its datagram's first, which carries the L4 header (RFC 791 §3.2,
+/// RFC 8200 §4.5): fragment offset zero.
+fn first_fragment(frame: &[u8], l: &Layers) -> bool {
+    let ip = &frame[usize::from(l.l3)..];
+    match l.l3_kind {
+        L3::V4 => ipv4::Packet::new_unchecked(ip).frag_offset() == 0,
+        L3::V6 => ipv6::Packet::new_unchecked(ip)
+            .upper_layer()
+            .is_ok_and(|u| u.l4_present),
+        L3::None => false,
     }
 }
 
