@@ -20,7 +20,7 @@
 use crate::engine::prefetch::prefetch_span;
 use crate::lang::classbench::ClassBenchRule;
 use arc_swap::ArcSwap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Fields of the 5-tuple classifier, in key order: source and destination address,
@@ -684,24 +684,51 @@ impl<const N: usize> FixedClassifier<N> {
 }
 
 /// Rules by priority (their index), trees over them, and the updates since they were
-/// built. Lookups (`&self`, any number of threads) never wait for a writer: they load the
-/// current trees and the list of added rules, each an immutable snapshot swapped
-/// atomically (`ArcSwap`); a deletion or a revival is one atomic bit flip; a new rule
-/// publishes a new copy of the short added list; a rebuild publishes new trees first and
-/// then empties the list, so a reader never misses a rule. Writers take turns on a mutex.
+/// built. Lookups (`&self`, any number of threads) never wait for a writer: they load one
+/// immutable snapshot, the trees with the list of rules added beside them, swapped
+/// atomically (`ArcSwap`), so a rebuild that folds the list into new trees is seen whole
+/// or not at all. A deletion or a revival is one atomic bit flip in the trees; a new or
+/// replaced rule publishes a new list in one step. Writers take turns on a mutex.
 #[derive(Debug)]
 pub struct Classifier<const N: usize = FIELDS> {
     space: Space<N>,
-    built: ArcSwap<Built<N>>,
-    added: ArcSwap<Vec<(u32, Rule<N>)>>,
+    view: ArcSwap<View<N>>,
     /// The current rules by id; its lock orders the writers.
     rules: Mutex<Vec<Option<Rule<N>>>>,
+}
+
+/// What a lookup reads: the trees and the rules added beside them since they were built
+/// (checked linearly; sorted by id).
+#[derive(Debug)]
+struct View<const N: usize> {
+    built: Arc<Built<N>>,
+    added: Vec<(u32, Rule<N>)>,
+}
+
+impl<const N: usize> View<N> {
+    /// The first rule of the list that matches.
+    #[inline]
+    fn added_match(&self, k: &Key<N>) -> Option<u32> {
+        self.added
+            .iter()
+            .find(|(_, r)| r.matches(k))
+            .map(|(id, _)| *id)
+    }
 }
 
 #[inline]
 fn is_dead(dead: &[AtomicU64], id: u32) -> bool {
     dead.get(id as usize / 64)
         .is_some_and(|w| w.load(Ordering::Relaxed) >> (id % 64) & 1 == 1)
+}
+
+/// Puts `(id, rule)` in a list sorted by id, replacing the entry of `id` if any.
+fn put_sorted<const N: usize>(list: &mut Vec<(u32, Rule<N>)>, id: u32, rule: Rule<N>) {
+    let at = list.partition_point(|(p, _)| *p < id);
+    match list.get_mut(at) {
+        Some(e) if e.0 == id => e.1 = rule,
+        _ => list.insert(at, (id, rule)),
+    }
 }
 
 impl Classifier {
@@ -716,9 +743,11 @@ impl<const N: usize> Classifier<N> {
     pub fn with_space(space: Space<N>, rules: &[Rule<N>]) -> Classifier<N> {
         let all: Vec<Option<Rule<N>>> = rules.iter().copied().map(Some).collect();
         Classifier {
-            built: ArcSwap::from_pointee(build(&all, &space)),
+            view: ArcSwap::from_pointee(View {
+                built: Arc::new(build(&all, &space)),
+                added: Vec::new(),
+            }),
             space,
-            added: ArcSwap::from_pointee(Vec::new()),
             rules: Mutex::new(all),
         }
     }
@@ -735,8 +764,10 @@ impl<const N: usize> Classifier<N> {
     }
 
     fn rebuild_locked(&self, rules: &[Option<Rule<N>>]) {
-        self.built.store(Arc::new(build(rules, &self.space)));
-        self.added.store(Arc::new(Vec::new()));
+        self.view.store(Arc::new(View {
+            built: Arc::new(build(rules, &self.space)),
+            added: Vec::new(),
+        }));
     }
 
     /// Number of live rules.
@@ -750,19 +781,20 @@ impl<const N: usize> Classifier<N> {
 
     /// Updates waiting for [`Classifier::rebuild`].
     pub fn pending_updates(&self) -> usize {
-        let dead: usize = self
+        let view = self.view.load();
+        let dead: usize = view
             .built
-            .load()
             .dead
             .iter()
             .map(|w| w.load(Ordering::Relaxed).count_ones() as usize)
             .sum();
-        self.added.load().len() + dead
+        view.added.len() + dead
     }
 
     /// Bytes of lookup structure.
     pub fn memory_bytes(&self) -> usize {
-        let b = self.built.load();
+        let view = self.view.load();
+        let b = &view.built;
         let trees: usize = b
             .trees
             .iter()
@@ -774,123 +806,149 @@ impl<const N: usize> Classifier<N> {
         trees + b.dead.len() * 8
     }
 
-    /// Publishes the added list with `f` applied.
-    fn edit_added(&self, f: impl FnOnce(&mut Vec<(u32, Rule<N>)>)) -> usize {
-        let mut list = Vec::clone(&self.added.load());
-        f(&mut list);
-        let n = list.len();
-        self.added.store(Arc::new(list));
-        n
+    /// Publishes the list beside `built` (the current trees) with `f` applied, in one
+    /// step: its length, and rebuilds when it outgrows `MAX_ADDED`.
+    fn edit_added(
+        &self,
+        rules: &[Option<Rule<N>>],
+        built: &Arc<Built<N>>,
+        f: impl FnOnce(&mut Vec<(u32, Rule<N>)>),
+    ) {
+        let mut added = self.view.load().added.clone();
+        f(&mut added);
+        let n = added.len();
+        self.view.store(Arc::new(View {
+            built: Arc::clone(built),
+            added,
+        }));
+        if n > MAX_ADDED {
+            self.rebuild_locked(rules);
+        }
     }
 
-    /// Sets the rule of priority `id` (replacing any). A rule the trees already hold
-    /// (deleted, now back) is revived in place; others wait in a list beside the trees,
-    /// folded in by a rebuild once it grows past `MAX_ADDED`.
+    /// Sets the rule of priority `id`, replacing any: a reader finds the old rule or the
+    /// new one at every moment, never neither. A rule the trees already hold (deleted,
+    /// now back) is revived in place; others go in the list beside the trees, folded in
+    /// by a rebuild once it grows past `MAX_ADDED`.
     pub fn insert(&self, id: u32, rule: Rule<N>) {
         let mut rules = self.lock();
         let i = id as usize;
         if i >= rules.len() {
             rules.resize(i + 1, None);
         }
-        self.remove_locked(&mut rules, id);
-        rules[i] = Some(rule);
-        let built = self.built.load();
-        if built.rules.get(i).copied().flatten() == Some(rule) {
+        // The snapshot's guard, not a new reference: a count bumped per update would sit
+        // in the cache line the readers read the trees from.
+        let view = self.view.load();
+        let built = &view.built;
+        let old = rules[i].replace(rule);
+        let as_built = built.rules.get(i).copied().flatten();
+        if as_built == Some(rule) {
             // The trees hold the rule again, except in regions a rule covering them hid
-            // it from: if such a rule is dead now, the rule also goes in the list beside
-            // the trees (first, so no reader misses it there).
+            // it from: if such a rule is dead now, the rule goes in the list too. It
+            // comes alive in the trees first and leaves the list (where an older rule of
+            // the id may be) after, so readers find one or the other throughout.
             let from = built.hidden_by.partition_point(|(h, _)| *h < id);
             let uncovered = built.hidden_by[from..]
                 .iter()
                 .take_while(|(h, _)| *h == id)
                 .any(|&(_, c)| is_dead(&built.dead, c));
-            let n = if uncovered {
-                self.edit_added(|l| {
-                    let at = l.partition_point(|(p, _)| *p < id);
-                    l.insert(at, (id, rule));
-                })
-            } else {
-                0
-            };
-            built.dead[i / 64].fetch_and(!(1 << (i % 64)), Ordering::Relaxed);
-            if n > MAX_ADDED {
-                self.rebuild_locked(&rules);
+            built.dead[i / 64].fetch_and(!(1 << (i % 64)), Ordering::Release);
+            let in_list = view.added.iter().any(|(p, _)| *p == id);
+            if uncovered || in_list {
+                self.edit_added(&rules, built, |l| {
+                    if uncovered {
+                        put_sorted(l, id, rule);
+                    } else {
+                        l.retain(|(p, _)| *p != id);
+                    }
+                });
             }
             return;
         }
-        let n = self.edit_added(|l| {
-            let at = l.partition_point(|(p, _)| *p < id);
-            l.insert(at, (id, rule));
+        // The new rule replaces the id's entry in the list, with, when the trees' rule of
+        // the id is the one going, the rules it hid there; that rule dies after.
+        let hidden = if old.is_some() && old == as_built {
+            self.hidden_by_rule(&rules, built, id)
+        } else {
+            Vec::new()
+        };
+        self.edit_added(&rules, built, |l| {
+            put_sorted(l, id, rule);
+            for (h, r) in hidden {
+                put_sorted(l, h, r);
+            }
         });
-        if n > MAX_ADDED {
-            self.rebuild_locked(&rules);
+        if as_built.is_some() {
+            built.dead[i / 64].fetch_or(1 << (i % 64), Ordering::Release);
         }
+    }
+
+    /// The live rules that the trees' rule `id` hides in some of their regions.
+    fn hidden_by_rule(
+        &self,
+        rules: &[Option<Rule<N>>],
+        built: &Built<N>,
+        id: u32,
+    ) -> Vec<(u32, Rule<N>)> {
+        let from = built.covering.partition_point(|(c, _)| *c < id);
+        built.covering[from..]
+            .iter()
+            .take_while(|(c, _)| *c == id)
+            .filter_map(|&(_, h)| rules[h as usize].map(|r| (h, r)))
+            .collect()
     }
 
     /// Removes the rule of priority `id`; false if there was none.
     pub fn remove(&self, id: u32) -> bool {
         let mut rules = self.lock();
-        self.remove_locked(&mut rules, id)
-    }
-
-    fn remove_locked(&self, rules: &mut [Option<Rule<N>>], id: u32) -> bool {
         let i = id as usize;
-        if rules.get(i).copied().flatten().is_none() {
+        let Some(old) = rules.get_mut(i).and_then(Option::take) else {
             return false;
+        };
+        let view = self.view.load();
+        let built = &view.built;
+        let in_list = view.added.iter().any(|(p, _)| *p == id);
+        // Where the trees hold it, rules it hid are missing from some leaves: they join
+        // the list (harmless where the trees hold them too: the best priority wins)
+        // before the rule dies, so no reader misses them.
+        let in_trees = built.rules.get(i).copied().flatten() == Some(old);
+        let hidden = if in_trees {
+            self.hidden_by_rule(&rules, built, id)
+        } else {
+            Vec::new()
+        };
+        if in_list || !hidden.is_empty() {
+            self.edit_added(&rules, built, |l| {
+                l.retain(|(p, _)| *p != id);
+                for (h, r) in hidden {
+                    put_sorted(l, h, r);
+                }
+            });
         }
-        rules[i] = None;
-        if self.added.load().iter().any(|(p, _)| *p == id) {
-            self.edit_added(|l| l.retain(|(p, _)| *p != id));
-        }
-        // The trees may hold it too (a rule can be both built in and, as a rule another
-        // deleted one hid, copied beside them).
-        let built = self.built.load();
-        if built.rules.get(i).copied().flatten().is_some() {
-            // Rules it hid are missing from some leaves: they join the list beside the
-            // trees first (harmless where the trees hold them too: the best priority
-            // wins), then the rule dies, so no reader misses them.
-            let from = built.covering.partition_point(|(c, _)| *c < id);
-            let hidden: Vec<(u32, Rule<N>)> = built.covering[from..]
-                .iter()
-                .take_while(|(c, _)| *c == id)
-                .filter_map(|&(_, h)| rules[h as usize].map(|r| (h, r)))
-                .collect();
-            let n = if hidden.is_empty() {
-                0
-            } else {
-                self.edit_added(|l| {
-                    for (h, r) in hidden {
-                        let at = l.partition_point(|(p, _)| *p < h);
-                        if l.get(at).is_none_or(|(p, _)| *p != h) {
-                            l.insert(at, (h, r));
-                        }
-                    }
-                })
-            };
-            built.dead[i / 64].fetch_or(1 << (i % 64), Ordering::Relaxed);
-            if n > MAX_ADDED {
-                self.rebuild_locked(rules);
-            }
+        if in_trees {
+            built.dead[i / 64].fetch_or(1 << (i % 64), Ordering::Release);
         }
         true
     }
 
     /// Rules that hide others in some region of the trees.
     pub fn covering_rules(&self) -> usize {
-        let mut ids: Vec<u32> = self.built.load().covering.iter().map(|(c, _)| *c).collect();
+        let view = self.view.load();
+        let mut ids: Vec<u32> = view.built.covering.iter().map(|(c, _)| *c).collect();
         ids.dedup();
         ids.len()
     }
 
     /// Number of trees (rule groups).
     pub fn trees(&self) -> usize {
-        self.built.load().trees.len()
+        self.view.load().built.trees.len()
     }
 
     /// Per tree: (depth, nodes, rule copies in leaves).
     pub fn tree_shapes(&self) -> Vec<(usize, usize, usize)> {
-        self.built
+        self.view
             .load()
+            .built
             .trees
             .iter()
             .map(|(_, t)| (t.depth, t.nodes.len(), t.leaf.len()))
@@ -900,25 +958,45 @@ impl<const N: usize> Classifier<N> {
     /// The priority (index) of the first rule that matches.
     #[inline]
     pub fn classify(&self, k: &Key<N>) -> Option<u32> {
-        let found = self.built.load().classify(k);
-        let added = self.added.load();
-        let extra = added.iter().find(|(_, r)| r.matches(k)).map(|(id, _)| *id);
-        match (found, extra) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let mut found = None;
+        self.read(|view| {
+            found = match (view.built.classify(k), view.added_match(k)) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            }
+        });
+        found
     }
 
     /// Classifies a batch of keys; `out[i]` is the answer for `keys[i]`. The trees are
     /// descended for the whole batch at once (see `Tree::lookup_batch`).
     pub fn classify_batch(&self, keys: &[Key<N>], out: &mut [Option<u32>]) {
-        self.built.load().classify_batch(keys, out);
-        let added = self.added.load();
-        if !added.is_empty() {
-            for (k, o) in keys.iter().zip(out.iter_mut()) {
-                if let Some((id, _)) = added.iter().find(|(_, r)| r.matches(k)) {
-                    *o = Some(o.map_or(*id, |f| f.min(*id)));
+        self.read(|view| {
+            view.built.classify_batch(keys, out);
+            if !view.added.is_empty() {
+                for (k, o) in keys.iter().zip(out.iter_mut()) {
+                    if let Some(id) = view.added_match(k) {
+                        *o = Some(o.map_or(id, |f| f.min(id)));
+                    }
                 }
+            }
+        });
+    }
+
+    /// Runs `lookup` on the current snapshot until no writer published another while it
+    /// ran. The trees' dead bits are shared by every snapshot of the same trees, and a
+    /// writer flips one (with release ordering) only after publishing what makes up for
+    /// it (a replacement, the rules a deleted one hid): a lookup that saw the bit sees,
+    /// after its acquire fence, that its snapshot is no longer current, and looks again.
+    /// Bit flips alone (deletions, revivals) publish nothing and retry nothing.
+    #[inline]
+    fn read(&self, mut lookup: impl FnMut(&View<N>)) {
+        loop {
+            let view = self.view.load();
+            lookup(&view);
+            fence(Ordering::Acquire);
+            if std::ptr::eq(&**view, &**self.view.load()) {
+                return;
             }
         }
     }
@@ -1171,6 +1249,45 @@ mod tests {
                 for (o, ok) in out.iter().zip(&allowed) {
                     assert!(ok.contains(o), "{o:?} not in {ok:?}");
                 }
+            }
+        });
+    }
+
+    /// Neither a replacement nor a rebuild that folds the rules added beside the trees
+    /// into new ones hides a rule from a reader at any moment: one rule, replaced again
+    /// and again by a new one that matches the same keys (so each goes in beside the
+    /// trees), is always what a key only it matches finds, while rules new to the trees
+    /// keep filling the list past `MAX_ADDED` (a rebuild every few rounds).
+    #[test]
+    fn replacements_and_rebuilds_hide_no_rule_from_readers() {
+        let only = |port: u32| Rule {
+            lo: [0x0b00_0000, 0, 0, port, 0],
+            hi: [0x0b00_0000, u32::MAX, 65535, port, 255],
+            masked: Default::default(),
+        };
+        let base: Vec<Rule> = (0..100u32).map(|i| only(1000 + i)).collect();
+        let c = Classifier::new(&base);
+        let id = 50u32;
+        let key = Key::new(0x0b00_0000, 1, 2, 7, 6);
+        c.insert(id, only(7));
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for round in 0..400u32 {
+                    for extra in 0..40 {
+                        let n = round * 40 + extra;
+                        c.insert(200 + n % 2000, only(3000 + n % 20_000));
+                    }
+                    let hi = [0x0b00_0000, u32::MAX - round % 2, 65535, 7, 255];
+                    c.insert(id, Rule { hi, ..only(7) });
+                }
+                done.store(true, Ordering::Relaxed);
+            });
+            let mut out = [None];
+            while !done.load(Ordering::Relaxed) {
+                assert_eq!(c.classify(&key), Some(id));
+                c.classify_batch(std::slice::from_ref(&key), &mut out);
+                assert_eq!(out[0], Some(id));
             }
         });
     }
