@@ -189,9 +189,9 @@ struct RunFlags {
     /// headers fit in it (default: the pipeline's `ipfix_mtu`, else 1500).
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u16).range(i64::from(dpuflow::lang::MIN_IPFIX_MTU)..))]
     ipfix_mtu: Option<u16>,
-    /// Worker threads (default: one per core).
-    #[arg(long)]
-    workers: Option<usize>,
+    /// Worker threads, 1 to 1024 (default: one per core).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    workers: Option<u16>,
     /// Read at most this many packets per second.
     #[arg(long, value_name = "PPS", value_parser = clap::value_parser!(u64).range(1..))]
     rate: Option<u64>,
@@ -757,9 +757,10 @@ fn run(f: RunFlags) -> ExitCode {
                 .unwrap_or(default_metrics),
         ),
         ipfix,
-        workers: f
-            .workers
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        workers: f.workers.map_or_else(
+            || std::thread::available_parallelism().map_or(1, |n| n.get()),
+            usize::from,
+        ),
         rate: f.rate,
         looping: f.looping,
         batch: usize::from(f.batch),

@@ -73,6 +73,7 @@ fn numeric_flags_out_of_range_are_usage_errors() {
         &["bench", "pipelines/vxlan-gateway.pipe", "--batch", "2000"],
         &["bench", "pipelines/vxlan-gateway.pipe", "--packets", "0"],
         &["bench", "pipelines/vxlan-gateway.pipe", "--flows", "0"],
+        &["run", "pipelines/vxlan-gateway.pipe", "--workers", "0"],
         &["bench", "pipelines/vxlan-gateway.pipe", "--size", "9217"],
     ] {
         assert_usage_error(args, "invalid value");
