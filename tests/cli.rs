@@ -93,6 +93,8 @@ fn bad_collectors_are_refused_at_start() {
         "collector",
         "collector:65536",
         "x-.example:1",
+        // Nothing can be sent to port 0: the export went nowhere, saying nothing.
+        "127.0.0.1:0",
     ] {
         assert_usage_error(&run(bad), "invalid value");
     }

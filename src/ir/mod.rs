@@ -518,18 +518,25 @@ impl std::str::FromStr for HostPort {
     type Err = &'static str;
 
     /// `IP:PORT` (an IPv6 address in brackets) or `NAME:PORT`, NAME a DNS name (RFC 1123
-    /// §2.1: labels of letters, digits and inner hyphens, at most 63 bytes, 253 in all).
+    /// §2.1: labels of letters, digits and inner hyphens, at most 63 bytes, 253 in all);
+    /// PORT 1 to 65535 (nothing can be sent to port 0).
     fn from_str(s: &str) -> Result<HostPort, &'static str> {
+        const NO_PORT_ZERO: &str = "the port is 0: a collector listens on 1 to 65535";
         if let Ok(a) = s.parse::<SocketAddr>() {
+            if a.port() == 0 {
+                return Err(NO_PORT_ZERO);
+            }
             return Ok(HostPort {
                 host: a.ip().to_string(),
                 port: a.port(),
             });
         }
         let (host, port) = s.rsplit_once(':').ok_or("no port: write HOST:PORT")?;
-        let port = port
-            .parse()
-            .map_err(|_| "the port is not a number up to 65535")?;
+        let port = match port.parse() {
+            Ok(0) => return Err(NO_PORT_ZERO),
+            Ok(p) => p,
+            Err(_) => return Err("the port is not a number up to 65535"),
+        };
         let label_ok = |l: &str| {
             (1..=63).contains(&l.len())
                 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
@@ -681,6 +688,9 @@ mod tests {
             "collector",
             "collector:",
             "collector:70000",
+            "collector:0",
+            "192.0.2.7:0",
+            "[2001:db8::7]:0",
             ":4739",
             "a..b:4739",
             "-a:4739",
@@ -707,7 +717,7 @@ mod tests {
             labels in proptest::collection::vec("[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?", 1..5),
             v4 in proptest::prelude::any::<[u8; 4]>(),
             v6 in proptest::prelude::any::<[u16; 8]>(),
-            port in proptest::prelude::any::<u16>(),
+            port in 1..=u16::MAX,
             noise in "\\PC{0,40}",
         ) {
             let v6 = std::net::Ipv6Addr::from(v6).to_string();
