@@ -59,6 +59,38 @@ proptest! {
     }
 }
 
+proptest! {
+    /// First fragments whose L4 header is cut anywhere, their addresses rewritten
+    /// (tests/data/fragment-rewrite.pipe): no panic, and only the IPv4 header and, where
+    /// the fragment holds it, the L4 checksum change.
+    #[test]
+    fn rewritten_first_fragments_of_any_length(proto in prop_oneof![Just(6u8), Just(17u8)], l4 in proptest::collection::vec(any::<u8>(), 0..40)) {
+        let p = program("tests/data/fragment-rewrite.pipe");
+        let mut engine = Engine::new(&p);
+        let mut frame = vec![0u8; 12];
+        frame.extend_from_slice(&0x0800u16.to_be_bytes());
+        let total = (20 + l4.len()) as u16;
+        frame.extend_from_slice(&[0x45, 0]);
+        frame.extend_from_slice(&total.to_be_bytes());
+        // Identification, then more fragments set at offset 0: a first fragment.
+        frame.extend_from_slice(&[0, 7, 0x20, 0, 64, proto, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2]);
+        frame.extend_from_slice(&l4);
+        let mut pkt = PacketBuf::new(9216);
+        assert!(pkt.load(&frame, PortId(0), 1));
+        engine.process(std::slice::from_mut(&mut pkt), &mut NoObserver);
+        prop_assert!(matches!(pkt.verdict, Verdict::Forward(_)));
+        let out = pkt.data();
+        prop_assert_eq!(out.len(), frame.len());
+        prop_assert_eq!(&out[30..34], &[10, 0, 0, 99]);
+        let checksum_at = 34 + if proto == 6 { 16 } else { 6 };
+        for (i, (a, b)) in frame.iter().zip(out).enumerate().skip(34) {
+            if a != b {
+                prop_assert!(i == checksum_at || i == checksum_at + 1, "byte {} changed", i);
+            }
+        }
+    }
+}
+
 #[test]
 fn truncation_at_every_offset_is_dropped_as_malformed() {
     for (path, port) in [
