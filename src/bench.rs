@@ -99,16 +99,27 @@ pub struct AclReport {
     pub matched: u64,
 }
 
+/// What the second thread of an ACL benchmark does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AclUpdates {
+    /// Deletes and re-inserts random rules of the set (the trees hold them: bit flips).
+    Churn,
+    /// Inserts copies of random rules at priorities after the set's, over the same 4096
+    /// ids again and again: rules new to the trees, which wait beside them until a
+    /// rebuild folds them in.
+    NewRules,
+}
+
 /// Classifies `trace` `rounds` times, `batch` keys at a time, on one core. With `updates`,
-/// a second thread meanwhile deletes and re-inserts random rules (`updates` operations),
-/// and the lookups go on until it is done: the rates are those sustained together.
+/// a second thread meanwhile makes that many rule updates of the `kind` given, and the
+/// lookups go on until it is done: the rates are those sustained together.
 pub fn acl<const N: usize>(
     c: &crate::firewall::acl::Classifier<N>,
     rules: &[crate::firewall::acl::Rule<N>],
     trace: &[crate::firewall::acl::Key<N>],
     batch: usize,
     rounds: u32,
-    updates: u64,
+    (updates, kind): (u64, AclUpdates),
 ) -> AclReport {
     use std::sync::atomic::{AtomicBool, Ordering};
     let batch = batch.max(1);
@@ -121,9 +132,18 @@ pub fn acl<const N: usize>(
                 let mut done = 0u64;
                 while done < updates {
                     let id = (rng.next_u64() % rules.len() as u64) as u32;
-                    c.remove(id);
-                    c.insert(id, rules[id as usize]);
-                    done += 2;
+                    match kind {
+                        AclUpdates::Churn => {
+                            c.remove(id);
+                            c.insert(id, rules[id as usize]);
+                            done += 2;
+                        }
+                        AclUpdates::NewRules => {
+                            let at = rules.len() as u64 + done % 4096;
+                            c.insert(at as u32, rules[id as usize]);
+                            done += 1;
+                        }
+                    }
                 }
                 updating.store(false, Ordering::Relaxed);
                 (done, start.elapsed())

@@ -140,6 +140,10 @@ enum AclCommand {
         /// while the lookups run.
         #[arg(long, default_value_t = 0)]
         updates: u64,
+        /// The updates insert rules new to the trees instead (copies of random rules at
+        /// priorities after the set's), which rebuilds fold in.
+        #[arg(long, requires = "updates")]
+        new_rules: bool,
         /// IPv6 rules and trace, in the format `dpdk-test-acl --ipv6` reads.
         #[arg(long)]
         ipv6: bool,
@@ -634,9 +638,17 @@ fn acl(command: AclCommand) -> ExitCode {
             batch,
             iter,
             updates,
+            new_rules,
             ipv6: false,
         } => match (acl::load_rules(&rules), acl::load_trace(&trace)) {
-            (Ok(r), Ok(t)) => acl_bench(acl::FIVE_TUPLE, &r, &t, batch, iter, updates),
+            (Ok(r), Ok(t)) => acl_bench(
+                acl::FIVE_TUPLE,
+                &r,
+                &t,
+                batch,
+                iter,
+                updates_of(updates, new_rules),
+            ),
             (Err(e), _) | (_, Err(e)) => fail(e),
         },
         AclCommand::Bench {
@@ -645,12 +657,34 @@ fn acl(command: AclCommand) -> ExitCode {
             batch,
             iter,
             updates,
+            new_rules,
             ipv6: true,
         } => match (acl::load_rules_v6(&rules), acl::load_trace_v6(&trace)) {
-            (Ok(r), Ok(t)) => acl_bench(acl::IPV6_FIVE_TUPLE, &r, &t, batch, iter, updates),
+            (Ok(r), Ok(t)) => acl_bench(
+                acl::IPV6_FIVE_TUPLE,
+                &r,
+                &t,
+                batch,
+                iter,
+                updates_of(updates, new_rules),
+            ),
             (Err(e), _) | (_, Err(e)) => fail(e),
         },
     }
+}
+
+/// The updates `acl bench` makes while it looks up: `n` of them, of rules new to the
+/// trees with `--new-rules`.
+fn updates_of(n: u64, new_rules: bool) -> (u64, dpuflow::bench::AclUpdates) {
+    use dpuflow::bench::AclUpdates;
+    (
+        n,
+        if new_rules {
+            AclUpdates::NewRules
+        } else {
+            AclUpdates::Churn
+        },
+    )
 }
 
 /// `dpuflow acl bench` over any key layout.
@@ -660,7 +694,7 @@ fn acl_bench<const N: usize>(
     trace: &[dpuflow::firewall::acl::Key<N>],
     batch: usize,
     iter: u32,
-    updates: u64,
+    updates: (u64, dpuflow::bench::AclUpdates),
 ) -> ExitCode {
     let start = std::time::Instant::now();
     let c = dpuflow::firewall::acl::Classifier::with_space(space, rules);
@@ -685,11 +719,12 @@ fn acl_bench<const N: usize>(
         r.lookups as f64 / r.elapsed.as_secs_f64() / 1e6,
         r.matched
     );
-    if updates > 0 {
+    if updates.0 > 0 {
         println!(
-            "updates (second thread, while the lookups ran): {} in {:.3} s: {:.2} M/s",
+            "updates (second thread, while the lookups ran): {} in {:.3} s: {:.0}/s ({:.2} M/s)",
             r.updates,
             r.update_time.as_secs_f64(),
+            r.updates as f64 / r.update_time.as_secs_f64(),
             r.updates as f64 / r.update_time.as_secs_f64() / 1e6
         );
     }

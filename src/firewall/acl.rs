@@ -706,13 +706,19 @@ struct View<const N: usize> {
 }
 
 impl<const N: usize> View<N> {
-    /// The first rule of the list that matches.
+    /// The first rule that matches, of the list's rules ahead of `found` (a match
+    /// already in hand): the list is in priority order, so the scan stops where it
+    /// could no longer better `found`, and rules added after a set's own (a common case)
+    /// cost keys the trees matched nothing.
     #[inline]
-    fn added_match(&self, k: &Key<N>) -> Option<u32> {
-        self.added
+    fn best_of_added(&self, k: &Key<N>, found: Option<u32>) -> Option<u32> {
+        let ahead = found.map_or(self.added.len(), |f| {
+            self.added.partition_point(|(id, _)| *id < f)
+        });
+        self.added[..ahead]
             .iter()
             .find(|(_, r)| r.matches(k))
-            .map(|(id, _)| *id)
+            .map_or(found, |(id, _)| Some(*id))
     }
 }
 
@@ -959,12 +965,7 @@ impl<const N: usize> Classifier<N> {
     #[inline]
     pub fn classify(&self, k: &Key<N>) -> Option<u32> {
         let mut found = None;
-        self.read(|view| {
-            found = match (view.built.classify(k), view.added_match(k)) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            }
-        });
+        self.read(|view| found = view.best_of_added(k, view.built.classify(k)));
         found
     }
 
@@ -975,9 +976,7 @@ impl<const N: usize> Classifier<N> {
             view.built.classify_batch(keys, out);
             if !view.added.is_empty() {
                 for (k, o) in keys.iter().zip(out.iter_mut()) {
-                    if let Some(id) = view.added_match(k) {
-                        *o = Some(o.map_or(id, |f| f.min(id)));
-                    }
+                    *o = view.best_of_added(k, *o);
                 }
             }
         });
