@@ -21,7 +21,7 @@ use crate::engine::prefetch::prefetch_span;
 use crate::lang::classbench::ClassBenchRule;
 use arc_swap::ArcSwap;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// Fields of the 5-tuple classifier, in key order: source and destination address,
 /// source and destination port, protocol. Classifiers over other fields use another `N`.
@@ -289,6 +289,10 @@ pub fn load_trace_v6(path: &std::path::Path) -> Result<Vec<Key<IPV6_FIELDS>>, St
 
 /// Inserted rules kept beside the trees (checked linearly) before a rebuild folds them in.
 const MAX_ADDED: usize = 256;
+
+/// How long the list may grow while a rebuild runs before writers wait for it: lookups
+/// scan it (the part of it ahead of each key's match in the trees).
+const MAX_PENDING: usize = 4 * MAX_ADDED;
 
 /// Rules a leaf may hold before the builder tries to split it.
 const LEAF_RULES: usize = 3;
@@ -692,9 +696,26 @@ impl<const N: usize> FixedClassifier<N> {
 #[derive(Debug)]
 pub struct Classifier<const N: usize = FIELDS> {
     space: Space<N>,
-    view: ArcSwap<View<N>>,
-    /// The current rules by id; its lock orders the writers.
-    rules: Mutex<Vec<Option<Rule<N>>>>,
+    /// Shared with the rebuild running in the background, if any, as are the others.
+    view: Arc<ArcSwap<View<N>>>,
+    /// The current rules; its lock orders the writers (and a rebuild's publication).
+    writer: Arc<Mutex<Writer<N>>>,
+    /// Signalled whenever a background rebuild publishes.
+    rebuilt: Arc<Condvar>,
+}
+
+/// What writers keep under their lock.
+#[derive(Debug)]
+struct Writer<const N: usize> {
+    /// The current rules by id.
+    rules: Vec<Option<Rule<N>>>,
+    /// A rebuild is running in the background.
+    rebuilding: bool,
+}
+
+fn lock_writer<const N: usize>(m: &Mutex<Writer<N>>) -> MutexGuard<'_, Writer<N>> {
+    // A writer that panicked left the rules as they were: carry on with them.
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// What a lookup reads: the trees and the rules added beside them since they were built
@@ -749,36 +770,69 @@ impl<const N: usize> Classifier<N> {
     pub fn with_space(space: Space<N>, rules: &[Rule<N>]) -> Classifier<N> {
         let all: Vec<Option<Rule<N>>> = rules.iter().copied().map(Some).collect();
         Classifier {
-            view: ArcSwap::from_pointee(View {
+            view: Arc::new(ArcSwap::from_pointee(View {
                 built: Arc::new(build(&all, &space)),
                 added: Vec::new(),
-            }),
+            })),
             space,
-            rules: Mutex::new(all),
+            writer: Arc::new(Mutex::new(Writer {
+                rules: all,
+                rebuilding: false,
+            })),
+            rebuilt: Arc::new(Condvar::new()),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Option<Rule<N>>>> {
-        // A writer that panicked left the rules as they were: carry on with them.
-        self.rules.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Writer<N>> {
+        lock_writer(&self.writer)
     }
 
-    /// Folds every update into new trees.
+    /// Folds every update into new trees, here and now (after any rebuild running in the
+    /// background).
     pub fn rebuild(&self) {
-        let rules = self.lock();
-        self.rebuild_locked(&rules);
-    }
-
-    fn rebuild_locked(&self, rules: &[Option<Rule<N>>]) {
+        let mut w = self.lock();
+        while w.rebuilding {
+            w = self.rebuilt.wait(w).unwrap_or_else(|e| e.into_inner());
+        }
         self.view.store(Arc::new(View {
-            built: Arc::new(build(rules, &self.space)),
+            built: Arc::new(build(&w.rules, &self.space)),
             added: Vec::new(),
         }));
     }
 
+    /// After a write that left `listed` rules in the list: starts a rebuild in the
+    /// background once the list outgrows `MAX_ADDED` (the writer goes on), and past
+    /// `MAX_PENDING` waits for it, so the list lookups scan stays short.
+    fn settle(&self, mut w: MutexGuard<'_, Writer<N>>, listed: usize) {
+        if listed > MAX_ADDED && !w.rebuilding {
+            w.rebuilding = true;
+            let job = Rebuild {
+                space: self.space,
+                view: Arc::clone(&self.view),
+                writer: Arc::clone(&self.writer),
+                rebuilt: Arc::clone(&self.rebuilt),
+            };
+            let snapshot = w.rules.clone();
+            let spawned = std::thread::Builder::new()
+                .name("acl-rebuild".into())
+                .spawn(move || job.run(snapshot));
+            if spawned.is_err() {
+                // No thread to be had: rebuild here.
+                self.view.store(Arc::new(View {
+                    built: Arc::new(build(&w.rules, &self.space)),
+                    added: Vec::new(),
+                }));
+                w.rebuilding = false;
+            }
+        }
+        while w.rebuilding && self.view.load().added.len() > MAX_PENDING {
+            w = self.rebuilt.wait(w).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
     /// Number of live rules.
     pub fn len(&self) -> usize {
-        self.lock().iter().filter(|r| r.is_some()).count()
+        self.lock().rules.iter().filter(|r| r.is_some()).count()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -813,23 +867,16 @@ impl<const N: usize> Classifier<N> {
     }
 
     /// Publishes the list beside `built` (the current trees) with `f` applied, in one
-    /// step: its length, and rebuilds when it outgrows `MAX_ADDED`.
-    fn edit_added(
-        &self,
-        rules: &[Option<Rule<N>>],
-        built: &Arc<Built<N>>,
-        f: impl FnOnce(&mut Vec<(u32, Rule<N>)>),
-    ) {
+    /// step: its length.
+    fn edit_added(&self, built: &Arc<Built<N>>, f: impl FnOnce(&mut Vec<(u32, Rule<N>)>)) -> usize {
         let mut added = self.view.load().added.clone();
         f(&mut added);
-        let n = added.len();
+        let listed = added.len();
         self.view.store(Arc::new(View {
             built: Arc::clone(built),
             added,
         }));
-        if n > MAX_ADDED {
-            self.rebuild_locked(rules);
-        }
+        listed
     }
 
     /// Sets the rule of priority `id`, replacing any: a reader finds the old rule or the
@@ -837,16 +884,17 @@ impl<const N: usize> Classifier<N> {
     /// now back) is revived in place; others go in the list beside the trees, folded in
     /// by a rebuild once it grows past `MAX_ADDED`.
     pub fn insert(&self, id: u32, rule: Rule<N>) {
-        let mut rules = self.lock();
+        let mut w = self.lock();
         let i = id as usize;
-        if i >= rules.len() {
-            rules.resize(i + 1, None);
+        if i >= w.rules.len() {
+            w.rules.resize(i + 1, None);
         }
         // The snapshot's guard, not a new reference: a count bumped per update would sit
         // in the cache line the readers read the trees from.
         let view = self.view.load();
         let built = &view.built;
-        let old = rules[i].replace(rule);
+        let mut listed = view.added.len();
+        let old = w.rules[i].replace(rule);
         let as_built = built.rules.get(i).copied().flatten();
         if as_built == Some(rule) {
             // The trees hold the rule again, except in regions a rule covering them hid
@@ -861,7 +909,7 @@ impl<const N: usize> Classifier<N> {
             built.dead[i / 64].fetch_and(!(1 << (i % 64)), Ordering::Release);
             let in_list = view.added.iter().any(|(p, _)| *p == id);
             if uncovered || in_list {
-                self.edit_added(&rules, built, |l| {
+                listed = self.edit_added(built, |l| {
                     if uncovered {
                         put_sorted(l, id, rule);
                     } else {
@@ -869,62 +917,51 @@ impl<const N: usize> Classifier<N> {
                     }
                 });
             }
-            return;
-        }
-        // The new rule replaces the id's entry in the list, with, when the trees' rule of
-        // the id is the one going, the rules it hid there; that rule dies after.
-        let hidden = if old.is_some() && old == as_built {
-            self.hidden_by_rule(&rules, built, id)
         } else {
-            Vec::new()
-        };
-        self.edit_added(&rules, built, |l| {
-            put_sorted(l, id, rule);
-            for (h, r) in hidden {
-                put_sorted(l, h, r);
+            // The new rule replaces the id's entry in the list, with, when the trees'
+            // rule of the id is the one going, the rules it hid there; that rule dies
+            // after.
+            let hidden = if old.is_some() && old == as_built {
+                hidden_by(built, &w.rules, id)
+            } else {
+                Vec::new()
+            };
+            listed = self.edit_added(built, |l| {
+                put_sorted(l, id, rule);
+                for (h, r) in hidden {
+                    put_sorted(l, h, r);
+                }
+            });
+            if as_built.is_some() {
+                built.dead[i / 64].fetch_or(1 << (i % 64), Ordering::Release);
             }
-        });
-        if as_built.is_some() {
-            built.dead[i / 64].fetch_or(1 << (i % 64), Ordering::Release);
         }
-    }
-
-    /// The live rules that the trees' rule `id` hides in some of their regions.
-    fn hidden_by_rule(
-        &self,
-        rules: &[Option<Rule<N>>],
-        built: &Built<N>,
-        id: u32,
-    ) -> Vec<(u32, Rule<N>)> {
-        let from = built.covering.partition_point(|(c, _)| *c < id);
-        built.covering[from..]
-            .iter()
-            .take_while(|(c, _)| *c == id)
-            .filter_map(|&(_, h)| rules[h as usize].map(|r| (h, r)))
-            .collect()
+        drop(view);
+        self.settle(w, listed);
     }
 
     /// Removes the rule of priority `id`; false if there was none.
     pub fn remove(&self, id: u32) -> bool {
-        let mut rules = self.lock();
+        let mut w = self.lock();
         let i = id as usize;
-        let Some(old) = rules.get_mut(i).and_then(Option::take) else {
+        let Some(old) = w.rules.get_mut(i).and_then(Option::take) else {
             return false;
         };
         let view = self.view.load();
         let built = &view.built;
+        let mut listed = view.added.len();
         let in_list = view.added.iter().any(|(p, _)| *p == id);
         // Where the trees hold it, rules it hid are missing from some leaves: they join
         // the list (harmless where the trees hold them too: the best priority wins)
         // before the rule dies, so no reader misses them.
         let in_trees = built.rules.get(i).copied().flatten() == Some(old);
         let hidden = if in_trees {
-            self.hidden_by_rule(&rules, built, id)
+            hidden_by(built, &w.rules, id)
         } else {
             Vec::new()
         };
         if in_list || !hidden.is_empty() {
-            self.edit_added(&rules, built, |l| {
+            listed = self.edit_added(built, |l| {
                 l.retain(|(p, _)| *p != id);
                 for (h, r) in hidden {
                     put_sorted(l, h, r);
@@ -934,6 +971,8 @@ impl<const N: usize> Classifier<N> {
         if in_trees {
             built.dead[i / 64].fetch_or(1 << (i % 64), Ordering::Release);
         }
+        drop(view);
+        self.settle(w, listed);
         true
     }
 
@@ -999,6 +1038,96 @@ impl<const N: usize> Classifier<N> {
             }
         }
     }
+}
+
+/// The live `rules` that the trees' rule `id` hides in some of their regions.
+fn hidden_by<const N: usize>(
+    built: &Built<N>,
+    rules: &[Option<Rule<N>>],
+    id: u32,
+) -> Vec<(u32, Rule<N>)> {
+    let from = built.covering.partition_point(|(c, _)| *c < id);
+    built.covering[from..]
+        .iter()
+        .take_while(|(c, _)| *c == id)
+        .filter_map(|&(_, h)| rules.get(h as usize).copied().flatten().map(|r| (h, r)))
+        .collect()
+}
+
+/// A rebuild in the background: trees built from a snapshot of the rules, without the
+/// writers' lock; then, under it, the changes made meanwhile applied to them as updates
+/// (rules changed or gone die in the new trees, and with the rules they hid, rules new or
+/// changed are listed beside them) and the whole published in one step.
+struct Rebuild<const N: usize> {
+    space: Space<N>,
+    view: Arc<ArcSwap<View<N>>>,
+    writer: Arc<Mutex<Writer<N>>>,
+    rebuilt: Arc<Condvar>,
+}
+
+impl<const N: usize> Rebuild<N> {
+    fn run(self, mut snapshot: Vec<Option<Rule<N>>>) {
+        // However this ends, writers stop waiting for it.
+        let finished = Finished(&self);
+        loop {
+            let built = build(&snapshot, &self.space);
+            let w = lock_writer(&self.writer);
+            let added = catch_up(&snapshot, &w.rules, &built);
+            let again = added.len() > MAX_ADDED;
+            self.view.store(Arc::new(View {
+                built: Arc::new(built),
+                added,
+            }));
+            self.rebuilt.notify_all();
+            if !again {
+                drop(w);
+                drop(finished);
+                return;
+            }
+            snapshot = w.rules.clone();
+        }
+    }
+}
+
+/// Marks a [`Rebuild`] over when dropped (on return or on a panic).
+struct Finished<'a, const N: usize>(&'a Rebuild<N>);
+
+impl<const N: usize> Drop for Finished<'_, N> {
+    fn drop(&mut self) {
+        lock_writer(&self.0.writer).rebuilding = false;
+        self.0.rebuilt.notify_all();
+    }
+}
+
+/// The list to publish beside trees `built` from the rules `then`, now that the rules
+/// are `now`: the rules of `now` the trees lack or hold otherwise, and those the rules
+/// that changed hid in the trees. The changed rules die in `built` (no reader has it yet).
+fn catch_up<const N: usize>(
+    then: &[Option<Rule<N>>],
+    now: &[Option<Rule<N>>],
+    built: &Built<N>,
+) -> Vec<(u32, Rule<N>)> {
+    let mut added = Vec::new();
+    for i in 0..then.len().max(now.len()) {
+        let (was, is) = (
+            then.get(i).copied().flatten(),
+            now.get(i).copied().flatten(),
+        );
+        if was == is {
+            continue;
+        }
+        let id = i as u32;
+        if was.is_some() {
+            built.dead[i / 64].fetch_or(1 << (i % 64), Ordering::Relaxed);
+            for (h, r) in hidden_by(built, now, id) {
+                put_sorted(&mut added, h, r);
+            }
+        }
+        if let Some(r) = is {
+            put_sorted(&mut added, id, r);
+        }
+    }
+    added
 }
 
 /// Trees over the live `rules`: one per group, then groups merged while the merged tree
@@ -1135,6 +1264,32 @@ pub fn gen_trace(rules: &[Rule], count: usize, seed: u64) -> Vec<Key> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// One update, to the classifier and to the model: `Some(rule)` inserts it at `id`,
+    /// `None` removes the rule there (the classifier saying whether it had one).
+    fn update(
+        c: &Classifier,
+        model: &mut Vec<Option<Rule>>,
+        id: u32,
+        rule: Option<Rule>,
+    ) -> Result<(), TestCaseError> {
+        let i = id as usize;
+        match rule {
+            Some(r) => {
+                c.insert(id, r);
+                if model.len() <= i {
+                    model.resize(i + 1, None);
+                }
+                model[i] = Some(r);
+            }
+            None => {
+                let had = model.get(i).copied().flatten().is_some();
+                prop_assert_eq!(c.remove(id), had);
+                model.get_mut(i).map(Option::take);
+            }
+        }
+        Ok(())
+    }
 
     fn linear(rules: &[Option<Rule>], k: &Key) -> Option<u32> {
         rules
@@ -1292,6 +1447,78 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+        /// Long runs of updates, most of them rules new to the trees, so the list
+        /// outgrows its bound again and again and rebuilds run in the background while
+        /// the updates go on: every answer, after every update, is a linear scan's. Each
+        /// rule matches one of the keys exactly, so most updates change some key's answer
+        /// (rules matching much would hide the changes behind the first few ids).
+        #[test]
+        fn agrees_through_background_rebuilds(
+            keys in proptest::collection::vec(key(), 8),
+            base in proptest::collection::vec(0usize..8, 0..60),
+            updates in proptest::collection::vec((0u8..4, 0u32..400, 0usize..8, 0u8..3), 500..1000),
+        ) {
+            // The rule that matches `keys[k]` alone, with any protocol (`wide` 1), or with
+            // anything but its source (`wide` 2: such rules cover whole regions of the
+            // trees and hide the others there).
+            let exact = |k: usize, wide: u8| {
+                let f = keys[k].0;
+                let mut r = Rule { lo: f, hi: f, masked: Default::default() };
+                if wide > 0 {
+                    (r.lo[4], r.hi[4]) = (0, 255);
+                }
+                if wide > 1 {
+                    r.lo[1..4].copy_from_slice(&[0, 0, 0]);
+                    r.hi[1..4].copy_from_slice(&[u32::MAX, 65535, 65535]);
+                }
+                r
+            };
+            let rules: Vec<Rule> = base.iter().map(|&k| exact(k, 0)).collect();
+            let c = Classifier::new(&rules);
+            let mut model: Vec<Option<Rule>> = rules.iter().copied().map(Some).collect();
+            for (op, id, k, wide) in updates {
+                update(&c, &mut model, id, (op > 0).then(|| exact(k, wide)))?;
+                for k in &keys {
+                    prop_assert_eq!(c.classify(k), linear(&model, k));
+                }
+            }
+            c.rebuild();
+            prop_assert_eq!(c.pending_updates(), 0);
+            let mut out = vec![None; keys.len()];
+            c.classify_batch(&keys, &mut out);
+            let want: Vec<Option<u32>> = keys.iter().map(|k| linear(&model, k)).collect();
+            prop_assert_eq!(out, want);
+        }
+    }
+
+    proptest! {
+        /// A background rebuild's catching up: trees built from the rules as they were,
+        /// with the changes made since applied by `catch_up`, answer as the rules are
+        /// now, among them the rules a changed one hid in the trees.
+        #[test]
+        fn trees_caught_up_answer_as_the_rules_now_are(
+            rules in proptest::collection::vec(rule(), 1..80),
+            changes in proptest::collection::vec((0u32..100, proptest::option::of(rule())), 1..30),
+            keys in proptest::collection::vec(key(), 1..60),
+        ) {
+            let then: Vec<Option<Rule>> = rules.iter().copied().map(Some).collect();
+            let mut now = then.clone();
+            for (id, r) in changes {
+                if now.len() <= id as usize { now.resize(id as usize + 1, None); }
+                now[id as usize] = r;
+            }
+            let built = build(&then, &FIVE_TUPLE);
+            let added = catch_up(&then, &now, &built);
+            let view = View { built: Arc::new(built), added };
+            for k in &keys {
+                prop_assert_eq!(view.best_of_added(k, view.built.classify(k)), linear(&now, k));
+            }
+        }
+    }
+
+    proptest! {
         #[test]
         fn agrees_with_a_linear_scan(rules in proptest::collection::vec(rule(), 0..120), keys in proptest::collection::vec(key(), 1..60)) {
             let c = Classifier::new(&rules);
@@ -1320,15 +1547,7 @@ mod tests {
                     Some(original) if op == 2 => *original,
                     _ => r,
                 };
-                if op > 0 {
-                    c.insert(id, r);
-                    if model.len() <= id as usize { model.resize(id as usize + 1, None); }
-                    model[id as usize] = Some(r);
-                } else {
-                    let had = model.get(id as usize).copied().flatten().is_some();
-                    prop_assert_eq!(c.remove(id), had);
-                    if had { model[id as usize] = None; }
-                }
+                update(&c, &mut model, id, (op > 0).then_some(r))?;
                 if i % 17 == 16 {
                     c.rebuild();
                 }
