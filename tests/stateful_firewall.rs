@@ -11,6 +11,8 @@ const SESSIONS: &str = r#"
 C, S = "10.0.0.5", "203.0.113.10"
 EC = Ether(src="02:00:00:00:00:c1", dst="02:00:00:00:00:f1")
 ES = Ether(src="02:00:00:00:00:51", dst="02:00:00:00:00:f2")
+BIG = DNS(qr=1, qd=DNSQR(qname="example.org", qtype="TXT"),
+          an=DNSRR(rrname="example.org", type="TXT", rdata=[b"x" * 200] * 15))
 seq = [
   # TCP 443: handshake, data, teardown.
   ("in",  True,  EC/IP(src=C, dst=S)/TCP(sport=40001, dport=443, flags="S", seq=100)),
@@ -28,6 +30,14 @@ seq = [
   ("in",  True,  EC/IP(src=C, dst=S)/UDP(sport=53001, dport=53)/DNS(rd=1, qd=DNSQR(qname="example.org"))),
   ("out", True,  ES/IP(src=S, dst=C)/UDP(sport=53, dport=53001)/DNS(qr=1, qd=DNSQR(qname="example.org"))),
   ("out", False, ES/IP(src=S, dst=C)/UDP(sport=53, dport=53999)/DNS(qr=1, qd=DNSQR(qname="example.org"))),
+  # A DNS answer too big for one packet (BIG): its fragments follow its first in (the later
+  # ones take their ports from it); unsolicited, none passes; a fragment ahead of its
+  # datagram's first has no ports to go by and is dropped, the rest pass. IPv6 too.
+  *[("out", True, f) for f in fragment(ES/IP(src=S, dst=C, id=77)/UDP(sport=53, dport=53001)/BIG, fragsize=1200)],
+  *[("out", False, f) for f in fragment(ES/IP(src=S, dst=C, id=78)/UDP(sport=53, dport=53999)/BIG, fragsize=1200)],
+  *[("out", i == 0, f) for i, f in enumerate(fragment(ES/IP(src=S, dst=C, id=79)/UDP(sport=53, dport=53001)/BIG, fragsize=1200))][::-1],
+  ("in",  True,  EC/IPv6(src="2001:db8::5", dst="2001:db8:1::10")/UDP(sport=53002, dport=53)/DNS(rd=1, qd=DNSQR(qname="example.org"))),
+  *[("out", True, ES/f) for f in fragment6(IPv6(src="2001:db8:1::10", dst="2001:db8::5")/IPv6ExtHdrFragment(id=80)/UDP(sport=53, dport=53002)/BIG, 1280)],
   # Ping, and an unsolicited echo reply.
   ("in",  True,  EC/IP(src=C, dst=S)/ICMP(type=8, id=7, seq=1)),
   ("out", True,  ES/IP(src=S, dst=C)/ICMP(type=0, id=7, seq=1)),

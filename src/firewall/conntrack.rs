@@ -23,6 +23,7 @@
 
 use crate::engine::parse::{Layers, Meta, L3};
 use crate::engine::prefetch::{prefetch, prefetch_span};
+use crate::firewall::fragments::{Datagram, Fragments};
 use crate::hash::KeyedHash;
 use crate::ir::{CtTimeouts, CT_STATE_NAMES};
 use crate::sweep::Pace;
@@ -326,6 +327,8 @@ pub struct Conntrack {
     counted: Option<(usize, usize)>,
     /// An entry was removed (others may have moved) since `counted` was set.
     moved: bool,
+    /// The ports of datagrams whose first fragment passed, for their other fragments.
+    fragments: Fragments,
 }
 
 /// What [`Conntrack`] reports of its flow records.
@@ -372,6 +375,7 @@ impl Conntrack {
             export: None,
             counted: None,
             moved: false,
+            fragments: Fragments::default(),
         }
     }
 
@@ -623,10 +627,16 @@ impl Conntrack {
     /// packet notes it.
     pub fn prefetch(&self, frame: &[u8], meta: &Meta, in_port: u16) -> Option<Probe> {
         let t = tuple(frame, &meta.outer)?;
+        // A fragment after the first takes its ports in the lookup (see `Fragments`).
+        if t.fragment.is_some_and(|(_, first)| !first) {
+            return None;
+        }
         let (key, from_a) = canonical(&t, 0);
         let hash = self.hash(&key);
         prefetch(&self.tags[self.home_of(hash)]);
-        let report = if self.export.is_some() && meta.tunnel.is_none() {
+        // A fragment's record would miss its datagram's ports and flags (the flow cache
+        // keeps fragments, keyed without ports).
+        let report = if self.export.is_some() && meta.tunnel.is_none() && !meta.outer.fragment {
             u8::try_from(in_port).ok().filter(|&p| p != NO_PORT)
         } else {
             None
@@ -692,9 +702,30 @@ impl Conntrack {
                 }
             },
         };
+        // A fragment: the first notes its datagram's ports, the others take them (and,
+        // with no L4 header of their own, never change a connection's state).
+        let resolved;
+        let (t, later_fragment) = match t.fragment {
+            Some((ident, true)) => {
+                self.fragments
+                    .note(t.datagram(ident), (t.sport, t.dport), now);
+                (t, false)
+            }
+            Some((ident, false)) => match self.fragments.ports(&t.datagram(ident), now) {
+                Some((sport, dport)) => {
+                    resolved = Tuple { sport, dport, ..*t };
+                    (&resolved, true)
+                }
+                None => {
+                    self.stats.invalid += 1;
+                    return invalid;
+                }
+            },
+            None => (t, false),
+        };
         if let Some(quoted) = t.icmp_error {
             // Related if the quoted packet belongs to a tracked connection.
-            let Some(q) = quoted_tuple(frame, l, quoted) else {
+            let Some(q) = quoted_tuple(frame, l, usize::from(quoted)) else {
                 self.stats.invalid += 1;
                 return invalid;
             };
@@ -734,6 +765,7 @@ impl Conntrack {
                 let reply = from_a != (flags & ORIG_FROM_A != 0);
                 let dir = usize::from(reply);
                 let next = match state {
+                    _ if later_fragment => Step::Ignore,
                     s if is_tcp(s) && !tcp_flags_valid(t.tcp_flags) => Step::Invalid,
                     s if is_tcp(s) => tcp_transition(s, t.tcp_flags, reply),
                     s => Step::To(s),
@@ -795,6 +827,11 @@ impl Conntrack {
                 }
             }
             Err(_) => {
+                if later_fragment {
+                    // Its first fragment passed, but no connection took it.
+                    self.stats.invalid += 1;
+                    return invalid;
+                }
                 let first = match t.proto {
                     ip_proto::TCP => match tcp_flags_valid(t.tcp_flags)
                         .then(|| tcp_transition_new(t.tcp_flags))
@@ -907,7 +944,19 @@ struct Tuple {
     tcp_flags: u8,
     icmp_request: bool,
     /// For ICMP errors: where the quoted packet starts.
-    icmp_error: Option<usize>,
+    icmp_error: Option<u16>,
+    /// For a fragment: its datagram's identification, and whether it is the first
+    /// (which carries the L4 header; the others take their ports from it, see
+    /// [`Fragments`]).
+    fragment: Option<(u32, bool)>,
+}
+
+impl Tuple {
+    /// The datagram a fragment of identification `ident` belongs to.
+    fn datagram(&self, ident: u32) -> Datagram {
+        let tag = u64::from(self.v6) << 40 | u64::from(self.proto) << 32 | u64::from(ident);
+        [self.src[0], self.src[1], self.dst[0], self.dst[1], tag]
+    }
 }
 
 /// An IPv4 or IPv6 address as two big-endian 64-bit halves.
@@ -953,15 +1002,40 @@ fn tuple(frame: &[u8], l: &Layers) -> Option<Tuple> {
         tcp_flags: 0,
         icmp_request: false,
         icmp_error: None,
+        fragment: None,
     };
+    let l4 = usize::from(l.l4);
     if l.fragment {
-        // Fragments are not reassembled here: they cannot be matched to a connection.
-        return None;
-    }
-    if !l.l4_ok {
+        let (ident, first) = match l.l3_kind {
+            L3::V4 => {
+                let ip = ipv4::Packet::new_unchecked(&frame[l3..]);
+                (u32::from(ip.ident()), ip.frag_offset() == 0)
+            }
+            _ => {
+                let up = ipv6::Packet::new_unchecked(&frame[l3..])
+                    .upper_layer()
+                    .ok()?;
+                (up.ident, up.l4_present)
+            }
+        };
+        t.fragment = Some((ident, first));
+        // A first fragment too short for the L4 fields read below is judged by none
+        // (RFC 1858's tiny fragments): invalid.
+        let needs = match l.proto {
+            ip_proto::TCP => 14,
+            ip_proto::UDP | ip_proto::SCTP => 4,
+            ip_proto::ICMP | ip_proto::ICMPV6 => 8,
+            _ => 0,
+        };
+        if !first {
+            return Some(t);
+        }
+        if l4 + needs > usize::from(l.l3_end) {
+            return None;
+        }
+    } else if !l.l4_ok {
         return Some(t);
     }
-    let l4 = usize::from(l.l4);
     match l.proto {
         ip_proto::TCP => {
             t.sport = be16(frame, l4);
@@ -985,7 +1059,7 @@ fn tuple(frame: &[u8], l: &Layers) -> Option<Tuple> {
                 matches!(kind, 3 | 4 | 5 | 11 | 12)
             };
             if is_error {
-                t.icmp_error = Some(l4 + icmp::HEADER_LEN);
+                t.icmp_error = Some(l.l4.saturating_add(icmp::HEADER_LEN as u16));
             } else if kind == req || kind == rep {
                 // Echo request and reply share a connection keyed by the identifier: put
                 // it in both port slots so the canonical key is the same either way.
@@ -1031,6 +1105,7 @@ fn quoted_tuple(frame: &[u8], l: &Layers, at: usize) -> Option<Tuple> {
         tcp_flags: 0,
         icmp_request: false,
         icmp_error: None,
+        fragment: None,
     };
     let ports = q.get(l4..l4 + 8)?;
     match proto {

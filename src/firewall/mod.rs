@@ -2,3 +2,4 @@
 
 pub mod acl;
 pub mod conntrack;
+mod fragments;

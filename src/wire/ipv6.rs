@@ -76,7 +76,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
         let end = HEADER_LEN + usize::from(self.payload_len());
         let mut next = self.next_header();
         let mut at = HEADER_LEN;
-        let mut fragment = false;
+        let (mut fragment, mut ident) = (false, 0);
         for _ in 0..MAX_EXTENSION_HEADERS {
             match next {
                 ip_proto::HOP_BY_HOP | ip_proto::IPV6_ROUTING | ip_proto::IPV6_DEST_OPTS => {
@@ -89,6 +89,8 @@ impl<T: AsRef<[u8]>> Packet<T> {
                     need(&b[..end], at + 8)?;
                     let off_flags = be16(b, at + 2);
                     fragment = true;
+                    // RFC 8200 §4.5: the datagram's identification.
+                    ident = u32::from_be_bytes(b[at + 4..at + 8].try_into().expect("checked"));
                     // Only a first fragment can be parsed further, and it is not a whole
                     // L4 packet; later fragments carry no L4 header at all.
                     if off_flags & 0xfff8 != 0 {
@@ -96,6 +98,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
                             protocol: b[at],
                             offset: at + 8,
                             fragment,
+                            ident,
                             l4_present: false,
                         });
                     }
@@ -114,6 +117,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
                         protocol: next,
                         offset: at,
                         fragment,
+                        ident,
                         l4_present: true,
                     });
                 }
@@ -130,6 +134,8 @@ pub struct UpperLayer {
     /// Offset from the start of the IPv6 header.
     pub offset: usize,
     pub fragment: bool,
+    /// A fragment's datagram identification (0 for a whole packet).
+    pub ident: u32,
     /// The L4 header is in this packet (false for non-first fragments).
     pub l4_present: bool,
 }
@@ -220,6 +226,7 @@ mod tests {
                 protocol: ip_proto::UDP,
                 offset: 56,
                 fragment: false,
+                ident: 0,
                 l4_present: true
             }
         );
@@ -231,6 +238,7 @@ mod tests {
         let v = header(ip_proto::IPV6_FRAGMENT, &payload);
         let u = Packet::new_checked(&v[..]).unwrap().upper_layer().unwrap();
         assert!(u.fragment && !u.l4_present);
+        assert_eq!(u.ident, 1);
     }
 
     proptest! {
