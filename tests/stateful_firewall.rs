@@ -38,6 +38,8 @@ seq = [
   *[("out", i == 0, f) for i, f in enumerate(fragment(ES/IP(src=S, dst=C, id=79)/UDP(sport=53, dport=53001)/BIG, fragsize=1200))][::-1],
   ("in",  True,  EC/IPv6(src="2001:db8::5", dst="2001:db8:1::10")/UDP(sport=53002, dport=53)/DNS(rd=1, qd=DNSQR(qname="example.org"))),
   *[("out", True, ES/f) for f in fragment6(IPv6(src="2001:db8:1::10", dst="2001:db8::5")/IPv6ExtHdrFragment(id=80)/UDP(sport=53, dport=53002)/BIG, 1280)],
+  # Options after the fragment header: the later fragments name those, not UDP.
+  *[("out", True, ES/f) for f in fragment6(IPv6(src="2001:db8:1::10", dst="2001:db8::5")/IPv6ExtHdrFragment(id=81)/IPv6ExtHdrDestOpt()/UDP(sport=53, dport=53002)/BIG, 1280)],
   # Ping, and an unsolicited echo reply.
   ("in",  True,  EC/IP(src=C, dst=S)/ICMP(type=8, id=7, seq=1)),
   ("out", True,  ES/IP(src=S, dst=C)/ICMP(type=0, id=7, seq=1)),

@@ -702,18 +702,23 @@ impl Conntrack {
                 }
             },
         };
-        // A fragment: the first notes its datagram's ports, the others take them (and,
-        // with no L4 header of their own, never change a connection's state).
+        // A fragment: the first notes its datagram's ports and protocol, the others take
+        // them (and, with no L4 header of their own, never change a connection's state).
         let resolved;
         let (t, later_fragment) = match t.fragment {
             Some((ident, true)) => {
-                self.fragments
-                    .note(t.datagram(ident), (t.sport, t.dport), now);
+                let first = (t.sport, t.dport, t.proto);
+                self.fragments.note(t.datagram(ident), first, now);
                 (t, false)
             }
-            Some((ident, false)) => match self.fragments.ports(&t.datagram(ident), now) {
-                Some((sport, dport)) => {
-                    resolved = Tuple { sport, dport, ..*t };
+            Some((ident, false)) => match self.fragments.first(&t.datagram(ident), now) {
+                Some((sport, dport, proto)) => {
+                    resolved = Tuple {
+                        sport,
+                        dport,
+                        proto,
+                        ..*t
+                    };
                     (&resolved, true)
                 }
                 None => {
@@ -952,9 +957,12 @@ struct Tuple {
 }
 
 impl Tuple {
-    /// The datagram a fragment of identification `ident` belongs to.
+    /// The datagram a fragment of identification `ident` belongs to: IPv6 numbers
+    /// datagrams per address pair (RFC 8200 §4.5), IPv4 per pair and protocol (RFC 6864
+    /// §4), whose protocol every fragment carries.
     fn datagram(&self, ident: u32) -> Datagram {
-        let tag = u64::from(self.v6) << 40 | u64::from(self.proto) << 32 | u64::from(ident);
+        let proto = if self.v6 { 0 } else { self.proto };
+        let tag = u64::from(self.v6) << 40 | u64::from(proto) << 32 | u64::from(ident);
         [self.src[0], self.src[1], self.dst[0], self.dst[1], tag]
     }
 }

@@ -13,14 +13,19 @@ const SLOTS: usize = 1024;
 /// (`ipfrag_time`, 30 s).
 const TIMEOUT_NS: u64 = 30_000_000_000;
 
-/// A datagram, as its fragments all say: addresses, protocol, identification (RFC 791
-/// §3.2, RFC 8200 §4.5) and family.
+/// A datagram, as its fragments all say: addresses, identification (RFC 791 §3.2, RFC
+/// 8200 §4.5), family and, for IPv4, protocol.
 pub type Datagram = [u64; 5];
+
+/// What a datagram's first fragment tells its others: its ports and its upper-layer
+/// protocol (an IPv6 fragment after the first names only the header that follows the
+/// fragment header, which may be another extension header).
+pub type FirstFragment = (u16, u16, u8);
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Slot {
     datagram: Datagram,
-    ports: (u16, u16),
+    first: FirstFragment,
     seen_ns: u64,
     used: bool,
 }
@@ -47,22 +52,22 @@ impl Fragments {
         self.seed.hash(*d) as usize & (SLOTS - 1)
     }
 
-    /// Notes the ports a datagram's first fragment carries, at `now`.
-    pub fn note(&mut self, d: Datagram, ports: (u16, u16), now: u64) {
+    /// Notes what a datagram's first fragment carries, at `now`.
+    pub fn note(&mut self, d: Datagram, first: FirstFragment, now: u64) {
         let i = self.slot(&d);
         self.slots[i] = Slot {
             datagram: d,
-            ports,
+            first,
             seen_ns: now,
             used: true,
         };
     }
 
-    /// The ports the datagram's first fragment carried, if it came within the timeout.
-    pub fn ports(&self, d: &Datagram, now: u64) -> Option<(u16, u16)> {
+    /// What the datagram's first fragment carried, if it came within the timeout.
+    pub fn first(&self, d: &Datagram, now: u64) -> Option<FirstFragment> {
         let s = &self.slots[self.slot(d)];
         (s.used && s.datagram == *d && now.saturating_sub(s.seen_ns) <= TIMEOUT_NS)
-            .then_some(s.ports)
+            .then_some(s.first)
     }
 }
 
@@ -74,14 +79,11 @@ mod tests {
     fn later_fragments_find_their_first_within_the_timeout() {
         let mut f = Fragments::default();
         let d = [1, 2, 3, 4, 17 << 32 | 7];
-        assert_eq!(f.ports(&d, 5), None, "no first fragment yet");
-        f.note(d, (53, 4000), 10);
-        assert_eq!(f.ports(&d, 11), Some((53, 4000)));
-        assert_eq!(
-            f.ports(&[1, 2, 3, 4, 17 << 32 | 8], 11),
-            None,
-            "another datagram"
-        );
-        assert_eq!(f.ports(&d, 10 + TIMEOUT_NS + 1), None, "too late");
+        assert_eq!(f.first(&d, 5), None, "no first fragment yet");
+        f.note(d, (53, 4000, 17), 10);
+        assert_eq!(f.first(&d, 11), Some((53, 4000, 17)));
+        let other = [1, 2, 3, 4, 17 << 32 | 8];
+        assert_eq!(f.first(&other, 11), None, "another datagram");
+        assert_eq!(f.first(&d, 10 + TIMEOUT_NS + 1), None, "too late");
     }
 }
