@@ -803,30 +803,40 @@ impl<const N: usize> Classifier<N> {
     /// After a write that left `listed` rules in the list: starts a rebuild in the
     /// background once the list outgrows `MAX_ADDED` (the writer goes on), and past
     /// `MAX_PENDING` waits for it, so the list lookups scan stays short.
-    fn settle(&self, mut w: MutexGuard<'_, Writer<N>>, listed: usize) {
-        if listed > MAX_ADDED && !w.rebuilding {
-            w.rebuilding = true;
-            let job = Rebuild {
-                space: self.space,
-                view: Arc::clone(&self.view),
-                writer: Arc::clone(&self.writer),
-                rebuilt: Arc::clone(&self.rebuilt),
-            };
-            let snapshot = w.rules.clone();
-            let spawned = std::thread::Builder::new()
-                .name("acl-rebuild".into())
-                .spawn(move || job.run(snapshot));
-            if spawned.is_err() {
-                // No thread to be had: rebuild here.
-                self.view.store(Arc::new(View {
-                    built: Arc::new(build(&w.rules, &self.space)),
-                    added: Vec::new(),
-                }));
-                w.rebuilding = false;
+    fn settle(&self, mut w: MutexGuard<'_, Writer<N>>, mut listed: usize) {
+        loop {
+            if listed > MAX_ADDED && !w.rebuilding {
+                self.start_rebuild(&mut w);
             }
-        }
-        while w.rebuilding && self.view.load().added.len() > MAX_PENDING {
+            if !(w.rebuilding && listed > MAX_PENDING) {
+                return;
+            }
+            // A rebuild that ends with the list still long leaves the next to this writer.
             w = self.rebuilt.wait(w).unwrap_or_else(|e| e.into_inner());
+            listed = self.view.load().added.len();
+        }
+    }
+
+    /// Starts a rebuild of the rules `w` holds in a thread of its own (here, if no thread
+    /// can be had).
+    fn start_rebuild(&self, w: &mut Writer<N>) {
+        w.rebuilding = true;
+        let job = Rebuild {
+            space: self.space,
+            view: Arc::clone(&self.view),
+            writer: Arc::clone(&self.writer),
+            rebuilt: Arc::clone(&self.rebuilt),
+        };
+        let snapshot = w.rules.clone();
+        let spawned = std::thread::Builder::new()
+            .name("acl-rebuild".into())
+            .spawn(move || job.run(snapshot));
+        if spawned.is_err() {
+            self.view.store(Arc::new(View {
+                built: Arc::new(build(&w.rules, &self.space)),
+                added: Vec::new(),
+            }));
+            w.rebuilding = false;
         }
     }
 
