@@ -129,8 +129,8 @@ impl MeterState {
 }
 
 /// A meter's buckets shared by the workers of a service, refilled by the packets' time
-/// (RFC 2697 §3 and RFC 2698 §3 as in [`MeterState`]). Tokens are token-nanoseconds as
-/// there, in 64 bits: a bucket holds at most 18 billion packets or bytes.
+/// (RFC 2697 §3 and RFC 2698 §3, as one engine's meter is). Tokens are token-nanoseconds
+/// as there, in 64 bits: a bucket holds at most 18 billion packets or bytes.
 #[derive(Debug)]
 pub struct SharedMeter {
     c: AtomicU64,
