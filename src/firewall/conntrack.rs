@@ -650,6 +650,26 @@ impl Conntrack {
         })
     }
 
+    /// A fragment's tuple: a first notes its ports and protocol for the others, which take
+    /// them (`None` when their first has not come). Out of line: fragments are rare.
+    #[cold]
+    #[inline(never)]
+    fn fragment(&mut self, t: &Tuple, now: u64) -> Option<Tuple> {
+        let (ident, first) = t.fragment?;
+        if first {
+            self.fragments
+                .note(t.datagram(ident), (t.sport, t.dport, t.proto), now);
+            return Some(*t);
+        }
+        let (sport, dport, proto) = self.fragments.first(&t.datagram(ident), now)?;
+        Some(Tuple {
+            sport,
+            dport,
+            proto,
+            ..*t
+        })
+    }
+
     /// The second step, once the tags have arrived: prefetches the slot whose tag matches
     /// the probe's or, for a new connection, the empty slot it would take. At 4/5 full an
     /// entry sits a few slots past its home, often in another cache line than the home
@@ -706,27 +726,20 @@ impl Conntrack {
         // them (and, with no L4 header of their own, never change a connection's state).
         let resolved;
         let (t, later_fragment) = match t.fragment {
-            Some((ident, true)) => {
-                let first = (t.sport, t.dport, t.proto);
-                self.fragments.note(t.datagram(ident), first, now);
-                (t, false)
-            }
-            Some((ident, false)) => match self.fragments.first(&t.datagram(ident), now) {
-                Some((sport, dport, proto)) => {
-                    resolved = Tuple {
-                        sport,
-                        dport,
-                        proto,
-                        ..*t
-                    };
-                    (&resolved, true)
+            None => (t, false),
+            Some(_) => match self.fragment(t, now) {
+                Some(r) => {
+                    resolved = r;
+                    (
+                        &resolved,
+                        resolved.fragment.is_some_and(|(_, first)| !first),
+                    )
                 }
                 None => {
                     self.stats.invalid += 1;
                     return invalid;
                 }
             },
-            None => (t, false),
         };
         if let Some(quoted) = t.icmp_error {
             // Related if the quoted packet belongs to a tracked connection.
@@ -1014,32 +1027,9 @@ fn tuple(frame: &[u8], l: &Layers) -> Option<Tuple> {
     };
     let l4 = usize::from(l.l4);
     if l.fragment {
-        let (ident, first) = match l.l3_kind {
-            L3::V4 => {
-                let ip = ipv4::Packet::new_unchecked(&frame[l3..]);
-                (u32::from(ip.ident()), ip.frag_offset() == 0)
-            }
-            _ => {
-                let up = ipv6::Packet::new_unchecked(&frame[l3..])
-                    .upper_layer()
-                    .ok()?;
-                (up.ident, up.l4_present)
-            }
-        };
-        t.fragment = Some((ident, first));
-        // A first fragment too short for the L4 fields read below is judged by none
-        // (RFC 1858's tiny fragments): invalid.
-        let needs = match l.proto {
-            ip_proto::TCP => 14,
-            ip_proto::UDP | ip_proto::SCTP => 4,
-            ip_proto::ICMP | ip_proto::ICMPV6 => 8,
-            _ => 0,
-        };
-        if !first {
+        t.fragment = Some(fragment_of(frame, l)?);
+        if t.fragment.is_some_and(|(_, first)| !first) {
             return Some(t);
-        }
-        if l4 + needs > usize::from(l.l3_end) {
-            return None;
         }
     } else if !l.l4_ok {
         return Some(t);
@@ -1082,6 +1072,33 @@ fn tuple(frame: &[u8], l: &Layers) -> Option<Tuple> {
         _ => {}
     }
     Some(t)
+}
+
+/// A fragment's datagram identification and whether it is the first; `None` for a first
+/// fragment too short for the L4 fields [`tuple`] reads, which is judged by none (RFC
+/// 1858's tiny fragments): invalid. Out of line: fragments are rare.
+#[cold]
+#[inline(never)]
+fn fragment_of(frame: &[u8], l: &Layers) -> Option<(u32, bool)> {
+    let ip = &frame[usize::from(l.l3)..];
+    let (ident, first) = match l.l3_kind {
+        L3::V4 => {
+            let ip = ipv4::Packet::new_unchecked(ip);
+            (u32::from(ip.ident()), ip.frag_offset() == 0)
+        }
+        _ => {
+            let up = ipv6::Packet::new_unchecked(ip).upper_layer().ok()?;
+            (up.ident, up.l4_present)
+        }
+    };
+    let needs = match l.proto {
+        ip_proto::TCP => 14,
+        ip_proto::UDP | ip_proto::SCTP => 4,
+        ip_proto::ICMP | ip_proto::ICMPV6 => 8,
+        _ => 0,
+    };
+    let short = usize::from(l.l4) + needs > usize::from(l.l3_end);
+    (!first || !short).then_some((ident, first))
 }
 
 /// The tuple of the packet an ICMP error quotes (its IP header and first 8 L4 bytes).
