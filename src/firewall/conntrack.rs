@@ -1075,7 +1075,7 @@ fn tuple(frame: &[u8], l: &Layers) -> Option<Tuple> {
 }
 
 /// A fragment's datagram identification and whether it is the first; `None` for a first
-/// fragment too short for the L4 fields [`tuple`] reads, which is judged by none (RFC
+/// fragment too short for the L4 fields [`tuple()`] reads, which is judged by none (RFC
 /// 1858's tiny fragments): invalid. Out of line: fragments are rare.
 #[cold]
 #[inline(never)]
