@@ -23,7 +23,7 @@
 
 use crate::engine::parse::{Layers, Meta, L3};
 use crate::engine::prefetch::{prefetch, prefetch_span};
-use crate::firewall::fragments::{Datagram, Fragments};
+use crate::firewall::fragments::{fragment_of, Fragments};
 use crate::hash::KeyedHash;
 use crate::ir::{CtTimeouts, CT_STATE_NAMES};
 use crate::sweep::Pace;
@@ -327,8 +327,9 @@ pub struct Conntrack {
     counted: Option<(usize, usize)>,
     /// An entry was removed (others may have moved) since `counted` was set.
     moved: bool,
-    /// The ports of datagrams whose first fragment passed, for their other fragments.
-    fragments: Fragments,
+    /// The ports and protocol of datagrams whose first fragment passed, for their other
+    /// fragments.
+    fragments: Fragments<(u16, u16, u8)>,
 }
 
 /// What [`Conntrack`] reports of its flow records.
@@ -628,7 +629,7 @@ impl Conntrack {
     pub fn prefetch(&self, frame: &[u8], meta: &Meta, in_port: u16) -> Option<Probe> {
         let t = tuple(frame, &meta.outer)?;
         // A fragment after the first takes its ports in the lookup (see `Fragments`).
-        if t.fragment.is_some_and(|(_, first)| !first) {
+        if t.fragment == Some(false) {
             return None;
         }
         let (key, from_a) = canonical(&t, 0);
@@ -654,14 +655,14 @@ impl Conntrack {
     /// them (`None` when their first has not come). Out of line: fragments are rare.
     #[cold]
     #[inline(never)]
-    fn fragment(&mut self, t: &Tuple, now: u64) -> Option<Tuple> {
-        let (ident, first) = t.fragment?;
+    fn fragment(&mut self, t: &Tuple, frame: &[u8], l: &Layers, now: u64) -> Option<Tuple> {
+        let (datagram, first) = fragment_of(frame, l)?;
         if first {
             self.fragments
-                .note(t.datagram(ident), (t.sport, t.dport, t.proto), now);
+                .note(datagram, (t.sport, t.dport, t.proto), now);
             return Some(*t);
         }
-        let (sport, dport, proto) = self.fragments.first(&t.datagram(ident), now)?;
+        let (sport, dport, proto) = self.fragments.first(&datagram, now)?;
         Some(Tuple {
             sport,
             dport,
@@ -727,13 +728,10 @@ impl Conntrack {
         let resolved;
         let (t, later_fragment) = match t.fragment {
             None => (t, false),
-            Some(_) => match self.fragment(t, now) {
+            Some(_) => match self.fragment(t, frame, l, now) {
                 Some(r) => {
                     resolved = r;
-                    (
-                        &resolved,
-                        resolved.fragment.is_some_and(|(_, first)| !first),
-                    )
+                    (&resolved, resolved.fragment == Some(false))
                 }
                 None => {
                     self.stats.invalid += 1;
@@ -963,21 +961,9 @@ struct Tuple {
     icmp_request: bool,
     /// For ICMP errors: where the quoted packet starts.
     icmp_error: Option<u16>,
-    /// For a fragment: its datagram's identification, and whether it is the first
-    /// (which carries the L4 header; the others take their ports from it, see
-    /// [`Fragments`]).
-    fragment: Option<(u32, bool)>,
-}
-
-impl Tuple {
-    /// The datagram a fragment of identification `ident` belongs to: IPv6 numbers
-    /// datagrams per address pair (RFC 8200 §4.5), IPv4 per pair and protocol (RFC 6864
-    /// §4), whose protocol every fragment carries.
-    fn datagram(&self, ident: u32) -> Datagram {
-        let proto = if self.v6 { 0 } else { self.proto };
-        let tag = u64::from(self.v6) << 40 | u64::from(proto) << 32 | u64::from(ident);
-        [self.src[0], self.src[1], self.dst[0], self.dst[1], tag]
-    }
+    /// For a fragment: whether it is its datagram's first (which carries the L4 header;
+    /// the others take their ports from it, see [`Fragments`]).
+    fragment: Option<bool>,
 }
 
 /// An IPv4 or IPv6 address as two big-endian 64-bit halves.
@@ -1027,8 +1013,9 @@ fn tuple(frame: &[u8], l: &Layers) -> Option<Tuple> {
     };
     let l4 = usize::from(l.l4);
     if l.fragment {
-        t.fragment = Some(fragment_of(frame, l)?);
-        if t.fragment.is_some_and(|(_, first)| !first) {
+        let first = first_fragment(frame, l)?;
+        t.fragment = Some(first);
+        if !first {
             return Some(t);
         }
     } else if !l.l4_ok {
@@ -1074,23 +1061,13 @@ fn tuple(frame: &[u8], l: &Layers) -> Option<Tuple> {
     Some(t)
 }
 
-/// A fragment's datagram identification and whether it is the first; `None` for a first
-/// fragment too short for the L4 fields [`tuple()`] reads, which is judged by none (RFC
-/// 1858's tiny fragments): invalid. Out of line: fragments are rare.
+/// Whether a fragment is its datagram's first; `None` for a first fragment too short for
+/// the L4 fields [`tuple()`] reads, which is judged by none (RFC 1858's tiny fragments):
+/// invalid. Out of line: fragments are rare.
 #[cold]
 #[inline(never)]
-fn fragment_of(frame: &[u8], l: &Layers) -> Option<(u32, bool)> {
-    let ip = &frame[usize::from(l.l3)..];
-    let (ident, first) = match l.l3_kind {
-        L3::V4 => {
-            let ip = ipv4::Packet::new_unchecked(ip);
-            (u32::from(ip.ident()), ip.frag_offset() == 0)
-        }
-        _ => {
-            let up = ipv6::Packet::new_unchecked(ip).upper_layer().ok()?;
-            (up.ident, up.l4_present)
-        }
-    };
+fn first_fragment(frame: &[u8], l: &Layers) -> Option<bool> {
+    let (_, first) = fragment_of(frame, l)?;
     let needs = match l.proto {
         ip_proto::TCP => 14,
         ip_proto::UDP | ip_proto::SCTP => 4,
@@ -1098,7 +1075,7 @@ fn fragment_of(frame: &[u8], l: &Layers) -> Option<(u32, bool)> {
         _ => 0,
     };
     let short = usize::from(l.l4) + needs > usize::from(l.l3_end);
-    (!first || !short).then_some((ident, first))
+    (!first || !short).then_some(first)
 }
 
 /// The tuple of the packet an ICMP error quotes (its IP header and first 8 L4 bytes).

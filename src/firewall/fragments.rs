@@ -1,45 +1,73 @@
-//! Where recent datagrams' first fragments said their ports were, so that later fragments,
-//! which carry no L4 header, meet their connection: a shallow virtual reassembly (VPP's
-//! term). Nothing is buffered or put back together; each fragment is judged as it comes.
-//! A fragment that arrives before its datagram's first has no ports to go by (it is
-//! invalid, as every fragment was without this table).
+//! Where recent datagrams' first fragments said what their later fragments cannot (those
+//! carry no L4 header): their ports, for connection tracking, and the worker their flow
+//! went to, for the service's dealer. A shallow virtual reassembly (VPP's term): nothing
+//! is buffered or put back together; each fragment is judged as it comes, and a fragment
+//! that arrives before its datagram's first has nothing to go by.
 
+use crate::engine::parse::{Layers, L3};
 use crate::hash::KeyedHash;
+use crate::wire::{be32, be64, ipv4, ipv6};
 
-/// Slots (a power of two): datagrams whose fragments may be in flight at once per worker.
+/// Slots (a power of two): datagrams whose fragments may be in flight at once.
 const SLOTS: usize = 1024;
 
-/// How long a first fragment's ports stay (packet time): Linux's reassembly timeout
+/// How long a first fragment's word stays (packet time): Linux's reassembly timeout
 /// (`ipfrag_time`, 30 s).
 const TIMEOUT_NS: u64 = 30_000_000_000;
 
 /// A datagram, as its fragments all say: addresses, identification (RFC 791 §3.2, RFC
-/// 8200 §4.5), family and, for IPv4, protocol.
+/// 8200 §4.5), family and, for IPv4, protocol (IPv6 numbers datagrams per address pair,
+/// IPv4 per pair and protocol: RFC 6864 §4).
 pub type Datagram = [u64; 5];
 
-/// What a datagram's first fragment tells its others: its ports and its upper-layer
-/// protocol (an IPv6 fragment after the first names only the header that follows the
-/// fragment header, which may be another extension header).
-pub type FirstFragment = (u16, u16, u8);
+/// The datagram a fragment (`l.fragment`) belongs to, and whether it is the first (which
+/// carries the L4 header).
+pub fn fragment_of(frame: &[u8], l: &Layers) -> Option<(Datagram, bool)> {
+    let l3 = usize::from(l.l3);
+    let ip = frame.get(l3..)?;
+    let (addresses, ident, first, proto) = match l.l3_kind {
+        L3::V4 => {
+            let p = ipv4::Packet::new_unchecked(ip);
+            let a = [
+                u64::from(be32(frame, l3 + 12)),
+                u64::from(be32(frame, l3 + 16)),
+                0,
+                0,
+            ];
+            (a, u32::from(p.ident()), p.frag_offset() == 0, l.proto)
+        }
+        L3::V6 => {
+            let up = ipv6::Packet::new_unchecked(ip).upper_layer().ok()?;
+            let a = [8, 16, 24, 32].map(|at| be64(frame, l3 + at));
+            (a, up.ident, up.l4_present, 0)
+        }
+        L3::None => return None,
+    };
+    let v6 = l.l3_kind == L3::V6;
+    let tag = u64::from(v6) << 40 | u64::from(proto) << 32 | u64::from(ident);
+    let [a, b, c, d] = addresses;
+    Some(([a, b, c, d, tag], first))
+}
 
 #[derive(Debug, Clone, Copy, Default)]
-struct Slot {
+struct Slot<V> {
     datagram: Datagram,
-    first: FirstFragment,
+    value: V,
     seen_ns: u64,
     used: bool,
 }
 
-/// Direct-mapped by a keyed hash (nobody sending can aim datagrams at one slot): a
-/// datagram whose slot another takes before its last fragment has passed loses the rest.
+/// What first fragments said, by datagram. Direct-mapped by a keyed hash (nobody sending
+/// can aim datagrams at one slot): a datagram whose slot another takes before its last
+/// fragment has passed loses the rest.
 #[derive(Debug)]
-pub struct Fragments {
-    slots: Box<[Slot]>,
+pub struct Fragments<V> {
+    slots: Box<[Slot<V>]>,
     seed: KeyedHash,
 }
 
-impl Default for Fragments {
-    fn default() -> Fragments {
+impl<V: Copy + Default> Default for Fragments<V> {
+    fn default() -> Fragments<V> {
         Fragments {
             slots: vec![Slot::default(); SLOTS].into_boxed_slice(),
             seed: KeyedHash::new(),
@@ -47,27 +75,27 @@ impl Default for Fragments {
     }
 }
 
-impl Fragments {
+impl<V: Copy> Fragments<V> {
     fn slot(&self, d: &Datagram) -> usize {
         self.seed.hash(*d) as usize & (SLOTS - 1)
     }
 
-    /// Notes what a datagram's first fragment carries, at `now`.
-    pub fn note(&mut self, d: Datagram, first: FirstFragment, now: u64) {
+    /// Notes what a datagram's first fragment said, at `now`.
+    pub fn note(&mut self, d: Datagram, value: V, now: u64) {
         let i = self.slot(&d);
         self.slots[i] = Slot {
             datagram: d,
-            first,
+            value,
             seen_ns: now,
             used: true,
         };
     }
 
-    /// What the datagram's first fragment carried, if it came within the timeout.
-    pub fn first(&self, d: &Datagram, now: u64) -> Option<FirstFragment> {
+    /// What the datagram's first fragment said, if it came within the timeout.
+    pub fn first(&self, d: &Datagram, now: u64) -> Option<V> {
         let s = &self.slots[self.slot(d)];
         (s.used && s.datagram == *d && now.saturating_sub(s.seen_ns) <= TIMEOUT_NS)
-            .then_some(s.first)
+            .then_some(s.value)
     }
 }
 
@@ -80,7 +108,7 @@ mod tests {
         let mut f = Fragments::default();
         let d = [1, 2, 3, 4, 17 << 32 | 7];
         assert_eq!(f.first(&d, 5), None, "no first fragment yet");
-        f.note(d, (53, 4000, 17), 10);
+        f.note(d, (53u16, 4000u16, 17u8), 10);
         assert_eq!(f.first(&d, 11), Some((53, 4000, 17)));
         let other = [1, 2, 3, 4, 17 << 32 | 8];
         assert_eq!(f.first(&other, 11), None, "another datagram");
