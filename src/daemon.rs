@@ -20,6 +20,7 @@ use crate::engine::{
     Compiled, Engine, NoObserver, PacketBuf, SharedMeter, Verdict, DEFAULT_MAX_FRAME,
 };
 use crate::firewall::conntrack::Conntrack;
+use crate::firewall::fragments::{fragment_of, Fragments};
 use crate::io::pcap::{CaptureError, CaptureWriter};
 use crate::ir::Program;
 use crate::replay::{Bindings, Merged, Merger};
@@ -376,24 +377,51 @@ impl Drop for Tripwire {
     }
 }
 
-/// The worker a packet goes to: a symmetric hash of its flow, so both directions meet. A
+/// Deals packets to workers: by a symmetric hash of the flow, so both directions meet. A
 /// tunnelled packet goes by the flow inside: a pipeline that decapsulates tracks that flow,
 /// whose other direction arrives untunnelled (hashed on the outer headers, a request and
 /// its reply met in one worker's connection table about half the time).
-fn pick(pkt: &PacketBuf, tunnels: &TunnelPorts, workers: usize) -> usize {
-    if workers == 1 {
-        return 0;
-    }
-    match parse::parse(pkt.data(), tunnels) {
-        Ok(m) => {
-            let flow = if m.tunnel.is_some() {
-                &m.inner
-            } else {
-                &m.outer
-            };
-            parse::flow_hash(pkt.data(), flow) as usize % workers
+struct Dealer<'a> {
+    tunnels: &'a TunnelPorts,
+    workers: usize,
+    /// The worker each recent datagram's first fragment went to: its later fragments,
+    /// without ports to hash, follow it to its connection.
+    fragments: Fragments<u16>,
+}
+
+impl Dealer<'_> {
+    fn pick(&mut self, pkt: &PacketBuf) -> usize {
+        if self.workers == 1 {
+            return 0;
         }
-        Err(_) => 0,
+        let Ok(m) = parse::parse(pkt.data(), self.tunnels) else {
+            return 0;
+        };
+        let flow = if m.tunnel.is_some() {
+            &m.inner
+        } else {
+            &m.outer
+        };
+        let frame = pkt.data();
+        let by_hash = |ports: bool| parse::flow_hash_of(frame, flow, ports) as usize % self.workers;
+        if !flow.fragment {
+            return by_hash(flow.l4_ok);
+        }
+        // A first fragment goes by its flow, ports included (where it holds them), as
+        // the flow's whole packets do.
+        match fragment_of(frame, flow) {
+            Some((datagram, true)) => {
+                let ports = usize::from(flow.l4) + 4 <= usize::from(flow.l3_end);
+                let w = by_hash(ports);
+                self.fragments.note(datagram, w as u16, pkt.ts_ns);
+                w
+            }
+            Some((datagram, false)) => self
+                .fragments
+                .first(&datagram, pkt.ts_ns)
+                .map_or_else(|| by_hash(false), usize::from),
+            None => by_hash(false),
+        }
     }
 }
 
@@ -432,6 +460,11 @@ fn io(
         spares_back,
     };
     let (n, batch) = (to_workers.len(), opts.batch.max(1));
+    let mut dealer = Dealer {
+        tunnels,
+        workers: n,
+        fragments: Fragments::default(),
+    };
     // Buffers made so far, and the most there may be: beyond it, a packet waits for a
     // processed batch's buffers (see `batches_in_flight`).
     let (mut made, limit) = (0usize, batches_in_flight(n) * batch);
@@ -471,7 +504,7 @@ fn io(
         last = slot.ts_ns;
         slot.ts_ns += offset;
         read += 1;
-        let w = pick(&slot, tunnels, n);
+        let w = dealer.pick(&slot);
         let fresh = match out.pool.pop() {
             Some(b) => b,
             None if made < limit => {

@@ -481,6 +481,58 @@ fn meters_hold_their_rate_across_workers() {
     );
 }
 
+/// A fragmented reply reaches the worker that holds its connection: the dealer sends a
+/// datagram's first fragment by its flow, ports included (as the flow's whole packets go),
+/// and its later fragments, which have no ports to hash, after it. 24 DNS queries from
+/// inside, each answered in three fragments, through the stateful firewall with three
+/// workers: every fragment gets in.
+#[test]
+fn fragmented_replies_meet_their_connections_across_workers() {
+    let dir = Scratch::new("service-fragments");
+    scapy(
+        &dir.0,
+        r#"
+C, S = "10.0.0.5", "203.0.113.10"
+EC = Ether(src="02:00:00:00:00:c1", dst="02:00:00:00:00:f1")
+ES = Ether(src="02:00:00:00:00:51", dst="02:00:00:00:00:f2")
+inside, outside = [], []
+for i in range(24):
+    q = EC/IP(src=C, dst=S)/UDP(sport=50000 + i, dport=53)/DNS(rd=1, qd=DNSQR(qname="example.org"))
+    q.time = 10 + i
+    inside.append(q)
+    answer = ES/IP(src=S, dst=C, id=100 + i)/UDP(sport=53, dport=50000 + i)/Raw(b"a" * 3000)
+    for k, f in enumerate(fragment(answer, fragsize=1200)):
+        f.time = 10 + i + 0.5 + k * 0.01
+        outside.append(f)
+wrpcap("in.pcap", inside)
+wrpcap("out.pcap", outside)
+"#,
+    );
+    let (inside, outside) = (dir.path("in.pcap"), dir.path("out.pcap"));
+    let svc = Service::start(&[
+        "pipelines/stateful-firewall.pipe",
+        "--in",
+        &format!("inside={inside}"),
+        "--in",
+        &format!("outside={outside}"),
+        "--workers",
+        "3",
+    ]);
+    let body = svc.scrape_until(|b| {
+        b.contains("dpuflow_port_received_packets_total{port=\"outside\"} 72")
+            && b.contains("dpuflow_port_received_packets_total{port=\"inside\"} 24")
+    });
+    assert_eq!(svc.terminate(), 0);
+    assert_eq!(
+        metric(
+            &body,
+            "dpuflow_port_transmitted_packets_total{port=\"inside\"}"
+        ),
+        Some(72),
+        "{body}"
+    );
+}
+
 /// Clients that connect and send nothing hold up no one: a probe is answered at once while
 /// they wait (the server gives a request 2 s; answering one connection at a time, four
 /// silent ones held it for 8), and a HEAD gets the headers only.

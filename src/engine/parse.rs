@@ -207,6 +207,12 @@ fn layers(frame: &[u8], at: usize, l: &mut Layers) -> Result<(), DropReason> {
 /// same, so a flow and its replies can be steered to the same worker. Computed on demand
 /// (encapsulation needs it; plain forwarding does not).
 pub fn flow_hash(frame: &[u8], l: &Layers) -> u32 {
+    flow_hash_of(frame, l, l.l4_ok)
+}
+
+/// [`flow_hash`], with the ports read where `ports` says they are (a datagram's first
+/// fragment has them, though it is no whole L4 packet).
+pub fn flow_hash_of(frame: &[u8], l: &Layers, ports: bool) -> u32 {
     let l3 = usize::from(l.l3);
     // Each address folded to 32 bits (IPv6 by xoring its four words).
     let fold = |a: u128| (a >> 96) as u32 ^ (a >> 64) as u32 ^ (a >> 32) as u32 ^ a as u32;
@@ -215,7 +221,7 @@ pub fn flow_hash(frame: &[u8], l: &Layers) -> u32 {
         L3::V6 => (fold(be128(frame, l3 + 8)), fold(be128(frame, l3 + 24))),
         L3::None => return u32::from(l.ethertype),
     };
-    let (p, q) = if l.l4_ok && ip_proto::has_ports(l.proto) {
+    let (p, q) = if ports && ip_proto::has_ports(l.proto) {
         let ports = be32(frame, usize::from(l.l4));
         (ports >> 16, ports & 0xffff)
     } else {

@@ -2,4 +2,4 @@
 
 pub mod acl;
 pub mod conntrack;
-mod fragments;
+pub(crate) mod fragments;
