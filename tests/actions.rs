@@ -253,6 +253,59 @@ wrpcap("in.pcap", pkts)
     );
 }
 
+/// A datagram's first fragment is matched by its ports, as iptables matches it: a pipe
+/// that denies by port drops the first fragments of datagrams to those ports (their later
+/// fragments, with no ports, go by the default) and forwards the rest whole.
+#[test]
+fn first_fragments_are_matched_by_their_ports() {
+    let dir = Scratch::new("port-deny");
+    scapy(
+        &dir.0,
+        r#"
+E = Ether(src="02:00:00:00:00:aa", dst="02:00:00:00:00:bb")
+pkts = fragment(E/IP(src="10.0.0.1", dst="10.0.0.2", id=1)/UDP(sport=1000, dport=9999)/(b"u" * 3000), fragsize=1200)
+pkts += fragment(E/IP(src="10.0.0.1", dst="10.0.0.2", id=2)/UDP(sport=1000, dport=53)/(b"d" * 3000), fragsize=1200)
+pkts += fragment(E/IP(src="10.0.0.1", dst="10.0.0.2", id=3)/TCP(sport=1000, dport=23, flags="PA")/(b"t" * 3000), fragsize=1200)
+pkts += [E/IP(src="10.0.0.1", dst="10.0.0.2")/UDP(sport=1000, dport=9999)/b"whole"]
+pkts += fragment6(IPv6(src="2001:db8::1", dst="2001:db8::2")/IPv6ExtHdrFragment(id=4)/UDP(sport=1000, dport=9999)/(b"v" * 3000), 1280)
+pkts = [p if p.haslayer(Ether) else E/p for p in pkts]
+for i, p in enumerate(pkts):
+    p.time = 100 + i
+wrpcap("in.pcap", pkts)
+"#,
+    );
+    let out = frames(&replay_through(&dir, "tests/data/port-deny.pipe"));
+    // Each forwarded frame: (IP identification, first fragment or whole packet).
+    let kept: Vec<(u32, bool)> = out
+        .iter()
+        .map(|f| match f[12..14] {
+            [0x08, 0x00] => (
+                u32::from(u16::from_be_bytes([f[18], f[19]])),
+                f[20..22] == [0x20, 0] || f[20..22] == [0, 0],
+            ),
+            _ => (
+                u32::from_be_bytes(f[58..62].try_into().expect("fragment header")),
+                f[56..58] == [0, 1],
+            ),
+        })
+        .collect();
+    assert_eq!(
+        kept,
+        [
+            (1, false),
+            (1, false),
+            (2, true),
+            (2, false),
+            (2, false),
+            (3, false),
+            (3, false),
+            (4, false),
+            (4, false)
+        ],
+        "the first fragments to UDP 9999 and TCP 23 and the whole packet to UDP 9999 dropped"
+    );
+}
+
 /// An IPv6 address rewrite on ICMPv6 patches its checksum (it covers the IPv6
 /// pseudo-header), and an SCTP port rewrite recomputes the packet's CRC32c: both were left
 /// stale. tshark validates both (SCTP's CRC32c when asked).

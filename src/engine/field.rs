@@ -1,6 +1,6 @@
 //! Reading match fields out of a parsed frame.
 
-use super::parse::{Layers, Meta, L3};
+use super::parse::{l4_fields, Layers, Meta, L3};
 use crate::ir::{Field, FieldId};
 use crate::wire::{be128, be16, be32, be64, geneve, ip_proto};
 
@@ -16,7 +16,7 @@ pub struct PacketState {
 
 /// The value of `field` in `frame`, or `None` when the packet does not have that header
 /// (a TCP field on a UDP packet, an inner field without a tunnel, an L4 field on a
-/// fragment).
+/// fragment other than a datagram's first).
 #[inline(always)]
 pub fn read(frame: &[u8], meta: &Meta, st: &PacketState, field: Field) -> Option<u128> {
     match field.id {
@@ -58,7 +58,7 @@ pub fn read_narrow(frame: &[u8], meta: &Meta, st: &PacketState, field: Field) ->
     let l4 = usize::from(l.l4);
     let v4 = l.l3_kind == L3::V4;
     let v6 = l.l3_kind == L3::V6;
-    let has_l4 = |proto: u8| l.l4_ok && l.proto == proto;
+    let has_l4 = |proto: u8| l.proto == proto && l4_fields(frame, l);
     Some(match field.id {
         // Eight bytes read, the two beyond each address dropped (the Ethernet header
         // the parse found holds them).
@@ -76,8 +76,12 @@ pub fn read_narrow(frame: &[u8], meta: &Meta, st: &PacketState, field: Field) ->
         FieldId::IpEcn if v6 => u64::from((be16(frame, l3) >> 4) & 3),
         FieldId::IpTtl if v4 => u64::from(frame[l3 + 8]),
         FieldId::IpTtl if v6 => u64::from(frame[l3 + 7]),
-        FieldId::L4Src if l.l4_ok && ip_proto::has_ports(l.proto) => u64::from(be16(frame, l4)),
-        FieldId::L4Dst if l.l4_ok && ip_proto::has_ports(l.proto) => u64::from(be16(frame, l4 + 2)),
+        FieldId::L4Src if ip_proto::has_ports(l.proto) && l4_fields(frame, l) => {
+            u64::from(be16(frame, l4))
+        }
+        FieldId::L4Dst if ip_proto::has_ports(l.proto) && l4_fields(frame, l) => {
+            u64::from(be16(frame, l4 + 2))
+        }
         FieldId::TcpSrc if has_l4(ip_proto::TCP) => u64::from(be16(frame, l4)),
         FieldId::TcpDst if has_l4(ip_proto::TCP) => u64::from(be16(frame, l4 + 2)),
         FieldId::TcpFlags if has_l4(ip_proto::TCP) => u64::from(frame[l4 + 13]),

@@ -203,6 +203,38 @@ fn layers(frame: &[u8], at: usize, l: &mut Layers) -> Result<(), DropReason> {
     Ok(())
 }
 
+/// Whether the L4 fields rules match (ports, TCP flags, ICMP type and code) are in the
+/// packet: in a whole L4 packet, or in a datagram's first fragment long enough for its L4
+/// header (as iptables matches a first fragment's ports; later fragments have none).
+#[inline(always)]
+pub fn l4_fields(frame: &[u8], l: &Layers) -> bool {
+    l.l4_ok || (l.fragment && first_fragment_head(frame, l))
+}
+
+/// Whether a fragment is its datagram's first and holds the L4 header (the part rules
+/// read: a TCP header's 20 bytes, UDP's 8, SCTP's common header, ICMP's type, code and
+/// checksum). Out of line: fragments are rare.
+#[cold]
+#[inline(never)]
+fn first_fragment_head(frame: &[u8], l: &Layers) -> bool {
+    let ip = &frame[usize::from(l.l3)..];
+    let first = match l.l3_kind {
+        L3::V4 => ipv4::Packet::new_unchecked(ip).frag_offset() == 0,
+        L3::V6 => ipv6::Packet::new_unchecked(ip)
+            .upper_layer()
+            .is_ok_and(|u| u.l4_present),
+        L3::None => false,
+    };
+    let needs = match l.proto {
+        ip_proto::TCP => 20,
+        ip_proto::UDP => udp::HEADER_LEN,
+        ip_proto::SCTP => 12,
+        ip_proto::ICMP | ip_proto::ICMPV6 => 4,
+        _ => 0,
+    };
+    first && usize::from(l.l4) + needs <= usize::from(l.l3_end)
+}
+
 /// A symmetric hash of addresses, protocol and ports: both directions of a flow hash the
 /// same, so a flow and its replies can be steered to the same worker. Computed on demand
 /// (encapsulation needs it; plain forwarding does not).
