@@ -62,9 +62,15 @@ proptest! {
 proptest! {
     /// First fragments whose L4 header is cut anywhere, their addresses rewritten
     /// (tests/data/fragment-rewrite.pipe): no panic, and only the IPv4 header and, where
-    /// the fragment holds it, the L4 checksum change.
+    /// the fragment holds it, the L4 checksum change; through a pipe that denies by port,
+    /// dropped exactly when they hold the whole L4 header and its port is denied.
     #[test]
-    fn rewritten_first_fragments_of_any_length(proto in prop_oneof![Just(6u8), Just(17u8)], l4 in proptest::collection::vec(any::<u8>(), 0..40)) {
+    fn rewritten_first_fragments_of_any_length(proto in prop_oneof![Just(6u8), Just(17u8)], mut l4 in proptest::collection::vec(any::<u8>(), 0..40), aim in any::<bool>()) {
+        // Half of them to the port the deny pipe below drops.
+        if aim && l4.len() >= 4 {
+            let port: u16 = if proto == 6 { 23 } else { 9999 };
+            l4[2..4].copy_from_slice(&port.to_be_bytes());
+        }
         let p = program("tests/data/fragment-rewrite.pipe");
         let mut engine = Engine::new(&p);
         let mut frame = vec![0u8; 12];
@@ -88,6 +94,17 @@ proptest! {
                 prop_assert!(i == checksum_at || i == checksum_at + 1, "byte {} changed", i);
             }
         }
+        // Matched by their ports (tests/data/port-deny.pipe drops UDP 9999 and TCP 23)
+        // when they hold the whole L4 header, forwarded when they do not: never a panic.
+        let deny = program("tests/data/port-deny.pipe");
+        let mut engine = Engine::new(&deny);
+        let mut pkt = PacketBuf::new(9216);
+        assert!(pkt.load(&frame, PortId(0), 1));
+        engine.process(std::slice::from_mut(&mut pkt), &mut NoObserver);
+        let port = (l4.len() >= 4).then(|| u16::from_be_bytes([l4[2], l4[3]]));
+        let whole = l4.len() >= if proto == 6 { 20 } else { 8 };
+        let denied = whole && port == Some(if proto == 6 { 23 } else { 9999 });
+        prop_assert_eq!(matches!(pkt.verdict, Verdict::Drop(_)), denied);
     }
 }
 
