@@ -15,12 +15,12 @@
 //! SIGTERM, SIGINT or SIGHUP stops the reading; the batches already read are processed and
 //! written, outputs are flushed, and the process exits 0.
 
-use crate::engine::parse::{self, TunnelPorts};
+use crate::engine::parse::{self, fragment_of, TunnelPorts};
 use crate::engine::{
     Compiled, Engine, NoObserver, PacketBuf, SharedMeter, Verdict, DEFAULT_MAX_FRAME,
 };
 use crate::firewall::conntrack::Conntrack;
-use crate::firewall::fragments::{fragment_of, Fragments};
+use crate::firewall::fragments::Fragments;
 use crate::io::pcap::{CaptureError, CaptureWriter};
 use crate::ir::Program;
 use crate::replay::{Bindings, Merged, Merger};

@@ -2,7 +2,7 @@
 //! TTL decrement, VLAN push and pop, tunnel encapsulation and decapsulation.
 
 use super::packet::PacketBuf;
-use super::parse::{Layers, Meta, L3};
+use super::parse::{self, Layers, Meta, L3};
 use super::DropReason;
 use crate::ir::{Encap, Field, FieldId, Tunnel};
 use crate::wire::ethernet::{self, ethertype};
@@ -251,8 +251,7 @@ pub fn dec_ttl(frame: &mut [u8], l: &Layers) -> Result<(), DropReason> {
 /// address rewrite changes it as it would a whole one (RFC 1624's update needs only the
 /// old sum and the changed words), where it lies within the fragment.
 fn l4_checksum_at(frame: &[u8], l: &Layers) -> Option<usize> {
-    let carries_l4 = l.l4_ok || (l.fragment && first_fragment(frame, l));
-    if !carries_l4 {
+    if !parse::l4_fields(frame, l) {
         return None;
     }
     let l4 = usize::from(l.l4);
@@ -264,19 +263,6 @@ fn l4_checksum_at(frame: &[u8], l: &Layers) -> Option<usize> {
         _ => return None,
     };
     (at + 2 <= usize::from(l.l3_end)).then_some(at)
-}
-
-/// Whether a fragment is its datagram's first, which carries the L4 header (RFC 791 §3.2,
-/// RFC 8200 §4.5): fragment offset zero.
-fn first_fragment(frame: &[u8], l: &Layers) -> bool {
-    let ip = &frame[usize::from(l.l3)..];
-    match l.l3_kind {
-        L3::V4 => ipv4::Packet::new_unchecked(ip).frag_offset() == 0,
-        L3::V6 => ipv6::Packet::new_unchecked(ip)
-            .upper_layer()
-            .is_ok_and(|u| u.l4_present),
-        L3::None => false,
-    }
 }
 
 fn patch_l4(frame: &mut [u8], l: &Layers, old: &[u8], new: &[u8]) {

@@ -4,7 +4,7 @@
 use super::DropReason;
 use crate::ir::Tunnel;
 use crate::wire::ethernet::{self, ethertype};
-use crate::wire::{be128, be32, geneve, icmp, ip_proto, ipv4, ipv6, tcp, udp, vlan, vxlan};
+use crate::wire::{be128, be32, be64, geneve, icmp, ip_proto, ipv4, ipv6, tcp, udp, vlan, vxlan};
 
 /// VLAN tags followed at most (802.1ad + 802.1Q, and one more to be lenient).
 const MAX_VLAN_TAGS: usize = 3;
@@ -211,28 +211,55 @@ pub fn l4_fields(frame: &[u8], l: &Layers) -> bool {
     l.l4_ok || (l.fragment && first_fragment_head(frame, l))
 }
 
-/// Whether a fragment is its datagram's first and holds the L4 header (the part rules
-/// read: a TCP header's 20 bytes, UDP's 8, SCTP's common header, ICMP's type, code and
-/// checksum). Out of line: fragments are rare.
+/// Whether a fragment is its datagram's first and holds the whole L4 header (a TCP
+/// header's 20 bytes, UDP's 8, SCTP's common header, ICMP's 8). Out of line: fragments
+/// are rare.
 #[cold]
 #[inline(never)]
 fn first_fragment_head(frame: &[u8], l: &Layers) -> bool {
-    let ip = &frame[usize::from(l.l3)..];
-    let first = match l.l3_kind {
-        L3::V4 => ipv4::Packet::new_unchecked(ip).frag_offset() == 0,
-        L3::V6 => ipv6::Packet::new_unchecked(ip)
-            .upper_layer()
-            .is_ok_and(|u| u.l4_present),
-        L3::None => false,
-    };
     let needs = match l.proto {
         ip_proto::TCP => 20,
         ip_proto::UDP => udp::HEADER_LEN,
         ip_proto::SCTP => 12,
-        ip_proto::ICMP | ip_proto::ICMPV6 => 4,
+        ip_proto::ICMP | ip_proto::ICMPV6 => icmp::HEADER_LEN,
         _ => 0,
     };
-    first && usize::from(l.l4) + needs <= usize::from(l.l3_end)
+    fragment_of(frame, l).is_some_and(|(_, first)| first)
+        && usize::from(l.l4) + needs <= usize::from(l.l3_end)
+}
+
+/// A datagram, as its fragments all say: addresses, identification (RFC 791 §3.2, RFC
+/// 8200 §4.5), family and, for IPv4, protocol (IPv6 numbers datagrams per address pair,
+/// IPv4 per pair and protocol: RFC 6864 §4).
+pub type Datagram = [u64; 5];
+
+/// The datagram a fragment (`l.fragment`) belongs to, and whether it is the first (which
+/// carries the L4 header).
+pub fn fragment_of(frame: &[u8], l: &Layers) -> Option<(Datagram, bool)> {
+    let l3 = usize::from(l.l3);
+    let ip = frame.get(l3..)?;
+    let (addresses, ident, first, proto) = match l.l3_kind {
+        L3::V4 => {
+            let p = ipv4::Packet::new_unchecked(ip);
+            let a = [
+                u64::from(be32(frame, l3 + 12)),
+                u64::from(be32(frame, l3 + 16)),
+                0,
+                0,
+            ];
+            (a, u32::from(p.ident()), p.frag_offset() == 0, l.proto)
+        }
+        L3::V6 => {
+            let up = ipv6::Packet::new_unchecked(ip).upper_layer().ok()?;
+            let a = [8, 16, 24, 32].map(|at| be64(frame, l3 + at));
+            (a, up.ident, up.l4_present, 0)
+        }
+        L3::None => return None,
+    };
+    let v6 = l.l3_kind == L3::V6;
+    let tag = u64::from(v6) << 40 | u64::from(proto) << 32 | u64::from(ident);
+    let [a, b, c, d] = addresses;
+    Some(([a, b, c, d, tag], first))
 }
 
 /// A symmetric hash of addresses, protocol and ports: both directions of a flow hash the

@@ -21,9 +21,9 @@
 //! it was looked up as it arrived and did not arrive tunnelled, so the records describe the
 //! packets as they arrived, like the flow cache's, and no packet is in both.
 
-use crate::engine::parse::{Layers, Meta, L3};
+use crate::engine::parse::{fragment_of, l4_fields, Layers, Meta, L3};
 use crate::engine::prefetch::{prefetch, prefetch_span};
-use crate::firewall::fragments::{fragment_of, Fragments};
+use crate::firewall::fragments::Fragments;
 use crate::hash::KeyedHash;
 use crate::ir::{CtTimeouts, CT_STATE_NAMES};
 use crate::sweep::Pace;
@@ -1061,21 +1061,14 @@ fn tuple(frame: &[u8], l: &Layers) -> Option<Tuple> {
     Some(t)
 }
 
-/// Whether a fragment is its datagram's first; `None` for a first fragment too short for
-/// the L4 fields [`tuple()`] reads, which is judged by none (RFC 1858's tiny fragments):
-/// invalid. Out of line: fragments are rare.
+/// Whether a fragment is its datagram's first; `None` for a first fragment without its
+/// whole L4 header, which is judged by none (RFC 1858's tiny fragments): invalid. Out of
+/// line: fragments are rare.
 #[cold]
 #[inline(never)]
 fn first_fragment(frame: &[u8], l: &Layers) -> Option<bool> {
     let (_, first) = fragment_of(frame, l)?;
-    let needs = match l.proto {
-        ip_proto::TCP => 14,
-        ip_proto::UDP | ip_proto::SCTP => 4,
-        ip_proto::ICMP | ip_proto::ICMPV6 => 8,
-        _ => 0,
-    };
-    let short = usize::from(l.l4) + needs > usize::from(l.l3_end);
-    (!first || !short).then_some(first)
+    (!first || l4_fields(frame, l)).then_some(first)
 }
 
 /// The tuple of the packet an ICMP error quotes (its IP header and first 8 L4 bytes).

@@ -4,9 +4,8 @@
 //! is buffered or put back together; each fragment is judged as it comes, and a fragment
 //! that arrives before its datagram's first has nothing to go by.
 
-use crate::engine::parse::{Layers, L3};
+use crate::engine::parse::Datagram;
 use crate::hash::KeyedHash;
-use crate::wire::{be32, be64, ipv4, ipv6};
 
 /// Slots (a power of two): datagrams whose fragments may be in flight at once.
 const SLOTS: usize = 1024;
@@ -14,40 +13,6 @@ const SLOTS: usize = 1024;
 /// How long a first fragment's word stays (packet time): Linux's reassembly timeout
 /// (`ipfrag_time`, 30 s).
 const TIMEOUT_NS: u64 = 30_000_000_000;
-
-/// A datagram, as its fragments all say: addresses, identification (RFC 791 §3.2, RFC
-/// 8200 §4.5), family and, for IPv4, protocol (IPv6 numbers datagrams per address pair,
-/// IPv4 per pair and protocol: RFC 6864 §4).
-pub type Datagram = [u64; 5];
-
-/// The datagram a fragment (`l.fragment`) belongs to, and whether it is the first (which
-/// carries the L4 header).
-pub fn fragment_of(frame: &[u8], l: &Layers) -> Option<(Datagram, bool)> {
-    let l3 = usize::from(l.l3);
-    let ip = frame.get(l3..)?;
-    let (addresses, ident, first, proto) = match l.l3_kind {
-        L3::V4 => {
-            let p = ipv4::Packet::new_unchecked(ip);
-            let a = [
-                u64::from(be32(frame, l3 + 12)),
-                u64::from(be32(frame, l3 + 16)),
-                0,
-                0,
-            ];
-            (a, u32::from(p.ident()), p.frag_offset() == 0, l.proto)
-        }
-        L3::V6 => {
-            let up = ipv6::Packet::new_unchecked(ip).upper_layer().ok()?;
-            let a = [8, 16, 24, 32].map(|at| be64(frame, l3 + at));
-            (a, up.ident, up.l4_present, 0)
-        }
-        L3::None => return None,
-    };
-    let v6 = l.l3_kind == L3::V6;
-    let tag = u64::from(v6) << 40 | u64::from(proto) << 32 | u64::from(ident);
-    let [a, b, c, d] = addresses;
-    Some(([a, b, c, d, tag], first))
-}
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Slot<V> {
