@@ -92,20 +92,28 @@ impl MeterState {
         } else {
             SCALE
         };
-        if let Some(lease) = &mut self.lease {
-            return lease.mark(&mut self.c, &mut self.e, b, now_ns);
+        if self.lease.is_none() {
+            if self.last_ns == 0 {
+                self.last_ns = now_ns;
+            }
+            self.refill(now_ns);
         }
-        if self.last_ns == 0 {
-            self.last_ns = now_ns;
-        }
-        self.refill(now_ns);
-        match self.pir {
+        let MeterState {
+            lease, c, e, pir, ..
+        } = self;
+        // Whether a bucket holds the packet's tokens: a leased one is topped up from the
+        // shared buckets first when short.
+        let mut holds = |bucket: Bucket, tokens: &mut u128| match lease {
+            Some(l) => l.ensure(bucket, tokens, b, now_ns),
+            None => *tokens >= b,
+        };
+        match pir {
             None => {
-                if self.c >= b {
-                    self.c -= b;
+                if holds(Bucket::C, c) {
+                    *c -= b;
                     Color::Green
-                } else if self.e >= b {
-                    self.e -= b;
+                } else if holds(Bucket::E, e) {
+                    *e -= b;
                     Color::Yellow
                 } else {
                     Color::Red
@@ -113,14 +121,14 @@ impl MeterState {
             }
             // RFC 2698 §3, colour-blind: P bucket first.
             Some(_) => {
-                if self.e < b {
+                if !holds(Bucket::E, e) {
                     Color::Red
-                } else if self.c < b {
-                    self.e -= b;
+                } else if !holds(Bucket::C, c) {
+                    *e -= b;
                     Color::Yellow
                 } else {
-                    self.e -= b;
-                    self.c -= b;
+                    *e -= b;
+                    *c -= b;
                     Color::Green
                 }
             }
@@ -259,35 +267,21 @@ impl Draw {
     }
 }
 
+/// A meter's two buckets: committed (C) and excess or peak (E, P in RFC 2698).
+#[derive(Debug, Clone, Copy)]
+enum Bucket {
+    C,
+    E,
+}
+
 impl Lease {
-    /// [`MeterState::mark`] with the worker's buckets `c` and `e` topped up from the
-    /// shared ones when short.
-    fn mark(&mut self, c: &mut u128, e: &mut u128, need: u128, now_ns: u64) -> Color {
+    /// Whether the worker's `bucket`, holding `tokens`, has `need`, topped up from the
+    /// shared one when short.
+    fn ensure(&mut self, bucket: Bucket, tokens: &mut u128, need: u128, now_ns: u64) -> bool {
         let s = &*self.shared;
-        match s.pir {
-            None => {
-                if self.c.ensure(c, need, now_ns, s, &s.c) {
-                    *c -= need;
-                    Color::Green
-                } else if self.e.ensure(e, need, now_ns, s, &s.e) {
-                    *e -= need;
-                    Color::Yellow
-                } else {
-                    Color::Red
-                }
-            }
-            Some(_) => {
-                if !self.e.ensure(e, need, now_ns, s, &s.e) {
-                    Color::Red
-                } else if !self.c.ensure(c, need, now_ns, s, &s.c) {
-                    *e -= need;
-                    Color::Yellow
-                } else {
-                    *e -= need;
-                    *c -= need;
-                    Color::Green
-                }
-            }
+        match bucket {
+            Bucket::C => self.c.ensure(tokens, need, now_ns, s, &s.c),
+            Bucket::E => self.e.ensure(tokens, need, now_ns, s, &s.e),
         }
     }
 }
