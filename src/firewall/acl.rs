@@ -727,6 +727,14 @@ struct View<const N: usize> {
 }
 
 impl<const N: usize> View<N> {
+    /// Trees over all of `rules`, nothing beside them.
+    fn built_from(rules: &[Option<Rule<N>>], space: &Space<N>) -> Arc<View<N>> {
+        Arc::new(View {
+            built: Arc::new(build(rules, space)),
+            added: Vec::new(),
+        })
+    }
+
     /// The first rule that matches, of the list's rules ahead of `found` (a match
     /// already in hand): the list is in priority order, so the scan stops where it
     /// could no longer better `found`, and rules added after a set's own (a common case)
@@ -770,10 +778,7 @@ impl<const N: usize> Classifier<N> {
     pub fn with_space(space: Space<N>, rules: &[Rule<N>]) -> Classifier<N> {
         let all: Vec<Option<Rule<N>>> = rules.iter().copied().map(Some).collect();
         Classifier {
-            view: Arc::new(ArcSwap::from_pointee(View {
-                built: Arc::new(build(&all, &space)),
-                added: Vec::new(),
-            })),
+            view: Arc::new(ArcSwap::new(View::built_from(&all, &space))),
             space,
             writer: Arc::new(Mutex::new(Writer {
                 rules: all,
@@ -794,10 +799,7 @@ impl<const N: usize> Classifier<N> {
         while w.rebuilding {
             w = self.rebuilt.wait(w).unwrap_or_else(|e| e.into_inner());
         }
-        self.view.store(Arc::new(View {
-            built: Arc::new(build(&w.rules, &self.space)),
-            added: Vec::new(),
-        }));
+        self.view.store(View::built_from(&w.rules, &self.space));
     }
 
     /// After a write that left `listed` rules in the list: starts a rebuild in the
@@ -832,10 +834,7 @@ impl<const N: usize> Classifier<N> {
             .name("acl-rebuild".into())
             .spawn(move || job.run(snapshot));
         if spawned.is_err() {
-            self.view.store(Arc::new(View {
-                built: Arc::new(build(&w.rules, &self.space)),
-                added: Vec::new(),
-            }));
+            self.view.store(View::built_from(&w.rules, &self.space));
             w.rebuilding = false;
         }
     }
