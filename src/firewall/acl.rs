@@ -875,14 +875,14 @@ impl<const N: usize> Classifier<N> {
         trees + b.dead.len() * 8
     }
 
-    /// Publishes the list beside `built` (the current trees) with `f` applied, in one
-    /// step: its length.
-    fn edit_added(&self, built: &Arc<Built<N>>, f: impl FnOnce(&mut Vec<(u32, Rule<N>)>)) -> usize {
-        let mut added = self.view.load().added.clone();
+    /// Publishes the list of `view` (the current snapshot, which the writer's lock keeps
+    /// current) with `f` applied, beside the same trees, in one step: its length.
+    fn edit_added(&self, view: &View<N>, f: impl FnOnce(&mut Vec<(u32, Rule<N>)>)) -> usize {
+        let mut added = view.added.clone();
         f(&mut added);
         let listed = added.len();
         self.view.store(Arc::new(View {
-            built: Arc::clone(built),
+            built: Arc::clone(&view.built),
             added,
         }));
         listed
@@ -918,7 +918,7 @@ impl<const N: usize> Classifier<N> {
             built.dead[i / 64].fetch_and(!(1 << (i % 64)), Ordering::Release);
             let in_list = view.added.iter().any(|(p, _)| *p == id);
             if uncovered || in_list {
-                listed = self.edit_added(built, |l| {
+                listed = self.edit_added(&view, |l| {
                     if uncovered {
                         put_sorted(l, id, rule);
                     } else {
@@ -935,7 +935,7 @@ impl<const N: usize> Classifier<N> {
             } else {
                 Vec::new()
             };
-            listed = self.edit_added(built, |l| {
+            listed = self.edit_added(&view, |l| {
                 put_sorted(l, id, rule);
                 for (h, r) in hidden {
                     put_sorted(l, h, r);
@@ -970,7 +970,7 @@ impl<const N: usize> Classifier<N> {
             Vec::new()
         };
         if in_list || !hidden.is_empty() {
-            listed = self.edit_added(built, |l| {
+            listed = self.edit_added(&view, |l| {
                 l.retain(|(p, _)| *p != id);
                 for (h, r) in hidden {
                     put_sorted(l, h, r);
