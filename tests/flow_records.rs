@@ -102,6 +102,28 @@ fn vxlan(inner: &[u8], vni: u32, sport: u16) -> (Vec<u8>, Tuple, u64) {
     (f, (src, dst, sport, 4789, ip_proto::UDP), ip_len as u64)
 }
 
+/// The fragments of an Ethernet/IPv4 frame's datagram (RFC 791 §3.2) with identification
+/// `ident`, each carrying up to `size` bytes (a multiple of 8) of its payload; their IP
+/// lengths.
+fn fragments(frame: &[u8], ident: u16, size: usize) -> Vec<(Vec<u8>, u64)> {
+    let (head, payload) = frame.split_at(ethernet::HEADER_LEN + 20);
+    payload
+        .chunks(size)
+        .enumerate()
+        .map(|(n, part)| {
+            let mut f = [head, part].concat();
+            let ip = &mut f[ethernet::HEADER_LEN..];
+            let more = (n + 1) * size < payload.len();
+            let flags_offset = u16::from(more) << 13 | (n * size / 8) as u16;
+            ip[2..4].copy_from_slice(&(20 + part.len() as u16).to_be_bytes());
+            ip[4..6].copy_from_slice(&ident.to_be_bytes());
+            ip[6..8].copy_from_slice(&flags_offset.to_be_bytes());
+            ipv4::Packet::new_unchecked(ip).fill_checksum();
+            (f, 20 + part.len() as u64)
+        })
+        .collect()
+}
+
 /// SYN, SYN-ACK, ACK, PSH-ACK, FIN-ACK, RST.
 const TCP_FLAGS: [u8; 6] = [0x02, 0x12, 0x10, 0x18, 0x11, 0x04];
 
@@ -271,6 +293,52 @@ proptest! {
             })
             .collect();
         records_add_up("tests/data/ct-after-decap.pipe", sends, sampling)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// A fragmented datagram counts in its flow, under the ports its first fragment carried
+    /// (its later fragments carry none), through a stateless pipeline and through the
+    /// stateful firewall (where connections count whole packets and the flow cache the
+    /// fragments); also when the flow cache samples, and when a first fragment is not
+    /// sampled but a later one is.
+    #[test]
+    fn fragments_count_in_their_datagrams_flow(
+        packets in proptest::collection::vec((packet(), any::<bool>()), 1..200),
+        stateful in any::<bool>(),
+        sampling in prop_oneof![3 => Just(1u32), 1 => 2u32..5],
+    ) {
+        let mut ident = 0u16;
+        let mut sends = Vec::new();
+        for ((n, reply, flags, step, payload, flush_after), fragmented) in packets {
+            let t = conversation(n);
+            let (t, port) = match (reply, t.0 >> 24 == 10) {
+                (false, inside) => (t, if inside { INSIDE } else { OUTSIDE }),
+                (true, inside) => ((t.1, t.0, t.3, t.2, t.4), if inside { OUTSIDE } else { INSIDE }),
+            };
+            let port = if stateful { port } else { INSIDE };
+            let (frame, ip_len) = frame(t, TCP_FLAGS[flags], payload);
+            // A first fragment of 24 bytes holds a whole TCP or UDP header.
+            let parts = if fragmented && ip_len > 20 + 24 {
+                ident += 1;
+                fragments(&frame, ident, 24)
+            } else {
+                vec![(frame, ip_len)]
+            };
+            for (i, (frame, ip_len)) in parts.into_iter().enumerate() {
+                // A datagram's fragments come together, well within the reassembly time.
+                let step = if i == 0 { step } else { 0 };
+                sends.push(Send { port, frame, key: (t, None), ip_len, step, flush_after });
+            }
+        }
+        let pipeline = if stateful {
+            "pipelines/stateful-firewall.pipe"
+        } else {
+            "pipelines/vxlan-gateway.pipe"
+        };
+        records_add_up(pipeline, sends, sampling)?;
     }
 }
 

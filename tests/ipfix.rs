@@ -39,12 +39,17 @@ fn stop(mut c: Child) {
     }
 }
 
-/// Writes `flows.txt`, each flow of `pkts` as "src dst sport dport proto packets bytes".
+/// Writes `flows.txt`, each flow of `pkts` as "src dst sport dport proto packets bytes"; a
+/// datagram's later fragments are of the flow whose ports its first fragment carried.
 const COUNT_FLOWS: &str = r#"
-flows = {}
+import struct
+flows, firsts = {}, {}
 for p in pkts:
-    k = (p[IP].src, p[IP].dst, p.sport, p.dport, p[IP].proto)
-    c = flows.get(k, (0, 0)); flows[k] = (c[0] + 1, c[1] + len(bytes(p[IP])))
+    ip = p[IP]
+    if ip.frag == 0:
+        firsts[(ip.src, ip.dst, ip.id)] = struct.unpack("!HH", bytes(ip.payload)[:4])
+    k = (ip.src, ip.dst) + firsts[(ip.src, ip.dst, ip.id)] + (ip.proto,)
+    c = flows.get(k, (0, 0)); flows[k] = (c[0] + 1, c[1] + len(bytes(ip)))
 open("flows.txt", "w").write("\n".join("%s %s %d %d %d %d %d" % (k + v) for k, v in flows.items()))
 "#;
 
@@ -61,6 +66,16 @@ for n in range(3):
     add(Ether()/IP(src="10.0.0.99", dst="10.1.9.9")/TCP(sport=33000, dport=443, flags="S" if n == 0 else "A"))
 for n in range(2):
     add(Ether()/IP(src="10.0.0.50", dst="10.7.0.1")/UDP(sport=9, dport=9)/Raw(b"dropped"))   # outside 10.1/16: dropped
+wrpcap("host.pcap", pkts)
+"#;
+
+/// [`TRAFFIC`] and datagrams too big for one packet between whole packets of their flow
+/// (a fragment's record is its flow's), written to `host.pcap` again.
+const FRAGMENTED_TRAFFIC: &str = r#"
+for n in range(3):
+    add(Ether()/IP(src="10.0.0.77", dst="10.1.0.7")/UDP(sport=7000, dport=5001)/Raw(b"w"))
+    for f in fragment(Ether()/IP(src="10.0.0.77", dst="10.1.0.7", id=4200 + n)/UDP(sport=7000, dport=5001)/Raw(b"f" * 3000), fragsize=1400):
+        add(f)
 wrpcap("host.pcap", pkts)
 "#;
 
@@ -301,7 +316,10 @@ fn export(dir: &Scratch, pipeline: &str, inputs: &[(&str, &str)], flags: &[&str]
 #[test]
 fn nfdump_and_tshark_read_the_export() {
     let dir = Scratch::new("ipfix");
-    scapy(&dir.0, &format!("{TRAFFIC}{COUNT_FLOWS}"));
+    scapy(
+        &dir.0,
+        &format!("{TRAFFIC}{FRAGMENTED_TRAFFIC}{COUNT_FLOWS}"),
+    );
     let x = export(
         &dir,
         "pipelines/vxlan-gateway.pipe",

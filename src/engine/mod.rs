@@ -579,6 +579,9 @@ impl Engine {
                 {
                     flow_staged |= 1 << i;
                 }
+                if m.outer.fragment && !reports {
+                    flows.probe_fragment(frame, &m.outer, pkt.ts_ns, &mut self.flow_probes[i]);
+                }
             }
         }
         if let Some(ct) = &self.rt.ct {

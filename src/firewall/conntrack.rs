@@ -635,8 +635,9 @@ impl Conntrack {
         let (key, from_a) = canonical(&t, 0);
         let hash = self.hash(&key);
         prefetch(&self.tags[self.home_of(hash)]);
-        // A fragment's record would miss its datagram's ports and flags (the flow cache
-        // keeps fragments, keyed without ports).
+        // The flow cache records fragments (under their datagram's ports, as its own table
+        // of first fragments says): a connection would need the later fragments' ports
+        // before the batch's lookups resolve them.
         let report = if self.export.is_some() && meta.tunnel.is_none() && !meta.outer.fragment {
             u8::try_from(in_port).ok().filter(|&p| p != NO_PORT)
         } else {

@@ -2,9 +2,10 @@
 //! keyed by ingress port, addresses, protocol, transport ports and VNI, with packet and
 //! byte counts since its last export. Time is the packets' own.
 
-use crate::engine::parse::{Meta, L3};
+use crate::engine::parse::{self, Layers, Meta, L3};
 use crate::engine::prefetch::prefetch;
 use crate::engine::staged_packets;
+use crate::firewall::fragments::Fragments;
 use crate::hash::KeyedHash;
 use crate::sweep::Pace;
 use crate::telemetry::sampling::Sampler;
@@ -41,7 +42,8 @@ const V6_BIT: u64 = 1 << 16;
 impl Packed {
     /// Writes the key of a parsed packet, from its outer headers, to `self`; `false` for
     /// non-IP packets. An IPv4 key's last three words are left as they were: nothing reads
-    /// them (see [`FlowCache::holds`]), and a key is written for every packet.
+    /// them (see [`FlowCache::holds`]), and a key is written for every packet. A fragment's
+    /// ports are left zero (see [`FlowCache::fragment_ports`]).
     #[inline(always)]
     fn write(&mut self, frame: &[u8], meta: &Meta, in_port: u16) -> bool {
         let l = &meta.outer;
@@ -74,6 +76,11 @@ impl Packed {
             L3::None => return false,
         }
         true
+    }
+
+    /// Puts `ports` (source in the high half) and `proto` in the key.
+    fn set_transport(&mut self, ports: u32, proto: u8) {
+        self.0[0] = self.0[0] & 0xff_ffff | u64::from(ports) << 32 | u64::from(proto) << 24;
     }
 
     /// The key with the words its family does not use zeroed.
@@ -319,6 +326,9 @@ pub struct FlowCache {
     due: Vec<FlowRecord>,
     /// Which packets are counted (`None`: all).
     sampler: Option<Sampler>,
+    /// The ports and protocol recent datagrams' first fragments carried, for their later
+    /// fragments: a datagram's fragments count in its flow, not in one keyed without ports.
+    fragments: Fragments<(u32, u8)>,
     /// The next slot the sweep examines.
     sweep_at: usize,
     pace: Pace,
@@ -344,6 +354,7 @@ impl FlowCache {
             records: 0,
             due: Vec::with_capacity(RECORDS_KEPT),
             sampler: None,
+            fragments: Fragments::default(),
             sweep_at: 0,
             pace: Pace::default(),
         }
@@ -367,7 +378,8 @@ impl FlowCache {
     /// Writes the probe of a parsed packet to `probe` (`false` for non-IP packets): its
     /// key and hash, and starts loading its index bucket. The first step of a lookup, done
     /// for a whole batch before any of it is processed so the cache misses overlap; the
-    /// probe is written in place, as the engine keeps one per staged packet.
+    /// probe is written in place, as the engine keeps one per staged packet. A fragment's
+    /// probe is completed by [`FlowCache::probe_fragment`].
     #[inline(always)]
     pub fn probe(&self, frame: &[u8], meta: &Meta, in_port: u16, probe: &mut FlowProbe) -> bool {
         if !probe.key.write(frame, meta, in_port) {
@@ -385,6 +397,50 @@ impl FlowCache {
             0
         };
         true
+    }
+
+    /// Gives the probe of a fragment that arrived at `now` its datagram's ports and
+    /// protocol, as the datagram's first fragment carried them, and the TCP flags the
+    /// fragment carries (only a first has them): a first fragment notes its own for the
+    /// later ones, which have no L4 header (and in IPv6 may name an extension header as
+    /// their protocol). A fragment whose first has not come (a fragment ahead of it, or one
+    /// whose first was lost) keeps ports zero. Called for every fragment, counted or not,
+    /// so a counted fragment finds its first when sampling passed that by; the probe is
+    /// then unused. Out of line: fragments are rare.
+    #[cold]
+    #[inline(never)]
+    pub fn probe_fragment(&mut self, frame: &[u8], l: &Layers, now: u64, probe: &mut FlowProbe) {
+        let Some((ports, proto, tcp_flags)) = self.fragment_transport(frame, l, now) else {
+            return;
+        };
+        probe.key.set_transport(ports, proto);
+        probe.tcp_flags = tcp_flags;
+        probe.hash = probe.key.hash(&self.hasher);
+    }
+
+    /// What [`FlowCache::probe_fragment`] gives a fragment's probe, if known.
+    fn fragment_transport(&mut self, frame: &[u8], l: &Layers, now: u64) -> Option<(u32, u8, u8)> {
+        let (datagram, first) = parse::fragment_of(frame, l)?;
+        if !first {
+            let (ports, proto) = self.fragments.first(&datagram, now)?;
+            return Some((ports, proto, 0));
+        }
+        if !parse::l4_fields(frame, l) {
+            return None;
+        }
+        let l4 = usize::from(l.l4);
+        let ports = if ip_proto::has_ports(l.proto) {
+            be32(frame, l4)
+        } else {
+            0
+        };
+        let tcp_flags = if l.proto == ip_proto::TCP {
+            frame.get(l4 + 13).copied().unwrap_or(0)
+        } else {
+            0
+        };
+        self.fragments.note(datagram, (ports, l.proto), now);
+        Some((ports, l.proto, tcp_flags))
     }
 
     /// The probe of a packet of `ip_bytes` whose key was taken elsewhere (by conntrack, as
@@ -769,6 +825,64 @@ mod tests {
             dport: 53,
             ..FlowKey::default()
         }
+    }
+
+    /// An Ethernet/IPv6 fragment (RFC 8200 §4.5) of datagram 7 from 2001:db8::1 to
+    /// 2001:db8::2 at byte `offset` of its fragmentable part, which starts with a
+    /// destination options header (so a later fragment's next header names it, not UDP).
+    fn ipv6_fragment(offset: u16, more: bool, part: &[u8]) -> Vec<u8> {
+        let mut f = vec![0; 14];
+        f[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
+        let mut ip = [0u8; 40];
+        ip[0] = 0x60;
+        ip[4..6].copy_from_slice(&(8 + part.len() as u16).to_be_bytes());
+        ip[6] = ip_proto::IPV6_FRAGMENT;
+        ip[7] = 64;
+        ip[8..10].copy_from_slice(&[0x20, 0x01]);
+        ip[10..12].copy_from_slice(&[0x0d, 0xb8]);
+        ip[23] = 1;
+        ip[24..28].copy_from_slice(&[0x20, 0x01, 0x0d, 0xb8]);
+        ip[39] = 2;
+        f.extend(ip);
+        f.extend([ip_proto::IPV6_DEST_OPTS, 0]);
+        f.extend((offset | u16::from(more)).to_be_bytes());
+        f.extend(7u32.to_be_bytes());
+        f.extend(part);
+        f
+    }
+
+    #[test]
+    fn fragments_count_in_their_datagrams_flow() {
+        let tunnels = parse::TunnelPorts::default();
+        // Destination options (padding only), then UDP 5000 → 53 and 24 bytes of data.
+        let mut datagram = vec![ip_proto::UDP, 0, 1, 4, 0, 0, 0, 0];
+        datagram.extend([0x13, 0x88, 0, 53, 0, 32, 0, 0]);
+        datagram.extend([0xab; 24]);
+        let (first, rest) = datagram.split_at(24);
+        let frames = [
+            ipv6_fragment(0, true, first),
+            ipv6_fragment(24, false, rest),
+        ];
+        let mut cache = FlowCache::new(16, u64::MAX, u64::MAX);
+        for (i, frame) in frames.iter().enumerate() {
+            let meta = parse::parse(frame, &tunnels).expect("parsed");
+            assert!(meta.outer.fragment);
+            let mut p = FlowProbe::default();
+            assert!(cache.probe(frame, &meta, 1, &mut p));
+            cache.probe_fragment(frame, &meta.outer, 10 + i as u64, &mut p);
+            cache.count(&p, 10 + i as u64, None, false);
+        }
+        let mut records = Vec::new();
+        cache.flush(20, &mut records);
+        let [r] = records[..] else {
+            panic!("one flow, not {records:?}")
+        };
+        let k = r.key;
+        assert_eq!((k.sport, k.dport, k.proto), (5000, 53, ip_proto::UDP));
+        assert_eq!(
+            (r.packets, r.bytes),
+            (2, 2 * (40 + 8) + datagram.len() as u64)
+        );
     }
 
     #[test]
