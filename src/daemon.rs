@@ -24,13 +24,14 @@ use crate::firewall::fragments::Fragments;
 use crate::io::pcap::{CaptureError, CaptureWriter};
 use crate::ir::Program;
 use crate::replay::{Bindings, Merged, Merger};
+use crate::telemetry::collector::{Collector, Destination};
 use crate::telemetry::flows::FlowRecord;
 use crate::telemetry::http::{self, Handler};
 use crate::telemetry::ipfix::Exporter;
 use crate::telemetry::metrics::{self, Info};
 use crate::telemetry::{ExportStats, Latency, Snapshot, WarnThrottle};
 use crossbeam_channel::{bounded, Receiver, Select, Sender, TrySendError};
-use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -43,7 +44,7 @@ pub struct Options {
     /// Where to serve `/metrics`; none, no endpoint.
     pub metrics: Option<SocketAddr>,
     /// IPFIX collector; none, no export.
-    pub ipfix: Option<SocketAddr>,
+    pub ipfix: Option<Destination>,
     pub workers: usize,
     /// Packets per second to read at most (all inputs together).
     pub rate: Option<u64>,
@@ -210,12 +211,13 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             conntrack_limit,
             flow_limit: opts
                 .ipfix
+                .as_ref()
                 .map(|_| program.telemetry.flow_cache * workers as u64),
         },
         snapshots: (0..workers)
             .map(|_| Mutex::new(Snapshot::default()))
             .collect(),
-        export: opts.ipfix.map(|_| ExportCounts::default()),
+        export: opts.ipfix.as_ref().map(|_| ExportCounts::default()),
         workers_up: AtomicUsize::new(0),
         workers,
         failed: Arc::clone(&watch.failed),
@@ -242,26 +244,20 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     tracing::info!(pipeline = %shared.program.name, workers, inputs = opts.bindings.inputs.len(), "running");
 
     let (flows_tx, flows_rx) = bounded::<Vec<FlowRecord>>(QUEUE * workers);
-    let exporter = match opts.ipfix {
-        Some(collector) => {
-            let socket = UdpSocket::bind(if collector.is_ipv4() {
-                "0.0.0.0:0"
-            } else {
-                "[::]:0"
-            })
-            .and_then(|s| s.connect(collector).map(|()| s))
-            .map_err(|source| RunError::Listen {
-                addr: collector,
+    let exporter = match &opts.ipfix {
+        Some(to) => {
+            let mut collector = Collector::open(to).map_err(|source| RunError::Listen {
+                addr: to.address,
                 source,
             })?;
             let sampling = shared.program.telemetry.sampling;
-            tracing::info!(%collector, sampling, "exporting IPFIX");
+            tracing::info!(collector = %to.address, sampling, "exporting IPFIX");
             let shared = Arc::clone(&shared);
-            Some(watch.spawn("ipfix", move || export(&socket, &flows_rx, &shared))?)
+            Some(watch.spawn("ipfix", move || export(&mut collector, &flows_rx, &shared))?)
         }
         None => None,
     };
-    let flows_tx = opts.ipfix.map(|_| flows_tx);
+    let flows_tx = opts.ipfix.as_ref().map(|_| flows_tx);
     let (done_tx, done_rx) = bounded::<Processed>(QUEUE * workers);
     let mut to_workers = Vec::new();
     let mut spares_back = Vec::new();
@@ -765,8 +761,9 @@ fn queue(tx: &Sender<Vec<FlowRecord>>, records: Vec<FlowRecord>) -> Option<Vec<F
 }
 
 /// Sends flow records as IPFIX messages until every worker is done, counting messages sent
-/// and refused in `shared`; returns the records sent.
-fn export(socket: &UdpSocket, rx: &Receiver<Vec<FlowRecord>>, shared: &Shared) -> u64 {
+/// and refused in `shared`; returns the records sent. Where the collector moves, the
+/// templates go again before the next records.
+fn export(collector: &mut Collector, rx: &Receiver<Vec<FlowRecord>>, shared: &Shared) -> u64 {
     let Some(counts) = &shared.export else {
         return 0;
     };
@@ -778,9 +775,10 @@ fn export(socket: &UdpSocket, rx: &Receiver<Vec<FlowRecord>>, shared: &Shared) -
         .map(|p| p.name.clone())
         .collect();
     let refresh = t.template_refresh.as_secs().max(1);
-    // Each message, in its UDP and IP headers, fits the path MTU.
-    let headers = match socket.peer_addr() {
-        Ok(SocketAddr::V4(_)) => 20 + 8,
+    // Each message, in its UDP and IP headers, fits the path MTU (a named collector's
+    // may be IPv6 after a move).
+    let headers = match collector.address() {
+        SocketAddr::V4(_) if !collector.follows() => 20 + 8,
         _ => 40 + 8,
     };
     let largest = usize::from(t.ipfix_mtu).saturating_sub(headers);
@@ -790,9 +788,9 @@ fn export(socket: &UdpSocket, rx: &Receiver<Vec<FlowRecord>>, shared: &Shared) -
     // Failures since the last warning, and when that was: a collector that is down would
     // otherwise be reported for every message.
     let (mut unreported, mut warning) = (0u64, WarnThrottle::default());
-    let mut send = |messages: Vec<Vec<u8>>| {
+    let mut send = |collector: &Collector, messages: Vec<Vec<u8>>| {
         for msg in messages {
-            match socket.send(&msg) {
+            match collector.send(&msg) {
                 Ok(_) => counts.messages.fetch_add(1, Ordering::Relaxed),
                 Err(e) => {
                     unreported += 1;
@@ -820,17 +818,20 @@ fn export(socket: &UdpSocket, rx: &Receiver<Vec<FlowRecord>>, shared: &Shared) -
     };
     let (every, mut reported, mut reported_at) = (t.active_timeout, (0, 0), None::<Instant>);
     for records in rx.iter() {
-        send(exporter.messages(&records, now_s()));
+        if collector.moved() {
+            exporter.resend_templates();
+        }
+        send(collector, exporter.messages(&records, now_s()));
         sent += records.len() as u64;
         let now = ignored();
         if now != reported && reported_at.is_none_or(|at| at.elapsed() >= every) {
-            send(exporter.ignored(now.0, now.1, now_s()));
+            send(collector, exporter.ignored(now.0, now.1, now_s()));
             (reported, reported_at) = (now, Some(Instant::now()));
         }
     }
     let now = ignored();
     if now != reported {
-        send(exporter.ignored(now.0, now.1, now_s()));
+        send(collector, exporter.ignored(now.0, now.1, now_s()));
     }
     sent
 }

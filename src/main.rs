@@ -177,7 +177,8 @@ struct RunFlags {
     /// 127.0.0.1:9464).
     #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
-    /// IPFIX collector: IP:PORT, or NAME:PORT resolved once at start.
+    /// IPFIX collector: IP:PORT, or NAME:PORT (resolved at start, then every 30 s: the
+    /// export follows the collector if it moves).
     #[arg(long, value_name = "ADDR")]
     ipfix: Option<dpuflow::ir::HostPort>,
     /// Count one packet in N into the IPFIX flow cache, at a random place in each window of
@@ -768,10 +769,14 @@ fn run(f: RunFlags) -> ExitCode {
     {
         Ok(None) => None,
         Ok(Some((collector, address))) => {
-            if collector.host.parse::<std::net::IpAddr>().is_err() {
+            let named = collector.host.parse::<std::net::IpAddr>().is_err();
+            if named {
                 tracing::info!(%collector, %address, "IPFIX collector resolved");
             }
-            Some(address)
+            Some(dpuflow::telemetry::collector::Destination {
+                address,
+                name: named.then_some(collector),
+            })
         }
         Err((collector, e)) => {
             tracing::error!(%collector, error = %e, "cannot resolve the IPFIX collector");

@@ -496,7 +496,8 @@ impl CtTimeouts {
 }
 
 /// Where a collector listens, as written: an IP address or a host name, and a UDP port.
-/// A name is resolved when the service starts.
+/// A name is resolved when the service starts, and again now and then (see
+/// [`crate::telemetry::collector`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostPort {
     pub host: String,

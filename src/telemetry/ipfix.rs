@@ -277,6 +277,12 @@ impl Exporter {
         }
     }
 
+    /// Sends the templates again with the next messages (to a collector that has not seen
+    /// them: one that moved).
+    pub fn resend_templates(&mut self) {
+        self.last_templates_s = None;
+    }
+
     /// The templates (and the interfaces' names) into `out`, when due.
     fn templates_if_due(&mut self, now_s: u64, out: &mut Vec<Vec<u8>>) {
         if self
@@ -433,6 +439,16 @@ mod tests {
             u16::from_be_bytes([again[0][16], again[0][17]]),
             TEMPLATE_SET
         );
+        // And at once when asked (the collector moved), the sequence going on.
+        assert!(e
+            .messages(&records[..1], 1601)
+            .iter()
+            .all(|m| m[16..18] != TEMPLATE_SET.to_be_bytes()));
+        let sequence = e.sequence();
+        e.resend_templates();
+        let moved = e.messages(&records[..1], 1602);
+        assert_eq!(moved[0][16..18], TEMPLATE_SET.to_be_bytes());
+        assert_eq!(u32_at(&moved[0], 8), sequence);
     }
 
     /// With sampling, the templates' message holds the four data templates, the selector
