@@ -43,7 +43,7 @@ impl Packed {
     /// Writes the key of a parsed packet, from its outer headers, to `self`; `false` for
     /// non-IP packets. An IPv4 key's last three words are left as they were: nothing reads
     /// them (see [`FlowCache::holds`]), and a key is written for every packet. A fragment's
-    /// ports are left zero (see [`FlowCache::fragment_ports`]).
+    /// ports are left zero (see [`FlowCache::probe_fragment`]).
     #[inline(always)]
     fn write(&mut self, frame: &[u8], meta: &Meta, in_port: u16) -> bool {
         let l = &meta.outer;
