@@ -308,6 +308,20 @@ struct Node {
     field: u8,
 }
 
+/// Keys a batched lookup takes at a time (a power of two: see `Tree::lookup_batch`).
+const CHUNK: usize = 32;
+
+/// The indices of a whole chunk's keys (the first tree is descended by all of them).
+const EVERY_KEY: [u8; CHUNK] = {
+    let mut all = [0u8; CHUNK];
+    let mut i = 0;
+    while i < CHUNK {
+        all[i] = i as u8;
+        i += 1;
+    }
+    all
+};
+
 /// A built decision tree over a fixed set of rules.
 #[derive(Debug, Clone)]
 struct Tree<const N: usize> {
@@ -495,31 +509,34 @@ impl<const N: usize> Tree<N> {
         }
     }
 
-    /// Descends the keys of a batch eight at a time in lockstep, branch-free, their node
-    /// indices in registers, so the eight chains of loads overlap; each key ends at its
-    /// leaf. Keys come padded to 16 words so a field index needs no bounds check.
-    fn lookup_batch(&self, keys: &[[u32; 16]], at: &mut [u32]) {
+    /// Descends the keys `which` of a batch eight at a time in lockstep, branch-free,
+    /// their node indices in registers, so the eight chains of loads overlap; key
+    /// `which[j]` ends at leaf `at[j]`. Keys come padded to 16 words so a field index
+    /// needs no bounds check.
+    fn lookup_batch(&self, keys: &[[u32; 16]; CHUNK], which: &[u8], at: &mut [u32]) {
         const LANES: usize = 8;
         #[inline(always)]
         fn step(nodes: &[Node], n: &mut u32, k: &[u32; 16]) {
             let nd = nodes[*n as usize];
             *n = nd.child + u32::from(k[usize::from(nd.field) & 15] > nd.threshold);
         }
+        let key = |w: u8| &keys[usize::from(w) & (CHUNK - 1)];
         let mut lanes = at.chunks_exact_mut(LANES);
-        let mut ks = keys.chunks_exact(LANES);
-        for (n, k) in (&mut lanes).zip(&mut ks) {
+        let mut ws = which.chunks_exact(LANES);
+        for (n, w) in (&mut lanes).zip(&mut ws) {
+            let k: [&[u32; 16]; LANES] = std::array::from_fn(|l| key(w[l]));
             let mut m = [0u32; LANES];
             for _ in 0..self.depth {
                 for l in 0..LANES {
-                    step(&self.nodes, &mut m[l], &k[l]);
+                    step(&self.nodes, &mut m[l], k[l]);
                 }
             }
             n.copy_from_slice(&m);
         }
-        for (n, k) in lanes.into_remainder().iter_mut().zip(ks.remainder()) {
+        for (n, &w) in lanes.into_remainder().iter_mut().zip(ws.remainder()) {
             *n = 0;
             for _ in 0..self.depth {
-                step(&self.nodes, n, k);
+                step(&self.nodes, n, key(w));
             }
         }
     }
@@ -620,27 +637,38 @@ struct Built<const N: usize> {
 impl<const N: usize> Built<N> {
     /// The first live rule of the trees that matches each key of a batch: `out[i]` for
     /// `keys[i]`, the trees descended for many keys at once (see `Tree::lookup_batch`).
+    /// A tree is descended only by the keys it could give a better rule than they have:
+    /// after the first tree most keys of a rule set usually have theirs.
     fn classify_batch(&self, keys: &[Key<N>], out: &mut [Option<u32>]) {
-        const CHUNK: usize = 32;
         let mut at = [0u32; CHUNK];
         let mut padded = [[0u32; 16]; CHUNK];
+        let mut need = [0u8; CHUNK];
         for (keys, out) in keys.chunks(CHUNK).zip(out.chunks_mut(CHUNK)) {
-            let n = keys.len();
             for (p, k) in padded.iter_mut().zip(keys) {
                 p[..N].copy_from_slice(&k.0);
             }
             out.fill(None);
-            for (best, tree) in &self.trees {
-                if out.iter().all(|o| o.is_some_and(|f| f < *best)) {
+            for (t, (best, tree)) in self.trees.iter().enumerate() {
+                let which: &[u8] = if t == 0 {
+                    &EVERY_KEY[..keys.len()]
+                } else {
+                    let mut m = 0;
+                    for (i, o) in out.iter().enumerate() {
+                        need[m] = i as u8;
+                        m += usize::from(!o.is_some_and(|f| f < *best));
+                    }
+                    &need[..m]
+                };
+                // The trees come best first: none after this one has a better rule either.
+                if which.is_empty() {
                     break;
                 }
-                tree.lookup_batch(&padded[..n], &mut at[..n]);
-                tree.prefetch_leaves(&at[..n]);
-                for i in 0..n {
-                    if out[i].is_some_and(|f| f < *best) {
-                        continue;
-                    }
-                    if let Some(id) = tree.scan(at[i] as usize, &keys[i], &self.dead) {
+                let m = which.len();
+                tree.lookup_batch(&padded, which, &mut at[..m]);
+                tree.prefetch_leaves(&at[..m]);
+                for (&w, &leaf) in which.iter().zip(&at[..m]) {
+                    let i = usize::from(w);
+                    if let Some(id) = tree.scan(leaf as usize, &keys[i], &self.dead) {
                         out[i] = Some(out[i].map_or(id, |f| f.min(id)));
                     }
                 }
