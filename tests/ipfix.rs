@@ -81,8 +81,8 @@ wrpcap("host.pcap", pkts)
 
 /// Through the stateful firewall, both ways: a TCP connection that resets and is opened
 /// again on the same ports 200 s later (the lookup then finds the closed one expired and
-/// ends it: flowEndReason 3), a DNS exchange, and packets the firewall drops from outside
-/// and to a port it does not allow.
+/// ends it: flowEndReason 3), a DNS exchange with one answer in fragments, and packets the
+/// firewall drops from outside and to a port it does not allow.
 const FIREWALL_TRAFFIC: &str = r#"
 inside, outside, pkts, t = [], [], [], 1000.0
 def add(side, p, gap=0.001):
@@ -102,6 +102,9 @@ for n in range(3):
     add(inside, Ether()/IP(src="10.0.0.2", dst="198.51.100.53")/UDP(sport=5353, dport=53)/Raw(b"query%d" % n))
     if n < 2:
         add(outside, Ether()/IP(src="198.51.100.53", dst="10.0.0.2")/UDP(sport=53, dport=5353)/Raw(b"answer" * 5))
+# An answer too big for one packet: its fragments count in the connection's record.
+for f in fragment(Ether()/IP(src="198.51.100.53", dst="10.0.0.2", id=900)/UDP(sport=53, dport=5353)/Raw(b"a" * 3000), fragsize=1400):
+    add(outside, f)
 for n in range(2):
     tcp(outside, "203.0.113.9", c, 1234, 22, "S")
     add(inside, Ether()/IP(src="10.0.0.3", dst="198.51.100.1")/UDP(sport=999, dport=25)/Raw(b"no"))
@@ -113,6 +116,8 @@ wrpcap("outside.pcap", outside)
 struct Export {
     /// nfdump's flows: "src dst sport dport proto" → (packets, bytes), records summed.
     flows: BTreeMap<String, (u64, u64)>,
+    /// Records nfdump listed per flow.
+    records_of: BTreeMap<String, u64>,
     /// Records nfdump listed.
     records: u64,
     /// The flows the input holds, from `flows.txt`.
@@ -280,6 +285,7 @@ fn export(dir: &Scratch, pipeline: &str, inputs: &[(&str, &str)], flags: &[&str]
         ],
     );
     let mut flows: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let mut records_of: BTreeMap<String, u64> = BTreeMap::new();
     for l in csv.lines().filter(|l| !l.trim().is_empty()) {
         let f: Vec<&str> = l.split(',').map(str::trim).collect();
         let proto = match f[4] {
@@ -288,6 +294,7 @@ fn export(dir: &Scratch, pipeline: &str, inputs: &[(&str, &str)], flags: &[&str]
             p => p,
         };
         let key = format!("{} {} {} {} {}", f[0], f[1], f[2], f[3], proto);
+        *records_of.entry(key.clone()).or_default() += 1;
         let e = flows.entry(key).or_default();
         e.0 += f[5].parse::<u64>().expect("packets");
         e.1 += f[6].parse::<u64>().expect("bytes");
@@ -305,6 +312,7 @@ fn export(dir: &Scratch, pipeline: &str, inputs: &[(&str, &str)], flags: &[&str]
         .collect();
     Export {
         flows,
+        records_of,
         records: csv.lines().filter(|l| !l.trim().is_empty()).count() as u64,
         want,
         metrics,
@@ -396,6 +404,13 @@ fn connections_are_the_records_of_a_stateful_pipeline() {
     assert_eq!(x.flows, x.want, "nfdump's flows differ from the input's");
     assert_eq!(x.metric("dpuflow_flow_records_total"), x.records);
     assert_eq!(x.metric("dpuflow_flow_records_lost_total"), 0);
+    // The answers, whole and in fragments, are the connection's one record that way.
+    assert_eq!(
+        x.records_of.get("198.51.100.53 10.0.0.2 53 5353 17"),
+        Some(&1),
+        "{:?}",
+        x.records_of
+    );
     x.check_with_tshark();
     // Per record: source address, end reason, firewall event (3: denied); template-only
     // messages give empty rows.

@@ -565,9 +565,9 @@ impl Engine {
             self.parsed[i] = parse::parse_into(frame, &self.code.tunnels, &mut self.metas[i]);
             let meta = staged_meta(&self.metas, &self.parsed, i).ok();
             let mut reports = false;
-            if let Some(ct) = &self.rt.ct {
+            if let Some(ct) = &mut self.rt.ct {
                 let hint = &mut self.ct_hints[i];
-                *hint = meta.and_then(|m| ct.prefetch(frame, m, pkt.port.0));
+                *hint = meta.and_then(|m| ct.prefetch(frame, m, pkt.port.0, pkt.ts_ns));
                 reports = hint.as_ref().is_some_and(Probe::reports);
             }
             if let (Some(flows), Some(m)) = (&mut self.rt.flows, meta) {

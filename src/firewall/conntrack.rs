@@ -624,21 +624,19 @@ impl Conntrack {
     /// [`Conntrack::prefetch_slot`] and then [`Conntrack::lookup`] find them in cache, and
     /// returns the hash for it. Batches call this for every packet first: the misses then
     /// overlap.
-    /// `in_port` is where the packet arrived: when exporting, the connection that counts the
-    /// packet notes it.
-    pub fn prefetch(&self, frame: &[u8], meta: &Meta, in_port: u16) -> Option<Probe> {
-        let t = tuple(frame, &meta.outer)?;
-        // A fragment after the first takes its ports in the lookup (see `Fragments`).
-        if t.fragment == Some(false) {
-            return None;
+    /// `in_port` is where the packet arrived at `now`: when exporting, the connection that
+    /// counts the packet notes it. A fragment's datagram is resolved here, in the order the
+    /// packets came: a first fragment notes its ports, a later one takes them (`None` when
+    /// its first has not come; see `Fragments`).
+    pub fn prefetch(&mut self, frame: &[u8], meta: &Meta, in_port: u16, now: u64) -> Option<Probe> {
+        let mut t = tuple(frame, &meta.outer)?;
+        if t.fragment.is_some() {
+            t = self.fragment(&t, frame, &meta.outer, now)?;
         }
         let (key, from_a) = canonical(&t, 0);
         let hash = self.hash(&key);
         prefetch(&self.tags[self.home_of(hash)]);
-        // The flow cache records fragments (under their datagram's ports, as its own table
-        // of first fragments says): a connection would need the later fragments' ports
-        // before the batch's lookups resolve them.
-        let report = if self.export.is_some() && meta.tunnel.is_none() && !meta.outer.fragment {
+        let report = if self.export.is_some() && meta.tunnel.is_none() {
             u8::try_from(in_port).ok().filter(|&p| p != NO_PORT)
         } else {
             None
@@ -726,9 +724,11 @@ impl Conntrack {
         };
         // A fragment: the first notes its datagram's ports and protocol, the others take
         // them (and, with no L4 header of their own, never change a connection's state).
+        // A probe's tuple was resolved when it was taken.
         let resolved;
         let (t, later_fragment) = match t.fragment {
             None => (t, false),
+            Some(first) if probe.is_some() => (t, !first),
             Some(_) => match self.fragment(t, frame, l, now) {
                 Some(r) => {
                     resolved = r;
@@ -1385,7 +1385,7 @@ mod tests {
     /// counted it.
     fn pass(ct: &mut Conntrack, frame: &[u8], in_port: u16, now: u64, out: u16) -> bool {
         let meta = crate::engine::parse::parse(frame, &Default::default()).expect("valid frame");
-        let probe = ct.prefetch(frame, &meta, in_port);
+        let probe = ct.prefetch(frame, &meta, in_port, now);
         let l = ct.lookup(frame, &meta, 0, now, probe.as_ref());
         if let Some(p) = l.pending {
             assert!(ct.commit(&p, now));

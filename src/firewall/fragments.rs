@@ -56,11 +56,15 @@ impl<V: Copy> Fragments<V> {
         };
     }
 
-    /// What the datagram's first fragment said, if it came within the timeout.
+    /// What the datagram's first fragment said, if it came no later than `now` and within
+    /// the timeout before it. (A fragment ahead of its first finds nothing, even where the
+    /// first was noted before this fragment is judged, as a batch's arrivals are.)
     pub fn first(&self, d: &Datagram, now: u64) -> Option<V> {
         let s = &self.slots[self.slot(d)];
-        (s.used && s.datagram == *d && now.saturating_sub(s.seen_ns) <= TIMEOUT_NS)
-            .then_some(s.value)
+        let within = now
+            .checked_sub(s.seen_ns)
+            .is_some_and(|age| age <= TIMEOUT_NS);
+        (s.used && s.datagram == *d && within).then_some(s.value)
     }
 }
 
@@ -78,5 +82,6 @@ mod tests {
         let other = [1, 2, 3, 4, 17 << 32 | 8];
         assert_eq!(f.first(&other, 11), None, "another datagram");
         assert_eq!(f.first(&d, 10 + TIMEOUT_NS + 1), None, "too late");
+        assert_eq!(f.first(&d, 9), None, "ahead of its first");
     }
 }
