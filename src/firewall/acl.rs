@@ -105,23 +105,7 @@ impl<const N: usize> Rule<N> {
     /// is unpredictable, and a mispredicted branch costs more than the compares it skips.
     #[inline]
     pub fn matches(&self, k: &Key<N>) -> bool {
-        let v = &k.0;
-        let ranges = self.in_ranges(k);
-        // A test with mask 0 passes whatever the word.
-        let tests = self.masked.iter().fold(true, |ok, m| {
-            ok & (v[usize::from(m.field).min(N - 1)] & m.mask == m.value & m.mask)
-        });
-        ranges & tests
-    }
-
-    /// The range tests alone (a rule without value/mask tests matches exactly when they
-    /// pass), combined without branches.
-    #[inline]
-    fn in_ranges(&self, k: &Key<N>) -> bool {
-        let v = &k.0;
-        (0..N).fold(true, |ok, f| {
-            ok & (self.lo[f] <= v[f]) & (v[f] <= self.hi[f])
-        })
+        in_ranges(&self.lo, &self.hi, k) & passes(&self.masked, k)
     }
 
     /// Whether every key of the region matches (a masked test may always fail somewhere).
@@ -129,6 +113,23 @@ impl<const N: usize> Rule<N> {
         (0..N).all(|f| self.lo[f] <= lo[f] && hi[f] <= self.hi[f])
             && self.masked.iter().all(|m| m.mask == 0)
     }
+}
+
+/// Whether every field of `k` is within its range (a rule without value/mask tests
+/// matches exactly then), the compares combined without branches.
+#[inline]
+fn in_ranges<const N: usize>(lo: &[u32; N], hi: &[u32; N], k: &Key<N>) -> bool {
+    let v = &k.0;
+    (0..N).fold(true, |ok, f| ok & (lo[f] <= v[f]) & (v[f] <= hi[f]))
+}
+
+/// Whether `k` passes the value/mask tests (one with mask 0 passes whatever the word).
+#[inline]
+fn passes<const N: usize>(tests: &[Masked; 2], k: &Key<N>) -> bool {
+    let v = &k.0;
+    tests.iter().fold(true, |ok, m| {
+        ok & (v[usize::from(m.field).min(N - 1)] & m.mask == m.value & m.mask)
+    })
 }
 
 fn prefix_range(addr: u32, len: u8) -> (u32, u32) {
@@ -322,14 +323,33 @@ const EVERY_KEY: [u8; CHUNK] = {
     all
 };
 
+/// A rule as a leaf holds it: its ranges and id, its value/mask tests apart (most trees
+/// have none, and a leaf's rules then take a third fewer bytes).
+#[derive(Debug, Clone, Copy)]
+struct LeafRule<const N: usize> {
+    lo: [u32; N],
+    hi: [u32; N],
+    id: u32,
+}
+
+impl<const N: usize> LeafRule<N> {
+    /// Whether `k` is within every range.
+    #[inline]
+    fn matches(&self, k: &Key<N>) -> bool {
+        in_ranges(&self.lo, &self.hi, k)
+    }
+}
+
 /// A built decision tree over a fixed set of rules.
 #[derive(Debug, Clone)]
 struct Tree<const N: usize> {
     nodes: Vec<Node>,
     /// Per node: the leaf's rules as `leaf[start..start + len]` (unused for inner nodes).
     spans: Vec<(u32, u32)>,
-    /// (rule id, rule) for every leaf, leaves back to back.
-    leaf: Vec<(u32, Rule<N>)>,
+    /// The rules of every leaf, leaves back to back.
+    leaf: Vec<LeafRule<N>>,
+    /// Their value/mask tests, for trees where some rule has one (`masked`); else empty.
+    tests: Vec<[Masked; 2]>,
     /// Some leaf rule has a value/mask test (most rule sets have none: their leaves then
     /// compare ranges only).
     masked: bool,
@@ -368,6 +388,7 @@ impl<const N: usize> Tree<N> {
             nodes: Vec::new(),
             spans: Vec::new(),
             leaf: Vec::new(),
+            tests: Vec::new(),
             masked: false,
             depth: 0,
             covering: Vec::new(),
@@ -411,7 +432,15 @@ impl<const N: usize> Tree<N> {
             };
             let Some((field, threshold)) = split else {
                 let start = t.leaf.len() as u32;
-                t.leaf.extend(job.rules.iter().map(|&i| rules[i as usize]));
+                for &i in &job.rules {
+                    let (id, r) = &rules[i as usize];
+                    t.leaf.push(LeafRule {
+                        lo: r.lo,
+                        hi: r.hi,
+                        id: *id,
+                    });
+                    t.tests.push(r.masked);
+                }
                 t.nodes[job.node] = leaf(job.node);
                 if t.spans.len() <= job.node {
                     t.spans.resize(job.node + 1, (0, 0));
@@ -462,10 +491,10 @@ impl<const N: usize> Tree<N> {
         t.spans.resize(t.nodes.len(), (0, 0));
         t.covering.sort_unstable();
         t.covering.dedup();
-        t.masked = t
-            .leaf
-            .iter()
-            .any(|(_, r)| r.masked.iter().any(|m| m.mask != 0));
+        t.masked = t.tests.iter().flatten().any(|m| m.mask != 0);
+        if !t.masked {
+            t.tests = Vec::new();
+        }
         Some(t)
     }
 
@@ -488,13 +517,17 @@ impl<const N: usize> Tree<N> {
     #[inline]
     fn scan(&self, node: usize, k: &Key<N>, dead: &[AtomicU64]) -> Option<u32> {
         let (start, len) = self.spans[node];
-        let mut leaf = self.leaf[start as usize..(start + len) as usize].iter();
+        let span = start as usize..(start + len) as usize;
+        let leaf = &self.leaf[span.clone()];
         let found = if self.masked {
-            leaf.find(|(id, r)| r.matches(k) && !is_dead(dead, *id))
+            leaf.iter()
+                .zip(&self.tests[span])
+                .find(|(r, t)| (r.matches(k) & passes(t, k)) && !is_dead(dead, r.id))
+                .map(|(r, _)| r)
         } else {
-            leaf.find(|(id, r)| r.in_ranges(k) && !is_dead(dead, *id))
+            leaf.iter().find(|r| r.matches(k) && !is_dead(dead, r.id))
         };
-        found.map(|(id, _)| *id)
+        found.map(|r| r.id)
     }
 
     #[inline]
@@ -897,7 +930,8 @@ impl<const N: usize> Classifier<N> {
             .iter()
             .map(|(_, t)| {
                 t.nodes.len() * (size_of::<Node>() + size_of::<(u32, u32)>())
-                    + t.leaf.len() * size_of::<(u32, Rule<N>)>()
+                    + t.leaf.len() * size_of::<LeafRule<N>>()
+                    + t.tests.len() * size_of::<[Masked; 2]>()
             })
             .sum();
         trees + b.dead.len() * 8
