@@ -3,7 +3,9 @@
 # dpdk-test-acl (Debian dpdk-dev) with the given algorithm, then `dpuflow acl bench`.
 # With --ipv6, every rule and packet is first moved into 2001:db8::/32 (prefixes 32 bits
 # longer, packets with varied low bits) and both run their IPv6 classifiers.
-# Usage: bench/acl-vs-dpdk.sh [--ipv6] [ALG] [SETS...]   (ALG: avx2 by default; SETS: ClassBench files)
+# Each set runs both classifiers in turn ROUNDS times (5 by default) and prints the medians
+# and the median and range of the pairs' ratios.
+# Usage: [ROUNDS=N] bench/acl-vs-dpdk.sh [--ipv6] [ALG] [SETS...]   (ALG: avx2 by default; SETS: ClassBench files)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 v6=()
@@ -12,6 +14,7 @@ if [ "${1:-}" = --ipv6 ]; then
     shift
 fi
 alg=${1:-avx2}
+rounds=${ROUNDS:-5}
 shift || true
 dir=../shared/classbench
 sets=("$@")
@@ -25,7 +28,7 @@ trap 'rm -rf "$tmp"' EXIT
 # rte_acl twice: with dpdk-test-acl's default verbosity, which prints every result inside
 # its timed loop (as the command documented for this comparison runs it), and with
 # --verbose=0, classification alone. The ratio is against the latter.
-printf '%-10s %16s %14s %14s %8s %12s %10s\n' set "rte_acl(default)" "rte_acl Mpps" "dpuflow Mpps" ratio "dpuflow MiB" "build ms"
+printf '%-10s %16s %14s %14s %8s %12s %12s %10s\n' set "rte_acl(default)" "rte_acl Mpps" "dpuflow Mpps" ratio "ratios" "dpuflow MiB" "build ms"
 # IPv4 a.b.c.d as 2001:db8:aabb:ccdd plus four more groups, all eight written out.
 to_v6_rules() {
     awk '
@@ -59,12 +62,21 @@ for s in "${sets[@]}"; do
             --alg="$alg" --iter=10 ${v6[@]+"${v6[@]}"} "$@" 2>/dev/null | sed -n 's/.* \([0-9.]*\) pkt\/sec.*/\1/p' | tail -n 1
     }
     dpdk_default=$(run_dpdk | awk '{printf "%.2f", $1 / 1e6}')
-    dpdk=$(run_dpdk --verbose=0)
-    ours=$($bin acl bench --rules "$rules" --trace "$tmp/$s.trace" --batch 32 --iter 10 ${v6[@]+"${v6[@]}"})
-    mpps=$(sed -n 's/^lookups: .*: \([0-9.]*\) Mpps.*/\1/p' <<<"$ours")
+    # Both in turn, $rounds times: medians of each and of the pairs' ratios, and the
+    # ratios' range (either side's figure moves from run to run on a shared machine).
+    pairs=()
+    for _ in $(seq "$rounds"); do
+        dpdk=$(run_dpdk --verbose=0)
+        ours=$($bin acl bench --rules "$rules" --trace "$tmp/$s.trace" --batch 32 --iter 10 ${v6[@]+"${v6[@]}"})
+        mpps=$(sed -n 's/^lookups: .*: \([0-9.]*\) Mpps.*/\1/p' <<<"$ours")
+        pairs+=("$(awk -v p="$dpdk" -v a="$mpps" 'BEGIN {printf "%.2f %.2f %.3f", p / 1e6, a, a / (p / 1e6)}')")
+    done
     mib=$(sed -n 's/.*memory \([0-9.]*\) MiB.*/\1/p' <<<"$ours")
     build=$(sed -n 's/.*build \([0-9.]*\) ms.*/\1/p' <<<"$ours")
-    dpdk_mpps=$(awk -v p="$dpdk" 'BEGIN {printf "%.2f", p / 1e6}')
-    ratio=$(awk -v a="$mpps" -v b="$dpdk_mpps" 'BEGIN {printf "%.2f", a / b}')
-    printf '%-10s %16s %14s %14s %8s %12s %10s\n' "$s" "$dpdk_default" "$dpdk_mpps" "$mpps" "$ratio" "$mib" "$build"
+    median() { sort -n | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+    dpdk_mpps=$(printf '%s\n' "${pairs[@]}" | cut -d' ' -f1 | median)
+    mpps=$(printf '%s\n' "${pairs[@]}" | cut -d' ' -f2 | median)
+    ratio=$(printf '%s\n' "${pairs[@]}" | cut -d' ' -f3 | median)
+    range=$(printf '%s\n' "${pairs[@]}" | cut -d' ' -f3 | sort -n | sed -n '1p;$p' | paste -sd-)
+    printf '%-10s %16s %14s %14s %8s %12s %12s %10s\n' "$s" "$dpdk_default" "$dpdk_mpps" "$mpps" "$ratio" "$range" "$mib" "$build"
 done
