@@ -309,7 +309,7 @@ struct Node {
     field: u8,
 }
 
-/// Keys a batched lookup takes at a time (a power of two: see `Tree::lookup_batch`).
+/// Keys a batched lookup takes at a time.
 const CHUNK: usize = 32;
 
 /// The indices of a whole chunk's keys (the first tree is descended by all of them).
@@ -542,35 +542,36 @@ impl<const N: usize> Tree<N> {
         }
     }
 
-    /// Descends the keys `which` of a batch eight at a time in lockstep, branch-free,
-    /// their node indices in registers, so the eight chains of loads overlap; key
-    /// `which[j]` ends at leaf `at[j]`. Keys come padded to 16 words so a field index
-    /// needs no bounds check.
-    fn lookup_batch(&self, keys: &[[u32; 16]; CHUNK], which: &[u8], at: &mut [u32]) {
+    /// Descends the keys of a batch eight at a time in lockstep, branch-free, their node
+    /// indices in registers, so the eight chains of loads overlap; each key ends at its
+    /// leaf. Keys come padded to 16 words so a field index needs no bounds check.
+    fn lookup_batch(&self, keys: &[[u32; 16]], at: &mut [u32]) {
         const LANES: usize = 8;
+        // Node indices as machine words: no widening before each load.
         #[inline(always)]
-        fn step(nodes: &[Node], n: &mut u32, k: &[u32; 16]) {
-            let nd = nodes[*n as usize];
-            *n = nd.child + u32::from(k[usize::from(nd.field) & 15] > nd.threshold);
+        fn step(nodes: &[Node], n: &mut usize, k: &[u32; 16]) {
+            let nd = nodes[*n];
+            *n = nd.child as usize + usize::from(k[usize::from(nd.field) & 15] > nd.threshold);
         }
-        let key = |w: u8| &keys[usize::from(w) & (CHUNK - 1)];
         let mut lanes = at.chunks_exact_mut(LANES);
-        let mut ws = which.chunks_exact(LANES);
-        for (n, w) in (&mut lanes).zip(&mut ws) {
-            let k: [&[u32; 16]; LANES] = std::array::from_fn(|l| key(w[l]));
-            let mut m = [0u32; LANES];
+        let mut ks = keys.chunks_exact(LANES);
+        for (n, k) in (&mut lanes).zip(&mut ks) {
+            let mut m = [0usize; LANES];
             for _ in 0..self.depth {
                 for l in 0..LANES {
-                    step(&self.nodes, &mut m[l], k[l]);
+                    step(&self.nodes, &mut m[l], &k[l]);
                 }
             }
-            n.copy_from_slice(&m);
-        }
-        for (n, &w) in lanes.into_remainder().iter_mut().zip(ws.remainder()) {
-            *n = 0;
-            for _ in 0..self.depth {
-                step(&self.nodes, n, key(w));
+            for (n, m) in n.iter_mut().zip(m) {
+                *n = m as u32;
             }
+        }
+        for (n, k) in lanes.into_remainder().iter_mut().zip(ks.remainder()) {
+            let mut m = 0;
+            for _ in 0..self.depth {
+                step(&self.nodes, &mut m, k);
+            }
+            *n = m as u32;
         }
     }
 }
@@ -675,29 +676,33 @@ impl<const N: usize> Built<N> {
     fn classify_batch(&self, keys: &[Key<N>], out: &mut [Option<u32>]) {
         let mut at = [0u32; CHUNK];
         let mut padded = [[0u32; 16]; CHUNK];
+        // The keys a later tree is descended by, and where each is in the chunk.
+        let mut needy = [[0u32; 16]; CHUNK];
         let mut need = [0u8; CHUNK];
         for (keys, out) in keys.chunks(CHUNK).zip(out.chunks_mut(CHUNK)) {
+            let n = keys.len();
             for (p, k) in padded.iter_mut().zip(keys) {
                 p[..N].copy_from_slice(&k.0);
             }
             out.fill(None);
             for (t, (best, tree)) in self.trees.iter().enumerate() {
-                let which: &[u8] = if t == 0 {
-                    &EVERY_KEY[..keys.len()]
+                let (descending, which): (&[[u32; 16]], &[u8]) = if t == 0 {
+                    (&padded[..n], &EVERY_KEY[..n])
                 } else {
                     let mut m = 0;
                     for (i, o) in out.iter().enumerate() {
                         need[m] = i as u8;
+                        needy[m] = padded[i];
                         m += usize::from(!o.is_some_and(|f| f < *best));
                     }
-                    &need[..m]
+                    (&needy[..m], &need[..m])
                 };
                 // The trees come best first: none after this one has a better rule either.
                 if which.is_empty() {
                     break;
                 }
                 let m = which.len();
-                tree.lookup_batch(&padded, which, &mut at[..m]);
+                tree.lookup_batch(descending, &mut at[..m]);
                 tree.prefetch_leaves(&at[..m]);
                 for (&w, &leaf) in which.iter().zip(&at[..m]) {
                     let i = usize::from(w);
