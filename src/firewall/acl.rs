@@ -302,11 +302,47 @@ const LEAF_RULES: usize = 3;
 /// `child + 1`. A leaf has `threshold == u32::MAX` (no split has it: a split leaves values
 /// on both sides) and `child` equal to itself, so stepping from a leaf stays there: a
 /// batch can descend branch-free, every key the same number of steps.
+///
+/// Packed in one word, so a step loads the node once: the threshold in the high half, the
+/// child index above the field's four bits in the low half.
 #[derive(Debug, Clone, Copy)]
-struct Node {
-    threshold: u32,
-    child: u32,
-    field: u8,
+struct Node(u64);
+
+/// Nodes a tree may have (child indices take 28 bits).
+const MAX_NODES: usize = 1 << 28;
+
+impl Node {
+    fn inner(threshold: u32, child: usize, field: u8) -> Node {
+        debug_assert!(child < MAX_NODES && field < 16);
+        Node(u64::from(threshold) << 32 | (child as u64) << 4 | u64::from(field))
+    }
+
+    #[inline(always)]
+    fn threshold(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+
+    #[inline(always)]
+    fn child(self) -> usize {
+        (self.0 as u32 >> 4) as usize
+    }
+
+    #[inline(always)]
+    fn field(self) -> usize {
+        (self.0 & 15) as usize
+    }
+
+    /// The node a key goes to from here.
+    #[inline(always)]
+    fn next(self, k: &[u32]) -> usize {
+        self.child() + usize::from(k[self.field()] > self.threshold())
+    }
+
+    /// [`Node::next`] for a key padded to 16 words (the field needs no bounds check).
+    #[inline(always)]
+    fn next_padded(self, k: &[u32; 16]) -> usize {
+        self.child() + usize::from(k[self.field() & 15] > self.threshold())
+    }
 }
 
 /// Keys a batched lookup takes at a time.
@@ -369,12 +405,8 @@ struct Job<const N: usize> {
 }
 
 /// A leaf at node `at`.
-const fn leaf(at: usize) -> Node {
-    Node {
-        threshold: u32::MAX,
-        child: at as u32,
-        field: 0,
-    }
+fn leaf(at: usize) -> Node {
+    Node::inner(u32::MAX, at, 0)
 }
 
 impl<const N: usize> Tree<N> {
@@ -450,13 +482,12 @@ impl<const N: usize> Tree<N> {
             };
             let f = usize::from(field);
             let left = t.nodes.len();
+            if left + 2 > MAX_NODES {
+                return None;
+            }
             t.nodes.push(leaf(left));
             t.nodes.push(leaf(left + 1));
-            t.nodes[job.node] = Node {
-                threshold,
-                child: left as u32,
-                field,
-            };
+            t.nodes[job.node] = Node::inner(threshold, left, field);
             let in_left: Vec<u32> = job
                 .rules
                 .iter()
@@ -535,10 +566,10 @@ impl<const N: usize> Tree<N> {
         let mut n = 0usize;
         loop {
             let nd = self.nodes[n];
-            if nd.threshold == u32::MAX {
+            if nd.threshold() == u32::MAX {
                 return self.scan(n, k, dead);
             }
-            n = (nd.child + u32::from(k.0[usize::from(nd.field)] > nd.threshold)) as usize;
+            n = nd.next(&k.0);
         }
     }
 
@@ -550,8 +581,7 @@ impl<const N: usize> Tree<N> {
         // Node indices as machine words: no widening before each load.
         #[inline(always)]
         fn step(nodes: &[Node], n: &mut usize, k: &[u32; 16]) {
-            let nd = nodes[*n];
-            *n = nd.child as usize + usize::from(k[usize::from(nd.field) & 15] > nd.threshold);
+            *n = nodes[*n].next_padded(k);
         }
         let mut lanes = at.chunks_exact_mut(LANES);
         let mut ks = keys.chunks_exact(LANES);
