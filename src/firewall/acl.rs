@@ -311,7 +311,7 @@ const MIN_DEPTH_CAP: usize = 13;
 #[derive(Debug, Clone, Copy)]
 struct Node(u64);
 
-/// Nodes a tree may have (child indices take 28 bits).
+/// Nodes a tree may have (child indices take 28 bits); past that, regions stay leaves.
 const MAX_NODES: usize = 1 << 28;
 
 impl Node {
@@ -467,7 +467,8 @@ impl<const N: usize> Tree<N> {
             if t.leaf.len() + pending + job.rules.len() > max_leaf {
                 return None;
             }
-            let split = if job.rules.len() > LEAF_RULES && job.depth < depth_cap {
+            let room = t.nodes.len() + 2 <= MAX_NODES;
+            let split = if job.rules.len() > LEAF_RULES && job.depth < depth_cap && room {
                 best_split(rules, &job)
             } else {
                 None
@@ -492,9 +493,6 @@ impl<const N: usize> Tree<N> {
             };
             let f = usize::from(field);
             let left = t.nodes.len();
-            if left + 2 > MAX_NODES {
-                return None;
-            }
             t.nodes.push(leaf(left));
             t.nodes.push(leaf(left + 1));
             t.nodes[job.node] = Node::inner(threshold, left, field);
