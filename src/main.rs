@@ -247,6 +247,11 @@ struct BenchFlags {
     /// `dpuflow run` or another tool the same packets.
     #[arg(long, value_name = "FILE")]
     write: Option<PathBuf>,
+    /// Take the frames from a ClassBench trace (one per line, IPv4 or IPv6, as `dpuflow acl
+    /// gen-trace` writes) instead of synthetic flows: a rule pipe's rates with the packets
+    /// its rule set is measured with.
+    #[arg(long, value_name = "FILE", conflicts_with = "flows")]
+    trace: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -498,6 +503,7 @@ fn bench(f: BenchFlags) -> ExitCode {
         port,
         batch,
         write,
+        trace,
     } = f;
     let (path, port) = (pipeline.as_path(), port.as_deref());
     let mut program = match load(path) {
@@ -526,9 +532,21 @@ fn bench(f: BenchFlags) -> ExitCode {
             }
         },
     };
-    let frames = dpuflow::traffic::generate(&program, port, usize::from(size), flows);
+    let frames = match &trace {
+        None => dpuflow::traffic::generate(&program, port, usize::from(size), flows),
+        Some(t) => match dpuflow::traffic::from_trace(t, usize::from(size)) {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("error: {}: {e}", t.display());
+                return ExitCode::from(EXIT_USAGE);
+            }
+        },
+    };
     if frames.is_empty() {
-        eprintln!("error: port {} feeds no root pipe", program.port(port).name);
+        match &trace {
+            Some(t) => eprintln!("error: {}: no packets", t.display()),
+            None => eprintln!("error: port {} feeds no root pipe", program.port(port).name),
+        }
         return ExitCode::from(EXIT_USAGE);
     }
     if let Some(out) = write {

@@ -339,8 +339,62 @@ impl Spec {
     }
 }
 
+impl Spec {
+    /// A packet of the given addresses, ports and protocol (the trace's words).
+    fn of_tuple(v6: bool, (src, dst): (u128, u128), ports: (u32, u32), proto: u32) -> Spec {
+        Spec {
+            v6,
+            src,
+            dst,
+            sport: ports.0 as u16,
+            dport: ports.1 as u16,
+            proto: proto as u8,
+            ..Spec::default()
+        }
+    }
+}
+
 fn mac(v: u128) -> [u8; 6] {
     v.to_be_bytes()[10..].try_into().expect("6 bytes")
+}
+
+/// Frames of `size` bytes for the packets of a ClassBench trace, one per line in order
+/// (`SRC DST SPORT DPORT PROTO`, IPv4 addresses as integers or IPv6 ones in colon notation,
+/// as `dpuflow acl gen-trace` writes and dpdk-test-acl reads), so a rule pipe can be driven by the packets its rule set is
+/// measured with.
+pub fn from_trace(path: &std::path::Path, size: usize) -> Result<Vec<Vec<u8>>, String> {
+    use crate::firewall::acl;
+    let join = |w: &[u32]| w.iter().fold(0u128, |a, &x| a << 32 | u128::from(x));
+    // IPv6 addresses are written with colons, IPv4 ones as integers.
+    let v6 = std::fs::read_to_string(path)
+        .map_err(|e| e.to_string())?
+        .contains(':');
+    let packets: Vec<Spec> = if !v6 {
+        acl::load_trace(path)?
+            .iter()
+            .map(|k| {
+                let [src, dst, sport, dport, proto] = k.0;
+                Spec::of_tuple(false, (src.into(), dst.into()), (sport, dport), proto)
+            })
+            .collect()
+    } else {
+        acl::load_trace_v6(path)?
+            .iter()
+            .map(|k| {
+                let w = &k.0;
+                let ports = (w[8], w[9]);
+                Spec::of_tuple(true, (join(&w[..4]), join(&w[4..8])), ports, w[10])
+            })
+            .collect()
+    };
+    Ok(packets
+        .iter()
+        .map(|s| {
+            let mut frame = Vec::with_capacity(size.max(128));
+            s.emit(size, &mut frame);
+            frame
+        })
+        .collect())
 }
 
 /// Packets for `port`'s root pipe: `flows` flows spread round-robin over its entries

@@ -315,6 +315,75 @@ fn every_example_replays_traces_and_benches() {
     }
 }
 
+/// `bench --trace` takes its frames from a ClassBench trace, one per line in order, IPv4
+/// (addresses as integers, as dpdk-test-acl reads them) or IPv6: tshark reads back each
+/// line's addresses, ports and protocol.
+#[test]
+fn bench_frames_from_a_trace_carry_its_packets() {
+    let dir = Scratch::new("bench-trace");
+    let v4 = [
+        (
+            "167772161 3221225991 1234 80 6",
+            "10.0.0.1 192.0.2.7 1234 80 6",
+        ),
+        (
+            "3325256713 167838211 53 40000 17",
+            "198.51.100.9 10.1.2.3 53 40000 17",
+        ),
+        ("16909060 84281096 0 0 253", "1.2.3.4 5.6.7.8 0 0 253"),
+    ];
+    let v6 = [
+        (
+            "2001:db8::1 2001:db8:1::2 1234 443 6",
+            "2001:db8::1 2001:db8:1::2 1234 443 6",
+        ),
+        (
+            "2001:db8::3 2001:db8::4 5353 53 17",
+            "2001:db8::3 2001:db8::4 5353 53 17",
+        ),
+    ];
+    for (name, lines) in [("v4", &v4[..]), ("v6", &v6[..])] {
+        let path = dir.path(&format!("{name}.trace"));
+        let trace: String = lines.iter().map(|(l, _)| format!("{l}\n")).collect();
+        std::fs::write(&path, trace).expect("write trace");
+        let pcap = dir.path(&format!("{name}.pcap"));
+        let pipe = "pipelines/stateful-firewall.pipe";
+        dpuflow_ok(&[
+            "bench", pipe, "--trace", &path, "--size", "128", "--write", &pcap,
+        ]);
+        assert_tshark_clean(&pcap);
+        let (src, dst, proto) = if name == "v4" {
+            ("ip.src", "ip.dst", "ip.proto")
+        } else {
+            ("ipv6.src", "ipv6.dst", "ipv6.nxt")
+        };
+        let fields = [
+            src,
+            dst,
+            "tcp.srcport",
+            "tcp.dstport",
+            "udp.srcport",
+            "udp.dstport",
+            proto,
+        ];
+        let got: Vec<String> = tshark_fields(&pcap, &fields)
+            .iter()
+            .map(|r| {
+                let f: Vec<&str> = r.split(',').collect();
+                // Ports from TCP or UDP; a protocol tshark does not decode shows none.
+                let (sp, dp) = match (f[2], f[4]) {
+                    ("", "") => ("0", "0"),
+                    ("", _) => (f[4], f[5]),
+                    _ => (f[2], f[3]),
+                };
+                format!("{} {} {sp} {dp} {}", f[0], f[1], f[6])
+            })
+            .collect();
+        let want: Vec<&str> = lines.iter().map(|(_, w)| *w).collect();
+        assert_eq!(got, want, "{name}");
+    }
+}
+
 /// The captures shipped for trying dpuflow out (README) replay as documented.
 #[test]
 fn shipped_captures_replay() {
