@@ -301,6 +301,10 @@ const LEAF_RULES: usize = 3;
 /// The least depth a tree may be capped at (see `Tree::build`).
 const MIN_DEPTH_CAP: usize = 13;
 
+/// The most rules a leaf at the depth cap may hold: a region with more is split further
+/// all the same, so no rule set can make a lookup scan a long leaf.
+const CAPPED_LEAF_RULES: usize = 16;
+
 /// A tree node. An inner node sends `key[field] <= threshold` to `child` and the rest to
 /// `child + 1`. A leaf has `threshold == u32::MAX` (no split has it: a split leaves values
 /// on both sides) and `child` equal to itself, so stepping from a leaf stays there: a
@@ -407,6 +411,16 @@ struct Job<const N: usize> {
     hi: [u32; N],
 }
 
+/// The depth past which a tree of `rules` rules leaves its regions of a few rules unsplit.
+/// Every key of a batch takes the tree's full depth (see `Tree::lookup_batch`), so a few
+/// deep regions of dense, overlapping rules cost every lookup; past this depth their leaves
+/// hold more rules instead (at most [`CAPPED_LEAF_RULES`]), which costs only the keys
+/// landing there. About log2 of the rules, 13 at least: ipc1_1k +7 %, ipc1_10k +4 %,
+/// acl1_10k +3 %, no set slower.
+fn depth_cap(rules: usize) -> usize {
+    MIN_DEPTH_CAP.max(rules.next_power_of_two().trailing_zeros() as usize)
+}
+
 /// A leaf at node `at`.
 fn leaf(at: usize) -> Node {
     Node::inner(u32::MAX, at, 0)
@@ -418,6 +432,17 @@ impl<const N: usize> Tree<N> {
     /// found as soon as the copies made plus the rules of the regions still to build pass
     /// it.
     fn build(rules: &[(u32, Rule<N>)], max_leaf: usize, space: [u32; N]) -> Option<Tree<N>> {
+        Self::build_to(rules, max_leaf, space, depth_cap(rules.len()))
+    }
+
+    /// [`Tree::build`], regions of at most [`CAPPED_LEAF_RULES`] rules left as leaves from
+    /// `depth_cap` levels down.
+    fn build_to(
+        rules: &[(u32, Rule<N>)],
+        max_leaf: usize,
+        space: [u32; N],
+        depth_cap: usize,
+    ) -> Option<Tree<N>> {
         const { assert!(N <= MAX_FIELDS) };
         let mut t = Tree {
             nodes: Vec::new(),
@@ -440,13 +465,6 @@ impl<const N: usize> Tree<N> {
         // Rules of the regions still on the stack: each will reach at least one leaf (but
         // for those a covering rule hides), so a build over budget stops early.
         let mut pending = rules.len();
-        // Every key of a batch takes the tree's full depth (see `lookup_batch`), so a few
-        // deep regions of dense, overlapping rules cost every lookup; past this depth their
-        // leaves hold more rules instead, which costs only the keys landing there. Capped
-        // at about log2 of the rules (13 at least): ipc1_1k +7 %, ipc1_10k +4 %, acl1_10k
-        // +3 %, no set slower.
-        let depth_cap =
-            MIN_DEPTH_CAP.max(rules.len().next_power_of_two().trailing_zeros() as usize);
         while let Some(mut job) = stack.pop() {
             pending -= job.rules.len();
             t.depth = t.depth.max(job.depth);
@@ -468,7 +486,8 @@ impl<const N: usize> Tree<N> {
                 return None;
             }
             let room = t.nodes.len() + 2 <= MAX_NODES;
-            let split = if job.rules.len() > LEAF_RULES && job.depth < depth_cap && room {
+            let deep = job.depth >= depth_cap && job.rules.len() <= CAPPED_LEAF_RULES;
+            let split = if job.rules.len() > LEAF_RULES && !deep && room {
                 best_split(rules, &job)
             } else {
                 None
@@ -1633,6 +1652,22 @@ mod tests {
     }
 
     proptest! {
+        /// A tree capped at a few levels still answers as a linear scan, and its leaves
+        /// are no longer than the cap allows (or than the leaves no split shortens).
+        #[test]
+        fn capped_trees_agree_and_keep_leaves_short(rules in proptest::collection::vec(rule(), 1..150), keys in proptest::collection::vec(key(), 1..60), cap in 0usize..4) {
+            let ids: Vec<(u32, Rule)> = rules.iter().copied().zip(0..).map(|(r, i)| (i, r)).collect();
+            let longest = |t: &Tree<FIELDS>| t.spans.iter().map(|&(_, len)| len as usize).max().unwrap_or(0);
+            let capped = Tree::build_to(&ids, usize::MAX, FIVE_TUPLE.max, cap).expect("no budget");
+            let whole = Tree::build_to(&ids, usize::MAX, FIVE_TUPLE.max, usize::MAX).expect("no budget");
+            prop_assert!(longest(&capped) <= CAPPED_LEAF_RULES.max(longest(&whole)));
+            let all: Vec<Option<Rule>> = rules.iter().copied().map(Some).collect();
+            let dead: Vec<AtomicU64> = (0..rules.len().div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
+            for k in &keys {
+                prop_assert_eq!(capped.lookup(k, &dead), linear(&all, k));
+            }
+        }
+
         #[test]
         fn agrees_with_a_linear_scan(rules in proptest::collection::vec(rule(), 0..120), keys in proptest::collection::vec(key(), 1..60)) {
             let c = Classifier::new(&rules);
