@@ -48,8 +48,8 @@ impl Packed {
     fn write(&mut self, frame: &[u8], meta: &Meta, in_port: u16) -> bool {
         let l = &meta.outer;
         let l3 = usize::from(l.l3);
-        let ports = if l.l4_ok && ip_proto::has_ports(l.proto) {
-            u64::from(be32(frame, usize::from(l.l4)))
+        let ports = if l.l4_ok {
+            u64::from(ports_of(frame, l))
         } else {
             0
         };
@@ -177,6 +177,27 @@ impl Packed {
             dport: (w[0] >> 32) as u16,
             vni: (w[1] & 1 << 31 != 0).then_some(w[1] as u32 & 0x00ff_ffff),
         }
+    }
+}
+
+/// The transport ports of a packet whose L4 header is in the frame, source in the high
+/// half; 0 for a protocol without ports.
+#[inline(always)]
+fn ports_of(frame: &[u8], l: &Layers) -> u32 {
+    if ip_proto::has_ports(l.proto) {
+        be32(frame, usize::from(l.l4))
+    } else {
+        0
+    }
+}
+
+/// The TCP flags of a packet whose L4 header is in the frame; 0 for another protocol.
+#[inline(always)]
+fn tcp_flags_of(frame: &[u8], l: &Layers) -> u8 {
+    if l.proto == ip_proto::TCP {
+        frame.get(usize::from(l.l4) + 13).copied().unwrap_or(0)
+    } else {
+        0
     }
 }
 
@@ -391,11 +412,7 @@ impl FlowCache {
         }
         let l = &meta.outer;
         probe.ip_bytes = l.l3_end - l.l3;
-        probe.tcp_flags = if l.l4_ok && l.proto == ip_proto::TCP {
-            frame.get(usize::from(l.l4) + 13).copied().unwrap_or(0)
-        } else {
-            0
-        };
+        probe.tcp_flags = if l.l4_ok { tcp_flags_of(frame, l) } else { 0 };
         true
     }
 
@@ -428,19 +445,9 @@ impl FlowCache {
         if !parse::l4_fields(frame, l) {
             return None;
         }
-        let l4 = usize::from(l.l4);
-        let ports = if ip_proto::has_ports(l.proto) {
-            be32(frame, l4)
-        } else {
-            0
-        };
-        let tcp_flags = if l.proto == ip_proto::TCP {
-            frame.get(l4 + 13).copied().unwrap_or(0)
-        } else {
-            0
-        };
+        let ports = ports_of(frame, l);
         self.fragments.note(datagram, (ports, l.proto), now);
-        Some((ports, l.proto, tcp_flags))
+        Some((ports, l.proto, tcp_flags_of(frame, l)))
     }
 
     /// The probe of a packet of `ip_bytes` whose key was taken elsewhere (by conntrack, as
