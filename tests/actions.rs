@@ -219,28 +219,21 @@ wrpcap("in.pcap", pkts)
     );
     let out = replay_through(&dir, "tests/data/fragment-rewrite.pipe");
     assert_eq!(frames(&out).len(), 9, "three datagrams of three fragments");
-    let fields = tool_ok(
-        "tshark",
+    let fields = tshark_table(
+        &out,
         &[
-            "-r",
-            &out,
             "-o",
             "udp.check_checksum:TRUE",
             "-o",
             "tcp.check_checksum:TRUE",
             "-Y",
             "udp || tcp",
-            "-T",
-            "fields",
-            "-E",
-            "separator=;",
-            "-e",
+        ],
+        ';',
+        &[
             "ip.dst",
-            "-e",
             "ipv6.dst",
-            "-e",
             "udp.checksum.status",
-            "-e",
             "tcp.checksum.status",
         ],
     );
@@ -326,24 +319,14 @@ wrpcap("in.pcap", pkts)
 "#,
     );
     let out = replay_through(&dir, "tests/data/pseudo-header-rewrite.pipe");
-    let fields = tool_ok(
-        "tshark",
+    let fields = tshark_table(
+        &out,
+        &["-o", "sctp.checksum:CRC-32C"],
+        ';',
         &[
-            "-r",
-            &out,
-            "-o",
-            "sctp.checksum:CRC-32C",
-            "-T",
-            "fields",
-            "-E",
-            "separator=;",
-            "-e",
             "icmpv6.checksum.status",
-            "-e",
             "sctp.checksum.status",
-            "-e",
             "ipv6.dst",
-            "-e",
             "sctp.dstport",
         ],
     );

@@ -138,20 +138,7 @@ impl Export {
     /// (values of one message comma-separated).
     fn tshark(&self, fields: &[&str]) -> String {
         let decode = format!("udp.port=={},cflow", self.port);
-        let mut args = vec![
-            "-r",
-            &self.pcap,
-            "-d",
-            &decode,
-            "-T",
-            "fields",
-            "-E",
-            "separator=;",
-        ];
-        for f in fields {
-            args.extend(["-e", f]);
-        }
-        tool_ok("tshark", &args)
+        tshark_table(&self.pcap, &["-d", &decode], ';', fields)
     }
 
     /// tshark decodes the capture cleanly, and each data message's sequence number is the

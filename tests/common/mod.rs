@@ -130,15 +130,23 @@ pub fn assert_tshark_clean(path: &str) {
 
 /// tshark fields, one line per packet, comma-separated.
 pub fn tshark_fields(path: &str, fields: &[&str]) -> Vec<String> {
-    let mut args = vec!["-r", path, "-T", "fields", "-E", "separator=,"];
-    for f in fields {
-        args.push("-e");
-        args.push(f);
-    }
-    tool_ok("tshark", &args)
+    tshark_table(path, &[], ',', fields)
         .lines()
         .map(str::to_owned)
         .collect()
+}
+
+/// tshark's `fields` output: one line per packet `options` (`-o`, `-Y`, `-d`, …) leave,
+/// the fields separated by `separator`.
+pub fn tshark_table(path: &str, options: &[&str], separator: char, fields: &[&str]) -> String {
+    let separator = format!("separator={separator}");
+    let mut args = vec!["-r", path];
+    args.extend(options);
+    args.extend(["-T", "fields", "-E", &separator]);
+    for f in fields {
+        args.extend(["-e", f]);
+    }
+    tool_ok("tshark", &args)
 }
 
 /// An HTTP GET: the status code and body, or `None` when nothing answered.
