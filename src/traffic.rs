@@ -337,9 +337,14 @@ impl Spec {
         }
         s
     }
-}
 
-impl Spec {
+    /// The packet as a frame of `size` bytes.
+    fn frame(&self, size: usize) -> Vec<u8> {
+        let mut frame = Vec::with_capacity(size.max(128));
+        self.emit(size, &mut frame);
+        frame
+    }
+
     /// A packet of the given addresses, ports and protocol (the trace's words).
     fn of_tuple(v6: bool, (src, dst): (u128, u128), ports: (u32, u32), proto: u32) -> Spec {
         Spec {
@@ -359,17 +364,20 @@ fn mac(v: u128) -> [u8; 6] {
 }
 
 /// Frames of `size` bytes for the packets of a ClassBench trace, one per line in order
-/// (`SRC DST SPORT DPORT PROTO`, IPv4 addresses as integers or IPv6 ones in colon notation,
-/// as `dpuflow acl gen-trace` writes and dpdk-test-acl reads), so a rule pipe can be driven by the packets its rule set is
-/// measured with.
+/// (`SRC DST SPORT DPORT PROTO`, IPv4 addresses as integers or IPv6 ones in colon
+/// notation, as `dpuflow acl gen-trace` writes and dpdk-test-acl reads), so a rule pipe
+/// can be driven by the packets its rule set is measured with.
 pub fn from_trace(path: &std::path::Path, size: usize) -> Result<Vec<Vec<u8>>, String> {
     use crate::firewall::acl;
+    use std::io::BufRead;
     let join = |w: &[u32]| w.iter().fold(0u128, |a, &x| a << 32 | u128::from(x));
-    // IPv6 addresses are written with colons, IPv4 ones as integers.
-    let v6 = std::fs::read_to_string(path)
-        .map_err(|e| e.to_string())?
-        .contains(':');
-    let packets: Vec<Spec> = if !v6 {
+    // IPv6 addresses are written with colons, IPv4 ones as integers: the first line says.
+    let mut first = String::new();
+    std::fs::File::open(path)
+        .map(std::io::BufReader::new)
+        .and_then(|mut f| f.read_line(&mut first))
+        .map_err(|e| e.to_string())?;
+    let packets: Vec<Spec> = if !first.contains(':') {
         acl::load_trace(path)?
             .iter()
             .map(|k| {
@@ -387,14 +395,7 @@ pub fn from_trace(path: &std::path::Path, size: usize) -> Result<Vec<Vec<u8>>, S
             })
             .collect()
     };
-    Ok(packets
-        .iter()
-        .map(|s| {
-            let mut frame = Vec::with_capacity(size.max(128));
-            s.emit(size, &mut frame);
-            frame
-        })
-        .collect())
+    Ok(packets.iter().map(|s| s.frame(size)).collect())
 }
 
 /// Packets for `port`'s root pipe: `flows` flows spread round-robin over its entries
@@ -453,11 +454,9 @@ pub fn generate(p: &Program, port: PortId, size: usize, flows: u32) -> Vec<Vec<u
     let flows = flows.max(1);
     (0..flows)
         .map(|i| {
-            let mut frame = Vec::with_capacity(size.max(128));
             specs[i as usize % specs.len()]
                 .flow(i / specs.len() as u32)
-                .emit(size, &mut frame);
-            frame
+                .frame(size)
         })
         .collect()
 }
