@@ -391,11 +391,9 @@ struct Tree<const N: usize> {
     spans: Vec<(u32, u32)>,
     /// The rules of every leaf, leaves back to back.
     leaf: Vec<LeafRule<N>>,
-    /// Their value/mask tests, for trees where some rule has one (`masked`); else empty.
+    /// Their value/mask tests, for trees where some rule has one; else empty (most rule
+    /// sets have none: their leaves then compare ranges only).
     tests: Vec<[Masked; 2]>,
-    /// Some leaf rule has a value/mask test (most rule sets have none: their leaves then
-    /// compare ranges only).
-    masked: bool,
     /// Steps from the root to the deepest leaf.
     depth: usize,
     /// (covering rule, hidden rule) pairs: a rule that covers a whole region of the tree
@@ -449,7 +447,6 @@ impl<const N: usize> Tree<N> {
             spans: Vec::new(),
             leaf: Vec::new(),
             tests: Vec::new(),
-            masked: false,
             depth: 0,
             covering: Vec::new(),
         };
@@ -549,8 +546,7 @@ impl<const N: usize> Tree<N> {
         t.spans.resize(t.nodes.len(), (0, 0));
         t.covering.sort_unstable();
         t.covering.dedup();
-        t.masked = t.tests.iter().flatten().any(|m| m.mask != 0);
-        if !t.masked {
+        if t.tests.iter().flatten().all(|m| m.mask == 0) {
             t.tests = Vec::new();
         }
         Some(t)
@@ -577,7 +573,7 @@ impl<const N: usize> Tree<N> {
         let (start, len) = self.spans[node];
         let span = start as usize..(start + len) as usize;
         let leaf = &self.leaf[span.clone()];
-        let found = if self.masked {
+        let found = if !self.tests.is_empty() {
             leaf.iter()
                 .zip(&self.tests[span])
                 .find(|(r, t)| (r.matches(k) & passes(t, k)) && !is_dead(dead, r.id))
