@@ -192,7 +192,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     // be killed for memory halfway through.
     if let (Some(ct), Some(available)) = (&program.conntrack, crate::sys::available_memory()) {
         let capacity = usize::try_from(ct.capacity).unwrap_or(usize::MAX);
-        let need = Conntrack::table_bytes(capacity).saturating_mul(workers as u64);
+        let need = Conntrack::table_bytes(capacity, ct.tcp_window).saturating_mul(workers as u64);
         if need > available {
             return Err(RunError::Memory {
                 need_mib: need >> 20,

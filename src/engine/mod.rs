@@ -251,7 +251,7 @@ struct Fresh {
     /// Some action mirrors (the engine keeps buffers for the copies).
     mirrors: bool,
     /// Connection table capacity and timeouts, when the program tracks connections.
-    conntrack: Option<(usize, ir::CtTimeouts)>,
+    conntrack: Option<ir::Conntrack>,
 }
 
 /// The mutable state actions touch.
@@ -409,12 +409,7 @@ impl Compiled {
                 meters: p.meters.iter().map(MeterState::new).collect(),
                 stats,
                 mirrors,
-                conntrack: p.conntrack.as_ref().map(|c| {
-                    (
-                        usize::try_from(c.capacity).unwrap_or(usize::MAX),
-                        c.timeouts.clone(),
-                    )
-                }),
+                conntrack: p.conntrack.clone(),
             },
         }
     }
@@ -442,10 +437,14 @@ impl Engine {
                 Vec::new()
             },
             mirrored: 0,
-            ct: f
-                .conntrack
-                .as_ref()
-                .map(|(capacity, timeouts)| Conntrack::new(*capacity, timeouts.clone())),
+            ct: f.conntrack.as_ref().map(|c| {
+                let capacity = usize::try_from(c.capacity).unwrap_or(usize::MAX);
+                let mut ct = Conntrack::new(capacity, c.timeouts.clone());
+                if c.tcp_window {
+                    ct.track_windows();
+                }
+                ct
+            }),
             flows: None,
         };
         Engine {

@@ -20,10 +20,14 @@
 //! its last counts (into a bounded buffer the worker drains). A packet counts here only when
 //! it was looked up as it arrived and did not arrive tunnelled, so the records describe the
 //! packets as they arrived, like the flow cache's, and no packet is in both.
+//!
+//! With TCP window tracking on, a side array parallel to the slots holds each
+//! connection's windows (`tcp_window`), moved with its entry.
 
 use crate::engine::parse::{fragment_of, l4_fields, Layers, Meta, L3};
 use crate::engine::prefetch::{prefetch, prefetch_span};
 use crate::firewall::fragments::Fragments;
+use crate::firewall::tcp_window::{self, Segment, Window};
 use crate::hash::KeyedHash;
 use crate::ir::{CtTimeouts, CT_STATE_NAMES};
 use crate::sweep::Pace;
@@ -289,6 +293,8 @@ pub struct Pending {
     tcp_flags: u8,
     /// The ingress port index, when the packet counts for the flow records.
     report: Option<u8>,
+    /// The opening TCP segment, when windows are tracked.
+    segment: Option<Segment>,
 }
 
 /// What a lookup decided for one packet.
@@ -330,6 +336,8 @@ pub struct Conntrack {
     /// The ports and protocol of datagrams whose first fragment passed, for their other
     /// fragments.
     fragments: Fragments<(u16, u16, u8)>,
+    /// Each slot's TCP windows, when they are tracked.
+    windows: Option<Box<[Window]>>,
 }
 
 /// What [`Conntrack`] reports of its flow records.
@@ -354,8 +362,9 @@ impl Conntrack {
 
     /// Bytes the table for `capacity` connections takes (all allocated and written when
     /// it is made).
-    pub fn table_bytes(capacity: usize) -> u64 {
-        (Self::slots_for(capacity.max(1)) * (size_of::<Entry>() + 1)) as u64
+    pub fn table_bytes(capacity: usize, windows: bool) -> u64 {
+        let window = if windows { Self::WINDOW_BYTES } else { 0 };
+        (Self::slots_for(capacity.max(1)) * (size_of::<Entry>() + 1 + window)) as u64
     }
 
     pub fn new(capacity: usize, timeouts: CtTimeouts) -> Conntrack {
@@ -377,8 +386,19 @@ impl Conntrack {
             counted: None,
             moved: false,
             fragments: Fragments::default(),
+            windows: None,
         }
     }
+
+    /// Checks TCP segments against their connection's windows from now on (see
+    /// `tcp_window`), for connections opened from now on; the windows take
+    /// [`Conntrack::WINDOW_BYTES`] a slot more.
+    pub fn track_windows(&mut self) {
+        self.windows = Some(vec![Window::default(); self.slots.len()].into_boxed_slice());
+    }
+
+    /// Bytes a slot's TCP windows take when tracked.
+    pub const WINDOW_BYTES: usize = size_of::<Window>();
 
     /// Makes connections the source of flow records for the packets they count, with
     /// records at least every `active_ns` for a connection that stays busy.
@@ -485,7 +505,9 @@ impl Conntrack {
 
     /// Bytes of table memory (fixed at creation).
     pub fn memory_bytes(&self) -> usize {
-        size_of_val(&*self.slots) + size_of_val(&*self.tags)
+        size_of_val(&*self.slots)
+            + size_of_val(&*self.tags)
+            + self.windows.as_ref().map_or(0, |w| size_of_val(&**w))
     }
 
     fn hash(&self, k: &Key) -> u64 {
@@ -575,6 +597,9 @@ impl Conntrack {
             if dist_hole < dist_i {
                 self.slots[hole] = self.slots[i];
                 self.tags[hole] = self.tags[i];
+                if let Some(w) = &mut self.windows {
+                    w[hole] = w[i];
+                }
                 self.slots[i] = EMPTY;
                 self.tags[i] = 0;
                 hole = i;
@@ -787,6 +812,18 @@ impl Conntrack {
                     s if is_tcp(s) => tcp_transition(s, t.tcp_flags, reply),
                     s => Step::To(s),
                 };
+                // Fragments are judged by flags and state only (Linux reassembles first).
+                let next = match &mut self.windows {
+                    Some(w) if is_tcp(state) && t.fragment.is_none() => {
+                        match Segment::read(frame, usize::from(l.l4), usize::from(l.l3_end)) {
+                            Some(seg) => {
+                                w[i].judge(state, next, dir, &seg, flags & SEEN_REPLY != 0)
+                            }
+                            None => Step::Invalid,
+                        }
+                    }
+                    _ => next,
+                };
                 match next {
                     Step::Invalid => {
                         self.stats.invalid += 1;
@@ -805,6 +842,9 @@ impl Conntrack {
                                 bytes: len,
                                 tcp_flags: t.tcp_flags,
                                 report,
+                                segment: self.windows.as_ref().and_then(|_| {
+                                    Segment::read(frame, usize::from(l.l4), usize::from(l.l3_end))
+                                }),
                             }),
                         }
                     }
@@ -828,7 +868,11 @@ impl Conntrack {
                     }
                     Step::Ignore => {
                         // Passes as part of the connection without changing its state or
-                        // timer.
+                        // timer; a reply still shows the connection answered (as Linux
+                        // sets SEEN_REPLY for every reply it lets pass).
+                        if reply {
+                            self.slots[i].flags |= SEEN_REPLY;
+                        }
                         if let Some(port) = report {
                             self.count_in(i, dir, (len, t.tcp_flags, port), now);
                         }
@@ -849,7 +893,24 @@ impl Conntrack {
                     self.stats.invalid += 1;
                     return invalid;
                 }
+                let mut segment = None;
                 let first = match t.proto {
+                    ip_proto::TCP if self.windows.is_some() && t.fragment.is_none() => {
+                        let opening = tcp_flags_valid(t.tcp_flags)
+                            .then(|| tcp_transition_new(t.tcp_flags))
+                            .flatten();
+                        let seg = Segment::read(frame, usize::from(l.l4), usize::from(l.l3_end));
+                        match opening.zip(seg) {
+                            Some((s, seg)) => {
+                                segment = Some(seg);
+                                s
+                            }
+                            None => {
+                                self.stats.invalid += 1;
+                                return invalid;
+                            }
+                        }
+                    }
                     ip_proto::TCP => match tcp_flags_valid(t.tcp_flags)
                         .then(|| tcp_transition_new(t.tcp_flags))
                         .flatten()
@@ -880,6 +941,7 @@ impl Conntrack {
                         bytes: len,
                         tcp_flags: t.tcp_flags,
                         report,
+                        segment,
                     }),
                 }
             }
@@ -908,6 +970,9 @@ impl Conntrack {
         };
         e.seen(false);
         self.slots[slot] = e;
+        if let (Some(w), Some(seg)) = (&mut self.windows, &p.segment) {
+            w[slot] = Window::opened(seg, p.state);
+        }
         if let Some(port) = p.report.filter(|_| self.counted.is_none()) {
             self.count_in(slot, 0, (p.bytes, p.tcp_flags, port), now);
         }
@@ -1131,7 +1196,7 @@ fn canonical(t: &Tuple, zone: u16) -> (Key, bool) {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Step {
+pub(super) enum Step {
     To(ConnState),
     Invalid,
     /// Possibly out of sync (Linux `sIG`): the packet passes as part of the connection but
@@ -1152,32 +1217,12 @@ fn tcp_flags_valid(flags: u8) -> bool {
     )
 }
 
-/// The TCP packet kinds of Linux's state table, by flags.
-fn tcp_kind(flags: u8) -> usize {
-    use tcp::flags::*;
-    if flags & RST != 0 {
-        4
-    } else if flags & SYN != 0 {
-        if flags & ACK != 0 {
-            1
-        } else {
-            0
-        }
-    } else if flags & FIN != 0 {
-        2
-    } else if flags & ACK != 0 {
-        3
-    } else {
-        5
-    }
-}
-
 /// The first packet of a connection: a SYN opens it; with loose pickup (Linux's default
 /// `nf_conntrack_tcp_loose=1`) a plain ACK picks up a connection already established.
 fn tcp_transition_new(flags: u8) -> Option<ConnState> {
-    match tcp_kind(flags) {
-        0 => Some(ConnState::TcpSynSent),
-        3 => Some(ConnState::TcpEstablished),
+    match tcp_window::kind(flags) {
+        tcp_window::SYN => Some(ConnState::TcpSynSent),
+        tcp_window::ACK => Some(ConnState::TcpEstablished),
         _ => None,
     }
 }
@@ -1208,7 +1253,7 @@ fn tcp_transition(s: ConnState, flags: u8, reply: bool) -> Step {
     ];
     let col = TCP_STATES.iter().position(|x| *x == s).unwrap_or(0);
     let table = if reply { &REPLY } else { &ORIGINAL };
-    match table[tcp_kind(flags)][col] {
+    match table[usize::from(tcp_window::kind(flags))][col] {
         IV => Step::Invalid,
         IG => Step::Ignore,
         RO => Step::Reopen,
@@ -1247,6 +1292,7 @@ mod tests {
             bytes: 64,
             tcp_flags: 0,
             report: None,
+            segment: None,
         }
     }
 

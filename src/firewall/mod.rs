@@ -3,3 +3,4 @@
 pub mod acl;
 pub mod conntrack;
 pub(crate) mod fragments;
+mod tcp_window;

@@ -439,6 +439,9 @@ pub enum MeterAlgorithm {
 pub struct Conntrack {
     pub capacity: u64,
     pub timeouts: CtTimeouts,
+    /// TCP segments are checked against their connection's windows (Linux's default,
+    /// `nf_conntrack_tcp_be_liberal=0`); off, they are judged by flags and state only.
+    pub tcp_window: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

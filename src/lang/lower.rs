@@ -196,6 +196,7 @@ impl Lowerer<'_> {
             pipes.iter().any(uses_conntrack).then(|| Conntrack {
                 capacity: DEFAULT_CT_CAPACITY,
                 timeouts: CtTimeouts::default(),
+                tcp_window: false,
             })
         });
         Some(Program {
@@ -581,6 +582,7 @@ impl Lowerer<'_> {
         let mut ct = Conntrack {
             capacity: DEFAULT_CT_CAPACITY,
             timeouts: CtTimeouts::default(),
+            tcp_window: false,
         };
         let mut ok = true;
         for o in &s.options {
@@ -600,6 +602,21 @@ impl Lowerer<'_> {
                              all taken at start)"
                         );
                         self.err(o.values[0].span, msg);
+                        ok = false;
+                    }
+                    None => ok = false,
+                },
+                "tcp_window" => match self.single(o).map(|w| (w, w.text.as_str())) {
+                    Some((_, "on")) => ct.tcp_window = true,
+                    Some((_, "off")) => ct.tcp_window = false,
+                    Some((w, _)) => {
+                        self.err(
+                            w.span,
+                            format!("`tcp_window` is `on` or `off`, not `{}`", w.text),
+                        )
+                        .hint = Some(
+                            "`tcp_window on` checks TCP segments against their windows".into(),
+                        );
                         ok = false;
                     }
                     None => ok = false,

@@ -48,7 +48,7 @@ pub fn block_keys(kind: BlockKind) -> Keys {
             ("capacity", Quantity),
             ("block_size", Quantity),
         ],
-        BlockKind::Conntrack => &[("capacity", One), ("timeout", Two)],
+        BlockKind::Conntrack => &[("capacity", One), ("timeout", Two), ("tcp_window", One)],
         BlockKind::Telemetry => &[
             ("prometheus", One),
             ("ipfix", One),
