@@ -2,8 +2,10 @@
 //! forwards between a client and a server namespace and counts, with nftables on its
 //! forward hook, the packets in `ct state new / established / related / invalid`. Crafted
 //! sessions are sent through it in order from both sides, over IPv4 and over IPv6, and the
-//! same packets are replayed through dpuflow (tests/data/ct-count.pipe); per scenario the
-//! counts must be equal.
+//! same packets are replayed through dpuflow, with TCP window tracking on
+//! (tests/data/ct-count-window.pipe, as the kernel by default) and off
+//! (tests/data/ct-count.pipe, for the scenarios that stay in their windows); per scenario
+//! the counts must be equal.
 //!
 //! Needs root for `ip netns`; all traffic stays inside the namespaces.
 
@@ -14,6 +16,16 @@ use std::process::Command;
 use std::time::Duration;
 
 const STATES: [&str; 4] = ["new", "established", "related", "invalid"];
+
+/// Scenarios with segments outside their windows, which the kernel finds invalid: only
+/// `tcp_window on` gives its counts for them (off, dpuflow counts those segments
+/// established). The other scenarios run with window tracking on and off.
+const OUT_OF_WINDOW: [&str; 4] = [
+    "rst_out_of_window",
+    "data_past_the_window",
+    "ack_of_unsent_data",
+    "window_scaling_one_sided",
+];
 
 /// The scenarios, as scapy builds them, once per address family (`v4_…` and `v6_…`).
 /// Client 10.0.1.2 / fd00:1::2 behind r0, server 10.0.2.2 / fd00:2::2 behind r1; each
@@ -41,8 +53,8 @@ def scenarios(v6):
       return (IPv6(src=C, dst=S, hlim=63)/u) if v6 else (IP(src=C, dst=S, ttl=63)/u)
   return body(c, s, echo, unreachable, quoted_udp)
 
-def tcp(sp, dp, fl, sq, ak=0, data=b""):
-    t = TCP(sport=sp, dport=dp, flags=fl, seq=sq, ack=ak, window=65535)
+def tcp(sp, dp, fl, sq, ak=0, data=b"", win=65535, opts=None):
+    t = TCP(sport=sp, dport=dp, flags=fl, seq=sq, ack=ak, window=win, options=opts or [])
     return t/Raw(data) if data else t
 
 def body(c, s, echo, unreachable, quoted_udp):
@@ -94,6 +106,45 @@ def body(c, s, echo, unreachable, quoted_udp):
       s(unreachable(quoted_udp(42003, 7000))),
   ]
   sc["syn_flood"] = [c(tcp(43000 + i, 80, "S", 1000 + i)) for i in range(50)]
+  # Window tracking: segments out of their windows, late ones, scaled windows.
+  sc["rst_out_of_window"] = handshake(41010) + [
+      c(tcp(41010, 80, "PA", 1001, 5001, b"data")),
+      s(tcp(80, 41010, "R", 5001 + 10000000)),          # far past the window
+      s(tcp(80, 41010, "R", 4000)),                     # before what the client acknowledged
+      c(tcp(41010, 80, "PA", 1005, 5001, b"more")),
+  ]
+  sc["rst_in_window_not_exact"] = handshake(41011) + [
+      c(tcp(41011, 80, "PA", 1001, 5001, b"data")),
+      s(tcp(80, 41011, "R", 5101)),                     # leaves it established
+      c(tcp(41011, 80, "A", 1005, 5001)),               # the challenge ACK
+      s(tcp(80, 41011, "R", 5001)),                     # exact: closes
+      c(tcp(41011, 80, "PA", 1005, 5001, b"late")),
+  ]
+  sc["data_past_the_window"] = [
+      c(tcp(41012, 80, "S", 1000, win=1000)), s(tcp(80, 41012, "SA", 5000, 1001, win=1000)),
+      c(tcp(41012, 80, "A", 1001, 5001, win=1000)),
+      c(tcp(41012, 80, "PA", 1001, 5001, b"x" * 500, win=1000)),
+      c(tcp(41012, 80, "PA", 7001, 5001, b"y" * 100, win=1000)),
+      s(tcp(80, 41012, "A", 5001, 1501, win=1000)),
+  ]
+  sc["ack_of_unsent_data"] = handshake(41013) + [
+      c(tcp(41013, 80, "A", 1001, 5001 + 100000)),
+      c(tcp(41013, 80, "PA", 1001, 5001, b"fine")),
+      s(tcp(80, 41013, "A", 5001, 1005)),
+  ]
+  def scaled_session(cp, server_scales):
+      ws = [("WScale", 7), ("SAckOK", b"")]
+      return [c(tcp(cp, 80, "S", 1000, win=512, opts=ws)),
+              s(tcp(80, cp, "SA", 5000, 1001, win=512, opts=ws if server_scales else [])),
+              c(tcp(cp, 80, "A", 1001, 5001, win=512)), s(tcp(80, cp, "A", 5001, 1001, win=512)),
+              c(tcp(cp, 80, "PA", 41001, 5001, b"z" * 100, win=512)),   # past 512, inside 512 << 7
+              s(tcp(80, cp, "A", 5001, 1001, win=512, opts=[("SAck", (41001, 41101))]))]
+  sc["window_scaling"] = scaled_session(41014, True)
+  sc["window_scaling_one_sided"] = scaled_session(41015, False)
+  sc["old_retransmission"] = handshake(41016) + [
+      x for i in range(8) for x in (c(tcp(41016, 80, "PA", 1001 + 1000 * i, 5001, b"d" * 1000, win=2000)),
+                                    s(tcp(80, 41016, "A", 5001, 2001 + 1000 * i, win=2000)))
+  ] + [c(tcp(41016, 80, "PA", 1001, 5001, b"d" * 1000, win=2000)), s(tcp(80, 41016, "A", 5001, 9001, win=2000))]
   return sc
 
 sc = {}
@@ -374,31 +425,21 @@ fn conntrack_states_equal_the_kernels() {
         let after = lab.counters();
         let kernel: Vec<u64> = STATES.iter().map(|s| after[*s] - before[*s]).collect();
 
-        let out = dpuflow_ok(&[
-            "replay",
+        let windowed = OUT_OF_WINDOW.iter().any(|w| name.ends_with(w));
+        for pipe in [
+            "tests/data/ct-count-window.pipe",
             "tests/data/ct-count.pipe",
-            "--in",
-            &format!("c={}", dir.path(&format!("c-{name}.pcap"))),
-            "--in",
-            &format!("s={}", dir.path(&format!("s-{name}.pcap"))),
-            "--json",
-        ]);
-        let s: serde_json::Value = serde_json::from_str(&out).expect("JSON");
-        let ours: Vec<u64> = STATES
-            .iter()
-            .map(|st| {
-                s["entries"]
-                    .as_array()
-                    .expect("entries")
-                    .iter()
-                    .find(|e| e["pipe"] == "classify" && e["entry"] == *st)
-                    .and_then(|e| e["packets"].as_u64())
-                    .expect("entry counter")
-            })
-            .collect();
-        eprintln!("{name:<24} kernel {kernel:?} dpuflow {ours:?}");
-        if kernel != ours {
-            mismatches.push(format!("{name}: kernel (new, established, related, invalid) = {kernel:?}, dpuflow = {ours:?}"));
+        ] {
+            if windowed && pipe == "tests/data/ct-count.pipe" {
+                continue;
+            }
+            let ours = dpuflow_states(pipe, &dir, name);
+            eprintln!("{name:<34} kernel {kernel:?} dpuflow {ours:?} ({pipe})");
+            if kernel != ours {
+                mismatches.push(format!(
+                    "{name} ({pipe}): kernel (new, established, related, invalid) = {kernel:?}, dpuflow = {ours:?}"
+                ));
+            }
         }
     }
     assert!(
@@ -406,4 +447,31 @@ fn conntrack_states_equal_the_kernels() {
         "conntrack differs from the kernel's:\n{}",
         mismatches.join("\n")
     );
+}
+
+/// dpuflow's counts of `(new, established, related, invalid)` packets for a scenario's
+/// captures, through `pipe`.
+fn dpuflow_states(pipe: &str, dir: &Scratch, name: &str) -> Vec<u64> {
+    let out = dpuflow_ok(&[
+        "replay",
+        pipe,
+        "--in",
+        &format!("c={}", dir.path(&format!("c-{name}.pcap"))),
+        "--in",
+        &format!("s={}", dir.path(&format!("s-{name}.pcap"))),
+        "--json",
+    ]);
+    let s: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    STATES
+        .iter()
+        .map(|st| {
+            s["entries"]
+                .as_array()
+                .expect("entries")
+                .iter()
+                .find(|e| e["pipe"] == "classify" && e["entry"] == *st)
+                .and_then(|e| e["packets"].as_u64())
+                .expect("entry counter")
+        })
+        .collect()
 }
