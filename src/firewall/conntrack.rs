@@ -1439,6 +1439,80 @@ mod tests {
         ct.note_fate(|| (Some(out), false))
     }
 
+    /// A TCP segment between 10.0.0.1:`port` (the client) and 10.0.0.2:80, with a window
+    /// of 65535.
+    fn segment(port: u16, reply: bool, flags: u8, seq: u32, ack: u32) -> Vec<u8> {
+        let (a, b) = (0x0a00_0001u128, 0x0a00_0002u128);
+        let (src, dst, sport, dport) = if reply {
+            (b, a, 80, port)
+        } else {
+            (a, b, port, 80)
+        };
+        let mut f =
+            crate::wire::testing::frame(false, src, dst, ip_proto::TCP, sport, dport, flags, 0);
+        let l4 = 14 + 20;
+        f[l4 + 4..l4 + 8].copy_from_slice(&seq.to_be_bytes());
+        f[l4 + 8..l4 + 12].copy_from_slice(&ack.to_be_bytes());
+        f[l4 + 14..l4 + 16].copy_from_slice(&0xffffu16.to_be_bytes());
+        f
+    }
+
+    /// Each connection keeps its own windows while removals shift entries: after half of a
+    /// full table expires, every remaining connection still refuses a RST far out of its
+    /// window and takes the one at its exact sequence number.
+    #[test]
+    fn windows_move_with_their_connections() {
+        use tcp::flags::*;
+        let timeouts = CtTimeouts {
+            tcp_established: Duration::from_secs(20),
+            ..CtTimeouts::default()
+        };
+        let mut ct = Conntrack::new(16, timeouts);
+        ct.track_windows();
+        let s = 1_000_000_000u64;
+        let state = |ct: &mut Conntrack, f: &[u8], now: u64| {
+            let meta = crate::engine::parse::parse(f, &Default::default()).expect("valid frame");
+            let l = ct.lookup(f, &meta, 0, now, None);
+            if let Some(p) = l.pending {
+                assert!(ct.commit(&p, now));
+            }
+            l.state
+        };
+        let isn = |port: u16| {
+            (
+                u32::from(port) * 100_000,
+                3_000_000_000 + u32::from(port) * 100_000,
+            )
+        };
+        for port in 1..=16u16 {
+            let now = if port <= 8 { 0 } else { 10 * s };
+            let (c, v) = isn(port);
+            state(&mut ct, &segment(port, false, SYN, c, 0), now);
+            state(&mut ct, &segment(port, true, SYN | ACK, v, c + 1), now);
+            assert_eq!(
+                state(&mut ct, &segment(port, false, ACK, c + 1, v + 1), now),
+                CtState::Established
+            );
+        }
+        ct.sweep(25 * s, 100);
+        assert_eq!(ct.len(), 8);
+        for port in 9..=16u16 {
+            let (_, v) = isn(port);
+            let far = segment(port, true, RST, v.wrapping_add(1 + 50_000_000), 0);
+            assert_eq!(
+                state(&mut ct, &far, 26 * s),
+                CtState::Invalid,
+                "port {port}"
+            );
+            let exact = segment(port, true, RST, v + 1, 0);
+            assert_eq!(
+                state(&mut ct, &exact, 26 * s),
+                CtState::Established,
+                "port {port}"
+            );
+        }
+    }
+
     /// With export on, a TCP connection reports each direction's packets, bytes, flags and
     /// ports: after the active timeout, and at its end (flowEndReason 3 once closed).
     #[test]
