@@ -394,7 +394,10 @@ impl Conntrack {
     /// `tcp_window`), for connections opened from now on; the windows take
     /// [`Conntrack::WINDOW_BYTES`] a slot more.
     pub fn track_windows(&mut self) {
-        self.windows = Some(vec![Window::default(); self.slots.len()].into_boxed_slice());
+        let mut windows = Vec::with_capacity(self.slots.len());
+        crate::sys::advise_huge_pages(&mut windows);
+        windows.resize(self.slots.len(), Window::default());
+        self.windows = Some(windows.into_boxed_slice());
     }
 
     /// Bytes a slot's TCP windows take when tracked.
@@ -708,6 +711,9 @@ impl Conntrack {
             if t == 0 || t == tag {
                 // An entry (96 bytes) spans two cache lines.
                 prefetch_span(&self.slots[i]);
+                if let Some(w) = &self.windows {
+                    prefetch_span(&w[i]);
+                }
                 return;
             }
             i = self.next(i);

@@ -35,24 +35,36 @@ pub(super) const ACK: u8 = 3;
 pub(super) const RST: u8 = 4;
 pub(super) const NONE: u8 = 5;
 
-/// The kind of a segment with these flags.
+/// The kind of a segment with these flags: RST first, then SYN (with or without ACK),
+/// FIN, ACK.
+#[inline]
 pub(super) fn kind(flags: u8) -> u8 {
-    use tcp::flags;
-    if flags & flags::RST != 0 {
-        RST
-    } else if flags & flags::SYN != 0 {
-        if flags & flags::ACK != 0 {
-            SYNACK
-        } else {
-            SYN
+    use tcp::flags::{ACK as A, FIN as F, RST as R, SYN as S};
+    // Indexed by the FIN, SYN, RST, PSH and ACK bits (PSH does not matter): one load.
+    const KINDS: [u8; 32] = {
+        let mut k = [NONE; 32];
+        let mut f = 0;
+        while f < 32 {
+            k[f] = if f & R as usize != 0 {
+                RST
+            } else if f & S as usize != 0 {
+                if f & A as usize != 0 {
+                    SYNACK
+                } else {
+                    SYN
+                }
+            } else if f & F as usize != 0 {
+                FIN
+            } else if f & A as usize != 0 {
+                ACK
+            } else {
+                NONE
+            };
+            f += 1;
         }
-    } else if flags & flags::FIN != 0 {
-        FIN
-    } else if flags & flags::ACK != 0 {
-        ACK
-    } else {
-        NONE
-    }
+        k
+    };
+    KINDS[usize::from(flags & 0x1f)]
 }
 
 // Per-direction flags (Linux `IP_CT_TCP_FLAG_*`).
@@ -107,8 +119,10 @@ pub struct Segment {
 impl Segment {
     /// The segment whose TCP header starts at `l4` of an IP packet ending at `ip_end`;
     /// `None` when the header does not fit (Linux's "truncated packet": invalid).
+    #[inline]
     pub fn read(frame: &[u8], l4: usize, ip_end: usize) -> Option<Segment> {
-        let view = tcp::Packet::new_checked(frame.get(l4..ip_end)?).ok()?;
+        let segment = frame.get(l4..ip_end)?;
+        let view = tcp::Packet::new_checked(segment).ok()?;
         let header = view.header_len();
         let (seq, ack, flags) = (view.seq(), view.ack(), view.flags());
         let payload = (ip_end - l4 - header) as u32;
@@ -125,12 +139,15 @@ impl Segment {
             wscale: None,
             sack_perm: false,
         };
-        s.read_options(&frame[l4 + tcp::MIN_HEADER_LEN..l4 + header]);
+        if s.options {
+            s.read_options(&segment[tcp::MIN_HEADER_LEN..header]);
+        }
         Some(s)
     }
 
     /// Window scale, SACK-permitted and the SACK edges (RFC 9293 §3.1 option layout): a
     /// malformed option ends the scan, as in Linux.
+    #[inline(never)]
     fn read_options(&mut self, opts: &[u8]) {
         let mut sacked = false;
         let mut i = 0;
@@ -288,6 +305,7 @@ impl Window {
     /// state table moves from `old` as `step` says; `seen_reply` tells whether the
     /// connection has seen a reply before this segment. Returns the step to take, which
     /// may now be to ignore the segment, to find it invalid, or to another state.
+    #[inline]
     pub fn judge(
         &mut self,
         old: ConnState,
@@ -491,93 +509,67 @@ impl Window {
     /// Linux `tcp_in_window`: checks I–IV (see the module's comment) and, for a segment
     /// that passes, the windows it moves. `state` is the connection's state before the
     /// segment (`None` for the segment that opens it).
+    #[inline]
     fn in_window(&mut self, dir: usize, seg: &Segment, state: Option<ConnState>) -> Fit {
         use tcp::flags;
-        let (syn, has_ack, rst) = (
-            seg.has(flags::SYN),
-            seg.has(flags::ACK),
-            seg.has(flags::RST),
-        );
-        let (mut seq, mut end, win) = (seg.seq, seg.end, u32::from(seg.win));
-        let mut ack = seg.ack;
-        let mut sack = if self.sides[1 - dir].flags & SACK_PERM != 0 {
+        let dir = dir & 1;
+        let mut sack = if self.sides[dir ^ 1].flags & SACK_PERM != 0 {
             seg.sack
         } else {
             seg.ack
         };
-        if self.sides[dir].max_win == 0 {
-            if syn {
-                // A SYN/ACK answering the SYN, or a SYN from the other end (simultaneous open).
-                self.init_sender(dir, seg);
-                if !has_ack {
-                    return Fit::Accept;
-                }
-            } else {
-                // Mid-connection: take what the segment shows.
-                let s = &mut self.sides[dir];
-                s.end = end;
-                s.max_win = (win << s.scale).max(1);
-                s.max_end = end.wrapping_add(s.max_win);
-                let r = &mut self.sides[1 - dir];
-                if r.max_win == 0 {
-                    // Nothing from the other end yet: let III and IV pass until it speaks.
-                    r.end = sack;
-                    r.max_end = sack;
-                } else if sack == r.end.wrapping_add(1) {
-                    // Likely the answer to a keepalive.
-                    r.end = r.end.wrapping_add(1);
-                }
-            }
-        } else if syn
-            && after(end, self.sides[dir].end)
-            && matches!(state, Some(ConnState::TcpSynSent | ConnState::TcpSynRecv))
-        {
-            // RFC 9293 §3.4.1: a restarted end may use higher sequence numbers at once.
-            self.init_sender(dir, seg);
-            if dir == 1 && !has_ack {
-                return Fit::Accept;
+        if seg.has(flags::SYN) || self.sides[dir].max_win == 0 {
+            if let Some(fit) = self.start(dir, seg, sack, state) {
+                return fit;
             }
         }
+        let (has_ack, rst) = (seg.has(flags::ACK), seg.has(flags::RST));
+        let (mut seq, mut end, mut ack) = (seg.seq, seg.end, seg.ack);
+        let [a, b] = &mut self.sides;
+        let (s, r) = if dir == 0 { (a, b) } else { (b, a) };
         if !has_ack || (rst && ack == 0) {
             // No ACK (or a broken stack's zero ACK on a RST): taken as acknowledging all.
-            ack = self.sides[1 - dir].end;
+            ack = r.end;
             sack = ack;
         }
         if rst && seq == 0 && state == Some(ConnState::TcpSynSent) {
             // A RST answering a SYN.
-            seq = self.sides[dir].end;
+            seq = s.end;
             end = seq;
         }
-        let (s, r) = (self.sides[dir], self.sides[1 - dir]);
+        // From a liberal sender, what fails a check passes, changing nothing.
+        let is_liberal = s.flags & BE_LIBERAL != 0;
+        let liberal = |fit| if is_liberal { Fit::Accept } else { fit };
         let ack_floor = r.end.wrapping_sub(s.ack_window()).wrapping_sub(1);
+        let in_recv_win = after(end, s.end.wrapping_sub(r.max_win).wrapping_sub(1));
         if !before(seq, s.max_end.wrapping_add(1)) {
             // I fails. A sender overrunning the window by less than a window is tolerated
             // (some stacks do), its data noted so that the ACK for it passes III.
             let overshot = end.wrapping_sub(s.max_end).wrapping_add(1);
-            let in_recv_win =
-                r.max_win != 0 && after(end, s.end.wrapping_sub(r.max_win).wrapping_sub(1));
-            if in_recv_win
+            if r.max_win != 0
+                && in_recv_win
                 && after(sack, ack_floor)
                 && overshot <= r.max_win
                 && before(sack, r.end.wrapping_add(1))
             {
-                self.sides[dir].end = end;
-                self.sides[dir].flags |= DATA_UNACKNOWLEDGED;
-                return self.unless_liberal(dir, Fit::Ignore);
+                s.end = end;
+                s.flags |= DATA_UNACKNOWLEDGED;
+                return liberal(Fit::Ignore);
             }
-            return self.unless_liberal(dir, Fit::Invalid);
+            return liberal(Fit::Invalid);
         }
         if !before(sack, r.end.wrapping_add(1)) {
-            return self.unless_liberal(dir, Fit::Invalid);
+            return liberal(Fit::Invalid);
         }
-        if r.max_win != 0 && !after(end, s.end.wrapping_sub(r.max_win).wrapping_sub(1)) {
-            return self.unless_liberal(dir, Fit::Ignore);
+        if (r.max_win != 0 && !in_recv_win) || !after(sack, ack_floor) {
+            return liberal(Fit::Ignore);
         }
-        if !after(sack, ack_floor) {
-            return self.unless_liberal(dir, Fit::Ignore);
-        }
-        let win = if syn { win } else { win << s.scale };
-        let s = &mut self.sides[dir];
+        let win = u32::from(seg.win);
+        let win = if seg.has(flags::SYN) {
+            win
+        } else {
+            win << s.scale
+        };
         s.max_win = s.max_win.max(win.wrapping_add(sack.wrapping_sub(ack)));
         if after(end, s.end) {
             s.end = end;
@@ -591,10 +583,8 @@ impl Window {
                 s.max_ack = ack;
             }
         }
-        let sender_max_end = s.max_end;
-        let r = &mut self.sides[1 - dir];
-        if r.max_win != 0 && after(end, sender_max_end) {
-            r.max_win = r.max_win.wrapping_add(end.wrapping_sub(sender_max_end));
+        if r.max_win != 0 && after(end, s.max_end) {
+            r.max_win = r.max_win.wrapping_add(end.wrapping_sub(s.max_end));
         }
         if after(sack.wrapping_add(win), r.max_end.wrapping_sub(1)) {
             r.max_end = sack.wrapping_add(win).wrapping_add(u32::from(win == 0));
@@ -613,13 +603,46 @@ impl Window {
         Fit::Accept
     }
 
-    /// `fit`, unless segments from `dir` pass whatever their window.
-    fn unless_liberal(&self, dir: usize, fit: Fit) -> Fit {
-        if self.sides[dir].flags & BE_LIBERAL != 0 {
-            Fit::Accept
-        } else {
-            fit
+    /// The start of [`Window::in_window`] for a SYN or a direction not heard from yet:
+    /// (re)starts the sender's window; `Some` when that settles the segment.
+    #[inline(never)]
+    fn start(
+        &mut self,
+        dir: usize,
+        seg: &Segment,
+        sack: u32,
+        state: Option<ConnState>,
+    ) -> Option<Fit> {
+        use tcp::flags;
+        let (syn, has_ack) = (seg.has(flags::SYN), seg.has(flags::ACK));
+        if self.sides[dir].max_win == 0 {
+            if syn {
+                // A SYN/ACK answering the SYN, or a SYN from the other end (simultaneous open).
+                self.init_sender(dir, seg);
+                return (!has_ack).then_some(Fit::Accept);
+            }
+            // Mid-connection: take what the segment shows.
+            let s = &mut self.sides[dir];
+            s.end = seg.end;
+            s.max_win = (u32::from(seg.win) << s.scale).max(1);
+            s.max_end = seg.end.wrapping_add(s.max_win);
+            let r = &mut self.sides[dir ^ 1];
+            if r.max_win == 0 {
+                // Nothing from the other end yet: let III and IV pass until it speaks.
+                r.end = sack;
+                r.max_end = sack;
+            } else if sack == r.end.wrapping_add(1) {
+                // Likely the answer to a keepalive.
+                r.end = r.end.wrapping_add(1);
+            }
+        } else if after(seg.end, self.sides[dir].end)
+            && matches!(state, Some(ConnState::TcpSynSent | ConnState::TcpSynRecv))
+        {
+            // RFC 9293 §3.4.1: a restarted end may use higher sequence numbers at once.
+            self.init_sender(dir, seg);
+            return (dir == 1 && !has_ack).then_some(Fit::Accept);
         }
+        None
     }
 }
 
