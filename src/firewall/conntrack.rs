@@ -815,20 +815,13 @@ impl Conntrack {
                 let next = match state {
                     _ if later_fragment => Step::Ignore,
                     s if is_tcp(s) && !tcp_flags_valid(t.tcp_flags) => Step::Invalid,
+                    // Fragments are judged by flags and state only (Linux reassembles first).
+                    s if is_tcp(s) && self.windows.is_some() && t.fragment.is_none() => {
+                        let step = tcp_transition(s, t.tcp_flags, reply);
+                        self.judge_window(i, frame, l, (s, step), dir)
+                    }
                     s if is_tcp(s) => tcp_transition(s, t.tcp_flags, reply),
                     s => Step::To(s),
-                };
-                // Fragments are judged by flags and state only (Linux reassembles first).
-                let next = match &mut self.windows {
-                    Some(w) if is_tcp(state) && t.fragment.is_none() => {
-                        match Segment::read(frame, usize::from(l.l4), usize::from(l.l3_end)) {
-                            Some(seg) => {
-                                w[i].judge(state, next, dir, &seg, flags & SEEN_REPLY != 0)
-                            }
-                            None => Step::Invalid,
-                        }
-                    }
-                    _ => next,
                 };
                 match next {
                     Step::Invalid => {
@@ -848,9 +841,7 @@ impl Conntrack {
                                 bytes: len,
                                 tcp_flags: t.tcp_flags,
                                 report,
-                                segment: self.windows.as_ref().and_then(|_| {
-                                    Segment::read(frame, usize::from(l.l4), usize::from(l.l3_end))
-                                }),
+                                segment: self.opening_segment(frame, l),
                             }),
                         }
                     }
@@ -905,8 +896,7 @@ impl Conntrack {
                         let opening = tcp_flags_valid(t.tcp_flags)
                             .then(|| tcp_transition_new(t.tcp_flags))
                             .flatten();
-                        let seg = Segment::read(frame, usize::from(l.l4), usize::from(l.l3_end));
-                        match opening.zip(seg) {
+                        match opening.zip(self.opening_segment(frame, l)) {
                             Some((s, seg)) => {
                                 segment = Some(seg);
                                 s
@@ -952,6 +942,35 @@ impl Conntrack {
                 }
             }
         }
+    }
+
+    /// The step a TCP segment takes in the connection in `slot` once its windows are
+    /// judged: `state` and the step the state table gives (out of line, so lookups without
+    /// window tracking keep their registers).
+    #[inline(never)]
+    fn judge_window(
+        &mut self,
+        slot: usize,
+        frame: &[u8],
+        l: &Layers,
+        (state, step): (ConnState, Step),
+        dir: usize,
+    ) -> Step {
+        let seen_reply = self.slots[slot].seen_reply();
+        let (Some(w), Some(seg)) = (
+            &mut self.windows,
+            Segment::read(frame, usize::from(l.l4), usize::from(l.l3_end)),
+        ) else {
+            return Step::Invalid;
+        };
+        w[slot].judge(state, step, dir, &seg, seen_reply)
+    }
+
+    /// The TCP segment of a packet that opens a connection, when windows are tracked.
+    #[inline(never)]
+    fn opening_segment(&self, frame: &[u8], l: &Layers) -> Option<Segment> {
+        self.windows.as_ref()?;
+        Segment::read(frame, usize::from(l.l4), usize::from(l.l3_end))
     }
 
     /// Creates the connection a lookup found new. False when the table is full (the
