@@ -20,7 +20,8 @@ for c in "forward bench/forward.pipe a" "exact-match-forward bench/exact-forward
          "vxlan-encap pipelines/vxlan-gateway.pipe host" "vxlan-decap pipelines/vxlan-gateway.pipe uplink" \
          "geneve-encap pipelines/geneve-gateway.pipe host" "geneve-decap pipelines/geneve-gateway.pipe uplink" \
          "vxlan-encap+ipfix pipelines/vxlan-gateway.pipe host --telemetry" \
-         "conntrack bench/conntrack.pipe a" "conntrack+ipfix bench/conntrack.pipe a --telemetry"; do
+         "conntrack bench/conntrack.pipe a" "conntrack+ipfix bench/conntrack.pipe a --telemetry" \
+         "conntrack-tcp bench/conntrack-tcp.pipe a" "conntrack-tcp+window bench/conntrack-tcp-window.pipe a"; do
     read -r name pipe port flag <<<"$c"
     a=$(ir "$pipe" "$port" 100000 "$flag")
     b=$(ir "$pipe" "$port" 300000 "$flag")
