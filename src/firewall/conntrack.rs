@@ -145,6 +145,8 @@ const ORIG_FROM_A: u8 = 1;
 const SEEN_REPLY: u8 = 2;
 /// Shifted left by the direction: the pipeline dropped a counted packet.
 const DENIED: u8 = 4;
+/// TCP windows tracked, and data unacknowledged: the timeout is capped.
+const UNACKED: u8 = 0x10;
 /// A first, second and third packet seen.
 const SEEN_1: u8 = 0x20;
 const SEEN_2: u8 = 0x40;
@@ -279,6 +281,43 @@ struct Export {
     dropped: u64,
 }
 
+/// The configured timeouts in nanoseconds, as lookups compare them.
+#[derive(Debug)]
+struct Timeouts {
+    /// By [`ConnState`] (UDP's before it is a stream).
+    by_state: [u64; 12],
+    udp_stream: u64,
+    unacknowledged: u64,
+}
+
+impl Timeouts {
+    fn new(t: &CtTimeouts) -> Timeouts {
+        use ConnState::*;
+        let mut by_state = [0; 12];
+        for (state, d) in [
+            (TcpSynSent, t.tcp_syn_sent),
+            (TcpSynRecv, t.tcp_syn_recv),
+            (TcpEstablished, t.tcp_established),
+            (TcpFinWait, t.tcp_fin_wait),
+            (TcpCloseWait, t.tcp_close_wait),
+            (TcpLastAck, t.tcp_last_ack),
+            (TcpTimeWait, t.tcp_time_wait),
+            (TcpClose, t.tcp_close),
+            (TcpSynSent2, t.tcp_syn_sent),
+            (Udp, t.udp),
+            (Icmp, t.icmp),
+            (Other, t.udp),
+        ] {
+            by_state[state as usize] = ns(d);
+        }
+        Timeouts {
+            by_state,
+            udp_stream: ns(t.udp_stream),
+            unacknowledged: ns(t.tcp_unacknowledged),
+        }
+    }
+}
+
 /// Records a connection table keeps for the worker to drain.
 pub const RECORDS_KEPT: usize = 16_384;
 
@@ -322,7 +361,7 @@ pub struct Conntrack {
     /// Per slot: 0 when empty, else a fragment of the key's hash with the top bit set.
     tags: Box<[u8]>,
     capacity: usize,
-    timeouts: CtTimeouts,
+    timeouts: Timeouts,
     seed: KeyedHash,
     sweep_at: usize,
     pace: Pace,
@@ -377,7 +416,7 @@ impl Conntrack {
             slots: table.into_boxed_slice(),
             tags: vec![0; slots].into_boxed_slice(),
             capacity,
-            timeouts,
+            timeouts: Timeouts::new(&timeouts),
             seed: KeyedHash::new(),
             sweep_at: 0,
             pace: Pace::default(),
@@ -535,22 +574,23 @@ impl Conntrack {
         }
     }
 
+    /// The connection's idle timeout. As in Linux, a TCP connection with unacknowledged data
+    /// (known only with window tracking), or picked up mid-stream and never answered,
+    /// waits at most `tcp_unacknowledged`: a dead peer or a stray ACK does not hold an
+    /// entry for days.
     fn timeout(&self, e: &Entry) -> u64 {
         let t = &self.timeouts;
-        ns(match e.state {
-            ConnState::TcpSynSent | ConnState::TcpSynSent2 => t.tcp_syn_sent,
-            ConnState::TcpSynRecv => t.tcp_syn_recv,
-            ConnState::TcpEstablished => t.tcp_established,
-            ConnState::TcpFinWait => t.tcp_fin_wait,
-            ConnState::TcpCloseWait => t.tcp_close_wait,
-            ConnState::TcpLastAck => t.tcp_last_ack,
-            ConnState::TcpTimeWait => t.tcp_time_wait,
-            ConnState::TcpClose => t.tcp_close,
-            ConnState::Udp if e.flags & UDP_STREAM == UDP_STREAM => t.udp_stream,
-            ConnState::Udp => t.udp,
-            ConnState::Icmp => t.icmp,
-            ConnState::Other => t.udp,
-        })
+        let d = if e.flags & UDP_STREAM == UDP_STREAM && e.state == ConnState::Udp {
+            t.udp_stream
+        } else {
+            t.by_state[e.state as usize]
+        };
+        let unanswered_pickup = e.state == ConnState::TcpEstablished && e.flags & SEEN_REPLY == 0;
+        if unanswered_pickup || e.flags & UNACKED != 0 {
+            d.min(t.unacknowledged)
+        } else {
+            d
+        }
     }
 
     fn expired(&self, e: &Entry, now: u64) -> bool {
@@ -963,7 +1003,13 @@ impl Conntrack {
         ) else {
             return Step::Invalid;
         };
-        w[slot].judge(state, step, dir, &seg, seen_reply)
+        let w = &mut w[slot];
+        let step = w.judge(state, step, dir, &seg, seen_reply);
+        if let Step::To(_) = step {
+            let e = &mut self.slots[slot];
+            e.flags = e.flags & !UNACKED | if w.unacknowledged() { UNACKED } else { 0 };
+        }
+        step
     }
 
     /// The TCP segment of a packet that opens a connection, when windows are tracked.
@@ -997,6 +1043,9 @@ impl Conntrack {
         self.slots[slot] = e;
         if let (Some(w), Some(seg)) = (&mut self.windows, &p.segment) {
             w[slot] = Window::opened(seg, p.state);
+            if w[slot].unacknowledged() {
+                self.slots[slot].flags |= UNACKED;
+            }
         }
         if let Some(port) = p.report.filter(|_| self.counted.is_none()) {
             self.count_in(slot, 0, (p.bytes, p.tcp_flags, port), now);
@@ -1480,6 +1529,45 @@ mod tests {
         f[l4 + 8..l4 + 12].copy_from_slice(&ack.to_be_bytes());
         f[l4 + 14..l4 + 16].copy_from_slice(&0xffffu16.to_be_bytes());
         f
+    }
+
+    /// A connection picked up mid-stream waits for an answer at most
+    /// `tcp_unacknowledged`; once answered, its established timeout holds, with windows
+    /// tracked or not.
+    #[test]
+    fn unanswered_and_unacknowledged_connections_time_out_sooner() {
+        use tcp::flags::*;
+        let s = 1_000_000_000u64;
+        for windows in [false, true] {
+            let mut ct = Conntrack::new(16, CtTimeouts::default());
+            if windows {
+                ct.track_windows();
+            }
+            let mut state = |f: &[u8], now: u64| {
+                let meta = crate::engine::parse::parse(f, &Default::default()).expect("valid");
+                let l = ct.lookup(f, &meta, 0, now, None);
+                if let Some(p) = l.pending {
+                    assert!(ct.commit(&p, now));
+                }
+                l.state
+            };
+            // Picked up, unanswered for longer than 300 s: the reply finds nothing.
+            state(&segment(1, false, ACK, 7000, 9000), 0);
+            assert_eq!(
+                state(&segment(1, true, ACK, 9000, 7000), 301 * s),
+                CtState::New
+            );
+            // Answered: still there an hour later.
+            state(&segment(2, false, ACK, 7000, 9000), 0);
+            assert_eq!(
+                state(&segment(2, true, ACK, 9000, 7000), s),
+                CtState::Established
+            );
+            assert_eq!(
+                state(&segment(2, false, ACK, 7000, 9000), 3600 * s),
+                CtState::Established
+            );
+        }
     }
 
     /// Each connection keeps its own windows while removals shift entries: after half of a

@@ -378,6 +378,11 @@ impl Window {
         Step::To(new)
     }
 
+    /// Either direction has sent data the other has not acknowledged.
+    pub fn unacknowledged(&self) -> bool {
+        (self.sides[0].flags | self.sides[1].flags) & DATA_UNACKNOWLEDGED != 0
+    }
+
     /// A segment the state table ignores (it may show the connection out of sync): notes
     /// it, so that a SYN/ACK answering an ignored SYN puts the connection back in sync
     /// (`Some(SYN_RECV)`, to be judged on) and the RST checks know what passed.

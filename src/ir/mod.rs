@@ -454,6 +454,10 @@ pub struct CtTimeouts {
     pub tcp_last_ack: Duration,
     pub tcp_time_wait: Duration,
     pub tcp_close: Duration,
+    /// The cap on a TCP connection's timeout while it has unacknowledged data (with window
+    /// tracking) or, picked up mid-stream, no answer yet (Linux
+    /// `nf_conntrack_tcp_timeout_unacknowledged`).
+    pub tcp_unacknowledged: Duration,
     pub udp: Duration,
     pub udp_stream: Duration,
     pub icmp: Duration,
@@ -472,6 +476,7 @@ impl Default for CtTimeouts {
             tcp_last_ack: s(30),
             tcp_time_wait: s(120),
             tcp_close: s(10),
+            tcp_unacknowledged: s(300),
             udp: s(30),
             udp_stream: s(120),
             icmp: s(30),
@@ -481,7 +486,7 @@ impl Default for CtTimeouts {
 
 impl CtTimeouts {
     /// Names as written in the `conntrack` block, with a mutable reference to each.
-    pub fn by_name(&mut self) -> [(&'static str, &mut Duration); 11] {
+    pub fn by_name(&mut self) -> [(&'static str, &mut Duration); 12] {
         [
             ("tcp_syn_sent", &mut self.tcp_syn_sent),
             ("tcp_syn_recv", &mut self.tcp_syn_recv),
@@ -491,6 +496,7 @@ impl CtTimeouts {
             ("tcp_last_ack", &mut self.tcp_last_ack),
             ("tcp_time_wait", &mut self.tcp_time_wait),
             ("tcp_close", &mut self.tcp_close),
+            ("tcp_unacknowledged", &mut self.tcp_unacknowledged),
             ("udp", &mut self.udp),
             ("udp_stream", &mut self.udp_stream),
             ("icmp", &mut self.icmp),
