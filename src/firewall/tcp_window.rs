@@ -21,8 +21,9 @@
 //!
 //! Connections picked up mid-stream (no SYN seen) are judged liberally, as Linux does:
 //! their windows are unknown. Window scaling (RFC 7323 §2) counts when both SYNs offer it.
-//! Not modelled: the shorter timeouts Linux gives connections with unacknowledged data or
-//! repeated retransmissions.
+//! Whether data is unacknowledged is kept ([`Window::unacknowledged`]): conntrack then caps
+//! the connection's timeout as Linux does. Not modelled: the shorter timeouts Linux gives
+//! after repeated retransmissions, a zero window, or a RST that left the connection open.
 
 use super::conntrack::{ConnState, Step};
 use crate::wire::{be32, tcp};
