@@ -351,6 +351,8 @@ pub struct CtStats {
     pub expirations: u64,
     /// New connections refused because the table was full.
     pub drops_full: u64,
+    /// Unconfirmed connections removed from a full table to make room for new ones.
+    pub early_drops: u64,
     pub invalid: u64,
 }
 
@@ -621,10 +623,16 @@ impl Conntrack {
     }
 
     /// Backward-shift deletion (linear probing stays valid without tombstones).
-    fn remove(&mut self, mut hole: usize) {
+    fn remove(&mut self, hole: usize) {
+        let reason = end_reason(self.slots[hole].state);
+        self.remove_for(hole, reason);
+    }
+
+    /// [`Conntrack::remove`], its last records ending for `reason`.
+    fn remove_for(&mut self, mut hole: usize, reason: EndReason) {
         if self.export.is_some() {
             let e = self.slots[hole];
-            self.report(&e, end_reason(e.state));
+            self.report(&e, reason);
         }
         self.moved = true;
         self.slots[hole] = EMPTY;
@@ -1019,17 +1027,55 @@ impl Conntrack {
         Segment::read(frame, usize::from(l.l4), usize::from(l.l3_end))
     }
 
-    /// Creates the connection a lookup found new. False when the table is full (the
-    /// packet should be dropped and is counted).
+    /// Makes room in a full table, as Linux's early drop does: removes the first
+    /// connection that is not confirmed (or has expired) among the [`EARLY_DROP_RANGE`]
+    /// slots from the home of `hash`, the slots the new connection's probe would scan.
+    /// Unconfirmed are TCP connections whose handshake has not completed, that were never
+    /// answered, or that are closing; UDP flows that are not yet streams; ICMP exchanges;
+    /// so a flood of SYNs or of one-way datagrams cannot lock answered connections out.
+    /// False when none qualifies.
+    #[cold]
+    fn drop_early(&mut self, hash: u64, now: u64) -> bool {
+        let mut i = self.home_of(hash);
+        for _ in 0..EARLY_DROP_RANGE {
+            if self.tags[i] != 0 {
+                let e = &self.slots[i];
+                if self.expired(e, now) {
+                    self.remove(i);
+                    self.stats.expirations += 1;
+                    return true;
+                }
+                if !confirmed(e) {
+                    self.remove_for(i, EndReason::LackOfResources);
+                    self.stats.early_drops += 1;
+                    return true;
+                }
+            }
+            i = self.next(i);
+        }
+        false
+    }
+
+    /// Creates the connection a lookup found new, in a full table in the place of an
+    /// unconfirmed one ([`Conntrack::drop_early`]). False when the table is full of
+    /// confirmed connections there (the packet should be dropped and is counted).
     pub fn commit(&mut self, p: &Pending, now: u64) -> bool {
         let slot = match self.find(&p.key, p.hash, now) {
             Ok(_) => return true,
             Err(slot) => slot,
         };
-        if self.len() >= self.capacity {
+        let slot = if self.len() < self.capacity {
+            slot
+        } else if self.drop_early(p.hash, now) {
+            // Removal shifts entries back: the new one's place may have moved.
+            match self.find(&p.key, p.hash, now) {
+                Ok(_) => return true,
+                Err(slot) => slot,
+            }
+        } else {
             self.stats.drops_full += 1;
             return false;
-        }
+        };
         self.tags[slot] = Self::tag_of(p.hash);
         let mut e = Entry {
             key: p.key,
@@ -1053,6 +1099,21 @@ impl Conntrack {
         self.stats.entries += 1;
         self.stats.inserts += 1;
         true
+    }
+}
+
+/// Slots a full table scans for a connection to drop early (Linux: 8 entries of its hash
+/// chains; a linear probe's neighbours are denser, so twice that).
+const EARLY_DROP_RANGE: usize = 16;
+
+/// Whether a connection is worth keeping over a new one (Linux's ASSURED, near enough): a
+/// TCP connection established and answered, a UDP stream. Closing TCP connections are
+/// not (Linux drops those early too).
+fn confirmed(e: &Entry) -> bool {
+    match e.state {
+        ConnState::TcpEstablished => e.seen_reply(),
+        ConnState::Udp => e.flags & UDP_STREAM == UDP_STREAM,
+        _ => false,
     }
 }
 
@@ -1372,7 +1433,8 @@ mod tests {
 
     proptest! {
         /// Inserts and removals in any order leave exactly the model's keys findable:
-        /// backward-shift deletion keeps every probe sequence intact.
+        /// backward-shift deletion keeps every probe sequence intact. (The connections are
+        /// confirmed UDP streams, which a full table keeps.)
         #[test]
         fn table_agrees_with_a_set(ops in proptest::collection::vec((any::<bool>(), 0u16..40), 0..300)) {
             let mut ct = Conntrack::new(24, CtTimeouts::default());
@@ -1383,6 +1445,8 @@ mod tests {
                     if model.len() < 24 || model.contains(&n) {
                         prop_assert!(ok);
                         model.insert(n);
+                        let i = ct.find(&key(n), ct.hash(&key(n)), 1).expect("inserted");
+                        ct.slots[i].flags |= UDP_STREAM;
                     } else {
                         prop_assert!(!ok, "a full table refuses new connections");
                     }
@@ -1396,6 +1460,51 @@ mod tests {
                 prop_assert_eq!(ct.find(&key(n), ct.hash(&key(n)), 1).is_ok(), model.contains(&n), "key {}", n);
             }
         }
+    }
+
+    /// A full table makes room for a new connection by dropping an unconfirmed one near
+    /// where the new one goes (a flood of SYNs cannot lock new connections out), and
+    /// refuses it when those are all confirmed; the dropped one's record says why.
+    #[test]
+    fn a_full_table_drops_unconfirmed_connections_early() {
+        let mut ct = Conntrack::new(16, CtTimeouts::default());
+        ct.enable_export(60_000_000_000);
+        // Each connection counts its first packet, from port 0.
+        let commit = |ct: &mut Conntrack, n, now| {
+            let ok = ct.commit(
+                &Pending {
+                    report: Some(0),
+                    ..pending(ct, n)
+                },
+                now,
+            );
+            ct.note_fate(|| (None, false));
+            ok
+        };
+        for n in 0..16 {
+            assert!(commit(&mut ct, n, 1));
+        }
+        // Sixteen unconfirmed (one-way UDP): a new connection takes the place of one.
+        assert!(commit(&mut ct, 100, 2));
+        assert_eq!(
+            (ct.len(), ct.stats.early_drops, ct.stats.drops_full),
+            (16, 1, 0)
+        );
+        let mut out = Vec::new();
+        ct.take_records(&mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].reason, EndReason::LackOfResources);
+        // All confirmed: refused.
+        for i in 0..ct.slots.len() {
+            if ct.tags[i] != 0 {
+                ct.slots[i].flags |= UDP_STREAM;
+            }
+        }
+        assert!(!commit(&mut ct, 101, 3));
+        assert_eq!(
+            (ct.len(), ct.stats.early_drops, ct.stats.drops_full),
+            (16, 1, 1)
+        );
     }
 
     /// A UDP frame between two addresses (IPv4 in the low 32 bits of `src` and `dst`

@@ -225,6 +225,8 @@ pub enum EndReason {
     /// A TCP connection closed (its record comes from conntrack).
     EndOfFlow = 3,
     Forced = 4,
+    /// Removed to make room (a full connection table dropped it early).
+    LackOfResources = 5,
 }
 
 /// One exported record: a flow's counts since its previous export.

@@ -655,7 +655,8 @@ mod tests {
             Just(EndReason::Idle),
             Just(EndReason::Active),
             Just(EndReason::EndOfFlow),
-            Just(EndReason::Forced)
+            Just(EndReason::Forced),
+            Just(EndReason::LackOfResources)
         ];
         (
             (

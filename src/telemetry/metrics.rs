@@ -295,6 +295,11 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info) -> String {
             [(vec![], ct.drops_full)],
         );
         fam.counter(
+            "dpuflow_conntrack_early_drops_total",
+            "Unconfirmed connections removed to make room for new ones in a full table.",
+            [(vec![], ct.early_drops)],
+        );
+        fam.counter(
             "dpuflow_conntrack_invalid_packets_total",
             "Packets conntrack judged invalid.",
             [(vec![], ct.invalid)],

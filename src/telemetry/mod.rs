@@ -130,6 +130,7 @@ impl Snapshot {
             a.inserts += b.inserts;
             a.expirations += b.expirations;
             a.drops_full += b.drops_full;
+            a.early_drops += b.early_drops;
             a.invalid += b.invalid;
         }
         if let Some(b) = &o.flows {
