@@ -1622,6 +1622,16 @@ mod tests {
         ct.note_fate(|| (Some(out), false))
     }
 
+    /// The `ct.state` of a packet looked up at `now`, its connection committed when new.
+    fn tracked_state(ct: &mut Conntrack, f: &[u8], now: u64) -> CtState {
+        let meta = crate::engine::parse::parse(f, &Default::default()).expect("valid frame");
+        let l = ct.lookup(f, &meta, 0, now, None);
+        if let Some(p) = l.pending {
+            assert!(ct.commit(&p, now));
+        }
+        l.state
+    }
+
     /// A TCP segment between 10.0.0.1:`port` (the client) and 10.0.0.2:80, with a window
     /// of 65535.
     fn segment(port: u16, reply: bool, flags: u8, seq: u32, ack: u32) -> Vec<u8> {
@@ -1652,14 +1662,7 @@ mod tests {
             if windows {
                 ct.track_windows();
             }
-            let mut state = |f: &[u8], now: u64| {
-                let meta = crate::engine::parse::parse(f, &Default::default()).expect("valid");
-                let l = ct.lookup(f, &meta, 0, now, None);
-                if let Some(p) = l.pending {
-                    assert!(ct.commit(&p, now));
-                }
-                l.state
-            };
+            let mut state = |f: &[u8], now: u64| tracked_state(&mut ct, f, now);
             // Picked up, unanswered for longer than 300 s: the reply finds nothing.
             state(&segment(1, false, ACK, 7000, 9000), 0);
             assert_eq!(
@@ -1692,14 +1695,7 @@ mod tests {
         let mut ct = Conntrack::new(16, timeouts);
         ct.track_windows();
         let s = 1_000_000_000u64;
-        let state = |ct: &mut Conntrack, f: &[u8], now: u64| {
-            let meta = crate::engine::parse::parse(f, &Default::default()).expect("valid frame");
-            let l = ct.lookup(f, &meta, 0, now, None);
-            if let Some(p) = l.pending {
-                assert!(ct.commit(&p, now));
-            }
-            l.state
-        };
+        let state = tracked_state;
         let isn = |port: u16| {
             (
                 u32::from(port) * 100_000,
