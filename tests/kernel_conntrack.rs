@@ -20,12 +20,14 @@ const STATES: [&str; 4] = ["new", "established", "related", "invalid"];
 /// Scenarios whose kernel counts depend on window tracking: segments outside their
 /// windows (invalid), and unacknowledged data (a shorter timeout). Only `tcp_window on`
 /// gives the kernel's counts for them; the other scenarios run with it on and off.
-const NEED_WINDOWS: [&str; 5] = [
+const NEED_WINDOWS: [&str; 7] = [
     "rst_out_of_window",
     "data_past_the_window",
     "ack_of_unsent_data",
     "window_scaling_one_sided",
     "unacknowledged_data",
+    "retransmissions_time_out",
+    "zero_window_times_out",
 ];
 
 /// The scenarios, as scapy builds them, once per address family (`v4_…` and `v6_…`).
@@ -151,6 +153,17 @@ def body(c, s, echo, unreachable, quoted_udp):
   sc["unanswered_pickup"] = [c(tcp(41017, 80, "A", 7000, 9000)), ("wait", 3), s(tcp(80, 41017, "A", 9000, 7000))]
   sc["unacknowledged_data"] = handshake(41018) + [
       c(tcp(41018, 80, "PA", 1001, 5001, b"data")), ("wait", 3), s(tcp(80, 41018, "A", 5001, 1005))]
+  # Capped at tcp_close and tcp_max_retrans (2 s each here too): a RST that left the
+  # connection established, a segment sent four times alike, a zero window.
+  sc["rst_not_exact_times_out"] = handshake(41019) + [
+      c(tcp(41019, 80, "PA", 1001, 5001, b"data")), s(tcp(80, 41019, "A", 5001, 1005)),
+      s(tcp(80, 41019, "R", 5101)), ("wait", 3), c(tcp(41019, 80, "PA", 1005, 5001, b"more"))]
+  sc["retransmissions_time_out"] = handshake(41020) + [
+      c(tcp(41020, 80, "PA", 1001, 5001, b"data")), s(tcp(80, 41020, "A", 5001, 1005))] + [
+      c(tcp(41020, 80, "A", 1005, 5001)) for _ in range(4)] + [("wait", 3), s(tcp(80, 41020, "A", 5001, 1005))]
+  sc["zero_window_times_out"] = handshake(41021) + [
+      c(tcp(41021, 80, "PA", 1001, 5001, b"data")), s(tcp(80, 41021, "A", 5001, 1005, win=0)),
+      ("wait", 3), c(tcp(41021, 80, "A", 1005, 5001))]
   return sc
 
 sc = {}
@@ -352,14 +365,10 @@ impl Lab {
         std::fs::write(&file, rules).expect("write rules");
         lab.run(r, &["nft", "-f", &file.display().to_string()]);
         // As tests/data/ct-count*.pipe say, so that the capped timeouts show in seconds.
-        lab.run(
-            r,
-            &[
-                "sysctl",
-                "-qw",
-                "net.netfilter.nf_conntrack_tcp_timeout_unacknowledged=2",
-            ],
-        );
+        for timeout in ["unacknowledged", "max_retrans", "close"] {
+            let setting = format!("net.netfilter.nf_conntrack_tcp_timeout_{timeout}=2");
+            lab.run(r, &["sysctl", "-qw", &setting]);
+        }
         let _ = std::fs::remove_file(file);
         for (n, dev) in [
             (&lab.c, "c0"),

@@ -27,7 +27,7 @@
 use crate::engine::parse::{fragment_of, l4_fields, Layers, Meta, L3};
 use crate::engine::prefetch::{prefetch, prefetch_span};
 use crate::firewall::fragments::Fragments;
-use crate::firewall::tcp_window::{self, Segment, Window};
+use crate::firewall::tcp_window::{self, Cap, Segment, Window};
 use crate::hash::KeyedHash;
 use crate::ir::{CtTimeouts, CT_STATE_NAMES};
 use crate::sweep::Pace;
@@ -145,8 +145,9 @@ const ORIG_FROM_A: u8 = 1;
 const SEEN_REPLY: u8 = 2;
 /// Shifted left by the direction: the pipeline dropped a counted packet.
 const DENIED: u8 = 4;
-/// TCP windows tracked, and data unacknowledged: the timeout is capped.
-const UNACKED: u8 = 0x10;
+/// TCP windows tracked, and the last segment called for a shorter timeout (its window's
+/// [`Window::capped`] says which).
+const CAPPED: u8 = 0x10;
 /// A first, second and third packet seen.
 const SEEN_1: u8 = 0x20;
 const SEEN_2: u8 = 0x40;
@@ -288,6 +289,7 @@ struct Timeouts {
     by_state: [u64; 12],
     udp_stream: u64,
     unacknowledged: u64,
+    max_retrans: u64,
 }
 
 impl Timeouts {
@@ -314,6 +316,7 @@ impl Timeouts {
             by_state,
             udp_stream: ns(t.udp_stream),
             unacknowledged: ns(t.tcp_unacknowledged),
+            max_retrans: ns(t.tcp_max_retrans),
         }
     }
 }
@@ -576,27 +579,44 @@ impl Conntrack {
         }
     }
 
-    /// The connection's idle timeout. As in Linux, a TCP connection with unacknowledged data
-    /// (known only with window tracking), or picked up mid-stream and never answered,
-    /// waits at most `tcp_unacknowledged`: a dead peer or a stray ACK does not hold an
-    /// entry for days.
-    fn timeout(&self, e: &Entry) -> u64 {
-        let t = &self.timeouts;
+    /// The idle timeout of the connection in slot `i`. As in Linux, a TCP connection picked
+    /// up mid-stream and never answered waits at most `tcp_unacknowledged`, so a stray ACK
+    /// does not hold an entry for days; with window tracking, so does one with
+    /// unacknowledged data, and the other caps of [`Cap`] apply.
+    fn timeout(&self, i: usize) -> u64 {
+        let (t, e) = (&self.timeouts, &self.slots[i]);
         let d = if e.flags & UDP_STREAM == UDP_STREAM && e.state == ConnState::Udp {
             t.udp_stream
         } else {
             t.by_state[e.state as usize]
         };
         let unanswered_pickup = e.state == ConnState::TcpEstablished && e.flags & SEEN_REPLY == 0;
-        if unanswered_pickup || e.flags & UNACKED != 0 {
+        let d = if unanswered_pickup {
             d.min(t.unacknowledged)
+        } else {
+            d
+        };
+        if e.flags & CAPPED != 0 {
+            self.capped_timeout(i, d)
         } else {
             d
         }
     }
 
-    fn expired(&self, e: &Entry, now: u64) -> bool {
-        now > e.last_ns.saturating_add(self.timeout(e))
+    /// `d` capped as the window of the connection in slot `i` says.
+    #[cold]
+    fn capped_timeout(&self, i: usize, d: u64) -> u64 {
+        let t = &self.timeouts;
+        match self.windows.as_ref().and_then(|w| w[i].capped()) {
+            Some(Cap::Unacknowledged) => d.min(t.unacknowledged),
+            Some(Cap::Retransmitting) => d.min(t.max_retrans),
+            Some(Cap::Reset) => d.min(t.by_state[ConnState::TcpClose as usize]),
+            None => d,
+        }
+    }
+
+    fn expired(&self, i: usize, now: u64) -> bool {
+        now > self.slots[i].last_ns.saturating_add(self.timeout(i))
     }
 
     /// Finds the slot of `key` (whose hash is `h`), removing expired entries met on the
@@ -610,7 +630,7 @@ impl Conntrack {
                 return Err(i);
             }
             if t == tag && self.slots[i].key == *key {
-                if self.expired(&self.slots[i], now) {
+                if self.expired(i, now) {
                     self.remove(i);
                     self.stats.expirations += 1;
                     // The slot now holds whatever shifted back into it; look again.
@@ -670,7 +690,7 @@ impl Conntrack {
                 continue;
             }
             let e = &self.slots[i];
-            if self.expired(e, now) {
+            if self.expired(i, now) {
                 self.remove(i);
                 self.stats.expirations += 1;
             } else if active_ns.is_some_and(|a| now.saturating_sub(e.first_ns) >= a)
@@ -1015,7 +1035,7 @@ impl Conntrack {
         let step = w.judge(state, step, dir, &seg, seen_reply);
         if let Step::To(_) = step {
             let e = &mut self.slots[slot];
-            e.flags = e.flags & !UNACKED | if w.unacknowledged() { UNACKED } else { 0 };
+            e.flags = e.flags & !CAPPED | if w.capped().is_some() { CAPPED } else { 0 };
         }
         step
     }
@@ -1039,13 +1059,12 @@ impl Conntrack {
         let mut i = self.home_of(hash);
         for _ in 0..EARLY_DROP_RANGE {
             if self.tags[i] != 0 {
-                let e = &self.slots[i];
-                if self.expired(e, now) {
+                if self.expired(i, now) {
                     self.remove(i);
                     self.stats.expirations += 1;
                     return true;
                 }
-                if !confirmed(e) {
+                if !confirmed(&self.slots[i]) {
                     self.remove_for(i, EndReason::LackOfResources);
                     self.stats.early_drops += 1;
                     return true;
@@ -1089,8 +1108,8 @@ impl Conntrack {
         self.slots[slot] = e;
         if let (Some(w), Some(seg)) = (&mut self.windows, &p.segment) {
             w[slot] = Window::opened(seg, p.state);
-            if w[slot].unacknowledged() {
-                self.slots[slot].flags |= UNACKED;
+            if w[slot].capped().is_some() {
+                self.slots[slot].flags |= CAPPED;
             }
         }
         if let Some(port) = p.report.filter(|_| self.counted.is_none()) {
@@ -1860,7 +1879,7 @@ mod tests {
                 let i = (0..ct.slots.len())
                     .find(|&i| ct.tags[i] != 0)
                     .expect("tracked");
-                timeouts.push(ct.timeout(&ct.slots[i]) / 1_000_000_000);
+                timeouts.push(ct.timeout(i) / 1_000_000_000);
             }
             assert_eq!(timeouts, [30, 30, 120], "replies first: {replies_first}");
         }

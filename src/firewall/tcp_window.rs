@@ -21,9 +21,9 @@
 //!
 //! Connections picked up mid-stream (no SYN seen) are judged liberally, as Linux does:
 //! their windows are unknown. Window scaling (RFC 7323 §2) counts when both SYNs offer it.
-//! Whether data is unacknowledged is kept ([`Window::unacknowledged`]): conntrack then caps
-//! the connection's timeout as Linux does. Not modelled: the shorter timeouts Linux gives
-//! after repeated retransmissions, a zero window, or a RST that left the connection open.
+//! What shortens a connection's timeout in Linux is kept ([`Window::cap`]): unacknowledged
+//! data, repeated retransmissions, a zero window, a RST that left the connection
+//! established; conntrack caps the timeout accordingly.
 
 use super::conntrack::{ConnState, Step};
 use crate::wire::{be32, tcp};
@@ -84,6 +84,21 @@ const MAXACK_SET: u8 = 0x20;
 /// An ignored SYN came in LAST_ACK: its end may answer with a challenge ACK.
 const CHALLENGE_ACK: u8 = 0x40;
 const SIMULTANEOUS_OPEN: u8 = 0x80;
+
+/// A shorter timeout a connection's last segment called for ([`Window::cap`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cap {
+    /// `tcp_max_retrans`: the same segment three times over, or a zero window.
+    Retransmitting,
+    /// `tcp_close`: a RST passed.
+    Reset,
+    /// `tcp_unacknowledged`: data in flight.
+    Unacknowledged,
+}
+
+/// Alike ACK segments after which a connection counts as retransmitting (Linux
+/// `nf_conntrack_tcp_max_retrans`).
+const MAX_RETRANS: u8 = 3;
 
 /// Linux's largest window scale (RFC 7323 §2.3).
 const MAX_WSCALE: u8 = 14;
@@ -258,6 +273,10 @@ pub struct Window {
     last_flags: u8,
     /// Linux's ASSURED: the handshake completed (or a picked-up connection was answered).
     assured: bool,
+    /// Times the last ACK segment came again alike (same direction, numbers and window).
+    retrans: u8,
+    /// What capped the timeout when the last segment passed.
+    capped: Option<Cap>,
 }
 
 impl Default for Window {
@@ -273,6 +292,8 @@ impl Default for Window {
             last_wscale: 0,
             last_flags: 0,
             assured: false,
+            retrans: 0,
+            capped: None,
         }
     }
 }
@@ -298,6 +319,7 @@ impl Window {
         if w.in_window(0, seg, None) == Fit::Accept {
             w.last_kind = kind(seg.flags);
             w.last_dir = 0;
+            w.capped = w.cap(w.last_kind);
         }
         w
     }
@@ -376,12 +398,36 @@ impl Window {
         if seen_reply && matches!(old, TcpSynRecv | TcpEstablished) && new == TcpEstablished {
             self.assured = true;
         }
+        self.capped = self.cap(kind);
         Step::To(new)
     }
 
     /// Either direction has sent data the other has not acknowledged.
-    pub fn unacknowledged(&self) -> bool {
+    fn unacknowledged(&self) -> bool {
         (self.sides[0].flags | self.sides[1].flags) & DATA_UNACKNOWLEDGED != 0
+    }
+
+    /// What capped the connection's timeout when its last segment passed.
+    pub fn capped(&self) -> Option<Cap> {
+        self.capped
+    }
+
+    /// What caps the connection's timeout after a segment of `kind` passed, as Linux
+    /// decides it (nf_conntrack_tcp_packet), in its order: retransmissions, a RST (one that
+    /// left the connection established, for the challenge ACK), unacknowledged data, a
+    /// zero window.
+    fn cap(&self, kind: u8) -> Option<Cap> {
+        if self.retrans >= MAX_RETRANS {
+            Some(Cap::Retransmitting)
+        } else if kind == RST {
+            Some(Cap::Reset)
+        } else if self.unacknowledged() {
+            Some(Cap::Unacknowledged)
+        } else if self.last_win == 0 {
+            Some(Cap::Retransmitting)
+        } else {
+            None
+        }
     }
 
     /// A segment the state table ignores (it may show the connection out of sync): notes
@@ -598,13 +644,21 @@ impl Window {
         if ack == r.end {
             r.flags &= !DATA_UNACKNOWLEDGED;
         }
-        // What Linux notes to count retransmissions; the RST checks read it.
+        // Retransmissions: an ACK segment alike the last one. The RST checks read it too.
         if kind(seg.flags) == ACK {
-            self.last_dir = dir as u8;
-            self.last_seq = seq;
-            self.last_ack = ack;
-            self.last_end = end;
-            self.last_win = seg.win;
+            let again = usize::from(self.last_dir) == dir
+                && (self.last_seq, self.last_ack, self.last_end, self.last_win)
+                    == (seq, ack, end, seg.win);
+            if again {
+                self.retrans = self.retrans.saturating_add(1);
+            } else {
+                self.last_dir = dir as u8;
+                self.last_seq = seq;
+                self.last_ack = ack;
+                self.last_end = end;
+                self.last_win = seg.win;
+                self.retrans = 0;
+            }
         }
         Fit::Accept
     }

@@ -458,6 +458,9 @@ pub struct CtTimeouts {
     /// tracking) or, picked up mid-stream, no answer yet (Linux
     /// `nf_conntrack_tcp_timeout_unacknowledged`).
     pub tcp_unacknowledged: Duration,
+    /// With window tracking: the cap while segments are retransmitted (three times alike)
+    /// or the last advertised window was zero (Linux `nf_conntrack_tcp_timeout_max_retrans`).
+    pub tcp_max_retrans: Duration,
     pub udp: Duration,
     pub udp_stream: Duration,
     pub icmp: Duration,
@@ -477,6 +480,7 @@ impl Default for CtTimeouts {
             tcp_time_wait: s(120),
             tcp_close: s(10),
             tcp_unacknowledged: s(300),
+            tcp_max_retrans: s(300),
             udp: s(30),
             udp_stream: s(120),
             icmp: s(30),
@@ -486,7 +490,7 @@ impl Default for CtTimeouts {
 
 impl CtTimeouts {
     /// Names as written in the `conntrack` block, with a mutable reference to each.
-    pub fn by_name(&mut self) -> [(&'static str, &mut Duration); 12] {
+    pub fn by_name(&mut self) -> [(&'static str, &mut Duration); 13] {
         [
             ("tcp_syn_sent", &mut self.tcp_syn_sent),
             ("tcp_syn_recv", &mut self.tcp_syn_recv),
@@ -497,6 +501,7 @@ impl CtTimeouts {
             ("tcp_time_wait", &mut self.tcp_time_wait),
             ("tcp_close", &mut self.tcp_close),
             ("tcp_unacknowledged", &mut self.tcp_unacknowledged),
+            ("tcp_max_retrans", &mut self.tcp_max_retrans),
             ("udp", &mut self.udp),
             ("udp_stream", &mut self.udp_stream),
             ("icmp", &mut self.icmp),
