@@ -285,9 +285,9 @@ struct Export {
 /// The configured timeouts in nanoseconds, as lookups compare them.
 #[derive(Debug)]
 struct Timeouts {
-    /// By [`ConnState`] (UDP's before it is a stream).
-    by_state: [u64; 12],
-    udp_stream: u64,
+    /// By [`ConnState`] and whether the connection saw a reply and a third packet
+    /// ([`Timeouts::of`]): one load a lookup.
+    by_state: [[u64; 4]; 12],
     unacknowledged: u64,
     max_retrans: u64,
 }
@@ -295,7 +295,8 @@ struct Timeouts {
 impl Timeouts {
     fn new(t: &CtTimeouts) -> Timeouts {
         use ConnState::*;
-        let mut by_state = [0; 12];
+        let (unacknowledged, stream) = (ns(t.tcp_unacknowledged), ns(t.udp_stream));
+        let mut by_state = [[0; 4]; 12];
         for (state, d) in [
             (TcpSynSent, t.tcp_syn_sent),
             (TcpSynRecv, t.tcp_syn_recv),
@@ -310,14 +311,27 @@ impl Timeouts {
             (Icmp, t.icmp),
             (Other, t.udp),
         ] {
-            by_state[state as usize] = ns(d);
+            by_state[state as usize] = [ns(d); 4];
+        }
+        // A UDP flow with a reply and a third packet is a stream; a TCP connection picked up
+        // mid-stream and never answered waits at most `tcp_unacknowledged` (as in Linux).
+        by_state[Udp as usize][3] = stream;
+        let established = &mut by_state[TcpEstablished as usize];
+        for unanswered in [0, 2] {
+            established[unanswered] = established[unanswered].min(unacknowledged);
         }
         Timeouts {
             by_state,
-            udp_stream: ns(t.udp_stream),
-            unacknowledged: ns(t.tcp_unacknowledged),
+            unacknowledged,
             max_retrans: ns(t.tcp_max_retrans),
         }
+    }
+
+    /// The timeout of connection `e` by its state and what it saw.
+    #[inline]
+    fn of(&self, e: &Entry) -> u64 {
+        let seen = usize::from(e.flags & SEEN_REPLY != 0) | usize::from(e.flags & SEEN_3 != 0) << 1;
+        self.by_state[e.state as usize][seen]
     }
 }
 
@@ -584,18 +598,8 @@ impl Conntrack {
     /// does not hold an entry for days; with window tracking, so does one with
     /// unacknowledged data, and the other caps of [`Cap`] apply.
     fn timeout(&self, i: usize) -> u64 {
-        let (t, e) = (&self.timeouts, &self.slots[i]);
-        let d = if e.flags & UDP_STREAM == UDP_STREAM && e.state == ConnState::Udp {
-            t.udp_stream
-        } else {
-            t.by_state[e.state as usize]
-        };
-        let unanswered_pickup = e.state == ConnState::TcpEstablished && e.flags & SEEN_REPLY == 0;
-        let d = if unanswered_pickup {
-            d.min(t.unacknowledged)
-        } else {
-            d
-        };
+        let e = &self.slots[i];
+        let d = self.timeouts.of(e);
         if e.flags & CAPPED != 0 {
             self.capped_timeout(i, d)
         } else {
@@ -610,7 +614,7 @@ impl Conntrack {
         match self.windows.as_ref().and_then(|w| w[i].capped()) {
             Some(Cap::Unacknowledged) => d.min(t.unacknowledged),
             Some(Cap::Retransmitting) => d.min(t.max_retrans),
-            Some(Cap::Reset) => d.min(t.by_state[ConnState::TcpClose as usize]),
+            Some(Cap::Reset) => d.min(t.by_state[ConnState::TcpClose as usize][0]),
             None => d,
         }
     }

@@ -259,7 +259,7 @@ enum RstCheck {
 }
 
 /// A connection's window state: both directions (original first) and what the last
-/// segments noted. About 60 bytes, kept beside the connection's entry.
+/// segments noted: 64 bytes, kept beside the connection's entry.
 #[derive(Debug, Clone, Copy)]
 pub struct Window {
     sides: [Side; 2],
@@ -935,6 +935,12 @@ mod tests {
         let mut b = header(S, &[], 0);
         b[12] = 0xf0;
         assert_eq!(Segment::read(&b, 0, b.len()), None);
+    }
+
+    /// A connection's windows fill one cache line, no more.
+    #[test]
+    fn a_window_is_64_bytes() {
+        assert_eq!(size_of::<Window>(), 64);
     }
 
     proptest! {
