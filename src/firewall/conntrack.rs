@@ -1080,7 +1080,7 @@ impl Conntrack {
     }
 
     /// Creates the connection a lookup found new, in a full table in the place of an
-    /// unconfirmed one ([`Conntrack::drop_early`]). False when the table is full of
+    /// unconfirmed one (as Linux's early drop does). False when the table is full of
     /// confirmed connections there (the packet should be dropped and is counted).
     pub fn commit(&mut self, p: &Pending, now: u64) -> bool {
         let slot = match self.find(&p.key, p.hash, now) {
