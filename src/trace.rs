@@ -3,6 +3,7 @@
 
 use crate::engine::parse::{self, TunnelPorts, L3};
 use crate::engine::{Observer, PacketBuf, Verdict};
+use crate::firewall::conntrack::Lookup;
 use crate::ir::{PipeId, Program};
 use crate::replay::entry_names;
 use crate::wire::{be16, ip_proto};
@@ -76,6 +77,17 @@ impl Observer for Tracer<'_> {
             if let Some(a) = list.and_then(|l| l.0.get(index)) {
                 let _ = writeln!(self.out, "      {}", self.program.describe(a));
             }
+        }
+    }
+
+    fn conntrack(&mut self, zone: u16, l: &Lookup) {
+        if self.on() {
+            let state = l.state.name();
+            let why = l
+                .invalid
+                .map(|w| format!(" ({}: {})", w.name(), w.describe()))
+                .unwrap_or_default();
+            let _ = writeln!(self.out, "      conntrack zone {zone}: {state}{why}");
         }
     }
 

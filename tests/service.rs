@@ -152,6 +152,22 @@ fn live_scrape_passes_promtool_and_our_rules() {
     let body =
         svc.scrape_until(|b| b.contains("dpuflow_port_received_packets_total{port=\"host\"} 110"));
     assert!(body.contains("dpuflow_flow_records_total "), "{body}");
+    assert_clean_exposition(&body);
+    for needle in [
+        "dpuflow_port_transmitted_packets_total{port=\"uplink\"} 100",
+        "dpuflow_port_dropped_packets_total{port=\"host\",reason=\"rule\"} 10",
+        "dpuflow_build_info{",
+    ] {
+        assert!(body.contains(needle), "missing {needle}");
+    }
+    assert_eq!(get(svc.addr, "/healthz").map(|(c, _)| c), Some(200));
+    assert_eq!(get(svc.addr, "/nope").map(|(c, _)| c), Some(404));
+    assert_eq!(svc.terminate(), 0);
+}
+
+/// promtool finds nothing to report in `body`, and what promtool does not check holds: no
+/// series twice, every histogram ends with `+Inf`.
+fn assert_clean_exposition(body: &str) {
     // promtool reads the exposition on stdin and prints nothing when it is clean.
     let mut p = Command::new("promtool")
         .args(["check", "metrics"])
@@ -179,7 +195,7 @@ fn live_scrape_passes_promtool_and_our_rules() {
         String::from_utf8_lossy(&out.stderr)
     );
     // What promtool does not check: no series twice, every histogram ends with +Inf.
-    let all = series(&body);
+    let all = series(body);
     let unique: HashSet<&&str> = all.iter().collect();
     assert_eq!(unique.len(), all.len(), "a series appears twice");
     for hist in body
@@ -192,15 +208,50 @@ fn live_scrape_passes_promtool_and_our_rules() {
             "{hist} has no +Inf bucket"
         );
     }
+}
+
+/// A pipeline that tracks connections (the stateful firewall example, windows checked):
+/// the conntrack series pass the same checks, and invalid packets are counted by reason.
+#[test]
+fn conntrack_series_pass_promtool_and_count_invalid_packets_by_reason() {
+    let dir = Scratch::new("service-conntrack");
+    scapy(
+        &dir.0,
+        r#"
+C, S = "10.0.0.5", "203.0.113.10"
+tcp = lambda src, dst, sp, dp, **kw: Ether()/IP(src=src, dst=dst)/TCP(sport=sp, dport=dp, **kw)
+inside = [tcp(C, S, 40001, 443, flags="S", seq=100), tcp(C, S, 40001, 443, flags="A", seq=101, ack=901)]
+outside = [tcp(S, C, 443, 40001, flags="SA", seq=900, ack=101),
+           tcp(S, C, 443, 40001, flags="R", seq=50000),             # off-path: tcp_seq
+           Ether()/IP(src=S, dst=C)/ICMP(type=0, id=99, seq=1)]      # unsolicited reply: icmp_reply
+for i, p in enumerate(inside): p.time = 1000 + 2 * i * 0.01
+for i, p in enumerate(outside): p.time = 1000.01 + 2 * i * 0.01
+wrpcap("in.pcap", inside); wrpcap("out.pcap", outside)
+"#,
+    );
+    let inside = format!("inside={}", dir.path("in.pcap"));
+    let outside = format!("outside={}", dir.path("out.pcap"));
+    let svc = Service::start(&[
+        "pipelines/stateful-firewall.pipe",
+        "--in",
+        &inside,
+        "--in",
+        &outside,
+        "--workers",
+        "1",
+    ]);
+    let body =
+        svc.scrape_until(|b| b.contains("dpuflow_port_received_packets_total{port=\"outside\"} 3"));
+    assert_clean_exposition(&body);
     for needle in [
-        "dpuflow_port_transmitted_packets_total{port=\"uplink\"} 100",
-        "dpuflow_port_dropped_packets_total{port=\"host\",reason=\"rule\"} 10",
-        "dpuflow_build_info{",
+        "dpuflow_conntrack_entries 1",
+        "dpuflow_conntrack_invalid_packets_total{reason=\"tcp_seq\"} 1",
+        "dpuflow_conntrack_invalid_packets_total{reason=\"icmp_reply\"} 1",
+        "dpuflow_conntrack_invalid_packets_total{reason=\"tcp_rst\"} 0",
+        "dpuflow_conntrack_early_drops_total 0",
     ] {
-        assert!(body.contains(needle), "missing {needle}");
+        assert!(body.contains(needle), "missing {needle}:\n{body}");
     }
-    assert_eq!(get(svc.addr, "/healthz").map(|(c, _)| c), Some(200));
-    assert_eq!(get(svc.addr, "/nope").map(|(c, _)| c), Some(404));
     assert_eq!(svc.terminate(), 0);
 }
 

@@ -20,6 +20,9 @@ seq = [
   ("in",  True,  EC/IP(src=C, dst=S)/TCP(sport=40001, dport=443, flags="A", seq=101, ack=901)),
   ("in",  True,  EC/IP(src=C, dst=S)/TCP(sport=40001, dport=443, flags="PA", seq=101, ack=901)/Raw(b"GET /")),
   ("out", True,  ES/IP(src=S, dst=C)/TCP(sport=443, dport=40001, flags="PA", seq=901, ack=106)/Raw(b"200 OK")),
+  # An off-path RST (its sequence number far past the window): invalid, dropped, and the
+  # connection goes on.
+  ("out", False, ES/IP(src=S, dst=C)/TCP(sport=443, dport=40001, flags="R", seq=50000)),
   ("in",  True,  EC/IP(src=C, dst=S)/TCP(sport=40001, dport=443, flags="FA", seq=106, ack=907)),
   ("out", True,  ES/IP(src=S, dst=C)/TCP(sport=443, dport=40001, flags="FA", seq=907, ack=107)),
   ("in",  True,  EC/IP(src=C, dst=S)/TCP(sport=40001, dport=443, flags="A", seq=107, ack=908)),
@@ -81,6 +84,10 @@ fn stateful_firewall_contract() {
         .map(|l| l.ends_with('1'))
         .collect();
     assert_eq!(fates, expect, "trace:\n{trace}");
+    assert!(
+        trace.contains("conntrack zone 0: invalid (tcp_seq: "),
+        "the trace says why the RST is invalid:\n{trace}"
+    );
 
     // The same through replay: outputs hold exactly the passing packets, dissected clean.
     let out = dpuflow_ok(&[

@@ -136,6 +136,8 @@ pub trait Observer {
     fn entry(&mut self, _pipe: PipeId, _entry: Option<usize>) {}
     /// An action ran (index into the entry's action list).
     fn action(&mut self, _pipe: PipeId, _entry: Option<usize>, _index: usize) {}
+    /// Connection tracking looked the packet up in `zone`.
+    fn conntrack(&mut self, _zone: u16, _lookup: &Lookup) {}
     /// The packet's fate, with the packet as it leaves.
     fn verdict(&mut self, _v: Verdict, _pkt: &PacketBuf) {}
 }
@@ -722,6 +724,7 @@ impl Engine {
                 if let Some(table) = &mut self.rt.ct {
                     let l = table.lookup(pkt.data(), &meta, 0, pkt.ts_ns, ct_hint);
                     state.ct_state = l.state.bit();
+                    obs.conntrack(0, &l);
                     ct = Some(CtLookup {
                         zone: 0,
                         current: true,
@@ -758,6 +761,9 @@ impl Engine {
                     };
                     stale = false;
                 }
+                // A commit looks the packet up unless the lookup it has is of its zone.
+                let commit_looks_up = matches!(op, Op::Ir(Action::CtCommit { zone })
+                    if !matches!(&ct, Some(c) if c.zone == *zone && c.current));
                 let step = match op {
                     Op::Encap(t) => {
                         stale = true;
@@ -774,6 +780,11 @@ impl Engine {
                         &mut self.rt,
                     ),
                 };
+                if commit_looks_up {
+                    if let Some(c) = &ct {
+                        obs.conntrack(c.zone, &c.result);
+                    }
+                }
                 // The precomputed conntrack probe describes the packet as it arrived, and a
                 // lookup the packet as it was then: `ct.state` keeps its answer, but a
                 // commit after the tuple changed (decapsulated, rewritten) looks again.

@@ -44,18 +44,92 @@ pub enum CtState {
     Invalid,
 }
 
+/// Why conntrack found a packet invalid: the `reason` of
+/// `dpuflow_conntrack_invalid_packets_total`, and what `dpuflow trace` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Invalid {
+    Headers,
+    Fragment,
+    IcmpError,
+    IcmpReply,
+    TcpFlags,
+    TcpState,
+    TcpOpen,
+    TcpHeader,
+    TcpSeq,
+    TcpAck,
+    TcpRst,
+}
+
+impl Invalid {
+    pub const ALL: [Invalid; 11] = [
+        Invalid::Headers,
+        Invalid::Fragment,
+        Invalid::IcmpError,
+        Invalid::IcmpReply,
+        Invalid::TcpFlags,
+        Invalid::TcpState,
+        Invalid::TcpOpen,
+        Invalid::TcpHeader,
+        Invalid::TcpSeq,
+        Invalid::TcpAck,
+        Invalid::TcpRst,
+    ];
+
+    /// The metric label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Invalid::Headers => "headers",
+            Invalid::Fragment => "fragment",
+            Invalid::IcmpError => "icmp_error",
+            Invalid::IcmpReply => "icmp_reply",
+            Invalid::TcpFlags => "tcp_flags",
+            Invalid::TcpState => "tcp_state",
+            Invalid::TcpOpen => "tcp_open",
+            Invalid::TcpHeader => "tcp_header",
+            Invalid::TcpSeq => "tcp_seq",
+            Invalid::TcpAck => "tcp_ack",
+            Invalid::TcpRst => "tcp_rst",
+        }
+    }
+
+    /// What the reason means.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Invalid::Headers => "its IP or transport header could not be read",
+            Invalid::Fragment => {
+                "a fragment whose datagram's first fragment was not seen, or took no connection"
+            }
+            Invalid::IcmpError => "an ICMP error quoting no tracked connection",
+            Invalid::IcmpReply => "an ICMP message that neither asks nor answers a tracked one",
+            Invalid::TcpFlags => "a combination of TCP flags no segment may carry",
+            Invalid::TcpState => "a TCP segment its connection's state does not allow",
+            Invalid::TcpOpen => "a TCP segment that opens no connection (neither a SYN nor an ACK)",
+            Invalid::TcpHeader => "a TCP header cut short",
+            Invalid::TcpSeq => "a TCP segment starting past what the receiver's window allows",
+            Invalid::TcpAck => "a TCP acknowledgement of data never sent",
+            Invalid::TcpRst => "a TCP RST before what its peer acknowledged",
+        }
+    }
+}
+
 impl CtState {
-    /// The bit `match ct.state` tests.
-    pub fn bit(self) -> u8 {
-        let name = match self {
+    /// As `match ct.state` names it.
+    pub fn name(self) -> &'static str {
+        match self {
             CtState::New => "new",
             CtState::Established => "established",
             CtState::Related => "related",
             CtState::Invalid => "invalid",
-        };
+        }
+    }
+
+    /// The bit `match ct.state` tests.
+    pub fn bit(self) -> u8 {
         CT_STATE_NAMES
             .iter()
-            .find(|(n, _)| *n == name)
+            .find(|(n, _)| *n == self.name())
             .map_or(0, |&(_, b)| b as u8)
     }
 }
@@ -358,6 +432,8 @@ pub struct Pending {
 pub struct Lookup {
     pub state: CtState,
     pub pending: Option<Pending>,
+    /// Why the packet is invalid, when it is.
+    pub invalid: Option<Invalid>,
 }
 
 /// Counters for telemetry.
@@ -370,7 +446,8 @@ pub struct CtStats {
     pub drops_full: u64,
     /// Unconfirmed connections removed from a full table to make room for new ones.
     pub early_drops: u64,
-    pub invalid: u64,
+    /// Invalid packets by [`Invalid`].
+    pub invalid: [u64; Invalid::ALL.len()],
 }
 
 /// One worker's connection table.
@@ -805,10 +882,6 @@ impl Conntrack {
         now: u64,
         probe: Option<&Probe>,
     ) -> Lookup {
-        let invalid = Lookup {
-            state: CtState::Invalid,
-            pending: None,
-        };
         let l = &meta.outer;
         // Borrowed from the probe, not copied out of it.
         let computed;
@@ -819,10 +892,7 @@ impl Conntrack {
                     computed = t;
                     &computed
                 }
-                None => {
-                    self.stats.invalid += 1;
-                    return invalid;
-                }
+                None => return self.invalid(Invalid::Headers),
             },
         };
         // A fragment: the first notes its datagram's ports and protocol, the others take
@@ -837,17 +907,13 @@ impl Conntrack {
                     resolved = r;
                     (&resolved, resolved.fragment == Some(false))
                 }
-                None => {
-                    self.stats.invalid += 1;
-                    return invalid;
-                }
+                None => return self.invalid(Invalid::Fragment),
             },
         };
         if let Some(quoted) = t.icmp_error {
             // Related if the quoted packet belongs to a tracked connection.
             let Some(q) = quoted_tuple(frame, l, usize::from(quoted)) else {
-                self.stats.invalid += 1;
-                return invalid;
+                return self.invalid(Invalid::IcmpError);
             };
             let (key, _) = canonical(&q, zone);
             let h = self.hash(&key);
@@ -858,12 +924,10 @@ impl Conntrack {
                     Lookup {
                         state: CtState::Related,
                         pending: None,
+                        invalid: None,
                     }
                 }
-                Err(_) => {
-                    self.stats.invalid += 1;
-                    invalid
-                }
+                Err(_) => self.invalid(Invalid::IcmpError),
             };
         }
         let (key, from_a, h) = match probe {
@@ -886,7 +950,9 @@ impl Conntrack {
                 let dir = usize::from(reply);
                 let next = match state {
                     _ if later_fragment => Step::Ignore,
-                    s if is_tcp(s) && !tcp_flags_valid(t.tcp_flags) => Step::Invalid,
+                    s if is_tcp(s) && !tcp_flags_valid(t.tcp_flags) => {
+                        Step::Invalid(Invalid::TcpFlags)
+                    }
                     // Fragments are judged by flags and state only (Linux reassembles first).
                     s if is_tcp(s) && self.windows.is_some() && t.fragment.is_none() => {
                         let step = tcp_transition(s, t.tcp_flags, reply);
@@ -896,10 +962,7 @@ impl Conntrack {
                     s => Step::To(s),
                 };
                 match next {
-                    Step::Invalid => {
-                        self.stats.invalid += 1;
-                        invalid
-                    }
+                    Step::Invalid(why) => self.invalid(why),
                     Step::Reopen => {
                         // A new SYN on a closed connection starts it afresh (as Linux does).
                         self.remove(i);
@@ -915,6 +978,7 @@ impl Conntrack {
                                 report,
                                 segment: self.opening_segment(frame, l),
                             }),
+                            invalid: None,
                         }
                     }
                     Step::To(s) => {
@@ -933,6 +997,7 @@ impl Conntrack {
                                 CtState::New
                             },
                             pending: None,
+                            invalid: None,
                         }
                     }
                     Step::Ignore => {
@@ -952,6 +1017,7 @@ impl Conntrack {
                                 CtState::New
                             },
                             pending: None,
+                            invalid: None,
                         }
                     }
                 }
@@ -959,8 +1025,7 @@ impl Conntrack {
             Err(_) => {
                 if later_fragment {
                     // Its first fragment passed, but no connection took it.
-                    self.stats.invalid += 1;
-                    return invalid;
+                    return self.invalid(Invalid::Fragment);
                 }
                 let mut segment = None;
                 let first = match t.proto {
@@ -968,32 +1033,26 @@ impl Conntrack {
                         let opening = tcp_flags_valid(t.tcp_flags)
                             .then(|| tcp_transition_new(t.tcp_flags))
                             .flatten();
-                        match opening.zip(self.opening_segment(frame, l)) {
-                            Some((s, seg)) => {
-                                segment = Some(seg);
-                                s
-                            }
-                            None => {
-                                self.stats.invalid += 1;
-                                return invalid;
-                            }
-                        }
+                        let Some(s) = opening else {
+                            return self.invalid(Invalid::TcpOpen);
+                        };
+                        let Some(seg) = self.opening_segment(frame, l) else {
+                            return self.invalid(Invalid::TcpHeader);
+                        };
+                        segment = Some(seg);
+                        s
                     }
                     ip_proto::TCP => match tcp_flags_valid(t.tcp_flags)
                         .then(|| tcp_transition_new(t.tcp_flags))
                         .flatten()
                     {
                         Some(s) => s,
-                        None => {
-                            self.stats.invalid += 1;
-                            return invalid;
-                        }
+                        None => return self.invalid(Invalid::TcpOpen),
                     },
                     ip_proto::UDP => ConnState::Udp,
                     ip_proto::ICMP | ip_proto::ICMPV6 => {
                         if !t.icmp_request {
-                            self.stats.invalid += 1;
-                            return invalid;
+                            return self.invalid(Invalid::IcmpReply);
                         }
                         ConnState::Icmp
                     }
@@ -1011,6 +1070,7 @@ impl Conntrack {
                         report,
                         segment,
                     }),
+                    invalid: None,
                 }
             }
         }
@@ -1033,7 +1093,7 @@ impl Conntrack {
             &mut self.windows,
             Segment::read(frame, usize::from(l.l4), usize::from(l.l3_end)),
         ) else {
-            return Step::Invalid;
+            return Step::Invalid(Invalid::TcpHeader);
         };
         let w = &mut w[slot];
         let step = w.judge(state, step, dir, &seg, seen_reply);
@@ -1077,6 +1137,19 @@ impl Conntrack {
             i = self.next(i);
         }
         false
+    }
+
+    /// The lookup of a packet found invalid for `why`, counted. Out of line: the lookup's
+    /// own paths stay short.
+    #[cold]
+    #[inline(never)]
+    fn invalid(&mut self, why: Invalid) -> Lookup {
+        self.stats.invalid[why as usize] += 1;
+        Lookup {
+            state: CtState::Invalid,
+            pending: None,
+            invalid: Some(why),
+        }
     }
 
     /// Creates the connection a lookup found new, in a full table in the place of an
@@ -1356,7 +1429,7 @@ fn canonical(t: &Tuple, zone: u16) -> (Key, bool) {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Step {
     To(ConnState),
-    Invalid,
+    Invalid(Invalid),
     /// Possibly out of sync (Linux `sIG`): the packet passes as part of the connection but
     /// does not change its state.
     Ignore,
@@ -1412,7 +1485,7 @@ fn tcp_transition(s: ConnState, flags: u8, reply: bool) -> Step {
     let col = TCP_STATES.iter().position(|x| *x == s).unwrap_or(0);
     let table = if reply { &REPLY } else { &ORIGINAL };
     match table[usize::from(tcp_window::kind(flags))][col] {
-        IV => Step::Invalid,
+        IV => Step::Invalid(Invalid::TcpState),
         IG => Step::Ignore,
         RO => Step::Reopen,
         n => Step::To(
@@ -1615,7 +1688,7 @@ mod tests {
             (TcpCloseWait, FIN | ACK, true, Step::To(TcpLastAck)),
             (TcpLastAck, ACK, false, Step::To(TcpTimeWait)),
             (TcpEstablished, RST, true, Step::To(TcpClose)),
-            (TcpSynSent, ACK, false, Step::Invalid),
+            (TcpSynSent, ACK, false, Step::Invalid(Invalid::TcpState)),
             (TcpEstablished, SYN, false, Step::Ignore),
             (TcpTimeWait, SYN, false, Step::Reopen),
         ] {

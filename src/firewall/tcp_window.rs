@@ -25,7 +25,7 @@
 //! data, repeated retransmissions, a zero window, a RST that left the connection
 //! established; conntrack caps the timeout accordingly.
 
-use super::conntrack::{ConnState, Step};
+use super::conntrack::{ConnState, Invalid, Step};
 use crate::wire::{be32, tcp};
 
 /// Packet kinds of the state table (Linux `TCP_*_SET`), by flags.
@@ -246,7 +246,7 @@ enum Fit {
     Accept,
     /// Passes, changing nothing.
     Ignore,
-    Invalid,
+    Invalid(Invalid),
 }
 
 /// What the RST checks of a closing transition decide.
@@ -341,7 +341,7 @@ impl Window {
         let kind = kind(seg.flags);
         let mut old = old;
         let mut new = match step {
-            Step::Invalid => return Step::Invalid,
+            Step::Invalid(why) => return Step::Invalid(why),
             // A SYN on a closed connection opens a new one only if this one was closed by
             // a FIN, or reset by the SYN's own side; else it may be stale: ignored.
             Step::Reopen
@@ -379,7 +379,7 @@ impl Window {
             TcpClose if kind == RST => match self.rst(old, &mut new, dir, seg, seen_reply) {
                 RstCheck::Window => {}
                 RstCheck::Accept => checked = false,
-                RstCheck::Invalid => return Step::Invalid,
+                RstCheck::Invalid => return Step::Invalid(Invalid::TcpRst),
             },
             _ => {}
         }
@@ -387,7 +387,7 @@ impl Window {
             match self.in_window(dir, seg, Some(old)) {
                 Fit::Accept => {}
                 Fit::Ignore => return Step::Ignore,
-                Fit::Invalid => return Step::Invalid,
+                Fit::Invalid(why) => return Step::Invalid(why),
             }
         }
         self.last_kind = kind;
@@ -608,10 +608,10 @@ impl Window {
                 s.flags |= DATA_UNACKNOWLEDGED;
                 return liberal(Fit::Ignore);
             }
-            return liberal(Fit::Invalid);
+            return liberal(Fit::Invalid(Invalid::TcpSeq));
         }
         if !before(sack, r.end.wrapping_add(1)) {
-            return liberal(Fit::Invalid);
+            return liberal(Fit::Invalid(Invalid::TcpAck));
         }
         if (r.max_win != 0 && !in_recv_win) || !after(sack, ack_floor) {
             return liberal(Fit::Ignore);
@@ -785,7 +785,7 @@ mod tests {
         passes(&mut w, 0, seg(P | A, 1001, 5001, 500, 1000));
         assert_eq!(
             data(&mut w, 0, seg(P | A, 7001, 5001, 100, 1000)),
-            Step::Invalid
+            Step::Invalid(Invalid::TcpSeq)
         );
     }
 
@@ -794,7 +794,7 @@ mod tests {
         let mut w = established(65535, None);
         assert_eq!(
             data(&mut w, 0, seg(A, 1001, 5001 + 100_000, 0, 65535)),
-            Step::Invalid
+            Step::Invalid(Invalid::TcpAck)
         );
     }
 
@@ -829,9 +829,12 @@ mod tests {
             )
         };
         // Far outside the window: invalid.
-        assert_eq!(rst(&mut w, 5001 + 10_000_000), Step::Invalid);
+        assert_eq!(
+            rst(&mut w, 5001 + 10_000_000),
+            Step::Invalid(Invalid::TcpSeq)
+        );
         // Before what the client acknowledged: invalid.
-        assert_eq!(rst(&mut w, 4000), Step::Invalid);
+        assert_eq!(rst(&mut w, 4000), Step::Invalid(Invalid::TcpRst));
         // In the window but not exact: the connection stays established (challenge ACK).
         assert_eq!(rst(&mut w, 5001 + 100), Step::To(TcpEstablished));
         // Exact: closes.
@@ -864,7 +867,7 @@ mod tests {
         passes(&mut w, 1, seg(A, 5001, 1001, 0, 512));
         assert_eq!(
             data(&mut w, 0, seg(P | A, 1001 + 40_000, 5001, 1000, 512)),
-            Step::Invalid
+            Step::Invalid(Invalid::TcpSeq)
         );
     }
 

@@ -7,6 +7,7 @@
 
 use super::{Snapshot, LATENCY_BUCKETS};
 use crate::engine::DropReason;
+use crate::firewall::conntrack::Invalid;
 use crate::ir::Program;
 use crate::replay::entry_names;
 use prometheus::proto::{
@@ -301,8 +302,10 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info) -> String {
         );
         fam.counter(
             "dpuflow_conntrack_invalid_packets_total",
-            "Packets conntrack judged invalid.",
-            [(vec![], ct.invalid)],
+            "Packets conntrack judged invalid, by reason.",
+            Invalid::ALL
+                .iter()
+                .map(|&r| (labels(&[("reason", r.name())]), ct.invalid[r as usize])),
         );
     }
 

@@ -131,7 +131,9 @@ impl Snapshot {
             a.expirations += b.expirations;
             a.drops_full += b.drops_full;
             a.early_drops += b.early_drops;
-            a.invalid += b.invalid;
+            for (a, b) in a.invalid.iter_mut().zip(b.invalid) {
+                *a += b;
+            }
         }
         if let Some(b) = &o.flows {
             let a = self.flows.get_or_insert_with(FlowStats::default);
