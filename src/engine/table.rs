@@ -7,7 +7,7 @@ use super::prefetch::prefetch;
 use crate::firewall::acl;
 use crate::hash::KeyedHash;
 use crate::ir::{Field, FieldId, FieldMatch, Pattern, Rule, ValueKind};
-use crate::wire::{be16, be32, ip_proto};
+use crate::wire::{be128, be16, be32, ip_proto};
 use rustc_hash::FxHashMap;
 
 /// What a classifier sees of one packet.
@@ -524,21 +524,38 @@ impl Layout {
         Some(Layout { slots, words })
     }
 
-    /// Where the words of an outer IPv4 five-tuple key sit, when the key is made of
-    /// those fields only (any of them), as ClassBench rule sets and most firewalls have it.
+    /// Where the words of an outer five-tuple key sit, when the key is made of those
+    /// fields only (any of them; addresses of one IP version), as ClassBench rule sets and
+    /// most firewalls have it.
     fn five_tuple(&self) -> Option<FiveTuple> {
         let mut t = FiveTuple::default();
+        let mut versions = 0;
         for s in &self.slots {
             let at = Some(s.at);
             match (s.field.id, s.field.inner) {
-                (FieldId::Ipv4Src, false) => (t.src, t.family) = (at, s.family()),
-                (FieldId::Ipv4Dst, false) => (t.dst, t.family) = (at, s.family()),
+                (FieldId::Ipv4Src, false) => {
+                    (t.src, t.family, versions) = (at, s.family(), versions | 1)
+                }
+                (FieldId::Ipv4Dst, false) => {
+                    (t.dst, t.family, versions) = (at, s.family(), versions | 1)
+                }
+                (FieldId::Ipv6Src, false) => {
+                    (t.src, t.family, versions) = (at, s.family(), versions | 2)
+                }
+                (FieldId::Ipv6Dst, false) => {
+                    (t.dst, t.family, versions) = (at, s.family(), versions | 2)
+                }
                 (FieldId::L4Src, false) => t.sport = at,
                 (FieldId::L4Dst, false) => t.dport = at,
                 (FieldId::IpProto, false) => t.proto = at,
                 _ => return None,
             }
         }
+        t.v6 = match versions {
+            0 | 1 => false,
+            2 => true,
+            _ => return None,
+        };
         Some(t)
     }
 
@@ -670,9 +687,11 @@ fn apply<const N: usize>(
     Some(())
 }
 
-/// The key words of the outer IPv4 five-tuple fields a layout has ([`Layout::five_tuple`]).
+/// The key words of the outer five-tuple fields a layout has ([`Layout::five_tuple`]).
 #[derive(Debug, Clone, Copy, Default)]
 struct FiveTuple {
+    /// The addresses are IPv6 ones (four words each).
+    v6: bool,
     family: Option<usize>,
     src: Option<usize>,
     dst: Option<usize>,
@@ -696,10 +715,22 @@ impl FiveTuple {
             }
         };
         let l3 = usize::from(l.l3);
-        if l.l3_kind == L3::V4 {
-            put(self.family, FAMILY_V4);
-            put(self.src, be32(frame, l3 + 12));
-            put(self.dst, be32(frame, l3 + 16));
+        match (self.v6, l.l3_kind) {
+            (false, L3::V4) => {
+                put(self.family, FAMILY_V4);
+                put(self.src, be32(frame, l3 + 12));
+                put(self.dst, be32(frame, l3 + 16));
+            }
+            (true, L3::V6) => {
+                put(self.family, FAMILY_V6);
+                for (at, offset) in [(self.src, 8), (self.dst, 24)] {
+                    let a = be128(frame, l3 + offset);
+                    for w in 0..4 {
+                        put(at.map(|at| at + w), (a >> (96 - 32 * w)) as u32);
+                    }
+                }
+            }
+            _ => {}
         }
         let l4 = usize::from(l.l4);
         if ip_proto::has_ports(l.proto) && l4_fields(frame, l) {
@@ -725,7 +756,7 @@ impl FiveTuple {
 #[derive(Debug)]
 pub struct RuleTrees<const N: usize> {
     layout: Layout,
-    /// The layout's key is outer IPv4 five-tuple fields, built by [`FiveTuple::key`].
+    /// The layout's key is outer five-tuple fields, built by [`FiveTuple::key`].
     five_tuple: Option<FiveTuple>,
     acl: acl::FixedClassifier<N>,
     /// The pipe rule each classifier rule comes from.
@@ -1034,19 +1065,25 @@ mod tests {
         }
     }
 
-    /// Matches on the outer IPv4 five-tuple only: the layouts [`FiveTuple`] builds keys for.
-    fn five_tuple_match() -> impl Strategy<Value = FieldMatch> {
+    /// Matches on the outer five-tuple only, addresses of IP version `v6`: the layouts
+    /// [`FiveTuple`] builds keys for.
+    fn five_tuple_match(v6: bool) -> impl Strategy<Value = FieldMatch> {
+        let (src, dst) = if v6 {
+            (FieldId::Ipv6Src, FieldId::Ipv6Dst)
+        } else {
+            (FieldId::Ipv4Src, FieldId::Ipv4Dst)
+        };
         let port = (0u128..40, 0u128..40).prop_map(|(a, b)| Pattern::Range {
             lo: a.min(b),
             hi: a.max(b),
         });
         prop_oneof![
-            prefix(false).prop_map(|p| FieldMatch {
-                field: outer(FieldId::Ipv4Src),
+            prefix(v6).prop_map(move |p| FieldMatch {
+                field: outer(src),
                 pattern: p
             }),
-            prefix(false).prop_map(|p| FieldMatch {
-                field: outer(FieldId::Ipv4Dst),
+            prefix(v6).prop_map(move |p| FieldMatch {
+                field: outer(dst),
                 pattern: p
             }),
             port.clone().prop_map(|p| FieldMatch {
@@ -1065,11 +1102,11 @@ mod tests {
     }
 
     proptest! {
-        /// Keys of five-tuple layouts, built in one go, classify as the scan does: IPv4 and
-        /// IPv6 packets (which have none of the fields' addresses), with and without ports.
+        /// Keys of five-tuple layouts (IPv4 or IPv6 addresses), built in one go, classify as
+        /// the scan does: packets of either version, with and without ports.
         #[test]
         fn five_tuple_keys_agree_with_the_scan(
-            rules in proptest::collection::vec(proptest::collection::vec(five_tuple_match(), 1..5), 1..100),
+            rules in any::<bool>().prop_flat_map(|v6| proptest::collection::vec(proptest::collection::vec(five_tuple_match(v6), 1..5), 1..100)),
             frames in proptest::collection::vec(frame(), 1..80),
         ) {
             let rules: Vec<Rule> = rules
