@@ -701,13 +701,14 @@ struct FiveTuple {
 }
 
 impl FiveTuple {
-    /// The key of `pkt`, read in one go: the fields' shared tests (IPv4? ports present?)
+    /// Writes the key of `pkt` to `key`, read in one go: the fields' shared tests (IPv4?
+    /// ports present?)
     /// made once, where the general builder calls a reader per field. Each word as that
     /// field's reader and slot give it. (Which words a layout has is the same for every
     /// packet, so the branches on them are predicted.)
     #[inline]
-    fn key<const N: usize>(&self, pkt: &PacketView<'_>) -> acl::Key<N> {
-        let mut key = acl::Key([FAMILY_NONE; N]);
+    fn write_key<const N: usize>(&self, pkt: &PacketView<'_>, key: &mut acl::Key<N>) {
+        key.0 = [FAMILY_NONE; N];
         let (frame, l) = (pkt.frame, &pkt.meta.outer);
         let mut put = |at: Option<usize>, v: u32| {
             if let Some(w) = at.and_then(|at| key.0.get_mut(at)) {
@@ -748,7 +749,6 @@ impl FiveTuple {
                 u32::from(l.proto)
             },
         );
-        key
     }
 }
 
@@ -786,10 +786,20 @@ impl<const N: usize> RuleTrees<N> {
     /// The classifier key of a packet: each slot's field read into its words.
     #[inline]
     fn key(&self, pkt: &PacketView<'_>) -> acl::Key<N> {
-        if let Some(t) = &self.five_tuple {
-            return t.key(pkt);
-        }
         let mut key = acl::Key([FAMILY_NONE; N]);
+        self.write_key(pkt, &mut key);
+        key
+    }
+
+    /// [`RuleTrees::key`] written in place: a batch's keys go straight into the array the
+    /// classifier reads later (a key built on the stack and copied out was read back, as
+    /// wider loads, right after its words were stored, and waited for them).
+    #[inline]
+    fn write_key(&self, pkt: &PacketView<'_>, key: &mut acl::Key<N>) {
+        if let Some(t) = &self.five_tuple {
+            return t.write_key(pkt, key);
+        }
+        key.0 = [FAMILY_NONE; N];
         for s in &self.layout.slots {
             let v = (s.reader)(pkt.frame, pkt.meta, pkt.state);
             match s.read {
@@ -808,7 +818,6 @@ impl<const N: usize> RuleTrees<N> {
                 }
             }
         }
-        key
     }
 }
 
@@ -830,7 +839,7 @@ impl<const N: usize> RuleClassifier for RuleTrees<N> {
         let mut found = [None; CHUNK];
         for (pkts, out) in pkts.chunks(CHUNK).zip(out.chunks_mut(CHUNK)) {
             for (k, p) in keys.iter_mut().zip(pkts) {
-                *k = self.key(p);
+                self.write_key(p, k);
             }
             let n = pkts.len();
             self.acl.classify_batch(&keys[..n], &mut found[..n]);
