@@ -756,7 +756,7 @@ impl FiveTuple {
 #[derive(Debug)]
 pub struct RuleTrees<const N: usize> {
     layout: Layout,
-    /// The layout's key is outer five-tuple fields, built by [`FiveTuple::key`].
+    /// The layout's key is outer five-tuple fields, built by [`FiveTuple::write_key`].
     five_tuple: Option<FiveTuple>,
     acl: acl::FixedClassifier<N>,
     /// The pipe rule each classifier rule comes from.
@@ -938,21 +938,8 @@ mod tests {
     }
 
     fn rules() -> impl Strategy<Value = Vec<Rule>> {
-        proptest::collection::vec(proptest::collection::vec(field_match(), 0..4), 1..100).prop_map(
-            |rs| {
-                rs.into_iter()
-                    .map(|mut matches| {
-                        matches.sort_by_key(|m| m.field);
-                        matches.dedup_by_key(|m| m.field);
-                        Rule {
-                            name: String::new(),
-                            matches,
-                            actions: ActionList(Vec::new()),
-                        }
-                    })
-                    .collect()
-            },
-        )
+        proptest::collection::vec(proptest::collection::vec(field_match(), 0..4), 1..100)
+            .prop_map(|rs| rs.into_iter().map(rule_of).collect())
     }
 
     /// An Ethernet frame: IPv4 or IPv6 carrying TCP, UDP or ICMP.
@@ -1059,18 +1046,36 @@ mod tests {
         /// at a time and as a batch (more than one chunk of keys).
         #[test]
         fn rule_trees_agree_with_the_scan(rules in rules(), frames in proptest::collection::vec(frame(), 1..80)) {
-            let trees = rule_trees(&rules).expect("every match is ranges or masks");
-            let scan = LinearScan::new(&rules);
-            let state = PacketState::default();
-            let metas = testing::parsed(&frames);
-            let views = testing::views(&frames, &metas, &state);
-            let mut batched = vec![None; views.len()];
-            trees.classify_batch(&views, &mut batched);
-            for (view, b) in views.iter().zip(batched) {
-                let want = scan.classify(view);
-                prop_assert_eq!(trees.classify(view), want);
-                prop_assert_eq!(b, want);
-            }
+            trees_agree_with_the_scan(&rules, &frames)?;
+        }
+    }
+
+    /// The trees of `rules` classify `frames` as the linear scan does, one packet at a
+    /// time and as a batch.
+    fn trees_agree_with_the_scan(rules: &[Rule], frames: &[Vec<u8>]) -> Result<(), TestCaseError> {
+        let trees = rule_trees(rules).expect("every match is ranges or masks");
+        let scan = LinearScan::new(rules);
+        let state = PacketState::default();
+        let metas = testing::parsed(frames);
+        let views = testing::views(frames, &metas, &state);
+        let mut batched = vec![None; views.len()];
+        trees.classify_batch(&views, &mut batched);
+        for (view, b) in views.iter().zip(batched) {
+            let want = scan.classify(view);
+            prop_assert_eq!(trees.classify(view), want);
+            prop_assert_eq!(b, want);
+        }
+        Ok(())
+    }
+
+    /// A rule of `matches`, one a field.
+    fn rule_of(mut matches: Vec<FieldMatch>) -> Rule {
+        matches.sort_by_key(|m| m.field);
+        matches.dedup_by_key(|m| m.field);
+        Rule {
+            name: String::new(),
+            matches,
+            actions: ActionList(Vec::new()),
         }
     }
 
@@ -1118,27 +1123,9 @@ mod tests {
             rules in any::<bool>().prop_flat_map(|v6| proptest::collection::vec(proptest::collection::vec(five_tuple_match(v6), 1..5), 1..100)),
             frames in proptest::collection::vec(frame(), 1..80),
         ) {
-            let rules: Vec<Rule> = rules
-                .into_iter()
-                .map(|mut matches| {
-                    matches.sort_by_key(|m| m.field);
-                    matches.dedup_by_key(|m| m.field);
-                    Rule { name: String::new(), matches, actions: ActionList(Vec::new()) }
-                })
-                .collect();
+            let rules: Vec<Rule> = rules.into_iter().map(rule_of).collect();
             prop_assert!(Layout::new(&rules).and_then(|l| l.five_tuple()).is_some());
-            let trees = rule_trees(&rules).expect("ranges and prefixes");
-            let scan = LinearScan::new(&rules);
-            let state = PacketState::default();
-            let metas = testing::parsed(&frames);
-            let views = testing::views(&frames, &metas, &state);
-            let mut batched = vec![None; views.len()];
-            trees.classify_batch(&views, &mut batched);
-            for (view, b) in views.iter().zip(batched) {
-                let want = scan.classify(view);
-                prop_assert_eq!(trees.classify(view), want);
-                prop_assert_eq!(b, want);
-            }
+            trees_agree_with_the_scan(&rules, &frames)?;
         }
     }
 
