@@ -4,8 +4,9 @@
 //! sessions are sent through it in order from both sides, over IPv4 and over IPv6, and the
 //! same packets are replayed through dpuflow, with TCP window tracking on
 //! (tests/data/ct-count-window.pipe, as the kernel by default) and off
-//! (tests/data/ct-count.pipe, for the scenarios that stay in their windows); per scenario
-//! the counts must be equal.
+//! (tests/data/ct-count.pipe, for the scenarios that stay in their windows), and the
+//! `strict_` scenarios without loose pick-up on both sides (tests/data/ct-count-strict.pipe);
+//! per scenario the counts must be equal.
 //!
 //! Needs root for `ip netns`; all traffic stays inside the namespaces.
 
@@ -161,6 +162,13 @@ def body(c, s, echo, unreachable, quoted_udp):
   sc["retransmissions_time_out"] = handshake(41020) + [
       c(tcp(41020, 80, "PA", 1001, 5001, b"data")), s(tcp(80, 41020, "A", 5001, 1005))] + [
       c(tcp(41020, 80, "A", 1005, 5001)) for _ in range(4)] + [("wait", 3), s(tcp(80, 41020, "A", 5001, 1005))]
+  # Without loose pick-up (the router's nf_conntrack_tcp_loose=0 and dpuflow's
+  # `tcp_loose off`): only a SYN opens a connection.
+  sc["strict_data_before_handshake"] = [
+      c(tcp(41022, 80, "PA", 7000, 9000, b"mid-stream")),
+      s(tcp(80, 41022, "A", 9000, 7010)),
+  ]
+  sc["strict_handshake"] = handshake(41023) + [c(tcp(41023, 80, "PA", 1001, 5001, b"data"))]
   sc["zero_window_times_out"] = handshake(41021) + [
       c(tcp(41021, 80, "PA", 1001, 5001, b"data")), s(tcp(80, 41021, "A", 5001, 1005, win=0)),
       ("wait", 3), c(tcp(41021, 80, "A", 1005, 5001))]
@@ -449,20 +457,33 @@ fn conntrack_states_equal_the_kernels() {
     let names = std::fs::read_to_string(dir.0.join("names.txt")).expect("names");
     let mut mismatches = Vec::new();
     for name in names.lines() {
+        // `strict_` scenarios run without loose pick-up, in the kernel and in dpuflow.
+        let strict = name.contains("_strict_");
+        let loose = |on: bool| format!("net.netfilter.nf_conntrack_tcp_loose={}", u8::from(on));
+        if strict {
+            lab.run(&lab.r, &["sysctl", "-qw", &loose(false)]);
+        }
         let before = lab.counters();
         py(&[name, &lab.c, &lab.s]);
         std::thread::sleep(Duration::from_millis(200));
         let after = lab.counters();
+        if strict {
+            lab.run(&lab.r, &["sysctl", "-qw", &loose(true)]);
+        }
         let kernel: Vec<u64> = STATES.iter().map(|s| after[*s] - before[*s]).collect();
 
         let windowed = NEED_WINDOWS.iter().any(|w| name.ends_with(w));
-        for pipe in [
-            "tests/data/ct-count-window.pipe",
-            "tests/data/ct-count.pipe",
-        ] {
-            if windowed && pipe == "tests/data/ct-count.pipe" {
-                continue;
-            }
+        let pipes: &[&str] = if strict {
+            &["tests/data/ct-count-strict.pipe"]
+        } else if windowed {
+            &["tests/data/ct-count-window.pipe"]
+        } else {
+            &[
+                "tests/data/ct-count-window.pipe",
+                "tests/data/ct-count.pipe",
+            ]
+        };
+        for &pipe in pipes {
             let ours = dpuflow_states(pipe, &dir, name);
             eprintln!("{name:<34} kernel {kernel:?} dpuflow {ours:?} ({pipe})");
             if kernel != ours {

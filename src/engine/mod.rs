@@ -445,6 +445,9 @@ impl Engine {
                 if c.tcp_window {
                     ct.track_windows();
                 }
+                if !c.tcp_loose {
+                    ct.open_by_syn_only();
+                }
                 ct
             }),
             flows: None,

@@ -473,6 +473,8 @@ pub struct Conntrack {
     fragments: Fragments<(u16, u16, u8)>,
     /// Each slot's TCP windows, when they are tracked.
     windows: Option<Box<[Window]>>,
+    /// A plain ACK may open a TCP connection (loose pick-up).
+    loose: bool,
 }
 
 /// What [`Conntrack`] reports of its flow records.
@@ -522,7 +524,14 @@ impl Conntrack {
             moved: false,
             fragments: Fragments::default(),
             windows: None,
+            loose: true,
         }
+    }
+
+    /// Only a SYN opens a TCP connection from now on: no pick-up mid-stream (Linux
+    /// `nf_conntrack_tcp_loose=0`). A segment that opens nothing is `invalid`.
+    pub fn open_by_syn_only(&mut self) {
+        self.loose = false;
     }
 
     /// Checks TCP segments against their connection's windows from now on (see
@@ -1031,7 +1040,7 @@ impl Conntrack {
                 let first = match t.proto {
                     ip_proto::TCP if self.windows.is_some() && t.fragment.is_none() => {
                         let opening = tcp_flags_valid(t.tcp_flags)
-                            .then(|| tcp_transition_new(t.tcp_flags))
+                            .then(|| tcp_transition_new(t.tcp_flags, self.loose))
                             .flatten();
                         let Some(s) = opening else {
                             return self.invalid(Invalid::TcpOpen);
@@ -1043,7 +1052,7 @@ impl Conntrack {
                         s
                     }
                     ip_proto::TCP => match tcp_flags_valid(t.tcp_flags)
-                        .then(|| tcp_transition_new(t.tcp_flags))
+                        .then(|| tcp_transition_new(t.tcp_flags, self.loose))
                         .flatten()
                     {
                         Some(s) => s,
@@ -1448,12 +1457,13 @@ fn tcp_flags_valid(flags: u8) -> bool {
     )
 }
 
-/// The first packet of a connection: a SYN opens it; with loose pickup (Linux's default
-/// `nf_conntrack_tcp_loose=1`) a plain ACK picks up a connection already established.
-fn tcp_transition_new(flags: u8) -> Option<ConnState> {
+/// The first packet of a connection: a SYN opens it; with loose pickup (`loose`, Linux's
+/// default `nf_conntrack_tcp_loose=1`) a plain ACK picks up a connection already
+/// established.
+fn tcp_transition_new(flags: u8, loose: bool) -> Option<ConnState> {
     match tcp_window::kind(flags) {
         tcp_window::SYN => Some(ConnState::TcpSynSent),
-        tcp_window::ACK => Some(ConnState::TcpEstablished),
+        tcp_window::ACK if loose => Some(ConnState::TcpEstablished),
         _ => None,
     }
 }
@@ -1698,8 +1708,10 @@ mod tests {
                 "{from:?}, flags {flags:#04x}, reply {reply}"
             );
         }
-        assert_eq!(tcp_transition_new(SYN | ACK), None);
-        assert_eq!(tcp_transition_new(ACK), Some(TcpEstablished));
+        assert_eq!(tcp_transition_new(SYN | ACK, true), None);
+        assert_eq!(tcp_transition_new(ACK, true), Some(TcpEstablished));
+        assert_eq!(tcp_transition_new(ACK, false), None);
+        assert_eq!(tcp_transition_new(SYN, false), Some(TcpSynSent));
         assert!(!tcp_flags_valid(SYN | FIN));
         assert!(!tcp_flags_valid(FIN));
         assert!(tcp_flags_valid(PSH | ACK));

@@ -442,6 +442,9 @@ pub struct Conntrack {
     /// TCP segments are checked against their connection's windows (Linux's default,
     /// `nf_conntrack_tcp_be_liberal=0`); off, they are judged by flags and state only.
     pub tcp_window: bool,
+    /// A TCP connection may be picked up mid-stream, opened by a plain ACK (Linux's
+    /// default, `nf_conntrack_tcp_loose=1`); off, only a SYN opens one.
+    pub tcp_loose: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

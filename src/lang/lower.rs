@@ -197,6 +197,7 @@ impl Lowerer<'_> {
                 capacity: DEFAULT_CT_CAPACITY,
                 timeouts: CtTimeouts::default(),
                 tcp_window: false,
+                tcp_loose: true,
             })
         });
         Some(Program {
@@ -215,6 +216,24 @@ impl Lowerer<'_> {
     /// The value of a one-value option (the parser guarantees there is one).
     fn single<'w>(&mut self, o: &'w Opt) -> Option<&'w Word> {
         o.values.first()
+    }
+
+    /// An `on` or `off` option; `on_means` says what `on` does, for the hint.
+    fn on_off(&mut self, o: &Opt, on_means: &str) -> Option<bool> {
+        let w = self.single(o)?;
+        match w.text.as_str() {
+            "on" => Some(true),
+            "off" => Some(false),
+            _ => {
+                let key = &o.key.text;
+                self.err(
+                    w.span,
+                    format!("`{key}` is `on` or `off`, not `{}`", w.text),
+                )
+                .hint = Some(format!("`{key} on` {on_means}"));
+                None
+            }
+        }
     }
 
     fn check_repeats(&mut self, opts: &[Opt], repeatable: &[&str]) {
@@ -583,6 +602,7 @@ impl Lowerer<'_> {
             capacity: DEFAULT_CT_CAPACITY,
             timeouts: CtTimeouts::default(),
             tcp_window: false,
+            tcp_loose: true,
         };
         let mut ok = true;
         for o in &s.options {
@@ -606,21 +626,16 @@ impl Lowerer<'_> {
                     }
                     None => ok = false,
                 },
-                "tcp_window" => match self.single(o).map(|w| (w, w.text.as_str())) {
-                    Some((_, "on")) => ct.tcp_window = true,
-                    Some((_, "off")) => ct.tcp_window = false,
-                    Some((w, _)) => {
-                        self.err(
-                            w.span,
-                            format!("`tcp_window` is `on` or `off`, not `{}`", w.text),
-                        )
-                        .hint = Some(
-                            "`tcp_window on` checks TCP segments against their windows".into(),
-                        );
-                        ok = false;
-                    }
+                "tcp_window" => match self.on_off(o, "checks TCP segments against their windows") {
+                    Some(on) => ct.tcp_window = on,
                     None => ok = false,
                 },
+                "tcp_loose" => {
+                    match self.on_off(o, "lets an ACK pick up a connection mid-stream") {
+                        Some(on) => ct.tcp_loose = on,
+                        None => ok = false,
+                    }
+                }
                 "timeout" => {
                     if o.values.len() != 2 {
                         self.err(o.key.span, "`timeout` takes a state and a duration")

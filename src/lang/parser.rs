@@ -48,7 +48,12 @@ pub fn block_keys(kind: BlockKind) -> Keys {
             ("capacity", Quantity),
             ("block_size", Quantity),
         ],
-        BlockKind::Conntrack => &[("capacity", One), ("timeout", Two), ("tcp_window", One)],
+        BlockKind::Conntrack => &[
+            ("capacity", One),
+            ("timeout", Two),
+            ("tcp_window", One),
+            ("tcp_loose", One),
+        ],
         BlockKind::Telemetry => &[
             ("prometheus", One),
             ("ipfix", One),
