@@ -24,26 +24,26 @@ fn pipe_blocks(doc: &str) -> Vec<(usize, String)> {
 }
 
 #[test]
-fn language_doc_examples_check_clean() {
-    let doc = std::fs::read_to_string("docs/pipeline-language.md").expect("doc");
-    let blocks = pipe_blocks(&doc);
-    assert!(
-        blocks.len() >= 5,
-        "expected the doc's examples, found {}",
-        blocks.len()
-    );
-    for (line, text) in blocks {
-        let checked = lang::check_source(
-            &format!("docs/pipeline-language.md@{line}"),
-            &text,
-            Path::new("docs"),
-        );
-        assert!(
-            checked.diagnostics.is_empty(),
-            "example at line {line}:\n{}",
-            checked.render()
-        );
+fn doc_examples_check_clean() {
+    let mut count = 0;
+    for doc in [
+        "README.md",
+        "docs/pipeline-language.md",
+        "docs/operations.md",
+        "docs/architecture.md",
+    ] {
+        let text = std::fs::read_to_string(doc).expect("doc");
+        for (line, block) in pipe_blocks(&text) {
+            let checked = lang::check_source(&format!("{doc}@{line}"), &block, Path::new("docs"));
+            assert!(
+                checked.diagnostics.is_empty(),
+                "example at {doc}:{line}:\n{}",
+                checked.render()
+            );
+            count += 1;
+        }
     }
+    assert!(count >= 6, "expected the docs' examples, found {count}");
 }
 
 #[test]
