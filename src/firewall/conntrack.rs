@@ -1790,6 +1790,68 @@ mod tests {
         }
     }
 
+    proptest! {
+        /// Any TCP segments, among a few connections of a table smaller than they are, with
+        /// time jumping past timeouts: with windows tracked or not, lookups and commits
+        /// never panic, the table never holds more than its capacity, and every entry it
+        /// holds is reachable from its home.
+        #[test]
+        fn any_tcp_traffic_keeps_the_table_whole(
+            windows in any::<bool>(),
+            segments in proptest::collection::vec(
+                (0u16..12, any::<bool>(), tcp_flags(), 0u32..5_000, 0u32..5_000, 0u64..400),
+                1..200,
+            ),
+        ) {
+            let mut ct = Conntrack::new(8, CtTimeouts::default());
+            if windows {
+                ct.track_windows();
+            }
+            let mut now = 0u64;
+            for (port, reply, flags, seq, ack, secs) in segments {
+                now += secs * 1_000_000_000;
+                let f = segment(port, reply, flags, seq, ack);
+                let _ = tracked_state_or_full(&mut ct, &f, now);
+                prop_assert!(ct.len() <= ct.capacity());
+                let held = ct.tags.iter().filter(|&&t| t != 0).count();
+                prop_assert_eq!(held, ct.len());
+                // Linear probing's invariant: no empty slot between an entry's home and it.
+                for i in (0..ct.slots.len()).filter(|&i| ct.tags[i] != 0) {
+                    let mut j = ct.home_of(ct.hash(&ct.slots[i].key));
+                    while j != i {
+                        prop_assert!(ct.tags[j] != 0, "slot {} is cut off from its home", i);
+                        j = ct.next(j);
+                    }
+                }
+            }
+        }
+    }
+
+    /// TCP flags, mostly the combinations segments carry.
+    fn tcp_flags() -> impl Strategy<Value = u8> {
+        use tcp::flags::*;
+        prop_oneof![
+            Just(SYN),
+            Just(SYN | ACK),
+            Just(ACK),
+            Just(PSH | ACK),
+            Just(FIN | ACK),
+            Just(RST),
+            Just(RST | ACK),
+            any::<u8>(),
+        ]
+    }
+
+    /// [`tracked_state`], where a full table may refuse the connection.
+    fn tracked_state_or_full(ct: &mut Conntrack, f: &[u8], now: u64) -> CtState {
+        let meta = crate::engine::parse::parse(f, &Default::default()).expect("valid frame");
+        let l = ct.lookup(f, &meta, 0, now, None);
+        if let Some(p) = l.pending {
+            ct.commit(&p, now);
+        }
+        l.state
+    }
+
     /// Each connection keeps its own windows while removals shift entries: after half of a
     /// full table expires, every remaining connection still refuses a RST far out of its
     /// window and takes the one at its exact sequence number.
