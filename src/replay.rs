@@ -5,6 +5,7 @@
 //! same inputs give byte-identical outputs and the same counters.
 
 use crate::engine::{Engine, Observer, PacketBuf, Stats, Verdict, DEFAULT_MAX_FRAME};
+use crate::firewall::conntrack::{CtStats, Invalid};
 use crate::io::pcap::{CaptureError, CaptureReader, CaptureWriter};
 use crate::ir::{PortId, Program};
 use std::path::{Path, PathBuf};
@@ -83,6 +84,8 @@ pub struct Report {
     pub packets: u64,
     /// Per port: packets forwarded to it that no output file received.
     pub unwritten: Vec<u64>,
+    /// Connection tracking's counts, when the pipeline tracks connections.
+    pub conntrack: Option<CtStats>,
 }
 
 #[derive(Debug)]
@@ -222,6 +225,7 @@ pub fn replay<O: Observer>(
         stats: engine.stats().clone(),
         packets,
         unwritten,
+        conntrack: engine.conntrack().map(|c| c.stats),
     })
 }
 
@@ -302,6 +306,22 @@ impl Report {
                 s.name, c.packets, c.bytes
             );
         }
+        if let Some(ct) = &self.conntrack {
+            let _ = writeln!(
+                out,
+                "conntrack: {} connections, {} created, {} expired, {} dropped early, {} refused (table full)",
+                ct.entries, ct.inserts, ct.expirations, ct.early_drops, ct.drops_full
+            );
+            for r in Invalid::ALL.iter().filter(|r| ct.invalid[**r as usize] > 0) {
+                let n = ct.invalid[*r as usize];
+                let _ = writeln!(
+                    out,
+                    "  invalid {:<12} {n:>10} packets: {}",
+                    r.name(),
+                    r.describe()
+                );
+            }
+        }
         for (i, n) in self.unwritten.iter().enumerate() {
             if *n > 0 {
                 let _ = writeln!(
@@ -355,6 +375,16 @@ impl Report {
             .enumerate()
             .map(|(i, s)| json!({"name": s.name, "packets": self.stats.services[i].packets, "bytes": self.stats.services[i].bytes}))
             .collect();
-        json!({ "packets": self.packets, "ports": ports, "entries": entries, "services": services })
+        let conntrack = self.conntrack.map(|ct| {
+            let invalid: serde_json::Map<String, serde_json::Value> = Invalid::ALL
+                .iter()
+                .map(|r| (r.name().to_owned(), json!(ct.invalid[*r as usize])))
+                .collect();
+            json!({
+                "entries": ct.entries, "inserts": ct.inserts, "expirations": ct.expirations,
+                "early_drops": ct.early_drops, "full_drops": ct.drops_full, "invalid": invalid,
+            })
+        });
+        json!({ "packets": self.packets, "ports": ports, "entries": entries, "services": services, "conntrack": conntrack })
     }
 }

@@ -104,6 +104,8 @@ fn stateful_firewall_contract() {
         "--json",
     ]);
     let s: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    // The off-path RST is the one packet out of its window.
+    assert_eq!(s["conntrack"]["invalid"]["tcp_seq"], 1, "{s}");
     let passing_in = expect
         .iter()
         .zip(
