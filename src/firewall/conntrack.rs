@@ -3,8 +3,9 @@
 //! pseudo-states; ICMP errors matched to the connection they quote.
 //!
 //! The table is a fixed array of slots, sized once from the configured capacity, with
-//! linear probing and backward-shift deletion: it never grows, and when it holds
-//! `capacity` connections new ones are refused and counted. Beside the slots, a byte per
+//! linear probing and backward-shift deletion: it never grows; when it holds `capacity`
+//! connections, a new one takes the place of an unconfirmed one near its home (Linux's
+//! early drop), else it is refused, either counted. Beside the slots, a byte per
 //! slot holds a fragment of its key's hash (0: empty), so a probe scans a few bytes of one
 //! cache line and compares whole keys only on a fragment match. Slots are found through
 //! a hash keyed with random keys per table, so nobody can aim collisions at a bucket. Expiry is
@@ -22,7 +23,8 @@
 //! packets as they arrived, like the flow cache's, and no packet is in both.
 //!
 //! With TCP window tracking on, a side array parallel to the slots holds each
-//! connection's windows (`tcp_window`), moved with its entry.
+//! connection's windows (`tcp_window`), moved with its entry. Invalid packets carry their
+//! reason ([`Invalid`]), counted by reason.
 
 use crate::engine::parse::{fragment_of, l4_fields, Layers, Meta, L3};
 use crate::engine::prefetch::{prefetch, prefetch_span};
