@@ -905,6 +905,47 @@ mod tests {
         );
     }
 
+    /// RFC 5961 §4: in LAST_ACK, a stale SYN from the client is ignored, and the challenge
+    /// ACK the server answers it with does not count as the ACK of the client's FIN; the
+    /// server's next ACK does.
+    #[test]
+    fn a_challenge_ack_does_not_end_last_ack() {
+        let mut w = established(65535, None);
+        // The server closes first: its FIN, the client's ACK and FIN; LAST_ACK follows.
+        let fin = |w: &mut Window, dir, (from, to), s, a, f| {
+            w.judge(from, Step::To(to), dir, &seg(f, s, a, 0, 65535), true)
+        };
+        assert_eq!(
+            fin(&mut w, 1, (TcpEstablished, TcpFinWait), 5001, 1001, F | A),
+            Step::To(TcpFinWait)
+        );
+        assert_eq!(
+            fin(&mut w, 0, (TcpFinWait, TcpCloseWait), 1001, 5002, A),
+            Step::To(TcpCloseWait)
+        );
+        assert_eq!(
+            fin(&mut w, 0, (TcpCloseWait, TcpLastAck), 1001, 5002, F | A),
+            Step::To(TcpLastAck)
+        );
+        // The client's stale SYN: ignored, noted as drawing a challenge ACK.
+        let syn = seg(S, 777_000, 0, 0, 65535);
+        assert_eq!(
+            w.judge(TcpLastAck, Step::Ignore, 0, &syn, true),
+            Step::Ignore
+        );
+        // The server's challenge ACK: ignored, the connection stays in LAST_ACK.
+        let challenge = seg(A, 5002, 1002, 0, 65535);
+        assert_eq!(
+            w.judge(TcpLastAck, Step::To(TcpTimeWait), 1, &challenge, true),
+            Step::Ignore
+        );
+        // Only once: the next ACK from the server moves it on.
+        assert_eq!(
+            w.judge(TcpLastAck, Step::To(TcpTimeWait), 1, &challenge, true),
+            Step::To(TcpTimeWait)
+        );
+    }
+
     fn header(flags: u8, options: &[u8], payload: usize) -> Vec<u8> {
         let len = 20 + options.len();
         let mut b = vec![0u8; len + payload];
