@@ -85,6 +85,12 @@ def body(c, s, echo, unreachable, quoted_udp):
   ]
   sc["syn_retries"] = [c(tcp(41004, 80, "S", 1000)), c(tcp(41004, 80, "S", 1000)), c(tcp(41004, 80, "S", 1000)),
                        s(tcp(80, 41004, "SA", 5000, 1001)), c(tcp(41004, 80, "A", 1001, 5001))]
+  sc["simultaneous_open"] = [
+      c(tcp(41024, 80, "S", 1000)), s(tcp(80, 41024, "S", 5000)),
+      c(tcp(41024, 80, "SA", 1000, 5001)), s(tcp(80, 41024, "SA", 5000, 1001)),
+      c(tcp(41024, 80, "A", 1001, 5001)), s(tcp(80, 41024, "A", 5001, 1001)),
+      c(tcp(41024, 80, "PA", 1001, 5001, b"both opened")),
+  ]
   sc["simultaneous_close"] = handshake(41005) + [
       c(tcp(41005, 80, "FA", 1001, 5001)),
       s(tcp(80, 41005, "FA", 5001, 1001)),
