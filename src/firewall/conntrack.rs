@@ -1122,32 +1122,51 @@ impl Conntrack {
         Segment::read(frame, usize::from(l.l4), usize::from(l.l3_end))
     }
 
-    /// Makes room in a full table, as Linux's early drop does: removes the first
-    /// connection that is not confirmed (or has expired) among the [`EARLY_DROP_RANGE`]
-    /// slots from the home of `hash`, the slots the new connection's probe would scan.
-    /// Unconfirmed are TCP connections whose handshake has not completed, that were never
-    /// answered, or that are closing; UDP flows that are not yet streams; ICMP exchanges;
-    /// so a flood of SYNs or of one-way datagrams cannot lock answered connections out.
-    /// False when none qualifies.
+    /// Makes room in a full table for a connection of `hash` whose probe ends at the empty
+    /// slot `empty`, as Linux's early drop does: drops the first connection that is not
+    /// confirmed (or has expired) among the [`EARLY_DROP_RANGE`] slots from the home of
+    /// `hash`, the slots the new connection's probe scans. Unconfirmed are TCP connections
+    /// whose handshake has not completed, that were never answered, or that are closing;
+    /// UDP flows that are not yet streams; ICMP exchanges; so a flood of SYNs or of
+    /// one-way datagrams cannot lock answered connections out. Where the victim sits
+    /// before `empty`, the new connection takes its slot (no probe sequence changes), else
+    /// it is removed and the new connection goes where its probe now ends. `None` when
+    /// none qualifies.
     #[cold]
-    fn drop_early(&mut self, hash: u64, now: u64) -> bool {
-        let mut i = self.home_of(hash);
+    fn drop_early(&mut self, p: &Pending, empty: usize, now: u64) -> Option<usize> {
+        let mut i = self.home_of(p.hash);
+        let mut before_empty = true;
         for _ in 0..EARLY_DROP_RANGE {
+            before_empty &= i != empty;
             if self.tags[i] != 0 {
-                if self.expired(i, now) {
-                    self.remove(i);
+                let reason = if self.expired(i, now) {
                     self.stats.expirations += 1;
-                    return true;
-                }
-                if !confirmed(&self.slots[i]) {
-                    self.remove_for(i, EndReason::LackOfResources);
+                    end_reason(self.slots[i].state)
+                } else if !confirmed(&self.slots[i]) {
                     self.stats.early_drops += 1;
-                    return true;
+                    EndReason::LackOfResources
+                } else {
+                    i = self.next(i);
+                    continue;
+                };
+                if before_empty {
+                    if self.export.is_some() {
+                        let e = self.slots[i];
+                        self.report(&e, reason);
+                    }
+                    self.moved = true;
+                    self.stats.entries -= 1;
+                    return Some(i);
                 }
+                self.remove_for(i, reason);
+                return match self.find(&p.key, p.hash, now) {
+                    Err(slot) => Some(slot),
+                    Ok(_) => None,
+                };
             }
             i = self.next(i);
         }
-        false
+        None
     }
 
     /// The lookup of a packet found invalid for `why`, counted. Out of line: the lookup's
@@ -1173,12 +1192,8 @@ impl Conntrack {
         };
         let slot = if self.len() < self.capacity {
             slot
-        } else if self.drop_early(p.hash, now) {
-            // Removal shifts entries back: the new one's place may have moved.
-            match self.find(&p.key, p.hash, now) {
-                Ok(_) => return true,
-                Err(slot) => slot,
-            }
+        } else if let Some(slot) = self.drop_early(p, slot, now) {
+            slot
         } else {
             self.stats.drops_full += 1;
             return false;
