@@ -1159,10 +1159,7 @@ impl Conntrack {
                     return Some(i);
                 }
                 self.remove_for(i, reason);
-                return match self.find(&p.key, p.hash, now) {
-                    Err(slot) => Some(slot),
-                    Ok(_) => None,
-                };
+                return self.find(&p.key, p.hash, now).err();
             }
             i = self.next(i);
         }
