@@ -14,6 +14,8 @@ pub struct Report {
     pub queued: u64,
     /// With flow records kept: flows in the cache at the end, and records made.
     pub flows: Option<(u64, u64)>,
+    /// Connection tracking's counts at the end, when the pipeline tracks connections.
+    pub conntrack: Option<crate::firewall::conntrack::CtStats>,
 }
 
 impl Report {
@@ -84,6 +86,7 @@ pub fn run(
         dropped: v[1],
         queued: v[2],
         flows: engine.flow_stats().map(|f| (f.flows, f.records)),
+        conntrack: engine.conntrack().map(|c| c.stats),
     }
 }
 

@@ -593,6 +593,15 @@ fn bench(f: BenchFlags) -> ExitCode {
     if let Some((flows, records)) = r.flows {
         println!("flow records: {flows} flows held, {records} records made");
     }
+    if let Some(ct) = r.conntrack {
+        // What the traffic made of the table: a benchmark whose packets were all invalid,
+        // or all refused, measured something else than it meant to.
+        let invalid: u64 = ct.invalid.iter().sum();
+        println!(
+            "connections: {} tracked, {} created, {} dropped early, {} refused, {invalid} invalid packets",
+            ct.entries, ct.inserts, ct.early_drops, ct.drops_full
+        );
+    }
     ExitCode::SUCCESS
 }
 
