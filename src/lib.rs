@@ -6,6 +6,39 @@
 
 #![deny(unsafe_code)]
 
+/// An enum of reasons (why a packet was dropped, why conntrack found one invalid), each
+/// with its name in summaries and metric labels and a description, its doc comment.
+macro_rules! reasons {
+    ($(#[$meta:meta])* $vis:vis enum $Name:ident {
+        $($variant:ident => $name:literal, $doc:literal;)*
+    }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        $vis enum $Name {
+            $(#[doc = $doc] $variant,)*
+        }
+
+        impl $Name {
+            pub const ALL: &'static [$Name] = &[$($Name::$variant,)*];
+            pub const COUNT: usize = Self::ALL.len();
+
+            /// The reason's name in summaries and metric labels.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($Name::$variant => $name,)*
+                }
+            }
+
+            /// What the reason means.
+            pub fn describe(self) -> &'static str {
+                match self {
+                    $($Name::$variant => $doc,)*
+                }
+            }
+        }
+    };
+}
+
 pub mod bench;
 pub mod daemon;
 pub mod engine;

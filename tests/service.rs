@@ -42,6 +42,22 @@ impl Service {
         Service::start(&args)
     }
 
+    /// `dpuflow run` on the stateful firewall example with `in.pcap` and `out.pcap` (in
+    /// `dir`) as its inside and outside inputs, on `workers` workers.
+    fn stateful_firewall(dir: &Scratch, workers: &str) -> Service {
+        let inside = format!("inside={}", dir.path("in.pcap"));
+        let outside = format!("outside={}", dir.path("out.pcap"));
+        Service::start(&[
+            "pipelines/stateful-firewall.pipe",
+            "--in",
+            &inside,
+            "--in",
+            &outside,
+            "--workers",
+            workers,
+        ])
+    }
+
     fn spawn(args: &[&str], stderr: Stdio) -> Service {
         let port = free_port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
@@ -229,17 +245,7 @@ for i, p in enumerate(outside): p.time = 1000.01 + 2 * i * 0.01
 wrpcap("in.pcap", inside); wrpcap("out.pcap", outside)
 "#,
     );
-    let inside = format!("inside={}", dir.path("in.pcap"));
-    let outside = format!("outside={}", dir.path("out.pcap"));
-    let svc = Service::start(&[
-        "pipelines/stateful-firewall.pipe",
-        "--in",
-        &inside,
-        "--in",
-        &outside,
-        "--workers",
-        "1",
-    ]);
+    let svc = Service::stateful_firewall(&dir, "1");
     let body =
         svc.scrape_until(|b| b.contains("dpuflow_port_received_packets_total{port=\"outside\"} 3"));
     assert_clean_exposition(&body);
@@ -559,16 +565,7 @@ wrpcap("in.pcap", inside)
 wrpcap("out.pcap", outside)
 "#,
     );
-    let (inside, outside) = (dir.path("in.pcap"), dir.path("out.pcap"));
-    let svc = Service::start(&[
-        "pipelines/stateful-firewall.pipe",
-        "--in",
-        &format!("inside={inside}"),
-        "--in",
-        &format!("outside={outside}"),
-        "--workers",
-        "3",
-    ]);
+    let svc = Service::stateful_firewall(&dir, "3");
     let body = svc.scrape_until(|b| {
         b.contains("dpuflow_port_received_packets_total{port=\"outside\"} 72")
             && b.contains("dpuflow_port_received_packets_total{port=\"inside\"} 24")

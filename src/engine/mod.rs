@@ -31,46 +31,27 @@ use parse::{Meta, TunnelPorts};
 use std::sync::Arc;
 use table::{ExactTable, LinearScan, PacketView, RuleClassifier, TREE_MIN_RULES};
 
-macro_rules! drop_reasons {
-    ($($variant:ident => $name:literal, $doc:literal;)*) => {
-        /// Why a packet was dropped. Every drop is counted under one of these.
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        pub enum DropReason {
-            $(#[doc = $doc] $variant,)*
-        }
-
-        impl DropReason {
-            pub const ALL: &'static [DropReason] = &[$(DropReason::$variant,)*];
-            pub const COUNT: usize = Self::ALL.len();
-
-            /// The reason's name in summaries and metric labels.
-            pub fn name(self) -> &'static str {
-                match self {
-                    $(DropReason::$variant => $name,)*
-                }
-            }
-        }
-    };
-}
-
-drop_reasons! {
-    NoPipe => "no_pipe", "the input port feeds no root pipe";
-    Rule => "rule", "a `drop` action";
-    MalformedL2 => "malformed_l2", "shorter than an Ethernet header, or a truncated VLAN tag";
-    MalformedL3 => "malformed_l3", "a bad IPv4 or IPv6 header (version, length, extension headers)";
-    MalformedL4 => "malformed_l4", "a truncated or bad TCP, UDP or ICMP header";
-    TunnelMalformed => "tunnel_malformed", "a truncated or bad VXLAN or Geneve header, or inner frame";
-    VxlanInvalid => "vxlan_invalid", "VXLAN without the I flag or with reserved bits set";
-    GeneveCriticalOption => "geneve_critical_option", "a Geneve option marked critical that dpuflow does not know";
-    GeneveOam => "geneve_oam", "a Geneve OAM frame, not data";
-    NotTunnelled => "not_tunnelled", "decapsulation of a packet that carries no such tunnel";
-    TtlExpired => "ttl_expired", "TTL or hop limit reached zero";
-    MeterRed => "meter_red", "a meter marked the packet red";
-    MtuExceeded => "mtu_exceeded", "larger than the output port's MTU";
-    NoHeadroom => "no_headroom", "no room in front of the packet to add headers";
-    Oversize => "oversize", "larger than the engine's packet buffers";
-    CtFull => "ct_full", "a new connection found the connection table full";
-    MirrorOverflow => "mirror_overflow", "a mirror copy found no free buffer in this batch";
+reasons! {
+    /// Why a packet was dropped. Every drop is counted under one of these.
+    pub enum DropReason {
+        NoPipe => "no_pipe", "the input port feeds no root pipe";
+        Rule => "rule", "a `drop` action";
+        MalformedL2 => "malformed_l2", "shorter than an Ethernet header, or a truncated VLAN tag";
+        MalformedL3 => "malformed_l3", "a bad IPv4 or IPv6 header (version, length, extension headers)";
+        MalformedL4 => "malformed_l4", "a truncated or bad TCP, UDP or ICMP header";
+        TunnelMalformed => "tunnel_malformed", "a truncated or bad VXLAN or Geneve header, or inner frame";
+        VxlanInvalid => "vxlan_invalid", "VXLAN without the I flag or with reserved bits set";
+        GeneveCriticalOption => "geneve_critical_option", "a Geneve option marked critical that dpuflow does not know";
+        GeneveOam => "geneve_oam", "a Geneve OAM frame, not data";
+        NotTunnelled => "not_tunnelled", "decapsulation of a packet that carries no such tunnel";
+        TtlExpired => "ttl_expired", "TTL or hop limit reached zero";
+        MeterRed => "meter_red", "a meter marked the packet red";
+        MtuExceeded => "mtu_exceeded", "larger than the output port's MTU";
+        NoHeadroom => "no_headroom", "no room in front of the packet to add headers";
+        Oversize => "oversize", "larger than the engine's packet buffers";
+        CtFull => "ct_full", "a new connection found the connection table full";
+        MirrorOverflow => "mirror_overflow", "a mirror copy found no free buffer in this batch";
+    }
 }
 
 /// What happened to a packet.

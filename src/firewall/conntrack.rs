@@ -46,73 +46,21 @@ pub enum CtState {
     Invalid,
 }
 
-/// Why conntrack found a packet invalid: the `reason` of
-/// `dpuflow_conntrack_invalid_packets_total`, and what `dpuflow trace` says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Invalid {
-    Headers,
-    Fragment,
-    IcmpError,
-    IcmpReply,
-    TcpFlags,
-    TcpState,
-    TcpOpen,
-    TcpHeader,
-    TcpSeq,
-    TcpAck,
-    TcpRst,
-}
-
-impl Invalid {
-    pub const ALL: [Invalid; 11] = [
-        Invalid::Headers,
-        Invalid::Fragment,
-        Invalid::IcmpError,
-        Invalid::IcmpReply,
-        Invalid::TcpFlags,
-        Invalid::TcpState,
-        Invalid::TcpOpen,
-        Invalid::TcpHeader,
-        Invalid::TcpSeq,
-        Invalid::TcpAck,
-        Invalid::TcpRst,
-    ];
-
-    /// The metric label.
-    pub fn name(self) -> &'static str {
-        match self {
-            Invalid::Headers => "headers",
-            Invalid::Fragment => "fragment",
-            Invalid::IcmpError => "icmp_error",
-            Invalid::IcmpReply => "icmp_reply",
-            Invalid::TcpFlags => "tcp_flags",
-            Invalid::TcpState => "tcp_state",
-            Invalid::TcpOpen => "tcp_open",
-            Invalid::TcpHeader => "tcp_header",
-            Invalid::TcpSeq => "tcp_seq",
-            Invalid::TcpAck => "tcp_ack",
-            Invalid::TcpRst => "tcp_rst",
-        }
-    }
-
-    /// What the reason means.
-    pub fn describe(self) -> &'static str {
-        match self {
-            Invalid::Headers => "its IP or transport header could not be read",
-            Invalid::Fragment => {
-                "a fragment whose datagram's first fragment was not seen, or took no connection"
-            }
-            Invalid::IcmpError => "an ICMP error quoting no tracked connection",
-            Invalid::IcmpReply => "an ICMP message that neither asks nor answers a tracked one",
-            Invalid::TcpFlags => "a combination of TCP flags no segment may carry",
-            Invalid::TcpState => "a TCP segment its connection's state does not allow",
-            Invalid::TcpOpen => "a TCP segment that opens no connection (neither a SYN nor an ACK)",
-            Invalid::TcpHeader => "a TCP header cut short",
-            Invalid::TcpSeq => "a TCP segment starting past what the receiver's window allows",
-            Invalid::TcpAck => "a TCP acknowledgement of data never sent",
-            Invalid::TcpRst => "a TCP RST before what its peer acknowledged",
-        }
+reasons! {
+    /// Why conntrack found a packet invalid: the `reason` of
+    /// `dpuflow_conntrack_invalid_packets_total`, and what `dpuflow trace` says.
+    pub enum Invalid {
+        Headers => "headers", "its IP or transport header could not be read";
+        Fragment => "fragment", "a fragment whose datagram's first fragment was not seen, or took no connection";
+        IcmpError => "icmp_error", "an ICMP error quoting no tracked connection";
+        IcmpReply => "icmp_reply", "an ICMP message that neither asks nor answers a tracked one";
+        TcpFlags => "tcp_flags", "a combination of TCP flags no segment may carry";
+        TcpState => "tcp_state", "a TCP segment its connection's state does not allow";
+        TcpOpen => "tcp_open", "a TCP segment that opens no connection (neither a SYN nor an ACK)";
+        TcpHeader => "tcp_header", "a TCP header cut short";
+        TcpSeq => "tcp_seq", "a TCP segment starting past what the receiver's window allows";
+        TcpAck => "tcp_ack", "a TCP acknowledgement of data never sent";
+        TcpRst => "tcp_rst", "a TCP RST before what its peer acknowledged";
     }
 }
 
@@ -449,7 +397,7 @@ pub struct CtStats {
     /// Unconfirmed connections removed from a full table to make room for new ones.
     pub early_drops: u64,
     /// Invalid packets by [`Invalid`].
-    pub invalid: [u64; Invalid::ALL.len()],
+    pub invalid: [u64; Invalid::COUNT],
 }
 
 /// One worker's connection table.

@@ -125,6 +125,8 @@ pub struct Segment {
     end: u32,
     win: u16,
     flags: u8,
+    /// The state table's kind of segment ([`kind`] of `flags`).
+    kind: u8,
     /// The header has options (only then does a SYN set the sender's scale and flags).
     options: bool,
     /// The window scale option's shift, capped at [`MAX_WSCALE`].
@@ -151,6 +153,7 @@ impl Segment {
             end: seq.wrapping_add(payload).wrapping_add(ends),
             win: view.window(),
             flags,
+            kind: kind(flags),
             options: header > tcp::MIN_HEADER_LEN,
             wscale: None,
             sack_perm: false,
@@ -317,7 +320,7 @@ impl Window {
             w.sides[1].flags = SACK_PERM | BE_LIBERAL;
         }
         if w.in_window(0, seg, None) == Fit::Accept {
-            w.last_kind = kind(seg.flags);
+            w.last_kind = seg.kind;
             w.last_dir = 0;
             w.capped = w.cap(w.last_kind);
         }
@@ -338,7 +341,7 @@ impl Window {
         seen_reply: bool,
     ) -> Step {
         use ConnState::*;
-        let kind = kind(seg.flags);
+        let kind = seg.kind;
         let mut old = old;
         let mut new = match step {
             Step::Invalid(why) => return Step::Invalid(why),
@@ -645,7 +648,7 @@ impl Window {
             r.flags &= !DATA_UNACKNOWLEDGED;
         }
         // Retransmissions: an ACK segment alike the last one. The RST checks read it too.
-        if kind(seg.flags) == ACK {
+        if seg.kind == ACK {
             let again = usize::from(self.last_dir) == dir
                 && (self.last_seq, self.last_ack, self.last_end, self.last_win)
                     == (seq, ack, end, seg.win);
@@ -723,6 +726,7 @@ mod tests {
             end: seq.wrapping_add(len).wrapping_add(ends),
             win,
             flags,
+            kind: kind(flags),
             ..Segment::default()
         }
     }
