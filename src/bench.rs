@@ -2,6 +2,7 @@
 
 use crate::engine::{Engine, NoObserver, PacketBuf, Verdict};
 use crate::ir::{PortId, Program};
+use crate::traffic::Source;
 use std::time::{Duration, Instant};
 
 /// What a benchmark run measured.
@@ -28,15 +29,15 @@ impl Report {
     }
 }
 
-/// Runs `packets` packets, cycling through `frames`, received on `port`, `batch` at a
-/// time, after `warmup` untimed packets (which, for instance, fill a connection table).
-/// Each packet is copied into its buffer first, as a receive path would. With
-/// `telemetry`, the engine keeps the IPFIX flow cache as `dpuflow run --ipfix` does
-/// (counters are always kept), so the two can be compared.
+/// Runs `packets` packets from `traffic`, received on `port`, `batch` at a time, after
+/// `warmup` untimed packets (which, for instance, fill a connection table). Each packet is
+/// copied into its buffer first, as a receive path would. With `telemetry`, the engine
+/// keeps the IPFIX flow cache as `dpuflow run --ipfix` does (counters are always kept), so
+/// the two can be compared.
 pub fn run(
     program: &Program,
     port: PortId,
-    frames: &[Vec<u8>],
+    traffic: &mut dyn Source,
     warmup: u64,
     packets: u64,
     batch: usize,
@@ -46,23 +47,16 @@ pub fn run(
     if telemetry {
         engine.enable_flows(&program.telemetry);
     }
-    let max = frames.iter().map(Vec::len).max().unwrap_or(64);
-    let mut slots: Vec<PacketBuf> = (0..batch.max(1)).map(|_| PacketBuf::new(max)).collect();
-    let mut next = 0usize;
+    let mut slots: Vec<PacketBuf> = (0..batch.max(1))
+        .map(|_| PacketBuf::new(traffic.max_frame()))
+        .collect();
     let mut ts = 1_000_000_000u64;
     let mut pump = |count: u64, verdicts: &mut [u64; 3]| {
         let mut done = 0u64;
         while done < count {
             let n = (count - done).min(slots.len() as u64) as usize;
-            for slot in &mut slots[..n] {
-                slot.load(&frames[next], port, ts);
-                next = if next + 1 == frames.len() {
-                    0
-                } else {
-                    next + 1
-                };
-                ts += 100;
-            }
+            traffic.load_batch(&mut slots[..n], port, ts, 100);
+            ts += 100 * n as u64;
             engine.process(&mut slots[..n], &mut NoObserver);
             for s in &slots[..n] {
                 let i = match s.verdict {

@@ -6,6 +6,7 @@ use dpuflow::ir::{PortId, Program};
 use dpuflow::lang::{self, Severity};
 use dpuflow::replay::Bindings;
 use dpuflow::trace::Tracer;
+use dpuflow::traffic::{Conversations, Cycle, Source};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -252,6 +253,14 @@ struct BenchFlags {
     /// its rule set is measured with.
     #[arg(long, value_name = "FILE", conflicts_with = "flows")]
     trace: Option<PathBuf>,
+    /// Make the flows TCP connections, both directions arriving on the port: each opens
+    /// with a handshake (three packets a flow; a --warmup of three times --flows keeps it
+    /// out of the timing), then its client's segments of --size bytes and its server's
+    /// acknowledgements alternate, sequence numbers advancing. For connection tracking with
+    /// TCP windows; the root pipe's entries must take plain TCP both ways. With --write,
+    /// each flow's handshake and one segment with its acknowledgement.
+    #[arg(long, conflicts_with = "trace")]
+    conversations: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -504,6 +513,7 @@ fn bench(f: BenchFlags) -> ExitCode {
         batch,
         write,
         trace,
+        conversations,
     } = f;
     let (path, port) = (pipeline.as_path(), port.as_deref());
     let mut program = match load(path) {
@@ -532,9 +542,34 @@ fn bench(f: BenchFlags) -> ExitCode {
             }
         },
     };
+    let size = usize::from(size);
+    if conversations {
+        let mut traffic = match Conversations::new(&program, port, size, flows) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("error: {}: {e}", path.display());
+                return ExitCode::from(EXIT_USAGE);
+            }
+        };
+        let n = traffic.len();
+        if let Some(out) = write {
+            let rounds = dpuflow::traffic::HANDSHAKE_ROUNDS + 2;
+            return write_capture(&out, &mut traffic, rounds as usize * n);
+        }
+        let r = dpuflow::bench::run(
+            &program,
+            port,
+            &mut traffic,
+            warmup,
+            packets,
+            usize::from(batch),
+            telemetry,
+        );
+        return bench_report(&program, port, &r, (n, traffic.max_frame()), batch);
+    }
     let frames = match &trace {
-        None => dpuflow::traffic::generate(&program, port, usize::from(size), flows),
-        Some(t) => match dpuflow::traffic::from_trace(t, usize::from(size)) {
+        None => dpuflow::traffic::generate(&program, port, size, flows),
+        Some(t) => match dpuflow::traffic::from_trace(t, size) {
             Ok(f) => f,
             Err(e) => {
                 eprintln!("error: {}: {e}", t.display());
@@ -550,35 +585,53 @@ fn bench(f: BenchFlags) -> ExitCode {
         return ExitCode::from(EXIT_USAGE);
     }
     if let Some(out) = write {
-        let written = dpuflow::io::pcap::CaptureWriter::create(&out).and_then(|mut w| {
-            for (i, frame) in frames.iter().enumerate() {
-                w.write(1_000_000_000 + i as u64 * 1000, frame)?;
-            }
-            w.finish()
-        });
-        return match written {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("error: {}: {e}", out.display());
-                ExitCode::from(EXIT_USAGE)
-            }
-        };
+        return write_capture(&out, &mut Cycle::new(&frames), frames.len());
     }
     let r = dpuflow::bench::run(
         &program,
         port,
-        &frames,
+        &mut Cycle::new(&frames),
         warmup,
         packets,
         usize::from(batch),
         telemetry,
     );
+    bench_report(&program, port, &r, (frames.len(), frames[0].len()), batch)
+}
+
+/// Writes `count` packets of `traffic` as a pcap, 1 µs apart.
+fn write_capture(out: &Path, traffic: &mut impl Source, count: usize) -> ExitCode {
+    let mut slot = dpuflow::engine::PacketBuf::new(traffic.max_frame());
+    let port = PortId(0);
+    let written = dpuflow::io::pcap::CaptureWriter::create(out).and_then(|mut w| {
+        for i in 0..count as u64 {
+            let ts = 1_000_000_000 + i * 1000;
+            traffic.load_next(&mut slot, port, ts);
+            w.write(ts, slot.data())?;
+        }
+        w.finish()
+    });
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}: {e}", out.display());
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
+}
+
+/// Prints what a benchmark of `flows` flows of frames up to `size` bytes measured.
+fn bench_report(
+    program: &Program,
+    port: PortId,
+    r: &dpuflow::bench::Report,
+    (flows, size): (usize, usize),
+    batch: u16,
+) -> ExitCode {
     println!(
-        "pipeline {}, port {}, {} flows, {}-byte frames, batch {batch}",
+        "pipeline {}, port {}, {flows} flows, {size}-byte frames, batch {batch}",
         program.name,
         program.port(port).name,
-        frames.len(),
-        frames[0].len()
     );
     println!(
         "{} packets in {:.3} s: {:.2} Mpps, {:.1} ns/packet (forwarded {}, dropped {}, queued {})",
@@ -593,7 +646,7 @@ fn bench(f: BenchFlags) -> ExitCode {
     if let Some((flows, records)) = r.flows {
         println!("flow records: {flows} flows held, {records} records made");
     }
-    if let Some(ct) = r.conntrack {
+    if let Some(ct) = &r.conntrack {
         // What the traffic made of the table: a benchmark whose packets were all invalid,
         // or all refused, measured something else than it meant to.
         let invalid: u64 = ct.invalid.iter().sum();

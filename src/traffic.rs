@@ -1,9 +1,10 @@
 //! Synthetic traffic for `dpuflow bench`: packets built to hit each entry of a root pipe,
-//! spread over a number of flows.
+//! spread over a number of flows, as frames cycled through or as TCP conversations.
 
+use crate::engine::PacketBuf;
 use crate::ir::{FieldId, FieldMatch, Pattern, PipeBody, PortId, Program, Tunnel};
 use crate::wire::ethernet::{self, ethertype};
-use crate::wire::{checksum, ip_proto, ipv4, ipv6, put16};
+use crate::wire::{be16, checksum, ip_proto, ipv4, ipv6, put16, put32, tcp};
 use std::net::Ipv4Addr;
 
 /// Headers of one synthetic packet.
@@ -401,6 +402,14 @@ pub fn from_trace(path: &std::path::Path, size: usize) -> Result<Vec<Vec<u8>>, S
 /// Packets for `port`'s root pipe: `flows` flows spread round-robin over its entries
 /// (its default when it has none). Empty when the port feeds no pipe.
 pub fn generate(p: &Program, port: PortId, size: usize, flows: u32) -> Vec<Vec<u8>> {
+    specs(p, port, flows)
+        .iter()
+        .map(|s| s.frame(size))
+        .collect()
+}
+
+/// The headers of [`generate`]'s flows.
+fn specs(p: &Program, port: PortId, flows: u32) -> Vec<Spec> {
     let Some(root) = p.root_of(port) else {
         return Vec::new();
     };
@@ -453,10 +462,194 @@ pub fn generate(p: &Program, port: PortId, size: usize, flows: u32) -> Vec<Vec<u
     }
     let flows = flows.max(1);
     (0..flows)
-        .map(|i| {
-            specs[i as usize % specs.len()]
-                .flow(i / specs.len() as u32)
-                .frame(size)
-        })
+        .map(|i| specs[i as usize % specs.len()].flow(i / specs.len() as u32))
         .collect()
+}
+
+/// Where `dpuflow bench` takes its packets from, one at a time.
+pub trait Source {
+    /// Loads the next packet into `slot`, received on `port` at `ts_ns`.
+    fn load_next(&mut self, slot: &mut PacketBuf, port: PortId, ts_ns: u64);
+
+    /// The longest frame it loads.
+    fn max_frame(&self) -> usize;
+
+    /// Loads the next packets into `slots`, the first received at `ts_ns` and each `gap_ns`
+    /// after the one before: one dynamic call a batch where a benchmark's source is chosen
+    /// at run time.
+    fn load_batch(&mut self, slots: &mut [PacketBuf], port: PortId, ts_ns: u64, gap_ns: u64) {
+        let mut ts = ts_ns;
+        for slot in slots {
+            self.load_next(slot, port, ts);
+            ts += gap_ns;
+        }
+    }
+}
+
+/// Frames taken in turn, over and over.
+#[derive(Debug)]
+pub struct Cycle<'a> {
+    frames: &'a [Vec<u8>],
+    next: usize,
+}
+
+impl<'a> Cycle<'a> {
+    /// Cycles through `frames`, which must not be empty.
+    pub fn new(frames: &'a [Vec<u8>]) -> Cycle<'a> {
+        assert!(!frames.is_empty(), "no frames to cycle through");
+        Cycle { frames, next: 0 }
+    }
+}
+
+impl Source for Cycle<'_> {
+    fn max_frame(&self) -> usize {
+        self.frames.iter().map(Vec::len).max().unwrap_or(0)
+    }
+
+    #[inline]
+    fn load_next(&mut self, slot: &mut PacketBuf, port: PortId, ts_ns: u64) {
+        slot.load(&self.frames[self.next], port, ts_ns);
+        self.next = if self.next + 1 == self.frames.len() {
+            0
+        } else {
+            self.next + 1
+        };
+    }
+}
+
+/// TCP connections as a firewall sees bulk transfers, both directions arriving on one
+/// port: each flow opens with a three-way handshake, then its client sends segments of the
+/// frame size that its server acknowledges, each before the next. Packets go a round at a
+/// time over the flows (every flow's SYN, then every SYN/ACK, every handshake ACK, then data
+/// and acknowledgements in turn) and sequence numbers advance as a real connection's do,
+/// so window tracking judges in-order segments. Without options (no window scaling).
+#[derive(Debug)]
+pub struct Conversations {
+    flows: Vec<Conversation>,
+    next: usize,
+    round: u64,
+}
+
+/// One connection of [`Conversations`].
+#[derive(Debug)]
+struct Conversation {
+    /// The client's data segment, then the client's and the server's headers alone.
+    frames: [Vec<u8>; 3],
+    /// Where the TCP header starts (the same in all three frames).
+    l4: usize,
+    /// The data segment's payload length.
+    payload: u32,
+    /// The next sequence number of the client and of the server.
+    seq: [u32; 2],
+}
+
+/// Rounds of [`Conversations`] before data flows: SYN, SYN/ACK, ACK.
+pub const HANDSHAKE_ROUNDS: u64 = 3;
+
+impl Conversations {
+    /// The connections of `flows` flows through `port`'s root pipe, with data segments of
+    /// `size` bytes; an error when an entry's packets are not plain TCP (tunnelled, or
+    /// another protocol) or leave no room for data.
+    pub fn new(p: &Program, port: PortId, size: usize, flows: u32) -> Result<Self, String> {
+        let specs = specs(p, port, flows);
+        if specs.is_empty() {
+            return Err("the port feeds no root pipe".into());
+        }
+        let flows = specs
+            .iter()
+            .enumerate()
+            .map(|(i, client)| {
+                if client.proto != ip_proto::TCP || client.tunnel.is_some() {
+                    return Err("conversations need root pipe entries that take plain TCP".into());
+                }
+                let server = Spec {
+                    src_mac: client.dst_mac,
+                    dst_mac: client.src_mac,
+                    src: client.dst,
+                    dst: client.src,
+                    sport: client.dport,
+                    dport: client.sport,
+                    ..client.clone()
+                };
+                let frames = [client.frame(size), client.frame(0), server.frame(0)];
+                let l4 = frames[1].len() - tcp::MIN_HEADER_LEN;
+                let payload = frames[0].len() - frames[1].len();
+                if payload == 0 {
+                    return Err(format!(
+                        "{size}-byte frames leave no room for data after {} bytes of headers",
+                        frames[1].len()
+                    ));
+                }
+                // Initial sequence numbers spread over the space, so some wrap.
+                let isn = (i as u32 + 1).wrapping_mul(0x9e37_79b9);
+                Ok(Conversation {
+                    frames,
+                    l4,
+                    payload: payload as u32,
+                    seq: [isn, isn ^ 0x8000_0000],
+                })
+            })
+            .collect::<Result<_, String>>()?;
+        Ok(Conversations {
+            flows,
+            next: 0,
+            round: 0,
+        })
+    }
+
+    /// The connections' count.
+    pub fn len(&self) -> usize {
+        self.flows.len()
+    }
+
+    /// Whether there are none (never, once made).
+    pub fn is_empty(&self) -> bool {
+        self.flows.is_empty()
+    }
+}
+
+impl Source for Conversations {
+    fn max_frame(&self) -> usize {
+        self.flows
+            .iter()
+            .map(|c| c.frames[0].len())
+            .max()
+            .unwrap_or(0)
+    }
+
+    #[inline]
+    fn load_next(&mut self, slot: &mut PacketBuf, port: PortId, ts_ns: u64) {
+        use crate::wire::tcp::flags::{ACK, PSH, SYN};
+        const CLIENT: usize = 0;
+        const SERVER: usize = 1;
+        let c = &mut self.flows[self.next];
+        // (frame, sender, flags, sequence space the segment takes)
+        let (frame, from, flags, used) = match self.round {
+            0 => (1, CLIENT, SYN, 1),
+            1 => (2, SERVER, SYN | ACK, 1),
+            2 => (1, CLIENT, ACK, 0),
+            r if (r - HANDSHAKE_ROUNDS) % 2 == 0 => (0, CLIENT, PSH | ACK, c.payload),
+            _ => (2, SERVER, ACK, 0),
+        };
+        slot.load(&c.frames[frame], port, ts_ns);
+        let (seq, ack) = (c.seq[from], c.seq[from ^ 1]);
+        // A SYN acknowledges nothing: its ACK field is zero.
+        let ack = if flags & ACK != 0 { ack } else { 0 };
+        let tcp = &mut slot.data_mut()[c.l4..];
+        // The frames carry zero sequence numbers: the checksum follows the new ones
+        // (RFC 1624).
+        let check = checksum::update32(be16(tcp, 16), 0, seq);
+        let check = checksum::update32(check, 0, ack);
+        let check = checksum::update16(check, be16(tcp, 12), u16::from_be_bytes([tcp[12], flags]));
+        put32(tcp, 4, seq);
+        put32(tcp, 8, ack);
+        tcp[13] = flags;
+        put16(tcp, 16, check);
+        c.seq[from] = seq.wrapping_add(used);
+        self.next += 1;
+        if self.next == self.flows.len() {
+            self.next = 0;
+            self.round += 1;
+        }
+    }
 }

@@ -384,6 +384,84 @@ fn bench_frames_from_a_trace_carry_its_packets() {
     }
 }
 
+/// `bench --conversations` makes each flow a TCP connection: tshark follows every one
+/// through its handshake and in-order segments with no analysis flag (no retransmission,
+/// duplicate ACK, unseen segment or window problem), and window tracking passes them all,
+/// written out and replayed as in the benchmark itself, IPv4 and IPv6 (an entry that takes
+/// both ends).
+#[test]
+fn bench_conversations_are_in_order_tcp() {
+    let dir = Scratch::new("bench-conversations");
+    let v4 = "bench/conversations-window.pipe";
+    let v6_text = std::fs::read_to_string(v4).expect("read").replace(
+        "match ip.proto 6",
+        "match ipv6.dst 2001:db8::/64  ip.proto 6",
+    );
+    let v6 = dir.path("v6.pipe");
+    std::fs::write(&v6, v6_text).expect("write");
+    for (name, pipe) in [("v4", v4), ("v6", v6.as_str())] {
+        let pcap = dir.path(&format!("{name}.pcap"));
+        dpuflow_ok(&[
+            "bench",
+            pipe,
+            "--conversations",
+            "--flows",
+            "64",
+            "--size",
+            "100",
+            "--write",
+            &pcap,
+        ]);
+        assert_tshark_clean(&pcap);
+        let flagged = tshark_table(&pcap, &["-Y", "tcp.analysis.flags"], ',', &["frame.number"]);
+        assert_eq!(flagged, "", "{name}: tshark flags these frames");
+        let streams = tshark_fields(&pcap, &["tcp.stream"]);
+        assert_eq!(streams.len(), 64 * 5, "{name}");
+        assert_eq!(
+            streams
+                .iter()
+                .collect::<std::collections::HashSet<_>>()
+                .len(),
+            64
+        );
+        let s = json(&dpuflow_ok(&[
+            "replay",
+            pipe,
+            "--in",
+            &format!("a={pcap}"),
+            "--json",
+        ]));
+        assert_eq!(port(&s, "b")["tx_packets"], 64 * 5, "{name}: {s}");
+        assert_eq!(s["conntrack"]["entries"], 64, "{name}: {s}");
+        let invalid = s["conntrack"]["invalid"].as_object().expect("invalid");
+        assert!(invalid.values().all(|v| v == 0), "{name}: {s}");
+        let out = dpuflow_ok(&[
+            "bench",
+            pipe,
+            "--conversations",
+            "--flows",
+            "64",
+            "--size",
+            "100",
+            "--warmup",
+            "192",
+            "--packets",
+            "20000",
+        ]);
+        assert!(
+            out.contains("forwarded 20000, dropped 0")
+                && out.contains(
+                    "connections: 64 tracked, 64 created, 0 dropped early, 0 refused, 0 invalid"
+                ),
+            "{name}: {out}"
+        );
+    }
+    // Entries that do not take plain TCP are refused, with the reason.
+    let out = dpuflow(&["bench", "pipelines/vxlan-gateway.pipe", "--conversations"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("plain TCP"), "{err}");
+}
+
 /// The captures shipped for trying dpuflow out (README) replay as documented.
 #[test]
 fn shipped_captures_replay() {

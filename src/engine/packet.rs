@@ -37,6 +37,7 @@ impl PacketBuf {
 
     /// Copies a received frame in, with full headroom. False (and an empty packet, with
     /// its port and time set) when it does not fit.
+    #[inline]
     pub fn load(&mut self, frame: &[u8], port: PortId, ts_ns: u64) -> bool {
         self.port = port;
         self.ts_ns = ts_ns;
