@@ -19,10 +19,10 @@ use std::time::Duration;
 const STATES: [&str; 4] = ["new", "established", "related", "invalid"];
 
 /// Scenarios whose kernel counts depend on window tracking: segments outside their
-/// windows (invalid), and unacknowledged data (a shorter timeout). Only `tcp_window on`
+/// windows (invalid, in fragments too), and unacknowledged data (a shorter timeout). Only `tcp_window on`
 /// gives the kernel's counts for them; the other scenarios run with it on and off.
 const NEED_WINDOWS: [&str; 7] = [
-    "rst_out_of_window",
+    "rst_out_of_window", // and fragmented_rst_out_of_window
     "data_past_the_window",
     "ack_of_unsent_data",
     "window_scaling_one_sided",
@@ -55,13 +55,21 @@ def scenarios(v6):
   def quoted_udp(sp, dp):
       u = UDP(sport=sp, dport=dp, len=9, chksum=0)/Raw(b"x")
       return (IPv6(src=C, dst=S, hlim=63)/u) if v6 else (IP(src=C, dst=S, ttl=63)/u)
-  return body(c, s, echo, unreachable, quoted_udp)
+  def fragmented(side, src, dst, eth, p, ident):
+      # In fragments of 32 bytes of the IP payload: a TCP header and 12 bytes in the first.
+      if v6:
+          whole = IPv6(src=src, dst=dst, hlim=64)/IPv6ExtHdrFragment(id=ident)/p
+          return [(side, eth/f) for f in fragment6(whole, 40 + 8 + 32)]
+      return [(side, eth/f) for f in fragment(IP(src=src, dst=dst, ttl=64, id=ident)/p, fragsize=32)]
+  def cf(p, ident): return fragmented("c", C, S, EC, p, ident)
+  def sf(p, ident): return fragmented("s", S, C, ES, p, ident)
+  return body(c, s, echo, unreachable, quoted_udp, cf, sf)
 
 def tcp(sp, dp, fl, sq, ak=0, data=b"", win=65535, opts=None):
     t = TCP(sport=sp, dport=dp, flags=fl, seq=sq, ack=ak, window=win, options=opts or [])
     return t/Raw(data) if data else t
 
-def body(c, s, echo, unreachable, quoted_udp):
+def body(c, s, echo, unreachable, quoted_udp, cf, sf):
   def handshake(cp, sp=80):
     return [c(tcp(cp, sp, "S", 1000)), s(tcp(sp, cp, "SA", 5000, 1001)), c(tcp(cp, sp, "A", 1001, 5001))]
   sc = {}
@@ -178,6 +186,18 @@ def body(c, s, echo, unreachable, quoted_udp):
   sc["zero_window_times_out"] = handshake(41021) + [
       c(tcp(41021, 80, "PA", 1001, 5001, b"data")), s(tcp(80, 41021, "A", 5001, 1005, win=0)),
       ("wait", 3), c(tcp(41021, 80, "A", 1005, 5001))]
+  # Fragments (the kernel judges the reassembled datagram, dpuflow its first fragment): a
+  # SYN in fragments opens the connection's windows; a RST in fragments far from the
+  # window closes nothing, the exact one closes.
+  sc["fragmented_syn"] = cf(tcp(41025, 80, "S", 1000, data=b"s" * 24), 901) + [
+      s(tcp(80, 41025, "SA", 5000, 1001)), c(tcp(41025, 80, "A", 1001, 5001)),
+      c(tcp(41025, 80, "PA", 1001, 5001, b"data")), s(tcp(80, 41025, "A", 5001, 1005))]
+  sc["fragmented_rst_out_of_window"] = handshake(41026) + [
+      c(tcp(41026, 80, "PA", 1001, 5001, b"data"))] + sf(tcp(80, 41026, "R", 5001 + 10000000, data=b"r" * 24), 902) + [
+      c(tcp(41026, 80, "PA", 1005, 5001, b"more")), s(tcp(80, 41026, "A", 5001, 1009))]
+  sc["fragmented_rst_exact"] = handshake(41027) + [
+      c(tcp(41027, 80, "PA", 1001, 5001, b"data")), s(tcp(80, 41027, "A", 5001, 1005))] + sf(
+      tcp(80, 41027, "R", 5001, data=b"r" * 24), 903) + [c(tcp(41027, 80, "PA", 1005, 5001, b"late"))]
   return sc
 
 sc = {}
@@ -195,7 +215,13 @@ if mode == "write":
                 t += p
                 continue
             p = Ether(bytes(p)); p.time = t; t += 0.001
-            (cs if side == "c" else ss).append(p)
+            # The kernel counts a reassembled datagram once, in the state of the whole;
+            # dpuflow judges a datagram by its first fragment, so its captures leave the
+            # later fragments out.
+            later = (IP in p and p[IP].frag > 0) or (
+                IPv6ExtHdrFragment in p and p[IPv6ExtHdrFragment].offset > 0)
+            if not later:
+                (cs if side == "c" else ss).append(p)
         wrpcap("c-%s.pcap" % name, cs); wrpcap("s-%s.pcap" % name, ss)
     open("names.txt", "w").write("\n".join(sc))
 else:

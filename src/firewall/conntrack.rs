@@ -912,8 +912,15 @@ impl Conntrack {
                     s if is_tcp(s) && !tcp_flags_valid(t.tcp_flags) => {
                         Step::Invalid(Invalid::TcpFlags)
                     }
-                    // Fragments are judged by flags and state only (Linux reassembles first).
-                    s if is_tcp(s) && self.windows.is_some() && t.fragment.is_none() => {
+                    // A first fragment's segment length is not known before its datagram
+                    // is whole (Linux reassembles first), so it is judged by flags and
+                    // state only, unless it is a RST: a RST's checks hang on its sequence
+                    // number, and an off-path RST must not close a connection by coming
+                    // in fragments.
+                    s if is_tcp(s)
+                        && self.windows.is_some()
+                        && (t.fragment.is_none() || t.tcp_flags & tcp::flags::RST != 0) =>
+                    {
                         let step = tcp_transition(s, t.tcp_flags, reply);
                         self.judge_window(i, frame, l, (s, step), dir)
                     }
@@ -988,7 +995,9 @@ impl Conntrack {
                 }
                 let mut segment = None;
                 let first = match t.proto {
-                    ip_proto::TCP if self.windows.is_some() && t.fragment.is_none() => {
+                    // A first fragment opens its connection's windows too: its header is
+                    // whole (see `first_fragment`).
+                    ip_proto::TCP if self.windows.is_some() => {
                         let opening = tcp_flags_valid(t.tcp_flags)
                             .then(|| tcp_transition_new(t.tcp_flags, self.loose))
                             .flatten();
@@ -1861,6 +1870,44 @@ mod tests {
                 "port {port}"
             );
         }
+    }
+
+    /// `frame` (an IPv4 segment of [`segment`]) as the first fragment of its datagram.
+    fn first_fragment(mut frame: Vec<u8>) -> Vec<u8> {
+        let ip = &mut frame[14..34];
+        ip[6] |= 0x20; // more fragments
+        ip[10..12].fill(0);
+        let check = crate::wire::checksum::checksum(ip);
+        ip[10..12].copy_from_slice(&check.to_be_bytes());
+        frame
+    }
+
+    /// With windows tracked, a first fragment opens its connection's windows (a SYN in
+    /// fragments), and a RST in fragments is judged by them: one far from the window is
+    /// invalid and closes nothing, the exact one passes.
+    #[test]
+    fn fragmented_segments_meet_the_windows() {
+        use tcp::flags::*;
+        let mut ct = Conntrack::new(16, CtTimeouts::default());
+        ct.track_windows();
+        let state = |ct: &mut Conntrack, f: Vec<u8>| tracked_state(ct, &f, 0);
+        let (c, v) = (1000, 5000);
+        let syn = first_fragment(segment(1, false, SYN, c, 0));
+        assert_eq!(state(&mut ct, syn), CtState::New);
+        let synack = segment(1, true, SYN | ACK, v, c + 1);
+        assert_eq!(state(&mut ct, synack), CtState::Established);
+        let ack = segment(1, false, ACK, c + 1, v + 1);
+        assert_eq!(state(&mut ct, ack), CtState::Established);
+        let far = first_fragment(segment(1, true, RST, v + 1 + 50_000_000, 0));
+        assert_eq!(state(&mut ct, far), CtState::Invalid);
+        assert_eq!(ct.stats.invalid[Invalid::TcpSeq as usize], 1);
+        let data = segment(1, false, ACK | PSH, c + 1, v + 1);
+        assert_eq!(state(&mut ct, data), CtState::Established);
+        let exact = first_fragment(segment(1, true, RST, v + 1, 0));
+        assert_eq!(state(&mut ct, exact), CtState::Established);
+        let closed = (0..ct.slots.len()).filter(|&i| ct.tags[i] != 0);
+        let states: Vec<ConnState> = closed.map(|i| ct.slots[i].state).collect();
+        assert_eq!(states, [ConnState::TcpClose]);
     }
 
     /// With export on, a TCP connection reports each direction's packets, bytes, flags and
