@@ -234,6 +234,21 @@ fn parse_rule_v6(line: &str) -> Option<Rule<IPV6_FIELDS>> {
     Some(Rule { lo, hi, masked })
 }
 
+/// [`parse_rule_v6`] with the file format named on a malformed line, and empty port
+/// ranges refused as IPv4 rule files refuse them.
+fn rule_v6(line: &str) -> Result<Rule<IPV6_FIELDS>, String> {
+    let r = parse_rule_v6(line).ok_or_else(|| {
+        "expected `@SRC/LEN DST/LEN SPORT : SPORT DPORT : DPORT PROTO/MASK`".to_owned()
+    })?;
+    for f in [8, 9] {
+        if r.lo[f] > r.hi[f] {
+            let e = crate::lang::classbench::LineError::EmptyRange(r.lo[f] as u16, r.hi[f] as u16);
+            return Err(e.to_string());
+        }
+    }
+    Ok(r)
+}
+
 /// The parsed non-empty lines of a file; errors name the file and line.
 fn read_lines<T>(
     path: &std::path::Path,
@@ -258,11 +273,7 @@ fn integer_upto(w: &str, max: u32) -> Option<u32> {
 
 /// Reads an IPv6 rule file (see `parse_rule_v6`).
 pub fn load_rules_v6(path: &std::path::Path) -> Result<Vec<Rule<IPV6_FIELDS>>, String> {
-    read_lines(path, |l| {
-        parse_rule_v6(l).ok_or_else(|| {
-            "expected `@SRC/LEN DST/LEN SPORT : SPORT DPORT : DPORT PROTO/MASK`".to_owned()
-        })
-    })
+    read_lines(path, rule_v6)
 }
 
 /// One IPv6 trace line: `SRC DST SPORT DPORT PROTO`, addresses in IPv6 notation.
@@ -1644,6 +1655,43 @@ mod tests {
             for k in &keys {
                 prop_assert_eq!(view.best_of_added(k, view.built.classify(k)), linear(&now, k));
             }
+        }
+    }
+
+    proptest! {
+        /// Any IPv6 rule line, written with any blanks, reads back as its prefixes' and
+        /// ranges' bounds (a port range given high end first is refused); any line at all
+        /// reads or fails, never panics; trace lines read back as their words.
+        #[test]
+        fn ipv6_lines_read_back(
+            (src, slen, dst, dlen) in (any::<u128>(), 0u32..=128, any::<u128>(), 0u32..=128),
+            ports in [any::<u16>(); 4],
+            gap in proptest::sample::select(vec![" ", "\t", " \t "]),
+            junk in "[@0-9a-fA-FxX./: \t]{0,80}",
+        ) {
+            let line = format!(
+                "@{}/{slen}{gap}{}/{dlen}{gap}{} : {}{gap}{} : {}{gap}6/0xff",
+                std::net::Ipv6Addr::from(src), std::net::Ipv6Addr::from(dst),
+                ports[0], ports[1], ports[2], ports[3],
+            );
+            let host = |len: u32| u128::MAX.checked_shr(len).unwrap_or(0);
+            let read = rule_v6(&line);
+            if ports[0] > ports[1] || ports[2] > ports[3] {
+                prop_assert!(read.unwrap_err().contains("is empty"));
+            } else {
+                let r = read.unwrap();
+                prop_assert_eq!(&r.lo[..4], &words(src & !host(slen)));
+                prop_assert_eq!(&r.hi[..4], &words(src | host(slen)));
+                prop_assert_eq!(&r.lo[4..8], &words(dst & !host(dlen)));
+                prop_assert_eq!(&r.hi[4..8], &words(dst | host(dlen)));
+                prop_assert_eq!([r.lo[8], r.hi[8], r.lo[9], r.hi[9]], ports.map(u32::from));
+            }
+            let _ = rule_v6(&junk);
+            let trace = format!("{}{gap}{}{gap}{}{gap}{}{gap}17", std::net::Ipv6Addr::from(src), std::net::Ipv6Addr::from(dst), ports[0], ports[1]);
+            let k = parse_trace_v6(&trace).unwrap();
+            prop_assert_eq!(&k.0[..4], &words(src));
+            prop_assert_eq!(&k.0[8..], &[u32::from(ports[0]), u32::from(ports[1]), 17]);
+            let _ = (parse_trace_v6(&junk), parse_trace(&junk));
         }
     }
 

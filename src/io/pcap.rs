@@ -313,11 +313,15 @@ impl CaptureReader {
                                 self.bad(&format!("link type {} is not Ethernet", iface.linktype))
                             );
                         }
-                        let secs = ts / iface.units_per_sec + iface.offset_sec;
-                        let frac = ts % iface.units_per_sec;
-                        let ns = secs * 1_000_000_000
-                            + (u128::from(frac) * 1_000_000_000 / u128::from(iface.units_per_sec))
-                                as u64;
+                        // In 128 bits: any resolution and offset a file declares fit, and
+                        // what nanoseconds since 1970 cannot hold is an error.
+                        let units = u128::from(iface.units_per_sec);
+                        let (ts, offset) = (u128::from(ts), u128::from(iface.offset_sec));
+                        let ns = (ts / units + offset) * 1_000_000_000
+                            + ts % units * 1_000_000_000 / units;
+                        let Ok(ns) = u64::try_from(ns) else {
+                            return Err(self.bad("timestamp past the year 2554"));
+                        };
                         return Ok(Some((ns, 20..20 + caplen)));
                     }
                     PCAPNG_SPB => {
@@ -516,5 +520,136 @@ mod tests {
             }
         }
         std::fs::remove_file(path).unwrap();
+    }
+
+    /// Every frame and timestamp of a capture read until its end or its first error, or
+    /// the error opening it.
+    fn read_all(bytes: &[u8], name: &str) -> Result<Vec<(u64, Vec<u8>)>, CaptureError> {
+        let path = scratch(name);
+        std::fs::write(&path, bytes).unwrap();
+        let read = CaptureReader::open(&path).and_then(|mut r| {
+            let mut frames = Vec::new();
+            while let Some(f) = r.next_with(|ts, d| (ts, d.to_vec())) {
+                frames.push(f?);
+            }
+            Ok(frames)
+        });
+        std::fs::remove_file(path).unwrap();
+        read
+    }
+
+    /// A pcapng section (little-endian) with one Ethernet interface whose options are
+    /// `options` (code, value), then one enhanced packet block per frame.
+    fn pcapng(options: &[(u16, Vec<u8>)], frames: &[(u64, Vec<u8>)]) -> Vec<u8> {
+        fn block(out: &mut Vec<u8>, kind: u32, body: &[u8]) {
+            let len = 12 + body.len().div_ceil(4) * 4;
+            out.extend_from_slice(&kind.to_le_bytes());
+            out.extend_from_slice(&(len as u32).to_le_bytes());
+            out.extend_from_slice(body);
+            out.resize(out.len() + body.len().div_ceil(4) * 4 - body.len(), 0);
+            out.extend_from_slice(&(len as u32).to_le_bytes());
+        }
+        let mut out = Vec::new();
+        let mut shb = PCAPNG_BYTE_ORDER.to_le_bytes().to_vec();
+        shb.extend_from_slice(&[1, 0, 0, 0]); // version 1.0
+        shb.extend_from_slice(&u64::MAX.to_le_bytes()); // section length unknown
+        block(&mut out, PCAPNG_SHB, &shb);
+        let mut idb = vec![1, 0, 0, 0, 0, 0, 4, 0]; // Ethernet, snaplen 262144
+        for (code, value) in options {
+            idb.extend_from_slice(&code.to_le_bytes());
+            idb.extend_from_slice(&(value.len() as u16).to_le_bytes());
+            idb.extend_from_slice(value);
+            idb.resize(idb.len().div_ceil(4) * 4, 0);
+        }
+        block(&mut out, PCAPNG_IDB, &idb);
+        for (ts, frame) in frames {
+            let mut epb = 0u32.to_le_bytes().to_vec();
+            epb.extend_from_slice(&((ts >> 32) as u32).to_le_bytes());
+            epb.extend_from_slice(&(*ts as u32).to_le_bytes());
+            epb.extend_from_slice(&(frame.len() as u32).to_le_bytes());
+            epb.extend_from_slice(&(frame.len() as u32).to_le_bytes());
+            epb.extend_from_slice(frame);
+            block(&mut out, PCAPNG_EPB, &epb);
+        }
+        out
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+        /// Any bytes after any of the formats' openings read to an end or an error,
+        /// never a panic.
+        #[test]
+        fn any_bytes_read_without_panicking(
+            opening in 0usize..5,
+            tail in proptest::collection::vec(any::<u8>(), 0..600),
+        ) {
+            let mut bytes = match opening {
+                0 => pcapng(&[], &[]),
+                1 => {
+                    let mut h = PCAP_NANO.to_be_bytes().to_vec();
+                    h.extend_from_slice(&[0, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 1]);
+                    h
+                }
+                2 => {
+                    let mut h = PCAP_MICRO.to_le_bytes().to_vec();
+                    h.extend_from_slice(&[2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 0, 1, 0, 0, 0]);
+                    h
+                }
+                3 => PCAPNG_SHB.to_le_bytes().to_vec(),
+                _ => Vec::new(),
+            };
+            bytes.extend_from_slice(&tail);
+            let _ = read_all(&bytes, "prop-any");
+        }
+
+        /// Any interface timestamp resolution and offset, and any packet timestamp: read as
+        /// the format defines it (units of 10^-n or 2^-n seconds, plus the offset in
+        /// seconds), or an error when that is past what nanoseconds since 1970 hold.
+        #[test]
+        fn pcapng_timestamps_of_any_resolution(
+            resolution in any::<u8>(),
+            offset in any::<u64>(),
+            ts in any::<u64>(),
+        ) {
+            let options = [(9, vec![resolution]), (14, offset.to_le_bytes().to_vec())];
+            let read = read_all(&pcapng(&options, &[(ts, vec![1; 60])]), "prop-ts");
+            let base: u128 = if resolution & 0x80 != 0 { 2 } else { 10 };
+            let units = base.checked_pow(u32::from(resolution & 0x7f)).filter(|&u| u <= u128::from(u64::MAX));
+            let want = units.and_then(|u| {
+                let ns = (u128::from(ts / u as u64) + u128::from(offset)) * 1_000_000_000
+                    + u128::from(ts % u as u64) * 1_000_000_000 / u;
+                u64::try_from(ns).ok()
+            });
+            match (read, want) {
+                (Ok(frames), Some(ns)) => prop_assert_eq!(frames, vec![(ns, vec![1; 60])]),
+                (Err(CaptureError::Format { .. }), None) => {}
+                (read, want) => prop_assert!(false, "read {:?}, want {:?}", read, want),
+            }
+        }
+
+        /// Frames written are read back whole, in order, with their timestamps to the
+        /// microsecond.
+        #[test]
+        fn written_frames_read_back(
+            frames in proptest::collection::vec(
+                (0u64..u64::from(u32::MAX) * 1_000_000_000, proptest::collection::vec(any::<u8>(), 0..200)),
+                0..20,
+            ),
+        ) {
+            let path = scratch("prop-write");
+            let mut w = CaptureWriter::create(&path).unwrap();
+            for (ts, f) in &frames {
+                w.write(*ts, f).unwrap();
+            }
+            w.finish().unwrap();
+            let bytes = std::fs::read(&path).unwrap();
+            std::fs::remove_file(&path).unwrap();
+            let read = read_all(&bytes, "prop-write-read").unwrap();
+            let want: Vec<(u64, Vec<u8>)> = frames.into_iter().map(|(ts, f)| (ts / 1000 * 1000, f)).collect();
+            prop_assert_eq!(read, want);
+        }
     }
 }

@@ -126,4 +126,42 @@ mod tests {
         );
         assert_eq!(parse_line("1.2.3.4/32"), Err(LineError::Syntax));
     }
+
+    use proptest::prelude::*;
+
+    /// Blanks between fields, as ClassBench generators and hand edits leave them.
+    fn blank() -> impl Strategy<Value = &'static str> {
+        proptest::sample::select(vec![" ", "\t", "  ", " \t", "\t\t"])
+    }
+
+    proptest! {
+        /// Any rule, written with any blanks, either case of `0x`, with or without the
+        /// flags field and a trailing blank or CR, parses back to itself.
+        #[test]
+        fn rules_parse_back(
+            src in (any::<u32>(), 0u8..=32), dst in (any::<u32>(), 0u8..=32),
+            sport in (any::<u16>(), any::<u16>()), dport in (any::<u16>(), any::<u16>()),
+            proto in (any::<u8>(), any::<u8>()),
+            gaps in proptest::collection::vec(blank(), 5),
+            upper in any::<bool>(), flags in any::<bool>(), end in proptest::sample::select(vec!["", "\t", " ", "\r"]),
+        ) {
+            let sport = (sport.0.min(sport.1), sport.0.max(sport.1));
+            let dport = (dport.0.min(dport.1), dport.0.max(dport.1));
+            let x = if upper { "0X" } else { "0x" };
+            let flags = if flags { format!("{}{x}0000/{x}0200", gaps[4]) } else { String::new() };
+            let line = format!(
+                "@{}/{}{}{}/{}{}{} : {}{}{} : {}{}{x}{:02X}/{x}{:02x}{flags}{end}",
+                Ipv4Addr::from(src.0), src.1, gaps[0], Ipv4Addr::from(dst.0), dst.1, gaps[1],
+                sport.0, sport.1, gaps[2], dport.0, dport.1, gaps[3], proto.0, proto.1,
+            );
+            let want = ClassBenchRule { src, dst, sport, dport, proto };
+            prop_assert_eq!(parse_line(&line), Ok(want), "{:?}", line);
+        }
+
+        /// Any line is a rule or an error, never a panic.
+        #[test]
+        fn any_line_parses_or_fails(line in "[@0-9a-fA-FxX./: \t\r-]{0,80}") {
+            let _ = parse_line(&line);
+        }
+    }
 }
