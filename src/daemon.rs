@@ -22,7 +22,7 @@ use crate::engine::{
 use crate::firewall::conntrack::Conntrack;
 use crate::firewall::fragments::Fragments;
 use crate::io::pcap::{CaptureError, CaptureWriter};
-use crate::ir::Program;
+use crate::ir::{Driver, Program};
 use crate::replay::{Bindings, Merged, Merger};
 use crate::telemetry::collector::{Collector, Destination};
 use crate::telemetry::flows::FlowRecord;
@@ -68,6 +68,16 @@ pub enum RunError {
     /// a signal handler could not be installed
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
+    /// no port reads a capture file, so there is nothing to process
+    #[error(
+        "no input: bind a port to a capture file with --in PORT=FILE (or its pipeline `file`)\
+         {live}"
+    )]
+    NoInput {
+        /// What the live ports are, when the pipeline has any: `dpuflow run` cannot open
+        /// them yet.
+        live: String,
+    },
     /// a thread of the service failed
     #[error("{0}")]
     Thread(String),
@@ -163,6 +173,47 @@ impl Handler for Shared {
 /// Runs until the inputs are exhausted (then, with a metrics endpoint, until signalled) or
 /// until SIGTERM, SIGINT or SIGHUP.
 pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), RunError> {
+    // Live drivers are not opened yet: a port declared live and bound to no capture file
+    // carries nothing. Without any input the service would serve metrics of no traffic,
+    // looking healthy: refused. Otherwise each such port is named at start.
+    let bound = |i: usize| {
+        let b = &opts.bindings;
+        b.inputs
+            .iter()
+            .chain(&b.outputs)
+            .any(|(id, _)| usize::from(id.0) == i)
+    };
+    let unopened: Vec<String> = (program.ports.iter().enumerate())
+        .filter(|(i, port)| port.driver != Driver::Pcap && !bound(*i))
+        .map(|(_, port)| {
+            let iface = port
+                .iface
+                .as_deref()
+                .map_or_else(String::new, |i| format!(" (iface {i})"));
+            format!(
+                "port {} uses driver {}{iface}",
+                port.name,
+                port.driver.name()
+            )
+        })
+        .collect();
+    if opts.bindings.inputs.is_empty() {
+        let live = if unopened.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; {}, which `dpuflow run` cannot open yet",
+                unopened.join(", ")
+            )
+        };
+        return Err(RunError::NoInput { live });
+    }
+    for port in &unopened {
+        tracing::warn!(
+            "{port}, which `dpuflow run` cannot open yet: it is neither read nor written \
+             (packets sent to it count as unwritten)"
+        );
+    }
     let stop = Arc::new(AtomicBool::new(false));
     // SIGHUP too: a closed terminal, or a reload the service does not have, would otherwise
     // end it on the spot, its outputs unflushed and its last flows not exported.

@@ -348,3 +348,50 @@ fn output_into_a_closed_pipe_ends_quietly() {
     assert!(stderr.is_empty(), "stderr: {stderr}");
     assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?}", out.status);
 }
+
+/// `run` cannot open live ports yet: with no capture to read it refuses to start (it would
+/// serve metrics of no traffic, looking healthy) and names the live ports; with one, it
+/// names each live port it leaves unopened.
+#[test]
+fn live_ports_left_unopened_are_said() {
+    assert_usage_error(
+        &["run", "pipelines/stateful-firewall.pipe"],
+        "no input: bind a port to a capture file with --in PORT=FILE (or its pipeline `file`); \
+         port inside uses driver af_packet (iface pf0hpf), port outside uses driver af_packet \
+         (iface p0), which `dpuflow run` cannot open yet",
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dpuflow"))
+        .args([
+            "run",
+            "pipelines/vxlan-gateway.pipe",
+            "--in",
+            "host=pipelines/captures/host.pcap",
+            "--metrics",
+            "127.0.0.1:0",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dpuflow run");
+    let mut log = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let mut seen = String::new();
+    while !seen.contains("running") {
+        let mut line = String::new();
+        let n = std::io::BufRead::read_line(&mut log, &mut line).expect("log");
+        assert!(n > 0, "dpuflow run ended early: {seen}");
+        seen.push_str(&line);
+    }
+    let term = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill(1)");
+    assert!(term.success());
+    assert!(child.wait().expect("wait").success());
+    assert!(
+        seen.contains(
+            "port uplink uses driver af_xdp (iface p0), which `dpuflow run` cannot open yet: \
+             it is neither read nor written"
+        ),
+        "{seen}"
+    );
+    assert!(!seen.contains("port host uses"), "{seen}");
+}
