@@ -21,9 +21,11 @@ use crate::engine::{
 };
 use crate::firewall::conntrack::Conntrack;
 use crate::firewall::fragments::Fragments;
+use crate::io::af_packet::{LiveError, LivePort, Received};
 use crate::io::pcap::{CaptureError, CaptureWriter};
-use crate::ir::{Driver, Program};
+use crate::ir::{Driver, PortId, Program};
 use crate::replay::{Bindings, Merged, Merger};
+use crate::sys::Readable;
 use crate::telemetry::collector::{Collector, Destination};
 use crate::telemetry::flows::FlowRecord;
 use crate::telemetry::http::{self, Handler};
@@ -59,6 +61,13 @@ pub enum RunError {
     /// a capture file could not be opened, read or written
     #[error(transparent)]
     Capture(#[from] CaptureError),
+    /// a live port could not be opened, read or written
+    #[error(transparent)]
+    Live(#[from] LiveError),
+    /// the inputs are both capture files and live ports, or live ports with a flag that
+    /// only captures take
+    #[error("{0}")]
+    Inputs(String),
     /// the metrics address could not be bound
     #[error("cannot listen on {addr}: {source}")]
     Listen {
@@ -173,9 +182,10 @@ impl Handler for Shared {
 /// Runs until the inputs are exhausted (then, with a metrics endpoint, until signalled) or
 /// until SIGTERM, SIGINT or SIGHUP.
 pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), RunError> {
-    // Live drivers are not opened yet: a port declared live and bound to no capture file
-    // carries nothing. Without any input the service would serve metrics of no traffic,
-    // looking healthy: refused. Otherwise each such port is named at start.
+    // A port of driver af_packet bound to no capture file is opened live. Other live
+    // drivers are not available yet: such a port bound to no capture file carries nothing.
+    // Without any input the service would serve metrics of no traffic, looking healthy:
+    // refused. Otherwise each such port is named at start.
     let bound = |i: usize| {
         let b = &opts.bindings;
         b.inputs
@@ -183,21 +193,25 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             .chain(&b.outputs)
             .any(|(id, _)| usize::from(id.0) == i)
     };
-    let unopened: Vec<String> = (program.ports.iter().enumerate())
-        .filter(|(i, port)| port.driver != Driver::Pcap && !bound(*i))
-        .map(|(_, port)| {
-            let iface = port
-                .iface
-                .as_deref()
-                .map_or_else(String::new, |i| format!(" (iface {i})"));
-            format!(
-                "port {} uses driver {}{iface}",
-                port.name,
-                port.driver.name()
-            )
-        })
-        .collect();
-    if opts.bindings.inputs.is_empty() {
+    let mut live: Vec<Option<LivePort>> = Vec::new();
+    let mut unopened = Vec::new();
+    for (i, port) in program.ports.iter().enumerate() {
+        let iface = port.iface.as_deref().unwrap_or_default();
+        live.push(match port.driver {
+            Driver::AfPacket if !bound(i) => Some(LivePort::open(PortId(i as u16), iface)?),
+            Driver::AfXdp | Driver::Doca if !bound(i) => {
+                unopened.push(format!(
+                    "port {} uses driver {} (iface {iface})",
+                    port.name,
+                    port.driver.name()
+                ));
+                None
+            }
+            _ => None,
+        });
+    }
+    let lives = live.iter().flatten().count();
+    if opts.bindings.inputs.is_empty() && lives == 0 {
         let live = if unopened.is_empty() {
             String::new()
         } else {
@@ -207,6 +221,18 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             )
         };
         return Err(RunError::NoInput { live });
+    }
+    if lives > 0 {
+        let why = if !opts.bindings.inputs.is_empty() {
+            Some("reads captures and live ports at once: bind every port to captures, or none")
+        } else if opts.looping || opts.rate.is_some() {
+            Some("has live ports: --loop and --rate replay captures")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(RunError::Inputs(format!("the service {why}")));
+        }
     }
     for port in &unopened {
         tracing::warn!(
@@ -282,7 +308,13 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         program,
     });
     // Open everything before any thread starts, so a bad file fails the command at once.
-    let merger = Merger::open(&opts.bindings.inputs)?;
+    let source = if lives > 0 {
+        Source::Live(Readable::new(
+            &live.iter().flatten().map(LivePort::fd).collect::<Vec<_>>(),
+        ))
+    } else {
+        Source::Captures(Merger::open(&opts.bindings.inputs)?)
+    };
     let mut writers: Vec<Option<CaptureWriter>> =
         (0..shared.program.ports.len()).map(|_| None).collect();
     for (port, path) in &opts.bindings.outputs {
@@ -292,7 +324,10 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     if let Some(addr) = listener.as_ref().and_then(|l| l.local_addr().ok()) {
         tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
     }
-    tracing::info!(pipeline = %shared.program.name, workers, inputs = opts.bindings.inputs.len(), "running");
+    for port in live.iter().flatten() {
+        tracing::info!(iface = port.iface(), "live port open (AF_PACKET)");
+    }
+    tracing::info!(pipeline = %shared.program.name, workers, inputs = opts.bindings.inputs.len() + lives, "running");
 
     let (flows_tx, flows_rx) = bounded::<Vec<FlowRecord>>(QUEUE * workers);
     let exporter = match &opts.ipfix {
@@ -341,10 +376,10 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             spares_back,
         };
         watch.spawn("io", move || {
-            let done = io(merger, &opts, writers, ends, &shared, &stop);
+            let done = io(source, &opts, (writers, live), ends, &shared, &stop);
             // Said now, not at shutdown: the service goes on serving its metrics.
             if let Err(e) = &done {
-                tracing::error!(error = %e, "reading or writing captures failed; no more packets");
+                tracing::error!(error = %e, "reading or writing packets failed; no more packets");
             }
             done
         })?
@@ -481,18 +516,44 @@ struct IoEnds {
     spares_back: Vec<Sender<Vec<PacketBuf>>>,
 }
 
+/// Where the I/O thread reads packets from.
+enum Source {
+    /// Capture files, merged in timestamp order.
+    Captures(Merger),
+    /// The live ports (kept in [`Outputs::live`], which sends through them too), and the
+    /// wait for any of them to have a frame.
+    Live(Readable),
+}
+
+/// What the I/O thread read next.
+enum Read {
+    /// A packet, in the slot.
+    Packet,
+    /// A frame larger than the packet buffers arrived on this port (the slot holds
+    /// nothing).
+    Oversize(PortId, usize),
+    /// No live port has a frame waiting.
+    Idle,
+    /// The captures are read to their end.
+    End,
+}
+
+/// How long the I/O thread waits for live ports at a time (it checks for a stop in
+/// between).
+const IDLE_WAIT: Duration = Duration::from_millis(10);
+
 /// The I/O thread: reads the inputs into batches for the workers until they end (or, with
-/// `--loop`, until `stop`), writing the batches the workers send back as they come; then
-/// writes the rest and flushes the outputs. Returns the packets read and those forwarded to
-/// a port without an output.
+/// `--loop` or live ports, until `stop`), writing the batches the workers send back as
+/// they come; then writes the rest and flushes the outputs. Returns the packets read and
+/// those forwarded to a port without an output.
 fn io(
-    mut merger: Merger,
+    mut source: Source,
     opts: &Options,
-    writers: Vec<Option<CaptureWriter>>,
+    (writers, live): (Vec<Option<CaptureWriter>>, Vec<Option<LivePort>>),
     ends: IoEnds,
     shared: &Shared,
     stop: &AtomicBool,
-) -> Result<(u64, u64), CaptureError> {
+) -> Result<(u64, u64), RunError> {
     let tunnels = shared.code.tunnels();
     let IoEnds {
         to_workers,
@@ -501,10 +562,13 @@ fn io(
     } = ends;
     let mut out = Outputs {
         writers,
+        live,
         unwritten: 0,
+        returned: 0,
         pool: Vec::new(),
         batches: Vec::new(),
         spares_back,
+        tx_full_warning: WarnThrottle::default(),
     };
     let (n, batch) = (to_workers.len(), opts.batch.max(1));
     let mut dealer = Dealer {
@@ -517,21 +581,60 @@ fn io(
     let (mut made, limit) = (0usize, batches_in_flight(n) * batch);
     let mut current: Vec<Vec<PacketBuf>> = (0..n).map(|_| Vec::with_capacity(batch)).collect();
     let (mut read, mut offset, mut first, mut last) = (0u64, 0u64, None::<u64>, 0u64);
+    // Batches handed to the workers (those not yet back are `sent - out.returned`).
+    let mut sent = 0u64;
+    // The live port read next, so that every port gets its turn.
+    let mut turn = 0usize;
     let start = Instant::now();
     let mut slot = PacketBuf::new(DEFAULT_MAX_FRAME);
     let mut workers_gone = false;
     let mut oversize_warning = WarnThrottle::default();
     while !stop.load(Ordering::Relaxed) && !workers_gone {
-        match merger.next(&mut slot)? {
-            None if opts.looping && read > 0 => {
-                // Again from the start, later in time by the length of one pass.
-                offset += last.saturating_sub(first.unwrap_or(last)) + 1_000_000;
-                first = None;
-                merger = Merger::open(&opts.bindings.inputs)?;
+        let next = match &mut source {
+            Source::Captures(merger) => match merger.next(&mut slot)? {
+                None if opts.looping && read > 0 => {
+                    // Again from the start, later in time by the length of one pass.
+                    offset += last.saturating_sub(first.unwrap_or(last)) + 1_000_000;
+                    first = None;
+                    *merger = Merger::open(&opts.bindings.inputs)?;
+                    continue;
+                }
+                None => Read::End,
+                Some(Merged::Oversize(port, len)) => Read::Oversize(port, len),
+                Some(Merged::Packet) => Read::Packet,
+            },
+            Source::Live(_) => receive_live(&out.live, &mut turn, &mut slot)?,
+        };
+        match next {
+            Read::End => break,
+            Read::Idle => {
+                // Nothing waits: what was read goes to the workers now rather than when
+                // its batch fills, and out again before the wait.
+                for (w, b) in current.iter_mut().enumerate() {
+                    if !b.is_empty() {
+                        let empty = out
+                            .batches
+                            .pop()
+                            .unwrap_or_else(|| Vec::with_capacity(batch));
+                        workers_gone |=
+                            !send(&to_workers[w], std::mem::replace(b, empty), &done, &mut out)?;
+                        sent += 1;
+                    }
+                }
+                while out.returned < sent {
+                    match done.recv_timeout(IDLE_WAIT) {
+                        Ok(p) => out.write(p)?,
+                        Err(_) => break,
+                    }
+                }
+                if let Source::Live(readable) = &mut source {
+                    readable
+                        .wait(IDLE_WAIT)
+                        .map_err(|e| RunError::Thread(e.to_string()))?;
+                }
                 continue;
             }
-            None => break,
-            Some(Merged::Oversize(port, len)) => {
+            Read::Oversize(port, len) => {
                 let [packets, bytes] = &shared.oversize[port.index()];
                 packets.fetch_add(1, Ordering::Relaxed);
                 bytes.fetch_add(len as u64, Ordering::Relaxed);
@@ -545,7 +648,7 @@ fn io(
                 }
                 continue;
             }
-            Some(Merged::Packet) => {}
+            Read::Packet => {}
         }
         first.get_or_insert(slot.ts_ns);
         last = slot.ts_ns;
@@ -577,6 +680,7 @@ fn io(
                 .unwrap_or_else(|| Vec::with_capacity(batch));
             let full = std::mem::replace(&mut current[w], empty);
             workers_gone = !send(&to_workers[w], full, &done, &mut out)?;
+            sent += 1;
             // Whatever the workers have finished is written now, not when its buffers are
             // next needed: outputs keep up, and fewer buffers circulate.
             while let Ok(p) = done.try_recv() {
@@ -606,6 +710,29 @@ fn io(
     Ok((read, out.unwritten))
 }
 
+/// Reads a frame from the live ports, each in turn from `turn` on, stamped with the time
+/// of day; [`Read::Idle`] when none has one waiting.
+fn receive_live(
+    live: &[Option<LivePort>],
+    turn: &mut usize,
+    slot: &mut PacketBuf,
+) -> Result<Read, LiveError> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    for _ in 0..live.len() {
+        let i = *turn;
+        *turn = (i + 1) % live.len();
+        let Some(port) = &live[i] else { continue };
+        match port.receive(slot, now)? {
+            Some(Received::Frame) => return Ok(Read::Packet),
+            Some(Received::Oversize(len)) => return Ok(Read::Oversize(PortId(i as u16), len)),
+            None => {}
+        }
+    }
+    Ok(Read::Idle)
+}
+
 /// Sends a batch to a worker, writing the processed batches that arrive while its channel
 /// is full; `false` when the worker is gone.
 fn send(
@@ -613,7 +740,7 @@ fn send(
     batch: Vec<PacketBuf>,
     done: &Receiver<Processed>,
     out: &mut Outputs,
-) -> Result<bool, CaptureError> {
+) -> Result<bool, RunError> {
     let mut batch = batch;
     loop {
         match to.try_send(batch) {
@@ -636,26 +763,56 @@ fn send(
     }
 }
 
-/// Where processed batches go: their forwarded packets to the output files, their buffers
-/// back to the reading (and the mirror copies' to their worker).
+/// Where processed batches go: their forwarded packets to the output files or live ports,
+/// their buffers back to the reading (and the mirror copies' to their worker).
 struct Outputs {
     writers: Vec<Option<CaptureWriter>>,
-    /// Packets forwarded to a port without an output.
+    /// The live ports, by port.
+    live: Vec<Option<LivePort>>,
+    /// Packets forwarded to a port without an output, or to a live port whose transmit
+    /// queue stayed full.
     unwritten: u64,
+    /// Processed batches written.
+    returned: u64,
     /// Packet buffers free for reading into.
     pool: Vec<PacketBuf>,
     /// Empty batches to fill.
     batches: Vec<Vec<PacketBuf>>,
     spares_back: Vec<Sender<Vec<PacketBuf>>>,
+    tx_full_warning: WarnThrottle,
 }
 
+/// Times a live port's full transmit queue is retried before the frame is given up.
+const TX_RETRIES: usize = 3;
+
 impl Outputs {
-    fn write(&mut self, mut batch: Processed) -> Result<(), CaptureError> {
+    fn write(&mut self, mut batch: Processed) -> Result<(), RunError> {
+        self.returned += 1;
         for pkt in batch.packets.iter().chain(&batch.mirrors) {
             if let Verdict::Forward(port) = pkt.verdict {
-                match &mut self.writers[port.index()] {
-                    Some(w) => w.write(pkt.ts_ns, pkt.data())?,
-                    None => self.unwritten += 1,
+                let i = port.index();
+                if let Some(w) = &mut self.writers[i] {
+                    w.write(pkt.ts_ns, pkt.data())?;
+                } else if let Some(live) = &self.live[i] {
+                    let mut sent = live.send(pkt.data())?;
+                    for _ in 0..TX_RETRIES {
+                        if sent {
+                            break;
+                        }
+                        std::thread::yield_now();
+                        sent = live.send(pkt.data())?;
+                    }
+                    if !sent {
+                        self.unwritten += 1;
+                        if self.tx_full_warning.ready() {
+                            tracing::warn!(
+                                iface = live.iface(),
+                                "transmit queue full: frame dropped"
+                            );
+                        }
+                    }
+                } else {
+                    self.unwritten += 1;
                 }
             }
         }

@@ -57,3 +57,184 @@ pub fn available_memory() -> Option<u64> {
         .ok()?;
     Some(kib * 1024)
 }
+
+/// The index of network interface `name` (if_nametoindex(3)).
+#[cfg(target_os = "linux")]
+pub fn interface_index(name: &str) -> std::io::Result<u32> {
+    let c = std::ffi::CString::new(name)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in a name"))?;
+    // SAFETY: `c` is a NUL-terminated string that outlives the call.
+    match unsafe { libc::if_nametoindex(c.as_ptr()) } {
+        0 => Err(std::io::Error::last_os_error()),
+        i => Ok(i),
+    }
+}
+
+/// A raw AF_PACKET socket (packet(7)) bound to interface `ifindex`: it receives every frame
+/// the interface receives (promiscuous; not the frames sent through it, by this socket or
+/// the host) and sends whole Ethernet frames out of it. Non-blocking.
+#[cfg(target_os = "linux")]
+pub fn packet_socket(ifindex: u32) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let last = std::io::Error::last_os_error;
+    // Protocol 0 until bound: a socket made for ETH_P_ALL would take in frames of every
+    // interface until `bind` narrows it to one.
+    // SAFETY: socket(2) takes no pointers; the descriptor it returns is owned at once.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_PACKET,
+            libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(last());
+    }
+    // SAFETY: `fd` is a descriptor just returned to us and owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let all = (libc::ETH_P_ALL as u16).to_be();
+    // SAFETY: sockaddr_ll is plain data, valid zeroed.
+    let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    addr.sll_family = libc::AF_PACKET as u16;
+    addr.sll_protocol = all;
+    addr.sll_ifindex = ifindex as i32;
+    // SAFETY: `addr` is a sockaddr_ll of the length given, alive for the call.
+    let bound = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&raw const addr).cast(),
+            size_of::<libc::sockaddr_ll>() as u32,
+        )
+    };
+    if bound < 0 {
+        return Err(last());
+    }
+    let promisc = libc::packet_mreq {
+        mr_ifindex: ifindex as i32,
+        mr_type: libc::PACKET_MR_PROMISC as u16,
+        mr_alen: 0,
+        mr_address: [0; 8],
+    };
+    set_option(&fd, libc::SOL_PACKET, libc::PACKET_ADD_MEMBERSHIP, &promisc)?;
+    set_option(&fd, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, &1i32)?;
+    // Room for bursts while the I/O thread is busy: the default holds a few hundred
+    // small frames. Past net.core.rmem_max only with CAP_NET_ADMIN; else up to it.
+    let room = RECEIVE_BUFFER;
+    if set_option(&fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &room).is_err() {
+        set_option(&fd, libc::SOL_SOCKET, libc::SO_RCVBUF, &room)?;
+    }
+    Ok(fd)
+}
+
+/// The receive buffer asked for a live port's socket, in bytes (the kernel counts each
+/// frame's whole buffer: about 5000 small frames).
+#[cfg(target_os = "linux")]
+const RECEIVE_BUFFER: i32 = 4 << 20;
+
+/// setsockopt(2).
+#[cfg(target_os = "linux")]
+fn set_option<T>(
+    fd: &std::os::fd::OwnedFd,
+    level: i32,
+    name: i32,
+    value: &T,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `value` points at a live T of the size given.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (value as *const T).cast(),
+            size_of::<T>() as u32,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Receives one frame into `buf`: its whole length (more than `buf` holds when it was cut
+/// short), or `None` when none waits.
+#[cfg(target_os = "linux")]
+pub fn receive(fd: std::os::fd::BorrowedFd, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
+    use std::os::fd::AsRawFd;
+    loop {
+        // SAFETY: `buf` is writable for its length during the call.
+        let n = unsafe {
+            libc::recv(
+                fd.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_TRUNC,
+            )
+        };
+        if n >= 0 {
+            return Ok(Some(n as usize));
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            std::io::ErrorKind::WouldBlock => return Ok(None),
+            std::io::ErrorKind::Interrupted => {}
+            _ => return Err(e),
+        }
+    }
+}
+
+/// Sends one frame; false when the interface's queue is full (the frame is not sent).
+#[cfg(target_os = "linux")]
+pub fn send(fd: std::os::fd::BorrowedFd, frame: &[u8]) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    loop {
+        // SAFETY: `frame` is readable for its length during the call.
+        let n = unsafe { libc::send(fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+        if n >= 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            std::io::ErrorKind::WouldBlock => return Ok(false),
+            std::io::ErrorKind::Interrupted => {}
+            _ => return Err(e),
+        }
+    }
+}
+
+/// Descriptors to wait on until one has something to read (poll(2)), kept between waits
+/// so that waiting allocates nothing.
+#[cfg(target_os = "linux")]
+#[derive(Debug)]
+pub struct Readable(Vec<libc::pollfd>);
+
+#[cfg(target_os = "linux")]
+impl Readable {
+    pub fn new(fds: &[std::os::fd::BorrowedFd]) -> Readable {
+        use std::os::fd::AsRawFd;
+        Readable(
+            fds.iter()
+                .map(|fd| libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
+                .collect(),
+        )
+    }
+
+    /// Waits until one of the descriptors has something to read, or `timeout` passes.
+    /// The descriptors must still be open.
+    pub fn wait(&mut self, timeout: std::time::Duration) -> std::io::Result<()> {
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: the vector holds `len` pollfd structures, writable during the call.
+        let r = unsafe { libc::poll(self.0.as_mut_ptr(), self.0.len() as libc::nfds_t, ms) };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}

@@ -349,16 +349,21 @@ fn output_into_a_closed_pipe_ends_quietly() {
     assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?}", out.status);
 }
 
-/// `run` cannot open live ports yet: with no capture to read it refuses to start (it would
-/// serve metrics of no traffic, looking healthy) and names the live ports; with one, it
-/// names each live port it leaves unopened.
+/// `run` opens af_packet ports (tests/live_ports.rs), not yet af_xdp or doca ones: with no
+/// capture to read and no port it can open, it refuses to start (it would serve metrics
+/// of no traffic, looking healthy) and names the ports; with a capture, it names each port
+/// it leaves unopened. An af_packet port on a missing interface stops it at once.
 #[test]
-fn live_ports_left_unopened_are_said() {
+fn ports_left_unopened_are_said() {
+    assert_usage_error(
+        &["run", "pipelines/vxlan-gateway.pipe"],
+        "no input: bind a port to a capture file with --in PORT=FILE (or its pipeline `file`); \
+         port host uses driver af_xdp (iface pf0hpf), port uplink uses driver af_xdp \
+         (iface p0), which `dpuflow run` cannot open yet",
+    );
     assert_usage_error(
         &["run", "pipelines/stateful-firewall.pipe"],
-        "no input: bind a port to a capture file with --in PORT=FILE (or its pipeline `file`); \
-         port inside uses driver af_packet (iface pf0hpf), port outside uses driver af_packet \
-         (iface p0), which `dpuflow run` cannot open yet",
+        "interface pf0hpf: No such device",
     );
     let mut child = Command::new(env!("CARGO_BIN_EXE_dpuflow"))
         .args([
@@ -394,4 +399,33 @@ fn live_ports_left_unopened_are_said() {
         "{seen}"
     );
     assert!(!seen.contains("port host uses"), "{seen}");
+}
+
+/// A service reads capture files or live ports, not both (their clocks differ); `--loop`
+/// and `--rate` replay captures and say so when given live ports. (Opens an AF_PACKET
+/// socket on `lo`: root.)
+#[test]
+fn captures_and_live_ports_do_not_mix() {
+    let dir = std::env::temp_dir().join(format!("dpuflow-cli-live-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let pipe = dir.join("mixed.pipe");
+    std::fs::write(
+        &pipe,
+        "pipeline mixed\n\
+         port live { driver af_packet  iface \"lo\" }\n\
+         port file { driver pcap }\n\
+         pipe p root from live, file { default { actions drop } }\n",
+    )
+    .expect("write");
+    let pipe = pipe.display().to_string();
+    assert_usage_error(
+        &["run", &pipe, "--in", "file=pipelines/captures/host.pcap"],
+        "the service reads captures and live ports at once",
+    );
+    for flag in [&["--loop"][..], &["--rate", "1000"]] {
+        let mut args = vec!["run", pipe.as_str()];
+        args.extend_from_slice(flag);
+        assert_usage_error(&args, "--loop and --rate replay captures");
+    }
+    std::fs::remove_dir_all(dir).expect("clean up");
 }

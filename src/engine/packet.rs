@@ -52,6 +52,22 @@ impl PacketBuf {
         true
     }
 
+    /// Where a driver that receives in place writes the next frame: everything after the
+    /// headroom. [`PacketBuf::received`] then says how much it wrote.
+    pub fn room(&mut self) -> &mut [u8] {
+        &mut self.buf[HEADROOM..]
+    }
+
+    /// A frame of `len` bytes was written into [`PacketBuf::room`], received on `port` at
+    /// `ts_ns`.
+    pub fn received(&mut self, len: usize, port: PortId, ts_ns: u64) {
+        self.port = port;
+        self.ts_ns = ts_ns;
+        self.verdict = Verdict::Drop(DropReason::NoPipe);
+        self.head = HEADROOM;
+        self.len = len.min(self.buf.len() - HEADROOM);
+    }
+
     pub fn data(&self) -> &[u8] {
         &self.buf[self.head..self.head + self.len]
     }

@@ -1,4 +1,6 @@
-//! Packet sources and sinks for the software backend. Capture files for now; live ports
-//! (AF_PACKET, AF_XDP) join them here.
+//! Packet sources and sinks for the software backend: capture files, and live ports on
+//! Linux interfaces (AF_PACKET; AF_XDP is to come).
 
+#[cfg(target_os = "linux")]
+pub mod af_packet;
 pub mod pcap;

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Live ports (AF_PACKET) between two network namespaces: tcpreplay offers 64-byte UDP
+# frames (4096 flows) to dpuflow's inside port at each rate; the outside host counts what
+# arrives. Prints, per offered rate, the rate tcpreplay achieved and the share delivered.
+# Needs root, tcpreplay and ethtool. Usage: bench/live.sh [WORKERS] [RATE...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+workers=${1:-1}
+shift || true
+rates=("${@:-100000 200000 300000 400000 1000000}")
+# shellcheck disable=SC2206 # rates are words
+rates=(${rates[*]})
+cargo build --release -q
+bin=$PWD/target/release/dpuflow
+for tool in tcpreplay ethtool; do
+    command -v $tool >/dev/null || { echo "$tool not found: apt-get install $tool" >&2; exit 1; }
+done
+tmp=$(mktemp -d)
+c=dpflive$$c d=dpflive$$d s=dpflive$$s
+cleanup() {
+    kill "$(cat "$tmp/pid" 2>/dev/null)" 2>/dev/null || true
+    for n in $c $d $s; do ip netns del $n 2>/dev/null || true; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+for n in $c $d $s; do ip netns add $n; done
+ip link add c0 netns $c type veth peer name in0 netns $d
+ip link add s0 netns $s type veth peer name out0 netns $d
+for x in "$c c0" "$d in0" "$d out0" "$s s0"; do
+    read -r ns dev <<<"$x"
+    ip -n "$ns" link set "$dev" up
+    ip netns exec "$ns" ethtool -K "$dev" tx off tso off gso off gro off >/dev/null 2>&1
+done
+ip -n $d link set lo up
+cat >"$tmp/bridge.pipe" <<'EOF'
+pipeline bridge
+port inside  { driver af_packet  iface "in0" }
+port outside { driver af_packet  iface "out0" }
+pipe in  root from inside  { default { actions fwd outside } }
+pipe out root from outside { default { actions fwd inside } }
+EOF
+"$bin" bench "$tmp/bridge.pipe" --port inside --flows 4096 --write "$tmp/udp64.pcap"
+loops=50
+offered=$((4096 * loops))
+rx() { ip -n $s -s link show s0 | awk '/RX:/ {getline; print $2}'; }
+printf '%-14s %-16s %s\n' "offered (pps)" "achieved (pps)" "delivered"
+for pps in "${rates[@]}"; do
+    ip netns exec $d "$bin" run "$tmp/bridge.pipe" --workers "$workers" --metrics 127.0.0.1:9464 \
+        2>"$tmp/log" & echo $! >"$tmp/pid"
+    sleep 1
+    before=$(rx)
+    achieved=$(ip netns exec $c tcpreplay -i c0 --pps "$pps" --loop $loops "$tmp/udp64.pcap" 2>&1 |
+        sed -n 's/.* \([0-9.]*\) pps.*/\1/p')
+    sleep 0.5
+    after=$(rx)
+    kill "$(cat "$tmp/pid")"; wait "$(cat "$tmp/pid")" 2>/dev/null || true
+    printf '%-14s %-16s %s\n' "$pps" "$achieved" "$(echo "scale=4; ($after - $before) / $offered" | bc)"
+done
