@@ -628,6 +628,8 @@ fn connection_tables_too_large_for_memory_are_refused() {
             &dir.path("big.pipe"),
             "--in",
             &format!("inside={}", dir.path("empty.pcap")),
+            "--out",
+            &format!("outside={}", dir.path("out.pcap")),
             "--workers",
             "16",
             "--metrics",
