@@ -29,7 +29,7 @@ ip link add s0 netns $s type veth peer name out0 netns $d
 for x in "$c c0" "$d in0" "$d out0" "$s s0"; do
     read -r ns dev <<<"$x"
     ip -n "$ns" link set "$dev" up
-    ip netns exec "$ns" ethtool -K "$dev" tx off tso off gso off gro off >/dev/null 2>&1
+    ip netns exec "$ns" ethtool -K "$dev" tso off gso off gro off >/dev/null 2>&1
 done
 ip -n $d link set lo up
 cat >"$tmp/bridge.pipe" <<'EOF'

@@ -117,6 +117,8 @@ pub fn packet_socket(ifindex: u32) -> std::io::Result<std::os::fd::OwnedFd> {
     };
     set_option(&fd, libc::SOL_PACKET, libc::PACKET_ADD_MEMBERSHIP, &promisc)?;
     set_option(&fd, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, &1i32)?;
+    // What the interface took out of each frame or left unfinished (see `receive`).
+    set_option(&fd, libc::SOL_PACKET, libc::PACKET_AUXDATA, &1i32)?;
     // Room for bursts while the I/O thread is busy: the default holds a few hundred
     // small frames. Past net.core.rmem_max only with CAP_NET_ADMIN; else up to it.
     let room = RECEIVE_BUFFER;
@@ -156,23 +158,44 @@ fn set_option<T>(
     Ok(())
 }
 
+/// What the kernel says of a frame beside its bytes (PACKET_AUXDATA, packet(7)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FrameAux {
+    /// The VLAN tag the interface took out of the frame (TPID, TCI), to be put back.
+    pub vlan: Option<(u16, u16)>,
+    /// The L4 checksum was left for hardware to finish (a frame sent by this host or
+    /// across a virtual link): it holds only the pseudo-header's sum.
+    pub checksum_partial: bool,
+}
+
 /// Receives one frame into `buf`: its whole length (more than `buf` holds when it was cut
-/// short), or `None` when none waits.
+/// short) and what the kernel says of it, or `None` when none waits.
 #[cfg(target_os = "linux")]
-pub fn receive(fd: std::os::fd::BorrowedFd, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
+pub fn receive(
+    fd: std::os::fd::BorrowedFd,
+    buf: &mut [u8],
+) -> std::io::Result<Option<(usize, FrameAux)>> {
     use std::os::fd::AsRawFd;
+    // Room for one control message holding a tpacket_auxdata.
+    #[repr(C, align(8))]
+    struct Control([u8; 64]);
+    let mut control = Control([0; 64]);
     loop {
-        // SAFETY: `buf` is writable for its length during the call.
-        let n = unsafe {
-            libc::recv(
-                fd.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                libc::MSG_TRUNC,
-            )
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
         };
+        // SAFETY: msghdr is plain data, valid zeroed.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &raw mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.0.as_mut_ptr().cast();
+        msg.msg_controllen = control.0.len();
+        // SAFETY: `msg` points at `iov` (describing `buf`, writable for its length) and at
+        // `control`, both alive and unaliased during the call.
+        let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &raw mut msg, libc::MSG_TRUNC) };
         if n >= 0 {
-            return Ok(Some(n as usize));
+            return Ok(Some((n as usize, frame_aux(&msg))));
         }
         let e = std::io::Error::last_os_error();
         match e.kind() {
@@ -181,6 +204,35 @@ pub fn receive(fd: std::os::fd::BorrowedFd, buf: &mut [u8]) -> std::io::Result<O
             _ => return Err(e),
         }
     }
+}
+
+/// The PACKET_AUXDATA control message of a received frame, read.
+#[cfg(target_os = "linux")]
+fn frame_aux(msg: &libc::msghdr) -> FrameAux {
+    let mut aux = FrameAux::default();
+    // SAFETY: `msg` was filled by recvmsg(2); the CMSG macros walk its control buffer
+    // within `msg_controllen`, and the auxdata is read unaligned from a message of its
+    // level and type.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_PACKET && (*c).cmsg_type == libc::PACKET_AUXDATA {
+                let a: libc::tpacket_auxdata = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                // A tag of 0 with TCI 0 is "none" on kernels without the VALID bit.
+                if a.tp_status & libc::TP_STATUS_VLAN_VALID != 0 || a.tp_vlan_tci != 0 {
+                    let tpid = if a.tp_status & libc::TP_STATUS_VLAN_TPID_VALID != 0 {
+                        a.tp_vlan_tpid
+                    } else {
+                        0x8100
+                    };
+                    aux.vlan = Some((tpid, a.tp_vlan_tci));
+                }
+                aux.checksum_partial = a.tp_status & libc::TP_STATUS_CSUMNOTREADY != 0;
+            }
+            c = libc::CMSG_NXTHDR(msg, c);
+        }
+    }
+    aux
 }
 
 /// Sends one frame; false when the interface's queue is full (the frame is not sent).

@@ -23,12 +23,13 @@ const CLIENT: &str = "10.77.0.1";
 const SERVER: &str = "10.77.0.2";
 
 impl Lab {
-    fn new() -> Lab {
+    /// The namespaces and links; `tag` keeps the names of tests running at once apart.
+    fn new(tag: &str) -> Lab {
         let id = std::process::id();
         let lab = Lab {
-            client: format!("dpl{id}c"),
-            dut: format!("dpl{id}d"),
-            server: format!("dpl{id}s"),
+            client: format!("dpl{id}{tag}c"),
+            dut: format!("dpl{id}{tag}d"),
+            server: format!("dpl{id}{tag}s"),
         };
         for n in [&lab.client, &lab.dut, &lab.server] {
             let out = tool("ip", &["netns", "add", n]);
@@ -47,14 +48,6 @@ impl Lab {
                 ],
             );
         }
-        lab.run(
-            &lab.client,
-            &["ip", "addr", "add", &format!("{CLIENT}/24"), "dev", "c0"],
-        );
-        lab.run(
-            &lab.server,
-            &["ip", "addr", "add", &format!("{SERVER}/24"), "dev", "s0"],
-        );
         for (ns, iface) in [
             (&lab.client, "c0"),
             (&lab.dut, "in0"),
@@ -62,13 +55,21 @@ impl Lab {
             (&lab.server, "s0"),
         ] {
             lab.run(ns, &["ip", "link", "set", iface, "up"]);
-            // A veth hands over what the hardware would finish: checksums left to fill
-            // and segments left to cut. A bump in the wire sees frames as they are sent.
+            // A veth hands over segments left for the hardware to cut (and merges what
+            // it receives): a bump in the wire must see frames as they would be on a
+            // wire. (Checksums left unfinished, it finishes itself.)
             lab.run(
                 ns,
                 &[
-                    "ethtool", "-K", iface, "tx", "off", "tso", "off", "gso", "off", "gro", "off",
+                    "ethtool", "-K", iface, "tso", "off", "gso", "off", "gro", "off",
                 ],
+            );
+        }
+        let hosts = [(&lab.client, "c0", CLIENT), (&lab.server, "s0", SERVER)];
+        for (ns, link, addr) in &hosts {
+            lab.run(
+                ns,
+                &["ip", "addr", "add", &format!("{addr}/24"), "dev", link],
             );
         }
         for ns in [&lab.client, &lab.dut, &lab.server] {
@@ -79,11 +80,9 @@ impl Lab {
             let out = lab.run(ns, &["cat", &format!("/sys/class/net/{iface}/address")]);
             out.trim().to_owned()
         };
-        let (client_mac, server_mac) = (mac(&lab.client, "c0"), mac(&lab.server, "s0"));
-        for (ns, peer, lladdr, iface) in [
-            (&lab.client, SERVER, &server_mac, "c0"),
-            (&lab.server, CLIENT, &client_mac, "s0"),
-        ] {
+        let macs = hosts.each_ref().map(|(ns, link, _)| mac(ns, link));
+        for (i, (ns, link, _)) in hosts.iter().enumerate() {
+            let (peer, lladdr) = (hosts[1 - i].2, &macs[1 - i]);
             lab.run(
                 ns,
                 &[
@@ -94,7 +93,7 @@ impl Lab {
                     "lladdr",
                     lladdr,
                     "dev",
-                    iface,
+                    link,
                     "nud",
                     "permanent",
                 ],
@@ -187,7 +186,7 @@ impl Drop for Running {
 
 #[test]
 fn the_stateful_firewall_runs_between_two_hosts() {
-    let lab = Lab::new();
+    let lab = Lab::new("f");
     let dir = Scratch::new("live-ports");
     let pipe = std::fs::read_to_string("pipelines/stateful-firewall.pipe")
         .expect("example")
@@ -293,4 +292,83 @@ fn the_stateful_firewall_runs_between_two_hosts() {
         log.contains("live port open (AF_PACKET) iface=\"in0\""),
         "{log}"
     );
+}
+
+/// Tagged frames cross with their tags: the kernel takes the VLAN tag out of each frame
+/// a veth receives, and the port puts it back, so the pipeline matches the VLAN and the
+/// frames leave tagged. tcpdump on the far host sees every frame on VLAN 100.
+#[test]
+fn tagged_frames_keep_their_tags() {
+    let lab = Lab::new("v");
+    let dir = Scratch::new("live-vlan");
+    let pipe_path = dir.path("bridge.pipe");
+    std::fs::write(
+        &pipe_path,
+        "pipeline vlan_bridge\n\
+         port inside  { driver af_packet  iface \"in0\" }\n\
+         port outside { driver af_packet  iface \"out0\" }\n\
+         pipe out root from inside {\n\
+             rule tagged { match vlan.id 100  actions fwd outside }\n\
+             default { actions drop }\n\
+         }\n",
+    )
+    .expect("write pipeline");
+    let bin = env!("CARGO_BIN_EXE_dpuflow");
+    let _dpuflow = Running(lab.spawn(
+        &lab.dut,
+        &[
+            bin,
+            "run",
+            &pipe_path,
+            "--metrics",
+            "127.0.0.1:9464",
+            "--workers",
+            "1",
+        ],
+    ));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !lab.metrics().contains("dpuflow_build_info") {
+        assert!(
+            Instant::now() < deadline,
+            "dpuflow run never served metrics"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let pcap = dir.path("far.pcap");
+    let mut tcpdump = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &lab.server,
+            "tcpdump",
+            "-Z",
+            "root",
+            "--immediate-mode",
+        ])
+        .args(["-i", "s0", "-U", "-n", "-w", &pcap, "vlan"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tcpdump is required (scripts/test installs it)");
+    let mut err = std::io::BufReader::new(tcpdump.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    while !line.contains("listening on") {
+        line.clear();
+        let n = std::io::BufRead::read_line(&mut err, &mut line).expect("tcpdump");
+        assert!(n > 0, "tcpdump did not start");
+    }
+    let send = format!(
+        "from scapy.all import *\n\
+         f = Ether(src='02:00:00:00:00:01', dst='02:00:00:00:00:02')/Dot1Q(vlan=100, prio=5)\
+         /IP(src='{CLIENT}', dst='{SERVER}')/UDP(sport=4000, dport=5000)/Raw(b'tagged')\n\
+         sendp([f] * 20, iface='c0', verbose=0)\n"
+    );
+    lab.run(&lab.client, &[PYTHON, "-c", &send]);
+    std::thread::sleep(Duration::from_millis(500));
+    tool_ok("kill", &["-INT", &tcpdump.id().to_string()]);
+    tcpdump.wait().expect("tcpdump");
+    let seen = tshark_fields(&pcap, &["vlan.id", "vlan.priority", "udp.dstport"]);
+    assert_eq!(seen, vec!["100,5,5000"; 20], "frames at the far host");
+    let m = lab.metrics();
+    let series = "dpuflow_rule_matched_packets_total{pipe=\"out\",rule=\"tagged\"}";
+    assert_eq!(metric(&m, series), Some(20), "{m}");
 }

@@ -4,14 +4,17 @@
 //! promiscuously and not the frames sent through it, so a port can sit in the path
 //! between two hosts (a bump in the wire).
 //!
-//! What the kernel does to frames before a socket sees them matters: receive offloads
-//! (GRO) hand over merged frames, VLAN acceleration takes tags out of the frame, and
-//! virtual interfaces pass checksums left for the hardware to fill. On interfaces that
-//! do any of these, turn them off (`ethtool -K IFACE gro off rxvlan off`, and `tx off` on
-//! the senders of virtual links); docs/operations.md says more.
+//! The kernel hands a socket frames as its interface left them: the VLAN tag taken out
+//! (put back here, from PACKET_AUXDATA), the TCP or UDP checksum of a frame sent by this
+//! host or across a virtual link left for hardware to finish (finished here), and, with
+//! receive offloads (GRO, LRO) or a virtual link's segmentation offloads (TSO, GSO) on,
+//! merged or unsegmented frames larger than any wire carries, which must be turned off
+//! (docs/operations.md).
 
 use crate::engine::PacketBuf;
 use crate::ir::PortId;
+use crate::wire::ethernet::{self, ethertype};
+use crate::wire::{be16, checksum, ip_proto, ipv4, ipv6, put16};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 /// Why a live port could not be opened or used.
@@ -36,6 +39,9 @@ pub enum LiveError {
         source: std::io::Error,
     },
 }
+
+/// An 802.1Q tag's length: TPID and TCI.
+const VLAN_TAG: usize = 4;
 
 /// What [`LivePort::receive`] took from the interface.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,21 +86,34 @@ impl LivePort {
     }
 
     /// Reads the next frame waiting into `slot`, received at `ts_ns`; `None` when none
-    /// waits.
+    /// waits. A VLAN tag the interface took out is put back, and a checksum the sender
+    /// left for hardware is finished, so the pipeline sees the frame as it was on the wire.
     pub fn receive(&self, slot: &mut PacketBuf, ts_ns: u64) -> Result<Option<Received>, LiveError> {
         let room = slot.room();
         let fits = room.len();
-        match crate::sys::receive(self.fd.as_fd(), room).map_err(|e| self.failed(e))? {
-            None => Ok(None),
-            Some(len) if len > fits => {
-                slot.received(0, self.port, ts_ns);
-                Ok(Some(Received::Oversize(len)))
-            }
-            Some(len) => {
-                slot.received(len, self.port, ts_ns);
-                Ok(Some(Received::Frame))
+        let Some((len, aux)) =
+            crate::sys::receive(self.fd.as_fd(), room).map_err(|e| self.failed(e))?
+        else {
+            return Ok(None);
+        };
+        if len > fits {
+            slot.received(0, self.port, ts_ns);
+            return Ok(Some(Received::Oversize(len)));
+        }
+        slot.received(len, self.port, ts_ns);
+        if let Some((tpid, tci)) = aux.vlan {
+            if len >= 2 * 6 && slot.push_front(VLAN_TAG) {
+                // The addresses move to the new front; the tag goes after them.
+                let frame = slot.data_mut();
+                frame.copy_within(VLAN_TAG..VLAN_TAG + 12, 0);
+                put16(frame, 12, tpid);
+                put16(frame, 14, tci);
             }
         }
+        if aux.checksum_partial {
+            finish_checksum(slot.data_mut());
+        }
+        Ok(Some(Received::Frame))
     }
 
     /// Sends a frame out of the interface; false when its queue was full and the frame
@@ -107,6 +126,126 @@ impl LivePort {
         LiveError::Io {
             iface: self.iface.clone(),
             source,
+        }
+    }
+}
+
+/// Finishes the TCP or UDP checksum of a frame whose sender left it for hardware
+/// (CHECKSUM_PARTIAL: the field holds only the pseudo-header's sum), as a NIC would: over
+/// the pseudo-header and the whole segment (RFC 9293 §3.1, RFC 768, RFC 8200 §8.1). Frames
+/// it cannot read as one unfragmented TCP or UDP packet are left as they are.
+fn finish_checksum(frame: &mut [u8]) {
+    let Ok(eth) = ethernet::Frame::new_checked(&*frame) else {
+        return;
+    };
+    let (mut kind, mut at) = (eth.ethertype(), ethernet::HEADER_LEN);
+    while matches!(kind, ethertype::VLAN | ethertype::QINQ) && frame.len() >= at + 4 {
+        kind = be16(frame, at + 2);
+        at += VLAN_TAG;
+    }
+    let (l4, end, proto, pseudo) = match kind {
+        ethertype::IPV4 => {
+            let Ok(ip) = ipv4::Packet::new_checked(&frame[at..]) else {
+                return;
+            };
+            let (total, header) = (usize::from(ip.total_len()), ip.header_len());
+            if ip.is_fragment() || total < header {
+                return;
+            }
+            let len = (total - header) as u16;
+            let pseudo = checksum::pseudo_v4(ip.src(), ip.dst(), ip.protocol(), len);
+            (at + header, at + total, ip.protocol(), pseudo)
+        }
+        ethertype::IPV6 => {
+            let Ok(ip) = ipv6::Packet::new_checked(&frame[at..]) else {
+                return;
+            };
+            let Ok(upper) = ip.upper_layer() else {
+                return;
+            };
+            let end = at + ipv6::HEADER_LEN + usize::from(ip.payload_len());
+            if upper.fragment || at + upper.offset > end {
+                return;
+            }
+            let len = (end - at - upper.offset) as u32;
+            let pseudo = checksum::pseudo_v6(&ip.src(), &ip.dst(), upper.protocol, len);
+            (at + upper.offset, end, upper.protocol, pseudo)
+        }
+        _ => return,
+    };
+    let field = match proto {
+        ip_proto::TCP => 16,
+        ip_proto::UDP => 6,
+        _ => return,
+    };
+    let Some(segment) = frame.get_mut(l4..end).filter(|s| s.len() >= field + 2) else {
+        return;
+    };
+    put16(segment, field, 0);
+    let c = !checksum::fold(checksum::sum(pseudo, segment));
+    // RFC 768: a computed UDP checksum of zero is sent as all ones.
+    put16(
+        segment,
+        field,
+        if c == 0 && proto == ip_proto::UDP {
+            0xffff
+        } else {
+            c
+        },
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any frame's checksum finished as a NIC would: a TCP or UDP packet (IPv4 or
+        /// IPv6, tagged or not) whose checksum field held anything comes out with the
+        /// checksum a whole computation gives, and any bytes at all are left whole or
+        /// finished without a panic.
+        #[test]
+        fn finished_checksums_are_whole(
+            v6 in any::<bool>(), tcp in any::<bool>(), tagged in any::<bool>(),
+            payload in proptest::collection::vec(any::<u8>(), 0..64),
+            partial in any::<u16>(),
+            junk in proptest::collection::vec(any::<u8>(), 0..120),
+        ) {
+            let mut junk = junk;
+            finish_checksum(&mut junk);
+            let (src, dst) = (0x0a00_0001u128, 0x0a00_0002u128);
+            let (src, dst) = if v6 { (src | 0x2001_0db8 << 96, dst | 0x2001_0db8 << 96) } else { (src, dst) };
+            let proto = if tcp { ip_proto::TCP } else { ip_proto::UDP };
+            let mut f = crate::wire::testing::frame(v6, src, dst, proto, 1000, 2000, 0x18, 0);
+            let l3 = ethernet::HEADER_LEN;
+            let l4 = l3 + if v6 { ipv6::HEADER_LEN } else { ipv4::MIN_HEADER_LEN };
+            let at = l4 + if tcp { 16 } else { 6 };
+            f.extend_from_slice(&payload);
+            let len = f.len() - l4;
+            if v6 {
+                put16(&mut f, l3 + 4, len as u16);
+            } else {
+                put16(&mut f, l3 + 2, (len + ipv4::MIN_HEADER_LEN) as u16);
+            }
+            if !tcp {
+                put16(&mut f, l4 + 4, len as u16);
+            }
+            let pseudo = if v6 {
+                checksum::pseudo_v6(&src.to_be_bytes(), &dst.to_be_bytes(), proto, len as u32)
+            } else {
+                checksum::pseudo_v4((src as u32).to_be_bytes(), (dst as u32).to_be_bytes(), proto, len as u16)
+            };
+            put16(&mut f, at, 0);
+            let whole = !checksum::fold(checksum::sum(pseudo, &f[l4..]));
+            let whole = if whole == 0 && !tcp { 0xffff } else { whole };
+            put16(&mut f, at, partial);
+            if tagged {
+                f.splice(12..12, [0x81, 0x00, 0x00, 0x64]);
+            }
+            let at = at + if tagged { 4 } else { 0 };
+            finish_checksum(&mut f);
+            prop_assert_eq!(be16(&f, at), whole);
         }
     }
 }
