@@ -32,7 +32,7 @@ use crate::telemetry::http::{self, Handler};
 use crate::telemetry::ipfix::Exporter;
 use crate::telemetry::metrics::{self, Info};
 use crate::telemetry::{ExportStats, Latency, Snapshot, WarnThrottle};
-use crossbeam_channel::{bounded, Receiver, Select, Sender, TrySendError};
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Select, Sender, TrySendError};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -134,6 +134,9 @@ struct Shared {
     snapshots: Vec<Mutex<Snapshot>>,
     /// The IPFIX exporter's counts, when exporting.
     export: Option<ExportCounts>,
+    /// The inputs are live ports: time is the time of day, passing with or without
+    /// packets.
+    live: bool,
     workers_up: AtomicUsize,
     workers: usize,
     /// A thread of the service panicked (see [`Watch`]).
@@ -198,7 +201,9 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     for (i, port) in program.ports.iter().enumerate() {
         let iface = port.iface.as_deref().unwrap_or_default();
         live.push(match port.driver {
-            Driver::AfPacket if !bound(i) => Some(LivePort::open(PortId(i as u16), iface)?),
+            Driver::AfPacket if !bound(i) => {
+                Some(LivePort::open(PortId(i as u16), iface, port.mtu)?)
+            }
             Driver::AfXdp | Driver::Doca if !bound(i) => {
                 unopened.push(format!(
                     "port {} uses driver {} (iface {iface})",
@@ -295,6 +300,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             .map(|_| Mutex::new(Snapshot::default()))
             .collect(),
         export: opts.ipfix.as_ref().map(|_| ExportCounts::default()),
+        live: lives > 0,
         workers_up: AtomicUsize::new(0),
         workers,
         failed: Arc::clone(&watch.failed),
@@ -603,7 +609,7 @@ fn io(
                 Some(Merged::Oversize(port, len)) => Read::Oversize(port, len),
                 Some(Merged::Packet) => Read::Packet,
             },
-            Source::Live(_) => receive_live(&out.live, &mut turn, &mut slot)?,
+            Source::Live(_) => receive_live(&mut out.live, &mut turn, &mut slot),
         };
         match next {
             Read::End => break,
@@ -712,25 +718,19 @@ fn io(
 
 /// Reads a frame from the live ports, each in turn from `turn` on, stamped with the time
 /// of day; [`Read::Idle`] when none has one waiting.
-fn receive_live(
-    live: &[Option<LivePort>],
-    turn: &mut usize,
-    slot: &mut PacketBuf,
-) -> Result<Read, LiveError> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
+fn receive_live(live: &mut [Option<LivePort>], turn: &mut usize, slot: &mut PacketBuf) -> Read {
+    let now = wall_clock_ns();
     for _ in 0..live.len() {
         let i = *turn;
         *turn = (i + 1) % live.len();
-        let Some(port) = &live[i] else { continue };
-        match port.receive(slot, now)? {
-            Some(Received::Frame) => return Ok(Read::Packet),
-            Some(Received::Oversize(len)) => return Ok(Read::Oversize(PortId(i as u16), len)),
+        let Some(port) = &mut live[i] else { continue };
+        match port.receive(slot, now) {
+            Some(Received::Frame) => return Read::Packet,
+            Some(Received::Oversize(len)) => return Read::Oversize(PortId(i as u16), len),
             None => {}
         }
     }
-    Ok(Read::Idle)
+    Read::Idle
 }
 
 /// Sends a batch to a worker, writing the processed batches that arrive while its channel
@@ -883,8 +883,29 @@ fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
     };
     publish(&engine, &latency, false);
     shared.workers_up.fetch_add(1, Ordering::Relaxed);
-    for (n, mut batch) in rx.iter().enumerate() {
-        let timed = (n as u64 % LATENCY_SAMPLE == 0).then(Instant::now);
+    let mut n = 0u64;
+    loop {
+        // Between batches no longer than it takes to publish: counts then never lag a
+        // scrape by more than that, traffic or not.
+        let mut batch = match rx.recv_timeout(PUBLISH_EVERY) {
+            Ok(b) => b,
+            Err(RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Timeout) => {
+                // Live ports' time goes on without packets: what timed out ends. (A
+                // capture's time is its packets'.)
+                if shared.live {
+                    now_ns = now_ns.max(wall_clock_ns());
+                    engine.advance(now_ns);
+                }
+                if publish(&engine, &latency, true) {
+                    last = Instant::now();
+                }
+                unsent = export_due(&mut engine, flows, unsent, &mut last_export);
+                continue;
+            }
+        };
+        n += 1;
+        let timed = (n % LATENCY_SAMPLE == 0).then(Instant::now);
         engine.process(&mut batch, &mut NoObserver);
         now_ns = batch
             .iter()
@@ -930,24 +951,7 @@ fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
         if last.elapsed() >= PUBLISH_EVERY && publish(&engine, &latency, true) {
             last = Instant::now();
         }
-        // A worker never waits for the exporter: while its queue is full, the records
-        // not sent wait here and new ones in the engine, whose buffers are bounded (due
-        // flows then stay in the cache; connection records past the bound are counted
-        // lost).
-        if let Some(tx) = flows {
-            if let Some(records) = unsent.take() {
-                unsent = queue(tx, records);
-            }
-            let waiting = engine.flow_records_waiting();
-            let due =
-                waiting >= RECORDS_EARLY || (waiting > 0 && last_export.elapsed() >= EXPORT_EVERY);
-            if unsent.is_none() && due {
-                let mut records = Vec::with_capacity(waiting);
-                engine.take_flow_records(&mut records);
-                unsent = queue(tx, records);
-                last_export = Instant::now();
-            }
-        }
+        unsent = export_due(&mut engine, flows, unsent, &mut last_export);
     }
     if let Some(tx) = flows {
         let mut rest = unsent.unwrap_or_default();
@@ -957,6 +961,37 @@ fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
         }
     }
     publish(&engine, &latency, false);
+}
+
+/// Hands the exporter the flow records that are due, when exporting: every
+/// [`EXPORT_EVERY`], or once [`RECORDS_EARLY`] wait. A worker never waits for the
+/// exporter: while its queue is full, the records not sent (`unsent`, returned) wait here
+/// and new ones in the engine, whose buffers are bounded (due flows then stay in the
+/// cache; connection records past the bound are counted lost).
+fn export_due(
+    engine: &mut Engine,
+    flows: Option<&Sender<Vec<FlowRecord>>>,
+    unsent: Option<Vec<FlowRecord>>,
+    last_export: &mut Instant,
+) -> Option<Vec<FlowRecord>> {
+    let tx = flows?;
+    let mut unsent = unsent.and_then(|records| queue(tx, records));
+    let waiting = engine.flow_records_waiting();
+    let due = waiting >= RECORDS_EARLY || (waiting > 0 && last_export.elapsed() >= EXPORT_EVERY);
+    if unsent.is_none() && due {
+        let mut records = Vec::with_capacity(waiting);
+        engine.take_flow_records(&mut records);
+        unsent = queue(tx, records);
+        *last_export = Instant::now();
+    }
+    unsent
+}
+
+/// The time of day in nanoseconds since 1970: live ports' clock.
+fn wall_clock_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// Hands `records` to the exporter if its queue has room; gives them back if not (and

@@ -17,9 +17,10 @@ pub struct Pace {
 }
 
 impl Pace {
-    /// How many of a table's `slots` are due for examination at `now` (at most
-    /// [`MAX_SLOTS`]). The first call only starts the clock.
-    pub fn due(&mut self, now: u64, slots: usize) -> usize {
+    /// How many of a table's `slots` are due for examination at `now`, at most `most`
+    /// ([`MAX_SLOTS`] between batches; more where no packet waits). The first call only
+    /// starts the clock.
+    pub fn due(&mut self, now: u64, slots: usize, most: usize) -> usize {
         if now <= self.swept_ns || self.swept_ns == 0 {
             self.swept_ns = now;
             return 0;
@@ -29,7 +30,7 @@ impl Pace {
             return 0;
         }
         self.swept_ns = now;
-        usize::try_from(due).unwrap_or(usize::MAX).min(MAX_SLOTS)
+        usize::try_from(due).unwrap_or(usize::MAX).min(most)
     }
 }
 
@@ -41,20 +42,28 @@ mod tests {
     fn a_second_of_packet_time_covers_the_table() {
         let mut p = Pace::default();
         assert_eq!(
-            p.due(5_000_000_000, 1000),
+            p.due(5_000_000_000, 1000, MAX_SLOTS),
             0,
             "the first call starts the clock"
         );
-        assert_eq!(p.due(5_010_000_000, 1000), 10, "a hundredth of a second");
         assert_eq!(
-            p.due(5_010_000_100, 1000),
+            p.due(5_010_000_000, 1000, MAX_SLOTS),
+            10,
+            "a hundredth of a second"
+        );
+        assert_eq!(
+            p.due(5_010_000_100, 1000, MAX_SLOTS),
             0,
             "too soon for a slot: time accumulates"
         );
-        assert_eq!(p.due(5_011_000_000, 1000), 1);
-        assert_eq!(p.due(9_000_000_000, 1_000_000), MAX_SLOTS, "capped");
+        assert_eq!(p.due(5_011_000_000, 1000, MAX_SLOTS), 1);
         assert_eq!(
-            p.due(8_000_000_000, 1000),
+            p.due(9_000_000_000, 1_000_000, MAX_SLOTS),
+            MAX_SLOTS,
+            "capped"
+        );
+        assert_eq!(
+            p.due(8_000_000_000, 1000, MAX_SLOTS),
             0,
             "time going back sweeps nothing"
         );

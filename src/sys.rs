@@ -117,21 +117,8 @@ pub fn packet_socket(ifindex: u32) -> std::io::Result<std::os::fd::OwnedFd> {
     };
     set_option(&fd, libc::SOL_PACKET, libc::PACKET_ADD_MEMBERSHIP, &promisc)?;
     set_option(&fd, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, &1i32)?;
-    // What the interface took out of each frame or left unfinished (see `receive`).
-    set_option(&fd, libc::SOL_PACKET, libc::PACKET_AUXDATA, &1i32)?;
-    // Room for bursts while the I/O thread is busy: the default holds a few hundred
-    // small frames. Past net.core.rmem_max only with CAP_NET_ADMIN; else up to it.
-    let room = RECEIVE_BUFFER;
-    if set_option(&fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &room).is_err() {
-        set_option(&fd, libc::SOL_SOCKET, libc::SO_RCVBUF, &room)?;
-    }
     Ok(fd)
 }
-
-/// The receive buffer asked for a live port's socket, in bytes (the kernel counts each
-/// frame's whole buffer: about 5000 small frames).
-#[cfg(target_os = "linux")]
-const RECEIVE_BUFFER: i32 = 4 << 20;
 
 /// setsockopt(2).
 #[cfg(target_os = "linux")]
@@ -158,9 +145,11 @@ fn set_option<T>(
     Ok(())
 }
 
-/// What the kernel says of a frame beside its bytes (PACKET_AUXDATA, packet(7)).
+/// What the kernel says of a received frame beside its bytes (packet(7)).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FrameAux {
+    /// The frame's length on the wire (more than its bytes when they were cut short).
+    pub len: usize,
     /// The VLAN tag the interface took out of the frame (TPID, TCI), to be put back.
     pub vlan: Option<(u16, u16)>,
     /// The L4 checksum was left for hardware to finish (a frame sent by this host or
@@ -168,71 +157,121 @@ pub struct FrameAux {
     pub checksum_partial: bool,
 }
 
-/// Receives one frame into `buf`: its whole length (more than `buf` holds when it was cut
-/// short) and what the kernel says of it, or `None` when none waits.
+/// A receive ring mapped from an AF_PACKET socket (TPACKET_V2, packet(7) and the kernel's
+/// packet_mmap.txt): the kernel writes each frame it receives into the next slot and
+/// marks it the user's; the reader takes it and marks it the kernel's again. Reading
+/// frames takes no system call; when none is ready, poll(2) on the socket waits for one.
 #[cfg(target_os = "linux")]
-pub fn receive(
-    fd: std::os::fd::BorrowedFd,
-    buf: &mut [u8],
-) -> std::io::Result<Option<(usize, FrameAux)>> {
-    use std::os::fd::AsRawFd;
-    // Room for one control message holding a tpacket_auxdata.
-    #[repr(C, align(8))]
-    struct Control([u8; 64]);
-    let mut control = Control([0; 64]);
-    loop {
-        let mut iov = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
-        // SAFETY: msghdr is plain data, valid zeroed.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &raw mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.0.as_mut_ptr().cast();
-        msg.msg_controllen = control.0.len();
-        // SAFETY: `msg` points at `iov` (describing `buf`, writable for its length) and at
-        // `control`, both alive and unaliased during the call.
-        let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &raw mut msg, libc::MSG_TRUNC) };
-        if n >= 0 {
-            return Ok(Some((n as usize, frame_aux(&msg))));
-        }
-        let e = std::io::Error::last_os_error();
-        match e.kind() {
-            std::io::ErrorKind::WouldBlock => return Ok(None),
-            std::io::ErrorKind::Interrupted => {}
-            _ => return Err(e),
-        }
-    }
+#[derive(Debug)]
+pub struct RxRing {
+    map: std::ptr::NonNull<u8>,
+    len: usize,
+    slot: usize,
+    slots: usize,
+    next: usize,
 }
 
-/// The PACKET_AUXDATA control message of a received frame, read.
+// SAFETY: the ring owns its mapping; it is used from one thread at a time (`&mut self`).
 #[cfg(target_os = "linux")]
-fn frame_aux(msg: &libc::msghdr) -> FrameAux {
-    let mut aux = FrameAux::default();
-    // SAFETY: `msg` was filled by recvmsg(2); the CMSG macros walk its control buffer
-    // within `msg_controllen`, and the auxdata is read unaligned from a message of its
-    // level and type.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_PACKET && (*c).cmsg_type == libc::PACKET_AUXDATA {
-                let a: libc::tpacket_auxdata = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
-                // A tag of 0 with TCI 0 is "none" on kernels without the VALID bit.
-                if a.tp_status & libc::TP_STATUS_VLAN_VALID != 0 || a.tp_vlan_tci != 0 {
-                    let tpid = if a.tp_status & libc::TP_STATUS_VLAN_TPID_VALID != 0 {
-                        a.tp_vlan_tpid
+unsafe impl Send for RxRing {}
+
+#[cfg(target_os = "linux")]
+impl RxRing {
+    /// Maps a ring of `bytes` in slots of `slot` bytes (a power of two, at least 2048)
+    /// onto socket `fd`.
+    pub fn new(fd: &std::os::fd::OwnedFd, slot: usize, bytes: usize) -> std::io::Result<RxRing> {
+        use std::os::fd::AsRawFd;
+        const PAGE: usize = 4096;
+        let block = slot.max(PAGE);
+        let blocks = (bytes / block).max(1);
+        let slots = blocks * (block / slot);
+        let version = libc::tpacket_versions::TPACKET_V2 as i32;
+        set_option(fd, libc::SOL_PACKET, libc::PACKET_VERSION, &version)?;
+        let req = libc::tpacket_req {
+            tp_block_size: block as u32,
+            tp_block_nr: blocks as u32,
+            tp_frame_size: slot as u32,
+            tp_frame_nr: slots as u32,
+        };
+        set_option(fd, libc::SOL_PACKET, libc::PACKET_RX_RING, &req)?;
+        let len = block * blocks;
+        // SAFETY: a fresh shared mapping of the socket's ring, of the length the kernel
+        // just made it; nothing else refers to that memory in this process.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let map = std::ptr::NonNull::new(map.cast()).ok_or_else(std::io::Error::last_os_error)?;
+        Ok(RxRing {
+            map,
+            len,
+            slot,
+            slots,
+            next: 0,
+        })
+    }
+
+    /// Hands the next frame the kernel has written (its bytes, and what it says of them)
+    /// to `f`, then gives its slot back; `None` when the kernel has written none.
+    pub fn next<R>(&mut self, f: impl FnOnce(&[u8], FrameAux) -> R) -> Option<R> {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        // SAFETY: `next < slots`, so the slot lies inside the mapping.
+        let base = unsafe { self.map.as_ptr().add(self.next * self.slot) };
+        // SAFETY: each slot starts with a tpacket2_hdr, 16-byte aligned, whose status word
+        // the kernel and this reader hand back and forth: read and written atomically,
+        // acquire before reading the frame, release once done with it.
+        let status = unsafe { &*base.cast::<AtomicU32>() };
+        if status.load(Ordering::Acquire) & libc::TP_STATUS_USER == 0 {
+            return None;
+        }
+        // SAFETY: the slot is ours until its status is given back; the header is read
+        // whole, and the frame's bytes only within the slot.
+        let result = unsafe {
+            let h: libc::tpacket2_hdr = std::ptr::read(base.cast());
+            let at = usize::from(h.tp_mac).min(self.slot);
+            let bytes = (h.tp_snaplen as usize).min(self.slot - at);
+            let frame = std::slice::from_raw_parts(base.add(at), bytes);
+            let vlan =
+                (h.tp_status & libc::TP_STATUS_VLAN_VALID != 0 || h.tp_vlan_tci != 0).then(|| {
+                    let tpid = if h.tp_status & libc::TP_STATUS_VLAN_TPID_VALID != 0 {
+                        h.tp_vlan_tpid
                     } else {
                         0x8100
                     };
-                    aux.vlan = Some((tpid, a.tp_vlan_tci));
-                }
-                aux.checksum_partial = a.tp_status & libc::TP_STATUS_CSUMNOTREADY != 0;
-            }
-            c = libc::CMSG_NXTHDR(msg, c);
+                    (tpid, h.tp_vlan_tci)
+                });
+            f(
+                frame,
+                FrameAux {
+                    len: h.tp_len as usize,
+                    vlan,
+                    checksum_partial: h.tp_status & libc::TP_STATUS_CSUMNOTREADY != 0,
+                },
+            )
+        };
+        status.store(libc::TP_STATUS_KERNEL, Ordering::Release);
+        self.next = (self.next + 1) % self.slots;
+        Some(result)
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl Drop for RxRing {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, of that length, no longer referred to.
+        unsafe {
+            libc::munmap(self.map.as_ptr().cast(), self.len);
         }
     }
-    aux
 }
 
 /// Sends one frame; false when the interface's queue is full (the frame is not sent).

@@ -166,6 +166,41 @@ impl Lab {
     }
 }
 
+impl Lab {
+    /// Starts `dpuflow run PIPE` in the dut namespace and waits until it serves metrics.
+    fn start(&self, pipe: &str, workers: &str) -> Running {
+        let bin = env!("CARGO_BIN_EXE_dpuflow");
+        let dpuflow = Running(self.spawn(
+            &self.dut,
+            &[
+                bin,
+                "run",
+                pipe,
+                "--metrics",
+                "127.0.0.1:9464",
+                "--workers",
+                workers,
+            ],
+        ));
+        self.metrics_until(|m| m.contains("dpuflow_build_info"), "dpuflow run serving");
+        dpuflow
+    }
+
+    /// The exposition once `done` holds for it (workers publish every 100 ms); fails the
+    /// test naming `what` after 5 s.
+    fn metrics_until(&self, done: impl Fn(&str) -> bool, what: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let m = self.metrics();
+            if done(&m) {
+                return m;
+            }
+            assert!(Instant::now() < deadline, "never {what}:\n{m}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
 impl Drop for Lab {
     fn drop(&mut self) {
         for n in [&self.client, &self.dut, &self.server] {
@@ -215,27 +250,7 @@ fn the_stateful_firewall_runs_between_two_hosts() {
     let _outside_server = serve(&lab.server, SERVER, "80");
     let _inside_server = serve(&lab.client, CLIENT, "8080");
 
-    let bin = env!("CARGO_BIN_EXE_dpuflow");
-    let mut dpuflow = Running(lab.spawn(
-        &lab.dut,
-        &[
-            bin,
-            "run",
-            &pipe_path,
-            "--metrics",
-            "127.0.0.1:9464",
-            "--workers",
-            "2",
-        ],
-    ));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !lab.metrics().contains("dpuflow_build_info") {
-        assert!(
-            Instant::now() < deadline,
-            "dpuflow run never served metrics"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let mut dpuflow = lab.start(&pipe_path, "2");
     // The servers take a moment to listen.
     let deadline = Instant::now() + Duration::from_secs(10);
     let fetched = loop {
@@ -259,9 +274,16 @@ fn the_stateful_firewall_runs_between_two_hosts() {
     );
     assert!(!lab.ping(&lab.server, CLIENT), "a ping from outside got in");
 
-    let m = lab.metrics();
+    let blocked = "dpuflow_rule_matched_packets_total{pipe=\"ingress\",rule=\"default\"}";
+    let m = lab.metrics_until(
+        |m| metric(m, blocked).unwrap_or(0) >= 3,
+        "counted what came from outside",
+    );
     let count = |series: &str| metric(&m, series).unwrap_or_else(|| panic!("{series}:\n{m}"));
-    assert!(count("dpuflow_port_received_packets_total{port=\"inside\"}") > 100);
+    assert!(
+        count("dpuflow_port_received_packets_total{port=\"inside\"}") > 100,
+        "{m}"
+    );
     assert!(count("dpuflow_port_received_packets_total{port=\"outside\"}") > 1000);
     assert!(
         count("dpuflow_rule_matched_packets_total{pipe=\"egress\",rule=\"tcp_services\"}") > 100
@@ -296,7 +318,8 @@ fn the_stateful_firewall_runs_between_two_hosts() {
 
 /// Tagged frames cross with their tags: the kernel takes the VLAN tag out of each frame
 /// a veth receives, and the port puts it back, so the pipeline matches the VLAN and the
-/// frames leave tagged. tcpdump on the far host sees every frame on VLAN 100.
+/// frames leave tagged. tcpdump on the far host sees every frame on VLAN 100; a frame
+/// longer than the port's MTU allows is dropped and counted oversize.
 #[test]
 fn tagged_frames_keep_their_tags() {
     let lab = Lab::new("v");
@@ -313,27 +336,7 @@ fn tagged_frames_keep_their_tags() {
          }\n",
     )
     .expect("write pipeline");
-    let bin = env!("CARGO_BIN_EXE_dpuflow");
-    let _dpuflow = Running(lab.spawn(
-        &lab.dut,
-        &[
-            bin,
-            "run",
-            &pipe_path,
-            "--metrics",
-            "127.0.0.1:9464",
-            "--workers",
-            "1",
-        ],
-    ));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !lab.metrics().contains("dpuflow_build_info") {
-        assert!(
-            Instant::now() < deadline,
-            "dpuflow run never served metrics"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let _dpuflow = lab.start(&pipe_path, "1");
     let pcap = dir.path("far.pcap");
     let mut tcpdump = Command::new("ip")
         .args([
@@ -356,11 +359,14 @@ fn tagged_frames_keep_their_tags() {
         let n = std::io::BufRead::read_line(&mut err, &mut line).expect("tcpdump");
         assert!(n > 0, "tcpdump did not start");
     }
+    // And one jumbo frame, past what the port's `mtu` (1500) lets its ring hold.
+    lab.run(&lab.client, &["ip", "link", "set", "c0", "mtu", "9000"]);
+    lab.run(&lab.dut, &["ip", "link", "set", "in0", "mtu", "9000"]);
     let send = format!(
         "from scapy.all import *\n\
          f = Ether(src='02:00:00:00:00:01', dst='02:00:00:00:00:02')/Dot1Q(vlan=100, prio=5)\
-         /IP(src='{CLIENT}', dst='{SERVER}')/UDP(sport=4000, dport=5000)/Raw(b'tagged')\n\
-         sendp([f] * 20, iface='c0', verbose=0)\n"
+         /IP(src='{CLIENT}', dst='{SERVER}')/UDP(sport=4000, dport=5000)\n\
+         sendp([f/Raw(b'tagged')] * 20 + [f/Raw(b'j' * 3000)], iface='c0', verbose=0)\n"
     );
     lab.run(&lab.client, &[PYTHON, "-c", &send]);
     std::thread::sleep(Duration::from_millis(500));
@@ -368,7 +374,52 @@ fn tagged_frames_keep_their_tags() {
     tcpdump.wait().expect("tcpdump");
     let seen = tshark_fields(&pcap, &["vlan.id", "vlan.priority", "udp.dstport"]);
     assert_eq!(seen, vec!["100,5,5000"; 20], "frames at the far host");
-    let m = lab.metrics();
     let series = "dpuflow_rule_matched_packets_total{pipe=\"out\",rule=\"tagged\"}";
-    assert_eq!(metric(&m, series), Some(20), "{m}");
+    let m = lab.metrics_until(
+        |m| metric(m, series) == Some(20),
+        "counted 20 tagged frames",
+    );
+    let series = "dpuflow_port_dropped_packets_total{port=\"inside\",reason=\"oversize\"}";
+    assert_eq!(metric(&m, series), Some(1), "{m}");
+}
+
+/// Time passes on live ports without packets: a UDP connection (timeout 1 s) ends with no
+/// packet after its last, and the counts of the last packets reach the metrics without
+/// more traffic behind them.
+#[test]
+fn idle_connections_end_without_traffic() {
+    let lab = Lab::new("i");
+    let dir = Scratch::new("live-idle");
+    let pipe_path = dir.path("udp.pipe");
+    std::fs::write(
+        &pipe_path,
+        "pipeline idle\n\
+         port inside  { driver af_packet  iface \"in0\" }\n\
+         port outside { driver af_packet  iface \"out0\" }\n\
+         conntrack { timeout udp 1s }\n\
+         pipe out root from inside {\n\
+             rule udp { match ip.proto 17  actions ct.commit, fwd outside }\n\
+             default { actions drop }\n\
+         }\n",
+    )
+    .expect("write pipeline");
+    let _dpuflow = lab.start(&pipe_path, "1");
+    let send = format!(
+        "from scapy.all import *\n\
+         sendp(Ether()/IP(src='{CLIENT}', dst='{SERVER}')/UDP(sport=4000, dport=5000), \
+         iface='c0', verbose=0)\n"
+    );
+    lab.run(&lab.client, &[PYTHON, "-c", &send]);
+    let udp = "dpuflow_rule_matched_packets_total{pipe=\"out\",rule=\"udp\"}";
+    let m = lab.metrics_until(|m| metric(m, udp) == Some(1), "counted the datagram");
+    assert_eq!(metric(&m, "dpuflow_conntrack_entries"), Some(1), "{m}");
+    let m = lab.metrics_until(
+        |m| metric(m, "dpuflow_conntrack_entries") == Some(0),
+        "ended the idle connection",
+    );
+    assert_eq!(
+        metric(&m, "dpuflow_conntrack_expirations_total"),
+        Some(1),
+        "{m}"
+    );
 }

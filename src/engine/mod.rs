@@ -616,12 +616,25 @@ impl Engine {
             });
         }
         if let Some(last) = batch.last() {
-            if let Some(ct) = &mut self.rt.ct {
-                ct.sweep_due(last.ts_ns);
-            }
-            if let Some(flows) = &mut self.rt.flows {
-                flows.sweep_due(last.ts_ns);
-            }
+            self.sweep(last.ts_ns, crate::sweep::MAX_SLOTS);
+        }
+    }
+
+    /// Time is `now` (in the packets' clock) though no packet came: what timed out in the
+    /// connection table and the flow cache ends, as after a batch. A live service calls
+    /// this while its ports are quiet; with no batch to hold up, the sweep is not capped.
+    pub fn advance(&mut self, now: u64) {
+        self.sweep(now, usize::MAX);
+    }
+
+    /// Sweeps the connection table and the flow cache as far as their pace says at `now`,
+    /// `most` slots of each at most.
+    fn sweep(&mut self, now: u64, most: usize) {
+        if let Some(ct) = &mut self.rt.ct {
+            ct.sweep_due(now, most);
+        }
+        if let Some(flows) = &mut self.rt.flows {
+            flows.sweep_due(now, most);
         }
     }
 

@@ -744,13 +744,13 @@ impl Conntrack {
     }
 
     /// Sweeps the slots due by `now`: the whole table once a second of packet time, spread
-    /// over the batches, at most 1024 slots a call. Lookups already remove the expired
+    /// over the batches, at most `most` slots a call (1024 after a batch). Lookups already remove the expired
     /// entries they meet; the sweep reclaims those nobody asks for again, and timeouts of ten
     /// seconds and more make a second's delay immaterial. Paced by time rather than by
     /// packets, it costs a packet less the faster packets come (at 8 Mpps, five slots a
     /// batch of 32 for a 1M-connection table, not 32).
-    pub fn sweep_due(&mut self, now: u64) {
-        let due = self.pace.due(now, self.slots.len());
+    pub fn sweep_due(&mut self, now: u64, most: usize) {
+        let due = self.pace.due(now, self.slots.len(), most);
         if due > 0 {
             self.sweep(now, due);
         }
@@ -1622,15 +1622,15 @@ mod tests {
             assert!(ct.commit(&pending(&ct, n), 1_000_000_000));
         }
         let late = 40_000_000_000;
-        ct.sweep_due(late);
+        ct.sweep_due(late, crate::sweep::MAX_SLOTS);
         assert_eq!(ct.sweep_at, 0, "the first call only starts the clock");
         // 1/100 of a second: 1/100 of the table.
-        ct.sweep_due(late + 10_000_000);
+        ct.sweep_due(late + 10_000_000, crate::sweep::MAX_SLOTS);
         assert_eq!(ct.sweep_at, slots / 100);
         let before = ct.len();
-        ct.sweep_due(late + 2_000_000_000);
+        ct.sweep_due(late + 2_000_000_000, crate::sweep::MAX_SLOTS);
         assert!(ct.len() < before);
-        ct.sweep_due(late + 4_000_000_000);
+        ct.sweep_due(late + 4_000_000_000, crate::sweep::MAX_SLOTS);
         assert_eq!(
             ct.len(),
             0,
@@ -1931,8 +1931,8 @@ mod tests {
         assert!(pass(&mut ct, &tcp(true, SYN), 0, s, 1));
         assert!(pass(&mut ct, &tcp(false, SYN | ACK), 1, 2 * s, 0));
         assert!(pass(&mut ct, &tcp(true, ACK), 0, 3 * s, 1));
-        ct.sweep_due(3 * s);
-        ct.sweep_due(70 * s);
+        ct.sweep_due(3 * s, crate::sweep::MAX_SLOTS);
+        ct.sweep_due(70 * s, crate::sweep::MAX_SLOTS);
         let mut out = Vec::new();
         ct.take_records(&mut out);
         assert_eq!(out.len(), 2, "{out:?}");
@@ -1961,7 +1961,7 @@ mod tests {
         );
         // The connection closes; its last packets are reported when it is swept.
         assert!(pass(&mut ct, &tcp(false, RST), 1, 71 * s, 0));
-        ct.sweep_due(200 * s);
+        ct.sweep_due(200 * s, crate::sweep::MAX_SLOTS);
         out.clear();
         ct.take_records(&mut out);
         assert_eq!(out.len(), 1, "{out:?}");

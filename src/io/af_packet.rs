@@ -1,11 +1,12 @@
-//! Live ports on Linux network interfaces through AF_PACKET sockets (packet(7)): every
-//! frame the interface receives is read into a packet buffer (one recv(2) each), every
-//! frame sent out of the port is one send(2). The socket sees the interface
+//! Live ports on Linux network interfaces through AF_PACKET sockets (packet(7)): the
+//! frames the interface receives arrive in a ring mapped from the kernel (TPACKET_V2, no
+//! system call a frame) and are copied into packet buffers; every frame sent out of the
+//! port is one send(2). The socket sees the interface
 //! promiscuously and not the frames sent through it, so a port can sit in the path
 //! between two hosts (a bump in the wire).
 //!
 //! The kernel hands a socket frames as its interface left them: the VLAN tag taken out
-//! (put back here, from PACKET_AUXDATA), the TCP or UDP checksum of a frame sent by this
+//! (put back here, from the ring's frame header), the TCP or UDP checksum of a frame sent by this
 //! host or across a virtual link left for hardware to finish (finished here), and, with
 //! receive offloads (GRO, LRO) or a virtual link's segmentation offloads (TSO, GSO) on,
 //! merged or unsegmented frames larger than any wire carries, which must be turned off
@@ -13,6 +14,7 @@
 
 use crate::engine::PacketBuf;
 use crate::ir::PortId;
+use crate::sys::RxRing;
 use crate::wire::ethernet::{self, ethertype};
 use crate::wire::{be16, checksum, ip_proto, ipv4, ipv6, put16};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -57,22 +59,39 @@ pub enum Received {
 pub struct LivePort {
     port: PortId,
     iface: String,
+    /// The frames received, mapped (declared first: unmapped before the socket closes).
+    ring: RxRing,
     fd: OwnedFd,
 }
 
+/// The memory of a port's receive ring: 4096 slots of standard frames, enough to ride out
+/// a burst while the I/O thread is busy.
+const RING_BYTES: usize = 8 << 20;
+
 impl LivePort {
-    pub fn open(port: PortId, iface: &str) -> Result<LivePort, LiveError> {
+    /// Opens `iface` for a port whose largest IP packet is `mtu` bytes: the receive ring's
+    /// slots hold such frames (two VLAN tags included); longer ones are cut short and
+    /// dropped as oversize.
+    pub fn open(port: PortId, iface: &str, mtu: u16) -> Result<LivePort, LiveError> {
+        let failed = |source| LiveError::Socket {
+            iface: iface.to_owned(),
+            source,
+        };
         let index = crate::sys::interface_index(iface).map_err(|source| LiveError::Interface {
             iface: iface.to_owned(),
             source,
         })?;
-        let fd = crate::sys::packet_socket(index).map_err(|source| LiveError::Socket {
-            iface: iface.to_owned(),
-            source,
-        })?;
+        let fd = crate::sys::packet_socket(index).map_err(failed)?;
+        // A slot holds the ring's header (about 70 bytes with its alignment), then the
+        // frame.
+        let slot = (usize::from(mtu) + ethernet::HEADER_LEN + 2 * VLAN_TAG + 128)
+            .next_power_of_two()
+            .max(2048);
+        let ring = RxRing::new(&fd, slot, RING_BYTES).map_err(failed)?;
         Ok(LivePort {
             port,
             iface: iface.to_owned(),
+            ring,
             fd,
         })
     }
@@ -85,35 +104,33 @@ impl LivePort {
         self.fd.as_fd()
     }
 
-    /// Reads the next frame waiting into `slot`, received at `ts_ns`; `None` when none
+    /// Copies the next frame received into `slot`, stamped `ts_ns`; `None` when none
     /// waits. A VLAN tag the interface took out is put back, and a checksum the sender
     /// left for hardware is finished, so the pipeline sees the frame as it was on the wire.
-    pub fn receive(&self, slot: &mut PacketBuf, ts_ns: u64) -> Result<Option<Received>, LiveError> {
-        let room = slot.room();
-        let fits = room.len();
-        let Some((len, aux)) =
-            crate::sys::receive(self.fd.as_fd(), room).map_err(|e| self.failed(e))?
-        else {
-            return Ok(None);
-        };
-        if len > fits {
-            slot.received(0, self.port, ts_ns);
-            return Ok(Some(Received::Oversize(len)));
-        }
-        slot.received(len, self.port, ts_ns);
-        if let Some((tpid, tci)) = aux.vlan {
-            if len >= 2 * 6 && slot.push_front(VLAN_TAG) {
-                // The addresses move to the new front; the tag goes after them.
-                let frame = slot.data_mut();
-                frame.copy_within(VLAN_TAG..VLAN_TAG + 12, 0);
-                put16(frame, 12, tpid);
-                put16(frame, 14, tci);
+    pub fn receive(&mut self, slot: &mut PacketBuf, ts_ns: u64) -> Option<Received> {
+        let port = self.port;
+        self.ring.next(|frame, aux| {
+            let room = slot.room();
+            if aux.len > frame.len() || frame.len() > room.len() {
+                slot.received(0, port, ts_ns);
+                return Received::Oversize(aux.len);
             }
-        }
-        if aux.checksum_partial {
-            finish_checksum(slot.data_mut());
-        }
-        Ok(Some(Received::Frame))
+            room[..frame.len()].copy_from_slice(frame);
+            slot.received(frame.len(), port, ts_ns);
+            if let Some((tpid, tci)) = aux.vlan {
+                if frame.len() >= 12 && slot.push_front(VLAN_TAG) {
+                    // The addresses move to the new front; the tag goes after them.
+                    let frame = slot.data_mut();
+                    frame.copy_within(VLAN_TAG..VLAN_TAG + 12, 0);
+                    put16(frame, 12, tpid);
+                    put16(frame, 14, tci);
+                }
+            }
+            if aux.checksum_partial {
+                finish_checksum(slot.data_mut());
+            }
+            Received::Frame
+        })
     }
 
     /// Sends a frame out of the interface; false when its queue was full and the frame

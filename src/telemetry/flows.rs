@@ -657,9 +657,9 @@ impl FlowCache {
     }
 
     /// Examines the flows due by `now`: all of them once a second of packet time, spread
-    /// over the batches (see [`crate::sweep`]).
-    pub fn sweep_due(&mut self, now: u64) {
-        let due = self.pace.due(now, self.flows.len());
+    /// over the batches, at most `most` a call (see [`crate::sweep`]).
+    pub fn sweep_due(&mut self, now: u64, most: usize) {
+        let due = self.pace.due(now, self.flows.len(), most);
         if due > 0 {
             self.sweep(now, due);
         }
@@ -945,10 +945,10 @@ mod tests {
         for i in 0..n {
             c.count(&probe(&c, &key(i)), second, Some(1), false);
         }
-        c.sweep_due(2 * second);
+        c.sweep_due(2 * second, crate::sweep::MAX_SLOTS);
         assert_eq!(c.sweep_at, 0, "the first call only starts the clock");
         // A hundredth of a second: a hundredth of the flows.
-        c.sweep_due(2 * second + second / 100);
+        c.sweep_due(2 * second + second / 100, crate::sweep::MAX_SLOTS);
         assert_eq!(c.sweep_at, usize::from(n) / 100);
         assert_eq!(c.records_waiting(), 0, "nothing is due yet");
         // Long after the idle timeout, all are due; the sweep stops when its records fill.
