@@ -209,6 +209,20 @@ impl Drop for Lab {
     }
 }
 
+/// Writes a pipeline whose ports `inside` and `outside` are the dut's two links (live),
+/// followed by `body`, into `dir`; returns its path.
+fn live_pipeline(dir: &Scratch, body: &str) -> String {
+    let path = dir.path("live.pipe");
+    let text = format!(
+        "pipeline live\n\
+         port inside  {{ driver af_packet  iface \"in0\" }}\n\
+         port outside {{ driver af_packet  iface \"out0\" }}\n\
+         {body}"
+    );
+    std::fs::write(&path, text).expect("write pipeline");
+    path
+}
+
 /// Stops a child process when dropped, so a failing test leaves nothing running.
 struct Running(Child);
 
@@ -324,18 +338,13 @@ fn the_stateful_firewall_runs_between_two_hosts() {
 fn tagged_frames_keep_their_tags() {
     let lab = Lab::new("v");
     let dir = Scratch::new("live-vlan");
-    let pipe_path = dir.path("bridge.pipe");
-    std::fs::write(
-        &pipe_path,
-        "pipeline vlan_bridge\n\
-         port inside  { driver af_packet  iface \"in0\" }\n\
-         port outside { driver af_packet  iface \"out0\" }\n\
-         pipe out root from inside {\n\
+    let pipe_path = live_pipeline(
+        &dir,
+        "pipe out root from inside {\n\
              rule tagged { match vlan.id 100  actions fwd outside }\n\
              default { actions drop }\n\
          }\n",
-    )
-    .expect("write pipeline");
+    );
     let _dpuflow = lab.start(&pipe_path, "1");
     let pcap = dir.path("far.pcap");
     let mut tcpdump = Command::new("ip")
@@ -390,19 +399,14 @@ fn tagged_frames_keep_their_tags() {
 fn idle_connections_end_without_traffic() {
     let lab = Lab::new("i");
     let dir = Scratch::new("live-idle");
-    let pipe_path = dir.path("udp.pipe");
-    std::fs::write(
-        &pipe_path,
-        "pipeline idle\n\
-         port inside  { driver af_packet  iface \"in0\" }\n\
-         port outside { driver af_packet  iface \"out0\" }\n\
-         conntrack { timeout udp 1s }\n\
+    let pipe_path = live_pipeline(
+        &dir,
+        "conntrack { timeout udp 1s }\n\
          pipe out root from inside {\n\
              rule udp { match ip.proto 17  actions ct.commit, fwd outside }\n\
              default { actions drop }\n\
          }\n",
-    )
-    .expect("write pipeline");
+    );
     let _dpuflow = lab.start(&pipe_path, "1");
     let send = format!(
         "from scapy.all import *\n\

@@ -401,17 +401,13 @@ fn bench_conversations_are_in_order_tcp() {
     std::fs::write(&v6, v6_text).expect("write");
     for (name, pipe) in [("v4", v4), ("v6", v6.as_str())] {
         let pcap = dir.path(&format!("{name}.pcap"));
-        dpuflow_ok(&[
-            "bench",
-            pipe,
-            "--conversations",
-            "--flows",
-            "64",
-            "--size",
-            "100",
-            "--write",
-            &pcap,
-        ]);
+        let bench = |more: &[&str]| {
+            let mut args = vec!["bench", pipe, "--conversations", "--flows", "64"];
+            args.extend_from_slice(&["--size", "100"]);
+            args.extend_from_slice(more);
+            dpuflow_ok(&args)
+        };
+        bench(&["--write", &pcap]);
         assert_tshark_clean(&pcap);
         let flagged = tshark_table(&pcap, &["-Y", "tcp.analysis.flags"], ',', &["frame.number"]);
         assert_eq!(flagged, "", "{name}: tshark flags these frames");
@@ -435,19 +431,7 @@ fn bench_conversations_are_in_order_tcp() {
         assert_eq!(s["conntrack"]["entries"], 64, "{name}: {s}");
         let invalid = s["conntrack"]["invalid"].as_object().expect("invalid");
         assert!(invalid.values().all(|v| v == 0), "{name}: {s}");
-        let out = dpuflow_ok(&[
-            "bench",
-            pipe,
-            "--conversations",
-            "--flows",
-            "64",
-            "--size",
-            "100",
-            "--warmup",
-            "192",
-            "--packets",
-            "20000",
-        ]);
+        let out = bench(&["--warmup", "192", "--packets", "20000"]);
         assert!(
             out.contains("forwarded 20000, dropped 0")
                 && out.contains(
