@@ -21,7 +21,7 @@ use crate::engine::{
 };
 use crate::firewall::conntrack::Conntrack;
 use crate::firewall::fragments::Fragments;
-use crate::io::af_packet::{LiveError, LivePort, Received};
+use crate::io::af_packet::{LiveError, LivePort, Received, Sent};
 use crate::io::pcap::{CaptureError, CaptureWriter};
 use crate::ir::{Driver, PortId, Program};
 use crate::replay::{Bindings, Merged, Merger};
@@ -574,7 +574,7 @@ fn io(
         pool: Vec::new(),
         batches: Vec::new(),
         spares_back,
-        tx_full_warning: WarnThrottle::default(),
+        tx_warning: WarnThrottle::default(),
     };
     let (n, batch) = (to_workers.len(), opts.batch.max(1));
     let mut dealer = Dealer {
@@ -634,8 +634,15 @@ fn io(
                     }
                 }
                 if let Source::Live(readable) = &mut source {
+                    let ports = &out.live;
+                    // A link that went down: said, and the port reads again once it is up.
+                    let said = |i: usize, e: std::io::Error| {
+                        if let Some(port) = ports.iter().flatten().nth(i) {
+                            tracing::warn!(iface = port.iface(), error = %e, "live port");
+                        }
+                    };
                     readable
-                        .wait(IDLE_WAIT)
+                        .wait(IDLE_WAIT, said)
                         .map_err(|e| RunError::Thread(e.to_string()))?;
                 }
                 continue;
@@ -769,8 +776,7 @@ struct Outputs {
     writers: Vec<Option<CaptureWriter>>,
     /// The live ports, by port.
     live: Vec<Option<LivePort>>,
-    /// Packets forwarded to a port without an output, or to a live port whose transmit
-    /// queue stayed full.
+    /// Packets forwarded to a port without an output, or that a live port could not send.
     unwritten: u64,
     /// Processed batches written.
     returned: u64,
@@ -779,11 +785,8 @@ struct Outputs {
     /// Empty batches to fill.
     batches: Vec<Vec<PacketBuf>>,
     spares_back: Vec<Sender<Vec<PacketBuf>>>,
-    tx_full_warning: WarnThrottle,
+    tx_warning: WarnThrottle,
 }
-
-/// Times a live port's full transmit queue is retried before the frame is given up.
-const TX_RETRIES: usize = 3;
 
 impl Outputs {
     fn write(&mut self, mut batch: Processed) -> Result<(), RunError> {
@@ -794,21 +797,21 @@ impl Outputs {
                 if let Some(w) = &mut self.writers[i] {
                     w.write(pkt.ts_ns, pkt.data())?;
                 } else if let Some(live) = &self.live[i] {
-                    let mut sent = live.send(pkt.data())?;
-                    for _ in 0..TX_RETRIES {
-                        if sent {
-                            break;
-                        }
-                        std::thread::yield_now();
-                        sent = live.send(pkt.data())?;
-                    }
-                    if !sent {
+                    let sent = live.send(pkt.data());
+                    if !matches!(sent, Sent::Yes) {
                         self.unwritten += 1;
-                        if self.tx_full_warning.ready() {
-                            tracing::warn!(
-                                iface = live.iface(),
-                                "transmit queue full: frame dropped"
-                            );
+                        if self.tx_warning.ready() {
+                            match sent {
+                                Sent::Refused(e) => tracing::warn!(
+                                    iface = live.iface(),
+                                    error = %e,
+                                    "send failed: frame dropped"
+                                ),
+                                _ => tracing::warn!(
+                                    iface = live.iface(),
+                                    "transmit queue full: frame dropped"
+                                ),
+                            }
                         }
                     }
                 } else {

@@ -275,6 +275,7 @@ impl Drop for RxRing {
 }
 
 /// Sends one frame; false when the interface's queue is full (the frame is not sent).
+/// Other failures (the interface down or gone, a frame longer than its MTU) are errors.
 #[cfg(target_os = "linux")]
 pub fn send(fd: std::os::fd::BorrowedFd, frame: &[u8]) -> std::io::Result<bool> {
     use std::os::fd::AsRawFd;
@@ -287,6 +288,8 @@ pub fn send(fd: std::os::fd::BorrowedFd, frame: &[u8]) -> std::io::Result<bool> 
         let e = std::io::Error::last_os_error();
         match e.kind() {
             std::io::ErrorKind::WouldBlock => return Ok(false),
+            // Some drivers say a full queue this way.
+            _ if e.raw_os_error() == Some(libc::ENOBUFS) => return Ok(false),
             std::io::ErrorKind::Interrupted => {}
             _ => return Err(e),
         }
@@ -315,8 +318,14 @@ impl Readable {
     }
 
     /// Waits until one of the descriptors has something to read, or `timeout` passes.
-    /// The descriptors must still be open.
-    pub fn wait(&mut self, timeout: std::time::Duration) -> std::io::Result<()> {
+    /// The descriptors must still be open. A socket's pending error (an AF_PACKET
+    /// socket's link went down) would wake every wait at once until taken: each is taken
+    /// and handed to `error` with the descriptor's index.
+    pub fn wait(
+        &mut self,
+        timeout: std::time::Duration,
+        mut error: impl FnMut(usize, std::io::Error),
+    ) -> std::io::Result<()> {
         let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
         // SAFETY: the vector holds `len` pollfd structures, writable during the call.
         let r = unsafe { libc::poll(self.0.as_mut_ptr(), self.0.len() as libc::nfds_t, ms) };
@@ -325,7 +334,33 @@ impl Readable {
             if e.kind() != std::io::ErrorKind::Interrupted {
                 return Err(e);
             }
+            return Ok(());
+        }
+        for (i, p) in self.0.iter().enumerate() {
+            if p.revents & libc::POLLERR != 0 {
+                if let Some(e) = take_error(p.fd) {
+                    error(i, e);
+                }
+            }
         }
         Ok(())
     }
+}
+
+/// Takes a socket's pending error (getsockopt SO_ERROR), if it has one.
+#[cfg(target_os = "linux")]
+fn take_error(fd: i32) -> Option<std::io::Error> {
+    let mut code: i32 = 0;
+    let mut len = size_of::<i32>() as libc::socklen_t;
+    // SAFETY: `code` and `len` are live and of the sizes given.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ERROR,
+            (&raw mut code).cast(),
+            &raw mut len,
+        )
+    };
+    (r == 0 && code != 0).then(|| std::io::Error::from_raw_os_error(code))
 }

@@ -166,7 +166,58 @@ impl Lab {
     }
 }
 
+/// tcpdump writing what the server's link receives into a capture.
+struct Capture(Child);
+
+impl Capture {
+    /// Stops the capture (what it holds is written) after a moment for the last frames.
+    fn stop(mut self) {
+        std::thread::sleep(Duration::from_millis(500));
+        tool_ok("kill", &["-INT", &self.0.id().to_string()]);
+        self.0.wait().expect("tcpdump");
+    }
+}
+
 impl Lab {
+    /// Starts tcpdump on the server's link, writing the frames `filter` takes to `pcap`,
+    /// and waits until it listens.
+    fn capture(&self, pcap: &str, filter: &str) -> Capture {
+        let mut tcpdump = Command::new("ip")
+            .args(["netns", "exec", &self.server, "tcpdump", "-Z", "root"])
+            .args([
+                "--immediate-mode",
+                "-i",
+                "s0",
+                "-U",
+                "-n",
+                "-w",
+                pcap,
+                filter,
+            ])
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("tcpdump is required (scripts/test installs it)");
+        let mut err = std::io::BufReader::new(tcpdump.stderr.take().expect("stderr"));
+        let mut line = String::new();
+        while !line.contains("listening on") {
+            line.clear();
+            let n = std::io::BufRead::read_line(&mut err, &mut line).expect("tcpdump");
+            assert!(n > 0, "tcpdump did not start");
+        }
+        Capture(tcpdump)
+    }
+
+    /// Sends `count` UDP datagrams from the client to the server's port `dport`.
+    fn send_udp(&self, dport: u16, count: usize) {
+        let send = format!(
+            "from scapy.all import *\n\
+             f = Ether(src='02:00:00:00:00:01', dst='02:00:00:00:00:02')\
+             /IP(src='{CLIENT}', dst='{SERVER}')/UDP(sport=4000, dport={dport})\n\
+             sendp([f] * {count}, iface='c0', verbose=0)\n"
+        );
+        self.run(&self.client, &[PYTHON, "-c", &send]);
+    }
+
     /// Starts `dpuflow run PIPE` in the dut namespace and waits until it serves metrics.
     fn start(&self, pipe: &str, workers: &str) -> Running {
         let bin = env!("CARGO_BIN_EXE_dpuflow");
@@ -347,27 +398,7 @@ fn tagged_frames_keep_their_tags() {
     );
     let _dpuflow = lab.start(&pipe_path, "1");
     let pcap = dir.path("far.pcap");
-    let mut tcpdump = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &lab.server,
-            "tcpdump",
-            "-Z",
-            "root",
-            "--immediate-mode",
-        ])
-        .args(["-i", "s0", "-U", "-n", "-w", &pcap, "vlan"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("tcpdump is required (scripts/test installs it)");
-    let mut err = std::io::BufReader::new(tcpdump.stderr.take().expect("stderr"));
-    let mut line = String::new();
-    while !line.contains("listening on") {
-        line.clear();
-        let n = std::io::BufRead::read_line(&mut err, &mut line).expect("tcpdump");
-        assert!(n > 0, "tcpdump did not start");
-    }
+    let far = lab.capture(&pcap, "vlan");
     // And one jumbo frame, past what the port's `mtu` (1500) lets its ring hold.
     lab.run(&lab.client, &["ip", "link", "set", "c0", "mtu", "9000"]);
     lab.run(&lab.dut, &["ip", "link", "set", "in0", "mtu", "9000"]);
@@ -379,8 +410,7 @@ fn tagged_frames_keep_their_tags() {
     );
     lab.run(&lab.client, &[PYTHON, "-c", &send]);
     std::thread::sleep(Duration::from_millis(500));
-    tool_ok("kill", &["-INT", &tcpdump.id().to_string()]);
-    tcpdump.wait().expect("tcpdump");
+    far.stop();
     let seen = tshark_fields(&pcap, &["vlan.id", "vlan.priority", "udp.dstport"]);
     assert_eq!(seen, vec!["100,5,5000"; 20], "frames at the far host");
     let series = "dpuflow_rule_matched_packets_total{pipe=\"out\",rule=\"tagged\"}";
@@ -408,12 +438,7 @@ fn idle_connections_end_without_traffic() {
          }\n",
     );
     let _dpuflow = lab.start(&pipe_path, "1");
-    let send = format!(
-        "from scapy.all import *\n\
-         sendp(Ether()/IP(src='{CLIENT}', dst='{SERVER}')/UDP(sport=4000, dport=5000), \
-         iface='c0', verbose=0)\n"
-    );
-    lab.run(&lab.client, &[PYTHON, "-c", &send]);
+    lab.send_udp(5000, 1);
     let udp = "dpuflow_rule_matched_packets_total{pipe=\"out\",rule=\"udp\"}";
     let m = lab.metrics_until(|m| metric(m, udp) == Some(1), "counted the datagram");
     assert_eq!(metric(&m, "dpuflow_conntrack_entries"), Some(1), "{m}");
@@ -426,4 +451,80 @@ fn idle_connections_end_without_traffic() {
         Some(1),
         "{m}"
     );
+}
+
+/// A link that goes down and comes back: frames for it meanwhile are dropped (counted as
+/// unwritten, and said in the log), the service carries on, and frames cross again once
+/// the link is up.
+#[test]
+fn a_port_whose_link_goes_down_carries_on() {
+    let lab = Lab::new("l");
+    let dir = Scratch::new("live-link");
+    let pipe_path = live_pipeline(
+        &dir,
+        "pipe out root from inside {\n\
+             rule udp { match ip.proto 17  actions fwd outside }\n\
+             default { actions drop }\n\
+         }\n",
+    );
+    let _dpuflow = lab.start(&pipe_path, "1");
+    // What the server's link receives, by UDP port, read through the link's going down
+    // and up (tcpdump gives up when its link goes down); it stops at the last frame.
+    let count = r#"
+import socket, struct, sys, time, errno
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0800))
+s.bind(("s0", 0))
+s.settimeout(0.2)
+print("listening", flush=True)
+seen, end = {}, time.time() + 20
+while time.time() < end and seen.get(5003, 0) < 5:
+    try:
+        f = s.recv(2048)
+    except socket.timeout:
+        continue
+    except OSError as e:
+        if e.errno == errno.ENETDOWN:
+            continue
+        raise
+    if len(f) >= 38 and f[23] == 17:
+        port = struct.unpack("!H", f[36:38])[0]
+        seen[port] = seen.get(port, 0) + 1
+print(" ".join("%d:%d" % kv for kv in sorted(seen.items())), flush=True)
+"#;
+    let mut counter = Command::new("ip")
+        .args(["netns", "exec", &lab.server, PYTHON, "-c", count])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut out = std::io::BufReader::new(counter.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).expect("counter");
+    assert_eq!(line.trim(), "listening");
+    let udp = "dpuflow_rule_matched_packets_total{pipe=\"out\",rule=\"udp\"}";
+    lab.send_udp(5001, 5);
+    lab.metrics_until(|m| metric(m, udp) == Some(5), "counted the first five");
+    lab.run(&lab.dut, &["ip", "link", "set", "out0", "down"]);
+    lab.send_udp(5002, 5);
+    lab.metrics_until(|m| metric(m, udp) == Some(10), "counted five more");
+    lab.run(&lab.dut, &["ip", "link", "set", "out0", "up"]);
+    // The kernel passes frames once the link is up and its queue is back (which it does
+    // after a second or so).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while lab
+        .run(&lab.dut, &["cat", "/sys/class/net/out0/operstate"])
+        .trim()
+        != "up"
+    {
+        assert!(Instant::now() < deadline, "out0 never came back up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    lab.send_udp(5003, 5);
+    line.clear();
+    std::io::BufRead::read_line(&mut out, &mut line).expect("counts");
+    counter.wait().expect("counter");
+    assert_eq!(line.trim(), "5001:5 5003:5", "what crossed");
+    let m = lab.metrics_until(|m| metric(m, udp) == Some(15), "counted the last five");
+    let sent = "dpuflow_port_transmitted_packets_total{port=\"outside\"}";
+    assert_eq!(metric(&m, sent), Some(15), "{m}");
 }

@@ -28,19 +28,27 @@ pub enum LiveError {
         iface: String,
         source: std::io::Error,
     },
-    /// the socket could not be opened (it needs CAP_NET_RAW)
+    /// the socket could not be opened (it needs CAP_NET_RAW) or its ring mapped
     #[error("interface {iface}: AF_PACKET socket: {source}")]
     Socket {
         iface: String,
         source: std::io::Error,
     },
-    /// receiving or sending failed
-    #[error("interface {iface}: {source}")]
-    Io {
-        iface: String,
-        source: std::io::Error,
-    },
 }
+
+/// What became of a frame sent ([`LivePort::send`]).
+#[derive(Debug)]
+pub enum Sent {
+    Yes,
+    /// The interface's transmit queue stayed full: the frame was dropped.
+    QueueFull,
+    /// The interface refused the frame (it is down or gone, or the frame is longer than
+    /// its MTU): dropped. The port stays open and sends again once it can.
+    Refused(std::io::Error),
+}
+
+/// Times a full transmit queue is tried again before the frame is given up.
+const TX_RETRIES: usize = 3;
 
 /// An 802.1Q tag's length: TPID and TCI.
 const VLAN_TAG: usize = 4;
@@ -133,17 +141,21 @@ impl LivePort {
         })
     }
 
-    /// Sends a frame out of the interface; false when its queue was full and the frame
-    /// was not sent.
-    pub fn send(&self, frame: &[u8]) -> Result<bool, LiveError> {
-        crate::sys::send(self.fd.as_fd(), frame).map_err(|e| self.failed(e))
-    }
-
-    fn failed(&self, source: std::io::Error) -> LiveError {
-        LiveError::Io {
-            iface: self.iface.clone(),
-            source,
+    /// Sends a frame out of the interface, trying again a few times while its transmit
+    /// queue is full.
+    pub fn send(&self, frame: &[u8]) -> Sent {
+        let mut refused = None;
+        for _ in 0..=TX_RETRIES {
+            match crate::sys::send(self.fd.as_fd(), frame) {
+                Ok(true) => return Sent::Yes,
+                Ok(false) => std::thread::yield_now(),
+                // The first error may be an old one: the socket keeps its link's going
+                // down as a pending error, which the next call reports (and clears).
+                Err(e) if refused.is_none() => refused = Some(e),
+                Err(e) => return Sent::Refused(e),
+            }
         }
+        refused.map_or(Sent::QueueFull, Sent::Refused)
     }
 }
 
