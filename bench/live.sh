@@ -2,7 +2,7 @@
 # Live ports (AF_PACKET) between two network namespaces: tcpreplay offers 64-byte UDP
 # frames (4096 flows) to dpuflow's inside port at each rate; the outside host counts what
 # arrives. Prints, per offered rate, the rate tcpreplay achieved and the share delivered.
-# Needs root, tcpreplay and ethtool. Usage: bench/live.sh [WORKERS] [RATE...]
+# Needs root, tcpreplay and ethtool. Usage: [DPUFLOW=BIN] bench/live.sh [WORKERS] [RATE...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 workers=${1:-1}
@@ -10,8 +10,11 @@ shift || true
 rates=("${@:-100000 200000 300000 400000 1000000}")
 # shellcheck disable=SC2206 # rates are words
 rates=(${rates[*]})
-cargo build --release -q
-bin=$PWD/target/release/dpuflow
+# DPUFLOW=path runs another build (to compare two side by side).
+if [ -z "${DPUFLOW:-}" ]; then
+    cargo build --release -q
+fi
+bin=${DPUFLOW:-$PWD/target/release/dpuflow}
 for tool in tcpreplay ethtool; do
     command -v $tool >/dev/null || { echo "$tool not found: apt-get install $tool" >&2; exit 1; }
 done
@@ -53,6 +56,6 @@ for pps in "${rates[@]}"; do
         sed -n 's/.* \([0-9.]*\) pps.*/\1/p')
     sleep 0.5
     after=$(rx)
-    kill "$(cat "$tmp/pid")"; wait "$(cat "$tmp/pid")" 2>/dev/null || true
+    kill "$(cat "$tmp/pid")"; wait "$(cat "$tmp/pid")" 2>/dev/null || true; [ -z "${LIVE_LOG:-}" ] || tail -3 "$tmp/log" >&2
     printf '%-14s %-16s %s\n' "$pps" "$achieved" "$(echo "scale=4; ($after - $before) / $offered" | bc)"
 done
