@@ -1,6 +1,7 @@
 //! Connection-tracking states against the Linux kernel's nf_conntrack. A router namespace
 //! forwards between a client and a server namespace and counts, with nftables on its
-//! forward hook, the packets in `ct state new / established / related / invalid`. Crafted
+//! forward hook, the packets in `ct state new / established / related / invalid /
+//! untracked`. Crafted
 //! sessions are sent through it in order from both sides, over IPv4 and over IPv6, and the
 //! same packets are replayed through dpuflow, with TCP window tracking on
 //! (tests/data/ct-count-window.pipe, as the kernel by default) and off
@@ -16,7 +17,7 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::Duration;
 
-const STATES: [&str; 4] = ["new", "established", "related", "invalid"];
+const STATES: [&str; 5] = ["new", "established", "related", "invalid", "untracked"];
 
 /// Scenarios whose kernel counts depend on window tracking: segments outside their
 /// windows (invalid, in fragments too), and unacknowledged data (a shorter timeout). Only `tcp_window on`
@@ -63,13 +64,19 @@ def scenarios(v6):
       return [(side, eth/f) for f in fragment(IP(src=src, dst=dst, ttl=64, id=ident)/p, fragsize=32)]
   def cf(p, ident): return fragmented("c", C, S, EC, p, ident)
   def sf(p, ident): return fragmented("s", S, C, ES, p, ident)
-  return body(c, s, echo, unreachable, quoted_udp, cf, sf)
+  def link_local():
+      # Messages of other ICMP types, sent across the router: IPv6 neighbour discovery
+      # and multicast listener reports (untracked), IPv4 router discovery (invalid).
+      if v6:
+          return [ICMPv6ND_NS(tgt=S), ICMPv6ND_RS(), ICMPv6ND_NA(tgt=C), ICMPv6MLReport2()]
+      return [ICMP(type=10), ICMP(type=9)/Raw(bytes(8))]
+  return body(c, s, echo, unreachable, quoted_udp, cf, sf, link_local)
 
 def tcp(sp, dp, fl, sq, ak=0, data=b"", win=65535, opts=None):
     t = TCP(sport=sp, dport=dp, flags=fl, seq=sq, ack=ak, window=win, options=opts or [])
     return t/Raw(data) if data else t
 
-def body(c, s, echo, unreachable, quoted_udp, cf, sf):
+def body(c, s, echo, unreachable, quoted_udp, cf, sf, link_local):
   def handshake(cp, sp=80):
     return [c(tcp(cp, sp, "S", 1000)), s(tcp(sp, cp, "SA", 5000, 1001)), c(tcp(cp, sp, "A", 1001, 5001))]
   sc = {}
@@ -124,6 +131,7 @@ def body(c, s, echo, unreachable, quoted_udp, cf, sf):
       s(unreachable(quoted_udp(42003, 7000))),
   ]
   sc["syn_flood"] = [c(tcp(43000 + i, 80, "S", 1000 + i)) for i in range(50)]
+  sc["icmp_link_local"] = [c(p) for p in link_local()] + [s(p) for p in link_local()]
   # Window tracking: segments out of their windows, late ones, scaled windows.
   sc["rst_out_of_window"] = handshake(41010) + [
       c(tcp(41010, 80, "PA", 1001, 5001, b"data")),
@@ -398,9 +406,11 @@ impl Lab {
         lab.run(r, &["sysctl", "-qw", "net.ipv4.conf.all.send_redirects=0"]);
         let rules = "table inet ct_test {\n\
             counter new {}\n counter established {}\n counter related {}\n counter invalid {}\n\
+            counter untracked {}\n\
             chain forward {\n type filter hook forward priority 0; policy accept;\n\
             ct state new counter name \"new\"\n ct state established counter name \"established\"\n\
-            ct state related counter name \"related\"\n ct state invalid counter name \"invalid\"\n }\n}\n";
+            ct state related counter name \"related\"\n ct state invalid counter name \"invalid\"\n\
+            ct state untracked counter name \"untracked\"\n }\n}\n";
         let file = std::env::temp_dir().join(format!("dpuflow-ct-{id}.nft"));
         std::fs::write(&file, rules).expect("write rules");
         lab.run(r, &["nft", "-f", &file.display().to_string()]);

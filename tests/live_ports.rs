@@ -356,17 +356,15 @@ fn the_stateful_firewall_runs_between_two_hosts() {
     assert!(count("dpuflow_rule_matched_packets_total{pipe=\"egress\",rule=\"ping\"}") >= 2);
     // The SYNs from outside (and their retries) and the pings from outside.
     assert!(count("dpuflow_rule_matched_packets_total{pipe=\"ingress\",rule=\"default\"}") >= 3);
-    let tcp_invalid: Vec<u64> = m
+    // Nothing was invalid: every segment of the transfer fits its window, and the hosts'
+    // IPv6 neighbour discovery and multicast reports are untracked, as in Linux.
+    let invalid: Vec<u64> = m
         .lines()
-        .filter(|l| l.starts_with("dpuflow_conntrack_invalid_packets_total{reason=\"tcp_"))
+        .filter(|l| l.starts_with("dpuflow_conntrack_invalid_packets_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .collect();
-    assert!(tcp_invalid.len() >= 7, "{m}");
-    let invalid: u64 = tcp_invalid.iter().sum();
-    assert_eq!(
-        invalid, 0,
-        "every segment of the transfer fits its window:\n{m}"
-    );
+    assert!(invalid.len() >= 12, "{m}");
+    assert_eq!(invalid.iter().sum::<u64>(), 0, "{m}");
 
     let pid = dpuflow.0.id().to_string();
     tool_ok("kill", &["-TERM", &pid]);

@@ -44,6 +44,10 @@ pub enum CtState {
     Established,
     Related,
     Invalid,
+    /// A packet conntrack leaves alone, as Linux does: IPv6 neighbour discovery and
+    /// multicast listener messages (RFC 4861, RFC 3810), which belong to a link, not a
+    /// connection.
+    Untracked,
 }
 
 reasons! {
@@ -54,6 +58,7 @@ reasons! {
         Fragment => "fragment", "a fragment whose datagram's first fragment was not seen, or took no connection";
         IcmpError => "icmp_error", "an ICMP error quoting no tracked connection";
         IcmpReply => "icmp_reply", "an ICMP message that neither asks nor answers a tracked one";
+        IcmpType => "icmp_type", "an ICMP message of a type that opens no connection and answers none";
         TcpFlags => "tcp_flags", "a combination of TCP flags no segment may carry";
         TcpState => "tcp_state", "a TCP segment its connection's state does not allow";
         TcpOpen => "tcp_open", "a TCP segment that opens no connection (neither a SYN nor an ACK)";
@@ -72,6 +77,7 @@ impl CtState {
             CtState::Established => "established",
             CtState::Related => "related",
             CtState::Invalid => "invalid",
+            CtState::Untracked => "untracked",
         }
     }
 
@@ -765,7 +771,7 @@ impl Conntrack {
     /// packets came: a first fragment notes its ports, a later one takes them (`None` when
     /// its first has not come; see `Fragments`).
     pub fn prefetch(&mut self, frame: &[u8], meta: &Meta, in_port: u16, now: u64) -> Option<Probe> {
-        let mut t = tuple(frame, &meta.outer)?;
+        let mut t = tuple(frame, &meta.outer).ok()?;
         if t.fragment.is_some() {
             t = self.fragment(&t, frame, &meta.outer, now)?;
         }
@@ -847,11 +853,18 @@ impl Conntrack {
         let t = match probe {
             Some(p) => &p.t,
             None => match tuple(frame, l) {
-                Some(t) => {
+                Ok(t) => {
                     computed = t;
                     &computed
                 }
-                None => return self.invalid(Invalid::Headers),
+                Err(NoTuple::Invalid(why)) => return self.invalid(why),
+                Err(NoTuple::Untracked) => {
+                    return Lookup {
+                        state: CtState::Untracked,
+                        pending: None,
+                        invalid: None,
+                    }
+                }
             },
         };
         // A fragment: the first notes its datagram's ports and protocol, the others take
@@ -1263,7 +1276,7 @@ fn addr(b: &[u8]) -> Addr {
 /// Inlined: returned through memory, the tuple's fields written one by one would be read
 /// back at once by wider loads, which stall until the stores complete.
 #[inline(always)]
-fn tuple(frame: &[u8], l: &Layers) -> Option<Tuple> {
+fn tuple(frame: &[u8], l: &Layers) -> Result<Tuple, NoTuple> {
     let l3 = usize::from(l.l3);
     let (src, dst) = match l.l3_kind {
         L3::V4 => (
@@ -1274,7 +1287,7 @@ fn tuple(frame: &[u8], l: &Layers) -> Option<Tuple> {
             addr(&frame[l3 + 8..l3 + 24]),
             addr(&frame[l3 + 24..l3 + 40]),
         ),
-        L3::None => return None,
+        L3::None => return Err(NoTuple::Invalid(Invalid::Headers)),
     };
     let mut t = Tuple {
         v6: l.l3_kind == L3::V6,
@@ -1290,13 +1303,13 @@ fn tuple(frame: &[u8], l: &Layers) -> Option<Tuple> {
     };
     let l4 = usize::from(l.l4);
     if l.fragment {
-        let first = first_fragment(frame, l)?;
+        let first = first_fragment(frame, l).ok_or(NoTuple::Invalid(Invalid::Headers))?;
         t.fragment = Some(first);
         if !first {
-            return Some(t);
+            return Ok(t);
         }
     } else if !l.l4_ok {
-        return Some(t);
+        return Ok(t);
     }
     match l.proto {
         ip_proto::TCP => {
@@ -1329,14 +1342,29 @@ fn tuple(frame: &[u8], l: &Layers) -> Option<Tuple> {
                 t.sport = id;
                 t.dport = id;
                 t.icmp_request = kind == req;
+            } else if v6 && UNTRACKED_ICMPV6.contains(&kind) {
+                return Err(NoTuple::Untracked);
             } else {
-                return None;
+                return Err(NoTuple::Invalid(Invalid::IcmpType));
             }
         }
         _ => {}
     }
-    Some(t)
+    Ok(t)
 }
+
+/// Why a packet has no connection tuple.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NoTuple {
+    Invalid(Invalid),
+    /// It is not tracked ([`CtState::Untracked`]).
+    Untracked,
+}
+
+/// ICMPv6 types Linux leaves untracked (nf_conntrack_proto_icmpv6.c, `noct_valid_new`):
+/// multicast listener query, report and done (RFC 2710 §3), router and neighbour
+/// solicitation and advertisement (RFC 4861 §4), MLDv2 report (RFC 3810 §5.2).
+const UNTRACKED_ICMPV6: [u8; 8] = [130, 131, 132, 133, 134, 135, 136, 143];
 
 /// Whether a fragment is its datagram's first; `None` for a first fragment without its
 /// whole L4 header, which is judged by none (RFC 1858's tiny fragments): invalid. Out of

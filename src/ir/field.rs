@@ -28,7 +28,7 @@ impl ValueKind {
             ValueKind::Ipv4 => 32,
             ValueKind::Ipv6 => 128,
             ValueKind::TcpFlags => 8,
-            ValueKind::CtState => 4,
+            ValueKind::CtState => 5,
             ValueKind::Port => 16,
         }
     }
@@ -363,7 +363,7 @@ pub const FIELDS: &[FieldInfo] = &[
         ValueKind::CtState,
         false,
         false,
-        "connection-tracking state: new, established, related, invalid",
+        "connection-tracking state: new, established, related, invalid, untracked",
     ),
     f(
         FieldId::InPort,
@@ -450,6 +450,7 @@ pub const CT_STATE_NAMES: &[(&str, u128)] = &[
     ("established", 0x2),
     ("related", 0x4),
     ("invalid", 0x8),
+    ("untracked", 0x10),
 ];
 
 #[cfg(test)]
