@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Live ports (AF_PACKET) between two network namespaces: tcpreplay offers 64-byte UDP
 # frames (4096 flows) to dpuflow's inside port at each rate; the outside host counts what
-# arrives. Prints, per offered rate, the rate tcpreplay achieved and the share delivered.
+# arrives. Prints, per offered rate, the rate tcpreplay achieved and the share delivered;
+# then the round trip of 200 pings across dpuflow and across a kernel bridge in its place.
 # Needs root, tcpreplay and ethtool. Usage: [DPUFLOW=BIN] bench/live.sh [WORKERS] [RATE...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,6 +57,20 @@ for pps in "${rates[@]}"; do
         sed -n 's/.* \([0-9.]*\) pps.*/\1/p')
     sleep 0.5
     after=$(rx)
-    kill "$(cat "$tmp/pid")"; wait "$(cat "$tmp/pid")" 2>/dev/null || true; [ -z "${LIVE_LOG:-}" ] || tail -3 "$tmp/log" >&2
+    kill "$(cat "$tmp/pid")"; wait "$(cat "$tmp/pid")" 2>/dev/null || true
+    [ -z "${LIVE_LOG:-}" ] || tail -3 "$tmp/log" >&2
     printf '%-14s %-16s %s\n' "$pps" "$achieved" "$(echo "scale=4; ($after - $before) / $offered" | bc)"
 done
+ip -n $c addr add 10.9.0.1/24 dev c0
+ip -n $s addr add 10.9.0.2/24 dev s0
+rtt() { ip netns exec $c ping -c 200 -i 0.01 -q 10.9.0.2 | sed -n 's/^rtt.* = //p'; }
+ip netns exec $d "$bin" run "$tmp/bridge.pipe" --workers "$workers" --metrics 127.0.0.1:9464 \
+    2>"$tmp/log" & echo $! >"$tmp/pid"
+sleep 1
+echo "ping across dpuflow (min/avg/max/mdev):      $(rtt)"
+kill "$(cat "$tmp/pid")"; wait "$(cat "$tmp/pid")" 2>/dev/null || true
+ip -n $d link add br0 type bridge
+ip -n $d link set in0 master br0
+ip -n $d link set out0 master br0
+ip -n $d link set br0 up
+echo "ping across a kernel bridge (min/avg/max/mdev): $(rtt)"
