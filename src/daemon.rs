@@ -17,7 +17,7 @@
 
 use crate::engine::parse::{self, fragment_of, TunnelPorts};
 use crate::engine::{
-    Compiled, Engine, NoObserver, PacketBuf, SharedMeter, Verdict, DEFAULT_MAX_FRAME,
+    Compiled, DropReason, Engine, NoObserver, PacketBuf, SharedMeter, Verdict, DEFAULT_MAX_FRAME,
 };
 use crate::firewall::conntrack::Conntrack;
 use crate::firewall::fragments::Fragments;
@@ -144,6 +144,8 @@ struct Shared {
     /// Frames too large for the packet buffers, per port (packets, bytes): the I/O thread
     /// skips them before any worker sees them, and counts them here for the metrics.
     oversize: Vec<[AtomicU64; 2]>,
+    /// Per port: frames the kernel dropped for want of room in a live port's receive ring.
+    ring_full: Vec<AtomicU64>,
 }
 
 /// Counted by the exporter thread, read at scrape time.
@@ -167,6 +169,7 @@ impl Handler for Shared {
                     packets.load(Ordering::Relaxed),
                     bytes.load(Ordering::Relaxed),
                 );
+                s.drops[DropReason::RingFull as usize] += self.ring_full[p].load(Ordering::Relaxed);
             }
         }
         total.export = self.export.as_ref().map(|e| ExportStats {
@@ -305,6 +308,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         workers,
         failed: Arc::clone(&watch.failed),
         oversize: program.ports.iter().map(|_| Default::default()).collect(),
+        ring_full: program.ports.iter().map(|_| Default::default()).collect(),
         meters: if workers > 1 {
             code.shared_meters()
         } else {
@@ -591,6 +595,8 @@ fn io(
     let mut sent = 0u64;
     // The live port read next, so that every port gets its turn.
     let mut turn = 0usize;
+    // When the live ports' ring drops were last read.
+    let mut ring_checked = Instant::now();
     let start = Instant::now();
     let mut slot = PacketBuf::new(DEFAULT_MAX_FRAME);
     let mut workers_gone = false;
@@ -614,6 +620,10 @@ fn io(
         match next {
             Read::End => break,
             Read::Idle => {
+                if ring_checked.elapsed() >= PUBLISH_EVERY {
+                    count_ring_drops(&out.live, shared);
+                    ring_checked = Instant::now();
+                }
                 // Nothing waits: what was read goes to the workers now rather than when
                 // its batch fills, and out again before the wait.
                 for (w, b) in current.iter_mut().enumerate() {
@@ -667,6 +677,10 @@ fn io(
         last = slot.ts_ns;
         slot.ts_ns += offset;
         read += 1;
+        // A port busy enough never to be idle counts its ring's drops as it goes.
+        if read % RING_DROPS_EVERY == 0 {
+            count_ring_drops(&out.live, shared);
+        }
         let w = dealer.pick(&slot);
         let fresh = match out.pool.pop() {
             Some(b) => b,
@@ -721,6 +735,22 @@ fn io(
         w.finish()?;
     }
     Ok((read, out.unwritten))
+}
+
+/// Packets read between two readings of the live ports' ring drops while traffic flows.
+const RING_DROPS_EVERY: u64 = 1 << 16;
+
+/// Adds what the live ports' receive rings dropped since the last reading to the ports'
+/// counts (one getsockopt a port).
+fn count_ring_drops(live: &[Option<LivePort>], shared: &Shared) {
+    for (i, port) in live.iter().enumerate() {
+        if let Some(port) = port {
+            let dropped = port.ring_drops();
+            if dropped > 0 {
+                shared.ring_full[i].fetch_add(dropped, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 /// Reads a frame from the live ports, each in turn from `turn` on, stamped with the time

@@ -274,6 +274,32 @@ impl Drop for RxRing {
     }
 }
 
+/// Frames the kernel dropped for want of room in a packet socket's receive ring since the
+/// last call (PACKET_STATISTICS, which reading resets).
+#[cfg(target_os = "linux")]
+pub fn ring_drops(fd: std::os::fd::BorrowedFd) -> std::io::Result<u32> {
+    use std::os::fd::AsRawFd;
+    let mut stats = libc::tpacket_stats {
+        tp_packets: 0,
+        tp_drops: 0,
+    };
+    let mut len = size_of::<libc::tpacket_stats>() as libc::socklen_t;
+    // SAFETY: `stats` and `len` are live and of the sizes given.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_PACKET,
+            libc::PACKET_STATISTICS,
+            (&raw mut stats).cast(),
+            &raw mut len,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(stats.tp_drops)
+}
+
 /// Sends one frame; false when the interface's queue is full (the frame is not sent).
 /// Other failures (the interface down or gone, a frame longer than its MTU) are errors.
 #[cfg(target_os = "linux")]

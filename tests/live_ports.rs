@@ -526,3 +526,38 @@ print(" ".join("%d:%d" % kv for kv in sorted(seen.items())), flush=True)
     let sent = "dpuflow_port_transmitted_packets_total{port=\"outside\"}";
     assert_eq!(metric(&m, sent), Some(15), "{m}");
 }
+
+/// Frames the kernel drops because a port's receive ring is full are counted
+/// (`ring_full`): with the service stopped (SIGSTOP), 10,000 frames meet a ring of 4096
+/// slots; once it runs again, what it read and what the ring dropped add up to them.
+#[test]
+fn a_full_receive_ring_is_counted() {
+    let lab = Lab::new("r");
+    let dir = Scratch::new("live-ring");
+    let pipe_path = live_pipeline(
+        &dir,
+        "pipe out root from inside {\n\
+             rule udp { match ip.proto 17  actions drop }\n\
+             default { actions drop }\n\
+         }\n",
+    );
+    let dpuflow = lab.start(&pipe_path, "1");
+    // `ip netns exec` becomes the service: its process is dpuflow's.
+    let pid = dpuflow.0.id().to_string();
+    tool_ok("kill", &["-STOP", &pid]);
+    lab.send_udp(5000, 10_000);
+    tool_ok("kill", &["-CONT", &pid]);
+    let udp = "dpuflow_rule_matched_packets_total{pipe=\"out\",rule=\"udp\"}";
+    let full = "dpuflow_port_dropped_packets_total{port=\"inside\",reason=\"ring_full\"}";
+    let m = lab.metrics_until(
+        |m| metric(m, udp).unwrap_or(0) + metric(m, full).unwrap_or(0) >= 10_000,
+        "accounted for every frame",
+    );
+    let (read, dropped) = (metric(&m, udp).unwrap_or(0), metric(&m, full).unwrap_or(0));
+    assert!(
+        (3000..=4096).contains(&read),
+        "read {read}, ring full {dropped}"
+    );
+    assert!(dropped >= 5000, "read {read}, ring full {dropped}");
+    drop(dpuflow);
+}

@@ -51,6 +51,7 @@ reasons! {
         Oversize => "oversize", "larger than the engine's packet buffers";
         CtFull => "ct_full", "a new connection found the connection table full";
         MirrorOverflow => "mirror_overflow", "a mirror copy found no free buffer in this batch";
+        RingFull => "ring_full", "the live port's receive ring was full: the kernel dropped the frame before dpuflow saw it (not in the received counts)";
     }
 }
 

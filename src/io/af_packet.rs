@@ -108,6 +108,11 @@ impl LivePort {
         &self.iface
     }
 
+    /// Frames the kernel dropped since the last call because the receive ring was full.
+    pub fn ring_drops(&self) -> u64 {
+        crate::sys::ring_drops(self.fd.as_fd()).map_or(0, u64::from)
+    }
+
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
