@@ -70,13 +70,22 @@ def scenarios(v6):
       if v6:
           return [ICMPv6ND_NS(tgt=S), ICMPv6ND_RS(), ICMPv6ND_NA(tgt=C), ICMPv6MLReport2()]
       return [ICMP(type=10), ICMP(type=9)/Raw(bytes(8))]
-  return body(c, s, echo, unreachable, quoted_udp, cf, sf, link_local)
+  def queries():
+      # ICMP queries other than echo open connections too, each kind its own: a timestamp
+      # request and an echo request of the same identifier are two.
+      if v6:
+          return [c(ICMPv6NIQueryNOOP(nonce=b"nonce001")), s(ICMPv6NIReplyNOOP(nonce=b"nonce001")),
+                  c(echo("request", 0, b"same id as the query"))]
+      return [c(ICMP(type=13, id=91)/Raw(bytes(12))), s(ICMP(type=14, id=91)/Raw(bytes(12))),
+              s(ICMP(type=14, id=92)/Raw(bytes(12))), c(echo("request", 91, b"same id")),
+              c(ICMP(type=17, id=93)/Raw(bytes(4))), s(ICMP(type=18, id=93)/Raw(bytes(4)))]
+  return body(c, s, echo, unreachable, quoted_udp, cf, sf, link_local, queries)
 
 def tcp(sp, dp, fl, sq, ak=0, data=b"", win=65535, opts=None):
     t = TCP(sport=sp, dport=dp, flags=fl, seq=sq, ack=ak, window=win, options=opts or [])
     return t/Raw(data) if data else t
 
-def body(c, s, echo, unreachable, quoted_udp, cf, sf, link_local):
+def body(c, s, echo, unreachable, quoted_udp, cf, sf, link_local, queries):
   def handshake(cp, sp=80):
     return [c(tcp(cp, sp, "S", 1000)), s(tcp(sp, cp, "SA", 5000, 1001)), c(tcp(cp, sp, "A", 1001, 5001))]
   sc = {}
@@ -132,6 +141,7 @@ def body(c, s, echo, unreachable, quoted_udp, cf, sf, link_local):
   ]
   sc["syn_flood"] = [c(tcp(43000 + i, 80, "S", 1000 + i)) for i in range(50)]
   sc["icmp_link_local"] = [c(p) for p in link_local()] + [s(p) for p in link_local()]
+  sc["icmp_queries"] = queries()
   # Window tracking: segments out of their windows, late ones, scaled windows.
   sc["rst_out_of_window"] = handshake(41010) + [
       c(tcp(41010, 80, "PA", 1001, 5001, b"data")),

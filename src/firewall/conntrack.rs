@@ -136,13 +136,25 @@ struct Key {
 
 impl Key {
     /// `v6` tells an IPv4 address from the IPv6 address with the same low 32 bits
-    /// (`::a.b.c.d`): they are different endpoints.
-    fn new(a: Addr, port_a: u16, b: Addr, port_b: u16, proto: u8, zone: u16, v6: bool) -> Key {
+    /// (`::a.b.c.d`): they are different endpoints. `query` tells ICMP queries of the same
+    /// identifier apart ([`Tuple::icmp_query`]; 0 otherwise): seven bits.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        a: Addr,
+        port_a: u16,
+        b: Addr,
+        port_b: u16,
+        proto: u8,
+        zone: u16,
+        v6: bool,
+        query: u8,
+    ) -> Key {
         Key {
             a,
             b,
             rest: u64::from(port_a) << 48
                 | u64::from(port_b) << 32
+                | u64::from(query) << 25
                 | u64::from(v6) << 24
                 | u64::from(proto) << 16
                 | u64::from(zone),
@@ -1249,6 +1261,12 @@ struct Tuple {
     proto: u8,
     tcp_flags: u8,
     icmp_request: bool,
+    /// For ICMP queries, what besides the identifier tells them apart, as Linux's tuple
+    /// does with the type and code: the kind (an index into [`ICMP_QUERIES`] or
+    /// [`ICMPV6_QUERIES`]) in the low two bits, the code's low five bits above (query codes
+    /// are 0–2). A reply whose code differs from its query's meets no connection, as in
+    /// Linux (a node information reply, say).
+    icmp_query: u8,
     /// For ICMP errors: where the quoted packet starts.
     icmp_error: Option<u16>,
     /// For a fragment: whether it is its datagram's first (which carries the L4 header;
@@ -1298,6 +1316,7 @@ fn tuple(frame: &[u8], l: &Layers) -> Result<Tuple, NoTuple> {
         proto: l.proto,
         tcp_flags: 0,
         icmp_request: false,
+        icmp_query: 0,
         icmp_error: None,
         fragment: None,
     };
@@ -1323,25 +1342,26 @@ fn tuple(frame: &[u8], l: &Layers) -> Result<Tuple, NoTuple> {
         }
         ip_proto::ICMP | ip_proto::ICMPV6 => {
             let (kind, v6) = (frame[l4], l.proto == ip_proto::ICMPV6);
-            let (req, rep) = if v6 {
-                (icmp::v6_type::ECHO_REQUEST, icmp::v6_type::ECHO_REPLY)
-            } else {
-                (icmp::v4_type::ECHO_REQUEST, icmp::v4_type::ECHO_REPLY)
-            };
+            let queries: &[(u8, u8)] = if v6 { &ICMPV6_QUERIES } else { &ICMP_QUERIES };
             let is_error = if v6 {
                 matches!(kind, 1..=4)
             } else {
                 matches!(kind, 3 | 4 | 5 | 11 | 12)
             };
+            let query = queries
+                .iter()
+                .position(|&(req, rep)| kind == req || kind == rep);
             if is_error {
                 t.icmp_error = Some(l.l4.saturating_add(icmp::HEADER_LEN as u16));
-            } else if kind == req || kind == rep {
-                // Echo request and reply share a connection keyed by the identifier: put
-                // it in both port slots so the canonical key is the same either way.
+            } else if let Some(q) = query {
+                // A query and its answer share a connection keyed by the identifier and
+                // the query's kind: the identifier goes in both port slots so the
+                // canonical key is the same either way.
                 let id = be16(frame, l4 + 4);
                 t.sport = id;
                 t.dport = id;
-                t.icmp_request = kind == req;
+                t.icmp_query = query_key(q, frame[l4 + 1]);
+                t.icmp_request = kind == queries[q].0;
             } else if v6 && UNTRACKED_ICMPV6.contains(&kind) {
                 return Err(NoTuple::Untracked);
             } else {
@@ -1360,6 +1380,20 @@ enum NoTuple {
     /// It is not tracked ([`CtState::Untracked`]).
     Untracked,
 }
+
+/// ICMP queries tracked as connections, as Linux tracks them (nf_conntrack_proto_icmp.c):
+/// (request, reply) types of echo, timestamp and information (RFC 792) and address mask
+/// (RFC 950).
+const ICMP_QUERIES: [(u8, u8); 4] = [(8, 0), (13, 14), (15, 16), (17, 18)];
+
+/// [`Tuple::icmp_query`] of a query of kind `q` and `code`.
+fn query_key(q: usize, code: u8) -> u8 {
+    (q as u8 & 0b11) | (code & 0x1f) << 2
+}
+
+/// ICMPv6 queries tracked as connections (nf_conntrack_proto_icmpv6.c): echo (RFC 4443
+/// §4) and node information (RFC 4620).
+const ICMPV6_QUERIES: [(u8, u8); 2] = [(128, 129), (139, 140)];
 
 /// ICMPv6 types Linux leaves untracked (nf_conntrack_proto_icmpv6.c, `noct_valid_new`):
 /// multicast listener query, report and done (RFC 2710 §3), router and neighbour
@@ -1404,6 +1438,7 @@ fn quoted_tuple(frame: &[u8], l: &Layers, at: usize) -> Option<Tuple> {
         proto,
         tcp_flags: 0,
         icmp_request: false,
+        icmp_query: 0,
         icmp_error: None,
         fragment: None,
     };
@@ -1417,6 +1452,13 @@ fn quoted_tuple(frame: &[u8], l: &Layers, at: usize) -> Option<Tuple> {
             let id = u16::from_be_bytes([ports[4], ports[5]]);
             t.sport = id;
             t.dport = id;
+            let queries: &[(u8, u8)] = if t.v6 { &ICMPV6_QUERIES } else { &ICMP_QUERIES };
+            let kind = ports[0];
+            let q = queries
+                .iter()
+                .position(|&(req, rep)| kind == req || kind == rep)
+                .unwrap_or(0);
+            t.icmp_query = query_key(q, ports[1]);
         }
         _ => {}
     }
@@ -1431,7 +1473,10 @@ fn canonical(t: &Tuple, zone: u16) -> (Key, bool) {
     } else {
         (t.dst, t.dport, t.src, t.sport)
     };
-    (Key::new(a, pa, b, pb, t.proto, zone, t.v6), from_a)
+    (
+        Key::new(a, pa, b, pb, t.proto, zone, t.v6, t.icmp_query),
+        from_a,
+    )
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1520,7 +1565,7 @@ mod tests {
     use std::collections::HashSet;
 
     fn key(n: u16) -> Key {
-        Key::new([1; 2], n, [2; 2], 80, 6, 0, false)
+        Key::new([1; 2], n, [2; 2], 80, 6, 0, false, 0)
     }
 
     fn pending(ct: &Conntrack, n: u16) -> Pending {
