@@ -1,5 +1,6 @@
-//! `dpuflow run`: the long-running service. An I/O thread merges the capture inputs in
-//! timestamp order and deals packets to worker threads by a symmetric flow hash (both
+//! `dpuflow run`: the long-running service. An I/O thread reads the inputs (capture files
+//! merged in timestamp order, or live ports in turn, `crate::io`) and deals packets to
+//! worker threads by a symmetric flow hash (both
 //! directions of a connection reach the same worker and its connection table); each
 //! worker owns an engine and sends its processed batches back to the I/O thread, which
 //! writes what they forward (and the copies `mirror` actions made), keeps their buffers
@@ -11,6 +12,10 @@
 //! Reading and writing share one thread so that one worker and its I/O take two cores,
 //! not three threads on two: a separate writer, woken by every batch, kept preempting the
 //! worker wherever they shared a core, and the service's rate halved in such runs.
+//!
+//! With live ports, time is the time of day and passes without packets: the I/O thread
+//! hands part-filled batches over whenever no frame waits, and idle workers sweep their
+//! tables and publish their counts by the clock.
 //!
 //! SIGTERM, SIGINT or SIGHUP stops the reading; the batches already read are processed and
 //! written, outputs are flushed, and the process exits 0.
@@ -61,7 +66,7 @@ pub enum RunError {
     /// a capture file could not be opened, read or written
     #[error(transparent)]
     Capture(#[from] CaptureError),
-    /// a live port could not be opened, read or written
+    /// a live port could not be opened
     #[error(transparent)]
     Live(#[from] LiveError),
     /// the inputs are both capture files and live ports, or live ports with a flag that
@@ -83,8 +88,8 @@ pub enum RunError {
          {live}"
     )]
     NoInput {
-        /// What the live ports are, when the pipeline has any: `dpuflow run` cannot open
-        /// them yet.
+        /// The ports whose drivers `dpuflow run` cannot open yet (af_xdp, doca), when
+        /// the pipeline has any.
         live: String,
     },
     /// a thread of the service failed
@@ -539,8 +544,8 @@ enum Source {
 enum Read {
     /// A packet, in the slot.
     Packet,
-    /// A frame larger than the packet buffers arrived on this port (the slot holds
-    /// nothing).
+    /// A frame larger than the packet buffers (or a live port's ring slots) arrived on
+    /// this port (the slot holds nothing).
     Oversize(PortId, usize),
     /// No live port has a frame waiting.
     Idle,

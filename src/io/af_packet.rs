@@ -1,16 +1,16 @@
 //! Live ports on Linux network interfaces through AF_PACKET sockets (packet(7)): the
 //! frames the interface receives arrive in a ring mapped from the kernel (TPACKET_V2, no
 //! system call a frame) and are copied into packet buffers; every frame sent out of the
-//! port is one send(2). The socket sees the interface
-//! promiscuously and not the frames sent through it, so a port can sit in the path
-//! between two hosts (a bump in the wire).
+//! port is one send(2). The socket sees the interface promiscuously and not the frames
+//! sent through it, so a port can sit in the path between two hosts (a bump in the
+//! wire).
 //!
 //! The kernel hands a socket frames as its interface left them: the VLAN tag taken out
-//! (put back here, from the ring's frame header), the TCP or UDP checksum of a frame sent by this
-//! host or across a virtual link left for hardware to finish (finished here), and, with
-//! receive offloads (GRO, LRO) or a virtual link's segmentation offloads (TSO, GSO) on,
-//! merged or unsegmented frames larger than any wire carries, which must be turned off
-//! (docs/operations.md).
+//! (put back here, from the ring's frame header), the TCP or UDP checksum of a frame sent
+//! by this host or across a virtual link left for hardware to finish (finished here),
+//! and, with receive offloads (GRO, LRO) or a virtual link's segmentation offloads (TSO,
+//! GSO) on, merged or unsegmented frames larger than any wire carries, which must be
+//! turned off (docs/operations.md).
 
 use crate::engine::PacketBuf;
 use crate::ir::PortId;
@@ -39,6 +39,7 @@ pub enum LiveError {
 /// What became of a frame sent ([`LivePort::send`]).
 #[derive(Debug)]
 pub enum Sent {
+    /// Handed to the interface.
     Yes,
     /// The interface's transmit queue stayed full: the frame was dropped.
     QueueFull,
@@ -58,7 +59,8 @@ const VLAN_TAG: usize = 4;
 pub enum Received {
     /// A frame, in the slot.
     Frame,
-    /// A frame of this many bytes, larger than the packet buffers: dropped.
+    /// A frame of this many bytes, longer than the ring's slots (the port's MTU) or the
+    /// packet buffers hold: dropped.
     Oversize(usize),
 }
 
