@@ -561,3 +561,68 @@ fn a_full_receive_ring_is_counted() {
     assert!(dropped >= 5000, "read {read}, ring full {dropped}");
     drop(dpuflow);
 }
+
+/// A flow that goes quiet on a live port is exported by the clock: with `idle_timeout 1s`,
+/// nfcapd (in the service's namespace) holds the flow's record, three packets, while the
+/// service still runs and no packet has come since.
+#[test]
+fn quiet_flows_are_exported_without_traffic() {
+    let lab = Lab::new("x");
+    let dir = Scratch::new("live-ipfix");
+    let pipe_path = live_pipeline(
+        &dir,
+        "telemetry { idle_timeout 1s }\n\
+         pipe out root from inside {\n\
+             rule udp { match ip.proto 17  actions fwd outside }\n\
+             default { actions drop }\n\
+         }\n",
+    );
+    let store = dir.0.join("nfcapd");
+    std::fs::create_dir_all(&store).expect("mkdir");
+    let store = store.display().to_string();
+    let nfcapd = Running(lab.spawn(
+        &lab.dut,
+        &[
+            "nfcapd",
+            "-b",
+            "127.0.0.1",
+            "-p",
+            "4739",
+            "-w",
+            &store,
+            "-t",
+            "3600",
+        ],
+    ));
+    let bin = env!("CARGO_BIN_EXE_dpuflow");
+    let args = [bin, "run", &pipe_path, "--metrics", "127.0.0.1:9464"];
+    let _dpuflow = Running(lab.spawn(
+        &lab.dut,
+        &[&args[..], &["--ipfix", "127.0.0.1:4739"]].concat(),
+    ));
+    lab.metrics_until(|m| m.contains("dpuflow_build_info"), "dpuflow run serving");
+    lab.send_udp(5000, 3);
+    let udp = "dpuflow_rule_matched_packets_total{pipe=\"out\",rule=\"udp\"}";
+    lab.metrics_until(|m| metric(m, udp) == Some(3), "counted the datagrams");
+    // Idle for a second, found by the sweep within another: the cache empties (the hosts'
+    // own link chatter, dropped, makes flows too); the exporter sends within a second.
+    let entries = "dpuflow_flow_cache_entries";
+    lab.metrics_until(
+        |m| metric(m, entries) == Some(0),
+        "exported the quiet flows",
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    // nfcapd writes what it holds when stopped; the service goes on running.
+    tool_ok("kill", &["-TERM", &nfcapd.0.id().to_string()]);
+    std::thread::sleep(Duration::from_millis(500));
+    let flows = tool_ok(
+        "nfdump",
+        &["-R", &store, "-q", "-o", "fmt:%sa,%da,%sp,%dp,%pkt"],
+    );
+    let flows: Vec<String> = flows
+        .lines()
+        .map(|l| l.split(',').map(str::trim).collect::<Vec<_>>().join(","))
+        .filter(|l| l.starts_with(CLIENT))
+        .collect();
+    assert_eq!(flows, [format!("{CLIENT},{SERVER},4000,5000,3")], "nfdump");
+}
