@@ -135,31 +135,24 @@ struct Key {
 }
 
 impl Key {
-    /// `v6` tells an IPv4 address from the IPv6 address with the same low 32 bits
-    /// (`::a.b.c.d`): they are different endpoints. `query` tells ICMP queries of the same
-    /// identifier apart ([`Tuple::icmp_query`]; 0 otherwise): seven bits.
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        a: Addr,
-        port_a: u16,
-        b: Addr,
-        port_b: u16,
-        proto: u8,
-        zone: u16,
-        v6: bool,
-        query: u8,
-    ) -> Key {
+    /// `kind` is [`Tuple::kind`]: the protocol, the address family (`v6` tells an IPv4
+    /// address from the IPv6 address with the same low 32 bits, `::a.b.c.d`: they are
+    /// different endpoints) and what tells ICMP queries of the same identifier apart.
+    fn new(a: Addr, port_a: u16, b: Addr, port_b: u16, kind: u32, zone: u16) -> Key {
         Key {
             a,
             b,
             rest: u64::from(port_a) << 48
                 | u64::from(port_b) << 32
-                | u64::from(query) << 25
-                | u64::from(v6) << 24
-                | u64::from(proto) << 16
+                | u64::from(kind)
                 | u64::from(zone),
         }
     }
+}
+
+/// [`Tuple::kind`] of a packet of protocol `proto` in family `v6`.
+fn tuple_kind(proto: u8, v6: bool) -> u32 {
+    u32::from(v6) << 24 | u32::from(proto) << 16
 }
 
 /// One connection: 96 bytes. Arrays are per direction, original then reply; the counts
@@ -436,9 +429,9 @@ pub struct Conntrack {
     counted: Option<(usize, usize)>,
     /// An entry was removed (others may have moved) since `counted` was set.
     moved: bool,
-    /// The ports and protocol of datagrams whose first fragment passed, for their other
-    /// fragments.
-    fragments: Fragments<(u16, u16, u8)>,
+    /// The ports and [`Tuple::kind`] (protocol, family, ICMP query) of datagrams whose
+    /// first fragment passed, for their other fragments.
+    fragments: Fragments<(u16, u16, u32)>,
     /// Each slot's TCP windows, when they are tracked.
     windows: Option<Box<[Window]>>,
     /// A plain ACK may open a TCP connection (loose pick-up).
@@ -812,14 +805,15 @@ impl Conntrack {
         let (datagram, first) = fragment_of(frame, l)?;
         if first {
             self.fragments
-                .note(datagram, (t.sport, t.dport, t.proto), now);
+                .note(datagram, (t.sport, t.dport, t.kind), now);
             return Some(*t);
         }
-        let (sport, dport, proto) = self.fragments.first(&datagram, now)?;
+        let (sport, dport, kind) = self.fragments.first(&datagram, now)?;
         Some(Tuple {
             sport,
             dport,
-            proto,
+            proto: (kind >> 16) as u8,
+            kind,
             ..*t
         })
     }
@@ -1044,7 +1038,7 @@ impl Conntrack {
                     },
                     ip_proto::UDP => ConnState::Udp,
                     ip_proto::ICMP | ip_proto::ICMPV6 => {
-                        if !t.icmp_request {
+                        if t.icmp & ICMP_ASKS == 0 {
                             return self.invalid(Invalid::IcmpReply);
                         }
                         ConnState::Icmp
@@ -1260,13 +1254,17 @@ struct Tuple {
     dport: u16,
     proto: u8,
     tcp_flags: u8,
-    icmp_request: bool,
-    /// For ICMP queries, what besides the identifier tells them apart, as Linux's tuple
-    /// does with the type and code: the kind (an index into [`ICMP_QUERIES`] or
-    /// [`ICMPV6_QUERIES`]) in the low two bits, the code's low five bits above (query codes
-    /// are 0–2). A reply whose code differs from its query's meets no connection, as in
-    /// Linux (a node information reply, say).
-    icmp_query: u8,
+    /// What the connection key takes besides addresses, ports and zone, in one word
+    /// ([`tuple_kind`]; an ICMP query's bits at 25): a word written whole and read whole,
+    /// where separate bytes read back together stalled each lookup (12 %).
+    kind: u32,
+    /// For ICMP queries: [`ICMP_ASKS`] for a request, and in the low seven bits what
+    /// besides the identifier tells queries apart, as Linux's tuple does with the type and
+    /// code: the kind (an index into [`ICMP_QUERIES`] or [`ICMPV6_QUERIES`]) in the low
+    /// two bits, the code's low five bits above (query codes are 0–2). A reply whose code
+    /// differs from its query's meets no connection, as in Linux (a node information
+    /// reply, say).
+    icmp: u8,
     /// For ICMP errors: where the quoted packet starts.
     icmp_error: Option<u16>,
     /// For a fragment: whether it is its datagram's first (which carries the L4 header;
@@ -1314,9 +1312,9 @@ fn tuple(frame: &[u8], l: &Layers) -> Result<Tuple, NoTuple> {
         sport: 0,
         dport: 0,
         proto: l.proto,
+        kind: tuple_kind(l.proto, l.l3_kind == L3::V6),
         tcp_flags: 0,
-        icmp_request: false,
-        icmp_query: 0,
+        icmp: 0,
         icmp_error: None,
         fragment: None,
     };
@@ -1342,27 +1340,27 @@ fn tuple(frame: &[u8], l: &Layers) -> Result<Tuple, NoTuple> {
         }
         ip_proto::ICMP | ip_proto::ICMPV6 => {
             let (kind, v6) = (frame[l4], l.proto == ip_proto::ICMPV6);
-            let queries: &[(u8, u8)] = if v6 { &ICMPV6_QUERIES } else { &ICMP_QUERIES };
-            let is_error = if v6 {
-                matches!(kind, 1..=4)
-            } else {
-                matches!(kind, 3 | 4 | 5 | 11 | 12)
-            };
-            let query = queries
-                .iter()
-                .position(|&(req, rep)| kind == req || kind == rep);
-            if is_error {
-                t.icmp_error = Some(l.l4.saturating_add(icmp::HEADER_LEN as u16));
-            } else if let Some(q) = query {
+            // One load says what the type is: branches on the type would be mispredicted
+            // where queries of both families mix.
+            let what = ICMP_TYPES[usize::from(v6)][usize::from(kind)];
+            if what & ICMP_QUERY != 0 {
                 // A query and its answer share a connection keyed by the identifier and
                 // the query's kind: the identifier goes in both port slots so the
                 // canonical key is the same either way.
                 let id = be16(frame, l4 + 4);
                 t.sport = id;
                 t.dport = id;
-                t.icmp_query = query_key(q, frame[l4 + 1]);
-                t.icmp_request = kind == queries[q].0;
-            } else if v6 && UNTRACKED_ICMPV6.contains(&kind) {
+                let query = query_key(usize::from(what & ICMP_KIND), frame[l4 + 1]);
+                t.kind |= u32::from(query) << 25;
+                t.icmp = query
+                    | if what & ICMP_REQUEST != 0 {
+                        ICMP_ASKS
+                    } else {
+                        0
+                    };
+            } else if what & ICMP_ERROR != 0 {
+                t.icmp_error = Some(l.l4.saturating_add(icmp::HEADER_LEN as u16));
+            } else if what & ICMP_UNTRACKED != 0 {
                 return Err(NoTuple::Untracked);
             } else {
                 return Err(NoTuple::Invalid(Invalid::IcmpType));
@@ -1386,7 +1384,58 @@ enum NoTuple {
 /// (RFC 950).
 const ICMP_QUERIES: [(u8, u8); 4] = [(8, 0), (13, 14), (15, 16), (17, 18)];
 
-/// [`Tuple::icmp_query`] of a query of kind `q` and `code`.
+// What an ICMP type is, by family ([`ICMP_TYPES`]): a query (its kind in the low bits,
+// and whether it asks), an error, or untracked.
+const ICMP_KIND: u8 = 0b11;
+const ICMP_REQUEST: u8 = 0x04;
+const ICMP_QUERY: u8 = 0x08;
+const ICMP_ERROR: u8 = 0x10;
+const ICMP_UNTRACKED: u8 = 0x20;
+
+/// [`ICMP_KIND`] and the rest for each ICMP type, IPv4 first: errors are destination
+/// unreachable, source quench, redirect, time exceeded and parameter problem (RFC 792);
+/// for ICMPv6 destination unreachable, packet too big, time exceeded and parameter
+/// problem (RFC 4443).
+const ICMP_TYPES: [[u8; 256]; 2] = {
+    let mut t = [[0u8; 256]; 2];
+    let mut v6 = 0;
+    while v6 < 2 {
+        let queries: &[(u8, u8)] = if v6 == 1 {
+            &ICMPV6_QUERIES
+        } else {
+            &ICMP_QUERIES
+        };
+        let mut q = 0;
+        while q < queries.len() {
+            let (req, rep) = queries[q];
+            t[v6][req as usize] = ICMP_QUERY | ICMP_REQUEST | q as u8;
+            t[v6][rep as usize] = ICMP_QUERY | q as u8;
+            q += 1;
+        }
+        v6 += 1;
+    }
+    let mut i = 0;
+    while i < 5 {
+        t[0][[3, 4, 5, 11, 12][i]] = ICMP_ERROR;
+        i += 1;
+    }
+    let mut i = 1;
+    while i <= 4 {
+        t[1][i] = ICMP_ERROR;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < UNTRACKED_ICMPV6.len() {
+        t[1][UNTRACKED_ICMPV6[i] as usize] = ICMP_UNTRACKED;
+        i += 1;
+    }
+    t
+};
+
+/// [`Tuple::icmp`]'s flag of a request.
+const ICMP_ASKS: u8 = 0x80;
+
+/// The query bits of [`Tuple::icmp`] for a query of kind `q` and `code`.
 fn query_key(q: usize, code: u8) -> u8 {
     (q as u8 & 0b11) | (code & 0x1f) << 2
 }
@@ -1436,9 +1485,9 @@ fn quoted_tuple(frame: &[u8], l: &Layers, at: usize) -> Option<Tuple> {
         sport: 0,
         dport: 0,
         proto,
+        kind: tuple_kind(proto, l.l3_kind == L3::V6),
         tcp_flags: 0,
-        icmp_request: false,
-        icmp_query: 0,
+        icmp: 0,
         icmp_error: None,
         fragment: None,
     };
@@ -1452,13 +1501,9 @@ fn quoted_tuple(frame: &[u8], l: &Layers, at: usize) -> Option<Tuple> {
             let id = u16::from_be_bytes([ports[4], ports[5]]);
             t.sport = id;
             t.dport = id;
-            let queries: &[(u8, u8)] = if t.v6 { &ICMPV6_QUERIES } else { &ICMP_QUERIES };
-            let kind = ports[0];
-            let q = queries
-                .iter()
-                .position(|&(req, rep)| kind == req || kind == rep)
-                .unwrap_or(0);
-            t.icmp_query = query_key(q, ports[1]);
+            let what = ICMP_TYPES[usize::from(t.v6)][usize::from(ports[0])];
+            t.icmp = query_key(usize::from(what & ICMP_KIND), ports[1]);
+            t.kind |= u32::from(t.icmp) << 25;
         }
         _ => {}
     }
@@ -1473,10 +1518,7 @@ fn canonical(t: &Tuple, zone: u16) -> (Key, bool) {
     } else {
         (t.dst, t.dport, t.src, t.sport)
     };
-    (
-        Key::new(a, pa, b, pb, t.proto, zone, t.v6, t.icmp_query),
-        from_a,
-    )
+    (Key::new(a, pa, b, pb, t.kind, zone), from_a)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1565,7 +1607,7 @@ mod tests {
     use std::collections::HashSet;
 
     fn key(n: u16) -> Key {
-        Key::new([1; 2], n, [2; 2], 80, 6, 0, false, 0)
+        Key::new([1; 2], n, [2; 2], 80, tuple_kind(6, false), 0)
     }
 
     fn pending(ct: &Conntrack, n: u16) -> Pending {
