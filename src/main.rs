@@ -84,8 +84,10 @@ enum Command {
     /// HTTP, SIGTERM, SIGINT or SIGHUP stops it gracefully (in-flight batches finished, outputs
     /// flushed, exit 0).
     ///
-    /// Without --loop it runs until the inputs are exhausted and then, with a metrics
-    /// endpoint, keeps serving until signalled. Flags override the pipeline's telemetry block.
+    /// Ports of `driver af_packet` not bound to a capture are opened on their interfaces
+    /// (live: it runs until signalled); otherwise, without --loop, it runs until the
+    /// captures are read and then, with a metrics endpoint, keeps serving until signalled.
+    /// Flags override the pipeline's telemetry block.
     #[command(
         after_help = "Example:\n  dpuflow run pipelines/vxlan-gateway.pipe --in host=host.pcap --out uplink=uplink.pcap --metrics 127.0.0.1:9464\n  curl -s 127.0.0.1:9464/metrics"
     )]
@@ -168,10 +170,10 @@ enum AclCommand {
 struct RunFlags {
     /// Pipeline file.
     pipeline: PathBuf,
-    /// An input capture (pcap or pcapng) received on PORT.
+    /// An input capture (pcap or pcapng) received on PORT, in place of its interface.
     #[arg(long = "in", value_name = "PORT=FILE")]
     inputs: Vec<String>,
-    /// Where packets sent out of PORT are written (pcap).
+    /// Where packets sent out of PORT are written (pcap), in place of its interface.
     #[arg(long = "out", value_name = "PORT=FILE")]
     outputs: Vec<String>,
     /// Address of the Prometheus endpoint (default: the pipeline's `prometheus`, else
