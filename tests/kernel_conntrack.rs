@@ -275,14 +275,7 @@ impl Lab {
             r: format!("dpc{id}r"),
             s: format!("dpc{id}s"),
         };
-        for n in [&lab.c, &lab.r, &lab.s] {
-            let out = tool("ip", &["netns", "add", n]);
-            assert!(
-                out.status.success(),
-                "ip netns add {n} (this test needs root): {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+        add_netns(&[&lab.c, &lab.r, &lab.s]);
         // The ends only send raw frames: with no addresses of either family, their stacks
         // answer nothing that reaches them.
         for n in [&lab.c, &lab.s] {
@@ -449,9 +442,7 @@ impl Lab {
     }
 
     fn run(&self, ns: &str, args: &[&str]) -> String {
-        let mut full = vec!["netns", "exec", ns];
-        full.extend_from_slice(args);
-        tool_ok("ip", &full)
+        in_netns(ns, args)
     }
 
     fn counters(&self) -> BTreeMap<String, u64> {
@@ -477,9 +468,7 @@ impl Lab {
 
 impl Drop for Lab {
     fn drop(&mut self) {
-        for n in [&self.c, &self.r, &self.s] {
-            let _ = Command::new("ip").args(["netns", "del", n]).status();
-        }
+        del_netns(&[&self.c, &self.r, &self.s]);
     }
 }
 

@@ -23,21 +23,12 @@ impl Namespaces {
             a: format!("dpf{id}a"),
             b: format!("dpf{id}b"),
         };
-        for n in [&ns.a, &ns.b] {
-            let out = tool("ip", &["netns", "add", n]);
-            assert!(
-                out.status.success(),
-                "ip netns add {n} (this test needs root): {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+        add_netns(&[&ns.a, &ns.b]);
         ns
     }
 
     fn run(&self, ns: &str, args: &[&str]) -> String {
-        let mut full = vec!["netns", "exec", ns];
-        full.extend_from_slice(args);
-        tool_ok("ip", &full)
+        in_netns(ns, args)
     }
 
     /// Starts tcpdump in `ns` and waits until it is capturing. Immediate mode, so frames
@@ -83,9 +74,7 @@ impl Namespaces {
 
 impl Drop for Namespaces {
     fn drop(&mut self) {
-        for n in [&self.a, &self.b] {
-            let _ = Command::new("ip").args(["netns", "del", n]).status();
-        }
+        del_netns(&[&self.a, &self.b]);
     }
 }
 

@@ -31,14 +31,7 @@ impl Lab {
             dut: format!("dpl{id}{tag}d"),
             server: format!("dpl{id}{tag}s"),
         };
-        for n in [&lab.client, &lab.dut, &lab.server] {
-            let out = tool("ip", &["netns", "add", n]);
-            assert!(
-                out.status.success(),
-                "ip netns add {n} (this test needs root): {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+        add_netns(&[&lab.client, &lab.dut, &lab.server]);
         for (host, end, dut_end) in [(&lab.client, "c0", "in0"), (&lab.server, "s0", "out0")] {
             tool_ok(
                 "ip",
@@ -103,9 +96,7 @@ impl Lab {
     }
 
     fn run(&self, ns: &str, args: &[&str]) -> String {
-        let mut full = vec!["netns", "exec", ns];
-        full.extend_from_slice(args);
-        tool_ok("ip", &full)
+        in_netns(ns, args)
     }
 
     fn spawn(&self, ns: &str, args: &[&str]) -> Child {
@@ -254,9 +245,7 @@ impl Lab {
 
 impl Drop for Lab {
     fn drop(&mut self) {
-        for n in [&self.client, &self.dut, &self.server] {
-            let _ = Command::new("ip").args(["netns", "del", n]).status();
-        }
+        del_netns(&[&self.client, &self.dut, &self.server]);
     }
 }
 

@@ -169,3 +169,31 @@ pub fn metric(body: &str, name: &str) -> Option<u64> {
     body.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
 }
+
+/// Makes network namespaces of a test's own (unique names); fails the test, saying that it
+/// needs root, when it cannot.
+pub fn add_netns(names: &[&str]) {
+    for n in names {
+        let out = tool("ip", &["netns", "add", n]);
+        assert!(
+            out.status.success(),
+            "ip netns add {n} (this test needs root): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Removes network namespaces, whatever state they are in (for `Drop`).
+pub fn del_netns(names: &[&str]) {
+    for n in names {
+        let _ = Command::new("ip").args(["netns", "del", n]).status();
+    }
+}
+
+/// Runs a command in namespace `ns` and returns its output; fails the test unless it
+/// succeeds.
+pub fn in_netns(ns: &str, args: &[&str]) -> String {
+    let mut full = vec!["netns", "exec", ns];
+    full.extend_from_slice(args);
+    tool_ok("ip", &full)
+}
