@@ -553,7 +553,7 @@ fn bench(f: BenchFlags) -> ExitCode {
                 return ExitCode::from(EXIT_USAGE);
             }
         };
-        let n = traffic.len();
+        let n = traffic.connections();
         if let Some(out) = write {
             let rounds = dpuflow::traffic::HANDSHAKE_ROUNDS + 2;
             return write_capture(&out, &mut traffic, rounds as usize * n);

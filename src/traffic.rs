@@ -608,14 +608,9 @@ impl Conversations {
         })
     }
 
-    /// The connections' count.
-    pub fn len(&self) -> usize {
+    /// How many connections it holds.
+    pub fn connections(&self) -> usize {
         self.flows.len()
-    }
-
-    /// Whether there are none (never, once made).
-    pub fn is_empty(&self) -> bool {
-        self.flows.is_empty()
     }
 }
 

@@ -249,18 +249,21 @@ impl Drop for Lab {
     }
 }
 
-/// Writes a pipeline whose ports `inside` and `outside` are the dut's two links (live),
-/// followed by `body`, into `dir`; returns its path.
-fn live_pipeline(dir: &Scratch, body: &str) -> String {
-    let path = dir.path("live.pipe");
-    let text = format!(
-        "pipeline live\n\
-         port inside  {{ driver af_packet  iface \"in0\" }}\n\
-         port outside {{ driver af_packet  iface \"out0\" }}\n\
-         {body}"
-    );
-    std::fs::write(&path, text).expect("write pipeline");
-    path
+impl Lab {
+    /// A lab (see [`Lab::new`]), a scratch directory, and in it a pipeline whose ports
+    /// `inside` and `outside` are the dut's two links (live), followed by `body`: its path.
+    fn with_pipeline(tag: &str, body: &str) -> (Lab, Scratch, String) {
+        let dir = Scratch::new(&format!("live-{tag}"));
+        let path = dir.path("live.pipe");
+        let text = format!(
+            "pipeline live\n\
+             port inside  {{ driver af_packet  iface \"in0\" }}\n\
+             port outside {{ driver af_packet  iface \"out0\" }}\n\
+             {body}"
+        );
+        std::fs::write(&path, text).expect("write pipeline");
+        (Lab::new(tag), dir, path)
+    }
 }
 
 /// Stops a child process when dropped, so a failing test leaves nothing running.
@@ -374,10 +377,8 @@ fn the_stateful_firewall_runs_between_two_hosts() {
 /// longer than the port's MTU allows is dropped and counted oversize.
 #[test]
 fn tagged_frames_keep_their_tags() {
-    let lab = Lab::new("v");
-    let dir = Scratch::new("live-vlan");
-    let pipe_path = live_pipeline(
-        &dir,
+    let (lab, dir, pipe_path) = Lab::with_pipeline(
+        "v",
         "pipe out root from inside {\n\
              rule tagged { match vlan.id 100  actions fwd outside }\n\
              default { actions drop }\n\
@@ -396,7 +397,6 @@ fn tagged_frames_keep_their_tags() {
          sendp([f/Raw(b'tagged')] * 20 + [f/Raw(b'j' * 3000)], iface='c0', verbose=0)\n"
     );
     lab.run(&lab.client, &[PYTHON, "-c", &send]);
-    std::thread::sleep(Duration::from_millis(500));
     far.stop();
     let seen = tshark_fields(&pcap, &["vlan.id", "vlan.priority", "udp.dstport"]);
     assert_eq!(seen, vec!["100,5,5000"; 20], "frames at the far host");
@@ -414,10 +414,8 @@ fn tagged_frames_keep_their_tags() {
 /// more traffic behind them.
 #[test]
 fn idle_connections_end_without_traffic() {
-    let lab = Lab::new("i");
-    let dir = Scratch::new("live-idle");
-    let pipe_path = live_pipeline(
-        &dir,
+    let (lab, _dir, pipe_path) = Lab::with_pipeline(
+        "i",
         "conntrack { timeout udp 1s }\n\
          pipe out root from inside {\n\
              rule udp { match ip.proto 17  actions ct.commit, fwd outside }\n\
@@ -445,10 +443,8 @@ fn idle_connections_end_without_traffic() {
 /// the link is up.
 #[test]
 fn a_port_whose_link_goes_down_carries_on() {
-    let lab = Lab::new("l");
-    let dir = Scratch::new("live-link");
-    let pipe_path = live_pipeline(
-        &dir,
+    let (lab, _dir, pipe_path) = Lab::with_pipeline(
+        "l",
         "pipe out root from inside {\n\
              rule udp { match ip.proto 17  actions fwd outside }\n\
              default { actions drop }\n\
@@ -521,10 +517,8 @@ print(" ".join("%d:%d" % kv for kv in sorted(seen.items())), flush=True)
 /// slots; once it runs again, what it read and what the ring dropped add up to them.
 #[test]
 fn a_full_receive_ring_is_counted() {
-    let lab = Lab::new("r");
-    let dir = Scratch::new("live-ring");
-    let pipe_path = live_pipeline(
-        &dir,
+    let (lab, _dir, pipe_path) = Lab::with_pipeline(
+        "r",
         "pipe out root from inside {\n\
              rule udp { match ip.proto 17  actions drop }\n\
              default { actions drop }\n\
@@ -556,10 +550,8 @@ fn a_full_receive_ring_is_counted() {
 /// service still runs and no packet has come since.
 #[test]
 fn quiet_flows_are_exported_without_traffic() {
-    let lab = Lab::new("x");
-    let dir = Scratch::new("live-ipfix");
-    let pipe_path = live_pipeline(
-        &dir,
+    let (lab, dir, pipe_path) = Lab::with_pipeline(
+        "x",
         "telemetry { idle_timeout 1s }\n\
          pipe out root from inside {\n\
              rule udp { match ip.proto 17  actions fwd outside }\n\

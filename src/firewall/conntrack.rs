@@ -1038,7 +1038,7 @@ impl Conntrack {
                     },
                     ip_proto::UDP => ConnState::Udp,
                     ip_proto::ICMP | ip_proto::ICMPV6 => {
-                        if t.icmp & ICMP_ASKS == 0 {
+                        if !t.icmp_request {
                             return self.invalid(Invalid::IcmpReply);
                         }
                         ConnState::Icmp
@@ -1255,16 +1255,11 @@ struct Tuple {
     proto: u8,
     tcp_flags: u8,
     /// What the connection key takes besides addresses, ports and zone, in one word
-    /// ([`tuple_kind`]; an ICMP query's bits at 25): a word written whole and read whole,
-    /// where separate bytes read back together stalled each lookup (12 %).
+    /// ([`tuple_kind`], and an ICMP query's [`query_key`] at bit 25): a word written whole
+    /// and read whole, where separate bytes read back together stalled each lookup (12 %).
     kind: u32,
-    /// For ICMP queries: [`ICMP_ASKS`] for a request, and in the low seven bits what
-    /// besides the identifier tells queries apart, as Linux's tuple does with the type and
-    /// code: the kind (an index into [`ICMP_QUERIES`] or [`ICMPV6_QUERIES`]) in the low
-    /// two bits, the code's low five bits above (query codes are 0–2). A reply whose code
-    /// differs from its query's meets no connection, as in Linux (a node information
-    /// reply, say).
-    icmp: u8,
+    /// An ICMP query that asks (a request), not one that answers.
+    icmp_request: bool,
     /// For ICMP errors: where the quoted packet starts.
     icmp_error: Option<u16>,
     /// For a fragment: whether it is its datagram's first (which carries the L4 header;
@@ -1314,7 +1309,7 @@ fn tuple(frame: &[u8], l: &Layers) -> Result<Tuple, NoTuple> {
         proto: l.proto,
         kind: tuple_kind(l.proto, l.l3_kind == L3::V6),
         tcp_flags: 0,
-        icmp: 0,
+        icmp_request: false,
         icmp_error: None,
         fragment: None,
     };
@@ -1352,12 +1347,7 @@ fn tuple(frame: &[u8], l: &Layers) -> Result<Tuple, NoTuple> {
                 t.dport = id;
                 let query = query_key(usize::from(what & ICMP_KIND), frame[l4 + 1]);
                 t.kind |= u32::from(query) << 25;
-                t.icmp = query
-                    | if what & ICMP_REQUEST != 0 {
-                        ICMP_ASKS
-                    } else {
-                        0
-                    };
+                t.icmp_request = what & ICMP_REQUEST != 0;
             } else if what & ICMP_ERROR != 0 {
                 t.icmp_error = Some(l.l4.saturating_add(icmp::HEADER_LEN as u16));
             } else if what & ICMP_UNTRACKED != 0 {
@@ -1432,10 +1422,11 @@ const ICMP_TYPES: [[u8; 256]; 2] = {
     t
 };
 
-/// [`Tuple::icmp`]'s flag of a request.
-const ICMP_ASKS: u8 = 0x80;
-
-/// The query bits of [`Tuple::icmp`] for a query of kind `q` and `code`.
+/// What besides the identifier tells ICMP queries apart, as Linux's tuple does with the
+/// type and code: the kind `q` (an index into [`ICMP_QUERIES`] or [`ICMPV6_QUERIES`]) in
+/// the low two bits, the code's low five bits above (query codes are 0–2). A reply whose
+/// code differs from its query's meets no connection, as in Linux (a node information
+/// reply, say).
 fn query_key(q: usize, code: u8) -> u8 {
     (q as u8 & 0b11) | (code & 0x1f) << 2
 }
@@ -1487,7 +1478,7 @@ fn quoted_tuple(frame: &[u8], l: &Layers, at: usize) -> Option<Tuple> {
         proto,
         kind: tuple_kind(proto, l.l3_kind == L3::V6),
         tcp_flags: 0,
-        icmp: 0,
+        icmp_request: false,
         icmp_error: None,
         fragment: None,
     };
@@ -1502,8 +1493,8 @@ fn quoted_tuple(frame: &[u8], l: &Layers, at: usize) -> Option<Tuple> {
             t.sport = id;
             t.dport = id;
             let what = ICMP_TYPES[usize::from(t.v6)][usize::from(ports[0])];
-            t.icmp = query_key(usize::from(what & ICMP_KIND), ports[1]);
-            t.kind |= u32::from(t.icmp) << 25;
+            let query = query_key(usize::from(what & ICMP_KIND), ports[1]);
+            t.kind |= u32::from(query) << 25;
         }
         _ => {}
     }
