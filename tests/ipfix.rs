@@ -252,10 +252,31 @@ fn export(dir: &Scratch, pipeline: &str, inputs: &[(&str, &str)], flags: &[&str]
         .stderr(Stdio::null())
         .spawn()
         .expect("dpuflow run");
-    // The inputs are read in well under a second; the workers export when they finish.
-    std::thread::sleep(Duration::from_secs(2));
-    let (code, metrics) = get(metrics.parse().expect("addr"), "/metrics").expect("scrape");
-    assert_eq!(code, 200);
+    // The workers export when they have read the inputs, after writing their connection
+    // tables (hundreds of MB for the stateful example, slow on a busy machine): wait for
+    // every input packet to be counted and the records made, then for the exporter.
+    let sent: usize = inputs.iter().map(|(_, f)| frames(&dir.path(f)).len()).sum();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let metrics = loop {
+        let scraped = get(metrics.parse().expect("addr"), "/metrics");
+        if let Some((200, body)) = &scraped {
+            let received: u64 = body
+                .lines()
+                .filter(|l| l.starts_with("dpuflow_port_received_packets_total{"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+                .sum();
+            let records = metric(body, "dpuflow_flow_records_total").unwrap_or(0);
+            if received == sent as u64 && records > 0 {
+                break body.clone();
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "dpuflow run never finished its inputs: {scraped:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    std::thread::sleep(Duration::from_millis(500));
     stop(run);
     std::thread::sleep(Duration::from_millis(500));
     stop(nfcapd);
