@@ -28,7 +28,8 @@ use crate::firewall::conntrack::Conntrack;
 use crate::firewall::fragments::Fragments;
 use crate::io::af_packet::{LiveError, LivePort, Received, Sent};
 use crate::io::pcap::{CaptureError, CaptureWriter};
-use crate::ir::{Driver, PortId, Program};
+use crate::ir::{Driver, PortId, Program, ServiceKind};
+use crate::kvcache::server::{KvService, StartError};
 use crate::replay::{Bindings, Merged, Merger};
 use crate::sys::Readable;
 use crate::telemetry::collector::{Collector, Destination};
@@ -95,6 +96,9 @@ pub enum RunError {
     /// a thread of the service failed
     #[error("{0}")]
     Thread(String),
+    /// a local service (the KV cache) could not start
+    #[error(transparent)]
+    Service(#[from] StartError),
     /// the connection tables would not fit in memory
     #[error(
         "the connection tables need {need_mib} MiB ({workers} workers × conntrack capacity \
@@ -151,6 +155,8 @@ struct Shared {
     oversize: Vec<[AtomicU64; 2]>,
     /// Per port: frames the kernel dropped for want of room in a live port's receive ring.
     ring_full: Vec<AtomicU64>,
+    /// The pipeline's KV-cache services.
+    kv: Vec<Arc<KvService>>,
 }
 
 /// Counted by the exporter thread, read at scrape time.
@@ -181,7 +187,9 @@ impl Handler for Shared {
             messages: e.messages.load(Ordering::Relaxed),
             failed: e.failed.load(Ordering::Relaxed),
         });
-        metrics::render(&self.program, &total, &self.info)
+        let mut text = metrics::render(&self.program, &total, &self.info);
+        text.push_str(&metrics::render_kv(&self.kv));
+        text
     }
 
     fn ready(&self) -> bool {
@@ -224,7 +232,8 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         });
     }
     let lives = live.iter().flatten().count();
-    if opts.bindings.inputs.is_empty() && lives == 0 {
+    // A pipeline with a local service (the KV cache) is worth running without packets.
+    if opts.bindings.inputs.is_empty() && lives == 0 && program.services.is_empty() {
         let live = if unopened.is_empty() {
             String::new()
         } else {
@@ -263,6 +272,14 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     ] {
         signal_hook::flag::register(sig, Arc::clone(&stop)).map_err(RunError::Signals)?;
     }
+    // Services start first: a target that cannot be reached fails the command at once.
+    let kv = program
+        .services
+        .iter()
+        .map(|svc| match &svc.kind {
+            ServiceKind::KvCache(c) => KvService::start(&svc.name, c, Arc::clone(&stop)),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let watch = Watch {
         stop: Arc::clone(&stop),
         failed: Arc::new(AtomicBool::new(false)),
@@ -321,6 +338,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         },
         code,
         program,
+        kv,
     });
     // Open everything before any thread starts, so a bad file fails the command at once.
     let source = if lives > 0 {
@@ -404,7 +422,8 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     match &listener {
         Some(l) => http::serve(l, &stop, &*shared).map_err(|e| RunError::Thread(e.to_string()))?,
         None => {
-            while !stop.load(Ordering::Relaxed) && !io.is_finished() {
+            let serving = !shared.kv.is_empty();
+            while !stop.load(Ordering::Relaxed) && (serving || !io.is_finished()) {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }

@@ -47,6 +47,7 @@ pub mod graph;
 pub mod hash;
 pub mod io;
 pub mod ir;
+pub mod kvcache;
 pub mod lang;
 pub mod replay;
 pub mod sweep;

@@ -9,11 +9,14 @@ use super::{Snapshot, LATENCY_BUCKETS};
 use crate::engine::DropReason;
 use crate::firewall::conntrack::Invalid;
 use crate::ir::Program;
+use crate::kvcache::server::{KvCounters, KvGauges, KvService, COMMANDS};
 use crate::replay::entry_names;
 use prometheus::proto::{
     Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType,
 };
 use prometheus::{Encoder, TextEncoder};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 /// Facts about the process beside the counters.
 #[derive(Debug, Clone)]
@@ -372,11 +375,106 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info) -> String {
     m.set_histogram(h);
     f.mut_metric().push(m);
 
-    // A family without series (no meters, no services) is not valid exposition.
-    fam.0.retain(|f| !f.get_metric().is_empty());
-    let mut out = Vec::new();
-    if let Err(e) = TextEncoder::new().encode(&fam.0, &mut out) {
-        tracing::error!(error = %e, "cannot encode metrics");
+    fam.encode()
+}
+
+/// Renders the exposition of the KV-cache services (appended to [`render`]'s).
+pub fn render_kv(services: &[Arc<KvService>]) -> String {
+    let mut fam = Families(Vec::new());
+    let per = |f: &dyn Fn(&KvService) -> u64| {
+        services
+            .iter()
+            .map(move |s| (labels(&[("service", &s.name)]), f(s)))
+            .collect::<Vec<_>>()
+    };
+    let gauges: Vec<_> = services.iter().map(|s| s.gauges()).collect();
+    let gauge = |f: fn(&KvGauges) -> u64| {
+        services
+            .iter()
+            .zip(&gauges)
+            .map(|(s, g)| (labels(&[("service", &s.name)]), f(g) as f64))
+            .collect::<Vec<_>>()
+    };
+    fam.gauge("dpuflow_kvcache_keys", "Keys held.", gauge(|g| g.keys));
+    fam.gauge(
+        "dpuflow_kvcache_capacity_bytes",
+        "Storage the service may fill, in whole blocks.",
+        gauge(|g| g.capacity_bytes),
+    );
+    fam.gauge(
+        "dpuflow_kvcache_used_bytes",
+        "Storage held by values, in whole blocks.",
+        gauge(|g| g.used_bytes),
+    );
+    fam.gauge(
+        "dpuflow_kvcache_clients",
+        "Client connections open.",
+        per(&|s| s.counters.clients.load(Relaxed))
+            .into_iter()
+            .map(|(l, v)| (l, v as f64)),
+    );
+    let commands = services.iter().flat_map(|s| {
+        COMMANDS.iter().enumerate().map(|(i, c)| {
+            (
+                labels(&[("service", &s.name), ("command", c)]),
+                s.counters.commands[i].load(Relaxed),
+            )
+        })
+    });
+    fam.counter(
+        "dpuflow_kvcache_commands_total",
+        "Requests by command (others under `other`).",
+        commands,
+    );
+    let c = |f: fn(&KvCounters) -> &AtomicU64| per(&move |s| f(&s.counters).load(Relaxed));
+    fam.counter(
+        "dpuflow_kvcache_hits_total",
+        "Reads of keys held.",
+        c(|c| &c.hits),
+    );
+    fam.counter(
+        "dpuflow_kvcache_misses_total",
+        "Reads of keys not held.",
+        c(|c| &c.misses),
+    );
+    fam.counter(
+        "dpuflow_kvcache_evictions_total",
+        "Keys evicted (least recently used) to make room.",
+        gauge(|g| g.evictions)
+            .into_iter()
+            .map(|(l, v)| (l, v as u64)),
+    );
+    fam.counter(
+        "dpuflow_kvcache_storage_read_bytes_total",
+        "Value bytes read from the storage target.",
+        c(|c| &c.read_bytes),
+    );
+    fam.counter(
+        "dpuflow_kvcache_storage_written_bytes_total",
+        "Value bytes written to the storage target.",
+        c(|c| &c.written_bytes),
+    );
+    fam.counter(
+        "dpuflow_kvcache_storage_errors_total",
+        "Storage reads and writes that failed.",
+        c(|c| &c.storage_errors),
+    );
+    fam.counter(
+        "dpuflow_kvcache_rejected_clients_total",
+        "Connections refused because the service had its most clients.",
+        c(|c| &c.rejected_clients),
+    );
+    fam.encode()
+}
+
+impl Families {
+    fn encode(mut self) -> String {
+        // A family without series (no meters, no services) is not valid exposition.
+        self.0.retain(|f| !f.get_metric().is_empty());
+        let mut out = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.0, &mut out) {
+            tracing::error!(error = %e, "cannot encode metrics");
+        }
+        String::from_utf8(out).unwrap_or_default()
     }
-    String::from_utf8(out).unwrap_or_default()
 }

@@ -1,0 +1,320 @@
+//! The block index: which storage blocks hold each key's value, which blocks are free, and
+//! which key goes first when room is needed (least recently used, as a cache should).
+//!
+//! Sans-IO: the index hands out and takes back block numbers; the server moves the bytes.
+//! A value's blocks are an [`Extents`] behind an `Arc`: a reader holds its own reference
+//! while it reads, so blocks of a key that is meanwhile overwritten, deleted or evicted
+//! return to the free list only when the last reader is done, never under its feet.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// A run of consecutive blocks: first block and count.
+pub type Run = (u64, u64);
+
+/// Blocks not holding any value, shared by the index and every [`Extents`].
+#[derive(Debug, Default)]
+struct FreeBlocks {
+    /// Popped from the end: filled in reverse so a fresh store hands out 0, 1, 2, … and
+    /// values get long runs.
+    stack: Vec<u64>,
+}
+
+/// The storage blocks of one value, in order, and its length. Its blocks go back to the
+/// free list when the last reference is dropped.
+#[derive(Debug)]
+pub struct Extents {
+    blocks: Vec<u64>,
+    len: u64,
+    free: Arc<Mutex<FreeBlocks>>,
+}
+
+impl Extents {
+    /// The value's length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The blocks as runs of consecutive block numbers, in the value's order: one I/O
+    /// each.
+    pub fn runs(&self) -> Vec<Run> {
+        let mut runs: Vec<Run> = Vec::new();
+        for &b in &self.blocks {
+            match runs.last_mut() {
+                Some((first, n)) if *first + *n == b => *n += 1,
+                _ => runs.push((b, 1)),
+            }
+        }
+        runs
+    }
+}
+
+impl Drop for Extents {
+    fn drop(&mut self) {
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        // Reversed, so the next value to take them gets them in ascending order.
+        free.stack.extend(self.blocks.iter().rev());
+    }
+}
+
+/// Why a value cannot be stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// the value is larger than the store
+    #[error("the value ({len} bytes) is larger than the store ({capacity} bytes)")]
+    TooLarge { len: u64, capacity: u64 },
+    /// every block is held by readers
+    #[error("no room: the remaining blocks are being read")]
+    Busy,
+}
+
+#[derive(Debug)]
+struct Entry {
+    extents: Arc<Extents>,
+    /// Its place in the recency order.
+    tick: u64,
+}
+
+/// What the index counts, for metrics and INFO.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IndexStats {
+    pub keys: u64,
+    /// Blocks holding values held in the index (blocks still being read after their key
+    /// left are not counted here nor free).
+    pub used_blocks: u64,
+    pub total_blocks: u64,
+    pub evictions: u64,
+}
+
+/// Keys → extents over `total` blocks of `block_size` bytes.
+#[derive(Debug)]
+pub struct Index {
+    map: HashMap<Arc<[u8]>, Entry>,
+    /// Recency: tick → key, oldest first.
+    order: BTreeMap<u64, Arc<[u8]>>,
+    tick: u64,
+    free: Arc<Mutex<FreeBlocks>>,
+    block_size: u64,
+    total: u64,
+    used: u64,
+    evictions: u64,
+}
+
+impl Index {
+    /// An empty index of `capacity` bytes (whole blocks only) in blocks of `block_size`.
+    pub fn new(capacity: u64, block_size: u64) -> Index {
+        let total = capacity / block_size.max(1);
+        Index {
+            map: HashMap::new(),
+            order: BTreeMap::new(),
+            tick: 0,
+            free: Arc::new(Mutex::new(FreeBlocks {
+                stack: (0..total).rev().collect(),
+            })),
+            block_size: block_size.max(1),
+            total,
+            used: 0,
+            evictions: 0,
+        }
+    }
+
+    pub fn block_size(&self) -> u64 {
+        self.block_size
+    }
+
+    /// The value of `key`, now its most recently used.
+    pub fn get(&mut self, key: &[u8]) -> Option<Arc<Extents>> {
+        let tick = self.next_tick();
+        let e = self.map.get_mut(key)?;
+        let k = self.order.remove(&e.tick)?;
+        e.tick = tick;
+        self.order.insert(tick, k);
+        Some(Arc::clone(&e.extents))
+    }
+
+    /// Whether `key` is held (its recency unchanged).
+    pub fn contains(&self, key: &[u8]) -> bool {
+        self.map.contains_key(key)
+    }
+
+    /// The length of `key`'s value, its recency unchanged.
+    pub fn len_of(&self, key: &[u8]) -> Option<u64> {
+        self.map.get(key).map(|e| e.extents.len())
+    }
+
+    /// Blocks for a value of `len` bytes that will replace `key`'s: short of room, `key`'s
+    /// own value goes first, then the least recently used keys until there is room. The
+    /// blocks are the caller's until [`Index::insert`]: dropped unused, they return to the
+    /// free list.
+    pub fn allocate(&mut self, key: &[u8], len: u64) -> Result<Extents, StoreError> {
+        let n = len.div_ceil(self.block_size);
+        if n > self.total {
+            return Err(StoreError::TooLarge {
+                len,
+                capacity: self.total * self.block_size,
+            });
+        }
+        loop {
+            {
+                let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+                if free.stack.len() as u64 >= n {
+                    let at = free.stack.len() - n as usize;
+                    let blocks: Vec<u64> = free.stack.drain(at..).rev().collect();
+                    drop(free);
+                    return Ok(Extents {
+                        blocks,
+                        len,
+                        free: Arc::clone(&self.free),
+                    });
+                }
+            }
+            if !self.remove(key) && !self.evict_oldest() {
+                return Err(StoreError::Busy);
+            }
+        }
+    }
+
+    /// Makes `extents` the value of `key`, replacing any (whose blocks are freed once no
+    /// reader holds them).
+    pub fn insert(&mut self, key: &[u8], extents: Extents) {
+        self.remove(key);
+        let tick = self.next_tick();
+        let key: Arc<[u8]> = Arc::from(key);
+        self.used += extents.blocks.len() as u64;
+        self.order.insert(tick, Arc::clone(&key));
+        self.map.insert(
+            key,
+            Entry {
+                extents: Arc::new(extents),
+                tick,
+            },
+        );
+    }
+
+    /// Removes `key`; whether it was held.
+    pub fn remove(&mut self, key: &[u8]) -> bool {
+        let Some(e) = self.map.remove(key) else {
+            return false;
+        };
+        self.order.remove(&e.tick);
+        self.used -= e.extents.blocks.len() as u64;
+        true
+    }
+
+    /// Removes every key.
+    pub fn clear(&mut self) {
+        self.map.clear();
+        self.order.clear();
+        self.used = 0;
+    }
+
+    pub fn stats(&self) -> IndexStats {
+        IndexStats {
+            keys: self.map.len() as u64,
+            used_blocks: self.used,
+            total_blocks: self.total,
+            evictions: self.evictions,
+        }
+    }
+
+    fn evict_oldest(&mut self) -> bool {
+        let Some((_, key)) = self.order.pop_first() else {
+            return false;
+        };
+        if let Some(e) = self.map.remove(&key) {
+            self.used -= e.extents.blocks.len() as u64;
+        }
+        self.evictions += 1;
+        true
+    }
+
+    fn next_tick(&mut self) -> u64 {
+        self.tick += 1;
+        self.tick
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(ix: &mut Index, key: &str, len: u64) -> Result<(), StoreError> {
+        let e = ix.allocate(key.as_bytes(), len)?;
+        ix.insert(key.as_bytes(), e);
+        Ok(())
+    }
+
+    #[test]
+    fn values_take_whole_blocks_in_runs() {
+        let mut ix = Index::new(10 * 4096, 4096);
+        put(&mut ix, "a", 1).unwrap();
+        put(&mut ix, "b", 3 * 4096).unwrap();
+        put(&mut ix, "empty", 0).unwrap();
+        assert_eq!(ix.get(b"a").unwrap().runs(), [(0, 1)]);
+        assert_eq!(ix.get(b"b").unwrap().runs(), [(1, 3)]);
+        assert_eq!(ix.get(b"empty").unwrap().runs(), []);
+        assert_eq!(ix.stats().used_blocks, 4);
+        assert_eq!(
+            ix.allocate(b"c", 11 * 4096).unwrap_err(),
+            StoreError::TooLarge {
+                len: 11 * 4096,
+                capacity: 10 * 4096
+            }
+        );
+    }
+
+    #[test]
+    fn least_recently_used_goes_first() {
+        let mut ix = Index::new(3 * 512, 512);
+        for k in ["a", "b", "c"] {
+            put(&mut ix, k, 512).unwrap();
+        }
+        ix.get(b"a");
+        put(&mut ix, "d", 512).unwrap();
+        assert!(!ix.contains(b"b"), "b was least recently used");
+        assert!(ix.contains(b"a") && ix.contains(b"c") && ix.contains(b"d"));
+        put(&mut ix, "e", 1024).unwrap();
+        assert!(!ix.contains(b"c") && !ix.contains(b"a"));
+        let s = ix.stats();
+        assert_eq!((s.keys, s.used_blocks, s.evictions), (2, 3, 3));
+    }
+
+    #[test]
+    fn blocks_being_read_are_not_reused() {
+        let mut ix = Index::new(2 * 512, 512);
+        put(&mut ix, "a", 1024).unwrap();
+        let reading = ix.get(b"a").unwrap();
+        put(&mut ix, "a", 512).unwrap_err();
+        // The failed put gave up "a" itself; its blocks wait for the reader.
+        assert!(!ix.contains(b"a"));
+        assert_eq!(ix.stats().evictions, 0);
+        assert_eq!(ix.allocate(b"b", 512).unwrap_err(), StoreError::Busy);
+        drop(reading);
+        put(&mut ix, "b", 1024).unwrap();
+        assert_eq!(ix.get(b"b").unwrap().runs(), [(0, 2)]);
+    }
+
+    #[test]
+    fn overwrite_and_remove_free_blocks() {
+        let mut ix = Index::new(4 * 512, 512);
+        put(&mut ix, "a", 2048).unwrap();
+        put(&mut ix, "a", 512).unwrap();
+        assert_eq!(ix.stats().used_blocks, 1);
+        assert!(ix.remove(b"a"));
+        assert!(!ix.remove(b"a"));
+        put(&mut ix, "b", 2048).unwrap();
+        ix.clear();
+        assert_eq!(
+            ix.stats(),
+            IndexStats {
+                total_blocks: 4,
+                ..IndexStats::default()
+            }
+        );
+        put(&mut ix, "c", 2048).unwrap();
+    }
+}

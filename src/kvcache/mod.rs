@@ -1,0 +1,11 @@
+//! KV-cache storage initiation: LLM inference hosts put and get KV-cache blocks over the
+//! Redis protocol ([`resp`]); the DPU keeps the index ([`index`]) and does the storage
+//! I/O itself ([`storage`]: a local device or file, or an NBD export through [`nbd`]), so
+//! the hosts' CPUs stay out of it. [`server`] puts them together as a service of
+//! `dpuflow run`.
+
+pub mod index;
+pub mod nbd;
+pub mod resp;
+pub mod server;
+pub mod storage;

@@ -1,0 +1,324 @@
+//! RESP2, the Redis serialization protocol, as far as a key-value block store needs it:
+//! requests are arrays of bulk strings (or inline commands typed by hand), replies are
+//! simple strings, errors, integers, bulk strings and arrays.
+//! Spec: <https://redis.io/docs/latest/develop/reference/protocol-spec/> (RESP2).
+//!
+//! Sans-IO: [`parse`] finds one whole request at the start of a buffer and says where its
+//! arguments are; the caller owns reading and writing.
+
+use std::ops::Range;
+
+/// Most arguments a request may have (Redis's own limit).
+pub const MAX_ARGS: usize = 1024 * 1024;
+/// Longest argument in bytes (Redis's `proto-max-bulk-len` default, 512 MiB).
+pub const MAX_BULK: usize = 512 << 20;
+/// Longest inline command or header line.
+pub const MAX_LINE: usize = 64 << 10;
+
+/// Why a request cannot be read; the connection is answered with the error and closed,
+/// as Redis does, since what follows cannot be framed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    /// Protocol error: invalid multibulk length
+    #[error("Protocol error: invalid multibulk length")]
+    ArrayLength,
+    /// Protocol error: invalid bulk length
+    #[error("Protocol error: invalid bulk length")]
+    BulkLength,
+    /// Protocol error: expected '$'
+    #[error("Protocol error: expected '$', got something else")]
+    ExpectedBulk,
+    /// Protocol error: a bulk string not followed by CRLF
+    #[error("Protocol error: bulk string not followed by CRLF")]
+    MissingCrlf,
+    /// Protocol error: too big inline request
+    #[error("Protocol error: too big inline request")]
+    LineTooLong,
+    /// Protocol error: unbalanced quotes in inline request
+    #[error("Protocol error: unbalanced quotes in request")]
+    Quotes,
+}
+
+/// The position of the first CRLF-terminated line in `buf[from..]`: its end (excluding
+/// CRLF) and the index after the CRLF; `None` if the line is not whole yet.
+fn line(buf: &[u8], from: usize) -> Option<(usize, usize)> {
+    let rest = buf.get(from..)?;
+    let at = rest.windows(2).position(|w| w == b"\r\n")?;
+    Some((from + at, from + at + 2))
+}
+
+/// A decimal length as RESP writes them (`-1` allowed where `signed`).
+fn number(digits: &[u8]) -> Option<i64> {
+    let (neg, digits) = match digits.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, digits),
+    };
+    if digits.is_empty() || digits.len() > 18 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n = digits
+        .iter()
+        .fold(0i64, |n, d| n * 10 + i64::from(d - b'0'));
+    Some(if neg { -n } else { n })
+}
+
+/// Parses one request at the start of `buf`. `Ok(Some(n))`: a whole request of `n` bytes,
+/// its arguments' ranges (into `buf`) in `args`; `Ok(None)`: more bytes are needed (`args`
+/// is then meaningless); `Err`: the bytes are not RESP. An empty request (a blank inline
+/// line, or `*0`) parses with no arguments.
+pub fn parse(buf: &[u8], args: &mut Vec<Range<usize>>) -> Result<Option<usize>, ProtocolError> {
+    args.clear();
+    match buf.first() {
+        None => Ok(None),
+        Some(b'*') => parse_array(buf, args),
+        Some(_) => parse_inline(buf, args),
+    }
+}
+
+fn parse_array(buf: &[u8], args: &mut Vec<Range<usize>>) -> Result<Option<usize>, ProtocolError> {
+    let Some((end, mut at)) = line(buf, 1) else {
+        return if buf.len() > MAX_LINE {
+            Err(ProtocolError::ArrayLength)
+        } else {
+            Ok(None)
+        };
+    };
+    let count = number(&buf[1..end]).ok_or(ProtocolError::ArrayLength)?;
+    if count > MAX_ARGS as i64 {
+        return Err(ProtocolError::ArrayLength);
+    }
+    for _ in 0..count.max(0) {
+        match buf.get(at) {
+            None => return Ok(None),
+            Some(b'$') => {}
+            Some(_) => return Err(ProtocolError::ExpectedBulk),
+        }
+        let Some((end, data)) = line(buf, at + 1) else {
+            return if buf.len() - at > 32 {
+                Err(ProtocolError::BulkLength)
+            } else {
+                Ok(None)
+            };
+        };
+        let len = number(&buf[at + 1..end])
+            .filter(|n| (0..=MAX_BULK as i64).contains(n))
+            .ok_or(ProtocolError::BulkLength)? as usize;
+        let stop = data + len;
+        match buf.get(stop..stop + 2) {
+            None => return Ok(None),
+            Some(b"\r\n") => {}
+            Some(_) => return Err(ProtocolError::MissingCrlf),
+        }
+        args.push(data..stop);
+        at = stop + 2;
+    }
+    Ok(Some(at))
+}
+
+/// An inline command: words separated by spaces, double-quoted words with the usual
+/// backslash escapes left as written (enough for typing commands by hand), ended by LF
+/// or CRLF.
+fn parse_inline(buf: &[u8], args: &mut Vec<Range<usize>>) -> Result<Option<usize>, ProtocolError> {
+    let Some(lf) = buf.iter().position(|&b| b == b'\n') else {
+        return if buf.len() > MAX_LINE {
+            Err(ProtocolError::LineTooLong)
+        } else {
+            Ok(None)
+        };
+    };
+    if lf > MAX_LINE {
+        return Err(ProtocolError::LineTooLong);
+    }
+    let end = if lf > 0 && buf[lf - 1] == b'\r' {
+        lf - 1
+    } else {
+        lf
+    };
+    let mut i = 0;
+    while i < end {
+        match buf[i] {
+            b' ' | b'\t' => i += 1,
+            b'"' => {
+                let close = buf[i + 1..end]
+                    .iter()
+                    .position(|&b| b == b'"')
+                    .ok_or(ProtocolError::Quotes)?;
+                args.push(i + 1..i + 1 + close);
+                i += close + 2;
+            }
+            _ => {
+                let len = buf[i..end]
+                    .iter()
+                    .position(|&b| b == b' ' || b == b'\t')
+                    .unwrap_or(end - i);
+                args.push(i..i + len);
+                i += len;
+            }
+        }
+    }
+    Ok(Some(lf + 1))
+}
+
+/// Replies, appended to an output buffer.
+pub mod reply {
+    use std::io::Write;
+
+    pub fn simple(out: &mut Vec<u8>, s: &str) {
+        out.push(b'+');
+        out.extend_from_slice(s.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+
+    /// An error reply; `msg` starts with its code (`ERR`, `WRONGTYPE`, …) as Redis's do.
+    pub fn error(out: &mut Vec<u8>, msg: &str) {
+        out.push(b'-');
+        // An error is one line: a newline in it would frame the rest as a new reply.
+        out.extend(
+            msg.bytes()
+                .map(|b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
+        );
+        out.extend_from_slice(b"\r\n");
+    }
+
+    pub fn integer(out: &mut Vec<u8>, n: i64) {
+        // Writing to a Vec cannot fail.
+        let _ = write!(out, ":{n}\r\n");
+    }
+
+    pub fn bulk(out: &mut Vec<u8>, data: &[u8]) {
+        bulk_header(out, data.len());
+        out.extend_from_slice(data);
+        out.extend_from_slice(b"\r\n");
+    }
+
+    /// The header of a bulk string of `len` bytes, for a caller that appends the bytes and
+    /// the closing CRLF itself (reading them straight from storage).
+    pub fn bulk_header(out: &mut Vec<u8>, len: usize) {
+        let _ = write!(out, "${len}\r\n");
+    }
+
+    /// The null bulk string: a missing key.
+    pub fn null(out: &mut Vec<u8>) {
+        out.extend_from_slice(b"$-1\r\n");
+    }
+
+    pub fn array(out: &mut Vec<u8>, len: usize) {
+        let _ = write!(out, "*{len}\r\n");
+    }
+
+    /// `+OK`.
+    pub fn ok(out: &mut Vec<u8>) {
+        simple(out, "OK");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A whole request's length and arguments.
+    type Words = Option<(usize, Vec<Vec<u8>>)>;
+
+    fn words(buf: &[u8]) -> Result<Words, ProtocolError> {
+        let mut args = Vec::new();
+        Ok(parse(buf, &mut args)?
+            .map(|n| (n, args.iter().map(|r| buf[r.clone()].to_vec()).collect())))
+    }
+
+    fn encode(args: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = Vec::new();
+        reply::array(&mut out, args.len());
+        for a in args {
+            reply::bulk(&mut out, a);
+        }
+        out
+    }
+
+    #[test]
+    fn arrays_of_bulk_strings() {
+        let req = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$5\r\nv\r\nx!\r\n*1\r\n";
+        let (n, w) = words(req).unwrap().unwrap();
+        assert_eq!(n, 31);
+        assert_eq!(w, [b"SET".to_vec(), b"k".to_vec(), b"v\r\nx!".to_vec()]);
+        // Every proper prefix needs more bytes.
+        for cut in 0..n {
+            assert_eq!(words(&req[..cut]), Ok(None), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn inline_commands() {
+        assert_eq!(
+            words(b"set  k \"a b\"\r\nPING\n").unwrap().unwrap(),
+            (14, vec![b"set".to_vec(), b"k".to_vec(), b"a b".to_vec()])
+        );
+        assert_eq!(
+            words(b"PING\n").unwrap().unwrap(),
+            (5, vec![b"PING".to_vec()])
+        );
+        assert_eq!(words(b"\r\n").unwrap().unwrap(), (2, vec![]));
+        assert_eq!(words(b"PIN"), Ok(None));
+        assert_eq!(words(b"GET \"k\n"), Err(ProtocolError::Quotes));
+    }
+
+    #[test]
+    fn malformed_requests() {
+        assert_eq!(words(b"*x\r\n"), Err(ProtocolError::ArrayLength));
+        assert_eq!(words(b"*2000000\r\n"), Err(ProtocolError::ArrayLength));
+        assert_eq!(words(b"*1\r\n:3\r\n"), Err(ProtocolError::ExpectedBulk));
+        assert_eq!(words(b"*1\r\n$-1\r\n"), Err(ProtocolError::BulkLength));
+        assert_eq!(
+            words(b"*1\r\n$999999999999\r\n"),
+            Err(ProtocolError::BulkLength)
+        );
+        assert_eq!(
+            words(b"*1\r\n$1\r\nab\r\n"),
+            Err(ProtocolError::MissingCrlf)
+        );
+        assert_eq!(
+            words(&vec![b'a'; MAX_LINE + 1]),
+            Err(ProtocolError::LineTooLong)
+        );
+    }
+
+    #[test]
+    fn replies() {
+        let mut out = Vec::new();
+        reply::ok(&mut out);
+        reply::error(&mut out, "ERR two\r\nlines");
+        reply::integer(&mut out, -3);
+        reply::bulk(&mut out, b"hi");
+        reply::null(&mut out);
+        reply::array(&mut out, 0);
+        assert_eq!(
+            out,
+            b"+OK\r\n-ERR two  lines\r\n:-3\r\n$2\r\nhi\r\n$-1\r\n*0\r\n"
+        );
+    }
+
+    proptest! {
+        /// Any bytes: no panic, and a whole request never claims more than it was given.
+        #[test]
+        fn never_panics(buf in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let mut args = Vec::new();
+            if let Ok(Some(n)) = parse(&buf, &mut args) {
+                prop_assert!(n <= buf.len());
+                prop_assert!(args.iter().all(|r| r.end <= n));
+            }
+        }
+
+        /// An encoded request parses back to its arguments, exactly its length, and needs
+        /// more bytes when cut short.
+        #[test]
+        fn round_trip(
+            args in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..8),
+            cut in any::<prop::sample::Index>(),
+        ) {
+            let req = encode(&args);
+            prop_assert_eq!(words(&req).unwrap(), Some((req.len(), args)));
+            let cut = cut.index(req.len());
+            prop_assert_eq!(words(&req[..cut]).unwrap(), None);
+        }
+    }
+}

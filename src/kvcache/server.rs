@@ -1,0 +1,679 @@
+//! The KV-cache service: a Redis-protocol server whose values are stored on the storage
+//! target in whole blocks, with the index in memory. A thread accepts connections and a
+//! thread serves each one; requests on a connection may be pipelined and are answered in
+//! order. Values move between the connection and the target without passing through
+//! the index, which is locked only to look up, allocate and publish.
+
+use super::index::{Extents, Index, StoreError};
+use super::resp::{self, reply};
+use super::storage::{self, BlockTarget, Pool, TargetError};
+use crate::ir::KvCache;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+/// Connections to the storage target: as many requests do I/O at once.
+pub const TARGET_CONNECTIONS: usize = 4;
+/// Client connections served at once; more are answered with an error and closed.
+pub const MAX_CLIENTS: u64 = 1024;
+/// How often blocked threads look at the stop flag.
+const POLL: Duration = Duration::from_millis(200);
+
+/// Why the service cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// the storage target cannot be used
+    #[error("kvcache `{service}`: {source}")]
+    Target {
+        service: String,
+        source: TargetError,
+    },
+    /// the listening address cannot be bound
+    #[error("kvcache `{service}`: cannot listen on {addr}: {source}")]
+    Listen {
+        service: String,
+        addr: SocketAddr,
+        source: io::Error,
+    },
+}
+
+/// The commands counted by name; any other is counted as `other`.
+pub const COMMANDS: &[&str] = &[
+    "get", "set", "mget", "mset", "del", "exists", "strlen", "dbsize", "flushall", "ping", "info",
+    "other",
+];
+
+/// What the service counts, for metrics and INFO.
+#[derive(Debug, Default)]
+pub struct KvCounters {
+    pub commands: [AtomicU64; COMMANDS.len()],
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub written_bytes: AtomicU64,
+    pub storage_errors: AtomicU64,
+    pub clients: AtomicU64,
+    pub rejected_clients: AtomicU64,
+}
+
+/// One KV-cache service.
+#[derive(Debug)]
+pub struct KvService {
+    pub name: String,
+    pub listen: SocketAddr,
+    pub config: KvCache,
+    index: Mutex<Index>,
+    pool: Pool,
+    /// I/O alignment of the target (a power of two dividing the block size).
+    align: u64,
+    pub counters: KvCounters,
+    stop: Arc<AtomicBool>,
+}
+
+/// A snapshot of a service's index for metrics.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KvGauges {
+    pub keys: u64,
+    pub used_bytes: u64,
+    pub capacity_bytes: u64,
+    pub evictions: u64,
+}
+
+impl KvService {
+    /// Connects to the target and starts listening; connections are served until `stop`
+    /// is set.
+    pub fn start(
+        name: &str,
+        config: &KvCache,
+        stop: Arc<AtomicBool>,
+    ) -> Result<Arc<KvService>, StartError> {
+        let target_err = |source| StartError::Target {
+            service: name.to_owned(),
+            source,
+        };
+        let pool = Pool::connect(&config.target, config.capacity, TARGET_CONNECTIONS)
+            .map_err(target_err)?;
+        let align = pool.alignment();
+        let listener = TcpListener::bind(config.listen).map_err(|source| StartError::Listen {
+            service: name.to_owned(),
+            addr: config.listen,
+            source,
+        })?;
+        let listen = listener.local_addr().unwrap_or(config.listen);
+        let svc = Arc::new(KvService {
+            name: name.to_owned(),
+            listen,
+            config: config.clone(),
+            index: Mutex::new(Index::new(config.capacity, config.block_size)),
+            pool,
+            align,
+            counters: KvCounters::default(),
+            stop,
+        });
+        let s = Arc::clone(&svc);
+        std::thread::Builder::new()
+            .name(format!("kv-{name}"))
+            .spawn(move || s.accept(listener))
+            .map_err(|source| StartError::Listen {
+                service: name.to_owned(),
+                addr: config.listen,
+                source,
+            })?;
+        tracing::info!(service = name, listen = %listen, target = %storage::describe(&config.target),
+            capacity = config.capacity, block_size = config.block_size, "kvcache serving");
+        Ok(svc)
+    }
+
+    pub fn gauges(&self) -> KvGauges {
+        let s = self.lock().stats();
+        KvGauges {
+            keys: s.keys,
+            used_bytes: s.used_blocks * self.config.block_size,
+            capacity_bytes: s.total_blocks * self.config.block_size,
+            evictions: s.evictions,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Index> {
+        self.index.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn accept(self: Arc<Self>, listener: TcpListener) {
+        if let Err(e) = listener.set_nonblocking(true) {
+            tracing::error!(service = %self.name, error = %e, "kvcache cannot poll its listener");
+            return;
+        }
+        while !self.stop.load(Relaxed) {
+            match listener.accept() {
+                Ok((stream, peer)) => {
+                    if self.counters.clients.load(Relaxed) >= MAX_CLIENTS {
+                        self.counters.rejected_clients.fetch_add(1, Relaxed);
+                        let mut s = stream;
+                        let _ = s.write_all(b"-ERR max number of clients reached\r\n");
+                        continue;
+                    }
+                    self.counters.clients.fetch_add(1, Relaxed);
+                    let svc = Arc::clone(&self);
+                    let spawned = std::thread::Builder::new()
+                        .name(format!("kv-{}-client", self.name))
+                        .spawn(move || {
+                            if let Err(e) = svc.serve(stream) {
+                                tracing::debug!(service = %svc.name, %peer, error = %e, "kvcache client gone");
+                            }
+                            svc.counters.clients.fetch_sub(1, Relaxed);
+                        });
+                    if spawned.is_err() {
+                        self.counters.clients.fetch_sub(1, Relaxed);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(POLL / 4),
+                Err(e) => {
+                    tracing::warn!(service = %self.name, error = %e, "kvcache accept failed");
+                    std::thread::sleep(POLL);
+                }
+            }
+        }
+    }
+
+    /// Serves one client until it leaves, breaks the protocol, or the service stops.
+    fn serve(&self, mut stream: TcpStream) -> io::Result<()> {
+        stream.set_nonblocking(false)?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(POLL))?;
+        let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
+        let mut args: Vec<Range<usize>> = Vec::new();
+        let mut out: Vec<u8> = Vec::with_capacity(64 << 10);
+        loop {
+            let mut start = 0;
+            let mut quit = false;
+            while !quit {
+                match resp::parse(&buf[start..], &mut args) {
+                    Ok(Some(n)) => {
+                        let req = &buf[start..start + n];
+                        let words: Vec<&[u8]> = args.iter().map(|r| &req[r.clone()]).collect();
+                        quit = self.execute(&words, &mut out);
+                        start += n;
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        reply::error(&mut out, &format!("ERR {e}"));
+                        quit = true;
+                    }
+                }
+            }
+            if !out.is_empty() {
+                stream.write_all(&out)?;
+                out.clear();
+            }
+            if quit {
+                return Ok(());
+            }
+            buf.drain(..start);
+            if self.stop.load(Relaxed) {
+                return Ok(());
+            }
+            // Room to read into: at least 64 KiB, more while a large value streams in.
+            let have = buf.len();
+            let room = (have / 2).clamp(64 << 10, 16 << 20);
+            buf.resize(have + room, 0);
+            match stream.read(&mut buf[have..]) {
+                Ok(0) => return Ok(()),
+                Ok(n) => buf.truncate(have + n),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    buf.truncate(have)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn count(&self, command: &str) {
+        let i = COMMANDS
+            .iter()
+            .position(|c| *c == command)
+            .unwrap_or(COMMANDS.len() - 1);
+        self.counters.commands[i].fetch_add(1, Relaxed);
+    }
+
+    /// Runs one request, appending its reply to `out`; `true` when the client asked to
+    /// leave.
+    fn execute(&self, words: &[&[u8]], out: &mut Vec<u8>) -> bool {
+        let Some((name, args)) = words.split_first() else {
+            return false;
+        };
+        let name = String::from_utf8_lossy(name).to_ascii_lowercase();
+        let arity = |n: usize, out: &mut Vec<u8>| {
+            let ok = args.len() == n;
+            if !ok {
+                reply::error(
+                    out,
+                    &format!("ERR wrong number of arguments for '{name}' command"),
+                );
+            }
+            ok
+        };
+        self.count(&name);
+        match name.as_str() {
+            "get" => {
+                if arity(1, out) {
+                    self.get(args[0], out);
+                }
+            }
+            "set" => self.set_command(args, out),
+            "mget" if !args.is_empty() => {
+                reply::array(out, args.len());
+                for key in args {
+                    self.get(key, out);
+                }
+            }
+            "mset" if !args.is_empty() && args.len() % 2 == 0 => {
+                let failed = args
+                    .chunks(2)
+                    .filter_map(|kv| self.store(kv[0], kv[1]).err())
+                    .last();
+                match failed {
+                    None => reply::ok(out),
+                    Some(e) => reply::error(out, &e),
+                }
+            }
+            "del" | "unlink" if !args.is_empty() => {
+                let mut ix = self.lock();
+                let n = args.iter().filter(|k| ix.remove(k)).count();
+                reply::integer(out, n as i64);
+            }
+            "exists" if !args.is_empty() => {
+                let ix = self.lock();
+                let n = args.iter().filter(|k| ix.contains(k)).count();
+                reply::integer(out, n as i64);
+            }
+            "strlen" => {
+                if arity(1, out) {
+                    let len = self.lock().len_of(args[0]).unwrap_or(0);
+                    reply::integer(out, len as i64);
+                }
+            }
+            "dbsize" => reply::integer(out, self.lock().stats().keys as i64),
+            "flushall" | "flushdb" => {
+                self.lock().clear();
+                reply::ok(out);
+            }
+            "ping" => match args {
+                [] => reply::simple(out, "PONG"),
+                [msg] => reply::bulk(out, msg),
+                _ => {
+                    arity(1, out);
+                }
+            },
+            "echo" => {
+                if arity(1, out) {
+                    reply::bulk(out, args[0]);
+                }
+            }
+            "quit" => {
+                reply::ok(out);
+                return true;
+            }
+            "select" => match args {
+                [b"0"] => reply::ok(out),
+                [_] => reply::error(out, "ERR DB index is out of range"),
+                _ => {
+                    arity(1, out);
+                }
+            },
+            "info" => reply::bulk(out, self.info().as_bytes()),
+            "config" => self.config_command(args, out),
+            "command" => match args.first().map(|a| a.to_ascii_lowercase()) {
+                Some(sub) if sub == b"count" => reply::integer(out, COMMANDS.len() as i64 + 8),
+                _ => reply::array(out, 0),
+            },
+            "client" => match args.first().map(|a| a.to_ascii_lowercase()).as_deref() {
+                Some(b"setname" | b"setinfo") => reply::ok(out),
+                Some(b"getname") => reply::null(out),
+                _ => reply::error(out, "ERR unknown subcommand for 'client'"),
+            },
+            "hello" => match args.first().copied() {
+                None | Some(b"2") => self.hello(out),
+                Some(_) => reply::error(out, "NOPROTO this protocol version is not supported"),
+            },
+            "mget" | "mset" | "del" | "unlink" | "exists" => {
+                reply::error(
+                    out,
+                    &format!("ERR wrong number of arguments for '{name}' command"),
+                );
+            }
+            _ => {
+                let first = args
+                    .first()
+                    .map(|a| String::from_utf8_lossy(a).into_owned())
+                    .unwrap_or_default();
+                reply::error(
+                    out,
+                    &format!("ERR unknown command '{name}', with args beginning with: '{first}'"),
+                );
+            }
+        }
+        false
+    }
+
+    /// `SET key value [NX | XX]`.
+    fn set_command(&self, args: &[&[u8]], out: &mut Vec<u8>) {
+        let [key, value, opts @ ..] = args else {
+            reply::error(out, "ERR wrong number of arguments for 'set' command");
+            return;
+        };
+        let (mut nx, mut xx) = (false, false);
+        for o in opts {
+            match o.to_ascii_lowercase().as_slice() {
+                b"nx" => nx = true,
+                b"xx" => xx = true,
+                b"ex" | b"px" | b"exat" | b"pxat" | b"keepttl" => {
+                    reply::error(
+                        out,
+                        "ERR expiry is not supported: keys leave by least-recent-use eviction",
+                    );
+                    return;
+                }
+                _ => {
+                    reply::error(out, "ERR syntax error");
+                    return;
+                }
+            }
+        }
+        if (nx && xx) || (nx || xx) && opts.len() > 1 {
+            reply::error(out, "ERR syntax error");
+            return;
+        }
+        if nx || xx {
+            let held = self.lock().contains(key);
+            if (nx && held) || (xx && !held) {
+                reply::null(out);
+                return;
+            }
+        }
+        match self.store(key, value) {
+            Ok(()) => reply::ok(out),
+            Err(e) => reply::error(out, &e),
+        }
+    }
+
+    /// Stores `value` under `key`: blocks from the index, the bytes to the target, then
+    /// the key published (a reader never sees a value half written).
+    fn store(&self, key: &[u8], value: &[u8]) -> Result<(), String> {
+        let extents = self
+            .lock()
+            .allocate(key, value.len() as u64)
+            .map_err(|e| match e {
+                StoreError::TooLarge { .. } => format!("ERR {e}"),
+                StoreError::Busy => format!("BUSY {e}"),
+            })?;
+        self.write(&extents, value).map_err(|e| {
+            self.counters.storage_errors.fetch_add(1, Relaxed);
+            tracing::warn!(service = %self.name, error = %e, "kvcache write failed");
+            format!("ERR storage write failed: {e}")
+        })?;
+        self.counters
+            .written_bytes
+            .fetch_add(value.len() as u64, Relaxed);
+        self.lock().insert(key, extents);
+        Ok(())
+    }
+
+    /// Writes `value` over its blocks, a request per run, lengths rounded up to the
+    /// target's alignment (the padding stays inside the value's last block).
+    fn write(&self, extents: &Extents, value: &[u8]) -> io::Result<()> {
+        let bs = self.config.block_size;
+        self.pool.with(|t| {
+            let mut at = 0usize;
+            for (first, n) in extents.runs() {
+                let len = ((n * bs) as usize).min(value.len() - at);
+                let part = &value[at..at + len];
+                let whole = len - len % self.align as usize;
+                t.write_at(first * bs, &part[..whole])?;
+                if whole < len {
+                    let mut tail = vec![0u8; self.align as usize];
+                    tail[..len - whole].copy_from_slice(&part[whole..]);
+                    t.write_at(first * bs + whole as u64, &tail)?;
+                }
+                at += len;
+            }
+            Ok(())
+        })
+    }
+
+    /// Appends `key`'s value as a bulk string (or the null bulk string) to `out`, read from
+    /// the target straight into `out`.
+    fn get(&self, key: &[u8], out: &mut Vec<u8>) {
+        let Some(extents) = self.lock().get(key) else {
+            self.counters.misses.fetch_add(1, Relaxed);
+            reply::null(out);
+            return;
+        };
+        self.counters.hits.fetch_add(1, Relaxed);
+        let before = out.len();
+        let len = extents.len() as usize;
+        reply::bulk_header(out, len);
+        let start = out.len();
+        let padded = len.next_multiple_of(self.align as usize);
+        out.resize(start + padded, 0);
+        let bs = self.config.block_size;
+        let read = self.pool.with(|t: &mut dyn BlockTarget| {
+            let mut at = 0usize;
+            for (first, n) in extents.runs() {
+                let run = ((n * bs) as usize).min(padded - at);
+                t.read_at(first * bs, &mut out[start + at..start + at + run])?;
+                at += run;
+            }
+            Ok::<(), io::Error>(())
+        });
+        match read {
+            Ok(()) => {
+                out.truncate(start + len);
+                out.extend_from_slice(b"\r\n");
+                self.counters.read_bytes.fetch_add(len as u64, Relaxed);
+            }
+            Err(e) => {
+                out.truncate(before);
+                self.counters.storage_errors.fetch_add(1, Relaxed);
+                tracing::warn!(service = %self.name, error = %e, "kvcache read failed");
+                reply::error(out, &format!("ERR storage read failed: {e}"));
+            }
+        }
+    }
+
+    /// `CONFIG GET pattern`: the few settings clients ask for (redis-benchmark asks for
+    /// `save` and `appendonly`); `CONFIG SET` is refused.
+    fn config_command(&self, args: &[&[u8]], out: &mut Vec<u8>) {
+        let [sub, pattern] = args else {
+            reply::error(
+                out,
+                "ERR unknown subcommand or wrong number of arguments for 'config'",
+            );
+            return;
+        };
+        if !sub.eq_ignore_ascii_case(b"get") {
+            reply::error(
+                out,
+                "ERR the kvcache service's settings live in its pipeline file",
+            );
+            return;
+        }
+        let settings = [
+            ("save", String::new()),
+            ("appendonly", "no".to_owned()),
+            ("maxmemory", self.config.capacity.to_string()),
+            ("maxmemory-policy", "allkeys-lru".to_owned()),
+            ("databases", "1".to_owned()),
+        ];
+        let pattern = String::from_utf8_lossy(pattern).to_ascii_lowercase();
+        let hits: Vec<_> = settings
+            .iter()
+            .filter(|(k, _)| pattern == "*" || pattern == *k)
+            .collect();
+        reply::array(out, hits.len() * 2);
+        for (k, v) in hits {
+            reply::bulk(out, k.as_bytes());
+            reply::bulk(out, v.as_bytes());
+        }
+    }
+
+    /// `HELLO` in RESP2: the server's facts as a flat array.
+    fn hello(&self, out: &mut Vec<u8>) {
+        let facts = [
+            ("server", "dpuflow"),
+            ("version", env!("CARGO_PKG_VERSION")),
+            ("proto", "2"),
+            ("mode", "standalone"),
+            ("role", "master"),
+        ];
+        reply::array(out, facts.len() * 2 + 2);
+        for (k, v) in facts {
+            reply::bulk(out, k.as_bytes());
+            if k == "proto" {
+                reply::integer(out, 2);
+            } else {
+                reply::bulk(out, v.as_bytes());
+            }
+        }
+        reply::bulk(out, b"modules");
+        reply::array(out, 0);
+    }
+
+    /// `INFO`: Redis's sections that clients read, and the service's own.
+    fn info(&self) -> String {
+        let g = self.gauges();
+        let c = &self.counters;
+        format!(
+            "# Server\r\nredis_version:7.0.0\r\ndpuflow_version:{}\r\nredis_mode:standalone\r\n\
+             tcp_port:{}\r\n\r\n# Clients\r\nconnected_clients:{}\r\n\r\n# Memory\r\n\
+             maxmemory:{}\r\nmaxmemory_policy:allkeys-lru\r\n\r\n# Stats\r\n\
+             keyspace_hits:{}\r\nkeyspace_misses:{}\r\nevicted_keys:{}\r\n\r\n# Kvcache\r\n\
+             target:{}\r\nblock_size:{}\r\ncapacity_bytes:{}\r\nused_bytes:{}\r\n\
+             storage_read_bytes:{}\r\nstorage_written_bytes:{}\r\nstorage_errors:{}\r\n\r\n\
+             # Keyspace\r\ndb0:keys={},expires=0,avg_ttl=0\r\n",
+            crate::VERSION,
+            self.listen.port(),
+            c.clients.load(Relaxed),
+            self.config.capacity,
+            c.hits.load(Relaxed),
+            c.misses.load(Relaxed),
+            g.evictions,
+            storage::describe(&self.config.target),
+            self.config.block_size,
+            g.capacity_bytes,
+            g.used_bytes,
+            c.read_bytes.load(Relaxed),
+            c.written_bytes.load(Relaxed),
+            c.storage_errors.load(Relaxed),
+            g.keys,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::StorageTarget;
+    use crate::kvcache::resp::ProtocolError;
+
+    /// A service on a fresh file named after the test.
+    fn service(test: &str, capacity: u64, block: u64) -> (Arc<KvService>, std::path::PathBuf) {
+        let path = std::env::temp_dir().join(format!("dpuflow-kv-{}-{test}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let config = KvCache {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            target: StorageTarget::Local { path: path.clone() },
+            capacity,
+            block_size: block,
+        };
+        let svc = KvService::start("kvcache", &config, Arc::new(AtomicBool::new(false))).unwrap();
+        (svc, path)
+    }
+
+    fn run(svc: &KvService, words: &[&[u8]]) -> Vec<u8> {
+        let mut out = Vec::new();
+        svc.execute(words, &mut out);
+        out
+    }
+
+    #[test]
+    fn values_round_trip_through_the_target() {
+        let (svc, path) = service("round_trip", 1 << 20, 4096);
+        let big: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        assert_eq!(run(&svc, &[b"SET", b"k", &big]), b"+OK\r\n");
+        let mut expect = format!("${}\r\n", big.len()).into_bytes();
+        expect.extend_from_slice(&big);
+        expect.extend_from_slice(b"\r\n");
+        assert_eq!(run(&svc, &[b"get", b"k"]), expect);
+        // The bytes are on the target, from block 0.
+        let disk = std::fs::read(&path).unwrap();
+        assert_eq!(&disk[..big.len()], &big[..]);
+        assert_eq!(run(&svc, &[b"GET", b"nope"]), b"$-1\r\n");
+        assert_eq!(run(&svc, &[b"STRLEN", b"k"]), b":10000\r\n");
+        assert_eq!(run(&svc, &[b"EXISTS", b"k", b"nope", b"k"]), b":2\r\n");
+        assert_eq!(run(&svc, &[b"SET", b"k", b"x", b"NX"]), b"$-1\r\n");
+        assert_eq!(run(&svc, &[b"SET", b"j", b"x", b"XX"]), b"$-1\r\n");
+        assert_eq!(run(&svc, &[b"MSET", b"a", b"1", b"b", b""]), b"+OK\r\n");
+        assert_eq!(
+            run(&svc, &[b"MGET", b"a", b"zz", b"b"]),
+            b"*3\r\n$1\r\n1\r\n$-1\r\n$0\r\n\r\n"
+        );
+        assert_eq!(run(&svc, &[b"DBSIZE"]), b":3\r\n");
+        assert_eq!(run(&svc, &[b"DEL", b"a", b"b", b"zz"]), b":2\r\n");
+        assert_eq!(run(&svc, &[b"FLUSHALL"]), b"+OK\r\n");
+        assert_eq!(run(&svc, &[b"DBSIZE"]), b":0\r\n");
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn errors_read_like_redis() {
+        let (svc, path) = service("errors", 8192, 4096);
+        assert_eq!(
+            run(&svc, &[b"GET"]),
+            b"-ERR wrong number of arguments for 'get' command\r\n"
+        );
+        assert_eq!(
+            run(&svc, &[b"SET", b"k", b"v", b"EX", b"10"]),
+            b"-ERR expiry is not supported: keys leave by least-recent-use eviction\r\n"
+        );
+        assert_eq!(
+            run(&svc, &[b"FOO", b"bar"]),
+            b"-ERR unknown command 'foo', with args beginning with: 'bar'\r\n"
+        );
+        let too_big = vec![0u8; 8193];
+        assert!(run(&svc, &[b"SET", b"k", &too_big]).starts_with(b"-ERR the value"));
+        assert_eq!(run(&svc, &[b"PING"]), b"+PONG\r\n");
+        assert_eq!(
+            run(&svc, &[b"CONFIG", b"GET", b"appendonly"]),
+            b"*2\r\n$10\r\nappendonly\r\n$2\r\nno\r\n"
+        );
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn pipelined_requests_over_tcp() {
+        let (svc, path) = service("pipelined", 1 << 20, 4096);
+        let mut c = TcpStream::connect(svc.listen).unwrap();
+        c.write_all(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\nhi\r\nGET k\r\nPING\r\nQUIT\r\n")
+            .unwrap();
+        let mut back = Vec::new();
+        c.read_to_end(&mut back).unwrap();
+        assert_eq!(back, b"+OK\r\n$2\r\nhi\r\n+PONG\r\n+OK\r\n");
+        let mut c = TcpStream::connect(svc.listen).unwrap();
+        c.write_all(b"*1\r\n:1\r\n").unwrap();
+        let mut back = Vec::new();
+        c.read_to_end(&mut back).unwrap();
+        assert_eq!(
+            back,
+            format!("-ERR {}\r\n", ProtocolError::ExpectedBulk).into_bytes()
+        );
+        std::fs::remove_file(path).unwrap();
+    }
+}

@@ -1,0 +1,240 @@
+//! Where values' bytes live: a storage target addressed by byte offset, through one
+//! initiator connection each. The service keeps a few connections ([`Pool`]) and each
+//! request takes one for its I/O, so requests from different hosts proceed side by side.
+
+use super::nbd::{self, NbdClient};
+use crate::ir::StorageTarget;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::{Condvar, Mutex, PoisonError};
+
+/// One connection to a storage target.
+pub trait BlockTarget: Send + std::fmt::Debug {
+    /// Fills `buf` from the target at `offset`.
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Writes `data` to the target at `offset`.
+    fn write_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()>;
+    /// The target's size in bytes.
+    fn size(&self) -> u64;
+    /// Offsets and lengths of I/O are multiples of this many bytes.
+    fn alignment(&self) -> u64 {
+        1
+    }
+}
+
+/// Why a storage target cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    /// the target could not be opened or connected to
+    #[error("{target}: {source}")]
+    Open { target: String, source: io::Error },
+    /// the NBD server refused or broke the handshake
+    #[error("{target}: {source}")]
+    Nbd {
+        target: String,
+        source: nbd::NbdError,
+    },
+    /// the target is smaller than the service's capacity
+    #[error("{target} holds {size} bytes, less than the capacity of {capacity}")]
+    TooSmall {
+        target: String,
+        size: u64,
+        capacity: u64,
+    },
+    /// the target's kind has no initiator in this build
+    #[error("{0}: NVMe/TCP targets are not supported yet; use nbd:// or a local device")]
+    Unsupported(String),
+}
+
+/// What a target is called in messages.
+pub fn describe(target: &StorageTarget) -> String {
+    match target {
+        StorageTarget::NvmeTcp { addr, nqn } => format!("nvme-tcp://{addr}/{nqn}"),
+        StorageTarget::Nbd { addr, export } => format!("nbd://{addr}/{export}"),
+        StorageTarget::Local { path } => path.display().to_string(),
+    }
+}
+
+/// Opens one connection to `target`. A local file that does not exist is created, sparse,
+/// `capacity` bytes long; a device or NBD export must already hold `capacity` bytes.
+pub fn connect(target: &StorageTarget, capacity: u64) -> Result<Box<dyn BlockTarget>, TargetError> {
+    let name = describe(target);
+    let t: Box<dyn BlockTarget> = match target {
+        StorageTarget::Local { path } => Box::new(LocalTarget::open(path, capacity).map_err(
+            |source| TargetError::Open {
+                target: name.clone(),
+                source,
+            },
+        )?),
+        StorageTarget::Nbd { addr, export } => Box::new(
+            NbdClient::connect(*addr, export).map_err(|source| TargetError::Nbd {
+                target: name.clone(),
+                source,
+            })?,
+        ),
+        StorageTarget::NvmeTcp { .. } => return Err(TargetError::Unsupported(name)),
+    };
+    if t.size() < capacity {
+        return Err(TargetError::TooSmall {
+            target: name,
+            size: t.size(),
+            capacity,
+        });
+    }
+    Ok(t)
+}
+
+/// A local block device or file, read and written with `pread`/`pwrite`.
+#[derive(Debug)]
+pub struct LocalTarget {
+    file: File,
+    size: u64,
+}
+
+impl LocalTarget {
+    pub fn open(path: &Path, capacity: u64) -> io::Result<LocalTarget> {
+        let file = match OpenOptions::new().read(true).write(true).open(path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let f = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .open(path)?;
+                f.set_len(capacity)?;
+                f
+            }
+            other => other?,
+        };
+        // A block device's length is where seeking to its end lands, not its metadata's.
+        let size = io::Seek::seek(&mut &file, io::SeekFrom::End(0))?;
+        Ok(LocalTarget { file, size })
+    }
+}
+
+impl BlockTarget for LocalTarget {
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.file.read_exact_at(buf, offset)
+    }
+
+    fn write_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.file.write_all_at(data, offset)
+    }
+
+    fn size(&self) -> u64 {
+        self.size
+    }
+}
+
+/// A few connections to one target, each used by one request at a time. A connection
+/// whose I/O failed is dropped and made afresh by the next request that needs it, so the
+/// service carries on once a restarted target is back.
+pub struct Pool {
+    idle: Mutex<Vec<Option<Box<dyn BlockTarget>>>>,
+    returned: Condvar,
+    target: StorageTarget,
+    capacity: u64,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("target", &describe(&self.target))
+            .finish()
+    }
+}
+
+impl Pool {
+    /// `connections` connections to `target`, all made now: a target that cannot be
+    /// reached fails the service's start.
+    pub fn connect(
+        target: &StorageTarget,
+        capacity: u64,
+        connections: usize,
+    ) -> Result<Pool, TargetError> {
+        let conns = (0..connections.max(1))
+            .map(|_| connect(target, capacity).map(Some))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Pool {
+            idle: Mutex::new(conns),
+            returned: Condvar::new(),
+            target: target.clone(),
+            capacity,
+        })
+    }
+
+    /// The largest I/O alignment of the connections.
+    pub fn alignment(&self) -> u64 {
+        let idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        idle.iter()
+            .flatten()
+            .map(|c| c.alignment())
+            .max()
+            .unwrap_or(1)
+    }
+
+    /// Runs `f` with a connection, waiting for one to be free.
+    pub fn with<T>(&self, f: impl FnOnce(&mut dyn BlockTarget) -> io::Result<T>) -> io::Result<T> {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let slot = loop {
+            match idle.pop() {
+                Some(c) => break c,
+                None => {
+                    idle = self
+                        .returned
+                        .wait(idle)
+                        .unwrap_or_else(PoisonError::into_inner)
+                }
+            }
+        };
+        drop(idle);
+        let mut conn = match slot {
+            Some(c) => Some(c),
+            None => connect(&self.target, self.capacity)
+                .map_err(|e| tracing::debug!(error = %e, "storage target still unreachable"))
+                .ok(),
+        };
+        let out = match conn.as_mut() {
+            Some(c) => f(c.as_mut()),
+            None => Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                format!("cannot reach {}", describe(&self.target)),
+            )),
+        };
+        if out.is_err() {
+            conn = None;
+        }
+        self.idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(conn);
+        self.returned.notify_one();
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_file_is_created_sparse_and_holds_what_is_written() {
+        let dir = std::env::temp_dir().join(format!("dpuflow-local-{}", std::process::id()));
+        let _ = std::fs::remove_file(&dir);
+        let target = StorageTarget::Local { path: dir.clone() };
+        let mut t = connect(&target, 1 << 20).unwrap();
+        assert_eq!(t.size(), 1 << 20);
+        t.write_at(4096, b"block").unwrap();
+        let mut back = [0u8; 5];
+        t.read_at(4096, &mut back).unwrap();
+        assert_eq!(&back, b"block");
+        assert!(t.read_at(1 << 20, &mut back).is_err());
+        drop(t);
+        assert!(matches!(
+            connect(&target, 2 << 20),
+            Err(TargetError::TooSmall { size, .. }) if size == 1 << 20
+        ));
+        std::fs::remove_file(&dir).unwrap();
+    }
+}
