@@ -3,6 +3,7 @@
 //! request takes one for its I/O, so requests from different hosts proceed side by side.
 
 use super::nbd::{self, NbdClient};
+use super::nvme_tcp::NvmeTcpClient;
 use crate::ir::StorageTarget;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -27,7 +28,7 @@ pub trait BlockTarget: Send + std::fmt::Debug {
 /// Why a storage target cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TargetError {
-    /// the target could not be opened or connected to
+    /// the target could not be opened, connected to, or set up (NVMe/TCP)
     #[error("{target}: {source}")]
     Open { target: String, source: io::Error },
     /// the NBD server refused or broke the handshake
@@ -43,9 +44,6 @@ pub enum TargetError {
         size: u64,
         capacity: u64,
     },
-    /// the target's kind has no initiator in this build
-    #[error("{0}: NVMe/TCP targets are not supported yet; use nbd:// or a local device")]
-    Unsupported(String),
 }
 
 /// What a target is called in messages.
@@ -74,7 +72,12 @@ pub fn connect(target: &StorageTarget, capacity: u64) -> Result<Box<dyn BlockTar
                 source,
             })?,
         ),
-        StorageTarget::NvmeTcp { .. } => return Err(TargetError::Unsupported(name)),
+        StorageTarget::NvmeTcp { addr, nqn } => Box::new(
+            NvmeTcpClient::connect(*addr, nqn).map_err(|source| TargetError::Open {
+                target: name.clone(),
+                source,
+            })?,
+        ),
     };
     if t.size() < capacity {
         return Err(TargetError::TooSmall {
