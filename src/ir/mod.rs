@@ -644,6 +644,8 @@ pub struct KvCache {
     pub capacity: u64,
     /// Allocation unit in bytes (a multiple of 512).
     pub block_size: u64,
+    /// Connections kept to the target: how many reads and writes are in flight at once.
+    pub connections: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

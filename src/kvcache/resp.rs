@@ -10,7 +10,8 @@ use std::ops::Range;
 
 /// Most arguments a request may have (Redis's own limit).
 pub const MAX_ARGS: usize = 1024 * 1024;
-/// Longest argument in bytes (Redis's `proto-max-bulk-len` default, 512 MiB).
+/// Longest argument in bytes (Redis's `proto-max-bulk-len` default, 512 MiB); a server
+/// passes [`parse`] a lower bound where it can (no value longer than its store).
 pub const MAX_BULK: usize = 512 << 20;
 /// Longest inline command or header line.
 pub const MAX_LINE: usize = 64 << 10;
@@ -64,18 +65,27 @@ fn number(digits: &[u8]) -> Option<i64> {
 
 /// Parses one request at the start of `buf`. `Ok(Some(n))`: a whole request of `n` bytes,
 /// its arguments' ranges (into `buf`) in `args`; `Ok(None)`: more bytes are needed (`args`
-/// is then meaningless); `Err`: the bytes are not RESP. An empty request (a blank inline
-/// line, or `*0`) parses with no arguments.
-pub fn parse(buf: &[u8], args: &mut Vec<Range<usize>>) -> Result<Option<usize>, ProtocolError> {
+/// is then meaningless); `Err`: the bytes are not RESP, or an argument would be longer than
+/// `max_bulk` (refused before its bytes arrive, so a client cannot make the server buffer
+/// more). An empty request (a blank inline line, or `*0`) parses with no arguments.
+pub fn parse(
+    buf: &[u8],
+    args: &mut Vec<Range<usize>>,
+    max_bulk: usize,
+) -> Result<Option<usize>, ProtocolError> {
     args.clear();
     match buf.first() {
         None => Ok(None),
-        Some(b'*') => parse_array(buf, args),
+        Some(b'*') => parse_array(buf, args, max_bulk.min(MAX_BULK)),
         Some(_) => parse_inline(buf, args),
     }
 }
 
-fn parse_array(buf: &[u8], args: &mut Vec<Range<usize>>) -> Result<Option<usize>, ProtocolError> {
+fn parse_array(
+    buf: &[u8],
+    args: &mut Vec<Range<usize>>,
+    max_bulk: usize,
+) -> Result<Option<usize>, ProtocolError> {
     let Some((end, mut at)) = line(buf, 1) else {
         return if buf.len() > MAX_LINE {
             Err(ProtocolError::ArrayLength)
@@ -101,7 +111,7 @@ fn parse_array(buf: &[u8], args: &mut Vec<Range<usize>>) -> Result<Option<usize>
             };
         };
         let len = number(&buf[at + 1..end])
-            .filter(|n| (0..=MAX_BULK as i64).contains(n))
+            .filter(|n| (0..=max_bulk as i64).contains(n))
             .ok_or(ProtocolError::BulkLength)? as usize;
         let stop = data + len;
         match buf.get(stop..stop + 2) {
@@ -222,7 +232,7 @@ mod tests {
 
     fn words(buf: &[u8]) -> Result<Words, ProtocolError> {
         let mut args = Vec::new();
-        Ok(parse(buf, &mut args)?
+        Ok(parse(buf, &mut args, MAX_BULK)?
             .map(|n| (n, args.iter().map(|r| buf[r.clone()].to_vec()).collect())))
     }
 
@@ -302,7 +312,7 @@ mod tests {
         #[test]
         fn never_panics(buf in proptest::collection::vec(any::<u8>(), 0..200)) {
             let mut args = Vec::new();
-            if let Ok(Some(n)) = parse(&buf, &mut args) {
+            if let Ok(Some(n)) = parse(&buf, &mut args, 64) {
                 prop_assert!(n <= buf.len());
                 prop_assert!(args.iter().all(|r| r.end <= n));
             }

@@ -15,8 +15,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-/// Connections to the storage target: as many requests do I/O at once.
-pub const TARGET_CONNECTIONS: usize = 4;
 /// Client connections served at once; more are answered with an error and closed.
 pub const MAX_CLIENTS: u64 = 1024;
 /// How often blocked threads look at the stop flag.
@@ -94,9 +92,16 @@ impl KvService {
             service: name.to_owned(),
             source,
         };
-        let pool = Pool::connect(&config.target, config.capacity, TARGET_CONNECTIONS)
+        let pool = Pool::connect(&config.target, config.capacity, config.connections)
             .map_err(target_err)?;
         let align = pool.alignment();
+        if config.block_size % align != 0 {
+            return Err(target_err(TargetError::Misaligned {
+                target: storage::describe(&config.target),
+                block_size: config.block_size,
+                align,
+            }));
+        }
         let listener = TcpListener::bind(config.listen).map_err(|source| StartError::Listen {
             service: name.to_owned(),
             addr: config.listen,
@@ -190,7 +195,7 @@ impl KvService {
             let mut start = 0;
             let mut quit = false;
             while !quit {
-                match resp::parse(&buf[start..], &mut args) {
+                match resp::parse(&buf[start..], &mut args, self.max_bulk()) {
                     Ok(Some(n)) => {
                         let req = &buf[start..start + n];
                         let words: Vec<&[u8]> = args.iter().map(|r| &req[r.clone()]).collect();
@@ -233,6 +238,14 @@ impl KvService {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// The longest argument a request may carry: no value longer than the store, though
+    /// at least what a command line takes.
+    fn max_bulk(&self) -> usize {
+        usize::try_from(self.config.capacity)
+            .unwrap_or(usize::MAX)
+            .max(resp::MAX_LINE)
     }
 
     fn count(&self, command: &str) {
@@ -592,6 +605,7 @@ mod tests {
             target: StorageTarget::Local { path: path.clone() },
             capacity,
             block_size: block,
+            connections: 2,
         };
         let svc = KvService::start("kvcache", &config, Arc::new(AtomicBool::new(false))).unwrap();
         (svc, path)

@@ -37,6 +37,13 @@ pub enum TargetError {
         target: String,
         source: nbd::NbdError,
     },
+    /// the service's blocks are not whole sectors of the target
+    #[error("{target} reads and writes in units of {align} bytes: block_size {block_size} is not a multiple")]
+    Misaligned {
+        target: String,
+        block_size: u64,
+        align: u64,
+    },
     /// the target is smaller than the service's capacity
     #[error("{target} holds {size} bytes, less than the capacity of {capacity}")]
     TooSmall {

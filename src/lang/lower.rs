@@ -491,6 +491,7 @@ impl Lowerer<'_> {
         let mut target = None;
         let mut capacity = None;
         let mut block_size = 65536;
+        let mut connections = 8;
         let mut ok = true;
         for o in &b.options {
             let (text, span) = self.joined(o);
@@ -528,6 +529,19 @@ impl Lowerer<'_> {
                         None => ok = false,
                     }
                 }
+                "connections" => match self.parsed(
+                    w,
+                    "connection count",
+                    "write a count from 1 to 256",
+                    value::count,
+                ) {
+                    Some(n) if (1..=256).contains(&n) => connections = n as usize,
+                    Some(n) => {
+                        self.err(w.span, format!("`connections` is 1 to 256, not {n}"));
+                        ok = false;
+                    }
+                    None => ok = false,
+                },
                 _ => unreachable!("the parser accepts only service keys"),
             }
         }
@@ -559,6 +573,7 @@ impl Lowerer<'_> {
                 target,
                 capacity,
                 block_size,
+                connections,
             }),
         })
     }

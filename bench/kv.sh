@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The KV-cache service under redis-benchmark, next to redis-server in the same run: SET and
+# GET of VALUE-byte values over KEYS random keys from CLIENTS connections. dpuflow stores
+# the values on a target: a file on tmpfs (`file://`), and an NBD export of a tmpfs file
+# served by qemu-nbd over loopback (`nbd://`); redis-server keeps them in its memory.
+# Rounds alternate the three; the medians of the requests per second are printed.
+# Needs redis-server and redis-tools, qemu-utils.
+# Usage: bench/kv.sh [ROUNDS] [REQUESTS] [VALUE] [CLIENTS] [KEYS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-3}
+requests=${2:-20000}
+value=${3:-65536}
+clients=${4:-16}
+keys=${5:-2000}
+for t in redis-server redis-benchmark qemu-nbd; do
+    command -v "$t" >/dev/null || { echo "$t not found (redis-server, redis-tools, qemu-utils)" >&2; exit 1; }
+done
+cargo build --release -q
+bin=$PWD/target/release/dpuflow
+dir=$(mktemp -d /dev/shm/dpuflow-kv.XXXXXX)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return; sleep 0.1; done; echo "nothing on $1" >&2; exit 1; }
+
+capacity=$(( (keys * value * 2 / 1048576 + 64) ))
+truncate -s "${capacity}M" "$dir/export.img"
+nbd_port=$(free_port)
+qemu-nbd -f raw -x kv -b 127.0.0.1 -p "$nbd_port" --persistent --shared=64 "$dir/export.img" >/dev/null 2>&1 &
+pids+=($!)
+wait_port "$nbd_port"
+
+start_dpuflow() { # NAME TARGET; sets $port
+    port=$(free_port)
+    cat >"$dir/$1.pipe" <<PIPE
+pipeline kv_bench
+port fabric { driver pcap }
+service kvcache { listen 127.0.0.1:$port  target "$2"  capacity ${capacity}MiB  block_size 64KiB }
+pipe p root from fabric { default { actions to kvcache } }
+PIPE
+    "$bin" run "$dir/$1.pipe" --metrics 127.0.0.1:0 >/dev/null 2>&1 &
+    pids+=($!)
+    wait_port "$port"
+}
+start_dpuflow file "file://$dir/blocks.img"
+file_port=$port
+start_dpuflow nbd "nbd://127.0.0.1:$nbd_port/kv"
+nbdsvc_port=$port
+redis_port=$(free_port)
+redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no >/dev/null 2>&1 &
+pids+=($!)
+wait_port "$redis_port"
+
+run() { # PORT -> "set get" requests per second
+    redis-benchmark -p "$1" -t set,get -n "$requests" -d "$value" -r "$keys" -c "$clients" --csv 2>/dev/null |
+        awk -F, '/^"SET"/ {gsub(/"/,"",$2); s=$2} /^"GET"/ {gsub(/"/,"",$2); g=$2} END {print s, g}'
+}
+declare -A sets gets
+for r in $(seq "$rounds"); do
+    for name in redis file nbd; do
+        case $name in redis) p=$redis_port ;; file) p=$file_port ;; nbd) p=$nbdsvc_port ;; esac
+        read -r s g < <(run "$p")
+        sets[$name]+="$s "; gets[$name]+="$g "
+        echo "round $r $name: SET $s/s GET $g/s"
+    done
+done
+median() { tr ' ' '\n' | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+echo "medians over $rounds rounds ($requests requests, $value-byte values, $clients clients, $keys keys):"
+for name in redis file nbd; do
+    printf '  %-6s SET %10s/s  GET %10s/s\n' "$name" "$(echo "${sets[$name]}" | median)" "$(echo "${gets[$name]}" | median)"
+done
