@@ -10,3 +10,40 @@ pub mod nvme_tcp;
 pub mod resp;
 pub mod server;
 pub mod storage;
+
+/// A peer's side of a conversation, scripted for tests: the bytes it sends, and a record of
+/// what it was sent.
+#[cfg(test)]
+pub(crate) struct Script {
+    pub to_client: std::io::Cursor<Vec<u8>>,
+    pub from_client: Vec<u8>,
+}
+
+#[cfg(test)]
+impl Script {
+    pub fn new(to_client: Vec<u8>) -> Script {
+        Script {
+            to_client: std::io::Cursor::new(to_client),
+            from_client: Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+impl std::io::Read for Script {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.to_client.read(buf)
+    }
+}
+
+#[cfg(test)]
+impl std::io::Write for Script {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.from_client.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

@@ -298,28 +298,8 @@ impl Drop for NbdClient {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A server's side of the handshake, scripted: what it sends, and what it expects.
-    struct Script {
-        to_client: io::Cursor<Vec<u8>>,
-        from_client: Vec<u8>,
-    }
-
-    impl Read for Script {
-        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-            self.to_client.read(buf)
-        }
-    }
-
-    impl Write for Script {
-        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            self.from_client.extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
+    use crate::kvcache::Script;
+    use proptest::prelude::*;
 
     fn reply(out: &mut Vec<u8>, kind: u32, data: &[u8]) {
         out.extend_from_slice(&OPT_REPLY_MAGIC.to_be_bytes());
@@ -350,10 +330,7 @@ mod tests {
         }
         reply(&mut s, REP_INFO, &sizes);
         reply(&mut s, REP_ACK, &[]);
-        let mut script = Script {
-            to_client: io::Cursor::new(s),
-            from_client: Vec::new(),
-        };
+        let mut script = Script::new(s);
         let e = handshake(&mut script, "kv").unwrap();
         assert_eq!(
             e,
@@ -373,22 +350,39 @@ mod tests {
     fn refusals_and_strangers_are_errors() {
         let mut s = greeting();
         reply(&mut s, REP_ERROR_BIT | 6, b"no such export");
-        let mut script = Script {
-            to_client: io::Cursor::new(s),
-            from_client: Vec::new(),
-        };
+        let mut script = Script::new(s);
         let e = handshake(&mut script, "nope").unwrap_err();
         assert!(
             matches!(&e, NbdError::Refused { message, .. } if message == "no such export"),
             "{e}"
         );
-        let mut script = Script {
-            to_client: io::Cursor::new(b"HTTP/1.1 400 Bad Request\r\n\r\n".to_vec()),
-            from_client: Vec::new(),
-        };
+        let mut script = Script::new(b"HTTP/1.1 400 Bad Request\r\n\r\n".to_vec());
         assert!(matches!(
             handshake(&mut script, "kv"),
             Err(NbdError::NotNewstyle)
         ));
+    }
+
+    proptest! {
+        /// Whatever option replies a server sends, well framed or not, the handshake ends
+        /// (in an export or an error) without panicking.
+        #[test]
+        fn any_server_reply_is_survived(
+            replies in proptest::collection::vec(
+                (
+                    prop_oneof![Just(REP_ACK), Just(REP_INFO), Just(REP_ERROR_BIT | 1), any::<u32>()],
+                    proptest::collection::vec(any::<u8>(), 0..24),
+                ),
+                0..5,
+            ),
+            noise in proptest::collection::vec(any::<u8>(), 0..40),
+        ) {
+            let mut s = greeting();
+            for (kind, data) in &replies {
+                reply(&mut s, *kind, data);
+            }
+            s.extend_from_slice(&noise);
+            let _ = handshake(&mut Script::new(s), "kv");
+        }
     }
 }
