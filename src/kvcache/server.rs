@@ -17,6 +17,10 @@ use std::time::Duration;
 
 /// Client connections served at once; more are answered with an error and closed.
 pub const MAX_CLIENTS: u64 = 1024;
+/// A client connection's read buffer, and its reply buffer between large replies.
+const READ_BUFFER: usize = 64 << 10;
+/// Past this, a connection's buffers are given back once the large value has passed.
+const LARGE: usize = 4 << 20;
 /// How often blocked threads look at the stop flag.
 const POLL: Duration = Duration::from_millis(200);
 
@@ -188,14 +192,17 @@ impl KvService {
         stream.set_nonblocking(false)?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(POLL))?;
-        let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
+        // Bytes read are `buf[..filled]`; the rest is room, zeroed once when it grows
+        // (not on every read: most reads are small requests).
+        let mut buf: Vec<u8> = vec![0; READ_BUFFER];
+        let mut filled = 0;
         let mut args: Vec<Range<usize>> = Vec::new();
-        let mut out: Vec<u8> = Vec::with_capacity(64 << 10);
+        let mut out: Vec<u8> = Vec::with_capacity(READ_BUFFER);
         loop {
             let mut start = 0;
             let mut quit = false;
             while !quit {
-                match resp::parse(&buf[start..], &mut args, self.max_bulk()) {
+                match resp::parse(&buf[start..filled], &mut args, self.max_bulk()) {
                     Ok(Some(n)) => {
                         let req = &buf[start..start + n];
                         let words: Vec<&[u8]> = args.iter().map(|r| &req[r.clone()]).collect();
@@ -212,29 +219,31 @@ impl KvService {
             if !out.is_empty() {
                 stream.write_all(&out)?;
                 out.clear();
+                if out.capacity() > LARGE {
+                    // A large reply has gone: give its room back.
+                    out = Vec::with_capacity(READ_BUFFER);
+                }
             }
-            if quit {
+            if quit || self.stop.load(Relaxed) {
                 return Ok(());
             }
-            buf.drain(..start);
-            if self.stop.load(Relaxed) {
-                return Ok(());
+            buf.copy_within(start..filled, 0);
+            filled -= start;
+            if filled == 0 && buf.len() > LARGE {
+                // A large value has passed: give its room back.
+                buf = vec![0; READ_BUFFER];
+            } else if filled == buf.len() {
+                // A large value is arriving: room for half as much again.
+                buf.resize(filled + (filled / 2).clamp(READ_BUFFER, 16 << 20), 0);
             }
-            // Room to read into: at least 64 KiB, more while a large value streams in.
-            let have = buf.len();
-            let room = (have / 2).clamp(64 << 10, 16 << 20);
-            buf.resize(have + room, 0);
-            match stream.read(&mut buf[have..]) {
+            match stream.read(&mut buf[filled..]) {
                 Ok(0) => return Ok(()),
-                Ok(n) => buf.truncate(have + n),
+                Ok(n) => filled += n,
                 Err(e)
                     if matches!(
                         e.kind(),
                         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    buf.truncate(have)
-                }
+                    ) => {}
                 Err(e) => return Err(e),
             }
         }
@@ -673,7 +682,25 @@ mod tests {
 
     #[test]
     fn pipelined_requests_over_tcp() {
-        let (svc, path) = service("pipelined", 1 << 20, 4096);
+        let (svc, path) = service("pipelined", 16 << 20, 4096);
+        // A value larger than the connection's buffers, twice over (they grow, and are
+        // given back).
+        let big: Vec<u8> = (0..(6 << 20) as u32).map(|i| (i % 253) as u8).collect();
+        let mut c = TcpStream::connect(svc.listen).unwrap();
+        for _ in 0..2 {
+            let mut req = b"*3\r\n$3\r\nSET\r\n$3\r\nbig\r\n".to_vec();
+            reply::bulk(&mut req, &big);
+            c.write_all(&req).unwrap();
+            let mut ok = [0u8; 5];
+            c.read_exact(&mut ok).unwrap();
+            assert_eq!(&ok, b"+OK\r\n");
+            c.write_all(b"GET big\r\n").unwrap();
+            let mut expect = Vec::new();
+            reply::bulk(&mut expect, &big);
+            let mut back = vec![0u8; expect.len()];
+            c.read_exact(&mut back).unwrap();
+            assert!(back == expect);
+        }
         let mut c = TcpStream::connect(svc.listen).unwrap();
         c.write_all(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\nhi\r\nGET k\r\nPING\r\nQUIT\r\n")
             .unwrap();
