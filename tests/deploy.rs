@@ -1,15 +1,19 @@
 //! The deployment files stay true to the code: every metric the Grafana dashboard queries
 //! exists, and the systemd unit runs commands the binary has.
 
+use dpuflow::ir::{KvCache, StorageTarget};
+use dpuflow::kvcache::server::KvService;
 use dpuflow::lang;
-use dpuflow::telemetry::metrics::{render, Info};
+use dpuflow::telemetry::metrics::{render, render_kv, Info};
 use dpuflow::telemetry::Snapshot;
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 #[test]
 fn every_metric_the_dashboard_queries_exists() {
-    // A pipeline with everything that has metrics: ports, rules, a meter, conntrack; and
-    // the flow cache of IPFIX export.
+    // A pipeline with everything that has metrics: ports, rules, a meter, conntrack; the
+    // flow cache of IPFIX export.
     let text = "pipeline all\nport a { driver pcap }\nport b { driver pcap }\nmeter m { rate 100 pps }\n\
                 pipe p root from a { rule r { actions meter m, ct.commit, fwd b } default { actions drop } }\n";
     let program = lang::check_source("all.pipe", text, Path::new("."))
@@ -22,7 +26,24 @@ fn every_metric_the_dashboard_queries_exists() {
         conntrack_limit: Some(10),
         flow_limit: Some(10),
     };
-    let exposition = render(&program, &Snapshot::default(), &info);
+    // And a KV-cache service, on a file target.
+    let target = std::env::temp_dir().join(format!("dpuflow-deploy-kv-{}", std::process::id()));
+    let kv = KvService::start(
+        "kvcache",
+        &KvCache {
+            listen: "127.0.0.1:0".parse().expect("addr"),
+            target: StorageTarget::Local {
+                path: target.clone(),
+            },
+            capacity: 1 << 20,
+            block_size: 65536,
+            connections: 1,
+        },
+        Arc::new(AtomicBool::new(false)),
+    )
+    .expect("kvcache");
+    let exposition = render(&program, &Snapshot::default(), &info) + &render_kv(&[kv]);
+    std::fs::remove_file(target).expect("remove target");
     let dashboard: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string("deploy/grafana/dpuflow.json").expect("dashboard"),
     )

@@ -222,7 +222,14 @@ print("ok")
         0
     );
     let sets = kv.metric("dpuflow_kvcache_commands_total{service=\"kvcache\",command=\"set\"}");
-    assert!(sets >= requests.parse().expect("count"));
+    let requests: u64 = requests.parse().expect("count");
+    assert!(sets >= requests);
+    let timed = kv.metric(
+        "dpuflow_kvcache_request_duration_seconds_count{service=\"kvcache\",command=\"get\"}",
+    );
+    assert!(timed >= requests);
+    let (_, body) = get(kv.metrics, "/metrics").expect("scrape");
+    assert_clean_exposition(&body);
 }
 
 /// A fresh, sparse disk image of `mib` MiB.

@@ -13,7 +13,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Client connections served at once; more are answered with an error and closed.
 pub const MAX_CLIENTS: u64 = 1024;
@@ -48,10 +48,44 @@ pub const COMMANDS: &[&str] = &[
     "other",
 ];
 
+/// The commands whose durations are kept, in [`KvCounters::durations`].
+pub const TIMED: [&str; 2] = ["get", "set"];
+
+/// Upper bounds of the request-duration histograms, in seconds.
+pub const DURATION_BUCKETS: [f64; 12] = [
+    50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 20e-3, 50e-3, 100e-3, 1.0,
+];
+
+/// Durations of one command's requests, from the request read to its reply written to
+/// the reply buffer (storage I/O included).
+#[derive(Debug, Default)]
+pub struct Durations {
+    /// Per bucket of [`DURATION_BUCKETS`], not cumulative; the last is +Inf.
+    pub buckets: [AtomicU64; DURATION_BUCKETS.len() + 1],
+    pub count: AtomicU64,
+    pub sum_ns: AtomicU64,
+}
+
+impl Durations {
+    fn observe(&self, took: Duration) {
+        let seconds = took.as_secs_f64();
+        let i = DURATION_BUCKETS
+            .iter()
+            .position(|&b| seconds <= b)
+            .unwrap_or(DURATION_BUCKETS.len());
+        self.buckets[i].fetch_add(1, Relaxed);
+        self.count.fetch_add(1, Relaxed);
+        self.sum_ns
+            .fetch_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX), Relaxed);
+    }
+}
+
 /// What the service counts, for metrics and INFO.
 #[derive(Debug, Default)]
 pub struct KvCounters {
     pub commands: [AtomicU64; COMMANDS.len()],
+    /// Per command of [`TIMED`].
+    pub durations: [Durations; TIMED.len()],
     pub hits: AtomicU64,
     pub misses: AtomicU64,
     pub read_bytes: AtomicU64,
@@ -283,6 +317,8 @@ impl KvService {
             ok
         };
         self.count(&name);
+        let timed = TIMED.iter().position(|c| *c == name);
+        let since = timed.map(|_| Instant::now());
         match name.as_str() {
             "get" => {
                 if arity(1, out) {
@@ -381,6 +417,9 @@ impl KvService {
                     &format!("ERR unknown command '{name}', with args beginning with: '{first}'"),
                 );
             }
+        }
+        if let (Some(i), Some(since)) = (timed, since) {
+            self.counters.durations[i].observe(since.elapsed());
         }
         false
     }

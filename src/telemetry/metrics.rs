@@ -9,7 +9,7 @@ use super::{Snapshot, LATENCY_BUCKETS};
 use crate::engine::DropReason;
 use crate::firewall::conntrack::Invalid;
 use crate::ir::Program;
-use crate::kvcache::server::{KvCounters, KvGauges, KvService, COMMANDS};
+use crate::kvcache::server::{KvCounters, KvGauges, KvService, COMMANDS, DURATION_BUCKETS, TIMED};
 use crate::replay::entry_names;
 use prometheus::proto::{
     Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType,
@@ -353,29 +353,48 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info) -> String {
     }
 
     let l = &snap.latency;
-    let f = fam.family(
+    fam.family(
         "dpuflow_processing_latency_seconds",
         "Time a packet spends in the engine, sampled a batch at a time.",
         MetricType::HISTOGRAM,
-    );
+    )
+    .mut_metric()
+    .push(histogram(
+        vec![],
+        &LATENCY_BUCKETS,
+        &l.buckets,
+        l.count,
+        l.sum_seconds,
+    ));
+
+    fam.encode()
+}
+
+/// A histogram series from per-bucket (not cumulative) counts over `bounds`.
+fn histogram(
+    labels: Vec<LabelPair>,
+    bounds: &[f64],
+    counts: &[u64],
+    count: u64,
+    sum_seconds: f64,
+) -> Metric {
     let mut h = Histogram::default();
     let mut cumulative = 0;
     let mut buckets = Vec::new();
-    for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
-        cumulative += l.buckets[i];
+    for (bound, n) in bounds.iter().zip(counts) {
+        cumulative += n;
         let mut b = Bucket::default();
         b.set_upper_bound(*bound);
         b.set_cumulative_count(cumulative);
         buckets.push(b);
     }
     h.set_bucket(buckets);
-    h.set_sample_count(l.count);
-    h.set_sample_sum(l.sum_seconds);
+    h.set_sample_count(count);
+    h.set_sample_sum(sum_seconds);
     let mut m = Metric::default();
+    m.set_label(labels);
     m.set_histogram(h);
-    f.mut_metric().push(m);
-
-    fam.encode()
+    m
 }
 
 /// Renders the exposition of the KV-cache services (appended to [`render`]'s).
@@ -464,6 +483,23 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
         "Connections refused because the service had its most clients.",
         c(|c| &c.rejected_clients),
     );
+    let f = fam.family(
+        "dpuflow_kvcache_request_duration_seconds",
+        "Time from a request read to its reply ready, storage I/O included.",
+        MetricType::HISTOGRAM,
+    );
+    for s in services {
+        for (command, d) in TIMED.iter().zip(&s.counters.durations) {
+            let counts: Vec<u64> = d.buckets.iter().map(|b| b.load(Relaxed)).collect();
+            f.mut_metric().push(histogram(
+                labels(&[("service", &s.name), ("command", command)]),
+                &DURATION_BUCKETS,
+                &counts,
+                d.count.load(Relaxed),
+                d.sum_ns.load(Relaxed) as f64 / 1e9,
+            ));
+        }
+    }
     fam.encode()
 }
 

@@ -4,10 +4,11 @@
 #![allow(dead_code)]
 
 use dpuflow::io::pcap::CaptureReader;
+use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 /// Runs the dpuflow binary.
@@ -196,4 +197,63 @@ pub fn in_netns(ns: &str, args: &[&str]) -> String {
     let mut full = vec!["netns", "exec", ns];
     full.extend_from_slice(args);
     tool_ok("ip", &full)
+}
+
+/// The series of an exposition, one per sample line: name and labels.
+pub fn series(body: &str) -> Vec<&str> {
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| l.rsplit_once(' ').expect("sample").0)
+        .collect()
+}
+
+/// promtool finds nothing to report in `body`, and what promtool does not check holds: no
+/// series twice, every histogram ends with `+Inf`.
+pub fn assert_clean_exposition(body: &str) {
+    // promtool reads the exposition on stdin and prints nothing when it is clean.
+    let mut p = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool is required (Debian package prometheus; scripts/test installs it)");
+    p.stdin
+        .take()
+        .expect("stdin")
+        .write_all(body.as_bytes())
+        .expect("write");
+    let out = p.wait_with_output().expect("promtool");
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // What promtool does not check: no series twice, every histogram ends with +Inf.
+    let all = series(body);
+    let unique: HashSet<&&str> = all.iter().collect();
+    assert_eq!(unique.len(), all.len(), "a series appears twice");
+    for hist in body
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" histogram"))
+    {
+        // Each of the histogram's series (a `_count` line each) has its +Inf bucket.
+        let counts = format!("{hist}_count");
+        for line in body.lines().filter(|l| l.starts_with(&counts)) {
+            let labels = line[counts.len()..].split(' ').next().unwrap_or_default();
+            let inf = match labels.strip_suffix('}') {
+                Some(l) => format!("{hist}_bucket{l},le=\"+Inf\"}}"),
+                None => format!("{hist}_bucket{{le=\"+Inf\"}}"),
+            };
+            assert!(body.contains(&inf), "{hist}{labels} has no +Inf bucket");
+        }
+    }
 }
