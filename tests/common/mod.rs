@@ -257,3 +257,12 @@ pub fn assert_clean_exposition(body: &str) {
         }
     }
 }
+
+/// A TCP port on 127.0.0.1 that nothing listened on a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
