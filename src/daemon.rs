@@ -429,6 +429,9 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         }
     }
     stop.store(true, Ordering::Relaxed);
+    for kv in &shared.kv {
+        kv.shutdown();
+    }
     // Every thread is joined, even after one failed: the others finish what they hold, the
     // outputs are flushed and the final IPFIX export is sent.
     let io = io.join();

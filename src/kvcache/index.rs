@@ -86,6 +86,7 @@ pub struct IndexStats {
     /// Blocks holding values held in the index (blocks still being read after their key
     /// left are not counted here nor free).
     pub used_blocks: u64,
+    /// Blocks values may take (the reserved ones not counted).
     pub total_blocks: u64,
     pub evictions: u64,
 }
@@ -104,22 +105,117 @@ pub struct Index {
     evictions: u64,
 }
 
+/// Blocks at the start of the target that never hold values: the superblock
+/// ([`super::persist`]).
+pub const RESERVED_BLOCKS: u64 = 1;
+
 impl Index {
-    /// An empty index of `capacity` bytes (whole blocks only) in blocks of `block_size`.
+    /// An empty index of `capacity` bytes (whole blocks only) in blocks of `block_size`,
+    /// the first [`RESERVED_BLOCKS`] kept out.
     pub fn new(capacity: u64, block_size: u64) -> Index {
-        let total = capacity / block_size.max(1);
+        let block_size = block_size.max(1);
+        let total = (capacity / block_size).max(RESERVED_BLOCKS);
         Index {
             map: HashMap::new(),
             order: BTreeMap::new(),
             tick: 0,
             free: Arc::new(Mutex::new(FreeBlocks {
-                stack: (0..total).rev().collect(),
+                stack: (RESERVED_BLOCKS..total).rev().collect(),
             })),
-            block_size: block_size.max(1),
+            block_size,
             total,
             used: 0,
             evictions: 0,
         }
+    }
+
+    /// The index as bytes, keys from least to most recently used: a count (u64), then per
+    /// key its length (u32), its value's length (u64), its block count (u32), the key and
+    /// the block numbers (u64 each), all little-endian.
+    pub fn snapshot(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(&(self.order.len() as u64).to_le_bytes());
+        for key in self.order.values() {
+            let Some(e) = self.map.get(key) else { continue };
+            let x = &e.extents;
+            out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+            out.extend_from_slice(&x.len.to_le_bytes());
+            out.extend_from_slice(&(x.blocks.len() as u32).to_le_bytes());
+            out.extend_from_slice(key);
+            for b in &x.blocks {
+                out.extend_from_slice(&b.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    /// The index a [`Index::snapshot`] describes, for a store of `capacity` bytes in blocks
+    /// of `block_size`; `None` unless every key's blocks are in the store, outside the
+    /// reserved ones, held by no other key, and as many as its value needs.
+    pub fn restore(capacity: u64, block_size: u64, mut bytes: &[u8]) -> Option<Index> {
+        fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+            let (head, rest) = bytes.split_at_checked(n)?;
+            *bytes = rest;
+            Some(head)
+        }
+        fn u32_of(bytes: &mut &[u8]) -> Option<u32> {
+            Some(u32::from_le_bytes(take(bytes, 4)?.try_into().ok()?))
+        }
+        fn u64_of(bytes: &mut &[u8]) -> Option<u64> {
+            Some(u64::from_le_bytes(take(bytes, 8)?.try_into().ok()?))
+        }
+        let mut ix = Index::new(capacity, block_size);
+        let mut held = vec![false; ix.total as usize];
+        held[..RESERVED_BLOCKS as usize].fill(true);
+        let keys = u64_of(&mut bytes)?;
+        for _ in 0..keys {
+            let key_len = u32_of(&mut bytes)? as usize;
+            let len = u64_of(&mut bytes)?;
+            let n = u32_of(&mut bytes)?;
+            if u64::from(n) != len.div_ceil(ix.block_size) {
+                return None;
+            }
+            let key = take(&mut bytes, key_len)?;
+            let mut blocks = Vec::with_capacity(n as usize);
+            for _ in 0..n {
+                let b = u64_of(&mut bytes)?;
+                let slot = held.get_mut(usize::try_from(b).ok()?)?;
+                if *slot {
+                    return None;
+                }
+                *slot = true;
+                blocks.push(b);
+            }
+            let extents = Extents {
+                blocks,
+                len,
+                free: Arc::clone(&ix.free),
+            };
+            // Not through the free list: the blocks are the snapshot's to give.
+            let tick = ix.next_tick();
+            let key: Arc<[u8]> = Arc::from(key);
+            ix.used += u64::from(n);
+            ix.order.insert(tick, Arc::clone(&key));
+            if ix
+                .map
+                .insert(
+                    key,
+                    Entry {
+                        extents: Arc::new(extents),
+                        tick,
+                    },
+                )
+                .is_some()
+            {
+                return None;
+            }
+        }
+        if !bytes.is_empty() {
+            return None;
+        }
+        let free: Vec<u64> = (0..ix.total).rev().filter(|&b| !held[b as usize]).collect();
+        ix.free.lock().unwrap_or_else(PoisonError::into_inner).stack = free;
+        Some(ix)
     }
 
     pub fn block_size(&self) -> u64 {
@@ -152,10 +248,11 @@ impl Index {
     /// free list.
     pub fn allocate(&mut self, key: &[u8], len: u64) -> Result<Extents, StoreError> {
         let n = len.div_ceil(self.block_size);
-        if n > self.total {
+        let room = self.total - RESERVED_BLOCKS;
+        if n > room {
             return Err(StoreError::TooLarge {
                 len,
-                capacity: self.total * self.block_size,
+                capacity: room * self.block_size,
             });
         }
         loop {
@@ -216,7 +313,7 @@ impl Index {
         IndexStats {
             keys: self.map.len() as u64,
             used_blocks: self.used,
-            total_blocks: self.total,
+            total_blocks: self.total - RESERVED_BLOCKS,
             evictions: self.evictions,
         }
     }
@@ -248,14 +345,20 @@ mod tests {
         Ok(())
     }
 
+    /// Room for `n` blocks of values, the reserved ones besides.
+    fn room(n: u64, block: u64) -> u64 {
+        (n + RESERVED_BLOCKS) * block
+    }
+
     #[test]
     fn values_take_whole_blocks_in_runs() {
-        let mut ix = Index::new(10 * 4096, 4096);
+        let mut ix = Index::new(room(10, 4096), 4096);
         put(&mut ix, "a", 1).unwrap();
         put(&mut ix, "b", 3 * 4096).unwrap();
         put(&mut ix, "empty", 0).unwrap();
-        assert_eq!(ix.get(b"a").unwrap().runs(), [(0, 1)]);
-        assert_eq!(ix.get(b"b").unwrap().runs(), [(1, 3)]);
+        // Block 0 is the superblock's.
+        assert_eq!(ix.get(b"a").unwrap().runs(), [(1, 1)]);
+        assert_eq!(ix.get(b"b").unwrap().runs(), [(2, 3)]);
         assert_eq!(ix.get(b"empty").unwrap().runs(), []);
         assert_eq!(ix.stats().used_blocks, 4);
         assert_eq!(
@@ -269,7 +372,7 @@ mod tests {
 
     #[test]
     fn least_recently_used_goes_first() {
-        let mut ix = Index::new(3 * 512, 512);
+        let mut ix = Index::new(room(3, 512), 512);
         for k in ["a", "b", "c"] {
             put(&mut ix, k, 512).unwrap();
         }
@@ -285,7 +388,7 @@ mod tests {
 
     #[test]
     fn blocks_being_read_are_not_reused() {
-        let mut ix = Index::new(2 * 512, 512);
+        let mut ix = Index::new(room(2, 512), 512);
         put(&mut ix, "a", 1024).unwrap();
         let reading = ix.get(b"a").unwrap();
         put(&mut ix, "a", 512).unwrap_err();
@@ -295,12 +398,12 @@ mod tests {
         assert_eq!(ix.allocate(b"b", 512).unwrap_err(), StoreError::Busy);
         drop(reading);
         put(&mut ix, "b", 1024).unwrap();
-        assert_eq!(ix.get(b"b").unwrap().runs(), [(0, 2)]);
+        assert_eq!(ix.get(b"b").unwrap().runs(), [(1, 2)]);
     }
 
     #[test]
     fn overwrite_and_remove_free_blocks() {
-        let mut ix = Index::new(4 * 512, 512);
+        let mut ix = Index::new(room(4, 512), 512);
         put(&mut ix, "a", 2048).unwrap();
         put(&mut ix, "a", 512).unwrap();
         assert_eq!(ix.stats().used_blocks, 1);
@@ -316,5 +419,67 @@ mod tests {
             }
         );
         put(&mut ix, "c", 2048).unwrap();
+    }
+
+    #[test]
+    fn a_snapshot_restores_keys_blocks_and_recency() {
+        let mut ix = Index::new(room(8, 512), 512);
+        put(&mut ix, "a", 1000).unwrap();
+        put(&mut ix, "b", 1).unwrap();
+        put(&mut ix, "c", 0).unwrap();
+        put(&mut ix, "a", 1500).unwrap();
+        ix.get(b"b");
+        // Least recently used first: c, a, b.
+        let snap = ix.snapshot();
+        let mut back = Index::restore(room(8, 512), 512, &snap).unwrap();
+        assert_eq!(back.snapshot(), snap);
+        assert_eq!(back.stats().used_blocks, ix.stats().used_blocks);
+        for k in [&b"a"[..], b"b", b"c"] {
+            assert_eq!(back.get(k).unwrap().runs(), ix.get(k).unwrap().runs());
+        }
+        // The free blocks are exactly those no key holds (4 of 8), and recency is as it
+        // was: filling the store evicts c (no blocks), then a, and keeps b.
+        let mut back = Index::restore(room(8, 512), 512, &snap).unwrap();
+        put(&mut back, "d", 4 * 512).unwrap();
+        assert_eq!(back.stats().evictions, 0);
+        put(&mut back, "e", 512).unwrap();
+        assert!(!back.contains(b"c") && !back.contains(b"a") && back.contains(b"b"));
+    }
+
+    #[test]
+    fn a_snapshot_that_does_not_fit_the_store_is_refused() {
+        let mut ix = Index::new(room(8, 512), 512);
+        put(&mut ix, "a", 1024).unwrap();
+        let snap = ix.snapshot();
+        assert!(Index::restore(room(8, 512), 512, &snap).is_some());
+        assert!(
+            Index::restore(room(1, 512), 512, &snap).is_none(),
+            "blocks past the end"
+        );
+        assert!(
+            Index::restore(room(8, 512), 1024, &snap).is_none(),
+            "another block size"
+        );
+        assert!(Index::restore(room(8, 512), 512, &snap[..snap.len() - 1]).is_none());
+        let mut extra = snap.clone();
+        extra.push(0);
+        assert!(Index::restore(room(8, 512), 512, &extra).is_none());
+        // Two keys claiming one block; a key on the superblock.
+        let mut twice = snap.clone();
+        twice[0] = 2;
+        twice.extend_from_slice(&snap[8..]);
+        assert!(Index::restore(room(8, 512), 512, &twice).is_none());
+        let mut reserved = snap.clone();
+        let at = reserved.len() - 16;
+        reserved[at..at + 8].copy_from_slice(&0u64.to_le_bytes());
+        assert!(Index::restore(room(8, 512), 512, &reserved).is_none());
+    }
+
+    proptest::proptest! {
+        /// Any bytes: a snapshot or `None`, never a panic.
+        #[test]
+        fn any_bytes_restore_or_are_refused(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200)) {
+            let _ = Index::restore(room(8, 512), 512, &bytes);
+        }
     }
 }

@@ -7,6 +7,7 @@
 pub mod index;
 pub mod nbd;
 pub mod nvme_tcp;
+pub mod persist;
 pub mod resp;
 pub mod server;
 pub mod storage;

@@ -5,6 +5,7 @@
 //! the index, which is locked only to look up, allocate and publish.
 
 use super::index::{Extents, Index, StoreError};
+use super::persist;
 use super::resp::{self, reply};
 use super::storage::{self, BlockTarget, Pool, TargetError};
 use crate::ir::KvCache;
@@ -33,6 +34,9 @@ pub enum StartError {
         service: String,
         source: TargetError,
     },
+    /// the superblock cannot be read or marked taken
+    #[error("kvcache `{service}`: cannot read or update the target's superblock: {source}")]
+    Superblock { service: String, source: io::Error },
     /// the listening address cannot be bound
     #[error("kvcache `{service}`: cannot listen on {addr}: {source}")]
     Listen {
@@ -47,6 +51,61 @@ pub const COMMANDS: &[&str] = &[
     "get", "set", "mget", "mset", "del", "exists", "strlen", "dbsize", "flushall", "ping", "info",
     "other",
 ];
+
+/// The index saved on `pool`'s target by the last clean stop, if there is one for this
+/// store; empty otherwise. Either way the superblock is marked taken before anything is
+/// written (see [`persist`]).
+fn saved_index(name: &str, config: &KvCache, pool: &Pool) -> io::Result<Index> {
+    let (capacity, bs) = (config.capacity, config.block_size);
+    let loaded = pool.with(|t| {
+        let mut first = vec![0u8; bs as usize];
+        t.read_at(0, &mut first)?;
+        let sb = persist::Superblock::decode(&first);
+        let blocks = capacity / bs;
+        let index = match &sb {
+            // Runs outside the store (a damaged superblock whose checksum still held).
+            Ok(sb)
+                if sb
+                    .runs
+                    .iter()
+                    .any(|&(b, n)| b.checked_add(n).is_none_or(|e| e > blocks)) =>
+            {
+                Err(persist::Unusable::Snapshot)
+            }
+            Ok(sb) => {
+                let mut snapshot = Vec::new();
+                for (block, n) in &sb.runs {
+                    let at = snapshot.len();
+                    snapshot.resize(at + (n * bs) as usize, 0);
+                    t.read_at(block * bs, &mut snapshot[at..])?;
+                }
+                persist::load(sb, &snapshot, capacity, bs)
+            }
+            Err(why) => Err(why.clone()),
+        };
+        match sb {
+            Ok(_) => t.write_at(0, &persist::Superblock::taken(&first))?,
+            Err(persist::Unusable::Missing) => {}
+            Err(_) => t.write_at(0, &vec![0u8; bs as usize])?,
+        }
+        Ok(index)
+    });
+    Ok(match loaded? {
+        Ok(index) => {
+            tracing::info!(
+                service = name,
+                keys = index.stats().keys,
+                "kvcache index restored"
+            );
+            index
+        }
+        Err(persist::Unusable::Missing) => Index::new(capacity, bs),
+        Err(why) => {
+            tracing::info!(service = name, %why, "kvcache starts empty");
+            Index::new(capacity, bs)
+        }
+    })
+}
 
 /// The commands whose durations are kept, in [`KvCounters::durations`].
 pub const TIMED: [&str; 2] = ["get", "set"];
@@ -140,6 +199,12 @@ impl KvService {
                 align,
             }));
         }
+        // A saved index that cannot be read, or whose superblock cannot be marked taken,
+        // must not outlive this start: refused rather than served.
+        let index = saved_index(name, config, &pool).map_err(|source| StartError::Superblock {
+            service: name.to_owned(),
+            source,
+        })?;
         let listener = TcpListener::bind(config.listen).map_err(|source| StartError::Listen {
             service: name.to_owned(),
             addr: config.listen,
@@ -150,7 +215,7 @@ impl KvService {
             name: name.to_owned(),
             listen,
             config: config.clone(),
-            index: Mutex::new(Index::new(config.capacity, config.block_size)),
+            index: Mutex::new(index),
             pool,
             align,
             counters: KvCounters::default(),
@@ -168,6 +233,40 @@ impl KvService {
         tracing::info!(service = name, listen = %listen, target = %storage::describe(&config.target),
             capacity = config.capacity, block_size = config.block_size, "kvcache serving");
         Ok(svc)
+    }
+
+    /// Saves the index for the next start (see [`persist`]), once the clients have gone
+    /// (they leave within 200 ms of the stop, or after the request they are serving);
+    /// called after the stop. A failure is logged: the next start will be empty.
+    pub fn shutdown(&self) {
+        let since = Instant::now();
+        while self.counters.clients.load(Relaxed) > 0 && since.elapsed() < 10 * POLL {
+            std::thread::sleep(POLL / 10);
+        }
+        let mut index = self.lock();
+        let Some(save) = persist::prepare(&mut index, self.config.capacity) else {
+            tracing::warn!(service = %self.name, "kvcache index too large to save: the next start is empty");
+            return;
+        };
+        let keys = index.stats().keys;
+        drop(index);
+        let bs = self.config.block_size;
+        let written = self.pool.with(|t| {
+            let mut at = 0usize;
+            for (first, n) in save.blocks.runs() {
+                let len = (n * bs) as usize;
+                t.write_at(first * bs, &save.snapshot[at..at + len])?;
+                at += len;
+            }
+            // Last, once the snapshot is whole.
+            t.write_at(0, &save.superblock)
+        });
+        match written {
+            Ok(()) => tracing::info!(service = %self.name, keys, "kvcache index saved"),
+            Err(e) => {
+                tracing::warn!(service = %self.name, error = %e, "kvcache index not saved: the next start is empty")
+            }
+        }
     }
 
     pub fn gauges(&self) -> KvGauges {
@@ -648,15 +747,53 @@ mod tests {
     fn service(test: &str, capacity: u64, block: u64) -> (Arc<KvService>, std::path::PathBuf) {
         let path = std::env::temp_dir().join(format!("dpuflow-kv-{}-{test}", std::process::id()));
         let _ = std::fs::remove_file(&path);
+        (on(&path, capacity, block), path)
+    }
+
+    /// A service on the file at `path`, as it is.
+    fn on(path: &std::path::Path, capacity: u64, block: u64) -> Arc<KvService> {
         let config = KvCache {
             listen: "127.0.0.1:0".parse().unwrap(),
-            target: StorageTarget::Local { path: path.clone() },
+            target: StorageTarget::Local {
+                path: path.to_owned(),
+            },
             capacity,
             block_size: block,
             connections: 2,
         };
-        let svc = KvService::start("kvcache", &config, Arc::new(AtomicBool::new(false))).unwrap();
-        (svc, path)
+        KvService::start("kvcache", &config, Arc::new(AtomicBool::new(false))).unwrap()
+    }
+
+    #[test]
+    fn a_clean_stop_keeps_the_index_for_the_next_start_only() {
+        let (svc, path) = service("restart", 64 * 4096, 4096);
+        let big: Vec<u8> = (0..50_000u32).map(|i| (i % 249) as u8).collect();
+        run(&svc, &[b"SET", b"big", &big]);
+        run(&svc, &[b"SET", b"small", b"x"]);
+        run(&svc, &[b"SET", b"gone", b"y"]);
+        run(&svc, &[b"DEL", b"gone"]);
+        svc.stop.store(true, Relaxed);
+        svc.shutdown();
+        let svc = on(&path, 64 * 4096, 4096);
+        assert_eq!(run(&svc, &[b"DBSIZE"]), b":2\r\n");
+        let mut expect = Vec::new();
+        reply::bulk(&mut expect, &big);
+        assert_eq!(run(&svc, &[b"GET", b"big"]), expect);
+        assert_eq!(run(&svc, &[b"GET", b"small"]), b"$1\r\nx\r\n");
+        // New values go to blocks the restored keys do not hold.
+        run(&svc, &[b"SET", b"new", &[7u8; 30_000]]);
+        assert_eq!(run(&svc, &[b"GET", b"big"]), expect);
+        // No clean stop this time: the next start is empty, and so is one with another
+        // block size after a clean stop.
+        drop(svc);
+        let svc = on(&path, 64 * 4096, 4096);
+        assert_eq!(run(&svc, &[b"DBSIZE"]), b":0\r\n");
+        run(&svc, &[b"SET", b"k", b"v"]);
+        svc.shutdown();
+        let svc = on(&path, 64 * 4096, 8192);
+        assert_eq!(run(&svc, &[b"DBSIZE"]), b":0\r\n");
+        svc.shutdown();
+        std::fs::remove_file(path).unwrap();
     }
 
     fn run(svc: &KvService, words: &[&[u8]]) -> Vec<u8> {
@@ -674,9 +811,9 @@ mod tests {
         expect.extend_from_slice(&big);
         expect.extend_from_slice(b"\r\n");
         assert_eq!(run(&svc, &[b"get", b"k"]), expect);
-        // The bytes are on the target, from block 0.
+        // The bytes are on the target, from block 1 (block 0 is the superblock's).
         let disk = std::fs::read(&path).unwrap();
-        assert_eq!(&disk[..big.len()], &big[..]);
+        assert_eq!(&disk[4096..4096 + big.len()], &big[..]);
         assert_eq!(run(&svc, &[b"GET", b"nope"]), b"$-1\r\n");
         assert_eq!(run(&svc, &[b"STRLEN", b"k"]), b":10000\r\n");
         assert_eq!(run(&svc, &[b"EXISTS", b"k", b"nope", b"k"]), b":2\r\n");

@@ -33,6 +33,11 @@ fn update(c: u32, data: &[u8]) -> u32 {
         .fold(c, |c, &b| TABLE[usize::from((c as u8) ^ b)] ^ (c >> 8))
 }
 
+/// The CRC32c of `data` (RFC 9260 Appendix A; also the KV cache's on-disk checksum).
+pub fn crc32c(data: &[u8]) -> u32 {
+    !update(!0, data)
+}
+
 /// The checksum field's bytes for `packet` (common header and chunks), computed with the
 /// field itself taken as zero; the CRC goes on the wire least significant byte first.
 /// `None` for a packet shorter than the common header.
@@ -45,10 +50,6 @@ pub fn checksum(packet: &[u8]) -> Option<[u8; 4]> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn crc32c(data: &[u8]) -> u32 {
-        !update(!0, data)
-    }
 
     /// RFC 3720 §B.4's CRC32c test patterns.
     #[test]

@@ -1,0 +1,271 @@
+//! The index across restarts. A service that stops cleanly writes its index (an
+//! [`Index::snapshot`]) into free blocks of the target and, in the target's first block,
+//! a superblock naming them; the next start on the same target, with the same capacity
+//! and block size, reads it back and at once marks the superblock used, before any value
+//! is written. So a snapshot is only ever loaded as it was when nothing was writing, and
+//! once: after a crash (no clean stop since the last start) the service starts empty,
+//! which a cache can afford, rather than trust an index its blocks may have outgrown.
+//!
+//! Superblock layout (little-endian): magic (16 bytes), version (u32), state (u32: 1
+//! clean), block size (u64), capacity (u64), snapshot length (u64), snapshot CRC32c (u32),
+//! run count (u32), the header's CRC32c (u32, computed with this field zero), 4 bytes
+//! reserved, then the snapshot's runs (first block, count: u64 each).
+
+use super::index::{Extents, Index, Run};
+use crate::wire::sctp::crc32c;
+
+const MAGIC: &[u8; 16] = b"dpuflow-kvcache\0";
+const VERSION: u32 = 1;
+const CLEAN: u32 = 1;
+const HEADER_LEN: usize = 64;
+const HEADER_CRC_AT: usize = 56;
+
+/// A superblock's facts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Superblock {
+    pub block_size: u64,
+    pub capacity: u64,
+    pub snapshot_len: u64,
+    pub snapshot_crc: u32,
+    pub runs: Vec<Run>,
+}
+
+/// Why a target's superblock gives no index.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unusable {
+    /// no superblock: a fresh target, or one used by something else
+    #[error("no saved index on the target")]
+    Missing,
+    /// the superblock is damaged
+    #[error("the saved index's superblock is damaged")]
+    Damaged,
+    /// the index was taken at the last start and not saved since (the service did not stop
+    /// cleanly)
+    #[error("the last run did not stop cleanly")]
+    NotClean,
+    /// the service's blocks or capacity changed
+    #[error(
+        "saved with block size {block_size} and capacity {capacity}; the service now has others"
+    )]
+    OtherStore { block_size: u64, capacity: u64 },
+    /// the snapshot does not match its checksum or does not fit the store
+    #[error("the saved index is damaged")]
+    Snapshot,
+}
+
+impl Superblock {
+    /// The superblock's bytes, `len` long (one block); `None` when its runs do not fit.
+    pub fn encode(&self, len: usize) -> Option<Vec<u8>> {
+        let mut b = vec![0u8; len];
+        let end = HEADER_LEN.checked_add(self.runs.len().checked_mul(16)?)?;
+        if end > len {
+            return None;
+        }
+        b[..16].copy_from_slice(MAGIC);
+        b[16..20].copy_from_slice(&VERSION.to_le_bytes());
+        b[20..24].copy_from_slice(&CLEAN.to_le_bytes());
+        b[24..32].copy_from_slice(&self.block_size.to_le_bytes());
+        b[32..40].copy_from_slice(&self.capacity.to_le_bytes());
+        b[40..48].copy_from_slice(&self.snapshot_len.to_le_bytes());
+        b[48..52].copy_from_slice(&self.snapshot_crc.to_le_bytes());
+        b[52..56].copy_from_slice(&(self.runs.len() as u32).to_le_bytes());
+        for (i, (first, n)) in self.runs.iter().enumerate() {
+            let at = HEADER_LEN + 16 * i;
+            b[at..at + 8].copy_from_slice(&first.to_le_bytes());
+            b[at + 8..at + 16].copy_from_slice(&n.to_le_bytes());
+        }
+        let crc = crc32c(&b[..end]);
+        b[HEADER_CRC_AT..HEADER_CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+        Some(b)
+    }
+
+    /// The superblock in `b` (the target's first block), if it holds a clean one.
+    pub fn decode(b: &[u8]) -> Result<Superblock, Unusable> {
+        if b.len() < HEADER_LEN || &b[..16] != MAGIC {
+            return Err(Unusable::Missing);
+        }
+        let u32_at = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        let u64_at = |at: usize| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(&b[at..at + 8]);
+            u64::from_le_bytes(x)
+        };
+        if u32_at(16) != VERSION {
+            return Err(Unusable::Damaged);
+        }
+        let runs = u32_at(52) as usize;
+        let end = HEADER_LEN + 16 * runs;
+        if end > b.len() {
+            return Err(Unusable::Damaged);
+        }
+        let mut header = b[..end].to_vec();
+        header[HEADER_CRC_AT..HEADER_CRC_AT + 4].fill(0);
+        if crc32c(&header) != u32_at(HEADER_CRC_AT) {
+            return Err(Unusable::Damaged);
+        }
+        if u32_at(20) != CLEAN {
+            return Err(Unusable::NotClean);
+        }
+        Ok(Superblock {
+            block_size: u64_at(24),
+            capacity: u64_at(32),
+            snapshot_len: u64_at(40),
+            snapshot_crc: u32_at(48),
+            runs: (0..runs)
+                .map(|i| (u64_at(HEADER_LEN + 16 * i), u64_at(HEADER_LEN + 16 * i + 8)))
+                .collect(),
+        })
+    }
+
+    /// The superblock's bytes once its index has been taken: the same, marked not clean.
+    pub fn taken(block: &[u8]) -> Vec<u8> {
+        let mut b = block.to_vec();
+        if b.len() >= HEADER_LEN {
+            b[20..24].copy_from_slice(&0u32.to_le_bytes());
+            let end = (HEADER_LEN + 16 * u32::from_le_bytes([b[52], b[53], b[54], b[55]]) as usize)
+                .min(b.len());
+            b[HEADER_CRC_AT..HEADER_CRC_AT + 4].fill(0);
+            let crc = crc32c(&b[..end]);
+            b[HEADER_CRC_AT..HEADER_CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+        }
+        b
+    }
+}
+
+/// What saving needs: the snapshot's bytes, the blocks they go to (held until the process
+/// ends), and the superblock that names them.
+#[derive(Debug)]
+pub struct Save {
+    pub snapshot: Vec<u8>,
+    pub blocks: Extents,
+    pub superblock: Vec<u8>,
+}
+
+/// Prepares saving `index` for a store of `capacity`: blocks for its snapshot (evicting the
+/// least recently used keys if the store is full, as any value would) and the superblock.
+/// The snapshot is taken after the blocks are found, so it describes the keys that remain.
+pub fn prepare(index: &mut Index, capacity: u64) -> Option<Save> {
+    let block_size = index.block_size();
+    // The snapshot's size before room is made for it is an upper bound.
+    let bound = index.snapshot().len() as u64;
+    let blocks = index.allocate(b"", bound).ok()?;
+    let mut snapshot = index.snapshot();
+    // Padded to the blocks: the target reads and writes whole sectors.
+    let len = snapshot.len() as u64;
+    snapshot.resize(
+        (blocks.runs().iter().map(|r| r.1).sum::<u64>() * block_size) as usize,
+        0,
+    );
+    let superblock = Superblock {
+        block_size,
+        capacity,
+        snapshot_len: len,
+        snapshot_crc: crc32c(&snapshot[..len as usize]),
+        runs: blocks.runs(),
+    }
+    .encode(block_size as usize)?;
+    Some(Save {
+        snapshot,
+        blocks,
+        superblock,
+    })
+}
+
+/// The index a superblock and its snapshot's bytes (read from its runs) describe, for a
+/// store of `capacity` in blocks of `block_size`.
+pub fn load(
+    sb: &Superblock,
+    snapshot: &[u8],
+    capacity: u64,
+    block_size: u64,
+) -> Result<Index, Unusable> {
+    if sb.block_size != block_size || sb.capacity != capacity {
+        return Err(Unusable::OtherStore {
+            block_size: sb.block_size,
+            capacity: sb.capacity,
+        });
+    }
+    let bytes = usize::try_from(sb.snapshot_len)
+        .ok()
+        .and_then(|n| snapshot.get(..n))
+        .ok_or(Unusable::Snapshot)?;
+    if crc32c(bytes) != sb.snapshot_crc {
+        return Err(Unusable::Snapshot);
+    }
+    Index::restore(capacity, block_size, bytes).ok_or(Unusable::Snapshot)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn a_saved_index_loads_once() {
+        let (capacity, bs) = (16 * 512, 512);
+        let mut ix = Index::new(capacity, bs);
+        for (k, len) in [("a", 700u64), ("b", 0), ("c", 512)] {
+            let e = ix.allocate(k.as_bytes(), len).unwrap();
+            ix.insert(k.as_bytes(), e);
+        }
+        let save = prepare(&mut ix, capacity).unwrap();
+        // The snapshot's blocks are free blocks, not a key's.
+        assert_eq!(save.blocks.runs(), [(4, 1)]);
+        let sb = Superblock::decode(&save.superblock).unwrap();
+        let back = load(&sb, &save.snapshot, capacity, bs).unwrap();
+        assert_eq!(back.snapshot(), ix.snapshot());
+        assert_eq!(
+            Superblock::decode(&Superblock::taken(&save.superblock)),
+            Err(Unusable::NotClean)
+        );
+        assert!(matches!(
+            load(&sb, &save.snapshot, capacity * 2, bs),
+            Err(Unusable::OtherStore { .. })
+        ));
+        let mut bad = save.snapshot.clone();
+        bad[9] ^= 1;
+        assert_eq!(
+            load(&sb, &bad, capacity, bs).err(),
+            Some(Unusable::Snapshot)
+        );
+        let mut bad = save.superblock.clone();
+        bad[33] ^= 1;
+        assert_eq!(Superblock::decode(&bad), Err(Unusable::Damaged));
+        assert_eq!(Superblock::decode(&[0; 512]), Err(Unusable::Missing));
+    }
+
+    #[test]
+    fn a_full_store_evicts_for_its_snapshot() {
+        let (capacity, bs) = (4 * 512, 512);
+        let mut ix = Index::new(capacity, bs);
+        for k in ["a", "b", "c"] {
+            let e = ix.allocate(k.as_bytes(), 512).unwrap();
+            ix.insert(k.as_bytes(), e);
+        }
+        let save = prepare(&mut ix, capacity).unwrap();
+        let back = load(
+            &Superblock::decode(&save.superblock).unwrap(),
+            &save.snapshot,
+            capacity,
+            bs,
+        )
+        .unwrap();
+        assert_eq!(back.stats().keys, 2, "the least recently used made room");
+        assert!(!back.contains(b"a"));
+    }
+
+    proptest! {
+        /// Any first block: a superblock or a reason, never a panic.
+        #[test]
+        fn any_block_decodes_or_is_refused(
+            mut b in proptest::collection::vec(any::<u8>(), 0..600),
+            magic in any::<bool>(),
+        ) {
+            if magic && b.len() >= 16 {
+                b[..16].copy_from_slice(MAGIC);
+            }
+            let _ = Superblock::decode(&b);
+            let _ = Superblock::taken(&b);
+        }
+    }
+}
