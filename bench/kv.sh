@@ -3,9 +3,10 @@
 # GET of VALUE-byte values over KEYS random keys from CLIENTS connections. dpuflow stores
 # the values on a target: a file on tmpfs (`file://`), and an NBD export of a tmpfs file
 # served by qemu-nbd over loopback (`nbd://`); redis-server keeps them in its memory.
-# Rounds alternate the three; the medians of the requests per second are printed.
-# Needs redis-server and redis-tools, qemu-utils.
-# Usage: bench/kv.sh [ROUNDS] [REQUESTS] [VALUE] [CLIENTS] [KEYS]
+# Rounds alternate the three; the medians of the requests per second are printed, and
+# beside them the NBD export's own rate (qemu-img bench). Needs redis-server, redis-tools
+# and qemu-utils.
+# Usage: [DPUFLOW=BIN] bench/kv.sh [ROUNDS] [REQUESTS] [VALUE] [CLIENTS] [KEYS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
@@ -16,8 +17,13 @@ keys=${5:-2000}
 for t in redis-server redis-benchmark qemu-nbd; do
     command -v "$t" >/dev/null || { echo "$t not found (redis-server, redis-tools, qemu-utils)" >&2; exit 1; }
 done
-cargo build --release -q
-bin=$PWD/target/release/dpuflow
+# DPUFLOW=BIN runs another build (to compare two).
+if [ -n "${DPUFLOW:-}" ]; then
+    bin=$(realpath "$DPUFLOW")
+else
+    cargo build --release -q
+    bin=$PWD/target/release/dpuflow
+fi
 dir=$(mktemp -d /dev/shm/dpuflow-kv.XXXXXX)
 pids=()
 cleanup() {
@@ -70,8 +76,21 @@ for r in $(seq "$rounds"); do
         echo "round $r $name: SET $s/s GET $g/s"
     done
 done
+# The NBD target alone, for reference: qemu-img's own NBD client reading and writing
+# VALUE-byte blocks one at a time (more in flight stall on delayed ACKs in qemu-img 7.2).
+target_rate() { # [-w] -> requests per second
+    qemu-img bench -f raw -c 5000 -d 1 -s "$value" -S "$value" "$@" "nbd://127.0.0.1:$nbd_port/kv" 2>/dev/null |
+        awk '/completed in/ {printf "%.2f", 5000 / $4}'
+}
+for r in $(seq "$rounds"); do
+    w=$(target_rate -w); rd=$(target_rate)
+    sets[target]+="$w "; gets[target]+="$rd "
+    echo "round $r qemu-img bench on the NBD export: write $w/s read $rd/s"
+done
 median() { tr ' ' '\n' | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 echo "medians over $rounds rounds ($requests requests, $value-byte values, $clients clients, $keys keys):"
 for name in redis file nbd; do
     printf '  %-6s SET %10s/s  GET %10s/s\n' "$name" "$(echo "${sets[$name]}" | median)" "$(echo "${gets[$name]}" | median)"
 done
+printf '  the NBD export alone (qemu-img bench, one at a time): write %s/s  read %s/s\n' \
+    "$(echo "${sets[target]}" | median)" "$(echo "${gets[target]}" | median)"

@@ -2,7 +2,7 @@
 //! read and write requests, one at a time per connection.
 //! Spec: the NBD protocol, <https://github.com/NetworkBlockDevice/nbd/blob/master/doc/proto.md>.
 
-use super::storage::BlockTarget;
+use super::storage::{write_both, BlockTarget};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
@@ -214,8 +214,7 @@ impl NbdClient {
         h[8..16].copy_from_slice(&self.cookie.to_be_bytes());
         h[16..24].copy_from_slice(&offset.to_be_bytes());
         h[24..28].copy_from_slice(&len.to_be_bytes());
-        self.stream.write_all(&h)?;
-        self.stream.write_all(data)?;
+        write_both(&mut self.stream, &h, data)?;
         Ok(self.cookie)
     }
 

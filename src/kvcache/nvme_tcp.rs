@@ -8,7 +8,7 @@
 //! Identify, §5.27.1.5 Number of Queues); NVM Command Set 1.0 (§3.2.4 Read, §3.2.6 Write).
 //! All fields are little-endian.
 
-use super::storage::BlockTarget;
+use super::storage::{write_both, BlockTarget};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -211,8 +211,7 @@ impl<S: Read + Write> Queue<S> {
             plen,
         ));
         head[CH_LEN..].copy_from_slice(&sqe.0);
-        self.stream.write_all(&head)?;
-        self.stream.write_all(capsule)?;
+        write_both(&mut self.stream, &head, capsule)?;
         loop {
             let ch: [u8; CH_LEN] = read_array(&mut self.stream)?;
             let (kind, flags, hlen, pdo) = (ch[0], ch[1], usize::from(ch[2]), usize::from(ch[3]));
@@ -308,8 +307,7 @@ impl<S: Read + Write> Queue<S> {
             head[10..12].copy_from_slice(&ttag.to_le_bytes());
             head[12..16].copy_from_slice(&(at as u32).to_le_bytes());
             head[16..20].copy_from_slice(&(chunk.len() as u32).to_le_bytes());
-            self.stream.write_all(&head)?;
-            self.stream.write_all(chunk)?;
+            write_both(&mut self.stream, &head, chunk)?;
         }
         Ok(())
     }

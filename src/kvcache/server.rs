@@ -899,7 +899,9 @@ mod tests {
     /// whole value some client wrote, never a mix, never an error.
     #[test]
     fn concurrent_writers_and_readers_never_see_a_torn_value() {
-        let (svc, path) = service("concurrent", 24 * 4096, 4096);
+        // 28 blocks for values: fewer than the 10 keys' 30, so keys are evicted, and more
+        // than 8 clients can hold at once (3 each), so there is always room.
+        let (svc, path) = service("concurrent", 29 * 4096, 4096);
         // Value `v` of key `k`: 3 blocks of one byte repeated, `(k * 16 + v) % 251`, so a
         // torn read mixes two bytes.
         let fill = |k: usize, v: usize| vec![((k * 16 + v) % 251) as u8; 3 * 4096 - 7];

@@ -6,7 +6,7 @@ use super::nbd::{self, NbdClient};
 use super::nvme_tcp::NvmeTcpClient;
 use crate::ir::StorageTarget;
 use std::fs::{File, OpenOptions};
-use std::io;
+use std::io::{self, IoSlice, Write};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::{Condvar, Mutex, PoisonError};
@@ -137,6 +137,23 @@ impl BlockTarget for LocalTarget {
     }
 }
 
+/// Writes `head` then `body` as one stream, in as few system calls as the kernel takes
+/// (one, usually): a request header and its data leave together rather than as two
+/// segments.
+pub fn write_both(w: &mut impl Write, head: &[u8], body: &[u8]) -> io::Result<()> {
+    let (mut head, mut body) = (head, body);
+    while !head.is_empty() {
+        let n = w.write_vectored(&[IoSlice::new(head), IoSlice::new(body)])?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        let from_head = n.min(head.len());
+        head = &head[from_head..];
+        body = &body[n - from_head..];
+    }
+    w.write_all(body)
+}
+
 /// A few connections to one target, each used by one request at a time. A connection
 /// whose I/O failed is dropped and made afresh by the next request that needs it, so the
 /// service carries on once a restarted target is back.
@@ -227,6 +244,37 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A writer taking at most three bytes a call.
+    struct Trickle(Vec<u8>);
+
+    impl Write for Trickle {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let n = buf.len().min(3);
+            self.0.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+        fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+            let first = bufs
+                .iter()
+                .find(|b| !b.is_empty())
+                .map_or(&[][..], |b| &b[..]);
+            self.write(first)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn header_and_data_arrive_whole_and_in_order() {
+        let mut w = Trickle(Vec::new());
+        write_both(&mut w, b"head", b"and the body").unwrap();
+        assert_eq!(w.0, b"headand the body");
+        let mut w = Trickle(Vec::new());
+        write_both(&mut w, b"", b"body").unwrap();
+        assert_eq!(w.0, b"body");
+    }
 
     #[test]
     fn a_missing_file_is_created_sparse_and_holds_what_is_written() {
