@@ -166,6 +166,7 @@ fn hosts_put_and_get(kv: &KvService, image: &str, requests: &str) {
         "GET returned other bytes"
     );
     assert_eq!(kv.cli(&["STRLEN", "layer0"]).trim(), "1000000");
+    assert_eq!(kv.cli(&["--scan", "--pattern", "layer*"]).trim(), "layer0");
     // The bytes went to the target's storage, in the first blocks of a fresh store after
     // the superblock's.
     let disk = std::fs::read(image).expect("read image");
@@ -190,6 +191,8 @@ assert r.exists(b"a", b"b", b"missing") == 2
 assert r.delete(b"a", b"missing") == 1
 assert r.get(b"missing") is None
 assert r.set(b"blk0", b"x", nx=True) is None
+assert sorted(r.scan_iter(match=b"blk*", count=3)) == sorted(vals)
+assert sorted(r.keys(b"blk1?")) == [f"blk1{{i}}".encode() for i in range(10)]
 print("ok")
 "#,
         port = kv.port

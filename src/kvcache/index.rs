@@ -232,6 +232,11 @@ impl Index {
         Some(Arc::clone(&e.extents))
     }
 
+    /// Every key held, in no particular order.
+    pub fn keys(&self) -> impl Iterator<Item = &[u8]> {
+        self.map.keys().map(|k| &k[..])
+    }
+
     /// Whether `key` is held (its recency unchanged).
     pub fn contains(&self, key: &[u8]) -> bool {
         self.map.contains_key(key)

@@ -5,10 +5,12 @@
 //! the index, which is locked only to look up, allocate and publish.
 
 use super::index::{Extents, Index, StoreError};
-use super::persist;
 use super::resp::{self, reply};
 use super::storage::{self, BlockTarget, Pool, TargetError};
+use super::{glob, persist};
 use crate::ir::KvCache;
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::ops::Range;
@@ -166,6 +168,8 @@ pub struct KvService {
     align: u64,
     pub counters: KvCounters,
     stop: Arc<AtomicBool>,
+    /// The order `SCAN` visits keys in.
+    scan_order: RandomState,
 }
 
 /// A snapshot of a service's index for metrics.
@@ -220,6 +224,7 @@ impl KvService {
             align,
             counters: KvCounters::default(),
             stop,
+            scan_order: RandomState::new(),
         });
         let s = Arc::clone(&svc);
         std::thread::Builder::new()
@@ -458,6 +463,18 @@ impl KvService {
                 }
             }
             "dbsize" => reply::integer(out, self.lock().stats().keys as i64),
+            "keys" => {
+                if arity(1, out) {
+                    let ix = self.lock();
+                    let keys: Vec<&[u8]> =
+                        ix.keys().filter(|k| glob::matches(args[0], k)).collect();
+                    reply::array(out, keys.len());
+                    for k in keys {
+                        reply::bulk(out, k);
+                    }
+                }
+            }
+            "scan" => self.scan(args, out),
             "flushall" | "flushdb" => {
                 self.lock().clear();
                 reply::ok(out);
@@ -648,6 +665,74 @@ impl KvService {
         }
     }
 
+    /// `SCAN cursor [MATCH pattern] [COUNT n] [TYPE type]`. Keys are visited in the order of
+    /// a hash fixed for the service's life, and the cursor is the hash to go on from, so
+    /// a key held from the first call to the last is returned once, whatever is added or
+    /// removed meanwhile (Redis's guarantee). Each call looks at every key: a tool's walk,
+    /// not a request path.
+    fn scan(&self, args: &[&[u8]], out: &mut Vec<u8>) {
+        let Some((cursor, opts)) = args.split_first() else {
+            reply::error(out, "ERR wrong number of arguments for 'scan' command");
+            return;
+        };
+        let Some(cursor) = std::str::from_utf8(cursor)
+            .ok()
+            .and_then(|c| c.parse::<u64>().ok())
+        else {
+            reply::error(out, "ERR invalid cursor");
+            return;
+        };
+        let (mut pattern, mut count, mut strings) = (&b"*"[..], 10usize, true);
+        for opt in opts.chunks(2) {
+            match (opt[0].to_ascii_lowercase().as_slice(), opt.get(1)) {
+                (b"match", Some(p)) => pattern = p,
+                (b"count", Some(n)) => {
+                    match std::str::from_utf8(n).ok().and_then(|n| n.parse().ok()) {
+                        Some(n) if n > 0 => count = n,
+                        _ => {
+                            reply::error(out, "ERR value is not an integer or out of range");
+                            return;
+                        }
+                    }
+                }
+                // Every value is a string.
+                (b"type", Some(t)) => strings = t.eq_ignore_ascii_case(b"string"),
+                _ => {
+                    reply::error(out, "ERR syntax error");
+                    return;
+                }
+            }
+        }
+        let ix = self.lock();
+        let mut next: Vec<(u64, &[u8])> = ix
+            .keys()
+            .map(|k| (self.scan_order.hash_one(k), k))
+            .filter(|(h, _)| *h >= cursor)
+            .collect();
+        next.sort_unstable();
+        // This call's keys: the first `count`, and any sharing the last one's hash (the
+        // cursor cannot split them).
+        let mut end = count.min(next.len());
+        while end > 0 && end < next.len() && next[end].0 == next[end - 1].0 {
+            end += 1;
+        }
+        let cursor = match next.get(end) {
+            Some(_) => next[end - 1].0 + 1,
+            None => 0,
+        };
+        let keys: Vec<&[u8]> = next[..end]
+            .iter()
+            .map(|(_, k)| *k)
+            .filter(|k| strings && glob::matches(pattern, k))
+            .collect();
+        reply::array(out, 2);
+        reply::bulk(out, cursor.to_string().as_bytes());
+        reply::array(out, keys.len());
+        for k in keys {
+            reply::bulk(out, k);
+        }
+    }
+
     /// `CONFIG GET pattern`: the few settings clients ask for (redis-benchmark asks for
     /// `save` and `appendonly`); `CONFIG SET` is refused.
     fn config_command(&self, args: &[&[u8]], out: &mut Vec<u8>) {
@@ -828,6 +913,68 @@ mod tests {
         assert_eq!(run(&svc, &[b"DEL", b"a", b"b", b"zz"]), b":2\r\n");
         assert_eq!(run(&svc, &[b"FLUSHALL"]), b"+OK\r\n");
         assert_eq!(run(&svc, &[b"DBSIZE"]), b":0\r\n");
+        std::fs::remove_file(path).unwrap();
+    }
+
+    /// The bulk strings of a reply, in order.
+    fn bulks(out: &[u8]) -> Vec<String> {
+        let text = String::from_utf8_lossy(out);
+        let lines: Vec<&str> = text.split("\r\n").collect();
+        lines
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.starts_with('$'))
+            .map(|(i, _)| lines[i + 1].to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn scan_visits_every_key_once_and_keys_matches_patterns() {
+        let (svc, path) = service("scan", 1 << 20, 512);
+        for i in 0..40 {
+            run(&svc, &[b"SET", format!("layer{i}:kv").as_bytes(), b"x"]);
+        }
+        run(&svc, &[b"SET", b"meta", b"y"]);
+        let mut keys = bulks(&run(&svc, &[b"KEYS", b"layer*:kv"]));
+        keys.sort();
+        assert_eq!(keys.len(), 40);
+        assert_eq!(bulks(&run(&svc, &[b"KEYS", b"m?ta"])), ["meta"]);
+        let mut seen = Vec::new();
+        let mut cursor = "0".to_owned();
+        let mut calls = 0;
+        loop {
+            let out = run(
+                &svc,
+                &[
+                    b"SCAN",
+                    cursor.as_bytes(),
+                    b"COUNT",
+                    b"7",
+                    b"MATCH",
+                    b"layer*",
+                ],
+            );
+            let mut got = bulks(&out);
+            cursor = got.remove(0);
+            seen.extend(got);
+            calls += 1;
+            // Keys come and go meanwhile; those held throughout are seen once.
+            run(&svc, &[b"SET", format!("new{calls}").as_bytes(), b"z"]);
+            run(&svc, &[b"DEL", b"meta"]);
+            if cursor == "0" {
+                break;
+            }
+        }
+        seen.sort();
+        assert_eq!(seen, keys, "every layer key once");
+        assert!(calls >= 6, "{calls} calls of 7 keys");
+        // Every value is a string: no key is of another type.
+        let hashes = bulks(&run(
+            &svc,
+            &[b"SCAN", b"0", b"COUNT", b"1000", b"TYPE", b"hash"],
+        ));
+        assert_eq!(hashes, ["0"]);
+        assert!(run(&svc, &[b"SCAN", b"x"]).starts_with(b"-ERR invalid cursor"));
         std::fs::remove_file(path).unwrap();
     }
 
