@@ -38,6 +38,7 @@ fn every_metric_the_dashboard_queries_exists() {
             capacity: 1 << 20,
             block_size: 65536,
             connections: 1,
+            password_file: None,
         },
         Arc::new(AtomicBool::new(false)),
     )

@@ -50,6 +50,11 @@ struct KvService {
 
 impl KvService {
     fn start(dir: &Scratch, target: &str, capacity: &str) -> KvService {
+        KvService::start_with(dir, target, capacity, "")
+    }
+
+    /// [`KvService::start`] with more of the service block's options.
+    fn start_with(dir: &Scratch, target: &str, capacity: &str, options: &str) -> KvService {
         let port = free_port();
         let pipe = dir.path("kv.pipe");
         std::fs::write(
@@ -57,7 +62,7 @@ impl KvService {
             format!(
                 "pipeline kv\nport fabric {{ driver pcap }}\n\
                  service kvcache {{ listen 127.0.0.1:{port}  target \"{target}\"  \
-                 capacity {capacity}  block_size 64KiB }}\n\
+                 capacity {capacity}  block_size 64KiB  {options} }}\n\
                  pipe from_fabric root from fabric {{\n\
                      rule kv {{ match tcp.dst {port}  actions to kvcache }}\n\
                      default {{ actions drop }}\n}}\n"
@@ -377,6 +382,72 @@ fn the_index_survives_a_clean_restart_but_not_a_crash() {
     kv.kill();
     let kv = KvService::start(&dir, &target, "32MiB");
     assert_eq!(kv.cli(&["DBSIZE"]).trim(), "0");
+    assert_eq!(kv.terminate(), 0);
+}
+
+#[test]
+fn with_a_password_the_tools_authenticate_and_strangers_do_not_get_in() {
+    let dir = Scratch::new("kv-auth");
+    let secret = dir.path("kv.secret");
+    std::fs::write(&secret, "correct horse\n").expect("secret");
+    let file = dir.path("blocks.img");
+    let kv = KvService::start_with(
+        &dir,
+        &format!("file://{file}"),
+        "8MiB",
+        &format!("password_file \"{secret}\""),
+    );
+    let port = kv.port.to_string();
+    let with = |args: &[&str]| {
+        let mut all = vec!["-p", &port, "--no-auth-warning", "-a", "correct horse"];
+        all.extend_from_slice(args);
+        tool_ok("redis-cli", &all)
+    };
+    assert_eq!(with(&["SET", "k", "v"]).trim(), "OK");
+    assert_eq!(with(&["GET", "k"]).trim(), "v");
+    assert!(kv.cli(&["GET", "k"]).contains("NOAUTH"));
+    let csv = tool_ok(
+        "redis-benchmark",
+        &[
+            "-p",
+            &port,
+            "-a",
+            "correct horse",
+            "-t",
+            "set,get",
+            "-n",
+            "200",
+            "-d",
+            "4096",
+            "--csv",
+        ],
+    );
+    assert!(csv.contains("\"SET\"") && csv.contains("\"GET\""), "{csv}");
+    let script = format!(
+        r#"
+import redis
+assert redis.Redis(port={port}, password="correct horse").get("k") == b"v"
+try:
+    redis.Redis(port={port}, password="wrong").get("k")
+    raise SystemExit("a wrong password got in")
+except redis.exceptions.RedisError as e:
+    # As from Redis itself: WRONGPASS (redis-py 4 raises it as a ResponseError).
+    assert "WRONGPASS" in str(e), e
+try:
+    redis.Redis(port={port}).get("k")
+    raise SystemExit("no password got in")
+except redis.exceptions.AuthenticationError:
+    pass
+print("ok")
+"#
+    );
+    let out = tool(PYTHON, &["-c", &script]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).trim() == "ok",
+        "redis-py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(kv.metric("dpuflow_kvcache_auth_failures_total{service=\"kvcache\"}") >= 1);
     assert_eq!(kv.terminate(), 0);
 }
 

@@ -646,6 +646,9 @@ pub struct KvCache {
     pub block_size: u64,
     /// Connections kept to the target: how many reads and writes are in flight at once.
     pub connections: usize,
+    /// The file holding the password clients must give (`AUTH`), if any; read when the
+    /// service starts.
+    pub password_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

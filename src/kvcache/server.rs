@@ -36,6 +36,13 @@ pub enum StartError {
         service: String,
         source: TargetError,
     },
+    /// the password file cannot be read or is empty
+    #[error("kvcache `{service}`: password file {}: {source}", path.display())]
+    Password {
+        service: String,
+        path: std::path::PathBuf,
+        source: io::Error,
+    },
     /// the superblock cannot be read or marked taken
     #[error("kvcache `{service}`: cannot read or update the target's superblock: {source}")]
     Superblock { service: String, source: io::Error },
@@ -109,6 +116,22 @@ fn saved_index(name: &str, config: &KvCache, pool: &Pool) -> io::Result<Index> {
     })
 }
 
+/// The password in the file at `path`: its first line, which must not be empty.
+fn read_password(path: &std::path::Path) -> io::Result<Vec<u8>> {
+    let text = std::fs::read(path)?;
+    let line = text.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if line.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "empty"));
+    }
+    Ok(line.to_vec())
+}
+
+/// Whether `a` and `b` are equal, in a time that depends on their lengths only.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
 /// The commands whose durations are kept, in [`KvCounters::durations`].
 pub const TIMED: [&str; 2] = ["get", "set"];
 
@@ -154,6 +177,8 @@ pub struct KvCounters {
     pub storage_errors: AtomicU64,
     pub clients: AtomicU64,
     pub rejected_clients: AtomicU64,
+    /// `AUTH` (or `HELLO … AUTH`) with a wrong password.
+    pub auth_failures: AtomicU64,
 }
 
 /// One KV-cache service.
@@ -170,6 +195,8 @@ pub struct KvService {
     stop: Arc<AtomicBool>,
     /// The order `SCAN` visits keys in.
     scan_order: RandomState,
+    /// What clients must give `AUTH` before anything else, if anything.
+    password: Option<Vec<u8>>,
 }
 
 /// A snapshot of a service's index for metrics.
@@ -192,6 +219,14 @@ impl KvService {
         let target_err = |source| StartError::Target {
             service: name.to_owned(),
             source,
+        };
+        let password = match &config.password_file {
+            Some(path) => Some(read_password(path).map_err(|source| StartError::Password {
+                service: name.to_owned(),
+                path: path.clone(),
+                source,
+            })?),
+            None => None,
         };
         let pool = Pool::connect(&config.target, config.capacity, config.connections)
             .map_err(target_err)?;
@@ -225,6 +260,7 @@ impl KvService {
             counters: KvCounters::default(),
             stop,
             scan_order: RandomState::new(),
+            password,
         });
         let s = Arc::clone(&svc);
         std::thread::Builder::new()
@@ -334,6 +370,7 @@ impl KvService {
         // (not on every read: most reads are small requests).
         let mut buf: Vec<u8> = vec![0; READ_BUFFER];
         let mut filled = 0;
+        let mut authed = self.password.is_none();
         let mut args: Vec<Range<usize>> = Vec::new();
         let mut out: Vec<u8> = Vec::with_capacity(READ_BUFFER);
         loop {
@@ -344,7 +381,11 @@ impl KvService {
                     Ok(Some(n)) => {
                         let req = &buf[start..start + n];
                         let words: Vec<&[u8]> = args.iter().map(|r| &req[r.clone()]).collect();
-                        quit = self.execute(&words, &mut out);
+                        quit = if authed {
+                            self.execute(&words, &mut out)
+                        } else {
+                            self.unauthenticated(&words, &mut out, &mut authed)
+                        };
                         start += n;
                     }
                     Ok(None) => break,
@@ -513,10 +554,13 @@ impl KvService {
                 Some(b"getname") => reply::null(out),
                 _ => reply::error(out, "ERR unknown subcommand for 'client'"),
             },
-            "hello" => match args.first().copied() {
-                None | Some(b"2") => self.hello(out),
-                Some(_) => reply::error(out, "NOPROTO this protocol version is not supported"),
+            "auth" => match self.auth(args) {
+                Ok(()) => reply::ok(out),
+                Err(e) => reply::error(out, e),
             },
+            "hello" => {
+                let _ = self.hello_command(args, out);
+            }
             "mget" | "mset" | "del" | "unlink" | "exists" => {
                 reply::error(
                     out,
@@ -769,6 +813,97 @@ impl KvService {
         }
     }
 
+    /// A request on a connection that has not authenticated: only `AUTH`, `HELLO … AUTH`
+    /// and `QUIT` are served (as Redis does with `requirepass`); `true` when the client
+    /// asked to leave.
+    fn unauthenticated(&self, words: &[&[u8]], out: &mut Vec<u8>, authed: &mut bool) -> bool {
+        let Some((name, args)) = words.split_first() else {
+            return false;
+        };
+        match name.to_ascii_lowercase().as_slice() {
+            b"auth" => match self.auth(args) {
+                Ok(()) => {
+                    *authed = true;
+                    reply::ok(out);
+                }
+                Err(e) => reply::error(out, e),
+            },
+            b"hello" if args.len() > 1 => *authed = self.hello_command(args, out),
+            b"hello" => reply::error(
+                out,
+                "NOAUTH HELLO must be called with the client already authenticated, otherwise \
+                 the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the \
+                 client and select the RESP protocol version at the same time",
+            ),
+            b"quit" => {
+                reply::ok(out);
+                return true;
+            }
+            _ => reply::error(out, "NOAUTH Authentication required."),
+        }
+        false
+    }
+
+    /// `AUTH [default] password`.
+    fn auth(&self, args: &[&[u8]]) -> Result<(), &'static str> {
+        let Some(password) = &self.password else {
+            return Err(
+                "ERR AUTH <password> called without any password configured for the \
+                        default user. Are you sure your configuration is correct?",
+            );
+        };
+        let given = match args {
+            [p] => p,
+            [user, p] if *user == b"default" => p,
+            [_, _] => {
+                self.counters.auth_failures.fetch_add(1, Relaxed);
+                return Err("WRONGPASS invalid username-password pair or user is disabled.");
+            }
+            _ => return Err("ERR wrong number of arguments for 'auth' command"),
+        };
+        if same_secret(given, password) {
+            Ok(())
+        } else {
+            self.counters.auth_failures.fetch_add(1, Relaxed);
+            tracing::info!(service = %self.name, "kvcache: a client gave a wrong password");
+            Err("WRONGPASS invalid username-password pair or user is disabled.")
+        }
+    }
+
+    /// `HELLO [2 [AUTH user password] [SETNAME name]]`; whether the client is now
+    /// authenticated (by this request's `AUTH`).
+    fn hello_command(&self, args: &[&[u8]], out: &mut Vec<u8>) -> bool {
+        let Some((version, opts)) = args.split_first() else {
+            self.hello(out);
+            return false;
+        };
+        if *version != b"2" {
+            reply::error(out, "NOPROTO this protocol version is not supported");
+            return false;
+        }
+        let mut authed = false;
+        let mut rest = opts;
+        while let Some((opt, tail)) = rest.split_first() {
+            match (opt.to_ascii_lowercase().as_slice(), tail) {
+                (b"auth", [user, pass, more @ ..]) => {
+                    if let Err(e) = self.auth(&[user, pass]) {
+                        reply::error(out, e);
+                        return false;
+                    }
+                    authed = true;
+                    rest = more;
+                }
+                (b"setname", [_, more @ ..]) => rest = more,
+                _ => {
+                    reply::error(out, "ERR syntax error in HELLO option");
+                    return false;
+                }
+            }
+        }
+        self.hello(out);
+        authed
+    }
+
     /// `HELLO` in RESP2: the server's facts as a flat array.
     fn hello(&self, out: &mut Vec<u8>) {
         let facts = [
@@ -845,8 +980,62 @@ mod tests {
             capacity,
             block_size: block,
             connections: 2,
+            password_file: None,
         };
         KvService::start("kvcache", &config, Arc::new(AtomicBool::new(false))).unwrap()
+    }
+
+    #[test]
+    fn with_a_password_only_authenticated_clients_are_served() {
+        let dir = std::env::temp_dir().join(format!("dpuflow-kv-{}-auth", std::process::id()));
+        let _ = std::fs::remove_file(&dir);
+        let secret = dir.with_extension("secret");
+        std::fs::write(&secret, "s3cret\n").unwrap();
+        let config = KvCache {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            target: StorageTarget::Local { path: dir.clone() },
+            capacity: 1 << 20,
+            block_size: 4096,
+            connections: 1,
+            password_file: Some(secret.clone()),
+        };
+        let svc = KvService::start("kvcache", &config, Arc::new(AtomicBool::new(false))).unwrap();
+        let talk = |c: &mut TcpStream, req: &str, expect: &str| {
+            c.write_all(req.as_bytes()).unwrap();
+            let mut back = vec![0u8; expect.len()];
+            c.read_exact(&mut back).unwrap();
+            assert_eq!(String::from_utf8_lossy(&back), expect, "{req}");
+        };
+        let mut c = TcpStream::connect(svc.listen).unwrap();
+        talk(&mut c, "GET k\r\n", "-NOAUTH Authentication required.\r\n");
+        talk(&mut c, "PING\r\n", "-NOAUTH Authentication required.\r\n");
+        talk(
+            &mut c,
+            "AUTH nope\r\n",
+            "-WRONGPASS invalid username-password pair or user is disabled.\r\n",
+        );
+        talk(
+            &mut c,
+            "AUTH admin s3cret\r\n",
+            "-WRONGPASS invalid username-password pair or user is disabled.\r\n",
+        );
+        talk(&mut c, "AUTH default s3cret\r\n", "+OK\r\n");
+        talk(&mut c, "SET k v\r\nGET k\r\n", "+OK\r\n$1\r\nv\r\n");
+        let mut c = TcpStream::connect(svc.listen).unwrap();
+        talk(&mut c, "HELLO 2 AUTH default s3cret\r\n", "*12\r\n");
+        assert_eq!(svc.counters.auth_failures.load(Relaxed), 2);
+        // Without a password, AUTH says so.
+        let (open, path) = service("no-auth", 1 << 20, 4096);
+        assert!(run(&open, &[b"AUTH", b"x"]).starts_with(b"-ERR AUTH <password> called without"));
+        // A missing or empty password file fails the start.
+        std::fs::write(&secret, "\n").unwrap();
+        assert!(matches!(
+            KvService::start("kvcache", &config, Arc::new(AtomicBool::new(false))),
+            Err(StartError::Password { .. })
+        ));
+        for f in [dir, secret, path] {
+            std::fs::remove_file(f).unwrap();
+        }
     }
 
     #[test]

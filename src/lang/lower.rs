@@ -492,6 +492,7 @@ impl Lowerer<'_> {
         let mut capacity = None;
         let mut block_size = 65536;
         let mut connections = 8;
+        let mut password_file = None;
         let mut ok = true;
         for o in &b.options {
             let (text, span) = self.joined(o);
@@ -542,6 +543,7 @@ impl Lowerer<'_> {
                     }
                     None => ok = false,
                 },
+                "password_file" => password_file = Some(PathBuf::from(&w.text)),
                 _ => unreachable!("the parser accepts only service keys"),
             }
         }
@@ -574,6 +576,7 @@ impl Lowerer<'_> {
                 capacity,
                 block_size,
                 connections,
+                password_file,
             }),
         })
     }

@@ -48,6 +48,7 @@ pub fn block_keys(kind: BlockKind) -> Keys {
             ("capacity", Quantity),
             ("block_size", Quantity),
             ("connections", One),
+            ("password_file", One),
         ],
         BlockKind::Conntrack => &[
             ("capacity", One),

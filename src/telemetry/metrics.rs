@@ -483,6 +483,11 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
         "Connections refused because the service had its most clients.",
         c(|c| &c.rejected_clients),
     );
+    fam.counter(
+        "dpuflow_kvcache_auth_failures_total",
+        "AUTH (or HELLO AUTH) with a wrong password.",
+        c(|c| &c.auth_failures),
+    );
     let f = fam.family(
         "dpuflow_kvcache_request_duration_seconds",
         "Time from a request read to its reply ready, storage I/O included.",
