@@ -14,6 +14,7 @@ use std::hash::BuildHasher;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::ops::Range;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -329,6 +330,8 @@ impl KvService {
             tracing::error!(service = %self.name, error = %e, "kvcache cannot poll its listener");
             return;
         }
+        // Woken by a connection at once, and every POLL to look at the stop flag.
+        let mut ready = crate::sys::Readable::new(&[listener.as_fd()]);
         while !self.stop.load(Relaxed) {
             match listener.accept() {
                 Ok((stream, peer)) => {
@@ -352,7 +355,12 @@ impl KvService {
                         self.counters.clients.fetch_sub(1, Relaxed);
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(POLL / 4),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if let Err(e) = ready.wait(POLL, |_, _| {}) {
+                        tracing::warn!(service = %self.name, error = %e, "kvcache cannot poll its listener");
+                        std::thread::sleep(POLL);
+                    }
+                }
                 Err(e) => {
                     tracing::warn!(service = %self.name, error = %e, "kvcache accept failed");
                     std::thread::sleep(POLL);
