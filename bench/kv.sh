@@ -6,7 +6,8 @@
 # Rounds alternate the three; the medians of the requests per second are printed, and
 # beside them the NBD export's own rate (qemu-img bench). Needs redis-server, redis-tools
 # and qemu-utils.
-# Usage: [DPUFLOW=BIN] bench/kv.sh [ROUNDS] [REQUESTS] [VALUE] [CLIENTS] [KEYS]
+# KV_OPTIONS adds options to the service block (e.g. `connections 16`).
+# Usage: [DPUFLOW=BIN] [KV_OPTIONS=…] bench/kv.sh [ROUNDS] [REQUESTS] [VALUE] [CLIENTS] [KEYS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
@@ -47,7 +48,7 @@ start_dpuflow() { # NAME TARGET; sets $port
     cat >"$dir/$1.pipe" <<PIPE
 pipeline kv_bench
 port fabric { driver pcap }
-service kvcache { listen 127.0.0.1:$port  target "$2"  capacity ${capacity}MiB  block_size 64KiB }
+service kvcache { listen 127.0.0.1:$port  target "$2"  capacity ${capacity}MiB  block_size 64KiB  ${KV_OPTIONS:-} }
 pipe p root from fabric { default { actions to kvcache } }
 PIPE
     "$bin" run "$dir/$1.pipe" --metrics 127.0.0.1:0 >/dev/null 2>&1 &
