@@ -5,6 +5,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -33,6 +34,8 @@ pub fn serve(
     handler: &dyn Handler,
 ) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
+    // Woken by a connection at once, and every 50 ms to look at the stop flag.
+    let mut ready = crate::sys::Readable::new(&[listener.as_fd()]);
     let open = AtomicUsize::new(0);
     let mut throttle = super::WarnThrottle::default();
     std::thread::scope(|s| {
@@ -52,8 +55,13 @@ pub fn serve(
                         open.fetch_sub(1, Ordering::Relaxed);
                     });
                 }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if ready.wait(Duration::from_millis(50), |_, _| {}).is_err() {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                }
                 Err(e) => {
-                    if e.kind() != std::io::ErrorKind::WouldBlock && throttle.ready() {
+                    if throttle.ready() {
                         tracing::warn!(error = %e, "metrics endpoint: accept failed");
                     }
                     std::thread::sleep(Duration::from_millis(50))
