@@ -87,6 +87,8 @@ enum Command {
     /// Ports of `driver af_packet` not bound to a capture are opened on their interfaces
     /// (live: it runs until signalled); otherwise, without --loop, it runs until the
     /// captures are read and then, with a metrics endpoint, keeps serving until signalled.
+    /// A pipeline's KV-cache services (`service kvcache`) start first and serve until
+    /// signalled, saving their index at the stop; such a pipeline needs no packet input.
     /// Flags override the pipeline's telemetry block.
     #[command(
         after_help = "Example:\n  dpuflow run pipelines/vxlan-gateway.pipe --in host=host.pcap --out uplink=uplink.pcap --metrics 127.0.0.1:9464\n  curl -s 127.0.0.1:9464/metrics"
