@@ -607,3 +607,59 @@ fn quiet_flows_are_exported_without_traffic() {
         .collect();
     assert_eq!(flows, [format!("{CLIENT},{SERVER},4000,5000,3")], "nfdump");
 }
+
+/// The dataplane and the KV-cache service in one `dpuflow run`: the pipeline steers the
+/// hosts' KV traffic `to kvcache` (not forwarded), and the service, listening on the
+/// dut's own address on the inside link, answers redis-cli from the client through the
+/// dut's network stack, as on a DPU through the Arm cores'.
+#[test]
+fn traffic_steered_to_the_kv_service_reaches_it_and_goes_no_further() {
+    const KV: &str = "10.77.0.3";
+    let dir = Scratch::new("live-kv");
+    let target = dir.path("kv.img");
+    let (lab, _pipes, pipe_path) = Lab::with_pipeline(
+        "k",
+        &format!(
+            "service kvcache {{ listen {KV}:6379  target \"file://{target}\"  capacity 8MiB }}\n\
+             pipe from_inside root from inside {{\n\
+                 rule kv {{ match ipv4.dst {KV}  tcp.dst 6379  actions count, to kvcache }}\n\
+                 default {{ actions fwd outside }}\n\
+             }}\n\
+             pipe from_outside root from outside {{ default {{ actions fwd inside }} }}\n"
+        ),
+    );
+    lab.run(
+        &lab.dut,
+        &["ip", "addr", "add", &format!("{KV}/24"), "dev", "in0"],
+    );
+    let capture = dir.path("server.pcap");
+    let tcpdump = lab.capture(&capture, "tcp port 6379");
+    let _dpuflow = lab.start(&pipe_path, "1");
+    let cli = |args: &[&str]| {
+        let mut all = vec!["-h", KV, "-p", "6379"];
+        all.extend_from_slice(args);
+        in_netns(&lab.client, &[&["redis-cli"][..], &all].concat())
+    };
+    assert_eq!(cli(&["SET", "layer0", "from-the-host"]).trim(), "OK");
+    assert_eq!(cli(&["GET", "layer0"]).trim(), "from-the-host");
+    let steered = "dpuflow_service_queued_packets_total{service=\"kvcache\"}";
+    let m = lab.metrics_until(
+        |m| metric(m, steered).is_some_and(|n| n >= 6),
+        "steered to the service",
+    );
+    assert!(
+        metric(
+            &m,
+            "dpuflow_rule_matched_packets_total{pipe=\"from_inside\",rule=\"kv\"}"
+        ) >= metric(&m, steered)
+    );
+    assert_eq!(
+        metric(&m, "dpuflow_kvcache_keys{service=\"kvcache\"}"),
+        Some(1)
+    );
+    tcpdump.stop();
+    assert!(
+        frames(&capture).is_empty(),
+        "KV traffic was forwarded to the server"
+    );
+}
