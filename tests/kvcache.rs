@@ -335,7 +335,7 @@ fn hosts_put_and_get_blocks_stored_on_an_nvme_tcp_target() {
     let dir = Scratch::new("kv-nvme");
     let image = image(&dir, 64);
     let port = free_port();
-    let _target = NvmetTarget::start(&image, port);
+    let target = NvmetTarget::start(&image, port);
     let kv = KvService::start(
         &dir,
         &format!("nvme-tcp://127.0.0.1:{port}/nqn.2026-11.io.dpuflow:kv"),
@@ -343,6 +343,24 @@ fn hosts_put_and_get_blocks_stored_on_an_nvme_tcp_target() {
     );
     // The target runs in an emulated machine: fewer requests than against qemu-nbd.
     hosts_put_and_get(&kv, &image, "800");
+
+    // The target's machine restarts: reads fail meanwhile, then the service connects to
+    // the new controllers and reads what the disk kept.
+    assert_eq!(
+        kv.cli_with(&["-x", "SET", "survivor"], b"still here")
+            .trim(),
+        "OK"
+    );
+    drop(target);
+    assert!(kv
+        .cli(&["GET", "survivor"])
+        .contains("ERR storage read failed"));
+    let _target = NvmetTarget::start(&image, port);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while kv.cli(&["GET", "survivor"]).trim() != "still here" {
+        assert!(Instant::now() < deadline, "the service never reconnected");
+        std::thread::sleep(Duration::from_millis(200));
+    }
     assert_eq!(kv.terminate(), 0);
 }
 
