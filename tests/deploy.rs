@@ -1,5 +1,5 @@
 //! The deployment files stay true to the code: every metric the Grafana dashboard queries
-//! exists, and the systemd unit runs commands the binary has.
+//! exists, and the systemd unit and the Kubernetes static pod run commands the binary has.
 
 use dpuflow::ir::{KvCache, StorageTarget};
 use dpuflow::kvcache::server::KvService;
@@ -100,4 +100,99 @@ fn systemd_unit_runs_existing_commands() {
         }
     }
     assert!(unit.contains("NoNewPrivileges=yes") && unit.contains("CapabilityBoundingSet="));
+}
+
+/// The manifest as JSON, read by a YAML parser (python3-yaml).
+fn manifest(path: &str) -> serde_json::Value {
+    let out = std::process::Command::new("/usr/bin/python3")
+        .args([
+            "-c",
+            "import json, sys, yaml; print(json.dumps(yaml.safe_load(open(sys.argv[1]))))",
+            path,
+        ])
+        .output()
+        .expect("/usr/bin/python3 with python3-yaml is required (scripts/test installs it)");
+    assert!(
+        out.status.success(),
+        "{path}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+/// `dpuflow SUB --help`, failing the test unless SUB exists.
+fn help(sub: &str) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpuflow"))
+        .args([sub, "--help"])
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "`dpuflow {sub}` does not exist");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn kubernetes_pod_runs_existing_commands_and_probes_its_endpoint() {
+    let pod = manifest("deploy/kubernetes/dpuflow-pod.yaml");
+    assert_eq!(pod["kind"], "Pod");
+    let spec = &pod["spec"];
+    assert_eq!(
+        spec["hostNetwork"], true,
+        "the dataplane needs the DPU's interfaces"
+    );
+    let strs = |v: &serde_json::Value| -> Vec<String> {
+        v.as_array()
+            .expect("list")
+            .iter()
+            .map(|s| s.as_str().expect("string").to_owned())
+            .collect()
+    };
+    let containers = spec["initContainers"]
+        .as_array()
+        .expect("init")
+        .iter()
+        .chain(spec["containers"].as_array().expect("containers"));
+    let mut metrics_port = None;
+    for c in containers {
+        let command = strs(&c["command"]);
+        assert!(command[0].ends_with("/dpuflow"), "{command:?}");
+        let text = help(&command[1]);
+        for flag in command.iter().filter(|a| a.starts_with("--")) {
+            assert!(
+                text.contains(flag.as_str()),
+                "`dpuflow {}` has no {flag}",
+                command[1]
+            );
+        }
+        if let Some(at) = command.iter().position(|a| a == "--metrics") {
+            let addr = &command[at + 1];
+            metrics_port = Some(addr.rsplit_once(':').expect("ADDR:PORT").1.to_owned());
+        }
+    }
+    let port: u16 = metrics_port
+        .expect("the service's --metrics")
+        .parse()
+        .expect("port");
+    let run = &spec["containers"][0];
+    assert_eq!(run["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(run["readinessProbe"]["httpGet"]["path"], "/readyz");
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert_eq!(run[probe]["httpGet"]["port"], port, "{probe}");
+    }
+    assert_eq!(
+        pod["metadata"]["annotations"]["prometheus.io/port"],
+        port.to_string()
+    );
+    // The capabilities are the systemd unit's.
+    let unit = std::fs::read_to_string("deploy/systemd/dpuflow.service").expect("unit");
+    let mut from_unit: Vec<String> = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("AmbientCapabilities="))
+        .expect("capabilities")
+        .split_whitespace()
+        .map(|c| c.trim_start_matches("CAP_").to_owned())
+        .collect();
+    let mut from_pod = strs(&run["securityContext"]["capabilities"]["add"]);
+    from_unit.sort();
+    from_pod.sort();
+    assert_eq!(from_pod, from_unit);
 }
