@@ -54,6 +54,10 @@ fn every_semantic_check_has_a_bad_file() {
         ("duplicate-names", "error: duplicate rule `a`"),
         ("duplicate-names", "error: duplicate pipe `ingress`"),
         (
+            "duplicate-names",
+            "error: services `kv_a` and `kv_b` store on the same target",
+        ),
+        (
             "goto-cycle",
             "error: `goto` cycle: classify -> police -> classify",
         ),

@@ -651,7 +651,7 @@ pub struct KvCache {
     pub password_file: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum StorageTarget {
     /// `nvme-tcp://HOST:PORT/NQN`
     NvmeTcp { addr: SocketAddr, nqn: String },

@@ -178,7 +178,31 @@ impl Lowerer<'_> {
         };
         let ports: Vec<Port> = ports.iter().filter_map(|b| self.port(b)).collect();
         let meters: Vec<Meter> = meters.iter().filter_map(|b| self.meter(b)).collect();
-        let services: Vec<Service> = services.iter().filter_map(|b| self.service(b)).collect();
+        let mut stored_on: HashMap<StorageTarget, &ast::NamedBlock> = HashMap::new();
+        let mut lowered_services = Vec::new();
+        for b in &services {
+            let Some(service) = self.service(b) else {
+                continue;
+            };
+            // Two services on one target would overwrite each other's blocks and index.
+            let ServiceKind::KvCache(kv) = &service.kind;
+            if let Some(first) = stored_on.insert(kv.target.clone(), b) {
+                let at = opt_value(&b.options, "target").map_or(b.name.span, |o| o.values[0].span);
+                let first_at = opt_value(&first.options, "target")
+                    .map_or(first.name.span, |o| o.values[0].span);
+                self.err(
+                    at,
+                    format!(
+                        "services `{}` and `{}` store on the same target",
+                        first.name.text, b.name.text
+                    ),
+                )
+                .add_note(first_at, "first used here")
+                .hint = Some("give each service a target of its own".into());
+            }
+            lowered_services.push(service);
+        }
+        let services = lowered_services;
         let conntrack = conntrack.and_then(|s| self.conntrack(s));
         let telemetry = self.telemetry(telemetry);
         let mut lowered = Vec::new();
