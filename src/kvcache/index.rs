@@ -172,7 +172,9 @@ impl Index {
             let key_len = u32_of(&mut bytes)? as usize;
             let len = u64_of(&mut bytes)?;
             let n = u32_of(&mut bytes)?;
-            if u64::from(n) != len.div_ceil(ix.block_size) {
+            // As many blocks as the value needs, and no more than the store has (before
+            // anything is allocated for them).
+            if u64::from(n) != len.div_ceil(ix.block_size) || u64::from(n) > ix.total {
                 return None;
             }
             let key = take(&mut bytes, key_len)?;
