@@ -659,7 +659,8 @@ impl KvService {
             .allocate(key, value.len() as u64)
             .map_err(|e| match e {
                 StoreError::TooLarge { .. } => format!("ERR {e}"),
-                StoreError::Busy => format!("BUSY {e}"),
+                // Redis's answer when a write finds no room.
+                StoreError::Busy => format!("OOM {e}"),
             })?;
         self.write(&extents, value).map_err(|e| {
             self.counters.storage_errors.fetch_add(1, Relaxed);
