@@ -1,0 +1,75 @@
+//! The KV-cache service's own work per request, without sockets or storage: parsing
+//! requests (a pipelined burst of GETs; a SET carrying a 64 KiB value, whose bytes the
+//! parser must not walk), and the index at a million keys (a GET's lookup; a SET's
+//! allocation and insert in a full store, evicting the least recently used). Run with
+//! `cargo bench --bench kvcache`.
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use dpuflow::kvcache::index::Index;
+use dpuflow::kvcache::resp::{self, reply};
+use std::hint::black_box;
+
+/// A request as clients encode it.
+fn request(words: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::new();
+    reply::array(&mut out, words.len());
+    for w in words {
+        reply::bulk(&mut out, w);
+    }
+    out
+}
+
+fn parsing(c: &mut Criterion) {
+    let burst: Vec<u8> = (0..16)
+        .flat_map(|i| request(&[b"GET", format!("model@layer{i}:chunk").as_bytes()]))
+        .collect();
+    let mut args = Vec::new();
+    c.bench_function("resp: 16 pipelined GETs", |b| {
+        b.iter(|| {
+            let mut at = 0;
+            while let Ok(Some(n)) = resp::parse(&burst[at..], &mut args, resp::MAX_BULK) {
+                at += n;
+            }
+            black_box(at)
+        })
+    });
+    let set = request(&[b"SET", b"model@layer0:chunk", &vec![7u8; 65536]]);
+    c.bench_function("resp: SET of 64 KiB", |b| {
+        b.iter(|| black_box(resp::parse(&set, &mut args, resp::MAX_BULK)))
+    });
+}
+
+fn index(c: &mut Criterion) {
+    const KEYS: u64 = 1 << 20;
+    let block = 4096;
+    // Room for every key but the last few: the store is full.
+    let mut ix = Index::new((KEYS + 1) * block, block);
+    let key = |i: u64| format!("model@{i:016x}:chunk").into_bytes();
+    for i in 0..KEYS {
+        let k = key(i);
+        let e = ix.allocate(&k, block).expect("room");
+        ix.insert(&k, e);
+    }
+    let mut i = 0u64;
+    c.bench_function("index: GET of one of 1M keys", |b| {
+        b.iter(|| {
+            i = (i + 7919) % KEYS;
+            black_box(ix.get(&key(i)).is_some())
+        })
+    });
+    let mut next = KEYS;
+    c.bench_function(
+        "index: SET into a full store of 1M keys (one eviction)",
+        |b| {
+            b.iter(|| {
+                let k = key(next);
+                next += 1;
+                let e = ix.allocate(&k, block).expect("room");
+                ix.insert(&k, e);
+            })
+        },
+    );
+}
+
+criterion_group!(benches, parsing, index);
+criterion_main!(benches);
