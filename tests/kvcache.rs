@@ -248,6 +248,33 @@ print("ok")
     assert_clean_exposition(&body);
 }
 
+/// A value stored, then `target` stopped: reading it fails (the error names the storage)
+/// until the target `restart` gives is back, within `seconds`; then the service reads it
+/// again. The restarted target.
+fn survives_a_restart<T, U>(
+    kv: &KvService,
+    target: T,
+    restart: impl FnOnce() -> U,
+    seconds: u64,
+) -> U {
+    assert_eq!(
+        kv.cli_with(&["-x", "SET", "survivor"], b"still here")
+            .trim(),
+        "OK"
+    );
+    drop(target);
+    assert!(kv
+        .cli(&["GET", "survivor"])
+        .contains("ERR storage read failed"));
+    let back = restart();
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    while kv.cli(&["GET", "survivor"]).trim() != "still here" {
+        assert!(Instant::now() < deadline, "the service never reconnected");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    back
+}
+
 /// A fresh, sparse disk image of `mib` MiB.
 fn image(dir: &Scratch, mib: u64) -> String {
     let image = dir.path("export.img");
@@ -266,23 +293,8 @@ fn hosts_put_and_get_blocks_stored_on_an_nbd_target() {
     let kv = KvService::start(&dir, &format!("nbd://127.0.0.1:{nbd_port}/kv"), "32MiB");
     hosts_put_and_get(&kv, &image, "2000");
 
-    // The target restarts: reads fail meanwhile, then the service carries on, its index
-    // and the export's bytes intact.
-    assert_eq!(
-        kv.cli_with(&["-x", "SET", "survivor"], b"still here")
-            .trim(),
-        "OK"
-    );
-    drop(nbd);
-    assert!(kv
-        .cli(&["GET", "survivor"])
-        .contains("ERR storage read failed"));
-    let _nbd = NbdServer::start(&image, nbd_port);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while kv.cli(&["GET", "survivor"]).trim() != "still here" {
-        assert!(Instant::now() < deadline, "the service never reconnected");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    // The export's bytes and the service's index outlive the target's restart.
+    let _nbd = survives_a_restart(&kv, nbd, || NbdServer::start(&image, nbd_port), 10);
     assert!(kv.metric("dpuflow_kvcache_storage_errors_total{service=\"kvcache\"}") >= 1);
     assert_eq!(kv.terminate(), 0);
 }
@@ -344,23 +356,9 @@ fn hosts_put_and_get_blocks_stored_on_an_nvme_tcp_target() {
     // The target runs in an emulated machine: fewer requests than against qemu-nbd.
     hosts_put_and_get(&kv, &image, "800");
 
-    // The target's machine restarts: reads fail meanwhile, then the service connects to
-    // the new controllers and reads what the disk kept.
-    assert_eq!(
-        kv.cli_with(&["-x", "SET", "survivor"], b"still here")
-            .trim(),
-        "OK"
-    );
-    drop(target);
-    assert!(kv
-        .cli(&["GET", "survivor"])
-        .contains("ERR storage read failed"));
-    let _target = NvmetTarget::start(&image, port);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while kv.cli(&["GET", "survivor"]).trim() != "still here" {
-        assert!(Instant::now() < deadline, "the service never reconnected");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    // The target's machine restarts: the service connects to new controllers and reads
+    // what the disk kept.
+    let _target = survives_a_restart(&kv, target, || NvmetTarget::start(&image, port), 30);
     assert_eq!(kv.terminate(), 0);
 }
 
