@@ -445,48 +445,51 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
         "Requests by command (others under `other`).",
         commands,
     );
-    let c = |f: fn(&KvCounters) -> &AtomicU64| per(&move |s| f(&s.counters).load(Relaxed));
-    fam.counter(
-        "dpuflow_kvcache_hits_total",
-        "Reads of keys held.",
-        c(|c| &c.hits),
-    );
-    fam.counter(
-        "dpuflow_kvcache_misses_total",
-        "Reads of keys not held.",
-        c(|c| &c.misses),
-    );
+    type Field = fn(&KvCounters) -> &AtomicU64;
+    let counters: [(&str, &str, Field); 7] = [
+        ("dpuflow_kvcache_hits_total", "Reads of keys held.", |c| {
+            &c.hits
+        }),
+        (
+            "dpuflow_kvcache_misses_total",
+            "Reads of keys not held.",
+            |c| &c.misses,
+        ),
+        (
+            "dpuflow_kvcache_storage_read_bytes_total",
+            "Value bytes read from the storage target.",
+            |c| &c.read_bytes,
+        ),
+        (
+            "dpuflow_kvcache_storage_written_bytes_total",
+            "Value bytes written to the storage target.",
+            |c| &c.written_bytes,
+        ),
+        (
+            "dpuflow_kvcache_storage_errors_total",
+            "Storage reads and writes that failed.",
+            |c| &c.storage_errors,
+        ),
+        (
+            "dpuflow_kvcache_rejected_clients_total",
+            "Connections refused because the service had its most clients.",
+            |c| &c.rejected_clients,
+        ),
+        (
+            "dpuflow_kvcache_auth_failures_total",
+            "AUTH (or HELLO AUTH) with a wrong password.",
+            |c| &c.auth_failures,
+        ),
+    ];
+    for (name, help, field) in counters {
+        fam.counter(name, help, per(&|s| field(&s.counters).load(Relaxed)));
+    }
     fam.counter(
         "dpuflow_kvcache_evictions_total",
         "Keys evicted (least recently used) to make room.",
         gauge(|g| g.evictions)
             .into_iter()
             .map(|(l, v)| (l, v as u64)),
-    );
-    fam.counter(
-        "dpuflow_kvcache_storage_read_bytes_total",
-        "Value bytes read from the storage target.",
-        c(|c| &c.read_bytes),
-    );
-    fam.counter(
-        "dpuflow_kvcache_storage_written_bytes_total",
-        "Value bytes written to the storage target.",
-        c(|c| &c.written_bytes),
-    );
-    fam.counter(
-        "dpuflow_kvcache_storage_errors_total",
-        "Storage reads and writes that failed.",
-        c(|c| &c.storage_errors),
-    );
-    fam.counter(
-        "dpuflow_kvcache_rejected_clients_total",
-        "Connections refused because the service had its most clients.",
-        c(|c| &c.rejected_clients),
-    );
-    fam.counter(
-        "dpuflow_kvcache_auth_failures_total",
-        "AUTH (or HELLO AUTH) with a wrong password.",
-        c(|c| &c.auth_failures),
     );
     let f = fam.family(
         "dpuflow_kvcache_request_duration_seconds",
