@@ -359,6 +359,21 @@ fn hosts_put_and_get_blocks_stored_on_an_nvme_tcp_target() {
     // The target's machine restarts: the service connects to new controllers and reads
     // what the disk kept.
     let _target = survives_a_restart(&kv, target, || NvmetTarget::start(&image, port), 30);
+    // A clean restart of the service keeps its index (saved, flushed, read back); if the
+    // store was full, the least recently used key made room for the saved index.
+    let keys: u64 = kv.cli(&["DBSIZE"]).trim().parse().expect("count");
+    assert_eq!(kv.terminate(), 0);
+    let kv = KvService::start(
+        &dir,
+        &format!("nvme-tcp://127.0.0.1:{port}/nqn.2026-11.io.dpuflow:kv"),
+        "32MiB",
+    );
+    let restored: u64 = kv.cli(&["DBSIZE"]).trim().parse().expect("count");
+    assert!(
+        restored == keys || restored + 1 == keys,
+        "{keys} keys, {restored} restored"
+    );
+    assert_eq!(kv.cli(&["GET", "survivor"]).trim(), "still here");
     assert_eq!(kv.terminate(), 0);
 }
 

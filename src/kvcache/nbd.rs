@@ -27,10 +27,12 @@ const INFO_BLOCK_SIZE: u16 = 3;
 
 /// Transmission flags.
 const FLAG_READ_ONLY: u16 = 1 << 1;
+const FLAG_SEND_FLUSH: u16 = 1 << 2;
 
 const CMD_READ: u16 = 0;
 const CMD_WRITE: u16 = 1;
 const CMD_DISC: u16 = 2;
+const CMD_FLUSH: u16 = 3;
 
 /// Largest request a client may send to a server that states no limit.
 const DEFAULT_MAX_PAYLOAD: u32 = 32 << 20;
@@ -280,6 +282,16 @@ impl BlockTarget for NbdClient {
 
     fn size(&self) -> u64 {
         self.export.size
+    }
+
+    /// NBD_CMD_FLUSH, when the server takes it (a server that does not has no volatile
+    /// cache to write out).
+    fn flush(&mut self) -> io::Result<()> {
+        if self.export.flags & FLAG_SEND_FLUSH == 0 {
+            return Ok(());
+        }
+        let cookie = self.request(CMD_FLUSH, 0, 0, &[])?;
+        self.reply(cookie)
     }
 
     fn alignment(&self) -> u64 {

@@ -42,6 +42,7 @@ const FCTYPE_CONNECT: u8 = 0x01;
 const FCTYPE_PROPERTY_GET: u8 = 0x04;
 const OPC_IDENTIFY: u8 = 0x06;
 const OPC_SET_FEATURES: u8 = 0x09;
+const OPC_FLUSH: u8 = 0x00;
 const OPC_WRITE: u8 = 0x01;
 const OPC_READ: u8 = 0x02;
 const FEATURE_NUMBER_OF_QUEUES: u32 = 0x07;
@@ -419,6 +420,7 @@ pub struct NvmeTcpClient {
     /// Writes up to this long travel inside the command capsule (no R2T round trip, as
     /// Linux's host does; nvmet waits for such writes' data in the capsule).
     in_capsule: usize,
+    volatile_cache: bool,
 }
 
 impl NvmeTcpClient {
@@ -447,6 +449,8 @@ impl NvmeTcpClient {
         let mut id = vec![0u8; 4096];
         admin.command(Sqe::new(OPC_IDENTIFY).cdw(10, 1), Data::In(&mut id))?;
         let mdts = id[77];
+        // VWC (byte 525, bit 0): a volatile write cache, which Flush writes out.
+        let volatile_cache = id[525] & 1 != 0;
         // IOCCSZ (bytes 1792–1795): the I/O command capsule's size in 16-byte units, the
         // command included; the rest carries a write's data in the capsule.
         let ioccsz = u32::from_le_bytes([id[1792], id[1793], id[1794], id[1795]]) as usize;
@@ -489,6 +493,7 @@ impl NvmeTcpClient {
             size: blocks * lba,
             max_transfer: max_transfer / lba as usize * lba as usize,
             in_capsule,
+            volatile_cache,
         })
     }
 
@@ -542,6 +547,16 @@ impl BlockTarget for NvmeTcpClient {
 
     fn size(&self) -> u64 {
         self.size
+    }
+
+    /// Flush (NVM Command Set §3.2.2), when the controller has a volatile write cache.
+    fn flush(&mut self) -> io::Result<()> {
+        if !self.volatile_cache {
+            return Ok(());
+        }
+        self.io
+            .command(Sqe::new(OPC_FLUSH).nsid(NSID), Data::None)
+            .map(|_| ())
     }
 
     fn alignment(&self) -> u64 {

@@ -313,16 +313,23 @@ impl KvService {
         let keys = index.stats().keys;
         drop(index);
         let bs = self.config.block_size;
-        let written = self.pool.with(|t| {
-            let mut at = 0usize;
-            for (first, n) in save.blocks.runs() {
-                let len = (n * bs) as usize;
-                t.write_at(first * bs, &save.snapshot[at..at + len])?;
-                at += len;
-            }
-            // Last, once the snapshot is whole.
-            t.write_at(0, &save.superblock)
-        });
+        let written = self
+            .pool
+            .with(|t| {
+                let mut at = 0usize;
+                for (first, n) in save.blocks.runs() {
+                    let len = (n * bs) as usize;
+                    t.write_at(first * bs, &save.snapshot[at..at + len])?;
+                    at += len;
+                }
+                Ok(())
+            })
+            // The superblock last, once the values and the snapshot are durable (a
+            // superblock naming blocks a power loss took would serve wrong bytes), and
+            // made durable itself.
+            .and_then(|()| self.pool.flush_all())
+            .and_then(|()| self.pool.with(|t| t.write_at(0, &save.superblock)))
+            .and_then(|()| self.pool.flush_all());
         match written {
             Ok(()) => tracing::info!(service = %self.name, keys, "kvcache index saved"),
             Err(e) => {

@@ -19,6 +19,8 @@ pub trait BlockTarget: Send + std::fmt::Debug {
     fn write_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()>;
     /// The target's size in bytes.
     fn size(&self) -> u64;
+    /// Makes what was written durable: the target's volatile cache written out.
+    fn flush(&mut self) -> io::Result<()>;
     /// Offsets and lengths of I/O are multiples of this many bytes.
     fn alignment(&self) -> u64 {
         1
@@ -135,6 +137,10 @@ impl BlockTarget for LocalTarget {
     fn size(&self) -> u64 {
         self.size
     }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.sync_data()
+    }
 }
 
 /// Writes `head` then `body` as one stream, in as few system calls as the kernel takes
@@ -199,6 +205,22 @@ impl Pool {
             .map(|c| c.alignment())
             .max()
             .unwrap_or(1)
+    }
+
+    /// Flushes every idle connection (an NBD server may make durable only what came on
+    /// the connection flushed). A connection that cannot (its target restarted since it
+    /// was last used) is made afresh and flushed: what it wrote went with the old one.
+    pub fn flush_all(&self) -> io::Result<()> {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        for slot in idle.iter_mut() {
+            if slot.as_mut().is_some_and(|c| c.flush().is_ok()) {
+                continue;
+            }
+            let mut fresh = connect(&self.target, self.capacity).map_err(io::Error::other)?;
+            fresh.flush()?;
+            *slot = Some(fresh);
+        }
+        Ok(())
     }
 
     /// Runs `f` with a connection, waiting for one to be free.
