@@ -398,6 +398,10 @@ fn the_index_survives_a_clean_restart_but_not_a_crash() {
 
     let kv = KvService::start(&dir, &target, "32MiB");
     assert_eq!(kv.cli(&["DBSIZE"]).trim(), "5");
+    assert_eq!(
+        kv.metric("dpuflow_kvcache_restored_keys{service=\"kvcache\"}"),
+        5
+    );
     for (i, b) in blocks.iter().enumerate() {
         let key = format!("layer{i}");
         let back = tool(
@@ -413,6 +417,10 @@ fn the_index_survives_a_clean_restart_but_not_a_crash() {
     kv.kill();
     let kv = KvService::start(&dir, &target, "32MiB");
     assert_eq!(kv.cli(&["DBSIZE"]).trim(), "0");
+    assert_eq!(
+        kv.metric("dpuflow_kvcache_restored_keys{service=\"kvcache\"}"),
+        0
+    );
     assert_eq!(kv.terminate(), 0);
 }
 

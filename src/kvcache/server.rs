@@ -218,6 +218,8 @@ pub struct KvService {
     scan_order: RandomState,
     /// What clients must give `AUTH` before anything else, if anything.
     password: Option<Vec<u8>>,
+    /// Keys the start restored from the index the last clean stop saved.
+    pub restored_keys: u64,
 }
 
 /// A snapshot of a service's index for metrics.
@@ -265,6 +267,7 @@ impl KvService {
             service: name.to_owned(),
             source,
         })?;
+        let restored_keys = index.stats().keys;
         let listener = TcpListener::bind(config.listen).map_err(|source| StartError::Listen {
             service: name.to_owned(),
             addr: config.listen,
@@ -282,6 +285,7 @@ impl KvService {
             stop,
             scan_order: RandomState::new(),
             password,
+            restored_keys,
         });
         let s = Arc::clone(&svc);
         std::thread::Builder::new()
@@ -970,8 +974,8 @@ impl KvService {
              maxmemory:{}\r\nmaxmemory_policy:allkeys-lru\r\n\r\n# Stats\r\n\
              keyspace_hits:{}\r\nkeyspace_misses:{}\r\nevicted_keys:{}\r\n\r\n# Kvcache\r\n\
              target:{}\r\nblock_size:{}\r\ncapacity_bytes:{}\r\nused_bytes:{}\r\n\
-             storage_read_bytes:{}\r\nstorage_written_bytes:{}\r\nstorage_errors:{}\r\n\r\n\
-             # Keyspace\r\ndb0:keys={},expires=0,avg_ttl=0\r\n",
+             storage_read_bytes:{}\r\nstorage_written_bytes:{}\r\nstorage_errors:{}\r\n\
+             restored_keys:{}\r\n\r\n# Keyspace\r\ndb0:keys={},expires=0,avg_ttl=0\r\n",
             crate::VERSION,
             self.listen.port(),
             c.clients.load(Relaxed),
@@ -986,6 +990,7 @@ impl KvService {
             c.read_bytes.load(Relaxed),
             c.written_bytes.load(Relaxed),
             c.storage_errors.load(Relaxed),
+            self.restored_keys,
             g.keys,
         )
     }

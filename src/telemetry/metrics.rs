@@ -416,6 +416,13 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
     };
     fam.gauge("dpuflow_kvcache_keys", "Keys held.", gauge(|g| g.keys));
     fam.gauge(
+        "dpuflow_kvcache_restored_keys",
+        "Keys the start restored from the index saved at the last clean stop (0: started empty).",
+        services
+            .iter()
+            .map(|s| (labels(&[("service", &s.name)]), s.restored_keys as f64)),
+    );
+    fam.gauge(
         "dpuflow_kvcache_capacity_bytes",
         "Storage the service may fill, in whole blocks.",
         gauge(|g| g.capacity_bytes),
