@@ -254,6 +254,18 @@ impl Index {
     /// blocks are the caller's until [`Index::insert`]: dropped unused, they return to the
     /// free list.
     pub fn allocate(&mut self, key: &[u8], len: u64) -> Result<Extents, StoreError> {
+        self.allocate_replacing(key, len)
+            .map(|(extents, _)| extents)
+    }
+
+    /// [`Index::allocate`], saying whether `key`'s own value went to make room (the key
+    /// is then not held until the caller inserts it again).
+    pub fn allocate_replacing(
+        &mut self,
+        key: &[u8],
+        len: u64,
+    ) -> Result<(Extents, bool), StoreError> {
+        let mut removed = false;
         let n = len.div_ceil(self.block_size);
         let room = self.total - RESERVED_BLOCKS;
         if n > room {
@@ -269,14 +281,17 @@ impl Index {
                     let at = free.stack.len() - n as usize;
                     let blocks: Vec<u64> = free.stack.drain(at..).rev().collect();
                     drop(free);
-                    return Ok(Extents {
+                    let extents = Extents {
                         blocks,
                         len,
                         free: Arc::clone(&self.free),
-                    });
+                    };
+                    return Ok((extents, removed));
                 }
             }
-            if !self.remove(key) && !self.evict_oldest() {
+            if self.remove(key) {
+                removed = true;
+            } else if !self.evict_oldest() {
                 return Err(StoreError::Busy);
             }
         }

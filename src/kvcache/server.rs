@@ -153,6 +153,24 @@ impl Drop for Client {
     }
 }
 
+/// When a `SET` stores: always, or only if the key is absent (`NX`) or present (`XX`).
+#[derive(Debug, Clone, Copy)]
+enum Only {
+    Any,
+    Absent,
+    Present,
+}
+
+impl Only {
+    fn allows(self, held: bool) -> bool {
+        match self {
+            Only::Any => true,
+            Only::Absent => !held,
+            Only::Present => held,
+        }
+    }
+}
+
 /// The commands whose durations are kept, in [`KvCounters::durations`].
 pub const TIMED: [&str; 2] = ["get", "set"];
 
@@ -517,7 +535,7 @@ impl KvService {
             "mset" if !args.is_empty() && args.len() % 2 == 0 => {
                 let failed = args
                     .chunks(2)
-                    .filter_map(|kv| self.store(kv[0], kv[1]).err())
+                    .filter_map(|kv| self.store(kv[0], kv[1], Only::Any).err())
                     .last();
                 match failed {
                     None => reply::ok(out),
@@ -649,30 +667,35 @@ impl KvService {
             reply::error(out, "ERR syntax error");
             return;
         }
-        if nx || xx {
-            let held = self.lock().contains(key);
-            if (nx && held) || (xx && !held) {
-                reply::null(out);
-                return;
-            }
-        }
-        match self.store(key, value) {
-            Ok(()) => reply::ok(out),
+        let only = match (nx, xx) {
+            (true, _) => Only::Absent,
+            (_, true) => Only::Present,
+            _ => Only::Any,
+        };
+        match self.store(key, value, only) {
+            Ok(true) => reply::ok(out),
+            Ok(false) => reply::null(out),
             Err(e) => reply::error(out, &e),
         }
     }
 
-    /// Stores `value` under `key`: blocks from the index, the bytes to the target, then
-    /// the key published (a reader never sees a value half written).
-    fn store(&self, key: &[u8], value: &[u8]) -> Result<(), String> {
-        let extents = self
-            .lock()
-            .allocate(key, value.len() as u64)
-            .map_err(|e| match e {
-                StoreError::TooLarge { .. } => format!("ERR {e}"),
-                // Redis's answer when a write finds no room.
-                StoreError::Busy => format!("OOM {e}"),
-            })?;
+    /// Stores `value` under `key` if `only` allows: blocks from the index, the bytes to the
+    /// target, then the key published (a reader never sees a value half written). `only`
+    /// is checked before the I/O and again, under the same lock as the publishing, after
+    /// it: of two `SET … NX` of one key at once, one stores. `false`: not stored.
+    fn store(&self, key: &[u8], value: &[u8], only: Only) -> Result<bool, String> {
+        let mut ix = self.lock();
+        if !only.allows(ix.contains(key)) {
+            return Ok(false);
+        }
+        let (extents, took_its_own) =
+            ix.allocate_replacing(key, value.len() as u64)
+                .map_err(|e| match e {
+                    StoreError::TooLarge { .. } => format!("ERR {e}"),
+                    // Redis's answer when a write finds no room.
+                    StoreError::Busy => format!("OOM {e}"),
+                })?;
+        drop(ix);
         self.write(&extents, value).map_err(|e| {
             self.counters.storage_errors.fetch_add(1, Relaxed);
             tracing::warn!(service = %self.name, error = %e, "kvcache write failed");
@@ -681,8 +704,13 @@ impl KvService {
         self.counters
             .written_bytes
             .fetch_add(value.len() as u64, Relaxed);
-        self.lock().insert(key, extents);
-        Ok(())
+        let mut ix = self.lock();
+        // The key's own value, given up to make room, still counts as there.
+        if !only.allows(took_its_own || ix.contains(key)) {
+            return Ok(false);
+        }
+        ix.insert(key, extents);
+        Ok(true)
     }
 
     /// Writes `value` over its blocks, a request per run, lengths rounded up to the
@@ -1203,6 +1231,45 @@ mod tests {
         ));
         assert_eq!(hashes, ["0"]);
         assert!(run(&svc, &[b"SCAN", b"x"]).starts_with(b"-ERR invalid cursor"));
+        std::fs::remove_file(path).unwrap();
+    }
+
+    /// Of clients racing to `SET … NX` one key, one stores it; `XX` stores only over a
+    /// value, its own included when that value made room for the new one.
+    #[test]
+    fn set_nx_and_xx_hold_under_races_and_full_stores() {
+        let (svc, path) = service("nx", 8 * 4096, 4096);
+        for round in 0..20 {
+            let key = format!("k{round}");
+            let start = Arc::new(std::sync::Barrier::new(8));
+            let racers: Vec<_> = (0..8)
+                .map(|t| {
+                    let (svc, key, start) = (Arc::clone(&svc), key.clone(), Arc::clone(&start));
+                    std::thread::spawn(move || {
+                        let mut out = Vec::new();
+                        start.wait();
+                        svc.execute(&[b"SET", key.as_bytes(), &[t; 3000], b"NX"], &mut out);
+                        usize::from(out == b"+OK\r\n")
+                    })
+                })
+                .collect();
+            let winners: usize = racers.into_iter().map(|h| h.join().unwrap()).sum();
+            assert_eq!(winners, 1, "round {round}");
+        }
+        // A full store: 7 blocks for values, a 4-block value overwritten by XX with
+        // another, which needs the old one's blocks.
+        run(&svc, &[b"FLUSHALL"]);
+        assert_eq!(
+            run(&svc, &[b"SET", b"big", &[1; 4 * 4096], b"XX"]),
+            b"$-1\r\n"
+        );
+        run(&svc, &[b"SET", b"big", &[1; 4 * 4096]]);
+        run(&svc, &[b"SET", b"other", &[2; 3 * 4096]]);
+        assert_eq!(
+            run(&svc, &[b"SET", b"big", &[3; 4 * 4096], b"XX"]),
+            b"+OK\r\n"
+        );
+        assert_eq!(run(&svc, &[b"STRLEN", b"big"]), b":16384\r\n");
         std::fs::remove_file(path).unwrap();
     }
 
