@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn wait_for_port(port: u16, what: &str) {
@@ -18,32 +18,22 @@ fn wait_for_port(port: u16, what: &str) {
 }
 
 /// qemu-nbd exporting `image` as `kv` on 127.0.0.1:`port`, to several clients at once.
-struct NbdServer(Child);
-
-impl NbdServer {
-    fn start(image: &str, port: u16) -> NbdServer {
-        let child = Command::new("qemu-nbd")
-            .args(["-f", "raw", "-x", "kv", "-b", "127.0.0.1", "-p"])
-            .arg(port.to_string())
-            .args(["--persistent", "--shared=8", image])
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("`qemu-nbd` is required (scripts/test installs qemu-utils)");
-        wait_for_port(port, "qemu-nbd");
-        NbdServer(child)
-    }
-}
-
-impl Drop for NbdServer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+fn nbd_server(image: &str, port: u16) -> Running {
+    let child = Command::new("qemu-nbd")
+        .args(["-f", "raw", "-x", "kv", "-b", "127.0.0.1", "-p"])
+        .arg(port.to_string())
+        .args(["--persistent", "--shared=8", image])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("`qemu-nbd` is required (scripts/test installs qemu-utils)");
+    wait_for_port(port, "qemu-nbd");
+    Running(child)
 }
 
 /// `dpuflow run` on a pipeline whose only work is the KV-cache service.
 struct KvService {
-    child: Child,
+    /// Killed when dropped: a test that fails midway leaves no service running.
+    child: Running,
     metrics: SocketAddr,
     port: u16,
 }
@@ -78,7 +68,7 @@ impl KvService {
             .expect("spawn dpuflow run");
         wait_for_port(port, "the kvcache service");
         KvService {
-            child,
+            child: Running(child),
             metrics,
             port,
         }
@@ -117,23 +107,15 @@ impl KvService {
 
     /// Stops it as a crash would.
     fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = self.child.0.kill();
+        let _ = self.child.0.wait();
     }
 
     fn terminate(mut self) -> i32 {
         let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+            .args(["-TERM", &self.child.0.id().to_string()])
             .status();
-        self.child.wait().expect("wait").code().unwrap_or(-1)
-    }
-}
-
-/// A test that fails midway leaves no service running.
-impl Drop for KvService {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.0.wait().expect("wait").code().unwrap_or(-1)
     }
 }
 
@@ -289,57 +271,45 @@ fn hosts_put_and_get_blocks_stored_on_an_nbd_target() {
     let dir = Scratch::new("kv-nbd");
     let image = image(&dir, 64);
     let nbd_port = free_port();
-    let nbd = NbdServer::start(&image, nbd_port);
+    let nbd = nbd_server(&image, nbd_port);
     let kv = KvService::start(&dir, &format!("nbd://127.0.0.1:{nbd_port}/kv"), "32MiB");
     hosts_put_and_get(&kv, &image, "2000");
 
     // The export's bytes and the service's index outlive the target's restart.
-    let _nbd = survives_a_restart(&kv, nbd, || NbdServer::start(&image, nbd_port), 10);
+    let _nbd = survives_a_restart(&kv, nbd, || nbd_server(&image, nbd_port), 10);
     assert!(kv.metric("dpuflow_kvcache_storage_errors_total{service=\"kvcache\"}") >= 1);
     assert_eq!(kv.terminate(), 0);
 }
 
 /// The Linux kernel's NVMe/TCP target (nvmet-tcp), booted under QEMU by
 /// scripts/nvmet-target, exporting a disk backed by `image` on this host.
-struct NvmetTarget(Child);
-
-impl NvmetTarget {
-    fn start(image: &str, port: u16) -> NvmetTarget {
-        let mut child = Command::new("scripts/nvmet-target")
-            .arg(port.to_string())
-            .arg(image)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("run scripts/nvmet-target");
-        let out = child.stdout.take().expect("stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            use std::io::BufRead;
-            for line in std::io::BufReader::new(out)
-                .split(b'\n')
-                .map_while(Result::ok)
-            {
-                if String::from_utf8_lossy(&line).contains("nvmet ready") {
-                    let _ = tx.send(());
-                }
+fn nvmet_target(image: &str, port: u16) -> Running {
+    let mut child = Command::new("scripts/nvmet-target")
+        .arg(port.to_string())
+        .arg(image)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run scripts/nvmet-target");
+    let out = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(out)
+            .split(b'\n')
+            .map_while(Result::ok)
+        {
+            if String::from_utf8_lossy(&line).contains("nvmet ready") {
+                let _ = tx.send(());
             }
-        });
-        let mut target = NvmetTarget(child);
-        // Built once (a kernel package fetched, an initramfs made), then booted under TCG.
-        if rx.recv_timeout(Duration::from_secs(300)).is_err() {
-            let _ = target.0.kill();
-            panic!("the NVMe/TCP target never came up (scripts/nvmet-target needs qemu-system-x86, busybox-static, cpio)");
         }
-        target
+    });
+    let target = Running(child);
+    // Built once (a kernel package fetched, an initramfs made), then booted under TCG.
+    if rx.recv_timeout(Duration::from_secs(300)).is_err() {
+        panic!("the NVMe/TCP target never came up (scripts/nvmet-target needs qemu-system-x86, busybox-static, cpio)");
     }
-}
-
-impl Drop for NvmetTarget {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+    target
 }
 
 #[test]
@@ -347,7 +317,7 @@ fn hosts_put_and_get_blocks_stored_on_an_nvme_tcp_target() {
     let dir = Scratch::new("kv-nvme");
     let image = image(&dir, 64);
     let port = free_port();
-    let target = NvmetTarget::start(&image, port);
+    let target = nvmet_target(&image, port);
     let kv = KvService::start(
         &dir,
         &format!("nvme-tcp://127.0.0.1:{port}/nqn.2026-11.io.dpuflow:kv"),
@@ -358,7 +328,7 @@ fn hosts_put_and_get_blocks_stored_on_an_nvme_tcp_target() {
 
     // The target's machine restarts: the service connects to new controllers and reads
     // what the disk kept.
-    let _target = survives_a_restart(&kv, target, || NvmetTarget::start(&image, port), 30);
+    let _target = survives_a_restart(&kv, target, || nvmet_target(&image, port), 30);
     // A clean restart of the service keeps its index (saved, flushed, read back); if the
     // store was full, the least recently used key made room for the saved index.
     let keys: u64 = kv.cli(&["DBSIZE"]).trim().parse().expect("count");
@@ -382,7 +352,7 @@ fn the_index_survives_a_clean_restart_but_not_a_crash() {
     let dir = Scratch::new("kv-restart");
     let image = image(&dir, 64);
     let nbd_port = free_port();
-    let _nbd = NbdServer::start(&image, nbd_port);
+    let _nbd = nbd_server(&image, nbd_port);
     let target = format!("nbd://127.0.0.1:{nbd_port}/kv");
     let kv = KvService::start(&dir, &target, "32MiB");
     let blocks: Vec<Vec<u8>> = (0..5)

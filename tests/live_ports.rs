@@ -266,16 +266,6 @@ impl Lab {
     }
 }
 
-/// Stops a child process when dropped, so a failing test leaves nothing running.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn the_stateful_firewall_runs_between_two_hosts() {
     let lab = Lab::new("f");

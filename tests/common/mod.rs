@@ -266,3 +266,13 @@ pub fn free_port() -> u16 {
         .expect("addr")
         .port()
 }
+
+/// Stops a child process when dropped, so a failing test leaves nothing running.
+pub struct Running(pub std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
