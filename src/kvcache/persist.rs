@@ -143,13 +143,17 @@ pub struct Save {
 
 /// Prepares saving `index` for a store of `capacity`: blocks for its snapshot (evicting the
 /// least recently used keys if the store is full, as any value would) and the superblock.
-/// The snapshot is taken after the blocks are found, so it describes the keys that remain.
+/// If keys went to make room, the snapshot is taken again, so it describes the keys that
+/// remain.
 pub fn prepare(index: &mut Index, capacity: u64) -> Option<Save> {
     let block_size = index.block_size();
-    // The snapshot's size before room is made for it is an upper bound.
-    let bound = index.snapshot().len() as u64;
-    let blocks = index.allocate(b"", bound).ok()?;
+    let keys = index.stats().keys;
     let mut snapshot = index.snapshot();
+    let blocks = index.allocate(b"", snapshot.len() as u64).ok()?;
+    // Keys that made room are no longer in it (and the snapshot is only shorter).
+    if index.stats().keys != keys {
+        snapshot = index.snapshot();
+    }
     // Padded to the blocks: the target reads and writes whole sectors.
     let len = snapshot.len() as u64;
     snapshot.resize(

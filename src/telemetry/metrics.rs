@@ -400,44 +400,41 @@ fn histogram(
 /// Renders the exposition of the KV-cache services (appended to [`render`]'s).
 pub fn render_kv(services: &[Arc<KvService>]) -> String {
     let mut fam = Families(Vec::new());
-    let per = |f: &dyn Fn(&KvService) -> u64| {
-        services
-            .iter()
-            .map(move |s| (labels(&[("service", &s.name)]), f(s)))
-            .collect::<Vec<_>>()
-    };
-    let gauges: Vec<_> = services.iter().map(|s| s.gauges()).collect();
-    let gauge = |f: fn(&KvGauges) -> u64| {
+    let gauges: Vec<KvGauges> = services.iter().map(|s| s.gauges()).collect();
+    // One series a service: what `f` reads from the service and its index's gauges.
+    let per = |f: &dyn Fn(&KvService, &KvGauges) -> u64| {
         services
             .iter()
             .zip(&gauges)
-            .map(|(s, g)| (labels(&[("service", &s.name)]), f(g) as f64))
+            .map(|(s, g)| (labels(&[("service", &s.name)]), f(s, g)))
             .collect::<Vec<_>>()
     };
-    fam.gauge("dpuflow_kvcache_keys", "Keys held.", gauge(|g| g.keys));
+    let as_gauge =
+        |series: Vec<(Vec<LabelPair>, u64)>| series.into_iter().map(|(l, v)| (l, v as f64));
+    fam.gauge(
+        "dpuflow_kvcache_keys",
+        "Keys held.",
+        as_gauge(per(&|_, g| g.keys)),
+    );
     fam.gauge(
         "dpuflow_kvcache_restored_keys",
         "Keys the start restored from the index saved at the last clean stop (0: started empty).",
-        services
-            .iter()
-            .map(|s| (labels(&[("service", &s.name)]), s.restored_keys as f64)),
+        as_gauge(per(&|s, _| s.restored_keys)),
     );
     fam.gauge(
         "dpuflow_kvcache_capacity_bytes",
         "Storage the service may fill, in whole blocks.",
-        gauge(|g| g.capacity_bytes),
+        as_gauge(per(&|_, g| g.capacity_bytes)),
     );
     fam.gauge(
         "dpuflow_kvcache_used_bytes",
         "Storage held by values, in whole blocks.",
-        gauge(|g| g.used_bytes),
+        as_gauge(per(&|_, g| g.used_bytes)),
     );
     fam.gauge(
         "dpuflow_kvcache_clients",
         "Client connections open.",
-        per(&|s| s.counters.clients.load(Relaxed))
-            .into_iter()
-            .map(|(l, v)| (l, v as f64)),
+        as_gauge(per(&|s, _| s.counters.clients.load(Relaxed))),
     );
     let commands = services.iter().flat_map(|s| {
         COMMANDS.iter().enumerate().map(|(i, c)| {
@@ -489,14 +486,12 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
         ),
     ];
     for (name, help, field) in counters {
-        fam.counter(name, help, per(&|s| field(&s.counters).load(Relaxed)));
+        fam.counter(name, help, per(&|s, _| field(&s.counters).load(Relaxed)));
     }
     fam.counter(
         "dpuflow_kvcache_evictions_total",
         "Keys evicted (least recently used) to make room.",
-        gauge(|g| g.evictions)
-            .into_iter()
-            .map(|(l, v)| (l, v as u64)),
+        per(&|_, g| g.evictions),
     );
     let f = fam.family(
         "dpuflow_kvcache_request_duration_seconds",
