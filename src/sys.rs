@@ -373,6 +373,46 @@ impl Readable {
     }
 }
 
+/// A listening TCP socket whose `accept` waits in `poll` for at most a given time: woken
+/// by a connection at once, and back to its caller in time to look at a stop flag.
+#[cfg(target_os = "linux")]
+#[derive(Debug)]
+pub struct Acceptor<'l> {
+    listener: &'l std::net::TcpListener,
+    ready: Readable,
+}
+
+#[cfg(target_os = "linux")]
+impl<'l> Acceptor<'l> {
+    pub fn new(listener: &'l std::net::TcpListener) -> std::io::Result<Acceptor<'l>> {
+        use std::os::fd::AsFd;
+        listener.set_nonblocking(true)?;
+        Ok(Acceptor {
+            ready: Readable::new(&[listener.as_fd()]),
+            listener,
+        })
+    }
+
+    /// The next connection, or `None` when none came within `timeout`. Accepted sockets
+    /// block (they do not inherit the listener's mode).
+    pub fn accept(
+        &mut self,
+        timeout: std::time::Duration,
+    ) -> std::io::Result<Option<(std::net::TcpStream, std::net::SocketAddr)>> {
+        match self.listener.accept() {
+            Ok((stream, peer)) => {
+                stream.set_nonblocking(false)?;
+                Ok(Some((stream, peer)))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                self.ready.wait(timeout, |_, _| {})?;
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
 /// Takes a socket's pending error (getsockopt SO_ERROR), if it has one.
 #[cfg(target_os = "linux")]
 fn take_error(fd: i32) -> Option<std::io::Error> {
@@ -389,4 +429,35 @@ fn take_error(fd: i32) -> Option<std::io::Error> {
         )
     };
     (r == 0 && code != 0).then(|| std::io::Error::from_raw_os_error(code))
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn an_acceptor_waits_no_longer_than_asked_and_hands_over_blocking_sockets() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut acceptor = Acceptor::new(&listener).unwrap();
+        let since = Instant::now();
+        assert!(acceptor
+            .accept(Duration::from_millis(20))
+            .unwrap()
+            .is_none());
+        assert!(since.elapsed() < Duration::from_secs(1));
+        let mut client = std::net::TcpStream::connect(addr).unwrap();
+        let (mut served, _) = loop {
+            if let Some(c) = acceptor.accept(Duration::from_secs(1)).unwrap() {
+                break c;
+            }
+        };
+        client.write_all(b"x").unwrap();
+        let mut byte = [0u8; 1];
+        // A blocking read: it waits for the byte rather than failing with WouldBlock.
+        served.read_exact(&mut byte).unwrap();
+        assert_eq!(&byte, b"x");
+    }
 }

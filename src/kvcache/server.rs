@@ -14,7 +14,6 @@ use std::hash::BuildHasher;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::ops::Range;
-use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -375,15 +374,17 @@ impl KvService {
     }
 
     fn accept(self: Arc<Self>, listener: TcpListener) {
-        if let Err(e) = listener.set_nonblocking(true) {
-            tracing::error!(service = %self.name, error = %e, "kvcache cannot poll its listener");
-            return;
-        }
-        // Woken by a connection at once, and every POLL to look at the stop flag.
-        let mut ready = crate::sys::Readable::new(&[listener.as_fd()]);
+        let mut acceptor = match crate::sys::Acceptor::new(&listener) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::error!(service = %self.name, error = %e, "kvcache cannot poll its listener");
+                return;
+            }
+        };
         while !self.stop.load(Relaxed) {
-            match listener.accept() {
-                Ok((stream, peer)) => {
+            match acceptor.accept(POLL) {
+                Ok(None) => {}
+                Ok(Some((stream, peer))) => {
                     if self.counters.clients.load(Relaxed) >= MAX_CLIENTS {
                         self.counters.rejected_clients.fetch_add(1, Relaxed);
                         let mut s = stream;
@@ -402,12 +403,6 @@ impl KvService {
                         tracing::warn!(service = %self.name, error = %e, "kvcache cannot start a client thread");
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if let Err(e) = ready.wait(POLL, |_, _| {}) {
-                        tracing::warn!(service = %self.name, error = %e, "kvcache cannot poll its listener");
-                        std::thread::sleep(POLL);
-                    }
-                }
                 Err(e) => {
                     tracing::warn!(service = %self.name, error = %e, "kvcache accept failed");
                     std::thread::sleep(POLL);
@@ -418,7 +413,6 @@ impl KvService {
 
     /// Serves one client until it leaves, breaks the protocol, or the service stops.
     fn serve(&self, mut stream: TcpStream) -> io::Result<()> {
-        stream.set_nonblocking(false)?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(POLL))?;
         // Bytes read are `buf[..filled]`; the rest is room, zeroed once when it grows

@@ -5,7 +5,6 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -33,19 +32,18 @@ pub fn serve(
     stop: &AtomicBool,
     handler: &dyn Handler,
 ) -> std::io::Result<()> {
-    listener.set_nonblocking(true)?;
-    // Woken by a connection at once, and every 50 ms to look at the stop flag.
-    let mut ready = crate::sys::Readable::new(&[listener.as_fd()]);
+    let mut acceptor = crate::sys::Acceptor::new(listener)?;
     let open = AtomicUsize::new(0);
     let mut throttle = super::WarnThrottle::default();
     std::thread::scope(|s| {
         while !stop.load(Ordering::Relaxed) {
-            match listener.accept() {
-                Ok((stream, _)) if open.load(Ordering::Relaxed) >= MAX_CONNECTIONS => {
+            match acceptor.accept(Duration::from_millis(50)) {
+                Ok(None) => {}
+                Ok(Some((stream, _))) if open.load(Ordering::Relaxed) >= MAX_CONNECTIONS => {
                     tracing::debug!("http connection refused: too many open");
                     drop(stream);
                 }
-                Ok((stream, _)) => {
+                Ok(Some((stream, _))) => {
                     open.fetch_add(1, Ordering::Relaxed);
                     let open = &open;
                     s.spawn(move || {
@@ -54,11 +52,6 @@ pub fn serve(
                         }
                         open.fetch_sub(1, Ordering::Relaxed);
                     });
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if ready.wait(Duration::from_millis(50), |_, _| {}).is_err() {
-                        std::thread::sleep(Duration::from_millis(50));
-                    }
                 }
                 Err(e) => {
                     if throttle.ready() {
@@ -73,7 +66,6 @@ pub fn serve(
 }
 
 fn answer(mut stream: TcpStream, handler: &dyn Handler) -> std::io::Result<()> {
-    stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(READ_TIMEOUT))?;
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
