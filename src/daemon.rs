@@ -26,7 +26,7 @@ use crate::engine::{
 };
 use crate::firewall::conntrack::Conntrack;
 use crate::firewall::fragments::Fragments;
-use crate::io::af_packet::{LiveError, LivePort, Received, Sent};
+use crate::io::live::{LiveError, LivePort, Received, Sent};
 use crate::io::pcap::{CaptureError, CaptureWriter};
 use crate::ir::{Driver, PortId, Program, ServiceKind};
 use crate::kvcache::server::{KvService, StartError};
@@ -70,8 +70,7 @@ pub enum RunError {
     /// a live port could not be opened
     #[error(transparent)]
     Live(#[from] LiveError),
-    /// the inputs are both capture files and live ports, or live ports with a flag that
-    /// only captures take
+    /// live ports with a flag that only captures take
     #[error("{0}")]
     Inputs(String),
     /// the metrics address could not be bound
@@ -89,8 +88,7 @@ pub enum RunError {
          {live}"
     )]
     NoInput {
-        /// The ports whose drivers `dpuflow run` cannot open yet (af_xdp, doca), when
-        /// the pipeline has any.
+        /// The ports `dpuflow run` leaves closed (doca), when the pipeline has any.
         live: String,
     },
     /// a thread of the service failed
@@ -201,10 +199,12 @@ impl Handler for Shared {
 /// Runs until the inputs are exhausted (then, with a metrics endpoint, until signalled) or
 /// until SIGTERM, SIGINT or SIGHUP.
 pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), RunError> {
-    // A port of driver af_packet bound to no capture file is opened live. Other live
-    // drivers are not available yet: such a port bound to no capture file carries nothing.
-    // Without any input the service would serve metrics of no traffic, looking healthy:
-    // refused. Otherwise each such port is named at start.
+    // Without capture inputs, a port of driver af_packet or af_xdp bound to no capture is
+    // opened live. With them, the service replays captures (in their own clock, which live
+    // ports do not share): such ports are left closed. A doca port needs the hardware
+    // backend. A port left closed is neither read nor written, and named at start; with
+    // nothing to read, the service would serve metrics of no traffic, looking healthy:
+    // refused.
     let bound = |i: usize| {
         let b = &opts.bindings;
         b.inputs
@@ -212,20 +212,34 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             .chain(&b.outputs)
             .any(|(id, _)| usize::from(id.0) == i)
     };
+    let replays = !opts.bindings.inputs.is_empty();
     let mut live: Vec<Option<LivePort>> = Vec::new();
     let mut unopened = Vec::new();
     for (i, port) in program.ports.iter().enumerate() {
         let iface = port.iface.as_deref().unwrap_or_default();
+        let named = || {
+            format!(
+                "port {} uses driver {} (iface {iface})",
+                port.name,
+                port.driver.name()
+            )
+        };
         live.push(match port.driver {
-            Driver::AfPacket if !bound(i) => {
-                Some(LivePort::open(PortId(i as u16), iface, port.mtu)?)
-            }
-            Driver::AfXdp | Driver::Doca if !bound(i) => {
+            Driver::AfPacket | Driver::AfXdp if !bound(i) && !replays => Some(LivePort::open(
+                PortId(i as u16),
+                iface,
+                port.driver,
+                port.mtu,
+            )?),
+            Driver::AfPacket | Driver::AfXdp if !bound(i) => {
                 unopened.push(format!(
-                    "port {} uses driver {} (iface {iface})",
-                    port.name,
-                    port.driver.name()
+                    "{}, not opened while the service replays captures",
+                    named()
                 ));
+                None
+            }
+            Driver::Doca if !bound(i) => {
+                unopened.push(format!("{}, which only the DOCA backend opens", named()));
                 None
             }
             _ => None,
@@ -233,33 +247,18 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     }
     let lives = live.iter().flatten().count();
     // A pipeline with a local service (the KV cache) is worth running without packets.
-    if opts.bindings.inputs.is_empty() && lives == 0 && program.services.is_empty() {
-        let live = if unopened.is_empty() {
-            String::new()
-        } else {
-            format!(
-                "; {}, which `dpuflow run` cannot open yet",
-                unopened.join(", ")
-            )
-        };
+    if !replays && lives == 0 && program.services.is_empty() {
+        let live = unopened.iter().map(|p| format!("; {p}")).collect();
         return Err(RunError::NoInput { live });
     }
-    if lives > 0 {
-        let why = if !opts.bindings.inputs.is_empty() {
-            Some("reads captures and live ports at once: bind every port to captures, or none")
-        } else if opts.looping || opts.rate.is_some() {
-            Some("has live ports: --loop and --rate replay captures")
-        } else {
-            None
-        };
-        if let Some(why) = why {
-            return Err(RunError::Inputs(format!("the service {why}")));
-        }
+    if lives > 0 && (opts.looping || opts.rate.is_some()) {
+        return Err(RunError::Inputs(
+            "the service has live ports: --loop and --rate replay captures".into(),
+        ));
     }
     for port in &unopened {
         tracing::warn!(
-            "{port}, which `dpuflow run` cannot open yet: it is neither read nor written \
-             (packets sent to it count as unwritten)"
+            "{port}: it is neither read nor written (packets sent to it count as unwritten)"
         );
     }
     let stop = Arc::new(AtomicBool::new(false));
@@ -343,7 +342,11 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     // Open everything before any thread starts, so a bad file fails the command at once.
     let source = if lives > 0 {
         Source::Live(Readable::new(
-            &live.iter().flatten().map(LivePort::fd).collect::<Vec<_>>(),
+            &live
+                .iter()
+                .flatten()
+                .flat_map(LivePort::fds)
+                .collect::<Vec<_>>(),
         ))
     } else {
         Source::Captures(Merger::open(&opts.bindings.inputs)?)
@@ -358,7 +361,11 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
     }
     for port in live.iter().flatten() {
-        tracing::info!(iface = port.iface(), "live port open (AF_PACKET)");
+        tracing::info!(
+            iface = port.iface(),
+            driver = port.driver(),
+            "live port open"
+        );
     }
     tracing::info!(pipeline = %shared.program.name, workers, inputs = opts.bindings.inputs.len() + lives, "running");
 
@@ -648,7 +655,7 @@ fn io(
             Read::End => break,
             Read::Idle => {
                 if ring_checked.elapsed() >= PUBLISH_EVERY {
-                    count_ring_drops(&out.live, shared);
+                    count_ring_drops(&mut out.live, shared);
                     ring_checked = Instant::now();
                 }
                 // Nothing waits: what was read goes to the workers now rather than when
@@ -674,7 +681,11 @@ fn io(
                     let ports = &out.live;
                     // A link that went down: said, and the port reads again once it is up.
                     let said = |i: usize, e: std::io::Error| {
-                        if let Some(port) = ports.iter().flatten().nth(i) {
+                        let by_fd = ports
+                            .iter()
+                            .flatten()
+                            .flat_map(|p| p.fds().into_iter().map(move |_| p));
+                        if let Some(port) = by_fd.clone().nth(i) {
                             tracing::warn!(iface = port.iface(), error = %e, "live port");
                         }
                     };
@@ -706,7 +717,7 @@ fn io(
         read += 1;
         // A port busy enough never to be idle counts its ring's drops as it goes.
         if read % RING_DROPS_EVERY == 0 {
-            count_ring_drops(&out.live, shared);
+            count_ring_drops(&mut out.live, shared);
         }
         let w = dealer.pick(&slot);
         let fresh = match out.pool.pop() {
@@ -769,8 +780,8 @@ const RING_DROPS_EVERY: u64 = 1 << 16;
 
 /// Adds what the live ports' receive rings dropped since the last reading to the ports'
 /// counts (one getsockopt a port).
-fn count_ring_drops(live: &[Option<LivePort>], shared: &Shared) {
-    for (i, port) in live.iter().enumerate() {
+fn count_ring_drops(live: &mut [Option<LivePort>], shared: &Shared) {
+    for (i, port) in live.iter_mut().enumerate() {
         if let Some(port) = port {
             let dropped = port.ring_drops();
             if dropped > 0 {
@@ -853,7 +864,7 @@ impl Outputs {
                 let i = port.index();
                 if let Some(w) = &mut self.writers[i] {
                     w.write(pkt.ts_ns, pkt.data())?;
-                } else if let Some(live) = &self.live[i] {
+                } else if let Some(live) = &mut self.live[i] {
                     let sent = live.send(pkt.data());
                     if !matches!(sent, Sent::Yes) {
                         self.unwritten += 1;
@@ -873,6 +884,13 @@ impl Outputs {
                     }
                 } else {
                     self.unwritten += 1;
+                }
+            }
+        }
+        for live in self.live.iter_mut().flatten() {
+            if let Err(e) = live.flush() {
+                if self.tx_warning.ready() {
+                    tracing::warn!(iface = live.iface(), error = %e, "send failed: frames wait");
                 }
             }
         }

@@ -1,6 +1,8 @@
 //! The command line as a user runs it: exit codes, output formats, and Graphviz on the
 //! `graph` output.
 
+mod common;
+use common::Scratch;
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -349,20 +351,35 @@ fn output_into_a_closed_pipe_ends_quietly() {
     assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?}", out.status);
 }
 
-/// `run` opens af_packet ports (tests/live_ports.rs), not yet af_xdp or doca ones: with no
-/// capture to read and no port it can open, it refuses to start (it would serve metrics
-/// of no traffic, looking healthy) and names the ports; with a capture, it names each port
-/// it leaves unopened. An af_packet port on a missing interface stops it at once.
+/// `run` opens af_packet and af_xdp ports live (tests/live_ports.rs), not doca ones: with
+/// no capture to read and no port it can open, it refuses to start (it would serve metrics
+/// of no traffic, looking healthy) and names the ports. A live port on a missing
+/// interface stops it at once. Replaying captures, it leaves the live ports bound to none
+/// closed and names each.
 #[test]
 fn ports_left_unopened_are_said() {
+    let dir = Scratch::new("cli-doca");
+    let doca = dir.path("doca.pipe");
+    std::fs::write(
+        &doca,
+        "pipeline hw\n\
+         port host   { driver doca  iface \"pf0hpf\" }\n\
+         port uplink { driver doca  iface \"p0\" }\n\
+         pipe p root from host { default { actions fwd uplink } }\n",
+    )
+    .expect("write");
     assert_usage_error(
-        &["run", "pipelines/vxlan-gateway.pipe"],
+        &["run", &doca],
         "no input: bind a port to a capture file with --in PORT=FILE (or its pipeline `file`); \
-         port host uses driver af_xdp (iface pf0hpf), port uplink uses driver af_xdp \
-         (iface p0), which `dpuflow run` cannot open yet",
+         port host uses driver doca (iface pf0hpf), which only the DOCA backend opens; \
+         port uplink uses driver doca (iface p0), which only the DOCA backend opens",
     );
     assert_usage_error(
         &["run", "pipelines/stateful-firewall.pipe"],
+        "interface pf0hpf: No such device",
+    );
+    assert_usage_error(
+        &["run", "pipelines/vxlan-gateway.pipe"],
         "interface pf0hpf: No such device",
     );
     let mut child = Command::new(env!("CARGO_BIN_EXE_dpuflow"))
@@ -393,39 +410,31 @@ fn ports_left_unopened_are_said() {
     assert!(child.wait().expect("wait").success());
     assert!(
         seen.contains(
-            "port uplink uses driver af_xdp (iface p0), which `dpuflow run` cannot open yet: \
-             it is neither read nor written"
+            "port uplink uses driver af_xdp (iface p0), not opened while the service replays \
+             captures: it is neither read nor written"
         ),
         "{seen}"
     );
     assert!(!seen.contains("port host uses"), "{seen}");
 }
 
-/// A service reads capture files or live ports, not both (their clocks differ); `--loop`
-/// and `--rate` replay captures and say so when given live ports. (Opens an AF_PACKET
-/// socket on `lo`: root.)
+/// `--loop` and `--rate` replay captures and say so when given live ports. (Opens an
+/// AF_PACKET socket on `lo`: root.)
 #[test]
-fn captures_and_live_ports_do_not_mix() {
-    let dir = std::env::temp_dir().join(format!("dpuflow-cli-live-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("mkdir");
-    let pipe = dir.join("mixed.pipe");
+fn loop_and_rate_are_for_captures() {
+    let dir = Scratch::new("cli-live");
+    let pipe = dir.path("live.pipe");
     std::fs::write(
         &pipe,
-        "pipeline mixed\n\
+        "pipeline live\n\
          port live { driver af_packet  iface \"lo\" }\n\
          port file { driver pcap }\n\
          pipe p root from live, file { default { actions drop } }\n",
     )
     .expect("write");
-    let pipe = pipe.display().to_string();
-    assert_usage_error(
-        &["run", &pipe, "--in", "file=pipelines/captures/host.pcap"],
-        "the service reads captures and live ports at once",
-    );
     for flag in [&["--loop"][..], &["--rate", "1000"]] {
         let mut args = vec!["run", pipe.as_str()];
         args.extend_from_slice(flag);
         assert_usage_error(&args, "--loop and --rate replay captures");
     }
-    std::fs::remove_dir_all(dir).expect("clean up");
 }

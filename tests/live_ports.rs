@@ -268,12 +268,30 @@ impl Lab {
 
 #[test]
 fn the_stateful_firewall_runs_between_two_hosts() {
-    let lab = Lab::new("f");
-    let dir = Scratch::new("live-ports");
+    firewall_between_two_hosts("af_packet", "AF_PACKET", "f");
+}
+
+/// The same through AF_XDP: an XDP program steers each link's frames to dpuflow's
+/// sockets before the dut's kernel sees them. The hosts finish their own checksums (a
+/// veth leaves them to the receiver, and XDP runs before anything finishes them).
+#[test]
+fn the_stateful_firewall_runs_between_two_hosts_through_af_xdp() {
+    firewall_between_two_hosts("af_xdp", "AF_XDP", "a");
+}
+
+fn firewall_between_two_hosts(driver: &str, family: &str, tag: &str) {
+    let lab = Lab::new(tag);
+    if driver == "af_xdp" {
+        for (ns, iface) in [(&lab.client, "c0"), (&lab.server, "s0")] {
+            lab.run(ns, &["ethtool", "-K", iface, "tx", "off"]);
+        }
+    }
+    let dir = Scratch::new(&format!("live-ports-{driver}"));
     let pipe = std::fs::read_to_string("pipelines/stateful-firewall.pipe")
         .expect("example")
         .replace("iface \"pf0hpf\"", "iface \"in0\"")
-        .replace("iface \"p0\"", "iface \"out0\"");
+        .replace("iface \"p0\"", "iface \"out0\"")
+        .replace("driver af_packet", &format!("driver {driver}"));
     let pipe_path = dir.path("firewall.pipe");
     std::fs::write(&pipe_path, pipe).expect("write pipeline");
     // A file large enough for many segments and window updates, served from each side.
@@ -356,7 +374,7 @@ fn the_stateful_firewall_runs_between_two_hosts() {
         .expect("log");
     assert!(status.success(), "exit {status}:\n{log}");
     assert!(
-        log.contains("live port open (AF_PACKET) iface=\"in0\""),
+        log.contains(&format!("live port open iface=\"in0\" driver=\"{family}\"")),
         "{log}"
     );
 }

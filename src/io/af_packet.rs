@@ -12,6 +12,7 @@
 //! GSO) on, merged or unsegmented frames larger than any wire carries, which must be
 //! turned off (docs/operations.md).
 
+use super::live::{Received, Sent};
 use crate::engine::PacketBuf;
 use crate::ir::PortId;
 use crate::sys::RxRing;
@@ -19,56 +20,16 @@ use crate::wire::ethernet::{self, ethertype};
 use crate::wire::{be16, checksum, ip_proto, ipv4, ipv6, put16};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-/// Why a live port could not be opened or used.
-#[derive(Debug, thiserror::Error)]
-pub enum LiveError {
-    /// the interface does not exist
-    #[error("interface {iface}: {source}")]
-    Interface {
-        iface: String,
-        source: std::io::Error,
-    },
-    /// the socket could not be opened (it needs CAP_NET_RAW) or its ring mapped
-    #[error("interface {iface}: AF_PACKET socket: {source}")]
-    Socket {
-        iface: String,
-        source: std::io::Error,
-    },
-}
-
-/// What became of a frame sent ([`LivePort::send`]).
-#[derive(Debug)]
-pub enum Sent {
-    /// Handed to the interface.
-    Yes,
-    /// The interface's transmit queue stayed full: the frame was dropped.
-    QueueFull,
-    /// The interface refused the frame (it is down or gone, or the frame is longer than
-    /// its MTU): dropped. The port stays open and sends again once it can.
-    Refused(std::io::Error),
-}
-
 /// Times a full transmit queue is tried again before the frame is given up.
 const TX_RETRIES: usize = 3;
 
 /// An 802.1Q tag's length: TPID and TCI.
 const VLAN_TAG: usize = 4;
 
-/// What [`LivePort::receive`] took from the interface.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Received {
-    /// A frame, in the slot.
-    Frame,
-    /// A frame of this many bytes, longer than the ring's slots (the port's MTU) or the
-    /// packet buffers hold: dropped.
-    Oversize(usize),
-}
-
-/// One port on one interface.
+/// One port on one interface, through an AF_PACKET socket.
 #[derive(Debug)]
-pub struct LivePort {
+pub struct PacketPort {
     port: PortId,
-    iface: String,
     /// The frames received, mapped (declared first: unmapped before the socket closes).
     ring: RxRing,
     fd: OwnedFd,
@@ -78,36 +39,19 @@ pub struct LivePort {
 /// a burst while the I/O thread is busy.
 const RING_BYTES: usize = 8 << 20;
 
-impl LivePort {
-    /// Opens `iface` for a port whose largest IP packet is `mtu` bytes: the receive ring's
-    /// slots hold such frames (two VLAN tags included); longer ones are cut short and
-    /// dropped as oversize.
-    pub fn open(port: PortId, iface: &str, mtu: u16) -> Result<LivePort, LiveError> {
-        let failed = |source| LiveError::Socket {
-            iface: iface.to_owned(),
-            source,
-        };
-        let index = crate::sys::interface_index(iface).map_err(|source| LiveError::Interface {
-            iface: iface.to_owned(),
-            source,
-        })?;
-        let fd = crate::sys::packet_socket(index).map_err(failed)?;
+impl PacketPort {
+    /// Opens interface `index` for a port whose largest IP packet is `mtu` bytes: the
+    /// receive ring's slots hold such frames (two VLAN tags included); longer ones are cut
+    /// short and dropped as oversize.
+    pub fn open(port: PortId, index: u32, mtu: u16) -> std::io::Result<PacketPort> {
+        let fd = crate::sys::packet_socket(index)?;
         // A slot holds the ring's header (about 70 bytes with its alignment), then the
         // frame.
         let slot = (usize::from(mtu) + ethernet::HEADER_LEN + 2 * VLAN_TAG + 128)
             .next_power_of_two()
             .max(2048);
-        let ring = RxRing::new(&fd, slot, RING_BYTES).map_err(failed)?;
-        Ok(LivePort {
-            port,
-            iface: iface.to_owned(),
-            ring,
-            fd,
-        })
-    }
-
-    pub fn iface(&self) -> &str {
-        &self.iface
+        let ring = RxRing::new(&fd, slot, RING_BYTES)?;
+        Ok(PacketPort { port, ring, fd })
     }
 
     /// Frames the kernel dropped since the last call because the receive ring was full.

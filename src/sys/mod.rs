@@ -3,6 +3,9 @@
 
 #![allow(unsafe_code)]
 
+#[cfg(target_os = "linux")]
+pub mod xdp;
+
 /// Asks the kernel to back the allocation of `v` (its whole capacity) with transparent
 /// huge pages, before anything is written to it. A hint: failure changes nothing but
 /// speed. Large tables probed at random (connection tracking) otherwise spend much of
@@ -117,6 +120,29 @@ pub fn packet_socket(ifindex: u32) -> std::io::Result<std::os::fd::OwnedFd> {
     };
     set_option(&fd, libc::SOL_PACKET, libc::PACKET_ADD_MEMBERSHIP, &promisc)?;
     set_option(&fd, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, &1i32)?;
+    Ok(fd)
+}
+
+/// Keeps interface `ifindex` promiscuous while the returned socket is open (the kernel
+/// counts such holders and drops the mode with the last): a packet socket of protocol 0,
+/// which receives nothing, with a promiscuous membership.
+#[cfg(target_os = "linux")]
+pub fn promiscuous(ifindex: u32) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    // SAFETY: socket(2) takes no pointers; the descriptor it returns is owned at once.
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a descriptor just returned to us and owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let promisc = libc::packet_mreq {
+        mr_ifindex: ifindex as i32,
+        mr_type: libc::PACKET_MR_PROMISC as u16,
+        mr_alen: 0,
+        mr_address: [0; 8],
+    };
+    set_option(&fd, libc::SOL_PACKET, libc::PACKET_ADD_MEMBERSHIP, &promisc)?;
     Ok(fd)
 }
 

@@ -1,0 +1,118 @@
+//! Live ports through AF_XDP sockets: the interface's frames are steered by an XDP
+//! program to a socket for each of its receive queues before the kernel's stack sees
+//! them, and read from rings in memory shared with the kernel (zero-copy on drivers that
+//! offer it, a copy in the kernel otherwise; `crate::sys::xdp`). Frames sent are queued
+//! on a TX ring and handed over a batch at a time.
+//!
+//! XDP sees frames as the driver received them, before the kernel's stack: nothing is
+//! taken out or left unfinished by the stack, but a NIC's own VLAN stripping, receive
+//! offloads (LRO, GRO hardware) and, on a virtual link, the sender's checksum and
+//! segmentation offloads must be off (docs/operations.md). Frames longer than a chunk of
+//! the socket's memory (3840 bytes) do not arrive.
+
+use super::live::{Received, Sent};
+use crate::engine::PacketBuf;
+use crate::ir::PortId;
+use crate::sys::xdp::{Queued, XdpSocket, XdpSteering};
+use crate::wire::ethernet;
+use std::os::fd::{BorrowedFd, OwnedFd};
+
+/// One port on one interface: a socket for each receive queue.
+#[derive(Debug)]
+pub struct XdpPort {
+    port: PortId,
+    /// Declared first: detached before the sockets close.
+    _steering: XdpSteering,
+    sockets: Vec<XdpSocket>,
+    /// Keeps the interface promiscuous while the port is open.
+    _promiscuous: OwnedFd,
+    /// The socket read next, so that every queue gets its turn.
+    turn: usize,
+}
+
+/// A VLAN tag's length: frames of a port of MTU `mtu` may carry two.
+const VLAN_TAGS: usize = 8;
+
+impl XdpPort {
+    /// Opens interface `index` (named `iface`) for a port whose largest IP packet is
+    /// `mtu` bytes.
+    pub fn open(port: PortId, iface: &str, index: u32, mtu: u16) -> std::io::Result<XdpPort> {
+        let max_frame = usize::from(mtu) + ethernet::HEADER_LEN + VLAN_TAGS;
+        let sockets = (0..receive_queues(iface))
+            .map(|q| XdpSocket::open(index, q, max_frame))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let steering = XdpSteering::attach(index, &sockets)?;
+        Ok(XdpPort {
+            port,
+            _steering: steering,
+            sockets,
+            _promiscuous: crate::sys::promiscuous(index)?,
+            turn: 0,
+        })
+    }
+
+    /// The sockets to wait on for frames.
+    pub fn fds(&self) -> impl Iterator<Item = BorrowedFd<'_>> {
+        self.sockets.iter().map(XdpSocket::fd)
+    }
+
+    /// Frames the kernel dropped since the last call for want of room in a receive ring.
+    pub fn ring_drops(&mut self) -> u64 {
+        self.sockets
+            .iter_mut()
+            .map(|s| s.drops().unwrap_or(0))
+            .sum()
+    }
+
+    /// Copies the next frame received (from any queue) into `slot`, stamped `ts_ns`;
+    /// `None` when none waits.
+    pub fn receive(&mut self, slot: &mut PacketBuf, ts_ns: u64) -> Option<Received> {
+        let port = self.port;
+        for _ in 0..self.sockets.len() {
+            let q = self.turn;
+            self.turn = (q + 1) % self.sockets.len();
+            let got = self.sockets[q].receive(|frame| {
+                let room = slot.room();
+                if frame.len() > room.len() {
+                    slot.received(0, port, ts_ns);
+                    return Received::Oversize(frame.len());
+                }
+                room[..frame.len()].copy_from_slice(frame);
+                slot.received(frame.len(), port, ts_ns);
+                Received::Frame
+            });
+            if got.is_some() {
+                return got;
+            }
+        }
+        None
+    }
+
+    /// Queues a frame to be sent at the next [`XdpPort::flush`] (from the first queue's
+    /// socket; any socket of the interface sends out of it).
+    pub fn send(&mut self, frame: &[u8]) -> Sent {
+        match self.sockets[0].send(frame) {
+            Queued::Yes => Sent::Yes,
+            Queued::Full => Sent::QueueFull,
+            Queued::TooLong => Sent::Refused(std::io::Error::from_raw_os_error(libc::EMSGSIZE)),
+        }
+    }
+
+    /// Has the kernel send the frames queued.
+    pub fn flush(&mut self) -> std::io::Result<()> {
+        self.sockets[0].flush()
+    }
+}
+
+/// The interface's receive queues (as /sys/class/net/IFACE/queues lists them; one where
+/// it cannot be read).
+fn receive_queues(iface: &str) -> u32 {
+    std::fs::read_dir(format!("/sys/class/net/{iface}/queues"))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
+                .count() as u32
+        })
+        .unwrap_or(1)
+        .max(1)
+}

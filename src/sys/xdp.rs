@@ -1,0 +1,702 @@
+//! AF_XDP sockets and the XDP program that steers an interface's frames to them (the
+//! kernel's Documentation/networking/af_xdp.rst). A socket owns a UMEM, an area of
+//! frames it shares with the kernel, and four rings of descriptors into it: the fill ring
+//! hands the kernel empty frames to receive into, the RX ring hands them back full, the TX
+//! ring hands it frames to send and the completion ring returns them once sent. No system
+//! call is made a frame received; sending takes one a batch.
+//!
+//! The program is six eBPF instructions that redirect every frame to the socket of the
+//! queue it arrived on, through an XSKMAP, and let it pass to the kernel's stack when that
+//! queue has none. It is attached by a BPF link, which the kernel takes away when the
+//! process ends, however it ends: a crash leaves no program behind on the interface.
+
+use super::set_option;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// A mapping of memory, unmapped when dropped.
+#[derive(Debug)]
+struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+impl Mapping {
+    /// `len` bytes of zeroed private memory, populated up front (frames the kernel fills
+    /// are never faulted in on the receive path).
+    fn anonymous(len: usize) -> io::Result<Mapping> {
+        // SAFETY: a fresh anonymous mapping; no memory of ours is named.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        Mapping::made(p, len)
+    }
+
+    /// The `len` bytes the kernel keeps for socket `fd` at `offset` (a ring).
+    fn of_socket(fd: &OwnedFd, len: usize, offset: u64) -> io::Result<Mapping> {
+        // SAFETY: a fresh shared mapping of the socket's ring; the kernel checks the
+        // offset and length against the ring it made.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd.as_raw_fd(),
+                offset as libc::off_t,
+            )
+        };
+        Mapping::made(p, len)
+    }
+
+    fn made(p: *mut libc::c_void, len: usize) -> io::Result<Mapping> {
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(p.cast()).ok_or_else(io::Error::last_os_error)?;
+        Ok(Mapping { ptr, len })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `made`, of that length, no longer referred to.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+/// One of a socket's rings: entries of `T` (a power of two of them) between a producer
+/// and a consumer index, both free-running. One side produces, the other consumes; `local`
+/// is this side's index, published to the kernel by [`Ring::publish`].
+#[derive(Debug)]
+struct Ring<T> {
+    map: Mapping,
+    producer: usize,
+    consumer: usize,
+    flags: usize,
+    desc: usize,
+    mask: u32,
+    local: u32,
+    /// This side is the producer.
+    produces: bool,
+    entry: std::marker::PhantomData<T>,
+}
+
+impl<T: Copy> Ring<T> {
+    /// Maps the ring of `size` entries at page offset `pgoff` whose layout is `off`.
+    fn map(
+        fd: &OwnedFd,
+        size: u32,
+        pgoff: u64,
+        off: &libc::xdp_ring_offset,
+        produces: bool,
+    ) -> io::Result<Ring<T>> {
+        let len = off.desc as usize + size as usize * size_of::<T>();
+        let mut ring = Ring {
+            map: Mapping::of_socket(fd, len, pgoff)?,
+            producer: off.producer as usize,
+            consumer: off.consumer as usize,
+            flags: off.flags as usize,
+            desc: off.desc as usize,
+            mask: size - 1,
+            local: 0,
+            produces,
+            entry: std::marker::PhantomData,
+        };
+        // The indices are where the kernel left them (zero on a fresh socket).
+        ring.local = if produces {
+            ring.index(ring.producer).load(Ordering::Relaxed)
+        } else {
+            ring.index(ring.consumer).load(Ordering::Relaxed)
+        };
+        Ok(ring)
+    }
+
+    fn index(&self, at: usize) -> &AtomicU32 {
+        debug_assert!(at + 4 <= self.map.len);
+        // SAFETY: the kernel's offsets place each index, 4-byte aligned, inside the
+        // mapping; both sides access it atomically.
+        unsafe { &*self.map.ptr.as_ptr().add(at).cast::<AtomicU32>() }
+    }
+
+    fn slot(&self, i: u32) -> *mut T {
+        // SAFETY: `i & mask` is below the ring's size, so the entry lies inside the
+        // mapping (`desc` plus `size` entries); entries are aligned for `T`.
+        unsafe {
+            self.map
+                .ptr
+                .as_ptr()
+                .add(self.desc)
+                .cast::<T>()
+                .add((i & self.mask) as usize)
+        }
+    }
+
+    /// Entries the kernel produced that this side has not consumed.
+    fn ready(&self) -> u32 {
+        self.index(self.producer)
+            .load(Ordering::Acquire)
+            .wrapping_sub(self.local)
+    }
+
+    /// The `i`th entry not consumed (`i < ready()`).
+    fn peek(&self, i: u32) -> T {
+        // SAFETY: an entry the kernel produced and released; it stays ours until the
+        // consumer index passes it.
+        unsafe { self.slot(self.local.wrapping_add(i)).read_volatile() }
+    }
+
+    /// Writes the next entry (the caller knows the ring has room); the kernel sees it once
+    /// published.
+    fn push(&mut self, v: T) {
+        // SAFETY: with room, the slot is one the kernel has consumed and does not read
+        // until the producer index passes it.
+        unsafe { self.slot(self.local).write_volatile(v) };
+        self.local = self.local.wrapping_add(1);
+    }
+
+    /// Marks `n` ready entries consumed (not yet published).
+    fn consume(&mut self, n: u32) {
+        self.local = self.local.wrapping_add(n);
+    }
+
+    /// Tells the kernel how far this side has come.
+    fn publish(&self) {
+        let at = if self.produces {
+            self.producer
+        } else {
+            self.consumer
+        };
+        self.index(at).store(self.local, Ordering::Release);
+    }
+
+    /// The kernel asks to be woken (by a system call) to go on with this ring.
+    fn needs_wakeup(&self) -> bool {
+        self.index(self.flags).load(Ordering::Relaxed) & libc::XDP_RING_NEED_WAKEUP != 0
+    }
+}
+
+/// Frames a socket receives into: as many as its fill and RX rings hold.
+const RX_FRAMES: u32 = 2048;
+/// Frames a socket sends from: as many as its TX and completion rings hold.
+const TX_FRAMES: u32 = 1024;
+/// Headroom the kernel keeps before a received frame in its chunk (XDP_PACKET_HEADROOM).
+const KERNEL_HEADROOM: usize = 256;
+
+/// What [`XdpSocket::send`] did with a frame.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Queued {
+    /// On the TX ring; [`XdpSocket::flush`] has the kernel send it.
+    Yes,
+    /// Every TX frame is in flight: not queued.
+    Full,
+    /// Longer than a frame of the UMEM: not queued.
+    TooLong,
+}
+
+/// An AF_XDP socket bound to one receive queue of an interface, with its own UMEM.
+/// Received frames are lent to a closure and their chunks given back to the kernel at
+/// once; frames sent are copied into chunks of their own.
+#[derive(Debug)]
+pub struct XdpSocket {
+    rx: Ring<libc::xdp_desc>,
+    tx: Ring<libc::xdp_desc>,
+    fill: Ring<u64>,
+    completion: Ring<u64>,
+    fd: OwnedFd,
+    umem: Mapping,
+    chunk: usize,
+    /// TX chunks not in flight.
+    free_tx: Vec<u64>,
+    /// Frames queued on the TX ring that the kernel has not been asked to send.
+    unsent: bool,
+    /// XDP_STATISTICS' drops when last read (the kernel's counts only grow).
+    drops_seen: u64,
+}
+
+// SAFETY: the socket owns its mappings; it is used from one thread at a time (`&mut self`
+// for everything that touches the rings).
+unsafe impl Send for XdpSocket {}
+
+impl XdpSocket {
+    /// A socket on queue `queue` of interface `ifindex`, for frames of up to `max_frame`
+    /// bytes. Zero-copy where the driver offers it, else the kernel copies.
+    pub fn open(ifindex: u32, queue: u32, max_frame: usize) -> io::Result<XdpSocket> {
+        let chunk = [2048, 4096]
+            .into_iter()
+            .find(|c| max_frame + KERNEL_HEADROOM <= *c)
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "frames of {max_frame} bytes do not fit an AF_XDP chunk (3840 at most)"
+                    ),
+                )
+            })?;
+        // SAFETY: socket(2) takes no pointers; the descriptor is owned at once.
+        let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor just returned to us and owned by nothing else.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let frames = (RX_FRAMES + TX_FRAMES) as usize;
+        let umem = Mapping::anonymous(frames * chunk)?;
+        let reg = libc::xdp_umem_reg {
+            addr: umem.ptr.as_ptr() as u64,
+            len: umem.len as u64,
+            chunk_size: chunk as u32,
+            headroom: 0,
+            flags: 0,
+            tx_metadata_len: 0,
+        };
+        set_option(&fd, libc::SOL_XDP, libc::XDP_UMEM_REG, &reg)?;
+        set_option(&fd, libc::SOL_XDP, libc::XDP_UMEM_FILL_RING, &RX_FRAMES)?;
+        set_option(&fd, libc::SOL_XDP, libc::XDP_RX_RING, &RX_FRAMES)?;
+        set_option(
+            &fd,
+            libc::SOL_XDP,
+            libc::XDP_UMEM_COMPLETION_RING,
+            &TX_FRAMES,
+        )?;
+        set_option(&fd, libc::SOL_XDP, libc::XDP_TX_RING, &TX_FRAMES)?;
+        let off: libc::xdp_mmap_offsets = get_option(&fd, libc::SOL_XDP, libc::XDP_MMAP_OFFSETS)?;
+        let mut s = XdpSocket {
+            rx: Ring::map(
+                &fd,
+                RX_FRAMES,
+                libc::XDP_PGOFF_RX_RING as u64,
+                &off.rx,
+                false,
+            )?,
+            tx: Ring::map(
+                &fd,
+                TX_FRAMES,
+                libc::XDP_PGOFF_TX_RING as u64,
+                &off.tx,
+                true,
+            )?,
+            fill: Ring::map(
+                &fd,
+                RX_FRAMES,
+                libc::XDP_UMEM_PGOFF_FILL_RING,
+                &off.fr,
+                true,
+            )?,
+            completion: Ring::map(
+                &fd,
+                TX_FRAMES,
+                libc::XDP_UMEM_PGOFF_COMPLETION_RING,
+                &off.cr,
+                false,
+            )?,
+            fd,
+            umem,
+            chunk,
+            free_tx: (RX_FRAMES..RX_FRAMES + TX_FRAMES)
+                .map(|i| u64::from(i) * chunk as u64)
+                .collect(),
+            unsent: false,
+            drops_seen: 0,
+        };
+        for i in 0..RX_FRAMES {
+            s.fill.push(u64::from(i) * chunk as u64);
+        }
+        s.fill.publish();
+        let addr = libc::sockaddr_xdp {
+            sxdp_family: libc::AF_XDP as u16,
+            sxdp_flags: libc::XDP_USE_NEED_WAKEUP,
+            sxdp_ifindex: ifindex,
+            sxdp_queue_id: queue,
+            sxdp_shared_umem_fd: 0,
+        };
+        // SAFETY: `addr` is a sockaddr_xdp of the length given, alive for the call.
+        let bound = unsafe {
+            libc::bind(
+                s.fd.as_raw_fd(),
+                (&raw const addr).cast(),
+                size_of::<libc::sockaddr_xdp>() as u32,
+            )
+        };
+        if bound < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(s)
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.fd.as_fd()
+    }
+
+    /// Lends the next frame received to `f`, then gives its chunk back to the kernel;
+    /// `None` when none waits.
+    pub fn receive<R>(&mut self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        if self.rx.ready() == 0 {
+            // The kernel stops filling when it ran out of chunks and waits to be told
+            // there are more (the chunks are back; the wakeup was missed).
+            if self.fill.needs_wakeup() {
+                self.wake_receive();
+            }
+            return None;
+        }
+        let d = self.rx.peek(0);
+        let (at, len) = (d.addr as usize, d.len as usize);
+        let r = (at + len <= self.umem.len).then(|| {
+            // SAFETY: the kernel wrote the frame into our UMEM, inside it (checked), and
+            // gave it to us; nothing writes the chunk until it is back on the fill ring.
+            f(unsafe { std::slice::from_raw_parts(self.umem.ptr.as_ptr().add(at), len) })
+        });
+        self.rx.consume(1);
+        self.rx.publish();
+        // RX chunks number as many as the fill ring holds, so it has room for this one.
+        self.fill.push(d.addr - d.addr % self.chunk as u64);
+        self.fill.publish();
+        r
+    }
+
+    /// Queues `frame` for sending; the kernel sends what is queued at [`XdpSocket::flush`]
+    /// (or, in zero-copy mode, on its own).
+    pub fn send(&mut self, frame: &[u8]) -> Queued {
+        if frame.len() > self.chunk {
+            return Queued::TooLong;
+        }
+        self.reclaim();
+        if self.free_tx.is_empty() {
+            // Have the kernel send what waits, and take back what it sent.
+            let _ = self.flush();
+            self.reclaim();
+        }
+        let Some(at) = self.free_tx.pop() else {
+            return Queued::Full;
+        };
+        // SAFETY: the chunk is a TX chunk not in flight (off the free list), inside the
+        // UMEM; the kernel reads it only once its descriptor is published below.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                frame.as_ptr(),
+                self.umem.ptr.as_ptr().add(at as usize),
+                frame.len(),
+            );
+        }
+        // TX chunks number as many as the TX ring holds.
+        self.tx.push(libc::xdp_desc {
+            addr: at,
+            len: frame.len() as u32,
+            options: 0,
+        });
+        self.tx.publish();
+        self.unsent = true;
+        Queued::Yes
+    }
+
+    /// Has the kernel send the frames queued. Errors are the interface's (down or gone):
+    /// the frames stay queued for the next flush.
+    pub fn flush(&mut self) -> io::Result<()> {
+        if !self.unsent {
+            return Ok(());
+        }
+        // The kernel sends at most a few dozen frames a call (then says EAGAIN), and a
+        // zero-copy driver needs no call unless it asks.
+        for _ in 0..=(TX_FRAMES / 16) {
+            if !self.tx.needs_wakeup() {
+                break;
+            }
+            // SAFETY: sendto(2) with no data and no address only wakes the kernel.
+            let r = unsafe {
+                libc::sendto(
+                    self.fd.as_raw_fd(),
+                    std::ptr::null(),
+                    0,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null(),
+                    0,
+                )
+            };
+            if r >= 0 {
+                break;
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EAGAIN | libc::EBUSY | libc::EINTR) => {}
+                // No buffers now: the rest go at the next flush.
+                Some(libc::ENOBUFS) => return Ok(()),
+                _ => return Err(e),
+            }
+        }
+        self.unsent = false;
+        Ok(())
+    }
+
+    /// Takes back the TX chunks the kernel has sent.
+    fn reclaim(&mut self) {
+        let n = self.completion.ready();
+        for i in 0..n {
+            self.free_tx.push(self.completion.peek(i));
+        }
+        if n > 0 {
+            self.completion.consume(n);
+            self.completion.publish();
+        }
+    }
+
+    /// Wakes the kernel to receive (recvfrom(2) with nothing to take).
+    fn wake_receive(&self) {
+        // SAFETY: recvfrom(2) into no buffer, with no address.
+        unsafe {
+            libc::recvfrom(
+                self.fd.as_raw_fd(),
+                std::ptr::null_mut(),
+                0,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            );
+        }
+    }
+
+    /// Frames the kernel dropped since the last call: for want of room in the RX ring,
+    /// of chunks on the fill ring, or otherwise (XDP_STATISTICS).
+    pub fn drops(&mut self) -> io::Result<u64> {
+        let s: libc::xdp_statistics = get_option(&self.fd, libc::SOL_XDP, libc::XDP_STATISTICS)?;
+        let total = s.rx_dropped + s.rx_ring_full + s.rx_fill_ring_empty_descs;
+        let new = total.saturating_sub(self.drops_seen);
+        self.drops_seen = total;
+        Ok(new)
+    }
+}
+
+/// getsockopt(2) of a plain-data option.
+fn get_option<T>(fd: &OwnedFd, level: i32, name: i32) -> io::Result<T> {
+    let mut v = std::mem::MaybeUninit::<T>::zeroed();
+    let mut len = size_of::<T>() as libc::socklen_t;
+    // SAFETY: `v` is writable for the length given.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            v.as_mut_ptr().cast(),
+            &raw mut len,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the options read here are plain data, valid zeroed and as the kernel wrote.
+    Ok(unsafe { v.assume_init() })
+}
+
+/// One eBPF instruction (the kernel's struct bpf_insn).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Insn {
+    code: u8,
+    /// Destination register in the low four bits, source in the high four.
+    regs: u8,
+    off: i16,
+    imm: i32,
+}
+
+const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
+    Insn {
+        code,
+        regs: dst | src << 4,
+        off,
+        imm,
+    }
+}
+
+/// The steering program: `return bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_PASS)`.
+/// The map's descriptor goes in the second and third instructions.
+fn steering_program(map: i32) -> [Insn; 6] {
+    // Opcodes from the kernel's include/uapi/linux/bpf.h and bpf_common.h.
+    const LDX_MEM_W: u8 = 0x61; // BPF_LDX | BPF_MEM | BPF_W
+    const LD_IMM_DW: u8 = 0x18; // BPF_LD | BPF_IMM | BPF_DW
+    const MOV64_K: u8 = 0xb7; // BPF_ALU64 | BPF_MOV | BPF_K
+    const CALL: u8 = 0x85; // BPF_JMP | BPF_CALL
+    const EXIT: u8 = 0x95; // BPF_JMP | BPF_EXIT
+    const PSEUDO_MAP_FD: u8 = 1;
+    const RX_QUEUE_INDEX: i16 = 16; // offsetof(struct xdp_md, rx_queue_index)
+    const REDIRECT_MAP: i32 = 51; // BPF_FUNC_redirect_map
+    const XDP_PASS: i32 = 2;
+    [
+        insn(LDX_MEM_W, 2, 1, RX_QUEUE_INDEX, 0),
+        insn(LD_IMM_DW, 1, PSEUDO_MAP_FD, 0, map),
+        insn(0, 0, 0, 0, 0),
+        // The low bits of the flags are the action when the queue has no socket.
+        insn(MOV64_K, 3, 0, 0, XDP_PASS),
+        insn(CALL, 0, 0, 0, REDIRECT_MAP),
+        insn(EXIT, 0, 0, 0, 0),
+    ]
+}
+
+/// bpf(2) commands and constants used here (include/uapi/linux/bpf.h).
+const BPF_MAP_CREATE: i32 = 0;
+const BPF_MAP_UPDATE_ELEM: i32 = 2;
+const BPF_PROG_LOAD: i32 = 5;
+const BPF_LINK_CREATE: i32 = 28;
+const BPF_MAP_TYPE_XSKMAP: u32 = 17;
+const BPF_PROG_TYPE_XDP: u32 = 6;
+const BPF_XDP: u32 = 37;
+
+/// The leading fields of union bpf_attr that each command reads; the kernel takes a
+/// shorter attribute than its own as zero beyond it.
+#[repr(C)]
+#[derive(Default)]
+struct MapCreate {
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
+    inner_map_fd: u32,
+    numa_node: u32,
+    map_name: [u8; 16],
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct MapUpdate {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct ProgLoad {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    prog_name: [u8; 16],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct LinkCreate {
+    prog_fd: u32,
+    target_ifindex: u32,
+    attach_type: u32,
+    flags: u32,
+}
+
+/// bpf(2): `cmd` with attribute `attr`; the descriptor or value it returns.
+fn bpf<T>(cmd: i32, attr: &T) -> io::Result<i32> {
+    // SAFETY: `attr` is a live, initialised attribute of the size given, read by the
+    // kernel during the call; the pointers inside it (if any) are alive too.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            (attr as *const T).cast::<libc::c_void>(),
+            size_of::<T>() as u32,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(r as i32)
+}
+
+/// A descriptor bpf(2) returned, owned.
+fn owned(fd: i32) -> OwnedFd {
+    // SAFETY: a descriptor just returned to us and owned by nothing else.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+fn name(s: &str) -> [u8; 16] {
+    let mut n = [0u8; 16];
+    n[..s.len().min(15)].copy_from_slice(&s.as_bytes()[..s.len().min(15)]);
+    n
+}
+
+/// The steering program attached to an interface, with its map of sockets by queue. The
+/// program stays attached while this lives.
+#[derive(Debug)]
+pub struct XdpSteering {
+    _link: OwnedFd,
+    _program: OwnedFd,
+    _map: OwnedFd,
+}
+
+impl XdpSteering {
+    /// Attaches steering to interface `ifindex`, sending frames of queue `q` to
+    /// `sockets[q]`. In the driver's own XDP hook where it has one, else the kernel's
+    /// generic one.
+    pub fn attach(ifindex: u32, sockets: &[XdpSocket]) -> io::Result<XdpSteering> {
+        let map = owned(bpf(
+            BPF_MAP_CREATE,
+            &MapCreate {
+                map_type: BPF_MAP_TYPE_XSKMAP,
+                key_size: 4,
+                value_size: 4,
+                max_entries: sockets.len().max(1) as u32,
+                map_name: name("dpuflow_xsks"),
+                ..MapCreate::default()
+            },
+        )?);
+        for (q, s) in sockets.iter().enumerate() {
+            let (key, value) = (q as u32, s.fd.as_raw_fd() as u32);
+            bpf(
+                BPF_MAP_UPDATE_ELEM,
+                &MapUpdate {
+                    map_fd: map.as_raw_fd() as u32,
+                    key: (&raw const key) as u64,
+                    value: (&raw const value) as u64,
+                    ..MapUpdate::default()
+                },
+            )?;
+        }
+        let code = steering_program(map.as_raw_fd());
+        // The program only calls a helper open to any licence.
+        let license = c"Apache-2.0";
+        let program = owned(bpf(
+            BPF_PROG_LOAD,
+            &ProgLoad {
+                prog_type: BPF_PROG_TYPE_XDP,
+                insn_cnt: code.len() as u32,
+                insns: code.as_ptr() as u64,
+                license: license.as_ptr() as u64,
+                prog_name: name("dpuflow_steer"),
+                expected_attach_type: BPF_XDP,
+                ..ProgLoad::default()
+            },
+        )?);
+        let link = owned(bpf(
+            BPF_LINK_CREATE,
+            &LinkCreate {
+                prog_fd: program.as_raw_fd() as u32,
+                target_ifindex: ifindex,
+                attach_type: BPF_XDP,
+                flags: 0,
+            },
+        )?);
+        Ok(XdpSteering {
+            _link: link,
+            _program: program,
+            _map: map,
+        })
+    }
+}
