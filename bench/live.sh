@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Live ports (AF_PACKET) between two network namespaces: tcpreplay offers 64-byte UDP
-# frames (4096 flows) to dpuflow's inside port at each rate; the outside host counts what
-# arrives. Prints, per offered rate, the rate tcpreplay achieved and the share delivered;
-# then the round trip of 200 pings across dpuflow and across a kernel bridge in its place.
-# Needs root, tcpreplay and ethtool. Usage: [DPUFLOW=BIN] bench/live.sh [WORKERS] [RATE...]
+# Live ports between two network namespaces: tcpreplay offers 64-byte UDP frames (4096
+# flows) to dpuflow's inside port at each rate; the outside host counts what arrives.
+# Prints, per offered rate, the rate tcpreplay achieved, the share delivered and the CPU
+# time dpuflow spent a frame offered; then the round trip of 200 pings across dpuflow and
+# across a kernel bridge in its place. DRIVER=af_xdp runs the ports on AF_XDP (default
+# af_packet). Needs root, tcpreplay and ethtool.
+# Usage: [DPUFLOW=BIN] [DRIVER=af_packet|af_xdp] bench/live.sh [WORKERS] [RATE...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 workers=${1:-1}
@@ -36,10 +38,11 @@ for x in "$c c0" "$d in0" "$d out0" "$s s0"; do
     ip netns exec "$ns" ethtool -K "$dev" tso off gso off gro off >/dev/null 2>&1
 done
 ip -n $d link set lo up
-cat >"$tmp/bridge.pipe" <<'EOF'
+driver=${DRIVER:-af_packet}
+cat >"$tmp/bridge.pipe" <<EOF
 pipeline bridge
-port inside  { driver af_packet  iface "in0" }
-port outside { driver af_packet  iface "out0" }
+port inside  { driver $driver  iface "in0" }
+port outside { driver $driver  iface "out0" }
 pipe in  root from inside  { default { actions fwd outside } }
 pipe out root from outside { default { actions fwd inside } }
 EOF
@@ -47,19 +50,26 @@ EOF
 loops=50
 offered=$((4096 * loops))
 rx() { ip -n $s -s link show s0 | awk '/RX:/ {getline; print $2}'; }
-printf '%-14s %-16s %s\n' "offered (pps)" "achieved (pps)" "delivered"
+# CPU time (user and system, in clock ticks) of process $1 so far.
+cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+tick_us=$((1000000 / $(getconf CLK_TCK)))
+printf '%-14s %-16s %-10s %s\n' "offered (pps)" "achieved (pps)" "delivered" "CPU µs/frame"
 for pps in "${rates[@]}"; do
     ip netns exec $d "$bin" run "$tmp/bridge.pipe" --workers "$workers" --metrics 127.0.0.1:9464 \
         2>"$tmp/log" & echo $! >"$tmp/pid"
     sleep 1
     before=$(rx)
+    pid=$(cat "$tmp/pid")
+    cpu_before=$(cpu "$pid")
     achieved=$(ip netns exec $c tcpreplay -i c0 --pps "$pps" --loop $loops "$tmp/udp64.pcap" 2>&1 |
         sed -n 's/.* \([0-9.]*\) pps.*/\1/p')
+    cpu_after=$(cpu "$pid")
     sleep 0.5
     after=$(rx)
     kill "$(cat "$tmp/pid")"; wait "$(cat "$tmp/pid")" 2>/dev/null || true
     [ -z "${LIVE_LOG:-}" ] || tail -3 "$tmp/log" >&2
-    printf '%-14s %-16s %s\n' "$pps" "$achieved" "$(echo "scale=4; ($after - $before) / $offered" | bc)"
+    printf '%-14s %-16s %-10s %s\n' "$pps" "$achieved" "$(echo "scale=4; ($after - $before) / $offered" | bc)" \
+        "$(echo "scale=2; ($cpu_after - $cpu_before) * $tick_us / $offered" | bc)"
 done
 ip -n $c addr add 10.9.0.1/24 dev c0
 ip -n $s addr add 10.9.0.2/24 dev s0

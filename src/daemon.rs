@@ -888,9 +888,22 @@ impl Outputs {
             }
         }
         for live in self.live.iter_mut().flatten() {
-            if let Err(e) = live.flush() {
-                if self.tx_warning.ready() {
-                    tracing::warn!(iface = live.iface(), error = %e, "send failed: frames wait");
+            match live.flush() {
+                Ok(0) => {}
+                Ok(dropped) => {
+                    self.unwritten += dropped as u64;
+                    if self.tx_warning.ready() {
+                        tracing::warn!(
+                            iface = live.iface(),
+                            dropped,
+                            "interface down: frames dropped"
+                        );
+                    }
+                }
+                Err(e) => {
+                    if self.tx_warning.ready() {
+                        tracing::warn!(iface = live.iface(), error = %e, "send failed: frames wait");
+                    }
                 }
             }
         }

@@ -253,16 +253,33 @@ impl Lab {
     /// A lab (see [`Lab::new`]), a scratch directory, and in it a pipeline whose ports
     /// `inside` and `outside` are the dut's two links (live), followed by `body`: its path.
     fn with_pipeline(tag: &str, body: &str) -> (Lab, Scratch, String) {
+        Lab::with_pipeline_on("af_packet", tag, body)
+    }
+
+    /// [`Lab::with_pipeline`] with ports of `driver`.
+    fn with_pipeline_on(driver: &str, tag: &str, body: &str) -> (Lab, Scratch, String) {
         let dir = Scratch::new(&format!("live-{tag}"));
         let path = dir.path("live.pipe");
         let text = format!(
             "pipeline live\n\
-             port inside  {{ driver af_packet  iface \"in0\" }}\n\
-             port outside {{ driver af_packet  iface \"out0\" }}\n\
+             port inside  {{ driver {driver}  iface \"in0\" }}\n\
+             port outside {{ driver {driver}  iface \"out0\" }}\n\
              {body}"
         );
         std::fs::write(&path, text).expect("write pipeline");
-        (Lab::new(tag), dir, path)
+        (Lab::for_driver(driver, tag), dir, path)
+    }
+
+    /// A lab for ports of `driver`: for AF_XDP, the hosts finish their own checksums (a
+    /// veth leaves them to the receiver, and XDP runs before anything finishes them).
+    fn for_driver(driver: &str, tag: &str) -> Lab {
+        let lab = Lab::new(tag);
+        if driver == "af_xdp" {
+            for (ns, iface) in [(&lab.client, "c0"), (&lab.server, "s0")] {
+                lab.run(ns, &["ethtool", "-K", iface, "tx", "off"]);
+            }
+        }
+        lab
     }
 }
 
@@ -272,20 +289,14 @@ fn the_stateful_firewall_runs_between_two_hosts() {
 }
 
 /// The same through AF_XDP: an XDP program steers each link's frames to dpuflow's
-/// sockets before the dut's kernel sees them. The hosts finish their own checksums (a
-/// veth leaves them to the receiver, and XDP runs before anything finishes them).
+/// sockets before the dut's kernel sees them.
 #[test]
 fn the_stateful_firewall_runs_between_two_hosts_through_af_xdp() {
     firewall_between_two_hosts("af_xdp", "AF_XDP", "a");
 }
 
 fn firewall_between_two_hosts(driver: &str, family: &str, tag: &str) {
-    let lab = Lab::new(tag);
-    if driver == "af_xdp" {
-        for (ns, iface) in [(&lab.client, "c0"), (&lab.server, "s0")] {
-            lab.run(ns, &["ethtool", "-K", iface, "tx", "off"]);
-        }
-    }
+    let lab = Lab::for_driver(driver, tag);
     let dir = Scratch::new(&format!("live-ports-{driver}"));
     let pipe = std::fs::read_to_string("pipelines/stateful-firewall.pipe")
         .expect("example")
@@ -451,8 +462,18 @@ fn idle_connections_end_without_traffic() {
 /// the link is up.
 #[test]
 fn a_port_whose_link_goes_down_carries_on() {
-    let (lab, _dir, pipe_path) = Lab::with_pipeline(
-        "l",
+    link_down_and_up("af_packet", "l");
+}
+
+#[test]
+fn an_af_xdp_port_whose_link_goes_down_carries_on() {
+    link_down_and_up("af_xdp", "m");
+}
+
+fn link_down_and_up(driver: &str, tag: &str) {
+    let (lab, _dir, pipe_path) = Lab::with_pipeline_on(
+        driver,
+        tag,
         "pipe out root from inside {\n\
              rule udp { match ip.proto 17  actions fwd outside }\n\
              default { actions drop }\n\
@@ -520,13 +541,68 @@ print(" ".join("%d:%d" % kv for kv in sorted(seen.items())), flush=True)
     assert_eq!(metric(&m, sent), Some(15), "{m}");
 }
 
+/// An af_xdp port's XDP program is dpuflow's while it runs and goes with it, however it
+/// ends: a second service on the same interface is refused while the first runs, and
+/// after the first is killed (SIGKILL: no clean-up of its own) the interface has no
+/// program left.
+#[test]
+fn the_xdp_program_goes_with_the_service() {
+    let (lab, _dir, pipe_path) = Lab::with_pipeline_on(
+        "af_xdp",
+        "p",
+        "pipe out root from inside { default { actions fwd outside } }\n",
+    );
+    let xdp = |iface: &str| {
+        lab.run(&lab.dut, &["ip", "link", "show", iface])
+            .contains("prog/xdp")
+    };
+    assert!(!xdp("in0"));
+    let mut first = lab.start(&pipe_path, "1");
+    assert!(xdp("in0") && xdp("out0"), "no XDP program attached");
+    let bin = env!("CARGO_BIN_EXE_dpuflow");
+    let second = Command::new("ip")
+        .args(["netns", "exec", &lab.dut, bin, "run", &pipe_path])
+        .args(["--metrics", "127.0.0.1:0"])
+        .output()
+        .expect("second dpuflow");
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("interface in0: AF_XDP socket:")
+            && err.contains("(another XDP program or AF_XDP socket is on the interface)"),
+        "{err}"
+    );
+    first.0.kill().expect("SIGKILL");
+    first.0.wait().expect("wait");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while xdp("in0") || xdp("out0") {
+        assert!(
+            Instant::now() < deadline,
+            "an XDP program outlived the service"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Frames the kernel drops because a port's receive ring is full are counted
 /// (`ring_full`): with the service stopped (SIGSTOP), 10,000 frames meet a ring of 4096
 /// slots; once it runs again, what it read and what the ring dropped add up to them.
 #[test]
 fn a_full_receive_ring_is_counted() {
-    let (lab, _dir, pipe_path) = Lab::with_pipeline(
-        "r",
+    full_ring("af_packet", "r", 3000..=4096);
+}
+
+/// The same for AF_XDP, whose RX ring holds 2048 frames.
+#[test]
+fn a_full_af_xdp_ring_is_counted() {
+    full_ring("af_xdp", "q", 1500..=2048);
+}
+
+/// `read` is how many frames the ring holds, give or take the hosts' own chatter.
+fn full_ring(driver: &str, tag: &str, read: std::ops::RangeInclusive<u64>) {
+    let (lab, _dir, pipe_path) = Lab::with_pipeline_on(
+        driver,
+        tag,
         "pipe out root from inside {\n\
              rule udp { match ip.proto 17  actions drop }\n\
              default { actions drop }\n\
@@ -544,12 +620,9 @@ fn a_full_receive_ring_is_counted() {
         |m| metric(m, udp).unwrap_or(0) + metric(m, full).unwrap_or(0) >= 10_000,
         "accounted for every frame",
     );
-    let (read, dropped) = (metric(&m, udp).unwrap_or(0), metric(&m, full).unwrap_or(0));
-    assert!(
-        (3000..=4096).contains(&read),
-        "read {read}, ring full {dropped}"
-    );
-    assert!(dropped >= 5000, "read {read}, ring full {dropped}");
+    let (got, dropped) = (metric(&m, udp).unwrap_or(0), metric(&m, full).unwrap_or(0));
+    assert!(read.contains(&got), "read {got}, ring full {dropped}");
+    assert!(dropped >= 5000, "read {got}, ring full {dropped}");
     drop(dpuflow);
 }
 

@@ -15,17 +15,18 @@ use crate::engine::PacketBuf;
 use crate::ir::PortId;
 use crate::sys::xdp::{Queued, XdpSocket, XdpSteering};
 use crate::wire::ethernet;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 /// One port on one interface: a socket for each receive queue.
 #[derive(Debug)]
 pub struct XdpPort {
     port: PortId,
+    iface: String,
     /// Declared first: detached before the sockets close.
     _steering: XdpSteering,
     sockets: Vec<XdpSocket>,
-    /// Keeps the interface promiscuous while the port is open.
-    _promiscuous: OwnedFd,
+    /// Keeps the interface promiscuous while the port is open; asked whether it is up.
+    promiscuous: OwnedFd,
     /// The socket read next, so that every queue gets its turn.
     turn: usize,
 }
@@ -44,9 +45,10 @@ impl XdpPort {
         let steering = XdpSteering::attach(index, &sockets)?;
         Ok(XdpPort {
             port,
+            iface: iface.to_owned(),
             _steering: steering,
             sockets,
-            _promiscuous: crate::sys::promiscuous(index)?,
+            promiscuous: crate::sys::promiscuous(index)?,
             turn: 0,
         })
     }
@@ -98,9 +100,15 @@ impl XdpPort {
         }
     }
 
-    /// Has the kernel send the frames queued.
-    pub fn flush(&mut self) -> std::io::Result<()> {
-        self.sockets[0].flush()
+    /// Has the kernel send the frames queued, or drops them while the interface is down:
+    /// how many it dropped.
+    pub fn flush(&mut self) -> std::io::Result<usize> {
+        if !self.sockets[0].pending() {
+            return Ok(0);
+        }
+        // Asked only when there is something to send: one system call a batch.
+        let up = crate::sys::interface_up(self.promiscuous.as_fd(), &self.iface)?;
+        self.sockets[0].flush(up)
     }
 }
 

@@ -88,7 +88,7 @@ impl LivePort {
                     " (run as root, or with CAP_NET_RAW, CAP_NET_ADMIN and CAP_BPF)"
                 }
                 Some(libc::EBUSY | libc::EEXIST) if driver == Driver::AfXdp => {
-                    " (another XDP program is attached to the interface)"
+                    " (another XDP program or AF_XDP socket is on the interface)"
                 }
                 _ => "",
             };
@@ -155,10 +155,11 @@ impl LivePort {
         }
     }
 
-    /// Hands the interface what [`LivePort::send`] queued.
-    pub fn flush(&mut self) -> std::io::Result<()> {
+    /// Hands the interface what [`LivePort::send`] queued, or drops it while the
+    /// interface is down: how many frames were dropped.
+    pub fn flush(&mut self) -> std::io::Result<usize> {
         match &mut self.socket {
-            Socket::Packet(_) => Ok(()),
+            Socket::Packet(_) => Ok(0),
             Socket::Xdp(x) => x.flush(),
         }
     }

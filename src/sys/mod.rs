@@ -73,6 +73,30 @@ pub fn interface_index(name: &str) -> std::io::Result<u32> {
     }
 }
 
+/// Whether interface `name` is up (administratively: IFF_UP, SIOCGIFFLAGS in netdevice(7)),
+/// asked through `fd`, a socket of a family that answers interface requests (not AF_XDP).
+#[cfg(target_os = "linux")]
+pub fn interface_up(fd: std::os::fd::BorrowedFd, name: &str) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: ifreq is plain data, valid zeroed.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    let bytes = name.as_bytes();
+    if bytes.len() >= req.ifr_name.len() {
+        return Err(std::io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    for (d, s) in req.ifr_name.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: `req` is an ifreq with a NUL-terminated name, live and writable for the call.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFFLAGS, &raw mut req) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: SIOCGIFFLAGS fills the union's flags member.
+    let flags = unsafe { req.ifr_ifru.ifru_flags };
+    Ok(flags & libc::IFF_UP as libc::c_short != 0)
+}
+
 /// A raw AF_PACKET socket (packet(7)) bound to interface `ifindex`: it receives every frame
 /// the interface receives (promiscuous; not the frames sent through it, by this socket or
 /// the host) and sends whole Ethernet frames out of it. Non-blocking.

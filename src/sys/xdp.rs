@@ -181,6 +181,20 @@ impl<T: Copy> Ring<T> {
         self.index(at).store(self.local, Ordering::Release);
     }
 
+    /// Entries this (producing) side wrote and has not published, oldest first.
+    fn unpublished(&self) -> impl Iterator<Item = T> + '_ {
+        let published = self.index(self.producer).load(Ordering::Relaxed);
+        (published..self.local).map(|i| {
+            // SAFETY: slots this side wrote and the kernel has not been shown.
+            unsafe { self.slot(i).read_volatile() }
+        })
+    }
+
+    /// Takes back the entries not yet published.
+    fn unwrite(&mut self) {
+        self.local = self.index(self.producer).load(Ordering::Relaxed);
+    }
+
     /// The kernel asks to be woken (by a system call) to go on with this ring.
     fn needs_wakeup(&self) -> bool {
         self.index(self.flags).load(Ordering::Relaxed) & libc::XDP_RING_NEED_WAKEUP != 0
@@ -197,7 +211,7 @@ const KERNEL_HEADROOM: usize = 256;
 /// What [`XdpSocket::send`] did with a frame.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Queued {
-    /// On the TX ring; [`XdpSocket::flush`] has the kernel send it.
+    /// Written to the TX ring; [`XdpSocket::flush`] shows it to the kernel.
     Yes,
     /// Every TX frame is in flight: not queued.
     Full,
@@ -219,7 +233,7 @@ pub struct XdpSocket {
     chunk: usize,
     /// TX chunks not in flight.
     free_tx: Vec<u64>,
-    /// Frames queued on the TX ring that the kernel has not been asked to send.
+    /// Frames shown to the kernel that it has not been asked to send.
     unsent: bool,
     /// XDP_STATISTICS' drops when last read (the kernel's counts only grow).
     drops_seen: u64,
@@ -366,18 +380,14 @@ impl XdpSocket {
         r
     }
 
-    /// Queues `frame` for sending; the kernel sends what is queued at [`XdpSocket::flush`]
-    /// (or, in zero-copy mode, on its own).
+    /// Queues `frame` for sending at the next [`XdpSocket::flush`].
     pub fn send(&mut self, frame: &[u8]) -> Queued {
         if frame.len() > self.chunk {
             return Queued::TooLong;
         }
+        // A batch's frames fit the TX chunks with room to spare: they run short only when
+        // the kernel has not sent the last batches yet.
         self.reclaim();
-        if self.free_tx.is_empty() {
-            // Have the kernel send what waits, and take back what it sent.
-            let _ = self.flush();
-            self.reclaim();
-        }
         let Some(at) = self.free_tx.pop() else {
             return Queued::Full;
         };
@@ -396,16 +406,33 @@ impl XdpSocket {
             len: frame.len() as u32,
             options: 0,
         });
-        self.tx.publish();
-        self.unsent = true;
         Queued::Yes
     }
 
-    /// Has the kernel send the frames queued. Errors are the interface's (down or gone):
-    /// the frames stay queued for the next flush.
-    pub fn flush(&mut self) -> io::Result<()> {
+    /// Frames queued or shown to the kernel and not yet sent.
+    pub fn pending(&self) -> bool {
+        self.unsent || self.tx.unpublished().next().is_some()
+    }
+
+    /// Has the kernel send the frames queued, or, when the interface is not `up`, drops
+    /// them (a kernel shown frames while its interface is down would keep them and send
+    /// them, stale, once it is up): how many it dropped. Errors are the interface's (gone):
+    /// the frames shown stay for the next flush.
+    pub fn flush(&mut self, up: bool) -> io::Result<usize> {
+        let mut dropped = 0;
+        if up {
+            if self.tx.unpublished().next().is_some() {
+                self.tx.publish();
+                self.unsent = true;
+            }
+        } else {
+            let free = self.free_tx.len();
+            self.free_tx.extend(self.tx.unpublished().map(|d| d.addr));
+            dropped = self.free_tx.len() - free;
+            self.tx.unwrite();
+        }
         if !self.unsent {
-            return Ok(());
+            return Ok(dropped);
         }
         // The kernel sends at most a few dozen frames a call (then says EAGAIN), and a
         // zero-copy driver needs no call unless it asks.
@@ -431,12 +458,12 @@ impl XdpSocket {
             match e.raw_os_error() {
                 Some(libc::EAGAIN | libc::EBUSY | libc::EINTR) => {}
                 // No buffers now: the rest go at the next flush.
-                Some(libc::ENOBUFS) => return Ok(()),
+                Some(libc::ENOBUFS) => return Ok(dropped),
                 _ => return Err(e),
             }
         }
         self.unsent = false;
-        Ok(())
+        Ok(dropped)
     }
 
     /// Takes back the TX chunks the kernel has sent.
@@ -466,11 +493,12 @@ impl XdpSocket {
         }
     }
 
-    /// Frames the kernel dropped since the last call: for want of room in the RX ring,
-    /// of chunks on the fill ring, or otherwise (XDP_STATISTICS).
+    /// Frames the kernel dropped since the last call: for want of room in the RX ring or
+    /// of a chunk to copy into (XDP_STATISTICS; its count of empty fill-ring reads is of
+    /// attempts, not frames, and left out).
     pub fn drops(&mut self) -> io::Result<u64> {
         let s: libc::xdp_statistics = get_option(&self.fd, libc::SOL_XDP, libc::XDP_STATISTICS)?;
-        let total = s.rx_dropped + s.rx_ring_full + s.rx_fill_ring_empty_descs;
+        let total = s.rx_dropped + s.rx_ring_full;
         let new = total.saturating_sub(self.drops_seen);
         self.drops_seen = total;
         Ok(new)
