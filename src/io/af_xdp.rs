@@ -16,6 +16,7 @@ use crate::ir::PortId;
 use crate::sys::xdp::{Queued, XdpSocket, XdpSteering};
 use crate::wire::ethernet;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
 
 /// One port on one interface: a socket for each receive queue.
 #[derive(Debug)]
@@ -40,7 +41,7 @@ impl XdpPort {
     pub fn open(port: PortId, iface: &str, index: u32, mtu: u16) -> std::io::Result<XdpPort> {
         let max_frame = usize::from(mtu) + ethernet::HEADER_LEN + VLAN_TAGS;
         let sockets = (0..receive_queues(iface))
-            .map(|q| XdpSocket::open(index, q, max_frame))
+            .map(|q| open_socket(index, q, max_frame))
             .collect::<std::io::Result<Vec<_>>>()?;
         let steering = XdpSteering::attach(index, &sockets)?;
         Ok(XdpPort {
@@ -109,6 +110,24 @@ impl XdpPort {
         // Asked only when there is something to send: one system call a batch.
         let up = crate::sys::interface_up(self.promiscuous.as_fd(), &self.iface)?;
         self.sockets[0].flush(up)
+    }
+}
+
+/// How long a queue that another socket holds is waited for: the kernel lets go of a
+/// closed socket's queue a moment after the close (in deferred work), so a service
+/// restarted at once can find its old self still there.
+const RELEASE_WAIT: Duration = Duration::from_secs(2);
+
+/// [`XdpSocket::open`], tried again while the queue is busy, for up to [`RELEASE_WAIT`].
+fn open_socket(index: u32, queue: u32, max_frame: usize) -> std::io::Result<XdpSocket> {
+    let since = Instant::now();
+    loop {
+        match XdpSocket::open(index, queue, max_frame) {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && since.elapsed() < RELEASE_WAIT => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            r => return r,
+        }
     }
 }
 
