@@ -677,6 +677,8 @@ fn io(
                         Err(_) => break,
                     }
                 }
+                // What a busy transmit queue left unsent goes before the wait.
+                out.flush_live();
                 if let Source::Live(readable) = &mut source {
                     let ports = &out.live;
                     // A link that went down: said, and the port reads again once it is up.
@@ -887,6 +889,17 @@ impl Outputs {
                 }
             }
         }
+        self.flush_live();
+        self.pool.append(&mut batch.packets);
+        self.batches.push(batch.packets);
+        if !batch.mirrors.is_empty() {
+            let _ = self.spares_back[batch.worker].try_send(batch.mirrors);
+        }
+        Ok(())
+    }
+
+    /// Hands the live ports what was sent through them (AF_XDP queues frames until then).
+    fn flush_live(&mut self) {
         for live in self.live.iter_mut().flatten() {
             match live.flush() {
                 Ok(0) => {}
@@ -907,12 +920,6 @@ impl Outputs {
                 }
             }
         }
-        self.pool.append(&mut batch.packets);
-        self.batches.push(batch.packets);
-        if !batch.mirrors.is_empty() {
-            let _ = self.spares_back[batch.worker].try_send(batch.mirrors);
-        }
-        Ok(())
     }
 }
 

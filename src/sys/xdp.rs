@@ -419,20 +419,18 @@ impl XdpSocket {
     /// them, stale, once it is up): how many it dropped. Errors are the interface's (gone):
     /// the frames shown stay for the next flush.
     pub fn flush(&mut self, up: bool) -> io::Result<usize> {
-        let mut dropped = 0;
-        if up {
-            if self.tx.unpublished().next().is_some() {
-                self.tx.publish();
-                self.unsent = true;
-            }
-        } else {
+        if !up {
             let free = self.free_tx.len();
             self.free_tx.extend(self.tx.unpublished().map(|d| d.addr));
-            dropped = self.free_tx.len() - free;
             self.tx.unwrite();
+            return Ok(self.free_tx.len() - free);
+        }
+        if self.tx.unpublished().next().is_some() {
+            self.tx.publish();
+            self.unsent = true;
         }
         if !self.unsent {
-            return Ok(dropped);
+            return Ok(0);
         }
         // The kernel sends at most a few dozen frames a call (then says EAGAIN), and a
         // zero-copy driver needs no call unless it asks.
@@ -458,12 +456,12 @@ impl XdpSocket {
             match e.raw_os_error() {
                 Some(libc::EAGAIN | libc::EBUSY | libc::EINTR) => {}
                 // No buffers now: the rest go at the next flush.
-                Some(libc::ENOBUFS) => return Ok(dropped),
+                Some(libc::ENOBUFS) => return Ok(0),
                 _ => return Err(e),
             }
         }
         self.unsent = false;
-        Ok(dropped)
+        Ok(0)
     }
 
     /// Takes back the TX chunks the kernel has sent.
