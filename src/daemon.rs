@@ -364,6 +364,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         tracing::info!(
             iface = port.iface(),
             driver = port.driver(),
+            mode = %port.mode(),
             "live port open"
         );
     }

@@ -285,17 +285,20 @@ impl Lab {
 
 #[test]
 fn the_stateful_firewall_runs_between_two_hosts() {
-    firewall_between_two_hosts("af_packet", "AF_PACKET", "f");
+    firewall_between_two_hosts("af_packet", "AF_PACKET mapped receive ring", "f");
 }
 
 /// The same through AF_XDP: an XDP program steers each link's frames to dpuflow's
 /// sockets before the dut's kernel sees them.
 #[test]
 fn the_stateful_firewall_runs_between_two_hosts_through_af_xdp() {
-    firewall_between_two_hosts("af_xdp", "AF_XDP", "a");
+    // A veth has one queue, and no zero-copy AF_XDP.
+    firewall_between_two_hosts("af_xdp", "AF_XDP 1 queue(s), copy", "a");
 }
 
-fn firewall_between_two_hosts(driver: &str, family: &str, tag: &str) {
+/// `log` is the socket family and mode the service logs for the port.
+fn firewall_between_two_hosts(driver: &str, log: &str, tag: &str) {
+    let (family, mode) = log.split_once(' ').expect("family and mode");
     let lab = Lab::for_driver(driver, tag);
     let dir = Scratch::new(&format!("live-ports-{driver}"));
     let pipe = std::fs::read_to_string("pipelines/stateful-firewall.pipe")
@@ -385,7 +388,9 @@ fn firewall_between_two_hosts(driver: &str, family: &str, tag: &str) {
         .expect("log");
     assert!(status.success(), "exit {status}:\n{log}");
     assert!(
-        log.contains(&format!("live port open iface=\"in0\" driver=\"{family}\"")),
+        log.contains(&format!(
+            "live port open iface=\"in0\" driver=\"{family}\" mode={mode}"
+        )),
         "{log}"
     );
 }

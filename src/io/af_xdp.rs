@@ -54,6 +54,17 @@ impl XdpPort {
         })
     }
 
+    /// How the port works, for the log: its receive queues, and whether the kernel hands
+    /// their frames over in place (zero-copy) or copies them.
+    pub fn mode(&self) -> String {
+        let copies = if self.sockets.iter().all(XdpSocket::zero_copy) {
+            "zero-copy"
+        } else {
+            "copy"
+        };
+        format!("{} queue(s), {copies}", self.sockets.len())
+    }
+
     /// The sockets to wait on for frames.
     pub fn fds(&self) -> impl Iterator<Item = BorrowedFd<'_>> {
         self.sockets.iter().map(XdpSocket::fd)

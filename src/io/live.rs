@@ -122,6 +122,14 @@ impl LivePort {
         }
     }
 
+    /// How the port works, for the log (AF_XDP: queues, zero-copy or copy).
+    pub fn mode(&self) -> String {
+        match &self.socket {
+            Socket::Packet(_) => "mapped receive ring".to_owned(),
+            Socket::Xdp(x) => x.mode(),
+        }
+    }
+
     /// The descriptors to wait on for frames.
     pub fn fds(&self) -> Vec<BorrowedFd<'_>> {
         match &self.socket {

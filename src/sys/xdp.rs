@@ -349,6 +349,13 @@ impl XdpSocket {
         Ok(s)
     }
 
+    /// Whether the kernel hands frames over in place (the driver's zero-copy AF_XDP)
+    /// rather than copying them (XDP_OPTIONS).
+    pub fn zero_copy(&self) -> bool {
+        get_option::<libc::xdp_options>(&self.fd, libc::SOL_XDP, libc::XDP_OPTIONS)
+            .is_ok_and(|o| o.flags & libc::XDP_OPTIONS_ZEROCOPY != 0)
+    }
+
     pub fn fd(&self) -> BorrowedFd<'_> {
         use std::os::fd::AsFd;
         self.fd.as_fd()
