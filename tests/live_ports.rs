@@ -589,6 +589,76 @@ fn the_xdp_program_goes_with_the_service() {
     }
 }
 
+/// The systemd unit's capabilities (deploy/systemd/dpuflow.service) open both kinds of
+/// live port for a user that is not root, and each of CAP_NET_RAW, CAP_NET_ADMIN and
+/// CAP_BPF is needed: without it the service refuses to start, naming the port.
+#[test]
+fn the_units_capabilities_open_live_ports_and_each_is_needed() {
+    let (lab, _dir, pipe_path) = Lab::with_pipeline_on(
+        "af_xdp",
+        "u",
+        "pipe out root from inside { default { actions fwd outside } }\n",
+    );
+    // The second port on AF_PACKET.
+    let text = std::fs::read_to_string(&pipe_path).expect("pipeline");
+    let text = text.replacen(
+        "port outside { driver af_xdp",
+        "port outside { driver af_packet",
+        1,
+    );
+    std::fs::write(&pipe_path, text).expect("write pipeline");
+    let unit = std::fs::read_to_string("deploy/systemd/dpuflow.service").expect("unit");
+    let caps: Vec<String> = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("AmbientCapabilities="))
+        .expect("AmbientCapabilities")
+        .split_whitespace()
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    let bin = env!("CARGO_BIN_EXE_dpuflow");
+    let run_with = |caps: &[&String]| {
+        let set = std::iter::once("-all".to_owned())
+            .chain(
+                caps.iter()
+                    .map(|c| format!("+{}", c.trim_start_matches("cap_"))),
+            )
+            .collect::<Vec<_>>()
+            .join(",");
+        Command::new("ip")
+            .args(["netns", "exec", &lab.dut, "setpriv"])
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .args([
+                format!("--inh-caps={set}"),
+                format!("--ambient-caps={set}"),
+                format!("--bounding-set={set}"),
+            ])
+            .args([bin, "run", &pipe_path, "--metrics", "127.0.0.1:9464"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("setpriv (util-linux)")
+    };
+    let all: Vec<&String> = caps.iter().collect();
+    let dpuflow = Running(run_with(&all));
+    let m = lab.metrics_until(|m| m.contains("dpuflow_build_info"), "serving as nobody");
+    assert!(
+        m.contains("dpuflow_port_received_packets_total{port=\"inside\"}"),
+        "{m}"
+    );
+    drop(dpuflow);
+    for needed in ["cap_net_raw", "cap_net_admin", "cap_bpf"] {
+        let fewer: Vec<&String> = caps.iter().filter(|c| *c != needed).collect();
+        assert!(fewer.len() < caps.len(), "the unit lacks {needed}");
+        let out = run_with(&fewer).wait_with_output().expect("dpuflow");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "without {needed}: {err}");
+        assert!(
+            err.contains("interface in0: AF_XDP socket: Operation not permitted"),
+            "without {needed}: {err}"
+        );
+    }
+}
+
 /// Frames the kernel drops because a port's receive ring is full are counted
 /// (`ring_full`): with the service stopped (SIGSTOP), 10,000 frames meet a ring of 4096
 /// slots; once it runs again, what it read and what the ring dropped add up to them.

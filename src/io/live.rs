@@ -17,8 +17,8 @@ pub enum LiveError {
         iface: String,
         source: std::io::Error,
     },
-    /// the socket could not be opened (it needs CAP_NET_RAW, and AF_XDP CAP_BPF and
-    /// CAP_NET_ADMIN too), its rings mapped or, for AF_XDP, its XDP program attached
+    /// the socket could not be opened (it needs CAP_NET_RAW, and AF_XDP CAP_NET_ADMIN and
+    /// CAP_BPF too), its rings mapped or, for AF_XDP, its XDP program attached
     #[error("interface {iface}: {driver} socket: {source}{hint}")]
     Socket {
         iface: String,
@@ -84,9 +84,10 @@ impl LivePort {
         };
         let failed = |source: std::io::Error| {
             let hint = match source.raw_os_error() {
-                Some(libc::EPERM) => {
+                Some(libc::EPERM) if driver == Driver::AfXdp => {
                     " (run as root, or with CAP_NET_RAW, CAP_NET_ADMIN and CAP_BPF)"
                 }
+                Some(libc::EPERM) => " (run as root, or with CAP_NET_RAW)",
                 Some(libc::EBUSY | libc::EEXIST) if driver == Driver::AfXdp => {
                     " (another XDP program or AF_XDP socket is on the interface)"
                 }
