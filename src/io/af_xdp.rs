@@ -7,8 +7,8 @@
 //! XDP sees frames as the driver received them, before the kernel's stack: nothing is
 //! taken out or left unfinished by the stack, but a NIC's own VLAN stripping, receive
 //! offloads (LRO, GRO hardware) and, on a virtual link, the sender's checksum and
-//! segmentation offloads must be off (docs/operations.md). Frames longer than a chunk of
-//! the socket's memory (3840 bytes) do not arrive.
+//! segmentation offloads must be off (docs/operations.md). A frame must fit a chunk of the
+//! socket's memory (3840 bytes at most): a port of a larger MTU is refused.
 
 use super::live::{Received, Sent};
 use crate::engine::PacketBuf;
@@ -32,14 +32,19 @@ pub struct XdpPort {
     turn: usize,
 }
 
-/// A VLAN tag's length: frames of a port of MTU `mtu` may carry two.
+/// Room beyond the MTU for two VLAN tags of four bytes.
 const VLAN_TAGS: usize = 8;
+
+/// The largest frame a port carries, for its `mtu`.
+fn largest_frame(mtu: u16) -> usize {
+    usize::from(mtu) + ethernet::HEADER_LEN + VLAN_TAGS
+}
 
 impl XdpPort {
     /// Opens interface `index` (named `iface`) for a port whose largest IP packet is
     /// `mtu` bytes.
     pub fn open(port: PortId, iface: &str, index: u32, mtu: u16) -> std::io::Result<XdpPort> {
-        let max_frame = usize::from(mtu) + ethernet::HEADER_LEN + VLAN_TAGS;
+        let max_frame = largest_frame(mtu);
         let sockets = (0..receive_queues(iface))
             .map(|q| open_socket(index, q, max_frame))
             .collect::<std::io::Result<Vec<_>>>()?;
@@ -153,4 +158,19 @@ fn receive_queues(iface: &str) -> u32 {
         })
         .unwrap_or(1)
         .max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::Driver;
+
+    /// The check's bound on an af_xdp port's MTU is what a socket's chunks hold.
+    #[test]
+    fn the_largest_mtu_fills_a_chunk() {
+        let mtu = Driver::AfXdp.largest_mtu();
+        assert_eq!(crate::sys::xdp::chunk_for(largest_frame(mtu)), Some(4096));
+        assert_eq!(crate::sys::xdp::chunk_for(largest_frame(mtu + 1)), None);
+        assert_eq!(crate::sys::xdp::chunk_for(largest_frame(1500)), Some(2048));
+    }
 }

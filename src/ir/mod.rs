@@ -127,6 +127,16 @@ impl Driver {
         ("doca", Driver::Doca),
     ];
 
+    /// The largest MTU a port of this driver carries. AF_XDP without multi-buffer puts a
+    /// frame in one chunk of the socket's memory, 4096 bytes less the 256 the kernel keeps
+    /// ahead of it: 3840 bytes of frame, an Ethernet header and two VLAN tags included.
+    pub fn largest_mtu(self) -> u16 {
+        match self {
+            Driver::AfXdp => 3840 - 14 - 8,
+            _ => u16::MAX,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         Driver::ALL
             .iter()

@@ -359,6 +359,27 @@ impl Lowerer<'_> {
                 return None;
             }
         }
+        if port.mtu > port.driver.largest_mtu() {
+            let at = b
+                .options
+                .iter()
+                .find(|o| o.key.text == "mtu")
+                .map_or(b.name.span, |o| o.key.span);
+            self.err(
+                at,
+                format!(
+                    "port `{}` uses driver {}, whose MTU is at most {}",
+                    b.name.text,
+                    port.driver.name(),
+                    port.driver.largest_mtu()
+                ),
+            )
+            .hint = Some(
+                "AF_XDP puts a frame in one 4 KiB chunk; use driver af_packet for larger frames"
+                    .into(),
+            );
+            ok = false;
+        }
         if matches!(port.driver, Driver::AfPacket | Driver::AfXdp | Driver::Doca)
             && port.iface.is_none()
         {

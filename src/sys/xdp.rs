@@ -208,6 +208,14 @@ const TX_FRAMES: u32 = 1024;
 /// Headroom the kernel keeps before a received frame in its chunk (XDP_PACKET_HEADROOM).
 const KERNEL_HEADROOM: usize = 256;
 
+/// The chunk size (2 or 4 KiB) whose chunks hold frames of `max_frame` bytes after the
+/// kernel's headroom; `None` when none does.
+pub fn chunk_for(max_frame: usize) -> Option<usize> {
+    [2048, 4096]
+        .into_iter()
+        .find(|c| max_frame + KERNEL_HEADROOM <= *c)
+}
+
 /// What [`XdpSocket::send`] did with a frame.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Queued {
@@ -247,17 +255,12 @@ impl XdpSocket {
     /// A socket on queue `queue` of interface `ifindex`, for frames of up to `max_frame`
     /// bytes. Zero-copy where the driver offers it, else the kernel copies.
     pub fn open(ifindex: u32, queue: u32, max_frame: usize) -> io::Result<XdpSocket> {
-        let chunk = [2048, 4096]
-            .into_iter()
-            .find(|c| max_frame + KERNEL_HEADROOM <= *c)
-            .ok_or_else(|| {
-                io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!(
-                        "frames of {max_frame} bytes do not fit an AF_XDP chunk (3840 at most)"
-                    ),
-                )
-            })?;
+        let chunk = chunk_for(max_frame).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("frames of {max_frame} bytes do not fit an AF_XDP chunk (3840 at most)"),
+            )
+        })?;
         // SAFETY: socket(2) takes no pointers; the descriptor is owned at once.
         let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
         if raw < 0 {
