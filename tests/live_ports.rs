@@ -23,8 +23,10 @@ const CLIENT: &str = "10.77.0.1";
 const SERVER: &str = "10.77.0.2";
 
 impl Lab {
-    /// The namespaces and links; `tag` keeps the names of tests running at once apart.
-    fn new(tag: &str) -> Lab {
+    /// The namespaces and links, of `queues` receive and transmit queues (a veth hands a
+    /// frame to the peer's receive queue of the number its sender's transmit queue has);
+    /// `tag` keeps the names of tests running at once apart.
+    fn with_queues(tag: &str, queues: u16) -> Lab {
         let id = std::process::id();
         let lab = Lab {
             client: format!("dpl{id}{tag}c"),
@@ -32,14 +34,14 @@ impl Lab {
             server: format!("dpl{id}{tag}s"),
         };
         add_netns(&[&lab.client, &lab.dut, &lab.server]);
+        let q = queues.to_string();
+        let queues = ["numrxqueues", &q, "numtxqueues", &q];
         for (host, end, dut_end) in [(&lab.client, "c0", "in0"), (&lab.server, "s0", "out0")] {
-            tool_ok(
-                "ip",
-                &[
-                    "link", "add", end, "netns", host, "type", "veth", "peer", "name", dut_end,
-                    "netns", &lab.dut,
-                ],
-            );
+            let mut args = vec!["link", "add", end, "netns", host];
+            args.extend(queues);
+            args.extend(["type", "veth", "peer", "name", dut_end, "netns", &lab.dut]);
+            args.extend(queues);
+            tool_ok("ip", &args);
         }
         for (ns, iface) in [
             (&lab.client, "c0"),
@@ -200,11 +202,18 @@ impl Lab {
 
     /// Sends `count` UDP datagrams from the client to the server's port `dport`.
     fn send_udp(&self, dport: u16, count: usize) {
+        self.send_udp_flows(dport, count, 1);
+    }
+
+    /// Sends `count` UDP datagrams from the client to the server's port `dport`, from
+    /// `flows` source ports in turn.
+    fn send_udp_flows(&self, dport: u16, count: usize, flows: usize) {
         let send = format!(
             "from scapy.all import *\n\
-             f = Ether(src='02:00:00:00:00:01', dst='02:00:00:00:00:02')\
-             /IP(src='{CLIENT}', dst='{SERVER}')/UDP(sport=4000, dport={dport})\n\
-             sendp([f] * {count}, iface='c0', verbose=0)\n"
+             e = Ether(src='02:00:00:00:00:01', dst='02:00:00:00:00:02')\n\
+             fs = [e/IP(src='{CLIENT}', dst='{SERVER}')/UDP(sport=4000 + i % {flows}, \
+             dport={dport}) for i in range({count})]\n\
+             sendp(fs, iface='c0', verbose=0)\n"
         );
         self.run(&self.client, &[PYTHON, "-c", &send]);
     }
@@ -250,7 +259,7 @@ impl Drop for Lab {
 }
 
 impl Lab {
-    /// A lab (see [`Lab::new`]), a scratch directory, and in it a pipeline whose ports
+    /// A lab (see [`Lab::with_queues`]), a scratch directory, and in it a pipeline whose ports
     /// `inside` and `outside` are the dut's two links (live), followed by `body`: its path.
     fn with_pipeline(tag: &str, body: &str) -> (Lab, Scratch, String) {
         Lab::with_pipeline_on("af_packet", tag, body)
@@ -258,6 +267,16 @@ impl Lab {
 
     /// [`Lab::with_pipeline`] with ports of `driver`.
     fn with_pipeline_on(driver: &str, tag: &str, body: &str) -> (Lab, Scratch, String) {
+        Lab::with_pipeline_queues(driver, tag, 1, body)
+    }
+
+    /// [`Lab::with_pipeline_on`] with links of `queues` queues.
+    fn with_pipeline_queues(
+        driver: &str,
+        tag: &str,
+        queues: u16,
+        body: &str,
+    ) -> (Lab, Scratch, String) {
         let dir = Scratch::new(&format!("live-{tag}"));
         let path = dir.path("live.pipe");
         let text = format!(
@@ -267,13 +286,17 @@ impl Lab {
              {body}"
         );
         std::fs::write(&path, text).expect("write pipeline");
-        (Lab::for_driver(driver, tag), dir, path)
+        (Lab::for_driver_with_queues(driver, tag, queues), dir, path)
     }
 
     /// A lab for ports of `driver`: for AF_XDP, the hosts finish their own checksums (a
     /// veth leaves them to the receiver, and XDP runs before anything finishes them).
     fn for_driver(driver: &str, tag: &str) -> Lab {
-        let lab = Lab::new(tag);
+        Lab::for_driver_with_queues(driver, tag, 1)
+    }
+
+    fn for_driver_with_queues(driver: &str, tag: &str, queues: u16) -> Lab {
+        let lab = Lab::with_queues(tag, queues);
         if driver == "af_xdp" {
             for (ns, iface) in [(&lab.client, "c0"), (&lab.server, "s0")] {
                 lab.run(ns, &["ethtool", "-K", iface, "tx", "off"]);
@@ -657,6 +680,51 @@ fn the_units_capabilities_open_live_ports_and_each_is_needed() {
             "without {needed}: {err}"
         );
     }
+}
+
+/// An interface of several receive queues: the port has a socket on each, so frames of
+/// many flows, which the veth spreads over its four queues, all reach the pipeline (a
+/// queue without a socket would hand its frames to the dut's kernel instead).
+#[test]
+fn every_queue_of_an_af_xdp_port_is_read() {
+    let (lab, _dir, pipe_path) = Lab::with_pipeline_queues(
+        "af_xdp",
+        "n",
+        4,
+        "pipe out root from inside {\n\
+             rule udp { match ip.proto 17  actions fwd outside }\n\
+             default { actions drop }\n\
+         }\n",
+    );
+    let bin = env!("CARGO_BIN_EXE_dpuflow");
+    let mut dpuflow = Running(
+        Command::new("ip")
+            .args(["netns", "exec", &lab.dut, bin, "run", &pipe_path])
+            .args(["--metrics", "127.0.0.1:9464", "--workers", "2"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("dpuflow"),
+    );
+    lab.metrics_until(|m| m.contains("dpuflow_build_info"), "dpuflow run serving");
+    lab.send_udp_flows(5000, 2000, 64);
+    let udp = "dpuflow_rule_matched_packets_total{pipe=\"out\",rule=\"udp\"}";
+    let sent = "dpuflow_port_transmitted_packets_total{port=\"outside\"}";
+    let m = lab.metrics_until(
+        |m| metric(m, udp) == Some(2000) && metric(m, sent) == Some(2000),
+        "read and sent all 2000",
+    );
+    assert_eq!(metric(&m, udp), Some(2000), "{m}");
+    tool_ok("kill", &["-TERM", &dpuflow.0.id().to_string()]);
+    let status = dpuflow.0.wait().expect("wait");
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut dpuflow.0.stderr.take().expect("stderr"), &mut log)
+        .expect("log");
+    assert!(status.success(), "{log}");
+    assert!(
+        log.contains("live port open iface=\"in0\" driver=\"AF_XDP\" mode=4 queue(s), copy"),
+        "{log}"
+    );
 }
 
 /// Frames the kernel drops because a port's receive ring is full are counted
