@@ -207,13 +207,16 @@ impl Lowerer<'_> {
         let telemetry = self.telemetry(telemetry);
         let mut lowered = Vec::new();
         let mut gotos = Vec::new();
+        let mut to_services = Vec::new();
         let mut feeders: HashMap<u16, Span> = HashMap::new();
         for p in &pipes {
-            let (pipe, edges) = self.pipe(p, &mut feeders);
+            let (pipe, ctx) = self.pipe(p, &mut feeders);
             lowered.push(pipe);
-            gotos.push(edges);
+            gotos.push(ctx.gotos);
+            to_services.push(ctx.to_services);
         }
         self.check_graph(&pipes, &gotos);
+        self.check_services_reachable(&ports, &pipes, &gotos, &to_services);
         let pipes: Vec<Pipe> = lowered.into_iter().collect::<Option<_>>()?;
         // A pipeline that tracks connections without a `conntrack` block gets the defaults.
         let conntrack = conntrack.or_else(|| {
@@ -828,12 +831,9 @@ impl Lowerer<'_> {
 
     // ---- pipes ---------------------------------------------------------------------
 
-    /// Lowers one pipe; also returns its `goto` edges with their spans.
-    fn pipe(
-        &mut self,
-        p: &ast::Pipe,
-        feeders: &mut HashMap<u16, Span>,
-    ) -> (Option<Pipe>, Vec<(u16, Span)>) {
+    /// Lowers one pipe; also returns what the pipe-graph checks need of it (its `goto`
+    /// edges and `to` actions, with their spans).
+    fn pipe(&mut self, p: &ast::Pipe, feeders: &mut HashMap<u16, Span>) -> (Option<Pipe>, PipeCtx) {
         let mut from = Vec::new();
         for w in &p.from {
             if let Some(id) = self.resolve_port(w) {
@@ -930,7 +930,7 @@ impl Lowerer<'_> {
             body,
             miss,
         });
-        (pipe, ctx.gotos)
+        (pipe, ctx)
     }
 
     fn resolve(&mut self, names_of: fn(&Self) -> &Names, what: &str, w: &Word) -> Option<u16> {
@@ -1550,11 +1550,14 @@ impl Lowerer<'_> {
                 Action::Goto(PipeId(id))
             }
             "meter" => Action::Meter(MeterId(self.resolve(|l| &l.meters, "meter", arg(a, 0)?)?)),
-            "to" => Action::ToService(ServiceId(self.resolve(
-                |l| &l.services,
-                "service",
-                arg(a, 0)?,
-            )?)),
+            "to" => {
+                ctx.to_services.push(a.span);
+                Action::ToService(ServiceId(self.resolve(
+                    |l| &l.services,
+                    "service",
+                    arg(a, 0)?,
+                )?))
+            }
             "drop" => Action::Drop,
             "count" => Action::Count,
             "mark" => Action::Mark(self.int_in(arg(a, 0)?, "mark", 0, u32::MAX.into())? as u32),
@@ -1840,6 +1843,50 @@ impl Lowerer<'_> {
         }
     }
 
+    /// Warns where packets from an af_xdp port can be sent `to` a local service: an AF_XDP
+    /// port takes its interface's frames before the kernel's stack sees them, so they
+    /// never reach the service's socket (an af_packet port leaves the stack its copy).
+    fn check_services_reachable(
+        &mut self,
+        ports: &[Port],
+        pipes: &[&ast::Pipe],
+        gotos: &[Vec<(u16, Span)>],
+        to_services: &[Vec<Span>],
+    ) {
+        for port in ports.iter().filter(|p| p.driver == Driver::AfXdp) {
+            let mut reached = vec![false; pipes.len()];
+            let mut work: Vec<usize> = (0..pipes.len())
+                .filter(|&i| pipes[i].from.iter().any(|w| w.text == port.name))
+                .collect();
+            while let Some(p) = work.pop() {
+                if std::mem::replace(&mut reached[p], true) {
+                    continue;
+                }
+                work.extend(gotos[p].iter().map(|&(to, _)| to as usize));
+            }
+            let first = (0..pipes.len())
+                .filter(|&i| reached[i])
+                .find_map(|i| to_services[i].first());
+            if let Some(&at) = first {
+                self.diags.push(
+                    Diagnostic::warning(
+                        at,
+                        format!(
+                            "packets from port `{}` (driver af_xdp) sent here never reach the \
+                             service: AF_XDP takes them away from the kernel's stack, where it \
+                             listens",
+                            port.name
+                        ),
+                    )
+                    .hint(format!(
+                        "give port `{}` driver af_packet, or reach the service through another interface",
+                        port.name
+                    )),
+                );
+            }
+        }
+    }
+
     /// Warns about each rule that an earlier rule of the same pipe fully covers.
     fn check_shadowing(&mut self, pipe: &Word, rules: &[(Rule, RuleSite)]) {
         // Fast path: every pattern of every rule as an interval over a common field list,
@@ -1887,6 +1934,8 @@ impl Lowerer<'_> {
 #[derive(Default)]
 struct PipeCtx {
     gotos: Vec<(u16, Span)>,
+    /// Where the pipe's `to SERVICE` actions are.
+    to_services: Vec<Span>,
     failed: bool,
 }
 

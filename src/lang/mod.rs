@@ -111,6 +111,35 @@ mod tests {
         assert!(p.conntrack.is_none());
     }
 
+    /// Packets an af_xdp port receives never reach a local service, through however many
+    /// pipes: `to` is warned about where such packets can reach it, not where they cannot.
+    #[test]
+    fn services_behind_af_xdp_ports_are_warned_about() {
+        let text = |driver: &str| {
+            format!(
+                "pipeline p\nport f {{ driver {driver} iface \"x\" }}\nport g {{ driver pcap }}\n\
+                 service kvcache {{ listen 127.0.0.1:6379 target \"file:///tmp/kv\" capacity 1GiB }}\n\
+                 pipe a root from f {{ rule r {{ match tcp.dst 6379 actions goto b }} default {{ actions drop }} }}\n\
+                 pipe b {{ default {{ actions to kvcache }} }}\n\
+                 pipe c root from g {{ default {{ actions to kvcache }} }}\n"
+            )
+        };
+        let warned = |driver: &str| {
+            let c = check_source("t.pipe", &text(driver), Path::new("."));
+            assert!(!c.has_errors(), "{}", c.render());
+            c.render()
+                .lines()
+                .filter(|l| l.contains("never reach the service"))
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        let w = warned("af_xdp");
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].starts_with("t.pipe:6:"), "{w:?}");
+        assert!(w[0].contains("port `f` (driver af_xdp)"), "{w:?}");
+        assert!(warned("af_packet").is_empty());
+    }
+
     #[test]
     fn lowers_encap_tables_and_ids() {
         let p = program(
