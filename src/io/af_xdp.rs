@@ -123,8 +123,9 @@ impl XdpPort {
         if !self.sockets[0].pending() {
             return Ok(0);
         }
-        // Asked only when there is something to send: one system call a batch.
-        let up = crate::sys::interface_up(self.promiscuous.as_fd(), &self.iface)?;
+        // Asked only when there is something to send: one system call a batch. An
+        // interface that cannot be asked about (it is gone) is down.
+        let up = crate::sys::interface_up(self.promiscuous.as_fd(), &self.iface).unwrap_or(false);
         self.sockets[0].flush(up)
     }
 }
