@@ -389,6 +389,9 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     let mut to_workers = Vec::new();
     let mut spares_back = Vec::new();
     let mut handles = Vec::new();
+    // With live ports and one worker, the I/O thread runs the worker itself: handing each
+    // small batch to another thread and back cost more than the batch (docs/benchmarks.md).
+    let mut inline = None;
     for w in 0..workers {
         let (tx, rx) = bounded::<Vec<PacketBuf>>(QUEUE);
         to_workers.push(tx);
@@ -401,9 +404,11 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             spares: spare_rx,
             flows: flows_tx,
         };
-        handles.push(watch.spawn(&format!("worker-{w}"), move || {
-            worker(w, &shared, &channels)
-        })?);
+        if lives > 0 && workers == 1 {
+            inline = Some(channels);
+            continue;
+        }
+        handles.push(watch.spawn(&format!("worker-{w}"), move || worker(w, &shared, channels))?);
     }
     drop(done_tx);
     drop(flows_tx);
@@ -415,6 +420,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             to_workers,
             done: done_rx,
             spares_back,
+            inline,
         };
         watch.spawn("io", move || {
             let done = io(source, &opts, (writers, live), ends, &shared, &stop);
@@ -559,6 +565,8 @@ struct IoEnds {
     done: Receiver<Processed>,
     /// Mirror-copy buffers back to each worker.
     spares_back: Vec<Sender<Vec<PacketBuf>>>,
+    /// The only worker's ends, when the I/O thread runs it itself.
+    inline: Option<WorkerChannels>,
 }
 
 /// Where the I/O thread reads packets from.
@@ -604,7 +612,9 @@ fn io(
         to_workers,
         done,
         spares_back,
+        inline,
     } = ends;
+    let mut inline = inline.map(|ch| Worker::new(0, shared, ch));
     let mut out = Outputs {
         writers,
         live,
@@ -672,6 +682,7 @@ fn io(
                         sent += 1;
                     }
                 }
+                pump(&mut inline);
                 while out.returned < sent {
                     match done.recv_timeout(IDLE_WAIT) {
                         Ok(p) => out.write(p)?,
@@ -729,16 +740,19 @@ fn io(
                 made += 1;
                 PacketBuf::new(DEFAULT_MAX_FRAME)
             }
-            None => match done.recv() {
-                Ok(p) => {
-                    out.write(p)?;
-                    out.pool
-                        .pop()
-                        .expect("a processed batch returns its buffers")
+            None => {
+                pump(&mut inline);
+                match done.recv() {
+                    Ok(p) => {
+                        out.write(p)?;
+                        out.pool
+                            .pop()
+                            .expect("a processed batch returns its buffers")
+                    }
+                    // Every worker is gone (none runs without the I/O thread's batches).
+                    Err(_) => break,
                 }
-                // Every worker is gone (none runs without the I/O thread's batches).
-                Err(_) => break,
-            },
+            }
         };
         current[w].push(std::mem::replace(&mut slot, fresh));
         if current[w].len() == batch {
@@ -749,6 +763,7 @@ fn io(
             let full = std::mem::replace(&mut current[w], empty);
             workers_gone = !send(&to_workers[w], full, &done, &mut out)?;
             sent += 1;
+            pump(&mut inline);
             // Whatever the workers have finished is written now, not when its buffers are
             // next needed: outputs keep up, and fewer buffers circulate.
             while let Ok(p) = done.try_recv() {
@@ -766,9 +781,14 @@ fn io(
         if !b.is_empty() && !send(&to_workers[w], b, &done, &mut out)? {
             break;
         }
+        pump(&mut inline);
     }
-    // The workers finish what they hold once their channels close.
+    // The workers finish what they hold once their channels close (the one this thread
+    // runs, now).
     drop(to_workers);
+    if let Some(w) = inline {
+        w.finish();
+    }
     for p in done.iter() {
         out.write(p)?;
     }
@@ -944,25 +964,75 @@ struct WorkerChannels {
     flows: Option<Sender<Vec<FlowRecord>>>,
 }
 
-fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
-    let (rx, done, flows) = (&ch.rx, &ch.done, ch.flows.as_ref());
-    // Buffers for mirror copies: they travel to the I/O thread and come back, so after the
-    // first copies none is allocated.
-    let mut spare: Vec<PacketBuf> = Vec::new();
-    let mut engine = Engine::sharing(Arc::clone(&shared.code));
-    engine.share_meters(&shared.meters, shared.workers);
-    let t = &shared.program.telemetry;
-    if flows.is_some() {
-        engine.enable_flows(t);
+fn worker(id: usize, shared: &Shared, ch: WorkerChannels) {
+    let mut w = Worker::new(id, shared, ch);
+    loop {
+        // Between batches no longer than it takes to publish: counts then never lag a
+        // scrape by more than that, traffic or not.
+        match w.ch.rx.recv_timeout(PUBLISH_EVERY) {
+            Ok(batch) => {
+                if !w.process(batch) {
+                    break;
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Timeout) => w.idle(),
+        }
     }
-    let (mut last_export, mut now_ns) = (Instant::now(), 0u64);
-    let mut unsent: Option<Vec<FlowRecord>> = None;
-    let mut latency = Latency::default();
-    let mut last = Instant::now();
-    // Publishes the worker's counts for scrapes; `now_or_later` gives up (false) rather
-    // than wait while a scrape reads them: the next batch tries again.
-    let publish = |engine: &Engine, latency: &Latency, now_or_later: bool| {
-        let slot = &shared.snapshots[id];
+    w.finish();
+}
+
+/// A worker's engine and what it keeps between batches. A worker thread runs one; with
+/// one worker and live ports the I/O thread runs it itself ([`Worker::pump`]), sparing
+/// two thread wake-ups a batch.
+struct Worker<'s> {
+    id: usize,
+    shared: &'s Shared,
+    ch: WorkerChannels,
+    engine: Engine,
+    /// Buffers for mirror copies: they travel to the I/O thread and come back, so after
+    /// the first copies none is allocated.
+    spare: Vec<PacketBuf>,
+    last_export: Instant,
+    /// The latest packet time seen (live ports: or the time of day, when idle).
+    now_ns: u64,
+    /// Flow records the exporter's queue had no room for yet.
+    unsent: Option<Vec<FlowRecord>>,
+    latency: Latency,
+    /// When the counts were last published.
+    published: Instant,
+    batches: u64,
+}
+
+impl<'s> Worker<'s> {
+    fn new(id: usize, shared: &'s Shared, ch: WorkerChannels) -> Worker<'s> {
+        let mut engine = Engine::sharing(Arc::clone(&shared.code));
+        engine.share_meters(&shared.meters, shared.workers);
+        if ch.flows.is_some() {
+            engine.enable_flows(&shared.program.telemetry);
+        }
+        let w = Worker {
+            id,
+            shared,
+            ch,
+            engine,
+            spare: Vec::new(),
+            last_export: Instant::now(),
+            now_ns: 0,
+            unsent: None,
+            latency: Latency::default(),
+            published: Instant::now(),
+            batches: 0,
+        };
+        w.publish(false);
+        shared.workers_up.fetch_add(1, Ordering::Relaxed);
+        w
+    }
+
+    /// Publishes the worker's counts for scrapes; `now_or_later` gives up (false) rather
+    /// than wait while a scrape reads them: the next batch tries again.
+    fn publish(&self, now_or_later: bool) -> bool {
+        let slot = &self.shared.snapshots[self.id];
         let locked = if now_or_later {
             slot.try_lock().ok()
         } else {
@@ -972,94 +1042,117 @@ fn worker(id: usize, shared: &Shared, ch: &WorkerChannels) {
             return false;
         };
         *s = Snapshot {
-            stats: engine.stats().clone(),
-            conntrack: engine.conntrack().map(|c| c.stats),
-            flows: engine.flow_stats(),
+            stats: self.engine.stats().clone(),
+            conntrack: self.engine.conntrack().map(|c| c.stats),
+            flows: self.engine.flow_stats(),
             export: None,
-            latency: latency.clone(),
+            latency: self.latency.clone(),
         };
         true
-    };
-    publish(&engine, &latency, false);
-    shared.workers_up.fetch_add(1, Ordering::Relaxed);
-    let mut n = 0u64;
-    loop {
-        // Between batches no longer than it takes to publish: counts then never lag a
-        // scrape by more than that, traffic or not.
-        let mut batch = match rx.recv_timeout(PUBLISH_EVERY) {
-            Ok(b) => b,
-            Err(RecvTimeoutError::Disconnected) => break,
-            Err(RecvTimeoutError::Timeout) => {
-                // Live ports' time goes on without packets: what timed out ends. (A
-                // capture's time is its packets'.)
-                if shared.live {
-                    now_ns = now_ns.max(wall_clock_ns());
-                    engine.advance(now_ns);
-                }
-                if publish(&engine, &latency, true) {
-                    last = Instant::now();
-                }
-                unsent = export_due(&mut engine, flows, unsent, &mut last_export);
-                continue;
-            }
-        };
-        n += 1;
-        let timed = (n % LATENCY_SAMPLE == 0).then(Instant::now);
-        engine.process(&mut batch, &mut NoObserver);
-        now_ns = batch
+    }
+
+    /// Runs a batch and sends it back processed; `false` when the I/O thread is gone.
+    fn process(&mut self, mut batch: Vec<PacketBuf>) -> bool {
+        self.batches += 1;
+        let timed = (self.batches % LATENCY_SAMPLE == 0).then(Instant::now);
+        self.engine.process(&mut batch, &mut NoObserver);
+        self.now_ns = batch
             .iter()
             .map(|p| p.ts_ns)
             .max()
-            .unwrap_or(now_ns)
-            .max(now_ns);
+            .unwrap_or(self.now_ns)
+            .max(self.now_ns);
         if let Some(t) = timed {
-            latency.observe(
+            self.latency.observe(
                 t.elapsed().as_secs_f64() / batch.len() as f64,
                 batch.len() as u64,
             );
         }
         let mut mirrors = Vec::new();
-        let copies = engine.mirrors();
+        let copies = self.engine.mirrors();
         if !copies.is_empty() {
-            while let Ok(mut back) = ch.spares.try_recv() {
-                spare.append(&mut back);
+            while let Ok(mut back) = self.ch.spares.try_recv() {
+                self.spare.append(&mut back);
                 if mirrors.capacity() == 0 {
                     mirrors = back;
                 }
             }
             for c in copies {
-                let mut b = spare
+                let mut b = self
+                    .spare
                     .pop()
                     .unwrap_or_else(|| PacketBuf::new(DEFAULT_MAX_FRAME));
                 if b.load(c.data(), c.port, c.ts_ns) {
                     b.verdict = c.verdict;
                     mirrors.push(b);
                 } else {
-                    spare.push(b);
+                    self.spare.push(b);
                 }
             }
         }
         let processed = Processed {
             packets: batch,
             mirrors,
-            worker: id,
+            worker: self.id,
         };
-        if done.send(processed).is_err() {
-            break;
+        if self.ch.done.send(processed).is_err() {
+            return false;
         }
-        if last.elapsed() >= PUBLISH_EVERY && publish(&engine, &latency, true) {
-            last = Instant::now();
+        if self.published.elapsed() >= PUBLISH_EVERY && self.publish(true) {
+            self.published = Instant::now();
         }
-        unsent = export_due(&mut engine, flows, unsent, &mut last_export);
+        self.unsent = export_due(
+            &mut self.engine,
+            self.ch.flows.as_ref(),
+            self.unsent.take(),
+            &mut self.last_export,
+        );
+        true
     }
-    if let Some(tx) = flows {
-        let mut rest = unsent.unwrap_or_default();
-        engine.flush_flows(now_ns, &mut rest);
-        if !rest.is_empty() {
-            let _ = tx.send(rest);
+
+    /// What a worker does when no batch came for [`PUBLISH_EVERY`].
+    fn idle(&mut self) {
+        // Live ports' time goes on without packets: what timed out ends. (A capture's
+        // time is its packets'.)
+        if self.shared.live {
+            self.now_ns = self.now_ns.max(wall_clock_ns());
+            self.engine.advance(self.now_ns);
+        }
+        if self.publish(true) {
+            self.published = Instant::now();
+        }
+        self.unsent = export_due(
+            &mut self.engine,
+            self.ch.flows.as_ref(),
+            self.unsent.take(),
+            &mut self.last_export,
+        );
+    }
+
+    /// Runs the batches waiting for it, from the thread that sent them (the I/O thread,
+    /// when it runs the only worker itself); with none, does its idle work if due.
+    fn pump(&mut self) {
+        let mut ran = false;
+        while let Ok(batch) = self.ch.rx.try_recv() {
+            ran |= self.process(batch);
+        }
+        if !ran && self.published.elapsed() >= PUBLISH_EVERY {
+            self.idle();
         }
     }
-    publish(&engine, &latency, false);
+
+    /// Ends the worker: its flows' last records go to the exporter, its counts are
+    /// published, and the channel back to the I/O thread closes.
+    fn finish(mut self) {
+        if let Some(tx) = &self.ch.flows {
+            let mut rest = self.unsent.take().unwrap_or_default();
+            self.engine.flush_flows(self.now_ns, &mut rest);
+            if !rest.is_empty() {
+                let _ = tx.send(rest);
+            }
+        }
+        self.publish(false);
+    }
 }
 
 /// Hands the exporter the flow records that are due, when exporting: every
@@ -1084,6 +1177,13 @@ fn export_due(
         *last_export = Instant::now();
     }
     unsent
+}
+
+/// Runs what was just handed to the worker, when the I/O thread runs it itself.
+fn pump(inline: &mut Option<Worker>) {
+    if let Some(w) = inline {
+        w.pump();
+    }
 }
 
 /// The time of day in nanoseconds since 1970: live ports' clock.
