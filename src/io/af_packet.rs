@@ -1,23 +1,24 @@
 //! Live ports on Linux network interfaces through AF_PACKET sockets (packet(7)): the
 //! frames the interface receives arrive in a ring mapped from the kernel (TPACKET_V2, no
 //! system call a frame) and are copied into packet buffers; every frame sent out of the
-//! port is one send(2). The socket sees the interface promiscuously and not the frames
+//! port is one writev(2). The socket sees the interface promiscuously and not the frames
 //! sent through it, so a port can sit in the path between two hosts (a bump in the
 //! wire).
 //!
 //! The kernel hands a socket frames as its interface left them: the VLAN tag taken out
-//! (put back here, from the ring's frame header), the TCP or UDP checksum of a frame sent
-//! by this host or across a virtual link left for hardware to finish (finished here),
-//! and, with receive offloads (GRO, LRO) or a virtual link's segmentation offloads (TSO,
-//! GSO) on, merged or unsegmented frames larger than any wire carries, which must be
-//! turned off (docs/operations.md).
+//! (put back here, from the ring's frame header), a checksum of a frame sent by this host
+//! or across a virtual link left for hardware to finish (finished here, where the
+//! virtio-net header the kernel puts before each frame says: the L4 header's, or an inner
+//! one's in a tunnel), and, with receive offloads (GRO, LRO) or a virtual link's
+//! segmentation offloads (TSO, GSO) on, merged or unsegmented frames larger than any wire
+//! carries, which must be turned off (docs/operations.md).
 
 use super::live::{Received, Sent};
 use crate::engine::PacketBuf;
 use crate::ir::PortId;
 use crate::sys::RxRing;
-use crate::wire::ethernet::{self, ethertype};
-use crate::wire::{be16, checksum, ip_proto, ipv4, ipv6, put16};
+use crate::wire::ethernet;
+use crate::wire::{checksum, put16};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 /// Times a full transmit queue is tried again before the frame is given up.
@@ -85,8 +86,10 @@ impl PacketPort {
                     put16(frame, 14, tci);
                 }
             }
-            if aux.checksum_partial {
-                finish_checksum(slot.data_mut());
+            if let Some((start, offset)) = aux.partial_checksum {
+                // Counted from the frame as the kernel had it: before any tag put back.
+                let tag = slot.len() - frame.len();
+                finish_checksum(slot.data_mut(), start + tag, offset);
             }
             Received::Frame
         })
@@ -110,97 +113,51 @@ impl PacketPort {
     }
 }
 
-/// Finishes the TCP or UDP checksum of a frame whose sender left it for hardware
-/// (CHECKSUM_PARTIAL: the field holds only the pseudo-header's sum), as a NIC would: over
-/// the pseudo-header and the whole segment (RFC 9293 §3.1, RFC 768, RFC 8200 §8.1). Frames
-/// it cannot read as one unfragmented TCP or UDP packet are left as they are.
-fn finish_checksum(frame: &mut [u8]) {
-    let Ok(eth) = ethernet::Frame::new_checked(&*frame) else {
+/// Finishes a checksum the sender left for hardware (CHECKSUM_PARTIAL), as a NIC would:
+/// the one's complement sum of the bytes from `start` to the frame's end, the field at
+/// `start + offset` holding the pseudo-header's sum among them, complemented into that
+/// field (RFC 1071; RFC 768: a UDP checksum computed as zero is sent as all ones, which
+/// TCP reads the same). The kernel says where (its virtio-net header), so a checksum
+/// inside a tunnel is finished as well as an outer one. A place outside the frame is left
+/// alone.
+fn finish_checksum(frame: &mut [u8], start: usize, offset: usize) {
+    let Some(field) = start.checked_add(offset) else {
         return;
     };
-    let (mut kind, mut at) = (eth.ethertype(), ethernet::HEADER_LEN);
-    while matches!(kind, ethertype::VLAN | ethertype::QINQ) && frame.len() >= at + 4 {
-        kind = be16(frame, at + 2);
-        at += VLAN_TAG;
+    if field + 2 > frame.len() {
+        return;
     }
-    let (l4, end, proto, pseudo) = match kind {
-        ethertype::IPV4 => {
-            let Ok(ip) = ipv4::Packet::new_checked(&frame[at..]) else {
-                return;
-            };
-            let (total, header) = (usize::from(ip.total_len()), ip.header_len());
-            if ip.is_fragment() || total < header {
-                return;
-            }
-            let len = (total - header) as u16;
-            let pseudo = checksum::pseudo_v4(ip.src(), ip.dst(), ip.protocol(), len);
-            (at + header, at + total, ip.protocol(), pseudo)
-        }
-        ethertype::IPV6 => {
-            let Ok(ip) = ipv6::Packet::new_checked(&frame[at..]) else {
-                return;
-            };
-            let Ok(upper) = ip.upper_layer() else {
-                return;
-            };
-            let end = at + ipv6::HEADER_LEN + usize::from(ip.payload_len());
-            if upper.fragment || at + upper.offset > end {
-                return;
-            }
-            let len = (end - at - upper.offset) as u32;
-            let pseudo = checksum::pseudo_v6(&ip.src(), &ip.dst(), upper.protocol, len);
-            (at + upper.offset, end, upper.protocol, pseudo)
-        }
-        _ => return,
-    };
-    let field = match proto {
-        ip_proto::TCP => 16,
-        ip_proto::UDP => 6,
-        _ => return,
-    };
-    let Some(segment) = frame.get_mut(l4..end).filter(|s| s.len() >= field + 2) else {
-        return;
-    };
-    put16(segment, field, 0);
-    let c = !checksum::fold(checksum::sum(pseudo, segment));
-    // RFC 768: a computed UDP checksum of zero is sent as all ones.
-    put16(
-        segment,
-        field,
-        if c == 0 && proto == ip_proto::UDP {
-            0xffff
-        } else {
-            c
-        },
-    );
+    let c = !checksum::fold(checksum::sum(0, &frame[start..]));
+    put16(frame, field, if c == 0 { 0xffff } else { c });
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::{be16, ip_proto, ipv4, ipv6};
     use proptest::prelude::*;
 
     proptest! {
-        /// Any frame's checksum finished as a NIC would: a TCP or UDP packet (IPv4 or
-        /// IPv6, tagged or not) whose checksum field held anything comes out with the
-        /// checksum a whole computation gives, and any bytes at all are left whole or
-        /// finished without a panic.
+        /// A checksum left partial is finished as a NIC would: a TCP or UDP packet (IPv4
+        /// or IPv6, tagged or not) whose checksum field holds its pseudo-header's sum comes
+        /// out with the checksum a whole computation gives, and any place in any bytes is
+        /// finished or left alone without a panic.
         #[test]
         fn finished_checksums_are_whole(
             v6 in any::<bool>(), tcp in any::<bool>(), tagged in any::<bool>(),
             payload in proptest::collection::vec(any::<u8>(), 0..64),
-            partial in any::<u16>(),
             junk in proptest::collection::vec(any::<u8>(), 0..120),
+            start in any::<u16>(), offset in any::<u16>(),
         ) {
             let mut junk = junk;
-            finish_checksum(&mut junk);
+            finish_checksum(&mut junk, usize::from(start % 130), usize::from(offset));
             let (src, dst) = (0x0a00_0001u128, 0x0a00_0002u128);
             let (src, dst) = if v6 { (src | 0x2001_0db8 << 96, dst | 0x2001_0db8 << 96) } else { (src, dst) };
             let proto = if tcp { ip_proto::TCP } else { ip_proto::UDP };
             let mut f = crate::wire::testing::frame(v6, src, dst, proto, 1000, 2000, 0x18, 0);
             let l3 = ethernet::HEADER_LEN;
             let l4 = l3 + if v6 { ipv6::HEADER_LEN } else { ipv4::MIN_HEADER_LEN };
-            let at = l4 + if tcp { 16 } else { 6 };
+            let offset = if tcp { 16 } else { 6 };
             f.extend_from_slice(&payload);
             let len = f.len() - l4;
             if v6 {
@@ -216,16 +173,17 @@ mod tests {
             } else {
                 checksum::pseudo_v4((src as u32).to_be_bytes(), (dst as u32).to_be_bytes(), proto, len as u16)
             };
-            put16(&mut f, at, 0);
+            put16(&mut f, l4 + offset, 0);
             let whole = !checksum::fold(checksum::sum(pseudo, &f[l4..]));
-            let whole = if whole == 0 && !tcp { 0xffff } else { whole };
-            put16(&mut f, at, partial);
+            let whole = if whole == 0 { 0xffff } else { whole };
+            // What the sender leaves: the pseudo-header's sum, folded.
+            put16(&mut f, l4 + offset, checksum::fold(pseudo));
+            let start = l4 + if tagged { 4 } else { 0 };
             if tagged {
                 f.splice(12..12, [0x81, 0x00, 0x00, 0x64]);
             }
-            let at = at + if tagged { 4 } else { 0 };
-            finish_checksum(&mut f);
-            prop_assert_eq!(be16(&f, at), whole);
+            finish_checksum(&mut f, start, offset);
+            prop_assert_eq!(be16(&f, start + offset), whole);
         }
     }
 }

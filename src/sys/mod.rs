@@ -144,8 +144,27 @@ pub fn packet_socket(ifindex: u32) -> std::io::Result<std::os::fd::OwnedFd> {
     };
     set_option(&fd, libc::SOL_PACKET, libc::PACKET_ADD_MEMBERSHIP, &promisc)?;
     set_option(&fd, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, &1i32)?;
+    // Frames come and go with a virtio-net header (below), which says where a checksum
+    // left for hardware is, tunnelled or not.
+    set_option(&fd, libc::SOL_PACKET, PACKET_VNET_HDR, &1i32)?;
     Ok(fd)
 }
+
+/// The socket option that puts a virtio-net header before each frame received and
+/// expects one before each frame sent (linux/if_packet.h).
+#[cfg(target_os = "linux")]
+const PACKET_VNET_HDR: i32 = 15;
+
+/// struct virtio_net_hdr (linux/virtio_net.h; the virtio 1.x spec §5.1.6), in the host's
+/// byte order as packet sockets use it: flags, GSO type, header length, GSO size, checksum
+/// start and offset.
+#[cfg(target_os = "linux")]
+const VNET_HDR_LEN: usize = 10;
+
+/// VIRTIO_NET_HDR_F_NEEDS_CSUM: the checksum at `csum_start + csum_offset` is to be
+/// finished over the bytes from `csum_start` on.
+#[cfg(target_os = "linux")]
+const VNET_NEEDS_CSUM: u8 = 1;
 
 /// Keeps interface `ifindex` promiscuous while the returned socket is open (the kernel
 /// counts such holders and drops the mode with the last): a packet socket of protocol 0,
@@ -202,9 +221,10 @@ pub struct FrameAux {
     pub len: usize,
     /// The VLAN tag the interface took out of the frame (TPID, TCI), to be put back.
     pub vlan: Option<(u16, u16)>,
-    /// The L4 checksum was left for hardware to finish (a frame sent by this host or
-    /// across a virtual link): it holds only the pseudo-header's sum.
-    pub checksum_partial: bool,
+    /// A checksum left for hardware to finish (a frame sent by this host or across a
+    /// virtual link): where the bytes it covers start, and where in them it is. It holds
+    /// only the pseudo-header's sum. The L4 header's, or an inner one's in a tunnel.
+    pub partial_checksum: Option<(usize, usize)>,
 }
 
 /// A receive ring mapped from an AF_PACKET socket (TPACKET_V2, packet(7) and the kernel's
@@ -284,7 +304,8 @@ impl RxRing {
             return None;
         }
         // SAFETY: the slot is ours until its status is given back; the header is read
-        // whole, and the frame's bytes only within the slot.
+        // whole, and the frame's bytes and the virtio-net header the kernel writes right
+        // before them only within the slot.
         let result = unsafe {
             let h: libc::tpacket2_hdr = std::ptr::read(base.cast());
             let at = usize::from(h.tp_mac).min(self.slot);
@@ -299,12 +320,20 @@ impl RxRing {
                     };
                     (tpid, h.tp_vlan_tci)
                 });
+            // The virtio-net header sits right before the frame.
+            let vnet = (at >= VNET_HDR_LEN)
+                .then(|| std::slice::from_raw_parts(base.add(at - VNET_HDR_LEN), VNET_HDR_LEN));
+            let partial_checksum = vnet.filter(|v| v[0] & VNET_NEEDS_CSUM != 0).map(|v| {
+                let start = u16::from_ne_bytes([v[6], v[7]]);
+                let offset = u16::from_ne_bytes([v[8], v[9]]);
+                (usize::from(start), usize::from(offset))
+            });
             f(
                 frame,
                 FrameAux {
                     len: h.tp_len as usize,
                     vlan,
-                    checksum_partial: h.tp_status & libc::TP_STATUS_CSUMNOTREADY != 0,
+                    partial_checksum,
                 },
             )
         };
@@ -350,14 +379,28 @@ pub fn ring_drops(fd: std::os::fd::BorrowedFd) -> std::io::Result<u32> {
     Ok(stats.tp_drops)
 }
 
-/// Sends one frame; false when the interface's queue is full (the frame is not sent).
-/// Other failures (the interface down or gone, a frame longer than its MTU) are errors.
+/// Sends one frame through a packet socket of [`packet_socket`], behind a virtio-net
+/// header that asks nothing of the interface; false when the interface's queue is full
+/// (the frame is not sent). Other failures (the interface down or gone, a frame longer
+/// than its MTU) are errors.
 #[cfg(target_os = "linux")]
 pub fn send(fd: std::os::fd::BorrowedFd, frame: &[u8]) -> std::io::Result<bool> {
     use std::os::fd::AsRawFd;
+    let header = [0u8; VNET_HDR_LEN];
+    let iov = [
+        libc::iovec {
+            iov_base: header.as_ptr() as *mut libc::c_void,
+            iov_len: header.len(),
+        },
+        libc::iovec {
+            iov_base: frame.as_ptr() as *mut libc::c_void,
+            iov_len: frame.len(),
+        },
+    ];
     loop {
-        // SAFETY: `frame` is readable for its length during the call.
-        let n = unsafe { libc::send(fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+        // SAFETY: both buffers are readable for their lengths during the call; writev
+        // only reads them.
+        let n = unsafe { libc::writev(fd.as_raw_fd(), iov.as_ptr(), iov.len() as i32) };
         if n >= 0 {
             return Ok(true);
         }
