@@ -695,11 +695,11 @@ fn io(
                     let ports = &out.live;
                     // A link that went down: said, and the port reads again once it is up.
                     let said = |i: usize, e: std::io::Error| {
-                        let by_fd = ports
+                        let mut by_fd = ports
                             .iter()
                             .flatten()
                             .flat_map(|p| p.fds().into_iter().map(move |_| p));
-                        if let Some(port) = by_fd.clone().nth(i) {
+                        if let Some(port) = by_fd.nth(i) {
                             tracing::warn!(iface = port.iface(), error = %e, "live port");
                         }
                     };
@@ -1098,15 +1098,10 @@ impl<'s> Worker<'s> {
         if self.ch.done.send(processed).is_err() {
             return false;
         }
-        if self.published.elapsed() >= PUBLISH_EVERY && self.publish(true) {
-            self.published = Instant::now();
+        if self.published.elapsed() >= PUBLISH_EVERY {
+            self.publish_now_or_later();
         }
-        self.unsent = export_due(
-            &mut self.engine,
-            self.ch.flows.as_ref(),
-            self.unsent.take(),
-            &mut self.last_export,
-        );
+        self.export();
         true
     }
 
@@ -1118,9 +1113,19 @@ impl<'s> Worker<'s> {
             self.now_ns = self.now_ns.max(wall_clock_ns());
             self.engine.advance(self.now_ns);
         }
+        self.publish_now_or_later();
+        self.export();
+    }
+
+    /// Publishes unless a scrape is reading (the next try then does), noting when.
+    fn publish_now_or_later(&mut self) {
         if self.publish(true) {
             self.published = Instant::now();
         }
+    }
+
+    /// Hands the exporter the flow records due (see [`export_due`]).
+    fn export(&mut self) {
         self.unsent = export_due(
             &mut self.engine,
             self.ch.flows.as_ref(),

@@ -71,11 +71,7 @@ impl Lab {
             lab.run(ns, &["ip", "link", "set", "lo", "up"]);
         }
         // The example pipeline forwards IP only: each host knows the other's address.
-        let mac = |ns: &str, iface: &str| {
-            let out = lab.run(ns, &["cat", &format!("/sys/class/net/{iface}/address")]);
-            out.trim().to_owned()
-        };
-        let macs = hosts.each_ref().map(|(ns, link, _)| mac(ns, link));
+        let macs = hosts.each_ref().map(|(ns, link, _)| lab.mac(ns, link));
         for (i, (ns, link, _)) in hosts.iter().enumerate() {
             let (peer, lladdr) = (hosts[1 - i].2, &macs[1 - i]);
             lab.run(
@@ -99,6 +95,12 @@ impl Lab {
 
     fn run(&self, ns: &str, args: &[&str]) -> String {
         in_netns(ns, args)
+    }
+
+    /// The MAC address of `iface` in `ns`.
+    fn mac(&self, ns: &str, iface: &str) -> String {
+        let out = self.run(ns, &["cat", &format!("/sys/class/net/{iface}/address")]);
+        out.trim().to_owned()
     }
 
     fn spawn(&self, ns: &str, args: &[&str]) -> Child {
@@ -252,6 +254,17 @@ impl Lab {
     }
 }
 
+/// Stops a service with SIGTERM, asserts it exited cleanly, and returns its log.
+fn stop(mut dpuflow: Running) -> String {
+    tool_ok("kill", &["-TERM", &dpuflow.0.id().to_string()]);
+    let status = dpuflow.0.wait().expect("wait");
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut dpuflow.0.stderr.take().expect("stderr"), &mut log)
+        .expect("log");
+    assert!(status.success(), "exit {status}:\n{log}");
+    log
+}
+
 impl Drop for Lab {
     fn drop(&mut self) {
         del_netns(&[&self.client, &self.dut, &self.server]);
@@ -352,7 +365,7 @@ fn firewall_between_two_hosts(driver: &str, log: &str, tag: &str) {
     let _outside_server = serve(&lab.server, SERVER, "80");
     let _inside_server = serve(&lab.client, CLIENT, "8080");
 
-    let mut dpuflow = lab.start(&pipe_path, "2");
+    let dpuflow = lab.start(&pipe_path, "2");
     // The servers take a moment to listen.
     let deadline = Instant::now() + Duration::from_secs(10);
     let fetched = loop {
@@ -403,13 +416,7 @@ fn firewall_between_two_hosts(driver: &str, log: &str, tag: &str) {
     assert!(invalid.len() >= 12, "{m}");
     assert_eq!(invalid.iter().sum::<u64>(), 0, "{m}");
 
-    let pid = dpuflow.0.id().to_string();
-    tool_ok("kill", &["-TERM", &pid]);
-    let status = dpuflow.0.wait().expect("wait");
-    let mut log = String::new();
-    std::io::Read::read_to_string(&mut dpuflow.0.stderr.take().expect("stderr"), &mut log)
-        .expect("log");
-    assert!(status.success(), "exit {status}:\n{log}");
+    let log = stop(dpuflow);
     assert!(
         log.contains(&format!(
             "live port open iface=\"in0\" driver=\"{family}\" mode={mode}"
@@ -588,12 +595,7 @@ fn the_vxlan_gateway_talks_to_the_kernels_vxlan_over_af_xdp() {
 fn vxlan_gateway_to_the_kernel(driver: &str, tag: &str, workers: &str) {
     const VXLAN_MAC: &str = "02:00:00:00:02:02";
     let lab = Lab::for_driver_with_queues(driver, tag, 1);
-    let mac = |ns: &str, iface: &str| {
-        lab.run(ns, &["cat", &format!("/sys/class/net/{iface}/address")])
-            .trim()
-            .to_owned()
-    };
-    let (client_mac, underlay_mac) = (mac(&lab.client, "c0"), mac(&lab.server, "s0"));
+    let (client_mac, underlay_mac) = (lab.mac(&lab.client, "c0"), lab.mac(&lab.server, "s0"));
     // The server: underlay 192.0.2.10 on its link, the overlay address on a vxlan device
     // whose remote VTEP is the gateway's 192.0.2.1.
     let s = |args: &[&str]| lab.run(&lab.server, args);
@@ -859,17 +861,7 @@ fn every_queue_of_an_af_xdp_port_is_read() {
              default { actions drop }\n\
          }\n",
     );
-    let bin = env!("CARGO_BIN_EXE_dpuflow");
-    let mut dpuflow = Running(
-        Command::new("ip")
-            .args(["netns", "exec", &lab.dut, bin, "run", &pipe_path])
-            .args(["--metrics", "127.0.0.1:9464", "--workers", "2"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("dpuflow"),
-    );
-    lab.metrics_until(|m| m.contains("dpuflow_build_info"), "dpuflow run serving");
+    let dpuflow = lab.start(&pipe_path, "2");
     lab.send_udp_flows(5000, 2000, 64);
     let udp = "dpuflow_rule_matched_packets_total{pipe=\"out\",rule=\"udp\"}";
     let sent = "dpuflow_port_transmitted_packets_total{port=\"outside\"}";
@@ -878,12 +870,7 @@ fn every_queue_of_an_af_xdp_port_is_read() {
         "read and sent all 2000",
     );
     assert_eq!(metric(&m, udp), Some(2000), "{m}");
-    tool_ok("kill", &["-TERM", &dpuflow.0.id().to_string()]);
-    let status = dpuflow.0.wait().expect("wait");
-    let mut log = String::new();
-    std::io::Read::read_to_string(&mut dpuflow.0.stderr.take().expect("stderr"), &mut log)
-        .expect("log");
-    assert!(status.success(), "{log}");
+    let log = stop(dpuflow);
     assert!(
         log.contains("live port open iface=\"in0\" driver=\"AF_XDP\" mode=4 queue(s), copy"),
         "{log}"

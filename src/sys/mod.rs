@@ -136,13 +136,7 @@ pub fn packet_socket(ifindex: u32) -> std::io::Result<std::os::fd::OwnedFd> {
     if bound < 0 {
         return Err(last());
     }
-    let promisc = libc::packet_mreq {
-        mr_ifindex: ifindex as i32,
-        mr_type: libc::PACKET_MR_PROMISC as u16,
-        mr_alen: 0,
-        mr_address: [0; 8],
-    };
-    set_option(&fd, libc::SOL_PACKET, libc::PACKET_ADD_MEMBERSHIP, &promisc)?;
+    hold_promiscuous(&fd, ifindex)?;
     set_option(&fd, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, &1i32)?;
     // Frames come and go with a virtio-net header (below), which says where a checksum
     // left for hardware is, tunnelled or not.
@@ -179,14 +173,20 @@ pub fn promiscuous(ifindex: u32) -> std::io::Result<std::os::fd::OwnedFd> {
     }
     // SAFETY: `fd` is a descriptor just returned to us and owned by nothing else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    hold_promiscuous(&fd, ifindex)?;
+    Ok(fd)
+}
+
+/// Makes interface `ifindex` promiscuous for as long as packet socket `fd` is open.
+#[cfg(target_os = "linux")]
+fn hold_promiscuous(fd: &std::os::fd::OwnedFd, ifindex: u32) -> std::io::Result<()> {
     let promisc = libc::packet_mreq {
         mr_ifindex: ifindex as i32,
         mr_type: libc::PACKET_MR_PROMISC as u16,
         mr_alen: 0,
         mr_address: [0; 8],
     };
-    set_option(&fd, libc::SOL_PACKET, libc::PACKET_ADD_MEMBERSHIP, &promisc)?;
-    Ok(fd)
+    set_option(fd, libc::SOL_PACKET, libc::PACKET_ADD_MEMBERSHIP, &promisc)
 }
 
 /// setsockopt(2).
