@@ -831,15 +831,15 @@ fn run(f: RunFlags) -> ExitCode {
         Ok(p) => p,
         Err(code) => return code,
     };
-    if let Some(n) = f.ipfix_sampling {
-        program.telemetry.sampling = n;
-    }
-    if let Some(id) = f.ipfix_domain {
-        program.telemetry.observation_domain = id;
-    }
-    if let Some(mtu) = f.ipfix_mtu {
-        program.telemetry.ipfix_mtu = mtu;
-    }
+    let pipeline = dpuflow::daemon::PipelineFile {
+        path: f.pipeline.clone(),
+        telemetry: dpuflow::daemon::TelemetryFlags {
+            sampling: f.ipfix_sampling,
+            observation_domain: f.ipfix_domain,
+            ipfix_mtu: f.ipfix_mtu,
+        },
+    };
+    pipeline.telemetry.apply(&mut program.telemetry);
     let collector = f.ipfix.or_else(|| program.telemetry.ipfix.clone());
     if program.telemetry.sampling > 1 && collector.is_none() {
         tracing::warn!("IPFIX sampling is set but no collector is: nothing is exported");
@@ -874,6 +874,7 @@ fn run(f: RunFlags) -> ExitCode {
     };
     let default_metrics = std::net::SocketAddr::from(([127, 0, 0, 1], 9464));
     let opts = dpuflow::daemon::Options {
+        pipeline,
         bindings,
         metrics: Some(
             f.metrics

@@ -229,31 +229,6 @@ pub fn replay<O: Observer>(
     })
 }
 
-/// A name for every counted entry of a pipe: rule names, table keys, then `default`.
-pub fn entry_names(pipe: &crate::ir::Pipe) -> Vec<String> {
-    use crate::ir::{display_prefix, display_value, PipeBody};
-    let mut names: Vec<String> = match &pipe.body {
-        PipeBody::Rules(rules) => rules.iter().map(|r| r.name.clone()).collect(),
-        PipeBody::Lpm { field, entries } => entries
-            .iter()
-            .map(|e| display_prefix(e.value, e.len, field.kind()))
-            .collect(),
-        PipeBody::Exact { fields, entries } => entries
-            .iter()
-            .map(|e| {
-                fields
-                    .iter()
-                    .zip(&e.key)
-                    .map(|(f, v)| display_value(*v, f.kind()))
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            })
-            .collect(),
-    };
-    names.push("default".into());
-    names
-}
-
 impl Report {
     /// A human-readable summary: ports, drops by reason, entries that matched.
     pub fn summary(&self, program: &Program) -> String {
@@ -288,7 +263,7 @@ impl Report {
         }
         let _ = writeln!(out, "entries matched:");
         for (pi, pipe) in program.pipes.iter().enumerate() {
-            for (name, c) in entry_names(pipe).iter().zip(&self.stats.entries[pi]) {
+            for (name, c) in pipe.entry_names().iter().zip(&self.stats.entries[pi]) {
                 if c.packets > 0 {
                     let _ = writeln!(
                         out,
@@ -363,7 +338,7 @@ impl Report {
             .iter()
             .enumerate()
             .flat_map(|(pi, pipe)| {
-                entry_names(pipe)
+                pipe.entry_names()
                     .into_iter()
                     .zip(self.stats.entries[pi].clone())
                     .map(move |(name, c)| json!({"pipe": pipe.name, "entry": name, "packets": c.packets, "bytes": c.bytes}))

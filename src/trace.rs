@@ -5,7 +5,6 @@ use crate::engine::parse::{self, TunnelPorts, L3};
 use crate::engine::{Observer, PacketBuf, Verdict};
 use crate::firewall::conntrack::Lookup;
 use crate::ir::{PipeId, Program};
-use crate::replay::entry_names;
 use crate::wire::{be16, ip_proto};
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -24,7 +23,11 @@ impl<'p> Tracer<'p> {
     pub fn new(program: &'p Program, only: Option<u64>) -> Tracer<'p> {
         Tracer {
             program,
-            names: program.pipes.iter().map(entry_names).collect(),
+            names: program
+                .pipes
+                .iter()
+                .map(crate::ir::Pipe::entry_names)
+                .collect(),
             only,
             count: 0,
             out: String::new(),

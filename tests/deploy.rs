@@ -4,7 +4,7 @@
 use dpuflow::ir::{KvCache, StorageTarget};
 use dpuflow::kvcache::server::KvService;
 use dpuflow::lang;
-use dpuflow::telemetry::metrics::{render, render_kv, Info};
+use dpuflow::telemetry::metrics::{render, render_kv, Info, Loads};
 use dpuflow::telemetry::Snapshot;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
@@ -22,7 +22,6 @@ fn every_metric_the_dashboard_queries_exists() {
     let info = Info {
         version: "test".into(),
         backend: "software",
-        load_seconds: 0.0,
         conntrack_limit: Some(10),
         flow_limit: Some(10),
     };
@@ -43,7 +42,8 @@ fn every_metric_the_dashboard_queries_exists() {
         Arc::new(AtomicBool::new(false)),
     )
     .expect("kvcache");
-    let exposition = render(&program, &Snapshot::default(), &info) + &render_kv(&[kv]);
+    let exposition =
+        render(&program, &Snapshot::default(), &info, &Loads::default()) + &render_kv(&[kv]);
     std::fs::remove_file(target).expect("remove target");
     let dashboard: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string("deploy/grafana/dpuflow.json").expect("dashboard"),
@@ -78,7 +78,8 @@ fn every_metric_the_dashboard_queries_exists() {
 #[test]
 fn systemd_unit_runs_existing_commands() {
     let unit = std::fs::read_to_string("deploy/systemd/dpuflow.service").expect("unit");
-    for line in unit.lines().filter(|l| l.starts_with("ExecStart")) {
+    let runs_dpuflow = |l: &&str| l.starts_with("Exec") && l.contains("/dpuflow ");
+    for line in unit.lines().filter(runs_dpuflow) {
         let args: Vec<&str> = line
             .split_once('=')
             .expect("=")

@@ -425,6 +425,111 @@ fn firewall_between_two_hosts(driver: &str, log: &str, tag: &str) {
     );
 }
 
+/// A reload (SIGHUP) changes the firewall under live traffic: a download running across
+/// it arrives whole — its connection is kept, and the new pipeline lets only a SYN open
+/// one (`tcp_loose off`), so a connection forgotten by the reload could not be picked up
+/// again — while pings from inside, allowed before, are dropped after, and the rules
+/// kept count on from where they were.
+#[test]
+fn a_reload_changes_the_rules_and_keeps_the_connections() {
+    let lab = Lab::for_driver("af_packet", "r");
+    let dir = Scratch::new("live-reload");
+    let example = std::fs::read_to_string("pipelines/stateful-firewall.pipe")
+        .expect("example")
+        .replace("iface \"pf0hpf\"", "iface \"in0\"")
+        .replace("iface \"p0\"", "iface \"out0\"");
+    let pipe_path = dir.path("firewall.pipe");
+    std::fs::write(&pipe_path, &example).expect("write pipeline");
+    let body: Vec<u8> = (0..1_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(dir.0.join("file.bin"), &body).expect("write file");
+    let _server = Running(lab.spawn(
+        &lab.server,
+        &[
+            PYTHON,
+            "-m",
+            "http.server",
+            "80",
+            "--bind",
+            SERVER,
+            "--directory",
+            &dir.path(""),
+        ],
+    ));
+    let dpuflow = lab.start(&pipe_path, "2");
+    assert!(
+        lab.ping(&lab.client, SERVER),
+        "ping from inside is answered"
+    );
+
+    // A download of some seconds, started once the server listens.
+    let url = format!("http://{SERVER}/file.bin");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lab
+        .fetch(&lab.client, &format!("http://{SERVER}/"), "2")
+        .is_none()
+    {
+        assert!(Instant::now() < deadline, "the server never answered");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let download = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &lab.client,
+            "curl",
+            "-s",
+            "-o",
+            "/dev/null",
+        ])
+        .args([
+            "-w",
+            "%{http_code} %{size_download}",
+            "--limit-rate",
+            "250k",
+        ])
+        .args(["--max-time", "30", &url])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("curl");
+    let services = "dpuflow_rule_matched_packets_total{pipe=\"egress\",rule=\"tcp_services\"}";
+    let before = lab.metrics_until(
+        |m| metric(m, services).unwrap_or(0) > 50,
+        "counted the download's first segments",
+    );
+
+    let reloaded = example
+        .replace("    rule ping         { match icmp.type 8            actions ct.commit, fwd outside }\n", "")
+        .replace("tcp_window on", "tcp_window on\n    tcp_loose off");
+    assert_ne!(reloaded, example);
+    std::fs::write(&pipe_path, reloaded).expect("write pipeline");
+    tool_ok("kill", &["-HUP", &dpuflow.0.id().to_string()]);
+    let reloads = "dpuflow_pipeline_reloads_total{result=\"success\"}";
+    let after = lab.metrics_until(|m| metric(m, reloads) == Some(1), "reloaded");
+    assert!(
+        metric(&after, services) >= metric(&before, services),
+        "the rule's count went on:\n{before}\n{after}"
+    );
+    assert!(
+        !lab.ping(&lab.client, SERVER),
+        "a ping got out after the reload"
+    );
+
+    let out = download.wait_with_output().expect("curl");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("200 {}", body.len()),
+        "the download across the reload arrives whole"
+    );
+    let m = lab.metrics();
+    assert!(metric(&m, services) > metric(&after, services), "{m}");
+    assert!(
+        !m.contains("rule=\"ping\""),
+        "the removed rule has no series:\n{m}"
+    );
+    let log = stop(dpuflow);
+    assert!(log.contains("pipeline reloaded"), "{log}");
+}
+
 /// Tagged frames cross with their tags: the kernel takes the VLAN tag out of each frame
 /// a veth receives, and the port puts it back, so the pipeline matches the VLAN and the
 /// frames leave tagged. tcpdump on the far host sees every frame on VLAN 100; a frame

@@ -13,11 +13,13 @@ mod meter;
 pub mod packet;
 pub mod parse;
 pub mod prefetch;
+mod reload;
 pub mod table;
 
 pub use action::EncapTemplate;
 pub use meter::Color;
 pub use packet::{PacketBuf, DEFAULT_MAX_FRAME, HEADROOM};
+pub use reload::Renumbering;
 
 use crate::firewall::conntrack::{Conntrack, Lookup, Probe};
 use crate::ir::{self, Action, ActionList, PipeBody, PipeId, PortId, ServiceId, Telemetry};
@@ -179,6 +181,13 @@ impl Default for Config {
 
 /// Mirror copies one batch may make.
 const MIRROR_POOL: usize = 256;
+
+/// Buffers for the copies `mirror` actions make.
+fn mirror_pool() -> Vec<PacketBuf> {
+    (0..MIRROR_POOL)
+        .map(|_| PacketBuf::new(DEFAULT_MAX_FRAME))
+        .collect()
+}
 
 /// Packets parsed ahead and run as one part: a larger batch is processed in parts this
 /// size. Larger parts put more table lines in flight than the core keeps, and lines
@@ -413,13 +422,7 @@ impl Engine {
             mtus: f.mtus.clone(),
             meters: f.meters.clone(),
             stats: f.stats.clone(),
-            mirrors: if f.mirrors {
-                (0..MIRROR_POOL)
-                    .map(|_| PacketBuf::new(DEFAULT_MAX_FRAME))
-                    .collect()
-            } else {
-                Vec::new()
-            },
+            mirrors: if f.mirrors { mirror_pool() } else { Vec::new() },
             mirrored: 0,
             ct: f.conntrack.as_ref().map(|c| {
                 let capacity = usize::try_from(c.capacity).unwrap_or(usize::MAX);

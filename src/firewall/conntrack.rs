@@ -489,6 +489,14 @@ impl Conntrack {
         }
     }
 
+    /// Takes a reloaded pipeline's timeouts and TCP pick-up rule: each connection's next
+    /// packet, or the sweep, judges it by them. (Capacity and window tracking shape the
+    /// table; a pipeline that changes them needs a restart.)
+    pub fn retune(&mut self, c: &crate::ir::Conntrack) {
+        self.timeouts = Timeouts::new(&c.timeouts);
+        self.loose = c.tcp_loose;
+    }
+
     /// Only a SYN opens a TCP connection from now on: no pick-up mid-stream (Linux
     /// `nf_conntrack_tcp_loose=0`). A segment that opens nothing is `invalid`.
     pub fn open_by_syn_only(&mut self) {

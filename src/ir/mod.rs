@@ -170,6 +170,33 @@ pub struct Pipe {
     pub miss: ActionList,
 }
 
+impl Pipe {
+    /// A name for every counted entry: rule names, table keys, then `default`. Unique
+    /// within the pipe, so counters follow an entry by name across a reload.
+    pub fn entry_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = match &self.body {
+            PipeBody::Rules(rules) => rules.iter().map(|r| r.name.clone()).collect(),
+            PipeBody::Lpm { field, entries } => entries
+                .iter()
+                .map(|e| display_prefix(e.value, e.len, field.kind()))
+                .collect(),
+            PipeBody::Exact { fields, entries } => entries
+                .iter()
+                .map(|e| {
+                    fields
+                        .iter()
+                        .zip(&e.key)
+                        .map(|(f, v)| display_value(*v, f.kind()))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .collect(),
+        };
+        names.push("default".into());
+        names
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum PipeBody {
     /// Ordered rules, first match wins (a DOCA control or ACL pipe).

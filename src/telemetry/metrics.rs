@@ -10,7 +10,6 @@ use crate::engine::DropReason;
 use crate::firewall::conntrack::Invalid;
 use crate::ir::Program;
 use crate::kvcache::server::{KvCounters, KvGauges, KvService, COMMANDS, DURATION_BUCKETS, TIMED};
-use crate::replay::entry_names;
 use prometheus::proto::{
     Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType,
 };
@@ -23,12 +22,23 @@ use std::sync::Arc;
 pub struct Info {
     pub version: String,
     pub backend: &'static str,
-    /// Seconds it took to check and compile the pipeline.
-    pub load_seconds: f64,
     /// Connection-table capacity over all workers.
     pub conntrack_limit: Option<u64>,
     /// Flow-cache capacity over all workers, when flows are exported.
     pub flow_limit: Option<u64>,
+}
+
+/// The running pipeline's load, and the reloads tried since the start.
+#[derive(Debug, Clone, Default)]
+pub struct Loads {
+    /// Seconds it took to check and compile the running pipeline.
+    pub seconds: f64,
+    /// When it was loaded, in seconds since 1970.
+    pub at_seconds: f64,
+    pub reloads_succeeded: u64,
+    pub reloads_failed: u64,
+    /// The last reload was refused (the pipeline before it still runs).
+    pub last_reload_failed: bool,
 }
 
 struct Families(Vec<MetricFamily>);
@@ -91,7 +101,7 @@ impl Families {
 }
 
 /// Renders the exposition of `snap` for `program`.
-pub fn render(program: &Program, snap: &Snapshot, info: &Info) -> String {
+pub fn render(program: &Program, snap: &Snapshot, info: &Info, loads: &Loads) -> String {
     let mut fam = Families(Vec::new());
     let s = &snap.stats;
     fam.gauge(
@@ -105,7 +115,25 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info) -> String {
     fam.gauge(
         "dpuflow_pipeline_load_duration_seconds",
         "Time taken to check and compile the pipeline.",
-        [(labels(&[("pipeline", &program.name)]), info.load_seconds)],
+        [(labels(&[("pipeline", &program.name)]), loads.seconds)],
+    );
+    fam.gauge(
+        "dpuflow_pipeline_last_load_timestamp_seconds",
+        "When the running pipeline was loaded (at start or by a reload), in seconds since 1970.",
+        [(labels(&[("pipeline", &program.name)]), loads.at_seconds)],
+    );
+    fam.counter(
+        "dpuflow_pipeline_reloads_total",
+        "Reloads of the pipeline file (SIGHUP), by result: a failed one keeps the running pipeline.",
+        [
+            (labels(&[("result", "success")]), loads.reloads_succeeded),
+            (labels(&[("result", "failure")]), loads.reloads_failed),
+        ],
+    );
+    fam.gauge(
+        "dpuflow_pipeline_last_reload_successful",
+        "Whether the last reload succeeded (1 when none was tried).",
+        [(vec![], if loads.last_reload_failed { 0.0 } else { 1.0 })],
     );
     fam.gauge(
         "dpuflow_pipeline_ports",
@@ -187,7 +215,7 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info) -> String {
     let (mut other_packets, mut other_bytes, mut any_other) = (0u64, 0u64, false);
     let mut n = 0usize;
     for (pi, pipe) in program.pipes.iter().enumerate() {
-        for (ei, name) in entry_names(pipe).iter().enumerate() {
+        for (ei, name) in pipe.entry_names().iter().enumerate() {
             let c = s
                 .entries
                 .get(pi)

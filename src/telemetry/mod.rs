@@ -89,6 +89,9 @@ pub struct Snapshot {
     pub flows: Option<FlowStats>,
     pub export: Option<ExportStats>,
     pub latency: Latency,
+    /// The generation of the pipeline whose rules and meters `stats` counts (0 until the
+    /// first reload).
+    pub generation: u64,
 }
 
 fn add_counter(a: &mut Counter, b: &Counter) {

@@ -17,12 +17,18 @@
 //! hands part-filled batches over whenever no frame waits, and idle workers sweep their
 //! tables and publish their counts by the clock.
 //!
-//! SIGTERM, SIGINT or SIGHUP stops the reading; the batches already read are processed and
-//! written, outputs are flushed, and the process exits 0.
+//! SIGTERM or SIGINT stops the reading; the batches already read are processed and
+//! written, outputs are flushed, and the process exits 0. SIGHUP reloads the pipeline
+//! file (`reload.rs`).
 
-use crate::engine::parse::{self, fragment_of, TunnelPorts};
+mod reload;
+
+use reload::Loaded;
+pub use reload::{PipelineFile, TelemetryFlags};
+
+use crate::engine::parse::{self, fragment_of};
 use crate::engine::{
-    Compiled, DropReason, Engine, NoObserver, PacketBuf, SharedMeter, Verdict, DEFAULT_MAX_FRAME,
+    Compiled, DropReason, Engine, NoObserver, PacketBuf, Verdict, DEFAULT_MAX_FRAME,
 };
 use crate::firewall::conntrack::Conntrack;
 use crate::firewall::fragments::Fragments;
@@ -36,7 +42,7 @@ use crate::telemetry::collector::{Collector, Destination};
 use crate::telemetry::flows::FlowRecord;
 use crate::telemetry::http::{self, Handler};
 use crate::telemetry::ipfix::Exporter;
-use crate::telemetry::metrics::{self, Info};
+use crate::telemetry::metrics::{self, Info, Loads};
 use crate::telemetry::{ExportStats, Latency, Snapshot, WarnThrottle};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Select, Sender, TrySendError};
 use std::net::{SocketAddr, TcpListener};
@@ -48,6 +54,8 @@ use std::time::{Duration, Instant};
 /// How to run.
 #[derive(Debug, Clone)]
 pub struct Options {
+    /// The pipeline's file, read again on SIGHUP.
+    pub pipeline: PipelineFile,
     pub bindings: Bindings,
     /// Where to serve `/metrics`; none, no endpoint.
     pub metrics: Option<SocketAddr>,
@@ -131,12 +139,12 @@ struct Processed {
 }
 
 struct Shared {
-    program: Program,
-    /// The program compiled once, run by every worker's engine.
-    code: Arc<Compiled>,
-    /// The meters' buckets, which the workers share; empty with one worker, whose engine
-    /// meters alone.
-    meters: Vec<Arc<SharedMeter>>,
+    /// The pipeline the workers run (or are about to: see [`Shared::generation`]).
+    loaded: Mutex<Arc<Loaded>>,
+    /// `loaded`'s generation, set once it is in place: a worker that sees it change takes
+    /// the new pipeline between two batches.
+    generation: AtomicU64,
+    reloads: Reloads,
     info: Info,
     snapshots: Vec<Mutex<Snapshot>>,
     /// The IPFIX exporter's counts, when exporting.
@@ -155,6 +163,31 @@ struct Shared {
     ring_full: Vec<AtomicU64>,
     /// The pipeline's KV-cache services.
     kv: Vec<Arc<KvService>>,
+    /// The I/O thread has ended (the inputs are done): no worker runs.
+    dataplane_done: AtomicBool,
+}
+
+/// Reloads done and refused, for the metrics.
+#[derive(Debug, Default)]
+struct Reloads {
+    succeeded: AtomicU64,
+    failed: AtomicU64,
+    /// The last reload was refused.
+    last_failed: AtomicBool,
+}
+
+impl Shared {
+    /// The pipeline now published.
+    fn loaded(&self) -> Arc<Loaded> {
+        Arc::clone(&self.loaded.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Whether every worker has published counts of generation `g`.
+    fn workers_run(&self, g: u64) -> bool {
+        self.snapshots
+            .iter()
+            .all(|s| s.lock().map_or(true, |s| s.generation == g))
+    }
 }
 
 /// Counted by the exporter thread, read at scrape time.
@@ -166,10 +199,21 @@ struct ExportCounts {
 
 impl Handler for Shared {
     fn metrics(&self) -> String {
+        let loaded = self.loaded();
         let mut total = Snapshot::default();
         for s in &self.snapshots {
             if let Ok(s) = s.lock() {
-                total.merge(&s);
+                // A worker yet to take the latest reload counts in the previous
+                // pipeline's places (a reload waits until every worker runs the one
+                // before it).
+                if s.generation == loaded.generation {
+                    total.merge(&s);
+                } else {
+                    total.merge(&Snapshot {
+                        stats: loaded.renumbering.stats(&s.stats),
+                        ..s.clone()
+                    });
+                }
             }
         }
         for (p, [packets, bytes]) in self.oversize.iter().enumerate() {
@@ -185,7 +229,14 @@ impl Handler for Shared {
             messages: e.messages.load(Ordering::Relaxed),
             failed: e.failed.load(Ordering::Relaxed),
         });
-        let mut text = metrics::render(&self.program, &total, &self.info);
+        let loads = Loads {
+            seconds: loaded.seconds,
+            at_seconds: loaded.at_seconds(),
+            reloads_succeeded: self.reloads.succeeded.load(Ordering::Relaxed),
+            reloads_failed: self.reloads.failed.load(Ordering::Relaxed),
+            last_reload_failed: self.reloads.last_failed.load(Ordering::Relaxed),
+        };
+        let mut text = metrics::render(&loaded.program, &total, &self.info, &loads);
         text.push_str(&metrics::render_kv(&self.kv));
         text
     }
@@ -197,7 +248,7 @@ impl Handler for Shared {
 }
 
 /// Runs until the inputs are exhausted (then, with a metrics endpoint, until signalled) or
-/// until SIGTERM, SIGINT or SIGHUP.
+/// until SIGTERM or SIGINT; SIGHUP reloads the pipeline file.
 pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), RunError> {
     // Without capture inputs, a port of driver af_packet or af_xdp bound to no capture is
     // opened live. With them, the service replays captures (in their own clock, which live
@@ -262,15 +313,12 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         );
     }
     let stop = Arc::new(AtomicBool::new(false));
-    // SIGHUP too: a closed terminal, or a reload the service does not have, would otherwise
-    // end it on the spot, its outputs unflushed and its last flows not exported.
-    for sig in [
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGHUP,
-    ] {
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, Arc::clone(&stop)).map_err(RunError::Signals)?;
     }
+    let hup = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hup))
+        .map_err(RunError::Signals)?;
     // Services start first: a target that cannot be reached fails the command at once.
     let kv = program
         .services
@@ -308,12 +356,10 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             });
         }
     }
-    let code = Arc::new(Compiled::new(&program));
     let shared = Arc::new(Shared {
         info: Info {
             version: crate::VERSION.to_owned(),
             backend: "software",
-            load_seconds,
             conntrack_limit,
             flow_limit: opts
                 .ipfix
@@ -330,15 +376,13 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         failed: Arc::clone(&watch.failed),
         oversize: program.ports.iter().map(|_| Default::default()).collect(),
         ring_full: program.ports.iter().map(|_| Default::default()).collect(),
-        meters: if workers > 1 {
-            code.shared_meters()
-        } else {
-            Vec::new()
-        },
-        code,
-        program,
+        loaded: Mutex::new(Arc::new(Loaded::first(program, load_seconds, workers))),
+        generation: AtomicU64::new(0),
+        reloads: Reloads::default(),
         kv,
+        dataplane_done: AtomicBool::new(false),
     });
+    let ports = shared.loaded().program.ports.len();
     // Open everything before any thread starts, so a bad file fails the command at once.
     let source = if lives > 0 {
         Source::Live(Readable::new(
@@ -351,8 +395,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     } else {
         Source::Captures(Merger::open(&opts.bindings.inputs)?)
     };
-    let mut writers: Vec<Option<CaptureWriter>> =
-        (0..shared.program.ports.len()).map(|_| None).collect();
+    let mut writers: Vec<Option<CaptureWriter>> = (0..ports).map(|_| None).collect();
     for (port, path) in &opts.bindings.outputs {
         writers[port.index()] = Some(CaptureWriter::create(path)?);
     }
@@ -368,7 +411,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             "live port open"
         );
     }
-    tracing::info!(pipeline = %shared.program.name, workers, inputs = opts.bindings.inputs.len() + lives, "running");
+    tracing::info!(pipeline = %shared.loaded().program.name, workers, inputs = opts.bindings.inputs.len() + lives, "running");
 
     let (flows_tx, flows_rx) = bounded::<Vec<FlowRecord>>(QUEUE * workers);
     let exporter = match &opts.ipfix {
@@ -377,7 +420,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
                 addr: to.address,
                 source,
             })?;
-            let sampling = shared.program.telemetry.sampling;
+            let sampling = shared.loaded().program.telemetry.sampling;
             tracing::info!(collector = %to.address, sampling, "exporting IPFIX");
             let shared = Arc::clone(&shared);
             Some(watch.spawn("ipfix", move || export(&mut collector, &flows_rx, &shared))?)
@@ -424,6 +467,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         };
         watch.spawn("io", move || {
             let done = io(source, &opts, (writers, live), ends, &shared, &stop);
+            shared.dataplane_done.store(true, Ordering::Relaxed);
             // Said now, not at shutdown: the service goes on serving its metrics.
             if let Err(e) = &done {
                 tracing::error!(error = %e, "reading or writing packets failed; no more packets");
@@ -432,6 +476,14 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         })?
     };
 
+    let reloader = {
+        let (stop, shared, file) = (
+            Arc::clone(&stop),
+            Arc::clone(&shared),
+            opts.pipeline.clone(),
+        );
+        watch.spawn("reload", move || reload_on_hup(&file, &hup, &stop, &shared))?
+    };
     // Serve metrics until signalled; without an endpoint, until the inputs are done.
     match &listener {
         Some(l) => http::serve(l, &stop, &*shared).map_err(|e| RunError::Thread(e.to_string()))?,
@@ -449,6 +501,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     // Every thread is joined, even after one failed: the others finish what they hold, the
     // outputs are flushed and the final IPFIX export is sent.
     let io = io.join();
+    let _ = reloader.join();
     let workers_done = handles.into_iter().all(|h| h.join().is_ok());
     let sent = exporter.map(JoinHandle::join);
     let (read, unwritten) =
@@ -462,6 +515,52 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     }
     tracing::info!(packets = read, unwritten, "stopped");
     Ok(())
+}
+
+/// The control thread's reloads: on each SIGHUP (`hup` set), once every worker runs the
+/// pipeline of the reload before, loads `file` again and publishes it, or logs why not
+/// and keeps the running one. Until `stop`.
+fn reload_on_hup(file: &PipelineFile, hup: &AtomicBool, stop: &AtomicBool, shared: &Shared) {
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(reload::POLL);
+        if !hup.load(Ordering::Relaxed) {
+            continue;
+        }
+        if shared.dataplane_done.load(Ordering::Relaxed) {
+            hup.store(false, Ordering::Relaxed);
+            tracing::warn!("reload ignored: the inputs are done, no packets run");
+            continue;
+        }
+        let current = shared.loaded();
+        if !shared.workers_run(current.generation) {
+            continue;
+        }
+        hup.store(false, Ordering::Relaxed);
+        let counts = &shared.reloads;
+        match reload::load_next(file, &current, shared.workers) {
+            Ok(next) => {
+                let (generation, seconds) = (next.generation, next.seconds);
+                let (pipes, entries) = (next.program.pipes.len(), next.program.entry_count());
+                *shared.loaded.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
+                shared.generation.store(generation, Ordering::Release);
+                counts.succeeded.fetch_add(1, Ordering::Relaxed);
+                counts.last_failed.store(false, Ordering::Relaxed);
+                tracing::info!(
+                    path = %file.path.display(),
+                    generation,
+                    pipes,
+                    entries,
+                    seconds,
+                    "pipeline reloaded"
+                );
+            }
+            Err(e) => {
+                counts.failed.fetch_add(1, Ordering::Relaxed);
+                counts.last_failed.store(true, Ordering::Relaxed);
+                tracing::error!(path = %file.path.display(), "reload refused, the running pipeline kept: {e}");
+            }
+        }
+    }
 }
 
 /// Starts the service's threads. A thread that panics stops the service, which then exits
@@ -515,7 +614,10 @@ impl Drop for Tripwire {
 /// whose other direction arrives untunnelled (hashed on the outer headers, a request and
 /// its reply met in one worker's connection table about half the time).
 struct Dealer<'a> {
-    tunnels: &'a TunnelPorts,
+    shared: &'a Shared,
+    /// The pipeline whose tunnels the dealer parses, and its generation.
+    code: Arc<Compiled>,
+    generation: u64,
     workers: usize,
     /// The worker each recent datagram's first fragment went to: its later fragments,
     /// without ports to hash, follow it to its connection.
@@ -527,7 +629,12 @@ impl Dealer<'_> {
         if self.workers == 1 {
             return 0;
         }
-        let Ok(m) = parse::parse(pkt.data(), self.tunnels) else {
+        // A reload may have changed which UDP ports carry tunnels.
+        if self.shared.generation.load(Ordering::Relaxed) != self.generation {
+            let loaded = self.shared.loaded();
+            (self.code, self.generation) = (Arc::clone(&loaded.code), loaded.generation);
+        }
+        let Ok(m) = parse::parse(pkt.data(), self.code.tunnels()) else {
             return 0;
         };
         let flow = if m.tunnel.is_some() {
@@ -607,7 +714,6 @@ fn io(
     shared: &Shared,
     stop: &AtomicBool,
 ) -> Result<(u64, u64), RunError> {
-    let tunnels = shared.code.tunnels();
     let IoEnds {
         to_workers,
         done,
@@ -626,8 +732,11 @@ fn io(
         tx_warning: WarnThrottle::default(),
     };
     let (n, batch) = (to_workers.len(), opts.batch.max(1));
+    let loaded = shared.loaded();
     let mut dealer = Dealer {
-        tunnels,
+        shared,
+        code: Arc::clone(&loaded.code),
+        generation: loaded.generation,
         workers: n,
         fragments: Fragments::default(),
     };
@@ -715,7 +824,7 @@ fn io(
                 bytes.fetch_add(len as u64, Ordering::Relaxed);
                 if oversize_warning.ready() {
                     tracing::warn!(
-                        port = %shared.program.ports[port.index()].name,
+                        port = %loaded.program.ports[port.index()].name,
                         bytes = len,
                         largest = DEFAULT_MAX_FRAME,
                         "frame larger than the packet buffers skipped (counted as dropped: oversize)"
@@ -1002,14 +1111,17 @@ struct Worker<'s> {
     /// When the counts were last published.
     published: Instant,
     batches: u64,
+    /// The generation of the pipeline the engine runs.
+    generation: u64,
 }
 
 impl<'s> Worker<'s> {
     fn new(id: usize, shared: &'s Shared, ch: WorkerChannels) -> Worker<'s> {
-        let mut engine = Engine::sharing(Arc::clone(&shared.code));
-        engine.share_meters(&shared.meters, shared.workers);
+        let loaded = shared.loaded();
+        let mut engine = Engine::sharing(Arc::clone(&loaded.code));
+        engine.share_meters(&loaded.meters, shared.workers);
         if ch.flows.is_some() {
-            engine.enable_flows(&shared.program.telemetry);
+            engine.enable_flows(&loaded.program.telemetry);
         }
         let w = Worker {
             id,
@@ -1023,6 +1135,7 @@ impl<'s> Worker<'s> {
             latency: Latency::default(),
             published: Instant::now(),
             batches: 0,
+            generation: loaded.generation,
         };
         w.publish(false);
         shared.workers_up.fetch_add(1, Ordering::Relaxed);
@@ -1047,12 +1160,31 @@ impl<'s> Worker<'s> {
             flows: self.engine.flow_stats(),
             export: None,
             latency: self.latency.clone(),
+            generation: self.generation,
         };
         true
     }
 
+    /// Takes the pipeline a reload published, if there is a new one, and says so in the
+    /// counts it publishes (the control thread waits for that before another reload).
+    fn follow_reload(&mut self) {
+        if self.shared.generation.load(Ordering::Acquire) == self.generation {
+            return;
+        }
+        let loaded = self.shared.loaded();
+        debug_assert_eq!(loaded.generation, self.generation + 1);
+        self.engine
+            .reload(Arc::clone(&loaded.code), &loaded.renumbering);
+        self.engine
+            .share_meters(&loaded.meters, self.shared.workers);
+        self.generation = loaded.generation;
+        self.publish(false);
+        self.published = Instant::now();
+    }
+
     /// Runs a batch and sends it back processed; `false` when the I/O thread is gone.
     fn process(&mut self, mut batch: Vec<PacketBuf>) -> bool {
+        self.follow_reload();
         self.batches += 1;
         let timed = (self.batches % LATENCY_SAMPLE == 0).then(Instant::now);
         self.engine.process(&mut batch, &mut NoObserver);
@@ -1107,6 +1239,7 @@ impl<'s> Worker<'s> {
 
     /// What a worker does when no batch came for [`PUBLISH_EVERY`].
     fn idle(&mut self) {
+        self.follow_reload();
         // Live ports' time goes on without packets: what timed out ends. (A capture's
         // time is its packets'.)
         if self.shared.live {
@@ -1214,8 +1347,10 @@ fn export(collector: &mut Collector, rx: &Receiver<Vec<FlowRecord>>, shared: &Sh
     let Some(counts) = &shared.export else {
         return 0;
     };
-    let t = &shared.program.telemetry;
-    let ports = shared
+    // Neither changes on a reload.
+    let loaded = shared.loaded();
+    let t = &loaded.program.telemetry;
+    let ports = loaded
         .program
         .ports
         .iter()
