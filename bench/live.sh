@@ -4,8 +4,10 @@
 # Prints, per offered rate, the rate tcpreplay achieved, the share delivered and the CPU
 # time dpuflow spent a frame offered; then the round trip of 200 pings across dpuflow and
 # across a kernel bridge in its place. DRIVER=af_xdp runs the ports on AF_XDP (default
-# af_packet). Needs root, tcpreplay and ethtool.
-# Usage: [DPUFLOW=BIN] [DRIVER=af_packet|af_xdp] bench/live.sh [WORKERS] [RATE...]
+# af_packet). RELOAD_EVERY=SECONDS sends dpuflow SIGHUP that often while the frames flow
+# (each reloads the pipeline) and adds a column of the reloads done. Needs root,
+# tcpreplay and ethtool.
+# Usage: [DPUFLOW=BIN] [DRIVER=af_packet|af_xdp] [RELOAD_EVERY=S] bench/live.sh [WORKERS] [RATE...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 workers=${1:-1}
@@ -53,7 +55,8 @@ rx() { ip -n $s -s link show s0 | awk '/RX:/ {getline; print $2}'; }
 # CPU time (user and system, in clock ticks) of process $1 so far.
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 tick_us=$((1000000 / $(getconf CLK_TCK)))
-printf '%-14s %-16s %-10s %s\n' "offered (pps)" "achieved (pps)" "delivered" "CPU µs/frame"
+printf '%-14s %-16s %-10s %-13s %s\n' "offered (pps)" "achieved (pps)" "delivered" "CPU µs/frame" \
+    "${RELOAD_EVERY:+reloads}"
 for pps in "${rates[@]}"; do
     ip netns exec $d "$bin" run "$tmp/bridge.pipe" --workers "$workers" --metrics 127.0.0.1:9464 \
         2>"$tmp/log" & echo $! >"$tmp/pid"
@@ -61,15 +64,21 @@ for pps in "${rates[@]}"; do
     before=$(rx)
     pid=$(cat "$tmp/pid")
     cpu_before=$(cpu "$pid")
+    if [ -n "${RELOAD_EVERY:-}" ]; then
+        (while sleep "$RELOAD_EVERY"; do kill -HUP "$pid" 2>/dev/null || break; done) &
+        hupper=$!
+    fi
     achieved=$(ip netns exec $c tcpreplay -i c0 --pps "$pps" --loop $loops "$tmp/udp64.pcap" 2>&1 |
         sed -n 's/.* \([0-9.]*\) pps.*/\1/p')
     cpu_after=$(cpu "$pid")
+    [ -z "${hupper:-}" ] || kill "$hupper"
     sleep 0.5
     after=$(rx)
     kill "$(cat "$tmp/pid")"; wait "$(cat "$tmp/pid")" 2>/dev/null || true
     [ -z "${LIVE_LOG:-}" ] || tail -3 "$tmp/log" >&2
-    printf '%-14s %-16s %-10s %s\n' "$pps" "$achieved" "$(echo "scale=4; ($after - $before) / $offered" | bc)" \
-        "$(echo "scale=2; ($cpu_after - $cpu_before) * $tick_us / $offered" | bc)"
+    printf '%-14s %-16s %-10s %-13s %s\n' "$pps" "$achieved" "$(echo "scale=4; ($after - $before) / $offered" | bc)" \
+        "$(echo "scale=2; ($cpu_after - $cpu_before) * $tick_us / $offered" | bc)" \
+        "${RELOAD_EVERY:+$(grep -c 'pipeline reloaded' "$tmp/log" || true)}"
 done
 ip -n $c addr add 10.9.0.1/24 dev c0
 ip -n $s addr add 10.9.0.2/24 dev s0

@@ -174,6 +174,8 @@ struct Reloads {
     failed: AtomicU64,
     /// The last reload was refused.
     last_failed: AtomicBool,
+    /// The longest a worker spent taking the last reload (its pause between two batches).
+    longest_swap_ns: AtomicU64,
 }
 
 impl Shared {
@@ -210,7 +212,7 @@ impl Handler for Shared {
                     total.merge(&s);
                 } else {
                     total.merge(&Snapshot {
-                        stats: loaded.renumbering.stats(&s.stats),
+                        stats: loaded.renumbering.stats(s.stats.clone()),
                         ..s.clone()
                     });
                 }
@@ -500,8 +502,9 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     }
     // Every thread is joined, even after one failed: the others finish what they hold, the
     // outputs are flushed and the final IPFIX export is sent.
+    // A reload in progress is left to the process's end: a stop does not wait for it.
+    drop(reloader);
     let io = io.join();
-    let _ = reloader.join();
     let workers_done = handles.into_iter().all(|h| h.join().is_ok());
     let sent = exporter.map(JoinHandle::join);
     let (read, unwritten) =
@@ -521,8 +524,20 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
 /// pipeline of the reload before, loads `file` again and publishes it, or logs why not
 /// and keeps the running one. Until `stop`.
 fn reload_on_hup(file: &PipelineFile, hup: &AtomicBool, stop: &AtomicBool, shared: &Shared) {
+    // The reload published and not yet taken by every worker, and when it was published.
+    let mut pending = None::<(u64, Instant)>;
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(reload::POLL);
+        if let Some((generation, at)) = pending.filter(|&(g, _)| shared.workers_run(g)) {
+            let longest = shared.reloads.longest_swap_ns.swap(0, Ordering::Relaxed);
+            tracing::info!(
+                generation,
+                seconds = at.elapsed().as_secs_f64(),
+                longest_pause_seconds = longest as f64 * 1e-9,
+                "every worker runs the reloaded pipeline"
+            );
+            pending = None;
+        }
         if !hup.load(Ordering::Relaxed) {
             continue;
         }
@@ -543,6 +558,7 @@ fn reload_on_hup(file: &PipelineFile, hup: &AtomicBool, stop: &AtomicBool, share
                 let (pipes, entries) = (next.program.pipes.len(), next.program.entry_count());
                 *shared.loaded.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
                 shared.generation.store(generation, Ordering::Release);
+                pending = Some((generation, Instant::now()));
                 counts.succeeded.fetch_add(1, Ordering::Relaxed);
                 counts.last_failed.store(false, Ordering::Relaxed);
                 tracing::info!(
@@ -1171,6 +1187,7 @@ impl<'s> Worker<'s> {
         if self.shared.generation.load(Ordering::Acquire) == self.generation {
             return;
         }
+        let started = Instant::now();
         let loaded = self.shared.loaded();
         debug_assert_eq!(loaded.generation, self.generation + 1);
         self.engine
@@ -1180,6 +1197,8 @@ impl<'s> Worker<'s> {
         self.generation = loaded.generation;
         self.publish(false);
         self.published = Instant::now();
+        let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        (self.shared.reloads.longest_swap_ns).fetch_max(took, Ordering::Relaxed);
     }
 
     /// Runs a batch and sends it back processed; `false` when the I/O thread is gone.

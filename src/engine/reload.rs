@@ -11,31 +11,44 @@ use std::sync::Arc;
 /// name (rule names, table keys, `default`) and by meter name; `None` for what is new.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Renumbering {
-    /// Per new pipe, per entry: the old pipe and entry.
-    entries: Vec<Vec<Option<(usize, usize)>>>,
+    /// Per new pipe.
+    pipes: Vec<PipeFrom>,
     /// Per new meter: the old meter.
     meters: Vec<Option<usize>>,
+}
+
+/// Where a new pipe's counters were.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum PipeFrom {
+    /// A pipe of the same name with the same entries in the same order: its counters as
+    /// they are. (A reload mostly leaves large tables alone, and naming a million entries
+    /// to find each again takes seconds.)
+    Same(usize),
+    /// Per entry: the entry of the same name in the old pipe of the same name.
+    Entries(Vec<Option<(usize, usize)>>),
 }
 
 impl Renumbering {
     /// From `old`'s counters to `new`'s. The two have the same ports and services (a
     /// pipeline that changes those needs a restart), whose counters keep their places.
     pub fn between(old: &Program, new: &Program) -> Renumbering {
-        let mut was = HashMap::new();
-        let old_names: Vec<Vec<String>> = old.pipes.iter().map(|p| p.entry_names()).collect();
-        for (pi, (pipe, names)) in old.pipes.iter().zip(&old_names).enumerate() {
-            for (ei, name) in names.iter().enumerate() {
-                was.insert((pipe.name.as_str(), name.as_str()), (pi, ei));
-            }
-        }
-        let entries = new
+        let named = |name: &str| old.pipes.iter().position(|o| o.name == name);
+        let pipes = new
             .pipes
             .iter()
-            .map(|pipe| {
-                pipe.entry_names()
-                    .iter()
-                    .map(|name| was.get(&(pipe.name.as_str(), name.as_str())).copied())
-                    .collect()
+            .map(|pipe| match named(&pipe.name) {
+                Some(pi) if old.pipes[pi].body == pipe.body => PipeFrom::Same(pi),
+                Some(pi) => {
+                    let was: HashMap<String, usize> = old.pipes[pi]
+                        .entry_names()
+                        .into_iter()
+                        .enumerate()
+                        .map(|(ei, name)| (name, ei))
+                        .collect();
+                    let names = pipe.entry_names();
+                    PipeFrom::Entries(names.iter().map(|n| Some((pi, *was.get(n)?))).collect())
+                }
+                None => PipeFrom::Entries(vec![None; pipe.body.len() + 1]),
             })
             .collect();
         let meters = new
@@ -43,39 +56,48 @@ impl Renumbering {
             .iter()
             .map(|m| old.meters.iter().position(|o| o.name == m.name))
             .collect();
-        Renumbering { entries, meters }
+        Renumbering { pipes, meters }
     }
 
     /// `old`'s counts in the new program's places: ports and services as they were, each
-    /// entry and meter from where it was, zero where it is new.
-    pub fn stats(&self, old: &Stats) -> Stats {
-        let entry = |&(pi, ei): &(usize, usize)| {
-            old.entries
-                .get(pi)
-                .and_then(|e| e.get(ei))
-                .copied()
-                .unwrap_or_default()
-        };
+    /// entry and meter from where it was, zero where it is new. An unchanged pipe's
+    /// counters are moved, not copied.
+    pub fn stats(&self, mut old: Stats) -> Stats {
+        let moved: Vec<Vec<Counter>> = self
+            .pipes
+            .iter()
+            .map(|from| match from {
+                PipeFrom::Same(pi) => old.entries.get_mut(*pi).map(std::mem::take),
+                PipeFrom::Entries(_) => None,
+            })
+            .map(Option::unwrap_or_default)
+            .collect();
+        let entries = self
+            .pipes
+            .iter()
+            .zip(moved)
+            .map(|(from, moved)| match from {
+                PipeFrom::Same(_) => moved,
+                PipeFrom::Entries(each) => each
+                    .iter()
+                    .map(|e| {
+                        e.and_then(|(pi, ei)| old.entries.get(pi)?.get(ei).copied())
+                            .unwrap_or_default()
+                    })
+                    .collect(),
+            })
+            .collect();
+        let meters = self
+            .meters
+            .iter()
+            .map(|from| from.and_then(|i| old.meters.get(i).copied()))
+            .map(|m| m.unwrap_or([0; 3]))
+            .collect();
         Stats {
-            ports: old.ports.clone(),
-            entries: self
-                .entries
-                .iter()
-                .map(|pipe| {
-                    pipe.iter()
-                        .map(|from| from.as_ref().map_or(Counter::default(), entry))
-                        .collect()
-                })
-                .collect(),
-            meters: self
-                .meters
-                .iter()
-                .map(|from| {
-                    from.and_then(|i| old.meters.get(i).copied())
-                        .unwrap_or([0; 3])
-                })
-                .collect(),
-            services: old.services.clone(),
+            entries,
+            meters,
+            ports: old.ports,
+            services: old.services,
         }
     }
 }
@@ -87,7 +109,7 @@ impl Engine {
     pub fn reload(&mut self, code: Arc<super::Compiled>, renumbering: &Renumbering) {
         let f = &code.fresh;
         let rt = &mut self.rt;
-        rt.stats = renumbering.stats(&rt.stats);
+        rt.stats = renumbering.stats(std::mem::take(&mut rt.stats));
         rt.meters = f.meters.clone();
         if f.mirrors && rt.mirrors.is_empty() {
             rt.mirrors = super::mirror_pool();
@@ -164,6 +186,33 @@ mod tests {
         assert_eq!(s.ports[0].rx.packets, 6);
     }
 
+    /// A pipe left as it was keeps its counters as they are (moved, whatever its size); a
+    /// pipe renamed is a new pipe.
+    #[test]
+    fn unchanged_pipes_keep_their_counters_and_renamed_ones_start_afresh() {
+        let pipes = |second: &str| {
+            program(&format!(
+                "pipe f root from a {{\n\
+                 table exact udp.dst {{ 53 => fwd b\n 80 => fwd b }}\n\
+                 default {{ actions drop }}\n}}\n\
+                 pipe {second} root from b {{ default {{ actions fwd a }} }}\n"
+            ))
+        };
+        let (old, new) = (pipes("g"), pipes("h"));
+        let r = Renumbering::between(&old, &new);
+        let counted = |n: u64| Counter {
+            packets: n,
+            bytes: 100 * n,
+        };
+        let before = Stats {
+            entries: vec![vec![counted(1), counted(2), counted(3)], vec![counted(4)]],
+            ..Stats::default()
+        };
+        let after = r.stats(before.clone());
+        assert_eq!(after.entries[0], before.entries[0]);
+        assert_eq!(after.entries[1], vec![Counter::default()]);
+    }
+
     #[test]
     fn meters_follow_by_name_and_new_ones_start_at_zero() {
         let old = program("pipe f root from a { default { actions fwd b } }\n");
@@ -176,6 +225,6 @@ mod tests {
             meters: vec![[5, 6, 7]],
             ..Stats::default()
         };
-        assert_eq!(r.stats(&before).meters, vec![[5, 6, 7], [0, 0, 0]]);
+        assert_eq!(r.stats(before).meters, vec![[5, 6, 7], [0, 0, 0]]);
     }
 }
