@@ -1,5 +1,6 @@
-//! The deployment files stay true to the code: every metric the Grafana dashboard queries
-//! exists, and the systemd unit and the Kubernetes static pod run commands the binary has.
+//! The deployment files stay true to the code: every metric the Grafana dashboard and the
+//! alerting rules query exists, the rules pass promtool's checks and unit tests, and the
+//! systemd unit and the Kubernetes static pod run commands the binary has.
 
 use dpuflow::ir::{KvCache, StorageTarget};
 use dpuflow::kvcache::server::KvService;
@@ -10,8 +11,8 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-#[test]
-fn every_metric_the_dashboard_queries_exists() {
+/// The exposition of a pipeline with everything that has metrics.
+fn full_exposition() -> String {
     // A pipeline with everything that has metrics: ports, rules, a meter, conntrack; the
     // flow cache of IPFIX export.
     let text = "pipeline all\nport a { driver pcap }\nport b { driver pcap }\nmeter m { rate 100 pps }\n\
@@ -45,6 +46,38 @@ fn every_metric_the_dashboard_queries_exists() {
     let exposition =
         render(&program, &Snapshot::default(), &info, &Loads::default()) + &render_kv(&[kv]);
     std::fs::remove_file(target).expect("remove target");
+    exposition
+}
+
+/// The dpuflow metrics a PromQL expression names.
+fn metrics_in(expr: &str) -> Vec<String> {
+    let mut used = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find("dpuflow_") {
+        let name: String = rest[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        rest = &rest[at + name.len()..];
+        used.push(name);
+    }
+    used
+}
+
+/// Fails naming `what` when `exposition` has no series of a metric in `used`.
+fn assert_exported(exposition: &str, used: &[String], what: &str) {
+    for name in used {
+        assert!(
+            exposition
+                .lines()
+                .any(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} "))),
+            "{what} queries {name}, which dpuflow does not export"
+        );
+    }
+}
+
+#[test]
+fn every_metric_the_dashboard_queries_exists() {
     let dashboard: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string("deploy/grafana/dpuflow.json").expect("dashboard"),
     )
@@ -52,27 +85,43 @@ fn every_metric_the_dashboard_queries_exists() {
     let mut used = Vec::new();
     for panel in dashboard["panels"].as_array().expect("panels") {
         for target in panel["targets"].as_array().expect("targets") {
-            let expr = target["expr"].as_str().expect("expr");
-            let mut rest = expr;
-            while let Some(at) = rest.find("dpuflow_") {
-                let name: String = rest[at..]
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
-                rest = &rest[at + name.len()..];
-                used.push(name);
-            }
+            used.extend(metrics_in(target["expr"].as_str().expect("expr")));
         }
     }
     assert!(used.len() >= 10, "{used:?}");
-    for name in used {
+    assert_exported(&full_exposition(), &used, "the dashboard");
+}
+
+/// The alerting rules load in Prometheus (`promtool check rules`), fire when and only
+/// when their unit tests say (`promtool test rules`), and query metrics that exist.
+#[test]
+fn alerting_rules_pass_promtool_and_query_existing_metrics() {
+    let dir = "deploy/prometheus";
+    for args in [
+        ["check", "rules", "dpuflow-rules.yml"],
+        ["test", "rules", "dpuflow-rules.test.yml"],
+    ] {
+        let out = std::process::Command::new("promtool")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("promtool is required (Debian package prometheus; scripts/test installs it)");
         assert!(
-            exposition
-                .lines()
-                .any(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} "))),
-            "the dashboard queries {name}, which dpuflow does not export"
+            out.status.success(),
+            "promtool {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
         );
     }
+    let rules = std::fs::read_to_string(format!("{dir}/dpuflow-rules.yml")).expect("rules");
+    let used: Vec<String> = rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("expr:"))
+        .flat_map(metrics_in)
+        .collect();
+    assert!(used.len() >= 8, "{used:?}");
+    assert_exported(&full_exposition(), &used, "an alerting rule");
 }
 
 #[test]
