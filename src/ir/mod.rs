@@ -174,26 +174,27 @@ impl Pipe {
     /// A name for every counted entry: rule names, table keys, then `default`. Unique
     /// within the pipe, so counters follow an entry by name across a reload.
     pub fn entry_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = match &self.body {
-            PipeBody::Rules(rules) => rules.iter().map(|r| r.name.clone()).collect(),
+        (0..=self.body.len()).map(|i| self.entry_name(i)).collect()
+    }
+
+    /// The name of counted entry `i` (see [`Pipe::entry_names`]): past the entries,
+    /// `default`.
+    pub fn entry_name(&self, i: usize) -> String {
+        match &self.body {
+            PipeBody::Rules(rules) => rules.get(i).map(|r| r.name.clone()),
             PipeBody::Lpm { field, entries } => entries
-                .iter()
-                .map(|e| display_prefix(e.value, e.len, field.kind()))
-                .collect(),
-            PipeBody::Exact { fields, entries } => entries
-                .iter()
-                .map(|e| {
-                    fields
-                        .iter()
-                        .zip(&e.key)
-                        .map(|(f, v)| display_value(*v, f.kind()))
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                })
-                .collect(),
-        };
-        names.push("default".into());
-        names
+                .get(i)
+                .map(|e| display_prefix(e.value, e.len, field.kind())),
+            PipeBody::Exact { fields, entries } => entries.get(i).map(|e| {
+                fields
+                    .iter()
+                    .zip(&e.key)
+                    .map(|(f, v)| display_value(*v, f.kind()))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            }),
+        }
+        .unwrap_or_else(|| "default".into())
     }
 }
 
