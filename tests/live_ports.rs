@@ -113,6 +113,22 @@ impl Lab {
             .unwrap_or_else(|e| panic!("{args:?}: {e}"))
     }
 
+    /// An HTTP server in `ns` on `addr`:`port`, serving the files of `dir`.
+    fn serve(&self, ns: &str, addr: &str, port: &str, dir: &Scratch) -> Running {
+        let root = dir.path("");
+        let args = [
+            PYTHON,
+            "-m",
+            "http.server",
+            port,
+            "--bind",
+            addr,
+            "--directory",
+            &root,
+        ];
+        Running(self.spawn(ns, &args))
+    }
+
     /// `curl` in `ns`: the HTTP status and the bytes received, or none when no connection
     /// was made within `timeout`.
     fn fetch(&self, ns: &str, url: &str, timeout: &str) -> Option<(u16, u64)> {
@@ -347,23 +363,8 @@ fn firewall_between_two_hosts(driver: &str, log: &str, tag: &str) {
     // A file large enough for many segments and window updates, served from each side.
     let body: Vec<u8> = (0..2_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
     std::fs::write(dir.0.join("file.bin"), &body).expect("write file");
-    let serve = |ns: &str, addr: &str, port: &str| {
-        Running(lab.spawn(
-            ns,
-            &[
-                PYTHON,
-                "-m",
-                "http.server",
-                port,
-                "--bind",
-                addr,
-                "--directory",
-                &dir.path(""),
-            ],
-        ))
-    };
-    let _outside_server = serve(&lab.server, SERVER, "80");
-    let _inside_server = serve(&lab.client, CLIENT, "8080");
+    let _outside_server = lab.serve(&lab.server, SERVER, "80", &dir);
+    let _inside_server = lab.serve(&lab.client, CLIENT, "8080", &dir);
 
     let dpuflow = lab.start(&pipe_path, "2");
     // The servers take a moment to listen.
@@ -442,19 +443,7 @@ fn a_reload_changes_the_rules_and_keeps_the_connections() {
     std::fs::write(&pipe_path, &example).expect("write pipeline");
     let body: Vec<u8> = (0..1_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
     std::fs::write(dir.0.join("file.bin"), &body).expect("write file");
-    let _server = Running(lab.spawn(
-        &lab.server,
-        &[
-            PYTHON,
-            "-m",
-            "http.server",
-            "80",
-            "--bind",
-            SERVER,
-            "--directory",
-            &dir.path(""),
-        ],
-    ));
+    let _server = lab.serve(&lab.server, SERVER, "80", &dir);
     let dpuflow = lab.start(&pipe_path, "2");
     assert!(
         lab.ping(&lab.client, SERVER),
@@ -803,19 +792,7 @@ fn vxlan_gateway_to_the_kernel(driver: &str, tag: &str, workers: &str) {
     .expect("write pipeline");
     let body: Vec<u8> = (0..1_000_000u32).map(|i| (i * 13 % 251) as u8).collect();
     std::fs::write(dir.0.join("file.bin"), &body).expect("write file");
-    let _server = Running(lab.spawn(
-        &lab.server,
-        &[
-            PYTHON,
-            "-m",
-            "http.server",
-            "80",
-            "--bind",
-            SERVER,
-            "--directory",
-            &dir.path(""),
-        ],
-    ));
+    let _server = lab.serve(&lab.server, SERVER, "80", &dir);
     let _dpuflow = lab.start(&pipe_path, workers);
     assert!(lab.ping(&lab.client, SERVER), "no ping through the gateway");
     let deadline = Instant::now() + Duration::from_secs(10);
