@@ -127,6 +127,7 @@ mod tests {
     use crate::engine::PacketBuf;
     use crate::ir::PortId;
     use crate::lang::check_source;
+    use proptest::prelude::*;
 
     fn program(body: &str) -> Program {
         let text = format!(
@@ -211,6 +212,51 @@ mod tests {
         let after = r.stats(before.clone());
         assert_eq!(after.entries[0], before.entries[0]);
         assert_eq!(after.entries[1], vec![Counter::default()]);
+    }
+
+    /// A pipe of rules named `r{i}` for each `i` of `names`, in that order, each matching
+    /// its own UDP port.
+    fn rules_pipe(names: &[u8]) -> String {
+        let rules: String = names
+            .iter()
+            .map(|i| {
+                format!(
+                    "rule r{i} {{ match udp.dst {} actions fwd b }}\n",
+                    1000 + u16::from(*i)
+                )
+            })
+            .collect();
+        format!("pipe f root from a {{\n{rules}default {{ actions drop }}\n}}\n")
+    }
+
+    proptest! {
+        /// Whatever the old and new rules, each new rule's counter is the old rule's of the
+        /// same name, or zero if it is new; the default's carries; ports carry.
+        #[test]
+        fn every_counter_comes_from_its_namesake(
+            old_names in proptest::sample::subsequence((0u8..12).collect::<Vec<_>>(), 0..12),
+            new_names in proptest::sample::subsequence((0u8..12).collect::<Vec<_>>(), 0..12)
+                .prop_shuffle(),
+        ) {
+            let (old, new) = (program(&rules_pipe(&old_names)), program(&rules_pipe(&new_names)));
+            let counted = |i: usize| Counter { packets: i as u64 + 1, bytes: 64 * (i as u64 + 1) };
+            let before = Stats {
+                ports: vec![crate::engine::PortStats::default(); 2],
+                entries: vec![(0..=old_names.len()).map(counted).collect()],
+                ..Stats::default()
+            };
+            let after = Renumbering::between(&old, &new).stats(before.clone());
+            prop_assert_eq!(after.entries[0].len(), new_names.len() + 1);
+            for (ni, name) in new_names.iter().enumerate() {
+                let want = old_names
+                    .iter()
+                    .position(|o| o == name)
+                    .map_or(Counter::default(), counted);
+                prop_assert_eq!(after.entries[0][ni], want);
+            }
+            prop_assert_eq!(after.entries[0][new_names.len()], counted(old_names.len()));
+            prop_assert_eq!(after.ports, before.ports);
+        }
     }
 
     #[test]
