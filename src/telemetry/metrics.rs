@@ -43,6 +43,23 @@ pub struct Loads {
 
 struct Families(Vec<MetricFamily>);
 
+/// What a counter counts: events, or seconds.
+trait CounterValue {
+    fn value(self) -> f64;
+}
+
+impl CounterValue for u64 {
+    fn value(self) -> f64 {
+        self as f64
+    }
+}
+
+impl CounterValue for f64 {
+    fn value(self) -> f64 {
+        self
+    }
+}
+
 fn labels(pairs: &[(&str, &str)]) -> Vec<LabelPair> {
     pairs
         .iter()
@@ -65,18 +82,18 @@ impl Families {
         self.0.last_mut().expect("just pushed")
     }
 
-    fn counter(
+    fn counter<V: CounterValue>(
         &mut self,
         name: &str,
         help: &str,
-        series: impl IntoIterator<Item = (Vec<LabelPair>, u64)>,
+        series: impl IntoIterator<Item = (Vec<LabelPair>, V)>,
     ) {
         let f = self.family(name, help, MetricType::COUNTER);
         for (l, v) in series {
             let mut m = Metric::default();
             m.set_label(l);
             let mut c = Counter::default();
-            c.set_value(v as f64);
+            c.set_value(v.value());
             m.set_counter(c);
             f.mut_metric().push(m);
         }
@@ -382,6 +399,15 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info, loads: &Loads) ->
             [(vec![], ex.failed)],
         );
     }
+
+    fam.counter(
+        "dpuflow_worker_busy_seconds_total",
+        "Time the worker spent processing packets and on its periodic work, not waiting: its rate is the worker's utilisation.",
+        snap.busy_seconds
+            .iter()
+            .enumerate()
+            .map(|(w, s)| (labels(&[("worker", &w.to_string())]), *s)),
+    );
 
     let l = &snap.latency;
     fam.family(
