@@ -43,11 +43,11 @@ fn full_exposition() -> String {
         Arc::new(AtomicBool::new(false)),
     )
     .expect("kvcache");
-    let one_worker = Snapshot {
-        busy_seconds: vec![0.0],
-        ..Snapshot::default()
+    let one_worker = Loads {
+        threads: vec![("worker-0".into(), 0.0)],
+        ..Loads::default()
     };
-    let exposition = render(&program, &one_worker, &info, &Loads::default()) + &render_kv(&[kv]);
+    let exposition = render(&program, &Snapshot::default(), &info, &one_worker) + &render_kv(&[kv]);
     std::fs::remove_file(target).expect("remove target");
     exposition
 }

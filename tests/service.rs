@@ -166,15 +166,6 @@ fn live_scrape_passes_promtool_and_our_rules() {
     ] {
         assert!(body.contains(needle), "missing {needle}");
     }
-    // Each worker's busy time: some, and less than the time since the start.
-    for w in ["0", "1"] {
-        let series = format!("dpuflow_worker_busy_seconds_total{{worker=\"{w}\"}} ");
-        let busy: f64 = body
-            .lines()
-            .find_map(|l| l.strip_prefix(&series)?.parse().ok())
-            .unwrap_or_else(|| panic!("no {series}in:\n{body}"));
-        assert!(busy > 0.0 && busy < 20.0, "{series}{busy}");
-    }
     assert_eq!(get(svc.addr, "/healthz").map(|(c, _)| c), Some(200));
     assert_eq!(get(svc.addr, "/nope").map(|(c, _)| c), Some(404));
     assert_eq!(svc.terminate(), 0);
@@ -647,7 +638,8 @@ fn golden_exposition() {
             !l.starts_with("dpuflow_processing_latency_seconds_")
                 && !l.starts_with("dpuflow_pipeline_load_duration_seconds{")
                 && !l.starts_with("dpuflow_pipeline_last_load_timestamp_seconds{")
-                && !l.starts_with("dpuflow_worker_busy_seconds_total{")
+                // Listed while the threads run, which the end of the input ends.
+                && !l.contains("dpuflow_thread_cpu_seconds_total")
                 && !l.starts_with("dpuflow_build_info{")
         })
         .map(|l| format!("{l}\n"))
@@ -879,6 +871,15 @@ fn sighup_reloads_the_pipeline_while_packets_flow() {
         1
     );
     assert_eq!(series(&before, dropped), 0);
+    // The dataplane's threads and their CPU time, no more than they have been running.
+    for thread in ["io", "worker-0", "worker-1"] {
+        let series = format!("dpuflow_thread_cpu_seconds_total{{thread=\"{thread}\"}} ");
+        let cpu: f64 = before
+            .lines()
+            .find_map(|l| l.strip_prefix(&series)?.parse().ok())
+            .unwrap_or_else(|| panic!("no {series}in:\n{before}"));
+        assert!((0.0..20.0).contains(&cpu), "{series}{cpu}");
+    }
 
     // Web traffic is dropped from now on; a rule is added in front.
     write(

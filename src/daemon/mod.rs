@@ -234,7 +234,14 @@ impl Handler for Shared {
             messages: e.messages.load(Ordering::Relaxed),
             failed: e.failed.load(Ordering::Relaxed),
         });
+        // The dataplane's threads (named when spawned): the service's own KV clients'
+        // threads come and go, and the main thread only serves scrapes.
+        let dataplane = |name: &str| name == "io" || name == "ipfix" || name.starts_with("worker-");
         let loads = Loads {
+            threads: crate::sys::thread_cpu_seconds()
+                .into_iter()
+                .filter(|(name, _)| dataplane(name))
+                .collect(),
             seconds: loaded.seconds,
             at_seconds: loaded.at_seconds(),
             reloads_succeeded: self.reloads.succeeded.load(Ordering::Relaxed),
@@ -1133,8 +1140,6 @@ struct Worker<'s> {
     batches: u64,
     /// The generation of the pipeline the engine runs.
     generation: u64,
-    /// Time spent processing batches and on idle work (not waiting), for the metrics.
-    busy: Duration,
 }
 
 impl<'s> Worker<'s> {
@@ -1159,7 +1164,6 @@ impl<'s> Worker<'s> {
             publish_every: PUBLISH_EVERY,
             batches: 0,
             generation: loaded.generation,
-            busy: Duration::ZERO,
         };
         w.publish(false);
         shared.workers_up.fetch_add(1, Ordering::Relaxed);
@@ -1185,7 +1189,6 @@ impl<'s> Worker<'s> {
             export: None,
             latency: self.latency.clone(),
             generation: self.generation,
-            busy_seconds: vec![self.busy.as_secs_f64()],
         };
         true
     }
@@ -1212,7 +1215,6 @@ impl<'s> Worker<'s> {
 
     /// Runs a batch and sends it back processed; `false` when the I/O thread is gone.
     fn process(&mut self, mut batch: Vec<PacketBuf>) -> bool {
-        let started = Instant::now();
         self.follow_reload();
         self.batches += 1;
         let timed = (self.batches % LATENCY_SAMPLE == 0).then(Instant::now);
@@ -1256,23 +1258,18 @@ impl<'s> Worker<'s> {
             mirrors,
             worker: self.id,
         };
-        // Waiting for room in the channel back is not work.
-        self.busy += started.elapsed();
         if self.ch.done.send(processed).is_err() {
             return false;
         }
-        let started = Instant::now();
         if self.published.elapsed() >= self.publish_every {
             self.publish_now_or_later();
         }
         self.export();
-        self.busy += started.elapsed();
         true
     }
 
     /// What a worker does when no batch came for [`PUBLISH_EVERY`].
     fn idle(&mut self) {
-        let started = Instant::now();
         self.follow_reload();
         // Live ports' time goes on without packets: what timed out ends. (A capture's
         // time is its packets'.)
@@ -1282,7 +1279,6 @@ impl<'s> Worker<'s> {
         }
         self.publish_now_or_later();
         self.export();
-        self.busy += started.elapsed();
     }
 
     /// Publishes unless a scrape is reading (the next try then does), noting when. A

@@ -61,6 +61,31 @@ pub fn available_memory() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// The CPU time (user and system, in seconds) of each of this process's threads, by
+/// thread name, from /proc/self/task/*/stat (proc(5): `utime` and `stime`, fields 14 and
+/// 15, in clock ticks).
+pub fn thread_cpu_seconds() -> Vec<(String, f64)> {
+    // SAFETY: sysconf reads a configuration value; it has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    let per_tick = 1.0 / ticks.max(1) as f64;
+    tasks
+        .flatten()
+        .filter_map(|task| {
+            let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+            // The name is between the first '(' and the last ')': it may hold either.
+            let (head, rest) = stat.rsplit_once(')')?;
+            let name = head.split_once('(')?.1.to_owned();
+            let mut fields = rest.split_whitespace().skip(11);
+            let utime: u64 = fields.next()?.parse().ok()?;
+            let stime: u64 = fields.next()?.parse().ok()?;
+            Some((name, (utime + stime) as f64 * per_tick))
+        })
+        .collect()
+}
+
 /// The index of network interface `name` (if_nametoindex(3)).
 #[cfg(target_os = "linux")]
 pub fn interface_index(name: &str) -> std::io::Result<u32> {

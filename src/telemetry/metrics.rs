@@ -28,7 +28,8 @@ pub struct Info {
     pub flow_limit: Option<u64>,
 }
 
-/// The running pipeline's load, and the reloads tried since the start.
+/// The running pipeline's load, the reloads tried since the start, and the CPU time of
+/// the threads running it.
 #[derive(Debug, Clone, Default)]
 pub struct Loads {
     /// Seconds it took to check and compile the running pipeline.
@@ -39,6 +40,8 @@ pub struct Loads {
     pub reloads_failed: u64,
     /// The last reload was refused (the pipeline before it still runs).
     pub last_reload_failed: bool,
+    /// The CPU seconds of the service's threads, by name.
+    pub threads: Vec<(String, f64)>,
 }
 
 struct Families(Vec<MetricFamily>);
@@ -400,13 +403,12 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info, loads: &Loads) ->
         );
     }
 
+    let mut threads = loads.threads.clone();
+    threads.sort_by(|a, b| a.0.cmp(&b.0));
     fam.counter(
-        "dpuflow_worker_busy_seconds_total",
-        "Time the worker spent processing packets and on its periodic work, not waiting: its rate is the worker's utilisation.",
-        snap.busy_seconds
-            .iter()
-            .enumerate()
-            .map(|(w, s)| (labels(&[("worker", &w.to_string())]), *s)),
+        "dpuflow_thread_cpu_seconds_total",
+        "CPU time of the service's dataplane threads (io, worker-N, ipfix), user and system: the rate of a thread's is how busy it is.",
+        threads.iter().map(|(name, s)| (labels(&[("thread", name)]), *s)),
     );
 
     let l = &snap.latency;

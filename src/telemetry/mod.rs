@@ -92,9 +92,6 @@ pub struct Snapshot {
     /// The generation of the pipeline whose rules and meters `stats` counts (0 until the
     /// first reload).
     pub generation: u64,
-    /// Seconds each worker has spent working (processing, sweeping, publishing; not
-    /// waiting), in worker order: one in a worker's own snapshot, all in a sum.
-    pub busy_seconds: Vec<f64>,
 }
 
 fn add_counter(a: &mut Counter, b: &Counter) {
@@ -150,6 +147,5 @@ impl Snapshot {
             a.lost_records += b.lost_records;
         }
         self.latency.merge(&o.latency);
-        self.busy_seconds.extend(&o.busy_seconds);
     }
 }
