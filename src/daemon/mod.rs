@@ -394,6 +394,9 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         kv,
         dataplane_done: AtomicBool::new(false),
     });
+    // Reading and checking the file left much free memory behind (a large table's text
+    // and syntax tree).
+    crate::sys::release_free_memory();
     let ports = shared.loaded().program.ports.len();
     // Open everything before any thread starts, so a bad file fails the command at once.
     let source = if lives > 0 {
@@ -539,6 +542,8 @@ fn reload_on_hup(file: &PipelineFile, hup: &AtomicBool, stop: &AtomicBool, share
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(reload::POLL);
         if let Some((generation, at)) = pending.filter(|&(g, _)| shared.workers_run(g)) {
+            // No worker runs the previous program now: what it held is free.
+            crate::sys::release_free_memory();
             let longest = shared.reloads.longest_swap_ns.swap(0, Ordering::Relaxed);
             tracing::info!(
                 generation,
