@@ -81,10 +81,14 @@ enum Command {
         packet: Option<u64>,
     },
     /// Run a pipeline as a service: workers process the inputs, metrics are served over
-    /// HTTP, SIGTERM, SIGINT or SIGHUP stops it gracefully (in-flight batches finished, outputs
-    /// flushed, exit 0).
+    /// HTTP, SIGTERM or SIGINT stops it gracefully (in-flight batches finished, outputs
+    /// flushed, exit 0), SIGHUP reloads the pipeline file while packets flow.
     ///
-    /// Ports of `driver af_packet` not bound to a capture are opened on their interfaces
+    /// A reload keeps tracked connections and counters; one whose file has errors, or
+    /// changes the ports, services, the connection table's capacity or tcp_window, or the
+    /// telemetry block, is refused with the reason logged, and the running pipeline kept.
+    ///
+    /// Ports of `driver af_packet` or `af_xdp` not bound to a capture are opened on their interfaces
     /// (live: it runs until signalled); otherwise, without --loop, it runs until the
     /// captures are read and then, with a metrics endpoint, keeps serving until signalled.
     /// A pipeline's KV-cache services (`service kvcache`) start first and serve until
