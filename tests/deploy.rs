@@ -5,7 +5,7 @@
 use dpuflow::ir::{KvCache, StorageTarget};
 use dpuflow::kvcache::server::KvService;
 use dpuflow::lang;
-use dpuflow::telemetry::metrics::{render, render_kv, Info, Loads};
+use dpuflow::telemetry::metrics::{render, render_kv, Info, ServiceState};
 use dpuflow::telemetry::Snapshot;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
@@ -43,9 +43,9 @@ fn full_exposition() -> String {
         Arc::new(AtomicBool::new(false)),
     )
     .expect("kvcache");
-    let one_worker = Loads {
+    let one_worker = ServiceState {
         threads: vec![("worker-0".into(), 0.0)],
-        ..Loads::default()
+        ..ServiceState::default()
     };
     let exposition = render(&program, &Snapshot::default(), &info, &one_worker) + &render_kv(&[kv]);
     std::fs::remove_file(target).expect("remove target");

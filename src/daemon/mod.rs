@@ -42,7 +42,7 @@ use crate::telemetry::collector::{Collector, Destination};
 use crate::telemetry::flows::FlowRecord;
 use crate::telemetry::http::{self, Handler};
 use crate::telemetry::ipfix::Exporter;
-use crate::telemetry::metrics::{self, Info, Loads};
+use crate::telemetry::metrics::{self, Info, ServiceState};
 use crate::telemetry::{ExportStats, Latency, Snapshot, WarnThrottle};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Select, Sender, TrySendError};
 use std::net::{SocketAddr, TcpListener};
@@ -214,10 +214,9 @@ impl Handler for Shared {
                 if s.generation == loaded.generation {
                     total.merge(&s);
                 } else {
-                    total.merge(&Snapshot {
-                        stats: loaded.renumbering.stats(s.stats.clone()),
-                        ..s.clone()
-                    });
+                    let mut lagging = s.clone();
+                    lagging.stats = loaded.renumbering.stats(std::mem::take(&mut lagging.stats));
+                    total.merge(&lagging);
                 }
             }
         }
@@ -237,7 +236,7 @@ impl Handler for Shared {
         // The dataplane's threads (named when spawned): the service's own KV clients'
         // threads come and go, and the main thread only serves scrapes.
         let dataplane = |name: &str| name == "io" || name == "ipfix" || name.starts_with("worker-");
-        let loads = Loads {
+        let state = ServiceState {
             threads: crate::sys::thread_cpu_seconds()
                 .into_iter()
                 .filter(|(name, _)| dataplane(name))
@@ -248,7 +247,7 @@ impl Handler for Shared {
             reloads_failed: self.reloads.failed.load(Ordering::Relaxed),
             last_reload_failed: self.reloads.last_failed.load(Ordering::Relaxed),
         };
-        let mut text = metrics::render(&loaded.program, &total, &self.info, &loads);
+        let mut text = metrics::render(&loaded.program, &total, &self.info, &state);
         text.push_str(&metrics::render_kv(&self.kv));
         text
     }

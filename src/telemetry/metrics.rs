@@ -28,10 +28,10 @@ pub struct Info {
     pub flow_limit: Option<u64>,
 }
 
-/// The running pipeline's load, the reloads tried since the start, and the CPU time of
-/// the threads running it.
+/// What the service says of itself at scrape time: the running pipeline's load, the
+/// reloads tried since the start, and the CPU time of the threads running it.
 #[derive(Debug, Clone, Default)]
-pub struct Loads {
+pub struct ServiceState {
     /// Seconds it took to check and compile the running pipeline.
     pub seconds: f64,
     /// When it was loaded, in seconds since 1970.
@@ -121,7 +121,7 @@ impl Families {
 }
 
 /// Renders the exposition of `snap` for `program`.
-pub fn render(program: &Program, snap: &Snapshot, info: &Info, loads: &Loads) -> String {
+pub fn render(program: &Program, snap: &Snapshot, info: &Info, state: &ServiceState) -> String {
     let mut fam = Families(Vec::new());
     let s = &snap.stats;
     fam.gauge(
@@ -135,25 +135,25 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info, loads: &Loads) ->
     fam.gauge(
         "dpuflow_pipeline_load_duration_seconds",
         "Time taken to check and compile the pipeline.",
-        [(labels(&[("pipeline", &program.name)]), loads.seconds)],
+        [(labels(&[("pipeline", &program.name)]), state.seconds)],
     );
     fam.gauge(
         "dpuflow_pipeline_last_load_timestamp_seconds",
         "When the running pipeline was loaded (at start or by a reload), in seconds since 1970.",
-        [(labels(&[("pipeline", &program.name)]), loads.at_seconds)],
+        [(labels(&[("pipeline", &program.name)]), state.at_seconds)],
     );
     fam.counter(
         "dpuflow_pipeline_reloads_total",
         "Reloads of the pipeline file (SIGHUP), by result: a failed one keeps the running pipeline.",
         [
-            (labels(&[("result", "success")]), loads.reloads_succeeded),
-            (labels(&[("result", "failure")]), loads.reloads_failed),
+            (labels(&[("result", "success")]), state.reloads_succeeded),
+            (labels(&[("result", "failure")]), state.reloads_failed),
         ],
     );
     fam.gauge(
         "dpuflow_pipeline_last_reload_successful",
         "Whether the last reload succeeded (1 when none was tried).",
-        [(vec![], if loads.last_reload_failed { 0.0 } else { 1.0 })],
+        [(vec![], if state.last_reload_failed { 0.0 } else { 1.0 })],
     );
     fam.gauge(
         "dpuflow_pipeline_ports",
@@ -403,7 +403,7 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info, loads: &Loads) ->
         );
     }
 
-    let mut threads = loads.threads.clone();
+    let mut threads = state.threads.clone();
     threads.sort_by(|a, b| a.0.cmp(&b.0));
     fam.counter(
         "dpuflow_thread_cpu_seconds_total",
