@@ -54,6 +54,12 @@ fn every_semantic_check_has_a_bad_file() {
         ("duplicate-names", "error: duplicate rule `a`"),
         ("duplicate-names", "error: duplicate pipe `ingress`"),
         (
+            "duplicate-table-keys",
+            "error: duplicate table key `10.0.0.0/8`",
+        ),
+        ("duplicate-table-keys", "21:9: error: duplicate table key\n"),
+        ("duplicate-table-keys", "23:9: error: duplicate table key\n"),
+        (
             "duplicate-names",
             "error: services `kv_a` and `kv_b` store on the same target",
         ),

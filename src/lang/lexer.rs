@@ -9,9 +9,10 @@ use super::diag::{Diagnostic, FileId, Span};
 use nom::branch::alt;
 use nom::bytes::complete::{escaped_transform, is_not, tag, take_while1};
 use nom::character::complete::{char, multispace1, not_line_ending};
-use nom::combinator::{map, value};
-use nom::sequence::{delimited, pair};
+use nom::combinator::{map, peek, value};
+use nom::sequence::{delimited, pair, terminated};
 use nom::IResult;
+use std::borrow::Cow;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TokenKind {
@@ -27,9 +28,10 @@ pub enum TokenKind {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Token {
+pub struct Token<'a> {
     pub kind: TokenKind,
-    pub text: String,
+    /// The text as written; a string's unescaped content, owned only when it held escapes.
+    pub text: Cow<'a, str>,
     pub span: Span,
 }
 
@@ -39,47 +41,55 @@ pub fn is_word_char(c: char) -> bool {
 }
 
 #[derive(Clone)]
-enum Lexeme {
+enum Lexeme<'a> {
     Skip,
     Word,
-    Str(String),
+    Str(Cow<'a, str>),
     Punct(TokenKind),
 }
 
-fn comment(i: &str) -> IResult<&str, Lexeme> {
+fn comment(i: &str) -> IResult<&str, Lexeme<'_>> {
     value(Lexeme::Skip, pair(char('#'), not_line_ending))(i)
 }
 
-fn string(i: &str) -> IResult<&str, Lexeme> {
+/// A quoted string, borrowed from the source unless it holds escapes.
+fn string(i: &str) -> IResult<&str, Lexeme<'_>> {
     let escape = alt((
         value("\\", tag("\\")),
         value("\"", tag("\"")),
         value("\n", tag("n")),
         value("\t", tag("t")),
     ));
+    let plain = terminated(is_not("\\\"\n"), peek(char('"')));
     let body = alt((
-        escaped_transform(is_not("\\\"\n"), '\\', escape),
-        map(tag(""), String::from),
+        map(plain, Cow::Borrowed),
+        map(
+            escaped_transform(is_not("\\\"\n"), '\\', escape),
+            Cow::Owned,
+        ),
+        map(tag(""), Cow::Borrowed),
     ));
     map(delimited(char('"'), body, char('"')), Lexeme::Str)(i)
 }
 
-fn lexeme(i: &str) -> IResult<&str, Lexeme> {
-    alt((
-        value(Lexeme::Skip, multispace1),
-        comment,
-        value(Lexeme::Word, take_while1(is_word_char)),
-        string,
-        value(Lexeme::Punct(TokenKind::Arrow), tag("=>")),
-        value(Lexeme::Punct(TokenKind::LBrace), char('{')),
-        value(Lexeme::Punct(TokenKind::RBrace), char('}')),
-        value(Lexeme::Punct(TokenKind::Comma), char(',')),
-    ))(i)
+/// The next lexeme, told by its first character: most of a large file is words and
+/// spaces, which would otherwise each fail several parsers first.
+fn lexeme(i: &str) -> IResult<&str, Lexeme<'_>> {
+    match i.as_bytes()[0] {
+        b' ' | b'\t' | b'\n' | b'\r' => value(Lexeme::Skip, multispace1)(i),
+        b'#' => comment(i),
+        b'"' => string(i),
+        b'=' => value(Lexeme::Punct(TokenKind::Arrow), tag("=>"))(i),
+        b'{' => value(Lexeme::Punct(TokenKind::LBrace), char('{'))(i),
+        b'}' => value(Lexeme::Punct(TokenKind::RBrace), char('}'))(i),
+        b',' => value(Lexeme::Punct(TokenKind::Comma), char(','))(i),
+        _ => value(Lexeme::Word, take_while1(is_word_char))(i),
+    }
 }
 
 /// Splits `src` into tokens. Bad characters and unterminated strings become diagnostics and
 /// lexing goes on after them; the token list always ends with [`TokenKind::Eof`].
-pub fn tokenize(file: FileId, src: &str, diags: &mut Vec<Diagnostic>) -> Vec<Token> {
+pub fn tokenize<'a>(file: FileId, src: &'a str, diags: &mut Vec<Diagnostic>) -> Vec<Token<'a>> {
     let mut tokens = Vec::new();
     let mut rest = src;
     while !rest.is_empty() {
@@ -93,9 +103,9 @@ pub fn tokenize(file: FileId, src: &str, diags: &mut Vec<Diagnostic>) -> Vec<Tok
                         rest = next;
                         continue;
                     }
-                    Lexeme::Word => (TokenKind::Word, src[start..end].to_owned()),
+                    Lexeme::Word => (TokenKind::Word, Cow::Borrowed(&src[start..end])),
                     Lexeme::Str(s) => (TokenKind::Str, s),
-                    Lexeme::Punct(k) => (k, src[start..end].to_owned()),
+                    Lexeme::Punct(k) => (k, Cow::Borrowed(&src[start..end])),
                 };
                 tokens.push(Token { kind, text, span });
                 rest = next;
@@ -123,7 +133,7 @@ pub fn tokenize(file: FileId, src: &str, diags: &mut Vec<Diagnostic>) -> Vec<Tok
     }
     tokens.push(Token {
         kind: TokenKind::Eof,
-        text: String::new(),
+        text: Cow::Borrowed(""),
         span: Span::new(file, src.len(), src.len()),
     });
     tokens
@@ -137,7 +147,9 @@ mod tests {
         let mut d = Vec::new();
         let t = tokenize(FileId(0), src, &mut d);
         assert!(d.is_empty(), "{d:?}");
-        t.into_iter().map(|t| (t.kind, t.text)).collect()
+        t.into_iter()
+            .map(|t| (t.kind, t.text.into_owned()))
+            .collect()
     }
 
     #[test]
@@ -161,6 +173,16 @@ mod tests {
                 (Eof, "".into()),
             ]
         );
+    }
+
+    #[test]
+    fn only_strings_with_escapes_are_copied() {
+        let mut d = Vec::new();
+        let t = tokenize(FileId(0), r#"word "plain" "" "esc\"aped""#, &mut d);
+        assert!(d.is_empty(), "{d:?}");
+        let owned: Vec<bool> = t.iter().map(|t| matches!(t.text, Cow::Owned(_))).collect();
+        assert_eq!(owned, [false, false, false, true, false]);
+        assert_eq!(t[3].text, "esc\"aped");
     }
 
     #[test]

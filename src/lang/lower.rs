@@ -10,6 +10,7 @@ use super::classbench::{self, ClassBenchRule};
 use super::diag::{did_you_mean, Diagnostic, FileId, SourceMap, Span};
 use super::value;
 use crate::ir::*;
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::io::Read;
 use std::net::IpAddr;
@@ -43,7 +44,7 @@ struct Names {
 
 impl Names {
     fn declare(&mut self, what: &str, w: &Word, diags: &mut Vec<Diagnostic>) -> bool {
-        if let Some(&id) = self.ids.get(&w.text) {
+        if let Some(&id) = self.ids.get(w.as_str()) {
             diags.push(
                 Diagnostic::error(w.span, format!("duplicate {what} `{}`", w.text))
                     .note(self.spans[id as usize], "first defined here")
@@ -51,9 +52,9 @@ impl Names {
             );
             return false;
         }
-        self.ids.insert(w.text.clone(), self.names.len() as u16);
+        self.ids.insert(w.text.to_string(), self.names.len() as u16);
         self.spans.push(w.span);
-        self.names.push(w.text.clone());
+        self.names.push(w.text.to_string());
         true
     }
 
@@ -107,7 +108,7 @@ pub fn lower(
     (program.filter(|_| !failed), diags)
 }
 
-fn opt_value<'o>(opts: &'o [Opt], key: &str) -> Option<&'o Opt> {
+fn opt_value<'o, 'a>(opts: &'o [Opt<'a>], key: &str) -> Option<&'o Opt<'a>> {
     opts.iter().find(|o| o.key.text == key)
 }
 
@@ -168,7 +169,7 @@ impl Lowerer<'_> {
             }
         }
         let name = match name {
-            Some(w) => w.text.clone(),
+            Some(w) => w.text.to_string(),
             None => {
                 let at = file_start(self.main, file);
                 self.err(at, "missing `pipeline NAME`").hint =
@@ -241,14 +242,14 @@ impl Lowerer<'_> {
     // ---- option blocks -------------------------------------------------------------
 
     /// The value of a one-value option (the parser guarantees there is one).
-    fn single<'w>(&mut self, o: &'w Opt) -> Option<&'w Word> {
+    fn single<'o, 'a>(&mut self, o: &'o Opt<'a>) -> Option<&'o Word<'a>> {
         o.values.first()
     }
 
     /// An `on` or `off` option; `on_means` says what `on` does, for the hint.
     fn on_off(&mut self, o: &Opt, on_means: &str) -> Option<bool> {
         let w = self.single(o)?;
-        match w.text.as_str() {
+        match w.as_str() {
             "on" => Some(true),
             "off" => Some(false),
             _ => {
@@ -265,7 +266,7 @@ impl Lowerer<'_> {
 
     fn check_repeats(&mut self, opts: &[Opt], repeatable: &[&str]) {
         for (i, o) in opts.iter().enumerate() {
-            if repeatable.contains(&o.key.text.as_str()) {
+            if repeatable.contains(&o.key.as_str()) {
                 continue;
             }
             if let Some(first) = opts[..i].iter().find(|p| p.key.text == o.key.text) {
@@ -308,7 +309,7 @@ impl Lowerer<'_> {
     fn port(&mut self, b: &ast::NamedBlock) -> Option<Port> {
         self.check_repeats(&b.options, &[]);
         let mut port = Port {
-            name: b.name.text.clone(),
+            name: b.name.text.to_string(),
             driver: Driver::Pcap,
             iface: None,
             file: None,
@@ -323,7 +324,7 @@ impl Lowerer<'_> {
                 ok = false;
                 continue;
             };
-            match o.key.text.as_str() {
+            match o.key.as_str() {
                 "driver" => match Driver::ALL.iter().find(|(n, _)| *n == w.text) {
                     Some(&(_, d)) => driver = Some(d),
                     None => {
@@ -336,9 +337,9 @@ impl Lowerer<'_> {
                         ok = false;
                     }
                 },
-                "iface" => port.iface = Some(w.text.clone()),
-                "file" => port.file = Some(PathBuf::from(&w.text)),
-                "out" => port.out = Some(PathBuf::from(&w.text)),
+                "iface" => port.iface = Some(w.text.to_string()),
+                "file" => port.file = Some(PathBuf::from(w.as_str())),
+                "out" => port.out = Some(PathBuf::from(w.as_str())),
                 "queues" => match self.int_in(w, "queue count", 1, 1024) {
                     Some(q) => port.queues = q as u16,
                     None => ok = false,
@@ -402,7 +403,7 @@ impl Lowerer<'_> {
 
     /// `rate 10000 pps` (number and unit may be one word or two).
     fn joined(&mut self, o: &Opt) -> (String, Span) {
-        let text: String = o.values.iter().map(|w| w.text.as_str()).collect();
+        let text: String = o.values.iter().map(|w| w.as_str()).collect();
         let span = o.values[0].span.to(o.values[o.values.len() - 1].span);
         (text, span)
     }
@@ -513,7 +514,7 @@ impl Lowerer<'_> {
             }
         };
         Some(Meter {
-            name: b.name.text.clone(),
+            name: b.name.text.to_string(),
             unit,
             cir,
             cbs,
@@ -524,8 +525,8 @@ impl Lowerer<'_> {
     fn service(&mut self, b: &ast::NamedBlock) -> Option<Service> {
         self.check_repeats(&b.options, &[]);
         let kind = match opt_value(&b.options, "type") {
-            Some(o) => self.single(o)?.text.clone(),
-            None => b.name.text.clone(),
+            Some(o) => self.single(o)?.text.to_string(),
+            None => b.name.text.to_string(),
         };
         if kind != "kvcache" {
             let at = opt_value(&b.options, "type").map_or(b.name.span, |o| o.values[0].span);
@@ -545,11 +546,11 @@ impl Lowerer<'_> {
         for o in &b.options {
             let (text, span) = self.joined(o);
             let w = &Word {
-                text,
+                text: text.into(),
                 span,
                 quoted: o.values[0].quoted,
             };
-            match o.key.text.as_str() {
+            match o.key.as_str() {
                 "type" => {}
                 "listen" => {
                     listen = self.parsed(
@@ -591,7 +592,7 @@ impl Lowerer<'_> {
                     }
                     None => ok = false,
                 },
-                "password_file" => password_file = Some(PathBuf::from(&w.text)),
+                "password_file" => password_file = Some(PathBuf::from(w.as_str())),
                 _ => unreachable!("the parser accepts only service keys"),
             }
         }
@@ -617,7 +618,7 @@ impl Lowerer<'_> {
         }
         let (listen, target, capacity) = (listen?, target?, capacity?);
         ok.then(|| Service {
-            name: b.name.text.clone(),
+            name: b.name.text.to_string(),
             kind: ServiceKind::KvCache(KvCache {
                 listen,
                 target,
@@ -672,7 +673,7 @@ impl Lowerer<'_> {
         };
         let mut ok = true;
         for o in &s.options {
-            match o.key.text.as_str() {
+            match o.key.as_str() {
                 "capacity" => match self.single(o).and_then(|w| {
                     self.parsed(
                         w,
@@ -748,7 +749,7 @@ impl Lowerer<'_> {
         const DUR: &str = "write a duration such as `10s` or `1m`";
         for o in &s.options {
             let Some(w) = self.single(o) else { continue };
-            match o.key.text.as_str() {
+            match o.key.as_str() {
                 "prometheus" => {
                     t.prometheus = self.parsed(
                         w,
@@ -925,7 +926,7 @@ impl Lowerer<'_> {
             }
         };
         let pipe = miss.filter(|_| !ctx.failed).map(|miss| Pipe {
-            name: p.name.text.clone(),
+            name: p.name.text.to_string(),
             from,
             body,
             miss,
@@ -982,7 +983,7 @@ impl Lowerer<'_> {
         let actions = self.actions(&r.actions, r.name.span, &matches, ctx);
         match (ok, actions) {
             (true, Some(actions)) => Some(Rule {
-                name: r.name.text.clone(),
+                name: r.name.text.to_string(),
                 matches,
                 actions,
             }),
@@ -999,7 +1000,7 @@ impl Lowerer<'_> {
         ctx: &mut PipeCtx,
         out: &mut Vec<(Rule, RuleSite)>,
     ) {
-        let path = self.base_dir.join(&rf.path.text);
+        let path = self.base_dir.join(rf.path.as_str());
         let text = match read_capped(&path) {
             Ok(t) => t,
             Err(e) => {
@@ -1019,9 +1020,11 @@ impl Lowerer<'_> {
             ctx.failed = true;
             return;
         };
-        let stem = Path::new(&rf.path.text)
+        let stem = Path::new(rf.path.as_str())
             .file_name()
-            .map_or(rf.path.text.clone(), |s| s.to_string_lossy().into_owned());
+            .map_or(rf.path.text.to_string(), |s| {
+                s.to_string_lossy().into_owned()
+            });
         let file = self.sources.add(path.display().to_string(), text);
         let text = &self.sources.file(file).text;
         let mut parsed = Vec::new();
@@ -1066,7 +1069,7 @@ impl Lowerer<'_> {
         for w in &t.fields {
             fields.push(self.field(w)?);
         }
-        match t.kind.text.as_str() {
+        match t.kind.as_str() {
             "lpm" => {
                 if fields.len() != 1
                     || !matches!(fields[0].kind(), ValueKind::Ipv4 | ValueKind::Ipv6)
@@ -1079,8 +1082,9 @@ impl Lowerer<'_> {
                     return None;
                 }
                 let field = fields[0];
-                let mut entries: Vec<LpmEntry> = Vec::new();
-                let mut seen: HashMap<(u128, u8), Span> = HashMap::new();
+                let mut entries: Vec<LpmEntry> = Vec::with_capacity(t.entries.len());
+                let mut keys = Vec::with_capacity(t.entries.len());
+                let mut words = Vec::with_capacity(t.entries.len());
                 for e in &t.entries {
                     if e.key.len() != 1 {
                         self.err(
@@ -1098,13 +1102,8 @@ impl Lowerer<'_> {
                         ctx.failed = true;
                         continue;
                     };
-                    if let Some(&first) = seen.get(&(value, len)) {
-                        self.err(key.span, format!("duplicate table key `{}`", key.text))
-                            .add_note(first, "first entry here");
-                        ctx.failed = true;
-                        continue;
-                    }
-                    seen.insert((value, len), key.span);
+                    keys.push((value, len));
+                    words.push(key);
                     let matched = [FieldMatch {
                         field,
                         pattern: Pattern::prefix(value, len, field.kind()),
@@ -1119,6 +1118,12 @@ impl Lowerer<'_> {
                         ctx.failed = true;
                     }
                 }
+                for (first, again) in duplicates(&keys) {
+                    let (first, again) = (words[first], words[again]);
+                    self.err(again.span, format!("duplicate table key `{}`", again.text))
+                        .add_note(first.span, "first entry here");
+                    ctx.failed = true;
+                }
                 Some(PipeBody::Lpm { field, entries })
             }
             "exact" => {
@@ -1129,8 +1134,9 @@ impl Lowerer<'_> {
                     );
                     return None;
                 }
-                let mut entries = Vec::new();
-                let mut seen: HashMap<Vec<u128>, Span> = HashMap::new();
+                let mut entries = Vec::with_capacity(t.entries.len());
+                let mut spans = Vec::with_capacity(t.entries.len());
+                let mut matched = Vec::with_capacity(fields.len());
                 for e in &t.entries {
                     if e.key.len() != fields.len() {
                         self.err(
@@ -1153,25 +1159,24 @@ impl Lowerer<'_> {
                         ctx.failed = true;
                         continue;
                     };
-                    if let Some(&first) = seen.get(&key) {
-                        self.err(e.key[0].span, "duplicate table key")
-                            .add_note(first, "first entry here");
-                        ctx.failed = true;
-                        continue;
-                    }
-                    seen.insert(key.clone(), e.key[0].span);
-                    let matched: Vec<FieldMatch> = fields
-                        .iter()
-                        .zip(&key)
-                        .map(|(&f, &v)| FieldMatch {
-                            field: f,
-                            pattern: Pattern::exact(v, f.kind()),
-                        })
-                        .collect();
+                    matched.clear();
+                    matched.extend(fields.iter().zip(&key).map(|(&f, &v)| FieldMatch {
+                        field: f,
+                        pattern: Pattern::exact(v, f.kind()),
+                    }));
                     match self.actions(&e.actions, e.key[0].span, &matched, ctx) {
-                        Some(actions) => entries.push(ExactEntry { key, actions }),
+                        Some(actions) => {
+                            entries.push(ExactEntry { key, actions });
+                            spans.push(e.key[0].span);
+                        }
                         None => ctx.failed = true,
                     }
+                }
+                let keys: Vec<&[u128]> = entries.iter().map(|e| &e.key[..]).collect();
+                for (first, again) in duplicates(&keys) {
+                    self.err(spans[again], "duplicate table key")
+                        .add_note(spans[first], "first entry here");
+                    ctx.failed = true;
                 }
                 Some(PipeBody::Exact { fields, entries })
             }
@@ -1262,12 +1267,13 @@ impl Lowerer<'_> {
                 );
                 return None;
             }
-            None => (w.text.as_str(), None),
+            None => (w.as_str(), None),
         };
         let (v, bits) = match kind {
-            ValueKind::Ipv4 => match (value::ipv4(addr), value::ipv6(addr)) {
-                (Some(a), _) => (u32::from(a) as u128, 32),
-                (None, Some(_)) => {
+            // The other family is parsed only to explain an error.
+            ValueKind::Ipv4 => match value::ipv4(addr).ok_or_else(|| value::ipv6(addr)) {
+                Ok(a) => (u32::from(a) as u128, 32),
+                Err(Some(_)) => {
                     let v6 = format!("ipv6.{}", &field.info().name[5..]);
                     self.err(
                         w.span,
@@ -1279,7 +1285,7 @@ impl Lowerer<'_> {
                     ));
                     return None;
                 }
-                _ => {
+                Err(None) => {
                     self.err(
                         w.span,
                         format!("invalid IPv4 address `{addr}` for `{field}`"),
@@ -1287,9 +1293,9 @@ impl Lowerer<'_> {
                     return None;
                 }
             },
-            _ => match (value::ipv6(addr), value::ipv4(addr)) {
-                (Some(a), _) => (u128::from(a), 128),
-                (None, Some(_)) => {
+            _ => match value::ipv6(addr).ok_or_else(|| value::ipv4(addr)) {
+                Ok(a) => (u128::from(a), 128),
+                Err(Some(_)) => {
                     let v4 = format!("ipv4.{}", &field.info().name[5..]);
                     self.err(
                         w.span,
@@ -1301,7 +1307,7 @@ impl Lowerer<'_> {
                     ));
                     return None;
                 }
-                _ => {
+                Err(None) => {
                     self.err(
                         w.span,
                         format!("invalid IPv6 address `{addr}` for `{field}`"),
@@ -1379,12 +1385,14 @@ impl Lowerer<'_> {
                     .filter(|_| kind == ValueKind::Ipv4 || !w.text.contains('/'))
                 {
                     let lo_w = Word {
-                        text: lo.to_owned(),
-                        ..w.clone()
+                        text: Cow::Borrowed(lo),
+                        span: w.span,
+                        quoted: w.quoted,
                     };
                     let hi_w = Word {
-                        text: hi.to_owned(),
-                        ..w.clone()
+                        text: Cow::Borrowed(hi),
+                        span: w.span,
+                        quoted: w.quoted,
                     };
                     let lo = self.address(field, &lo_w, false)?.0;
                     let hi = self.address(field, &hi_w, false)?.0;
@@ -1416,12 +1424,14 @@ impl Lowerer<'_> {
                 let (v, m) = match w.text.split_once('/') {
                     Some((v, m)) => {
                         let vw = Word {
-                            text: v.to_owned(),
-                            ..w.clone()
+                            text: Cow::Borrowed(v),
+                            span: w.span,
+                            quoted: w.quoted,
                         };
                         let mw = Word {
-                            text: m.to_owned(),
-                            ..w.clone()
+                            text: Cow::Borrowed(m),
+                            span: w.span,
+                            quoted: w.quoted,
                         };
                         (self.exact_value(field, &vw)?, self.exact_value(field, &mw)?)
                     }
@@ -1533,7 +1543,7 @@ impl Lowerer<'_> {
         matched: &[FieldMatch],
         ctx: &mut PipeCtx,
     ) -> Option<Action> {
-        let name = a.name.text.as_str();
+        let name = a.name.as_str();
         Some(match name {
             "fwd" | "mirror" => {
                 let id = PortId(self.resolve_port(arg(a, 0)?)?);
@@ -1593,7 +1603,7 @@ impl Lowerer<'_> {
                         let mut pcp = 0;
                         for o in opts {
                             let w = self.single(o)?;
-                            match o.key.text.as_str() {
+                            match o.key.as_str() {
                                 "id" => vid = Some(self.int_in(w, "VLAN id", 0, 4095)? as u16),
                                 _ => pcp = self.int_in(w, "VLAN priority", 0, 7)? as u8,
                             }
@@ -1667,7 +1677,7 @@ impl Lowerer<'_> {
                 ok = false;
                 continue;
             };
-            let r = match o.key.text.as_str() {
+            let r = match o.key.as_str() {
                 "vni" => self
                     .int_in(w, "VNI", 0, (1 << 24) - 1)
                     .map(|v| vni = Some(v as u32)),
@@ -1808,8 +1818,8 @@ impl Lowerer<'_> {
                             let from = stack.iter().position(|&(q, _)| q == to).unwrap_or(0);
                             let path: Vec<&str> = stack[from..]
                                 .iter()
-                                .map(|&(q, _)| pipes[q].name.text.as_str())
-                                .chain([pipes[to].name.text.as_str()])
+                                .map(|&(q, _)| pipes[q].name.as_str())
+                                .chain([pipes[to].name.as_str()])
                                 .collect();
                             self.err(span, format!("`goto` cycle: {}", path.join(" -> ")))
                                 .hint = Some(
@@ -1940,7 +1950,25 @@ struct PipeCtx {
 }
 
 /// An action's argument; the parser guarantees the count for each action.
-fn arg(a: &ast::Action, i: usize) -> Option<&Word> {
+/// Each key that an earlier one repeats, beside the earlier one: `(first, repeat)` as
+/// indices into `keys`. Found by sorting rather than by a map of every key to where it was
+/// written, which cost a hash and an allocation an entry on tables of a million entries.
+fn duplicates<K: Ord>(keys: &[K]) -> Vec<(usize, usize)> {
+    let mut order: Vec<usize> = (0..keys.len()).collect();
+    order.sort_unstable_by(|&a, &b| keys[a].cmp(&keys[b]).then(a.cmp(&b)));
+    let mut found = Vec::new();
+    let mut first = None;
+    for pair in order.windows(2) {
+        if keys[pair[0]] == keys[pair[1]] {
+            found.push((*first.get_or_insert(pair[0]), pair[1]));
+        } else {
+            first = None;
+        }
+    }
+    found
+}
+
+fn arg<'o, 'a>(a: &'o ast::Action<'a>, i: usize) -> Option<&'o Word<'a>> {
     a.args.get(i)
 }
 
@@ -2077,5 +2105,19 @@ fn file_start(main: FileId, file: &ast::File) -> Span {
         Some(Item::Pipe(p)) => p.name.span,
         Some(Item::Pipeline(w)) => w.span,
         None => Span::new(main, 0, 0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::duplicates;
+
+    #[test]
+    fn each_repeat_is_paired_with_the_first_of_its_key() {
+        let mut found = duplicates(&[3, 1, 3, 2, 3, 1]);
+        found.sort();
+        assert_eq!(found, [(0, 2), (0, 4), (1, 5)]);
+        assert!(duplicates::<u8>(&[]).is_empty());
+        assert!(duplicates(&[1, 2, 3]).is_empty());
     }
 }

@@ -141,8 +141,8 @@ const PIPE_KEYWORDS: &[&str] = &["rule", "default", "table", "rules"];
 struct Reported;
 type PResult<T> = Result<T, Reported>;
 
-struct Parser<'d> {
-    tokens: Vec<Token>,
+struct Parser<'a, 'd> {
+    tokens: Vec<Token<'a>>,
     pos: usize,
     /// Brace nesting of the tokens consumed so far.
     depth: usize,
@@ -150,7 +150,7 @@ struct Parser<'d> {
 }
 
 /// Parses one pipeline file. Errors go to `diags`; the tree holds whatever parsed.
-pub fn parse(file: FileId, src: &str, diags: &mut Vec<Diagnostic>) -> File {
+pub fn parse<'a>(file: FileId, src: &'a str, diags: &mut Vec<Diagnostic>) -> File<'a> {
     let tokens = tokenize(file, src, diags);
     let mut p = Parser {
         tokens,
@@ -161,8 +161,8 @@ pub fn parse(file: FileId, src: &str, diags: &mut Vec<Diagnostic>) -> File {
     p.file()
 }
 
-impl Parser<'_> {
-    fn peek(&self) -> &Token {
+impl<'a> Parser<'a, '_> {
+    fn peek(&self) -> &Token<'a> {
         &self.tokens[self.pos]
     }
 
@@ -175,7 +175,7 @@ impl Parser<'_> {
         self.peek().kind == kind
     }
 
-    fn bump(&mut self) -> Token {
+    fn bump(&mut self) -> Token<'a> {
         let t = self.tokens[self.pos].clone();
         match t.kind {
             TokenKind::Eof => return t,
@@ -193,7 +193,7 @@ impl Parser<'_> {
         Reported
     }
 
-    fn describe(t: &Token) -> String {
+    fn describe(t: &Token<'a>) -> String {
         match t.kind {
             TokenKind::Word => format!("`{}`", t.text),
             TokenKind::Str => format!("string \"{}\"", t.text),
@@ -214,7 +214,7 @@ impl Parser<'_> {
         )
     }
 
-    fn expect(&mut self, kind: TokenKind, what: &str) -> PResult<Token> {
+    fn expect(&mut self, kind: TokenKind, what: &str) -> PResult<Token<'a>> {
         if self.at(kind) {
             Ok(self.bump())
         } else {
@@ -231,7 +231,7 @@ impl Parser<'_> {
     }
 
     /// A name: a word that is not punctuation.
-    fn name(&mut self, what: &str) -> PResult<Word> {
+    fn name(&mut self, what: &str) -> PResult<Word<'a>> {
         if self.at(TokenKind::Word) {
             let t = self.bump();
             Ok(Word {
@@ -245,7 +245,13 @@ impl Parser<'_> {
     }
 
     /// A value: a word or a string.
-    fn value(&mut self, what: &str) -> PResult<Word> {
+    fn value(&mut self, what: &str) -> PResult<Word<'a>> {
+        self.value_or(|| what.to_owned())
+    }
+
+    /// [`Parser::value`], saying what was expected only when it is missing: an action's
+    /// arguments are read for each of a table's entries.
+    fn value_or(&mut self, what: impl FnOnce() -> String) -> PResult<Word<'a>> {
         match self.peek().kind {
             TokenKind::Word | TokenKind::Str => {
                 let t = self.bump();
@@ -255,7 +261,7 @@ impl Parser<'_> {
                     span: t.span,
                 })
             }
-            _ => Err(self.unexpected(what)),
+            _ => Err(self.unexpected(&what())),
         }
     }
 
@@ -269,7 +275,7 @@ impl Parser<'_> {
             }
             if self.depth == depth
                 && (t.kind == TokenKind::RBrace
-                    || (t.kind == TokenKind::Word && stop.contains(&t.text.as_str())))
+                    || (t.kind == TokenKind::Word && stop.contains(&&*t.text)))
             {
                 return;
             }
@@ -279,7 +285,7 @@ impl Parser<'_> {
         }
     }
 
-    fn file(&mut self) -> File {
+    fn file(&mut self) -> File<'a> {
         let mut file = File::default();
         while !self.at(TokenKind::Eof) {
             let start = self.pos;
@@ -301,12 +307,12 @@ impl Parser<'_> {
         file
     }
 
-    fn item(&mut self) -> PResult<Item> {
+    fn item(&mut self) -> PResult<Item<'a>> {
         let t = self.peek().clone();
         if t.kind != TokenKind::Word {
             return Err(self.unexpected("`pipeline`, `port`, `pipe` or another top-level item"));
         }
-        let kind = match t.text.as_str() {
+        let kind = match &*t.text {
             "pipeline" => {
                 self.bump();
                 return Ok(Item::Pipeline(self.name("a pipeline name")?));
@@ -346,11 +352,11 @@ impl Parser<'_> {
 
     /// `{ key value… key value… }`; unknown keys are reported and skipped, and the block
     /// keeps what did parse so its name stays declared (no cascade of "undefined" errors).
-    fn option_block(&mut self, keys: Keys) -> PResult<Vec<Opt>> {
+    fn option_block(&mut self, keys: Keys) -> PResult<Vec<Opt<'a>>> {
         self.expect(TokenKind::LBrace, "`{`")?;
         let depth = self.depth;
         let mut opts = Vec::new();
-        let is_value = |t: &Token| {
+        let is_value = |t: &Token<'a>| {
             matches!(t.kind, TokenKind::Word | TokenKind::Str) && key_of(keys, &t.text).is_none()
         };
         loop {
@@ -372,7 +378,7 @@ impl Parser<'_> {
                     while values.len() < want && is_value(self.peek()) {
                         values.push(self.value("a value")?);
                     }
-                    let unit_follows = |v: &Word, next: &Token| {
+                    let unit_follows = |v: &Word<'a>, next: &Token<'a>| {
                         v.text.bytes().all(|b| b.is_ascii_digit() || b == b'.')
                             && next.kind == TokenKind::Word
                             && next.text.starts_with(|c: char| c.is_ascii_alphabetic())
@@ -429,7 +435,7 @@ impl Parser<'_> {
         Ok(opts)
     }
 
-    fn pipe(&mut self) -> PResult<Pipe> {
+    fn pipe(&mut self) -> PResult<Pipe<'a>> {
         self.keyword("pipe")?;
         let name = self.name("a pipe name")?;
         let root = self.peek_is_word("root").then(|| self.bump().span);
@@ -472,9 +478,9 @@ impl Parser<'_> {
         })
     }
 
-    fn pipe_item(&mut self) -> PResult<PipeItem> {
+    fn pipe_item(&mut self) -> PResult<PipeItem<'a>> {
         let t = self.peek().clone();
-        match (t.kind, t.text.as_str()) {
+        match (t.kind, &*t.text) {
             (TokenKind::Word, "rule") => self.rule().map(PipeItem::Rule),
             (TokenKind::Word, "default") => {
                 let keyword = self.bump().span;
@@ -509,7 +515,7 @@ impl Parser<'_> {
         }
     }
 
-    fn rule(&mut self) -> PResult<Rule> {
+    fn rule(&mut self) -> PResult<Rule<'a>> {
         let start = self.keyword("rule")?;
         let name = self.name("a rule name")?;
         self.expect(TokenKind::LBrace, "`{`")?;
@@ -544,7 +550,7 @@ impl Parser<'_> {
         })
     }
 
-    fn match_value(&mut self, field: &Word) -> PResult<MatchValue> {
+    fn match_value(&mut self, field: &Word<'a>) -> PResult<MatchValue<'a>> {
         if self.at(TokenKind::LBrace) {
             let open = self.bump().span;
             let mut values = vec![self.value("a value")?];
@@ -565,7 +571,7 @@ impl Parser<'_> {
     }
 
     /// `ACTION {, ACTION}`
-    fn actions(&mut self) -> PResult<Vec<Action>> {
+    fn actions(&mut self) -> PResult<Vec<Action<'a>>> {
         let mut list = vec![self.action()?];
         while self.at(TokenKind::Comma) {
             self.bump();
@@ -574,7 +580,7 @@ impl Parser<'_> {
         Ok(list)
     }
 
-    fn action(&mut self) -> PResult<Action> {
+    fn action(&mut self) -> PResult<Action<'a>> {
         let name = self.name("an action")?;
         let Some(&(_, arity)) = ACTIONS.iter().find(|(n, _)| *n == name.text) else {
             let hint = did_you_mean(&name.text, action_names());
@@ -582,25 +588,25 @@ impl Parser<'_> {
         };
         let mut args = Vec::new();
         let mut block = None;
-        let what = format!("an argument for `{}`", name.text);
+        let what = || format!("an argument for `{}`", name.text);
         match arity {
             Arity::Zero => {}
-            Arity::One => args.push(self.value(&what)?),
+            Arity::One => args.push(self.value_or(what)?),
             Arity::Two => {
-                args.push(self.value(&what)?);
-                args.push(self.value(&what)?);
+                args.push(self.value_or(what)?);
+                args.push(self.value_or(what)?);
             }
             Arity::Block(keys) => block = Some(self.option_block(keys)?),
             Arity::OneOrBlock(keys) => {
                 if self.at(TokenKind::LBrace) {
                     block = Some(self.option_block(keys)?);
                 } else {
-                    args.push(self.value(&what)?);
+                    args.push(self.value_or(what)?);
                 }
             }
             Arity::OptionalZone => {
                 if self.peek_is_word("zone") {
-                    args.push(self.value(&what)?);
+                    args.push(self.value_or(what)?);
                     args.push(self.value("a zone number")?);
                 }
             }
@@ -614,7 +620,7 @@ impl Parser<'_> {
         })
     }
 
-    fn table(&mut self) -> PResult<Table> {
+    fn table(&mut self) -> PResult<Table<'a>> {
         let keyword = self.keyword("table")?;
         let kind = self.name("`exact` or `lpm`")?;
         let mut fields = Vec::new();
@@ -652,7 +658,7 @@ impl Parser<'_> {
 mod tests {
     use super::*;
 
-    fn parse_ok(src: &str) -> File {
+    fn parse_ok(src: &str) -> File<'_> {
         let mut d = Vec::new();
         let f = parse(FileId(0), src, &mut d);
         assert!(d.is_empty(), "{d:#?}");
