@@ -72,13 +72,17 @@ def scenarios(v6):
       return [ICMP(type=10), ICMP(type=9)/Raw(bytes(8))]
   def queries():
       # ICMP queries other than echo open connections too, each kind its own: a timestamp
-      # request and an echo request of the same identifier are two.
+      # request and an echo request of the same identifier are two. The code is part of
+      # the key, all eight bits of it: a reply whose code differs from its request's
+      # (here by 32) answers nothing.
       if v6:
           return [c(ICMPv6NIQueryNOOP(nonce=b"nonce001")), s(ICMPv6NIReplyNOOP(nonce=b"nonce001")),
-                  c(echo("request", 0, b"same id as the query"))]
+                  c(echo("request", 0, b"same id as the query")),
+                  c(ICMPv6EchoRequest(code=40, id=94, seq=1)), s(ICMPv6EchoReply(code=8, id=94, seq=1))]
       return [c(ICMP(type=13, id=91)/Raw(bytes(12))), s(ICMP(type=14, id=91)/Raw(bytes(12))),
               s(ICMP(type=14, id=92)/Raw(bytes(12))), c(echo("request", 91, b"same id")),
-              c(ICMP(type=17, id=93)/Raw(bytes(4))), s(ICMP(type=18, id=93)/Raw(bytes(4)))]
+              c(ICMP(type=17, id=93)/Raw(bytes(4))), s(ICMP(type=18, id=93)/Raw(bytes(4))),
+              c(ICMP(type=8, code=40, id=94, seq=1)), s(ICMP(type=0, code=8, id=94, seq=1))]
   return body(c, s, echo, unreachable, quoted_udp, cf, sf, link_local, queries)
 
 def tcp(sp, dp, fl, sq, ak=0, data=b"", win=65535, opts=None):

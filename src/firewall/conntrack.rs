@@ -130,7 +130,8 @@ struct Key {
     a: Addr,
     b: Addr,
     /// Both ports, the protocol, the zone and the address family in one word (see
-    /// [`Key::new`]), so a key compares and hashes as five words.
+    /// [`Key::new`]), so a key compares and hashes as five words. An ICMP query has no
+    /// ports: its identifier and what tells queries apart take their place.
     rest: u64,
 }
 
@@ -138,21 +139,24 @@ impl Key {
     /// `kind` is [`Tuple::kind`]: the protocol, the address family (`v6` tells an IPv4
     /// address from the IPv6 address with the same low 32 bits, `::a.b.c.d`: they are
     /// different endpoints) and what tells ICMP queries of the same identifier apart.
-    fn new(a: Addr, port_a: u16, b: Addr, port_b: u16, kind: u32, zone: u16) -> Key {
+    fn new(a: Addr, port_a: u16, b: Addr, port_b: u16, kind: u64, zone: u16) -> Key {
         Key {
             a,
             b,
-            rest: u64::from(port_a) << 48
-                | u64::from(port_b) << 32
-                | u64::from(kind)
-                | u64::from(zone),
+            rest: u64::from(port_a) << 48 | u64::from(port_b) << 32 | kind | u64::from(zone),
         }
     }
 }
 
 /// [`Tuple::kind`] of a packet of protocol `proto` in family `v6`.
-fn tuple_kind(proto: u8, v6: bool) -> u32 {
-    u32::from(v6) << 24 | u32::from(proto) << 16
+fn tuple_kind(proto: u8, v6: bool) -> u64 {
+    u64::from(v6) << 24 | u64::from(proto) << 16
+}
+
+/// [`Tuple::kind`]'s part for an ICMP query: its identifier and [`query_key`] where a
+/// key's ports go (a query's ports are zero).
+fn icmp_query_kind(id: u16, query: u16) -> u64 {
+    u64::from(id) << 48 | u64::from(query) << 32
 }
 
 /// One connection: 96 bytes. Arrays are per direction, original then reply; the counts
@@ -431,7 +435,7 @@ pub struct Conntrack {
     moved: bool,
     /// The ports and [`Tuple::kind`] (protocol, family, ICMP query) of datagrams whose
     /// first fragment passed, for their other fragments.
-    fragments: Fragments<(u16, u16, u32)>,
+    fragments: Fragments<(u16, u16, u64)>,
     /// Each slot's TCP windows, when they are tracked.
     windows: Option<Box<[Window]>>,
     /// A plain ACK may open a TCP connection (loose pick-up).
@@ -1263,9 +1267,9 @@ struct Tuple {
     proto: u8,
     tcp_flags: u8,
     /// What the connection key takes besides addresses, ports and zone, in one word
-    /// ([`tuple_kind`], and an ICMP query's [`query_key`] at bit 25): a word written whole
+    /// ([`tuple_kind`], and an ICMP query's [`icmp_query_kind`]): a word written whole
     /// and read whole, where separate bytes read back together stalled each lookup (12 %).
-    kind: u32,
+    kind: u64,
     /// An ICMP query that asks (a request), not one that answers.
     icmp_request: bool,
     /// For ICMP errors: where the quoted packet starts.
@@ -1347,14 +1351,11 @@ fn tuple(frame: &[u8], l: &Layers) -> Result<Tuple, NoTuple> {
             // where queries of both families mix.
             let what = ICMP_TYPES[usize::from(v6)][usize::from(kind)];
             if what & ICMP_QUERY != 0 {
-                // A query and its answer share a connection keyed by the identifier and
-                // the query's kind: the identifier goes in both port slots so the
-                // canonical key is the same either way.
-                let id = be16(frame, l4 + 4);
-                t.sport = id;
-                t.dport = id;
+                // A query and its answer share a connection keyed by the identifier, the
+                // query's kind and its code; the ports stay zero, so the canonical key is
+                // the same either way.
                 let query = query_key(usize::from(what & ICMP_KIND), frame[l4 + 1]);
-                t.kind |= u32::from(query) << 25;
+                t.kind |= icmp_query_kind(be16(frame, l4 + 4), query);
                 t.icmp_request = what & ICMP_REQUEST != 0;
             } else if what & ICMP_ERROR != 0 {
                 t.icmp_error = Some(l.l4.saturating_add(icmp::HEADER_LEN as u16));
@@ -1432,11 +1433,10 @@ const ICMP_TYPES: [[u8; 256]; 2] = {
 
 /// What besides the identifier tells ICMP queries apart, as Linux's tuple does with the
 /// type and code: the kind `q` (an index into [`ICMP_QUERIES`] or [`ICMPV6_QUERIES`]) in
-/// the low two bits, the code's low five bits above (query codes are 0–2). A reply whose
-/// code differs from its query's meets no connection, as in Linux (a node information
-/// reply, say).
-fn query_key(q: usize, code: u8) -> u8 {
-    (q as u8 & 0b11) | (code & 0x1f) << 2
+/// the low two bits, the code above. A reply whose code differs from its query's meets no
+/// connection, as in Linux (a node information reply, say).
+fn query_key(q: usize, code: u8) -> u16 {
+    (q as u16 & 0b11) | u16::from(code) << 2
 }
 
 /// ICMPv6 queries tracked as connections (nf_conntrack_proto_icmpv6.c): echo (RFC 4443
@@ -1498,11 +1498,8 @@ fn quoted_tuple(frame: &[u8], l: &Layers, at: usize) -> Option<Tuple> {
         }
         ip_proto::ICMP | ip_proto::ICMPV6 => {
             let id = u16::from_be_bytes([ports[4], ports[5]]);
-            t.sport = id;
-            t.dport = id;
             let what = ICMP_TYPES[usize::from(t.v6)][usize::from(ports[0])];
-            let query = query_key(usize::from(what & ICMP_KIND), ports[1]);
-            t.kind |= u32::from(query) << 25;
+            t.kind |= icmp_query_kind(id, query_key(usize::from(what & ICMP_KIND), ports[1]));
         }
         _ => {}
     }
@@ -1720,6 +1717,30 @@ mod tests {
         assert_eq!(ct.lookup(&f, &m, 0, 2, None).state, CtState::Established);
         let (f, m) = udp(true, b, a, 53, 1000);
         assert_eq!(ct.lookup(&f, &m, 0, 3, None).state, CtState::New);
+    }
+
+    /// A reply answers a query of its own code only, all eight bits of it, as Linux's
+    /// tuple holds the code: an echo request of code 40 is not answered by a reply of
+    /// code 8 (the same in the low five bits).
+    #[test]
+    fn icmp_query_codes_are_part_of_the_key() {
+        let mut ct = Conntrack::new(100, CtTimeouts::default());
+        let (a, b) = (0x0a00_0001u128, 0x0a00_0002u128);
+        let icmp = |src, dst, kind: u8, code: u8| {
+            let type_code = u16::from_be_bytes([kind, code]);
+            let f =
+                crate::wire::testing::frame(false, src, dst, ip_proto::ICMP, type_code, 0, 0, 0);
+            let meta = crate::engine::parse::parse(&f, &Default::default()).expect("valid frame");
+            (f, meta)
+        };
+        let (f, m) = icmp(a, b, 8, 40);
+        let l = ct.lookup(&f, &m, 0, 1, None);
+        assert_eq!(l.state, CtState::New);
+        assert!(ct.commit(&l.pending.expect("a new connection"), 1));
+        let (f, m) = icmp(b, a, 0, 8);
+        assert_ne!(ct.lookup(&f, &m, 0, 2, None).state, CtState::Established);
+        let (f, m) = icmp(b, a, 0, 40);
+        assert_eq!(ct.lookup(&f, &m, 0, 3, None).state, CtState::Established);
     }
 
     /// The sweep examines the whole table once a second of packet time: a few slots for a
