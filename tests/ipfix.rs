@@ -40,14 +40,18 @@ fn stop(mut c: Child) {
 }
 
 /// Writes `flows.txt`, each flow of `pkts` as "src dst sport dport proto packets bytes"; a
-/// datagram's later fragments are of the flow whose ports its first fragment carried.
+/// datagram's later fragments are of the flow whose ports its first fragment carried. An
+/// ICMP flow has no ports: it is told by its type and code (type × 256 + code, where the
+/// destination port goes).
 const COUNT_FLOWS: &str = r#"
 import struct
 flows, firsts = {}, {}
 for p in pkts:
     ip = p[IP]
     if ip.frag == 0:
-        firsts[(ip.src, ip.dst, ip.id)] = struct.unpack("!HH", bytes(ip.payload)[:4])
+        head = bytes(ip.payload)[:4]
+        ports = (0, head[0] * 256 + head[1]) if ip.proto == 1 else struct.unpack("!HH", head)
+        firsts[(ip.src, ip.dst, ip.id)] = ports
     k = (ip.src, ip.dst) + firsts[(ip.src, ip.dst, ip.id)] + (ip.proto,)
     c = flows.get(k, (0, 0)); flows[k] = (c[0] + 1, c[1] + len(bytes(ip)))
 open("flows.txt", "w").write("\n".join("%s %s %d %d %d %d %d" % (k + v) for k, v in flows.items()))
@@ -108,6 +112,15 @@ for f in fragment(Ether()/IP(src="198.51.100.53", dst="10.0.0.2", id=900)/UDP(sp
 for n in range(2):
     tcp(outside, "203.0.113.9", c, 1234, 22, "S")
     add(inside, Ether()/IP(src="10.0.0.3", dst="198.51.100.1")/UDP(sport=999, dport=25)/Raw(b"no"))
+# Pings and their echoes, a port unreachable about the DNS query (related: it passes),
+# and a reply whose code differs from its request's (it answers nothing: dropped). Each
+# type and code is a flow of its own.
+for n in range(3):
+    add(inside, Ether()/IP(src=c, dst=s)/ICMP(type=8, id=7, seq=n)/Raw(b"ping"))
+    add(outside, Ether()/IP(src=s, dst=c)/ICMP(type=0, id=7, seq=n)/Raw(b"ping"))
+add(outside, Ether()/IP(src="198.51.100.53", dst="10.0.0.2")/ICMP(type=3, code=3)/IP(src="10.0.0.2", dst="198.51.100.53")/UDP(sport=5353, dport=53, len=14, chksum=0)/Raw(b"query0"))
+add(inside, Ether()/IP(src=c, dst="198.51.100.7")/ICMP(type=8, code=40, id=8)/Raw(b"odd"))
+add(outside, Ether()/IP(src="198.51.100.7", dst=c)/ICMP(type=0, code=8, id=8)/Raw(b"odd"))
 wrpcap("inside.pcap", inside)
 wrpcap("outside.pcap", outside)
 "#;
@@ -299,9 +312,18 @@ fn export(dir: &Scratch, pipeline: &str, inputs: &[(&str, &str)], flags: &[&str]
         let proto = match f[4] {
             "UDP" => "17",
             "TCP" => "6",
+            "ICMP" => "1",
             p => p,
         };
-        let key = format!("{} {} {} {} {}", f[0], f[1], f[2], f[3], proto);
+        // nfdump shows an ICMP flow's icmpTypeCodeIPv4 as its destination port, `TYPE.CODE`.
+        let dport = match f[3].split_once('.') {
+            Some((kind, code)) if proto == "1" => {
+                let n = |v: &str| v.parse::<u16>().expect("ICMP type and code");
+                (n(kind) << 8 | n(code)).to_string()
+            }
+            _ => f[3].to_owned(),
+        };
+        let key = format!("{} {} {} {} {}", f[0], f[1], f[2], dport, proto);
         *records_of.entry(key.clone()).or_default() += 1;
         let e = flows.entry(key).or_default();
         e.0 += f[5].parse::<u64>().expect("packets");
@@ -419,6 +441,14 @@ fn connections_are_the_records_of_a_stateful_pipeline() {
         "{:?}",
         x.records_of
     );
+    // Echo requests and replies (types 8 and 0), and the port unreachable (3, code 3).
+    for icmp in [
+        "10.0.0.1 198.51.100.1 0 2048 1",
+        "198.51.100.1 10.0.0.1 0 0 1",
+        "198.51.100.53 10.0.0.2 0 771 1",
+    ] {
+        assert!(x.flows.contains_key(icmp), "{icmp}: {:?}", x.flows);
+    }
     x.check_with_tshark();
     // Per record: source address, end reason, firewall event (3: denied); template-only
     // messages give empty rows.
@@ -438,7 +468,7 @@ fn connections_are_the_records_of_a_stateful_pipeline() {
         "the reset connection ended: {records:?}"
     );
     for (src, _, event) in &records {
-        let dropped = ["203.0.113.9", "10.0.0.3"].contains(src);
+        let dropped = ["203.0.113.9", "10.0.0.3", "198.51.100.7"].contains(src);
         assert_eq!(*event == "3", dropped, "{records:?}");
     }
 }

@@ -675,6 +675,12 @@ impl Dealer<'_> {
         let frame = pkt.data();
         let by_hash = |ports: bool| parse::flow_hash_of(frame, flow, ports) as usize % self.workers;
         if !flow.fragment {
+            // An ICMP error goes where the packet it quotes would, to that packet's
+            // connection (hashed on its own addresses, it met it once in the number of
+            // workers, and a related error found no connection: invalid).
+            if let Some(quoted) = parse::quoted_layers(frame, flow) {
+                return parse::flow_hash_of(frame, &quoted, quoted.l4_ok) as usize % self.workers;
+            }
             return by_hash(flow.l4_ok);
         }
         // A first fragment goes by its flow, ports included (where it holds them), as

@@ -262,6 +262,41 @@ pub fn fragment_of(frame: &[u8], l: &Layers) -> Option<(Datagram, bool)> {
     Some(([a, b, c, d, tag], first))
 }
 
+/// The packet an ICMP error quotes (RFC 792: its IP header and the first 8 bytes of its
+/// payload; RFC 4443 §2.4: as much as fits), as layers of the same frame, so that an error
+/// is steered as the quoted packet's flow is: the worker that holds the quoted packet's
+/// connection is the one that can find the error related to it. `None` for other packets
+/// and for quotes too short to read. An IPv6 quote's extension headers are not walked
+/// (conntrack does not walk them either).
+pub fn quoted_layers(frame: &[u8], l: &Layers) -> Option<Layers> {
+    if !l.l4_ok || !ip_proto::is_icmp(l.proto) {
+        return None;
+    }
+    let v6 = l.l3_kind == L3::V6;
+    if !icmp::is_error(v6, frame[usize::from(l.l4)]) {
+        return None;
+    }
+    let (at, end) = (usize::from(l.l4) + icmp::HEADER_LEN, usize::from(l.l3_end));
+    let q = frame.get(at..end)?;
+    let (proto, header) = if v6 {
+        (q.len() >= ipv6::HEADER_LEN && q[0] >> 4 == 6).then(|| (q[6], ipv6::HEADER_LEN))?
+    } else {
+        let header = usize::from(q.first()? & 0x0f) * 4;
+        (q.len() >= header && header >= ipv4::MIN_HEADER_LEN && q[0] >> 4 == 4)
+            .then(|| (q[9], header))?
+    };
+    let l4 = at + header;
+    Some(Layers {
+        l3: at as u16,
+        proto,
+        fragment: false,
+        l4: l4 as u16,
+        // The ports, when the quote holds them, are all the hash reads of the L4 header.
+        l4_ok: l4 + 4 <= end,
+        ..*l
+    })
+}
+
 /// A symmetric hash of addresses, protocol and ports: both directions of a flow hash the
 /// same, so a flow and its replies can be steered to the same worker. Computed on demand
 /// (encapsulation needs it; plain forwarding does not).
@@ -305,7 +340,7 @@ fn mix(mut z: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{ip_proto, testing::frame};
+    use crate::wire::{ethernet, ip_proto, testing::frame};
 
     fn hash(src: u32, dst: u32, sport: u16, dport: u16) -> u32 {
         let f = frame(
@@ -320,6 +355,63 @@ mod tests {
         );
         let m = parse(&f, &TunnelPorts::default()).expect("parses");
         flow_hash(&f, &m.outer)
+    }
+
+    /// An ICMP error hashes as the packet it quotes, so it is steered to the worker that
+    /// holds that packet's connection: a port unreachable from the server about a client's
+    /// datagram hashes as the datagram and its replies do, not as its own addresses.
+    #[test]
+    fn an_icmp_error_hashes_as_the_packet_it_quotes() {
+        let (client, server) = (0x0a00_0002u32, 0xc633_6435u32);
+        let datagram = frame(
+            false,
+            client.into(),
+            server.into(),
+            ip_proto::UDP,
+            5353,
+            53,
+            0,
+            0,
+        );
+        let quote = &datagram[ethernet::HEADER_LEN..ethernet::HEADER_LEN + 28];
+        let mut error = frame(
+            false,
+            server.into(),
+            client.into(),
+            ip_proto::ICMP,
+            0x0303,
+            0,
+            0,
+            0,
+        );
+        error.extend_from_slice(quote);
+        let l3 = &mut error[ethernet::HEADER_LEN..];
+        ipv4::Repr {
+            src: server.to_be_bytes(),
+            dst: client.to_be_bytes(),
+            protocol: ip_proto::ICMP,
+            ttl: 64,
+            dscp: 0,
+            dont_frag: false,
+            payload_len: (icmp::HEADER_LEN + quote.len()) as u16,
+        }
+        .emit(l3);
+        let m = parse(&error, &TunnelPorts::default()).expect("parses");
+        let quoted = quoted_layers(&error, &m.outer).expect("an error quoting a datagram");
+        assert_eq!(quoted.proto, ip_proto::UDP);
+        assert_eq!(
+            flow_hash_of(&error, &quoted, quoted.l4_ok),
+            hash(server, client, 53, 5353)
+        );
+        // Not an error: an echo request quotes nothing; nor does a cut-short quote.
+        error[ethernet::HEADER_LEN + 20] = icmp::v4_type::ECHO_REQUEST;
+        assert_eq!(quoted_layers(&error, &m.outer), None);
+        error[ethernet::HEADER_LEN + 20] = icmp::v4_type::DEST_UNREACHABLE;
+        let cut = Layers {
+            l3_end: m.outer.l4 + 8 + 12,
+            ..m.outer
+        };
+        assert_eq!(quoted_layers(&error, &cut), None);
     }
 
     /// Many connections between two hosts, differing in the client's port alone, spread

@@ -242,20 +242,22 @@ impl Entry {
     /// The flow record of direction `dir` (0 original, 1 reply).
     fn record(&self, dir: usize, reason: EndReason) -> FlowRecord {
         let k = &self.key;
+        let (v6, proto) = (k.rest >> 24 & 1 == 1, (k.rest >> 16) as u8);
         let (port_a, port_b) = ((k.rest >> 48) as u16, (k.rest >> 32) as u16);
         let (src, dst) = if self.orig_from_a() == (dir == 0) {
             ((k.a, port_a), (k.b, port_b))
         } else {
             ((k.b, port_b), (k.a, port_a))
         };
+        // An ICMP query's record takes the type its direction sends (only a request opens
+        // a connection) and the code, where the destination port goes.
+        let dst = if ip_proto::is_icmp(proto) {
+            (dst.0, query_type_code(v6, port_b, dir == 0))
+        } else {
+            dst
+        };
         FlowRecord {
-            key: flow_key(
-                u16::from(self.in_port[dir]),
-                k.rest >> 24 & 1 == 1,
-                src,
-                dst,
-                (k.rest >> 16) as u8,
-            ),
+            key: flow_key(u16::from(self.in_port[dir]), v6, src, dst, proto),
             first_ns: self.first_ns,
             last_ns: self.last_ns,
             packets: self.packets[dir],
@@ -286,7 +288,8 @@ impl Entry {
 }
 
 /// A flow key as the flow cache keys a packet that arrived untunnelled: ports only for
-/// protocols that have them (ICMP's identifier is no port).
+/// protocols that have them (ICMP's identifier is no port), and for ICMP the type and code
+/// given as `dst`'s port (see [`FlowKey::dport`]).
 fn flow_key(in_port: u16, v6: bool, src: (Addr, u16), dst: (Addr, u16), proto: u8) -> FlowKey {
     let wide = |a: Addr| u128::from(a[0]) << 64 | u128::from(a[1]);
     let ports = ip_proto::has_ports(proto);
@@ -297,7 +300,11 @@ fn flow_key(in_port: u16, v6: bool, src: (Addr, u16), dst: (Addr, u16), proto: u
         dst: wide(dst.0),
         proto,
         sport: if ports { src.1 } else { 0 },
-        dport: if ports { dst.1 } else { 0 },
+        dport: if ports || ip_proto::is_icmp(proto) {
+            dst.1
+        } else {
+            0
+        },
         vni: None,
     }
 }
@@ -435,7 +442,7 @@ pub struct Conntrack {
     moved: bool,
     /// The ports and [`Tuple::kind`] (protocol, family, ICMP query) of datagrams whose
     /// first fragment passed, for their other fragments.
-    fragments: Fragments<(u16, u16, u64)>,
+    fragments: Fragments<(u16, u16, u64, u16)>,
     /// Each slot's TCP windows, when they are tracked.
     windows: Option<Box<[Window]>>,
     /// A plain ACK may open a TCP connection (loose pick-up).
@@ -816,16 +823,17 @@ impl Conntrack {
     fn fragment(&mut self, t: &Tuple, frame: &[u8], l: &Layers, now: u64) -> Option<Tuple> {
         let (datagram, first) = fragment_of(frame, l)?;
         if first {
-            self.fragments
-                .note(datagram, (t.sport, t.dport, t.kind), now);
+            let transport = (t.sport, t.dport, t.kind, t.icmp_type_code);
+            self.fragments.note(datagram, transport, now);
             return Some(*t);
         }
-        let (sport, dport, kind) = self.fragments.first(&datagram, now)?;
+        let (sport, dport, kind, icmp_type_code) = self.fragments.first(&datagram, now)?;
         Some(Tuple {
             sport,
             dport,
             proto: (kind >> 16) as u8,
             kind,
+            icmp_type_code,
             ..*t
         })
     }
@@ -1251,7 +1259,12 @@ impl Probe {
     pub fn arrival_flow(&self) -> (FlowKey, u8) {
         let t = &self.t;
         let in_port = self.report.map_or(0, u16::from);
-        let key = flow_key(in_port, t.v6, (t.src, t.sport), (t.dst, t.dport), t.proto);
+        let dport = if ip_proto::is_icmp(t.proto) {
+            t.icmp_type_code
+        } else {
+            t.dport
+        };
+        let key = flow_key(in_port, t.v6, (t.src, t.sport), (t.dst, dport), t.proto);
         (key, t.tcp_flags)
     }
 }
@@ -1272,6 +1285,8 @@ struct Tuple {
     kind: u64,
     /// An ICMP query that asks (a request), not one that answers.
     icmp_request: bool,
+    /// An ICMP message's type and code (type × 256 + code), for its flow record.
+    icmp_type_code: u16,
     /// For ICMP errors: where the quoted packet starts.
     icmp_error: Option<u16>,
     /// For a fragment: whether it is its datagram's first (which carries the L4 header;
@@ -1322,6 +1337,7 @@ fn tuple(frame: &[u8], l: &Layers) -> Result<Tuple, NoTuple> {
         kind: tuple_kind(l.proto, l.l3_kind == L3::V6),
         tcp_flags: 0,
         icmp_request: false,
+        icmp_type_code: 0,
         icmp_error: None,
         fragment: None,
     };
@@ -1347,6 +1363,7 @@ fn tuple(frame: &[u8], l: &Layers) -> Result<Tuple, NoTuple> {
         }
         ip_proto::ICMP | ip_proto::ICMPV6 => {
             let (kind, v6) = (frame[l4], l.proto == ip_proto::ICMPV6);
+            t.icmp_type_code = be16(frame, l4);
             // One load says what the type is: branches on the type would be mispredicted
             // where queries of both families mix.
             let what = ICMP_TYPES[usize::from(v6)][usize::from(kind)];
@@ -1414,13 +1431,13 @@ const ICMP_TYPES: [[u8; 256]; 2] = {
         v6 += 1;
     }
     let mut i = 0;
-    while i < 5 {
-        t[0][[3, 4, 5, 11, 12][i]] = ICMP_ERROR;
-        i += 1;
-    }
-    let mut i = 1;
-    while i <= 4 {
-        t[1][i] = ICMP_ERROR;
+    while i < 256 {
+        if icmp::is_error(false, i as u8) {
+            t[0][i] = ICMP_ERROR;
+        }
+        if icmp::is_error(true, i as u8) {
+            t[1][i] = ICMP_ERROR;
+        }
         i += 1;
     }
     let mut i = 0;
@@ -1437,6 +1454,18 @@ const ICMP_TYPES: [[u8; 256]; 2] = {
 /// connection, as in Linux (a node information reply, say).
 fn query_key(q: usize, code: u8) -> u16 {
     (q as u16 & 0b11) | u16::from(code) << 2
+}
+
+/// The type and code (type × 256 + code) of an ICMP query of [`query_key`] `query`: its
+/// request's type, or its reply's.
+fn query_type_code(v6: bool, query: u16, request: bool) -> u16 {
+    let queries: &[(u8, u8)] = if v6 { &ICMPV6_QUERIES } else { &ICMP_QUERIES };
+    let (ask, answer) = queries
+        .get(usize::from(query & 0b11))
+        .copied()
+        .unwrap_or_default();
+    let kind = if request { ask } else { answer };
+    u16::from(kind) << 8 | query >> 2
 }
 
 /// ICMPv6 queries tracked as connections (nf_conntrack_proto_icmpv6.c): echo (RFC 4443
@@ -1487,6 +1516,7 @@ fn quoted_tuple(frame: &[u8], l: &Layers, at: usize) -> Option<Tuple> {
         kind: tuple_kind(proto, l.l3_kind == L3::V6),
         tcp_flags: 0,
         icmp_request: false,
+        icmp_type_code: 0,
         icmp_error: None,
         fragment: None,
     };

@@ -3,7 +3,8 @@
 //! Two templates, IPv4 and IPv6, with the information elements of RFC 7012 / IANA:
 //! octetDeltaCount, packetDeltaCount, flowStartMilliseconds, flowEndMilliseconds,
 //! ingressInterface, egressInterface, protocolIdentifier, source and destination address
-//! and transport port, tcpControlBits, firewallEvent, flowEndReason, layer2SegmentId
+//! and transport port, icmpTypeCodeIPv4 or icmpTypeCodeIPv6 (zero but for ICMP, whose
+//! ports are zero), tcpControlBits, firewallEvent, flowEndReason, layer2SegmentId
 //! (the VNI in its low 24 bits for tunnelled flows). Messages stay under a size limit so
 //! they fit the path MTU (at least 512 bytes, which the templates' message needs); templates go out first and again every refresh interval
 //! (RFC 7011 §8.4); the sequence number counts data records sent before each message
@@ -23,7 +24,8 @@
 //! observationDomainId, ignoredPacketTotalCount, ignoredOctetTotalCount) tells the
 //! collector what the records miss.
 
-use super::flows::{EndReason, FlowRecord};
+use super::flows::{EndReason, FlowKey, FlowRecord};
+use crate::wire::ip_proto;
 
 const VERSION: u16 = 10;
 const HEADER_LEN: usize = 16;
@@ -91,6 +93,8 @@ impl Template {
     /// (information element id, length) of each field, in record order.
     fn fields(self) -> impl Iterator<Item = (u16, u16)> {
         let (src, dst, alen) = if self.v6 { (27, 28, 16) } else { (8, 12, 4) };
+        // icmpTypeCodeIPv6 or icmpTypeCodeIPv4.
+        let icmp = if self.v6 { 139 } else { 32 };
         [
             (1, 8),   // octetDeltaCount
             (2, 8),   // packetDeltaCount
@@ -101,8 +105,9 @@ impl Template {
             (4, 1),   // protocolIdentifier
             (src, alen),
             (dst, alen),
-            (7, 2),   // sourceTransportPort
-            (11, 2),  // destinationTransportPort
+            (7, 2),  // sourceTransportPort
+            (11, 2), // destinationTransportPort
+            (icmp, 2),
             (6, 2),   // tcpControlBits
             (233, 1), // firewallEvent
             (136, 1), // flowEndReason
@@ -342,6 +347,16 @@ impl Exporter {
     }
 }
 
+/// A flow's (destinationTransportPort, icmpTypeCode): [`FlowKey::dport`] is the one or
+/// the other by protocol.
+fn icmp_split(k: &FlowKey) -> (u16, u16) {
+    if ip_proto::is_icmp(k.proto) {
+        (0, k.dport)
+    } else {
+        (k.dport, 0)
+    }
+}
+
 fn encode(msg: &mut Vec<u8>, r: &FlowRecord) {
     let k = &r.key;
     msg.extend_from_slice(&r.bytes.to_be_bytes());
@@ -359,8 +374,11 @@ fn encode(msg: &mut Vec<u8>, r: &FlowRecord) {
         msg.extend_from_slice(&(k.src as u32).to_be_bytes());
         msg.extend_from_slice(&(k.dst as u32).to_be_bytes());
     }
+    // An ICMP flow's type and code stand where its destination port would.
+    let (dport, icmp) = icmp_split(k);
     msg.extend_from_slice(&k.sport.to_be_bytes());
-    msg.extend_from_slice(&k.dport.to_be_bytes());
+    msg.extend_from_slice(&dport.to_be_bytes());
+    msg.extend_from_slice(&icmp.to_be_bytes());
     msg.extend_from_slice(&u16::from(r.tcp_flags).to_be_bytes());
     msg.push(firewall_event(r));
     msg.push(r.reason as u8);
@@ -638,7 +656,8 @@ mod tests {
             (src, k.src),
             (dst, k.dst),
             (7, u128::from(k.sport)),
-            (11, u128::from(k.dport)),
+            (11, u128::from(icmp_split(k).0)),
+            (if k.v6 { 139 } else { 32 }, u128::from(icmp_split(k).1)),
             (6, u128::from(r.tcp_flags)),
             (233, u128::from(firewall_event(r))),
             (136, r.reason as u128),

@@ -20,6 +20,18 @@ pub mod v6_type {
     pub const ECHO_REPLY: u8 = 129;
 }
 
+/// Whether a message of type `msg_type` is an error, which quotes the packet it is about:
+/// destination unreachable, source quench, redirect, time exceeded and parameter problem
+/// (RFC 792); for ICMPv6 destination unreachable, packet too big, time exceeded and
+/// parameter problem (RFC 4443 §2.1: the error types are those below 128).
+pub const fn is_error(v6: bool, msg_type: u8) -> bool {
+    if v6 {
+        matches!(msg_type, 1..=4)
+    } else {
+        matches!(msg_type, 3 | 4 | 5 | 11 | 12)
+    }
+}
+
 view!(
     /// A view of an ICMP or ICMPv6 message.
     Packet

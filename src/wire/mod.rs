@@ -75,8 +75,13 @@ pub mod ip_proto {
 
     /// Whether the protocol's header starts with source and destination ports (TCP, UDP,
     /// SCTP): the transport ports of a 5-tuple.
-    pub fn has_ports(proto: u8) -> bool {
+    pub const fn has_ports(proto: u8) -> bool {
         matches!(proto, TCP | UDP | SCTP)
+    }
+
+    /// ICMP (RFC 792) or ICMPv6 (RFC 4443): a header that starts with a type and a code.
+    pub const fn is_icmp(proto: u8) -> bool {
+        matches!(proto, ICMP | ICMPV6)
     }
 }
 
