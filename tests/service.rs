@@ -351,6 +351,47 @@ wrpcap("up.pcap", up); wrpcap("host.pcap", host)
     }
 }
 
+/// With several workers, an ICMP error meets the connection of the packet it quotes (it is
+/// dealt as that packet's flow): every port unreachable about a datagram the stateful
+/// firewall let out is related, and let in. Dealt by its own addresses, all twenty went
+/// to one worker, and those about flows another worker held were dropped as invalid.
+#[test]
+fn icmp_errors_meet_their_connections_across_workers() {
+    let dir = Scratch::new("service-icmp-workers");
+    scapy(
+        &dir.0,
+        r#"
+inside, outside = [], []
+for i in range(20):
+    q = Ether()/IP(src="10.0.0.5", dst="203.0.113.10")/UDP(sport=53000 + i, dport=53)/Raw(b"query")
+    q.time = 1.0 + i * 0.001; inside.append(q)
+    e = Ether()/IP(src="203.0.113.10", dst="10.0.0.5")/ICMP(type=3, code=3)/IP(bytes(q[IP])[:28])
+    e.time = 2.0 + i * 0.001; outside.append(e)
+wrpcap("in.pcap", inside); wrpcap("out.pcap", outside)
+"#,
+    );
+    let out = dir.path("errors.pcap");
+    for workers in ["2", "3"] {
+        let svc = Service::start(&[
+            "pipelines/stateful-firewall.pipe",
+            "--in",
+            &format!("inside={}", dir.path("in.pcap")),
+            "--in",
+            &format!("outside={}", dir.path("out.pcap")),
+            "--out",
+            &format!("inside={out}"),
+            "--workers",
+            workers,
+        ]);
+        // Short of twenty, the scrape's drops by reason say what became of the rest.
+        svc.scrape_until(|b| {
+            b.contains("dpuflow_port_transmitted_packets_total{port=\"inside\"} 20")
+        });
+        assert_eq!(svc.terminate(), 0);
+        assert_eq!(frames(&out).len(), 20, "{workers} workers");
+    }
+}
+
 /// Workers change where packets are processed, not what comes out: `run` with three
 /// workers writes, port by port, the frames `replay` (one engine) writes, in some order.
 #[test]
