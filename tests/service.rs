@@ -353,7 +353,7 @@ wrpcap("up.pcap", up); wrpcap("host.pcap", host)
 
 /// With several workers, an ICMP error meets the connection of the packet it quotes (it is
 /// dealt as that packet's flow): every port unreachable about a datagram the stateful
-/// firewall let out is related, and let in. Dealt by its own addresses, all twenty went
+/// firewall let out, ICMP or ICMPv6, is related, and let in. Dealt by its own addresses, all twenty went
 /// to one worker, and those about flows another worker held were dropped as invalid.
 #[test]
 fn icmp_errors_meet_their_connections_across_workers() {
@@ -363,9 +363,13 @@ fn icmp_errors_meet_their_connections_across_workers() {
         r#"
 inside, outside = [], []
 for i in range(20):
-    q = Ether()/IP(src="10.0.0.5", dst="203.0.113.10")/UDP(sport=53000 + i, dport=53)/Raw(b"query")
+    if i < 12:
+        q = Ether()/IP(src="10.0.0.5", dst="203.0.113.10")/UDP(sport=53000 + i, dport=53)/Raw(b"query")
+        e = Ether()/IP(src="203.0.113.10", dst="10.0.0.5")/ICMP(type=3, code=3)/IP(bytes(q[IP])[:28])
+    else:
+        q = Ether()/IPv6(src="2001:db8::5", dst="2001:db8:1::10")/UDP(sport=53000 + i, dport=53)/Raw(b"query")
+        e = Ether()/IPv6(src="2001:db8:1::10", dst="2001:db8::5")/ICMPv6DestUnreach(code=4)/IPv6(bytes(q[IPv6]))
     q.time = 1.0 + i * 0.001; inside.append(q)
-    e = Ether()/IP(src="203.0.113.10", dst="10.0.0.5")/ICMP(type=3, code=3)/IP(bytes(q[IP])[:28])
     e.time = 2.0 + i * 0.001; outside.append(e)
 wrpcap("in.pcap", inside); wrpcap("out.pcap", outside)
 "#,

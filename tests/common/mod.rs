@@ -54,10 +54,18 @@ pub fn tool_ok(name: &str, args: &[&str]) -> String {
 pub const PYTHON: &str = "/usr/bin/python3";
 
 /// Runs a Python script with scapy available, in `dir`.
+/// What every scapy script starts with. An IPv6 frame built without a destination MAC
+/// would have scapy solicit its neighbour, a second's wait per frame for a reply that
+/// never comes (it then uses broadcast): it gets broadcast at once.
+const SCAPY_PRELUDE: &str = "from scapy.all import *
+from scapy.contrib.geneve import GENEVE, GeneveOptions
+conf.neighbor.register_l3(Ether, IPv6, lambda l2, l3: 'ff:ff:ff:ff:ff:ff')
+";
+
 pub fn scapy(dir: &Path, script: &str) {
     let out = Command::new(PYTHON)
         .arg("-c")
-        .arg(format!("from scapy.all import *\nfrom scapy.contrib.geneve import GENEVE, GeneveOptions\n{script}"))
+        .arg(format!("{SCAPY_PRELUDE}{script}"))
         .current_dir(dir)
         .output()
         .unwrap_or_else(|e| panic!("{PYTHON} is required (Debian python3-scapy): {e}"));
