@@ -357,6 +357,44 @@ mod tests {
         flow_hash(&f, &m.outer)
     }
 
+    /// A destination unreachable (ICMP, or ICMPv6 when `v6`) from `src` to `dst` quoting
+    /// `quote`.
+    fn unreachable(v6: bool, src: u128, dst: u128, quote: &[u8]) -> Vec<u8> {
+        let (proto, kind) = if v6 {
+            (ip_proto::ICMPV6, icmp::v6_type::DEST_UNREACHABLE)
+        } else {
+            (ip_proto::ICMP, icmp::v4_type::DEST_UNREACHABLE)
+        };
+        let mut f = frame(v6, src, dst, proto, u16::from(kind) << 8 | 3, 0, 0, 0);
+        f.extend_from_slice(quote);
+        let payload_len = (icmp::HEADER_LEN + quote.len()) as u16;
+        let l3 = &mut f[ethernet::HEADER_LEN..];
+        if v6 {
+            ipv6::Repr {
+                src: src.to_be_bytes(),
+                dst: dst.to_be_bytes(),
+                next_header: proto,
+                hop_limit: 64,
+                dscp: 0,
+                flow_label: 0,
+                payload_len,
+            }
+            .emit(l3);
+        } else {
+            ipv4::Repr {
+                src: (src as u32).to_be_bytes(),
+                dst: (dst as u32).to_be_bytes(),
+                protocol: proto,
+                ttl: 64,
+                dscp: 0,
+                dont_frag: false,
+                payload_len,
+            }
+            .emit(l3);
+        }
+        f
+    }
+
     /// An ICMP error hashes as the packet it quotes, so it is steered to the worker that
     /// holds that packet's connection: a port unreachable from the server about a client's
     /// datagram hashes as the datagram and its replies do, not as its own addresses.
@@ -374,28 +412,7 @@ mod tests {
             0,
         );
         let quote = &datagram[ethernet::HEADER_LEN..ethernet::HEADER_LEN + 28];
-        let mut error = frame(
-            false,
-            server.into(),
-            client.into(),
-            ip_proto::ICMP,
-            0x0303,
-            0,
-            0,
-            0,
-        );
-        error.extend_from_slice(quote);
-        let l3 = &mut error[ethernet::HEADER_LEN..];
-        ipv4::Repr {
-            src: server.to_be_bytes(),
-            dst: client.to_be_bytes(),
-            protocol: ip_proto::ICMP,
-            ttl: 64,
-            dscp: 0,
-            dont_frag: false,
-            payload_len: (icmp::HEADER_LEN + quote.len()) as u16,
-        }
-        .emit(l3);
+        let mut error = unreachable(false, server.into(), client.into(), quote);
         let m = parse(&error, &TunnelPorts::default()).expect("parses");
         let quoted = quoted_layers(&error, &m.outer).expect("an error quoting a datagram");
         assert_eq!(quoted.proto, ip_proto::UDP);
@@ -412,6 +429,26 @@ mod tests {
             ..m.outer
         };
         assert_eq!(quoted_layers(&error, &cut), None);
+    }
+
+    proptest::proptest! {
+        /// Whatever an ICMP or ICMPv6 error quotes, reading the quote and hashing it
+        /// never panics, and a quote is found only where an IP header of the error's
+        /// family fits.
+        #[test]
+        fn any_quote_is_read_without_panicking(
+            v6 in proptest::bool::ANY,
+            quote in proptest::collection::vec(proptest::num::u8::ANY, 0..80),
+        ) {
+            let error = unreachable(v6, 1, 2, &quote);
+            let m = parse(&error, &TunnelPorts::default()).expect("parses");
+            if let Some(q) = quoted_layers(&error, &m.outer) {
+                let header = if v6 { ipv6::HEADER_LEN } else { ipv4::MIN_HEADER_LEN };
+                proptest::prop_assert!(quote.len() >= header);
+                proptest::prop_assert_eq!(quote[0] >> 4, if v6 { 6 } else { 4 });
+                flow_hash_of(&error, &q, q.l4_ok);
+            }
+        }
     }
 
     /// Many connections between two hosts, differing in the client's port alone, spread
