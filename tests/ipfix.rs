@@ -47,12 +47,14 @@ const COUNT_FLOWS: &str = r#"
 import struct
 flows, firsts = {}, {}
 for p in pkts:
-    ip = p[IP]
-    if ip.frag == 0:
+    ip = p[IP] if IP in p else p[IPv6]
+    v4 = IP in p
+    proto, ident = (ip.proto, ip.id) if v4 else (ip.nh, 0)
+    if not v4 or ip.frag == 0:
         head = bytes(ip.payload)[:4]
-        ports = (0, head[0] * 256 + head[1]) if ip.proto == 1 else struct.unpack("!HH", head)
-        firsts[(ip.src, ip.dst, ip.id)] = ports
-    k = (ip.src, ip.dst) + firsts[(ip.src, ip.dst, ip.id)] + (ip.proto,)
+        ports = (0, head[0] * 256 + head[1]) if proto in (1, 58) else struct.unpack("!HH", head)
+        firsts[(ip.src, ip.dst, ident)] = ports
+    k = (ip.src, ip.dst) + firsts[(ip.src, ip.dst, ident)] + (proto,)
     c = flows.get(k, (0, 0)); flows[k] = (c[0] + 1, c[1] + len(bytes(ip)))
 open("flows.txt", "w").write("\n".join("%s %s %d %d %d %d %d" % (k + v) for k, v in flows.items()))
 "#;
@@ -119,6 +121,9 @@ for n in range(3):
     add(inside, Ether()/IP(src=c, dst=s)/ICMP(type=8, id=7, seq=n)/Raw(b"ping"))
     add(outside, Ether()/IP(src=s, dst=c)/ICMP(type=0, id=7, seq=n)/Raw(b"ping"))
 add(outside, Ether()/IP(src="198.51.100.53", dst="10.0.0.2")/ICMP(type=3, code=3)/IP(src="10.0.0.2", dst="198.51.100.53")/UDP(sport=5353, dport=53, len=14, chksum=0)/Raw(b"query0"))
+for n in range(2):
+    add(inside, Ether()/IPv6(src="2001:db8::5", dst="2001:db8:1::10")/ICMPv6EchoRequest(id=9, seq=n))
+    add(outside, Ether()/IPv6(src="2001:db8:1::10", dst="2001:db8::5")/ICMPv6EchoReply(id=9, seq=n))
 add(inside, Ether()/IP(src=c, dst="198.51.100.7")/ICMP(type=8, code=40, id=8)/Raw(b"odd"))
 add(outside, Ether()/IP(src="198.51.100.7", dst=c)/ICMP(type=0, code=8, id=8)/Raw(b"odd"))
 wrpcap("inside.pcap", inside)
@@ -173,6 +178,7 @@ impl Export {
         let fields = [
             "cflow.sequence",
             "cflow.srcaddr",
+            "cflow.srcaddrv6",
             "cflow.selector_algorithm",
             "cflow.if_name",
             "cflow.ignore_packets",
@@ -180,7 +186,8 @@ impl Export {
         for row in self.tshark(&fields).lines() {
             let f: Vec<&str> = row.split(';').collect();
             let count = |v: &str| v.split(',').filter(|a| !a.is_empty()).count() as u64;
-            let (flows, options) = (count(f[1]), count(f[2]) + count(f[3]) + count(f[4]));
+            let flows = count(f[1]) + count(f[2]);
+            let options = count(f[3]) + count(f[4]) + count(f[5]);
             assert_eq!(
                 f[0].parse::<u64>().expect("sequence"),
                 expected_seq,
@@ -313,11 +320,13 @@ fn export(dir: &Scratch, pipeline: &str, inputs: &[(&str, &str)], flags: &[&str]
             "UDP" => "17",
             "TCP" => "6",
             "ICMP" => "1",
+            "ICMP6" => "58",
             p => p,
         };
-        // nfdump shows an ICMP flow's icmpTypeCodeIPv4 as its destination port, `TYPE.CODE`.
+        // nfdump shows an ICMP flow's icmpTypeCodeIPv4 (or IPv6) as its destination port,
+        // `TYPE.CODE`.
         let dport = match f[3].split_once('.') {
-            Some((kind, code)) if proto == "1" => {
+            Some((kind, code)) if proto == "1" || proto == "58" => {
                 let n = |v: &str| v.parse::<u16>().expect("ICMP type and code");
                 (n(kind) << 8 | n(code)).to_string()
             }
@@ -441,28 +450,42 @@ fn connections_are_the_records_of_a_stateful_pipeline() {
         "{:?}",
         x.records_of
     );
-    // Echo requests and replies (types 8 and 0), and the port unreachable (3, code 3).
+    // Echo requests and replies (types 8 and 0, ICMPv6 128 and 129), and the port
+    // unreachable (3, code 3).
     for icmp in [
         "10.0.0.1 198.51.100.1 0 2048 1",
         "198.51.100.1 10.0.0.1 0 0 1",
         "198.51.100.53 10.0.0.2 0 771 1",
+        "2001:db8::5 2001:db8:1::10 0 32768 58",
+        "2001:db8:1::10 2001:db8::5 0 33024 58",
     ] {
         assert!(x.flows.contains_key(icmp), "{icmp}: {:?}", x.flows);
     }
     x.check_with_tshark();
     // Per record: source address, end reason, firewall event (3: denied); template-only
-    // messages give empty rows.
+    // messages give empty rows. tshark lists a message's IPv4 and IPv6 source addresses
+    // apart: a record's protocol says which list its address is next in (the only IPv6
+    // records here are ICMPv6, protocol 58).
     let rows = x.tshark(&[
+        "cflow.protocol",
         "cflow.srcaddr",
+        "cflow.srcaddrv6",
         "cflow.flow_end_reason",
         "cflow.firewall_event",
     ]);
     let mut records = Vec::new();
     for row in rows.lines().filter(|r| !r.starts_with(';')) {
         let f: Vec<Vec<&str>> = row.split(';').map(|v| v.split(',').collect()).collect();
-        let fields = f[0].iter().zip(&f[1]).zip(&f[2]);
-        records.extend(fields.map(|((src, reason), event)| (*src, *reason, *event)));
+        let (mut v4, mut v6) = (f[1].iter(), f[2].iter());
+        for ((proto, reason), event) in f[0].iter().zip(&f[3]).zip(&f[4]) {
+            let src = if *proto == "58" { v6.next() } else { v4.next() };
+            records.push((*src.expect("an address per record"), *reason, *event));
+        }
     }
+    assert!(
+        records.iter().any(|r| r.0 == "2001:db8::5"),
+        "the ICMPv6 records: {records:?}"
+    );
     assert!(
         records.contains(&("10.0.0.1", "3", "2")),
         "the reset connection ended: {records:?}"
