@@ -272,18 +272,27 @@ pub fn quoted_layers(frame: &[u8], l: &Layers) -> Option<Layers> {
     if !l.l4_ok || !ip_proto::is_icmp(l.proto) {
         return None;
     }
-    let v6 = l.l3_kind == L3::V6;
-    if !icmp::is_error(v6, frame[usize::from(l.l4)]) {
+    if !icmp::is_error(l.l3_kind == L3::V6, frame[usize::from(l.l4)]) {
         return None;
     }
-    let (at, end) = (usize::from(l.l4) + icmp::HEADER_LEN, usize::from(l.l3_end));
+    quote_at(frame, l, usize::from(l.l4) + icmp::HEADER_LEN)
+}
+
+/// The layers of a quoted packet whose IP header starts at `at` (of `l`'s family), up to
+/// `l`'s end: what [`quoted_layers`] and conntrack's related-error lookup both read.
+pub fn quote_at(frame: &[u8], l: &Layers, at: usize) -> Option<Layers> {
+    let end = usize::from(l.l3_end);
     let q = frame.get(at..end)?;
-    let (proto, header) = if v6 {
-        (q.len() >= ipv6::HEADER_LEN && q[0] >> 4 == 6).then(|| (q[6], ipv6::HEADER_LEN))?
-    } else {
-        let header = usize::from(q.first()? & 0x0f) * 4;
-        (q.len() >= header && header >= ipv4::MIN_HEADER_LEN && q[0] >> 4 == 4)
-            .then(|| (q[9], header))?
+    let (proto, header) = match l.l3_kind {
+        L3::V6 => {
+            (q.len() >= ipv6::HEADER_LEN && q[0] >> 4 == 6).then(|| (q[6], ipv6::HEADER_LEN))?
+        }
+        L3::V4 => {
+            let header = usize::from(q.first()? & 0x0f) * 4;
+            (q.len() >= header && header >= ipv4::MIN_HEADER_LEN && q[0] >> 4 == 4)
+                .then(|| (q[9], header))?
+        }
+        L3::None => return None,
     };
     let l4 = at + header;
     Some(Layers {
@@ -340,7 +349,8 @@ fn mix(mut z: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{ethernet, ip_proto, testing::frame};
+    use crate::wire::testing::{frame, ip_frame};
+    use crate::wire::{ethernet, ip_proto};
 
     fn hash(src: u32, dst: u32, sport: u16, dport: u16) -> u32 {
         let f = frame(
@@ -365,34 +375,10 @@ mod tests {
         } else {
             (ip_proto::ICMP, icmp::v4_type::DEST_UNREACHABLE)
         };
-        let mut f = frame(v6, src, dst, proto, u16::from(kind) << 8 | 3, 0, 0, 0);
-        f.extend_from_slice(quote);
-        let payload_len = (icmp::HEADER_LEN + quote.len()) as u16;
-        let l3 = &mut f[ethernet::HEADER_LEN..];
-        if v6 {
-            ipv6::Repr {
-                src: src.to_be_bytes(),
-                dst: dst.to_be_bytes(),
-                next_header: proto,
-                hop_limit: 64,
-                dscp: 0,
-                flow_label: 0,
-                payload_len,
-            }
-            .emit(l3);
-        } else {
-            ipv4::Repr {
-                src: (src as u32).to_be_bytes(),
-                dst: (dst as u32).to_be_bytes(),
-                protocol: proto,
-                ttl: 64,
-                dscp: 0,
-                dont_frag: false,
-                payload_len,
-            }
-            .emit(l3);
-        }
-        f
+        // Type, code 3 (port unreachable), checksum, unused; then the quote.
+        let mut icmp = vec![kind, 3, 0, 0, 0, 0, 0, 0];
+        icmp.extend_from_slice(quote);
+        ip_frame(v6, src, dst, proto, 0, &icmp)
     }
 
     /// An ICMP error hashes as the packet it quotes, so it is steered to the worker that

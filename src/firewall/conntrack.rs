@@ -26,7 +26,7 @@
 //! connection's windows (`tcp_window`), moved with its entry. Invalid packets carry their
 //! reason ([`Invalid`]), counted by reason.
 
-use crate::engine::parse::{fragment_of, l4_fields, Layers, Meta, L3};
+use crate::engine::parse::{self, fragment_of, l4_fields, Layers, Meta, L3};
 use crate::engine::prefetch::{prefetch, prefetch_span};
 use crate::firewall::fragments::Fragments;
 use crate::firewall::tcp_window::{self, Cap, Segment, Window};
@@ -34,7 +34,7 @@ use crate::hash::KeyedHash;
 use crate::ir::{CtTimeouts, CT_STATE_NAMES};
 use crate::sweep::Pace;
 use crate::telemetry::flows::{EndReason, FlowKey, FlowRecord};
-use crate::wire::{be16, icmp, ip_proto, ipv4, ipv6, tcp};
+use crate::wire::{be16, icmp, ip_proto, tcp};
 use std::time::Duration;
 
 /// The `ct.state` of a packet.
@@ -1489,23 +1489,14 @@ fn first_fragment(frame: &[u8], l: &Layers) -> Option<bool> {
 
 /// The tuple of the packet an ICMP error quotes (its IP header and first 8 L4 bytes).
 fn quoted_tuple(frame: &[u8], l: &Layers, at: usize) -> Option<Tuple> {
-    let q = &frame[at.min(usize::from(l.l3_end))..usize::from(l.l3_end)];
-    let (src, dst, proto, l4) = match l.l3_kind {
-        L3::V4 => {
-            if q.len() < ipv4::MIN_HEADER_LEN || q[0] >> 4 != 4 {
-                return None;
-            }
-            let hl = usize::from(q[0] & 0x0f) * 4;
-            (addr(&q[12..16]), addr(&q[16..20]), q[9], hl)
-        }
-        L3::V6 => {
-            if q.len() < ipv6::HEADER_LEN || q[0] >> 4 != 6 {
-                return None;
-            }
-            (addr(&q[8..24]), addr(&q[24..40]), q[6], ipv6::HEADER_LEN)
-        }
-        L3::None => return None,
+    let quote = parse::quote_at(frame, l, at)?;
+    let (q, proto) = (&frame[at..], quote.proto);
+    let (src, dst) = match l.l3_kind {
+        L3::V4 => (addr(&q[12..16]), addr(&q[16..20])),
+        _ => (addr(&q[8..24]), addr(&q[24..40])),
     };
+    let l4 = usize::from(quote.l4);
+    let ports = frame[..usize::from(l.l3_end)].get(l4..l4 + 8)?;
     let mut t = Tuple {
         v6: l.l3_kind == L3::V6,
         src,
@@ -1520,7 +1511,6 @@ fn quoted_tuple(frame: &[u8], l: &Layers, at: usize) -> Option<Tuple> {
         icmp_error: None,
         fragment: None,
     };
-    let ports = q.get(l4..l4 + 8)?;
     match proto {
         ip_proto::TCP | ip_proto::UDP | ip_proto::SCTP => {
             t.sport = u16::from_be_bytes([ports[0], ports[1]]);
@@ -1729,7 +1719,7 @@ mod tests {
     /// unless `v6`) and its parse.
     fn udp(v6: bool, src: u128, dst: u128, sport: u16, dport: u16) -> (Vec<u8>, Meta) {
         let f = crate::wire::testing::frame(v6, src, dst, ip_proto::UDP, sport, dport, 0, 0);
-        let meta = crate::engine::parse::parse(&f, &Default::default()).expect("valid frame");
+        let meta = parse::parse(&f, &Default::default()).expect("valid frame");
         (f, meta)
     }
 
@@ -1760,7 +1750,7 @@ mod tests {
             let type_code = u16::from_be_bytes([kind, code]);
             let f =
                 crate::wire::testing::frame(false, src, dst, ip_proto::ICMP, type_code, 0, 0, 0);
-            let meta = crate::engine::parse::parse(&f, &Default::default()).expect("valid frame");
+            let meta = parse::parse(&f, &Default::default()).expect("valid frame");
             (f, meta)
         };
         let (f, m) = icmp(a, b, 8, 40);
@@ -1857,7 +1847,7 @@ mod tests {
     /// `in_port`, looked up, committed when new, then its fate noted; whether a connection
     /// counted it.
     fn pass(ct: &mut Conntrack, frame: &[u8], in_port: u16, now: u64, out: u16) -> bool {
-        let meta = crate::engine::parse::parse(frame, &Default::default()).expect("valid frame");
+        let meta = parse::parse(frame, &Default::default()).expect("valid frame");
         let probe = ct.prefetch(frame, &meta, in_port, now);
         let l = ct.lookup(frame, &meta, 0, now, probe.as_ref());
         if let Some(p) = l.pending {
@@ -1868,7 +1858,7 @@ mod tests {
 
     /// The `ct.state` of a packet looked up at `now`, its connection committed when new.
     fn tracked_state(ct: &mut Conntrack, f: &[u8], now: u64) -> CtState {
-        let meta = crate::engine::parse::parse(f, &Default::default()).expect("valid frame");
+        let meta = parse::parse(f, &Default::default()).expect("valid frame");
         let l = ct.lookup(f, &meta, 0, now, None);
         if let Some(p) = l.pending {
             assert!(ct.commit(&p, now));
@@ -1980,7 +1970,7 @@ mod tests {
 
     /// [`tracked_state`], where a full table may refuse the connection.
     fn tracked_state_or_full(ct: &mut Conntrack, f: &[u8], now: u64) -> CtState {
-        let meta = crate::engine::parse::parse(f, &Default::default()).expect("valid frame");
+        let meta = parse::parse(f, &Default::default()).expect("valid frame");
         let l = ct.lookup(f, &meta, 0, now, None);
         if let Some(p) = l.pending {
             ct.commit(&p, now);
@@ -2145,7 +2135,7 @@ mod tests {
         let f = crate::wire::testing::frame(false, 1, 2, ip_proto::UDP, 1, 2, 0, 0);
         assert!(!pass(&mut ct, &f, 0, 1, 1), "export is off");
         ct.enable_export(u64::MAX);
-        let meta = crate::engine::parse::parse(&f, &Default::default()).expect("valid frame");
+        let meta = parse::parse(&f, &Default::default()).expect("valid frame");
         ct.lookup(&f, &meta, 0, 2, None);
         assert!(
             !ct.note_fate(|| (Some(1), false)),

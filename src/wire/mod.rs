@@ -147,9 +147,31 @@ pub(crate) mod testing {
         tcp_flags: u8,
         dscp: u8,
     ) -> Vec<u8> {
-        let l4_len = if proto == ip_proto::TCP { 20 } else { 8 };
+        let mut l4 = vec![0u8; if proto == ip_proto::TCP { 20 } else { 8 }];
+        l4[0..2].copy_from_slice(&sport.to_be_bytes());
+        l4[2..4].copy_from_slice(&dport.to_be_bytes());
+        if proto == ip_proto::UDP {
+            l4[4..6].copy_from_slice(&8u16.to_be_bytes());
+        }
+        if proto == ip_proto::TCP {
+            l4[12] = 0x50;
+            l4[13] = tcp_flags;
+        }
+        ip_frame(v6, src, dst, proto, dscp, &l4)
+    }
+
+    /// An Ethernet frame carrying IPv4 (addresses in the low 32 bits of `src` and `dst`) or
+    /// IPv6 with protocol `proto` and `payload` after the IP header.
+    pub(crate) fn ip_frame(
+        v6: bool,
+        src: u128,
+        dst: u128,
+        proto: u8,
+        dscp: u8,
+        payload: &[u8],
+    ) -> Vec<u8> {
         let l3_len = if v6 { ipv6::HEADER_LEN } else { 20 };
-        let mut f = vec![0u8; ethernet::HEADER_LEN + l3_len + l4_len];
+        let mut f = vec![0u8; ethernet::HEADER_LEN + l3_len];
         ethernet::Repr {
             src: [2, 0, 0, 0, 0, 1],
             dst: [2, 0, 0, 0, 0, 2],
@@ -161,6 +183,7 @@ pub(crate) mod testing {
         }
         .emit(&mut f);
         let l3 = &mut f[ethernet::HEADER_LEN..];
+        let payload_len = payload.len() as u16;
         if v6 {
             ipv6::Repr {
                 src: src.to_be_bytes(),
@@ -169,7 +192,7 @@ pub(crate) mod testing {
                 hop_limit: 64,
                 dscp,
                 flow_label: 0,
-                payload_len: l4_len as u16,
+                payload_len,
             }
             .emit(l3);
         } else {
@@ -180,20 +203,11 @@ pub(crate) mod testing {
                 ttl: 64,
                 dscp,
                 dont_frag: false,
-                payload_len: l4_len as u16,
+                payload_len,
             }
             .emit(l3);
         }
-        let l4 = &mut f[ethernet::HEADER_LEN + l3_len..];
-        l4[0..2].copy_from_slice(&sport.to_be_bytes());
-        l4[2..4].copy_from_slice(&dport.to_be_bytes());
-        if proto == ip_proto::UDP {
-            l4[4..6].copy_from_slice(&8u16.to_be_bytes());
-        }
-        if proto == ip_proto::TCP {
-            l4[12] = 0x50;
-            l4[13] = tcp_flags;
-        }
+        f.extend_from_slice(payload);
         f
     }
 }
