@@ -56,6 +56,14 @@ def scenarios(v6):
   def quoted_udp(sp, dp):
       u = UDP(sport=sp, dport=dp, len=9, chksum=0)/Raw(b"x")
       return (IPv6(src=C, dst=S, hlim=63)/u) if v6 else (IP(src=C, dst=S, ttl=63)/u)
+  def quoted_fragment(sp, dp, offset):
+      # What an error quotes of a fragment of a client's UDP datagram: its IP header (and
+      # fragment header) and 8 bytes, the UDP header in a first fragment; a later one's
+      # payload here holds the same bytes, which are no UDP header.
+      u = bytes(UDP(sport=sp, dport=dp, len=208, chksum=0))
+      if v6:
+          return IPv6(src=C, dst=S, hlim=63)/IPv6ExtHdrFragment(nh=17, offset=offset, m=1, id=904)/Raw(u)
+      return IP(src=C, dst=S, ttl=63, id=904, flags="MF", frag=offset, proto=17)/Raw(u)
   def fragmented(side, src, dst, eth, p, ident):
       # In fragments of 32 bytes of the IP payload: a TCP header and 12 bytes in the first.
       if v6:
@@ -83,13 +91,13 @@ def scenarios(v6):
               s(ICMP(type=14, id=92)/Raw(bytes(12))), c(echo("request", 91, b"same id")),
               c(ICMP(type=17, id=93)/Raw(bytes(4))), s(ICMP(type=18, id=93)/Raw(bytes(4))),
               c(ICMP(type=8, code=40, id=94, seq=1)), s(ICMP(type=0, code=8, id=94, seq=1))]
-  return body(c, s, echo, unreachable, quoted_udp, cf, sf, link_local, queries)
+  return body(c, s, echo, unreachable, quoted_udp, quoted_fragment, cf, sf, link_local, queries)
 
 def tcp(sp, dp, fl, sq, ak=0, data=b"", win=65535, opts=None):
     t = TCP(sport=sp, dport=dp, flags=fl, seq=sq, ack=ak, window=win, options=opts or [])
     return t/Raw(data) if data else t
 
-def body(c, s, echo, unreachable, quoted_udp, cf, sf, link_local, queries):
+def body(c, s, echo, unreachable, quoted_udp, quoted_fragment, cf, sf, link_local, queries):
   def handshake(cp, sp=80):
     return [c(tcp(cp, sp, "S", 1000)), s(tcp(sp, cp, "SA", 5000, 1001)), c(tcp(cp, sp, "A", 1001, 5001))]
   sc = {}
@@ -142,6 +150,14 @@ def body(c, s, echo, unreachable, quoted_udp, cf, sf, link_local, queries):
       c(UDP(sport=42002, dport=7000)/Raw(b"x")),
       s(unreachable(quoted_udp(42002, 7000))),
       s(unreachable(quoted_udp(42003, 7000))),
+  ]
+  # Errors about fragments (a router's "fragmentation needed" or time exceeded): one
+  # quoting a first fragment relates to the datagram's connection, one quoting a later
+  # fragment relates to nothing (no L4 header to read).
+  sc["icmp_error_quoting_fragments"] = [
+      c(UDP(sport=42004, dport=7000)/Raw(b"x" * 200)),
+      s(unreachable(quoted_fragment(42004, 7000, 0))),
+      s(unreachable(quoted_fragment(42004, 7000, 25))),
   ]
   sc["syn_flood"] = [c(tcp(43000 + i, 80, "S", 1000 + i)) for i in range(50)]
   sc["icmp_link_local"] = [c(p) for p in link_local()] + [s(p) for p in link_local()]
@@ -240,8 +256,9 @@ if mode == "write":
             # The kernel counts a reassembled datagram once, in the state of the whole;
             # dpuflow judges a datagram by its first fragment, so its captures leave the
             # later fragments out.
-            later = (IP in p and p[IP].frag > 0) or (
-                IPv6ExtHdrFragment in p and p[IPv6ExtHdrFragment].offset > 0)
+            # (The packet's own fragment header, not one in the packet an error quotes.)
+            later = (IP in p and p[IP].frag > 0) or (IPv6 in p and isinstance(
+                p[IPv6].payload, IPv6ExtHdrFragment) and p[IPv6].payload.offset > 0)
             if not later:
                 (cs if side == "c" else ss).append(p)
         wrpcap("c-%s.pcap" % name, cs); wrpcap("s-%s.pcap" % name, ss)

@@ -4,7 +4,9 @@
 use super::DropReason;
 use crate::ir::Tunnel;
 use crate::wire::ethernet::{self, ethertype};
-use crate::wire::{be128, be32, be64, geneve, icmp, ip_proto, ipv4, ipv6, tcp, udp, vlan, vxlan};
+use crate::wire::{
+    be128, be16, be32, be64, geneve, icmp, ip_proto, ipv4, ipv6, tcp, udp, vlan, vxlan,
+};
 
 /// VLAN tags followed at most (802.1ad + 802.1Q, and one more to be lenient).
 const MAX_VLAN_TAGS: usize = 3;
@@ -279,18 +281,29 @@ pub fn quoted_layers(frame: &[u8], l: &Layers) -> Option<Layers> {
 }
 
 /// The layers of a quoted packet whose IP header starts at `at` (of `l`'s family), up to
-/// `l`'s end: what [`quoted_layers`] and conntrack's related-error lookup both read.
+/// `l`'s end: what [`quoted_layers`] and conntrack's related-error lookup both read. An
+/// IPv6 quote's extension headers are skipped to its upper layer, a first fragment's
+/// included. A quoted later fragment has no L4 header to read, so no tuple: `None`, and
+/// the error relates to nothing, as in Linux (`ipv4_get_l4proto` and `ipv6_get_l4proto`
+/// refuse a nonzero fragment offset).
 pub fn quote_at(frame: &[u8], l: &Layers, at: usize) -> Option<Layers> {
     let end = usize::from(l.l3_end);
     let q = frame.get(at..end)?;
     let (proto, header) = match l.l3_kind {
         L3::V6 => {
-            (q.len() >= ipv6::HEADER_LEN && q[0] >> 4 == 6).then(|| (q[6], ipv6::HEADER_LEN))?
+            if q.len() < ipv6::HEADER_LEN || q[0] >> 4 != 6 {
+                return None;
+            }
+            let up = ipv6::Packet::new_unchecked(q).upper_layer().ok()?;
+            up.l4_present.then_some((up.protocol, up.offset))?
         }
         L3::V4 => {
             let header = usize::from(q.first()? & 0x0f) * 4;
-            (q.len() >= header && header >= ipv4::MIN_HEADER_LEN && q[0] >> 4 == 4)
-                .then(|| (q[9], header))?
+            let first = q.len() >= header
+                && header >= ipv4::MIN_HEADER_LEN
+                && q[0] >> 4 == 4
+                && be16(q, 6) & 0x1fff == 0;
+            first.then(|| (q[9], header))?
         }
         L3::None => return None,
     };
@@ -415,6 +428,44 @@ mod tests {
             ..m.outer
         };
         assert_eq!(quoted_layers(&error, &cut), None);
+    }
+
+    /// A quoted first fragment is read to its L4 header (behind the fragment header in
+    /// IPv6) and steered and related as its datagram; a quoted later fragment has no L4
+    /// header, so no quote is read from it (Linux relates such an error to nothing).
+    #[test]
+    fn a_quoted_fragment_is_read_only_when_it_is_a_first() {
+        for v6 in [false, true] {
+            let (client, server) = (0x0a00_0002u128, 0xc633_6435u128);
+            let datagram = frame(v6, client, server, ip_proto::UDP, 5353, 53, 0, 0);
+            let ip = &datagram[ethernet::HEADER_LEN..];
+            for (offset, readable) in [(0u16, true), (185, false)] {
+                // More fragments follow; `offset` in 8-byte units.
+                let mut quote = ip.to_vec();
+                if v6 {
+                    quote.truncate(ipv6::HEADER_LEN + 8);
+                    quote[6] = ip_proto::IPV6_FRAGMENT;
+                    let off = (offset << 3 | 1).to_be_bytes();
+                    let header = [ip_proto::UDP, 0, off[0], off[1], 0, 0, 0x30, 0x39];
+                    quote.splice(ipv6::HEADER_LEN..ipv6::HEADER_LEN, header);
+                } else {
+                    quote.truncate(ipv4::MIN_HEADER_LEN + 8);
+                    quote[6..8].copy_from_slice(&(0x2000 | offset).to_be_bytes());
+                }
+                let error = unreachable(v6, server, client, &quote);
+                let m = parse(&error, &TunnelPorts::default()).expect("parses");
+                let quoted = quoted_layers(&error, &m.outer);
+                assert_eq!(quoted.is_some(), readable, "v6 {v6}, offset {offset}");
+                if let Some(q) = quoted {
+                    assert_eq!((q.proto, q.l4_ok), (ip_proto::UDP, true));
+                    let whole = parse(&datagram, &TunnelPorts::default()).expect("parses");
+                    assert_eq!(
+                        flow_hash_of(&error, &q, true),
+                        flow_hash(&datagram, &whole.outer)
+                    );
+                }
+            }
+        }
     }
 
     proptest::proptest! {

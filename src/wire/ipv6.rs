@@ -70,10 +70,12 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// Skips hop-by-hop, routing, fragment and destination-options headers and returns
     /// the upper-layer protocol, its offset from the start of the IPv6 header, and whether
-    /// the packet is a fragment.
+    /// the packet is a fragment. Reads no further than the buffer holds, so the packet an
+    /// ICMPv6 error quotes, cut short (RFC 4443 §3.1), is walked as far as it goes; the
+    /// buffer must hold the fixed header.
     pub fn upper_layer(&self) -> Result<UpperLayer> {
         let b = self.buffer.as_ref();
-        let end = HEADER_LEN + usize::from(self.payload_len());
+        let end = (HEADER_LEN + usize::from(self.payload_len())).min(b.len());
         let mut next = self.next_header();
         let mut at = HEADER_LEN;
         let (mut fragment, mut ident) = (false, 0);
