@@ -91,13 +91,34 @@ def scenarios(v6):
               s(ICMP(type=14, id=92)/Raw(bytes(12))), c(echo("request", 91, b"same id")),
               c(ICMP(type=17, id=93)/Raw(bytes(4))), s(ICMP(type=18, id=93)/Raw(bytes(4))),
               c(ICMP(type=8, code=40, id=94, seq=1)), s(ICMP(type=0, code=8, id=94, seq=1))]
-  return body(c, s, echo, unreachable, quoted_udp, quoted_fragment, cf, sf, link_local, queries)
+  def errors_about_others():
+    # Errors about other packets: a ping's (time exceeded), a SYN's (unreachable), a
+    # reply's (sent back by the client), one from a router on the way rather than the far
+    # end, and an error about an error (which relates to nothing).
+    def time_exceeded(quoted):
+        return (ICMPv6TimeExceeded()/quoted) if v6 else (ICMP(type=11, code=0)/quoted)
+    def quoted(src, dst, p):
+        return (IPv6(src=src, dst=dst, hlim=1)/p) if v6 else (IP(src=src, dst=dst, ttl=1)/p)
+    R = "fd00:2::9" if v6 else "10.0.2.9"
+    def from_router(p):
+        return ("s", ES/((IPv6(src=R, dst=C, hlim=64)) if v6 else IP(src=R, dst=C, ttl=64))/p)
+    return [
+        c(echo("request", 79, b"ttl")), s(time_exceeded(quoted(C, S, echo("request", 79, b"ttl")))),
+        c(tcp(41028, 80, "S", 1000)), s(unreachable(quoted(C, S, tcp(41028, 80, "S", 1000)))),
+        c(UDP(sport=42005, dport=7000)/Raw(b"q")), s(UDP(sport=7000, dport=42005)/Raw(b"r")),
+        c(unreachable(quoted(S, C, UDP(sport=7000, dport=42005)/Raw(b"r")))),
+        c(UDP(sport=42006, dport=7000)/Raw(b"q")),
+        from_router(time_exceeded(quoted(C, S, UDP(sport=42006, dport=7000)/Raw(b"q")))),
+        s(unreachable(quoted(C, S, unreachable(quoted_udp(42006, 7000))))),
+    ]
+  return body(c, s, echo, unreachable, quoted_udp, quoted_fragment, cf, sf, link_local, queries, errors_about_others)
 
 def tcp(sp, dp, fl, sq, ak=0, data=b"", win=65535, opts=None):
     t = TCP(sport=sp, dport=dp, flags=fl, seq=sq, ack=ak, window=win, options=opts or [])
     return t/Raw(data) if data else t
 
-def body(c, s, echo, unreachable, quoted_udp, quoted_fragment, cf, sf, link_local, queries):
+def body(c, s, echo, unreachable, quoted_udp, quoted_fragment, cf, sf, link_local, queries,
+         errors_about_others):
   def handshake(cp, sp=80):
     return [c(tcp(cp, sp, "S", 1000)), s(tcp(sp, cp, "SA", 5000, 1001)), c(tcp(cp, sp, "A", 1001, 5001))]
   sc = {}
@@ -159,6 +180,7 @@ def body(c, s, echo, unreachable, quoted_udp, quoted_fragment, cf, sf, link_loca
       s(unreachable(quoted_fragment(42004, 7000, 0))),
       s(unreachable(quoted_fragment(42004, 7000, 25))),
   ]
+  sc["icmp_errors_about_other_packets"] = errors_about_others()
   sc["syn_flood"] = [c(tcp(43000 + i, 80, "S", 1000 + i)) for i in range(50)]
   sc["icmp_link_local"] = [c(p) for p in link_local()] + [s(p) for p in link_local()]
   sc["icmp_queries"] = queries()
