@@ -181,6 +181,20 @@ def body(c, s, echo, unreachable, quoted_udp, quoted_fragment, cf, sf, link_loca
       s(unreachable(quoted_fragment(42004, 7000, 25))),
   ]
   sc["icmp_errors_about_other_packets"] = errors_about_others()
+  # An SCTP association (RFC 9260 §5): set up by a four-way handshake, data, shut down.
+  def sctp(sp, dp, tag, chunk): return SCTP(sport=sp, dport=dp, tag=tag)/chunk
+  sc["sctp_association"] = [
+      c(sctp(44001, 38412, 0, SCTPChunkInit(init_tag=0x1111, n_in_streams=1, n_out_streams=1, init_tsn=100))),
+      s(sctp(38412, 44001, 0x1111, SCTPChunkInitAck(init_tag=0x2222, n_in_streams=1, n_out_streams=1, init_tsn=500,
+                                                    params=[SCTPChunkParamStateCookie(cookie=b"cookie01")]))),
+      c(sctp(44001, 38412, 0x2222, SCTPChunkCookieEcho(cookie=b"cookie01"))),
+      s(sctp(38412, 44001, 0x1111, SCTPChunkCookieAck())),
+      c(sctp(44001, 38412, 0x2222, SCTPChunkData(tsn=100, data=b"ngap"))),
+      s(sctp(38412, 44001, 0x1111, SCTPChunkSACK(cumul_tsn_ack=100))),
+      c(sctp(44001, 38412, 0x2222, SCTPChunkShutdown(cumul_tsn_ack=499))),
+      s(sctp(38412, 44001, 0x1111, SCTPChunkShutdownAck())),
+      c(sctp(44001, 38412, 0x2222, SCTPChunkShutdownComplete())),
+  ]
   sc["syn_flood"] = [c(tcp(43000 + i, 80, "S", 1000 + i)) for i in range(50)]
   sc["icmp_link_local"] = [c(p) for p in link_local()] + [s(p) for p in link_local()]
   sc["icmp_queries"] = queries()
