@@ -195,6 +195,44 @@ def body(c, s, echo, unreachable, quoted_udp, quoted_fragment, cf, sf, link_loca
       s(sctp(38412, 44001, 0x1111, SCTPChunkShutdownAck())),
       c(sctp(44001, 38412, 0x2222, SCTPChunkShutdownComplete())),
   ]
+  # What Linux refuses of SCTP: data out of the blue, an INIT with a tag, an INIT
+  # bundled with data, a packet without chunks; in an association, data or an ABORT with
+  # a tag not the association's. An ABORT with the T bit carries its peer's tag.
+  init_ack = lambda tag: SCTPChunkInitAck(init_tag=tag, n_in_streams=1, n_out_streams=1, init_tsn=500,
+                                         params=[SCTPChunkParamStateCookie(cookie=b"cookie01")])
+  def opened(cp):
+      return [c(sctp(cp, 38412, 0, SCTPChunkInit(init_tag=0x1111, n_in_streams=1, n_out_streams=1, init_tsn=100))),
+              s(sctp(38412, cp, 0x1111, init_ack(0x2222))),
+              c(sctp(cp, 38412, 0x2222, SCTPChunkCookieEcho(cookie=b"cookie01"))),
+              s(sctp(38412, cp, 0x1111, SCTPChunkCookieAck()))]
+  sc["sctp_refused"] = [
+      c(sctp(44002, 38412, 0x3333, SCTPChunkData(tsn=1, data=b"ootb"))),
+      c(sctp(44003, 38412, 0x5555, SCTPChunkInit(init_tag=0x4444, n_in_streams=1, n_out_streams=1, init_tsn=100))),
+      c(sctp(44005, 38412, 0, SCTPChunkInit(init_tag=0x4444, n_in_streams=1, n_out_streams=1, init_tsn=100)
+             /SCTPChunkData(tsn=100, data=b"bundled"))),
+      c(SCTP(sport=44006, dport=38412, tag=0)),
+  ] + opened(44004) + [
+      c(sctp(44004, 38412, 0x9999, SCTPChunkData(tsn=100, data=b"bad tag"))),
+      s(sctp(38412, 44004, 0x2222, SCTPChunkAbort())),
+      c(sctp(44004, 38412, 0x2222, SCTPChunkData(tsn=101, data=b"good tag"))),
+      s(sctp(38412, 44004, 0x2222, SCTPChunkAbort(TCB=1))),
+      c(sctp(44004, 38412, 0x2222, SCTPChunkData(tsn=102, data=b"after abort"))),
+  ]
+  # An association picked up by its heartbeats (a firewall restarted mid-association):
+  # each direction's tag is learnt from them. A heartbeat with another tag (the peer
+  # restarted) passes, and the answer to it teaches the new tags.
+  sc["sctp_heartbeat_pickup"] = [
+      c(sctp(44007, 38412, 0x6666, SCTPChunkHeartbeatReq())),
+      s(sctp(38412, 44007, 0x7777, SCTPChunkHeartbeatAck())),
+      c(sctp(44007, 38412, 0x6666, SCTPChunkData(tsn=7, data=b"resumed"))),
+      s(sctp(38412, 44007, 0x7777, SCTPChunkSACK(cumul_tsn_ack=7))),
+      c(sctp(44007, 38412, 0x8888, SCTPChunkHeartbeatReq())),
+      s(sctp(38412, 44007, 0x9999, SCTPChunkHeartbeatAck())),
+      s(sctp(38412, 44007, 0x9999, SCTPChunkData(tsn=9, data=b"new tag"))),
+  ]
+  # A handshake left half done expires after sctp_cookie_wait (3 s): the late COOKIE
+  # ECHO opens a connection of its own.
+  sc["sctp_cookie_wait_expires"] = opened(44008)[:2] + [("wait", 4)] + opened(44008)[2:]
   sc["syn_flood"] = [c(tcp(43000 + i, 80, "S", 1000 + i)) for i in range(50)]
   sc["icmp_link_local"] = [c(p) for p in link_local()] + [s(p) for p in link_local()]
   sc["icmp_queries"] = queries()

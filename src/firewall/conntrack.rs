@@ -29,6 +29,7 @@
 use crate::engine::parse::{self, fragment_of, l4_fields, Layers, Meta, L3};
 use crate::engine::prefetch::{prefetch, prefetch_span};
 use crate::firewall::fragments::Fragments;
+use crate::firewall::sctp::{self, Assoc};
 use crate::firewall::tcp_window::{self, Cap, Segment, Window};
 use crate::hash::KeyedHash;
 use crate::ir::{CtTimeouts, CT_STATE_NAMES};
@@ -66,6 +67,9 @@ reasons! {
         TcpSeq => "tcp_seq", "a TCP segment starting past what the receiver's window allows";
         TcpAck => "tcp_ack", "a TCP acknowledgement of data never sent";
         TcpRst => "tcp_rst", "a TCP RST before what its peer acknowledged";
+        SctpChunks => "sctp_chunks", "an SCTP packet without chunks, or with one misplaced (INIT, INIT ACK and SHUTDOWN COMPLETE go alone, COOKIE ECHO and COOKIE ACK first) or of length zero";
+        SctpVtag => "sctp_vtag", "an SCTP packet whose verification tag is not the one its association expects";
+        SctpState => "sctp_state", "an SCTP chunk that opens no association, or that its association's state does not allow";
     }
 }
 
@@ -108,6 +112,19 @@ pub enum ConnState {
     Icmp,
     /// Any other IP protocol.
     Other,
+    /// SCTP association states (Linux `sctp_conntrack`, see `sctp`), in this order.
+    SctpClosed,
+    SctpCookieWait,
+    SctpCookieEchoed,
+    SctpEstablished,
+    SctpShutdownSent,
+    SctpShutdownRecd,
+    SctpShutdownAckSent,
+    SctpHeartbeatSent,
+}
+
+fn is_sctp(s: ConnState) -> bool {
+    (ConnState::SctpClosed as u8..=ConnState::SctpHeartbeatSent as u8).contains(&(s as u8))
 }
 
 const TCP_STATES: [ConnState; 9] = [
@@ -333,7 +350,7 @@ struct Export {
 struct Timeouts {
     /// By [`ConnState`] and whether the connection saw a reply and a third packet
     /// ([`Timeouts::of`]): one load a lookup.
-    by_state: [[u64; 4]; 12],
+    by_state: [[u64; 4]; 20],
     unacknowledged: u64,
     max_retrans: u64,
 }
@@ -342,7 +359,7 @@ impl Timeouts {
     fn new(t: &CtTimeouts) -> Timeouts {
         use ConnState::*;
         let (unacknowledged, stream) = (ns(t.tcp_unacknowledged), ns(t.udp_stream));
-        let mut by_state = [[0; 4]; 12];
+        let mut by_state = [[0; 4]; 20];
         for (state, d) in [
             (TcpSynSent, t.tcp_syn_sent),
             (TcpSynRecv, t.tcp_syn_recv),
@@ -356,6 +373,14 @@ impl Timeouts {
             (Udp, t.udp),
             (Icmp, t.icmp),
             (Other, t.udp),
+            (SctpClosed, t.sctp_closed),
+            (SctpCookieWait, t.sctp_cookie_wait),
+            (SctpCookieEchoed, t.sctp_cookie_echoed),
+            (SctpEstablished, t.sctp_established),
+            (SctpShutdownSent, t.sctp_shutdown_sent),
+            (SctpShutdownRecd, t.sctp_shutdown_recd),
+            (SctpShutdownAckSent, t.sctp_shutdown_ack_sent),
+            (SctpHeartbeatSent, t.sctp_heartbeat_sent),
         ] {
             by_state[state as usize] = [ns(d); 4];
         }
@@ -397,6 +422,8 @@ pub struct Pending {
     report: Option<u8>,
     /// The opening TCP segment, when windows are tracked.
     segment: Option<Segment>,
+    /// An SCTP connection's association.
+    assoc: Assoc,
 }
 
 /// What a lookup decided for one packet.
@@ -445,6 +472,8 @@ pub struct Conntrack {
     fragments: Fragments<(u16, u16, u64, u16)>,
     /// Each slot's TCP windows, when they are tracked.
     windows: Option<Box<[Window]>>,
+    /// Each slot's SCTP association (the verification tags), read for SCTP slots only.
+    assocs: Box<[Assoc]>,
     /// A plain ACK may open a TCP connection (loose pick-up).
     loose: bool,
 }
@@ -473,7 +502,8 @@ impl Conntrack {
     /// it is made).
     pub fn table_bytes(capacity: usize, windows: bool) -> u64 {
         let window = if windows { Self::WINDOW_BYTES } else { 0 };
-        (Self::slots_for(capacity.max(1)) * (size_of::<Entry>() + 1 + window)) as u64
+        let slot = size_of::<Entry>() + 1 + size_of::<Assoc>() + window;
+        (Self::slots_for(capacity.max(1)) * slot) as u64
     }
 
     pub fn new(capacity: usize, timeouts: CtTimeouts) -> Conntrack {
@@ -482,6 +512,9 @@ impl Conntrack {
         let mut table = Vec::with_capacity(slots);
         crate::sys::advise_huge_pages(&mut table);
         table.resize(slots, EMPTY);
+        let mut assocs = Vec::with_capacity(slots);
+        crate::sys::advise_huge_pages(&mut assocs);
+        assocs.resize(slots, Assoc::default());
         Conntrack {
             slots: table.into_boxed_slice(),
             tags: vec![0; slots].into_boxed_slice(),
@@ -496,6 +529,7 @@ impl Conntrack {
             moved: false,
             fragments: Fragments::default(),
             windows: None,
+            assocs: assocs.into_boxed_slice(),
             loose: true,
         }
     }
@@ -741,6 +775,9 @@ impl Conntrack {
                 if let Some(w) = &mut self.windows {
                     w[hole] = w[i];
                 }
+                if is_sctp(self.slots[hole].state) {
+                    self.assocs[hole] = self.assocs[i];
+                }
                 self.slots[i] = EMPTY;
                 self.tags[i] = 0;
                 hole = i;
@@ -964,6 +1001,7 @@ impl Conntrack {
                         self.judge_window(i, frame, l, (s, step), dir)
                     }
                     s if is_tcp(s) => tcp_transition(s, t.tcp_flags, reply),
+                    s if is_sctp(s) => self.sctp_step(i, frame, l, dir),
                     s => Step::To(s),
                 };
                 match next {
@@ -982,6 +1020,7 @@ impl Conntrack {
                                 tcp_flags: t.tcp_flags,
                                 report,
                                 segment: self.opening_segment(frame, l),
+                                assoc: Assoc::default(),
                             }),
                             invalid: None,
                         }
@@ -1033,6 +1072,7 @@ impl Conntrack {
                     return self.invalid(Invalid::Fragment);
                 }
                 let mut segment = None;
+                let mut assoc = Assoc::default();
                 let first = match t.proto {
                     // A first fragment opens its connection's windows too: its header is
                     // whole (see `first_fragment`).
@@ -1057,6 +1097,13 @@ impl Conntrack {
                         None => return self.invalid(Invalid::TcpOpen),
                     },
                     ip_proto::UDP => ConnState::Udp,
+                    ip_proto::SCTP => match sctp::open(sctp_packet(frame, l)) {
+                        Ok((a, s)) => {
+                            assoc = a;
+                            s
+                        }
+                        Err(why) => return self.invalid(why),
+                    },
                     ip_proto::ICMP | ip_proto::ICMPV6 => {
                         if !t.icmp_request {
                             return self.invalid(Invalid::IcmpReply);
@@ -1076,6 +1123,7 @@ impl Conntrack {
                         tcp_flags: t.tcp_flags,
                         report,
                         segment,
+                        assoc,
                     }),
                     invalid: None,
                 }
@@ -1109,6 +1157,20 @@ impl Conntrack {
             e.flags = e.flags & !CAPPED | if w.capped().is_some() { CAPPED } else { 0 };
         }
         step
+    }
+
+    /// The step an SCTP packet sent in direction `dir` takes in the connection in `slot`:
+    /// its chunks move the association's state (set here) and may be refused; one that
+    /// passes without restarting the timer (see `sctp::advance`) is an `Ignore`. Out of
+    /// line: SCTP is rare beside TCP and UDP.
+    #[inline(never)]
+    fn sctp_step(&mut self, slot: usize, frame: &[u8], l: &Layers, dir: usize) -> Step {
+        let e = &mut self.slots[slot];
+        match sctp::advance(&mut self.assocs[slot], &mut e.state, dir, sctp_packet(frame, l)) {
+            Ok(true) => Step::To(e.state),
+            Ok(false) => Step::Ignore,
+            Err(why) => Step::Invalid(why),
+        }
     }
 
     /// The TCP segment of a packet that opens a connection, when windows are tracked.
@@ -1202,6 +1264,9 @@ impl Conntrack {
         };
         e.seen(false);
         self.slots[slot] = e;
+        if is_sctp(p.state) {
+            self.assocs[slot] = p.assoc;
+        }
         if let (Some(w), Some(seg)) = (&mut self.windows, &p.segment) {
             w[slot] = Window::opened(seg, p.state);
             if w[slot].capped().is_some() {
@@ -1228,8 +1293,16 @@ fn confirmed(e: &Entry) -> bool {
     match e.state {
         ConnState::TcpEstablished => e.seen_reply(),
         ConnState::Udp => e.flags & UDP_STREAM == UDP_STREAM,
+        ConnState::SctpEstablished => true,
         _ => false,
     }
+}
+
+/// An SCTP packet's common header and chunks, as far as the frame holds them.
+fn sctp_packet<'a>(frame: &'a [u8], l: &Layers) -> &'a [u8] {
+    frame
+        .get(usize::from(l.l4)..usize::from(l.l3_end))
+        .unwrap_or(&[])
 }
 
 fn is_tcp(s: ConnState) -> bool {
@@ -1636,6 +1709,7 @@ mod tests {
             tcp_flags: 0,
             report: None,
             segment: None,
+            assoc: Assoc::default(),
         }
     }
 

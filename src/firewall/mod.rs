@@ -3,4 +3,5 @@
 pub mod acl;
 pub mod conntrack;
 pub(crate) mod fragments;
+mod sctp;
 mod tcp_window;

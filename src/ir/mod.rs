@@ -505,10 +505,21 @@ pub struct CtTimeouts {
     pub udp: Duration,
     pub udp_stream: Duration,
     pub icmp: Duration,
+    /// SCTP association states (Linux `nf_conntrack_sctp_timeout_*`).
+    pub sctp_closed: Duration,
+    pub sctp_cookie_wait: Duration,
+    pub sctp_cookie_echoed: Duration,
+    pub sctp_established: Duration,
+    pub sctp_shutdown_sent: Duration,
+    pub sctp_shutdown_recd: Duration,
+    pub sctp_shutdown_ack_sent: Duration,
+    /// An association picked up by a heartbeat, until it is answered.
+    pub sctp_heartbeat_sent: Duration,
 }
 
 impl Default for CtTimeouts {
-    /// Linux 6.1 `nf_conntrack_*_timeout*` sysctl defaults.
+    /// Linux's `nf_conntrack_*_timeout*` sysctl defaults (SCTP's as revised in 2023: an
+    /// established association 210 s, where it had been 5 days).
     fn default() -> Self {
         let s = Duration::from_secs;
         CtTimeouts {
@@ -525,13 +536,21 @@ impl Default for CtTimeouts {
             udp: s(30),
             udp_stream: s(120),
             icmp: s(30),
+            sctp_closed: s(10),
+            sctp_cookie_wait: s(3),
+            sctp_cookie_echoed: s(3),
+            sctp_established: s(210),
+            sctp_shutdown_sent: s(3),
+            sctp_shutdown_recd: s(3),
+            sctp_shutdown_ack_sent: s(3),
+            sctp_heartbeat_sent: s(30),
         }
     }
 }
 
 impl CtTimeouts {
     /// Names as written in the `conntrack` block, with a mutable reference to each.
-    pub fn by_name(&mut self) -> [(&'static str, &mut Duration); 13] {
+    pub fn by_name(&mut self) -> [(&'static str, &mut Duration); 21] {
         [
             ("tcp_syn_sent", &mut self.tcp_syn_sent),
             ("tcp_syn_recv", &mut self.tcp_syn_recv),
@@ -546,6 +565,14 @@ impl CtTimeouts {
             ("udp", &mut self.udp),
             ("udp_stream", &mut self.udp_stream),
             ("icmp", &mut self.icmp),
+            ("sctp_closed", &mut self.sctp_closed),
+            ("sctp_cookie_wait", &mut self.sctp_cookie_wait),
+            ("sctp_cookie_echoed", &mut self.sctp_cookie_echoed),
+            ("sctp_established", &mut self.sctp_established),
+            ("sctp_shutdown_sent", &mut self.sctp_shutdown_sent),
+            ("sctp_shutdown_recd", &mut self.sctp_shutdown_recd),
+            ("sctp_shutdown_ack_sent", &mut self.sctp_shutdown_ack_sent),
+            ("sctp_heartbeat_sent", &mut self.sctp_heartbeat_sent),
         ]
     }
 }
