@@ -29,7 +29,7 @@
 use crate::engine::parse::{self, fragment_of, l4_fields, Layers, Meta, L3};
 use crate::engine::prefetch::{prefetch, prefetch_span};
 use crate::firewall::fragments::Fragments;
-use crate::firewall::sctp::{self, Assoc};
+use crate::firewall::sctp::{self, Assoc, Associations};
 use crate::firewall::tcp_window::{self, Cap, Segment, Window};
 use crate::hash::KeyedHash;
 use crate::ir::{CtTimeouts, CT_STATE_NAMES};
@@ -185,7 +185,9 @@ struct Entry {
     /// [`ORIG_FROM_A`], [`SEEN_REPLY`], `DENIED << direction` and, in the top three
     /// bits, the packets seen counted in unary up to three (UDP timeouts depend on it).
     flags: u8,
-    tcp_flags: [u8; 2],
+    /// TCP: the flags each direction carried since the last report. SCTP: where the
+    /// association is in [`Conntrack::sctp`] (see [`Entry::association`]).
+    l4: [u8; 2],
     /// Port indices, [`NO_PORT`] when unknown.
     in_port: [u8; 2],
     out_port: [u8; 2],
@@ -220,7 +222,7 @@ const EMPTY: Entry = Entry {
     },
     state: ConnState::Other,
     flags: 0,
-    tcp_flags: [0; 2],
+    l4: [0; 2],
     in_port: [NO_PORT; 2],
     out_port: [NO_PORT; 2],
     first_ns: 0,
@@ -252,8 +254,23 @@ impl Entry {
         }
         self.packets[dir] += 1;
         self.bytes[dir] += bytes;
-        self.tcp_flags[dir] |= tcp_flags;
+        self.l4[dir] |= tcp_flags;
         self.in_port[dir] = in_port;
+    }
+
+    /// Where an SCTP connection's association is in the table's [`Associations`].
+    fn association(&self) -> u16 {
+        u16::from_ne_bytes(self.l4)
+    }
+
+    /// The TCP flags direction `dir` carried since the last report (none for another
+    /// protocol).
+    fn tcp_flags(&self, dir: usize) -> u8 {
+        if is_sctp(self.state) {
+            0
+        } else {
+            self.l4[dir]
+        }
     }
 
     /// The flow record of direction `dir` (0 original, 1 reply).
@@ -279,7 +296,7 @@ impl Entry {
             last_ns: self.last_ns,
             packets: self.packets[dir],
             bytes: self.bytes[dir],
-            tcp_flags: self.tcp_flags[dir],
+            tcp_flags: self.tcp_flags(dir),
             out_port: (self.out_port[dir] != NO_PORT).then_some(u16::from(self.out_port[dir])),
             denied: self.flags & DENIED << dir != 0,
             reason,
@@ -299,7 +316,9 @@ impl Entry {
         self.first_ns = now;
         self.packets = [0; 2];
         self.bytes = [0; 2];
-        self.tcp_flags = [0; 2];
+        if !is_sctp(self.state) {
+            self.l4 = [0; 2];
+        }
         self.flags &= !(DENIED | DENIED << 1);
     }
 }
@@ -472,8 +491,8 @@ pub struct Conntrack {
     fragments: Fragments<(u16, u16, u64, u16)>,
     /// Each slot's TCP windows, when they are tracked.
     windows: Option<Box<[Window]>>,
-    /// Each slot's SCTP association (the verification tags), read for SCTP slots only.
-    assocs: Box<[Assoc]>,
+    /// The SCTP connections' associations (their verification tags).
+    sctp: Associations,
     /// A plain ACK may open a TCP connection (loose pick-up).
     loose: bool,
 }
@@ -502,8 +521,8 @@ impl Conntrack {
     /// it is made).
     pub fn table_bytes(capacity: usize, windows: bool) -> u64 {
         let window = if windows { Self::WINDOW_BYTES } else { 0 };
-        let slot = size_of::<Entry>() + 1 + size_of::<Assoc>() + window;
-        (Self::slots_for(capacity.max(1)) * slot) as u64
+        let slot = size_of::<Entry>() + 1 + window;
+        (Self::slots_for(capacity.max(1)) * slot + Associations::bytes(capacity.max(1))) as u64
     }
 
     pub fn new(capacity: usize, timeouts: CtTimeouts) -> Conntrack {
@@ -512,9 +531,6 @@ impl Conntrack {
         let mut table = Vec::with_capacity(slots);
         crate::sys::advise_huge_pages(&mut table);
         table.resize(slots, EMPTY);
-        let mut assocs = Vec::with_capacity(slots);
-        crate::sys::advise_huge_pages(&mut assocs);
-        assocs.resize(slots, Assoc::default());
         Conntrack {
             slots: table.into_boxed_slice(),
             tags: vec![0; slots].into_boxed_slice(),
@@ -529,7 +545,7 @@ impl Conntrack {
             moved: false,
             fragments: Fragments::default(),
             windows: None,
-            assocs: assocs.into_boxed_slice(),
+            sctp: Associations::new(capacity),
             loose: true,
         }
     }
@@ -669,6 +685,7 @@ impl Conntrack {
         size_of_val(&*self.slots)
             + size_of_val(&*self.tags)
             + self.windows.as_ref().map_or(0, |w| size_of_val(&**w))
+            + self.sctp.memory_bytes()
     }
 
     fn hash(&self, k: &Key) -> u64 {
@@ -754,11 +771,7 @@ impl Conntrack {
 
     /// [`Conntrack::remove`], its last records ending for `reason`.
     fn remove_for(&mut self, mut hole: usize, reason: EndReason) {
-        if self.export.is_some() {
-            let e = self.slots[hole];
-            self.report(&e, reason);
-        }
-        self.moved = true;
+        self.discard(hole, reason);
         self.slots[hole] = EMPTY;
         self.tags[hole] = 0;
         self.stats.entries -= 1;
@@ -774,9 +787,6 @@ impl Conntrack {
                 self.tags[hole] = self.tags[i];
                 if let Some(w) = &mut self.windows {
                     w[hole] = w[i];
-                }
-                if is_sctp(self.slots[hole].state) {
-                    self.assocs[hole] = self.assocs[i];
                 }
                 self.slots[i] = EMPTY;
                 self.tags[i] = 0;
@@ -1166,7 +1176,8 @@ impl Conntrack {
     #[inline(never)]
     fn sctp_step(&mut self, slot: usize, frame: &[u8], l: &Layers, dir: usize) -> Step {
         let e = &mut self.slots[slot];
-        match sctp::advance(&mut self.assocs[slot], &mut e.state, dir, sctp_packet(frame, l)) {
+        let assoc = self.sctp.get_mut(e.association());
+        match sctp::advance(assoc, &mut e.state, dir, sctp_packet(frame, l)) {
             Ok(true) => Step::To(e.state),
             Ok(false) => Step::Ignore,
             Err(why) => Step::Invalid(why),
@@ -1208,11 +1219,7 @@ impl Conntrack {
                     continue;
                 };
                 if before_empty {
-                    if self.export.is_some() {
-                        let e = self.slots[i];
-                        self.report(&e, reason);
-                    }
-                    self.moved = true;
+                    self.discard(i, reason);
                     self.stats.entries -= 1;
                     return Some(i);
                 }
@@ -1222,6 +1229,19 @@ impl Conntrack {
             i = self.next(i);
         }
         None
+    }
+
+    /// What ends with the connection in `slot`, which is about to be overwritten: its last
+    /// records, ending for `reason`, and its SCTP association.
+    fn discard(&mut self, slot: usize, reason: EndReason) {
+        let e = self.slots[slot];
+        if self.export.is_some() {
+            self.report(&e, reason);
+        }
+        if is_sctp(e.state) {
+            self.sctp.release(e.association());
+        }
+        self.moved = true;
     }
 
     /// The lookup of a packet found invalid for `why`, counted. Out of line: the lookup's
@@ -1245,28 +1265,41 @@ impl Conntrack {
             Ok(_) => return true,
             Err(slot) => slot,
         };
+        // An SCTP connection's association first: a full pool refuses it as a full table
+        // would, before any connection is dropped to make room.
+        let association = if is_sctp(p.state) {
+            let Some(i) = self.sctp.keep(p.assoc) else {
+                self.stats.drops_full += 1;
+                return false;
+            };
+            Some(i)
+        } else {
+            None
+        };
         let slot = if self.len() < self.capacity {
             slot
         } else if let Some(slot) = self.drop_early(p, slot, now) {
             slot
         } else {
+            if let Some(i) = association {
+                self.sctp.release(i);
+            }
             self.stats.drops_full += 1;
             return false;
         };
+        let l4 = association.map_or([0; 2], u16::to_ne_bytes);
         self.tags[slot] = Self::tag_of(p.hash);
         let mut e = Entry {
             key: p.key,
             state: p.state,
             flags: if p.orig_from_a { ORIG_FROM_A } else { 0 },
+            l4,
             first_ns: now,
             last_ns: now,
             ..EMPTY
         };
         e.seen(false);
         self.slots[slot] = e;
-        if is_sctp(p.state) {
-            self.assocs[slot] = p.assoc;
-        }
         if let (Some(w), Some(seg)) = (&mut self.windows, &p.segment) {
             w[slot] = Window::opened(seg, p.state);
             if w[slot].capped().is_some() {
@@ -2272,6 +2305,75 @@ mod tests {
             }
             assert_eq!(timeouts, [30, 30, 120], "replies first: {replies_first}");
         }
+    }
+
+    /// SCTP connections keep their associations while entries move around them and give
+    /// them back as they end, whichever way: many more associations than the pool holds
+    /// come and go through a small table (timed out, dropped early to make room), each
+    /// still judged by its own tags; a pool with none free refuses a new one as a full
+    /// table does.
+    #[test]
+    fn sctp_associations_follow_their_connections() {
+        use crate::firewall::sctp::tests::{init, packet};
+        // Three connections at most, and room for four associations: one leaked would
+        // soon leave none.
+        let mut ct = Conntrack::new(3, CtTimeouts::default());
+        ct.sctp = Associations::new(4);
+        let sctp = |from: u128, to: u128, sport: u16, dport: u16, p: Vec<u8>| {
+            let mut p = p;
+            p[0..2].copy_from_slice(&sport.to_be_bytes());
+            p[2..4].copy_from_slice(&dport.to_be_bytes());
+            crate::wire::testing::ip_frame(false, from, to, ip_proto::SCTP, 0, &p)
+        };
+        let state = |ct: &mut Conntrack, f: &[u8], now: u64| {
+            let meta = parse::parse(f, &Default::default()).expect("valid frame");
+            let l = ct.lookup(f, &meta, 0, now, None);
+            let committed = l.pending.map(|p| ct.commit(&p, now));
+            (l.state, committed)
+        };
+        let second = 1_000_000_000;
+        for round in 0..40u16 {
+            let now = u64::from(round) * 20 * second;
+            if round % 10 == 0 {
+                ct.sweep(now, ct.slots.len());
+            }
+            let port = 1000 + round;
+            let tag = 0x100 + u32::from(round);
+            // The handshake's INIT and INIT ACK: by the next round each association is
+            // past its timeout (3 s), and is swept, or dropped early from the full table.
+            let init_chunk = init(tag);
+            let opened = sctp(1, 2, port, 38412, packet(0, &[(1, 0, &init_chunk)]));
+            assert_eq!(state(&mut ct, &opened, now), (CtState::New, Some(true)));
+            let ack = init(tag + 1);
+            let answer = sctp(2, 1, 38412, port, packet(tag, &[(2, 0, &ack)]));
+            assert_eq!(state(&mut ct, &answer, now).0, CtState::Established);
+            let forged = sctp(
+                1,
+                2,
+                port,
+                38412,
+                packet(tag ^ 0xffff_0000, &[(0, 0, b"x")]),
+            );
+            assert_eq!(state(&mut ct, &forged, now).0, CtState::Invalid);
+            let data = sctp(1, 2, port, 38412, packet(tag + 1, &[(0, 0, b"x")]));
+            assert_eq!(state(&mut ct, &data, now).0, CtState::Established);
+        }
+        assert!(ct.stats.expirations > 30, "{:?}", ct.stats);
+        // An entry's association index is no TCP flags of its records.
+        let mut sctp_entries = ct.slots.iter().filter(|e| is_sctp(e.state));
+        assert!(sctp_entries.clone().any(|e| e.association() != 0));
+        assert!(sctp_entries.all(|e| e.record(0, EndReason::Idle).tcp_flags == 0));
+        // Four held at once (the pool's size): a fifth waits for one to end.
+        let mut ct = Conntrack::new(8, CtTimeouts::default());
+        ct.sctp = Associations::new(4);
+        for port in 0..5u16 {
+            let init_chunk = init(7);
+            let opened = sctp(1, 2, 2000 + port, 38412, packet(0, &[(1, 0, &init_chunk)]));
+            let meta = parse::parse(&opened, &Default::default()).expect("valid frame");
+            let p = ct.lookup(&opened, &meta, 0, 0, None).pending.expect("new");
+            assert_eq!(ct.commit(&p, 0), port < 4, "association {port}");
+        }
+        assert_eq!((ct.len(), ct.stats.drops_full), (4, 1));
     }
 
     #[test]

@@ -45,6 +45,56 @@ pub struct Assoc {
     flags: u8,
 }
 
+/// The associations of a connection table's SCTP connections, each found by the index
+/// its entry keeps: a pool of fixed size beside the table, so that its other connections
+/// pay nothing for SCTP (an entry has no room for two tags).
+#[derive(Debug)]
+pub struct Associations {
+    assocs: Box<[Assoc]>,
+    /// Indices not in use.
+    free: Vec<u16>,
+}
+
+/// Associations a table holds at most: a new one past that is refused as by a full table.
+pub const MAX_ASSOCIATIONS: usize = u16::MAX as usize;
+
+impl Associations {
+    /// A pool for the SCTP connections of a table of `capacity`, all allocated and written.
+    pub fn new(capacity: usize) -> Associations {
+        let n = capacity.min(MAX_ASSOCIATIONS);
+        Associations {
+            assocs: vec![Assoc::default(); n].into_boxed_slice(),
+            free: (0..n as u16).rev().collect(),
+        }
+    }
+
+    /// Bytes the pool of a table of `capacity` takes.
+    pub fn bytes(capacity: usize) -> usize {
+        capacity.min(MAX_ASSOCIATIONS) * (size_of::<Assoc>() + size_of::<u16>())
+    }
+
+    /// Keeps `assoc` and says where; `None` when the pool is full.
+    pub fn keep(&mut self, assoc: Assoc) -> Option<u16> {
+        let i = self.free.pop()?;
+        self.assocs[usize::from(i)] = assoc;
+        Some(i)
+    }
+
+    /// Frees the association at `i`.
+    pub fn release(&mut self, i: u16) {
+        self.free.push(i);
+    }
+
+    /// Bytes the pool takes.
+    pub fn memory_bytes(&self) -> usize {
+        size_of_val(&*self.assocs) + self.free.capacity() * size_of::<u16>()
+    }
+
+    pub fn get_mut(&mut self, i: u16) -> &mut Assoc {
+        &mut self.assocs[usize::from(i)]
+    }
+}
+
 const INIT_SEEN: u8 = 1;
 /// A heartbeat came with a tag other than its direction's (the peer may have restarted):
 /// the other direction's heartbeat ack may then teach both tags afresh.
@@ -107,9 +157,8 @@ impl State {
 /// state as it is.
 const MOVES: [[[State; 9]; 11]; 2] = {
     use State::{
-        Closed as CL, CookieEchoed as CE, CookieWait as CW, Established as ES,
-        HeartbeatSent as HS, Refused as IV, ShutdownAckSent as SA, ShutdownRecd as SR,
-        ShutdownSent as SS,
+        Closed as CL, CookieEchoed as CE, CookieWait as CW, Established as ES, HeartbeatSent as HS,
+        Refused as IV, ShutdownAckSent as SA, ShutdownRecd as SR, ShutdownSent as SS,
     };
     [
         [
@@ -337,7 +386,8 @@ fn advance_state(
                     if c.kind == kind::HEARTBEAT {
                         // Passes, without a move or a fresh timer: the peer may have
                         // restarted, which its answer will show.
-                        assoc.flags = assoc.flags & !FAILED_FROM_REPLY | HEARTBEAT_FAILED | from_reply;
+                        assoc.flags =
+                            assoc.flags & !FAILED_FROM_REPLY | HEARTBEAT_FAILED | from_reply;
                         refresh = false;
                         continue;
                     }
@@ -394,11 +444,11 @@ fn advance_state(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// An SCTP packet of tag `tag` with `chunks` (type, flags, value bytes).
-    fn packet(tag: u32, chunks: &[(u8, u8, &[u8])]) -> Vec<u8> {
+    pub(crate) fn packet(tag: u32, chunks: &[(u8, u8, &[u8])]) -> Vec<u8> {
         let mut p = vec![0x9c, 0x41, 0x96, 0x0c];
         p.extend_from_slice(&tag.to_be_bytes());
         p.extend_from_slice(&[0; 4]);
@@ -414,7 +464,7 @@ mod tests {
     }
 
     /// An INIT or INIT ACK value: the Initiate Tag, then window, streams and TSN.
-    fn init(tag: u32) -> Vec<u8> {
+    pub(crate) fn init(tag: u32) -> Vec<u8> {
         let mut v = tag.to_be_bytes().to_vec();
         v.extend_from_slice(&[0, 1, 0, 0, 0, 1, 0, 1, 0, 0, 0, 100]);
         v
@@ -428,14 +478,46 @@ mod tests {
         let (mut assoc, mut s) = open(&packet(0, &[(kind::INIT, 0, &init(a))])).unwrap();
         assert_eq!(s, ConnState::SctpClosed);
         let steps: [(usize, Vec<u8>, ConnState); 8] = [
-            (1, packet(a, &[(kind::INIT_ACK, 0, &init(b))]), ConnState::SctpCookieWait),
-            (0, packet(b, &[(kind::COOKIE_ECHO, 0, b"cookie")]), ConnState::SctpCookieEchoed),
-            (1, packet(a, &[(kind::COOKIE_ACK, 0, b"")]), ConnState::SctpEstablished),
-            (0, packet(b, &[(kind::DATA, 3, b"ngap")]), ConnState::SctpEstablished),
-            (1, packet(a, &[(3, 0, &[0; 12])]), ConnState::SctpEstablished),
-            (0, packet(b, &[(kind::SHUTDOWN, 0, &[0; 4])]), ConnState::SctpShutdownSent),
-            (1, packet(a, &[(kind::SHUTDOWN_ACK, 0, b"")]), ConnState::SctpShutdownAckSent),
-            (0, packet(b, &[(kind::SHUTDOWN_COMPLETE, 0, b"")]), ConnState::SctpClosed),
+            (
+                1,
+                packet(a, &[(kind::INIT_ACK, 0, &init(b))]),
+                ConnState::SctpCookieWait,
+            ),
+            (
+                0,
+                packet(b, &[(kind::COOKIE_ECHO, 0, b"cookie")]),
+                ConnState::SctpCookieEchoed,
+            ),
+            (
+                1,
+                packet(a, &[(kind::COOKIE_ACK, 0, b"")]),
+                ConnState::SctpEstablished,
+            ),
+            (
+                0,
+                packet(b, &[(kind::DATA, 3, b"ngap")]),
+                ConnState::SctpEstablished,
+            ),
+            (
+                1,
+                packet(a, &[(3, 0, &[0; 12])]),
+                ConnState::SctpEstablished,
+            ),
+            (
+                0,
+                packet(b, &[(kind::SHUTDOWN, 0, &[0; 4])]),
+                ConnState::SctpShutdownSent,
+            ),
+            (
+                1,
+                packet(a, &[(kind::SHUTDOWN_ACK, 0, b"")]),
+                ConnState::SctpShutdownAckSent,
+            ),
+            (
+                0,
+                packet(b, &[(kind::SHUTDOWN_COMPLETE, 0, b"")]),
+                ConnState::SctpClosed,
+            ),
         ];
         for (dir, p, want) in steps {
             assert_eq!(advance(&mut assoc, &mut s, dir, &p), Ok(true));
@@ -479,7 +561,10 @@ mod tests {
             Err(Invalid::SctpVtag)
         );
         // With the T bit, the sender's peer's tag.
-        assert_eq!(advance(&mut assoc, &mut s, 1, &abort(0x2222, T_BIT)), Ok(true));
+        assert_eq!(
+            advance(&mut assoc, &mut s, 1, &abort(0x2222, T_BIT)),
+            Ok(true)
+        );
         assert_eq!(s, ConnState::SctpClosed);
     }
 
