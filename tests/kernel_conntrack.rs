@@ -233,6 +233,16 @@ def body(c, s, echo, unreachable, quoted_udp, quoted_fragment, cf, sf, link_loca
   # A handshake left half done expires after sctp_cookie_wait (3 s): the late COOKIE
   # ECHO opens a connection of its own.
   sc["sctp_cookie_wait_expires"] = opened(44008)[:2] + [("wait", 4)] + opened(44008)[2:]
+  # Protocols without ports of their own time out as Linux times them out: GRE after 1 s,
+  # 2 s once a packet followed its reply, ESP (any other) after 2 s, as the router and
+  # tests/data/ct-count*.pipe set them.
+  sc["other_protocols_time_out"] = [
+      c(ESP(spi=0x101, seq=1, data=bytes(16))), ("wait", 1.5), s(ESP(spi=0x202, seq=1, data=bytes(16))),
+      ("wait", 2.5), s(ESP(spi=0x202, seq=2, data=bytes(16))),
+  ]
+  gre = GRE(proto=0x0800)/Raw(bytes(20))
+  sc["gre_times_out"] = [c(gre), ("wait", 1.5), s(gre), c(gre), ("wait", 1.5),
+                         s(gre), c(gre), s(gre), ("wait", 1.5), c(gre)]
   sc["syn_flood"] = [c(tcp(43000 + i, 80, "S", 1000 + i)) for i in range(50)]
   sc["icmp_link_local"] = [c(p) for p in link_local()] + [s(p) for p in link_local()]
   sc["icmp_queries"] = queries()
@@ -515,6 +525,10 @@ impl Lab {
         // As tests/data/ct-count*.pipe say, so that the capped timeouts show in seconds.
         for timeout in ["unacknowledged", "max_retrans", "close"] {
             let setting = format!("net.netfilter.nf_conntrack_tcp_timeout_{timeout}=2");
+            lab.run(r, &["sysctl", "-qw", &setting]);
+        }
+        for setting in ["generic_timeout=2", "gre_timeout=1", "gre_timeout_stream=2"] {
+            let setting = format!("net.netfilter.nf_conntrack_{setting}");
             lab.run(r, &["sysctl", "-qw", &setting]);
         }
         let _ = std::fs::remove_file(file);

@@ -110,6 +110,7 @@ pub enum ConnState {
     TcpSynSent2,
     Udp,
     Icmp,
+    Gre,
     /// Any other IP protocol.
     Other,
     /// SCTP association states (Linux `sctp_conntrack`, see `sctp`), in this order.
@@ -369,7 +370,7 @@ struct Export {
 struct Timeouts {
     /// By [`ConnState`] and whether the connection saw a reply and a third packet
     /// ([`Timeouts::of`]): one load a lookup.
-    by_state: [[u64; 4]; 20],
+    by_state: [[u64; 4]; 21],
     unacknowledged: u64,
     max_retrans: u64,
 }
@@ -378,7 +379,7 @@ impl Timeouts {
     fn new(t: &CtTimeouts) -> Timeouts {
         use ConnState::*;
         let (unacknowledged, stream) = (ns(t.tcp_unacknowledged), ns(t.udp_stream));
-        let mut by_state = [[0; 4]; 20];
+        let mut by_state = [[0; 4]; 21];
         for (state, d) in [
             (TcpSynSent, t.tcp_syn_sent),
             (TcpSynRecv, t.tcp_syn_recv),
@@ -391,7 +392,8 @@ impl Timeouts {
             (TcpSynSent2, t.tcp_syn_sent),
             (Udp, t.udp),
             (Icmp, t.icmp),
-            (Other, t.udp),
+            (Gre, t.gre),
+            (Other, t.generic),
             (SctpClosed, t.sctp_closed),
             (SctpCookieWait, t.sctp_cookie_wait),
             (SctpCookieEchoed, t.sctp_cookie_echoed),
@@ -406,6 +408,9 @@ impl Timeouts {
         // A UDP flow with a reply and a third packet is a stream; a TCP connection picked up
         // mid-stream and never answered waits at most `tcp_unacknowledged` (as in Linux).
         by_state[Udp as usize][3] = stream;
+        // GRE likewise: Linux extends its timeout for packets that come once a reply was
+        // seen, so not for the reply itself.
+        by_state[Gre as usize][3] = ns(t.gre_stream);
         let established = &mut by_state[TcpEstablished as usize];
         for unanswered in [0, 2] {
             established[unanswered] = established[unanswered].min(unacknowledged);
@@ -1107,6 +1112,7 @@ impl Conntrack {
                         None => return self.invalid(Invalid::TcpOpen),
                     },
                     ip_proto::UDP => ConnState::Udp,
+                    ip_proto::GRE => ConnState::Gre,
                     ip_proto::SCTP => match sctp::open(sctp_packet(frame, l)) {
                         Ok((a, s)) => {
                             assoc = a;
@@ -1326,6 +1332,7 @@ fn confirmed(e: &Entry) -> bool {
     match e.state {
         ConnState::TcpEstablished => e.seen_reply(),
         ConnState::Udp => e.flags & UDP_STREAM == UDP_STREAM,
+        ConnState::Gre => e.seen_reply(),
         ConnState::SctpEstablished => true,
         _ => false,
     }

@@ -505,6 +505,11 @@ pub struct CtTimeouts {
     pub udp: Duration,
     pub udp_stream: Duration,
     pub icmp: Duration,
+    /// GRE (Linux `nf_conntrack_gre_timeout`), and once answered (`_stream`).
+    pub gre: Duration,
+    pub gre_stream: Duration,
+    /// Any other protocol (Linux `nf_conntrack_generic_timeout`).
+    pub generic: Duration,
     /// SCTP association states (Linux `nf_conntrack_sctp_timeout_*`).
     pub sctp_closed: Duration,
     pub sctp_cookie_wait: Duration,
@@ -536,6 +541,9 @@ impl Default for CtTimeouts {
             udp: s(30),
             udp_stream: s(120),
             icmp: s(30),
+            gre: s(30),
+            gre_stream: s(180),
+            generic: s(600),
             sctp_closed: s(10),
             sctp_cookie_wait: s(3),
             sctp_cookie_echoed: s(3),
@@ -550,7 +558,7 @@ impl Default for CtTimeouts {
 
 impl CtTimeouts {
     /// Names as written in the `conntrack` block, with a mutable reference to each.
-    pub fn by_name(&mut self) -> [(&'static str, &mut Duration); 21] {
+    pub fn by_name(&mut self) -> [(&'static str, &mut Duration); 24] {
         [
             ("tcp_syn_sent", &mut self.tcp_syn_sent),
             ("tcp_syn_recv", &mut self.tcp_syn_recv),
@@ -565,6 +573,9 @@ impl CtTimeouts {
             ("udp", &mut self.udp),
             ("udp_stream", &mut self.udp_stream),
             ("icmp", &mut self.icmp),
+            ("gre", &mut self.gre),
+            ("gre_stream", &mut self.gre_stream),
+            ("generic", &mut self.generic),
             ("sctp_closed", &mut self.sctp_closed),
             ("sctp_cookie_wait", &mut self.sctp_cookie_wait),
             ("sctp_cookie_echoed", &mut self.sctp_cookie_echoed),

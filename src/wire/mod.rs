@@ -64,6 +64,7 @@ pub mod ip_proto {
     pub const ICMP: u8 = 1;
     pub const TCP: u8 = 6;
     pub const UDP: u8 = 17;
+    pub const GRE: u8 = 47;
     pub const IPV6_ROUTING: u8 = 43;
     pub const IPV6_FRAGMENT: u8 = 44;
     pub const ESP: u8 = 50;
