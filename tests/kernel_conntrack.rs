@@ -111,14 +111,25 @@ def scenarios(v6):
         from_router(time_exceeded(quoted(C, S, UDP(sport=42006, dport=7000)/Raw(b"q")))),
         s(unreachable(quoted(C, S, unreachable(quoted_udp(42006, 7000))))),
     ]
-  return body(c, s, echo, unreachable, quoted_udp, quoted_fragment, cf, sf, link_local, queries, errors_about_others)
+  def with_options(p):
+      # Extension headers before the transport header: a destination options header in
+      # IPv6 (hop-by-hop is for the router itself), IP options in IPv4.
+      if v6:
+          return IPv6ExtHdrDestOpt(options=[PadN(optdata=b"\x00\x00\x00\x00")])/p
+      return p
+  def c_opt(p):
+      return ("c", EC/(ip(C, S) if v6 else IP(src=C, dst=S, ttl=64, options=[IPOption_NOP()] * 4))/with_options(p))
+  def s_opt(p):
+      return ("s", ES/(ip(S, C) if v6 else IP(src=S, dst=C, ttl=64, options=[IPOption_NOP()] * 4))/with_options(p))
+  return body(c, s, echo, unreachable, quoted_udp, quoted_fragment, cf, sf, link_local, queries, errors_about_others,
+              c_opt, s_opt)
 
 def tcp(sp, dp, fl, sq, ak=0, data=b"", win=65535, opts=None):
     t = TCP(sport=sp, dport=dp, flags=fl, seq=sq, ack=ak, window=win, options=opts or [])
     return t/Raw(data) if data else t
 
 def body(c, s, echo, unreachable, quoted_udp, quoted_fragment, cf, sf, link_local, queries,
-         errors_about_others):
+         errors_about_others, c_opt, s_opt):
   def handshake(cp, sp=80):
     return [c(tcp(cp, sp, "S", 1000)), s(tcp(sp, cp, "SA", 5000, 1001)), c(tcp(cp, sp, "A", 1001, 5001))]
   sc = {}
@@ -243,6 +254,12 @@ def body(c, s, echo, unreachable, quoted_udp, quoted_fragment, cf, sf, link_loca
   gre = GRE(proto=0x0800)/Raw(bytes(20))
   sc["gre_times_out"] = [c(gre), ("wait", 1.5), s(gre), c(gre), ("wait", 1.5),
                          s(gre), c(gre), s(gre), ("wait", 1.5), c(gre)]
+  # A TCP connection whose packets carry IP options or an IPv6 extension header.
+  sc["headers_with_options"] = [
+      c_opt(tcp(41050, 80, "S", 1000)), s_opt(tcp(80, 41050, "SA", 5000, 1001)),
+      c_opt(tcp(41050, 80, "A", 1001, 5001)), c_opt(tcp(41050, 80, "PA", 1001, 5001, b"opts")),
+      s_opt(tcp(80, 41050, "A", 5001, 1005)), s_opt(tcp(80, 41050, "R", 5001)),
+  ]
   sc["syn_flood"] = [c(tcp(43000 + i, 80, "S", 1000 + i)) for i in range(50)]
   sc["icmp_link_local"] = [c(p) for p in link_local()] + [s(p) for p in link_local()]
   sc["icmp_queries"] = queries()
