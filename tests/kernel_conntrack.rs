@@ -121,15 +121,28 @@ def scenarios(v6):
       return ("c", EC/(ip(C, S) if v6 else IP(src=C, dst=S, ttl=64, options=[IPOption_NOP()] * 4))/with_options(p))
   def s_opt(p):
       return ("s", ES/(ip(S, C) if v6 else IP(src=S, dst=C, ttl=64, options=[IPOption_NOP()] * 4))/with_options(p))
+  def bad_checksums():
+    # With `checksum on` (as the kernel's nf_conntrack_checksum=1): a wrong TCP, UDP,
+    # ICMP or SCTP checksum is invalid; a UDP checksum of zero is none, not checked, over
+    # IPv6 too.
+    bad_echo = ICMPv6EchoRequest(id=95, seq=1, cksum=0x1234) if v6 else ICMP(type=8, id=95, chksum=0x1234)
+    init = SCTPChunkInit(init_tag=0x1111, n_in_streams=1, n_out_streams=1, init_tsn=100)
+    return [
+        c(UDP(sport=42020, dport=7000, chksum=0x1234)/Raw(b"bad sum")),
+        c(TCP(sport=41060, dport=80, flags="S", seq=1, chksum=0x1234)),
+        c(bad_echo),
+        c(SCTP(sport=44020, dport=38412, tag=0, chksum=0x1234)/init),
+        c(UDP(sport=42021, dport=7000, chksum=0)/Raw(b"no sum")),
+    ]
   return body(c, s, echo, unreachable, quoted_udp, quoted_fragment, cf, sf, link_local, queries, errors_about_others,
-              c_opt, s_opt)
+              c_opt, s_opt, bad_checksums)
 
 def tcp(sp, dp, fl, sq, ak=0, data=b"", win=65535, opts=None):
     t = TCP(sport=sp, dport=dp, flags=fl, seq=sq, ack=ak, window=win, options=opts or [])
     return t/Raw(data) if data else t
 
 def body(c, s, echo, unreachable, quoted_udp, quoted_fragment, cf, sf, link_local, queries,
-         errors_about_others, c_opt, s_opt):
+         errors_about_others, c_opt, s_opt, bad_checksums):
   def handshake(cp, sp=80):
     return [c(tcp(cp, sp, "S", 1000)), s(tcp(sp, cp, "SA", 5000, 1001)), c(tcp(cp, sp, "A", 1001, 5001))]
   sc = {}
@@ -260,6 +273,7 @@ def body(c, s, echo, unreachable, quoted_udp, quoted_fragment, cf, sf, link_loca
       c_opt(tcp(41050, 80, "A", 1001, 5001)), c_opt(tcp(41050, 80, "PA", 1001, 5001, b"opts")),
       s_opt(tcp(80, 41050, "A", 5001, 1005)), s_opt(tcp(80, 41050, "R", 5001)),
   ]
+  sc["bad_checksums"] = bad_checksums()
   sc["syn_flood"] = [c(tcp(43000 + i, 80, "S", 1000 + i)) for i in range(50)]
   sc["icmp_link_local"] = [c(p) for p in link_local()] + [s(p) for p in link_local()]
   sc["icmp_queries"] = queries()

@@ -433,6 +433,9 @@ impl Engine {
                 if !c.tcp_loose {
                     ct.open_by_syn_only();
                 }
+                if c.checksum {
+                    ct.verify_checksums();
+                }
                 ct
             }),
             flows: None,

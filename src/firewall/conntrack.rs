@@ -67,6 +67,7 @@ reasons! {
         TcpSeq => "tcp_seq", "a TCP segment starting past what the receiver's window allows";
         TcpAck => "tcp_ack", "a TCP acknowledgement of data never sent";
         TcpRst => "tcp_rst", "a TCP RST before what its peer acknowledged";
+        Checksum => "checksum", "a TCP, UDP, ICMP, ICMPv6 or SCTP checksum that is wrong (verified with `checksum on`)";
         SctpChunks => "sctp_chunks", "an SCTP packet without chunks, or with one misplaced (INIT, INIT ACK and SHUTDOWN COMPLETE go alone, COOKIE ECHO and COOKIE ACK first) or of length zero";
         SctpVtag => "sctp_vtag", "an SCTP packet whose verification tag is not the one its association expects";
         SctpState => "sctp_state", "an SCTP chunk that opens no association, or that its association's state does not allow";
@@ -500,6 +501,8 @@ pub struct Conntrack {
     sctp: Associations,
     /// A plain ACK may open a TCP connection (loose pick-up).
     loose: bool,
+    /// Transport checksums are verified.
+    checksums: bool,
 }
 
 /// What [`Conntrack`] reports of its flow records.
@@ -552,6 +555,7 @@ impl Conntrack {
             windows: None,
             sctp: Associations::new(capacity),
             loose: true,
+            checksums: false,
         }
     }
 
@@ -561,6 +565,13 @@ impl Conntrack {
     pub fn retune(&mut self, c: &crate::ir::Conntrack) {
         self.timeouts = Timeouts::new(&c.timeouts);
         self.loose = c.tcp_loose;
+        self.checksums = c.checksum;
+    }
+
+    /// Verifies transport checksums from now on (Linux `nf_conntrack_checksum=1`): a
+    /// packet whose checksum is wrong is `invalid`.
+    pub fn verify_checksums(&mut self) {
+        self.checksums = true;
     }
 
     /// Only a SYN opens a TCP connection from now on: no pick-up mid-stream (Linux
@@ -926,6 +937,9 @@ impl Conntrack {
         probe: Option<&Probe>,
     ) -> Lookup {
         let l = &meta.outer;
+        if self.checksums && !checksum_ok(frame, l) {
+            return self.invalid(Invalid::Checksum);
+        }
         // Borrowed from the probe, not copied out of it.
         let computed;
         let t = match probe {
@@ -1335,6 +1349,48 @@ fn confirmed(e: &Entry) -> bool {
         ConnState::Gre => e.seen_reply(),
         ConnState::SctpEstablished => true,
         _ => false,
+    }
+}
+
+/// Whether a packet's transport checksum is right, as Linux's conntrack checks it
+/// (`nf_conntrack_checksum`): TCP, UDP and ICMPv6 over their pseudo-header (RFC 9293
+/// §3.1, RFC 768, RFC 4443 §2.3), ICMP over its message (RFC 792), SCTP's CRC32c (RFC 9260
+/// §6.8). A UDP checksum of zero is none, not checked: in IPv4 it means none (RFC 768),
+/// and in IPv6, where RFC 8200 §8.1 forbids it, tunnels may use it (RFC 6935) and Linux
+/// lets it pass. A
+/// fragment's checksum covers its whole datagram, which is never gathered here: not
+/// checked, nor is a header cut short (judged elsewhere). Out of line: it reads the whole
+/// payload, and is opt-in.
+#[inline(never)]
+fn checksum_ok(frame: &[u8], l: &Layers) -> bool {
+    use crate::wire::{checksum, sctp};
+    if l.fragment || !l.l4_ok {
+        return true;
+    }
+    let (l3, l4) = (usize::from(l.l3), usize::from(l.l4));
+    let Some(segment) = frame.get(l4..usize::from(l.l3_end)) else {
+        return true;
+    };
+    let v6 = l.l3_kind == L3::V6;
+    let pseudo = || {
+        if v6 {
+            let addr =
+                |at: usize| -> [u8; 16] { frame[at..at + 16].try_into().expect("IPv6 header") };
+            checksum::pseudo_v6(&addr(l3 + 8), &addr(l3 + 24), l.proto, segment.len() as u32)
+        } else {
+            let addr =
+                |at: usize| -> [u8; 4] { frame[at..at + 4].try_into().expect("IPv4 header") };
+            checksum::pseudo_v4(addr(l3 + 12), addr(l3 + 16), l.proto, segment.len() as u16)
+        }
+    };
+    let whole = |start: u32| checksum::fold(checksum::sum(start, segment)) == 0xffff;
+    match l.proto {
+        ip_proto::UDP if segment.get(6..8) == Some(&[0, 0]) => true,
+        ip_proto::TCP | ip_proto::UDP | ip_proto::ICMPV6 => whole(pseudo()),
+        ip_proto::ICMP => whole(0),
+        ip_proto::SCTP => sctp::checksum(segment)
+            .is_some_and(|c| segment[sctp::CHECKSUM_AT..sctp::HEADER_LEN] == c),
+        _ => true,
     }
 }
 
@@ -2381,6 +2437,55 @@ mod tests {
             assert_eq!(ct.commit(&p, 0), port < 4, "association {port}");
         }
         assert_eq!((ct.len(), ct.stats.drops_full), (4, 1));
+    }
+
+    /// With `checksum on`, a packet whose transport checksum is wrong is invalid, and one
+    /// whose checksum is right, or a UDP datagram without one, is tracked; off, checksums
+    /// are not read. (The kernel comparison checks the sums against Linux's.)
+    #[test]
+    fn wrong_checksums_are_invalid_when_verified() {
+        use crate::wire::checksum;
+        for v6 in [false, true] {
+            for proto in [ip_proto::TCP, ip_proto::UDP] {
+                let mut f = crate::wire::testing::frame(v6, 1, 2, proto, 5, 6, tcp::flags::SYN, 0);
+                let meta = parse::parse(&f, &Default::default()).expect("valid frame");
+                let (l3, l4) = (usize::from(meta.outer.l3), usize::from(meta.outer.l4));
+                let len = f.len() - l4;
+                let pseudo = if v6 {
+                    let a = |at: usize| -> [u8; 16] { f[at..at + 16].try_into().unwrap() };
+                    checksum::pseudo_v6(&a(l3 + 8), &a(l3 + 24), proto, len as u32)
+                } else {
+                    let a = |at: usize| -> [u8; 4] { f[at..at + 4].try_into().unwrap() };
+                    checksum::pseudo_v4(a(l3 + 12), a(l3 + 16), proto, len as u16)
+                };
+                let at = l4 + if proto == ip_proto::TCP { 16 } else { 6 };
+                let sum = !checksum::fold(checksum::sum(pseudo, &f[l4..]));
+                f[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+                let mut wrong = f.clone();
+                wrong[l4] ^= 1;
+                for (frame, verify, want) in [
+                    (&f, true, CtState::New),
+                    (&wrong, true, CtState::Invalid),
+                    (&wrong, false, CtState::New),
+                ] {
+                    let mut ct = Conntrack::new(16, CtTimeouts::default());
+                    if verify {
+                        ct.verify_checksums();
+                    }
+                    assert_eq!(
+                        tracked_state(&mut ct, frame, 1),
+                        want,
+                        "v6 {v6} proto {proto}"
+                    );
+                }
+                if proto == ip_proto::UDP {
+                    wrong[at..at + 2].fill(0);
+                    let mut ct = Conntrack::new(16, CtTimeouts::default());
+                    ct.verify_checksums();
+                    assert_eq!(tracked_state(&mut ct, &wrong, 1), CtState::New);
+                }
+            }
+        }
     }
 
     #[test]

@@ -483,6 +483,9 @@ pub struct Conntrack {
     /// A TCP connection may be picked up mid-stream, opened by a plain ACK (Linux's
     /// default, `nf_conntrack_tcp_loose=1`); off, only a SYN opens one.
     pub tcp_loose: bool,
+    /// Transport checksums are verified, a packet with a wrong one `invalid` (Linux's
+    /// default, `nf_conntrack_checksum=1`); off, they are not read.
+    pub checksum: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -226,6 +226,7 @@ impl Lowerer<'_> {
                 timeouts: CtTimeouts::default(),
                 tcp_window: false,
                 tcp_loose: true,
+                checksum: false,
             })
         });
         Some(Program {
@@ -670,6 +671,7 @@ impl Lowerer<'_> {
             timeouts: CtTimeouts::default(),
             tcp_window: false,
             tcp_loose: true,
+            checksum: false,
         };
         let mut ok = true;
         for o in &s.options {
@@ -703,6 +705,10 @@ impl Lowerer<'_> {
                         None => ok = false,
                     }
                 }
+                "checksum" => match self.on_off(o, "verifies transport checksums") {
+                    Some(on) => ct.checksum = on,
+                    None => ok = false,
+                },
                 "timeout" => {
                     if o.values.len() != 2 {
                         self.err(o.key.span, "`timeout` takes a state and a duration")

@@ -55,6 +55,7 @@ pub fn block_keys(kind: BlockKind) -> Keys {
             ("timeout", Two),
             ("tcp_window", One),
             ("tcp_loose", One),
+            ("checksum", One),
         ],
         BlockKind::Telemetry => &[
             ("prometheus", One),
