@@ -2123,6 +2123,55 @@ mod tests {
         }
     }
 
+    proptest! {
+        /// Any SCTP packets (chunks of any kind, flags and tag, tags drawn from a few so that
+        /// some match) among a few associations of a table smaller than they are, with time
+        /// jumping past timeouts: lookups and commits never panic, and every SCTP entry
+        /// holds its own association, none shared and none lost (held and free ones make
+        /// up the pool).
+        #[test]
+        fn any_sctp_traffic_keeps_every_association_accounted(
+            packets in proptest::collection::vec(
+                (0u16..12, any::<bool>(), 0u32..4, proptest::collection::vec((0u8..16, any::<u8>(), 0u32..4), 0..3), 0u64..20),
+                1..150,
+            ),
+        ) {
+            use crate::firewall::sctp::tests::packet;
+            let mut ct = Conntrack::new(8, CtTimeouts::default());
+            let pool = 5;
+            ct.sctp = Associations::new(pool);
+            let mut now = 0u64;
+            for (port, reply, tag, chunks, secs) in packets {
+                now += secs * 1_000_000_000;
+                let values: Vec<[u8; 16]> = chunks.iter().map(|&(_, _, t)| {
+                    let mut v = [0u8; 16];
+                    v[..4].copy_from_slice(&(0x100 + t).to_be_bytes());
+                    v
+                }).collect();
+                let chunks: Vec<(u8, u8, &[u8])> = chunks.iter().zip(&values)
+                    .map(|(&(kind, flags, _), v)| (kind, flags, &v[..]))
+                    .collect();
+                let mut p = packet(0x100 + tag, &chunks);
+                if tag == 0 {
+                    p[4..8].fill(0);
+                }
+                let (from, to, sport, dport) = if reply { (2, 1, 38412, 1000 + port) } else { (1, 2, 1000 + port, 38412) };
+                p[0..2].copy_from_slice(&sport.to_be_bytes());
+                p[2..4].copy_from_slice(&dport.to_be_bytes());
+                let f = crate::wire::testing::ip_frame(false, from, to, ip_proto::SCTP, 0, &p);
+                let _ = tracked_state_or_full(&mut ct, &f, now);
+                prop_assert!(ct.len() <= ct.capacity());
+                let held: Vec<u16> = (0..ct.slots.len())
+                    .filter(|&i| ct.tags[i] != 0 && is_sctp(ct.slots[i].state))
+                    .map(|i| ct.slots[i].association())
+                    .collect();
+                let distinct: HashSet<u16> = held.iter().copied().collect();
+                prop_assert_eq!(distinct.len(), held.len(), "an association shared");
+                prop_assert_eq!(held.len() + ct.sctp.free(), pool, "an association lost");
+            }
+        }
+    }
+
     /// TCP flags, mostly the combinations segments carry.
     fn tcp_flags() -> impl Strategy<Value = u8> {
         use tcp::flags::*;

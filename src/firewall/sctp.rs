@@ -90,6 +90,12 @@ impl Associations {
         size_of_val(&*self.assocs) + self.free.capacity() * size_of::<u16>()
     }
 
+    /// Associations that can still be kept.
+    #[cfg(test)]
+    pub fn free(&self) -> usize {
+        self.free.len()
+    }
+
     pub fn get_mut(&mut self, i: u16) -> &mut Assoc {
         &mut self.assocs[usize::from(i)]
     }
