@@ -348,10 +348,13 @@ fn flow_key(in_port: u16, v6: bool, src: (Addr, u16), dst: (Addr, u16), proto: u
 }
 
 /// Why a connection's last record ends it: a TCP connection closed by FIN or RST ended
-/// (RFC 5102 "end of flow detected"), anything else went idle.
-fn end_reason(s: ConnState) -> EndReason {
-    match s {
+/// (RFC 5102 "end of flow detected"), as did an SCTP association closed by SHUTDOWN
+/// COMPLETE or ABORT (closed once answered: an unanswered INIT leaves `SctpClosed` too);
+/// anything else went idle.
+fn end_reason(e: &Entry) -> EndReason {
+    match e.state {
         ConnState::TcpTimeWait | ConnState::TcpClose => EndReason::EndOfFlow,
+        ConnState::SctpClosed if e.seen_reply() => EndReason::EndOfFlow,
         _ => EndReason::Idle,
     }
 }
@@ -781,7 +784,7 @@ impl Conntrack {
 
     /// Backward-shift deletion (linear probing stays valid without tombstones).
     fn remove(&mut self, hole: usize) {
-        let reason = end_reason(self.slots[hole].state);
+        let reason = end_reason(&self.slots[hole]);
         self.remove_for(hole, reason);
     }
 
@@ -1230,7 +1233,7 @@ impl Conntrack {
             if self.tags[i] != 0 {
                 let reason = if self.expired(i, now) {
                     self.stats.expirations += 1;
-                    end_reason(self.slots[i].state)
+                    end_reason(&self.slots[i])
                 } else if !confirmed(&self.slots[i]) {
                     self.stats.early_drops += 1;
                     EndReason::LackOfResources
@@ -2344,6 +2347,52 @@ mod tests {
         assert_eq!((out[0].first_ns, out[0].last_ns), (71 * s, 71 * s));
         assert_eq!(ct.record_stats().map(|r| r.made), Some(3));
         assert!(ct.is_empty());
+    }
+
+    /// An SCTP association's records end with "end of flow" once it shut down, and with
+    /// "idle" when an INIT went unanswered.
+    #[test]
+    fn sctp_records_end_as_their_associations_do() {
+        use crate::firewall::sctp::tests::{init, packet};
+        let s = 1_000_000_000u64;
+        let sctp = |from_a: bool, p: Vec<u8>| {
+            let (src, dst, sport, dport) = if from_a {
+                (1, 2, 5000u16, 38412u16)
+            } else {
+                (2, 1, 38412, 5000)
+            };
+            let mut p = p;
+            p[0..2].copy_from_slice(&sport.to_be_bytes());
+            p[2..4].copy_from_slice(&dport.to_be_bytes());
+            crate::wire::testing::ip_frame(false, src, dst, ip_proto::SCTP, 0, &p)
+        };
+        let (a, b) = (init(0x11), init(0x22));
+        let association = [
+            sctp(true, packet(0, &[(1, 0, &a)])),
+            sctp(false, packet(0x11, &[(2, 0, &b)])),
+            sctp(true, packet(0x22, &[(10, 0, b"cookie")])),
+            sctp(false, packet(0x11, &[(11, 0, b"")])),
+            sctp(true, packet(0x22, &[(7, 0, &[0; 4])])),
+            sctp(false, packet(0x11, &[(8, 0, b"")])),
+            sctp(true, packet(0x22, &[(14, 0, b"")])),
+        ];
+        for (packets, want) in [
+            (&association[..], EndReason::EndOfFlow),
+            (&association[..1], EndReason::Idle),
+        ] {
+            let mut ct = Conntrack::new(100, CtTimeouts::default());
+            ct.enable_export(60 * s);
+            for (n, f) in packets.iter().enumerate() {
+                assert!(pass(&mut ct, f, (n % 2) as u16, s, 0), "packet {n}");
+            }
+            ct.sweep(100 * s, ct.slots.len());
+            let mut out = Vec::new();
+            ct.take_records(&mut out);
+            assert!(
+                !out.is_empty() && out.iter().all(|r| r.reason == want),
+                "{out:?}"
+            );
+        }
     }
 
     /// A packet that arrived tunnelled, or whose tuple the pipeline changed before the
