@@ -242,6 +242,20 @@ def body(c, s, echo, unreachable, quoted_udp, quoted_fragment, cf, sf, link_loca
       s(sctp(38412, 44004, 0x2222, SCTPChunkAbort(TCB=1))),
       c(sctp(44004, 38412, 0x2222, SCTPChunkData(tsn=102, data=b"after abort"))),
   ]
+  # Real stacks bundle: COOKIE ECHO with DATA, COOKIE ACK with SACK; both ends may send
+  # INIT at once (a collision, RFC 9260 §5.2.4); the reply side may shut down.
+  def init_chunk(tag): return SCTPChunkInit(init_tag=tag, n_in_streams=1, n_out_streams=1, init_tsn=100)
+  sc["sctp_bundling_and_collision"] = [
+      c(sctp(44009, 38412, 0, init_chunk(0x1111))),
+      s(sctp(38412, 44009, 0, init_chunk(0x2222))),
+      c(sctp(44009, 38412, 0x2222, init_ack(0x1111))),
+      s(sctp(38412, 44009, 0x1111, init_ack(0x2222))),
+      c(sctp(44009, 38412, 0x2222, SCTPChunkCookieEcho(cookie=b"cookie01")/SCTPChunkData(tsn=100, data=b"early"))),
+      s(sctp(38412, 44009, 0x1111, SCTPChunkCookieAck()/SCTPChunkSACK(cumul_tsn_ack=100))),
+      s(sctp(38412, 44009, 0x1111, SCTPChunkShutdown(cumul_tsn_ack=99))),
+      c(sctp(44009, 38412, 0x2222, SCTPChunkShutdownAck())),
+      s(sctp(38412, 44009, 0x1111, SCTPChunkShutdownComplete())),
+  ]
   # An association picked up by its heartbeats (a firewall restarted mid-association):
   # each direction's tag is learnt from them. A heartbeat with another tag (the peer
   # restarted) passes, and the answer to it teaches the new tags.
