@@ -330,24 +330,40 @@ for i in range(20):
 wrpcap("up.pcap", up); wrpcap("host.pcap", host)
 "#,
     );
-    let out = dir.path("replies.pcap");
+    let inputs = [
+        ("uplink", dir.path("up.pcap")),
+        ("host", dir.path("host.pcap")),
+    ];
+    all_out_with_two_and_three_workers(
+        "tests/data/ct-after-decap.pipe",
+        &inputs,
+        ("uplink", &dir.path("replies.pcap")),
+        20,
+    );
+}
+
+/// Runs `pipe` over `inputs` (port, capture) with two and then three workers, and checks
+/// that `n` packets went out of `out`'s port into its capture.
+fn all_out_with_two_and_three_workers(
+    pipe: &str,
+    inputs: &[(&str, String)],
+    (port, capture): (&str, &str),
+    n: usize,
+) {
     for workers in ["2", "3"] {
-        let svc = Service::start(&[
-            "tests/data/ct-after-decap.pipe",
-            "--in",
-            &format!("uplink={}", dir.path("up.pcap")),
-            "--in",
-            &format!("host={}", dir.path("host.pcap")),
-            "--out",
-            &format!("uplink={out}"),
-            "--workers",
-            workers,
-        ]);
-        svc.scrape_until(|b| {
-            b.contains("dpuflow_port_transmitted_packets_total{port=\"uplink\"} 20")
-        });
+        let mut args = vec![pipe.to_owned()];
+        for (p, file) in inputs {
+            args.extend(["--in".to_owned(), format!("{p}={file}")]);
+        }
+        args.extend(["--out".to_owned(), format!("{port}={capture}")]);
+        args.extend(["--workers".to_owned(), workers.to_owned()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let svc = Service::start(&args);
+        // Short of `n`, the scrape's drops by reason say what became of the rest.
+        let sent = format!("dpuflow_port_transmitted_packets_total{{port=\"{port}\"}} {n}");
+        svc.scrape_until(|b| b.contains(&sent));
         assert_eq!(svc.terminate(), 0);
-        assert_eq!(frames(&out).len(), 20, "{workers} workers");
+        assert_eq!(frames(capture).len(), n, "{workers} workers");
     }
 }
 
@@ -374,26 +390,16 @@ for i in range(20):
 wrpcap("in.pcap", inside); wrpcap("out.pcap", outside)
 "#,
     );
-    let out = dir.path("errors.pcap");
-    for workers in ["2", "3"] {
-        let svc = Service::start(&[
-            "pipelines/stateful-firewall.pipe",
-            "--in",
-            &format!("inside={}", dir.path("in.pcap")),
-            "--in",
-            &format!("outside={}", dir.path("out.pcap")),
-            "--out",
-            &format!("inside={out}"),
-            "--workers",
-            workers,
-        ]);
-        // Short of twenty, the scrape's drops by reason say what became of the rest.
-        svc.scrape_until(|b| {
-            b.contains("dpuflow_port_transmitted_packets_total{port=\"inside\"} 20")
-        });
-        assert_eq!(svc.terminate(), 0);
-        assert_eq!(frames(&out).len(), 20, "{workers} workers");
-    }
+    let inputs = [
+        ("inside", dir.path("in.pcap")),
+        ("outside", dir.path("out.pcap")),
+    ];
+    all_out_with_two_and_three_workers(
+        "pipelines/stateful-firewall.pipe",
+        &inputs,
+        ("inside", &dir.path("errors.pcap")),
+        20,
+    );
 }
 
 /// Workers change where packets are processed, not what comes out: `run` with three

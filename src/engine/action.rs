@@ -285,26 +285,13 @@ fn refresh_outer_udp_checksum(frame: &mut [u8], outer: &Layers) {
     if !(outer.l4_ok && outer.proto == ip_proto::UDP) {
         return;
     }
-    let (l3, udp_at, end) = (
-        usize::from(outer.l3),
-        usize::from(outer.l4),
-        usize::from(outer.l3_end),
-    );
+    let (udp_at, end) = (usize::from(outer.l4), usize::from(outer.l3_end));
     let at = udp_at + 6;
     if be16(frame, at) == 0 {
         return;
     }
-    let len = end - udp_at;
-    let pseudo = match outer.l3_kind {
-        L3::V4 => {
-            let ip = ipv4::Packet::new_unchecked(&frame[l3..]);
-            checksum::pseudo_v4(ip.src(), ip.dst(), ip_proto::UDP, len as u16)
-        }
-        L3::V6 => {
-            let ip = ipv6::Packet::new_unchecked(&frame[l3..]);
-            checksum::pseudo_v6(&ip.src(), &ip.dst(), ip_proto::UDP, len as u32)
-        }
-        L3::None => return,
+    let Some(pseudo) = parse::pseudo_header(frame, outer, ip_proto::UDP, end - udp_at) else {
+        return;
     };
     put16(frame, at, 0);
     let c = !checksum::fold(checksum::sum(pseudo, &frame[udp_at..end]));

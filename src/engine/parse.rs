@@ -5,7 +5,7 @@ use super::DropReason;
 use crate::ir::Tunnel;
 use crate::wire::ethernet::{self, ethertype};
 use crate::wire::{
-    be128, be16, be32, be64, geneve, icmp, ip_proto, ipv4, ipv6, tcp, udp, vlan, vxlan,
+    be128, be16, be32, be64, checksum, geneve, icmp, ip_proto, ipv4, ipv6, tcp, udp, vlan, vxlan,
 };
 
 /// VLAN tags followed at most (802.1ad + 802.1Q, and one more to be lenient).
@@ -317,6 +317,24 @@ pub fn quote_at(frame: &[u8], l: &Layers, at: usize) -> Option<Layers> {
         l4_ok: l4 + 4 <= end,
         ..*l
     })
+}
+
+/// The sum of the pseudo-header a transport checksum of `l`'s packet covers (RFC 768,
+/// RFC 9293 §3.1, RFC 8200 §8.1): its addresses, `proto` and the segment's `len`; `None`
+/// for a packet that is not IP.
+pub fn pseudo_header(frame: &[u8], l: &Layers, proto: u8, len: usize) -> Option<u32> {
+    let ip = &frame[usize::from(l.l3)..];
+    match l.l3_kind {
+        L3::V4 => {
+            let ip = ipv4::Packet::new_unchecked(ip);
+            Some(checksum::pseudo_v4(ip.src(), ip.dst(), proto, len as u16))
+        }
+        L3::V6 => {
+            let ip = ipv6::Packet::new_unchecked(ip);
+            Some(checksum::pseudo_v6(&ip.src(), &ip.dst(), proto, len as u32))
+        }
+        L3::None => None,
+    }
 }
 
 /// A symmetric hash of addresses, protocol and ports: both directions of a flow hash the

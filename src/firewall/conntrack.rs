@@ -1130,7 +1130,7 @@ impl Conntrack {
                     },
                     ip_proto::UDP => ConnState::Udp,
                     ip_proto::GRE => ConnState::Gre,
-                    ip_proto::SCTP => match sctp::open(sctp_packet(frame, l)) {
+                    ip_proto::SCTP => match sctp::open(transport(frame, l)) {
                         Ok((a, s)) => {
                             assoc = a;
                             s
@@ -1200,7 +1200,7 @@ impl Conntrack {
     fn sctp_step(&mut self, slot: usize, frame: &[u8], l: &Layers, dir: usize) -> Step {
         let e = &mut self.slots[slot];
         let assoc = self.sctp.get_mut(e.association());
-        match sctp::advance(assoc, &mut e.state, dir, sctp_packet(frame, l)) {
+        match sctp::advance(assoc, &mut e.state, dir, transport(frame, l)) {
             Ok(true) => Step::To(e.state),
             Ok(false) => Step::Ignore,
             Err(why) => Step::Invalid(why),
@@ -1257,10 +1257,11 @@ impl Conntrack {
     /// What ends with the connection in `slot`, which is about to be overwritten: its last
     /// records, ending for `reason`, and its SCTP association.
     fn discard(&mut self, slot: usize, reason: EndReason) {
-        let e = self.slots[slot];
         if self.export.is_some() {
+            let e = self.slots[slot];
             self.report(&e, reason);
         }
+        let e = &self.slots[slot];
         if is_sctp(e.state) {
             self.sctp.release(e.association());
         }
@@ -1370,26 +1371,13 @@ fn checksum_ok(frame: &[u8], l: &Layers) -> bool {
     if l.fragment || !l.l4_ok {
         return true;
     }
-    let (l3, l4) = (usize::from(l.l3), usize::from(l.l4));
-    let Some(segment) = frame.get(l4..usize::from(l.l3_end)) else {
-        return true;
-    };
-    let v6 = l.l3_kind == L3::V6;
-    let pseudo = || {
-        if v6 {
-            let addr =
-                |at: usize| -> [u8; 16] { frame[at..at + 16].try_into().expect("IPv6 header") };
-            checksum::pseudo_v6(&addr(l3 + 8), &addr(l3 + 24), l.proto, segment.len() as u32)
-        } else {
-            let addr =
-                |at: usize| -> [u8; 4] { frame[at..at + 4].try_into().expect("IPv4 header") };
-            checksum::pseudo_v4(addr(l3 + 12), addr(l3 + 16), l.proto, segment.len() as u16)
-        }
-    };
+    let segment = transport(frame, l);
     let whole = |start: u32| checksum::fold(checksum::sum(start, segment)) == 0xffff;
     match l.proto {
         ip_proto::UDP if segment.get(6..8) == Some(&[0, 0]) => true,
-        ip_proto::TCP | ip_proto::UDP | ip_proto::ICMPV6 => whole(pseudo()),
+        ip_proto::TCP | ip_proto::UDP | ip_proto::ICMPV6 => {
+            parse::pseudo_header(frame, l, l.proto, segment.len()).is_some_and(whole)
+        }
         ip_proto::ICMP => whole(0),
         ip_proto::SCTP => sctp::checksum(segment)
             .is_some_and(|c| segment[sctp::CHECKSUM_AT..sctp::HEADER_LEN] == c),
@@ -1397,8 +1385,9 @@ fn checksum_ok(frame: &[u8], l: &Layers) -> bool {
     }
 }
 
-/// An SCTP packet's common header and chunks, as far as the frame holds them.
-fn sctp_packet<'a>(frame: &'a [u8], l: &Layers) -> &'a [u8] {
+/// The transport header and payload (an SCTP packet's common header and chunks), as far as
+/// the frame holds them.
+fn transport<'a>(frame: &'a [u8], l: &Layers) -> &'a [u8] {
     frame
         .get(usize::from(l.l4)..usize::from(l.l3_end))
         .unwrap_or(&[])
@@ -2547,15 +2536,8 @@ mod tests {
             for proto in [ip_proto::TCP, ip_proto::UDP] {
                 let mut f = crate::wire::testing::frame(v6, 1, 2, proto, 5, 6, tcp::flags::SYN, 0);
                 let meta = parse::parse(&f, &Default::default()).expect("valid frame");
-                let (l3, l4) = (usize::from(meta.outer.l3), usize::from(meta.outer.l4));
-                let len = f.len() - l4;
-                let pseudo = if v6 {
-                    let a = |at: usize| -> [u8; 16] { f[at..at + 16].try_into().unwrap() };
-                    checksum::pseudo_v6(&a(l3 + 8), &a(l3 + 24), proto, len as u32)
-                } else {
-                    let a = |at: usize| -> [u8; 4] { f[at..at + 4].try_into().unwrap() };
-                    checksum::pseudo_v4(a(l3 + 12), a(l3 + 16), proto, len as u16)
-                };
+                let l4 = usize::from(meta.outer.l4);
+                let pseudo = parse::pseudo_header(&f, &meta.outer, proto, f.len() - l4).unwrap();
                 let at = l4 + if proto == ip_proto::TCP { 16 } else { 6 };
                 let sum = !checksum::fold(checksum::sum(pseudo, &f[l4..]));
                 f[at..at + 2].copy_from_slice(&sum.to_be_bytes());
