@@ -136,33 +136,10 @@ pub fn to_dot(p: &Program) -> String {
                         );
                     }
                 }
-                PipeBody::Lpm { field, entries } => {
-                    for e in entries {
-                        let label = crate::ir::display_prefix(e.value, e.len, field.kind());
-                        node(
-                            &mut out,
-                            &mut edges,
-                            format!("{pid}/{label}"),
-                            label,
-                            &e.actions,
-                        );
-                    }
-                }
-                PipeBody::Exact { fields, entries } => {
-                    for e in entries {
-                        let label: Vec<String> = fields
-                            .iter()
-                            .zip(&e.key)
-                            .map(|(f, v)| crate::ir::display_value(*v, f.kind()))
-                            .collect();
-                        let label = label.join(" ");
-                        node(
-                            &mut out,
-                            &mut edges,
-                            format!("{pid}/{label}"),
-                            label,
-                            &e.actions,
-                        );
+                PipeBody::Lpm { actions, .. } | PipeBody::Exact { actions, .. } => {
+                    for (i, list) in actions.iter().enumerate() {
+                        let label = pipe.entry_name(i);
+                        node(&mut out, &mut edges, format!("{pid}/{label}"), label, list);
                     }
                 }
             }

@@ -74,7 +74,7 @@ impl Observer for Tracer<'_> {
         if self.on() {
             let p = self.program.pipe(pipe);
             let list = match entry {
-                Some(i) => p.body.action_lists().nth(i),
+                Some(i) => p.body.action_list(i),
                 None => Some(&p.miss),
             };
             if let Some(a) = list.and_then(|l| l.0.get(index)) {

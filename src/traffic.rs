@@ -428,7 +428,9 @@ fn specs(p: &Program, port: PortId, flows: u32) -> Vec<Spec> {
                 s
             })
             .collect(),
-        PipeBody::Lpm { field, entries } => entries
+        PipeBody::Lpm {
+            field, prefixes, ..
+        } => prefixes
             .iter()
             .map(|e| {
                 let mut s = Spec::default();
@@ -443,11 +445,11 @@ fn specs(p: &Program, port: PortId, flows: u32) -> Vec<Spec> {
                 s
             })
             .collect(),
-        PipeBody::Exact { fields, entries } => entries
-            .iter()
-            .map(|e| {
+        PipeBody::Exact { fields, keys, .. } => keys
+            .chunks_exact(fields.len())
+            .map(|key| {
                 let mut s = Spec::default();
-                for (f, v) in fields.iter().zip(&e.key) {
+                for (f, v) in fields.iter().zip(key) {
                     s.apply(&FieldMatch {
                         field: *f,
                         pattern: Pattern::exact(*v, f.kind()),

@@ -295,7 +295,7 @@ impl Compiled {
         };
         let mut pipes = Vec::new();
         for pipe in &p.pipes {
-            let (body, entries): (Body, Vec<&ActionList>) = match &pipe.body {
+            let (body, (entry_list, distinct)) = match &pipe.body {
                 PipeBody::Rules(rules) => (
                     match (rules.len() >= TREE_MIN_RULES)
                         .then(|| table::rule_trees(rules))
@@ -304,21 +304,32 @@ impl Compiled {
                         Some(c) => Body::Rules(c),
                         None => Body::Scan(LinearScan::new(rules)),
                     },
-                    rules.iter().map(|r| &r.actions).collect(),
+                    intern(rules.iter().map(|r| &r.actions)),
                 ),
-                PipeBody::Exact { fields, entries } => (
-                    Body::Exact(ExactTable::new(
-                        fields,
-                        entries.iter().map(|e| e.key.clone()),
-                    )),
-                    entries.iter().map(|e| &e.actions).collect(),
+                PipeBody::Exact {
+                    fields,
+                    keys,
+                    actions,
+                } => (
+                    Body::Exact(ExactTable::new(fields, keys.chunks_exact(fields.len()))),
+                    (
+                        actions.indices().to_vec(),
+                        actions.distinct().iter().collect(),
+                    ),
                 ),
-                PipeBody::Lpm { field, entries } => (
+                PipeBody::Lpm {
+                    field,
+                    prefixes,
+                    actions,
+                } => (
                     Body::Lpm(LpmTable::new(
                         *field,
-                        entries.iter().map(|e| (e.value, e.len)),
+                        prefixes.iter().map(|p| (p.value, p.len)),
                     )),
-                    entries.iter().map(|e| &e.actions).collect(),
+                    (
+                        actions.indices().to_vec(),
+                        actions.distinct().iter().collect(),
+                    ),
                 ),
             };
             let miss = compile_list(&pipe.miss);
@@ -332,7 +343,6 @@ impl Compiled {
                 }
                 PipeBody::Lpm { .. } => false,
             };
-            let (entry_list, distinct) = intern(entries);
             let lists = distinct.into_iter().map(&mut compile_list).collect();
             pipes.push(CompiledPipe {
                 body,
@@ -846,11 +856,10 @@ enum Next {
 }
 
 /// Each list's index among the distinct lists, and those lists.
-fn intern(lists: Vec<&ActionList>) -> (Vec<u32>, Vec<&ActionList>) {
+fn intern<'a>(lists: impl Iterator<Item = &'a ActionList>) -> (Vec<u32>, Vec<&'a ActionList>) {
     let mut distinct = Vec::new();
     let mut seen = std::collections::HashMap::new();
     let index = lists
-        .into_iter()
         .map(|l| {
             *seen.entry(l).or_insert_with(|| {
                 distinct.push(l);

@@ -319,20 +319,20 @@ fn pack(fields: &[Field], values: impl IntoIterator<Item = u128>) -> Option<u128
 }
 
 impl ExactTable {
-    pub fn new(fields: &[Field], keys: impl IntoIterator<Item = Vec<u128>>) -> ExactTable {
+    pub fn new<'a>(fields: &[Field], keys: impl IntoIterator<Item = &'a [u128]>) -> ExactTable {
         let width: u32 = fields.iter().map(|f| u32::from(f.kind().bits())).sum();
         let map = if width <= 128 {
             ExactMap::Packed(PackedMap::new(
                 keys.into_iter()
                     .enumerate()
-                    .map(|(i, k)| (pack(fields, k).expect("width checked"), i))
+                    .map(|(i, k)| (pack(fields, k.iter().copied()).expect("width checked"), i))
                     .collect(),
             ))
         } else {
             ExactMap::Wide(
                 keys.into_iter()
                     .enumerate()
-                    .map(|(i, k)| (k.into_boxed_slice(), i))
+                    .map(|(i, k)| (Box::from(k), i))
                     .collect(),
             )
         };
@@ -978,7 +978,7 @@ mod tests {
         let key = |i: u128| vec![0x0a00_0000 | i, 5000 + i % 1000];
         let mut keys: Vec<Vec<u128>> = (0..n).map(key).collect();
         keys.push(key(7));
-        let table = ExactTable::new(&fields, keys);
+        let table = ExactTable::new(&fields, keys.iter().map(Vec::as_slice));
         assert!(table.batches());
         let frames: Vec<Vec<u8>> = (0..200u128)
             .map(|i| {

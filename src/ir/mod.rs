@@ -182,13 +182,15 @@ impl Pipe {
     pub fn entry_name(&self, i: usize) -> String {
         match &self.body {
             PipeBody::Rules(rules) => rules.get(i).map(|r| r.name.clone()),
-            PipeBody::Lpm { field, entries } => entries
+            PipeBody::Lpm {
+                field, prefixes, ..
+            } => prefixes
                 .get(i)
-                .map(|e| display_prefix(e.value, e.len, field.kind())),
-            PipeBody::Exact { fields, entries } => entries.get(i).map(|e| {
+                .map(|p| display_prefix(p.value, p.len, field.kind())),
+            PipeBody::Exact { fields, .. } => self.body.exact_key(i).map(|key| {
                 fields
                     .iter()
-                    .zip(&e.key)
+                    .zip(key)
                     .map(|(f, v)| display_value(*v, f.kind()))
                     .collect::<Vec<_>>()
                     .join(" ")
@@ -198,6 +200,9 @@ impl Pipe {
     }
 }
 
+/// What a pipe matches packets against. Tables hold their entries flat, keys in one array
+/// and action lists by index (see [`EntryActions`]): a million-entry table is a few
+/// allocations rather than millions, which a service keeps for as long as it runs.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PipeBody {
     /// Ordered rules, first match wins (a DOCA control or ACL pipe).
@@ -205,12 +210,16 @@ pub enum PipeBody {
     /// Exact match on a tuple of fields (a DOCA basic pipe with a hash of entries).
     Exact {
         fields: Vec<Field>,
-        entries: Vec<ExactEntry>,
+        /// Entry `i`'s key is `keys[i * fields.len()..][..fields.len()]`, one value per
+        /// field in the table's field order.
+        keys: Vec<u128>,
+        actions: EntryActions,
     },
     /// Longest-prefix match on one address field (a DOCA LPM pipe).
     Lpm {
         field: Field,
-        entries: Vec<LpmEntry>,
+        prefixes: Vec<Prefix>,
+        actions: EntryActions,
     },
 }
 
@@ -218,8 +227,7 @@ impl PipeBody {
     pub fn len(&self) -> usize {
         match self {
             PipeBody::Rules(r) => r.len(),
-            PipeBody::Exact { entries, .. } => entries.len(),
-            PipeBody::Lpm { entries, .. } => entries.len(),
+            PipeBody::Exact { actions, .. } | PipeBody::Lpm { actions, .. } => actions.len(),
         }
     }
 
@@ -227,13 +235,113 @@ impl PipeBody {
         self.len() == 0
     }
 
-    /// Every action list in the body, without the miss list.
+    /// The actions of entry `i`.
+    pub fn action_list(&self, i: usize) -> Option<&ActionList> {
+        match self {
+            PipeBody::Rules(r) => r.get(i).map(|r| &r.actions),
+            PipeBody::Exact { actions, .. } | PipeBody::Lpm { actions, .. } => actions.get(i),
+        }
+    }
+
+    /// Every action list in the body, without the miss list: each rule's, and each of a
+    /// table's distinct lists once.
     pub fn action_lists(&self) -> Box<dyn Iterator<Item = &ActionList> + '_> {
         match self {
             PipeBody::Rules(r) => Box::new(r.iter().map(|r| &r.actions)),
-            PipeBody::Exact { entries, .. } => Box::new(entries.iter().map(|e| &e.actions)),
-            PipeBody::Lpm { entries, .. } => Box::new(entries.iter().map(|e| &e.actions)),
+            PipeBody::Exact { actions, .. } | PipeBody::Lpm { actions, .. } => {
+                Box::new(actions.distinct().iter())
+            }
         }
+    }
+
+    /// The key of an exact table's entry `i`.
+    pub fn exact_key(&self, i: usize) -> Option<&[u128]> {
+        match self {
+            PipeBody::Exact { fields, keys, .. } => keys.chunks_exact(fields.len().max(1)).nth(i),
+            _ => None,
+        }
+    }
+}
+
+/// A table's action lists by entry, each distinct list kept once: the million entries of a
+/// table that all forward to one port hold one list and a million indices. Built by
+/// [`EntryActionsBuilder`] or collected from each entry's list.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct EntryActions {
+    /// Entry `i` runs `lists[of[i]]`.
+    of: Vec<u32>,
+    lists: Vec<ActionList>,
+}
+
+impl EntryActions {
+    pub fn len(&self) -> usize {
+        self.of.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.of.is_empty()
+    }
+
+    /// Entry `i`'s list.
+    pub fn get(&self, i: usize) -> Option<&ActionList> {
+        self.lists.get(*self.of.get(i)? as usize)
+    }
+
+    /// Each entry's list, in entry order.
+    pub fn iter(&self) -> impl Iterator<Item = &ActionList> {
+        self.of.iter().map(|&i| &self.lists[i as usize])
+    }
+
+    /// Each entry's index into [`EntryActions::distinct`].
+    pub fn indices(&self) -> &[u32] {
+        &self.of
+    }
+
+    /// The distinct lists, in the order their first entries came.
+    pub fn distinct(&self) -> &[ActionList] {
+        &self.lists
+    }
+}
+
+impl FromIterator<ActionList> for EntryActions {
+    fn from_iter<I: IntoIterator<Item = ActionList>>(lists: I) -> EntryActions {
+        let mut b = EntryActionsBuilder::default();
+        lists.into_iter().for_each(|l| b.push(l));
+        b.finish()
+    }
+}
+
+/// Gathers [`EntryActions`] entry by entry, finding each list among those seen.
+#[derive(Debug, Default)]
+pub struct EntryActionsBuilder {
+    actions: EntryActions,
+    seen: std::collections::HashMap<ActionList, u32>,
+}
+
+impl EntryActionsBuilder {
+    /// Room for `n` entries.
+    pub fn with_capacity(n: usize) -> EntryActionsBuilder {
+        EntryActionsBuilder {
+            actions: EntryActions {
+                of: Vec::with_capacity(n),
+                lists: Vec::new(),
+            },
+            seen: Default::default(),
+        }
+    }
+
+    /// Gives the next entry `list`.
+    pub fn push(&mut self, list: ActionList) {
+        let lists = &mut self.actions.lists;
+        let i = *self.seen.entry(list).or_insert_with_key(|list| {
+            lists.push(list.clone());
+            u32::try_from(lists.len() - 1).expect("fewer than 2^32 distinct lists")
+        });
+        self.actions.of.push(i);
+    }
+
+    pub fn finish(self) -> EntryActions {
+        self.actions
     }
 }
 
@@ -245,18 +353,12 @@ pub struct Rule {
     pub actions: ActionList,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct ExactEntry {
-    /// One value per field of the table, in the table's field order.
-    pub key: Vec<u128>,
-    pub actions: ActionList,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct LpmEntry {
+/// An LPM table entry's prefix: its first `len` bits, right-aligned in `value` as a
+/// [`Pattern`]'s values are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Prefix {
     pub value: u128,
     pub len: u8,
-    pub actions: ActionList,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -1088,7 +1088,7 @@ impl Lowerer<'_> {
                     return None;
                 }
                 let field = fields[0];
-                let mut entries: Vec<LpmEntry> = Vec::with_capacity(t.entries.len());
+                let mut actions = EntryActionsBuilder::with_capacity(t.entries.len());
                 let mut keys = Vec::with_capacity(t.entries.len());
                 let mut words = Vec::with_capacity(t.entries.len());
                 for e in &t.entries {
@@ -1108,20 +1108,15 @@ impl Lowerer<'_> {
                         ctx.failed = true;
                         continue;
                     };
-                    keys.push((value, len));
+                    keys.push(Prefix { value, len });
                     words.push(key);
                     let matched = [FieldMatch {
                         field,
                         pattern: Pattern::prefix(value, len, field.kind()),
                     }];
-                    if let Some(actions) = self.actions(&e.actions, key.span, &matched, ctx) {
-                        entries.push(LpmEntry {
-                            value,
-                            len,
-                            actions,
-                        });
-                    } else {
-                        ctx.failed = true;
+                    match self.actions(&e.actions, key.span, &matched, ctx) {
+                        Some(list) => actions.push(list),
+                        None => ctx.failed = true,
                     }
                 }
                 for (first, again) in duplicates(&keys) {
@@ -1130,7 +1125,11 @@ impl Lowerer<'_> {
                         .add_note(first.span, "first entry here");
                     ctx.failed = true;
                 }
-                Some(PipeBody::Lpm { field, entries })
+                Some(PipeBody::Lpm {
+                    field,
+                    prefixes: keys,
+                    actions: actions.finish(),
+                })
             }
             "exact" => {
                 if fields.len() > 8 {
@@ -1140,7 +1139,8 @@ impl Lowerer<'_> {
                     );
                     return None;
                 }
-                let mut entries = Vec::with_capacity(t.entries.len());
+                let mut keys = Vec::with_capacity(t.entries.len() * fields.len());
+                let mut actions = EntryActionsBuilder::with_capacity(t.entries.len());
                 let mut spans = Vec::with_capacity(t.entries.len());
                 let mut matched = Vec::with_capacity(fields.len());
                 for e in &t.entries {
@@ -1156,35 +1156,47 @@ impl Lowerer<'_> {
                         ctx.failed = true;
                         continue;
                     }
-                    let key: Option<Vec<u128>> = fields
-                        .iter()
-                        .zip(&e.key)
-                        .map(|(&f, w)| self.exact_value(f, w))
-                        .collect();
-                    let Some(key) = key else {
+                    let start = keys.len();
+                    for (&f, w) in fields.iter().zip(&e.key) {
+                        keys.extend(self.exact_value(f, w));
+                    }
+                    if keys.len() - start != fields.len() {
+                        keys.truncate(start);
                         ctx.failed = true;
                         continue;
-                    };
+                    }
                     matched.clear();
-                    matched.extend(fields.iter().zip(&key).map(|(&f, &v)| FieldMatch {
-                        field: f,
-                        pattern: Pattern::exact(v, f.kind()),
-                    }));
+                    matched.extend(
+                        fields
+                            .iter()
+                            .zip(&keys[start..])
+                            .map(|(&f, &v)| FieldMatch {
+                                field: f,
+                                pattern: Pattern::exact(v, f.kind()),
+                            }),
+                    );
                     match self.actions(&e.actions, e.key[0].span, &matched, ctx) {
-                        Some(actions) => {
-                            entries.push(ExactEntry { key, actions });
+                        Some(list) => {
+                            actions.push(list);
                             spans.push(e.key[0].span);
                         }
-                        None => ctx.failed = true,
+                        None => {
+                            keys.truncate(start);
+                            ctx.failed = true;
+                        }
                     }
                 }
-                let keys: Vec<&[u128]> = entries.iter().map(|e| &e.key[..]).collect();
-                for (first, again) in duplicates(&keys) {
+                let entry_keys: Vec<&[u128]> = keys.chunks_exact(fields.len()).collect();
+                for (first, again) in duplicates(&entry_keys) {
                     self.err(spans[again], "duplicate table key")
                         .add_note(spans[first], "first entry here");
                     ctx.failed = true;
                 }
-                Some(PipeBody::Exact { fields, entries })
+                Some(PipeBody::Exact {
+                    fields,
+                    keys,
+                    actions: actions.finish(),
+                })
             }
             other => {
                 let hint = did_you_mean(other, ["exact", "lpm"])
@@ -1485,7 +1497,7 @@ impl Lowerer<'_> {
         matched: &[FieldMatch],
         ctx: &mut PipeCtx,
     ) -> Option<ActionList> {
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(list.len());
         let mut ok = true;
         let mut terminal: Option<&ast::Action> = None;
         let mut encap: Option<&ast::Action> = None;

@@ -149,11 +149,14 @@ mod tests {
         );
         assert_eq!(p.ports[0].driver, Driver::AfXdp);
         assert_eq!(p.root_of(crate::ir::PortId(0)), Some(crate::ir::PipeId(0)));
-        let PipeBody::Lpm { entries, .. } = &p.pipes[0].body else {
+        let PipeBody::Lpm {
+            prefixes, actions, ..
+        } = &p.pipes[0].body
+        else {
             panic!()
         };
-        assert_eq!((entries[0].value, entries[0].len), (0x0a01_0000, 16));
-        let Action::Encap(e) = &entries[0].actions.0[0] else {
+        assert_eq!((prefixes[0].value, prefixes[0].len), (0x0a01_0000, 16));
+        let Action::Encap(e) = &actions.get(0).unwrap().0[0] else {
             panic!()
         };
         assert_eq!(
@@ -162,7 +165,7 @@ mod tests {
         );
         assert_eq!(e.dmac, [2, 0, 0, 0, 0, 2]);
         assert_eq!(
-            entries[0].actions.terminal(),
+            actions.get(0).unwrap().terminal(),
             &Action::Fwd(crate::ir::PortId(1))
         );
     }

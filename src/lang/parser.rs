@@ -587,7 +587,11 @@ impl<'a> Parser<'a, '_> {
             let hint = did_you_mean(&name.text, action_names());
             return Err(self.error(name.span, format!("unknown action `{}`", name.text), hint));
         };
-        let mut args = Vec::new();
+        let mut args = Vec::with_capacity(match arity {
+            Arity::One | Arity::OneOrBlock(_) => 1,
+            Arity::Two => 2,
+            Arity::Zero | Arity::Block(_) | Arity::OptionalZone => 0,
+        });
         let mut block = None;
         let what = || format!("an argument for `{}`", name.text);
         match arity {
@@ -634,7 +638,7 @@ impl<'a> Parser<'a, '_> {
         self.expect(TokenKind::LBrace, "`{`")?;
         let mut entries = Vec::new();
         while !self.at(TokenKind::RBrace) {
-            let mut key = Vec::new();
+            let mut key = Vec::with_capacity(fields.len());
             while matches!(self.peek().kind, TokenKind::Word | TokenKind::Str) {
                 key.push(self.value("a key value")?);
             }
