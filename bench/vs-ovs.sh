@@ -2,7 +2,8 @@
 # dpuflow against Open vSwitch's userspace datapath (OVS-DPDK), the same work on one core:
 # forwarding between two ports, and the VXLAN gateway's two directions (pipelines/
 # vxlan-gateway.pipe: IPv4 to 10.1.0.0/16 from the host encapsulated in VNI 100 towards
-# 192.0.2.10; VNI 100 to 192.0.2.1 from the fabric decapsulated). OVS
+# 192.0.2.10; VNI 100 to 192.0.2.1 from the fabric decapsulated), and every packet through
+# connection tracking (bench/conntrack.pipe; OVS's `ct(commit)`). OVS
 # reads the traffic dpuflow synthesises (4096 flows, 64-byte frames) from a capture its
 # pcap driver replays from memory and sends to null ports (which receive nothing); its rate
 # is the packets its forwarding thread received over the window, read from
@@ -54,6 +55,7 @@ for port in host uplink; do
     "$bin" bench pipelines/vxlan-gateway.pipe --port $port --flows 4096 --packets 8192 \
         --write "$dir/$port.pcap" >/dev/null
 done
+"$bin" bench bench/conntrack.pipe --port a --flows 4096 --packets 8192 --write "$dir/ct.pcap" >/dev/null
 
 ovsdb-tool create "$dir/conf.db" /usr/share/openvswitch/vswitch.ovsschema
 ovsdb-server "$dir/conf.db" --remote="punix:$dir/db.sock" --pidfile="$dir/ovsdb-server.pid" \
@@ -77,18 +79,21 @@ vsctl add-br br-int -- set bridge br-int datapath_type=netdev \
     -- add-port br-phy uplink -- set Interface uplink type=dpdk options:dpdk-devargs=net_null1,no-rx=1
 ip netns exec "$ns" ip addr add 192.0.2.1/24 dev br-phy
 ip netns exec "$ns" ip link set br-phy up
+ip netns exec "$ns" ip link set lo up
 appctl tnl/arp/set br-phy 192.0.2.10 02:00:00:00:00:02 >/dev/null
 
 # The ports and OpenFlow rules of each case.
 set_case() {
-    vsctl -- --if-exists del-port host -- --if-exists del-port fabric
+    vsctl -- --if-exists del-port host -- --if-exists del-port fabric -- clear Bridge br-int ipfix
     ovs-ofctl del-flows br-int
     ovs-ofctl del-flows br-phy
     ovs-ofctl add-flow br-phy "in_port=LOCAL,actions=output:uplink"
     case $1 in
-        forward | vxlan-encap)
+        forward | vxlan-encap | vxlan-encap+ipfix | conntrack)
+            local capture=host
+            if [ "$1" = conntrack ]; then capture=ct; fi
             vsctl add-port br-int host -- set Interface host type=dpdk \
-                "options:dpdk-devargs=net_pcap0,rx_pcap=$dir/host.pcap,infinite_rx=1" ;;
+                "options:dpdk-devargs=net_pcap0,rx_pcap=$dir/$capture.pcap,infinite_rx=1" ;;
         vxlan-decap)
             # The synthetic fabric traffic comes from 10.0.0.1.
             vsctl set Interface vx0 options:remote_ip=10.0.0.1 \
@@ -99,11 +104,19 @@ set_case() {
         forward) ovs-ofctl add-flow br-int "in_port=host,actions=output:out" ;;
         vxlan-encap)
             ovs-ofctl add-flow br-int "priority=10,in_port=host,ip,nw_dst=10.1.0.0/16,actions=output:vx0" ;;
+        vxlan-encap+ipfix)
+            # Flow records of every packet (OVS's per-bridge IPFIX, sampling 1 in 1) to a
+            # collector address in the namespace, as `dpuflow bench --telemetry` keeps them.
+            vsctl -- set Bridge br-int ipfix=@i -- --id=@i create IPFIX targets=\"127.0.0.1:4739\" \
+                sampling=1 obs_domain_id=1 cache_active_timeout=60 cache_max_flows=65536 >/dev/null
+            ovs-ofctl add-flow br-int "priority=10,in_port=host,ip,nw_dst=10.1.0.0/16,actions=output:vx0" ;;
         vxlan-decap)
             # Sent to br-phy's own port, VXLAN to its address leaves the tunnel (OVS's
             # userspace tunnel termination) and comes into br-int by vx0 with its VNI.
             ovs-ofctl add-flow br-phy "priority=10,in_port=fabric,actions=LOCAL"
             ovs-ofctl add-flow br-int "priority=10,in_port=vx0,actions=output:out" ;;
+        # Every packet committed to OVS's userspace connection tracker, then forwarded.
+        conntrack) ovs-ofctl add-flow br-int "priority=10,in_port=host,ip,actions=ct(commit),output:out" ;;
     esac
     ovs-ofctl add-flow br-int "priority=0,actions=drop"
     ovs-ofctl add-flow br-phy "priority=0,actions=drop"
@@ -124,8 +137,9 @@ ovs_rate() {
 }
 
 dpuflow_rate() {
+    # shellcheck disable=SC2086 # the flags are words
     taskset -c "$core" "$bin" bench "$1" --port "$2" --size 64 --flows 4096 \
-        --packets $((seconds * 20000000)) | sed -n 's/.*: \([0-9.]*\) Mpps.*/\1/p'
+        --packets $((seconds * 20000000)) $3 | sed -n 's/.*: \([0-9.]*\) Mpps.*/\1/p'
 }
 
 sleep 3
@@ -140,22 +154,23 @@ if command -v dpdk-testpmd >/dev/null; then
     printf 'drivers alone (dpdk-testpmd io, capture to null): %s Mpps\n' \
         "$(awk '/Rx-pps:/ && $2 > 0 {r = $2} END {printf "%.2f", r / 1e6}' "$dir/testpmd.log")"
 fi
-printf '%-12s %5s %12s %12s %7s\n' case round "OVS (Mpps)" "dpuflow" "ratio"
+printf '%-17s %5s %12s %12s %7s\n' case round "OVS (Mpps)" "dpuflow" "ratio"
 for c in "forward bench/forward.pipe a" "vxlan-encap pipelines/vxlan-gateway.pipe host" \
-         "vxlan-decap pipelines/vxlan-gateway.pipe uplink"; do
-    read -r name pipe port <<<"$c"
+         "vxlan-decap pipelines/vxlan-gateway.pipe uplink" "conntrack bench/conntrack.pipe a" \
+         "vxlan-encap+ipfix pipelines/vxlan-gateway.pipe host --telemetry"; do
+    read -r name pipe port flags <<<"$c"
     kill -CONT "$(cat "$dir/vswitchd.pid")"
     set_case "$name"
     kill -STOP "$(cat "$dir/vswitchd.pid")"
     ratios=()
     for r in $(seq "$rounds"); do
         o=$(ovs_rate)
-        d=$(dpuflow_rate "$pipe" "$port")
+        d=$(dpuflow_rate "$pipe" "$port" "$flags")
         ratio=$(awk -v a="$d" -v b="$o" 'BEGIN {printf "%.2f", a / b}')
         ratios+=("$ratio")
-        printf '%-12s %5s %12s %12s %7s\n' "$name" "$r" "$o" "$d" "$ratio"
+        printf '%-17s %5s %12s %12s %7s\n' "$name" "$r" "$o" "$d" "$ratio"
     done
-    printf '%-12s median ratio dpuflow / OVS: %s\n' "$name" \
+    printf '%-17s median ratio dpuflow / OVS: %s\n' "$name" \
         "$(printf '%s\n' "${ratios[@]}" | sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')"
     # What OVS's datapath did with the case's packets (the tunnel header it pushed).
     kill -CONT "$(cat "$dir/vswitchd.pid")"
