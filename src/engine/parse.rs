@@ -193,6 +193,7 @@ fn layers(frame: &[u8], at: usize, l: &mut Layers) -> Result<(), DropReason> {
         let whole = match l.proto {
             ip_proto::TCP => tcp::Packet::new_checked(seg).is_ok(),
             ip_proto::UDP => udp::Packet::new_checked(seg).is_ok(),
+            ip_proto::UDPLITE => seg.len() >= udp::HEADER_LEN,
             ip_proto::ICMP | ip_proto::ICMPV6 => icmp::Packet::new_checked(seg).is_ok(),
             // SCTP: only the 4 port bytes are read.
             ip_proto::SCTP => seg.len() >= 12,
@@ -214,14 +215,14 @@ pub fn l4_fields(frame: &[u8], l: &Layers) -> bool {
 }
 
 /// Whether a fragment is its datagram's first and holds the whole L4 header (a TCP
-/// header's 20 bytes, UDP's 8, SCTP's common header, ICMP's 8). Out of line: fragments
+/// header's 20 bytes, UDP's and UDP-Lite's 8, SCTP's common header, ICMP's 8). Out of line: fragments
 /// are rare.
 #[cold]
 #[inline(never)]
 fn first_fragment_head(frame: &[u8], l: &Layers) -> bool {
     let needs = match l.proto {
         ip_proto::TCP => 20,
-        ip_proto::UDP => udp::HEADER_LEN,
+        ip_proto::UDP | ip_proto::UDPLITE => udp::HEADER_LEN,
         ip_proto::SCTP => 12,
         ip_proto::ICMP | ip_proto::ICMPV6 => icmp::HEADER_LEN,
         _ => 0,

@@ -67,7 +67,8 @@ reasons! {
         TcpSeq => "tcp_seq", "a TCP segment starting past what the receiver's window allows";
         TcpAck => "tcp_ack", "a TCP acknowledgement of data never sent";
         TcpRst => "tcp_rst", "a TCP RST before what its peer acknowledged";
-        Checksum => "checksum", "a TCP, UDP, ICMP, ICMPv6 or SCTP checksum that is wrong (verified with `checksum on`)";
+        Checksum => "checksum", "a TCP, UDP, UDP-Lite, ICMP, ICMPv6 or SCTP checksum that is wrong (verified with `checksum on`)";
+        UdpliteHeader => "udplite_header", "a UDP-Lite datagram whose checksum coverage is shorter than its header or longer than the datagram, or that has no checksum (RFC 3828 §3.1)";
         SctpChunks => "sctp_chunks", "an SCTP packet without chunks, or with one misplaced (INIT, INIT ACK and SHUTDOWN COMPLETE go alone, COOKIE ECHO and COOKIE ACK first) or of length zero";
         SctpVtag => "sctp_vtag", "an SCTP packet whose verification tag is not the one its association expects";
         SctpState => "sctp_state", "an SCTP chunk that opens no association, or that its association's state does not allow";
@@ -1128,7 +1129,8 @@ impl Conntrack {
                         Some(s) => s,
                         None => return self.invalid(Invalid::TcpOpen),
                     },
-                    ip_proto::UDP => ConnState::Udp,
+                    // UDP-Lite takes UDP's states and timeouts, as in Linux.
+                    ip_proto::UDP | ip_proto::UDPLITE => ConnState::Udp,
                     ip_proto::GRE => ConnState::Gre,
                     ip_proto::SCTP => match sctp::open(transport(frame, l)) {
                         Ok((a, s)) => {
@@ -1378,11 +1380,36 @@ fn checksum_ok(frame: &[u8], l: &Layers) -> bool {
         ip_proto::TCP | ip_proto::UDP | ip_proto::ICMPV6 => {
             parse::pseudo_header(frame, l, l.proto, segment.len()).is_some_and(whole)
         }
+        // RFC 3828 §3.1: over the pseudo-header (of the whole datagram's length) and the
+        // first `coverage` bytes, 0 meaning all of them; `udplite_header_ok` has checked it.
+        ip_proto::UDPLITE => {
+            let covered = match usize::from(be16(segment, 4)) {
+                0 => segment,
+                c => segment.get(..c).unwrap_or(segment),
+            };
+            parse::pseudo_header(frame, l, l.proto, segment.len())
+                .is_some_and(|start| checksum::fold(checksum::sum(start, covered)) == 0xffff)
+        }
         ip_proto::ICMP => whole(0),
         ip_proto::SCTP => sctp::checksum(segment)
             .is_some_and(|c| segment[sctp::CHECKSUM_AT..sctp::HEADER_LEN] == c),
         _ => true,
     }
+}
+
+/// Whether a UDP-Lite header is one Linux tracks (RFC 3828 §3.1): its checksum coverage 0
+/// (the whole datagram) or at least the header and at most the datagram, and a checksum
+/// (UDP-Lite has no "none"). A fragment's coverage is checked against the header only: its
+/// datagram's length is not known here.
+fn udplite_header_ok(frame: &[u8], l: &Layers) -> bool {
+    let segment = transport(frame, l);
+    let (Some(&[c0, c1]), Some(check)) = (segment.get(4..6), segment.get(6..8)) else {
+        return false;
+    };
+    let coverage = usize::from(u16::from_be_bytes([c0, c1]));
+    let covers = coverage == 0
+        || (coverage >= crate::wire::udp::HEADER_LEN && (l.fragment || coverage <= segment.len()));
+    covers && check != [0, 0]
 }
 
 /// The transport header and payload (an SCTP packet's common header and chunks), as far as
@@ -1519,6 +1546,13 @@ fn tuple(frame: &[u8], l: &Layers) -> Result<Tuple, NoTuple> {
             t.tcp_flags = frame[l4 + 13];
         }
         ip_proto::UDP | ip_proto::SCTP => {
+            t.sport = be16(frame, l4);
+            t.dport = be16(frame, l4 + 2);
+        }
+        ip_proto::UDPLITE => {
+            if !udplite_header_ok(frame, l) {
+                return Err(NoTuple::Invalid(Invalid::UdpliteHeader));
+            }
             t.sport = be16(frame, l4);
             t.dport = be16(frame, l4 + 2);
         }
@@ -1673,7 +1707,7 @@ fn quoted_tuple(frame: &[u8], l: &Layers, at: usize) -> Option<Tuple> {
         fragment: None,
     };
     match proto {
-        ip_proto::TCP | ip_proto::UDP | ip_proto::SCTP => {
+        ip_proto::TCP | ip_proto::UDP | ip_proto::SCTP | ip_proto::UDPLITE => {
             t.sport = u16::from_be_bytes([ports[0], ports[1]]);
             t.dport = u16::from_be_bytes([ports[2], ports[3]]);
         }
@@ -2564,6 +2598,43 @@ mod tests {
                     ct.verify_checksums();
                     assert_eq!(tracked_state(&mut ct, &wrong, 1), CtState::New);
                 }
+            }
+        }
+    }
+
+    /// A UDP-Lite checksum covers the pseudo-header (protocol 136, the whole datagram's
+    /// length) and the bytes its coverage says, no more (RFC 3828 §3.1): a byte past the
+    /// coverage may change, one within may not, and a sum over a pseudo-header of protocol
+    /// 17 (what Linux's conntrack computes) is wrong.
+    #[test]
+    fn udplite_checksums_cover_what_the_header_says() {
+        use crate::wire::checksum;
+        for v6 in [false, true] {
+            let datagram = [[0x13, 0x88, 0x1b, 0x59, 0, 8, 0, 0].as_slice(), b"payload"].concat();
+            let f = crate::wire::testing::ip_frame(v6, 1, 2, ip_proto::UDPLITE, 0, &datagram);
+            let meta = parse::parse(&f, &Default::default()).expect("valid frame");
+            let l4 = usize::from(meta.outer.l4);
+            let summed = |proto: u8| {
+                let pseudo = parse::pseudo_header(&f, &meta.outer, proto, f.len() - l4).unwrap();
+                let mut g = f.clone();
+                let sum = !checksum::fold(checksum::sum(pseudo, &f[l4..l4 + 8]));
+                g[l4 + 6..l4 + 8].copy_from_slice(&sum.to_be_bytes());
+                g
+            };
+            let right = summed(ip_proto::UDPLITE);
+            let mut past_coverage = right.clone();
+            past_coverage[l4 + 9] ^= 1;
+            let mut within = right.clone();
+            within[l4] ^= 1;
+            for (frame, want) in [
+                (&right, CtState::New),
+                (&past_coverage, CtState::New),
+                (&within, CtState::Invalid),
+                (&summed(ip_proto::UDP), CtState::Invalid),
+            ] {
+                let mut ct = Conntrack::new(16, CtTimeouts::default());
+                ct.verify_checksums();
+                assert_eq!(tracked_state(&mut ct, frame, 1), want, "v6 {v6}");
             }
         }
     }

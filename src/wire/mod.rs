@@ -73,11 +73,13 @@ pub mod ip_proto {
     pub const IPV6_NO_NEXT: u8 = 59;
     pub const IPV6_DEST_OPTS: u8 = 60;
     pub const SCTP: u8 = 132;
+    /// UDP-Lite (RFC 3828): UDP's header, its length field the checksum's coverage.
+    pub const UDPLITE: u8 = 136;
 
     /// Whether the protocol's header starts with source and destination ports (TCP, UDP,
-    /// SCTP): the transport ports of a 5-tuple.
+    /// SCTP, UDP-Lite): the transport ports of a 5-tuple.
     pub const fn has_ports(proto: u8) -> bool {
-        matches!(proto, TCP | UDP | SCTP)
+        matches!(proto, TCP | UDP | SCTP | UDPLITE)
     }
 
     /// ICMP (RFC 792) or ICMPv6 (RFC 4443): a header that starts with a type and a code.
