@@ -9,8 +9,8 @@
 # is the packets its forwarding thread received over the window, read from
 # `dpif-netdev/pmd-stats-show`.
 # Rounds alternate the two, pinned to the same core; OVS is stopped while dpuflow runs.
-# Needs root (hugepages, a network namespace for OVS's tunnel bridge) and
-# openvswitch-switch-dpdk. Usage: bench/vs-ovs.sh [ROUNDS] [SECONDS]
+# Needs root (hugepages, a network namespace for OVS's tunnel bridge),
+# openvswitch-switch-dpdk and dpdk-testpmd (dpdk-dev). Usage: bench/vs-ovs.sh [ROUNDS] [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-5}
@@ -37,16 +37,19 @@ stop_ovs() {
     done
     sleep 1
 }
+hugepages=$(cat /proc/sys/vm/nr_hugepages)
 cleanup() {
     stop_ovs
     ip netns del "$ns" 2>/dev/null || true
     rm -rf "$dir"
+    echo "$hugepages" >/proc/sys/vm/nr_hugepages
 }
 trap cleanup EXIT
 
-# OVS-DPDK takes its packet memory from hugepages: 1 GiB of 2 MiB pages.
-if [ "$(awk '/HugePages_Free/ {print $2}' /proc/meminfo)" -lt 512 ]; then
-    echo $(( $(awk '/HugePages_Total/ {print $2}' /proc/meminfo) + 512 )) >/proc/sys/vm/nr_hugepages
+# OVS-DPDK and dpdk-testpmd take their packet memory from hugepages: 1 GiB and 512 MiB of
+# 2 MiB pages, given back at exit.
+if [ "$(awk '/HugePages_Free/ {print $2}' /proc/meminfo)" -lt 768 ]; then
+    echo $((hugepages + 768)) >/proc/sys/vm/nr_hugepages
 fi
 mountpoint -q /dev/hugepages || { mkdir -p /dev/hugepages; mount -t hugetlbfs nodev /dev/hugepages; }
 ip netns add "$ns"
@@ -148,9 +151,9 @@ kill -STOP "$(cat "$dir/vswitchd.pid")"
 # The floor under OVS's figures: dpdk-testpmd moving the same capture to a null port with
 # the same drivers on the same core, no datapath between.
 if command -v dpdk-testpmd >/dev/null; then
-    timeout -s INT "$((seconds + 3))" dpdk-testpmd -l "0,$core" --no-pci -m 512 --file-prefix="dpuflow-testpmd-$$" \
+    timeout -s INT "$((seconds + 5))" dpdk-testpmd -l "0,$core" --no-pci -m 512 --file-prefix="dpuflow-testpmd-$$" \
         --vdev "net_pcap0,rx_pcap=$dir/host.pcap,infinite_rx=1" --vdev net_null0,no-rx=1 -- \
-        --forward-mode=io --stats-period 1 >"$dir/testpmd.log" 2>&1 || true
+        --forward-mode=io --total-num-mbufs=32768 --stats-period 1 >"$dir/testpmd.log" 2>&1 || true
     printf 'drivers alone (dpdk-testpmd io, capture to null): %s Mpps\n' \
         "$(awk '/Rx-pps:/ && $2 > 0 {r = $2} END {printf "%.2f", r / 1e6}' "$dir/testpmd.log")"
 fi
