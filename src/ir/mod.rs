@@ -977,4 +977,28 @@ mod tests {
         assert!(Pattern::Masked { value: 0, mask: 0 }.covers(&r, PORT));
         assert!(Pattern::Range { lo: 0, hi: 65535 }.covers(&set, PORT));
     }
+
+    proptest::proptest! {
+        /// A table's action lists come back entry by entry as they were given, each
+        /// distinct list is kept once, and in the order its first entry came.
+        #[test]
+        fn entry_actions_keep_each_entrys_list(picks in proptest::collection::vec(0u8..6, 0..200)) {
+            let list = |p: u8| ActionList(vec![Action::Mark(u32::from(p)), Action::Drop]);
+            let actions: EntryActions = picks.iter().map(|&p| list(p)).collect();
+            proptest::prop_assert_eq!(actions.len(), picks.len());
+            for (i, &p) in picks.iter().enumerate() {
+                proptest::prop_assert_eq!(actions.get(i), Some(&list(p)));
+            }
+            proptest::prop_assert!(actions.iter().eq(picks.iter().map(|&p| list(p)).collect::<Vec<_>>().iter()));
+            let mut firsts: Vec<u8> = Vec::new();
+            for &p in &picks {
+                if !firsts.contains(&p) {
+                    firsts.push(p);
+                }
+            }
+            let want: Vec<ActionList> = firsts.into_iter().map(list).collect();
+            proptest::prop_assert_eq!(actions.distinct(), &want[..]);
+            proptest::prop_assert_eq!(actions.get(picks.len()), None);
+        }
+    }
 }
