@@ -300,8 +300,10 @@ wrpcap("in.pcap", pkts)
 }
 
 /// An IPv6 address rewrite on ICMPv6 patches its checksum (it covers the IPv6
-/// pseudo-header), and an SCTP port rewrite recomputes the packet's CRC32c: both were left
-/// stale. tshark validates both (SCTP's CRC32c when asked).
+/// pseudo-header), an SCTP port rewrite recomputes the packet's CRC32c, and address and
+/// port rewrites on UDP-Lite patch its checksum (over the pseudo-header, of protocol 136,
+/// and the bytes its coverage names: RFC 3828 §3.1): all were left stale. tshark
+/// validates them (SCTP's CRC32c and UDP-Lite's checksum when asked).
 #[test]
 fn icmpv6_and_sctp_rewrites_keep_their_checksums_valid() {
     let dir = Scratch::new("pseudo-header-rewrite");
@@ -313,6 +315,19 @@ pkts = [
     Ether()/IP(src="10.0.0.1", dst="10.0.0.2")/SCTP(sport=1000, dport=2000)/SCTPChunkData(data=b"chunk"),
     Ether()/IPv6(src="2001:db8::1", dst="2001:db8::2")/SCTP(sport=1000, dport=2000)/SCTPChunkData(data=b"chunk6"),
 ]
+def udplite(v6, cov):
+    import socket, struct
+    src, dst = ("2001:db8::1", "2001:db8::2") if v6 else ("10.0.0.1", "10.0.0.2")
+    h = struct.pack("!HHHH", 1000, 2000, cov, 0) + b"lite payload"
+    if v6:
+        pseudo = socket.inet_pton(socket.AF_INET6, src) + socket.inet_pton(socket.AF_INET6, dst) + struct.pack("!I3xB", len(h), 136)
+        l3 = IPv6(src=src, dst=dst, nh=136)
+    else:
+        pseudo = socket.inet_aton(src) + socket.inet_aton(dst) + struct.pack("!xBH", 136, len(h))
+        l3 = IP(src=src, dst=dst, proto=136)
+    check = checksum(pseudo + h[:cov or len(h)]) or 0xffff
+    return Ether()/l3/Raw(h[:6] + struct.pack("!H", check) + h[8:])
+pkts += [udplite(False, 8), udplite(False, 0), udplite(True, 12)]
 for i, p in enumerate(pkts):
     p.time = 100 + i
 wrpcap("in.pcap", pkts)
@@ -321,20 +336,36 @@ wrpcap("in.pcap", pkts)
     let out = replay_through(&dir, "tests/data/pseudo-header-rewrite.pipe");
     let fields = tshark_table(
         &out,
-        &["-o", "sctp.checksum:CRC-32C"],
+        &[
+            "-o",
+            "sctp.checksum:CRC-32C",
+            "-o",
+            "udplite.check_checksum:TRUE",
+        ],
         ';',
         &[
             "icmpv6.checksum.status",
             "sctp.checksum.status",
+            "udp.checksum.status",
+            "ip.dst",
             "ipv6.dst",
             "sctp.dstport",
+            "udp.srcport",
+            "udp.dstport",
         ],
     );
     // Checksum status 1: good.
     let rows: Vec<&str> = fields.lines().collect();
     assert_eq!(
         rows,
-        ["1;;2001:db8::99;", ";1;;9999", ";1;2001:db8::2;9999"],
+        [
+            "1;;;;2001:db8::99;;;",
+            ";1;;10.0.0.2;;9999;;",
+            ";1;;;2001:db8::2;9999;;",
+            ";;1;10.0.0.99;;;1000;9999",
+            ";;1;10.0.0.99;;;1000;9999",
+            ";;1;;2001:db8::99;;7777;2000",
+        ],
         "{fields}"
     );
 }

@@ -258,6 +258,9 @@ fn l4_checksum_at(frame: &[u8], l: &Layers) -> Option<usize> {
     let at = match l.proto {
         ip_proto::TCP => l4 + 16,
         ip_proto::UDP if l.l3_kind == L3::V6 || frame.get(l4 + 6..l4 + 8)? != [0, 0] => l4 + 6,
+        // UDP-Lite's checksum always covers the pseudo-header and the header (RFC 3828
+        // §3.1), whatever else its coverage leaves out.
+        ip_proto::UDPLITE => l4 + 6,
         // ICMPv6 covers the IPv6 pseudo-header (RFC 4443 §2.3); ICMP for IPv4 does not.
         ip_proto::ICMPV6 if l.l3_kind == L3::V6 => l4 + 2,
         _ => return None,
@@ -268,8 +271,9 @@ fn l4_checksum_at(frame: &[u8], l: &Layers) -> Option<usize> {
 fn patch_l4(frame: &mut [u8], l: &Layers, old: &[u8], new: &[u8]) {
     if let Some(at) = l4_checksum_at(frame, l) {
         let c = checksum::update_bytes(be16(frame, at), old, new);
-        // A computed UDP checksum of zero is sent as all ones (RFC 768).
-        let c = if c == 0 && l.proto == ip_proto::UDP {
+        // A computed UDP or UDP-Lite checksum of zero is sent as all ones (RFC 768, RFC
+        // 3828 §3.1).
+        let c = if c == 0 && matches!(l.proto, ip_proto::UDP | ip_proto::UDPLITE) {
             0xffff
         } else {
             c
@@ -370,7 +374,7 @@ fn rewrite(frame: &mut [u8], l: &Layers, field: Field, value: u128) {
             let ok = match field.id {
                 FieldId::TcpSrc | FieldId::TcpDst => is(ip_proto::TCP),
                 FieldId::UdpSrc | FieldId::UdpDst => is(ip_proto::UDP),
-                _ => is(ip_proto::TCP) || is(ip_proto::UDP) || is(ip_proto::SCTP),
+                _ => ip_proto::has_ports(l.proto),
             };
             let off = if matches!(field.id, FieldId::L4Src | FieldId::TcpSrc | FieldId::UdpSrc) {
                 0

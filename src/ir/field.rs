@@ -243,7 +243,7 @@ pub const FIELDS: &[FieldInfo] = &[
         int(16),
         true,
         true,
-        "TCP, UDP or SCTP source port, whichever is present",
+        "TCP, UDP, SCTP or UDP-Lite source port, whichever is present",
     ),
     f(
         FieldId::L4Dst,
@@ -251,7 +251,7 @@ pub const FIELDS: &[FieldInfo] = &[
         int(16),
         true,
         true,
-        "TCP, UDP or SCTP destination port, whichever is present",
+        "TCP, UDP, SCTP or UDP-Lite destination port, whichever is present",
     ),
     f(
         FieldId::TcpSrc,
