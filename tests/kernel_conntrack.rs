@@ -134,7 +134,7 @@ def scenarios(v6):
         c(SCTP(sport=44020, dport=38412, tag=0, chksum=0x1234)/init),
         c(UDP(sport=42021, dport=7000, chksum=0)/Raw(b"no sum")),
     ]
-  def udplite(side, sp, dp, data=b"lite", cov=0, check=None):
+  def udplite(side, sp, dp, data=b"lite", cov=0, check=None, cut=None):
     # A UDP-Lite datagram (RFC 3828 §3.1): its checksum covers the pseudo-header and the
     # datagram's first `cov` bytes (0: all of them), and may not be zero.
     src, dst = (C, S) if side == "c" else (S, C)
@@ -147,7 +147,7 @@ def scenarios(v6):
         l3 = IP(src=src, dst=dst, ttl=64, proto=136)
     if check is None:
         check = checksum(pseudo + h[:cov or len(h)]) or 0xffff
-    return (side, (EC if side == "c" else ES)/l3/Raw(h[:6] + struct.pack("!H", check) + h[8:]))
+    return (side, (EC if side == "c" else ES)/l3/Raw((h[:6] + struct.pack("!H", check) + h[8:])[:cut]))
   return body(c, s, echo, unreachable, quoted_udp, quoted_fragment, cf, sf, link_local, queries, errors_about_others,
               c_opt, s_opt, bad_checksums, udplite)
 
@@ -308,10 +308,11 @@ def body(c, s, echo, unreachable, quoted_udp, quoted_fragment, cf, sf, link_loca
       udplite("s", 7001, 45002), udplite("c", 45001, 7001),
   ]
   # What Linux refuses of UDP-Lite whether it verifies checksums or not: a coverage shorter
-  # than the header or past its end, no checksum; a coverage of the header alone is fine.
+  # than the header or past its end, no checksum, a header cut short; a coverage of the
+  # header alone is fine.
   sc["udplite_refused"] = [
       udplite("c", 45003, 7001, cov=4), udplite("c", 45004, 7001, cov=200),
-      udplite("c", 45005, 7001, check=0),
+      udplite("c", 45005, 7001, check=0), udplite("c", 45006, 7001, data=b"", cut=6),
       udplite("c", 45007, 7001, cov=8), udplite("c", 45007, 7001, b"more data", cov=8),
   ]
   sc["syn_flood"] = [c(tcp(43000 + i, 80, "S", 1000 + i)) for i in range(50)]
