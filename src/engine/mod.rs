@@ -22,7 +22,9 @@ pub use packet::{PacketBuf, DEFAULT_MAX_FRAME, HEADROOM};
 pub use reload::Renumbering;
 
 use crate::firewall::conntrack::{Conntrack, Lookup, Probe};
-use crate::ir::{self, Action, ActionList, PipeBody, PipeId, PortId, ServiceId, Telemetry};
+use crate::ir::{
+    self, Action, ActionList, EntryActions, PipeBody, PipeId, PortId, ServiceId, Telemetry,
+};
 use crate::telemetry::flows::{FlowCache, FlowProbe, FlowRecord, FlowStats};
 use crate::telemetry::sampling::Sampler;
 use field::PacketState;
@@ -295,27 +297,27 @@ impl Compiled {
         };
         let mut pipes = Vec::new();
         for pipe in &p.pipes {
-            let (body, (entry_list, distinct)) = match &pipe.body {
-                PipeBody::Rules(rules) => (
-                    match (rules.len() >= TREE_MIN_RULES)
+            // Rules' lists are found among the distinct ones here; tables come with theirs.
+            let rule_actions: EntryActions;
+            let (body, actions) = match &pipe.body {
+                PipeBody::Rules(rules) => {
+                    rule_actions = rules.iter().map(|r| r.actions.clone()).collect();
+                    let body = match (rules.len() >= TREE_MIN_RULES)
                         .then(|| table::rule_trees(rules))
                         .flatten()
                     {
                         Some(c) => Body::Rules(c),
                         None => Body::Scan(LinearScan::new(rules)),
-                    },
-                    intern(rules.iter().map(|r| &r.actions)),
-                ),
+                    };
+                    (body, &rule_actions)
+                }
                 PipeBody::Exact {
                     fields,
                     keys,
                     actions,
                 } => (
                     Body::Exact(ExactTable::new(fields, keys.chunks_exact(fields.len()))),
-                    (
-                        actions.indices().to_vec(),
-                        actions.distinct().iter().collect(),
-                    ),
+                    actions,
                 ),
                 PipeBody::Lpm {
                     field,
@@ -326,10 +328,7 @@ impl Compiled {
                         *field,
                         prefixes.iter().map(|p| (p.value, p.len)),
                     )),
-                    (
-                        actions.indices().to_vec(),
-                        actions.distinct().iter().collect(),
-                    ),
+                    actions,
                 ),
             };
             let miss = compile_list(&pipe.miss);
@@ -343,10 +342,10 @@ impl Compiled {
                 }
                 PipeBody::Lpm { .. } => false,
             };
-            let lists = distinct.into_iter().map(&mut compile_list).collect();
+            let lists = actions.distinct().iter().map(&mut compile_list).collect();
             pipes.push(CompiledPipe {
                 body,
-                entry_list,
+                entry_list: actions.indices().to_vec(),
                 lists,
                 miss,
                 reads_ct,
@@ -853,21 +852,6 @@ struct CtLookup {
 enum Next {
     Goto(PipeId),
     Done(Verdict),
-}
-
-/// Each list's index among the distinct lists, and those lists.
-fn intern<'a>(lists: impl Iterator<Item = &'a ActionList>) -> (Vec<u32>, Vec<&'a ActionList>) {
-    let mut distinct = Vec::new();
-    let mut seen = std::collections::HashMap::new();
-    let index = lists
-        .map(|l| {
-            *seen.entry(l).or_insert_with(|| {
-                distinct.push(l);
-                (distinct.len() - 1) as u32
-            })
-        })
-        .collect();
-    (index, distinct)
 }
 
 /// The packets whose bits are set in `staged`, in order.
