@@ -1,7 +1,7 @@
 //! dpuflow: packet pipelines for NVIDIA BlueField DPUs.
 //!
 //! Data flows one way: pipeline text ([`lang`]) → validated program ([`ir`]) → a backend
-//! (the software engine, or a DOCA Flow plan) → packets. [`graph`] renders a program for
+//! (the software [`engine`], or a DOCA Flow plan, [`doca`]) → packets. [`graph`] renders a program for
 //! people.
 
 #![deny(unsafe_code)]
@@ -41,6 +41,7 @@ macro_rules! reasons {
 
 pub mod bench;
 pub mod daemon;
+pub mod doca;
 pub mod engine;
 pub mod firewall;
 pub mod graph;

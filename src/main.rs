@@ -42,6 +42,15 @@ enum Command {
         /// Pipeline file.
         file: PathBuf,
     },
+    /// Print the DOCA Flow plan of a pipeline: the pipes, templates and entries the DOCA
+    /// backend creates on a BlueField, and the pipes it leaves to the software backend.
+    ///
+    /// Every port is planned as a DOCA port, whatever its driver.
+    #[command(after_help = "Example:\n  dpuflow plan pipelines/vxlan-gateway.pipe")]
+    Plan {
+        /// Pipeline file.
+        file: PathBuf,
+    },
     /// Run capture files through a pipeline with the software engine.
     ///
     /// Inputs are merged in timestamp order (ties go to the input named first); time in
@@ -297,6 +306,13 @@ fn main() -> ExitCode {
         Command::Acl { command } => acl(command),
         Command::Check { files, format } => check(&files, format),
         Command::Graph { file } => graph(&file),
+        Command::Plan { file } => match load(&file) {
+            Ok(p) => {
+                print!("{}", dpuflow::doca::plan(&p));
+                ExitCode::SUCCESS
+            }
+            Err(code) => code,
+        },
         Command::Replay {
             pipeline,
             inputs,

@@ -1,0 +1,900 @@
+//! A validated program lowered to DOCA Flow: the pipes to create on the NIC, each with its
+//! match template, action templates, entries and forwarding, in the order they are
+//! created (a pipe after every pipe it forwards to); and the pipeline's pipes that stay
+//! with the software backend on the Arm cores, each with the reason.
+//!
+//! The shapes follow DOCA Flow 3.0 in switch mode, as a BlueField runs it: every port's
+//! packets enter one root pipe on the switch port, which sends each to its port's root
+//! pipe by `parser_meta.port_id`; a pipe's miss goes to another pipe or drops (`fwd_miss`
+//! takes nothing else, so a `default` that does more becomes a pipe of its own, or a
+//! control pipe's last entry); a pipe's actions apply in a fixed order (decap, pop, meta,
+//! outer modify, tunnel modify, push, encap), so an action list in another order does not
+//! fit one pipe.
+
+use std::fmt::{self, Write as _};
+
+use super::fields::{match_place, set_place, Context, Place, Selector};
+use crate::ir::{
+    Action, ActionList, Encap, Field, Pattern, PipeBody, PipeId, PortId, Program, ServiceId, Tunnel,
+};
+
+/// A control pipe's priorities: 0 (first) to 7 (last), as NVIDIA documents them.
+pub const CONTROL_PRIORITIES: usize = 8;
+
+/// Entries one rule may expand to (sets, ranges as prefixes, both IP versions).
+pub const ENTRIES_PER_RULE: usize = 64;
+
+/// The index of a pipe in [`Plan::pipes`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HwId(pub usize);
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub name: String,
+    /// In creation order: each after every pipe it forwards to.
+    pub pipes: Vec<HwPipe>,
+    /// The root pipe, last created: an entry a port, to its pipeline root.
+    pub root: HwId,
+    /// The pipeline's pipes the software backend runs, and why each is not in hardware.
+    pub software: Vec<(PipeId, String)>,
+    /// Shared encapsulation resources (`DOCA_FLOW_SHARED_RESOURCE_ENCAP`), by id.
+    pub encaps: Vec<Encap>,
+    /// Things an operator should know that are not errors.
+    pub notes: Vec<String>,
+    /// The pipeline's port, pipe and service names, by id, for people.
+    names: Names,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Names {
+    ports: Vec<String>,
+    pipes: Vec<String>,
+    services: Vec<String>,
+}
+
+impl Plan {
+    /// Non-shared counters the entries use (`doca_flow_cfg_set_nr_counters`).
+    pub fn counters(&self) -> usize {
+        self.pipes.iter().map(HwPipe::counters).sum()
+    }
+}
+
+/// DOCA Flow pipe types (`enum doca_flow_pipe_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PipeType {
+    Basic,
+    Control,
+    Lpm,
+}
+
+impl PipeType {
+    pub fn c_name(self) -> &'static str {
+        match self {
+            PipeType::Basic => "DOCA_FLOW_PIPE_BASIC",
+            PipeType::Control => "DOCA_FLOW_PIPE_CONTROL",
+            PipeType::Lpm => "DOCA_FLOW_PIPE_LPM",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct HwPipe {
+    pub name: String,
+    pub kind: PipeType,
+    pub root: bool,
+    /// The pipeline pipe this is (part of); none for the root pipe.
+    pub of: Option<PipeId>,
+    /// The match template: members fixed for the whole pipe and members each entry sets
+    /// (all ones in the template, DOCA Flow's "changeable"). Control pipes have none:
+    /// each entry brings its own match and mask.
+    pub template: Vec<TemplateItem>,
+    /// Action templates, by `action_idx`.
+    pub actions: Vec<ActionTemplate>,
+    pub entries: Entries,
+    /// `fwd_miss`: another pipe or drop.
+    pub miss: Fwd,
+}
+
+impl HwPipe {
+    fn counters(&self) -> usize {
+        match &self.entries {
+            Entries::Listed(es) => es.iter().filter(|e| self.actions[e.action].counter).count(),
+            Entries::Table { indices } => indices
+                .iter()
+                .filter(|&&i| self.actions[i as usize].counter)
+                .count(),
+        }
+    }
+
+    pub fn entry_count(&self) -> usize {
+        match &self.entries {
+            Entries::Listed(es) => es.len(),
+            Entries::Table { indices } => indices.len(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TemplateItem {
+    Fixed(Selector),
+    /// Set by each entry: for a table's entries, from its key's fields in the table's
+    /// order (an LPM entry's with its prefix length).
+    PerEntry {
+        member: String,
+        shift: u8,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Entries {
+    /// Entries given here: a rule pipe's, and the plan's own.
+    Listed(Vec<Entry>),
+    /// The pipeline table's entries, in its order: entry `i` sets the template's
+    /// per-entry members from its key (or prefix) and runs action template `indices[i]`
+    /// (the table's distinct action lists are the pipe's action templates).
+    Table { indices: Vec<u32> },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// A control pipe entry's priority (0 first).
+    pub priority: Option<u32>,
+    /// The header types the entry's members are read in, and the members: value and
+    /// mask, shifted into place.
+    pub selectors: Vec<Selector>,
+    pub matches: Vec<EntryMatch>,
+    /// Its action template.
+    pub action: usize,
+    /// The pipeline rule it comes from (its index), if one.
+    pub rule: Option<usize>,
+    /// What it is, for people: the rule's name, `default`, a port's name.
+    pub label: String,
+}
+
+/// A member an entry matches: the pipeline field's value and mask, which go in the
+/// member shifted left by `shift`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryMatch {
+    pub field: Field,
+    pub member: String,
+    pub shift: u8,
+    pub value: u128,
+    pub mask: u128,
+}
+
+/// What an entry does: steps in DOCA Flow's order, a counter, where the packet goes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ActionTemplate {
+    pub steps: Vec<Step>,
+    /// A non-shared counter in the entry's monitor.
+    pub counter: bool,
+    pub fwd: Fwd,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// `decap_cfg` with `is_l2`: the inner Ethernet frame goes on.
+    Decap(Tunnel),
+    PopVlan,
+    /// A member of `doca_flow_actions` (`outer.*`, `meta.pkt_meta`) set to a value, in the
+    /// bits of `mask`.
+    Modify {
+        member: String,
+        value: u128,
+        mask: u128,
+    },
+    PushVlan {
+        vid: u16,
+        pcp: u8,
+    },
+    /// The shared encapsulation resource of this id.
+    Encap(u32),
+}
+
+impl Step {
+    /// Where the step falls in DOCA Flow's fixed order within a pipe.
+    fn stage(&self) -> u8 {
+        match self {
+            Step::Decap(_) => 0,
+            Step::PopVlan => 1,
+            Step::Modify { member, .. } if member.starts_with("meta.") => 2,
+            Step::Modify { .. } => 3,
+            Step::PushVlan { .. } => 5,
+            Step::Encap(_) => 6,
+        }
+    }
+}
+
+/// Where an entry sends a packet (`struct doca_flow_fwd`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fwd {
+    Port(PortId),
+    Pipe(HwId),
+    Drop,
+    /// RSS to the Arm cores, where the software backend takes the packet on from this
+    /// pipeline pipe (named in the packet's `pkt_meta`).
+    Software(PipeId),
+    /// RSS to the queues the service reads on the Arm cores.
+    Service(ServiceId),
+}
+
+/// Lowers `p` to DOCA Flow. Every port is planned as a DOCA port; those of another driver
+/// are noted.
+pub fn plan(p: &Program) -> Plan {
+    let mut planner = Planner {
+        p,
+        hw: vec![None; p.pipes.len()],
+        software: Vec::new(),
+        pipes: Vec::new(),
+        encaps: Vec::new(),
+    };
+    for i in post_order(p) {
+        let id = PipeId(i as u16);
+        match planner.lower(id) {
+            Ok(entry) => planner.hw[i] = Some(entry),
+            Err(why) => planner.software.push((id, why)),
+        }
+    }
+    let mut notes = Vec::new();
+    let mut actions = Vec::new();
+    let mut entries = Vec::new();
+    for (i, port) in p.ports.iter().enumerate() {
+        let id = PortId(i as u16);
+        if port.driver != crate::ir::Driver::Doca {
+            notes.push(format!(
+                "port {} has driver {}: planned as the DOCA port it would be",
+                port.name,
+                port.driver.name()
+            ));
+        }
+        let Some(root) = p.root_of(id) else {
+            continue;
+        };
+        actions.push(ActionTemplate {
+            steps: Vec::new(),
+            counter: false,
+            fwd: planner.fwd(&Action::Goto(root)),
+        });
+        entries.push(Entry {
+            matches: vec![EntryMatch {
+                field: Field {
+                    id: crate::ir::FieldId::InPort,
+                    inner: false,
+                },
+                member: "parser_meta.port_id".into(),
+                shift: 0,
+                value: i as u128,
+                mask: 0xffff,
+            }],
+            label: port.name.clone(),
+            ..match_all(actions.len() - 1)
+        });
+    }
+    // Packets of a port no pipe takes are dropped, as the software engine drops them.
+    let root = planner.push(HwPipe {
+        name: "ports".into(),
+        kind: PipeType::Basic,
+        root: true,
+        of: None,
+        template: vec![TemplateItem::PerEntry {
+            member: "parser_meta.port_id".into(),
+            shift: 0,
+        }],
+        actions,
+        entries: Entries::Listed(entries),
+        miss: Fwd::Drop,
+    });
+    planner.software.sort_by_key(|(id, _)| *id);
+    Plan {
+        name: p.name.clone(),
+        pipes: planner.pipes,
+        root,
+        software: planner.software,
+        encaps: planner.encaps,
+        notes,
+        names: Names {
+            ports: p.ports.iter().map(|x| x.name.clone()).collect(),
+            pipes: p.pipes.iter().map(|x| x.name.clone()).collect(),
+            services: p.services.iter().map(|x| x.name.clone()).collect(),
+        },
+    }
+}
+
+/// The pipeline's pipes, each after every pipe it goes to (the graph is acyclic).
+fn post_order(p: &Program) -> Vec<usize> {
+    fn visit(p: &Program, i: usize, seen: &mut [bool], out: &mut Vec<usize>) {
+        if std::mem::replace(&mut seen[i], true) {
+            return;
+        }
+        let pipe = &p.pipes[i];
+        for list in pipe.body.action_lists().chain([&pipe.miss]) {
+            if let Action::Goto(next) = list.terminal() {
+                visit(p, next.index(), seen, out);
+            }
+        }
+        out.push(i);
+    }
+    let mut seen = vec![false; p.pipes.len()];
+    let mut out = Vec::with_capacity(p.pipes.len());
+    for i in 0..p.pipes.len() {
+        visit(p, i, &mut seen, &mut out);
+    }
+    out
+}
+
+struct Planner<'p> {
+    p: &'p Program,
+    /// The hardware pipe each pipeline pipe starts at, once lowered.
+    hw: Vec<Option<HwId>>,
+    software: Vec<(PipeId, String)>,
+    pipes: Vec<HwPipe>,
+    encaps: Vec<Encap>,
+}
+
+impl Planner<'_> {
+    fn push(&mut self, pipe: HwPipe) -> HwId {
+        self.pipes.push(pipe);
+        HwId(self.pipes.len() - 1)
+    }
+
+    /// Plans pipeline pipe `id`, returning the hardware pipe packets enter it by; on
+    /// failure, nothing is planned.
+    fn lower(&mut self, id: PipeId) -> Result<HwId, String> {
+        let (first, encaps) = (self.pipes.len(), self.encaps.len());
+        let lowered = match &self.p.pipe(id).body {
+            PipeBody::Rules(_) => self.lower_rules(id),
+            PipeBody::Exact { .. } | PipeBody::Lpm { .. } => self.lower_table(id),
+        };
+        if lowered.is_err() {
+            self.pipes.truncate(first);
+            self.encaps.truncate(encaps);
+        }
+        lowered
+    }
+
+    /// A rule pipe as a control pipe: rule `i` at priority `i`, expanded to an entry per
+    /// combination of its fields' alternatives; a `default` with more than a drop or a
+    /// goto as a last, match-all entry.
+    fn lower_rules(&mut self, id: PipeId) -> Result<HwId, String> {
+        let pipe = self.p.pipe(id);
+        let PipeBody::Rules(rules) = &pipe.body else {
+            unreachable!("lower_rules takes rule pipes");
+        };
+        let mut actions = Vec::with_capacity(rules.len() + 1);
+        let mut entries = Vec::new();
+        for (i, rule) in rules.iter().enumerate() {
+            let cx = Context::of(
+                rule.matches
+                    .iter()
+                    .map(|m| (m.field, exact(m.field, &m.pattern))),
+            );
+            let action = actions.len();
+            actions.push(self.template(&rule.actions, &cx)?);
+            let expanded = rule_entries(rule.matches.iter().map(|m| (m.field, &m.pattern)), &cx)
+                .map_err(|e| format!("rule {}: {e}", rule.name))?;
+            for (selectors, matches) in expanded {
+                entries.push(Entry {
+                    priority: Some(i as u32),
+                    selectors,
+                    matches,
+                    action,
+                    rule: Some(i),
+                    label: rule.name.clone(),
+                });
+            }
+        }
+        let miss = self.miss_fwd(&pipe.miss)?;
+        let mut last = rules.len();
+        let miss = match miss {
+            Some(fwd) => fwd,
+            None => {
+                actions.push(self.template(&pipe.miss, &Context::default())?);
+                entries.push(Entry {
+                    priority: Some(last as u32),
+                    ..match_all(actions.len() - 1)
+                });
+                last += 1;
+                Fwd::Drop
+            }
+        };
+        if last > CONTROL_PRIORITIES {
+            return Err(format!(
+                "{last} priorities (rules, and a default that does more than drop or go to \
+                 a pipe), more than a control pipe's {CONTROL_PRIORITIES}"
+            ));
+        }
+        Ok(self.push(HwPipe {
+            name: pipe.name.clone(),
+            kind: PipeType::Control,
+            root: false,
+            of: Some(id),
+            template: Vec::new(),
+            actions,
+            entries: Entries::Listed(entries),
+            miss,
+        }))
+    }
+
+    /// An exact table as a basic pipe, an LPM table as an LPM pipe.
+    fn lower_table(&mut self, id: PipeId) -> Result<HwId, String> {
+        let pipe = self.p.pipe(id);
+        let (fields, actions, kind) = match &pipe.body {
+            PipeBody::Exact {
+                fields, actions, ..
+            } => (fields.clone(), actions, PipeType::Basic),
+            PipeBody::Lpm { field, actions, .. } => (vec![*field], actions, PipeType::Lpm),
+            PipeBody::Rules(_) => unreachable!("lower_table takes tables"),
+        };
+        let cx = Context::of(fields.iter().map(|f| (*f, None)));
+        let mut selectors = Vec::new();
+        let mut per_entry = Vec::new();
+        for f in &fields {
+            let Place {
+                member,
+                selectors: s,
+                shift,
+            } = match_place(*f, &cx)?;
+            selectors.extend(s);
+            per_entry.push(TemplateItem::PerEntry { member, shift });
+        }
+        selectors.sort();
+        selectors.dedup();
+        let template = selectors
+            .into_iter()
+            .map(TemplateItem::Fixed)
+            .chain(per_entry)
+            .collect();
+        let templates = actions
+            .distinct()
+            .iter()
+            .map(|l| self.template(l, &cx))
+            .collect::<Result<Vec<_>, _>>()?;
+        let miss = self.miss(id)?;
+        Ok(self.push(HwPipe {
+            name: pipe.name.clone(),
+            kind,
+            root: false,
+            of: Some(id),
+            template,
+            actions: templates,
+            entries: Entries::Table {
+                indices: actions.indices().to_vec(),
+            },
+            miss,
+        }))
+    }
+
+    /// Where a table's misses go: its `default` as `fwd_miss` when that is a drop or a
+    /// goto, else a basic pipe of one match-all entry running it.
+    fn miss(&mut self, id: PipeId) -> Result<Fwd, String> {
+        let pipe = self.p.pipe(id);
+        if let Some(fwd) = self.miss_fwd(&pipe.miss)? {
+            return Ok(fwd);
+        }
+        let template = self.template(&pipe.miss, &Context::default())?;
+        Ok(Fwd::Pipe(self.push(HwPipe {
+            name: format!("{}.default", pipe.name),
+            kind: PipeType::Basic,
+            root: false,
+            of: Some(id),
+            template: Vec::new(),
+            actions: vec![template],
+            entries: Entries::Listed(vec![match_all(0)]),
+            miss: Fwd::Drop,
+        })))
+    }
+
+    /// The `fwd_miss` a `default` is by itself, if it is one DOCA Flow takes (a drop, or
+    /// a goto to a hardware pipe).
+    fn miss_fwd(&self, list: &ActionList) -> Result<Option<Fwd>, String> {
+        if list.0.len() > 1 {
+            return Ok(None);
+        }
+        Ok(match self.fwd(list.terminal()) {
+            fwd @ (Fwd::Drop | Fwd::Pipe(_)) => Some(fwd),
+            _ => None,
+        })
+    }
+
+    fn fwd(&self, terminal: &Action) -> Fwd {
+        match terminal {
+            Action::Fwd(port) => Fwd::Port(*port),
+            Action::Goto(next) => self.hw[next.index()].map_or(Fwd::Software(*next), Fwd::Pipe),
+            Action::ToService(s) => Fwd::Service(*s),
+            _ => Fwd::Drop,
+        }
+    }
+
+    /// An action list as one pipe applies it, or why it cannot.
+    fn template(&mut self, list: &ActionList, cx: &Context) -> Result<ActionTemplate, String> {
+        let mut steps = Vec::new();
+        let mut counter = false;
+        for a in &list.0[..list.0.len() - 1] {
+            let step = match a {
+                Action::Count => {
+                    counter = true;
+                    continue;
+                }
+                Action::Decap(t) => Step::Decap(*t),
+                Action::VlanPop => Step::PopVlan,
+                Action::VlanPush { vid, pcp } => Step::PushVlan {
+                    vid: *vid,
+                    pcp: *pcp,
+                },
+                Action::Mark(m) => Step::Modify {
+                    member: "meta.pkt_meta".into(),
+                    value: u128::from(*m),
+                    mask: u128::from(u32::MAX),
+                },
+                Action::Set { field, value } => modify(*field, *value, cx)?,
+                Action::Encap(e) => Step::Encap(self.encap(e)),
+                Action::Meter(_) => {
+                    return Err(
+                        "`meter`: metering is not planned for DOCA Flow yet (a shared \
+                                meter and a pipe dropping red)"
+                            .into(),
+                    )
+                }
+                Action::Mirror(_) => {
+                    return Err("`mirror`: mirroring is not planned for DOCA Flow yet (a \
+                                flooding hash pipe)"
+                        .into())
+                }
+                Action::DecTtl => {
+                    return Err(
+                        "`dec ttl`: DOCA Flow decrements, but a packet reaching zero \
+                                must be dropped, which is not planned yet"
+                            .into(),
+                    )
+                }
+                Action::CtCommit { .. } => {
+                    return Err(
+                        "`ct.commit`: connection tracking runs on the Arm cores (DOCA \
+                                Flow CT is not planned yet)"
+                            .into(),
+                    )
+                }
+                Action::Fwd(_) | Action::Goto(_) | Action::Drop | Action::ToService(_) => {
+                    unreachable!("only the last action is terminal")
+                }
+            };
+            if let Some(prev) = steps.last() {
+                if Step::stage(prev) > step.stage() {
+                    return Err(format!(
+                        "`{}` comes after an action DOCA Flow applies later in a pipe \
+                         (decap, pop, meta, modify, push, encap)",
+                        self.p.describe(a)
+                    ));
+                }
+            }
+            steps.push(step);
+        }
+        let fwd = self.fwd(list.terminal());
+        let marks = steps
+            .iter()
+            .any(|s| matches!(s, Step::Modify { member, .. } if member == "meta.pkt_meta"));
+        if marks && matches!(fwd, Fwd::Software(_) | Fwd::Service(_)) {
+            return Err(
+                "a mark on a packet bound for the Arm cores: pkt_meta carries where the \
+                        software backend takes it on"
+                    .into(),
+            );
+        }
+        Ok(ActionTemplate {
+            steps,
+            counter,
+            fwd,
+        })
+    }
+
+    /// The id of the shared encapsulation resource for `e`, created on first use.
+    fn encap(&mut self, e: &Encap) -> u32 {
+        let i = match self.encaps.iter().position(|x| x == e) {
+            Some(i) => i,
+            None => {
+                self.encaps.push(e.clone());
+                self.encaps.len() - 1
+            }
+        };
+        i as u32
+    }
+}
+
+fn modify(field: Field, value: u128, cx: &Context) -> Result<Step, String> {
+    let place = set_place(field, cx)?;
+    let mask = field.kind().full_mask() << place.shift;
+    Ok(Step::Modify {
+        member: place.member,
+        value: value << place.shift,
+        mask,
+    })
+}
+
+/// An entry matching every packet, running action template `action`.
+fn match_all(action: usize) -> Entry {
+    Entry {
+        priority: None,
+        selectors: Vec::new(),
+        matches: Vec::new(),
+        action,
+        rule: None,
+        label: "default".into(),
+    }
+}
+
+/// The value `field` is matched with exactly, if one.
+fn exact(field: Field, p: &Pattern) -> Option<u128> {
+    match *p {
+        Pattern::Masked { value, mask } if mask == field.kind().full_mask() => Some(value),
+        _ => None,
+    }
+}
+
+/// What an entry of a control pipe matches: the header types its members are read in,
+/// and the members.
+type EntryKey = (Vec<Selector>, Vec<EntryMatch>);
+
+/// The entries a rule's matches expand to: each a choice of one (value, mask) per field.
+fn rule_entries<'a>(
+    matches: impl Iterator<Item = (Field, &'a Pattern)>,
+    cx: &Context,
+) -> Result<Vec<EntryKey>, String> {
+    let mut entries: Vec<EntryKey> = vec![(Vec::new(), Vec::new())];
+    for (field, pattern) in matches {
+        let place = match_place(field, cx)?;
+        let bits = field.kind().bits();
+        let alternatives = masks(pattern, bits).ok_or_else(|| {
+            format!("{field}: its values need more than {ENTRIES_PER_RULE} entries")
+        })?;
+        if entries.len() * alternatives.len() > ENTRIES_PER_RULE {
+            return Err(format!(
+                "its fields' values need more than {ENTRIES_PER_RULE} entries"
+            ));
+        }
+        entries = entries
+            .into_iter()
+            .flat_map(|(selectors, matches)| {
+                let place = &place;
+                alternatives.iter().map(move |&(value, mask)| {
+                    let mut s = selectors.clone();
+                    s.extend(place.selectors.iter().cloned());
+                    let mut m = matches.clone();
+                    m.push(EntryMatch {
+                        field,
+                        member: place.member.clone(),
+                        shift: place.shift,
+                        value,
+                        mask,
+                    });
+                    (s, m)
+                })
+            })
+            .collect();
+    }
+    for (selectors, _) in &mut entries {
+        selectors.sort();
+        selectors.dedup();
+    }
+    Ok(entries)
+}
+
+/// A pattern on a `bits`-wide field as (value, mask) pairs whose union it is: ranges
+/// split into prefixes; `None` past [`ENTRIES_PER_RULE`].
+fn masks(p: &Pattern, bits: u8) -> Option<Vec<(u128, u128)>> {
+    let mut out = Vec::new();
+    let add = |p: &Pattern, out: &mut Vec<(u128, u128)>| match *p {
+        Pattern::Masked { value, mask } => out.push((value, mask)),
+        Pattern::Range { lo, hi } => range_prefixes(lo, hi, bits, out),
+        Pattern::Any(_) => unreachable!("sets are flat"),
+    };
+    match p {
+        Pattern::Any(ps) => ps.iter().for_each(|p| add(p, &mut out)),
+        p => add(p, &mut out),
+    }
+    (out.len() <= ENTRIES_PER_RULE).then_some(out)
+}
+
+/// Splits `lo..=hi` into the fewest aligned prefixes, as (value, mask) on `bits` bits.
+fn range_prefixes(mut lo: u128, hi: u128, bits: u8, out: &mut Vec<(u128, u128)>) {
+    let full = if bits >= 128 {
+        u128::MAX
+    } else {
+        (1u128 << bits) - 1
+    };
+    while lo <= hi {
+        // The largest block starting at `lo` that is aligned and stays within `hi`.
+        let mut size_log = if lo == 0 {
+            u32::from(bits)
+        } else {
+            lo.trailing_zeros()
+        };
+        while size_log > 0 && (size_log >= 128 || lo + ((1u128 << size_log) - 1) > hi) {
+            size_log -= 1;
+        }
+        let host = if size_log >= 128 {
+            u128::MAX
+        } else {
+            (1u128 << size_log) - 1
+        };
+        out.push((lo, full & !host));
+        match (lo | host).checked_add(1) {
+            Some(next) if lo | host < hi => lo = next,
+            _ => break,
+        }
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let entries: usize = self.pipes.iter().map(HwPipe::entry_count).sum();
+        writeln!(
+            f,
+            "plan {}: {} DOCA Flow pipes, {entries} entries, {} counters, {} shared encaps; \
+             {} pipeline pipes in software",
+            self.name,
+            self.pipes.len(),
+            self.counters(),
+            self.encaps.len(),
+            self.software.len()
+        )?;
+        for note in &self.notes {
+            writeln!(f, "note: {note}")?;
+        }
+        for (i, e) in self.encaps.iter().enumerate() {
+            writeln!(
+                f,
+                "encap {i}: {} vni {} {} -> {}, udp dst {}, ttl {}{}",
+                e.tunnel.name(),
+                e.vni,
+                e.src,
+                e.dst,
+                e.udp_dst,
+                e.ttl,
+                if e.options.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {} options", e.options.len())
+                }
+            )?;
+        }
+        for (id, why) in &self.software {
+            writeln!(f, "software pipe {}: {why}", self.names.pipes[id.index()])?;
+        }
+        for (i, pipe) in self.pipes.iter().enumerate() {
+            writeln!(f)?;
+            self.fmt_pipe(f, i, pipe)?;
+        }
+        Ok(())
+    }
+}
+
+impl Plan {
+    fn fmt_pipe(&self, f: &mut fmt::Formatter<'_>, i: usize, pipe: &HwPipe) -> fmt::Result {
+        let n = pipe.entry_count();
+        writeln!(
+            f,
+            "pipe {i} {} {}{}, {n} {}{}",
+            pipe.name,
+            pipe.kind.c_name(),
+            if pipe.root { " root" } else { "" },
+            if n == 1 { "entry" } else { "entries" },
+            match (&pipe.entries, pipe.of) {
+                (Entries::Table { .. }, Some(of)) =>
+                    format!(" (table {})", self.names.pipes[of.index()]),
+                _ => String::new(),
+            }
+        )?;
+        for item in &pipe.template {
+            match item {
+                TemplateItem::Fixed(s) => writeln!(f, "  match {} = {}", s.member, s.value)?,
+                TemplateItem::PerEntry { member, shift } => writeln!(
+                    f,
+                    "  match {member} per entry{}",
+                    if *shift > 0 {
+                        format!(" (<< {shift})")
+                    } else {
+                        String::new()
+                    }
+                )?,
+            }
+        }
+        for (i, a) in pipe.actions.iter().enumerate() {
+            writeln!(f, "  actions {i}: {}", self.describe(a))?;
+        }
+        if let Entries::Listed(entries) = &pipe.entries {
+            for e in entries {
+                let mut line = String::from("  entry");
+                if let Some(p) = e.priority {
+                    let _ = write!(line, " priority {p}");
+                }
+                let _ = write!(line, " ({})", e.label);
+                for s in &e.selectors {
+                    let _ = write!(line, " {}={}", s.member, s.value);
+                }
+                for m in &e.matches {
+                    let (v, mask) = (m.value << m.shift, m.mask << m.shift);
+                    let _ = write!(line, " {}={v:#x}/{mask:#x}", m.member);
+                }
+                if e.matches.is_empty() && e.selectors.is_empty() {
+                    line.push_str(" any");
+                }
+                writeln!(f, "{line} -> actions {}", e.action)?;
+            }
+        }
+        writeln!(f, "  miss {}", self.fwd_name(pipe.miss))
+    }
+
+    fn describe(&self, a: &ActionTemplate) -> String {
+        let mut parts: Vec<String> = a
+            .steps
+            .iter()
+            .map(|s| match s {
+                Step::Decap(t) => format!("decap {} (l2)", t.name()),
+                Step::PopVlan => "pop vlan".into(),
+                Step::Modify {
+                    member,
+                    value,
+                    mask,
+                } => format!("modify {member}={value:#x}/{mask:#x}"),
+                Step::PushVlan { vid, pcp } => format!("push vlan {vid} pcp {pcp}"),
+                Step::Encap(id) => format!("encap shared {id}"),
+            })
+            .collect();
+        if a.counter {
+            parts.push("counter".into());
+        }
+        parts.push(format!("fwd {}", self.fwd_name(a.fwd)));
+        parts.join(", ")
+    }
+
+    fn fwd_name(&self, fwd: Fwd) -> String {
+        match fwd {
+            Fwd::Port(p) => format!("port {}", self.names.ports[p.index()]),
+            Fwd::Pipe(h) => format!("pipe {}", self.pipes[h.0].name),
+            Fwd::Drop => "drop".into(),
+            Fwd::Software(p) => format!("rss to software from {}", self.names.pipes[p.index()]),
+            Fwd::Service(s) => format!("rss to service {}", self.names.services[s.index()]),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prefixes(lo: u128, hi: u128, bits: u8) -> Vec<(u128, u128)> {
+        let mut out = Vec::new();
+        range_prefixes(lo, hi, bits, &mut out);
+        out
+    }
+
+    #[test]
+    fn ranges_split_into_aligned_prefixes() {
+        assert_eq!(prefixes(0, 65535, 16), vec![(0, 0)]);
+        assert_eq!(prefixes(80, 80, 16), vec![(80, 0xffff)]);
+        assert_eq!(
+            prefixes(1024, 2047, 16),
+            vec![(1024, 0xffff & !1023)],
+            "one aligned block"
+        );
+        // 1..=6: 1, 2-3, 4-5, 6.
+        assert_eq!(
+            prefixes(1, 6, 16),
+            vec![(1, 0xffff), (2, 0xfffe), (4, 0xfffe), (6, 0xffff)]
+        );
+        assert_eq!(prefixes(65535, 65535, 16), vec![(65535, 0xffff)]);
+    }
+
+    proptest::proptest! {
+        /// The prefixes cover exactly the range: every value in it matches one, none
+        /// outside matches any.
+        #[test]
+        fn prefixes_cover_the_range_exactly(a in 0u128..4096, b in 0u128..4096, v in 0u128..4096) {
+            let (lo, hi) = (a.min(b), a.max(b));
+            let ps = prefixes(lo, hi, 12);
+            let hits = ps.iter().filter(|(value, mask)| v & mask == *value).count();
+            proptest::prop_assert_eq!(hits, usize::from((lo..=hi).contains(&v)));
+            proptest::prop_assert!(ps.len() <= 2 * 12);
+        }
+    }
+}

@@ -1,0 +1,682 @@
+//! The DOCA Flow plan (`dpuflow plan`): the example pipelines' plans against their golden
+//! files, plan shapes for the cases DOCA Flow constrains, and the plan's hardware pipes run
+//! as DOCA Flow would run them (priorities, masks, misses) choosing the same entries as the
+//! software engine, pipe after pipe, for random pipelines and packets.
+//!
+//! After an intended change of the plans, regenerate the golden files with
+//! `DPUFLOW_BLESS=1 cargo test --test doca_plan`.
+
+use dpuflow::doca::plan::{Entries, Fwd, HwId, Plan};
+use dpuflow::engine::field::{read, PacketState};
+use dpuflow::engine::packet::PacketBuf;
+use dpuflow::engine::parse::TunnelPorts;
+use dpuflow::engine::{parse, Compiled, Engine, Observer, Verdict};
+use dpuflow::ir::{PipeBody, PipeId, PortId, Program, ServiceId};
+use dpuflow::{doca, lang};
+use proptest::prelude::*;
+use std::path::Path;
+
+fn program(text: &str) -> Program {
+    let checked = lang::check_source("test.pipe", text, Path::new("."));
+    match checked.program {
+        Some(p) => p,
+        None => panic!("{}\n{text}", checked.render()),
+    }
+}
+
+const EXAMPLES: [&str; 4] = [
+    "vxlan-gateway",
+    "geneve-gateway",
+    "stateful-firewall",
+    "kv-offload",
+];
+
+fn example(name: &str) -> Program {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("pipelines/{name}.pipe"));
+    program(&std::fs::read_to_string(&path).expect("example pipeline"))
+}
+
+#[test]
+fn example_plans_match_their_golden_files() {
+    let bless = std::env::var_os("DPUFLOW_BLESS").is_some();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for name in EXAMPLES {
+        let plan = doca::plan(&example(name)).to_string();
+        let golden = root.join(format!("tests/data/plans/{name}.plan"));
+        if bless {
+            std::fs::write(&golden, &plan).expect("golden file written");
+        }
+        let want = std::fs::read_to_string(&golden)
+            .unwrap_or_else(|e| panic!("{}: {e}", golden.display()));
+        assert_eq!(plan, want, "{name}: plan differs from {}", golden.display());
+    }
+}
+
+const PORTS: &str = "pipeline t\nport a { driver pcap }\nport b { driver pcap }\n";
+
+fn plan_of(pipes: &str) -> Plan {
+    doca::plan(&program(&format!("{PORTS}{pipes}")))
+}
+
+fn software_reason(plan: &Plan, pipe: u16) -> Option<&str> {
+    plan.software
+        .iter()
+        .find(|(id, _)| id.0 == pipe)
+        .map(|(_, why)| why.as_str())
+}
+
+#[test]
+fn a_control_pipe_takes_eight_priorities() {
+    let rules = |n: usize| {
+        (0..n)
+            .map(|i| format!("rule r{i} {{ match udp.dst {i} actions fwd b }}\n"))
+            .collect::<String>()
+    };
+    let eight = plan_of(&format!(
+        "pipe p root from a {{\n{}default {{ actions drop }}\n}}",
+        rules(8)
+    ));
+    assert!(eight.software.is_empty(), "{eight}");
+    // A default that counts takes a priority of its own, the ninth.
+    let nine = plan_of(&format!(
+        "pipe p root from a {{\n{}default {{ actions count, drop }}\n}}",
+        rules(8)
+    ));
+    let why = software_reason(&nine, 0).expect("in software");
+    assert!(why.contains("more than a control pipe's 8"), "{why}");
+}
+
+#[test]
+fn an_action_list_out_of_doca_order_stays_in_software() {
+    // A rewrite after the encapsulation rewrites the new outer header: DOCA Flow modifies
+    // before it encapsulates.
+    let p = plan_of(
+        "pipe p root from a {
+            rule r { match udp.dst 53 actions vxlan.encap { vni 1 src 192.0.2.1 dst 192.0.2.2 smac 02:00:00:00:00:01 dmac 02:00:00:00:00:02 }, set ipv4.dst 10.0.0.1, fwd b }
+            default { actions drop }
+        }",
+    );
+    let why = software_reason(&p, 0).expect("in software");
+    assert!(why.contains("set ipv4.dst"), "{why}");
+    // The other way round is one pipe: modify, then encap.
+    let p = plan_of(
+        "pipe p root from a {
+            rule r { match udp.dst 53 actions set ipv4.dst 10.0.0.1, vxlan.encap { vni 1 src 192.0.2.1 dst 192.0.2.2 smac 02:00:00:00:00:01 dmac 02:00:00:00:00:02 }, fwd b }
+            default { actions drop }
+        }",
+    );
+    assert!(p.software.is_empty(), "{p}");
+    assert_eq!(p.encaps.len(), 1);
+}
+
+#[test]
+fn ports_of_any_protocol_need_tcp_or_udp_pinned() {
+    let p = plan_of(
+        "pipe p root from a {
+            rule r { match l4.dst 80 actions fwd b }
+            default { actions drop }
+        }",
+    );
+    assert!(software_reason(&p, 0)
+        .expect("in software")
+        .contains("SCTP"));
+    let p = plan_of(
+        "pipe p root from a {
+            rule r { match ip.proto 6 ipv4.dst 10.0.0.1 l4.dst 80 actions fwd b }
+            default { actions drop }
+        }",
+    );
+    assert!(p.software.is_empty(), "{p}");
+    assert!(p
+        .to_string()
+        .contains("outer.tcp.l4_port.dst_port=0x50/0xffff"));
+}
+
+#[test]
+fn a_software_pipe_is_reached_through_rss_from_the_hardware_before_it() {
+    let p = plan_of(
+        "pipe p root from a {
+            rule web { match tcp.dst 80 actions count, goto q }
+            default { actions drop }
+        }
+        pipe q {
+            rule r { match ip.ttl 1 actions fwd b }
+            default { actions fwd b }
+        }",
+    );
+    // ip.ttl with neither IP version pinned has no DOCA member.
+    assert!(software_reason(&p, 1)
+        .expect("in software")
+        .contains("IPv4 or the IPv6"));
+    let control = p.pipes.iter().find(|x| x.name == "p").expect("pipe p");
+    assert_eq!(control.actions[0].fwd, Fwd::Software(PipeId(1)));
+    assert!(control.actions[0].counter);
+}
+
+#[test]
+fn tables_share_action_templates_by_index() {
+    let p = plan_of(
+        "pipe p root from a {
+            table exact ipv4.dst udp.dst {
+                10.0.0.1 53 => fwd b
+                10.0.0.2 53 => count, fwd b
+                10.0.0.3 53 => fwd b
+            }
+            default { actions goto q }
+        }
+        pipe q {
+            table lpm ipv6.dst { 2001:db8::/32 => fwd b }
+            default { actions fwd a }
+        }",
+    );
+    assert!(p.software.is_empty(), "{p}");
+    let exact = p.pipes.iter().find(|x| x.name == "p").expect("pipe p");
+    assert_eq!(exact.actions.len(), 2);
+    assert_eq!(
+        exact.entries,
+        Entries::Table {
+            indices: vec![0, 1, 0]
+        }
+    );
+    assert_eq!(p.counters(), 1);
+    // Its default is a goto: the miss goes straight to q's pipe, created before it.
+    let Fwd::Pipe(HwId(q)) = exact.miss else {
+        panic!("{p}")
+    };
+    assert_eq!(p.pipes[q].name, "q");
+    // q's default forwards, which fwd_miss cannot: a pipe of its own does.
+    assert!(p.pipes.iter().any(|x| x.name == "q.default"));
+}
+
+/// A packet's walk: each pipeline pipe it went through with the entry that took it
+/// (`None`: the default), and where it ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Walk {
+    steps: Vec<(PipeId, Option<usize>)>,
+    end: End,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    Port(PortId),
+    Drop,
+    Service(ServiceId),
+    /// Handed to the software backend from this pipe on (plan only).
+    Software(PipeId),
+}
+
+#[derive(Default)]
+struct Recorder {
+    steps: Vec<(PipeId, Option<usize>)>,
+    verdict: Option<Verdict>,
+}
+
+impl Observer for Recorder {
+    fn entry(&mut self, pipe: PipeId, entry: Option<usize>) {
+        self.steps.push((pipe, entry));
+    }
+    fn verdict(&mut self, v: Verdict, _pkt: &PacketBuf) {
+        self.verdict = Some(v);
+    }
+}
+
+fn engine_walk(engine: &mut Engine, frame: &[u8], port: PortId) -> Walk {
+    let mut batch = vec![PacketBuf::new(4096)];
+    assert!(batch[0].load(frame, port, 1));
+    let mut rec = Recorder::default();
+    engine.process(&mut batch, &mut rec);
+    let end = match rec.verdict.expect("a verdict") {
+        Verdict::Forward(p) => End::Port(p),
+        Verdict::Drop(_) => End::Drop,
+        Verdict::Service(s) => End::Service(s),
+    };
+    Walk {
+        steps: rec.steps,
+        end,
+    }
+}
+
+/// The walk the plan's hardware pipes give a packet that no action rewrites, run as DOCA
+/// Flow runs them: an entry matches when every field it names is in the packet (its
+/// header types and the parser's verdict) with the value under the mask; a control
+/// pipe's entries are tried by priority; a table's by key or longest prefix.
+fn plan_walk(
+    prog: &Program,
+    plan: &Plan,
+    tunnels: &TunnelPorts,
+    frame: &[u8],
+    port: PortId,
+) -> Walk {
+    let meta = parse::parse(frame, tunnels).expect("test packets parse");
+    let st = PacketState {
+        in_port: port.0,
+        mark: 0,
+        ct_state: 0,
+    };
+    let mut steps = Vec::new();
+    let mut at = plan.root;
+    loop {
+        let pipe = &plan.pipes[at.0];
+        let chosen = match &pipe.entries {
+            Entries::Listed(entries) => {
+                let mut order: Vec<_> = entries.iter().collect();
+                order.sort_by_key(|e| e.priority);
+                order
+                    .into_iter()
+                    .find(|e| {
+                        e.matches.iter().all(|m| {
+                            read(frame, &meta, &st, m.field).is_some_and(|v| v & m.mask == m.value)
+                        })
+                    })
+                    .map(|e| (e.rule, e.action))
+            }
+            Entries::Table { indices } => {
+                let of = pipe.of.expect("a table's pipe");
+                table_hit(prog, of, frame, &meta, &st).map(|i| (Some(i), indices[i] as usize))
+            }
+        };
+        let fwd = match chosen {
+            Some((entry, action)) => {
+                if let Some(of) = pipe.of {
+                    steps.push((of, entry));
+                }
+                pipe.actions[action].fwd
+            }
+            None => {
+                // A miss: straight to the default's own pipe (which records it), else the
+                // default is a bare drop or goto, recorded here.
+                let to_default_pipe = matches!(pipe.miss,
+                    Fwd::Pipe(h) if plan.pipes[h.0].of == pipe.of);
+                if !to_default_pipe {
+                    steps.push((pipe.of.expect("the root pipe has no pipeline pipe"), None));
+                }
+                pipe.miss
+            }
+        };
+        let end = match fwd {
+            Fwd::Pipe(next) => {
+                at = next;
+                continue;
+            }
+            Fwd::Port(p) => End::Port(p),
+            Fwd::Drop => End::Drop,
+            Fwd::Software(p) => End::Software(p),
+            Fwd::Service(s) => End::Service(s),
+        };
+        return Walk { steps, end };
+    }
+}
+
+fn table_hit(
+    prog: &Program,
+    pipe: PipeId,
+    frame: &[u8],
+    meta: &parse::Meta,
+    st: &PacketState,
+) -> Option<usize> {
+    match &prog.pipe(pipe).body {
+        PipeBody::Exact { fields, keys, .. } => {
+            let key: Vec<u128> = fields
+                .iter()
+                .map(|f| read(frame, meta, st, *f))
+                .collect::<Option<_>>()?;
+            keys.chunks_exact(fields.len()).position(|k| k == key)
+        }
+        PipeBody::Lpm {
+            field, prefixes, ..
+        } => {
+            let v = read(frame, meta, st, *field)?;
+            let bits = field.kind().bits();
+            prefixes
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.len == 0 || v >> (bits - p.len) == p.value >> (bits - p.len))
+                .max_by_key(|(_, p)| p.len)
+                .map(|(i, _)| i)
+        }
+        PipeBody::Rules(_) => unreachable!("tables only"),
+    }
+}
+
+/// A pipeline, its plan, and the software engine running it.
+struct Both<'p> {
+    prog: &'p Program,
+    plan: Plan,
+    tunnels: TunnelPorts,
+    engine: Engine,
+}
+
+impl<'p> Both<'p> {
+    fn new(prog: &'p Program) -> Both<'p> {
+        Both {
+            prog,
+            plan: doca::plan(prog),
+            tunnels: Compiled::new(prog).tunnels().clone(),
+            engine: Engine::new(prog),
+        }
+    }
+
+    /// The plan's walk agrees with the engine's: the same entries pipe after pipe and the
+    /// same end; where the plan hands the packet to software, the engine's walk goes on
+    /// from there.
+    fn assert_same_walk(&mut self, frame: &[u8], port: PortId) {
+        let plan = &self.plan;
+        let hw = plan_walk(self.prog, plan, &self.tunnels, frame, port);
+        let sw = engine_walk(&mut self.engine, frame, port);
+        match hw.end {
+            End::Software(from) => {
+                let n = hw.steps.len();
+                assert_eq!(hw.steps[..], sw.steps[..n], "{plan}\nframe {frame:02x?}");
+                assert_eq!(sw.steps.get(n).map(|s| s.0), Some(from), "{plan}");
+            }
+            _ => assert_eq!(hw, sw, "{plan}\nframe {frame:02x?}"),
+        }
+    }
+}
+
+// Packets: a few values per field, so rules and packets meet often.
+const V4: [[u8; 4]; 4] = [[10, 0, 0, 1], [10, 0, 0, 2], [10, 0, 1, 9], [192, 0, 2, 1]];
+const V6_LAST: [u8; 3] = [1, 2, 0x80];
+const L4_PORTS: [u16; 6] = [53, 80, 443, 1000, 1005, 4000];
+
+#[derive(Debug, Clone)]
+struct Pkt {
+    vlan: Option<u16>,
+    v6: bool,
+    src: usize,
+    dst: usize,
+    ttl: u8,
+    dscp: u8,
+    /// 0 TCP, 1 UDP, 2 ICMP (v4) or ICMPv6, 3 SCTP (ports, not TCP or UDP).
+    l4: u8,
+    sport: usize,
+    dport: usize,
+    flags: u8,
+    /// Inside VXLAN with this VNI.
+    vxlan: Option<u32>,
+}
+
+fn pkt() -> impl Strategy<Value = Pkt> {
+    (
+        prop::option::of(prop_oneof![Just(10u16), Just(20)]),
+        any::<bool>(),
+        0..4usize,
+        0..4usize,
+        prop_oneof![Just(1u8), Just(64)],
+        prop_oneof![Just(0u8), Just(46)],
+        0..4u8,
+        0..6usize,
+        0..6usize,
+        prop_oneof![Just(0x02u8), Just(0x12), Just(0x10), Just(0x04)],
+        prop::option::of(prop_oneof![Just(100u32), Just(200)]),
+    )
+        .prop_map(
+            |(vlan, v6, src, dst, ttl, dscp, l4, sport, dport, flags, vxlan)| Pkt {
+                vlan,
+                v6,
+                src,
+                dst,
+                ttl,
+                dscp,
+                l4,
+                sport,
+                dport,
+                flags,
+                vxlan,
+            },
+        )
+}
+
+fn checksum(bytes: &[u8]) -> u16 {
+    let mut sum: u32 = bytes
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// An IPv4 or IPv6 packet (no Ethernet) carrying `l4` bytes of protocol `proto`.
+fn ip(v6: bool, src: usize, dst: usize, ttl: u8, dscp: u8, proto: u8, l4: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    if v6 {
+        let tc = u32::from(dscp) << 2;
+        out.extend((6u32 << 28 | tc << 20).to_be_bytes());
+        out.extend((l4.len() as u16).to_be_bytes());
+        out.extend([proto, ttl]);
+        for i in [src, dst] {
+            let mut a = [0u8; 16];
+            a[..4].copy_from_slice(&[0x20, 0x01, 0x0d, 0xb8]);
+            a[15] = V6_LAST[i % 3];
+            out.extend(a);
+        }
+    } else {
+        out.extend([0x45, dscp << 2]);
+        out.extend((20 + l4.len() as u16).to_be_bytes());
+        out.extend([0, 1, 0, 0, ttl, proto, 0, 0]);
+        out.extend(V4[src]);
+        out.extend(V4[dst]);
+        let c = checksum(&out);
+        out[10..12].copy_from_slice(&c.to_be_bytes());
+    }
+    out.extend(l4);
+    out
+}
+
+fn ethernet(vlan: Option<u16>, ethertype: u16, payload: &[u8]) -> Vec<u8> {
+    let mut out = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1];
+    if let Some(id) = vlan {
+        out.extend([0x81, 0x00]);
+        out.extend(id.to_be_bytes());
+    }
+    out.extend(ethertype.to_be_bytes());
+    out.extend(payload);
+    out
+}
+
+fn frame(p: &Pkt) -> Vec<u8> {
+    let (sport, dport) = (L4_PORTS[p.sport], L4_PORTS[p.dport]);
+    let ports = [sport.to_be_bytes(), dport.to_be_bytes()].concat();
+    let (proto, l4) = match p.l4 {
+        0 => {
+            let mut t = ports.clone();
+            t.extend([
+                0, 0, 0, 1, 0, 0, 0, 0, 0x50, p.flags, 0xff, 0xff, 0, 0, 0, 0,
+            ]);
+            (6, t)
+        }
+        1 => {
+            let mut u = ports.clone();
+            u.extend([0, 12, 0, 0, 1, 2, 3, 4]);
+            (17, u)
+        }
+        2 if p.v6 => (58, vec![128, 0, 0, 0, 0, 1, 0, 1]),
+        2 => (1, vec![8, 0, 0, 0, 0, 1, 0, 1]),
+        _ => {
+            let mut s = ports.clone();
+            s.extend([0u8; 8]);
+            (132, s)
+        }
+    };
+    let ethertype = if p.v6 { 0x86dd } else { 0x0800 };
+    let inner = ethernet(
+        p.vlan,
+        ethertype,
+        &ip(p.v6, p.src, p.dst, p.ttl, p.dscp, proto, &l4),
+    );
+    let Some(vni) = p.vxlan else {
+        return inner;
+    };
+    // VXLAN (RFC 7348 §5) to UDP port 4789 over IPv4 between two of the addresses.
+    let mut udp = [1234u16.to_be_bytes(), 4789u16.to_be_bytes()].concat();
+    udp.extend((16 + inner.len() as u16).to_be_bytes());
+    udp.extend([0, 0, 0x08, 0, 0, 0]);
+    udp.extend((vni << 8).to_be_bytes());
+    udp.extend(&inner);
+    ethernet(None, 0x0800, &ip(false, p.dst, p.src, 64, 0, 17, &udp))
+}
+
+// Pipelines: rules over a menu of fields and patterns, exact and LPM tables, gotos to
+// later pipes only (the pipe graph is acyclic).
+const MATCHES: &[&str] = &[
+    "ipv4.dst 10.0.0.1",
+    "ipv4.dst 10.0.0.0/30",
+    "ipv4.src 10.0.0.0-10.0.0.2",
+    "ipv4.src {10.0.0.2, 192.0.2.1}",
+    "ipv6.dst 2001:db8::/32",
+    "ipv6.src 2001:db8::1",
+    "ip.proto 6",
+    "ip.proto 17",
+    "tcp.dst 80",
+    "tcp.dst 1000-1010",
+    "tcp.flags 0x02/0x12",
+    "udp.dst {53, 443}",
+    "udp.src 1000-4095",
+    "icmp.type 8",
+    "icmp6.type 128",
+    "vlan.id 10",
+    "eth.src 02:00:00:00:00:01",
+    "vxlan.vni 100",
+    "ipv4.dst 10.0.0.2 inner.ipv4.dst 10.0.0.1 vxlan.vni 200",
+    "ip.ttl 1 ipv4.dst 10.0.0.0/24",
+    "ip.dscp 46 ipv6.dst 2001:db8::/32",
+    "ip.proto 17 ipv4.dst 10.0.0.0/8 l4.dst 53",
+    "ip.ttl 1",
+];
+
+#[derive(Debug, Clone)]
+enum PipeSpec {
+    Rules(Vec<(Vec<usize>, u8)>, u8),
+    Exact(Vec<(usize, usize)>, u8),
+    Lpm(Vec<(usize, u8)>, u8),
+}
+
+fn pipe_spec() -> impl Strategy<Value = PipeSpec> {
+    let fate = 0..6u8;
+    prop_oneof![
+        4 => (prop::collection::vec((prop::collection::vec(0..MATCHES.len(), 0..3), fate.clone()), 1..10), fate.clone())
+            .prop_map(|(r, d)| PipeSpec::Rules(r, d)),
+        1 => (prop::collection::vec((0..4usize, 0..6usize), 1..5), fate.clone())
+            .prop_map(|(e, d)| PipeSpec::Exact(e, d)),
+        1 => (prop::collection::vec((0..4usize, prop_oneof![Just(8u8), Just(24), Just(30), Just(32)]), 1..5), fate)
+            .prop_map(|(e, d)| PipeSpec::Lpm(e, d)),
+    ]
+}
+
+/// Actions ending in a fate: forward, count and forward, drop, count and drop, or a goto
+/// to the next pipe (forward out of the last).
+fn actions(fate: u8, i: usize, pipes: usize) -> String {
+    match fate {
+        0 => "fwd b".into(),
+        1 => "count, fwd a".into(),
+        2 => "drop".into(),
+        3 => "count, drop".into(),
+        _ if i + 1 < pipes => format!("goto p{}", i + 1 + usize::from(fate) % (pipes - i - 1)),
+        _ => "fwd b".into(),
+    }
+}
+
+fn pipeline(specs: &[PipeSpec]) -> String {
+    let mut text = String::from(PORTS);
+    let n = specs.len();
+    for (i, spec) in specs.iter().enumerate() {
+        let head = match i {
+            0 => " root from a",
+            1 => " root from b",
+            _ => "",
+        };
+        text += &format!("pipe p{i}{head} {{\n");
+        let default = match spec {
+            PipeSpec::Rules(rules, d) => {
+                for (j, (ms, fate)) in rules.iter().enumerate() {
+                    let mut fields = std::collections::HashSet::new();
+                    let m: Vec<&str> = ms
+                        .iter()
+                        .map(|&k| MATCHES[k])
+                        // A field once per rule.
+                        .filter(|m| {
+                            m.split_whitespace()
+                                .step_by(2)
+                                .all(|f| fields.insert(f.to_owned()))
+                        })
+                        .collect();
+                    let m = if m.is_empty() {
+                        String::new()
+                    } else {
+                        format!("match {} ", m.join(" "))
+                    };
+                    text += &format!("  rule r{j} {{ {m}actions {} }}\n", actions(*fate, i, n));
+                }
+                d
+            }
+            PipeSpec::Exact(entries, d) => {
+                text += "  table exact ipv4.dst udp.dst {\n";
+                let mut seen = std::collections::HashSet::new();
+                for (j, &(a, port)) in entries.iter().enumerate() {
+                    if seen.insert((a, port)) {
+                        let [w, x, y, z] = V4[a];
+                        text += &format!(
+                            "    {w}.{x}.{y}.{z} {} => {}\n",
+                            L4_PORTS[port],
+                            actions(j as u8 % 6, i, n)
+                        );
+                    }
+                }
+                text += "  }\n";
+                d
+            }
+            PipeSpec::Lpm(entries, d) => {
+                text += "  table lpm ipv4.dst {\n";
+                let mut seen = std::collections::HashSet::new();
+                for (j, &(a, len)) in entries.iter().enumerate() {
+                    let v = u32::from_be_bytes(V4[a]) & (u32::MAX << (32 - u32::from(len)));
+                    if seen.insert((v, len)) {
+                        let [w, x, y, z] = v.to_be_bytes();
+                        text += &format!(
+                            "    {w}.{x}.{y}.{z}/{len} => {}\n",
+                            actions(j as u8 % 6, i, n)
+                        );
+                    }
+                }
+                text += "  }\n";
+                d
+            }
+        };
+        text += &format!("  default {{ actions {} }}\n}}\n", actions(*default, i, n));
+    }
+    text
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn hardware_pipes_choose_as_the_engine_does(
+        specs in prop::collection::vec(pipe_spec(), 1..4),
+        packets in prop::collection::vec((pkt(), any::<bool>()), 1..40),
+    ) {
+        let text = pipeline(&specs);
+        let prog = program(&text);
+        let mut both = Both::new(&prog);
+        for (p, from_b) in &packets {
+            let port = PortId(u16::from(*from_b && specs.len() > 1));
+            both.assert_same_walk(&frame(p), port);
+        }
+    }
+}
+
+#[test]
+fn example_pipelines_choose_as_the_engine_does_at_their_roots() {
+    for name in EXAMPLES {
+        let prog = example(name);
+        let mut both = Both::new(&prog);
+        for (i, _) in prog.ports.iter().enumerate() {
+            let port = PortId(i as u16);
+            for frame in dpuflow::traffic::generate(&prog, port, 128, 64) {
+                both.assert_same_walk(&frame, port);
+            }
+        }
+    }
+}
