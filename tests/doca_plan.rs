@@ -67,9 +67,16 @@ fn software_reason(plan: &Plan, pipe: u16) -> Option<&str> {
 
 #[test]
 fn a_control_pipe_takes_eight_priorities() {
+    // Each rule overlaps those before it (ranges all holding port 0), so each needs a
+    // priority after theirs.
     let rules = |n: usize| {
         (0..n)
-            .map(|i| format!("rule r{i} {{ match udp.dst {i} actions fwd b }}\n"))
+            .map(|i| {
+                format!(
+                    "rule r{i} {{ match udp.dst 0-{} actions fwd b }}\n",
+                    100 - i
+                )
+            })
             .collect::<String>()
     };
     let eight = plan_of(&format!(
@@ -84,6 +91,43 @@ fn a_control_pipe_takes_eight_priorities() {
     ));
     let why = software_reason(&nine, 0).expect("in software");
     assert!(why.contains("more than a control pipe's 8"), "{why}");
+}
+
+#[test]
+fn rules_no_packet_matches_together_share_a_priority() {
+    let p = plan_of(
+        "pipe p root from a {
+            rule web   { match tcp.dst {80, 443}  actions fwd b }
+            rule dns   { match udp.dst 53         actions fwd b }
+            rule ping  { match icmp.type 8        actions fwd b }
+            rule ping6 { match icmp6.type 128     actions fwd b }
+            rule ssh   { match tcp.dst 22         actions fwd b }
+            rule any   { match ipv4.dst 10.0.0.0/8 actions drop }
+            default    { actions count, drop }
+        }",
+    );
+    let control = p.pipes.iter().find(|x| x.name == "p").expect("pipe p");
+    let Entries::Listed(entries) = &control.entries else {
+        panic!("{p}")
+    };
+    let priorities: Vec<_> = entries
+        .iter()
+        .map(|e| (e.label.as_str(), e.priority))
+        .collect();
+    assert_eq!(
+        priorities,
+        [
+            ("web", Some(0)),
+            ("web", Some(0)),
+            ("dns", Some(0)),
+            ("ping", Some(0)),
+            ("ping6", Some(0)),
+            ("ssh", Some(0)),
+            // It overlaps web, dns, ping and ssh (IPv4 packets to 10/8).
+            ("any", Some(1)),
+            ("default", Some(2)),
+        ]
+    );
 }
 
 #[test]
@@ -259,16 +303,26 @@ fn plan_walk(
         let pipe = &plan.pipes[at.0];
         let chosen = match &pipe.entries {
             Entries::Listed(entries) => {
-                let mut order: Vec<_> = entries.iter().collect();
-                order.sort_by_key(|e| e.priority);
-                order
-                    .into_iter()
-                    .find(|e| {
+                let hits: Vec<_> = entries
+                    .iter()
+                    .filter(|e| {
                         e.matches.iter().all(|m| {
                             read(frame, &meta, &st, m.field).is_some_and(|v| v & m.mask == m.value)
                         })
                     })
-                    .map(|e| (e.rule, e.action))
+                    .collect();
+                let first = hits.iter().map(|e| e.priority).min();
+                let mut best = hits.into_iter().filter(|e| Some(e.priority) == first);
+                let chosen = best.next();
+                // DOCA Flow leaves the order of entries of one priority open: two
+                // rules a packet matches must not share one.
+                if let (Some(a), Some(b)) = (
+                    chosen,
+                    best.find(|b| b.action != chosen.map_or(0, |c| c.action)),
+                ) {
+                    panic!("{plan}\nentries {} and {} of {} both match at one priority\nframe {frame:02x?}", a.label, b.label, pipe.name);
+                }
+                chosen.map(|e| (e.rule, e.action))
             }
             Entries::Table { indices } => {
                 let of = pipe.of.expect("a table's pipe");

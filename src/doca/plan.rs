@@ -352,9 +352,10 @@ impl Planner<'_> {
         lowered
     }
 
-    /// A rule pipe as a control pipe: rule `i` at priority `i`, expanded to an entry per
-    /// combination of its fields' alternatives; a `default` with more than a drop or a
-    /// goto as a last, match-all entry.
+    /// A rule pipe as a control pipe: each rule expanded to an entry per combination of its
+    /// fields' alternatives, at a priority after every earlier rule it overlaps (see
+    /// [`priority_levels`]); a `default` with more than a drop or a goto as a last,
+    /// match-all entry.
     fn lower_rules(&mut self, id: PipeId) -> Result<HwId, String> {
         let pipe = self.p.pipe(id);
         let PipeBody::Rules(rules) = &pipe.body else {
@@ -362,19 +363,25 @@ impl Planner<'_> {
         };
         let mut actions = Vec::with_capacity(rules.len() + 1);
         let mut entries = Vec::new();
-        for (i, rule) in rules.iter().enumerate() {
-            let cx = Context::of(
-                rule.matches
-                    .iter()
-                    .map(|m| (m.field, exact(m.field, &m.pattern))),
-            );
+        let contexts: Vec<Context> = rules
+            .iter()
+            .map(|r| {
+                Context::of(
+                    r.matches
+                        .iter()
+                        .map(|m| (m.field, exact(m.field, &m.pattern))),
+                )
+            })
+            .collect();
+        let levels = priority_levels(rules, &contexts);
+        for (i, (rule, cx)) in rules.iter().zip(&contexts).enumerate() {
             let action = actions.len();
-            actions.push(self.template(&rule.actions, &cx)?);
-            let expanded = rule_entries(rule.matches.iter().map(|m| (m.field, &m.pattern)), &cx)
+            actions.push(self.template(&rule.actions, cx)?);
+            let expanded = rule_entries(rule.matches.iter().map(|m| (m.field, &m.pattern)), cx)
                 .map_err(|e| format!("rule {}: {e}", rule.name))?;
             for (selectors, matches) in expanded {
                 entries.push(Entry {
-                    priority: Some(i as u32),
+                    priority: Some(levels[i]),
                     selectors,
                     matches,
                     action,
@@ -383,24 +390,25 @@ impl Planner<'_> {
                 });
             }
         }
-        let miss = self.miss_fwd(&pipe.miss)?;
-        let mut last = rules.len();
-        let miss = match miss {
+        // The default overlaps every rule: it comes after them all.
+        let mut used = levels.iter().max().map_or(0, |l| l + 1);
+        let miss = match self.miss_fwd(&pipe.miss)? {
             Some(fwd) => fwd,
             None => {
                 actions.push(self.template(&pipe.miss, &Context::default())?);
                 entries.push(Entry {
-                    priority: Some(last as u32),
+                    priority: Some(used),
                     ..match_all(actions.len() - 1)
                 });
-                last += 1;
+                used += 1;
                 Fwd::Drop
             }
         };
-        if last > CONTROL_PRIORITIES {
+        if used as usize > CONTROL_PRIORITIES {
             return Err(format!(
-                "{last} priorities (rules, and a default that does more than drop or go to \
-                 a pipe), more than a control pipe's {CONTROL_PRIORITIES}"
+                "{used} priorities (rules that overlap one another, and a default that does \
+                 more than drop or go to a pipe), more than a control pipe's \
+                 {CONTROL_PRIORITIES}"
             ));
         }
         Ok(self.push(HwPipe {
@@ -619,6 +627,74 @@ fn match_all(action: usize) -> Entry {
         action,
         rule: None,
         label: "default".into(),
+    }
+}
+
+/// A priority for each rule, 0 first: one after the highest of the earlier rules it
+/// overlaps. First match wins only between rules some packet matches both of, so rules no
+/// packet can match together share a priority, and a control pipe's eight take many
+/// more than eight rules (the firewall's rules on different ports or protocols, a
+/// gateway's on different VNIs, are all at 0).
+fn priority_levels(rules: &[crate::ir::Rule], contexts: &[Context]) -> Vec<u32> {
+    let mut levels: Vec<u32> = Vec::with_capacity(rules.len());
+    for (i, rule) in rules.iter().enumerate() {
+        let level = (0..i)
+            .filter(|&j| may_overlap(&rules[j], &contexts[j], rule, &contexts[i]))
+            .map(|j| levels[j] + 1)
+            .max()
+            .unwrap_or(0);
+        levels.push(level);
+    }
+    levels
+}
+
+/// Whether some packet may match both rules: `false` only when one field both match has
+/// disjoint patterns, or their fields pin different IP versions or transport protocols
+/// (no packet has a TCP and a UDP header).
+fn may_overlap(a: &crate::ir::Rule, acx: &Context, b: &crate::ir::Rule, bcx: &Context) -> bool {
+    fn differ<T: PartialEq>(x: Option<T>, y: Option<T>) -> bool {
+        matches!((x, y), (Some(x), Some(y)) if x != y)
+    }
+    for (x, y) in [(acx.outer, bcx.outer), (acx.inner, bcx.inner)] {
+        if differ(x.family, y.family) || differ(x.proto, y.proto) {
+            return false;
+        }
+    }
+    if differ(acx.tunnel, bcx.tunnel) {
+        return false;
+    }
+    a.matches.iter().all(|ma| {
+        b.matches
+            .iter()
+            .find(|mb| mb.field == ma.field)
+            .is_none_or(|mb| intersect(&ma.pattern, &mb.pattern, ma.field.kind()))
+    })
+}
+
+/// Whether two patterns of one field share a value; `true` when unsure.
+fn intersect(a: &Pattern, b: &Pattern, kind: crate::ir::ValueKind) -> bool {
+    match (a, b) {
+        (Pattern::Any(xs), _) => xs.iter().any(|x| intersect(x, b, kind)),
+        (_, Pattern::Any(ys)) => ys.iter().any(|y| intersect(a, y, kind)),
+        (Pattern::Masked { value: v, mask: m }, Pattern::Masked { value: w, mask: n }) => {
+            (v ^ w) & m & n == 0
+        }
+        _ => match (interval(a, kind), interval(b, kind)) {
+            (Some((lo, hi)), Some((olo, ohi))) => lo <= ohi && olo <= hi,
+            _ => true,
+        },
+    }
+}
+
+/// A range or a prefix as the interval of values it matches.
+fn interval(p: &Pattern, kind: crate::ir::ValueKind) -> Option<(u128, u128)> {
+    match *p {
+        Pattern::Range { lo, hi } => Some((lo, hi)),
+        Pattern::Masked { value, mask } => {
+            let host = !mask & kind.full_mask();
+            (host & host.wrapping_add(1) == 0).then_some((value, value | host))
+        }
+        Pattern::Any(_) => None,
     }
 }
 
