@@ -6,10 +6,11 @@
 //! After an intended change of the plans, regenerate the golden files with
 //! `DPUFLOW_BLESS=1 cargo test --test doca_plan`.
 
-use dpuflow::doca::plan::{Entries, Fwd, HwId, Plan};
+use dpuflow::doca::plan::{Entries, Fwd, HwId, Plan, Role};
+use dpuflow::doca::Selector;
 use dpuflow::engine::field::{read, PacketState};
 use dpuflow::engine::packet::PacketBuf;
-use dpuflow::engine::parse::TunnelPorts;
+use dpuflow::engine::parse::{TunnelPorts, L3};
 use dpuflow::engine::{parse, Compiled, Engine, Observer, Verdict};
 use dpuflow::ir::{PipeBody, PipeId, PortId, Program, ServiceId};
 use dpuflow::{doca, lang};
@@ -52,7 +53,8 @@ fn example_plans_match_their_golden_files() {
     }
 }
 
-const PORTS: &str = "pipeline t\nport a { driver pcap }\nport b { driver pcap }\n";
+const PORTS: &str = "pipeline t\nport a { driver pcap }\nport b { driver pcap }\n\
+                     meter m { rate 1000000 pps burst 1000000 }\n";
 
 fn plan_of(pipes: &str) -> Plan {
     doca::plan(&program(&format!("{PORTS}{pipes}")))
@@ -151,6 +153,39 @@ fn an_action_list_out_of_doca_order_stays_in_software() {
     );
     assert!(p.software.is_empty(), "{p}");
     assert_eq!(p.encaps.len(), 1);
+}
+
+#[test]
+fn meters_mirrors_and_ttls_take_pipes_of_their_own() {
+    let p = plan_of(
+        "pipe p root from a {
+            table lpm ipv4.dst {
+                10.0.0.0/8  => dec ttl, fwd b
+                10.9.0.0/16 => meter m, mirror a, count, fwd b
+            }
+            default { actions drop }
+        }",
+    );
+    assert!(p.software.is_empty(), "{p}");
+    let roles: Vec<Role> = p.pipes.iter().map(|x| x.role).collect();
+    for role in [Role::DecTtl, Role::Mirror, Role::MeterColor, Role::Meter] {
+        assert!(roles.contains(&role), "{role:?}\n{p}");
+    }
+    assert_eq!(p.meters.len(), 1);
+    // A byte meter measures the packet as DOCA Flow has it when every rewrite is done:
+    // an encapsulation after the meter would be counted.
+    let p = plan_of(
+        "pipe p root from a {
+            rule r { match udp.dst 53 actions meter m, vxlan.encap { vni 1 src 192.0.2.1 dst 192.0.2.2 smac 02:00:00:00:00:01 dmac 02:00:00:00:00:02 }, fwd b }
+            default { actions drop }
+        }",
+    );
+    assert!(
+        software_reason(&p, 0)
+            .expect("in software")
+            .contains("after a meter"),
+        "{p}"
+    );
 }
 
 #[test]
@@ -301,14 +336,22 @@ fn plan_walk(
     let mut at = plan.root;
     loop {
         let pipe = &plan.pipes[at.0];
-        let chosen = match &pipe.entries {
-            Entries::Listed(entries) => {
+        let chosen = match (&pipe.entries, pipe.role) {
+            // Packets are metered green (the test's meters never run out); the packet,
+            // not its copy, goes on from a mirror.
+            (Entries::Listed(entries), Role::MeterColor) => entries
+                .iter()
+                .find(|e| e.selectors.iter().any(|s| s.value.ends_with("GREEN"))),
+            (Entries::Listed(entries), Role::Mirror) => entries.first(),
+            (Entries::Listed(entries), _) => {
                 let hits: Vec<_> = entries
                     .iter()
                     .filter(|e| {
-                        e.matches.iter().all(|m| {
-                            read(frame, &meta, &st, m.field).is_some_and(|v| v & m.mask == m.value)
-                        })
+                        e.selectors.iter().all(|s| selector_holds(s, &meta))
+                            && e.matches.iter().all(|m| {
+                                read(frame, &meta, &st, m.field)
+                                    .is_some_and(|v| v & m.mask == m.value)
+                            })
                     })
                     .collect();
                 let first = hits.iter().map(|e| e.priority).min();
@@ -320,29 +363,39 @@ fn plan_walk(
                     chosen,
                     best.find(|b| b.action != chosen.map_or(0, |c| c.action)),
                 ) {
-                    panic!("{plan}\nentries {} and {} of {} both match at one priority\nframe {frame:02x?}", a.label, b.label, pipe.name);
+                    panic!(
+                        "{plan}\nentries {} and {} of {} both match at one priority\nframe {frame:02x?}",
+                        a.label, b.label, pipe.name
+                    );
                 }
-                chosen.map(|e| (e.rule, e.action))
+                chosen
             }
+            (Entries::Table { .. }, _) => None,
+        }
+        .map(|e| (e.rule, e.action))
+        .or_else(|| match &pipe.entries {
             Entries::Table { indices } => {
                 let of = pipe.of.expect("a table's pipe");
                 table_hit(prog, of, frame, &meta, &st).map(|i| (Some(i), indices[i] as usize))
             }
-        };
+            Entries::Listed(_) => None,
+        });
         let fwd = match chosen {
             Some((entry, action)) => {
-                if let Some(of) = pipe.of {
-                    steps.push((of, entry));
+                match pipe.role {
+                    Role::Pipe => steps.push((pipe.of.expect("a pipeline pipe"), entry)),
+                    Role::Default => steps.push((pipe.of.expect("a pipeline pipe"), None)),
+                    _ => {}
                 }
                 pipe.actions[action].fwd
             }
             None => {
-                // A miss: straight to the default's own pipe (which records it), else the
-                // default is a bare drop or goto, recorded here.
-                let to_default_pipe = matches!(pipe.miss,
-                    Fwd::Pipe(h) if plan.pipes[h.0].of == pipe.of);
-                if !to_default_pipe {
-                    steps.push((pipe.of.expect("the root pipe has no pipeline pipe"), None));
+                // A miss: to the default's own pipe (which records it), else the default
+                // is a bare drop or goto, recorded here.
+                let to_default =
+                    matches!(pipe.miss, Fwd::Pipe(h) if plan.pipes[h.0].role == Role::Default);
+                if !to_default {
+                    steps.push((pipe.of.expect("only pipeline pipes miss"), None));
                 }
                 pipe.miss
             }
@@ -358,6 +411,40 @@ fn plan_walk(
             Fwd::Service(s) => End::Service(s),
         };
         return Walk { steps, end };
+    }
+}
+
+/// Whether a packet passes an entry's selector as DOCA Flow's parser would see it: the
+/// parser's verdicts (`parser_meta.*_type`) and the tunnel and VLAN presence decide; the
+/// header types (`outer.l3_type`) only choose which union member the match reads.
+fn selector_holds(s: &Selector, meta: &parse::Meta) -> bool {
+    let l3 = |l: &parse::Layers, v: &str| match v {
+        "DOCA_FLOW_L3_META_IPV4" => l.l3_kind == L3::V4,
+        "DOCA_FLOW_L3_META_IPV6" => l.l3_kind == L3::V6,
+        _ => panic!("unknown L3 type {v}"),
+    };
+    let l4 = |l: &parse::Layers, v: &str| {
+        l.l4_ok
+            && match v {
+                "DOCA_FLOW_L4_META_TCP" => l.proto == 6,
+                "DOCA_FLOW_L4_META_UDP" => l.proto == 17,
+                "DOCA_FLOW_L4_META_ICMP" => l.proto == 1 || l.proto == 58,
+                _ => panic!("unknown L4 type {v}"),
+            }
+    };
+    let tunnelled = meta.tunnel.is_some();
+    match s.member.as_str() {
+        "parser_meta.outer_l3_type" => l3(&meta.outer, s.value),
+        "parser_meta.inner_l3_type" => tunnelled && l3(&meta.inner, s.value),
+        "parser_meta.outer_l4_type" => l4(&meta.outer, s.value),
+        "parser_meta.inner_l4_type" => tunnelled && l4(&meta.inner, s.value),
+        "tun.type" => meta
+            .tunnel
+            .is_some_and(|t| s.value.ends_with(&t.kind.name().to_ascii_uppercase())),
+        "outer.l2_valid_headers" => meta.outer.vlan != 0,
+        "inner.l2_valid_headers" => tunnelled && meta.inner.vlan != 0,
+        m if m.ends_with(".l3_type") || m.ends_with(".l4_type_ext") => true,
+        m => panic!("selector {m} not simulated"),
     }
 }
 
@@ -608,7 +695,7 @@ enum PipeSpec {
 }
 
 fn pipe_spec() -> impl Strategy<Value = PipeSpec> {
-    let fate = 0..6u8;
+    let fate = 0..9u8;
     prop_oneof![
         4 => (prop::collection::vec((prop::collection::vec(0..MATCHES.len(), 0..3), fate.clone()), 1..10), fate.clone())
             .prop_map(|(r, d)| PipeSpec::Rules(r, d)),
@@ -619,14 +706,18 @@ fn pipe_spec() -> impl Strategy<Value = PipeSpec> {
     ]
 }
 
-/// Actions ending in a fate: forward, count and forward, drop, count and drop, or a goto
-/// to the next pipe (forward out of the last).
+/// Actions ending in a fate: forward, count and forward, drop, count and drop, meter,
+/// mirror or decrement the TTL and forward, or a goto to a later pipe (forward out of the
+/// last).
 fn actions(fate: u8, i: usize, pipes: usize) -> String {
     match fate {
         0 => "fwd b".into(),
         1 => "count, fwd a".into(),
         2 => "drop".into(),
         3 => "count, drop".into(),
+        4 => "meter m, count, fwd b".into(),
+        5 => "mirror a, fwd b".into(),
+        6 => "dec ttl, fwd a".into(),
         _ if i + 1 < pipes => format!("goto p{}", i + 1 + usize::from(fate) % (pipes - i - 1)),
         _ => "fwd b".into(),
     }
@@ -674,7 +765,7 @@ fn pipeline(specs: &[PipeSpec]) -> String {
                         text += &format!(
                             "    {w}.{x}.{y}.{z} {} => {}\n",
                             L4_PORTS[port],
-                            actions(j as u8 % 6, i, n)
+                            actions(j as u8 % 9, i, n)
                         );
                     }
                 }
@@ -690,7 +781,7 @@ fn pipeline(specs: &[PipeSpec]) -> String {
                         let [w, x, y, z] = v.to_be_bytes();
                         text += &format!(
                             "    {w}.{x}.{y}.{z}/{len} => {}\n",
-                            actions(j as u8 % 6, i, n)
+                            actions(j as u8 % 9, i, n)
                         );
                     }
                 }

@@ -9,13 +9,15 @@
 //! takes nothing else, so a `default` that does more becomes a pipe of its own, or a
 //! control pipe's last entry); a pipe's actions apply in a fixed order (decap, pop, meta,
 //! outer modify, tunnel modify, push, encap), so an action list in another order does not
-//! fit one pipe.
+//! fit one pipe; `meter`, `mirror` and `dec ttl` each take pipes of their own, where the
+//! rest of the action list goes on.
 
 use std::fmt::{self, Write as _};
 
-use super::fields::{match_place, set_place, Context, Place, Selector};
+use super::fields::{match_place, set_place, Context, Family, Headers, Place, Selector};
 use crate::ir::{
-    Action, ActionList, Encap, Field, Pattern, PipeBody, PipeId, PortId, Program, ServiceId, Tunnel,
+    Action, ActionList, Encap, Field, FieldId, MeterId, Pattern, PipeBody, PipeId, PortId, Program,
+    ServiceId, Tunnel,
 };
 
 /// A control pipe's priorities: 0 (first) to 7 (last), as NVIDIA documents them.
@@ -39,6 +41,9 @@ pub struct Plan {
     pub software: Vec<(PipeId, String)>,
     /// Shared encapsulation resources (`DOCA_FLOW_SHARED_RESOURCE_ENCAP`), by id.
     pub encaps: Vec<Encap>,
+    /// Shared meter resources (`DOCA_FLOW_SHARED_RESOURCE_METER`), by id: the pipeline's
+    /// meters that hardware pipes use.
+    pub meters: Vec<MeterId>,
     /// Things an operator should know that are not errors.
     pub notes: Vec<String>,
     /// The pipeline's port, pipe and service names, by id, for people.
@@ -50,6 +55,7 @@ struct Names {
     ports: Vec<String>,
     pipes: Vec<String>,
     services: Vec<String>,
+    meters: Vec<String>,
 }
 
 impl Plan {
@@ -65,6 +71,8 @@ pub enum PipeType {
     Basic,
     Control,
     Lpm,
+    /// A hash pipe with the flooding algorithm: every packet goes to each of its entries.
+    Flooding,
 }
 
 impl PipeType {
@@ -73,14 +81,35 @@ impl PipeType {
             PipeType::Basic => "DOCA_FLOW_PIPE_BASIC",
             PipeType::Control => "DOCA_FLOW_PIPE_CONTROL",
             PipeType::Lpm => "DOCA_FLOW_PIPE_LPM",
+            PipeType::Flooding => "DOCA_FLOW_PIPE_HASH",
         }
     }
+}
+
+/// What a pipe is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The root: a port's packets to its pipeline root.
+    Ports,
+    /// A pipeline pipe's rules or table.
+    Pipe,
+    /// A pipeline pipe's `default`, when `fwd_miss` cannot be it.
+    Default,
+    /// Meters the packets of an action list (its monitor's shared meter)...
+    Meter,
+    /// ...and this one drops those it coloured red, counting each colour.
+    MeterColor,
+    /// `dec ttl`: drops a packet whose TTL (hop limit) would reach zero, else decrements.
+    DecTtl,
+    /// `mirror`: entry 0 the packet goes on, entry 1 the copy to the mirror port.
+    Mirror,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct HwPipe {
     pub name: String,
     pub kind: PipeType,
+    pub role: Role,
     pub root: bool,
     /// The pipeline pipe this is (part of); none for the root pipe.
     pub of: Option<PipeId>,
@@ -168,7 +197,21 @@ pub struct ActionTemplate {
     pub steps: Vec<Step>,
     /// A non-shared counter in the entry's monitor.
     pub counter: bool,
+    /// The shared meter (an id into [`Plan::meters`]) in the entry's monitor.
+    pub meter: Option<u32>,
     pub fwd: Fwd,
+}
+
+impl ActionTemplate {
+    /// Only a forward.
+    fn to(fwd: Fwd) -> ActionTemplate {
+        ActionTemplate {
+            steps: Vec::new(),
+            counter: false,
+            meter: None,
+            fwd,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -182,6 +225,12 @@ pub enum Step {
         member: String,
         value: u128,
         mask: u128,
+    },
+    /// A member of `doca_flow_actions` added to, modulo its width: an action descriptor
+    /// of type `DOCA_FLOW_ACTION_ADD` (`dec ttl` adds 0xff to the 8-bit TTL).
+    Add {
+        member: String,
+        value: u128,
     },
     PushVlan {
         vid: u16,
@@ -198,7 +247,7 @@ impl Step {
             Step::Decap(_) => 0,
             Step::PopVlan => 1,
             Step::Modify { member, .. } if member.starts_with("meta.") => 2,
-            Step::Modify { .. } => 3,
+            Step::Modify { .. } | Step::Add { .. } => 3,
             Step::PushVlan { .. } => 5,
             Step::Encap(_) => 6,
         }
@@ -227,6 +276,7 @@ pub fn plan(p: &Program) -> Plan {
         software: Vec::new(),
         pipes: Vec::new(),
         encaps: Vec::new(),
+        meters: Vec::new(),
     };
     for i in post_order(p) {
         let id = PipeId(i as u16);
@@ -250,15 +300,11 @@ pub fn plan(p: &Program) -> Plan {
         let Some(root) = p.root_of(id) else {
             continue;
         };
-        actions.push(ActionTemplate {
-            steps: Vec::new(),
-            counter: false,
-            fwd: planner.fwd(&Action::Goto(root)),
-        });
+        actions.push(ActionTemplate::to(planner.fwd(&Action::Goto(root))));
         entries.push(Entry {
             matches: vec![EntryMatch {
                 field: Field {
-                    id: crate::ir::FieldId::InPort,
+                    id: FieldId::InPort,
                     inner: false,
                 },
                 member: "parser_meta.port_id".into(),
@@ -274,6 +320,7 @@ pub fn plan(p: &Program) -> Plan {
     let root = planner.push(HwPipe {
         name: "ports".into(),
         kind: PipeType::Basic,
+        role: Role::Ports,
         root: true,
         of: None,
         template: vec![TemplateItem::PerEntry {
@@ -291,11 +338,13 @@ pub fn plan(p: &Program) -> Plan {
         root,
         software: planner.software,
         encaps: planner.encaps,
+        meters: planner.meters,
         notes,
         names: Names {
             ports: p.ports.iter().map(|x| x.name.clone()).collect(),
             pipes: p.pipes.iter().map(|x| x.name.clone()).collect(),
             services: p.services.iter().map(|x| x.name.clone()).collect(),
+            meters: p.meters.iter().map(|x| x.name.clone()).collect(),
         },
     }
 }
@@ -329,6 +378,7 @@ struct Planner<'p> {
     software: Vec<(PipeId, String)>,
     pipes: Vec<HwPipe>,
     encaps: Vec<Encap>,
+    meters: Vec<MeterId>,
 }
 
 impl Planner<'_> {
@@ -340,7 +390,7 @@ impl Planner<'_> {
     /// Plans pipeline pipe `id`, returning the hardware pipe packets enter it by; on
     /// failure, nothing is planned.
     fn lower(&mut self, id: PipeId) -> Result<HwId, String> {
-        let (first, encaps) = (self.pipes.len(), self.encaps.len());
+        let (first, encaps, meters) = (self.pipes.len(), self.encaps.len(), self.meters.len());
         let lowered = match &self.p.pipe(id).body {
             PipeBody::Rules(_) => self.lower_rules(id),
             PipeBody::Exact { .. } | PipeBody::Lpm { .. } => self.lower_table(id),
@@ -348,6 +398,7 @@ impl Planner<'_> {
         if lowered.is_err() {
             self.pipes.truncate(first);
             self.encaps.truncate(encaps);
+            self.meters.truncate(meters);
         }
         lowered
     }
@@ -376,7 +427,7 @@ impl Planner<'_> {
         let levels = priority_levels(rules, &contexts);
         for (i, (rule, cx)) in rules.iter().zip(&contexts).enumerate() {
             let action = actions.len();
-            actions.push(self.template(&rule.actions, cx)?);
+            actions.push(self.template(id, &rule.actions, cx)?);
             let expanded = rule_entries(rule.matches.iter().map(|m| (m.field, &m.pattern)), cx)
                 .map_err(|e| format!("rule {}: {e}", rule.name))?;
             for (selectors, matches) in expanded {
@@ -395,7 +446,7 @@ impl Planner<'_> {
         let miss = match self.miss_fwd(&pipe.miss)? {
             Some(fwd) => fwd,
             None => {
-                actions.push(self.template(&pipe.miss, &Context::default())?);
+                actions.push(self.template(id, &pipe.miss, &Context::default())?);
                 entries.push(Entry {
                     priority: Some(used),
                     ..match_all(actions.len() - 1)
@@ -414,6 +465,7 @@ impl Planner<'_> {
         Ok(self.push(HwPipe {
             name: pipe.name.clone(),
             kind: PipeType::Control,
+            role: Role::Pipe,
             root: false,
             of: Some(id),
             template: Vec::new(),
@@ -455,12 +507,13 @@ impl Planner<'_> {
         let templates = actions
             .distinct()
             .iter()
-            .map(|l| self.template(l, &cx))
+            .map(|l| self.template(id, l, &cx))
             .collect::<Result<Vec<_>, _>>()?;
         let miss = self.miss(id)?;
         Ok(self.push(HwPipe {
             name: pipe.name.clone(),
             kind,
+            role: Role::Pipe,
             root: false,
             of: Some(id),
             template,
@@ -479,10 +532,11 @@ impl Planner<'_> {
         if let Some(fwd) = self.miss_fwd(&pipe.miss)? {
             return Ok(fwd);
         }
-        let template = self.template(&pipe.miss, &Context::default())?;
+        let template = self.template(id, &pipe.miss, &Context::default())?;
         Ok(Fwd::Pipe(self.push(HwPipe {
             name: format!("{}.default", pipe.name),
             kind: PipeType::Basic,
+            role: Role::Default,
             root: false,
             of: Some(id),
             template: Vec::new(),
@@ -513,11 +567,32 @@ impl Planner<'_> {
         }
     }
 
-    /// An action list as one pipe applies it, or why it cannot.
-    fn template(&mut self, list: &ActionList, cx: &Context) -> Result<ActionTemplate, String> {
-        let mut steps = Vec::new();
+    /// An action list as pipeline pipe `of`'s entries apply it, or why they cannot.
+    fn template(
+        &mut self,
+        of: PipeId,
+        list: &ActionList,
+        cx: &Context,
+    ) -> Result<ActionTemplate, String> {
+        let (actions, terminal) = list.0.split_at(list.0.len() - 1);
+        self.stage(of, actions, &terminal[0], cx, false)
+    }
+
+    /// `actions` then `terminal` as a template: the steps one pipe applies up to the first
+    /// action that takes a pipe of its own (`meter`, `mirror`, `dec ttl`), whose pipes
+    /// take the rest. `marked`: an earlier stage set `pkt_meta`.
+    fn stage(
+        &mut self,
+        of: PipeId,
+        actions: &[Action],
+        terminal: &Action,
+        cx: &Context,
+        mut marked: bool,
+    ) -> Result<ActionTemplate, String> {
+        let mut steps: Vec<Step> = Vec::new();
         let mut counter = false;
-        for a in &list.0[..list.0.len() - 1] {
+        for (k, a) in actions.iter().enumerate() {
+            let rest = &actions[k + 1..];
             let step = match a {
                 Action::Count => {
                     counter = true;
@@ -536,29 +611,26 @@ impl Planner<'_> {
                 },
                 Action::Set { field, value } => modify(*field, *value, cx)?,
                 Action::Encap(e) => Step::Encap(self.encap(e)),
-                Action::Meter(_) => {
-                    return Err(
-                        "`meter`: metering is not planned for DOCA Flow yet (a shared \
-                                meter and a pipe dropping red)"
-                            .into(),
-                    )
-                }
-                Action::Mirror(_) => {
-                    return Err("`mirror`: mirroring is not planned for DOCA Flow yet (a \
-                                flooding hash pipe)"
-                        .into())
-                }
-                Action::DecTtl => {
-                    return Err(
-                        "`dec ttl`: DOCA Flow decrements, but a packet reaching zero \
-                                must be dropped, which is not planned yet"
-                            .into(),
-                    )
+                Action::Meter(_) | Action::Mirror(_) | Action::DecTtl => {
+                    marked |= marks(&steps);
+                    let next = match a {
+                        Action::Meter(m) => self.meter(of, *m, rest, terminal, cx, marked)?,
+                        Action::Mirror(port) => {
+                            self.mirror(of, *port, rest, terminal, cx, marked)?
+                        }
+                        _ => self.dec_ttl(of, rest, terminal, cx, marked)?,
+                    };
+                    return Ok(ActionTemplate {
+                        steps,
+                        counter,
+                        meter: None,
+                        fwd: Fwd::Pipe(next),
+                    });
                 }
                 Action::CtCommit { .. } => {
                     return Err(
                         "`ct.commit`: connection tracking runs on the Arm cores (DOCA \
-                                Flow CT is not planned yet)"
+                         Flow CT is not planned yet)"
                             .into(),
                     )
                 }
@@ -577,22 +649,225 @@ impl Planner<'_> {
             }
             steps.push(step);
         }
-        let fwd = self.fwd(list.terminal());
-        let marks = steps
-            .iter()
-            .any(|s| matches!(s, Step::Modify { member, .. } if member == "meta.pkt_meta"));
-        if marks && matches!(fwd, Fwd::Software(_) | Fwd::Service(_)) {
+        let fwd = self.fwd(terminal);
+        if (marked || marks(&steps)) && matches!(fwd, Fwd::Software(_) | Fwd::Service(_)) {
             return Err(
                 "a mark on a packet bound for the Arm cores: pkt_meta carries where the \
-                        software backend takes it on"
+                 software backend takes it on"
                     .into(),
             );
         }
         Ok(ActionTemplate {
             steps,
             counter,
+            meter: None,
             fwd,
         })
+    }
+
+    /// `meter m` and what follows it: a pipe whose monitor meters with the shared meter,
+    /// then one that drops what it coloured red and sends the rest on, each colour's
+    /// packets counted by their own entry (`parser_meta.meter_color`).
+    fn meter(
+        &mut self,
+        of: PipeId,
+        m: MeterId,
+        rest: &[Action],
+        terminal: &Action,
+        cx: &Context,
+        marked: bool,
+    ) -> Result<HwId, String> {
+        // The hardware meters once the entry's actions are applied: one that changes the
+        // packet's size after the meter would change what a byte meter measures.
+        if let Some(a) = rest.iter().find(|a| resizes(a)) {
+            return Err(format!(
+                "`{}` after a meter: DOCA Flow meters once every rewrite is done",
+                self.p.describe(a)
+            ));
+        }
+        let name = &self.p.meters[m.index()].name;
+        let id = match self.meters.iter().position(|x| *x == m) {
+            Some(i) => i,
+            None => {
+                self.meters.push(m);
+                self.meters.len() - 1
+            }
+        } as u32;
+        let mut pass = self.stage(of, rest, terminal, cx, marked)?;
+        pass.counter = true;
+        // The colours are disjoint: one priority.
+        let colour = |value| Entry {
+            priority: Some(0),
+            selectors: vec![Selector {
+                member: "parser_meta.meter_color".into(),
+                value,
+            }],
+            ..match_all(usize::from(value != "DOCA_FLOW_METER_COLOR_RED"))
+        };
+        let pipe_name = &self.p.pipe(of).name;
+        let colours = self.push(HwPipe {
+            name: format!("{pipe_name}.meter_{name}.color"),
+            kind: PipeType::Control,
+            role: Role::MeterColor,
+            root: false,
+            of: Some(of),
+            template: Vec::new(),
+            actions: vec![
+                ActionTemplate {
+                    counter: true,
+                    ..ActionTemplate::to(Fwd::Drop)
+                },
+                pass,
+            ],
+            entries: Entries::Listed(vec![
+                Entry {
+                    label: "red".into(),
+                    ..colour("DOCA_FLOW_METER_COLOR_RED")
+                },
+                Entry {
+                    label: "yellow".into(),
+                    ..colour("DOCA_FLOW_METER_COLOR_YELLOW")
+                },
+                Entry {
+                    label: "green".into(),
+                    ..colour("DOCA_FLOW_METER_COLOR_GREEN")
+                },
+            ]),
+            miss: Fwd::Drop,
+        });
+        Ok(self.push(HwPipe {
+            name: format!("{pipe_name}.meter_{name}"),
+            kind: PipeType::Basic,
+            role: Role::Meter,
+            root: false,
+            of: Some(of),
+            template: Vec::new(),
+            actions: vec![ActionTemplate {
+                meter: Some(id),
+                ..ActionTemplate::to(Fwd::Pipe(colours))
+            }],
+            entries: Entries::Listed(vec![Entry {
+                label: "meter".into(),
+                ..match_all(0)
+            }]),
+            miss: Fwd::Drop,
+        }))
+    }
+
+    /// `mirror port` and what follows it: a flooding hash pipe whose entry 0 takes the
+    /// packet on (the rest of its actions) and entry 1 sends the copy, as it is at the
+    /// mirror, out of `port`. Entry 0 is the one whose packets DOCA Flow keeps in order.
+    fn mirror(
+        &mut self,
+        of: PipeId,
+        port: PortId,
+        rest: &[Action],
+        terminal: &Action,
+        cx: &Context,
+        marked: bool,
+    ) -> Result<HwId, String> {
+        let on = self.stage(of, rest, terminal, cx, marked)?;
+        let entry = |i: usize| Entry {
+            label: if i == 0 { "packet" } else { "copy" }.into(),
+            ..match_all(i)
+        };
+        Ok(self.push(HwPipe {
+            name: format!("{}.mirror_{}", self.p.pipe(of).name, self.p.port(port).name),
+            kind: PipeType::Flooding,
+            role: Role::Mirror,
+            root: false,
+            of: Some(of),
+            template: Vec::new(),
+            actions: vec![on, ActionTemplate::to(Fwd::Port(port))],
+            entries: Entries::Listed(vec![entry(0), entry(1)]),
+            miss: Fwd::Drop,
+        }))
+    }
+
+    /// `dec ttl` and what follows it: a control pipe that drops an IPv4 packet whose TTL,
+    /// or an IPv6 one whose hop limit, is 0 or 1, decrements the others', and leaves
+    /// other packets be, as the software engine does; the rest of the actions after.
+    fn dec_ttl(
+        &mut self,
+        of: PipeId,
+        rest: &[Action],
+        terminal: &Action,
+        cx: &Context,
+        marked: bool,
+    ) -> Result<HwId, String> {
+        let on = self.stage(of, rest, terminal, cx, marked)?;
+        if on.steps.iter().any(|s| s.stage() < 3) {
+            return Err(
+                "a decap, a VLAN pop or a mark after `dec ttl`: DOCA Flow applies those \
+                 before it modifies"
+                    .into(),
+            );
+        }
+        let ttl = Field {
+            id: FieldId::IpTtl,
+            inner: false,
+        };
+        let mut actions = vec![ActionTemplate {
+            counter: true,
+            ..ActionTemplate::to(Fwd::Drop)
+        }];
+        let mut entries = Vec::new();
+        for family in [Family::V4, Family::V6] {
+            let cx = Context {
+                outer: Headers {
+                    family: Some(family),
+                    proto: None,
+                },
+                ..Context::default()
+            };
+            let place = match_place(ttl, &cx)?;
+            let expiring = EntryMatch {
+                field: ttl,
+                member: place.member.clone(),
+                shift: 0,
+                value: 0,
+                mask: 0xfe,
+            };
+            entries.push(Entry {
+                priority: Some(0),
+                selectors: place.selectors.clone(),
+                matches: vec![expiring],
+                label: "expiring".into(),
+                ..match_all(0)
+            });
+            let mut decrement = on.clone();
+            decrement.steps.insert(
+                0,
+                Step::Add {
+                    member: place.member,
+                    value: 0xff,
+                },
+            );
+            actions.push(decrement);
+            entries.push(Entry {
+                priority: Some(1),
+                selectors: place.selectors,
+                label: "decrement".into(),
+                ..match_all(actions.len() - 1)
+            });
+        }
+        actions.push(on);
+        entries.push(Entry {
+            priority: Some(2),
+            label: "not ip".into(),
+            ..match_all(actions.len() - 1)
+        });
+        Ok(self.push(HwPipe {
+            name: format!("{}.dec_ttl", self.p.pipe(of).name),
+            kind: PipeType::Control,
+            role: Role::DecTtl,
+            root: false,
+            of: Some(of),
+            template: Vec::new(),
+            actions,
+            entries: Entries::Listed(entries),
+            miss: Fwd::Drop,
+        }))
     }
 
     /// The id of the shared encapsulation resource for `e`, created on first use.
@@ -606,6 +881,21 @@ impl Planner<'_> {
         };
         i as u32
     }
+}
+
+/// Whether the steps set `pkt_meta`.
+fn marks(steps: &[Step]) -> bool {
+    steps
+        .iter()
+        .any(|s| matches!(s, Step::Modify { member, .. } if member == "meta.pkt_meta"))
+}
+
+/// Whether an action changes a packet's length.
+fn resizes(a: &Action) -> bool {
+    matches!(
+        a,
+        Action::Encap(_) | Action::Decap(_) | Action::VlanPush { .. } | Action::VlanPop
+    )
 }
 
 fn modify(field: Field, value: u128, cx: &Context) -> Result<Step, String> {
@@ -805,12 +1095,13 @@ impl fmt::Display for Plan {
         let entries: usize = self.pipes.iter().map(HwPipe::entry_count).sum();
         writeln!(
             f,
-            "plan {}: {} DOCA Flow pipes, {entries} entries, {} counters, {} shared encaps; \
-             {} pipeline pipes in software",
+            "plan {}: {} DOCA Flow pipes, {entries} entries, {} counters, {} shared encaps, \
+             {} shared meters; {} pipeline pipes in software",
             self.name,
             self.pipes.len(),
             self.counters(),
             self.encaps.len(),
+            self.meters.len(),
             self.software.len()
         )?;
         for note in &self.notes {
@@ -832,6 +1123,9 @@ impl fmt::Display for Plan {
                     format!(", {} options", e.options.len())
                 }
             )?;
+        }
+        for (i, m) in self.meters.iter().enumerate() {
+            writeln!(f, "meter {i}: {}", self.names.meters[m.index()])?;
         }
         for (id, why) in &self.software {
             writeln!(f, "software pipe {}: {why}", self.names.pipes[id.index()])?;
@@ -912,12 +1206,16 @@ impl Plan {
                     value,
                     mask,
                 } => format!("modify {member}={value:#x}/{mask:#x}"),
+                Step::Add { member, value } => format!("add {member}+={value:#x}"),
                 Step::PushVlan { vid, pcp } => format!("push vlan {vid} pcp {pcp}"),
                 Step::Encap(id) => format!("encap shared {id}"),
             })
             .collect();
         if a.counter {
             parts.push("counter".into());
+        }
+        if let Some(m) = a.meter {
+            parts.push(format!("meter shared {m}"));
         }
         parts.push(format!("fwd {}", self.fwd_name(a.fwd)));
         parts.join(", ")
