@@ -68,7 +68,7 @@ fn software_reason(plan: &Plan, pipe: u16) -> Option<&str> {
 }
 
 #[test]
-fn a_control_pipe_takes_eight_priorities() {
+fn rules_past_eight_priorities_go_on_in_chained_control_pipes() {
     // Each rule overlaps those before it (ranges all holding port 0), so each needs a
     // priority after theirs.
     let rules = |n: usize| {
@@ -76,7 +76,7 @@ fn a_control_pipe_takes_eight_priorities() {
             .map(|i| {
                 format!(
                     "rule r{i} {{ match udp.dst 0-{} actions fwd b }}\n",
-                    100 - i
+                    1000 - i
                 )
             })
             .collect::<String>()
@@ -85,14 +85,41 @@ fn a_control_pipe_takes_eight_priorities() {
         "pipe p root from a {{\n{}default {{ actions drop }}\n}}",
         rules(8)
     ));
-    assert!(eight.software.is_empty(), "{eight}");
-    // A default that counts takes a priority of its own, the ninth.
+    assert_eq!(
+        eight
+            .pipes
+            .iter()
+            .filter(|x| x.of == Some(PipeId(0)))
+            .count(),
+        1,
+        "{eight}"
+    );
+    // A default that counts takes a priority of its own, the ninth: in a second pipe.
     let nine = plan_of(&format!(
         "pipe p root from a {{\n{}default {{ actions count, drop }}\n}}",
         rules(8)
     ));
-    let why = software_reason(&nine, 0).expect("in software");
-    assert!(why.contains("more than a control pipe's 8"), "{why}");
+    let second = nine
+        .pipes
+        .iter()
+        .find(|x| x.role == Role::PipeRest)
+        .expect("p.1");
+    assert_eq!(second.entry_count(), 1, "{nine}");
+    let first = nine.pipes.iter().find(|x| x.name == "p").expect("p");
+    assert_eq!(
+        nine.pipes[match first.miss {
+            Fwd::Pipe(h) => h.0,
+            other => panic!("{other:?}"),
+        }]
+        .name,
+        "p.1"
+    );
+    let deep = plan_of(&format!(
+        "pipe p root from a {{\n{}default {{ actions drop }}\n}}",
+        rules(129)
+    ));
+    let why = software_reason(&deep, 0).expect("in software");
+    assert!(why.contains("more than 16 control pipes"), "{why}");
 }
 
 #[test]
@@ -219,11 +246,11 @@ fn a_software_pipe_is_reached_through_rss_from_the_hardware_before_it() {
             default { actions drop }
         }
         pipe q {
-            rule r { match ip.ttl 1 actions fwd b }
+            rule r { match ip.ttl 1 actions set ip.dscp 10, fwd b }
             default { actions fwd b }
         }",
     );
-    // ip.ttl with neither IP version pinned has no DOCA member.
+    // ip.dscp with neither IP version pinned has no DOCA member to set.
     assert!(software_reason(&p, 1)
         .expect("in software")
         .contains("IPv4 or the IPv6"));
@@ -383,7 +410,9 @@ fn plan_walk(
         let fwd = match chosen {
             Some((entry, action)) => {
                 match pipe.role {
-                    Role::Pipe => steps.push((pipe.of.expect("a pipeline pipe"), entry)),
+                    Role::Pipe | Role::PipeRest => {
+                        steps.push((pipe.of.expect("a pipeline pipe"), entry))
+                    }
                     Role::Default => steps.push((pipe.of.expect("a pipeline pipe"), None)),
                     _ => {}
                 }
@@ -392,8 +421,7 @@ fn plan_walk(
             None => {
                 // A miss: to the default's own pipe (which records it), else the default
                 // is a bare drop or goto, recorded here.
-                let to_default =
-                    matches!(pipe.miss, Fwd::Pipe(h) if plan.pipes[h.0].role == Role::Default);
+                let to_default = matches!(pipe.miss, Fwd::Pipe(h) if matches!(plan.pipes[h.0].role, Role::Default | Role::PipeRest));
                 if !to_default {
                     steps.push((pipe.of.expect("only pipeline pipes miss"), None));
                 }
@@ -697,7 +725,7 @@ enum PipeSpec {
 fn pipe_spec() -> impl Strategy<Value = PipeSpec> {
     let fate = 0..9u8;
     prop_oneof![
-        4 => (prop::collection::vec((prop::collection::vec(0..MATCHES.len(), 0..3), fate.clone()), 1..10), fate.clone())
+        4 => (prop::collection::vec((prop::collection::vec(0..MATCHES.len(), 0..3), fate.clone()), 1..16), fate.clone())
             .prop_map(|(r, d)| PipeSpec::Rules(r, d)),
         1 => (prop::collection::vec((0..4usize, 0..6usize), 1..5), fate.clone())
             .prop_map(|(e, d)| PipeSpec::Exact(e, d)),
@@ -824,4 +852,45 @@ fn example_pipelines_choose_as_the_engine_does_at_their_roots() {
             }
         }
     }
+}
+
+#[test]
+fn classbench_firewalls_choose_as_the_engine_does() {
+    let dir = std::env::temp_dir().join(format!("dpuflow-plan-cb-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch directory");
+    for set in ["acl1_1k", "fw1_1k", "ipc1_1k"] {
+        let rules = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../shared/classbench")
+            .join(set);
+        assert!(rules.exists(), "ClassBench set {} missing", rules.display());
+        let prog = program(&format!(
+            "{PORTS}pipe acl root from a {{\n  rules from \"{}\" {{ actions count, fwd b }}\n  \
+             default {{ actions drop }}\n}}\n",
+            rules.display()
+        ));
+        let mut both = Both::new(&prog);
+        assert!(
+            both.plan.software.is_empty(),
+            "{set}: {:?}",
+            both.plan.software
+        );
+        let keys = dpuflow::firewall::acl::gen_trace(
+            &dpuflow::firewall::acl::load_rules(&rules).expect("rules"),
+            2000,
+            7,
+        );
+        let trace = dir.join(format!("{set}.trace"));
+        let lines: String = keys
+            .iter()
+            .map(|k| {
+                let [s, d, sp, dp, p] = k.0;
+                format!("{s} {d} {sp} {dp} {p}\n")
+            })
+            .collect();
+        std::fs::write(&trace, lines).expect("trace written");
+        for frame in dpuflow::traffic::from_trace(&trace, 128).expect("frames") {
+            both.assert_same_walk(&frame, PortId(0));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

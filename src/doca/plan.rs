@@ -23,6 +23,9 @@ use crate::ir::{
 /// A control pipe's priorities: 0 (first) to 7 (last), as NVIDIA documents them.
 pub const CONTROL_PRIORITIES: usize = 8;
 
+/// Control pipes a rule pipe may take, chained by their misses: 128 priority levels.
+pub const MAX_CHAINED: usize = 16;
+
 /// Entries one rule may expand to (sets, ranges as prefixes, both IP versions).
 pub const ENTRIES_PER_RULE: usize = 64;
 
@@ -93,6 +96,9 @@ pub enum Role {
     Ports,
     /// A pipeline pipe's rules or table.
     Pipe,
+    /// More of a rule pipe's rules, past the first control pipe's eight priorities: the
+    /// pipe before misses to it.
+    PipeRest,
     /// A pipeline pipe's `default`, when `fwd_miss` cannot be it.
     Default,
     /// Meters the packets of an action list (its monitor's shared meter)...
@@ -428,8 +434,12 @@ impl Planner<'_> {
         for (i, (rule, cx)) in rules.iter().zip(&contexts).enumerate() {
             let action = actions.len();
             actions.push(self.template(id, &rule.actions, cx)?);
-            let expanded = rule_entries(rule.matches.iter().map(|m| (m.field, &m.pattern)), cx)
-                .map_err(|e| format!("rule {}: {e}", rule.name))?;
+            let mut expanded = Vec::new();
+            for cx in families(rule, cx) {
+                let entries = rule_entries(rule.matches.iter().map(|m| (m.field, &m.pattern)), &cx)
+                    .map_err(|e| format!("rule {}: {e}", rule.name))?;
+                expanded.extend(entries);
+            }
             for (selectors, matches) in expanded {
                 entries.push(Entry {
                     priority: Some(levels[i]),
@@ -455,24 +465,54 @@ impl Planner<'_> {
                 Fwd::Drop
             }
         };
-        if used as usize > CONTROL_PRIORITIES {
+        // Eight priorities a control pipe: deeper rules go on in control pipes chained by
+        // their misses, each taking the next eight levels. A packet reaches a level only
+        // if it matched nothing at the levels before, which is what priority gives.
+        let chained = (used as usize).div_ceil(CONTROL_PRIORITIES).max(1);
+        if chained > MAX_CHAINED {
             return Err(format!(
                 "{used} priorities (rules that overlap one another, and a default that does \
-                 more than drop or go to a pipe), more than a control pipe's \
+                 more than drop or go to a pipe): more than {MAX_CHAINED} control pipes of \
                  {CONTROL_PRIORITIES}"
             ));
         }
-        Ok(self.push(HwPipe {
-            name: pipe.name.clone(),
-            kind: PipeType::Control,
-            role: Role::Pipe,
-            root: false,
-            of: Some(id),
-            template: Vec::new(),
-            actions,
-            entries: Entries::Listed(entries),
-            miss,
-        }))
+        let mut by_pipe: Vec<Vec<Entry>> = vec![Vec::new(); chained];
+        for mut e in entries {
+            let level = e.priority.unwrap_or(0) as usize;
+            e.priority = Some((level % CONTROL_PRIORITIES) as u32);
+            by_pipe[level / CONTROL_PRIORITIES].push(e);
+        }
+        let mut next = miss;
+        for (k, mut entries) in by_pipe.into_iter().enumerate().rev() {
+            // Each pipe holds the templates its entries use.
+            let mut used: Vec<Option<usize>> = vec![None; actions.len()];
+            let mut own = Vec::new();
+            for e in &mut entries {
+                e.action = *used[e.action].get_or_insert_with(|| {
+                    own.push(actions[e.action].clone());
+                    own.len() - 1
+                });
+            }
+            next = Fwd::Pipe(self.push(HwPipe {
+                name: if k == 0 {
+                    pipe.name.clone()
+                } else {
+                    format!("{}.{k}", pipe.name)
+                },
+                kind: PipeType::Control,
+                role: if k == 0 { Role::Pipe } else { Role::PipeRest },
+                root: false,
+                of: Some(id),
+                template: Vec::new(),
+                actions: own,
+                entries: Entries::Listed(entries),
+                miss: next,
+            }));
+        }
+        match next {
+            Fwd::Pipe(first) => Ok(first),
+            _ => unreachable!("at least one control pipe"),
+        }
     }
 
     /// An exact table as a basic pipe, an LPM table as an LPM pipe.
@@ -881,6 +921,32 @@ impl Planner<'_> {
         };
         i as u32
     }
+}
+
+/// The contexts a rule's entries are made in: its own, or, when it matches a field of
+/// either IP version (`ip.proto`, `ip.ttl`, …) and nothing pins the version, one for
+/// each (DOCA Flow reads the field from the IPv4 or the IPv6 header).
+fn families(rule: &crate::ir::Rule, cx: &Context) -> Vec<Context> {
+    let either = rule.matches.iter().any(|m| {
+        !m.field.inner
+            && matches!(
+                m.field.id,
+                FieldId::IpProto | FieldId::IpDscp | FieldId::IpEcn | FieldId::IpTtl
+            )
+    });
+    if !either || cx.outer.family.is_some() {
+        return vec![*cx];
+    }
+    [Family::V4, Family::V6]
+        .into_iter()
+        .map(|family| Context {
+            outer: Headers {
+                family: Some(family),
+                ..cx.outer
+            },
+            ..*cx
+        })
+        .collect()
 }
 
 /// Whether the steps set `pkt_meta`.
