@@ -69,14 +69,15 @@ fn software_reason(plan: &Plan, pipe: u16) -> Option<&str> {
 
 #[test]
 fn rules_past_eight_priorities_go_on_in_chained_control_pipes() {
-    // Each rule overlaps those before it (ranges all holding port 0), so each needs a
-    // priority after theirs.
+    // Each rule overlaps those before it (ranges all holding port 1000) without being
+    // covered by one (which would make it one that never matches, planned nowhere), so
+    // each needs a priority after theirs.
     let rules = |n: usize| {
         (0..n)
             .map(|i| {
                 format!(
-                    "rule r{i} {{ match udp.dst 0-{} actions fwd b }}\n",
-                    1000 - i
+                    "rule r{i} {{ match udp.dst {i}-{} actions fwd b }}\n",
+                    1000 + i
                 )
             })
             .collect::<String>()
@@ -157,6 +158,22 @@ fn rules_no_packet_matches_together_share_a_priority() {
             ("default", Some(2)),
         ]
     );
+}
+
+#[test]
+fn rules_that_never_match_take_no_entries() {
+    let p = plan_of(
+        "pipe p root from a {
+            rule web  { match tcp.dst 1-1000 actions fwd b }
+            rule http { match tcp.dst 80     actions drop }
+            default   { actions drop }
+        }",
+    );
+    let control = p.pipes.iter().find(|x| x.name == "p").expect("pipe p");
+    let Entries::Listed(entries) = &control.entries else {
+        panic!("{p}")
+    };
+    assert!(entries.iter().all(|e| e.label == "web"), "{p}");
 }
 
 #[test]

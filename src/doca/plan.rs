@@ -430,8 +430,18 @@ impl Planner<'_> {
                 )
             })
             .collect();
-        let levels = priority_levels(rules, &contexts);
+        // A rule an earlier one covers never matches (the checker warns of it): it takes
+        // no entries, and no priority level.
+        let plain: Vec<&crate::ir::Rule> = rules.iter().collect();
+        let live: Vec<bool> = crate::ir::shadowing(&plain)
+            .iter()
+            .map(Option::is_none)
+            .collect();
+        let levels = priority_levels(rules, &contexts, &live);
         for (i, (rule, cx)) in rules.iter().zip(&contexts).enumerate() {
+            if !live[i] {
+                continue;
+            }
             let action = actions.len();
             actions.push(self.template(id, &rule.actions, cx)?);
             let mut expanded = Vec::new();
@@ -986,15 +996,16 @@ fn match_all(action: usize) -> Entry {
     }
 }
 
-/// A priority for each rule, 0 first: one after the highest of the earlier rules it
-/// overlaps. First match wins only between rules some packet matches both of, so rules no
+/// A priority for each rule that can match (`live`), 0 first: one after the highest of
+/// the earlier such rules it overlaps. First match wins only between rules some packet matches both of, so rules no
 /// packet can match together share a priority, and a control pipe's eight take many
 /// more than eight rules (the firewall's rules on different ports or protocols, a
 /// gateway's on different VNIs, are all at 0).
-fn priority_levels(rules: &[crate::ir::Rule], contexts: &[Context]) -> Vec<u32> {
+fn priority_levels(rules: &[crate::ir::Rule], contexts: &[Context], live: &[bool]) -> Vec<u32> {
     let mut levels: Vec<u32> = Vec::with_capacity(rules.len());
     for (i, rule) in rules.iter().enumerate() {
         let level = (0..i)
+            .filter(|&j| live[i] && live[j])
             .filter(|&j| may_overlap(&rules[j], &contexts[j], rule, &contexts[i]))
             .map(|j| levels[j] + 1)
             .max()
@@ -1023,35 +1034,8 @@ fn may_overlap(a: &crate::ir::Rule, acx: &Context, b: &crate::ir::Rule, bcx: &Co
         b.matches
             .iter()
             .find(|mb| mb.field == ma.field)
-            .is_none_or(|mb| intersect(&ma.pattern, &mb.pattern, ma.field.kind()))
+            .is_none_or(|mb| ma.pattern.intersects(&mb.pattern, ma.field.kind()))
     })
-}
-
-/// Whether two patterns of one field share a value; `true` when unsure.
-fn intersect(a: &Pattern, b: &Pattern, kind: crate::ir::ValueKind) -> bool {
-    match (a, b) {
-        (Pattern::Any(xs), _) => xs.iter().any(|x| intersect(x, b, kind)),
-        (_, Pattern::Any(ys)) => ys.iter().any(|y| intersect(a, y, kind)),
-        (Pattern::Masked { value: v, mask: m }, Pattern::Masked { value: w, mask: n }) => {
-            (v ^ w) & m & n == 0
-        }
-        _ => match (interval(a, kind), interval(b, kind)) {
-            (Some((lo, hi)), Some((olo, ohi))) => lo <= ohi && olo <= hi,
-            _ => true,
-        },
-    }
-}
-
-/// A range or a prefix as the interval of values it matches.
-fn interval(p: &Pattern, kind: crate::ir::ValueKind) -> Option<(u128, u128)> {
-    match *p {
-        Pattern::Range { lo, hi } => Some((lo, hi)),
-        Pattern::Masked { value, mask } => {
-            let host = !mask & kind.full_mask();
-            (host & host.wrapping_add(1) == 0).then_some((value, value | host))
-        }
-        Pattern::Any(_) => None,
-    }
 }
 
 /// The value `field` is matched with exactly, if one.

@@ -353,6 +353,55 @@ pub struct Rule {
     pub actions: ActionList,
 }
 
+impl Rule {
+    /// True when every packet `other` matches, `self` matches too: each field `self`
+    /// matches, `other` matches within it. Conservative, as [`Pattern::covers`].
+    pub fn covers(&self, other: &Rule) -> bool {
+        self.matches.iter().all(|m| {
+            other
+                .matches
+                .iter()
+                .find(|o| o.field == m.field)
+                .is_some_and(|o| m.pattern.covers(&o.pattern, m.field.kind()))
+        })
+    }
+}
+
+/// For each rule, an earlier one that covers it, if any: a rule so covered never matches
+/// (first match wins). Rules whose patterns are all intervals are compared as boxes over a
+/// common field list, a few integer comparisons a pair, so 10k-rule files stay fast.
+pub fn shadowing(rules: &[&Rule]) -> Vec<Option<usize>> {
+    let mut fields: Vec<Field> = rules
+        .iter()
+        .flat_map(|r| r.matches.iter().map(|m| m.field))
+        .collect();
+    fields.sort();
+    fields.dedup();
+    let boxes: Vec<Option<Vec<(u128, u128)>>> = rules
+        .iter()
+        .map(|r| {
+            fields
+                .iter()
+                .map(|f| match r.matches.iter().find(|m| m.field == *f) {
+                    None => Some((0, f.kind().full_mask())),
+                    Some(m) => m.pattern.interval(f.kind()),
+                })
+                .collect()
+        })
+        .collect();
+    (0..rules.len())
+        .map(|j| {
+            (0..j).find(|&i| match (&boxes[i], &boxes[j]) {
+                (Some(a), Some(b)) => a
+                    .iter()
+                    .zip(b)
+                    .all(|(&(alo, ahi), &(blo, bhi))| alo <= blo && bhi <= ahi),
+                _ => rules[i].covers(rules[j]),
+            })
+        })
+        .collect()
+}
+
 /// An LPM table entry's prefix: its first `len` bits, right-aligned in `value` as a
 /// [`Pattern`]'s values are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -409,7 +458,7 @@ impl Pattern {
     }
 
     /// The pattern as an inclusive interval, when it is one (ranges and prefix masks).
-    fn interval(&self, kind: ValueKind) -> Option<(u128, u128)> {
+    pub fn interval(&self, kind: ValueKind) -> Option<(u128, u128)> {
         match *self {
             Pattern::Range { lo, hi } => Some((lo, hi)),
             Pattern::Masked { value, mask } => {
@@ -418,6 +467,22 @@ impl Pattern {
                 (host & host.wrapping_add(1) == 0).then_some((value, value | host))
             }
             Pattern::Any(_) => None,
+        }
+    }
+
+    /// Whether some value matches both patterns. Conservative: it may answer true for
+    /// patterns that share none (a non-prefix mask against a range), never false wrongly.
+    pub fn intersects(&self, other: &Pattern, kind: ValueKind) -> bool {
+        match (self, other) {
+            (Pattern::Any(xs), _) => xs.iter().any(|x| x.intersects(other, kind)),
+            (_, Pattern::Any(ys)) => ys.iter().any(|y| self.intersects(y, kind)),
+            (Pattern::Masked { value: v, mask: m }, Pattern::Masked { value: w, mask: n }) => {
+                (v ^ w) & m & n == 0
+            }
+            _ => match (self.interval(kind), other.interval(kind)) {
+                (Some((lo, hi)), Some((olo, ohi))) => lo <= ohi && olo <= hi,
+                _ => true,
+            },
         }
     }
 
@@ -976,6 +1041,42 @@ mod tests {
         assert!(!Pattern::exact(443, PORT).covers(&set, PORT));
         assert!(Pattern::Masked { value: 0, mask: 0 }.covers(&r, PORT));
         assert!(Pattern::Range { lo: 0, hi: 65535 }.covers(&set, PORT));
+    }
+
+    /// Patterns of an 8-bit field: masks, ranges and sets of them.
+    fn pattern8() -> impl proptest::strategy::Strategy<Value = Pattern> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            (any::<u8>(), any::<u8>()).prop_map(|(v, m)| Pattern::Masked {
+                value: u128::from(v & m),
+                mask: u128::from(m)
+            }),
+            (any::<u8>(), any::<u8>()).prop_map(|(a, b)| Pattern::Range {
+                lo: u128::from(a.min(b)),
+                hi: u128::from(a.max(b))
+            }),
+        ];
+        prop_oneof![
+            leaf.clone(),
+            proptest::collection::vec(leaf, 1..4).prop_map(Pattern::Any)
+        ]
+    }
+
+    proptest::proptest! {
+        /// Two patterns said not to intersect share no value, and a pattern that covers
+        /// another matches every value it does.
+        #[test]
+        fn intersects_and_covers_never_answer_wrongly(a in pattern8(), b in pattern8()) {
+            let kind = ValueKind::Int { bits: 8 };
+            let shared = (0..256u128).any(|v| a.matches(v) && b.matches(v));
+            if !a.intersects(&b, kind) {
+                proptest::prop_assert!(!shared);
+            }
+            proptest::prop_assert_eq!(a.intersects(&b, kind), b.intersects(&a, kind));
+            if a.covers(&b, kind) {
+                proptest::prop_assert!((0..256u128).all(|v| !b.matches(v) || a.matches(v)));
+            }
+        }
     }
 
     proptest::proptest! {

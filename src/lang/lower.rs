@@ -1917,27 +1917,9 @@ impl Lowerer<'_> {
 
     /// Warns about each rule that an earlier rule of the same pipe fully covers.
     fn check_shadowing(&mut self, pipe: &Word, rules: &[(Rule, RuleSite)]) {
-        // Fast path: every pattern of every rule as an interval over a common field list,
-        // so a pair is compared with a few integer comparisons (10k-rule files stay fast).
-        let mut fields: Vec<Field> = rules
-            .iter()
-            .flat_map(|(r, _)| r.matches.iter().map(|m| m.field))
-            .collect();
-        fields.sort();
-        fields.dedup();
-        let boxes: Vec<Option<Vec<(u128, u128)>>> = rules
-            .iter()
-            .map(|(r, _)| interval_box(r, &fields))
-            .collect();
+        let plain: Vec<&Rule> = rules.iter().map(|(r, _)| r).collect();
         let mut more = 0;
-        for j in 1..rules.len() {
-            let covering = (0..j).find(|&i| match (&boxes[i], &boxes[j]) {
-                (Some(a), Some(b)) => a
-                    .iter()
-                    .zip(b)
-                    .all(|(&(alo, ahi), &(blo, bhi))| alo <= blo && bhi <= ahi),
-                _ => rule_covers(&rules[i].0, &rules[j].0),
-            });
+        for (j, covering) in shadowing(&plain).into_iter().enumerate() {
             if covering.is_some() && self.shadow_warnings == MAX_SHADOW_WARNINGS {
                 more += 1;
             } else if let Some(i) = covering {
@@ -1997,35 +1979,6 @@ fn is_terminal_name(name: &str) -> bool {
 fn mac_bytes(v: u128) -> [u8; 6] {
     let b = v.to_be_bytes();
     b[10..16].try_into().expect("six bytes")
-}
-
-/// The rule's patterns as one interval per field of `fields` (full range where the rule
-/// does not match the field), or `None` when a pattern is not an interval.
-fn interval_box(r: &Rule, fields: &[Field]) -> Option<Vec<(u128, u128)>> {
-    fields
-        .iter()
-        .map(|f| match r.matches.iter().find(|m| m.field == *f) {
-            None => Some((0, f.kind().full_mask())),
-            Some(m) => match m.pattern {
-                Pattern::Range { lo, hi } => Some((lo, hi)),
-                Pattern::Masked { value, mask } => {
-                    let host = !mask & f.kind().full_mask();
-                    (host & host.wrapping_add(1) == 0).then_some((value, value | host))
-                }
-                Pattern::Any(_) => None,
-            },
-        })
-        .collect()
-}
-
-/// True when every packet `b` matches, `a` matches too.
-fn rule_covers(a: &Rule, b: &Rule) -> bool {
-    a.matches.iter().all(|am| {
-        b.matches
-            .iter()
-            .find(|bm| bm.field == am.field)
-            .is_some_and(|bm| am.pattern.covers(&bm.pattern, am.field.kind()))
-    })
 }
 
 /// Whether any rule of the pipe commits to or matches on connection tracking.
