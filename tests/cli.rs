@@ -371,8 +371,10 @@ fn ports_left_unopened_are_said() {
     assert_usage_error(
         &["run", &doca],
         "no input: bind a port to a capture file with --in PORT=FILE (or its pipeline `file`); \
-         port host uses driver doca (iface pf0hpf), which only the DOCA backend opens; \
-         port uplink uses driver doca (iface p0), which only the DOCA backend opens",
+         port host uses driver doca (iface pf0hpf), which only the DOCA backend opens (not in \
+         this build: `dpuflow plan` shows what it would program); port uplink uses driver doca \
+         (iface p0), which only the DOCA backend opens (not in this build: `dpuflow plan` shows \
+         what it would program)",
     );
     assert_usage_error(
         &["run", "pipelines/stateful-firewall.pipe"],

@@ -301,7 +301,11 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
                 None
             }
             Driver::Doca if !bound(i) => {
-                unopened.push(format!("{}, which only the DOCA backend opens", named()));
+                unopened.push(format!(
+                    "{}, which only the DOCA backend opens (not in this build: `dpuflow plan` \
+                     shows what it would program)",
+                    named()
+                ));
                 None
             }
             _ => None,
