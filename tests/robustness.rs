@@ -1,6 +1,7 @@
-//! Any byte string given as a pipeline file yields diagnostics or a program: never a panic
-//! or a hang. Property tests over arbitrary bytes, over soups of the language's own tokens,
-//! and over mutations (deleted, duplicated and swapped tokens) of the example pipelines.
+//! Any byte string given as a pipeline file yields diagnostics or a program (and a DOCA
+//! plan): never a panic or a hang. Property tests over arbitrary bytes, over soups of the
+//! language's own tokens, and over mutations (deleted, duplicated and swapped tokens) of
+//! the example pipelines.
 
 use dpuflow::lang;
 use proptest::prelude::*;
@@ -126,6 +127,10 @@ fn check(text: &str) {
         let _ = checked.sources.json(d);
     }
     assert_eq!(checked.program.is_some(), !checked.has_errors());
+    // Whatever the checker accepts, the DOCA backend plans (in hardware or in software).
+    if let Some(p) = &checked.program {
+        let _ = dpuflow::doca::plan(p).to_string();
+    }
 }
 
 /// Splits text into tokens and the whitespace between them, keeping both.
