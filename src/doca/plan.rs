@@ -997,16 +997,28 @@ fn match_all(action: usize) -> Entry {
 }
 
 /// A priority for each rule that can match (`live`), 0 first: one after the highest of
-/// the earlier such rules it overlaps. First match wins only between rules some packet matches both of, so rules no
-/// packet can match together share a priority, and a control pipe's eight take many
-/// more than eight rules (the firewall's rules on different ports or protocols, a
-/// gateway's on different VNIs, are all at 0).
+/// the earlier such rules it overlaps. First match wins only between rules some packet
+/// matches both of, so rules no packet can match together share a priority, and a
+/// control pipe's eight take many more than eight rules (the firewall's rules on
+/// different ports or protocols, a gateway's on different VNIs, are all at 0). Rules
+/// overlap unless their headers are disjoint or a field both match has disjoint values.
 fn priority_levels(rules: &[crate::ir::Rule], contexts: &[Context], live: &[bool]) -> Vec<u32> {
+    let plain: Vec<&crate::ir::Rule> = rules.iter().collect();
+    let boxes = crate::ir::interval_boxes(&plain);
+    let overlap = |j: usize, i: usize| {
+        !disjoint_headers(&contexts[j], &contexts[i])
+            && match (&boxes[j], &boxes[i]) {
+                (Some(a), Some(b)) => a
+                    .iter()
+                    .zip(b)
+                    .all(|(&(alo, ahi), &(blo, bhi))| alo <= bhi && blo <= ahi),
+                _ => fields_overlap(&rules[j], &rules[i]),
+            }
+    };
     let mut levels: Vec<u32> = Vec::with_capacity(rules.len());
-    for (i, rule) in rules.iter().enumerate() {
+    for i in 0..rules.len() {
         let level = (0..i)
-            .filter(|&j| live[i] && live[j])
-            .filter(|&j| may_overlap(&rules[j], &contexts[j], rule, &contexts[i]))
+            .filter(|&j| live[i] && live[j] && overlap(j, i))
             .map(|j| levels[j] + 1)
             .max()
             .unwrap_or(0);
@@ -1015,21 +1027,21 @@ fn priority_levels(rules: &[crate::ir::Rule], contexts: &[Context], live: &[bool
     levels
 }
 
-/// Whether some packet may match both rules: `false` only when one field both match has
-/// disjoint patterns, or their fields pin different IP versions or transport protocols
-/// (no packet has a TCP and a UDP header).
-fn may_overlap(a: &crate::ir::Rule, acx: &Context, b: &crate::ir::Rule, bcx: &Context) -> bool {
+/// Whether two rules' fields pin different IP versions, transport protocols or tunnels:
+/// no packet has both a TCP and a UDP header.
+fn disjoint_headers(a: &Context, b: &Context) -> bool {
     fn differ<T: PartialEq>(x: Option<T>, y: Option<T>) -> bool {
         matches!((x, y), (Some(x), Some(y)) if x != y)
     }
-    for (x, y) in [(acx.outer, bcx.outer), (acx.inner, bcx.inner)] {
-        if differ(x.family, y.family) || differ(x.proto, y.proto) {
-            return false;
-        }
-    }
-    if differ(acx.tunnel, bcx.tunnel) {
-        return false;
-    }
+    [(a.outer, b.outer), (a.inner, b.inner)]
+        .iter()
+        .any(|(x, y)| differ(x.family, y.family) || differ(x.proto, y.proto))
+        || differ(a.tunnel, b.tunnel)
+}
+
+/// Whether some packet may match both rules' patterns: `false` only when a field both
+/// match has disjoint ones.
+fn fields_overlap(a: &crate::ir::Rule, b: &crate::ir::Rule) -> bool {
     a.matches.iter().all(|ma| {
         b.matches
             .iter()

@@ -367,17 +367,18 @@ impl Rule {
     }
 }
 
-/// For each rule, an earlier one that covers it, if any: a rule so covered never matches
-/// (first match wins). Rules whose patterns are all intervals are compared as boxes over a
-/// common field list, a few integer comparisons a pair, so 10k-rule files stay fast.
-pub fn shadowing(rules: &[&Rule]) -> Vec<Option<usize>> {
+/// Each rule's patterns as one interval per field, over the fields any of the rules
+/// matches (in `Field` order; the full range where a rule does not match the field), or
+/// `None` for a rule with a pattern that is no interval (a set, a mask not a prefix): rules
+/// compared as boxes cost a few integer comparisons a pair, so 10k-rule files stay fast.
+pub fn interval_boxes(rules: &[&Rule]) -> Vec<Option<Vec<(u128, u128)>>> {
     let mut fields: Vec<Field> = rules
         .iter()
         .flat_map(|r| r.matches.iter().map(|m| m.field))
         .collect();
     fields.sort();
     fields.dedup();
-    let boxes: Vec<Option<Vec<(u128, u128)>>> = rules
+    rules
         .iter()
         .map(|r| {
             fields
@@ -388,7 +389,13 @@ pub fn shadowing(rules: &[&Rule]) -> Vec<Option<usize>> {
                 })
                 .collect()
         })
-        .collect();
+        .collect()
+}
+
+/// For each rule, an earlier one that covers it, if any: a rule so covered never matches
+/// (first match wins).
+pub fn shadowing(rules: &[&Rule]) -> Vec<Option<usize>> {
+    let boxes = interval_boxes(rules);
     (0..rules.len())
         .map(|j| {
             (0..j).find(|&i| match (&boxes[i], &boxes[j]) {
