@@ -264,9 +264,18 @@ fn a_software_pipe_is_reached_through_rss_from_the_hardware_before_it() {
         }
         pipe q {
             rule r { match ip.ttl 1 actions set ip.dscp 10, fwd b }
-            default { actions fwd b }
+            default { actions goto r }
+        }
+        pipe r {
+            rule s { match udp.dst 53 actions fwd b }
+            default { actions drop }
         }",
     );
+    // r could be in hardware, but only q, in software, sends it packets.
+    assert!(software_reason(&p, 2)
+        .expect("r in software")
+        .contains("no port's packets"));
+    assert!(!p.pipes.iter().any(|x| x.of == Some(PipeId(2))), "{p}");
     // ip.dscp with neither IP version pinned has no DOCA member to set.
     assert!(software_reason(&p, 1)
         .expect("in software")

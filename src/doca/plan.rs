@@ -62,6 +62,28 @@ struct Names {
 }
 
 impl Plan {
+    /// Which of the pipeline's `n` pipes have hardware pipes the root reaches.
+    fn reached(&self, n: usize) -> Vec<bool> {
+        let mut seen = vec![false; self.pipes.len()];
+        let mut reached = vec![false; n];
+        let mut todo = vec![self.root];
+        while let Some(h) = todo.pop() {
+            if std::mem::replace(&mut seen[h.0], true) {
+                continue;
+            }
+            let pipe = &self.pipes[h.0];
+            if let Some(of) = pipe.of {
+                reached[of.index()] = true;
+            }
+            let fwds = pipe.actions.iter().map(|a| a.fwd).chain([pipe.miss]);
+            todo.extend(fwds.filter_map(|f| match f {
+                Fwd::Pipe(next) => Some(next),
+                _ => None,
+            }));
+        }
+        reached
+    }
+
     /// Non-shared counters the entries use (`doca_flow_cfg_set_nr_counters`).
     pub fn counters(&self) -> usize {
         self.pipes.iter().map(HwPipe::counters).sum()
@@ -276,6 +298,22 @@ pub enum Fwd {
 /// Lowers `p` to DOCA Flow. Every port is planned as a DOCA port; those of another driver
 /// are noted.
 pub fn plan(p: &Program) -> Plan {
+    let all = lower(p, &vec![true; p.pipes.len()]);
+    // A pipe whose packets all come through pipes in software is the software's: planned
+    // again without it.
+    let reached = all.reached(p.pipes.len());
+    let lowered = |i: usize| all.software.iter().all(|(id, _)| id.index() != i);
+    let wanted: Vec<bool> = (0..p.pipes.len())
+        .map(|i| reached[i] || !lowered(i))
+        .collect();
+    if wanted.iter().all(|&w| w) {
+        return all;
+    }
+    lower(p, &wanted)
+}
+
+/// The plan with the pipeline pipes of `wanted` in hardware where they can be.
+fn lower(p: &Program, wanted: &[bool]) -> Plan {
     let mut planner = Planner {
         p,
         hw: vec![None; p.pipes.len()],
@@ -286,6 +324,13 @@ pub fn plan(p: &Program) -> Plan {
     };
     for i in post_order(p) {
         let id = PipeId(i as u16);
+        if !wanted[i] {
+            planner.software.push((
+                id,
+                "no port's packets reach it through pipes in hardware".into(),
+            ));
+            continue;
+        }
         match planner.lower(id) {
             Ok(entry) => planner.hw[i] = Some(entry),
             Err(why) => planner.software.push((id, why)),
