@@ -291,7 +291,8 @@ pub enum Fwd {
     /// RSS to the Arm cores, where the software backend takes the packet on from this
     /// pipeline pipe (named in the packet's `pkt_meta`).
     Software(PipeId),
-    /// RSS to the queues the service reads on the Arm cores.
+    /// To the Arm cores' kernel network stack, where the service's socket is
+    /// (`DOCA_FLOW_FWD_TARGET` of `DOCA_FLOW_TARGET_KERNEL`).
     Service(ServiceId),
 }
 
@@ -745,7 +746,7 @@ impl Planner<'_> {
             steps.push(step);
         }
         let fwd = self.fwd(terminal);
-        if (marked || marks(&steps)) && matches!(fwd, Fwd::Software(_) | Fwd::Service(_)) {
+        if (marked || marks(&steps)) && matches!(fwd, Fwd::Software(_)) {
             return Err(
                 "a mark on a packet bound for the Arm cores: pkt_meta carries where the \
                  software backend takes it on"
@@ -1334,7 +1335,10 @@ impl Plan {
             Fwd::Pipe(h) => format!("pipe {}", self.pipes[h.0].name),
             Fwd::Drop => "drop".into(),
             Fwd::Software(p) => format!("rss to software from {}", self.names.pipes[p.index()]),
-            Fwd::Service(s) => format!("rss to service {}", self.names.services[s.index()]),
+            Fwd::Service(s) => format!(
+                "kernel (service {} listens there)",
+                self.names.services[s.index()]
+            ),
         }
     }
 }
