@@ -1,12 +1,13 @@
 //! The DOCA Flow plan (`dpuflow plan`): the example pipelines' plans against their golden
-//! files, plan shapes for the cases DOCA Flow constrains, and the plan's hardware pipes run
-//! as DOCA Flow would run them (priorities, masks, misses) choosing the same entries as the
-//! software engine, pipe after pipe, for random pipelines and packets.
+//! files, plan shapes for the cases DOCA Flow constrains, every plan well formed by DOCA
+//! Flow's rules, and the plan's hardware pipes run as DOCA Flow would run them
+//! (priorities, masks, header types, misses) choosing the same entries as the software
+//! engine, pipe after pipe, for random pipelines and packets and ClassBench firewalls.
 //!
 //! After an intended change of the plans, regenerate the golden files with
 //! `DPUFLOW_BLESS=1 cargo test --test doca_plan`.
 
-use dpuflow::doca::plan::{Entries, Fwd, HwId, Plan, Role};
+use dpuflow::doca::plan::{Entries, Fwd, HwId, PipeType, Plan, Role};
 use dpuflow::doca::Selector;
 use dpuflow::engine::field::{read, PacketState};
 use dpuflow::engine::packet::PacketBuf;
@@ -57,7 +58,9 @@ const PORTS: &str = "pipeline t\nport a { driver pcap }\nport b { driver pcap }\
                      meter m { rate 1000000 pps burst 1000000 }\n";
 
 fn plan_of(pipes: &str) -> Plan {
-    doca::plan(&program(&format!("{PORTS}{pipes}")))
+    let plan = doca::plan(&program(&format!("{PORTS}{pipes}")));
+    assert_well_formed(&plan);
+    plan
 }
 
 fn software_reason(plan: &Plan, pipe: u16) -> Option<&str> {
@@ -65,6 +68,65 @@ fn software_reason(plan: &Plan, pipe: u16) -> Option<&str> {
         .iter()
         .find(|(id, _)| id.0 == pipe)
         .map(|(_, why)| why.as_str())
+}
+
+/// What DOCA Flow requires of a plan: a pipe created after every pipe it forwards to (an
+/// entry names its next pipe by handle), misses only to a pipe or a drop, control entries
+/// within the eight priorities and other pipes' entries without one, action indices
+/// within their pipe's templates, flooding pipes of a power-of-two number of entries, one
+/// root, created last.
+fn assert_well_formed(plan: &Plan) {
+    for (i, pipe) in plan.pipes.iter().enumerate() {
+        let fwds = pipe.actions.iter().map(|a| a.fwd).chain([pipe.miss]);
+        for fwd in fwds {
+            if let Fwd::Pipe(HwId(next)) = fwd {
+                assert!(
+                    next < i,
+                    "{} forwards to {}, created after it\n{plan}",
+                    pipe.name,
+                    plan.pipes[next].name
+                );
+            }
+        }
+        assert!(
+            matches!(pipe.miss, Fwd::Pipe(_) | Fwd::Drop),
+            "{}: miss {:?}",
+            pipe.name,
+            pipe.miss
+        );
+        assert_eq!(pipe.root, i == plan.root.0, "{}\n{plan}", pipe.name);
+        if let Entries::Listed(entries) = &pipe.entries {
+            for e in entries {
+                assert!(
+                    e.action < pipe.actions.len(),
+                    "{}: action {}",
+                    pipe.name,
+                    e.action
+                );
+                match pipe.kind {
+                    PipeType::Control => assert!(
+                        e.priority
+                            .is_some_and(|p| (p as usize) < doca::plan::CONTROL_PRIORITIES),
+                        "{}: priority {:?}",
+                        pipe.name,
+                        e.priority
+                    ),
+                    _ => assert_eq!(e.priority, None, "{}", pipe.name),
+                }
+            }
+        }
+        if pipe.kind == PipeType::Flooding {
+            assert!(pipe.entry_count().is_power_of_two(), "{}", pipe.name);
+        }
+        if let Entries::Table { indices } = &pipe.entries {
+            assert!(
+                indices.iter().all(|&a| (a as usize) < pipe.actions.len()),
+                "{}",
+                pipe.name
+            );
+        }
+    }
+    assert_eq!(plan.root.0, plan.pipes.len() - 1, "{plan}");
 }
 
 #[test]
@@ -543,9 +605,11 @@ struct Both<'p> {
 
 impl<'p> Both<'p> {
     fn new(prog: &'p Program) -> Both<'p> {
+        let plan = doca::plan(prog);
+        assert_well_formed(&plan);
         Both {
             prog,
-            plan: doca::plan(prog),
+            plan,
             tunnels: Compiled::new(prog).tunnels().clone(),
             engine: Engine::new(prog),
         }
