@@ -803,6 +803,10 @@ const MATCHES: &[&str] = &[
     "ip.dscp 46 ipv6.dst 2001:db8::/32",
     "ip.proto 17 ipv4.dst 10.0.0.0/8 l4.dst 53",
     "ip.ttl 1",
+    "eth.type 0x0800",
+    "eth.type 0x86dd ip.ttl 1",
+    "eth.type {0x0800, 0x86dd}",
+    "eth.type 0x0806",
 ];
 
 #[derive(Debug, Clone)]
@@ -932,8 +936,17 @@ proptest! {
 
 #[test]
 fn example_pipelines_choose_as_the_engine_does_at_their_roots() {
-    for name in EXAMPLES {
-        let prog = example(name);
+    // The example files, and the pipelines the language documentation shows.
+    let doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/pipeline-language.md"),
+    )
+    .expect("docs/pipeline-language.md");
+    let documented = doc
+        .split("```pipe\n")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .map(program);
+    for prog in EXAMPLES.iter().map(|name| example(name)).chain(documented) {
         let mut both = Both::new(&prog);
         for (i, _) in prog.ports.iter().enumerate() {
             let port = PortId(i as u16);

@@ -67,6 +67,8 @@ impl Context {
         for (f, exact) in fields {
             let h = if f.inner { &mut c.inner } else { &mut c.outer };
             match f.id {
+                FieldId::EthType if exact == Some(ETHERTYPE_IPV4) => h.family = Some(Family::V4),
+                FieldId::EthType if exact == Some(ETHERTYPE_IPV6) => h.family = Some(Family::V6),
                 FieldId::Ipv4Src | FieldId::Ipv4Dst => h.family = Some(Family::V4),
                 FieldId::Ipv6Src | FieldId::Ipv6Dst => h.family = Some(Family::V6),
                 FieldId::IpProto => h.proto = exact.and_then(|v| u8::try_from(v).ok()),
@@ -92,6 +94,37 @@ impl Context {
 /// Where field `f` is matched, or why it cannot be in this context.
 pub fn match_place(f: Field, cx: &Context) -> Result<Place, String> {
     place(f, cx, false)
+}
+
+const ETHERTYPE_IPV4: u128 = 0x0800;
+const ETHERTYPE_IPV6: u128 = 0x86dd;
+
+/// A rule's `eth.type` (`f`) of `value` as DOCA Flow matches it: no member holds the
+/// EtherType after VLAN tags, but the parser's verdict on that header does, for IPv4 and
+/// IPv6.
+pub fn ethertype_gate(f: Field, value: u128, cx: &Context) -> Result<Vec<Selector>, String> {
+    let layer = if f.inner { "inner" } else { "outer" };
+    let verdict = match value {
+        ETHERTYPE_IPV4 => "DOCA_FLOW_L3_META_IPV4",
+        ETHERTYPE_IPV6 => "DOCA_FLOW_L3_META_IPV6",
+        _ => {
+            return Err(format!(
+                "{f} {value:#06x}: DOCA Flow matches the EtherType after VLAN tags only as \
+                 the parser's IPv4 (0x0800) or IPv6 (0x86dd) verdict"
+            ))
+        }
+    };
+    let mut gate = vec![Selector::new(
+        format!("parser_meta.{layer}_l3_type"),
+        verdict,
+    )];
+    if f.inner {
+        let tun = cx.tunnel.ok_or_else(|| {
+            format!("{f}: the tunnel it is inside is not matched (vxlan.vni or geneve.vni)")
+        })?;
+        gate.push(tunnel_selector(tun));
+    }
+    Ok(gate)
 }
 
 /// Where `set` writes field `f` in a `doca_flow_actions`, or why it cannot.
@@ -150,7 +183,9 @@ fn place(f: Field, cx: &Context, setting: bool) -> Result<Place, String> {
         FieldId::EthDst => format!("{layer}.eth.dst_mac"),
         FieldId::EthType => {
             return Err(format!(
-                "{f} is the EtherType after any VLAN tags, which no one DOCA Flow member holds"
+                "{f} is the EtherType after any VLAN tags, which no one DOCA Flow member \
+                 holds: a rule matches 0x0800 and 0x86dd as the parser's IPv4 and IPv6 \
+                 verdicts, no other value, and a table no value"
             ))
         }
         FieldId::VlanId | FieldId::VlanPcp => {

@@ -14,7 +14,9 @@
 
 use std::fmt::{self, Write as _};
 
-use super::fields::{match_place, set_place, Context, Family, Headers, Place, Selector};
+use super::fields::{
+    ethertype_gate, match_place, set_place, Context, Family, Headers, Place, Selector,
+};
 use crate::ir::{
     Action, ActionList, Encap, Field, FieldId, MeterId, Pattern, PipeBody, PipeId, PortId, Program,
     ServiceId, Tunnel,
@@ -1115,11 +1117,7 @@ fn rule_entries<'a>(
 ) -> Result<Vec<EntryKey>, String> {
     let mut entries: Vec<EntryKey> = vec![(Vec::new(), Vec::new())];
     for (field, pattern) in matches {
-        let place = match_place(field, cx)?;
-        let bits = field.kind().bits();
-        let alternatives = masks(pattern, bits).ok_or_else(|| {
-            format!("{field}: its values need more than {ENTRIES_PER_RULE} entries")
-        })?;
+        let alternatives = field_alternatives(field, pattern, cx)?;
         if entries.len() * alternatives.len() > ENTRIES_PER_RULE {
             return Err(format!(
                 "its fields' values need more than {ENTRIES_PER_RULE} entries"
@@ -1128,19 +1126,12 @@ fn rule_entries<'a>(
         entries = entries
             .into_iter()
             .flat_map(|(selectors, matches)| {
-                let place = &place;
-                alternatives.iter().map(move |&(value, mask)| {
+                alternatives.iter().map(move |(more, m)| {
                     let mut s = selectors.clone();
-                    s.extend(place.selectors.iter().cloned());
-                    let mut m = matches.clone();
-                    m.push(EntryMatch {
-                        field,
-                        member: place.member.clone(),
-                        shift: place.shift,
-                        value,
-                        mask,
-                    });
-                    (s, m)
+                    s.extend(more.iter().cloned());
+                    let mut ms = matches.clone();
+                    ms.extend(m.iter().cloned());
+                    (s, ms)
                 })
             })
             .collect();
@@ -1150,6 +1141,42 @@ fn rule_entries<'a>(
         selectors.dedup();
     }
     Ok(entries)
+}
+
+/// The ways an entry can match `field` by `pattern`: each some selectors and at most one
+/// member. `eth.type` of IPv4 or IPv6 is a selector alone (the parser's verdict).
+fn field_alternatives(
+    field: Field,
+    pattern: &Pattern,
+    cx: &Context,
+) -> Result<Vec<EntryKey>, String> {
+    let too_many = || format!("{field}: its values need more than {ENTRIES_PER_RULE} entries");
+    let alternatives = masks(pattern, field.kind().bits()).ok_or_else(too_many)?;
+    if field.id == FieldId::EthType {
+        return alternatives
+            .into_iter()
+            .map(|(value, mask)| {
+                if mask != field.kind().full_mask() {
+                    return Err(format!("{field}: DOCA Flow matches whole EtherTypes only"));
+                }
+                Ok((ethertype_gate(field, value, cx)?, Vec::new()))
+            })
+            .collect();
+    }
+    let place = match_place(field, cx)?;
+    Ok(alternatives
+        .into_iter()
+        .map(|(value, mask)| {
+            let m = EntryMatch {
+                field,
+                member: place.member.clone(),
+                shift: place.shift,
+                value,
+                mask,
+            };
+            (place.selectors.clone(), vec![m])
+        })
+        .collect())
 }
 
 /// A pattern on a `bits`-wide field as (value, mask) pairs whose union it is: ranges
