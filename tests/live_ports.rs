@@ -252,7 +252,32 @@ impl Lab {
             ],
         ));
         self.metrics_until(|m| m.contains("dpuflow_build_info"), "dpuflow run serving");
+        // Serving comes before the workers are up: traffic waits for /readyz (on a busy
+        // machine the gap outlasted a ping's wait).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !self.ready() {
+            assert!(Instant::now() < deadline, "dpuflow run never ready");
+            std::thread::sleep(Duration::from_millis(50));
+        }
         dpuflow
+    }
+
+    /// Whether the service's `/readyz` says ready.
+    fn ready(&self) -> bool {
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.dut,
+                "curl",
+                "-sf",
+                "-o",
+                "/dev/null",
+                "http://127.0.0.1:9464/readyz",
+            ])
+            .status()
+            .expect("curl")
+            .success()
     }
 
     /// The exposition once `done` holds for it (workers publish every 100 ms); fails the
