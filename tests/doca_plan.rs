@@ -259,6 +259,14 @@ fn an_action_list_out_of_doca_order_stays_in_software() {
     );
     assert!(p.software.is_empty(), "{p}");
     assert_eq!(p.encaps.len(), 1);
+    // A mark is metadata: it may come anywhere in the list.
+    let p = plan_of(
+        "pipe p root from a {
+            rule r { match udp.dst 53 actions set ipv4.dst 10.0.0.1, mark 7, fwd b }
+            default { actions drop }
+        }",
+    );
+    assert!(p.software.is_empty(), "{p}");
 }
 
 #[test]

@@ -8,8 +8,8 @@
 //! pipe by `parser_meta.port_id`; a pipe's miss goes to another pipe or drops (`fwd_miss`
 //! takes nothing else, so a `default` that does more becomes a pipe of its own, or a
 //! control pipe's last entry); a pipe's actions apply in a fixed order (decap, pop, meta,
-//! outer modify, tunnel modify, push, encap), so an action list in another order does not
-//! fit one pipe; `meter`, `mirror` and `dec ttl` each take pipes of their own, where the
+//! outer modify, tunnel modify, push, encap), so an action list rewriting the packet in
+//! another order does not fit one pipe (metadata goes anywhere); `meter`, `mirror` and `dec ttl` each take pipes of their own, where the
 //! rest of the action list goes on.
 
 use std::fmt::{self, Write as _};
@@ -198,8 +198,7 @@ pub enum Entries {
 pub struct Entry {
     /// A control pipe entry's priority (0 first).
     pub priority: Option<u32>,
-    /// The header types the entry's members are read in, and the members: value and
-    /// mask, shifted into place.
+    /// The header types the entry's members are read in, and the members it matches.
     pub selectors: Vec<Selector>,
     pub matches: Vec<EntryMatch>,
     /// Its action template.
@@ -271,15 +270,16 @@ pub enum Step {
 }
 
 impl Step {
-    /// Where the step falls in DOCA Flow's fixed order within a pipe.
-    fn stage(&self) -> u8 {
+    /// Where the step falls in DOCA Flow's fixed order within a pipe; none for metadata,
+    /// which no rewrite of the packet depends on, so its place in a list is free.
+    fn stage(&self) -> Option<u8> {
         match self {
-            Step::Decap(_) => 0,
-            Step::PopVlan => 1,
-            Step::Modify { member, .. } if member.starts_with("meta.") => 2,
-            Step::Modify { .. } | Step::Add { .. } => 3,
-            Step::PushVlan { .. } => 5,
-            Step::Encap(_) => 6,
+            Step::Decap(_) => Some(0),
+            Step::PopVlan => Some(1),
+            Step::Modify { member, .. } if member.starts_with("meta.") => None,
+            Step::Modify { .. } | Step::Add { .. } => Some(3),
+            Step::PushVlan { .. } => Some(5),
+            Step::Encap(_) => Some(6),
         }
     }
 }
@@ -736,8 +736,9 @@ impl Planner<'_> {
                     unreachable!("only the last action is terminal")
                 }
             };
-            if let Some(prev) = steps.last() {
-                if Step::stage(prev) > step.stage() {
+            let latest = steps.iter().filter_map(Step::stage).max();
+            if let (Some(latest), Some(stage)) = (latest, step.stage()) {
+                if latest > stage {
                     return Err(format!(
                         "`{}` comes after an action DOCA Flow applies later in a pipe \
                          (decap, pop, meta, modify, push, encap)",
@@ -894,10 +895,10 @@ impl Planner<'_> {
         marked: bool,
     ) -> Result<HwId, String> {
         let on = self.stage(of, rest, terminal, cx, marked)?;
-        if on.steps.iter().any(|s| s.stage() < 3) {
+        if on.steps.iter().any(|s| s.stage().is_some_and(|x| x < 3)) {
             return Err(
-                "a decap, a VLAN pop or a mark after `dec ttl`: DOCA Flow applies those \
-                 before it modifies"
+                "a decap or a VLAN pop after `dec ttl`: DOCA Flow applies those before it \
+                 modifies"
                     .into(),
             );
         }
