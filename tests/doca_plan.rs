@@ -825,7 +825,7 @@ enum PipeSpec {
 }
 
 fn pipe_spec() -> impl Strategy<Value = PipeSpec> {
-    let fate = 0..9u8;
+    let fate = 0..12u8;
     prop_oneof![
         4 => (prop::collection::vec((prop::collection::vec(0..MATCHES.len(), 0..3), fate.clone()), 1..16), fate.clone())
             .prop_map(|(r, d)| PipeSpec::Rules(r, d)),
@@ -837,8 +837,9 @@ fn pipe_spec() -> impl Strategy<Value = PipeSpec> {
 }
 
 /// Actions ending in a fate: forward, count and forward, drop, count and drop, meter,
-/// mirror or decrement the TTL and forward, or a goto to a later pipe (forward out of the
-/// last).
+/// mirror or decrement the TTL and forward, rewrite (or tag, or encapsulate) and forward,
+/// or a goto to a later pipe (forward out of the last). Rewrites end the walk, so the
+/// plan's pipes are always run on the packet as it came.
 fn actions(fate: u8, i: usize, pipes: usize) -> String {
     match fate {
         0 => "fwd b".into(),
@@ -848,6 +849,11 @@ fn actions(fate: u8, i: usize, pipes: usize) -> String {
         4 => "meter m, count, fwd b".into(),
         5 => "mirror a, fwd b".into(),
         6 => "dec ttl, fwd a".into(),
+        7 => "set ip.dscp 10, mark 3, fwd b".into(),
+        8 => "vlan.push { id 7 pcp 1 }, set eth.dst 02:00:00:00:00:09, fwd a".into(),
+        9 => "vxlan.encap { vni 5 src 192.0.2.1 dst 192.0.2.2 smac 02:00:00:00:00:01 \
+              dmac 02:00:00:00:00:02 }, count, fwd b"
+            .into(),
         _ if i + 1 < pipes => format!("goto p{}", i + 1 + usize::from(fate) % (pipes - i - 1)),
         _ => "fwd b".into(),
     }
@@ -895,7 +901,7 @@ fn pipeline(specs: &[PipeSpec]) -> String {
                         text += &format!(
                             "    {w}.{x}.{y}.{z} {} => {}\n",
                             L4_PORTS[port],
-                            actions(j as u8 % 9, i, n)
+                            actions(j as u8 % 12, i, n)
                         );
                     }
                 }
@@ -911,7 +917,7 @@ fn pipeline(specs: &[PipeSpec]) -> String {
                         let [w, x, y, z] = v.to_be_bytes();
                         text += &format!(
                             "    {w}.{x}.{y}.{z}/{len} => {}\n",
-                            actions(j as u8 % 9, i, n)
+                            actions(j as u8 % 12, i, n)
                         );
                     }
                 }
