@@ -244,7 +244,7 @@ fn an_action_list_out_of_doca_order_stays_in_software() {
     // before it encapsulates.
     let p = plan_of(
         "pipe p root from a {
-            rule r { match udp.dst 53 actions vxlan.encap { vni 1 src 192.0.2.1 dst 192.0.2.2 smac 02:00:00:00:00:01 dmac 02:00:00:00:00:02 }, set ipv4.dst 10.0.0.1, fwd b }
+            rule r { match ipv4.src 10.0.0.0/8 udp.dst 53 actions vxlan.encap { vni 1 src 192.0.2.1 dst 192.0.2.2 smac 02:00:00:00:00:01 dmac 02:00:00:00:00:02 }, set ipv4.dst 10.0.0.1, fwd b }
             default { actions drop }
         }",
     );
@@ -253,7 +253,7 @@ fn an_action_list_out_of_doca_order_stays_in_software() {
     // The other way round is one pipe: modify, then encap.
     let p = plan_of(
         "pipe p root from a {
-            rule r { match udp.dst 53 actions set ipv4.dst 10.0.0.1, vxlan.encap { vni 1 src 192.0.2.1 dst 192.0.2.2 smac 02:00:00:00:00:01 dmac 02:00:00:00:00:02 }, fwd b }
+            rule r { match ipv4.src 10.0.0.0/8 udp.dst 53 actions set ipv4.dst 10.0.0.1, vxlan.encap { vni 1 src 192.0.2.1 dst 192.0.2.2 smac 02:00:00:00:00:01 dmac 02:00:00:00:00:02 }, fwd b }
             default { actions drop }
         }",
     );
@@ -262,7 +262,7 @@ fn an_action_list_out_of_doca_order_stays_in_software() {
     // A mark is metadata: it may come anywhere in the list.
     let p = plan_of(
         "pipe p root from a {
-            rule r { match udp.dst 53 actions set ipv4.dst 10.0.0.1, mark 7, fwd b }
+            rule r { match ipv4.src 10.0.0.0/8 udp.dst 53 actions set ipv4.dst 10.0.0.1, mark 7, fwd b }
             default { actions drop }
         }",
     );
@@ -300,6 +300,37 @@ fn meters_mirrors_and_ttls_take_pipes_of_their_own() {
             .contains("after a meter"),
         "{p}"
     );
+}
+
+#[test]
+fn rewrites_are_planned_for_packets_sure_to_have_the_header() {
+    // udp.dst 53 takes IPv6 packets too, where the engine leaves ipv4.dst alone.
+    let p = plan_of(
+        "pipe p root from a {
+            rule r { match udp.dst 53 actions set ipv4.dst 10.0.0.1, fwd b }
+            default { actions drop }
+        }",
+    );
+    assert!(software_reason(&p, 0)
+        .expect("in software")
+        .contains("may lack the header"));
+    // In an IPv4 table, every packet has it; after a decapsulation, no header is sure.
+    let p = plan_of(
+        "pipe p root from a {
+            table lpm ipv4.dst { 10.0.0.0/8 => set ipv4.dst 10.0.0.1, fwd b }
+            default { actions drop }
+        }",
+    );
+    assert!(p.software.is_empty(), "{p}");
+    let p = plan_of(
+        "pipe p root from a {
+            rule r { match ipv4.dst 192.0.2.1 vxlan.vni 7 actions vxlan.decap, set ipv4.dst 10.0.0.1, fwd b }
+            default { actions drop }
+        }",
+    );
+    assert!(software_reason(&p, 0)
+        .expect("in software")
+        .contains("may lack the header"));
 }
 
 #[test]

@@ -490,14 +490,22 @@ impl Planner<'_> {
             if !live[i] {
                 continue;
             }
-            let action = actions.len();
-            actions.push(self.template(id, &rule.actions, cx)?);
             let mut expanded = Vec::new();
             for cx in families(rule, cx) {
                 let entries = rule_entries(rule.matches.iter().map(|m| (m.field, &m.pattern)), &cx)
                     .map_err(|e| format!("rule {}: {e}", rule.name))?;
                 expanded.extend(entries);
             }
+            // The headers every entry of the rule makes sure the packet has.
+            let has: Vec<Selector> = expanded.first().map_or(Vec::new(), |(first, _)| {
+                first
+                    .iter()
+                    .filter(|s| expanded.iter().all(|(other, _)| other.contains(s)))
+                    .cloned()
+                    .collect()
+            });
+            let action = actions.len();
+            actions.push(self.template(id, &rule.actions, cx, &has)?);
             for (selectors, matches) in expanded {
                 entries.push(Entry {
                     priority: Some(levels[i]),
@@ -514,7 +522,7 @@ impl Planner<'_> {
         let miss = match self.miss_fwd(&pipe.miss)? {
             Some(fwd) => fwd,
             None => {
-                actions.push(self.template(id, &pipe.miss, &Context::default())?);
+                actions.push(self.template(id, &pipe.miss, &Context::default(), &[])?);
                 entries.push(Entry {
                     priority: Some(used),
                     ..match_all(actions.len() - 1)
@@ -597,16 +605,16 @@ impl Planner<'_> {
         }
         selectors.sort();
         selectors.dedup();
+        let templates = actions
+            .distinct()
+            .iter()
+            .map(|l| self.template(id, l, &cx, &selectors))
+            .collect::<Result<Vec<_>, _>>()?;
         let template = selectors
             .into_iter()
             .map(TemplateItem::Fixed)
             .chain(per_entry)
             .collect();
-        let templates = actions
-            .distinct()
-            .iter()
-            .map(|l| self.template(id, l, &cx))
-            .collect::<Result<Vec<_>, _>>()?;
         let miss = self.miss(id)?;
         Ok(self.push(HwPipe {
             name: pipe.name.clone(),
@@ -630,7 +638,7 @@ impl Planner<'_> {
         if let Some(fwd) = self.miss_fwd(&pipe.miss)? {
             return Ok(fwd);
         }
-        let template = self.template(id, &pipe.miss, &Context::default())?;
+        let template = self.template(id, &pipe.miss, &Context::default(), &[])?;
         Ok(Fwd::Pipe(self.push(HwPipe {
             name: format!("{}.default", pipe.name),
             kind: PipeType::Basic,
@@ -666,27 +674,34 @@ impl Planner<'_> {
     }
 
     /// An action list as pipeline pipe `of`'s entries apply it, or why they cannot.
+    /// `has`: the header types (selectors) every packet the entries take is sure to have.
     fn template(
         &mut self,
         of: PipeId,
         list: &ActionList,
         cx: &Context,
+        has: &[Selector],
     ) -> Result<ActionTemplate, String> {
         let (actions, terminal) = list.0.split_at(list.0.len() - 1);
-        self.stage(of, actions, &terminal[0], cx, false)
+        let scope = Scope {
+            cx,
+            has: has.to_vec(),
+            marked: false,
+        };
+        self.stage(of, actions, &terminal[0], scope)
     }
 
     /// `actions` then `terminal` as a template: the steps one pipe applies up to the first
     /// action that takes a pipe of its own (`meter`, `mirror`, `dec ttl`), whose pipes
-    /// take the rest. `marked`: an earlier stage set `pkt_meta`.
+    /// take the rest.
     fn stage(
         &mut self,
         of: PipeId,
         actions: &[Action],
         terminal: &Action,
-        cx: &Context,
-        mut marked: bool,
+        mut scope: Scope,
     ) -> Result<ActionTemplate, String> {
+        let cx = scope.cx;
         let mut steps: Vec<Step> = Vec::new();
         let mut counter = false;
         for (k, a) in actions.iter().enumerate() {
@@ -707,16 +722,27 @@ impl Planner<'_> {
                     value: u128::from(*m),
                     mask: u128::from(u32::MAX),
                 },
-                Action::Set { field, value } => modify(*field, *value, cx)?,
+                Action::Set { field, value } => {
+                    let (step, needs) = modify(*field, *value, cx)?;
+                    // The engine leaves a packet without the header as it is; a rewrite
+                    // in hardware is planned only for packets sure to have it.
+                    if !needs.iter().all(|n| scope.has.contains(n)) {
+                        return Err(format!(
+                            "`{}` on packets that may lack the header it rewrites (the \
+                             engine leaves those as they are): match a field of that \
+                             header too",
+                            self.p.describe(a)
+                        ));
+                    }
+                    step
+                }
                 Action::Encap(e) => Step::Encap(self.encap(e)),
                 Action::Meter(_) | Action::Mirror(_) | Action::DecTtl => {
-                    marked |= marks(&steps);
+                    scope.marked |= marks(&steps);
                     let next = match a {
-                        Action::Meter(m) => self.meter(of, *m, rest, terminal, cx, marked)?,
-                        Action::Mirror(port) => {
-                            self.mirror(of, *port, rest, terminal, cx, marked)?
-                        }
-                        _ => self.dec_ttl(of, rest, terminal, cx, marked)?,
+                        Action::Meter(m) => self.meter(of, *m, rest, terminal, scope)?,
+                        Action::Mirror(port) => self.mirror(of, *port, rest, terminal, scope)?,
+                        _ => self.dec_ttl(of, rest, terminal, scope)?,
                     };
                     return Ok(ActionTemplate {
                         steps,
@@ -746,10 +772,18 @@ impl Planner<'_> {
                     ));
                 }
             }
+            match step {
+                // The packet's headers are then its inner ones, or without the tag.
+                Step::Decap(_) => scope.has.clear(),
+                Step::PopVlan => scope
+                    .has
+                    .retain(|s| !s.member.ends_with("l2_valid_headers")),
+                _ => {}
+            }
             steps.push(step);
         }
         let fwd = self.fwd(terminal);
-        if (marked || marks(&steps)) && matches!(fwd, Fwd::Software(_)) {
+        if (scope.marked || marks(&steps)) && matches!(fwd, Fwd::Software(_)) {
             return Err(
                 "a mark on a packet bound for the Arm cores: pkt_meta carries where the \
                  software backend takes it on"
@@ -773,8 +807,7 @@ impl Planner<'_> {
         m: MeterId,
         rest: &[Action],
         terminal: &Action,
-        cx: &Context,
-        marked: bool,
+        scope: Scope,
     ) -> Result<HwId, String> {
         // The hardware meters once the entry's actions are applied: one that changes the
         // packet's size after the meter would change what a byte meter measures.
@@ -792,7 +825,7 @@ impl Planner<'_> {
                 self.meters.len() - 1
             }
         } as u32;
-        let mut pass = self.stage(of, rest, terminal, cx, marked)?;
+        let mut pass = self.stage(of, rest, terminal, scope)?;
         pass.counter = true;
         // The colours are disjoint: one priority.
         let colour = |value| Entry {
@@ -862,10 +895,9 @@ impl Planner<'_> {
         port: PortId,
         rest: &[Action],
         terminal: &Action,
-        cx: &Context,
-        marked: bool,
+        scope: Scope,
     ) -> Result<HwId, String> {
-        let on = self.stage(of, rest, terminal, cx, marked)?;
+        let on = self.stage(of, rest, terminal, scope)?;
         let entry = |i: usize| Entry {
             label: if i == 0 { "packet" } else { "copy" }.into(),
             ..match_all(i)
@@ -891,10 +923,9 @@ impl Planner<'_> {
         of: PipeId,
         rest: &[Action],
         terminal: &Action,
-        cx: &Context,
-        marked: bool,
+        scope: Scope,
     ) -> Result<HwId, String> {
-        let on = self.stage(of, rest, terminal, cx, marked)?;
+        let on = self.stage(of, rest, terminal, scope)?;
         if on.steps.iter().any(|s| s.stage().is_some_and(|x| x < 3)) {
             return Err(
                 "a decap or a VLAN pop after `dec ttl`: DOCA Flow applies those before it \
@@ -1023,14 +1054,25 @@ fn resizes(a: &Action) -> bool {
     )
 }
 
-fn modify(field: Field, value: u128, cx: &Context) -> Result<Step, String> {
+/// `set field value` as a step, and the header types a packet needs for it.
+fn modify(field: Field, value: u128, cx: &Context) -> Result<(Step, Vec<Selector>), String> {
     let place = set_place(field, cx)?;
     let mask = field.kind().full_mask() << place.shift;
-    Ok(Step::Modify {
+    let step = Step::Modify {
         member: place.member,
         value: value << place.shift,
         mask,
-    })
+    };
+    Ok((step, place.selectors))
+}
+
+/// What an action list's stages know as they are planned: the match context, the header
+/// types every packet they take is sure to have, whether an earlier stage set `pkt_meta`.
+#[derive(Debug, Clone)]
+struct Scope<'c> {
+    cx: &'c Context,
+    has: Vec<Selector>,
+    marked: bool,
 }
 
 /// An entry matching every packet, running action template `action`.
