@@ -324,6 +324,7 @@ fn lower(p: &Program, wanted: &[bool]) -> Plan {
         pipes: Vec::new(),
         encaps: Vec::new(),
         meters: Vec::new(),
+        decaps: Vec::new(),
     };
     for i in post_order(p) {
         let id = PipeId(i as u16);
@@ -385,6 +386,17 @@ fn lower(p: &Program, wanted: &[bool]) -> Plan {
         entries: Entries::Listed(entries),
         miss: Fwd::Drop,
     });
+    // What the software engine's decapsulation checks that DOCA Flow's does not.
+    for t in &planner.decaps {
+        notes.push(match t {
+            Tunnel::Vxlan => "vxlan.decap in hardware also takes VXLAN headers with reserved \
+                              bits set, which the software engine drops (vxlan_invalid)"
+                .into(),
+            Tunnel::Geneve => "geneve.decap in hardware also takes Geneve OAM frames and \
+                               critical options, which the software engine drops"
+                .into(),
+        });
+    }
     planner.software.sort_by_key(|(id, _)| *id);
     Plan {
         name: p.name.clone(),
@@ -433,6 +445,8 @@ struct Planner<'p> {
     pipes: Vec<HwPipe>,
     encaps: Vec<Encap>,
     meters: Vec<MeterId>,
+    /// Tunnels some hardware pipe decapsulates.
+    decaps: Vec<Tunnel>,
 }
 
 impl Planner<'_> {
@@ -444,7 +458,12 @@ impl Planner<'_> {
     /// Plans pipeline pipe `id`, returning the hardware pipe packets enter it by; on
     /// failure, nothing is planned.
     fn lower(&mut self, id: PipeId) -> Result<HwId, String> {
-        let (first, encaps, meters) = (self.pipes.len(), self.encaps.len(), self.meters.len());
+        let (first, encaps, meters, decaps) = (
+            self.pipes.len(),
+            self.encaps.len(),
+            self.meters.len(),
+            self.decaps.len(),
+        );
         let lowered = match &self.p.pipe(id).body {
             PipeBody::Rules(_) => self.lower_rules(id),
             PipeBody::Exact { .. } | PipeBody::Lpm { .. } => self.lower_table(id),
@@ -453,6 +472,7 @@ impl Planner<'_> {
             self.pipes.truncate(first);
             self.encaps.truncate(encaps);
             self.meters.truncate(meters);
+            self.decaps.truncate(decaps);
         }
         lowered
     }
@@ -774,7 +794,12 @@ impl Planner<'_> {
             }
             match step {
                 // The packet's headers are then its inner ones, or without the tag.
-                Step::Decap(_) => scope.has.clear(),
+                Step::Decap(t) => {
+                    scope.has.clear();
+                    if !self.decaps.contains(&t) {
+                        self.decaps.push(t);
+                    }
+                }
                 Step::PopVlan => scope
                     .has
                     .retain(|s| !s.member.ends_with("l2_valid_headers")),
