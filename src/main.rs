@@ -50,6 +50,10 @@ enum Command {
     Plan {
         /// Pipeline file.
         file: PathBuf,
+        /// Exit 3 when any pipe of the pipeline would run in software (a deployment
+        /// that must be entirely in the NIC can check for it).
+        #[arg(long)]
+        hardware_only: bool,
     },
     /// Run capture files through a pipeline with the software engine.
     ///
@@ -294,6 +298,8 @@ enum Format {
 
 /// Exit statuses shared by the subcommands.
 const EXIT_INVALID: u8 = 1;
+/// `plan --hardware-only`: a pipe would run in software.
+const EXIT_SOFTWARE: u8 = 3;
 const EXIT_USAGE: u8 = 2;
 
 fn main() -> ExitCode {
@@ -306,9 +312,21 @@ fn main() -> ExitCode {
         Command::Acl { command } => acl(command),
         Command::Check { files, format } => check(&files, format),
         Command::Graph { file } => graph(&file),
-        Command::Plan { file } => match load(&file) {
+        Command::Plan {
+            file,
+            hardware_only,
+        } => match load(&file) {
             Ok(p) => {
-                print!("{}", dpuflow::doca::plan(&p));
+                let plan = dpuflow::doca::plan(&p);
+                print!("{plan}");
+                if hardware_only && !plan.software.is_empty() {
+                    eprintln!(
+                        "{}: {} of its pipes would run in software",
+                        file.display(),
+                        plan.software.len()
+                    );
+                    return ExitCode::from(EXIT_SOFTWARE);
+                }
                 ExitCode::SUCCESS
             }
             Err(code) => code,

@@ -1,5 +1,5 @@
-//! The command line as a user runs it: exit codes, output formats, and Graphviz on the
-//! `graph` output.
+//! The command line as a user runs it: exit codes, output formats, Graphviz on the `graph`
+//! output, the DOCA plan's verdict.
 
 mod common;
 use common::Scratch;
@@ -287,6 +287,33 @@ fn graph_renders_with_graphviz() {
         let svg = String::from_utf8(svg.stdout).expect("utf-8");
         assert!(svg.contains("<svg"));
     }
+}
+
+/// `plan --hardware-only` lets a deployment insist on a pipeline the NIC runs whole.
+#[test]
+fn plan_says_when_a_pipe_would_run_in_software() {
+    let out = dpuflow(&["plan", "--hardware-only", "pipelines/vxlan-gateway.pipe"]);
+    assert_eq!(out.status.code(), Some(0));
+    let plan = String::from_utf8_lossy(&out.stdout);
+    assert!(plan.contains("0 pipeline pipes in software"), "{plan}");
+    let out = dpuflow(&[
+        "plan",
+        "--hardware-only",
+        "pipelines/stateful-firewall.pipe",
+    ]);
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("2 of its pipes would run in software"),
+        "{err}"
+    );
+    // Without the flag, a plan with pipes in software is still a plan.
+    assert_eq!(
+        dpuflow(&["plan", "pipelines/stateful-firewall.pipe"])
+            .status
+            .code(),
+        Some(0)
+    );
 }
 
 #[test]
