@@ -63,6 +63,13 @@ fn plan_of(pipes: &str) -> Plan {
     plan
 }
 
+/// The plan of a pipe of one rule (and a default that drops) fed by port a.
+fn one_rule(rule: &str) -> Plan {
+    plan_of(&format!(
+        "pipe p root from a {{\n{rule}\ndefault {{ actions drop }}\n}}"
+    ))
+}
+
 fn software_reason(plan: &Plan, pipe: u16) -> Option<&str> {
     plan.software
         .iter()
@@ -242,29 +249,20 @@ fn rules_that_never_match_take_no_entries() {
 fn an_action_list_out_of_doca_order_stays_in_software() {
     // A rewrite after the encapsulation rewrites the new outer header: DOCA Flow modifies
     // before it encapsulates.
-    let p = plan_of(
-        "pipe p root from a {
-            rule r { match ipv4.src 10.0.0.0/8 udp.dst 53 actions vxlan.encap { vni 1 src 192.0.2.1 dst 192.0.2.2 smac 02:00:00:00:00:01 dmac 02:00:00:00:00:02 }, set ipv4.dst 10.0.0.1, fwd b }
-            default { actions drop }
-        }",
+    let p = one_rule(
+        "rule r { match ipv4.src 10.0.0.0/8 udp.dst 53 actions vxlan.encap { vni 1 src 192.0.2.1 dst 192.0.2.2 smac 02:00:00:00:00:01 dmac 02:00:00:00:00:02 }, set ipv4.dst 10.0.0.1, fwd b }",
     );
     let why = software_reason(&p, 0).expect("in software");
     assert!(why.contains("set ipv4.dst"), "{why}");
     // The other way round is one pipe: modify, then encap.
-    let p = plan_of(
-        "pipe p root from a {
-            rule r { match ipv4.src 10.0.0.0/8 udp.dst 53 actions set ipv4.dst 10.0.0.1, vxlan.encap { vni 1 src 192.0.2.1 dst 192.0.2.2 smac 02:00:00:00:00:01 dmac 02:00:00:00:00:02 }, fwd b }
-            default { actions drop }
-        }",
+    let p = one_rule(
+        "rule r { match ipv4.src 10.0.0.0/8 udp.dst 53 actions set ipv4.dst 10.0.0.1, vxlan.encap { vni 1 src 192.0.2.1 dst 192.0.2.2 smac 02:00:00:00:00:01 dmac 02:00:00:00:00:02 }, fwd b }",
     );
     assert!(p.software.is_empty(), "{p}");
     assert_eq!(p.encaps.len(), 1);
     // A mark is metadata: it may come anywhere in the list.
-    let p = plan_of(
-        "pipe p root from a {
-            rule r { match ipv4.src 10.0.0.0/8 udp.dst 53 actions set ipv4.dst 10.0.0.1, mark 7, fwd b }
-            default { actions drop }
-        }",
+    let p = one_rule(
+        "rule r { match ipv4.src 10.0.0.0/8 udp.dst 53 actions set ipv4.dst 10.0.0.1, mark 7, fwd b }",
     );
     assert!(p.software.is_empty(), "{p}");
 }
@@ -288,11 +286,8 @@ fn meters_mirrors_and_ttls_take_pipes_of_their_own() {
     assert_eq!(p.meters.len(), 1);
     // A byte meter measures the packet as DOCA Flow has it when every rewrite is done:
     // an encapsulation after the meter would be counted.
-    let p = plan_of(
-        "pipe p root from a {
-            rule r { match udp.dst 53 actions meter m, vxlan.encap { vni 1 src 192.0.2.1 dst 192.0.2.2 smac 02:00:00:00:00:01 dmac 02:00:00:00:00:02 }, fwd b }
-            default { actions drop }
-        }",
+    let p = one_rule(
+        "rule r { match udp.dst 53 actions meter m, vxlan.encap { vni 1 src 192.0.2.1 dst 192.0.2.2 smac 02:00:00:00:00:01 dmac 02:00:00:00:00:02 }, fwd b }",
     );
     assert!(
         software_reason(&p, 0)
@@ -305,12 +300,7 @@ fn meters_mirrors_and_ttls_take_pipes_of_their_own() {
 #[test]
 fn rewrites_are_planned_for_packets_sure_to_have_the_header() {
     // udp.dst 53 takes IPv6 packets too, where the engine leaves ipv4.dst alone.
-    let p = plan_of(
-        "pipe p root from a {
-            rule r { match udp.dst 53 actions set ipv4.dst 10.0.0.1, fwd b }
-            default { actions drop }
-        }",
-    );
+    let p = one_rule("rule r { match udp.dst 53 actions set ipv4.dst 10.0.0.1, fwd b }");
     assert!(software_reason(&p, 0)
         .expect("in software")
         .contains("may lack the header"));
@@ -322,11 +312,8 @@ fn rewrites_are_planned_for_packets_sure_to_have_the_header() {
         }",
     );
     assert!(p.software.is_empty(), "{p}");
-    let p = plan_of(
-        "pipe p root from a {
-            rule r { match ipv4.dst 192.0.2.1 vxlan.vni 7 actions vxlan.decap, set ipv4.dst 10.0.0.1, fwd b }
-            default { actions drop }
-        }",
+    let p = one_rule(
+        "rule r { match ipv4.dst 192.0.2.1 vxlan.vni 7 actions vxlan.decap, set ipv4.dst 10.0.0.1, fwd b }",
     );
     assert!(software_reason(&p, 0)
         .expect("in software")
@@ -334,22 +321,29 @@ fn rewrites_are_planned_for_packets_sure_to_have_the_header() {
 }
 
 #[test]
-fn ports_of_any_protocol_need_tcp_or_udp_pinned() {
-    let p = plan_of(
-        "pipe p root from a {
-            rule r { match l4.dst 80 actions fwd b }
-            default { actions drop }
-        }",
+fn a_rewrite_of_either_ip_version_gets_a_template_for_each() {
+    // DSCP marking on a TCP port: IPv4 and IPv6 packets, each version's entry rewriting
+    // its own header.
+    let p = one_rule("rule web { match tcp.dst 80 actions set ip.dscp 46, fwd b }");
+    assert!(p.software.is_empty(), "{p}");
+    let text = p.to_string();
+    assert!(
+        text.contains("modify outer.ip4.dscp_ecn=0xb8/0xfc"),
+        "{text}"
     );
+    assert!(
+        text.contains("modify outer.ip6.traffic_class=0xb8/0xfc"),
+        "{text}"
+    );
+}
+
+#[test]
+fn ports_of_any_protocol_need_tcp_or_udp_pinned() {
+    let p = one_rule("rule r { match l4.dst 80 actions fwd b }");
     assert!(software_reason(&p, 0)
         .expect("in software")
         .contains("SCTP"));
-    let p = plan_of(
-        "pipe p root from a {
-            rule r { match ip.proto 6 ipv4.dst 10.0.0.1 l4.dst 80 actions fwd b }
-            default { actions drop }
-        }",
-    );
+    let p = one_rule("rule r { match ip.proto 6 ipv4.dst 10.0.0.1 l4.dst 80 actions fwd b }");
     assert!(p.software.is_empty(), "{p}");
     assert!(p
         .to_string()
@@ -364,7 +358,7 @@ fn a_software_pipe_is_reached_through_rss_from_the_hardware_before_it() {
             default { actions drop }
         }
         pipe q {
-            rule r { match ip.ttl 1 actions set ip.dscp 10, fwd b }
+            rule r { match eth.src 02:00:00:00:00:01 actions set ip.dscp 10, fwd b }
             default { actions goto r }
         }
         pipe r {
@@ -377,7 +371,7 @@ fn a_software_pipe_is_reached_through_rss_from_the_hardware_before_it() {
         .expect("r in software")
         .contains("no port's packets"));
     assert!(!p.pipes.iter().any(|x| x.of == Some(PipeId(2))), "{p}");
-    // ip.dscp with neither IP version pinned has no DOCA member to set.
+    // ip.dscp of a packet that may not be IP: neither IP version's member can be set.
     assert!(software_reason(&p, 1)
         .expect("in software")
         .contains("IPv4 or the IPv6"));

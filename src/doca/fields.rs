@@ -96,6 +96,19 @@ pub fn match_place(f: Field, cx: &Context) -> Result<Place, String> {
     place(f, cx, false)
 }
 
+/// The selectors of an outer header of IP version `family`: its type and the parser's
+/// verdict.
+pub fn family_selectors(family: Family) -> [Selector; 2] {
+    let (ty, meta) = match family {
+        Family::V4 => ("DOCA_FLOW_L3_TYPE_IP4", "DOCA_FLOW_L3_META_IPV4"),
+        Family::V6 => ("DOCA_FLOW_L3_TYPE_IP6", "DOCA_FLOW_L3_META_IPV6"),
+    };
+    [
+        Selector::new("outer.l3_type", ty),
+        Selector::new("parser_meta.outer_l3_type", meta),
+    ]
+}
+
 const ETHERTYPE_IPV4: u128 = 0x0800;
 const ETHERTYPE_IPV6: u128 = 0x86dd;
 

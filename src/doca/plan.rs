@@ -15,7 +15,8 @@
 use std::fmt::{self, Write as _};
 
 use super::fields::{
-    ethertype_gate, match_place, set_place, Context, Family, Headers, Place, Selector,
+    ethertype_gate, family_selectors, match_place, set_place, Context, Family, Headers, Place,
+    Selector,
 };
 use crate::ir::{
     Action, ActionList, Encap, Field, FieldId, MeterId, Pattern, PipeBody, PipeId, PortId, Program,
@@ -510,31 +511,56 @@ impl Planner<'_> {
             if !live[i] {
                 continue;
             }
-            let mut expanded = Vec::new();
-            for cx in families(rule, cx) {
-                let entries = rule_entries(rule.matches.iter().map(|m| (m.field, &m.pattern)), &cx)
+            // Entries for each IP version the rule's fields or rewrites need told apart,
+            // each version's with its own template when the rule rewrites the packet (a
+            // rewrite is planned only for headers its entries make sure of).
+            let variants = families(rule, cx);
+            let mut expanded = Vec::with_capacity(variants.len());
+            for fcx in &variants {
+                let mut e = rule_entries(rule.matches.iter().map(|m| (m.field, &m.pattern)), fcx)
                     .map_err(|e| format!("rule {}: {e}", rule.name))?;
-                expanded.extend(entries);
+                // Each version's entries take only packets of that version.
+                if let (true, Some(family)) = (variants.len() > 1, fcx.outer.family) {
+                    for (selectors, _) in &mut e {
+                        selectors.extend(family_selectors(family));
+                        selectors.sort();
+                        selectors.dedup();
+                    }
+                }
+                expanded.push(e);
             }
-            // The headers every entry of the rule makes sure the packet has.
-            let has: Vec<Selector> = expanded.first().map_or(Vec::new(), |(first, _)| {
-                first
+            let per_variant = variants.len() > 1
+                && rule
+                    .actions
+                    .0
                     .iter()
-                    .filter(|s| expanded.iter().all(|(other, _)| other.contains(s)))
-                    .cloned()
-                    .collect()
-            });
-            let action = actions.len();
-            actions.push(self.template(id, &rule.actions, cx, &has)?);
-            for (selectors, matches) in expanded {
-                entries.push(Entry {
-                    priority: Some(levels[i]),
-                    selectors,
-                    matches,
-                    action,
-                    rule: Some(i),
-                    label: rule.name.clone(),
-                });
+                    .any(|a| matches!(a, Action::Set { .. }));
+            let shared = if per_variant {
+                None
+            } else {
+                let all: Vec<EntryKey> = expanded.iter().flatten().cloned().collect();
+                actions.push(self.template(id, &rule.actions, cx, &common_selectors(&all))?);
+                Some(actions.len() - 1)
+            };
+            for (fcx, variant) in variants.iter().zip(expanded) {
+                let action = match shared {
+                    Some(a) => a,
+                    None => {
+                        let has = common_selectors(&variant);
+                        actions.push(self.template(id, &rule.actions, fcx, &has)?);
+                        actions.len() - 1
+                    }
+                };
+                for (selectors, matches) in variant {
+                    entries.push(Entry {
+                        priority: Some(levels[i]),
+                        selectors,
+                        matches,
+                        action,
+                        rule: Some(i),
+                        label: rule.name.clone(),
+                    });
+                }
             }
         }
         // The default overlaps every rule: it comes after them all.
@@ -1038,18 +1064,31 @@ impl Planner<'_> {
     }
 }
 
-/// The contexts a rule's entries are made in: its own, or, when it matches a field of
-/// either IP version (`ip.proto`, `ip.ttl`, …) and nothing pins the version, one for
-/// each (DOCA Flow reads the field from the IPv4 or the IPv6 header).
+/// The contexts a rule's entries are made in: its own, or, when nothing pins the IP
+/// version and the rule matches a field of either version (`ip.proto`, `ip.ttl`, …) or,
+/// matching IP packets only, rewrites one (`set ip.dscp`), one for each: DOCA Flow reads
+/// and writes the field in the IPv4 or the IPv6 header.
 fn families(rule: &crate::ir::Rule, cx: &Context) -> Vec<Context> {
-    let either = rule.matches.iter().any(|m| {
-        !m.field.inner
+    let either = |f: &Field| {
+        !f.inner
             && matches!(
-                m.field.id,
+                f.id,
                 FieldId::IpProto | FieldId::IpDscp | FieldId::IpEcn | FieldId::IpTtl
             )
-    });
-    if !either || cx.outer.family.is_some() {
+    };
+    let matches_either = rule.matches.iter().any(|m| either(&m.field));
+    let ip_only = matches_either
+        || cx.outer.proto.is_some()
+        || rule
+            .matches
+            .iter()
+            .any(|m| !m.field.inner && matches!(m.field.id, FieldId::L4Src | FieldId::L4Dst));
+    let sets_either = rule
+        .actions
+        .0
+        .iter()
+        .any(|a| matches!(a, Action::Set { field, .. } if either(field)));
+    if cx.outer.family.is_some() || !(matches_either || sets_either && ip_only) {
         return vec![*cx];
     }
     [Family::V4, Family::V6]
@@ -1062,6 +1101,18 @@ fn families(rule: &crate::ir::Rule, cx: &Context) -> Vec<Context> {
             ..*cx
         })
         .collect()
+}
+
+/// The selectors every one of `entries` has: the headers a packet any of them takes is
+/// sure to have.
+fn common_selectors(entries: &[EntryKey]) -> Vec<Selector> {
+    entries.first().map_or(Vec::new(), |(first, _)| {
+        first
+            .iter()
+            .filter(|s| entries.iter().all(|(other, _)| other.contains(s)))
+            .cloned()
+            .collect()
+    })
 }
 
 /// Whether the steps set `pkt_meta`.
