@@ -125,7 +125,7 @@ fn assert_well_formed(plan: &Plan) {
         if pipe.kind == PipeType::Flooding {
             assert!(pipe.entry_count().is_power_of_two(), "{}", pipe.name);
         }
-        if let Entries::Table { indices } = &pipe.entries {
+        if let Entries::Table { indices, .. } = &pipe.entries {
             assert!(
                 indices.iter().all(|&a| (a as usize) < pipe.actions.len()),
                 "{}",
@@ -399,12 +399,11 @@ fn tables_share_action_templates_by_index() {
     assert!(p.software.is_empty(), "{p}");
     let exact = p.pipes.iter().find(|x| x.name == "p").expect("pipe p");
     assert_eq!(exact.actions.len(), 2);
-    assert_eq!(
-        exact.entries,
-        Entries::Table {
-            indices: vec![0, 1, 0]
-        }
-    );
+    let Entries::Table { indices, first } = &exact.entries else {
+        panic!("{p}")
+    };
+    assert_eq!(indices, &[0, 1, 0]);
+    assert_eq!(first, &["10.0.0.1 53", "10.0.0.2 53", "10.0.0.3 53"]);
     assert_eq!(p.counters(), 1);
     // Its default is a goto: the miss goes straight to q's pipe, created before it.
     let Fwd::Pipe(HwId(q)) = exact.miss else {
@@ -522,7 +521,7 @@ fn plan_walk(
         }
         .map(|e| (e.rule, e.action))
         .or_else(|| match &pipe.entries {
-            Entries::Table { indices } => {
+            Entries::Table { indices, .. } => {
                 let of = pipe.of.expect("a table's pipe");
                 table_hit(prog, of, frame, &meta, &st).map(|i| (Some(i), indices[i] as usize))
             }

@@ -29,6 +29,9 @@ pub const CONTROL_PRIORITIES: usize = 8;
 /// Control pipes a rule pipe may take, chained by their misses: 128 priority levels.
 pub const MAX_CHAINED: usize = 16;
 
+/// A table pipe's entries `dpuflow plan` names; the rest it counts.
+const SHOWN_ENTRIES: usize = 16;
+
 /// Entries one rule may expand to (sets, ranges as prefixes, both IP versions).
 pub const ENTRIES_PER_RULE: usize = 64;
 
@@ -159,7 +162,7 @@ impl HwPipe {
     fn counters(&self) -> usize {
         match &self.entries {
             Entries::Listed(es) => es.iter().filter(|e| self.actions[e.action].counter).count(),
-            Entries::Table { indices } => indices
+            Entries::Table { indices, .. } => indices
                 .iter()
                 .filter(|&&i| self.actions[i as usize].counter)
                 .count(),
@@ -169,7 +172,7 @@ impl HwPipe {
     pub fn entry_count(&self) -> usize {
         match &self.entries {
             Entries::Listed(es) => es.len(),
-            Entries::Table { indices } => indices.len(),
+            Entries::Table { indices, .. } => indices.len(),
         }
     }
 }
@@ -191,8 +194,12 @@ pub enum Entries {
     Listed(Vec<Entry>),
     /// The pipeline table's entries, in its order: entry `i` sets the template's
     /// per-entry members from its key (or prefix) and runs action template `indices[i]`
-    /// (the table's distinct action lists are the pipe's action templates).
-    Table { indices: Vec<u32> },
+    /// (the table's distinct action lists are the pipe's action templates). `first`
+    /// names the first few, for people.
+    Table {
+        indices: Vec<u32>,
+        first: Vec<String>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -672,6 +679,9 @@ impl Planner<'_> {
             actions: templates,
             entries: Entries::Table {
                 indices: actions.indices().to_vec(),
+                first: (0..actions.len().min(SHOWN_ENTRIES))
+                    .map(|i| pipe.entry_name(i))
+                    .collect(),
             },
             miss,
         }))
@@ -1424,6 +1434,14 @@ impl Plan {
         }
         for (i, a) in pipe.actions.iter().enumerate() {
             writeln!(f, "  actions {i}: {}", self.describe(a))?;
+        }
+        if let Entries::Table { indices, first } = &pipe.entries {
+            for (name, action) in first.iter().zip(indices) {
+                writeln!(f, "  entry ({name}) -> actions {action}")?;
+            }
+            if indices.len() > first.len() {
+                writeln!(f, "  ... {} more entries", indices.len() - first.len())?;
+            }
         }
         if let Entries::Listed(entries) = &pipe.entries {
             for e in entries {
