@@ -96,17 +96,26 @@ pub fn match_place(f: Field, cx: &Context) -> Result<Place, String> {
     place(f, cx, false)
 }
 
-/// The selectors of an outer header of IP version `family`: its type and the parser's
-/// verdict.
-pub fn family_selectors(family: Family) -> [Selector; 2] {
+/// The selectors of a header (`layer`: "outer" or "inner") of IP version `family`: its
+/// type, which selects the union member a match reads, and the parser's verdict, which is
+/// what makes a packet of another version miss.
+pub fn family_selectors(layer: &str, family: Family) -> [Selector; 2] {
     let (ty, meta) = match family {
         Family::V4 => ("DOCA_FLOW_L3_TYPE_IP4", "DOCA_FLOW_L3_META_IPV4"),
         Family::V6 => ("DOCA_FLOW_L3_TYPE_IP6", "DOCA_FLOW_L3_META_IPV6"),
     };
     [
-        Selector::new("outer.l3_type", ty),
-        Selector::new("parser_meta.outer_l3_type", meta),
+        Selector::new(format!("{layer}.l3_type"), ty),
+        Selector::new(format!("parser_meta.{layer}_l3_type"), meta),
     ]
+}
+
+/// The selector of the tunnel an inner field `f` is inside, which its rule must match.
+fn inner_tunnel(f: Field, cx: &Context) -> Result<Selector, String> {
+    let tun = cx.tunnel.ok_or_else(|| {
+        format!("{f}: the tunnel it is inside is not matched (vxlan.vni or geneve.vni)")
+    })?;
+    Ok(tunnel_selector(tun))
 }
 
 const ETHERTYPE_IPV4: u128 = 0x0800;
@@ -117,9 +126,9 @@ const ETHERTYPE_IPV6: u128 = 0x86dd;
 /// IPv6.
 pub fn ethertype_gate(f: Field, value: u128, cx: &Context) -> Result<Vec<Selector>, String> {
     let layer = if f.inner { "inner" } else { "outer" };
-    let verdict = match value {
-        ETHERTYPE_IPV4 => "DOCA_FLOW_L3_META_IPV4",
-        ETHERTYPE_IPV6 => "DOCA_FLOW_L3_META_IPV6",
+    let family = match value {
+        ETHERTYPE_IPV4 => Family::V4,
+        ETHERTYPE_IPV6 => Family::V6,
         _ => {
             return Err(format!(
                 "{f} {value:#06x}: DOCA Flow matches the EtherType after VLAN tags only as \
@@ -127,15 +136,10 @@ pub fn ethertype_gate(f: Field, value: u128, cx: &Context) -> Result<Vec<Selecto
             ))
         }
     };
-    let mut gate = vec![Selector::new(
-        format!("parser_meta.{layer}_l3_type"),
-        verdict,
-    )];
+    let [_, verdict] = family_selectors(layer, family);
+    let mut gate = vec![verdict];
     if f.inner {
-        let tun = cx.tunnel.ok_or_else(|| {
-            format!("{f}: the tunnel it is inside is not matched (vxlan.vni or geneve.vni)")
-        })?;
-        gate.push(tunnel_selector(tun));
+        gate.push(inner_tunnel(f, cx)?);
     }
     Ok(gate)
 }
@@ -155,23 +159,11 @@ fn place(f: Field, cx: &Context, setting: bool) -> Result<Place, String> {
     let h = if f.inner { cx.inner } else { cx.outer };
     let mut selectors = Vec::new();
     if f.inner {
-        let tun = cx.tunnel.ok_or_else(|| {
-            format!("{f}: the tunnel it is inside is not matched (vxlan.vni or geneve.vni)")
-        })?;
-        selectors.push(tunnel_selector(tun));
+        selectors.push(inner_tunnel(f, cx)?);
     }
-    // The header types select which union member is read; the parser's own verdict
-    // (parser_meta) is what makes a packet of another type miss.
-    let l3 = |family: Family| {
-        let (ty, meta) = match family {
-            Family::V4 => ("DOCA_FLOW_L3_TYPE_IP4", "DOCA_FLOW_L3_META_IPV4"),
-            Family::V6 => ("DOCA_FLOW_L3_TYPE_IP6", "DOCA_FLOW_L3_META_IPV6"),
-        };
-        [
-            Selector::new(format!("{layer}.l3_type"), ty),
-            Selector::new(format!("parser_meta.{layer}_l3_type"), meta),
-        ]
-    };
+    // As with the IP version (see [`family_selectors`]): the header type and the
+    // parser's verdict.
+    let l3 = |family: Family| family_selectors(layer, family);
     let l4 = |ty: &'static str, meta: &'static str| {
         [
             Selector::new(format!("{layer}.l4_type_ext"), ty),

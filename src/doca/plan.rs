@@ -529,7 +529,7 @@ impl Planner<'_> {
                 // Each version's entries take only packets of that version.
                 if let (true, Some(family)) = (variants.len() > 1, fcx.outer.family) {
                     for (selectors, _) in &mut e {
-                        selectors.extend(family_selectors(family));
+                        selectors.extend(family_selectors("outer", family));
                         selectors.sort();
                         selectors.dedup();
                     }
