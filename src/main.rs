@@ -54,6 +54,10 @@ enum Command {
         /// that must be entirely in the NIC can check for it).
         #[arg(long)]
         hardware_only: bool,
+        /// Print, instead of the plan, the calls installing it would make: every
+        /// shared resource, pipe and entry with the bytes of each member it sets.
+        #[arg(long)]
+        calls: bool,
     },
     /// Run capture files through a pipeline with the software engine.
     ///
@@ -315,10 +319,20 @@ fn main() -> ExitCode {
         Command::Plan {
             file,
             hardware_only,
+            calls,
         } => match load(&file) {
             Ok(p) => {
                 let plan = dpuflow::doca::plan(&p);
-                print!("{plan}");
+                if calls {
+                    let out = std::io::BufWriter::new(std::io::stdout().lock());
+                    let mut listing = dpuflow::doca::install::Listing::new(out);
+                    if let Err(e) = dpuflow::doca::install(&plan, &p, &mut listing) {
+                        eprintln!("{}: {e}", file.display());
+                        return ExitCode::FAILURE;
+                    }
+                } else {
+                    print!("{plan}");
+                }
                 if hardware_only && !plan.software.is_empty() {
                     eprintln!(
                         "{}: {} of its pipes would run in software",

@@ -316,6 +316,15 @@ fn plan_says_when_a_pipe_would_run_in_software() {
     );
 }
 
+/// `plan --calls` prints the installation's calls, the same as its golden file.
+#[test]
+fn plan_calls_list_what_installing_hands_doca_flow() {
+    let out = dpuflow(&["plan", "--calls", "pipelines/vxlan-gateway.pipe"]);
+    assert_eq!(out.status.code(), Some(0));
+    let golden = std::fs::read_to_string("tests/data/plans/vxlan-gateway.calls").expect("golden");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), golden);
+}
+
 #[test]
 fn graph_shows_ports_pipes_and_edges() {
     let out = dpuflow(&["graph", "pipelines/kv-offload.pipe"]);

@@ -4,9 +4,15 @@
 //! (priorities, masks, header types, misses) choosing the same entries as the software
 //! engine, pipe after pipe, for random pipelines and packets and ClassBench firewalls.
 //!
+//! The plans are also installed, through a recorder of the DOCA Flow calls, and the
+//! installed entries run byte by byte (each member read from the packet where the NIC's
+//! parser finds it) against the plan's walk.
+//!
 //! After an intended change of the plans, regenerate the golden files with
 //! `DPUFLOW_BLESS=1 cargo test --test doca_plan`.
 
+use dpuflow::doca::image::{Image, Setting};
+use dpuflow::doca::install::{self, EntrySpec, Steering, Target};
 use dpuflow::doca::plan::{Entries, Fwd, HwId, PipeType, Plan, Role};
 use dpuflow::doca::Selector;
 use dpuflow::engine::field::{read, PacketState};
@@ -43,14 +49,21 @@ fn example_plans_match_their_golden_files() {
     let bless = std::env::var_os("DPUFLOW_BLESS").is_some();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     for name in EXAMPLES {
-        let plan = doca::plan(&example(name)).to_string();
-        let golden = root.join(format!("tests/data/plans/{name}.plan"));
-        if bless {
-            std::fs::write(&golden, &plan).expect("golden file written");
+        let prog = example(name);
+        let plan = doca::plan(&prog);
+        // The plan, and the calls installing it makes (`dpuflow plan --calls`).
+        let mut calls = install::Listing::new(Vec::new());
+        doca::install(&plan, &prog, &mut calls).expect("the plan installs");
+        let calls = String::from_utf8(calls.into_inner()).expect("text");
+        for (text, ext) in [(plan.to_string(), "plan"), (calls, "calls")] {
+            let golden = root.join(format!("tests/data/plans/{name}.{ext}"));
+            if bless {
+                std::fs::write(&golden, &text).expect("golden file written");
+            }
+            let want = std::fs::read_to_string(&golden)
+                .unwrap_or_else(|e| panic!("{}: {e}", golden.display()));
+            assert_eq!(text, want, "{name}: differs from {}", golden.display());
         }
-        let want = std::fs::read_to_string(&golden)
-            .unwrap_or_else(|e| panic!("{}: {e}", golden.display()));
-        assert_eq!(plan, want, "{name}: plan differs from {}", golden.display());
     }
 }
 
@@ -479,11 +492,9 @@ fn plan_walk(
         mark: 0,
         ct_state: 0,
     };
-    let mut steps = Vec::new();
-    let mut at = plan.root;
-    loop {
+    walk_pipes(plan, |at| {
         let pipe = &plan.pipes[at.0];
-        let chosen = match (&pipe.entries, pipe.role) {
+        match (&pipe.entries, pipe.role) {
             // Packets are metered green (the test's meters never run out); the packet,
             // not its copy, goes on from a mirror.
             (Entries::Listed(entries), Role::MeterColor) => entries
@@ -491,31 +502,17 @@ fn plan_walk(
                 .find(|e| e.selectors.iter().any(|s| s.value.ends_with("GREEN"))),
             (Entries::Listed(entries), Role::Mirror) => entries.first(),
             (Entries::Listed(entries), _) => {
-                let hits: Vec<_> = entries
-                    .iter()
-                    .filter(|e| {
-                        e.selectors.iter().all(|s| selector_holds(s, &meta))
-                            && e.matches.iter().all(|m| {
-                                read(frame, &meta, &st, m.field)
-                                    .is_some_and(|v| v & m.mask == m.value)
-                            })
-                    })
-                    .collect();
-                let first = hits.iter().map(|e| e.priority).min();
-                let mut best = hits.into_iter().filter(|e| Some(e.priority) == first);
-                let chosen = best.next();
-                // DOCA Flow leaves the order of entries of one priority open: two
-                // rules a packet matches must not share one.
-                if let (Some(a), Some(b)) = (
-                    chosen,
-                    best.find(|b| b.action != chosen.map_or(0, |c| c.action)),
-                ) {
-                    panic!(
-                        "{plan}\nentries {} and {} of {} both match at one priority\nframe {frame:02x?}",
-                        a.label, b.label, pipe.name
-                    );
-                }
-                chosen
+                let hits = entries.iter().filter(|e| {
+                    e.selectors.iter().all(|s| selector_holds(s, &meta))
+                        && e.matches.iter().all(|m| {
+                            read(frame, &meta, &st, m.field).is_some_and(|v| v & m.mask == m.value)
+                        })
+                });
+                first_priority(
+                    hits,
+                    |e| (e.priority, e.action),
+                    || format!("{plan}\n{}\nframe {frame:02x?}", pipe.name),
+                )
             }
             (Entries::Table { .. }, _) => None,
         }
@@ -526,8 +523,36 @@ fn plan_walk(
                 table_hit(prog, of, frame, &meta, &st).map(|i| (Some(i), indices[i] as usize))
             }
             Entries::Listed(_) => None,
-        });
-        let fwd = match chosen {
+        })
+    })
+}
+
+/// Of the entries a packet matches, the one of the first priority; DOCA Flow leaves the
+/// order of entries of one priority open, so two there that differ must not both match.
+fn first_priority<'e, E>(
+    hits: impl Iterator<Item = &'e E>,
+    key: impl Fn(&E) -> (Option<u32>, usize),
+    context: impl Fn() -> String,
+) -> Option<&'e E> {
+    let hits: Vec<&E> = hits.collect();
+    let first = hits.iter().map(|e| key(e).0).min()?;
+    let mut best = hits.into_iter().filter(|e| key(e).0 == first);
+    let chosen = best.next()?;
+    if best.any(|b| key(b).1 != key(chosen).1) {
+        panic!("{}: two entries of one priority match", context());
+    }
+    Some(chosen)
+}
+
+/// A packet's walk through the plan's pipes from the root: `choose` gives the entry a
+/// pipe takes it by (the pipeline rule or table entry, and the action template), none
+/// on a miss.
+fn walk_pipes(plan: &Plan, mut choose: impl FnMut(HwId) -> Option<(Option<usize>, usize)>) -> Walk {
+    let mut steps = Vec::new();
+    let mut at = plan.root;
+    loop {
+        let pipe = &plan.pipes[at.0];
+        let fwd = match choose(at) {
             Some((entry, action)) => {
                 match pipe.role {
                     Role::Pipe | Role::PipeRest => {
@@ -559,6 +584,249 @@ fn plan_walk(
             Fwd::Service(s) => End::Service(s),
         };
         return Walk { steps, end };
+    }
+}
+
+/// A plan as installed: what each DOCA Flow call carried (a pipe's handle is its index),
+/// checked as the calls come: a pipe forwards only to pipes made before it, entries
+/// come after their pipe and before the flush, control entries have priorities 0 to 7.
+#[derive(Debug, Default)]
+struct Nic {
+    pipes: Vec<NicPipe>,
+    encaps: u32,
+    meters: u32,
+    flushed: bool,
+}
+
+#[derive(Debug)]
+struct NicPipe {
+    kind: PipeType,
+    root: bool,
+    template: Image,
+    actions: Vec<(Image, Target<usize>)>,
+    declared: usize,
+    entries: Vec<EntrySpec>,
+}
+
+impl Steering for Nic {
+    type Pipe = usize;
+    type Error = std::fmt::Error;
+
+    fn encap(&mut self, id: u32, _: &dpuflow::ir::Encap) -> Result<(), Self::Error> {
+        assert_eq!(id, self.encaps, "shared encaps by id");
+        self.encaps += 1;
+        Ok(())
+    }
+
+    fn meter(&mut self, id: u32, _: &dpuflow::ir::Meter) -> Result<(), Self::Error> {
+        assert_eq!(id, self.meters, "shared meters by id");
+        self.meters += 1;
+        Ok(())
+    }
+
+    fn pipe(&mut self, spec: &install::PipeSpec<'_, usize>) -> Result<usize, Self::Error> {
+        assert!(!self.flushed);
+        let made = self.pipes.len();
+        let fwds = spec.actions.iter().map(|a| a.fwd).chain([spec.miss]);
+        for f in fwds {
+            assert!(
+                !matches!(f, Target::Pipe(h) if h >= made),
+                "{}: {f:?}",
+                spec.name
+            );
+        }
+        if spec.kind == PipeType::Control {
+            assert!(spec.template.0.is_empty(), "{}", spec.name);
+        }
+        self.pipes.push(NicPipe {
+            kind: spec.kind,
+            root: spec.is_root,
+            template: spec.template.clone(),
+            actions: spec
+                .actions
+                .iter()
+                .map(|a| (a.rewrites.clone(), a.fwd))
+                .collect(),
+            declared: spec.entries,
+            entries: Vec::new(),
+        });
+        Ok(made)
+    }
+
+    fn entry(&mut self, pipe: usize, kind: PipeType, e: &EntrySpec) -> Result<(), Self::Error> {
+        assert!(!self.flushed);
+        let p = &mut self.pipes[pipe];
+        assert_eq!((kind, e.index), (p.kind, p.entries.len()));
+        assert!(e.action < p.actions.len());
+        if kind == PipeType::Control {
+            assert!(e.priority.is_some_and(|x| x < 8), "{e:?}");
+        }
+        p.entries.push(e.clone());
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), Self::Error> {
+        self.flushed = true;
+        Ok(())
+    }
+}
+
+impl Nic {
+    /// Installs `plan` and checks the calls against it: every pipe's entries and
+    /// forwards, and the `pkt_meta` of a packet bound for software naming its pipe.
+    fn install(plan: &Plan, prog: &Program) -> Nic {
+        let mut nic = Nic::default();
+        let done = doca::install(plan, prog, &mut nic).expect("the plan installs");
+        assert!(nic.flushed);
+        assert_eq!(done.root, plan.root.0);
+        for (i, (pipe, np)) in plan.pipes.iter().zip(&nic.pipes).enumerate() {
+            assert_eq!(np.root, i == plan.root.0, "{}", pipe.name);
+            assert_eq!(np.entries.len(), np.declared, "{}", pipe.name);
+            assert_eq!(np.declared, pipe.entry_count(), "{}", pipe.name);
+            for (a, (rewrites, target)) in pipe.actions.iter().zip(&np.actions) {
+                let expected = match a.fwd {
+                    Fwd::Port(p) => Target::Port(p),
+                    Fwd::Pipe(h) => Target::Pipe(h.0),
+                    Fwd::Drop => Target::Drop,
+                    Fwd::Software(_) => Target::Rss,
+                    Fwd::Service(_) => Target::Kernel,
+                };
+                assert_eq!(*target, expected, "{}", pipe.name);
+                if let Fwd::Software(p) = a.fwd {
+                    let Some(Setting::Bits(b)) = rewrites.get("meta.pkt_meta") else {
+                        panic!("{}: no pkt_meta for software", pipe.name)
+                    };
+                    assert_eq!((b.value, b.mask), (u128::from(p.0), 0xffff_ffff));
+                }
+            }
+        }
+        nic
+    }
+
+    /// The walk of a packet no action rewrites through the installed pipes, matched
+    /// byte by byte: each member's bytes read from the packet where DOCA Flow's parser
+    /// finds them, against the entries' values under their masks.
+    fn walk(&self, plan: &Plan, tunnels: &TunnelPorts, frame: &[u8], port: PortId) -> Walk {
+        let meta = parse::parse(frame, tunnels).expect("test packets parse");
+        let holds = |img: &Image, template: bool| {
+            img.0.iter().all(|(member, setting)| match setting {
+                Setting::Enum(value) => selector_holds(
+                    &Selector {
+                        member: member.clone(),
+                        value,
+                    },
+                    &meta,
+                ),
+                // A template's value members are the bits its entries set.
+                Setting::Bits(_) if template => true,
+                Setting::Bits(b) => {
+                    member_value(frame, &meta, port, member).is_some_and(|v| v & b.mask == b.value)
+                }
+            })
+        };
+        walk_pipes(plan, |at| {
+            let (pipe, np) = (&plan.pipes[at.0], &self.pipes[at.0]);
+            let chosen = match pipe.role {
+                Role::MeterColor => np.entries.iter().find(|e| {
+                    matches!(e.matches.get("parser_meta.meter_color"),
+                        Some(Setting::Enum(v)) if v.ends_with("GREEN"))
+                }),
+                Role::Mirror => np.entries.first(),
+                _ if !holds(&np.template, true) => None,
+                _ => {
+                    let hits = np.entries.iter().filter(|e| holds(&e.matches, false));
+                    match np.kind {
+                        PipeType::Lpm => hits.max_by_key(|e| {
+                            e.matches
+                                .0
+                                .iter()
+                                .map(|(_, s)| match s {
+                                    Setting::Bits(b) => b.mask.count_ones(),
+                                    Setting::Enum(_) => 0,
+                                })
+                                .sum::<u32>()
+                        }),
+                        _ => first_priority(
+                            hits,
+                            |e| (e.priority, e.action),
+                            || format!("{plan}\n{} installed\nframe {frame:02x?}", pipe.name),
+                        ),
+                    }
+                }
+            };
+            chosen.map(|e| {
+                let rule = match &pipe.entries {
+                    Entries::Listed(es) => es[e.index].rule,
+                    Entries::Table { .. } => Some(e.index),
+                };
+                (rule, e.action)
+            })
+        })
+    }
+}
+
+/// The value of a DOCA Flow match member in a packet, read where the NIC's parser finds
+/// it (RFC 791, 8200, 793, 768, 792, 7348 §5, 8926 §3 layouts); `None` when the packet
+/// lacks the header.
+fn member_value(frame: &[u8], meta: &parse::Meta, port: PortId, member: &str) -> Option<u128> {
+    let be = |at: u16, n: usize| -> Option<u128> {
+        let at = usize::from(at);
+        let b = frame.get(at..at + n)?;
+        Some(b.iter().fold(0, |v, &x| v << 8 | u128::from(x)))
+    };
+    let (l, rest) = if let Some(rest) = member.strip_prefix("outer.") {
+        (&meta.outer, rest)
+    } else if let Some(rest) = member.strip_prefix("inner.") {
+        meta.tunnel?;
+        (&meta.inner, rest)
+    } else {
+        return match member {
+            "parser_meta.port_id" => Some(u128::from(port.0)),
+            "meta.pkt_meta" => Some(0),
+            "tun.vxlan_tun_id" | "tun.geneve.vni" => {
+                let t = meta.tunnel?;
+                let kind = if member == "tun.vxlan_tun_id" {
+                    "vxlan"
+                } else {
+                    "geneve"
+                };
+                (t.kind.name() == kind).then(|| be(t.header + 4, 4))?
+            }
+            m => panic!("member {m} not simulated"),
+        };
+    };
+    let v4 = l.l3_kind == L3::V4;
+    let v6 = l.l3_kind == L3::V6;
+    let l4 = |proto: &[u8]| l.l4_ok && proto.contains(&l.proto);
+    match rest {
+        "eth.dst_mac" => be(l.l2, 6),
+        "eth.src_mac" => be(l.l2 + 6, 6),
+        "eth_vlan[0].tci" => (l.vlan != 0).then(|| be(l.vlan, 2))?,
+        "ip4.dscp_ecn" if v4 => be(l.l3 + 1, 1),
+        "ip4.ttl" if v4 => be(l.l3 + 8, 1),
+        "ip4.next_proto" if v4 => be(l.l3 + 9, 1),
+        "ip4.src_ip" if v4 => be(l.l3 + 12, 4),
+        "ip4.dst_ip" if v4 => be(l.l3 + 16, 4),
+        "ip6.traffic_class" if v6 => be(l.l3, 2).map(|w| w >> 4 & 0xff),
+        "ip6.next_proto" if v6 => be(l.l3 + 6, 1),
+        "ip6.hop_limit" if v6 => be(l.l3 + 7, 1),
+        "ip6.src_ip" if v6 => be(l.l3 + 8, 16),
+        "ip6.dst_ip" if v6 => be(l.l3 + 24, 16),
+        "tcp.l4_port.src_port" if l4(&[6]) => be(l.l4, 2),
+        "tcp.l4_port.dst_port" if l4(&[6]) => be(l.l4 + 2, 2),
+        "tcp.flags" if l4(&[6]) => be(l.l4 + 13, 1),
+        "udp.l4_port.src_port" if l4(&[17]) => be(l.l4, 2),
+        "udp.l4_port.dst_port" if l4(&[17]) => be(l.l4 + 2, 2),
+        "icmp.type" if l4(&[1, 58]) => be(l.l4, 1),
+        "icmp.code" if l4(&[1, 58]) => be(l.l4 + 1, 1),
+        _ if rest.starts_with("ip")
+            || rest.contains("l4_port")
+            || rest.starts_with("icmp")
+            || rest == "tcp.flags" =>
+        {
+            None
+        }
+        m => panic!("member {m} not simulated"),
     }
 }
 
@@ -633,6 +901,7 @@ struct Both<'p> {
     plan: Plan,
     tunnels: TunnelPorts,
     engine: Engine,
+    nic: Nic,
 }
 
 impl<'p> Both<'p> {
@@ -641,6 +910,7 @@ impl<'p> Both<'p> {
         assert_well_formed(&plan);
         Both {
             prog,
+            nic: Nic::install(&plan, prog),
             plan,
             tunnels: Compiled::new(prog).tunnels().clone(),
             engine: Engine::new(prog),
@@ -653,6 +923,8 @@ impl<'p> Both<'p> {
     fn assert_same_walk(&mut self, frame: &[u8], port: PortId) {
         let plan = &self.plan;
         let hw = plan_walk(self.prog, plan, &self.tunnels, frame, port);
+        let installed = self.nic.walk(plan, &self.tunnels, frame, port);
+        assert_eq!(installed, hw, "{plan}\ninstalled\nframe {frame:02x?}");
         let sw = engine_walk(&mut self.engine, frame, port);
         match hw.end {
             End::Software(from) => {
@@ -917,14 +1189,16 @@ fn pipeline(specs: &[PipeSpec]) -> String {
                 d
             }
             PipeSpec::Exact(entries, d) => {
-                text += "  table exact ipv4.dst udp.dst {\n";
+                // Keys most IPv4 packets meet: an address and a DSCP (which sits two
+                // bits up its member).
+                text += "  table exact ipv4.dst ip.dscp {\n";
                 let mut seen = std::collections::HashSet::new();
-                for (j, &(a, port)) in entries.iter().enumerate() {
-                    if seen.insert((a, port)) {
+                for (j, &(a, dscp)) in entries.iter().enumerate() {
+                    let dscp = [0, 46][dscp % 2];
+                    if seen.insert((a, dscp)) {
                         let [w, x, y, z] = V4[a];
                         text += &format!(
-                            "    {w}.{x}.{y}.{z} {} => {}\n",
-                            L4_PORTS[port],
+                            "    {w}.{x}.{y}.{z} {dscp} => {}\n",
                             actions(j as u8 % 12, i, n)
                         );
                     }

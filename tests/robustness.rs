@@ -127,9 +127,15 @@ fn check(text: &str) {
         let _ = checked.sources.json(d);
     }
     assert_eq!(checked.program.is_some(), !checked.has_errors());
-    // Whatever the checker accepts, the DOCA backend plans (in hardware or in software).
+    // Whatever the checker accepts, the DOCA backend plans (in hardware or in software),
+    // and every structure of the plan's calls can be written.
     if let Some(p) = &checked.program {
-        let _ = dpuflow::doca::plan(p).to_string();
+        let plan = dpuflow::doca::plan(p);
+        let _ = plan.to_string();
+        let mut calls = dpuflow::doca::install::Listing::new(std::io::sink());
+        if let Err(e) = dpuflow::doca::install(&plan, p, &mut calls) {
+            panic!("{e}\n{text}");
+        }
     }
 }
 

@@ -533,6 +533,7 @@ impl Planner<'_> {
                         selectors.sort();
                         selectors.dedup();
                     }
+                    e.retain(|key| !contradictory(key));
                 }
                 expanded.push(e);
             }
@@ -1269,7 +1270,22 @@ fn rule_entries<'a>(
         selectors.sort();
         selectors.dedup();
     }
+    entries.retain(|key| !contradictory(key));
     Ok(entries)
+}
+
+/// Whether an entry's (sorted, deduplicated) selectors or its matches set one member to
+/// two values: `ipv4.dst` with `eth.type 0x86dd`, `udp.dst 443` with `l4.dst 53`. No
+/// packet has both, and no entry can hold both.
+fn contradictory((selectors, matches): &EntryKey) -> bool {
+    let at = |m: &EntryMatch| (m.value << m.shift, m.mask << m.shift);
+    selectors.windows(2).any(|w| w[0].member == w[1].member)
+        || matches.iter().enumerate().any(|(i, a)| {
+            matches[i + 1..].iter().any(|b| {
+                let ((av, am), (bv, bm)) = (at(a), at(b));
+                a.member == b.member && (av ^ bv) & am & bm != 0
+            })
+        })
 }
 
 /// The ways an entry can match `field` by `pattern`: each some selectors and at most one
