@@ -1111,6 +1111,13 @@ const MATCHES: &[&str] = &[
     "eth.type 0x86dd ip.ttl 1",
     "eth.type {0x0800, 0x86dd}",
     "eth.type 0x0806",
+    // Fields sharing a member (the TCI; DSCP and ECN), and inner headers.
+    "vlan.id 10 vlan.pcp 0",
+    "ip.dscp 46 ip.ecn 0 ipv4.dst 10.0.0.0/24",
+    "ipv6.src 2001:db8::1 ip.dscp 46",
+    "vxlan.vni 100 inner.ipv4.dst 10.0.0.1",
+    "vxlan.vni 200 inner.tcp.dst 80",
+    "vxlan.vni 100 inner.udp.dst {53, 443} inner.ip.ttl 64",
 ];
 
 #[derive(Debug, Clone)]
