@@ -325,7 +325,7 @@ fn main() -> ExitCode {
                 let plan = dpuflow::doca::plan(&p);
                 if calls {
                     let out = std::io::BufWriter::new(std::io::stdout().lock());
-                    let mut listing = dpuflow::doca::install::Listing::new(out);
+                    let mut listing = dpuflow::doca::install::Listing::new(out, &p);
                     if let Err(e) = dpuflow::doca::install(&plan, &p, &mut listing) {
                         eprintln!("{}: {e}", file.display());
                         return ExitCode::FAILURE;

@@ -12,14 +12,14 @@
 //! `DPUFLOW_BLESS=1 cargo test --test doca_plan`.
 
 use dpuflow::doca::image::{Image, Setting};
-use dpuflow::doca::install::{self, EntrySpec, Steering, Target};
+use dpuflow::doca::install::{self, Counted, EntrySpec, Steering, Target};
 use dpuflow::doca::plan::{Entries, Fwd, HwId, PipeType, Plan, Role};
 use dpuflow::doca::Selector;
 use dpuflow::engine::field::{read, PacketState};
 use dpuflow::engine::packet::PacketBuf;
 use dpuflow::engine::parse::{TunnelPorts, L3};
 use dpuflow::engine::{parse, Compiled, Engine, Observer, Verdict};
-use dpuflow::ir::{PipeBody, PipeId, PortId, Program, ServiceId};
+use dpuflow::ir::{Action, PipeBody, PipeId, PortId, Program, ServiceId};
 use dpuflow::{doca, lang};
 use proptest::prelude::*;
 use std::path::Path;
@@ -52,7 +52,7 @@ fn example_plans_match_their_golden_files() {
         let prog = example(name);
         let plan = doca::plan(&prog);
         // The plan, and the calls installing it makes (`dpuflow plan --calls`).
-        let mut calls = install::Listing::new(Vec::new());
+        let mut calls = install::Listing::new(Vec::new(), &prog);
         doca::install(&plan, &prog, &mut calls).expect("the plan installs");
         let calls = String::from_utf8(calls.into_inner()).expect("text");
         for (text, ext) in [(plan.to_string(), "plan"), (calls, "calls")] {
@@ -610,6 +610,7 @@ struct NicPipe {
 
 impl Steering for Nic {
     type Pipe = usize;
+    type Entry = (usize, usize);
     type Error = std::fmt::Error;
 
     fn encap(&mut self, id: u32, _: &dpuflow::ir::Encap) -> Result<(), Self::Error> {
@@ -653,7 +654,12 @@ impl Steering for Nic {
         Ok(made)
     }
 
-    fn entry(&mut self, pipe: usize, kind: PipeType, e: &EntrySpec) -> Result<(), Self::Error> {
+    fn entry(
+        &mut self,
+        pipe: usize,
+        kind: PipeType,
+        e: &EntrySpec,
+    ) -> Result<(usize, usize), Self::Error> {
         assert!(!self.flushed);
         let p = &mut self.pipes[pipe];
         assert_eq!((kind, e.index), (p.kind, p.entries.len()));
@@ -662,7 +668,7 @@ impl Steering for Nic {
             assert!(e.priority.is_some_and(|x| x < 8), "{e:?}");
         }
         p.entries.push(e.clone());
-        Ok(())
+        Ok((pipe, e.index))
     }
 
     fn flush(&mut self) -> Result<(), Self::Error> {
@@ -679,6 +685,9 @@ impl Nic {
         let done = doca::install(plan, prog, &mut nic).expect("the plan installs");
         assert!(nic.flushed);
         assert_eq!(done.root, plan.root.0);
+        for ((pipe, entry), counts) in &done.counters {
+            assert_eq!(nic.pipes[*pipe].entries[*entry].counts, Some(*counts));
+        }
         for (i, (pipe, np)) in plan.pipes.iter().zip(&nic.pipes).enumerate() {
             assert_eq!(np.root, i == plan.root.0, "{}", pipe.name);
             assert_eq!(np.entries.len(), np.declared, "{}", pipe.name);
@@ -706,7 +715,15 @@ impl Nic {
     /// The walk of a packet no action rewrites through the installed pipes, matched
     /// byte by byte: each member's bytes read from the packet where DOCA Flow's parser
     /// finds them, against the entries' values under their masks.
-    fn walk(&self, plan: &Plan, tunnels: &TunnelPorts, frame: &[u8], port: PortId) -> Walk {
+    /// `counted` gets what the counters of the entries the packet took count.
+    fn walk(
+        &self,
+        plan: &Plan,
+        tunnels: &TunnelPorts,
+        frame: &[u8],
+        port: PortId,
+        counted: &mut Vec<Counted>,
+    ) -> Walk {
         let meta = parse::parse(frame, tunnels).expect("test packets parse");
         let holds = |img: &Image, template: bool| {
             img.0.iter().all(|(member, setting)| match setting {
@@ -755,6 +772,7 @@ impl Nic {
                 }
             };
             chosen.map(|e| {
+                counted.extend(e.counts);
                 let rule = match &pipe.entries {
                     Entries::Listed(es) => es[e.index].rule,
                     Entries::Table { .. } => Some(e.index),
@@ -923,8 +941,33 @@ impl<'p> Both<'p> {
     fn assert_same_walk(&mut self, frame: &[u8], port: PortId) {
         let plan = &self.plan;
         let hw = plan_walk(self.prog, plan, &self.tunnels, frame, port);
-        let installed = self.nic.walk(plan, &self.tunnels, frame, port);
+        let mut counted = Vec::new();
+        let installed = self
+            .nic
+            .walk(plan, &self.tunnels, frame, port, &mut counted);
         assert_eq!(installed, hw, "{plan}\ninstalled\nframe {frame:02x?}");
+        // The hardware counts, entry by entry, what the engine counts of the rules with
+        // `count` that the packet met in the hardware's part of its walk.
+        let mut counts: Vec<(u16, usize)> = counted
+            .iter()
+            .filter_map(|c| match c {
+                Counted::Entry { pipe, entry } => Some((pipe.0, *entry)),
+                _ => None,
+            })
+            .collect();
+        let mut expected: Vec<(u16, usize)> = hw
+            .steps
+            .iter()
+            .filter_map(|&(p, entry)| {
+                let pipe = self.prog.pipe(p);
+                let entry = entry.unwrap_or(pipe.body.len());
+                let list = pipe.body.action_list(entry).unwrap_or(&pipe.miss);
+                list.0.contains(&Action::Count).then_some((p.0, entry))
+            })
+            .collect();
+        counts.sort_unstable();
+        expected.sort_unstable();
+        assert_eq!(counts, expected, "{plan}\ncounters\nframe {frame:02x?}");
         let sw = engine_walk(&mut self.engine, frame, port);
         match hw.end {
             End::Software(from) => {
@@ -1151,7 +1194,7 @@ fn actions(fate: u8, i: usize, pipes: usize) -> String {
         3 => "count, drop".into(),
         4 => "meter m, count, fwd b".into(),
         5 => "mirror a, fwd b".into(),
-        6 => "dec ttl, fwd a".into(),
+        6 => "dec ttl, count, fwd a".into(),
         7 => "set ip.dscp 10, mark 3, fwd b".into(),
         8 => "vlan.push { id 7 pcp 1 }, set eth.dst 02:00:00:00:00:09, fwd a".into(),
         9 => "vxlan.encap { vni 5 src 192.0.2.1 dst 192.0.2.2 smac 02:00:00:00:00:01 \

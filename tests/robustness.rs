@@ -132,7 +132,7 @@ fn check(text: &str) {
     if let Some(p) = &checked.program {
         let plan = dpuflow::doca::plan(p);
         let _ = plan.to_string();
-        let mut calls = dpuflow::doca::install::Listing::new(std::io::sink());
+        let mut calls = dpuflow::doca::install::Listing::new(std::io::sink(), p);
         if let Err(e) = dpuflow::doca::install(&plan, p, &mut calls) {
             panic!("{e}\n{text}");
         }

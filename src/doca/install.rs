@@ -6,8 +6,8 @@
 //! them into DOCA's structures.
 
 use super::image::{self, Image, ImageError};
-use super::plan::{ActionTemplate, Entries, Fwd, HwPipe, PipeType, Plan, Step};
-use crate::ir::{Encap, Field, Meter, PipeBody, PortId, Program};
+use super::plan::{ActionTemplate, Entries, Fwd, HwId, HwPipe, PipeType, Plan, Role, Step};
+use crate::ir::{Encap, Field, Meter, MeterId, PipeBody, PipeId, PortId, Program};
 
 /// Where an entry or a miss sends packets, with pipes as the [`Steering`]'s handles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,12 +62,72 @@ pub struct EntrySpec {
     pub matches: Image,
     /// Its action template.
     pub action: usize,
+    /// What its counter counts, when its template has one.
+    pub counts: Option<Counted>,
+}
+
+/// What a hardware counter counts, in the software engine's terms
+/// (`engine::Stats`), so that the DOCA backend's metrics are the same series.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Counted {
+    /// Matches of a pipeline pipe's entry `entry` (`Stats::entries`): a rule or a table
+    /// entry by its index, the default after them.
+    Entry { pipe: PipeId, entry: usize },
+    /// A meter's packets of one colour, 0 green, 1 yellow, 2 red (`Stats::meters`).
+    Meter { meter: MeterId, colour: usize },
+    /// Packets `dec ttl` in a pipeline pipe dropped for an expiring TTL (hop limit). The
+    /// engine counts them by ingress port, which this pipe does not know.
+    TtlExpired { pipe: PipeId },
+}
+
+/// What entry `index` of pipe `at` counts, if its template has a counter.
+fn counted(plan: &Plan, prog: &Program, at: HwId, index: usize, action: usize) -> Option<Counted> {
+    let pipe = &plan.pipes[at.0];
+    if !pipe.actions[action].counter {
+        return None;
+    }
+    let of = pipe.of?;
+    let default = prog.pipe(of).body.len();
+    match (pipe.role, &pipe.entries) {
+        (Role::Pipe | Role::PipeRest, Entries::Listed(es)) => Some(Counted::Entry {
+            pipe: of,
+            entry: es[index].rule.unwrap_or(default),
+        }),
+        (Role::Pipe, Entries::Table { .. }) => Some(Counted::Entry {
+            pipe: of,
+            entry: index,
+        }),
+        (Role::Default, _) => Some(Counted::Entry {
+            pipe: of,
+            entry: default,
+        }),
+        (Role::MeterColor, Entries::Listed(es)) => {
+            // The meter whose pipe sends its packets here.
+            let metering = plan.pipes.iter().find(|p| {
+                p.role == Role::Meter && p.actions.iter().any(|a| a.fwd == Fwd::Pipe(at))
+            })?;
+            let id = metering.actions.iter().find_map(|a| a.meter)?;
+            let colour = es[index].selectors.iter().find_map(|s| {
+                ["GREEN", "YELLOW", "RED"]
+                    .iter()
+                    .position(|c| s.value == format!("DOCA_FLOW_METER_COLOR_{c}"))
+            })?;
+            Some(Counted::Meter {
+                meter: plan.meters[id as usize],
+                colour,
+            })
+        }
+        (Role::DecTtl, _) => Some(Counted::TtlExpired { pipe: of }),
+        _ => None,
+    }
 }
 
 /// The DOCA Flow calls installing takes.
 pub trait Steering {
     /// A created pipe.
     type Pipe: Copy;
+    /// An added entry, whose counter can be read.
+    type Entry;
     type Error: std::error::Error;
 
     /// Creates shared encapsulation resource `id` (`DOCA_FLOW_SHARED_RESOURCE_ENCAP`).
@@ -75,8 +135,12 @@ pub trait Steering {
     /// Creates shared meter resource `id` (`DOCA_FLOW_SHARED_RESOURCE_METER`).
     fn meter(&mut self, id: u32, m: &Meter) -> Result<(), Self::Error>;
     fn pipe(&mut self, spec: &PipeSpec<'_, Self::Pipe>) -> Result<Self::Pipe, Self::Error>;
-    fn entry(&mut self, pipe: Self::Pipe, kind: PipeType, e: &EntrySpec)
-        -> Result<(), Self::Error>;
+    fn entry(
+        &mut self,
+        pipe: Self::Pipe,
+        kind: PipeType,
+        e: &EntrySpec,
+    ) -> Result<Self::Entry, Self::Error>;
     /// Waits until every entry added is in the hardware.
     fn flush(&mut self) -> Result<(), Self::Error>;
 }
@@ -100,27 +164,31 @@ pub enum InstallError<E: std::error::Error> {
     },
 }
 
-/// What was installed: the handle of each of the plan's pipes, by [`super::plan::HwId`].
+/// What was installed: the handle of each of the plan's pipes, by [`HwId`], and the
+/// entries with counters, with what each counts.
 #[derive(Debug)]
-pub struct Installed<P> {
+pub struct Installed<P, E> {
     pub pipes: Vec<P>,
     pub root: P,
     pub entries: usize,
+    pub counters: Vec<(E, Counted)>,
 }
+
+/// What installing through `S` gives.
+pub type Installation<S> = Result<
+    Installed<<S as Steering>::Pipe, <S as Steering>::Entry>,
+    InstallError<<S as Steering>::Error>,
+>;
 
 /// The `pkt_meta` value telling the software backend which pipeline pipe a packet goes
 /// on from: the pipe's index.
-pub fn software_pipe(pipe: crate::ir::PipeId) -> u32 {
+pub fn software_pipe(pipe: PipeId) -> u32 {
     u32::from(pipe.0)
 }
 
 /// Creates the plan's shared resources, then its pipes in order (each after those it
 /// forwards to), each followed by its entries; then waits for the entries.
-pub fn install<S: Steering>(
-    plan: &Plan,
-    prog: &Program,
-    hw: &mut S,
-) -> Result<Installed<S::Pipe>, InstallError<S::Error>> {
+pub fn install<S: Steering>(plan: &Plan, prog: &Program, hw: &mut S) -> Installation<S> {
     let refused = |what: String| move |source| InstallError::Steering { what, source };
     for (id, e) in plan.encaps.iter().enumerate() {
         hw.encap(id as u32, e)
@@ -132,8 +200,8 @@ pub fn install<S: Steering>(
             .map_err(refused(format!("meter `{}`", meter.name)))?;
     }
     let mut pipes: Vec<S::Pipe> = Vec::with_capacity(plan.pipes.len());
-    let mut entries = 0;
-    for pipe in &plan.pipes {
+    let (mut entries, mut counters) = (0, Vec::new());
+    for (at, pipe) in plan.pipes.iter().enumerate() {
         let spec = pipe_spec(pipe, prog, &pipes).map_err(|source| InstallError::Image {
             pipe: pipe.name.clone(),
             source,
@@ -142,12 +210,17 @@ pub fn install<S: Steering>(
             .pipe(&spec)
             .map_err(refused(format!("pipe `{}`", pipe.name)))?;
         for e in entry_specs(pipe, prog) {
-            let e = e.map_err(|source| InstallError::Image {
+            let mut e = e.map_err(|source| InstallError::Image {
                 pipe: pipe.name.clone(),
                 source,
             })?;
-            hw.entry(handle, pipe.kind, &e)
+            e.counts = counted(plan, prog, HwId(at), e.index, e.action);
+            let added = hw
+                .entry(handle, pipe.kind, &e)
                 .map_err(refused(format!("entry {} of `{}`", e.index, pipe.name)))?;
+            if let Some(c) = e.counts {
+                counters.push((added, c));
+            }
             entries += 1;
         }
         pipes.push(handle);
@@ -157,6 +230,7 @@ pub fn install<S: Steering>(
         root: pipes[plan.root.0],
         pipes,
         entries,
+        counters,
     })
 }
 
@@ -227,6 +301,7 @@ fn entry_specs<'a>(
                 priority: e.priority,
                 matches: image::entry_match(&e.selectors, &e.matches)?,
                 action: e.action,
+                counts: None,
             })
         })),
         Entries::Table { indices, .. } => {
@@ -239,6 +314,7 @@ fn entry_specs<'a>(
                     priority: None,
                     matches: image::table_entry(pipe, body, index)?,
                     action: action as usize,
+                    counts: None,
                 })
             }))
         }
@@ -248,14 +324,20 @@ fn entry_specs<'a>(
 /// A [`Steering`] that writes each call as text instead (`dpuflow plan --calls`): what
 /// an installation hands DOCA Flow, member by member and byte by byte, without a NIC.
 #[derive(Debug)]
-pub struct Listing<W> {
+pub struct Listing<'p, W> {
     out: W,
     pipes: usize,
+    /// For the names of what counters count.
+    prog: &'p Program,
 }
 
-impl<W: std::io::Write> Listing<W> {
-    pub fn new(out: W) -> Listing<W> {
-        Listing { out, pipes: 0 }
+impl<'p, W: std::io::Write> Listing<'p, W> {
+    pub fn new(out: W, prog: &'p Program) -> Listing<'p, W> {
+        Listing {
+            out,
+            pipes: 0,
+            prog,
+        }
     }
 
     /// The writer, with all the calls written.
@@ -274,8 +356,9 @@ fn target_name(t: Target<usize>) -> String {
     }
 }
 
-impl<W: std::io::Write> Steering for Listing<W> {
+impl<W: std::io::Write> Steering for Listing<'_, W> {
     type Pipe = usize;
+    type Entry = ();
     type Error = std::io::Error;
 
     fn encap(&mut self, id: u32, e: &Encap) -> Result<(), Self::Error> {
@@ -349,9 +432,25 @@ impl<W: std::io::Write> Steering for Listing<W> {
         } else {
             e.matches.to_string()
         };
+        let p = self.prog;
+        let counts = match e.counts {
+            None => String::new(),
+            Some(Counted::Entry { pipe, entry }) => {
+                let pipe = p.pipe(pipe);
+                format!(", counter: {} {}", pipe.name, pipe.entry_name(entry))
+            }
+            Some(Counted::Meter { meter, colour }) => format!(
+                ", counter: meter {} {}",
+                p.meters[meter.index()].name,
+                ["green", "yellow", "red"][colour]
+            ),
+            Some(Counted::TtlExpired { pipe }) => {
+                format!(", counter: {} ttl expired", p.pipe(pipe).name)
+            }
+        };
         writeln!(
             self.out,
-            "  entry {pipe}.{}{priority}: {matches} -> actions {}",
+            "  entry {pipe}.{}{priority}: {matches} -> actions {}{counts}",
             e.index, e.action
         )
     }

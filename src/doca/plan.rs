@@ -745,7 +745,11 @@ impl Planner<'_> {
             has: has.to_vec(),
             marked: false,
         };
-        self.stage(of, actions, &terminal[0], scope)
+        let mut first = self.stage(of, actions, &terminal[0], scope)?;
+        // `count` counts the rule's matches, as the engine does, wherever it stands in
+        // the list: on the rule's own entries, before a meter or a TTL check drops some.
+        first.counter = actions.contains(&Action::Count);
+        Ok(first)
     }
 
     /// `actions` then `terminal` as a template: the steps one pipe applies up to the first
@@ -760,14 +764,11 @@ impl Planner<'_> {
     ) -> Result<ActionTemplate, String> {
         let cx = scope.cx;
         let mut steps: Vec<Step> = Vec::new();
-        let mut counter = false;
         for (k, a) in actions.iter().enumerate() {
             let rest = &actions[k + 1..];
             let step = match a {
-                Action::Count => {
-                    counter = true;
-                    continue;
-                }
+                // Counted on the rule's entries (see `template`).
+                Action::Count => continue,
                 Action::Decap(t) => Step::Decap(*t),
                 Action::VlanPop => Step::PopVlan,
                 Action::VlanPush { vid, pcp } => Step::PushVlan {
@@ -803,7 +804,7 @@ impl Planner<'_> {
                     };
                     return Ok(ActionTemplate {
                         steps,
-                        counter,
+                        counter: false,
                         meter: None,
                         fwd: Fwd::Pipe(next),
                     });
@@ -854,7 +855,7 @@ impl Planner<'_> {
         }
         Ok(ActionTemplate {
             steps,
-            counter,
+            counter: false,
             meter: None,
             fwd,
         })
