@@ -364,10 +364,14 @@ fn the_index_survives_a_clean_restart_but_not_a_crash() {
             "OK"
         );
     }
+    // Deadlines are kept too.
+    assert_eq!(kv.cli(&["EXPIREAT", "layer0", "4000000000"]).trim(), "1");
     assert_eq!(kv.terminate(), 0);
 
     let kv = KvService::start(&dir, &target, "32MiB");
     assert_eq!(kv.cli(&["DBSIZE"]).trim(), "5");
+    assert_eq!(kv.cli(&["EXPIRETIME", "layer0"]).trim(), "4000000000");
+    assert_eq!(kv.cli(&["EXPIRETIME", "layer1"]).trim(), "-1");
     assert_eq!(
         kv.metric("dpuflow_kvcache_restored_keys{service=\"kvcache\"}"),
         5
@@ -508,4 +512,154 @@ fn an_unreachable_target_fails_the_start() {
             "{target}: {err}"
         );
     }
+}
+
+/// A RESP connection sending one command at a time and taking its reply as bytes.
+struct Resp {
+    stream: std::io::BufReader<TcpStream>,
+}
+
+impl Resp {
+    fn connect(port: u16) -> Resp {
+        let stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        Resp {
+            stream: std::io::BufReader::new(stream),
+        }
+    }
+
+    /// The reply to `words`, whole (a simple reply, an integer, an error, a bulk string).
+    fn call(&mut self, words: &[&str]) -> String {
+        use std::io::{BufRead, Read};
+        let mut req = format!("*{}\r\n", words.len());
+        for w in words {
+            req += &format!("${}\r\n{w}\r\n", w.len());
+        }
+        self.stream
+            .get_mut()
+            .write_all(req.as_bytes())
+            .expect("send");
+        let mut line = String::new();
+        self.stream.read_line(&mut line).expect("reply");
+        if let Some(n) = line
+            .strip_prefix('$')
+            .and_then(|n| n.trim().parse::<usize>().ok())
+        {
+            let mut body = vec![0u8; n + 2];
+            self.stream.read_exact(&mut body).expect("bulk");
+            line += &String::from_utf8_lossy(&body);
+        }
+        line
+    }
+}
+
+/// Expiry as Redis 7 has it, command by command against a real redis-server: `SET` with
+/// `EX`/`PX`/`EXAT`/`PXAT`/`KEEPTTL`, `EXPIRE` and its forms with `NX`/`XX`/`GT`/`LT`,
+/// `TTL`, `EXPIRETIME`, `PERSIST`, their errors, deadlines already past, and keys leaving
+/// once theirs passes.
+#[test]
+fn expiry_answers_as_redis_does() {
+    let dir = Scratch::new("kv-expiry");
+    let kv = KvService::start(&dir, &format!("file://{}", dir.path("blocks.img")), "4MiB");
+    let redis_port = free_port();
+    let _redis = Running(
+        Command::new("redis-server")
+            .args(["--port", &redis_port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("`redis-server` is required (scripts/test installs it)"),
+    );
+    wait_for_port(redis_port, "redis-server");
+    let (mut ours, mut theirs) = (Resp::connect(kv.port), Resp::connect(redis_port));
+    let script: &[&[&str]] = &[
+        &["SET", "a", "1"],
+        &["SET", "a", "2", "PXAT", "1000"],
+        &["GET", "a"],
+        &["EXISTS", "a"],
+        &["SET", "b", "1", "PX", "0"],
+        &["SET", "b", "1", "EX", "-1"],
+        &["SET", "b", "1", "EX", "abc"],
+        &["SET", "b", "1", "EX", "01"],
+        &["SET", "b", "1", "EX", "10", "PX", "10"],
+        &["SET", "b", "1", "NX", "XX"],
+        &["SET", "b", "1", "KEEPTTL", "EX", "5"],
+        &["SET", "b", "1", "EX"],
+        &["SET", "b", "1", "EXAT", "99999999999999999999"],
+        &["SET", "b", "1", "EX", "9223372036854775807"],
+        &["SET", "c", "1", "EX", "100"],
+        &["TTL", "c"],
+        &["SET", "c", "2", "KEEPTTL"],
+        &["TTL", "c"],
+        &["SET", "c", "3"],
+        &["TTL", "c"],
+        &["TTL", "nokey"],
+        &["PTTL", "nokey"],
+        &["EXPIRE", "c", "100", "GT"],
+        &["EXPIRE", "c", "100", "LT"],
+        &["TTL", "c"],
+        &["EXPIRE", "c", "50", "GT"],
+        &["EXPIRE", "c", "200", "GT"],
+        &["EXPIRE", "c", "10", "NX"],
+        &["EXPIRE", "c", "10", "XX"],
+        &["EXPIRE", "c", "10", "NX", "XX"],
+        &["EXPIRE", "c", "10", "GT", "LT"],
+        &["EXPIRE", "c", "10", "NX", "GT"],
+        &["EXPIRE", "c", "10", "FOO"],
+        &["EXPIRE", "c"],
+        &["PERSIST", "c"],
+        &["PERSIST", "c"],
+        &["PERSIST", "nokey"],
+        &["EXPIRE", "nokey", "10"],
+        &["EXPIRE", "c", "-5"],
+        &["EXISTS", "c"],
+        &["SET", "d", "1"],
+        &["EXPIRE", "d", "abc"],
+        &["EXPIRETIME", "d"],
+        &["PEXPIRETIME", "nokey"],
+        &["PEXPIREAT", "d", "99999999999999"],
+        &["EXPIRETIME", "d"],
+        &["PEXPIRETIME", "d"],
+        &["EXPIRE", "d", "9999999999999999"],
+        &["PEXPIRE", "d", "9223372036854775807"],
+        &["EXPIREAT", "d", "1"],
+        &["EXISTS", "d"],
+        &["SET", "e", "1", "EXAT", "99999999999"],
+        &["EXPIRETIME", "e"],
+        &["SET", "f", "1", "NX", "PXAT", "1000"],
+        &["EXISTS", "f"],
+        &["SET", "g", "1"],
+        &["SET", "g", "2", "XX", "PXAT", "1000"],
+        &["EXISTS", "g"],
+        &["SET", "h", "1", "XX", "PXAT", "1000"],
+        &["MSET", "m", "1", "n", "2"],
+        &["EXPIRE", "m", "100"],
+        &["MSET", "m", "3"],
+        &["TTL", "m"],
+        &["SET", "s", "v", "PX", "200"],
+        &["SET", "t", "v", "EX", "100"],
+    ];
+    for words in script {
+        let (a, b) = (ours.call(words), theirs.call(words));
+        assert_eq!(a, b, "{words:?}");
+    }
+    // What is left runs on the clock: milliseconds agree to within the round trips.
+    let pttl = |r: &mut Resp| -> i64 {
+        let reply = r.call(&["PTTL", "t"]);
+        reply
+            .trim()
+            .trim_start_matches(':')
+            .parse()
+            .expect("an integer")
+    };
+    let (a, b) = (pttl(&mut ours), pttl(&mut theirs));
+    assert!((a - b).abs() < 1000 && a > 98_000, "PTTL {a} and {b}");
+    std::thread::sleep(Duration::from_millis(500));
+    for words in [&["GET", "s"][..], &["TTL", "s"], &["EXISTS", "s", "t"]] {
+        assert_eq!(ours.call(words), theirs.call(words), "{words:?}");
+    }
+    assert!(kv.metric("dpuflow_kvcache_expired_keys_total{service=\"kvcache\"}") >= 1);
+    assert_eq!(kv.terminate(), 0);
 }

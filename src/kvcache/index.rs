@@ -1,12 +1,16 @@
 //! The block index: which storage blocks hold each key's value, which blocks are free, and
 //! which key goes first when room is needed (least recently used, as a cache should).
 //!
+//! Keys may have a deadline (Redis's `EXPIRE`, `SET … EX`): in unix milliseconds, passed
+//! in, so the index keeps no clock; a key past it is removed at the next
+//! [`Index::purge_expired`], which the server calls before each command looks at keys.
+//!
 //! Sans-IO: the index hands out and takes back block numbers; the server moves the bytes.
 //! A value's blocks are an [`Extents`] behind an `Arc`: a reader holds its own reference
 //! while it reads, so blocks of a key that is meanwhile overwritten, deleted or evicted
 //! return to the free list only when the last reader is done, never under its feet.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// A run of consecutive blocks: first block and count.
@@ -77,6 +81,8 @@ struct Entry {
     extents: Arc<Extents>,
     /// Its place in the recency order.
     tick: u64,
+    /// When it expires (unix milliseconds), if it does.
+    deadline: Option<u64>,
 }
 
 /// What the index counts, for metrics and INFO.
@@ -89,6 +95,10 @@ pub struct IndexStats {
     /// Blocks values may take (the reserved ones not counted).
     pub total_blocks: u64,
     pub evictions: u64,
+    /// Keys with a deadline.
+    pub expiring: u64,
+    /// Keys removed for having passed their deadline.
+    pub expired: u64,
 }
 
 /// Keys → extents over `total` blocks of `block_size` bytes.
@@ -97,12 +107,15 @@ pub struct Index {
     map: HashMap<Arc<[u8]>, Entry>,
     /// Recency: tick → key, oldest first.
     order: BTreeMap<u64, Arc<[u8]>>,
+    /// Keys with deadlines, soonest first.
+    deadlines: BTreeSet<(u64, Arc<[u8]>)>,
     tick: u64,
     free: Arc<Mutex<FreeBlocks>>,
     block_size: u64,
     total: u64,
     used: u64,
     evictions: u64,
+    expired: u64,
 }
 
 /// Blocks at the start of the target that never hold values: the superblock
@@ -118,6 +131,7 @@ impl Index {
         Index {
             map: HashMap::new(),
             order: BTreeMap::new(),
+            deadlines: BTreeSet::new(),
             tick: 0,
             free: Arc::new(Mutex::new(FreeBlocks {
                 stack: (RESERVED_BLOCKS..total).rev().collect(),
@@ -126,12 +140,13 @@ impl Index {
             total,
             used: 0,
             evictions: 0,
+            expired: 0,
         }
     }
 
     /// The index as bytes, keys from least to most recently used: a count (u64), then per
-    /// key its length (u32), its value's length (u64), its block count (u32), the key and
-    /// the block numbers (u64 each), all little-endian.
+    /// key its length (u32), its value's length (u64), its block count (u32), its deadline
+    /// (u64, 0 for none), the key and the block numbers (u64 each), all little-endian.
     pub fn snapshot(&self) -> Vec<u8> {
         let mut out = Vec::new();
         out.extend_from_slice(&(self.order.len() as u64).to_le_bytes());
@@ -141,6 +156,7 @@ impl Index {
             out.extend_from_slice(&(key.len() as u32).to_le_bytes());
             out.extend_from_slice(&x.len.to_le_bytes());
             out.extend_from_slice(&(x.blocks.len() as u32).to_le_bytes());
+            out.extend_from_slice(&e.deadline.unwrap_or(0).to_le_bytes());
             out.extend_from_slice(key);
             for b in &x.blocks {
                 out.extend_from_slice(&b.to_le_bytes());
@@ -151,8 +167,14 @@ impl Index {
 
     /// The index a [`Index::snapshot`] describes, for a store of `capacity` bytes in blocks
     /// of `block_size`; `None` unless every key's blocks are in the store, outside the
-    /// reserved ones, held by no other key, and as many as its value needs.
-    pub fn restore(capacity: u64, block_size: u64, mut bytes: &[u8]) -> Option<Index> {
+    /// reserved ones, held by no other key, and as many as its value needs. Snapshots
+    /// taken before keys had deadlines have none (`deadlines` false).
+    pub fn restore(
+        capacity: u64,
+        block_size: u64,
+        mut bytes: &[u8],
+        deadlines: bool,
+    ) -> Option<Index> {
         fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
             let (head, rest) = bytes.split_at_checked(n)?;
             *bytes = rest;
@@ -172,6 +194,10 @@ impl Index {
             let key_len = u32_of(&mut bytes)? as usize;
             let len = u64_of(&mut bytes)?;
             let n = u32_of(&mut bytes)?;
+            let deadline = match deadlines {
+                true => Some(u64_of(&mut bytes)?).filter(|&d| d != 0),
+                false => None,
+            };
             // As many blocks as the value needs, and no more than the store has (before
             // anything is allocated for them).
             if u64::from(n) != len.div_ceil(ix.block_size) || u64::from(n) > ix.total {
@@ -198,6 +224,9 @@ impl Index {
             let key: Arc<[u8]> = Arc::from(key);
             ix.used += u64::from(n);
             ix.order.insert(tick, Arc::clone(&key));
+            if let Some(d) = deadline {
+                ix.deadlines.insert((d, Arc::clone(&key)));
+            }
             if ix
                 .map
                 .insert(
@@ -205,6 +234,7 @@ impl Index {
                     Entry {
                         extents: Arc::new(extents),
                         tick,
+                        deadline,
                     },
                 )
                 .is_some()
@@ -310,25 +340,74 @@ impl Index {
             Entry {
                 extents: Arc::new(extents),
                 tick,
+                deadline: None,
             },
         );
     }
 
     /// Removes `key`; whether it was held.
     pub fn remove(&mut self, key: &[u8]) -> bool {
-        let Some(e) = self.map.remove(key) else {
+        let Some((k, e)) = self.map.remove_entry(key) else {
             return false;
         };
         self.order.remove(&e.tick);
-        self.used -= e.extents.blocks.len() as u64;
+        self.forget(k, &e);
         true
+    }
+
+    /// The blocks and deadline of a removed entry.
+    fn forget(&mut self, key: Arc<[u8]>, e: &Entry) {
+        self.used -= e.extents.blocks.len() as u64;
+        if let Some(d) = e.deadline {
+            self.deadlines.remove(&(d, key));
+        }
     }
 
     /// Removes every key.
     pub fn clear(&mut self) {
         self.map.clear();
         self.order.clear();
+        self.deadlines.clear();
         self.used = 0;
+    }
+
+    /// `key`'s deadline: `None` when the key is not held, `Some(None)` when it has none.
+    pub fn deadline(&self, key: &[u8]) -> Option<Option<u64>> {
+        self.map.get(key).map(|e| e.deadline)
+    }
+
+    /// Gives `key` a deadline (unix milliseconds), or takes its away; whether the key is
+    /// held.
+    pub fn set_deadline(&mut self, key: &[u8], deadline: Option<u64>) -> bool {
+        let Some((k, e)) = self.map.get_key_value(key) else {
+            return false;
+        };
+        let k = Arc::clone(k);
+        if let Some(old) = e.deadline {
+            self.deadlines.remove(&(old, Arc::clone(&k)));
+        }
+        if let Some(d) = deadline {
+            self.deadlines.insert((d, Arc::clone(&k)));
+        }
+        if let Some(e) = self.map.get_mut(key) {
+            e.deadline = deadline;
+        }
+        true
+    }
+
+    /// Removes the keys whose deadline is before `now` (unix milliseconds; a key expires
+    /// once its deadline has passed, as in Redis); how many.
+    pub fn purge_expired(&mut self, now: u64) -> u64 {
+        let mut n = 0;
+        while let Some((d, key)) = self.deadlines.first().cloned() {
+            if d >= now {
+                break;
+            }
+            self.remove(&key);
+            n += 1;
+        }
+        self.expired += n;
+        n
     }
 
     pub fn stats(&self) -> IndexStats {
@@ -337,6 +416,8 @@ impl Index {
             used_blocks: self.used,
             total_blocks: self.total - RESERVED_BLOCKS,
             evictions: self.evictions,
+            expiring: self.deadlines.len() as u64,
+            expired: self.expired,
         }
     }
 
@@ -345,7 +426,7 @@ impl Index {
             return false;
         };
         if let Some(e) = self.map.remove(&key) {
-            self.used -= e.extents.blocks.len() as u64;
+            self.forget(key, &e);
         }
         self.evictions += 1;
         true
@@ -453,7 +534,7 @@ mod tests {
         ix.get(b"b");
         // Least recently used first: c, a, b.
         let snap = ix.snapshot();
-        let mut back = Index::restore(room(8, 512), 512, &snap).unwrap();
+        let mut back = Index::restore(room(8, 512), 512, &snap, true).unwrap();
         assert_eq!(back.snapshot(), snap);
         assert_eq!(back.stats().used_blocks, ix.stats().used_blocks);
         for k in [&b"a"[..], b"b", b"c"] {
@@ -461,7 +542,7 @@ mod tests {
         }
         // The free blocks are exactly those no key holds (4 of 8), and recency is as it
         // was: filling the store evicts c (no blocks), then a, and keeps b.
-        let mut back = Index::restore(room(8, 512), 512, &snap).unwrap();
+        let mut back = Index::restore(room(8, 512), 512, &snap, true).unwrap();
         put(&mut back, "d", 4 * 512).unwrap();
         assert_eq!(back.stats().evictions, 0);
         put(&mut back, "e", 512).unwrap();
@@ -473,35 +554,93 @@ mod tests {
         let mut ix = Index::new(room(8, 512), 512);
         put(&mut ix, "a", 1024).unwrap();
         let snap = ix.snapshot();
-        assert!(Index::restore(room(8, 512), 512, &snap).is_some());
+        assert!(Index::restore(room(8, 512), 512, &snap, true).is_some());
         assert!(
-            Index::restore(room(1, 512), 512, &snap).is_none(),
+            Index::restore(room(1, 512), 512, &snap, true).is_none(),
             "blocks past the end"
         );
         assert!(
-            Index::restore(room(8, 512), 1024, &snap).is_none(),
+            Index::restore(room(8, 512), 1024, &snap, true).is_none(),
             "another block size"
         );
-        assert!(Index::restore(room(8, 512), 512, &snap[..snap.len() - 1]).is_none());
+        assert!(Index::restore(room(8, 512), 512, &snap[..snap.len() - 1], true).is_none());
         let mut extra = snap.clone();
         extra.push(0);
-        assert!(Index::restore(room(8, 512), 512, &extra).is_none());
+        assert!(Index::restore(room(8, 512), 512, &extra, true).is_none());
         // Two keys claiming one block; a key on the superblock.
         let mut twice = snap.clone();
         twice[0] = 2;
         twice.extend_from_slice(&snap[8..]);
-        assert!(Index::restore(room(8, 512), 512, &twice).is_none());
+        assert!(Index::restore(room(8, 512), 512, &twice, true).is_none());
         let mut reserved = snap.clone();
         let at = reserved.len() - 16;
         reserved[at..at + 8].copy_from_slice(&0u64.to_le_bytes());
-        assert!(Index::restore(room(8, 512), 512, &reserved).is_none());
+        assert!(Index::restore(room(8, 512), 512, &reserved, true).is_none());
     }
 
     proptest::proptest! {
         /// Any bytes: a snapshot or `None`, never a panic.
         #[test]
         fn any_bytes_restore_or_are_refused(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200)) {
-            let _ = Index::restore(room(8, 512), 512, &bytes);
+            for deadlines in [false, true] {
+                let _ = Index::restore(room(8, 512), 512, &bytes, deadlines);
+            }
         }
+    }
+
+    #[test]
+    fn keys_past_their_deadline_are_purged() {
+        let mut ix = Index::new(room(8, 512), 512);
+        for k in ["a", "b", "c"] {
+            put(&mut ix, k, 512).unwrap();
+        }
+        assert!(ix.set_deadline(b"a", Some(1_000)));
+        assert!(ix.set_deadline(b"b", Some(2_000)));
+        assert!(!ix.set_deadline(b"zz", Some(1)));
+        assert_eq!(ix.deadline(b"a"), Some(Some(1_000)));
+        assert_eq!(ix.deadline(b"c"), Some(None));
+        assert_eq!(ix.deadline(b"zz"), None);
+        // At its deadline a key still lives; past it, it goes.
+        assert_eq!(ix.purge_expired(1_000), 0);
+        assert_eq!(ix.purge_expired(1_001), 1);
+        assert!(!ix.contains(b"a") && ix.contains(b"b"));
+        // A deadline taken away, or a key replaced, is no longer waited for.
+        ix.set_deadline(b"b", None);
+        assert_eq!(ix.purge_expired(u64::MAX), 0);
+        ix.set_deadline(b"c", Some(5));
+        put(&mut ix, "c", 512).unwrap();
+        assert_eq!(ix.purge_expired(u64::MAX), 0);
+        let s = ix.stats();
+        assert_eq!((s.keys, s.used_blocks, s.expiring, s.expired), (2, 2, 0, 1));
+    }
+
+    #[test]
+    fn a_snapshot_from_before_deadlines_restores_without_them() {
+        let mut ix = Index::new(room(4, 512), 512);
+        put(&mut ix, "k", 700).unwrap();
+        let snap = ix.snapshot();
+        // The layout before deadlines: count, then key length, value length, block count
+        // and straight on to the key.
+        let old = [&snap[..8 + 4 + 8 + 4], &snap[8 + 4 + 8 + 4 + 8..]].concat();
+        let mut back = Index::restore(room(4, 512), 512, &old, false).unwrap();
+        assert_eq!(back.deadline(b"k"), Some(None));
+        assert_eq!(back.get(b"k").unwrap().runs(), ix.get(b"k").unwrap().runs());
+        assert!(Index::restore(room(4, 512), 512, &old, true).is_none());
+    }
+
+    #[test]
+    fn deadlines_survive_a_snapshot_and_leave_with_their_keys() {
+        let mut ix = Index::new(room(4, 512), 512);
+        put(&mut ix, "a", 512).unwrap();
+        put(&mut ix, "b", 512).unwrap();
+        ix.set_deadline(b"a", Some(1_700_000_000_000));
+        let snap = ix.snapshot();
+        let back = Index::restore(room(4, 512), 512, &snap, true).unwrap();
+        assert_eq!(back.deadline(b"a"), Some(Some(1_700_000_000_000)));
+        assert_eq!(back.deadline(b"b"), Some(None));
+        // Evicted for room, a key's deadline goes with it.
+        put(&mut ix, "c", 3 * 512).unwrap();
+        assert!(!ix.contains(b"a"));
+        assert_eq!(ix.stats().expiring, 0);
     }
 }

@@ -6,7 +6,8 @@
 //! once: after a crash (no clean stop since the last start) the service starts empty,
 //! which a cache can afford, rather than trust an index its blocks may have outgrown.
 //!
-//! Superblock layout (little-endian): magic (16 bytes), version (u32), state (u32: 1
+//! Superblock layout (little-endian): magic (16 bytes), version (u32: 2; snapshots of
+//! version 1, from before keys had deadlines, load without them), state (u32: 1
 //! clean), block size (u64), capacity (u64), snapshot length (u64), snapshot CRC32c (u32),
 //! run count (u32), the header's CRC32c (u32, computed with this field zero), 4 bytes
 //! reserved, then the snapshot's runs (first block, count: u64 each).
@@ -15,7 +16,9 @@ use super::index::{Extents, Index, Run};
 use crate::wire::sctp::crc32c;
 
 const MAGIC: &[u8; 16] = b"dpuflow-kvcache\0";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
+/// The version whose snapshots have no deadlines.
+const VERSION_WITHOUT_DEADLINES: u32 = 1;
 const CLEAN: u32 = 1;
 const HEADER_LEN: usize = 64;
 const HEADER_CRC_AT: usize = 56;
@@ -23,6 +26,8 @@ const HEADER_CRC_AT: usize = 56;
 /// A superblock's facts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Superblock {
+    /// The layout its snapshot was written in.
+    pub version: u32,
     pub block_size: u64,
     pub capacity: u64,
     pub snapshot_len: u64,
@@ -62,7 +67,7 @@ impl Superblock {
             return None;
         }
         b[..16].copy_from_slice(MAGIC);
-        b[16..20].copy_from_slice(&VERSION.to_le_bytes());
+        b[16..20].copy_from_slice(&self.version.to_le_bytes());
         b[20..24].copy_from_slice(&CLEAN.to_le_bytes());
         b[24..32].copy_from_slice(&self.block_size.to_le_bytes());
         b[32..40].copy_from_slice(&self.capacity.to_le_bytes());
@@ -90,7 +95,8 @@ impl Superblock {
             x.copy_from_slice(&b[at..at + 8]);
             u64::from_le_bytes(x)
         };
-        if u32_at(16) != VERSION {
+        let version = u32_at(16);
+        if version != VERSION && version != VERSION_WITHOUT_DEADLINES {
             return Err(Unusable::Damaged);
         }
         let runs = u32_at(52) as usize;
@@ -107,6 +113,7 @@ impl Superblock {
             return Err(Unusable::NotClean);
         }
         Ok(Superblock {
+            version,
             block_size: u64_at(24),
             capacity: u64_at(32),
             snapshot_len: u64_at(40),
@@ -161,6 +168,7 @@ pub fn prepare(index: &mut Index, capacity: u64) -> Option<Save> {
         0,
     );
     let superblock = Superblock {
+        version: VERSION,
         block_size,
         capacity,
         snapshot_len: len,
@@ -196,7 +204,8 @@ pub fn load(
     if crc32c(bytes) != sb.snapshot_crc {
         return Err(Unusable::Snapshot);
     }
-    Index::restore(capacity, block_size, bytes).ok_or(Unusable::Snapshot)
+    let deadlines = sb.version != VERSION_WITHOUT_DEADLINES;
+    Index::restore(capacity, block_size, bytes, deadlines).ok_or(Unusable::Snapshot)
 }
 
 #[cfg(test)]

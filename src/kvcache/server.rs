@@ -58,7 +58,7 @@ pub enum StartError {
 /// The commands counted by name; any other is counted as `other`.
 pub const COMMANDS: &[&str] = &[
     "get", "set", "mget", "mset", "del", "exists", "strlen", "dbsize", "flushall", "ping", "info",
-    "other",
+    "expire", "ttl", "persist", "other",
 ];
 
 /// The index saved on `pool`'s target by the last clean stop, if there is one for this
@@ -170,6 +170,52 @@ impl Only {
     }
 }
 
+/// What a `SET` does to the key's deadline: takes it away (the default), keeps it
+/// (`KEEPTTL`), or sets one (unix milliseconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expiry {
+    Clear,
+    Keep,
+    At(i64),
+}
+
+/// The time of day in unix milliseconds, the clock deadlines are in.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// An integer argument as Redis reads one: an optional minus and digits, no leading zero,
+/// within 64 bits.
+fn integer(arg: &[u8]) -> Option<i64> {
+    let digits = arg.strip_prefix(b"-").unwrap_or(arg);
+    let canonical = match digits {
+        [] => false,
+        [b'0'] => digits.len() == arg.len(),
+        [first, ..] => *first != b'0' && digits.iter().all(u8::is_ascii_digit),
+    };
+    canonical
+        .then(|| std::str::from_utf8(arg).ok()?.parse().ok())
+        .flatten()
+}
+
+/// The deadline (unix milliseconds) `amount` of `unit` gives at `now`: relative for
+/// `EX`/`PX`/`EXPIRE`/`PEXPIRE`, absolute for the `…AT` forms; `None` past 64 bits
+/// (Redis's "invalid expire time").
+fn deadline_of(amount: i64, seconds: bool, relative: bool, now: i64) -> Option<i64> {
+    let ms = if seconds {
+        amount.checked_mul(1000)?
+    } else {
+        amount
+    };
+    if relative {
+        ms.checked_add(now)
+    } else {
+        Some(ms)
+    }
+}
+
 /// The commands whose durations are kept, in [`KvCounters::durations`].
 pub const TIMED: [&str; 2] = ["get", "set"];
 
@@ -246,6 +292,10 @@ pub struct KvGauges {
     pub used_bytes: u64,
     pub capacity_bytes: u64,
     pub evictions: u64,
+    /// Keys with a deadline.
+    pub expiring: u64,
+    /// Keys removed for having passed their deadline.
+    pub expired: u64,
 }
 
 impl KvService {
@@ -366,11 +416,17 @@ impl KvService {
             used_bytes: s.used_blocks * self.config.block_size,
             capacity_bytes: s.total_blocks * self.config.block_size,
             evictions: s.evictions,
+            expiring: s.expiring,
+            expired: s.expired,
         }
     }
 
+    /// The index, without the keys whose deadline has passed: every command sees only
+    /// live keys, and their blocks are free again before a value needs room.
     fn lock(&self) -> std::sync::MutexGuard<'_, Index> {
-        self.index.lock().unwrap_or_else(PoisonError::into_inner)
+        let mut ix = self.index.lock().unwrap_or_else(PoisonError::into_inner);
+        ix.purge_expired(u64::try_from(now_ms()).unwrap_or(0));
+        ix
     }
 
     fn accept(self: Arc<Self>, listener: TcpListener) {
@@ -486,6 +542,12 @@ impl KvService {
     }
 
     fn count(&self, command: &str) {
+        // The forms of a command are counted as one.
+        let command = match command {
+            "pexpire" | "expireat" | "pexpireat" => "expire",
+            "pttl" | "expiretime" | "pexpiretime" => "ttl",
+            c => c,
+        };
         let i = COMMANDS
             .iter()
             .position(|c| *c == command)
@@ -529,7 +591,7 @@ impl KvService {
             "mset" if !args.is_empty() && args.len() % 2 == 0 => {
                 let failed = args
                     .chunks(2)
-                    .filter_map(|kv| self.store(kv[0], kv[1], Only::Any).err())
+                    .filter_map(|kv| self.store(kv[0], kv[1], Only::Any, Expiry::Clear).err())
                     .last();
                 match failed {
                     None => reply::ok(out),
@@ -553,6 +615,22 @@ impl KvService {
                 }
             }
             "dbsize" => reply::integer(out, self.lock().stats().keys as i64),
+            "expire" | "pexpire" | "expireat" | "pexpireat" => self.expire(&name, args, out),
+            "ttl" | "pttl" | "expiretime" | "pexpiretime" => {
+                if arity(1, out) {
+                    self.ttl(&name, args[0], out);
+                }
+            }
+            "persist" => {
+                if arity(1, out) {
+                    let mut ix = self.lock();
+                    let had = matches!(ix.deadline(args[0]), Some(Some(_)));
+                    if had {
+                        ix.set_deadline(args[0], None);
+                    }
+                    reply::integer(out, i64::from(had));
+                }
+            }
             "keys" => {
                 if arity(1, out) {
                     let ix = self.lock();
@@ -633,53 +711,184 @@ impl KvService {
         false
     }
 
-    /// `SET key value [NX | XX]`.
+    /// `SET key value [NX | XX] [EX s | PX ms | EXAT unix-s | PXAT unix-ms | KEEPTTL]`, as
+    /// Redis 7 reads it: a deadline already passed stores nothing and removes the key.
     fn set_command(&self, args: &[&[u8]], out: &mut Vec<u8>) {
         let [key, value, opts @ ..] = args else {
             reply::error(out, "ERR wrong number of arguments for 'set' command");
             return;
         };
-        let (mut nx, mut xx) = (false, false);
-        for o in opts {
-            match o.to_ascii_lowercase().as_slice() {
-                b"nx" => nx = true,
-                b"xx" => xx = true,
-                b"ex" | b"px" | b"exat" | b"pxat" | b"keepttl" => {
-                    reply::error(
-                        out,
-                        "ERR expiry is not supported: keys leave by least-recent-use eviction",
-                    );
-                    return;
+        let (mut only, mut expiry) = (None, None);
+        let mut opts = opts.iter();
+        while let Some(o) = opts.next() {
+            let o = o.to_ascii_lowercase();
+            let (seconds, relative) = match o.as_slice() {
+                b"nx" | b"xx" if only.is_none() => {
+                    only = Some(if o == b"nx" {
+                        Only::Absent
+                    } else {
+                        Only::Present
+                    });
+                    continue;
                 }
+                b"keepttl" if expiry.is_none() => {
+                    expiry = Some(Expiry::Keep);
+                    continue;
+                }
+                b"ex" => (true, true),
+                b"px" => (false, true),
+                b"exat" => (true, false),
+                b"pxat" => (false, false),
                 _ => {
                     reply::error(out, "ERR syntax error");
                     return;
                 }
+            };
+            let Some(amount) = opts.next().filter(|_| expiry.is_none()) else {
+                reply::error(out, "ERR syntax error");
+                return;
+            };
+            let Some(amount) = integer(amount) else {
+                reply::error(out, "ERR value is not an integer or out of range");
+                return;
+            };
+            match deadline_of(amount, seconds, relative, now_ms()).filter(|_| amount > 0) {
+                Some(at) => expiry = Some(Expiry::At(at)),
+                None => {
+                    reply::error(out, "ERR invalid expire time in 'set' command");
+                    return;
+                }
             }
         }
-        if (nx && xx) || (nx || xx) && opts.len() > 1 {
-            reply::error(out, "ERR syntax error");
-            return;
+        let only = only.unwrap_or(Only::Any);
+        let expiry = expiry.unwrap_or(Expiry::Clear);
+        if let Expiry::At(at) = expiry {
+            if at <= now_ms() {
+                // Stored and at once expired, as Redis has it: the key is gone.
+                let mut ix = self.lock();
+                if !only.allows(ix.contains(key)) {
+                    drop(ix);
+                    reply::null(out);
+                    return;
+                }
+                ix.remove(key);
+                drop(ix);
+                reply::ok(out);
+                return;
+            }
         }
-        let only = match (nx, xx) {
-            (true, _) => Only::Absent,
-            (_, true) => Only::Present,
-            _ => Only::Any,
-        };
-        match self.store(key, value, only) {
+        match self.store(key, value, only, expiry) {
             Ok(true) => reply::ok(out),
             Ok(false) => reply::null(out),
             Err(e) => reply::error(out, &e),
         }
     }
 
+    /// `EXPIRE key seconds`, `PEXPIRE key ms`, `EXPIREAT key unix-s`, `PEXPIREAT key
+    /// unix-ms`, each with `NX | XX | GT | LT` as Redis 7 has them (a key without a
+    /// deadline counts as never expiring for `GT` and `LT`); a deadline already passed
+    /// removes the key. 1 when the deadline was set (or the key removed), 0 otherwise.
+    fn expire(&self, name: &str, args: &[&[u8]], out: &mut Vec<u8>) {
+        let [key, amount, opts @ ..] = args else {
+            reply::error(
+                out,
+                &format!("ERR wrong number of arguments for '{name}' command"),
+            );
+            return;
+        };
+        let Some(amount) = integer(amount) else {
+            reply::error(out, "ERR value is not an integer or out of range");
+            return;
+        };
+        let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
+        for o in opts {
+            match o.to_ascii_lowercase().as_slice() {
+                b"nx" => nx = true,
+                b"xx" => xx = true,
+                b"gt" => gt = true,
+                b"lt" => lt = true,
+                _ => {
+                    let o = String::from_utf8_lossy(o);
+                    reply::error(out, &format!("ERR Unsupported option {o}"));
+                    return;
+                }
+            }
+        }
+        if nx && (xx || gt || lt) {
+            reply::error(
+                out,
+                "ERR NX and XX, GT or LT options at the same time are not compatible",
+            );
+            return;
+        }
+        if gt && lt {
+            reply::error(
+                out,
+                "ERR GT and LT options at the same time are not compatible",
+            );
+            return;
+        }
+        let seconds = matches!(name, "expire" | "expireat");
+        let relative = matches!(name, "expire" | "pexpire");
+        let now = now_ms();
+        let Some(at) = deadline_of(amount, seconds, relative, now) else {
+            reply::error(out, &format!("ERR invalid expire time in '{name}' command"));
+            return;
+        };
+        let mut ix = self.lock();
+        let Some(current) = ix.deadline(key) else {
+            drop(ix);
+            reply::integer(out, 0);
+            return;
+        };
+        let current = current.map(|d| i64::try_from(d).unwrap_or(i64::MAX));
+        let allowed = match current {
+            _ if nx => current.is_none(),
+            _ if xx => current.is_some(),
+            None => !gt,
+            Some(c) => !(gt && at <= c || lt && at >= c),
+        };
+        if allowed {
+            if at <= now {
+                ix.remove(key);
+            } else {
+                ix.set_deadline(key, u64::try_from(at).ok());
+            }
+        }
+        drop(ix);
+        reply::integer(out, i64::from(allowed));
+    }
+
+    /// `TTL` and `PTTL` (what is left, seconds rounded), `EXPIRETIME` and `PEXPIRETIME`
+    /// (the deadline, unix time): -2 for a key not held, -1 for one without a deadline.
+    fn ttl(&self, name: &str, key: &[u8], out: &mut Vec<u8>) {
+        let deadline = self.lock().deadline(key);
+        let n = match deadline {
+            None => -2,
+            Some(None) => -1,
+            Some(Some(d)) => {
+                let d = i64::try_from(d).unwrap_or(i64::MAX);
+                let ms = match name {
+                    "ttl" | "pttl" => d.saturating_sub(now_ms()).max(0),
+                    _ => d,
+                };
+                match name {
+                    "ttl" | "expiretime" => ms.saturating_add(500) / 1000,
+                    _ => ms,
+                }
+            }
+        };
+        reply::integer(out, n);
+    }
+
     /// Stores `value` under `key` if `only` allows: blocks from the index, the bytes to the
     /// target, then the key published (a reader never sees a value half written). `only`
     /// is checked before the I/O and again, under the same lock as the publishing, after
     /// it: of two `SET … NX` of one key at once, one stores. `false`: not stored.
-    fn store(&self, key: &[u8], value: &[u8], only: Only) -> Result<bool, String> {
+    fn store(&self, key: &[u8], value: &[u8], only: Only, expiry: Expiry) -> Result<bool, String> {
         let mut ix = self.lock();
-        if !only.allows(ix.contains(key)) {
+        let before = ix.deadline(key);
+        if !only.allows(before.is_some()) {
             return Ok(false);
         }
         let (extents, took_its_own) =
@@ -703,7 +912,19 @@ impl KvService {
         if !only.allows(took_its_own || ix.contains(key)) {
             return Ok(false);
         }
+        let deadline = match expiry {
+            Expiry::Clear => None,
+            // The deadline of the value replaced (given up for room, it was the one
+            // before the write).
+            Expiry::Keep => match ix.deadline(key) {
+                Some(d) => d,
+                None if took_its_own => before.flatten(),
+                None => None,
+            },
+            Expiry::At(at) => u64::try_from(at).ok(),
+        };
         ix.insert(key, extents);
+        ix.set_deadline(key, deadline);
         Ok(true)
     }
 
@@ -994,10 +1215,11 @@ impl KvService {
             "# Server\r\nredis_version:7.0.0\r\ndpuflow_version:{}\r\nredis_mode:standalone\r\n\
              tcp_port:{}\r\n\r\n# Clients\r\nconnected_clients:{}\r\n\r\n# Memory\r\n\
              maxmemory:{}\r\nmaxmemory_policy:allkeys-lru\r\n\r\n# Stats\r\n\
-             keyspace_hits:{}\r\nkeyspace_misses:{}\r\nevicted_keys:{}\r\n\r\n# Kvcache\r\n\
+             keyspace_hits:{}\r\nkeyspace_misses:{}\r\nevicted_keys:{}\r\nexpired_keys:{}\r\n\r\n\
+             # Kvcache\r\n\
              target:{}\r\nblock_size:{}\r\ncapacity_bytes:{}\r\nused_bytes:{}\r\n\
              storage_read_bytes:{}\r\nstorage_written_bytes:{}\r\nstorage_errors:{}\r\n\
-             restored_keys:{}\r\n\r\n# Keyspace\r\ndb0:keys={},expires=0,avg_ttl=0\r\n",
+             restored_keys:{}\r\n\r\n# Keyspace\r\ndb0:keys={},expires={},avg_ttl=0\r\n",
             crate::VERSION,
             self.listen.port(),
             c.clients.load(Relaxed),
@@ -1005,6 +1227,7 @@ impl KvService {
             c.hits.load(Relaxed),
             c.misses.load(Relaxed),
             g.evictions,
+            g.expired,
             storage::describe(&self.config.target),
             self.config.block_size,
             g.capacity_bytes,
@@ -1014,6 +1237,7 @@ impl KvService {
             c.storage_errors.load(Relaxed),
             self.restored_keys,
             g.keys,
+            g.expiring,
         )
     }
 }
@@ -1268,6 +1492,75 @@ mod tests {
     }
 
     #[test]
+    fn keys_expire_at_their_deadline() {
+        let (svc, path) = service("expiry", 8 * 4096, 4096);
+        assert_eq!(run(&svc, &[b"SET", b"k", b"v", b"PX", b"150"]), b"+OK\r\n");
+        assert_eq!(run(&svc, &[b"PERSIST", b"k"]), b":1\r\n");
+        assert_eq!(run(&svc, &[b"TTL", b"k"]), b":-1\r\n");
+        assert_eq!(run(&svc, &[b"PEXPIRE", b"k", b"150"]), b":1\r\n");
+        assert_eq!(run(&svc, &[b"SET", b"p", b"v"]), b"+OK\r\n");
+        assert_eq!(run(&svc, &[b"EXISTS", b"k", b"p"]), b":2\r\n");
+        std::thread::sleep(Duration::from_millis(300));
+        // Gone for every command, its block free again, and counted.
+        assert_eq!(run(&svc, &[b"GET", b"k"]), b"$-1\r\n");
+        assert_eq!(run(&svc, &[b"TTL", b"k"]), b":-2\r\n");
+        assert_eq!(run(&svc, &[b"DBSIZE"]), b":1\r\n");
+        let g = svc.gauges();
+        assert_eq!((g.keys, g.expiring, g.expired), (1, 0, 1));
+        assert_eq!(g.used_bytes, 4096);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn set_keeps_or_clears_the_deadline() {
+        let (svc, path) = service("keepttl", 8 * 4096, 4096);
+        run(&svc, &[b"SET", b"k", b"v", b"EX", b"100"]);
+        run(&svc, &[b"SET", b"k", b"w", b"KEEPTTL"]);
+        assert_eq!(run(&svc, &[b"TTL", b"k"]), b":100\r\n");
+        run(&svc, &[b"SET", b"k", b"x"]);
+        assert_eq!(run(&svc, &[b"TTL", b"k"]), b":-1\r\n");
+        // A deadline already past stores nothing and takes the key away.
+        assert_eq!(
+            run(&svc, &[b"SET", b"k", b"y", b"PXAT", b"1000"]),
+            b"+OK\r\n"
+        );
+        assert_eq!(run(&svc, &[b"EXISTS", b"k"]), b":0\r\n");
+        for bad in [
+            &[&b"EX"[..], b"1", b"PX", b"1"][..],
+            &[b"KEEPTTL", b"EX", b"1"],
+            &[b"NX", b"XX"],
+        ] {
+            let mut args: Vec<&[u8]> = vec![b"SET", b"k", b"v"];
+            args.extend_from_slice(bad);
+            assert_eq!(run(&svc, &args), b"-ERR syntax error\r\n", "{bad:?}");
+        }
+        assert_eq!(
+            run(&svc, &[b"SET", b"k", b"v", b"EX", b"01"]),
+            b"-ERR value is not an integer or out of range\r\n"
+        );
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn integers_are_read_as_redis_reads_them() {
+        assert_eq!(integer(b"0"), Some(0));
+        assert_eq!(integer(b"-12"), Some(-12));
+        assert_eq!(integer(b"9223372036854775807"), Some(i64::MAX));
+        for bad in [
+            &b""[..],
+            b"-",
+            b"-0",
+            b"01",
+            b"+1",
+            b" 1",
+            b"1x",
+            b"9223372036854775808",
+        ] {
+            assert_eq!(integer(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
     fn errors_read_like_redis() {
         let (svc, path) = service("errors", 8192, 4096);
         assert_eq!(
@@ -1275,8 +1568,8 @@ mod tests {
             b"-ERR wrong number of arguments for 'get' command\r\n"
         );
         assert_eq!(
-            run(&svc, &[b"SET", b"k", b"v", b"EX", b"10"]),
-            b"-ERR expiry is not supported: keys leave by least-recent-use eviction\r\n"
+            run(&svc, &[b"SET", b"k", b"v", b"EX", b"0"]),
+            b"-ERR invalid expire time in 'set' command\r\n"
         );
         assert_eq!(
             run(&svc, &[b"FOO", b"bar"]),

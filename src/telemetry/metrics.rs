@@ -552,6 +552,11 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
         "Keys evicted (least recently used) to make room.",
         per(&|_, g| g.evictions),
     );
+    fam.counter(
+        "dpuflow_kvcache_expired_keys_total",
+        "Keys removed for having passed their deadline (EXPIRE, SET EX).",
+        per(&|_, g| g.expired),
+    );
     let f = fam.family(
         "dpuflow_kvcache_request_duration_seconds",
         "Time from a request read to its reply ready, storage I/O included.",
