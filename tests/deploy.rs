@@ -39,6 +39,7 @@ fn full_exposition() -> String {
             block_size: 65536,
             connections: 1,
             password_file: None,
+            tls: None,
         },
         Arc::new(AtomicBool::new(false)),
     )

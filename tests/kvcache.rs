@@ -663,3 +663,122 @@ fn expiry_answers_as_redis_does() {
     assert!(kv.metric("dpuflow_kvcache_expired_keys_total{service=\"kvcache\"}") >= 1);
     assert_eq!(kv.terminate(), 0);
 }
+
+/// A test CA and what it signs with openssl: `server.pem`/`server.key` for 127.0.0.1 and
+/// `client.pem`/`client.key` for a client, all P-256.
+fn certificates(dir: &Scratch) {
+    let sh = |script: &str| {
+        let out = Command::new("sh")
+            .arg("-ec")
+            .arg(script)
+            .current_dir(dir.path(""))
+            .output()
+            .expect("`openssl` is required (scripts/test installs it)");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    sh("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+        -keyout ca.key -out ca.pem -days 2 -subj /CN=dpuflow-test-ca \
+        -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign 2>/dev/null");
+    for (name, usage, san) in [
+        ("server", "serverAuth", "subjectAltName=IP:127.0.0.1"),
+        ("client", "clientAuth", "subjectAltName=DNS:inference-host"),
+    ] {
+        sh(&format!(
+            "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+             -keyout {name}.key -out {name}.csr -subj /CN={name} 2>/dev/null
+             printf 'basicConstraints=CA:FALSE\\nkeyUsage=digitalSignature\\n\
+             extendedKeyUsage={usage}\\n{san}\\n' > {name}.ext
+             openssl x509 -req -in {name}.csr -CA ca.pem -CAkey ca.key -CAcreateserial \
+             -out {name}.pem -days 2 -extfile {name}.ext 2>/dev/null"
+        ));
+    }
+}
+
+/// With `tls_cert` and `tls_key` the service speaks only TLS: redis-cli and redis-py
+/// connect with the CA's certificate and store and read; a plaintext client gets nothing.
+/// With `tls_client_ca`, only a client presenting a certificate that CA signed gets in.
+#[test]
+fn over_tls_the_tools_store_and_read_and_plaintext_gets_nothing() {
+    let dir = Scratch::new("kv-tls");
+    certificates(&dir);
+    let p = |f: &str| dir.path(f);
+    let target = format!("file://{}", p("blocks.img"));
+    let files = format!(
+        "tls_cert \"{}\"  tls_key \"{}\"",
+        p("server.pem"),
+        p("server.key")
+    );
+    let kv = KvService::start_with(&dir, &target, "4MiB", &files);
+    let port = kv.port.to_string();
+    let ca = p("ca.pem");
+    let tls_cli = |args: &[&str]| {
+        let mut all = vec!["-h", "127.0.0.1", "-p", &port, "--tls", "--cacert", &ca];
+        all.extend_from_slice(args);
+        tool("redis-cli", &all)
+    };
+    let out = tls_cli(&["SET", "layer", "over tls"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "OK", "{out:?}");
+    let out = tls_cli(&["GET", "layer"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "over tls");
+    let py = tool(
+        PYTHON,
+        &[
+            "-c",
+            &format!(
+                "import redis\nr = redis.Redis(host='127.0.0.1', port={port}, ssl=True, \
+                 ssl_ca_certs='{ca}')\nr.set('py', b'x' * 100000)\n\
+                 assert r.get('py') == b'x' * 100000\nprint(r.get('layer').decode())"
+            ),
+        ],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&py.stdout).trim(),
+        "over tls",
+        "redis-py: {}",
+        String::from_utf8_lossy(&py.stderr)
+    );
+    // In the clear, the request is not a TLS handshake: no reply.
+    let mut plain = Resp::connect(kv.port);
+    plain
+        .stream
+        .get_mut()
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("timeout");
+    let mut line = String::new();
+    plain
+        .stream
+        .get_mut()
+        .write_all(b"*1\r\n$4\r\nPING\r\n")
+        .expect("send");
+    let got = std::io::BufRead::read_line(&mut plain.stream, &mut line);
+    assert!(
+        !line.starts_with("+PONG"),
+        "plaintext answered: {got:?} {line:?}"
+    );
+    assert_eq!(kv.terminate(), 0);
+
+    let mutual = format!("{files}  tls_client_ca \"{ca}\"");
+    let kv = KvService::start_with(&dir, &target, "4MiB", &mutual);
+    let port = kv.port.to_string();
+    let base = ["-h", "127.0.0.1", "-p", &port, "--tls", "--cacert", &ca];
+    let without = tool("redis-cli", &[&base[..], &["PING"]].concat());
+    assert!(
+        !String::from_utf8_lossy(&without.stdout).contains("PONG"),
+        "a client without a certificate got in"
+    );
+    let (cert, key) = (p("client.pem"), p("client.key"));
+    let with = tool(
+        "redis-cli",
+        &[&base[..], &["--cert", &cert, "--key", &key, "PING"]].concat(),
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&with.stdout).trim(),
+        "PONG",
+        "{with:?}"
+    );
+    assert_eq!(kv.terminate(), 0);
+}

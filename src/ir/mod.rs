@@ -902,6 +902,18 @@ pub struct KvCache {
     /// The file holding the password clients must give (`AUTH`), if any; read when the
     /// service starts.
     pub password_file: Option<PathBuf>,
+    /// TLS on `listen`, if configured.
+    pub tls: Option<TlsFiles>,
+}
+
+/// A TLS server's PEM files, read when the service starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The certificate chain, the service's own first.
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// CA certificates a client's certificate must chain to; without, clients present none.
+    pub client_ca: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

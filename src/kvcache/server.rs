@@ -43,6 +43,12 @@ pub enum StartError {
         path: std::path::PathBuf,
         source: io::Error,
     },
+    /// the TLS certificate, key or client CAs cannot be used
+    #[error("kvcache `{service}`: TLS: {source}")]
+    Tls {
+        service: String,
+        source: super::tls::TlsError,
+    },
     /// the superblock cannot be read or marked taken
     #[error("kvcache `{service}`: cannot read or update the target's superblock: {source}")]
     Superblock { service: String, source: io::Error },
@@ -281,6 +287,8 @@ pub struct KvService {
     scan_order: RandomState,
     /// What clients must give `AUTH` before anything else, if anything.
     password: Option<Vec<u8>>,
+    /// TLS on every connection, when configured.
+    tls: Option<Arc<rustls::ServerConfig>>,
     /// Keys the start restored from the index the last clean stop saved.
     pub restored_keys: u64,
 }
@@ -318,6 +326,17 @@ impl KvService {
             })?),
             None => None,
         };
+        let tls = match &config.tls {
+            Some(files) => {
+                Some(
+                    super::tls::server_config(files).map_err(|source| StartError::Tls {
+                        service: name.to_owned(),
+                        source,
+                    })?,
+                )
+            }
+            None => None,
+        };
         let pool = Pool::connect(&config.target, config.capacity, config.connections)
             .map_err(target_err)?;
         let align = pool.alignment();
@@ -352,6 +371,7 @@ impl KvService {
             stop,
             scan_order: RandomState::new(),
             password,
+            tls,
             restored_keys,
         });
         let s = Arc::clone(&svc);
@@ -467,10 +487,23 @@ impl KvService {
         }
     }
 
-    /// Serves one client until it leaves, breaks the protocol, or the service stops.
-    fn serve(&self, mut stream: TcpStream) -> io::Result<()> {
+    /// Serves one client until it leaves, breaks the protocol, or the service stops; over
+    /// TLS when configured (the handshake happens with the first read).
+    fn serve(&self, stream: TcpStream) -> io::Result<()> {
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(POLL))?;
+        match &self.tls {
+            Some(config) => {
+                let conn =
+                    rustls::ServerConnection::new(Arc::clone(config)).map_err(io::Error::other)?;
+                self.talk(rustls::StreamOwned::new(conn, stream))
+            }
+            None => self.talk(stream),
+        }
+    }
+
+    /// The requests and replies of one client's connection.
+    fn talk(&self, mut stream: impl Read + Write) -> io::Result<()> {
         // Bytes read are `buf[..filled]`; the rest is room, zeroed once when it grows
         // (not on every read: most reads are small requests).
         let mut buf: Vec<u8> = vec![0; READ_BUFFER];
@@ -502,6 +535,7 @@ impl KvService {
             }
             if !out.is_empty() {
                 stream.write_all(&out)?;
+                stream.flush()?;
                 out.clear();
                 if out.capacity() > LARGE {
                     // A large reply has gone: give its room back.
@@ -1266,6 +1300,7 @@ mod tests {
             block_size: block,
             connections: 2,
             password_file: None,
+            tls: None,
         };
         KvService::start("kvcache", &config, Arc::new(AtomicBool::new(false))).unwrap()
     }
@@ -1283,6 +1318,7 @@ mod tests {
             block_size: 4096,
             connections: 1,
             password_file: Some(secret.clone()),
+            tls: None,
         };
         let svc = KvService::start("kvcache", &config, Arc::new(AtomicBool::new(false))).unwrap();
         let talk = |c: &mut TcpStream, req: &str, expect: &str| {

@@ -543,6 +543,7 @@ impl Lowerer<'_> {
         let mut block_size = 65536;
         let mut connections = 8;
         let mut password_file = None;
+        let (mut tls_cert, mut tls_key, mut tls_client_ca) = (None, None, None);
         let mut ok = true;
         for o in &b.options {
             let (text, span) = self.joined(o);
@@ -594,6 +595,9 @@ impl Lowerer<'_> {
                     None => ok = false,
                 },
                 "password_file" => password_file = Some(PathBuf::from(w.as_str())),
+                "tls_cert" => tls_cert = Some(PathBuf::from(w.as_str())),
+                "tls_key" => tls_key = Some(PathBuf::from(w.as_str())),
+                "tls_client_ca" => tls_client_ca = Some(PathBuf::from(w.as_str())),
                 _ => unreachable!("the parser accepts only service keys"),
             }
         }
@@ -617,6 +621,29 @@ impl Lowerer<'_> {
         if opt_value(&b.options, "capacity").is_none() {
             missing(self, "capacity", "64GiB");
         }
+        // TLS takes a certificate and its key; a client CA only with them.
+        let tls = match (tls_cert, tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles {
+                cert,
+                key,
+                client_ca: tls_client_ca,
+            }),
+            (None, None) if tls_client_ca.is_none() => None,
+            (cert, _) => {
+                let (has, lacks) = if cert.is_some() {
+                    ("tls_cert", "tls_key")
+                } else {
+                    ("tls_key or tls_client_ca", "tls_cert")
+                };
+                self.err(
+                    b.name.span,
+                    format!("service `{}` has `{has}` but no `{lacks}`", b.name.text),
+                )
+                .hint = Some("TLS needs `tls_cert` and `tls_key` (PEM files) together".into());
+                ok = false;
+                None
+            }
+        };
         let (listen, target, capacity) = (listen?, target?, capacity?);
         ok.then(|| Service {
             name: b.name.text.to_string(),
@@ -627,6 +654,7 @@ impl Lowerer<'_> {
                 block_size,
                 connections,
                 password_file,
+                tls,
             }),
         })
     }

@@ -49,6 +49,9 @@ pub fn block_keys(kind: BlockKind) -> Keys {
             ("block_size", Quantity),
             ("connections", One),
             ("password_file", One),
+            ("tls_cert", One),
+            ("tls_key", One),
+            ("tls_client_ca", One),
         ],
         BlockKind::Conntrack => &[
             ("capacity", One),

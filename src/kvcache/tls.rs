@@ -1,0 +1,91 @@
+//! TLS on the service's listener (rustls with ring): the service's certificate chain and
+//! key from PEM files, and, when given, the CAs whose certificates clients must present
+//! (mutual TLS). KV-cache blocks derive from users' prompts: on a network others share,
+//! they should not cross it in the clear.
+
+use crate::ir::TlsFiles;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Why the TLS configuration cannot be made.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// a PEM file cannot be read, or holds none of what it should
+    #[error("{}: {what}", path.display())]
+    File { path: PathBuf, what: String },
+    /// rustls refuses the certificate, the key or the client CAs
+    #[error("{0}")]
+    Rustls(#[from] rustls::Error),
+    /// the client CAs make no verifier
+    #[error("tls_client_ca: {0}")]
+    ClientCa(#[from] rustls::server::VerifierBuilderError),
+}
+
+/// The certificates in a PEM file, at least one.
+fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let bad = |what: String| TlsError::File {
+        path: path.to_owned(),
+        what,
+    };
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| bad(e.to_string()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(bad("no PEM certificate in it".into()));
+    }
+    Ok(certs)
+}
+
+/// The server configuration `files` describe: TLS 1.2 and 1.3 with rustls's safe
+/// defaults.
+pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
+    let certs = certificates(&files.cert)?;
+    let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|e| TlsError::File {
+        path: files.key.clone(),
+        what: e.to_string(),
+    })?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()?;
+    let builder = match &files.client_ca {
+        Some(path) => {
+            let mut roots = RootCertStore::empty();
+            for ca in certificates(path)? {
+                roots.add(ca)?;
+            }
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider).build()?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    Ok(Arc::new(builder.with_single_cert(certs, key)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_or_empty_files_say_which() {
+        let dir = std::env::temp_dir().join(format!("dpuflow-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let empty = dir.join("empty.pem");
+        std::fs::write(&empty, "not PEM\n").unwrap();
+        let files = |cert: &Path| TlsFiles {
+            cert: cert.to_owned(),
+            key: dir.join("key.pem"),
+            client_ca: None,
+        };
+        let e = server_config(&files(&dir.join("absent.pem"))).unwrap_err();
+        assert!(e.to_string().contains("absent.pem"), "{e}");
+        let e = server_config(&files(&empty)).unwrap_err();
+        assert!(e.to_string().contains("no PEM certificate"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
