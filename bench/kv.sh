@@ -6,8 +6,10 @@
 # Rounds alternate the three; the medians of the requests per second are printed, and
 # beside them the NBD export's own rate (qemu-img bench). Needs redis-server, redis-tools
 # and qemu-utils.
-# KV_OPTIONS adds options to the service block (e.g. `connections 16`).
-# Usage: [DPUFLOW=BIN] [KV_OPTIONS=…] bench/kv.sh [ROUNDS] [REQUESTS] [VALUE] [CLIENTS] [KEYS]
+# KV_OPTIONS adds options to the service block (e.g. `connections 16`). TLS=1 adds two
+# contenders over TLS (a certificate openssl makes for the run): the service on the file
+# target with `tls_cert`/`tls_key`, and redis-server on its `tls-port`.
+# Usage: [DPUFLOW=BIN] [KV_OPTIONS=…] [TLS=1] bench/kv.sh [ROUNDS] [REQUESTS] [VALUE] [CLIENTS] [KEYS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
@@ -43,12 +45,12 @@ qemu-nbd -f raw -x kv -b 127.0.0.1 -p "$nbd_port" --persistent --shared=64 "$dir
 pids+=($!)
 wait_port "$nbd_port"
 
-start_dpuflow() { # NAME TARGET; sets $port
+start_dpuflow() { # NAME TARGET [OPTIONS]; sets $port
     port=$(free_port)
     cat >"$dir/$1.pipe" <<PIPE
 pipeline kv_bench
 port fabric { driver pcap }
-service kvcache { listen 127.0.0.1:$port  target "$2"  capacity ${capacity}MiB  block_size 64KiB  ${KV_OPTIONS:-} }
+service kvcache { listen 127.0.0.1:$port  target "$2"  capacity ${capacity}MiB  block_size 64KiB  ${KV_OPTIONS:-} ${3:-} }
 pipe p root from fabric { default { actions to kvcache } }
 PIPE
     "$bin" run "$dir/$1.pipe" --metrics 127.0.0.1:0 >/dev/null 2>&1 &
@@ -63,16 +65,36 @@ redis_port=$(free_port)
 redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no >/dev/null 2>&1 &
 pids+=($!)
 wait_port "$redis_port"
+names=(redis file nbd)
+if [ -n "${TLS:-}" ]; then
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
+        -keyout "$dir/tls.key" -out "$dir/tls.pem" -subj /CN=127.0.0.1 \
+        -addext subjectAltName=IP:127.0.0.1 2>/dev/null
+    start_dpuflow file-tls "file://$dir/blocks-tls.img" "tls_cert \"$dir/tls.pem\"  tls_key \"$dir/tls.key\""
+    filetls_port=$port
+    redistls_port=$(free_port)
+    redis-server --port 0 --tls-port "$redistls_port" --bind 127.0.0.1 --save '' --appendonly no \
+        --tls-cert-file "$dir/tls.pem" --tls-key-file "$dir/tls.key" --tls-ca-cert-file "$dir/tls.pem" \
+        --tls-auth-clients no --daemonize no >/dev/null 2>&1 &
+    pids+=($!)
+    wait_port "$redistls_port"
+    names+=(redis-tls file-tls)
+fi
 
-run() { # PORT -> "set get" requests per second
-    redis-benchmark -p "$1" -t set,get -n "$requests" -d "$value" -r "$keys" -c "$clients" --csv 2>/dev/null |
+run() { # PORT [TLS OPTIONS] -> "set get" requests per second
+    redis-benchmark -p "$@" -t set,get -n "$requests" -d "$value" -r "$keys" -c "$clients" --csv 2>/dev/null |
         awk -F, '/^"SET"/ {gsub(/"/,"",$2); s=$2} /^"GET"/ {gsub(/"/,"",$2); g=$2} END {print s, g}'
 }
 declare -A sets gets
 for r in $(seq "$rounds"); do
-    for name in redis file nbd; do
-        case $name in redis) p=$redis_port ;; file) p=$file_port ;; nbd) p=$nbdsvc_port ;; esac
-        read -r s g < <(run "$p")
+    for name in "${names[@]}"; do
+        tls=()
+        case $name in
+            redis) p=$redis_port ;; file) p=$file_port ;; nbd) p=$nbdsvc_port ;;
+            redis-tls) p=$redistls_port; tls=(--tls --cacert "$dir/tls.pem") ;;
+            file-tls) p=$filetls_port; tls=(--tls --cacert "$dir/tls.pem") ;;
+        esac
+        read -r s g < <(run "$p" "${tls[@]}")
         sets[$name]+="$s "; gets[$name]+="$g "
         echo "round $r $name: SET $s/s GET $g/s"
     done
@@ -90,8 +112,8 @@ for r in $(seq "$rounds"); do
 done
 median() { tr ' ' '\n' | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 echo "medians over $rounds rounds ($requests requests, $value-byte values, $clients clients, $keys keys):"
-for name in redis file nbd; do
-    printf '  %-6s SET %10s/s  GET %10s/s\n' "$name" "$(echo "${sets[$name]}" | median)" "$(echo "${gets[$name]}" | median)"
+for name in "${names[@]}"; do
+    printf '  %-9s SET %10s/s  GET %10s/s\n' "$name" "$(echo "${sets[$name]}" | median)" "$(echo "${gets[$name]}" | median)"
 done
 printf '  the NBD export alone (qemu-img bench, one at a time): write %s/s  read %s/s\n' \
     "$(echo "${sets[target]}" | median)" "$(echo "${gets[target]}" | median)"

@@ -656,6 +656,9 @@ struct Dealer<'a> {
     /// The worker each recent datagram's first fragment went to: its later fragments,
     /// without ports to hash, follow it to its connection.
     fragments: Fragments<u16>,
+    /// The packet being dealt, parsed in place (a `Meta` returned by value was copied
+    /// out for every packet).
+    meta: parse::Meta,
 }
 
 impl Dealer<'_> {
@@ -668,9 +671,10 @@ impl Dealer<'_> {
             let loaded = self.shared.loaded();
             (self.code, self.generation) = (Arc::clone(&loaded.code), loaded.generation);
         }
-        let Ok(m) = parse::parse(pkt.data(), self.code.tunnels()) else {
+        if parse::parse_into(pkt.data(), self.code.tunnels(), &mut self.meta).is_err() {
             return 0;
-        };
+        }
+        let m = &self.meta;
         let flow = if m.tunnel.is_some() {
             &m.inner
         } else {
@@ -779,6 +783,7 @@ fn io(
         generation: loaded.generation,
         workers: n,
         fragments: Fragments::default(),
+        meta: parse::Meta::default(),
     };
     // Buffers made so far, and the most there may be: beyond it, a packet waits for a
     // processed batch's buffers (see `batches_in_flight`).
