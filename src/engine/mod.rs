@@ -568,7 +568,10 @@ impl Engine {
             let mut reports = false;
             if let Some(ct) = &mut self.rt.ct {
                 let hint = &mut self.ct_hints[i];
-                *hint = meta.and_then(|m| ct.prefetch(frame, m, pkt.port.0, pkt.ts_ns));
+                match meta {
+                    Some(m) => ct.prefetch(frame, m, pkt.port.0, pkt.ts_ns, hint),
+                    None => *hint = None,
+                }
                 reports = hint.as_ref().is_some_and(Probe::reports);
             }
             if let (Some(flows), Some(m)) = (&mut self.rt.flows, meta) {

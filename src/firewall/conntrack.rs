@@ -860,11 +860,28 @@ impl Conntrack {
     /// `in_port` is where the packet arrived at `now`: when exporting, the connection that
     /// counts the packet notes it. A fragment's datagram is resolved here, in the order the
     /// packets came: a first fragment notes its ports, a later one takes them (`None` when
-    /// its first has not come; see `Fragments`).
-    pub fn prefetch(&mut self, frame: &[u8], meta: &Meta, in_port: u16, now: u64) -> Option<Probe> {
-        let mut t = tuple(frame, &meta.outer).ok()?;
+    /// its first has not come; see `Fragments`). The probe is written into `hint` where
+    /// it is kept (a probe returned by value was copied there, 128 bytes a packet).
+    pub fn prefetch(
+        &mut self,
+        frame: &[u8],
+        meta: &Meta,
+        in_port: u16,
+        now: u64,
+        hint: &mut Option<Probe>,
+    ) {
+        let Ok(mut t) = tuple(frame, &meta.outer) else {
+            *hint = None;
+            return;
+        };
         if t.fragment.is_some() {
-            t = self.fragment(&t, frame, &meta.outer, now)?;
+            match self.fragment(&t, frame, &meta.outer, now) {
+                Some(whole) => t = whole,
+                None => {
+                    *hint = None;
+                    return;
+                }
+            }
         }
         let (key, from_a) = canonical(&t, 0);
         let hash = self.hash(&key);
@@ -874,13 +891,13 @@ impl Conntrack {
         } else {
             None
         };
-        Some(Probe {
+        *hint = Some(Probe {
             t,
             key,
             from_a,
             hash,
             report,
-        })
+        });
     }
 
     /// A fragment's tuple: a first notes its ports and protocol for the others, which take
@@ -2046,7 +2063,8 @@ mod tests {
     /// counted it.
     fn pass(ct: &mut Conntrack, frame: &[u8], in_port: u16, now: u64, out: u16) -> bool {
         let meta = parse::parse(frame, &Default::default()).expect("valid frame");
-        let probe = ct.prefetch(frame, &meta, in_port, now);
+        let mut probe = None;
+        ct.prefetch(frame, &meta, in_port, now, &mut probe);
         let l = ct.lookup(frame, &meta, 0, now, probe.as_ref());
         if let Some(p) = l.pending {
             assert!(ct.commit(&p, now));
