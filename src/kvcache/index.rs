@@ -588,6 +588,68 @@ mod tests {
         }
     }
 
+    #[derive(Debug, Clone)]
+    enum Op {
+        Put(u8, u16),
+        Deadline(u8, Option<u16>),
+        Remove(u8),
+        Purge(u16),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0..8u8, 0..3000u16).prop_map(|(k, len)| Op::Put(k, len)),
+            (0..8u8, proptest::option::of(0..100u16)).prop_map(|(k, d)| Op::Deadline(k, d)),
+            (0..8u8).prop_map(Op::Remove),
+            (0..120u16).prop_map(Op::Purge),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Against a map of keys to (length, deadline), with room for every key (no
+        /// eviction): keys, deadlines, the count of keys with one, the blocks in use and
+        /// the expired count agree after every step.
+        #[test]
+        fn deadlines_agree_with_a_model(ops in proptest::collection::vec(op(), 1..60)) {
+            let mut ix = Index::new(room(8 * 6, 512), 512);
+            let mut model: HashMap<u8, (u64, Option<u64>)> = HashMap::new();
+            let mut expired = 0;
+            for o in ops {
+                match o {
+                    Op::Put(k, len) => {
+                        put(&mut ix, &k.to_string(), u64::from(len)).unwrap();
+                        model.insert(k, (u64::from(len), None));
+                    }
+                    Op::Deadline(k, d) => {
+                        let d = d.map(u64::from);
+                        let held = model.get_mut(&k).map(|e| e.1 = d).is_some();
+                        proptest::prop_assert_eq!(ix.set_deadline(k.to_string().as_bytes(), d), held);
+                    }
+                    Op::Remove(k) => {
+                        proptest::prop_assert_eq!(ix.remove(k.to_string().as_bytes()), model.remove(&k).is_some());
+                    }
+                    Op::Purge(now) => {
+                        let now = u64::from(now);
+                        let before = model.len();
+                        model.retain(|_, (_, d)| d.is_none_or(|d| d >= now));
+                        let n = (before - model.len()) as u64;
+                        expired += n;
+                        proptest::prop_assert_eq!(ix.purge_expired(now), n);
+                    }
+                }
+                let s = ix.stats();
+                proptest::prop_assert_eq!(s.keys, model.len() as u64);
+                proptest::prop_assert_eq!(s.expiring, model.values().filter(|e| e.1.is_some()).count() as u64);
+                proptest::prop_assert_eq!(s.expired, expired);
+                proptest::prop_assert_eq!(s.used_blocks, model.values().map(|e| e.0.div_ceil(512)).sum::<u64>());
+                for (k, (_, d)) in &model {
+                    proptest::prop_assert_eq!(ix.deadline(k.to_string().as_bytes()), Some(*d));
+                }
+            }
+        }
+    }
+
     #[test]
     fn keys_past_their_deadline_are_purged() {
         let mut ix = Index::new(room(8, 512), 512);
