@@ -781,4 +781,26 @@ fn over_tls_the_tools_store_and_read_and_plaintext_gets_nothing() {
         "{with:?}"
     );
     assert_eq!(kv.terminate(), 0);
+
+    // A key that is not the certificate's fails the start, naming both files.
+    let pipe = p("mismatch.pipe");
+    std::fs::write(
+        &pipe,
+        format!(
+            "pipeline kv\nport fabric {{ driver pcap }}\n\
+             service kvcache {{ listen 127.0.0.1:{}  target \"{target}\"  capacity 4MiB  \
+             tls_cert \"{}\"  tls_key \"{}\" }}\n\
+             pipe p root from fabric {{ default {{ actions to kvcache }} }}\n",
+            free_port(),
+            p("server.pem"),
+            p("client.key")
+        ),
+    )
+    .expect("write pipeline");
+    let out = dpuflow(&["run", &pipe]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("server.pem with") && err.contains("client.key"),
+        "{err}"
+    );
 }

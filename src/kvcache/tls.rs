@@ -17,9 +17,16 @@ pub enum TlsError {
     /// a PEM file cannot be read, or holds none of what it should
     #[error("{}: {what}", path.display())]
     File { path: PathBuf, what: String },
-    /// rustls refuses the certificate, the key or the client CAs
+    /// rustls refuses the client CAs or the protocol versions
     #[error("{0}")]
     Rustls(#[from] rustls::Error),
+    /// the key is not the certificate's, or either is unusable
+    #[error("{} with {}: {source}", cert.display(), key.display())]
+    KeyPair {
+        cert: PathBuf,
+        key: PathBuf,
+        source: rustls::Error,
+    },
     /// the client CAs make no verifier
     #[error("tls_client_ca: {0}")]
     ClientCa(#[from] rustls::server::VerifierBuilderError),
@@ -64,7 +71,14 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
         }
         None => builder.with_no_client_auth(),
     };
-    Ok(Arc::new(builder.with_single_cert(certs, key)?))
+    let config = builder
+        .with_single_cert(certs, key)
+        .map_err(|source| TlsError::KeyPair {
+            cert: files.cert.clone(),
+            key: files.key.clone(),
+            source,
+        })?;
+    Ok(Arc::new(config))
 }
 
 #[cfg(test)]
