@@ -47,7 +47,7 @@ pub enum StartError {
     #[error("kvcache `{service}`: TLS: {source}")]
     Tls {
         service: String,
-        source: super::tls::TlsError,
+        source: Box<super::tls::TlsError>,
     },
     /// the superblock cannot be read or marked taken
     #[error("kvcache `{service}`: cannot read or update the target's superblock: {source}")]
@@ -331,7 +331,7 @@ impl KvService {
                 Some(
                     super::tls::server_config(files).map_err(|source| StartError::Tls {
                         service: name.to_owned(),
-                        source,
+                        source: Box::new(source),
                     })?,
                 )
             }
