@@ -780,6 +780,8 @@ fn over_tls_the_tools_store_and_read_and_plaintext_gets_nothing() {
         "PONG",
         "{with:?}"
     );
+    // The client without a certificate is counted.
+    assert!(kv.metric("dpuflow_kvcache_tls_failures_total{service=\"kvcache\"}") >= 1);
     assert_eq!(kv.terminate(), 0);
 
     // A key that is not the certificate's fails the start, naming both files.

@@ -269,6 +269,9 @@ pub struct KvCounters {
     pub rejected_clients: AtomicU64,
     /// `AUTH` (or `HELLO … AUTH`) with a wrong password.
     pub auth_failures: AtomicU64,
+    /// Connections that ended in a TLS error: a failed handshake (no or an untrusted
+    /// client certificate, a client that does not trust ours, plaintext) or a bad record.
+    pub tls_failures: AtomicU64,
 }
 
 /// One KV-cache service.
@@ -496,7 +499,15 @@ impl KvService {
             Some(config) => {
                 let conn =
                     rustls::ServerConnection::new(Arc::clone(config)).map_err(io::Error::other)?;
-                self.talk(rustls::StreamOwned::new(conn, stream))
+                let talked = self.talk(rustls::StreamOwned::new(conn, stream));
+                // rustls reports what breaks TLS as invalid data.
+                if talked
+                    .as_ref()
+                    .is_err_and(|e| e.kind() == io::ErrorKind::InvalidData)
+                {
+                    self.counters.tls_failures.fetch_add(1, Relaxed);
+                }
+                talked
             }
             None => self.talk(stream),
         }

@@ -509,7 +509,7 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
         commands,
     );
     type Field = fn(&KvCounters) -> &AtomicU64;
-    let counters: [(&str, &str, Field); 7] = [
+    let counters: [(&str, &str, Field); 8] = [
         ("dpuflow_kvcache_hits_total", "Reads of keys held.", |c| {
             &c.hits
         }),
@@ -542,6 +542,11 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
             "dpuflow_kvcache_auth_failures_total",
             "AUTH (or HELLO AUTH) with a wrong password.",
             |c| &c.auth_failures,
+        ),
+        (
+            "dpuflow_kvcache_tls_failures_total",
+            "Connections ended by a TLS error (failed handshake, bad record).",
+            |c| &c.tls_failures,
         ),
     ];
     for (name, help, field) in counters {
