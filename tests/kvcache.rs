@@ -557,8 +557,8 @@ impl Resp {
 
 /// Expiry as Redis 7 has it, command by command against a real redis-server: `SET` with
 /// `EX`/`PX`/`EXAT`/`PXAT`/`KEEPTTL`, `EXPIRE` and its forms with `NX`/`XX`/`GT`/`LT`,
-/// `TTL`, `EXPIRETIME`, `PERSIST`, their errors, deadlines already past, and keys leaving
-/// once theirs passes.
+/// `TTL`, `EXPIRETIME`, `PERSIST`, `GETEX`, `GETDEL`, their errors, deadlines already past,
+/// and keys leaving once theirs passes.
 #[test]
 fn expiry_answers_as_redis_does() {
     let dir = Scratch::new("kv-expiry");
@@ -638,6 +638,25 @@ fn expiry_answers_as_redis_does() {
         &["EXPIRE", "m", "100"],
         &["MSET", "m", "3"],
         &["TTL", "m"],
+        &["SET", "gd", "v"],
+        &["GETDEL", "gd"],
+        &["GETDEL", "gd"],
+        &["EXISTS", "gd"],
+        &["GETDEL", "gd", "x"],
+        &["SET", "ge", "v"],
+        &["GETEX", "ge", "EX", "100"],
+        &["TTL", "ge"],
+        &["GETEX", "ge", "PERSIST"],
+        &["TTL", "ge"],
+        &["GETEX", "ge"],
+        &["GETEX", "ge", "PX", "0"],
+        &["GETEX", "ge", "EX", "1", "PX", "1"],
+        &["GETEX", "ge", "KEEPTTL"],
+        &["GETEX", "ge", "EX", "x"],
+        &["GETEX", "nokey", "EX", "10"],
+        &["GETEX", "ge", "PXAT", "1000"],
+        &["EXISTS", "ge"],
+        &["GETEX"],
         &["SET", "s", "v", "PX", "200"],
         &["SET", "t", "v", "EX", "100"],
     ];

@@ -589,6 +589,7 @@ impl KvService {
     fn count(&self, command: &str) {
         // The forms of a command are counted as one.
         let command = match command {
+            "getdel" | "getex" => "get",
             "pexpire" | "expireat" | "pexpireat" => "expire",
             "pttl" | "expiretime" | "pexpiretime" => "ttl",
             c => c,
@@ -627,6 +628,12 @@ impl KvService {
                 }
             }
             "set" => self.set_command(args, out),
+            "getdel" => {
+                if arity(1, out) {
+                    self.getdel(args[0], out);
+                }
+            }
+            "getex" => self.getex(args, out),
             "mget" if !args.is_empty() => {
                 reply::array(out, args.len());
                 for key in args {
@@ -998,7 +1005,82 @@ impl KvService {
     /// Appends `key`'s value as a bulk string (or the null bulk string) to `out`, read from
     /// the target straight into `out`.
     fn get(&self, key: &[u8], out: &mut Vec<u8>) {
-        let Some(extents) = self.lock().get(key) else {
+        let extents = self.lock().get(key);
+        self.reply_value(extents, out);
+    }
+
+    /// `GETDEL key`: the value, and the key gone, at once (the blocks stay readable to
+    /// this request through its own reference).
+    fn getdel(&self, key: &[u8], out: &mut Vec<u8>) {
+        let extents = {
+            let mut ix = self.lock();
+            let extents = ix.get(key);
+            ix.remove(key);
+            extents
+        };
+        self.reply_value(extents, out);
+    }
+
+    /// `GETEX key [EX s | PX ms | EXAT unix-s | PXAT unix-ms | PERSIST]`: the value, its
+    /// deadline set or taken away at once; a deadline already past removes the key.
+    fn getex(&self, args: &[&[u8]], out: &mut Vec<u8>) {
+        let Some((key, opts)) = args.split_first() else {
+            reply::error(out, "ERR wrong number of arguments for 'getex' command");
+            return;
+        };
+        let now = now_ms();
+        let change = match opts {
+            [] => None,
+            [o] if o.eq_ignore_ascii_case(b"persist") => Some(None),
+            [o, amount] => {
+                let (seconds, relative) = match o.to_ascii_lowercase().as_slice() {
+                    b"ex" => (true, true),
+                    b"px" => (false, true),
+                    b"exat" => (true, false),
+                    b"pxat" => (false, false),
+                    _ => {
+                        reply::error(out, "ERR syntax error");
+                        return;
+                    }
+                };
+                let Some(amount) = integer(amount) else {
+                    reply::error(out, "ERR value is not an integer or out of range");
+                    return;
+                };
+                match deadline_of(amount, seconds, relative, now).filter(|_| amount > 0) {
+                    Some(at) => Some(Some(at)),
+                    None => {
+                        reply::error(out, "ERR invalid expire time in 'getex' command");
+                        return;
+                    }
+                }
+            }
+            _ => {
+                reply::error(out, "ERR syntax error");
+                return;
+            }
+        };
+        let extents = {
+            let mut ix = self.lock();
+            let extents = ix.get(key);
+            match change {
+                Some(Some(at)) if at <= now => {
+                    ix.remove(key);
+                }
+                Some(at) => {
+                    ix.set_deadline(key, at.and_then(|at| u64::try_from(at).ok()));
+                }
+                None => {}
+            }
+            extents
+        };
+        self.reply_value(extents, out);
+    }
+
+    /// A value as a bulk string, read from the target straight into `out`; the null bulk
+    /// string for none.
+    fn reply_value(&self, extents: Option<Arc<Extents>>, out: &mut Vec<u8>) {
+        let Some(extents) = extents else {
             self.counters.misses.fetch_add(1, Relaxed);
             reply::null(out);
             return;
