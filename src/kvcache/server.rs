@@ -763,18 +763,22 @@ impl KvService {
         false
     }
 
-    /// `SET key value [NX | XX] [EX s | PX ms | EXAT unix-s | PXAT unix-ms | KEEPTTL]`, as
-    /// Redis 7 reads it: a deadline already passed stores nothing and removes the key.
+    /// `SET key value [NX | XX] [GET] [EX s | PX ms | EXAT unix-s | PXAT unix-ms | KEEPTTL]`,
+    /// as Redis 7 reads it: a deadline already passed stores nothing and removes the key.
     fn set_command(&self, args: &[&[u8]], out: &mut Vec<u8>) {
         let [key, value, opts @ ..] = args else {
             reply::error(out, "ERR wrong number of arguments for 'set' command");
             return;
         };
-        let (mut only, mut expiry) = (None, None);
+        let (mut only, mut expiry, mut get) = (None, None, false);
         let mut opts = opts.iter();
         while let Some(o) = opts.next() {
             let o = o.to_ascii_lowercase();
             let (seconds, relative) = match o.as_slice() {
+                b"get" => {
+                    get = true;
+                    continue;
+                }
                 b"nx" | b"xx" if only.is_none() => {
                     only = Some(if o == b"nx" {
                         Only::Absent
@@ -814,25 +818,32 @@ impl KvService {
         }
         let only = only.unwrap_or(Only::Any);
         let expiry = expiry.unwrap_or(Expiry::Clear);
-        if let Expiry::At(at) = expiry {
-            if at <= now_ms() {
+        // `GET`: the reply is the value the key held, read before anything is stored (so
+        // its blocks are not held while the new value needs room), whether or not `NX` or
+        // `XX` let the SET store.
+        let old = get.then(|| {
+            let mut old = Vec::new();
+            let extents = self.lock().get(key);
+            self.reply_value(extents, &mut old);
+            old
+        });
+        let stored = match expiry {
+            Expiry::At(at) if at <= now_ms() => {
                 // Stored and at once expired, as Redis has it: the key is gone.
                 let mut ix = self.lock();
-                if !only.allows(ix.contains(key)) {
-                    drop(ix);
-                    reply::null(out);
-                    return;
+                let allowed = only.allows(ix.contains(key));
+                if allowed {
+                    ix.remove(key);
                 }
-                ix.remove(key);
-                drop(ix);
-                reply::ok(out);
-                return;
+                Ok(allowed)
             }
-        }
-        match self.store(key, value, only, expiry) {
-            Ok(true) => reply::ok(out),
-            Ok(false) => reply::null(out),
-            Err(e) => reply::error(out, &e),
+            _ => self.store(key, value, only, expiry),
+        };
+        match (stored, old) {
+            (Err(e), _) => reply::error(out, &e),
+            (Ok(_), Some(old)) => out.extend_from_slice(&old),
+            (Ok(true), None) => reply::ok(out),
+            (Ok(false), None) => reply::null(out),
         }
     }
 
