@@ -222,6 +222,32 @@ fn deadline_of(amount: i64, seconds: bool, relative: bool, now: i64) -> Option<i
     }
 }
 
+/// What an expiry option of `SET` or `GETEX` (lower case) counts in: (seconds, relative to
+/// now), for `EX`, `PX`, `EXAT` and `PXAT`.
+fn expiry_unit(option: &[u8]) -> Option<(bool, bool)> {
+    match option {
+        b"ex" => Some((true, true)),
+        b"px" => Some((false, true)),
+        b"exat" => Some((true, false)),
+        b"pxat" => Some((false, false)),
+        _ => None,
+    }
+}
+
+/// The deadline an expiry option's `amount` in `unit` ([`expiry_unit`]) gives at `now`, or
+/// Redis's error for `command`: the amount must be a positive integer within 64 bits.
+fn option_deadline(
+    command: &str,
+    (seconds, relative): (bool, bool),
+    amount: &[u8],
+    now: i64,
+) -> Result<i64, String> {
+    let amount = integer(amount).ok_or("ERR value is not an integer or out of range")?;
+    deadline_of(amount, seconds, relative, now)
+        .filter(|_| amount > 0)
+        .ok_or_else(|| format!("ERR invalid expire time in '{command}' command"))
+}
+
 /// The commands whose durations are kept, in [`KvCounters::durations`].
 pub const TIMED: [&str; 2] = ["get", "set"];
 
@@ -791,27 +817,22 @@ impl KvService {
                     expiry = Some(Expiry::Keep);
                     continue;
                 }
-                b"ex" => (true, true),
-                b"px" => (false, true),
-                b"exat" => (true, false),
-                b"pxat" => (false, false),
-                _ => {
-                    reply::error(out, "ERR syntax error");
-                    return;
-                }
+                o => match expiry_unit(o) {
+                    Some(unit) => unit,
+                    None => {
+                        reply::error(out, "ERR syntax error");
+                        return;
+                    }
+                },
             };
             let Some(amount) = opts.next().filter(|_| expiry.is_none()) else {
                 reply::error(out, "ERR syntax error");
                 return;
             };
-            let Some(amount) = integer(amount) else {
-                reply::error(out, "ERR value is not an integer or out of range");
-                return;
-            };
-            match deadline_of(amount, seconds, relative, now_ms()).filter(|_| amount > 0) {
-                Some(at) => expiry = Some(Expiry::At(at)),
-                None => {
-                    reply::error(out, "ERR invalid expire time in 'set' command");
+            match option_deadline("set", (seconds, relative), amount, now_ms()) {
+                Ok(at) => expiry = Some(Expiry::At(at)),
+                Err(e) => {
+                    reply::error(out, &e);
                     return;
                 }
             }
@@ -1044,24 +1065,14 @@ impl KvService {
             [] => None,
             [o] if o.eq_ignore_ascii_case(b"persist") => Some(None),
             [o, amount] => {
-                let (seconds, relative) = match o.to_ascii_lowercase().as_slice() {
-                    b"ex" => (true, true),
-                    b"px" => (false, true),
-                    b"exat" => (true, false),
-                    b"pxat" => (false, false),
-                    _ => {
-                        reply::error(out, "ERR syntax error");
-                        return;
-                    }
-                };
-                let Some(amount) = integer(amount) else {
-                    reply::error(out, "ERR value is not an integer or out of range");
+                let Some(unit) = expiry_unit(&o.to_ascii_lowercase()) else {
+                    reply::error(out, "ERR syntax error");
                     return;
                 };
-                match deadline_of(amount, seconds, relative, now).filter(|_| amount > 0) {
-                    Some(at) => Some(Some(at)),
-                    None => {
-                        reply::error(out, "ERR invalid expire time in 'getex' command");
+                match option_deadline("getex", unit, amount, now) {
+                    Ok(at) => Some(Some(at)),
+                    Err(e) => {
+                        reply::error(out, &e);
                         return;
                     }
                 }
