@@ -133,11 +133,13 @@ fn value(len: usize, seed: u64) -> Vec<u8> {
 }
 
 /// What hosts do, checked end to end: a block put with redis-cli lands on the target's
-/// `image` and comes back whole; redis-py's pipelines and multi-key commands; then
-/// redis-benchmark puts `requests` 64 KiB values over many more keys than 32 MiB hold, so
-/// the least recently used are evicted, and nothing fails.
+/// `image` and comes back whole (2.5 MB: more than one NVMe command carries, so several
+/// travel at once); redis-py's pipelines and multi-key commands; then redis-benchmark puts
+/// `requests` 64 KiB values over many more keys than 32 MiB hold, so the least recently
+/// used are evicted, and nothing fails; then large values in the blocks that churn left
+/// scattered come back whole.
 fn hosts_put_and_get(kv: &KvService, image: &str, requests: &str) {
-    let block = value(1_000_000, 1);
+    let block = value(2_500_000, 1);
     assert_eq!(kv.cli_with(&["-x", "SET", "layer0"], &block).trim(), "OK");
     let back = tool(
         "redis-cli",
@@ -152,7 +154,7 @@ fn hosts_put_and_get(kv: &KvService, image: &str, requests: &str) {
         back.stdout[..block.len()] == block[..],
         "GET returned other bytes"
     );
-    assert_eq!(kv.cli(&["STRLEN", "layer0"]).trim(), "1000000");
+    assert_eq!(kv.cli(&["STRLEN", "layer0"]).trim(), "2500000");
     assert_eq!(kv.cli(&["--scan", "--pattern", "layer*"]).trim(), "layer0");
     // The bytes went to the target's storage, in the first blocks of a fresh store after
     // the superblock's.
@@ -218,6 +220,24 @@ print("ok")
     assert_eq!(
         kv.metric("dpuflow_kvcache_storage_errors_total{service=\"kvcache\"}"),
         0
+    );
+    let script = format!(
+        r#"
+import os, redis
+r = redis.Redis(host="127.0.0.1", port={port})
+vals = {{f"big{{i}}".encode(): os.urandom(3_000_000 + i) for i in range(3)}}
+for k, v in vals.items():
+    assert r.set(k, v)
+assert r.mget(list(vals)) == list(vals.values())
+print("ok")
+"#,
+        port = kv.port
+    );
+    let out = tool(PYTHON, &["-c", &script]);
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok",
+        "redis-py, large values: {}",
+        String::from_utf8_lossy(&out.stderr)
     );
     let sets = kv.metric("dpuflow_kvcache_commands_total{service=\"kvcache\",command=\"set\"}");
     let requests: u64 = requests.parse().expect("count");

@@ -17,6 +17,7 @@ pub mod tls;
 /// A peer's side of a conversation, scripted for tests: the bytes it sends, and a record of
 /// what it was sent.
 #[cfg(test)]
+#[derive(Debug)]
 pub(crate) struct Script {
     pub to_client: std::io::Cursor<Vec<u8>>,
     pub from_client: Vec<u8>,
@@ -49,4 +50,9 @@ impl std::io::Write for Script {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+}
+
+#[cfg(test)]
+impl nbd::QuickAck for Script {
+    fn quick_ack(&self) {}
 }

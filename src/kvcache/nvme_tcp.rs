@@ -1,6 +1,6 @@
 //! An NVMe/TCP initiator (host). Each connection is a controller of its own: an admin
 //! queue to connect, enable the controller and identify namespace 1, and one I/O queue
-//! that reads and writes it, one command at a time.
+//! that reads and writes it, the commands of one request in flight together.
 //!
 //! Specs: NVMe/TCP Transport 1.0 (§3.3 PDU headers, §3.6 PDU layouts: ICReq/ICResp,
 //! CapsuleCmd/CapsuleResp, H2CData/C2HData, R2T); NVMe over Fabrics 1.1 (§3.3 Connect, §3.4
@@ -62,6 +62,9 @@ const PROP_CSTS: u32 = 0x1c;
 const NSID: u32 = 1;
 /// Largest transfer of one command, whatever the controller allows.
 const MAX_TRANSFER: usize = 1 << 20;
+/// Most commands in flight on the I/O queue: a value's pieces travel together, so a
+/// request waits about one round trip to the target rather than one a piece.
+const MAX_IN_FLIGHT: usize = 32;
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A 64-byte submission queue entry, built field by field.
@@ -123,6 +126,24 @@ enum Data<'a> {
     Capsule(&'a [u8]),
 }
 
+/// A command of a run ([`Queue::run`]): what it asks, the data it moves, and its
+/// completion's first two dwords once it has completed.
+struct Command<'a> {
+    sqe: Sqe,
+    data: Data<'a>,
+    result: Option<u64>,
+}
+
+impl<'a> Command<'a> {
+    fn new(sqe: Sqe, data: Data<'a>) -> Command<'a> {
+        Command {
+            sqe,
+            data,
+            result: None,
+        }
+    }
+}
+
 /// A completion: its first two dwords (command specific) and status.
 #[derive(Debug, Clone, Copy)]
 struct Cqe {
@@ -178,22 +199,52 @@ impl<S: Read + Write> Queue<S> {
     }
 
     /// Runs one command to its completion.
-    fn command(&mut self, sqe: Sqe, mut data: Data<'_>) -> io::Result<Cqe> {
-        self.cid = self.cid.wrapping_add(1);
-        let cid = self.cid;
-        let (len, sgl) = match &data {
+    fn command(&mut self, sqe: Sqe, data: Data<'_>) -> io::Result<Cqe> {
+        let mut one = [Command::new(sqe, data)];
+        self.run(&mut one, 1)?;
+        Ok(Cqe {
+            result: one[0].result.unwrap_or(0),
+        })
+    }
+
+    /// Runs `cmds` to their completions with up to `window` of them in flight: the next
+    /// is sent as soon as one completes, and each PDU that comes back goes to the command
+    /// its CID names, in whatever order the controller finishes them (NVMe/TCP §3.3:
+    /// a queue's commands may complete out of order). The first failure ends the run;
+    /// commands then still in flight leave the queue unusable, as any I/O error does.
+    fn run(&mut self, cmds: &mut [Command<'_>], window: usize) -> io::Result<()> {
+        let base = self.cid.wrapping_add(1);
+        self.cid = self.cid.wrapping_add(cmds.len() as u16);
+        let (mut sent, mut done) = (0usize, 0usize);
+        while done < cmds.len() {
+            while sent < cmds.len() && sent - done < window.max(1) {
+                self.submit(base.wrapping_add(sent as u16), &cmds[sent])?;
+                sent += 1;
+            }
+            if self.receive(&mut cmds[..sent], base)? {
+                done += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends `cmd` as command `cid`: its capsule, with a write's data when it travels
+    /// inside.
+    fn submit(&mut self, cid: u16, cmd: &Command<'_>) -> io::Result<()> {
+        let (len, sgl) = match &cmd.data {
             Data::None => (0, SGL_TRANSPORT),
             Data::In(b) => (b.len(), SGL_TRANSPORT),
             Data::Out(b) => (b.len(), SGL_TRANSPORT),
             Data::Capsule(b) => (b.len(), SGL_IN_CAPSULE),
         };
         // SGL1 (bytes 24–39): address 0 (offset 0 in the capsule), length, identifier.
-        let sqe = sqe
+        let sqe = cmd
+            .sqe
             .u16_at(2, cid)
             .u64_at(24, 0)
             .u32_at(32, len as u32)
             .u8_at(39, sgl);
-        let capsule: &[u8] = match &data {
+        let capsule: &[u8] = match &cmd.data {
             Data::Capsule(b) => b,
             _ => &[],
         };
@@ -212,79 +263,94 @@ impl<S: Read + Write> Queue<S> {
             plen,
         ));
         head[CH_LEN..].copy_from_slice(&sqe.0);
-        write_both(&mut self.stream, &head, capsule)?;
-        loop {
-            let ch: [u8; CH_LEN] = read_array(&mut self.stream)?;
-            let (kind, flags, hlen, pdo) = (ch[0], ch[1], usize::from(ch[2]), usize::from(ch[3]));
-            let plen = u32::from_le_bytes([ch[4], ch[5], ch[6], ch[7]]) as usize;
-            if hlen < CH_LEN || plen < hlen || (pdo != 0 && (pdo < hlen || pdo > plen)) {
-                return Err(protocol("malformed PDU header"));
+        write_both(&mut self.stream, &head, capsule)
+    }
+
+    /// Reads one PDU and acts on it for the command it names among `cmds`, sent as CIDs
+    /// from `base` on: data into a read's buffer, a write's data sent for an R2T, a
+    /// completion noted. Whether it completed a command.
+    fn receive(&mut self, cmds: &mut [Command<'_>], base: u16) -> io::Result<bool> {
+        let ch: [u8; CH_LEN] = read_array(&mut self.stream)?;
+        let (kind, flags, hlen, pdo) = (ch[0], ch[1], usize::from(ch[2]), usize::from(ch[3]));
+        let plen = u32::from_le_bytes([ch[4], ch[5], ch[6], ch[7]]) as usize;
+        if hlen < CH_LEN || plen < hlen || (pdo != 0 && (pdo < hlen || pdo > plen)) {
+            return Err(protocol("malformed PDU header"));
+        }
+        let mut rest = vec![0u8; hlen - CH_LEN];
+        self.stream.read_exact(&mut rest)?;
+        let le16 = |at: usize| u16::from_le_bytes([rest[at - CH_LEN], rest[at - CH_LEN + 1]]);
+        let le32 = |at: usize| {
+            u32::from_le_bytes([
+                rest[at - CH_LEN],
+                rest[at - CH_LEN + 1],
+                rest[at - CH_LEN + 2],
+                rest[at - CH_LEN + 3],
+            ]) as usize
+        };
+        // The command in flight a CID names.
+        let pending = |cmds: &mut [Command<'_>], cid: u16| {
+            let i = usize::from(cid.wrapping_sub(base));
+            match cmds.get(i) {
+                Some(c) if c.result.is_none() => Ok(i),
+                _ => Err(protocol("a PDU for no command in flight")),
             }
-            let mut rest = vec![0u8; hlen - CH_LEN];
-            self.stream.read_exact(&mut rest)?;
-            let le16 = |at: usize| u16::from_le_bytes([rest[at - CH_LEN], rest[at - CH_LEN + 1]]);
-            let le32 = |at: usize| {
-                u32::from_le_bytes([
-                    rest[at - CH_LEN],
-                    rest[at - CH_LEN + 1],
-                    rest[at - CH_LEN + 2],
-                    rest[at - CH_LEN + 3],
-                ]) as usize
-            };
-            match kind {
-                pdu::CAPSULE_RESP if hlen == CH_LEN + CQE_LEN && plen == hlen => {
-                    let cqe = &rest[..CQE_LEN];
-                    if u16::from_le_bytes([cqe[12], cqe[13]]) != cid {
-                        return Err(protocol("a response to another command"));
-                    }
-                    let status = u16::from_le_bytes([cqe[14], cqe[15]]) >> 1;
-                    if status & 0x7ff != 0 {
-                        return Err(io::Error::other(format!(
-                            "NVMe command {:#04x} failed: status type {}, code {:#04x}",
-                            sqe.0[0],
-                            (status >> 8) & 7,
-                            status & 0xff
-                        )));
-                    }
-                    let mut result = [0u8; 8];
-                    result.copy_from_slice(&cqe[..8]);
-                    return Ok(Cqe {
-                        result: u64::from_le_bytes(result),
-                    });
+        };
+        match kind {
+            pdu::CAPSULE_RESP if hlen == CH_LEN + CQE_LEN && plen == hlen => {
+                let cqe = &rest[..CQE_LEN];
+                let i = pending(cmds, u16::from_le_bytes([cqe[12], cqe[13]]))?;
+                let status = u16::from_le_bytes([cqe[14], cqe[15]]) >> 1;
+                if status & 0x7ff != 0 {
+                    return Err(io::Error::other(format!(
+                        "NVMe command {:#04x} failed: status type {}, code {:#04x}",
+                        cmds[i].sqe.0[0],
+                        (status >> 8) & 7,
+                        status & 0xff
+                    )));
                 }
-                pdu::C2H_DATA if hlen == DATA_HLEN => {
-                    let (offset, dlen) = (le32(12), le32(16));
-                    let Data::In(buf) = &mut data else {
-                        return Err(protocol("data for a command that reads none"));
-                    };
-                    let start = if pdo == 0 { hlen } else { pdo };
-                    if le16(8) != cid || start + dlen != plen || offset + dlen > buf.len() {
-                        return Err(protocol("C2HData outside its command's buffer"));
-                    }
-                    skip(&mut self.stream, start - hlen)?;
-                    self.stream.read_exact(&mut buf[offset..offset + dlen])?;
-                    if flags & pdu::SUCCESS != 0 && flags & pdu::LAST_PDU != 0 {
-                        return Ok(Cqe { result: 0 });
-                    }
-                }
-                pdu::R2T if hlen == DATA_HLEN && plen == hlen => {
-                    let (ttag, offset, rlen) = (le16(10), le32(12), le32(16));
-                    let Data::Out(buf) = &data else {
-                        return Err(protocol("R2T for a command that writes none"));
-                    };
-                    if le16(8) != cid || offset + rlen > buf.len() {
-                        return Err(protocol("R2T outside its command's buffer"));
-                    }
-                    self.send_h2c(cid, ttag, offset, &buf[offset..offset + rlen])?;
-                }
-                pdu::C2H_TERM_REQ if hlen >= 10 => {
-                    return Err(protocol(&format!(
-                        "the controller ended the connection (error {:#x})",
-                        le16(8)
-                    )))
-                }
-                _ => return Err(protocol(&format!("unexpected PDU type {kind:#04x}"))),
+                let mut result = [0u8; 8];
+                result.copy_from_slice(&cqe[..8]);
+                cmds[i].result = Some(u64::from_le_bytes(result));
+                Ok(true)
             }
+            pdu::C2H_DATA if hlen == DATA_HLEN => {
+                let (offset, dlen) = (le32(12), le32(16));
+                let i = pending(cmds, le16(8))?;
+                let Data::In(buf) = &mut cmds[i].data else {
+                    return Err(protocol("data for a command that reads none"));
+                };
+                let start = if pdo == 0 { hlen } else { pdo };
+                if start + dlen != plen || offset + dlen > buf.len() {
+                    return Err(protocol("C2HData outside its command's buffer"));
+                }
+                skip(&mut self.stream, start - hlen)?;
+                self.stream.read_exact(&mut buf[offset..offset + dlen])?;
+                // SUCCESS on the last PDU: the command completed, no response follows.
+                if flags & pdu::SUCCESS != 0 && flags & pdu::LAST_PDU != 0 {
+                    cmds[i].result = Some(0);
+                    return Ok(true);
+                }
+                Ok(false)
+            }
+            pdu::R2T if hlen == DATA_HLEN && plen == hlen => {
+                let (ttag, offset, rlen) = (le16(10), le32(12), le32(16));
+                let cid = le16(8);
+                let i = pending(cmds, cid)?;
+                let Data::Out(buf) = &cmds[i].data else {
+                    return Err(protocol("R2T for a command that writes none"));
+                };
+                if offset + rlen > buf.len() {
+                    return Err(protocol("R2T outside its command's buffer"));
+                }
+                let buf: &[u8] = buf;
+                self.send_h2c(cid, ttag, offset, &buf[offset..offset + rlen])?;
+                Ok(false)
+            }
+            pdu::C2H_TERM_REQ if hlen >= 10 => Err(protocol(&format!(
+                "the controller ended the connection (error {:#x})",
+                le16(8)
+            ))),
+            _ => Err(protocol(&format!("unexpected PDU type {kind:#04x}"))),
         }
     }
 
@@ -417,6 +483,9 @@ pub struct NvmeTcpClient {
     lba: u64,
     size: u64,
     max_transfer: usize,
+    /// Commands kept in flight on the I/O queue: one less than its entries (a full queue
+    /// would look empty), at most [`MAX_IN_FLIGHT`].
+    window: usize,
     /// Writes up to this long travel inside the command capsule (no R2T round trip, as
     /// Linux's host does; nvmet waits for such writes' data in the capsule).
     in_capsule: usize,
@@ -492,6 +561,7 @@ impl NvmeTcpClient {
             lba,
             size: blocks * lba,
             max_transfer: max_transfer / lba as usize * lba as usize,
+            window: usize::from(depth - 1).clamp(1, MAX_IN_FLIGHT),
             in_capsule,
             volatile_cache,
         })
@@ -513,36 +583,54 @@ impl NvmeTcpClient {
 
 impl BlockTarget for NvmeTcpClient {
     fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        let mut at = offset;
-        for chunk in buf.chunks_mut(self.max_transfer) {
-            let (slba, n) = self.lbas(at, chunk.len())?;
-            let sqe = Sqe::new(OPC_READ)
-                .nsid(NSID)
-                .u64_at(40, slba)
-                .cdw(12, n - 1);
-            self.io.command(sqe, Data::In(chunk))?;
-            at += chunk.len() as u64;
-        }
-        Ok(())
+        self.read_many(&mut [(offset, buf)])
     }
 
     fn write_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
-        let mut at = offset;
-        for chunk in data.chunks(self.max_transfer) {
-            let (slba, n) = self.lbas(at, chunk.len())?;
-            let sqe = Sqe::new(OPC_WRITE)
-                .nsid(NSID)
-                .u64_at(40, slba)
-                .cdw(12, n - 1);
-            let data = if chunk.len() <= self.in_capsule {
-                Data::Capsule(chunk)
-            } else {
-                Data::Out(chunk)
-            };
-            self.io.command(sqe, data)?;
-            at += chunk.len() as u64;
+        self.write_many(&[(offset, data)])
+    }
+
+    /// A Read command for each piece of at most the largest transfer, all in flight
+    /// together up to the queue's depth.
+    fn read_many(&mut self, reads: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        let mut cmds = Vec::new();
+        for (offset, buf) in reads.iter_mut() {
+            let mut at = *offset;
+            for chunk in buf.chunks_mut(self.max_transfer) {
+                let (slba, n) = self.lbas(at, chunk.len())?;
+                at += chunk.len() as u64;
+                let sqe = Sqe::new(OPC_READ)
+                    .nsid(NSID)
+                    .u64_at(40, slba)
+                    .cdw(12, n - 1);
+                cmds.push(Command::new(sqe, Data::In(chunk)));
+            }
         }
-        Ok(())
+        self.io.run(&mut cmds, self.window)
+    }
+
+    /// A Write command for each piece of at most the largest transfer, all in flight
+    /// together up to the queue's depth; pieces that fit travel in their capsules.
+    fn write_many(&mut self, writes: &[(u64, &[u8])]) -> io::Result<()> {
+        let mut cmds = Vec::new();
+        for (offset, data) in writes {
+            let mut at = *offset;
+            for chunk in data.chunks(self.max_transfer) {
+                let (slba, n) = self.lbas(at, chunk.len())?;
+                at += chunk.len() as u64;
+                let sqe = Sqe::new(OPC_WRITE)
+                    .nsid(NSID)
+                    .u64_at(40, slba)
+                    .cdw(12, n - 1);
+                let data = if chunk.len() <= self.in_capsule {
+                    Data::Capsule(chunk)
+                } else {
+                    Data::Out(chunk)
+                };
+                cmds.push(Command::new(sqe, data));
+            }
+        }
+        self.io.run(&mut cmds, self.window)
     }
 
     fn size(&self) -> u64 {
@@ -668,6 +756,92 @@ mod tests {
         assert_eq!(got, data);
     }
 
+    /// The CIDs of the command capsules a queue sent after its ICReq, in order.
+    fn sent_cids(q: &Queue<Script>) -> Vec<u16> {
+        let mut sent = &q.stream.from_client[128..];
+        let mut cids = Vec::new();
+        while sent.len() >= CH_LEN {
+            let plen = u32::from_le_bytes([sent[4], sent[5], sent[6], sent[7]]) as usize;
+            if sent[0] == pdu::CAPSULE_CMD {
+                cids.push(u16::from_le_bytes([sent[CH_LEN + 2], sent[CH_LEN + 3]]));
+            }
+            sent = &sent[plen..];
+        }
+        cids
+    }
+
+    #[test]
+    fn a_run_keeps_its_commands_in_flight_and_takes_them_back_in_any_order() {
+        // The controller finishes the second read first, and asks for the second write's
+        // data before the first's.
+        let mut s = data_pdu(
+            pdu::C2H_DATA,
+            pdu::LAST_PDU | pdu::SUCCESS,
+            2,
+            0,
+            0,
+            4,
+            b"efgh",
+        );
+        s.extend(data_pdu(pdu::R2T, 0, 4, 9, 0, 3, &[]));
+        s.extend(data_pdu(pdu::C2H_DATA, pdu::LAST_PDU, 1, 0, 0, 4, b"abcd"));
+        s.extend(capsule_resp(4, 0));
+        s.extend(data_pdu(pdu::R2T, 0, 3, 8, 0, 3, &[]));
+        s.extend(capsule_resp(1, 0));
+        s.extend(capsule_resp(3, 0));
+        let mut q = queue(s);
+        let (mut a, mut b) = ([0u8; 4], [0u8; 4]);
+        let mut cmds = [
+            Command::new(Sqe::new(OPC_READ), Data::In(&mut a)),
+            Command::new(Sqe::new(OPC_READ), Data::In(&mut b)),
+            Command::new(Sqe::new(OPC_WRITE), Data::Out(b"xyz")),
+            Command::new(Sqe::new(OPC_WRITE), Data::Out(b"uvw")),
+        ];
+        q.run(&mut cmds, 4).unwrap();
+        assert!(cmds.iter().all(|c| c.result.is_some()));
+        assert!(matches!(&cmds[0].data, Data::In(a) if a == b"abcd"));
+        assert!(matches!(&cmds[1].data, Data::In(b) if b == b"efgh"));
+        assert_eq!(sent_cids(&q), [1, 2, 3, 4]);
+        // After the capsules, each write's data on its own R2T: the fourth's first.
+        let data = &q.stream.from_client[128 + 4 * CMD_HLEN..];
+        assert_eq!(data[8..12], [4, 0, 9, 0]);
+        assert_eq!(data[24..27], *b"uvw");
+        assert_eq!(data[27 + 8..27 + 12], [3, 0, 8, 0]);
+        assert_eq!(data[27 + 24..], *b"xyz");
+    }
+
+    #[test]
+    fn a_run_sends_no_more_than_its_window_and_refuses_stray_pdus() {
+        // Window 1: the second command is not sent before the first completes, so an
+        // answer to it then is an answer to nothing.
+        let mut s = capsule_resp(2, 0);
+        s.extend(capsule_resp(1, 0));
+        let mut q = queue(s);
+        let mut cmds = [
+            Command::new(Sqe::new(OPC_FLUSH), Data::None),
+            Command::new(Sqe::new(OPC_FLUSH), Data::None),
+        ];
+        let e = q.run(&mut cmds, 1).unwrap_err();
+        assert!(e.to_string().contains("no command in flight"), "{e}");
+        assert_eq!(sent_cids(&q), [1]);
+        // Nor is a command completed twice.
+        let mut s = capsule_resp(1, 0);
+        s.extend(capsule_resp(1, 0));
+        let mut q = queue(s);
+        let mut cmds = [
+            Command::new(Sqe::new(OPC_FLUSH), Data::None),
+            Command::new(Sqe::new(OPC_FLUSH), Data::None),
+        ];
+        assert!(q.run(&mut cmds, 2).is_err());
+        // CIDs go on from run to run.
+        let mut s = capsule_resp(1, 0);
+        s.extend(capsule_resp(2, 0));
+        let mut q = queue(s);
+        q.command(Sqe::new(OPC_FLUSH), Data::None).unwrap();
+        q.command(Sqe::new(OPC_FLUSH), Data::None).unwrap();
+        assert_eq!(sent_cids(&q), [1, 2]);
+    }
+
     #[test]
     fn a_failed_command_says_its_status() {
         let mut q = queue(capsule_resp(1, 0x0180));
@@ -681,8 +855,9 @@ mod tests {
     }
 
     proptest! {
-        /// Whatever PDUs a controller answers with, framed or not, a command ends in a
-        /// completion or an error, never a panic, and never writes past its buffer.
+        /// Whatever PDUs a controller answers with, framed or not, two commands in flight
+        /// end in completions or an error, never a panic, and never write past their
+        /// buffers.
         #[test]
         fn any_controller_reply_is_survived(
             pdus in proptest::collection::vec(
@@ -717,9 +892,19 @@ mod tests {
             }
             s.extend_from_slice(&noise);
             let mut q = queue(s);
-            let mut buf = [0u8; 16];
-            let data = if write { Data::Out(&[1; 16]) } else { Data::In(&mut buf) };
-            let _ = q.command(Sqe::new(OPC_READ), data);
+            let (mut a, mut b) = ([0u8; 16], [0u8; 8]);
+            let mut cmds = if write {
+                [
+                    Command::new(Sqe::new(OPC_WRITE), Data::Out(&[1; 16])),
+                    Command::new(Sqe::new(OPC_WRITE), Data::Capsule(&[2; 8])),
+                ]
+            } else {
+                [
+                    Command::new(Sqe::new(OPC_READ), Data::In(&mut a)),
+                    Command::new(Sqe::new(OPC_READ), Data::In(&mut b)),
+                ]
+            };
+            let _ = q.run(&mut cmds, 2);
         }
     }
 

@@ -90,12 +90,16 @@ fn saved_index(name: &str, config: &KvCache, pool: &Pool) -> io::Result<Index> {
                 Err(persist::Unusable::Snapshot)
             }
             Ok(sb) => {
-                let mut snapshot = Vec::new();
+                let mut snapshot =
+                    vec![0u8; (sb.runs.iter().map(|r| r.1).sum::<u64>() * bs) as usize];
+                let mut pieces = Vec::new();
+                let mut rest = &mut snapshot[..];
                 for (block, n) in &sb.runs {
-                    let at = snapshot.len();
-                    snapshot.resize(at + (n * bs) as usize, 0);
-                    t.read_at(block * bs, &mut snapshot[at..])?;
+                    let (piece, after) = rest.split_at_mut((n * bs) as usize);
+                    pieces.push((block * bs, piece));
+                    rest = after;
                 }
+                t.read_many(&mut pieces)?;
                 persist::load(sb, &snapshot, capacity, bs)
             }
             Err(why) => Err(why.clone()),
@@ -436,13 +440,14 @@ impl KvService {
         let written = self
             .pool
             .with(|t| {
+                let mut pieces = Vec::new();
                 let mut at = 0usize;
                 for (first, n) in save.blocks.runs() {
                     let len = (n * bs) as usize;
-                    t.write_at(first * bs, &save.snapshot[at..at + len])?;
+                    pieces.push((first * bs, &save.snapshot[at..at + len]));
                     at += len;
                 }
-                Ok(())
+                t.write_many(&pieces)
             })
             // The superblock last, once the values and the snapshot are durable (a
             // superblock naming blocks a power loss took would serve wrong bytes), and
@@ -1012,26 +1017,31 @@ impl KvService {
         Ok(true)
     }
 
-    /// Writes `value` over its blocks, a request per run, lengths rounded up to the
-    /// target's alignment (the padding stays inside the value's last block).
+    /// Writes `value` over its blocks, a piece per run, sent together; lengths rounded up
+    /// to the target's alignment (the padding stays inside the value's last block).
     fn write(&self, extents: &Extents, value: &[u8]) -> io::Result<()> {
         let bs = self.config.block_size;
-        self.pool.with(|t| {
-            let mut at = 0usize;
-            for (first, n) in extents.runs() {
-                let len = ((n * bs) as usize).min(value.len() - at);
-                let part = &value[at..at + len];
-                let whole = len - len % self.align as usize;
-                t.write_at(first * bs, &part[..whole])?;
-                if whole < len {
-                    let mut tail = vec![0u8; self.align as usize];
-                    tail[..len - whole].copy_from_slice(&part[whole..]);
-                    t.write_at(first * bs + whole as u64, &tail)?;
-                }
-                at += len;
+        let align = self.align as usize;
+        let mut pieces = Vec::new();
+        let mut at = 0usize;
+        for (first, n) in extents.runs() {
+            let len = ((n * bs) as usize).min(value.len() - at);
+            pieces.push((first * bs, &value[at..at + len]));
+            at += len;
+        }
+        // Only the last run can end inside a block: its last piece is padded.
+        let mut tail = Vec::new();
+        if let Some((offset, last)) = pieces.pop() {
+            let whole = last.len() - last.len() % align;
+            pieces.push((offset, &last[..whole]));
+            if whole < last.len() {
+                tail.resize(align, 0);
+                tail[..last.len() - whole].copy_from_slice(&last[whole..]);
+                pieces.push((offset + whole as u64, &tail));
             }
-            Ok(())
-        })
+        }
+        pieces.retain(|(_, data)| !data.is_empty());
+        self.pool.with(|t| t.write_many(&pieces))
     }
 
     /// Appends `key`'s value as a bulk string (or the null bulk string) to `out`, read from
@@ -1115,15 +1125,17 @@ impl KvService {
         let padded = len.next_multiple_of(self.align as usize);
         out.resize(start + padded, 0);
         let bs = self.config.block_size;
-        let read = self.pool.with(|t: &mut dyn BlockTarget| {
-            let mut at = 0usize;
-            for (first, n) in extents.runs() {
-                let run = ((n * bs) as usize).min(padded - at);
-                t.read_at(first * bs, &mut out[start + at..start + at + run])?;
-                at += run;
-            }
-            Ok::<(), io::Error>(())
-        });
+        let mut pieces = Vec::new();
+        let mut rest = &mut out[start..];
+        for (first, n) in extents.runs() {
+            let run = ((n * bs) as usize).min(rest.len());
+            let (piece, after) = rest.split_at_mut(run);
+            pieces.push((first * bs, piece));
+            rest = after;
+        }
+        let read = self
+            .pool
+            .with(|t: &mut dyn BlockTarget| t.read_many(&mut pieces));
         match read {
             Ok(()) => {
                 out.truncate(start + len);

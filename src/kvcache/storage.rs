@@ -17,6 +17,21 @@ pub trait BlockTarget: Send + std::fmt::Debug {
     fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
     /// Writes `data` to the target at `offset`.
     fn write_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()>;
+    /// Fills each buffer from its offset: the pieces of one value, which a target that
+    /// can keep several requests in flight on a connection sends together.
+    fn read_many(&mut self, reads: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        for (offset, buf) in reads.iter_mut() {
+            self.read_at(*offset, buf)?;
+        }
+        Ok(())
+    }
+    /// Writes each piece at its offset, as [`BlockTarget::read_many`] reads.
+    fn write_many(&mut self, writes: &[(u64, &[u8])]) -> io::Result<()> {
+        for (offset, data) in writes {
+            self.write_at(*offset, data)?;
+        }
+        Ok(())
+    }
     /// The target's size in bytes.
     fn size(&self) -> u64;
     /// Makes what was written durable: the target's volatile cache written out.

@@ -229,7 +229,7 @@ fn hold_promiscuous(fd: &std::os::fd::OwnedFd, ifindex: u32) -> std::io::Result<
 /// setsockopt(2).
 #[cfg(target_os = "linux")]
 fn set_option<T>(
-    fd: &std::os::fd::OwnedFd,
+    fd: impl std::os::fd::AsFd,
     level: i32,
     name: i32,
     value: &T,
@@ -238,7 +238,7 @@ fn set_option<T>(
     // SAFETY: `value` points at a live T of the size given.
     let r = unsafe {
         libc::setsockopt(
-            fd.as_raw_fd(),
+            fd.as_fd().as_raw_fd(),
             level,
             name,
             (value as *const T).cast(),
@@ -414,6 +414,20 @@ pub fn ring_drops(fd: std::os::fd::BorrowedFd) -> std::io::Result<u32> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(stats.tp_drops)
+}
+
+/// Asks a TCP socket to acknowledge what it receives at once rather than delaying the
+/// acknowledgement (TCP_QUICKACK, tcp(7)). Linux keeps the mode only for a while, so a
+/// caller asks again before each read it waits on. A hint: failure changes nothing but
+/// timing.
+#[cfg(target_os = "linux")]
+pub fn quick_ack(fd: std::os::fd::BorrowedFd) {
+    let _ = set_option(
+        fd,
+        libc::IPPROTO_TCP,
+        libc::TCP_QUICKACK,
+        &1 as &libc::c_int,
+    );
 }
 
 /// Sends one frame through a packet socket of [`packet_socket`], behind a virtio-net

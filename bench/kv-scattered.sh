@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# How long a value stored in scattered blocks takes to read and write: the KV-cache
+# service stores on an NBD export (qemu-nbd over loopback, one target connection);
+# redis-py fills the store with 64 KiB values, deletes every other one, then sets a value
+# of RUNS blocks, which lands in RUNS separate blocks (a request to the target for each),
+# and times GET and SET of it (medians of 20). Each build named runs in turn, ROUNDS
+# times; prints each build's median milliseconds. Needs qemu-nbd and python3-redis.
+# Usage: [BUILDS="BIN …"] bench/kv-scattered.sh [ROUNDS] [RUNS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-3}
+runs=${2:-24}
+command -v qemu-nbd >/dev/null || { echo "qemu-nbd not found (qemu-utils)" >&2; exit 1; }
+/usr/bin/python3 -c 'import redis' || { echo "python3-redis not found" >&2; exit 1; }
+if [ -z "${BUILDS:-}" ]; then
+    cargo build --release -q
+    BUILDS=$PWD/target/release/dpuflow
+fi
+read -r -a builds <<<"$BUILDS"
+dir=$(mktemp -d /dev/shm/dpuflow-kvs.XXXXXX)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return; sleep 0.1; done; echo "nothing on $1" >&2; exit 1; }
+
+truncate -s 65M "$dir/disk.img"
+nbd_port=$(free_port)
+qemu-nbd -f raw -x kv -b 127.0.0.1 -p "$nbd_port" --persistent --shared=64 "$dir/disk.img" >/dev/null 2>&1 &
+pids+=($!)
+wait_port "$nbd_port"
+kv_port=$(free_port)
+cat >"$dir/kv.pipe" <<PIPE
+pipeline kv_bench
+port fabric { driver pcap }
+service kvcache { listen 127.0.0.1:$kv_port  target "nbd://127.0.0.1:$nbd_port/kv"  capacity 64MiB  block_size 64KiB  connections 1 }
+pipe p root from fabric { default { actions to kvcache } }
+PIPE
+declare -A gets sets
+for round in $(seq "$rounds"); do
+    for i in "${!builds[@]}"; do
+        "${builds[$i]}" run "$dir/kv.pipe" --metrics 127.0.0.1:0 >/dev/null 2>&1 &
+        pid=$!
+        wait_port "$kv_port"
+        read -r get set < <(/usr/bin/python3 - "$runs" "$kv_port" <<'PY'
+import os, statistics, sys, time, redis
+runs = int(sys.argv[1])
+r = redis.Redis(host="127.0.0.1", port=int(sys.argv[2]))
+small = os.urandom(65536)
+for k in range(2 * runs):
+    r.set(f"s{k}", small)
+for k in range(0, 2 * runs, 2):
+    r.delete(f"s{k}")
+big = os.urandom(65536 * runs)
+r.set("big", big)
+assert r.get("big") == big
+def ms(f):
+    t = []
+    for _ in range(20):
+        s = time.perf_counter(); f(); t.append((time.perf_counter() - s) * 1000)
+    return statistics.median(t)
+# Each SET puts the value back over the blocks it frees, so it stays scattered.
+print(f'{ms(lambda: r.get("big")):.2f} {ms(lambda: r.set("big", big)):.2f}')
+PY
+        )
+        kill "$pid"
+        wait "$pid" 2>/dev/null || true
+        echo "round $round, build $i (${builds[$i]}): GET $get ms, SET $set ms"
+        gets[$i]="${gets[$i]:-} $get"
+        sets[$i]="${sets[$i]:-} $set"
+    done
+done
+median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
+for i in "${!builds[@]}"; do
+    echo "build $i (${builds[$i]}): median GET $(echo "${gets[$i]}" | median) ms, SET $(echo "${sets[$i]}" | median) ms ($runs scattered blocks)"
+done
