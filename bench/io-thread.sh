@@ -10,6 +10,7 @@
 # Usage: [DPUFLOW=BIN] bench/io-thread.sh [PIPELINE PORT OUT] [REPEATS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/common.sh
 pipe=${1:-pipelines/vxlan-gateway.pipe}
 port=${2:-host}
 out=${3:-uplink}
@@ -46,7 +47,6 @@ open(dst, 'wb').write(out)
 print(len(frames) * n)
 PY
 }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 # Prints each thread's instructions, largest first.
 run() { # N CAPTURE
     local metrics cg

@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# The KV-cache service storing on a real NVMe/TCP target (the Linux kernel's nvmet-tcp,
-# booted under QEMU by scripts/nvmet-target): `redis-benchmark -t set,get -d VALUE`
-# against `dpuflow run` with a service on `nvme-tcp://`, round after round, each round
-# running every build named (to compare them side by side: a build before a change and
-# one after). Prints each build's median requests per second. The target runs in an
-# emulated machine, so its rates are the emulator's; compare builds within one run.
-# Needs redis-benchmark, qemu-system-x86, busybox-static, cpio.
-# Usage: [BUILDS="BIN …"] bench/kv-nvme.sh [ROUNDS] [REQUESTS] [VALUE] [CLIENTS]
+# Large values through the KV-cache service to a real target: `redis-benchmark -t set,get
+# -d VALUE -r KEYS` against `dpuflow run` with a service of CAPACITY MiB (default 64) in
+# 64 KiB blocks on an NBD export (qemu-nbd, a file in /dev/shm) or, with TARGET=nvme, an
+# NVMe/TCP namespace (the Linux kernel's nvmet-tcp, booted under QEMU by
+# scripts/nvmet-target: its rates are the emulator's). KEYS defaults to twice what the
+# capacity holds, so the service evicts as it goes. Round after round, each round runs
+# every build named (a build before a change and one after, side by side); prints each
+# build's median requests per second.
+# Needs redis-benchmark, qemu-nbd; for nvme qemu-system-x86, busybox-static, cpio.
+# Usage: [BUILDS="BIN …"] [TARGET=nbd|nvme] [CAPACITY=MiB] [KEYS=N]
+#        bench/kv-large.sh [ROUNDS] [REQUESTS] [VALUE] [CLIENTS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/common.sh
 rounds=${1:-3}
 requests=${2:-2000}
 value=${3:-1000000}
@@ -27,8 +31,6 @@ cleanup() {
     rm -rf "$dir"
 }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 300); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return; sleep 0.1; done; echo "nothing on $1" >&2; exit 1; }
 
 capacity=${CAPACITY:-64}
 keys=${KEYS:-$((capacity * 1048576 * 2 / value + 1))}
@@ -77,7 +79,6 @@ PIPE
         gets[$i]="${gets[$i]:-} $get_rps"
     done
 done
-median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 for i in "${!builds[@]}"; do
     echo "build $i (${builds[$i]}): median SET $(echo "${sets[$i]}" | median)/s, GET $(echo "${gets[$i]}" | median)/s"
 done

@@ -8,6 +8,7 @@
 # Usage: [BUILDS="BIN …"] bench/kv-scattered.sh [ROUNDS] [RUNS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/common.sh
 rounds=${1:-3}
 runs=${2:-24}
 command -v qemu-nbd >/dev/null || { echo "qemu-nbd not found (qemu-utils)" >&2; exit 1; }
@@ -25,8 +26,6 @@ cleanup() {
     rm -rf "$dir"
 }
 trap cleanup EXIT
-free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return; sleep 0.1; done; echo "nothing on $1" >&2; exit 1; }
 
 truncate -s 65M "$dir/disk.img"
 nbd_port=$(free_port)
@@ -74,7 +73,6 @@ PY
         sets[$i]="${sets[$i]:-} $set"
     done
 done
-median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 for i in "${!builds[@]}"; do
     echo "build $i (${builds[$i]}): median GET $(echo "${gets[$i]}" | median) ms, SET $(echo "${sets[$i]}" | median) ms ($runs scattered blocks)"
 done

@@ -12,6 +12,7 @@
 # Usage: [DPUFLOW=BIN] [KV_OPTIONS=…] [TLS=1] bench/kv.sh [ROUNDS] [REQUESTS] [VALUE] [CLIENTS] [KEYS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/common.sh
 rounds=${1:-3}
 requests=${2:-20000}
 value=${3:-65536}
@@ -35,8 +36,6 @@ cleanup() {
     rm -rf "$dir"
 }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return; sleep 0.1; done; echo "nothing on $1" >&2; exit 1; }
 
 capacity=$(( (keys * value * 2 / 1048576 + 64) ))
 truncate -s "${capacity}M" "$dir/export.img"
@@ -110,7 +109,6 @@ for r in $(seq "$rounds"); do
     sets[target]+="$w "; gets[target]+="$rd "
     echo "round $r qemu-img bench on the NBD export: write $w/s read $rd/s"
 done
-median() { tr ' ' '\n' | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 echo "medians over $rounds rounds ($requests requests, $value-byte values, $clients clients, $keys keys):"
 for name in "${names[@]}"; do
     printf '  %-9s SET %10s/s  GET %10s/s\n' "$name" "$(echo "${sets[$name]}" | median)" "$(echo "${gets[$name]}" | median)"

@@ -99,29 +99,37 @@ struct Input {
 }
 
 impl Input {
-    /// Reads the next packet into `buf` (or marks it oversize); at the end of the input
-    /// `next` becomes `None`.
-    fn advance(&mut self, mut buf: PacketBuf) -> Result<(), CaptureError> {
+    /// Reads the next packet into `slot`; `None` at the end of the input.
+    fn read(&mut self, slot: &mut PacketBuf) -> Result<Option<Merged>, CaptureError> {
         let port = self.port;
         match self
             .reader
-            .next_with(|ts, frame| (buf.load(frame, port, ts), frame.len()))
+            .next_with(|ts, frame| (slot.load(frame, port, ts), frame.len()))
         {
-            None => self.next = None,
-            Some(Err(e)) => return Err(e),
-            Some(Ok((loaded, len))) => {
-                if !loaded {
-                    self.oversize = Some(len);
-                }
-                self.next = Some(buf);
-            }
+            None => Ok(None),
+            Some(Err(e)) => Err(e),
+            Some(Ok((true, _))) => Ok(Some(Merged::Packet)),
+            Some(Ok((false, len))) => Ok(Some(Merged::Oversize(port, len))),
         }
+    }
+
+    /// Reads the next packet into `buf`, kept as `next` (or marks it oversize); at the end
+    /// of the input `next` becomes `None`.
+    fn advance(&mut self, mut buf: PacketBuf) -> Result<(), CaptureError> {
+        self.next = match self.read(&mut buf)? {
+            None => None,
+            Some(Merged::Oversize(_, len)) => {
+                self.oversize = Some(len);
+                Some(buf)
+            }
+            Some(Merged::Packet) => Some(buf),
+        };
         Ok(())
     }
 }
 
 /// Capture inputs merged into one stream in timestamp order (ties go to the input named
-/// first), read ahead one packet per input.
+/// first), read ahead one packet per input; a lone input is read straight into the slot.
 #[derive(Debug)]
 pub struct Merger {
     inputs: Vec<Input>,
@@ -140,20 +148,28 @@ impl Merger {
     pub fn open(inputs: &[(PortId, PathBuf)]) -> Result<Merger, CaptureError> {
         let mut v = Vec::new();
         for (port, path) in inputs {
-            let mut input = Input {
+            let input = Input {
                 port: *port,
                 reader: CaptureReader::open(path)?,
                 next: None,
                 oversize: None,
             };
-            input.advance(PacketBuf::new(DEFAULT_MAX_FRAME))?;
             v.push(input);
+        }
+        if v.len() > 1 {
+            for input in &mut v {
+                input.advance(PacketBuf::new(DEFAULT_MAX_FRAME))?;
+            }
         }
         Ok(Merger { inputs: v })
     }
 
     /// Puts the next packet into `slot` (swapping buffers, no copy); `None` at the end.
     pub fn next(&mut self, slot: &mut PacketBuf) -> Result<Option<Merged>, CaptureError> {
+        // One input, the usual case, has nothing to merge.
+        if let [only] = &mut self.inputs[..] {
+            return only.read(slot);
+        }
         let Some(i) = self
             .inputs
             .iter()

@@ -132,6 +132,16 @@ fn value(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// Runs a redis-py `script`, which prints "ok" when all its checks held.
+fn redis_py_ok(script: &str, what: &str) {
+    let out = tool(PYTHON, &["-c", script]);
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok",
+        "redis-py, {what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// What hosts do, checked end to end: a block put with redis-cli lands on the target's
 /// `image` and comes back whole (2.5 MB: more than one NVMe command carries, so several
 /// travel at once); redis-py's pipelines and multi-key commands; then redis-benchmark puts
@@ -186,12 +196,7 @@ print("ok")
 "#,
         port = kv.port
     );
-    let out = tool(PYTHON, &["-c", &script]);
-    assert!(
-        out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok",
-        "redis-py: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    redis_py_ok(&script, "pipelines and multi-key commands");
 
     let port = kv.port.to_string();
     let csv = tool_ok(
@@ -233,12 +238,7 @@ print("ok")
 "#,
         port = kv.port
     );
-    let out = tool(PYTHON, &["-c", &script]);
-    assert!(
-        out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok",
-        "redis-py, large values: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    redis_py_ok(&script, "large values");
     let sets = kv.metric("dpuflow_kvcache_commands_total{service=\"kvcache\",command=\"set\"}");
     let requests: u64 = requests.parse().expect("count");
     assert!(sets >= requests);
@@ -474,12 +474,7 @@ except redis.exceptions.AuthenticationError:
 print("ok")
 "#
     );
-    let out = tool(PYTHON, &["-c", &script]);
-    assert!(
-        String::from_utf8_lossy(&out.stdout).trim() == "ok",
-        "redis-py: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    redis_py_ok(&script, "passwords");
     assert!(kv.metric("dpuflow_kvcache_auth_failures_total{service=\"kvcache\"}") >= 1);
     assert_eq!(kv.terminate(), 0);
 }

@@ -35,6 +35,9 @@ const PCAPNG_EPB: u32 = 6;
 const PCAP_RECORD_HEADER: usize = 16;
 /// Read buffer: a few thousand small records, so most are handed over from it in place.
 const READ_BUFFER: usize = 256 << 10;
+/// Write buffer: a system call for every few thousand small records rather than for a
+/// hundred (a `BufWriter`'s default 8 KiB).
+const WRITE_BUFFER: usize = 256 << 10;
 const TRUNCATED: &str = "the file ends in the middle of a record (cut short as it was written?)";
 /// Largest block or record accepted; bigger ones mean a damaged file.
 const MAX_RECORD: usize = 16 << 20;
@@ -397,7 +400,7 @@ impl CaptureWriter {
         })?;
         let mut w = CaptureWriter {
             path: path.to_owned(),
-            out: BufWriter::new(file),
+            out: BufWriter::with_capacity(WRITE_BUFFER, file),
         };
         let mut h = Vec::with_capacity(24);
         h.extend_from_slice(&PCAP_MICRO.to_le_bytes());

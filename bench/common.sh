@@ -1,0 +1,18 @@
+# Helpers the bench scripts source (`. bench/common.sh` from the project root).
+
+# A TCP port free on 127.0.0.1 now.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# Waits up to 10 s for something to listen on 127.0.0.1:PORT; fails the script otherwise.
+wait_port() {
+    for _ in $(seq 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return
+        sleep 0.1
+    done
+    echo "nothing on $1" >&2
+    exit 1
+}
+
+# The median of the numbers read (any whitespace between them); the lower of the two
+# middle ones for an even count.
+median() { tr -s ' \t' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
