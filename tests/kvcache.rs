@@ -246,6 +246,23 @@ print("ok")
         "dpuflow_kvcache_request_duration_seconds_count{service=\"kvcache\",command=\"get\"}",
     );
     assert!(timed >= requests);
+    // Every value's I/O is timed, and so is each wait for a target connection.
+    let storage = |operation: &str| {
+        kv.metric(&format!(
+            "dpuflow_kvcache_storage_duration_seconds_count{{service=\"kvcache\",operation=\"{operation}\"}}"
+        ))
+    };
+    let (reads, writes) = (storage("read"), storage("write"));
+    assert!(writes >= requests, "{writes} writes");
+    assert_eq!(
+        reads,
+        kv.metric("dpuflow_kvcache_hits_total{service=\"kvcache\"}"),
+        "a read for every hit"
+    );
+    assert!(
+        kv.metric("dpuflow_kvcache_connection_wait_seconds_count{service=\"kvcache\"}")
+            >= reads + writes
+    );
     let (_, body) = get(kv.metrics, "/metrics").expect("scrape");
     assert_clean_exposition(&body);
 }

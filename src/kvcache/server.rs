@@ -260,8 +260,14 @@ pub const DURATION_BUCKETS: [f64; 12] = [
     50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 20e-3, 50e-3, 100e-3, 1.0,
 ];
 
-/// Durations of one command's requests, from the request read to its reply written to
-/// the reply buffer (storage I/O included).
+/// Storage operations timed, in [`KvCounters::storage`]: a value's reads, its writes.
+pub const STORAGE_OPERATIONS: [&str; 2] = ["read", "write"];
+const READ: usize = 0;
+const WRITE: usize = 1;
+
+/// A histogram of durations over [`DURATION_BUCKETS`]: of one command's requests, from
+/// the request read to its reply written to the reply buffer (storage I/O included); of a
+/// value's storage I/O; of waits for a target connection.
 #[derive(Debug, Default)]
 pub struct Durations {
     /// Per bucket of [`DURATION_BUCKETS`], not cumulative; the last is +Inf.
@@ -290,6 +296,11 @@ pub struct KvCounters {
     pub commands: [AtomicU64; COMMANDS.len()],
     /// Per command of [`TIMED`].
     pub durations: [Durations; TIMED.len()],
+    /// A value's I/O on a target connection, all its pieces, per operation of
+    /// [`STORAGE_OPERATIONS`].
+    pub storage: [Durations; STORAGE_OPERATIONS.len()],
+    /// Waits for a free target connection (all `connections` busy with other requests).
+    pub connection_waits: Durations,
     pub hits: AtomicU64,
     pub misses: AtomicU64,
     pub read_bytes: AtomicU64,
@@ -1041,7 +1052,24 @@ impl KvService {
             }
         }
         pieces.retain(|(_, data)| !data.is_empty());
-        self.pool.with(|t| t.write_many(&pieces))
+        self.with_target(WRITE, |t| t.write_many(&pieces))
+    }
+
+    /// Runs a value's storage I/O `f` of `operation` ([`STORAGE_OPERATIONS`]) on a target
+    /// connection, timing the wait for the connection and the I/O.
+    fn with_target<T>(
+        &self,
+        operation: usize,
+        f: impl FnOnce(&mut dyn BlockTarget) -> io::Result<T>,
+    ) -> io::Result<T> {
+        let asked = Instant::now();
+        self.pool.with(|t| {
+            let began = Instant::now();
+            self.counters.connection_waits.observe(began - asked);
+            let done = f(t);
+            self.counters.storage[operation].observe(began.elapsed());
+            done
+        })
     }
 
     /// Appends `key`'s value as a bulk string (or the null bulk string) to `out`, read from
@@ -1133,9 +1161,7 @@ impl KvService {
             pieces.push((first * bs, piece));
             rest = after;
         }
-        let read = self
-            .pool
-            .with(|t: &mut dyn BlockTarget| t.read_many(&mut pieces));
+        let read = self.with_target(READ, |t| t.read_many(&mut pieces));
         match read {
             Ok(()) => {
                 out.truncate(start + len);

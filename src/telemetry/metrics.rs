@@ -9,7 +9,10 @@ use super::{Snapshot, LATENCY_BUCKETS};
 use crate::engine::DropReason;
 use crate::firewall::conntrack::Invalid;
 use crate::ir::Program;
-use crate::kvcache::server::{KvCounters, KvGauges, KvService, COMMANDS, DURATION_BUCKETS, TIMED};
+use crate::kvcache::server::{
+    Durations, KvCounters, KvGauges, KvService, COMMANDS, DURATION_BUCKETS, STORAGE_OPERATIONS,
+    TIMED,
+};
 use prometheus::proto::{
     Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType,
 };
@@ -429,6 +432,18 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info, state: &ServiceSt
     fam.encode()
 }
 
+/// The histogram series of `d`, labelled `labels`.
+fn durations(labels: Vec<LabelPair>, d: &Durations) -> Metric {
+    let counts: Vec<u64> = d.buckets.iter().map(|b| b.load(Relaxed)).collect();
+    histogram(
+        labels,
+        &DURATION_BUCKETS,
+        &counts,
+        d.count.load(Relaxed),
+        d.sum_ns.load(Relaxed) as f64 / 1e9,
+    )
+}
+
 /// A histogram series from per-bucket (not cumulative) counts over `bounds`.
 fn histogram(
     labels: Vec<LabelPair>,
@@ -569,15 +584,35 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
     );
     for s in services {
         for (command, d) in TIMED.iter().zip(&s.counters.durations) {
-            let counts: Vec<u64> = d.buckets.iter().map(|b| b.load(Relaxed)).collect();
-            f.mut_metric().push(histogram(
+            f.mut_metric().push(durations(
                 labels(&[("service", &s.name), ("command", command)]),
-                &DURATION_BUCKETS,
-                &counts,
-                d.count.load(Relaxed),
-                d.sum_ns.load(Relaxed) as f64 / 1e9,
+                d,
             ));
         }
+    }
+    let f = fam.family(
+        "dpuflow_kvcache_storage_duration_seconds",
+        "Time a value's reads or writes took on a storage target connection, all its pieces.",
+        MetricType::HISTOGRAM,
+    );
+    for s in services {
+        for (operation, d) in STORAGE_OPERATIONS.iter().zip(&s.counters.storage) {
+            f.mut_metric().push(durations(
+                labels(&[("service", &s.name), ("operation", operation)]),
+                d,
+            ));
+        }
+    }
+    let f = fam.family(
+        "dpuflow_kvcache_connection_wait_seconds",
+        "Time requests waited for a free storage target connection (all `connections` busy).",
+        MetricType::HISTOGRAM,
+    );
+    for s in services {
+        f.mut_metric().push(durations(
+            labels(&[("service", &s.name)]),
+            &s.counters.connection_waits,
+        ));
     }
     fam.encode()
 }
