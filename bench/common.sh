@@ -16,3 +16,21 @@ wait_port() {
 # The median of the numbers read (any whitespace between them); the lower of the two
 # middle ones for an even count.
 median() { tr -s ' \t' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
+
+# The builds to compare: BUILDS ("BIN …"), or this tree's release build; into `builds`.
+builds_to_run() {
+    if [ -z "${BUILDS:-}" ]; then
+        cargo build --release -q
+        BUILDS=$PWD/target/release/dpuflow
+    fi
+    read -r -a builds <<<"$BUILDS"
+}
+
+# Processes a script starts in the background (`pids+=($!)`) are killed when it exits
+# (`trap stop_all EXIT`), and its scratch directory `$dir` removed.
+pids=()
+stop_all() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "${dir:?}"
+}

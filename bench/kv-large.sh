@@ -18,19 +18,9 @@ requests=${2:-2000}
 value=${3:-1000000}
 clients=${4:-1}
 command -v redis-benchmark >/dev/null || { echo "redis-benchmark not found (redis-tools)" >&2; exit 1; }
-if [ -z "${BUILDS:-}" ]; then
-    cargo build --release -q
-    BUILDS=$PWD/target/release/dpuflow
-fi
-read -r -a builds <<<"$BUILDS"
+builds_to_run
 dir=$(mktemp -d /dev/shm/dpuflow-kv-large.XXXXXX)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$dir"
-}
-trap cleanup EXIT
+trap stop_all EXIT
 
 capacity=${CAPACITY:-64}
 keys=${KEYS:-$((capacity * 1048576 * 2 / value + 1))}

@@ -13,19 +13,9 @@ rounds=${1:-3}
 runs=${2:-24}
 command -v qemu-nbd >/dev/null || { echo "qemu-nbd not found (qemu-utils)" >&2; exit 1; }
 /usr/bin/python3 -c 'import redis' || { echo "python3-redis not found" >&2; exit 1; }
-if [ -z "${BUILDS:-}" ]; then
-    cargo build --release -q
-    BUILDS=$PWD/target/release/dpuflow
-fi
-read -r -a builds <<<"$BUILDS"
+builds_to_run
 dir=$(mktemp -d /dev/shm/dpuflow-kvs.XXXXXX)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$dir"
-}
-trap cleanup EXIT
+trap stop_all EXIT
 
 truncate -s 65M "$dir/disk.img"
 nbd_port=$(free_port)

@@ -29,13 +29,7 @@ else
     bin=$PWD/target/release/dpuflow
 fi
 dir=$(mktemp -d /dev/shm/dpuflow-kv.XXXXXX)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$dir"
-}
-trap cleanup EXIT
+trap stop_all EXIT
 
 capacity=$(( (keys * value * 2 / 1048576 + 64) ))
 truncate -s "${capacity}M" "$dir/export.img"

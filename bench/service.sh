@@ -16,11 +16,7 @@ pipe=${4:-pipelines/vxlan-gateway.pipe}
 port=${5:-host}
 out=${6:-uplink}
 command -v curl >/dev/null || { echo "curl not found" >&2; exit 1; }
-if [ -z "${BUILDS:-}" ]; then
-    cargo build --release -q
-    BUILDS=$PWD/target/release/dpuflow
-fi
-read -r -a builds <<<"$BUILDS"
+builds_to_run
 dir=$(mktemp -d)
 trap 'pkill -f "$dir/traffic.pcap" 2>/dev/null || true; rm -rf "$dir"' EXIT
 "${builds[0]}" bench "$pipe" --port "$port" --flows 4096 --write "$dir/traffic.pcap" >/dev/null
