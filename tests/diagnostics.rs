@@ -51,6 +51,14 @@ fn every_semantic_check_has_a_bad_file() {
         ("undefined-names", "error: undefined meter `dns_limt`"),
         ("undefined-names", "error: undefined service `kvcache`"),
         ("duplicate-names", "error: duplicate port `host`"),
+        (
+            "bad-blocks",
+            "error: `nvme_digest` is none, header, data or both, not `crc`",
+        ),
+        (
+            "bad-blocks",
+            "error: `nvme_digest` applies to nvme-tcp:// targets only",
+        ),
         ("duplicate-names", "error: duplicate rule `a`"),
         ("duplicate-names", "error: duplicate pipe `ingress`"),
         (

@@ -370,10 +370,13 @@ fn hosts_put_and_get_blocks_stored_on_an_nvme_tcp_target() {
     // store was full, the least recently used key made room for the saved index.
     let keys: u64 = kv.cli(&["DBSIZE"]).trim().parse().expect("count");
     assert_eq!(kv.terminate(), 0);
-    let kv = KvService::start(
+    // Restarted with header and data digests: the kernel's target agrees to them and
+    // checks every PDU this side sends, as this side checks the target's.
+    let kv = KvService::start_with(
         &dir,
         &format!("nvme-tcp://127.0.0.1:{port}/nqn.2026-11.io.dpuflow:kv"),
         "32MiB",
+        "nvme_digest both",
     );
     let restored: u64 = kv.cli(&["DBSIZE"]).trim().parse().expect("count");
     assert!(
@@ -381,6 +384,20 @@ fn hosts_put_and_get_blocks_stored_on_an_nvme_tcp_target() {
         "{keys} keys, {restored} restored"
     );
     assert_eq!(kv.cli(&["GET", "survivor"]).trim(), "still here");
+    let block = value(2_500_000, 7);
+    assert_eq!(kv.cli_with(&["-x", "SET", "digested"], &block).trim(), "OK");
+    let back = tool(
+        "redis-cli",
+        &["-p", &kv.port.to_string(), "--raw", "GET", "digested"],
+    );
+    assert!(
+        back.stdout.len() == block.len() + 1 && back.stdout[..block.len()] == block[..],
+        "GET with digests returned other bytes"
+    );
+    assert_eq!(
+        kv.metric("dpuflow_kvcache_storage_errors_total{service=\"kvcache\"}"),
+        0
+    );
     assert_eq!(kv.terminate(), 0);
 }
 

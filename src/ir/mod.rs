@@ -899,6 +899,8 @@ pub struct KvCache {
     pub block_size: u64,
     /// Connections kept to the target: how many reads and writes are in flight at once.
     pub connections: usize,
+    /// CRC32C digests on an NVMe/TCP target's PDUs (`nvme_digest`).
+    pub nvme_digests: NvmeDigests,
     /// The file holding the password clients must give (`AUTH`), if any; read when the
     /// service starts.
     pub password_file: Option<PathBuf>,
@@ -914,6 +916,14 @@ pub struct TlsFiles {
     pub key: PathBuf,
     /// CA certificates a client's certificate must chain to; without, clients present none.
     pub client_ca: Option<PathBuf>,
+}
+
+/// Which NVMe/TCP digests a connection asks for (NVMe/TCP Transport §3.6.1): a CRC32C of
+/// each PDU's header, of each PDU's data.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NvmeDigests {
+    pub header: bool,
+    pub data: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

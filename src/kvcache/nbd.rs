@@ -2,7 +2,7 @@
 //! read and write requests, one at a time per connection.
 //! Spec: the NBD protocol, <https://github.com/NetworkBlockDevice/nbd/blob/master/doc/proto.md>.
 
-use super::storage::{write_both, BlockTarget};
+use super::storage::{write_parts, BlockTarget};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
@@ -270,7 +270,7 @@ impl<S: Write> NbdClient<S> {
         h[8..16].copy_from_slice(&cookie.to_be_bytes());
         h[16..24].copy_from_slice(&offset.to_be_bytes());
         h[24..28].copy_from_slice(&len.to_be_bytes());
-        write_both(&mut self.stream, &h, data)
+        write_parts(&mut self.stream, [&h, data])
     }
 }
 

@@ -8,7 +8,9 @@
 //! Identify, §5.27.1.5 Number of Queues); NVM Command Set 1.0 (§3.2.4 Read, §3.2.6 Write).
 //! All fields are little-endian.
 
-use super::storage::{write_both, BlockTarget};
+use super::storage::{write_parts, BlockTarget};
+use crate::ir::NvmeDigests;
+use crate::wire::sctp::crc32c;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -23,6 +25,10 @@ mod pdu {
     pub const H2C_DATA: u8 = 0x06;
     pub const C2H_DATA: u8 = 0x07;
     pub const R2T: u8 = 0x09;
+    /// Flags of every PDU but ICReq, ICResp and the terminate requests: a header digest
+    /// follows the header; a data digest follows the data.
+    pub const HDGSTF: u8 = 0x01;
+    pub const DDGSTF: u8 = 0x02;
     /// Flags of data PDUs: the last of a transfer; (C2H) no response capsule follows.
     pub const LAST_PDU: u8 = 0x04;
     pub const SUCCESS: u8 = 0x08;
@@ -35,6 +41,13 @@ const CQE_LEN: usize = 16;
 const CMD_HLEN: usize = CH_LEN + SQE_LEN;
 /// The header length of data PDUs and R2T (common header and 16 bytes).
 const DATA_HLEN: usize = 24;
+/// A header or data digest: the CRC32C of what it covers (NVMe/TCP Transport 1.0, "PDU
+/// Header and Data Digests"), sent least significant byte first.
+const DIGEST_LEN: usize = 4;
+
+fn digest(bytes: &[u8]) -> [u8; DIGEST_LEN] {
+    crc32c(bytes).to_le_bytes()
+}
 
 const OPC_FABRICS: u8 = 0x7f;
 const FCTYPE_PROPERTY_SET: u8 = 0x00;
@@ -161,24 +174,29 @@ struct Queue<S = TcpStream> {
     /// Largest H2CData payload the controller takes.
     max_h2c: usize,
     cid: u16,
+    /// The digests this connection's PDUs carry, as ICReq asked and ICResp agreed.
+    digests: NvmeDigests,
 }
 
 impl Queue {
-    /// Connects and exchanges ICReq/ICResp.
-    fn open(addr: SocketAddr) -> io::Result<Queue> {
+    /// Connects and exchanges ICReq/ICResp, asking for `digests`.
+    fn open(addr: SocketAddr, digests: NvmeDigests) -> io::Result<Queue> {
         let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(TIMEOUT))?;
-        Queue::start(stream)
+        Queue::start(stream, digests)
     }
 }
 
 impl<S: Read + Write> Queue<S> {
-    /// Exchanges ICReq/ICResp on `stream`: no digests, data at any offset, one R2T
-    /// outstanding.
-    fn start(mut stream: S) -> io::Result<Queue<S>> {
+    /// Exchanges ICReq/ICResp on `stream`: `digests` (DGST, byte 11: bit 0 header, bit 1
+    /// data), data at any offset, one R2T outstanding. A controller that enables other
+    /// digests than asked for is refused: asked-for integrity is not silently dropped.
+    fn start(mut stream: S, digests: NvmeDigests) -> io::Result<Queue<S>> {
         let mut req = [0u8; 128];
         req[..8].copy_from_slice(&common_header(pdu::IC_REQ, 0, 128, 0, 128));
+        let dgst = u8::from(digests.header) | u8::from(digests.data) << 1;
+        req[11] = dgst;
         stream.write_all(&req)?;
         let mut resp = [0u8; 128];
         stream.read_exact(&mut resp)?;
@@ -186,15 +204,22 @@ impl<S: Read + Write> Queue<S> {
         if resp[0] != pdu::IC_RESP || resp[2] != 128 || plen != 128 {
             return Err(protocol("not an ICResp"));
         }
-        // pfv 0 (version 1.0), cpda 0 (data right after headers), no digests.
-        if resp[8..12] != [0, 0, 0, 0] {
-            return Err(protocol("the controller wants padding or digests"));
+        // pfv 0 (version 1.0), cpda 0 (data right after headers).
+        if resp[8..11] != [0, 0, 0] {
+            return Err(protocol("the controller wants another version or padding"));
+        }
+        if resp[11] != dgst {
+            return Err(protocol(&format!(
+                "digests asked for {dgst:#x} (bit 0 header, bit 1 data), the controller enabled {:#x}",
+                resp[11]
+            )));
         }
         let max_h2c = u32::from_le_bytes([resp[12], resp[13], resp[14], resp[15]]);
         Ok(Queue {
             stream,
             max_h2c: (max_h2c as usize).max(4096),
             cid: 0,
+            digests,
         })
     }
 
@@ -248,22 +273,49 @@ impl<S: Read + Write> Queue<S> {
             Data::Capsule(b) => b,
             _ => &[],
         };
+        let (hd, dd) = self.digest_lens(!capsule.is_empty());
         let pdo = if capsule.is_empty() {
             0
         } else {
-            CMD_HLEN as u8
+            (CMD_HLEN + hd) as u8
         };
-        let plen = (CMD_HLEN + capsule.len()) as u32;
-        let mut head = [0u8; CMD_HLEN];
+        let plen = (CMD_HLEN + hd + capsule.len() + dd) as u32;
+        let mut head = [0u8; CMD_HLEN + DIGEST_LEN];
         head[..CH_LEN].copy_from_slice(&common_header(
             pdu::CAPSULE_CMD,
-            0,
+            digest_flags(hd, dd),
             CMD_HLEN as u8,
             pdo,
             plen,
         ));
-        head[CH_LEN..].copy_from_slice(&sqe.0);
-        write_both(&mut self.stream, &head, capsule)
+        head[CH_LEN..CMD_HLEN].copy_from_slice(&sqe.0);
+        self.send_pdu(&mut head, CMD_HLEN, capsule)
+    }
+
+    /// The header and data digest lengths of a PDU sent or received on this connection,
+    /// the data digest only for one that carries data.
+    fn digest_lens(&self, has_data: bool) -> (usize, usize) {
+        let len = |on: bool| if on { DIGEST_LEN } else { 0 };
+        (len(self.digests.header), len(self.digests.data && has_data))
+    }
+
+    /// Sends a PDU: its header (the first `hlen` bytes of `head`, which has room for the
+    /// header digest after it), then `data`, with the digests this connection carries.
+    fn send_pdu(&mut self, head: &mut [u8], hlen: usize, data: &[u8]) -> io::Result<()> {
+        let (hd, dd) = self.digest_lens(!data.is_empty());
+        if hd > 0 {
+            let d = digest(&head[..hlen]);
+            head[hlen..hlen + hd].copy_from_slice(&d);
+        }
+        let data_digest = if dd > 0 {
+            digest(data)
+        } else {
+            [0; DIGEST_LEN]
+        };
+        write_parts(
+            &mut self.stream,
+            [&head[..hlen + hd], data, &data_digest[..dd]],
+        )
     }
 
     /// Reads one PDU and acts on it for the command it names among `cmds`, sent as CIDs
@@ -276,16 +328,21 @@ impl<S: Read + Write> Queue<S> {
         if hlen < CH_LEN || plen < hlen || (pdo != 0 && (pdo < hlen || pdo > plen)) {
             return Err(protocol("malformed PDU header"));
         }
-        let mut rest = vec![0u8; hlen - CH_LEN];
-        self.stream.read_exact(&mut rest)?;
-        let le16 = |at: usize| u16::from_le_bytes([rest[at - CH_LEN], rest[at - CH_LEN + 1]]);
+        // Terminate requests carry no digest.
+        let hd = match kind {
+            pdu::C2H_TERM_REQ => 0,
+            _ => self.digest_lens(false).0,
+        };
+        let mut header = vec![0u8; hlen + hd];
+        header[..CH_LEN].copy_from_slice(&ch);
+        self.stream.read_exact(&mut header[CH_LEN..])?;
+        if hd > 0 && header[hlen..] != digest(&header[..hlen]) {
+            return Err(protocol("header digest mismatch"));
+        }
+        let le16 = |at: usize| u16::from_le_bytes([header[at], header[at + 1]]);
         let le32 = |at: usize| {
-            u32::from_le_bytes([
-                rest[at - CH_LEN],
-                rest[at - CH_LEN + 1],
-                rest[at - CH_LEN + 2],
-                rest[at - CH_LEN + 3],
-            ]) as usize
+            u32::from_le_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]])
+                as usize
         };
         // The command in flight a CID names.
         let pending = |cmds: &mut [Command<'_>], cid: u16| {
@@ -296,8 +353,8 @@ impl<S: Read + Write> Queue<S> {
             }
         };
         match kind {
-            pdu::CAPSULE_RESP if hlen == CH_LEN + CQE_LEN && plen == hlen => {
-                let cqe = &rest[..CQE_LEN];
+            pdu::CAPSULE_RESP if hlen == CH_LEN + CQE_LEN && plen == hlen + hd => {
+                let cqe = &header[CH_LEN..CH_LEN + CQE_LEN];
                 let i = pending(cmds, u16::from_le_bytes([cqe[12], cqe[13]]))?;
                 let status = u16::from_le_bytes([cqe[14], cqe[15]]) >> 1;
                 if status & 0x7ff != 0 {
@@ -319,12 +376,17 @@ impl<S: Read + Write> Queue<S> {
                 let Data::In(buf) = &mut cmds[i].data else {
                     return Err(protocol("data for a command that reads none"));
                 };
-                let start = if pdo == 0 { hlen } else { pdo };
-                if start + dlen != plen || offset + dlen > buf.len() {
+                let dd = if self.digests.data { DIGEST_LEN } else { 0 };
+                let start = if pdo == 0 { hlen + hd } else { pdo };
+                if start < hlen + hd || start + dlen + dd != plen || offset + dlen > buf.len() {
                     return Err(protocol("C2HData outside its command's buffer"));
                 }
-                skip(&mut self.stream, start - hlen)?;
-                self.stream.read_exact(&mut buf[offset..offset + dlen])?;
+                skip(&mut self.stream, start - hlen - hd)?;
+                let data = &mut buf[offset..offset + dlen];
+                self.stream.read_exact(data)?;
+                if dd > 0 && read_array::<DIGEST_LEN>(&mut self.stream)? != digest(data) {
+                    return Err(protocol("data digest mismatch"));
+                }
                 // SUCCESS on the last PDU: the command completed, no response follows.
                 if flags & pdu::SUCCESS != 0 && flags & pdu::LAST_PDU != 0 {
                     cmds[i].result = Some(0);
@@ -332,7 +394,7 @@ impl<S: Read + Write> Queue<S> {
                 }
                 Ok(false)
             }
-            pdu::R2T if hlen == DATA_HLEN && plen == hlen => {
+            pdu::R2T if hlen == DATA_HLEN && plen == hlen + hd => {
                 let (ttag, offset, rlen) = (le16(10), le32(12), le32(16));
                 let cid = le16(8);
                 let i = pending(cmds, cid)?;
@@ -362,19 +424,20 @@ impl<S: Read + Write> Queue<S> {
         for (i, chunk) in chunks.enumerate() {
             let flags = if i + 1 == n { pdu::LAST_PDU } else { 0 };
             let at = offset + i * self.max_h2c;
-            let mut head = [0u8; DATA_HLEN];
+            let (hd, dd) = self.digest_lens(true);
+            let mut head = [0u8; DATA_HLEN + DIGEST_LEN];
             head[..CH_LEN].copy_from_slice(&common_header(
                 pdu::H2C_DATA,
-                flags,
+                flags | digest_flags(hd, dd),
                 DATA_HLEN as u8,
-                DATA_HLEN as u8,
-                (DATA_HLEN + chunk.len()) as u32,
+                (DATA_HLEN + hd) as u8,
+                (DATA_HLEN + hd + chunk.len() + dd) as u32,
             ));
             head[8..10].copy_from_slice(&cid.to_le_bytes());
             head[10..12].copy_from_slice(&ttag.to_le_bytes());
             head[12..16].copy_from_slice(&(at as u32).to_le_bytes());
             head[16..20].copy_from_slice(&(chunk.len() as u32).to_le_bytes());
-            write_both(&mut self.stream, &head, chunk)?;
+            self.send_pdu(&mut head, DATA_HLEN, chunk)?;
         }
         Ok(())
     }
@@ -414,6 +477,11 @@ impl<S: Read + Write> Queue<S> {
             .u64_at(48, u64::from(value));
         self.command(sqe, Data::None).map(|_| ())
     }
+}
+
+/// The flags that say a PDU carries a header digest (`hd` bytes of it) and a data digest.
+fn digest_flags(hd: usize, dd: usize) -> u8 {
+    (if hd > 0 { pdu::HDGSTF } else { 0 }) | (if dd > 0 { pdu::DDGSTF } else { 0 })
 }
 
 fn common_header(kind: u8, flags: u8, hlen: u8, pdo: u8, plen: u32) -> [u8; CH_LEN] {
@@ -495,9 +563,9 @@ pub struct NvmeTcpClient {
 impl NvmeTcpClient {
     /// Connects to subsystem `nqn` at `addr`: admin queue, controller enabled, namespace 1
     /// identified, one I/O queue.
-    pub fn connect(addr: SocketAddr, nqn: &str) -> io::Result<NvmeTcpClient> {
+    pub fn connect(addr: SocketAddr, nqn: &str, digests: NvmeDigests) -> io::Result<NvmeTcpClient> {
         let host = Host::get();
-        let mut admin = Queue::open(addr)?;
+        let mut admin = Queue::open(addr, digests)?;
         let cntlid = admin.connect(host, nqn, 0, 32, 0xffff)?;
         let cap = admin.property_get(PROP_CAP, true)?;
         let entries = (cap & 0xffff) + 1;
@@ -552,7 +620,7 @@ impl NvmeTcpClient {
                 .cdw(11, 0),
             Data::None,
         )?;
-        let mut io = Queue::open(addr)?;
+        let mut io = Queue::open(addr, digests)?;
         let depth = entries.min(128) as u16;
         io.connect(host, nqn, 1, depth, cntlid)?;
         Ok(NvmeTcpClient {
@@ -707,7 +775,128 @@ mod tests {
     fn queue(script: Vec<u8>) -> Queue<Script> {
         let mut s = ic_resp(4096);
         s.extend_from_slice(&script);
-        Queue::start(Script::new(s)).unwrap()
+        Queue::start(Script::new(s), NvmeDigests::default()).unwrap()
+    }
+
+    const BOTH: NvmeDigests = NvmeDigests {
+        header: true,
+        data: true,
+    };
+
+    /// `pdu` (a header of `hlen` bytes, then data) as it travels with both digests: the
+    /// header digest inserted, the data offset and length moved past it, the data digest
+    /// appended, the flags saying so.
+    fn with_digests(pdu: &[u8]) -> Vec<u8> {
+        let hlen = usize::from(pdu[2]);
+        let (head, data) = pdu.split_at(hlen);
+        let mut head = head.to_vec();
+        let dd = if data.is_empty() { 0 } else { DIGEST_LEN };
+        head[1] |= digest_flags(DIGEST_LEN, dd);
+        if head[3] != 0 {
+            head[3] += DIGEST_LEN as u8;
+        }
+        let plen = (hlen + DIGEST_LEN + data.len() + dd) as u32;
+        head[4..8].copy_from_slice(&plen.to_le_bytes());
+        let mut out = head.clone();
+        out.extend_from_slice(&digest(&head));
+        out.extend_from_slice(data);
+        if dd > 0 {
+            out.extend_from_slice(&digest(data));
+        }
+        out
+    }
+
+    /// A queue that asked for both digests, the controller agreeing, answering `script`.
+    fn digest_queue(script: Vec<u8>) -> Queue<Script> {
+        let mut s = ic_resp(4096);
+        s[11] = 3;
+        s.extend_from_slice(&script);
+        Queue::start(Script::new(s), BOTH).unwrap()
+    }
+
+    #[test]
+    fn with_digests_every_pdu_is_checked_and_sent_checked() {
+        // A read whose data comes in two PDUs, and a write the controller asks data for.
+        let mut s = with_digests(&data_pdu(pdu::C2H_DATA, 0, 1, 0, 0, 4, b"1234"));
+        s.extend(with_digests(&data_pdu(
+            pdu::C2H_DATA,
+            pdu::LAST_PDU,
+            1,
+            0,
+            4,
+            4,
+            b"5678",
+        )));
+        s.extend(with_digests(&capsule_resp(1, 0)));
+        s.extend(with_digests(&data_pdu(pdu::R2T, 0, 2, 5, 0, 6, &[])));
+        s.extend(with_digests(&capsule_resp(2, 0)));
+        let mut q = digest_queue(s);
+        let mut buf = [0u8; 8];
+        q.command(Sqe::new(OPC_READ), Data::In(&mut buf)).unwrap();
+        assert_eq!(&buf, b"12345678");
+        q.command(Sqe::new(OPC_WRITE), Data::Out(b"abcdef"))
+            .unwrap();
+        // ICReq asked for both; every PDU sent carries a header digest that matches, and
+        // the H2CData its data's digest.
+        let sent = &q.stream.from_client;
+        assert_eq!(sent[11], 3);
+        let mut at = 128;
+        let mut kinds = Vec::new();
+        while at < sent.len() {
+            let (kind, flags, hlen) = (sent[at], sent[at + 1], usize::from(sent[at + 2]));
+            let plen = u32::from_le_bytes(sent[at + 4..at + 8].try_into().unwrap()) as usize;
+            let pdu = &sent[at..at + plen];
+            assert_eq!(
+                pdu[hlen..hlen + DIGEST_LEN],
+                digest(&pdu[..hlen]),
+                "header digest"
+            );
+            assert_ne!(flags & pdu::HDGSTF, 0);
+            if kind == pdu::H2C_DATA {
+                assert_eq!(flags & pdu::DDGSTF, pdu::DDGSTF);
+                assert_eq!(
+                    usize::from(pdu[3]),
+                    hlen + DIGEST_LEN,
+                    "data after the digest"
+                );
+                let data = &pdu[hlen + DIGEST_LEN..plen - DIGEST_LEN];
+                assert_eq!(data, b"abcdef");
+                assert_eq!(pdu[plen - DIGEST_LEN..], digest(data));
+            }
+            kinds.push(kind);
+            at += plen;
+        }
+        assert_eq!(kinds, [pdu::CAPSULE_CMD, pdu::CAPSULE_CMD, pdu::H2C_DATA]);
+    }
+
+    #[test]
+    fn a_wrong_digest_or_an_unagreed_one_is_an_error() {
+        let mut bad = with_digests(&capsule_resp(1, 0));
+        bad[CH_LEN + CQE_LEN] ^= 1;
+        let e = digest_queue(bad)
+            .command(Sqe::new(OPC_FLUSH), Data::None)
+            .unwrap_err();
+        assert!(e.to_string().contains("header digest"), "{e}");
+        let mut bad = with_digests(&data_pdu(
+            pdu::C2H_DATA,
+            pdu::LAST_PDU | pdu::SUCCESS,
+            1,
+            0,
+            0,
+            4,
+            b"1234",
+        ));
+        let n = bad.len();
+        bad[n - DIGEST_LEN - 1] ^= 1; // a data byte
+        let e = digest_queue(bad)
+            .command(Sqe::new(OPC_READ), Data::In(&mut [0; 4]))
+            .unwrap_err();
+        assert!(e.to_string().contains("data digest"), "{e}");
+        // The controller enables only the header digest of the two asked for.
+        let mut s = ic_resp(4096);
+        s[11] = 1;
+        let e = Queue::start(Script::new(s), BOTH).unwrap_err();
+        assert!(e.to_string().contains("digests asked for 0x3"), "{e}");
     }
 
     #[test]

@@ -381,8 +381,7 @@ impl KvService {
             }
             None => None,
         };
-        let pool = Pool::connect(&config.target, config.capacity, config.connections)
-            .map_err(target_err)?;
+        let pool = Pool::connect(config).map_err(target_err)?;
         let align = pool.alignment();
         if config.block_size % align != 0 {
             return Err(target_err(TargetError::Misaligned {
@@ -1452,6 +1451,7 @@ mod tests {
             capacity,
             block_size: block,
             connections: 2,
+            nvme_digests: Default::default(),
             password_file: None,
             tls: None,
         };
@@ -1470,6 +1470,7 @@ mod tests {
             capacity: 1 << 20,
             block_size: 4096,
             connections: 1,
+            nvme_digests: Default::default(),
             password_file: Some(secret.clone()),
             tls: None,
         };

@@ -4,7 +4,7 @@
 
 use super::nbd::{self, NbdClient};
 use super::nvme_tcp::NvmeTcpClient;
-use crate::ir::StorageTarget;
+use crate::ir::{KvCache, NvmeDigests, StorageTarget};
 use std::fs::{File, OpenOptions};
 use std::io::{self, IoSlice, Write};
 use std::os::unix::fs::FileExt;
@@ -81,7 +81,11 @@ pub fn describe(target: &StorageTarget) -> String {
 
 /// Opens one connection to `target`. A local file that does not exist is created, sparse,
 /// `capacity` bytes long; a device or NBD export must already hold `capacity` bytes.
-pub fn connect(target: &StorageTarget, capacity: u64) -> Result<Box<dyn BlockTarget>, TargetError> {
+pub fn connect(
+    target: &StorageTarget,
+    capacity: u64,
+    digests: NvmeDigests,
+) -> Result<Box<dyn BlockTarget>, TargetError> {
     let name = describe(target);
     let t: Box<dyn BlockTarget> = match target {
         StorageTarget::Local { path } => Box::new(LocalTarget::open(path, capacity).map_err(
@@ -97,7 +101,7 @@ pub fn connect(target: &StorageTarget, capacity: u64) -> Result<Box<dyn BlockTar
             })?,
         ),
         StorageTarget::NvmeTcp { addr, nqn } => Box::new(
-            NvmeTcpClient::connect(*addr, nqn).map_err(|source| TargetError::Open {
+            NvmeTcpClient::connect(*addr, nqn, digests).map_err(|source| TargetError::Open {
                 target: name.clone(),
                 source,
             })?,
@@ -158,21 +162,22 @@ impl BlockTarget for LocalTarget {
     }
 }
 
-/// Writes `head` then `body` as one stream, in as few system calls as the kernel takes
-/// (one, usually): a request header and its data leave together rather than as two
-/// segments.
-pub fn write_both(w: &mut impl Write, head: &[u8], body: &[u8]) -> io::Result<()> {
-    let (mut head, mut body) = (head, body);
-    while !head.is_empty() {
-        let n = w.write_vectored(&[IoSlice::new(head), IoSlice::new(body)])?;
+/// Writes `parts` one after another as one stream, in as few system calls as the kernel
+/// takes (one, usually): a request's header, data and digest leave together rather than
+/// as separate segments.
+pub fn write_parts<const N: usize>(w: &mut impl Write, mut parts: [&[u8]; N]) -> io::Result<()> {
+    while parts.iter().any(|p| !p.is_empty()) {
+        let mut n = w.write_vectored(&parts.map(IoSlice::new))?;
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
-        let from_head = n.min(head.len());
-        head = &head[from_head..];
-        body = &body[n - from_head..];
+        for p in &mut parts {
+            let taken = n.min(p.len());
+            *p = &p[taken..];
+            n -= taken;
+        }
     }
-    w.write_all(body)
+    Ok(())
 }
 
 /// A few connections to one target, each used by one request at a time. A connection
@@ -183,6 +188,7 @@ pub struct Pool {
     returned: Condvar,
     target: StorageTarget,
     capacity: u64,
+    digests: NvmeDigests,
 }
 
 impl std::fmt::Debug for Pool {
@@ -194,21 +200,19 @@ impl std::fmt::Debug for Pool {
 }
 
 impl Pool {
-    /// `connections` connections to `target`, all made now: a target that cannot be
-    /// reached fails the service's start.
-    pub fn connect(
-        target: &StorageTarget,
-        capacity: u64,
-        connections: usize,
-    ) -> Result<Pool, TargetError> {
-        let conns = (0..connections.max(1))
-            .map(|_| connect(target, capacity).map(Some))
+    /// The service's `connections` connections to its target, all made now: a target that
+    /// cannot be reached fails the service's start.
+    pub fn connect(config: &KvCache) -> Result<Pool, TargetError> {
+        let (target, capacity, digests) = (&config.target, config.capacity, config.nvme_digests);
+        let conns = (0..config.connections.max(1))
+            .map(|_| connect(target, capacity, digests).map(Some))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Pool {
             idle: Mutex::new(conns),
             returned: Condvar::new(),
             target: target.clone(),
             capacity,
+            digests,
         })
     }
 
@@ -231,7 +235,8 @@ impl Pool {
             if slot.as_mut().is_some_and(|c| c.flush().is_ok()) {
                 continue;
             }
-            let mut fresh = connect(&self.target, self.capacity).map_err(io::Error::other)?;
+            let mut fresh =
+                connect(&self.target, self.capacity, self.digests).map_err(io::Error::other)?;
             fresh.flush()?;
             *slot = Some(fresh);
         }
@@ -255,7 +260,7 @@ impl Pool {
         drop(idle);
         let mut conn = match slot {
             Some(c) => Some(c),
-            None => connect(&self.target, self.capacity)
+            None => connect(&self.target, self.capacity, self.digests)
                 .map_err(|e| tracing::debug!(error = %e, "storage target still unreachable"))
                 .ok(),
         };
@@ -306,10 +311,10 @@ mod tests {
     #[test]
     fn header_and_data_arrive_whole_and_in_order() {
         let mut w = Trickle(Vec::new());
-        write_both(&mut w, b"head", b"and the body").unwrap();
-        assert_eq!(w.0, b"headand the body");
+        write_parts(&mut w, [&b"head"[..], b"and the body", b"!"]).unwrap();
+        assert_eq!(w.0, b"headand the body!");
         let mut w = Trickle(Vec::new());
-        write_both(&mut w, b"", b"body").unwrap();
+        write_parts(&mut w, [&b""[..], b"body"]).unwrap();
         assert_eq!(w.0, b"body");
     }
 
@@ -318,7 +323,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("dpuflow-local-{}", std::process::id()));
         let _ = std::fs::remove_file(&dir);
         let target = StorageTarget::Local { path: dir.clone() };
-        let mut t = connect(&target, 1 << 20).unwrap();
+        let mut t = connect(&target, 1 << 20, NvmeDigests::default()).unwrap();
         assert_eq!(t.size(), 1 << 20);
         t.write_at(4096, b"block").unwrap();
         let mut back = [0u8; 5];
@@ -327,7 +332,7 @@ mod tests {
         assert!(t.read_at(1 << 20, &mut back).is_err());
         drop(t);
         assert!(matches!(
-            connect(&target, 2 << 20),
+            connect(&target, 2 << 20, NvmeDigests::default()),
             Err(TargetError::TooSmall { size, .. }) if size == 1 << 20
         ));
         std::fs::remove_file(&dir).unwrap();

@@ -542,6 +542,7 @@ impl Lowerer<'_> {
         let mut capacity = None;
         let mut block_size = 65536;
         let mut connections = 8;
+        let mut nvme_digests = NvmeDigests::default();
         let mut password_file = None;
         let (mut tls_cert, mut tls_key, mut tls_client_ca) = (None, None, None);
         let mut ok = true;
@@ -594,6 +595,25 @@ impl Lowerer<'_> {
                     }
                     None => ok = false,
                 },
+                "nvme_digest" => {
+                    let (header, data) = match w.as_str() {
+                        "none" => (false, false),
+                        "header" => (true, false),
+                        "data" => (false, true),
+                        "both" => (true, true),
+                        other => {
+                            self.err(
+                                w.span,
+                                format!(
+                                    "`nvme_digest` is none, header, data or both, not `{other}`"
+                                ),
+                            );
+                            ok = false;
+                            (false, false)
+                        }
+                    };
+                    nvme_digests = NvmeDigests { header, data };
+                }
                 "password_file" => password_file = Some(PathBuf::from(w.as_str())),
                 "tls_cert" => tls_cert = Some(PathBuf::from(w.as_str())),
                 "tls_key" => tls_key = Some(PathBuf::from(w.as_str())),
@@ -645,6 +665,14 @@ impl Lowerer<'_> {
             }
         };
         let (listen, target, capacity) = (listen?, target?, capacity?);
+        if nvme_digests != NvmeDigests::default()
+            && !matches!(target, StorageTarget::NvmeTcp { .. })
+        {
+            let at = opt_value(&b.options, "nvme_digest").map_or(b.name.span, |o| o.values[0].span);
+            self.err(at, "`nvme_digest` applies to nvme-tcp:// targets only")
+                .hint = Some("NBD and local targets have no digests; remove the option".into());
+            ok = false;
+        }
         ok.then(|| Service {
             name: b.name.text.to_string(),
             kind: ServiceKind::KvCache(KvCache {
@@ -653,6 +681,7 @@ impl Lowerer<'_> {
                 capacity,
                 block_size,
                 connections,
+                nvme_digests,
                 password_file,
                 tls,
             }),
