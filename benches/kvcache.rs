@@ -1,8 +1,9 @@
 //! The KV-cache service's own work per request, without sockets or storage: parsing
 //! requests (a pipelined burst of GETs; a SET carrying a 64 KiB value, whose bytes the
 //! parser must not walk), and the index at a million keys (a GET's lookup; a SET's
-//! allocation and insert in a full store, evicting the least recently used). Run with
-//! `cargo bench --bench kvcache`.
+//! allocation and insert in a full store, evicting the least recently used), and the
+//! NVMe/TCP data digest of a MiB (`nvme_digest data`). Run with `cargo bench --bench
+//! kvcache`.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use dpuflow::kvcache::index::Index;
@@ -71,5 +72,15 @@ fn index(c: &mut Criterion) {
     );
 }
 
-criterion_group!(benches, parsing, index);
+/// What `nvme_digest data` adds for each MiB moved: its CRC32C, once by each side.
+fn digest(c: &mut Criterion) {
+    let mib: Vec<u8> = (0..1 << 20)
+        .map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    c.bench_function("NVMe/TCP data digest (CRC32C) of 1 MiB", |b| {
+        b.iter(|| dpuflow::wire::sctp::crc32c(black_box(&mib)))
+    });
+}
+
+criterion_group!(benches, parsing, index, digest);
 criterion_main!(benches);

@@ -6,36 +6,9 @@
 pub const CHECKSUM_AT: usize = 8;
 pub const HEADER_LEN: usize = 12;
 
-/// CRC32c's reflected polynomial (Castagnoli).
-const POLY: u32 = 0x82f6_3b78;
-
-/// The 256 remainders of a byte, for a table-driven CRC.
-const TABLE: [u32; 256] = {
-    let mut t = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut bit = 0;
-        while bit < 8 {
-            c = if c & 1 != 0 { (c >> 1) ^ POLY } else { c >> 1 };
-            bit += 1;
-        }
-        t[i] = c;
-        i += 1;
-    }
-    t
-};
-
-/// The running CRC `c` continued over `data` (begun at all ones and complemented at the
-/// end, as RFC 9260 Appendix A).
-fn update(c: u32, data: &[u8]) -> u32 {
-    data.iter()
-        .fold(c, |c, &b| TABLE[usize::from((c as u8) ^ b)] ^ (c >> 8))
-}
-
 /// The CRC32c of `data` (RFC 9260 Appendix A; also the KV cache's on-disk checksum).
 pub fn crc32c(data: &[u8]) -> u32 {
-    !update(!0, data)
+    crc32c::crc32c(data)
 }
 
 /// The checksum field's bytes for `packet` (common header and chunks), computed with the
@@ -43,8 +16,8 @@ pub fn crc32c(data: &[u8]) -> u32 {
 /// `None` for a packet shorter than the common header.
 pub fn checksum(packet: &[u8]) -> Option<[u8; 4]> {
     let chunks = packet.get(HEADER_LEN..)?;
-    let c = update(update(!0, &packet[..CHECKSUM_AT]), &[0; 4]);
-    Some((!update(c, chunks)).to_le_bytes())
+    let header = crc32c::crc32c_append(crc32c(&packet[..CHECKSUM_AT]), &[0; 4]);
+    Some(crc32c::crc32c_append(header, chunks).to_le_bytes())
 }
 
 #[cfg(test)]
