@@ -167,6 +167,20 @@ fn protocol(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, format!("NVMe/TCP: {what}"))
 }
 
+/// A read that found the connection closed, said as such: a controller ends a queue it
+/// finds in error (a digest that does not match, a PDU it refuses) by closing it, and
+/// logs why on its side.
+fn closed(e: io::Error) -> io::Error {
+    if e.kind() == io::ErrorKind::UnexpectedEof {
+        io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "NVMe/TCP: the controller closed the connection (its log says why)",
+        )
+    } else {
+        e
+    }
+}
+
 /// One queue: a connection (TCP, or a test's script) in the state after ICReq/ICResp.
 #[derive(Debug)]
 struct Queue<S = TcpStream> {
@@ -199,7 +213,7 @@ impl<S: Read + Write> Queue<S> {
         req[11] = dgst;
         stream.write_all(&req)?;
         let mut resp = [0u8; 128];
-        stream.read_exact(&mut resp)?;
+        stream.read_exact(&mut resp).map_err(closed)?;
         let plen = u32::from_le_bytes([resp[4], resp[5], resp[6], resp[7]]);
         if resp[0] != pdu::IC_RESP || resp[2] != 128 || plen != 128 {
             return Err(protocol("not an ICResp"));
@@ -322,7 +336,7 @@ impl<S: Read + Write> Queue<S> {
     /// from `base` on: data into a read's buffer, a write's data sent for an R2T, a
     /// completion noted. Whether it completed a command.
     fn receive(&mut self, cmds: &mut [Command<'_>], base: u16) -> io::Result<bool> {
-        let ch: [u8; CH_LEN] = read_array(&mut self.stream)?;
+        let ch: [u8; CH_LEN] = read_array(&mut self.stream).map_err(closed)?;
         let (kind, flags, hlen, pdo) = (ch[0], ch[1], usize::from(ch[2]), usize::from(ch[3]));
         let plen = u32::from_le_bytes([ch[4], ch[5], ch[6], ch[7]]) as usize;
         if hlen < CH_LEN || plen < hlen || (pdo != 0 && (pdo < hlen || pdo > plen)) {
@@ -1040,6 +1054,14 @@ mod tests {
         assert!(
             q.command(Sqe::new(OPC_READ), Data::None).is_err(),
             "another command's"
+        );
+        // No answer at all: the controller closed the queue.
+        let e = queue(Vec::new())
+            .command(Sqe::new(OPC_READ), Data::None)
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("controller closed the connection"),
+            "{e}"
         );
     }
 
