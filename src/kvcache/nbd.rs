@@ -1,5 +1,5 @@
 //! An NBD initiator (client): the fixed newstyle handshake with `NBD_OPT_GO`, then simple
-//! read and write requests, one at a time per connection.
+//! read and write requests, a value's requests in flight together on a connection.
 //! Spec: the NBD protocol, <https://github.com/NetworkBlockDevice/nbd/blob/master/doc/proto.md>.
 
 use super::storage::{write_parts, BlockTarget};
