@@ -1066,9 +1066,9 @@ mod tests {
     }
 
     proptest! {
-        /// Whatever PDUs a controller answers with, framed or not, two commands in flight
-        /// end in completions or an error, never a panic, and never write past their
-        /// buffers.
+        /// Whatever PDUs a controller answers with, framed or not, with digests or
+        /// without, two commands in flight end in completions or an error, never a panic,
+        /// and never write past their buffers.
         #[test]
         fn any_controller_reply_is_survived(
             pdus in proptest::collection::vec(
@@ -1088,21 +1088,23 @@ mod tests {
             ),
             noise in proptest::collection::vec(any::<u8>(), 0..40),
             write in any::<bool>(),
+            digests in any::<bool>(),
         ) {
             let mut s = Vec::new();
             for (kind, flags, cid, offset, len, data) in &pdus {
-                if *kind == pdu::CAPSULE_RESP {
-                    s.extend(capsule_resp(*cid, u16::from(*flags & 1)));
+                let pdu = if *kind == pdu::CAPSULE_RESP {
+                    capsule_resp(*cid, u16::from(*flags & 1))
                 } else {
-                    s.extend(data_pdu(*kind, *flags, *cid, 0, *offset, *len, data));
-                }
+                    data_pdu(*kind, *flags, *cid, 0, *offset, *len, data)
+                };
+                s.extend(if digests { with_digests(&pdu) } else { pdu });
             }
             for (header, rest) in &raw {
                 s.extend_from_slice(header);
                 s.extend_from_slice(rest);
             }
             s.extend_from_slice(&noise);
-            let mut q = queue(s);
+            let mut q = if digests { digest_queue(s) } else { queue(s) };
             let (mut a, mut b) = ([0u8; 16], [0u8; 8]);
             let mut cmds = if write {
                 [
