@@ -254,11 +254,9 @@ print("ok")
     };
     let (reads, writes) = (storage("read"), storage("write"));
     assert!(writes >= requests, "{writes} writes");
-    assert_eq!(
-        reads,
-        kv.metric("dpuflow_kvcache_hits_total{service=\"kvcache\"}"),
-        "a read for every hit"
-    );
+    // A read for each GET that hit; one for all the values an MGET found.
+    let hits = kv.metric("dpuflow_kvcache_hits_total{service=\"kvcache\"}");
+    assert!(reads > 0 && reads < hits, "{reads} reads for {hits} hits");
     assert!(
         kv.metric("dpuflow_kvcache_connection_wait_seconds_count{service=\"kvcache\"}")
             >= reads + writes

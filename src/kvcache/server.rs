@@ -676,10 +676,12 @@ impl KvService {
             }
             "getex" => self.getex(args, out),
             "mget" if !args.is_empty() => {
+                let values: Vec<_> = {
+                    let mut ix = self.lock();
+                    args.iter().map(|key| ix.get(key)).collect()
+                };
                 reply::array(out, args.len());
-                for key in args {
-                    self.get(key, out);
-                }
+                self.reply_values(&values, out);
             }
             "mset" if !args.is_empty() && args.len() % 2 == 0 => {
                 let failed = args
@@ -1139,39 +1141,90 @@ impl KvService {
     /// A value as a bulk string, read from the target straight into `out`; the null bulk
     /// string for none.
     fn reply_value(&self, extents: Option<Arc<Extents>>, out: &mut Vec<u8>) {
-        let Some(extents) = extents else {
-            self.counters.misses.fetch_add(1, Relaxed);
-            reply::null(out);
-            return;
-        };
-        self.counters.hits.fetch_add(1, Relaxed);
+        self.reply_values(&[extents], out);
+    }
+
+    /// Values as bulk strings one after another (the null bulk string for none), read
+    /// from the target straight into `out` in one run of requests on one connection, so
+    /// an `MGET` waits about one round trip rather than one a value. A value whose length
+    /// is not whole units of the target's alignment has its last unit read aside and
+    /// copied in. If the read fails, each value held answers the error.
+    fn reply_values(&self, values: &[Option<Arc<Extents>>], out: &mut Vec<u8>) {
         let before = out.len();
-        let len = extents.len() as usize;
-        reply::bulk_header(out, len);
-        let start = out.len();
-        let padded = len.next_multiple_of(self.align as usize);
-        out.resize(start + padded, 0);
-        let bs = self.config.block_size;
-        let mut pieces = Vec::new();
-        let mut rest = &mut out[start..];
-        for (first, n) in extents.runs() {
-            let run = ((n * bs) as usize).min(rest.len());
-            let (piece, after) = rest.split_at_mut(run);
-            pieces.push((first * bs, piece));
-            rest = after;
+        // Where each value held goes in `out`.
+        let mut held = Vec::new();
+        for v in values {
+            match v {
+                None => reply::null(out),
+                Some(extents) => {
+                    let len = extents.len() as usize;
+                    reply::bulk_header(out, len);
+                    held.push((out.len(), extents));
+                    out.resize(out.len() + len, 0);
+                    out.extend_from_slice(b"\r\n");
+                }
+            }
         }
-        let read = self.with_target(READ, |t| t.read_many(&mut pieces));
+        self.counters.hits.fetch_add(held.len() as u64, Relaxed);
+        let missed = values.len() - held.len();
+        self.counters.misses.fetch_add(missed as u64, Relaxed);
+        if held.is_empty() {
+            return;
+        }
+        let (bs, align) = (self.config.block_size, self.align as usize);
+        let partial = |len: u64| len as usize % align != 0;
+        let mut tails: Vec<Vec<u8>> = held
+            .iter()
+            .filter(|(_, e)| partial(e.len()))
+            .map(|_| vec![0u8; align])
+            .collect();
+        // Where each tail's bytes go in `out`: (position, tail, bytes).
+        let mut copies = Vec::new();
+        let read = {
+            let mut pieces = Vec::new();
+            let mut tail_bufs = tails.iter_mut().enumerate();
+            let (mut rest, mut at) = (&mut out[..], 0usize);
+            for &(start, extents) in &held {
+                let (_, from) = std::mem::take(&mut rest).split_at_mut(start - at);
+                let (mut value, after) = from.split_at_mut(extents.len() as usize);
+                (rest, at) = (after, start + value.len());
+                let mut pos = start;
+                for (first, n) in extents.runs() {
+                    let run = ((n * bs) as usize).min(value.len());
+                    let (piece, after) = std::mem::take(&mut value).split_at_mut(run);
+                    value = after;
+                    let whole = run - run % align;
+                    if whole > 0 {
+                        pieces.push((first * bs, &mut piece[..whole]));
+                    }
+                    if whole < run {
+                        let (i, tail) = tail_bufs.next().expect("a tail for each partial value");
+                        pieces.push((first * bs + whole as u64, &mut tail[..]));
+                        copies.push((pos + whole, i, run - whole));
+                    }
+                    pos += run;
+                }
+            }
+            self.with_target(READ, |t| t.read_many(&mut pieces))
+        };
         match read {
             Ok(()) => {
-                out.truncate(start + len);
-                out.extend_from_slice(b"\r\n");
-                self.counters.read_bytes.fetch_add(len as u64, Relaxed);
+                for (at, i, n) in copies {
+                    out[at..at + n].copy_from_slice(&tails[i][..n]);
+                }
+                let bytes: u64 = held.iter().map(|(_, e)| e.len()).sum();
+                self.counters.read_bytes.fetch_add(bytes, Relaxed);
             }
             Err(e) => {
                 out.truncate(before);
                 self.counters.storage_errors.fetch_add(1, Relaxed);
                 tracing::warn!(service = %self.name, error = %e, "kvcache read failed");
-                reply::error(out, &format!("ERR storage read failed: {e}"));
+                for v in values {
+                    match v {
+                        None => reply::null(out),
+                        Some(_) => reply::error(out, &format!("ERR storage read failed: {e}")),
+                    }
+                }
             }
         }
     }
