@@ -3,7 +3,8 @@
 # service stores on an NBD export (qemu-nbd over loopback, one target connection);
 # redis-py fills the store with 64 KiB values, deletes every other one, then sets a value
 # of RUNS blocks, which lands in RUNS separate blocks (a request to the target for each),
-# and times GET and SET of it, and an MGET of the RUNS 64 KiB values left (medians of 20).
+# and times GET and SET of it, an MGET of the RUNS 64 KiB values left, and the same GETs
+# sent as one redis-py pipeline (medians of 20).
 # Each build named runs in turn, ROUNDS times; prints each build's median milliseconds.
 # Needs qemu-nbd and python3-redis.
 # Usage: [BUILDS="BIN …"] bench/kv-scattered.sh [ROUNDS] [RUNS]
@@ -30,13 +31,13 @@ port fabric { driver pcap }
 service kvcache { listen 127.0.0.1:$kv_port  target "nbd://127.0.0.1:$nbd_port/kv"  capacity 64MiB  block_size 64KiB  connections 1 }
 pipe p root from fabric { default { actions to kvcache } }
 PIPE
-declare -A gets sets mgets
+declare -A gets sets mgets pipes
 for round in $(seq "$rounds"); do
     for i in "${!builds[@]}"; do
         "${builds[$i]}" run "$dir/kv.pipe" --metrics 127.0.0.1:0 >/dev/null 2>&1 &
         pid=$!
         wait_port "$kv_port"
-        read -r get set mget < <(/usr/bin/python3 - "$runs" "$kv_port" <<'PY'
+        read -r get set mget piped < <(/usr/bin/python3 - "$runs" "$kv_port" <<'PY'
 import os, statistics, sys, time, redis
 runs = int(sys.argv[1])
 r = redis.Redis(host="127.0.0.1", port=int(sys.argv[2]))
@@ -56,17 +57,24 @@ def ms(f):
 # Each SET puts the value back over the blocks it frees, so it stays scattered.
 left = [f"s{k}" for k in range(1, 2 * runs, 2)]
 assert r.mget(left) == [small] * runs
-print(f'{ms(lambda: r.get("big")):.2f} {ms(lambda: r.set("big", big)):.2f} {ms(lambda: r.mget(left)):.2f}')
+def pipelined():
+    p = r.pipeline(transaction=False)
+    for k in left:
+        p.get(k)
+    return p.execute()
+assert pipelined() == [small] * runs
+print(f'{ms(lambda: r.get("big")):.2f} {ms(lambda: r.set("big", big)):.2f} {ms(lambda: r.mget(left)):.2f} {ms(pipelined):.2f}')
 PY
         )
         kill "$pid"
         wait "$pid" 2>/dev/null || true
-        echo "round $round, build $i (${builds[$i]}): GET $get ms, SET $set ms, MGET $mget ms"
+        echo "round $round, build $i (${builds[$i]}): GET $get ms, SET $set ms, MGET $mget ms, pipelined GETs $piped ms"
         gets[$i]="${gets[$i]:-} $get"
         sets[$i]="${sets[$i]:-} $set"
         mgets[$i]="${mgets[$i]:-} $mget"
+        pipes[$i]="${pipes[$i]:-} $piped"
     done
 done
 for i in "${!builds[@]}"; do
-    echo "build $i (${builds[$i]}): median GET $(echo "${gets[$i]}" | median) ms, SET $(echo "${sets[$i]}" | median) ms ($runs scattered blocks), MGET $(echo "${mgets[$i]}" | median) ms ($runs values)"
+    echo "build $i (${builds[$i]}): median GET $(echo "${gets[$i]}" | median) ms, SET $(echo "${sets[$i]}" | median) ms ($runs scattered blocks), MGET $(echo "${mgets[$i]}" | median) ms, pipelined GETs $(echo "${pipes[$i]}" | median) ms ($runs values)"
 done

@@ -252,6 +252,14 @@ fn option_deadline(
         .ok_or_else(|| format!("ERR invalid expire time in '{command}' command"))
 }
 
+/// The key of a `GET key` request.
+fn get_of<'a>(words: &[&'a [u8]]) -> Option<&'a [u8]> {
+    match words {
+        [name, key] if name.eq_ignore_ascii_case(b"get") => Some(key),
+        _ => None,
+    }
+}
+
 /// The commands whose durations are kept, in [`KvCounters::durations`].
 pub const TIMED: [&str; 2] = ["get", "set"];
 
@@ -571,6 +579,27 @@ impl KvService {
                     Ok(Some(n)) => {
                         let req = &buf[start..start + n];
                         let words: Vec<&[u8]> = args.iter().map(|r| &req[r.clone()]).collect();
+                        if authed && get_of(&words).is_some() {
+                            // GETs the client pipelined, as many as are here in a row, are
+                            // read from the target together, as an MGET's values are.
+                            let mut keys = vec![words[1]];
+                            let mut end = start + n;
+                            while let Ok(Some(m)) =
+                                resp::parse(&buf[end..filled], &mut args, self.max_bulk())
+                            {
+                                let req = &buf[end..end + m];
+                                let next: Vec<&[u8]> =
+                                    args.iter().map(|r| &req[r.clone()]).collect();
+                                let Some(key) = get_of(&next) else {
+                                    break;
+                                };
+                                keys.push(key);
+                                end += m;
+                            }
+                            self.gets(&keys, &mut out);
+                            start = end;
+                            continue;
+                        }
                         quit = if authed {
                             self.execute(&words, &mut out)
                         } else {
@@ -1078,6 +1107,26 @@ impl KvService {
     fn get(&self, key: &[u8], out: &mut Vec<u8>) {
         let extents = self.lock().get(key);
         self.reply_value(extents, out);
+    }
+
+    /// `GET` of each of `keys`, their replies one after another, the values read from the
+    /// target in one run (see [`KvService::reply_values`]); each counted and timed as a
+    /// `GET`.
+    fn gets(&self, keys: &[&[u8]], out: &mut Vec<u8>) {
+        let since = Instant::now();
+        let values: Vec<_> = {
+            let mut ix = self.lock();
+            keys.iter().map(|key| ix.get(key)).collect()
+        };
+        self.reply_values(&values, out);
+        let get = TIMED
+            .iter()
+            .position(|c| *c == "get")
+            .expect("GET is timed");
+        for _ in keys {
+            self.count("get");
+            self.counters.durations[get].observe(since.elapsed());
+        }
     }
 
     /// `GETDEL key`: the value, and the key gone, at once (the blocks stay readable to
@@ -1855,6 +1904,19 @@ mod tests {
         let mut back = Vec::new();
         c.read_to_end(&mut back).unwrap();
         assert_eq!(back, b"+OK\r\n$2\r\nhi\r\n+PONG\r\n+OK\r\n");
+        // GETs in a row are answered together, each in its place among the others.
+        let mut c = TcpStream::connect(svc.listen).unwrap();
+        c.write_all(
+            b"GET k\r\nget nope\r\n*2\r\n$3\r\nGeT\r\n$1\r\nk\r\nGET\r\nPING\r\nGET k\r\nQUIT\r\n",
+        )
+        .unwrap();
+        let mut back = Vec::new();
+        c.read_to_end(&mut back).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&back),
+            "$2\r\nhi\r\n$-1\r\n$2\r\nhi\r\n-ERR wrong number of arguments for 'get' command\r\n\
+             +PONG\r\n$2\r\nhi\r\n+OK\r\n"
+        );
         let mut c = TcpStream::connect(svc.listen).unwrap();
         c.write_all(b"*1\r\n:1\r\n").unwrap();
         let mut back = Vec::new();
