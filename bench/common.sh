@@ -17,6 +17,17 @@ wait_port() {
 # middle ones for an even count.
 median() { tr -s ' \t' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
 
+# The build to run, into `bin`: DPUFLOW=BIN (another build, to compare two), or this
+# tree's release build.
+dpuflow_bin() {
+    if [ -n "${DPUFLOW:-}" ]; then
+        bin=$(realpath "$DPUFLOW")
+    else
+        cargo build --release -q
+        bin=$PWD/target/release/dpuflow
+    fi
+}
+
 # The builds to compare: BUILDS ("BIN …"), or this tree's release build; into `builds`.
 builds_to_run() {
     if [ -z "${BUILDS:-}" ]; then

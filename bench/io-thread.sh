@@ -18,12 +18,7 @@ repeats=${4:-50}
 for t in valgrind curl; do
     command -v $t >/dev/null || { echo "$t not found" >&2; exit 1; }
 done
-if [ -n "${DPUFLOW:-}" ]; then
-    bin=$(realpath "$DPUFLOW")
-else
-    cargo build --release -q
-    bin=$PWD/target/release/dpuflow
-fi
+dpuflow_bin
 dir=$(mktemp -d)
 trap 'pkill -f "$dir/" 2>/dev/null || true; rm -rf "$dir"' EXIT
 "$bin" bench "$pipe" --port "$port" --flows 4096 --write "$dir/flows.pcap" >/dev/null

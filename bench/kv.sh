@@ -21,13 +21,7 @@ keys=${5:-2000}
 for t in redis-server redis-benchmark qemu-nbd; do
     command -v "$t" >/dev/null || { echo "$t not found (redis-server, redis-tools, qemu-utils)" >&2; exit 1; }
 done
-# DPUFLOW=BIN runs another build (to compare two).
-if [ -n "${DPUFLOW:-}" ]; then
-    bin=$(realpath "$DPUFLOW")
-else
-    cargo build --release -q
-    bin=$PWD/target/release/dpuflow
-fi
+dpuflow_bin
 dir=$(mktemp -d /dev/shm/dpuflow-kv.XXXXXX)
 trap stop_all EXIT
 

@@ -74,6 +74,14 @@ impl KvService {
         }
     }
 
+    /// redis-cli's `--raw` output of `GET key`: the value's bytes and a newline.
+    fn get_raw(&self, key: &str) -> std::process::Output {
+        tool(
+            "redis-cli",
+            &["-p", &self.port.to_string(), "--raw", "GET", key],
+        )
+    }
+
     fn cli(&self, args: &[&str]) -> String {
         let port = self.port.to_string();
         let mut all = vec!["-p", &port];
@@ -151,10 +159,7 @@ fn redis_py_ok(script: &str, what: &str) {
 fn hosts_put_and_get(kv: &KvService, image: &str, requests: &str) {
     let block = value(2_500_000, 1);
     assert_eq!(kv.cli_with(&["-x", "SET", "layer0"], &block).trim(), "OK");
-    let back = tool(
-        "redis-cli",
-        &["-p", &kv.port.to_string(), "--raw", "GET", "layer0"],
-    );
+    let back = kv.get_raw("layer0");
     assert_eq!(
         back.stdout.len(),
         block.len() + 1,
@@ -384,10 +389,7 @@ fn hosts_put_and_get_blocks_stored_on_an_nvme_tcp_target() {
     assert_eq!(kv.cli(&["GET", "survivor"]).trim(), "still here");
     let block = value(2_500_000, 7);
     assert_eq!(kv.cli_with(&["-x", "SET", "digested"], &block).trim(), "OK");
-    let back = tool(
-        "redis-cli",
-        &["-p", &kv.port.to_string(), "--raw", "GET", "digested"],
-    );
+    let back = kv.get_raw("digested");
     assert!(
         back.stdout.len() == block.len() + 1 && back.stdout[..block.len()] == block[..],
         "GET with digests returned other bytes"
