@@ -3,8 +3,9 @@
 # service stores on an NBD export (qemu-nbd over loopback, one target connection);
 # redis-py fills the store with 64 KiB values, deletes every other one, then sets a value
 # of RUNS blocks, which lands in RUNS separate blocks (a request to the target for each),
-# and times GET and SET of it, an MGET of the RUNS 64 KiB values left, and the same GETs
-# sent as one redis-py pipeline (medians of 20).
+# and times GET and SET of it, an MGET of the RUNS 64 KiB values left, the same GETs sent
+# as one redis-py pipeline, and the same values set back by an MSET and by a pipeline of
+# SETs (medians of 20).
 # Each build named runs in turn, ROUNDS times; prints each build's median milliseconds.
 # Needs qemu-nbd and python3-redis.
 # Usage: [BUILDS="BIN …"] bench/kv-scattered.sh [ROUNDS] [RUNS]
@@ -31,13 +32,13 @@ port fabric { driver pcap }
 service kvcache { listen 127.0.0.1:$kv_port  target "nbd://127.0.0.1:$nbd_port/kv"  capacity 64MiB  block_size 64KiB  connections 1 }
 pipe p root from fabric { default { actions to kvcache } }
 PIPE
-declare -A gets sets mgets pipes
+declare -A gets sets mgets pipes msets psets
 for round in $(seq "$rounds"); do
     for i in "${!builds[@]}"; do
         "${builds[$i]}" run "$dir/kv.pipe" --metrics 127.0.0.1:0 >/dev/null 2>&1 &
         pid=$!
         wait_port "$kv_port"
-        read -r get set mget piped < <(/usr/bin/python3 - "$runs" "$kv_port" <<'PY'
+        read -r get set mget piped mset pset < <(/usr/bin/python3 - "$runs" "$kv_port" <<'PY'
 import os, statistics, sys, time, redis
 runs = int(sys.argv[1])
 r = redis.Redis(host="127.0.0.1", port=int(sys.argv[2]))
@@ -63,18 +64,29 @@ def pipelined():
         p.get(k)
     return p.execute()
 assert pipelined() == [small] * runs
-print(f'{ms(lambda: r.get("big")):.2f} {ms(lambda: r.set("big", big)):.2f} {ms(lambda: r.mget(left)):.2f} {ms(pipelined):.2f}')
+def pipelined_sets():
+    p = r.pipeline(transaction=False)
+    for k in left:
+        p.set(k, small)
+    return p.execute()
+assert pipelined_sets() == [True] * runs
+mset = {k: small for k in left}
+print(f'{ms(lambda: r.get("big")):.2f} {ms(lambda: r.set("big", big)):.2f} {ms(lambda: r.mget(left)):.2f} '
+      f'{ms(pipelined):.2f} {ms(lambda: r.mset(mset)):.2f} {ms(pipelined_sets):.2f}')
+assert r.mget(left) == [small] * runs
 PY
         )
         kill "$pid"
         wait "$pid" 2>/dev/null || true
-        echo "round $round, build $i (${builds[$i]}): GET $get ms, SET $set ms, MGET $mget ms, pipelined GETs $piped ms"
+        echo "round $round, build $i (${builds[$i]}): GET $get ms, SET $set ms, MGET $mget ms, pipelined GETs $piped ms, MSET $mset ms, pipelined SETs $pset ms"
         gets[$i]="${gets[$i]:-} $get"
         sets[$i]="${sets[$i]:-} $set"
         mgets[$i]="${mgets[$i]:-} $mget"
         pipes[$i]="${pipes[$i]:-} $piped"
+        msets[$i]="${msets[$i]:-} $mset"
+        psets[$i]="${psets[$i]:-} $pset"
     done
 done
 for i in "${!builds[@]}"; do
-    echo "build $i (${builds[$i]}): median GET $(echo "${gets[$i]}" | median) ms, SET $(echo "${sets[$i]}" | median) ms ($runs scattered blocks), MGET $(echo "${mgets[$i]}" | median) ms, pipelined GETs $(echo "${pipes[$i]}" | median) ms ($runs values)"
+    echo "build $i (${builds[$i]}): median GET $(echo "${gets[$i]}" | median) ms, SET $(echo "${sets[$i]}" | median) ms ($runs scattered blocks), MGET $(echo "${mgets[$i]}" | median) ms, pipelined GETs $(echo "${pipes[$i]}" | median) ms, MSET $(echo "${msets[$i]}" | median) ms, pipelined SETs $(echo "${psets[$i]}" | median) ms ($runs values)"
 done

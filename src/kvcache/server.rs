@@ -252,10 +252,27 @@ fn option_deadline(
         .ok_or_else(|| format!("ERR invalid expire time in '{command}' command"))
 }
 
+/// The reply to a value the store cannot take.
+fn refusal(e: &StoreError) -> String {
+    match e {
+        StoreError::TooLarge { .. } => format!("ERR {e}"),
+        // Redis's answer when a write finds no room.
+        StoreError::Busy => format!("OOM {e}"),
+    }
+}
+
 /// The key of a `GET key` request.
 fn get_of<'a>(words: &[&'a [u8]]) -> Option<&'a [u8]> {
     match words {
         [name, key] if name.eq_ignore_ascii_case(b"get") => Some(key),
+        _ => None,
+    }
+}
+
+/// The key and value of a `SET key value` request (no options).
+fn set_of<'a>(words: &[&'a [u8]]) -> Option<(&'a [u8], &'a [u8])> {
+    match words {
+        [name, key, value] if name.eq_ignore_ascii_case(b"set") => Some((key, value)),
         _ => None,
     }
 }
@@ -579,24 +596,20 @@ impl KvService {
                     Ok(Some(n)) => {
                         let req = &buf[start..start + n];
                         let words: Vec<&[u8]> = args.iter().map(|r| &req[r.clone()]).collect();
-                        if authed && get_of(&words).is_some() {
-                            // GETs the client pipelined, as many as are here in a row, are
-                            // read from the target together, as an MGET's values are.
-                            let mut keys = vec![words[1]];
-                            let mut end = start + n;
-                            while let Ok(Some(m)) =
-                                resp::parse(&buf[end..filled], &mut args, self.max_bulk())
-                            {
-                                let req = &buf[end..end + m];
-                                let next: Vec<&[u8]> =
-                                    args.iter().map(|r| &req[r.clone()]).collect();
-                                let Some(key) = get_of(&next) else {
-                                    break;
-                                };
-                                keys.push(key);
-                                end += m;
-                            }
+                        // GETs and SETs the client pipelined, as many of one kind as
+                        // are here in a row, go to the target together, as an MGET's
+                        // values and an MSET's do.
+                        let mut end = start + n;
+                        let input = &buf[..filled];
+                        if let Some(key) = get_of(&words).filter(|_| authed) {
+                            let keys = self.pipelined(input, &mut end, &mut args, key, get_of);
                             self.gets(&keys, &mut out);
+                            start = end;
+                            continue;
+                        }
+                        if let Some(item) = set_of(&words).filter(|_| authed) {
+                            let items = self.pipelined(input, &mut end, &mut args, item, set_of);
+                            self.sets(&items, &mut out);
                             start = end;
                             continue;
                         }
@@ -646,6 +659,30 @@ impl KvService {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// `first`, what `pick` took of a request, and what it takes of each complete request
+    /// that follows in `input` from `end` on, up to the first it does not take; `end` is
+    /// moved past those taken.
+    fn pipelined<'b, T>(
+        &self,
+        input: &'b [u8],
+        end: &mut usize,
+        args: &mut Vec<Range<usize>>,
+        first: T,
+        pick: impl Fn(&[&'b [u8]]) -> Option<T>,
+    ) -> Vec<T> {
+        let mut run = vec![first];
+        while let Ok(Some(m)) = resp::parse(&input[*end..], args, self.max_bulk()) {
+            let req = &input[*end..*end + m];
+            let words: Vec<&[u8]> = args.iter().map(|r| &req[r.clone()]).collect();
+            let Some(taken) = pick(&words) else {
+                break;
+            };
+            run.push(taken);
+            *end += m;
+        }
+        run
     }
 
     /// The longest argument a request may carry: no value longer than the store, though
@@ -713,10 +750,12 @@ impl KvService {
                 self.reply_values(&values, out);
             }
             "mset" if !args.is_empty() && args.len() % 2 == 0 => {
-                let failed = args
-                    .chunks(2)
-                    .filter_map(|kv| self.store(kv[0], kv[1], Only::Any, Expiry::Clear).err())
-                    .last();
+                let pairs: Vec<_> = args.chunks(2).map(|kv| (kv[0], kv[1])).collect();
+                let failed = self
+                    .store_all(&pairs)
+                    .into_iter()
+                    .rev()
+                    .find_map(Result::err);
                 match failed {
                     None => reply::ok(out),
                     Some(e) => reply::error(out, &e),
@@ -1021,22 +1060,12 @@ impl KvService {
         if !only.allows(before.is_some()) {
             return Ok(false);
         }
-        let (extents, took_its_own) =
-            ix.allocate_replacing(key, value.len() as u64)
-                .map_err(|e| match e {
-                    StoreError::TooLarge { .. } => format!("ERR {e}"),
-                    // Redis's answer when a write finds no room.
-                    StoreError::Busy => format!("OOM {e}"),
-                })?;
+        let (extents, took_its_own) = ix
+            .allocate_replacing(key, value.len() as u64)
+            .map_err(|e| refusal(&e))?;
         drop(ix);
-        self.write(&extents, value).map_err(|e| {
-            self.counters.storage_errors.fetch_add(1, Relaxed);
-            tracing::warn!(service = %self.name, error = %e, "kvcache write failed");
-            format!("ERR storage write failed: {e}")
-        })?;
-        self.counters
-            .written_bytes
-            .fetch_add(value.len() as u64, Relaxed);
+        self.write_values(&[(&extents, value)])
+            .map_err(|e| self.write_failed(&e))?;
         let mut ix = self.lock();
         // The key's own value, given up to make room, still counts as there.
         if !only.allows(took_its_own || ix.contains(key)) {
@@ -1058,31 +1087,104 @@ impl KvService {
         Ok(true)
     }
 
-    /// Writes `value` over its blocks, a piece per run, sent together; lengths rounded up
-    /// to the target's alignment (the padding stays inside the value's last block).
-    fn write(&self, extents: &Extents, value: &[u8]) -> io::Result<()> {
-        let bs = self.config.block_size;
-        let align = self.align as usize;
-        let mut pieces = Vec::new();
-        let mut at = 0usize;
-        for (first, n) in extents.runs() {
-            let len = ((n * bs) as usize).min(value.len() - at);
-            pieces.push((first * bs, &value[at..at + len]));
-            at += len;
+    /// Stores each of `items` (key, value) as `SET key value` would, in order, their
+    /// writes sent to the target together (an `MSET`, a run of pipelined `SET`s): about
+    /// one round trip for them all rather than one each. Blocks are taken for every value
+    /// first; should the store find no room for one while others wait to be written,
+    /// those are written and made their keys' first and room is sought again, as one
+    /// `SET` after another would find it.
+    fn store_all(&self, items: &[(&[u8], &[u8])]) -> Vec<Result<(), String>> {
+        let mut results = vec![Ok(()); items.len()];
+        let mut waiting = Vec::new();
+        for (i, (key, value)) in items.iter().enumerate() {
+            let len = value.len() as u64;
+            let mut taken = self.lock().allocate(key, len);
+            if matches!(taken, Err(StoreError::Busy)) && !waiting.is_empty() {
+                self.commit(items, &mut waiting, &mut results);
+                taken = self.lock().allocate(key, len);
+            }
+            match taken {
+                Ok(extents) => waiting.push((i, extents)),
+                Err(e) => results[i] = Err(refusal(&e)),
+            }
         }
-        // Only the last run can end inside a block: its last piece is padded.
-        let mut tail = Vec::new();
-        if let Some((offset, last)) = pieces.pop() {
-            let whole = last.len() - last.len() % align;
-            pieces.push((offset, &last[..whole]));
-            if whole < last.len() {
-                tail.resize(align, 0);
-                tail[..last.len() - whole].copy_from_slice(&last[whole..]);
-                pieces.push((offset + whole as u64, &tail));
+        self.commit(items, &mut waiting, &mut results);
+        results
+    }
+
+    /// Writes the values of the `items` that `waiting` took blocks for (by index), in one
+    /// run, and makes each its key's, without a deadline; if the write fails, each of
+    /// them answers the error (their blocks go back to the free list).
+    fn commit(
+        &self,
+        items: &[(&[u8], &[u8])],
+        waiting: &mut Vec<(usize, Extents)>,
+        results: &mut [Result<(), String>],
+    ) {
+        if waiting.is_empty() {
+            return;
+        }
+        let values: Vec<_> = waiting.iter().map(|(i, e)| (e, items[*i].1)).collect();
+        match self.write_values(&values) {
+            Ok(()) => {
+                let mut ix = self.lock();
+                for (i, extents) in waiting.drain(..) {
+                    ix.insert(items[i].0, extents);
+                }
+            }
+            Err(e) => {
+                let e = self.write_failed(&e);
+                for (i, _) in waiting.drain(..) {
+                    results[i] = Err(e.clone());
+                }
+            }
+        }
+    }
+
+    /// Writes values over their blocks, a piece per run, all sent together on one target
+    /// connection; lengths rounded up to the target's alignment (a value's padding stays
+    /// inside its last block).
+    fn write_values(&self, values: &[(&Extents, &[u8])]) -> io::Result<()> {
+        let (bs, align) = (self.config.block_size, self.align as usize);
+        // A value ending inside a unit of the alignment has that unit written from a copy,
+        // padded: only a value's last run can end inside a block.
+        let tails: Vec<Vec<u8>> = values
+            .iter()
+            .filter(|(_, v)| v.len() % align != 0)
+            .map(|(_, v)| {
+                let mut tail = vec![0; align];
+                let partial = &v[v.len() - v.len() % align..];
+                tail[..partial.len()].copy_from_slice(partial);
+                tail
+            })
+            .collect();
+        let mut tails = tails.iter();
+        let mut pieces = Vec::new();
+        for (extents, value) in values {
+            let mut at = 0usize;
+            for (first, n) in extents.runs() {
+                let len = ((n * bs) as usize).min(value.len() - at);
+                let whole = len - len % align;
+                pieces.push((first * bs, &value[at..at + whole]));
+                if whole < len {
+                    let tail = tails.next().expect("a tail for each partial value");
+                    pieces.push((first * bs + whole as u64, &tail[..]));
+                }
+                at += len;
             }
         }
         pieces.retain(|(_, data)| !data.is_empty());
-        self.with_target(WRITE, |t| t.write_many(&pieces))
+        self.with_target(WRITE, |t| t.write_many(&pieces))?;
+        let bytes: usize = values.iter().map(|(_, v)| v.len()).sum();
+        self.counters.written_bytes.fetch_add(bytes as u64, Relaxed);
+        Ok(())
+    }
+
+    /// The reply to a failed write, counted and logged.
+    fn write_failed(&self, e: &io::Error) -> String {
+        self.counters.storage_errors.fetch_add(1, Relaxed);
+        tracing::warn!(service = %self.name, error = %e, "kvcache write failed");
+        format!("ERR storage write failed: {e}")
     }
 
     /// Runs a value's storage I/O `f` of `operation` ([`STORAGE_OPERATIONS`]) on a target
@@ -1119,13 +1221,34 @@ impl KvService {
             keys.iter().map(|key| ix.get(key)).collect()
         };
         self.reply_values(&values, out);
-        let get = TIMED
+        self.count_run("get", keys.len(), since);
+    }
+
+    /// `SET key value` of each of `items`, their replies one after another, the values
+    /// written in one run (see [`KvService::store_all`]); each counted and timed as a
+    /// `SET`.
+    fn sets(&self, items: &[(&[u8], &[u8])], out: &mut Vec<u8>) {
+        let since = Instant::now();
+        for stored in self.store_all(items) {
+            match stored {
+                Ok(()) => reply::ok(out),
+                Err(e) => reply::error(out, &e),
+            }
+        }
+        self.count_run("set", items.len(), since);
+    }
+
+    /// Counts `n` requests of the timed `command` served together since `since`, each
+    /// timed with the run's duration.
+    fn count_run(&self, command: &str, n: usize, since: Instant) {
+        let timed = TIMED
             .iter()
-            .position(|c| *c == "get")
-            .expect("GET is timed");
-        for _ in keys {
-            self.count("get");
-            self.counters.durations[get].observe(since.elapsed());
+            .position(|c| *c == command)
+            .expect("a timed command");
+        let took = since.elapsed();
+        for _ in 0..n {
+            self.count(command);
+            self.counters.durations[timed].observe(took);
         }
     }
 
@@ -1917,6 +2040,22 @@ mod tests {
             "$2\r\nhi\r\n$-1\r\n$2\r\nhi\r\n-ERR wrong number of arguments for 'get' command\r\n\
              +PONG\r\n$2\r\nhi\r\n+OK\r\n"
         );
+        // SETs in a row likewise: a value given twice is the later one, a SET with options
+        // or of the wrong arity ends the run and answers as alone.
+        let mut c = TcpStream::connect(svc.listen).unwrap();
+        c.write_all(
+            b"SET a 1\r\nset b 22\r\nSET a 333\r\nSET c 4 NX\r\nSET c 5 NX\r\nSET d\r\n\
+              SET d 6\r\nGET a\r\nGET b\r\nGET c\r\nGET d\r\nQUIT\r\n",
+        )
+        .unwrap();
+        let mut back = Vec::new();
+        c.read_to_end(&mut back).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&back),
+            "+OK\r\n+OK\r\n+OK\r\n+OK\r\n$-1\r\n\
+             -ERR wrong number of arguments for 'set' command\r\n+OK\r\n\
+             $3\r\n333\r\n$2\r\n22\r\n$1\r\n4\r\n$1\r\n6\r\n+OK\r\n"
+        );
         let mut c = TcpStream::connect(svc.listen).unwrap();
         c.write_all(b"*1\r\n:1\r\n").unwrap();
         let mut back = Vec::new();
@@ -1925,6 +2064,33 @@ mod tests {
             back,
             format!("-ERR {}\r\n", ProtocolError::ExpectedBulk).into_bytes()
         );
+        std::fs::remove_file(path).unwrap();
+    }
+
+    /// An MSET whose values, taken together, need more room than is free: the values
+    /// waiting to be written go first, then the oldest are evicted for the rest, as SETs
+    /// one after another would leave the store.
+    #[test]
+    fn an_mset_larger_than_the_free_room_evicts_as_sets_in_turn_would() {
+        // Six blocks for values (one of the seven is reserved).
+        let (svc, path) = service("mset-room", 7 * 4096, 4096);
+        let v = |b: u8| vec![b; 2 * 4096];
+        run(&svc, &[b"SET", b"old", &v(0)]);
+        let reply = run(
+            &svc,
+            &[b"MSET", b"a", &v(1), b"b", &v(2), b"c", &v(3), b"a", &v(4)],
+        );
+        assert_eq!(reply, b"+OK\r\n");
+        assert_eq!(run(&svc, &[b"EXISTS", b"old", b"a", b"b", b"c"]), b":3\r\n");
+        for (key, byte) in [(&b"a"[..], 4), (b"b", 2), (b"c", 3)] {
+            let mut expect = Vec::new();
+            reply::bulk(&mut expect, &v(byte));
+            assert_eq!(run(&svc, &[b"GET", key]), expect);
+        }
+        // A value larger than the whole store fails alone.
+        let reply = run(&svc, &[b"MSET", b"d", &v(5), b"huge", &[6; 7 * 4096]]);
+        assert!(reply.starts_with(b"-ERR the value (28672 bytes) is larger"));
+        assert_eq!(run(&svc, &[b"STRLEN", b"d"]), b":8192\r\n");
         std::fs::remove_file(path).unwrap();
     }
 
