@@ -4,16 +4,17 @@
 # redis-py fills the store with 64 KiB values, deletes every other one, then sets a value
 # of RUNS blocks, which lands in RUNS separate blocks (a request to the target for each),
 # and times GET and SET of it, an MGET of the RUNS 64 KiB values left, the same GETs sent
-# as one redis-py pipeline, and the same values set back by an MSET and by a pipeline of
-# SETs (medians of 20).
+# as one redis-py pipeline, and an MSET and a pipeline of SETs of RUNS other keys' values
+# of VALUE bytes (default 4096; medians of 20).
 # Each build named runs in turn, ROUNDS times; prints each build's median milliseconds.
 # Needs qemu-nbd and python3-redis.
-# Usage: [BUILDS="BIN …"] bench/kv-scattered.sh [ROUNDS] [RUNS]
+# Usage: [BUILDS="BIN …"] [VALUE=BYTES] bench/kv-scattered.sh [ROUNDS] [RUNS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/common.sh
 rounds=${1:-3}
 runs=${2:-24}
+value=${VALUE:-4096}
 command -v qemu-nbd >/dev/null || { echo "qemu-nbd not found (qemu-utils)" >&2; exit 1; }
 /usr/bin/python3 -c 'import redis' || { echo "python3-redis not found" >&2; exit 1; }
 builds_to_run
@@ -38,7 +39,7 @@ for round in $(seq "$rounds"); do
         "${builds[$i]}" run "$dir/kv.pipe" --metrics 127.0.0.1:0 >/dev/null 2>&1 &
         pid=$!
         wait_port "$kv_port"
-        read -r get set mget piped mset pset < <(/usr/bin/python3 - "$runs" "$kv_port" <<'PY'
+        read -r get set mget piped mset pset < <(/usr/bin/python3 - "$runs" "$kv_port" "$value" <<'PY'
 import os, statistics, sys, time, redis
 runs = int(sys.argv[1])
 r = redis.Redis(host="127.0.0.1", port=int(sys.argv[2]))
@@ -64,16 +65,16 @@ def pipelined():
         p.get(k)
     return p.execute()
 assert pipelined() == [small] * runs
+written = {f"w{k}": os.urandom(int(sys.argv[3])) for k in range(runs)}
 def pipelined_sets():
     p = r.pipeline(transaction=False)
-    for k in left:
-        p.set(k, small)
+    for k, v in written.items():
+        p.set(k, v)
     return p.execute()
 assert pipelined_sets() == [True] * runs
-mset = {k: small for k in left}
 print(f'{ms(lambda: r.get("big")):.2f} {ms(lambda: r.set("big", big)):.2f} {ms(lambda: r.mget(left)):.2f} '
-      f'{ms(pipelined):.2f} {ms(lambda: r.mset(mset)):.2f} {ms(pipelined_sets):.2f}')
-assert r.mget(left) == [small] * runs
+      f'{ms(pipelined):.2f} {ms(lambda: r.mset(written)):.2f} {ms(pipelined_sets):.2f}')
+assert r.mget(list(written)) == list(written.values())
 PY
         )
         kill "$pid"
@@ -88,5 +89,5 @@ PY
     done
 done
 for i in "${!builds[@]}"; do
-    echo "build $i (${builds[$i]}): median GET $(echo "${gets[$i]}" | median) ms, SET $(echo "${sets[$i]}" | median) ms ($runs scattered blocks), MGET $(echo "${mgets[$i]}" | median) ms, pipelined GETs $(echo "${pipes[$i]}" | median) ms, MSET $(echo "${msets[$i]}" | median) ms, pipelined SETs $(echo "${psets[$i]}" | median) ms ($runs values)"
+    echo "build $i (${builds[$i]}): median GET $(echo "${gets[$i]}" | median) ms, SET $(echo "${sets[$i]}" | median) ms ($runs scattered blocks), MGET $(echo "${mgets[$i]}" | median) ms, pipelined GETs $(echo "${pipes[$i]}" | median) ms, MSET $(echo "${msets[$i]}" | median) ms, pipelined SETs $(echo "${psets[$i]}" | median) ms ($runs values of $value bytes)"
 done
