@@ -204,26 +204,30 @@ print("ok")
     redis_py_ok(&script, "pipelines and multi-key commands");
 
     let port = kv.port.to_string();
-    let csv = tool_ok(
-        "redis-benchmark",
-        &[
-            "-p", &port, "-t", "set,get", "-n", requests, "-d", "65536", "-r", "5000", "-c", "8",
-            "--csv",
-        ],
-    );
-    for test in ["\"SET\"", "\"GET\""] {
-        let line = csv
-            .lines()
-            .find(|l| l.starts_with(test))
-            .unwrap_or_else(|| panic!("no {test} in {csv}"));
-        let rps: f64 = line
-            .split(',')
-            .nth(1)
-            .expect("rps")
-            .trim_matches('"')
-            .parse()
-            .expect("number");
-        assert!(rps > 0.0, "{line}");
+    // One request at a time from each client, then 16 a write (SETs and GETs that
+    // arrive together go to the target together).
+    for pipeline in ["1", "16"] {
+        let csv = tool_ok(
+            "redis-benchmark",
+            &[
+                "-p", &port, "-t", "set,get", "-n", requests, "-d", "65536", "-r", "5000", "-c",
+                "8", "-P", pipeline, "--csv",
+            ],
+        );
+        for test in ["\"SET\"", "\"GET\""] {
+            let line = csv
+                .lines()
+                .find(|l| l.starts_with(test))
+                .unwrap_or_else(|| panic!("no {test} in {csv}"));
+            let rps: f64 = line
+                .split(',')
+                .nth(1)
+                .expect("rps")
+                .trim_matches('"')
+                .parse()
+                .expect("number");
+            assert!(rps > 0.0, "{line}");
+        }
     }
     assert!(kv.metric("dpuflow_kvcache_evictions_total{service=\"kvcache\"}") > 0);
     assert!(kv.metric("dpuflow_kvcache_used_bytes{service=\"kvcache\"}") <= 32 << 20);
