@@ -152,7 +152,7 @@ fn redis_py_ok(script: &str, what: &str) {
 
 /// What hosts do, checked end to end: a block put with redis-cli lands on the target's
 /// `image` and comes back whole (2.5 MB: more than one NVMe command carries, so several
-/// travel at once); redis-py's pipelines and multi-key commands; then redis-benchmark puts
+/// travel at once), and once a byte of it changes on the target, as a miss; redis-py's pipelines and multi-key commands; then redis-benchmark puts
 /// `requests` 64 KiB values over many more keys than 32 MiB hold, so the least recently
 /// used are evicted, and nothing fails; then large values in the blocks that churn left
 /// scattered come back whole.
@@ -177,6 +177,23 @@ fn hosts_put_and_get(kv: &KvService, image: &str, requests: &str) {
     assert!(
         disk[65536..65536 + block.len()] == block[..],
         "the target does not hold the block"
+    );
+    // Bytes that change on the target under the service (a failing disk) are not served:
+    // the value is answered as a miss and its key removed.
+    {
+        use std::os::unix::fs::FileExt;
+        let disk = std::fs::OpenOptions::new()
+            .write(true)
+            .open(image)
+            .expect("image");
+        disk.write_all_at(&[!block[1_000_000]], 65536 + 1_000_000)
+            .expect("write image");
+    }
+    assert_eq!(kv.get_raw("layer0").stdout, b"\n");
+    assert_eq!(kv.cli(&["EXISTS", "layer0"]).trim(), "0");
+    assert_eq!(
+        kv.metric("dpuflow_kvcache_corrupt_values_total{service=\"kvcache\"}"),
+        1
     );
 
     let script = format!(

@@ -24,12 +24,13 @@ struct FreeBlocks {
     stack: Vec<u64>,
 }
 
-/// The storage blocks of one value, in order, and its length. Its blocks go back to the
-/// free list when the last reference is dropped.
+/// The storage blocks of one value, in order, its length and its checksum. Its blocks go
+/// back to the free list when the last reference is dropped.
 #[derive(Debug)]
 pub struct Extents {
     blocks: Vec<u64>,
     len: u64,
+    checksum: Option<u32>,
     free: Arc<Mutex<FreeBlocks>>,
 }
 
@@ -41,6 +42,17 @@ impl Extents {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// The CRC32C of the value as it was written; `None` for a value restored from a
+    /// snapshot taken before values had checksums.
+    pub fn checksum(&self) -> Option<u32> {
+        self.checksum
+    }
+
+    /// Notes the CRC32C of the value about to be written to these blocks.
+    pub fn set_checksum(&mut self, crc: u32) {
+        self.checksum = Some(crc);
     }
 
     /// The blocks as runs of consecutive block numbers, in the value's order: one I/O
@@ -118,6 +130,24 @@ pub struct Index {
     expired: u64,
 }
 
+/// What a snapshot holds for each key beyond its blocks: older snapshots lack fields later
+/// ones have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotFields {
+    /// Its deadline.
+    pub deadlines: bool,
+    /// Its value's checksum.
+    pub checksums: bool,
+}
+
+impl SnapshotFields {
+    /// What [`Index::snapshot`] writes.
+    pub const ALL: SnapshotFields = SnapshotFields {
+        deadlines: true,
+        checksums: true,
+    };
+}
+
 /// Blocks at the start of the target that never hold values: the superblock
 /// ([`super::persist`]).
 pub const RESERVED_BLOCKS: u64 = 1;
@@ -146,7 +176,8 @@ impl Index {
 
     /// The index as bytes, keys from least to most recently used: a count (u64), then per
     /// key its length (u32), its value's length (u64), its block count (u32), its deadline
-    /// (u64, 0 for none), the key and the block numbers (u64 each), all little-endian.
+    /// (u64, 0 for none), its value's checksum (u64: the CRC32C with bit 32 set, 0 for
+    /// none), the key and the block numbers (u64 each), all little-endian.
     pub fn snapshot(&self) -> Vec<u8> {
         let mut out = Vec::new();
         out.extend_from_slice(&(self.order.len() as u64).to_le_bytes());
@@ -157,6 +188,8 @@ impl Index {
             out.extend_from_slice(&x.len.to_le_bytes());
             out.extend_from_slice(&(x.blocks.len() as u32).to_le_bytes());
             out.extend_from_slice(&e.deadline.unwrap_or(0).to_le_bytes());
+            let checksum = x.checksum.map_or(0, |c| 1 << 32 | u64::from(c));
+            out.extend_from_slice(&checksum.to_le_bytes());
             out.extend_from_slice(key);
             for b in &x.blocks {
                 out.extend_from_slice(&b.to_le_bytes());
@@ -167,13 +200,14 @@ impl Index {
 
     /// The index a [`Index::snapshot`] describes, for a store of `capacity` bytes in blocks
     /// of `block_size`; `None` unless every key's blocks are in the store, outside the
-    /// reserved ones, held by no other key, and as many as its value needs. Snapshots
-    /// taken before keys had deadlines have none (`deadlines` false).
+    /// reserved ones, held by no other key, and as many as its value needs. `fields` says
+    /// what the snapshot holds for each key (keys of older snapshots have no deadlines,
+    /// values no checksums).
     pub fn restore(
         capacity: u64,
         block_size: u64,
         mut bytes: &[u8],
-        deadlines: bool,
+        fields: SnapshotFields,
     ) -> Option<Index> {
         fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
             let (head, rest) = bytes.split_at_checked(n)?;
@@ -194,8 +228,16 @@ impl Index {
             let key_len = u32_of(&mut bytes)? as usize;
             let len = u64_of(&mut bytes)?;
             let n = u32_of(&mut bytes)?;
-            let deadline = match deadlines {
+            let deadline = match fields.deadlines {
                 true => Some(u64_of(&mut bytes)?).filter(|&d| d != 0),
+                false => None,
+            };
+            let checksum = match fields.checksums {
+                true => match u64_of(&mut bytes)? {
+                    0 => None,
+                    c if c >> 32 == 1 => Some(c as u32),
+                    _ => return None,
+                },
                 false => None,
             };
             // As many blocks as the value needs, and no more than the store has (before
@@ -217,6 +259,7 @@ impl Index {
             let extents = Extents {
                 blocks,
                 len,
+                checksum,
                 free: Arc::clone(&ix.free),
             };
             // Not through the free list: the blocks are the snapshot's to give.
@@ -314,6 +357,7 @@ impl Index {
                     let extents = Extents {
                         blocks,
                         len,
+                        checksum: None,
                         free: Arc::clone(&self.free),
                     };
                     return Ok((extents, removed));
@@ -343,6 +387,15 @@ impl Index {
                 deadline: None,
             },
         );
+    }
+
+    /// Removes `key` if its value is still `extents` (not since replaced); whether it was.
+    pub fn remove_value(&mut self, key: &[u8], extents: &Arc<Extents>) -> bool {
+        let same = self
+            .map
+            .get(key)
+            .is_some_and(|e| Arc::ptr_eq(&e.extents, extents));
+        same && self.remove(key)
     }
 
     /// Removes `key`; whether it was held.
@@ -534,7 +587,7 @@ mod tests {
         ix.get(b"b");
         // Least recently used first: c, a, b.
         let snap = ix.snapshot();
-        let mut back = Index::restore(room(8, 512), 512, &snap, true).unwrap();
+        let mut back = Index::restore(room(8, 512), 512, &snap, SnapshotFields::ALL).unwrap();
         assert_eq!(back.snapshot(), snap);
         assert_eq!(back.stats().used_blocks, ix.stats().used_blocks);
         for k in [&b"a"[..], b"b", b"c"] {
@@ -542,7 +595,7 @@ mod tests {
         }
         // The free blocks are exactly those no key holds (4 of 8), and recency is as it
         // was: filling the store evicts c (no blocks), then a, and keeps b.
-        let mut back = Index::restore(room(8, 512), 512, &snap, true).unwrap();
+        let mut back = Index::restore(room(8, 512), 512, &snap, SnapshotFields::ALL).unwrap();
         put(&mut back, "d", 4 * 512).unwrap();
         assert_eq!(back.stats().evictions, 0);
         put(&mut back, "e", 512).unwrap();
@@ -554,36 +607,43 @@ mod tests {
         let mut ix = Index::new(room(8, 512), 512);
         put(&mut ix, "a", 1024).unwrap();
         let snap = ix.snapshot();
-        assert!(Index::restore(room(8, 512), 512, &snap, true).is_some());
+        assert!(Index::restore(room(8, 512), 512, &snap, SnapshotFields::ALL).is_some());
         assert!(
-            Index::restore(room(1, 512), 512, &snap, true).is_none(),
+            Index::restore(room(1, 512), 512, &snap, SnapshotFields::ALL).is_none(),
             "blocks past the end"
         );
         assert!(
-            Index::restore(room(8, 512), 1024, &snap, true).is_none(),
+            Index::restore(room(8, 512), 1024, &snap, SnapshotFields::ALL).is_none(),
             "another block size"
         );
-        assert!(Index::restore(room(8, 512), 512, &snap[..snap.len() - 1], true).is_none());
+        assert!(Index::restore(
+            room(8, 512),
+            512,
+            &snap[..snap.len() - 1],
+            SnapshotFields::ALL
+        )
+        .is_none());
         let mut extra = snap.clone();
         extra.push(0);
-        assert!(Index::restore(room(8, 512), 512, &extra, true).is_none());
+        assert!(Index::restore(room(8, 512), 512, &extra, SnapshotFields::ALL).is_none());
         // Two keys claiming one block; a key on the superblock.
         let mut twice = snap.clone();
         twice[0] = 2;
         twice.extend_from_slice(&snap[8..]);
-        assert!(Index::restore(room(8, 512), 512, &twice, true).is_none());
+        assert!(Index::restore(room(8, 512), 512, &twice, SnapshotFields::ALL).is_none());
         let mut reserved = snap.clone();
         let at = reserved.len() - 16;
         reserved[at..at + 8].copy_from_slice(&0u64.to_le_bytes());
-        assert!(Index::restore(room(8, 512), 512, &reserved, true).is_none());
+        assert!(Index::restore(room(8, 512), 512, &reserved, SnapshotFields::ALL).is_none());
     }
 
     proptest::proptest! {
         /// Any bytes: a snapshot or `None`, never a panic.
         #[test]
         fn any_bytes_restore_or_are_refused(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200)) {
-            for deadlines in [false, true] {
-                let _ = Index::restore(room(8, 512), 512, &bytes, deadlines);
+            for (deadlines, checksums) in [(false, false), (true, false), (true, true)] {
+                let fields = SnapshotFields { deadlines, checksums };
+                let _ = Index::restore(room(8, 512), 512, &bytes, fields);
             }
         }
     }
@@ -677,17 +737,34 @@ mod tests {
     }
 
     #[test]
-    fn a_snapshot_from_before_deadlines_restores_without_them() {
+    fn snapshots_from_before_deadlines_and_checksums_restore_without_them() {
         let mut ix = Index::new(room(4, 512), 512);
-        put(&mut ix, "k", 700).unwrap();
+        let mut e = ix.allocate(b"k", 700).unwrap();
+        e.set_checksum(0xdead_beef);
+        ix.insert(b"k", e);
         let snap = ix.snapshot();
-        // The layout before deadlines: count, then key length, value length, block count
-        // and straight on to the key.
-        let old = [&snap[..8 + 4 + 8 + 4], &snap[8 + 4 + 8 + 4 + 8..]].concat();
-        let mut back = Index::restore(room(4, 512), 512, &old, false).unwrap();
-        assert_eq!(back.deadline(b"k"), Some(None));
-        assert_eq!(back.get(b"k").unwrap().runs(), ix.get(b"k").unwrap().runs());
-        assert!(Index::restore(room(4, 512), 512, &old, true).is_none());
+        let back = Index::restore(room(4, 512), 512, &snap, SnapshotFields::ALL).unwrap();
+        assert_eq!(back.snapshot(), snap);
+        // Count, key length, value length and block count; then deadline and checksum.
+        let fixed = 8 + 4 + 8 + 4;
+        let before_checksums = [&snap[..fixed + 8], &snap[fixed + 16..]].concat();
+        let before_deadlines = [&snap[..fixed], &snap[fixed + 16..]].concat();
+        for (old, deadlines) in [(before_checksums, true), (before_deadlines, false)] {
+            let fields = SnapshotFields {
+                deadlines,
+                checksums: false,
+            };
+            let mut back = Index::restore(room(4, 512), 512, &old, fields).unwrap();
+            assert_eq!(back.deadline(b"k"), Some(None));
+            let restored = back.get(b"k").unwrap();
+            assert_eq!(restored.runs(), ix.get(b"k").unwrap().runs());
+            assert_eq!(restored.checksum(), None);
+            assert!(Index::restore(room(4, 512), 512, &old, SnapshotFields::ALL).is_none());
+        }
+        // A checksum word is the CRC with bit 32 set, or 0.
+        let mut bad = snap.clone();
+        bad[fixed + 8 + 5] = 1;
+        assert!(Index::restore(room(4, 512), 512, &bad, SnapshotFields::ALL).is_none());
     }
 
     #[test]
@@ -697,7 +774,7 @@ mod tests {
         put(&mut ix, "b", 512).unwrap();
         ix.set_deadline(b"a", Some(1_700_000_000_000));
         let snap = ix.snapshot();
-        let back = Index::restore(room(4, 512), 512, &snap, true).unwrap();
+        let back = Index::restore(room(4, 512), 512, &snap, SnapshotFields::ALL).unwrap();
         assert_eq!(back.deadline(b"a"), Some(Some(1_700_000_000_000)));
         assert_eq!(back.deadline(b"b"), Some(None));
         // Evicted for room, a key's deadline goes with it.

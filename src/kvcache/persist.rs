@@ -6,19 +6,33 @@
 //! once: after a crash (no clean stop since the last start) the service starts empty,
 //! which a cache can afford, rather than trust an index its blocks may have outgrown.
 //!
-//! Superblock layout (little-endian): magic (16 bytes), version (u32: 2; snapshots of
-//! version 1, from before keys had deadlines, load without them), state (u32: 1
+//! Superblock layout (little-endian): magic (16 bytes), version (u32: 3; snapshots of
+//! version 2, from before values had checksums, load without them, and those of version
+//! 1 without deadlines too), state (u32: 1
 //! clean), block size (u64), capacity (u64), snapshot length (u64), snapshot CRC32c (u32),
 //! run count (u32), the header's CRC32c (u32, computed with this field zero), 4 bytes
 //! reserved, then the snapshot's runs (first block, count: u64 each).
 
-use super::index::{Extents, Index, Run};
+use super::index::{Extents, Index, Run, SnapshotFields};
 use crate::wire::sctp::crc32c;
 
 const MAGIC: &[u8; 16] = b"dpuflow-kvcache\0";
-const VERSION: u32 = 2;
-/// The version whose snapshots have no deadlines.
-const VERSION_WITHOUT_DEADLINES: u32 = 1;
+const VERSION: u32 = 3;
+
+/// What the snapshot of a superblock of `version` holds for each key; `None` for a version
+/// this build does not know.
+fn fields_of(version: u32) -> Option<SnapshotFields> {
+    let (deadlines, checksums) = match version {
+        1 => (false, false),
+        2 => (true, false),
+        VERSION => (true, true),
+        _ => return None,
+    };
+    Some(SnapshotFields {
+        deadlines,
+        checksums,
+    })
+}
 const CLEAN: u32 = 1;
 const HEADER_LEN: usize = 64;
 const HEADER_CRC_AT: usize = 56;
@@ -96,7 +110,7 @@ impl Superblock {
             u64::from_le_bytes(x)
         };
         let version = u32_at(16);
-        if version != VERSION && version != VERSION_WITHOUT_DEADLINES {
+        if fields_of(version).is_none() {
             return Err(Unusable::Damaged);
         }
         let runs = u32_at(52) as usize;
@@ -204,8 +218,8 @@ pub fn load(
     if crc32c(bytes) != sb.snapshot_crc {
         return Err(Unusable::Snapshot);
     }
-    let deadlines = sb.version != VERSION_WITHOUT_DEADLINES;
-    Index::restore(capacity, block_size, bytes, deadlines).ok_or(Unusable::Snapshot)
+    let fields = fields_of(sb.version).ok_or(Unusable::Snapshot)?;
+    Index::restore(capacity, block_size, bytes, fields).ok_or(Unusable::Snapshot)
 }
 
 #[cfg(test)]

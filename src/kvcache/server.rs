@@ -9,6 +9,7 @@ use super::resp::{self, reply};
 use super::storage::{self, BlockTarget, Pool, TargetError};
 use super::{glob, persist};
 use crate::ir::KvCache;
+use crate::wire::sctp::crc32c;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::io::{self, Read, Write};
@@ -331,6 +332,8 @@ pub struct KvCounters {
     pub read_bytes: AtomicU64,
     pub written_bytes: AtomicU64,
     pub storage_errors: AtomicU64,
+    /// Values read back whose checksum did not match what was written.
+    pub corrupt_values: AtomicU64,
     pub clients: AtomicU64,
     pub rejected_clients: AtomicU64,
     /// `AUTH` (or `HELLO … AUTH`) with a wrong password.
@@ -747,7 +750,7 @@ impl KvService {
                     args.iter().map(|key| ix.get(key)).collect()
                 };
                 reply::array(out, args.len());
-                self.reply_values(&values, out);
+                self.reply_values(args, &values, out);
             }
             "mset" if !args.is_empty() && args.len() % 2 == 0 => {
                 let pairs: Vec<_> = args.chunks(2).map(|kv| (kv[0], kv[1])).collect();
@@ -930,7 +933,7 @@ impl KvService {
         let old = get.then(|| {
             let mut old = Vec::new();
             let extents = self.lock().get(key);
-            self.reply_value(extents, &mut old);
+            self.reply_value(key, extents, &mut old);
             old
         });
         let stored = match expiry {
@@ -1060,10 +1063,11 @@ impl KvService {
         if !only.allows(before.is_some()) {
             return Ok(false);
         }
-        let (extents, took_its_own) = ix
+        let (mut extents, took_its_own) = ix
             .allocate_replacing(key, value.len() as u64)
             .map_err(|e| refusal(&e))?;
         drop(ix);
+        extents.set_checksum(crc32c(value));
         self.write_values(&[(&extents, value)])
             .map_err(|e| self.write_failed(&e))?;
         let mut ix = self.lock();
@@ -1111,7 +1115,8 @@ impl KvService {
                 taken = self.lock().allocate(key, len);
             }
             match taken {
-                Ok(extents) => {
+                Ok(mut extents) => {
+                    extents.set_checksum(crc32c(value));
                     waiting.push((i, extents));
                     waiting_bytes += len;
                 }
@@ -1225,7 +1230,7 @@ impl KvService {
     /// the target straight into `out`.
     fn get(&self, key: &[u8], out: &mut Vec<u8>) {
         let extents = self.lock().get(key);
-        self.reply_value(extents, out);
+        self.reply_value(key, extents, out);
     }
 
     /// `GET` of each of `keys`, their replies one after another, the values read from the
@@ -1237,7 +1242,7 @@ impl KvService {
             let mut ix = self.lock();
             keys.iter().map(|key| ix.get(key)).collect()
         };
-        self.reply_values(&values, out);
+        self.reply_values(keys, &values, out);
         self.count_run("get", keys.len(), since);
     }
 
@@ -1278,7 +1283,7 @@ impl KvService {
             ix.remove(key);
             extents
         };
-        self.reply_value(extents, out);
+        self.reply_value(key, extents, out);
     }
 
     /// `GETEX key [EX s | PX ms | EXAT unix-s | PXAT unix-ms | PERSIST]`: the value, its
@@ -1324,25 +1329,29 @@ impl KvService {
             }
             extents
         };
-        self.reply_value(extents, out);
+        self.reply_value(key, extents, out);
     }
 
-    /// A value as a bulk string, read from the target straight into `out`; the null bulk
-    /// string for none.
-    fn reply_value(&self, extents: Option<Arc<Extents>>, out: &mut Vec<u8>) {
-        self.reply_values(&[extents], out);
+    /// `key`'s value as a bulk string, read from the target straight into `out`; the null
+    /// bulk string for none.
+    fn reply_value(&self, key: &[u8], extents: Option<Arc<Extents>>, out: &mut Vec<u8>) {
+        self.reply_values(&[key], &[extents], out);
     }
 
-    /// Values as bulk strings one after another (the null bulk string for none), read
-    /// from the target straight into `out` in one run of requests on one connection, so
-    /// an `MGET` waits about one round trip rather than one a value. A value whose length
-    /// is not whole units of the target's alignment has its last unit read aside and
-    /// copied in. If the read fails, each value held answers the error.
-    fn reply_values(&self, values: &[Option<Arc<Extents>>], out: &mut Vec<u8>) {
+    /// The values of `keys` as bulk strings one after another (the null bulk string for
+    /// none), read from the target straight into `out` in one run of requests on one
+    /// connection, so an `MGET` waits about one round trip rather than one a value. A
+    /// value whose length is not whole units of the target's alignment has its last unit
+    /// read aside and copied in. If the read fails, each value held answers the error. A
+    /// value that does not match its checksum is answered as a miss (see
+    /// [`KvService::drop_corrupt`]).
+    fn reply_values(&self, keys: &[&[u8]], values: &[Option<Arc<Extents>>], out: &mut Vec<u8>) {
         let before = out.len();
-        // Where each value held goes in `out`.
+        // Where each value's reply starts in `out`, and where each value held goes.
+        let mut replies = Vec::with_capacity(values.len());
         let mut held = Vec::new();
         for v in values {
+            replies.push(out.len());
             match v {
                 None => reply::null(out),
                 Some(extents) => {
@@ -1354,10 +1363,9 @@ impl KvService {
                 }
             }
         }
-        self.counters.hits.fetch_add(held.len() as u64, Relaxed);
-        let missed = values.len() - held.len();
-        self.counters.misses.fetch_add(missed as u64, Relaxed);
+        let missed = (values.len() - held.len()) as u64;
         if held.is_empty() {
+            self.counters.misses.fetch_add(missed, Relaxed);
             return;
         }
         let (bs, align) = (self.config.block_size, self.align as usize);
@@ -1403,8 +1411,22 @@ impl KvService {
                 }
                 let bytes: u64 = held.iter().map(|(_, e)| e.len()).sum();
                 self.counters.read_bytes.fetch_add(bytes, Relaxed);
+                let matches = |&(at, e): &(usize, &Arc<Extents>)| {
+                    e.checksum()
+                        .is_none_or(|c| crc32c(&out[at..at + e.len() as usize]) == c)
+                };
+                let corrupt = held.iter().filter(|h| !matches(h)).count() as u64;
+                self.counters
+                    .hits
+                    .fetch_add(held.len() as u64 - corrupt, Relaxed);
+                self.counters.misses.fetch_add(missed + corrupt, Relaxed);
+                if corrupt > 0 {
+                    self.drop_corrupt(keys, values, &replies, before, out);
+                }
             }
             Err(e) => {
+                self.counters.hits.fetch_add(held.len() as u64, Relaxed);
+                self.counters.misses.fetch_add(missed, Relaxed);
                 out.truncate(before);
                 self.counters.storage_errors.fetch_add(1, Relaxed);
                 tracing::warn!(service = %self.name, error = %e, "kvcache read failed");
@@ -1415,6 +1437,46 @@ impl KvService {
                     }
                 }
             }
+        }
+    }
+
+    /// Answers each value [`KvService::reply_values`] read into `out` (its replies starting
+    /// at `replies`, from `before` on) that does not match its checksum as a miss, and
+    /// removes its key unless it has a new value since: the target returned other bytes
+    /// than were written (a failing disk, an image changed under the service), and a
+    /// cache's right answer to a value it cannot vouch for is none, which a client fills
+    /// again, rather than wrong bytes or an error it may not expect. Counted and logged.
+    #[cold]
+    fn drop_corrupt(
+        &self,
+        keys: &[&[u8]],
+        values: &[Option<Arc<Extents>>],
+        replies: &[usize],
+        before: usize,
+        out: &mut Vec<u8>,
+    ) {
+        let read = out.split_off(before);
+        let ends = replies.iter().skip(1).copied().chain([before + read.len()]);
+        for ((v, key), (start, end)) in values.iter().zip(keys).zip(replies.iter().zip(ends)) {
+            let reply = &read[start - before..end - before];
+            let Some(extents) = v else {
+                out.extend_from_slice(reply);
+                continue;
+            };
+            let at = reply.len() - 2 - extents.len() as usize;
+            let value = &reply[at..reply.len() - 2];
+            if extents.checksum().is_none_or(|c| crc32c(value) == c) {
+                out.extend_from_slice(reply);
+                continue;
+            }
+            reply::null(out);
+            self.counters.corrupt_values.fetch_add(1, Relaxed);
+            self.lock().remove_value(key, extents);
+            tracing::warn!(
+                service = %self.name,
+                key = %String::from_utf8_lossy(key),
+                "kvcache value read back does not match its checksum: answered as a miss, key removed"
+            );
         }
     }
 
@@ -1647,7 +1709,7 @@ impl KvService {
              # Kvcache\r\n\
              target:{}\r\nblock_size:{}\r\ncapacity_bytes:{}\r\nused_bytes:{}\r\n\
              storage_read_bytes:{}\r\nstorage_written_bytes:{}\r\nstorage_errors:{}\r\n\
-             restored_keys:{}\r\n\r\n# Keyspace\r\ndb0:keys={},expires={},avg_ttl=0\r\n",
+             corrupt_values:{}\r\nrestored_keys:{}\r\n\r\n# Keyspace\r\ndb0:keys={},expires={},avg_ttl=0\r\n",
             crate::VERSION,
             self.listen.port(),
             c.clients.load(Relaxed),
@@ -1663,6 +1725,7 @@ impl KvService {
             c.read_bytes.load(Relaxed),
             c.written_bytes.load(Relaxed),
             c.storage_errors.load(Relaxed),
+            c.corrupt_values.load(Relaxed),
             self.restored_keys,
             g.keys,
             g.expiring,
@@ -2081,6 +2144,38 @@ mod tests {
             back,
             format!("-ERR {}\r\n", ProtocolError::ExpectedBulk).into_bytes()
         );
+        std::fs::remove_file(path).unwrap();
+    }
+
+    /// A value whose bytes on the target changed under the service (a failing disk) is
+    /// answered as a miss and its key removed; the values beside it are served as written.
+    #[test]
+    fn a_value_the_target_changed_is_answered_as_a_miss() {
+        use std::os::unix::fs::FileExt;
+        let (svc, path) = service("corrupt", 16 * 4096, 4096);
+        run(&svc, &[b"SET", b"a", &[1; 5000]]);
+        run(&svc, &[b"MSET", b"b", &[2; 100], b"c", &[3; 4096]]);
+        // A fresh store hands out blocks in order after the superblock's: `a` has 1 and
+        // 2, `b` 3, `c` 4.
+        let flip = |at: u64| {
+            let disk = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            disk.write_all_at(&[0xff], at).unwrap();
+        };
+        flip(3 * 4096 + 7);
+        let mut expect = b"*3\r\n".to_vec();
+        reply::bulk(&mut expect, &[1; 5000]);
+        reply::null(&mut expect);
+        reply::bulk(&mut expect, &[3; 4096]);
+        assert_eq!(run(&svc, &[b"MGET", b"a", b"b", b"c"]), expect);
+        assert_eq!(run(&svc, &[b"EXISTS", b"a", b"b", b"c"]), b":2\r\n");
+        flip(4096 + 4999);
+        assert_eq!(run(&svc, &[b"GET", b"a"]), b"$-1\r\n");
+        assert_eq!(svc.counters.corrupt_values.load(Relaxed), 2);
+        assert_eq!(svc.counters.misses.load(Relaxed), 2);
+        assert!(svc.info().contains("corrupt_values:2\r\n"));
+        // Written again, the key is served again.
+        run(&svc, &[b"SET", b"a", b"again"]);
+        assert_eq!(run(&svc, &[b"GET", b"a"]), b"$5\r\nagain\r\n");
         std::fs::remove_file(path).unwrap();
     }
 

@@ -524,7 +524,7 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
         commands,
     );
     type Field = fn(&KvCounters) -> &AtomicU64;
-    let counters: [(&str, &str, Field); 8] = [
+    let counters: [(&str, &str, Field); 9] = [
         ("dpuflow_kvcache_hits_total", "Reads of keys held.", |c| {
             &c.hits
         }),
@@ -547,6 +547,11 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
             "dpuflow_kvcache_storage_errors_total",
             "Storage reads and writes that failed.",
             |c| &c.storage_errors,
+        ),
+        (
+            "dpuflow_kvcache_corrupt_values_total",
+            "Values read back that did not match their checksum (answered as misses, keys removed).",
+            |c| &c.corrupt_values,
         ),
         (
             "dpuflow_kvcache_rejected_clients_total",
