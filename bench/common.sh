@@ -28,6 +28,11 @@ dpuflow_bin() {
     fi
 }
 
+# Zeroes the superblock of the KV-cache store on disk image FILE, so the next service
+# starts empty rather than with the index the last one saved (which a build of another
+# index format would not read: builds compared would start unequal).
+empty_store() { dd if=/dev/zero of="$1" bs=65536 count=1 conv=notrunc status=none; }
+
 # The builds to compare: BUILDS ("BIN …"), or this tree's release build; into `builds`.
 builds_to_run() {
     if [ -z "${BUILDS:-}" ]; then

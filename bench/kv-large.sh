@@ -4,9 +4,9 @@
 # 64 KiB blocks on an NBD export (qemu-nbd, a file in /dev/shm) or, with TARGET=nvme, an
 # NVMe/TCP namespace (the Linux kernel's nvmet-tcp, booted under QEMU by
 # scripts/nvmet-target: its rates are the emulator's). KEYS defaults to twice what the
-# capacity holds, so the service evicts as it goes. Round after round, each round runs
-# every build named (a build before a change and one after, side by side); prints each
-# build's median requests per second.
+# capacity holds, so the service evicts as it goes; each run starts from an empty store.
+# Round after round, each round runs every build named (a build before a change and one
+# after, side by side); prints each build's median requests per second.
 # Needs redis-benchmark, qemu-nbd; for nvme qemu-system-x86, busybox-static, cpio.
 # Usage: [BUILDS="BIN …"] [TARGET=nbd|nvme] [CAPACITY=MiB] [KEYS=N]
 #        bench/kv-large.sh [ROUNDS] [REQUESTS] [VALUE] [CLIENTS]
@@ -56,6 +56,7 @@ port fabric { driver pcap }
 service kvcache { listen 127.0.0.1:$port  target "$url"  capacity ${capacity}MiB  block_size 64KiB }
 pipe p root from fabric { default { actions to kvcache } }
 PIPE
+        empty_store "$dir/disk.img"
         "${builds[$i]}" run "$dir/kv.pipe" --metrics 127.0.0.1:0 >/dev/null 2>&1 &
         pid=$!
         wait_port "$port"

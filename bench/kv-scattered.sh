@@ -36,6 +36,7 @@ PIPE
 declare -A gets sets mgets pipes msets psets
 for round in $(seq "$rounds"); do
     for i in "${!builds[@]}"; do
+        empty_store "$dir/disk.img"
         "${builds[$i]}" run "$dir/kv.pipe" --metrics 127.0.0.1:0 >/dev/null 2>&1 &
         pid=$!
         wait_port "$kv_port"
