@@ -65,7 +65,8 @@ fn number(digits: &[u8]) -> Option<i64> {
 
 /// Parses one request at the start of `buf`. `Ok(Some(n))`: a whole request of `n` bytes,
 /// its arguments' ranges (into `buf`) in `args`; `Ok(None)`: more bytes are needed (`args`
-/// is then meaningless); `Err`: the bytes are not RESP, or an argument would be longer than
+/// then holds those of its arguments that have arrived whole, the command's name first;
+/// none of an inline command's); `Err`: the bytes are not RESP, or an argument would be longer than
 /// `max_bulk` (refused before its bytes arrive, so a client cannot make the server buffer
 /// more). An empty request (a blank inline line, or `*0`) parses with no arguments.
 pub fn parse(
@@ -251,10 +252,13 @@ mod tests {
         let (n, w) = words(req).unwrap().unwrap();
         assert_eq!(n, 31);
         assert_eq!(w, [b"SET".to_vec(), b"k".to_vec(), b"v\r\nx!".to_vec()]);
-        // Every proper prefix needs more bytes.
+        // Every proper prefix needs more bytes; the arguments that arrived whole are there.
         for cut in 0..n {
             assert_eq!(words(&req[..cut]), Ok(None), "cut at {cut}");
         }
+        let mut args = Vec::new();
+        assert_eq!(parse(&req[..20], &mut args, MAX_BULK), Ok(None));
+        assert_eq!(args, [8..11, 17..18]);
     }
 
     #[test]
