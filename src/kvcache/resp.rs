@@ -82,6 +82,26 @@ pub fn parse(
     }
 }
 
+/// After [`parse`] found the request at the start of `buf` not whole, with `args` as it
+/// left them: the length the request will have at least, once the argument now arriving
+/// has announced its own; `None` before that (and for an inline command). A server makes
+/// room for a large value once, rather than growing its buffer as the bytes come.
+pub fn awaited_len(buf: &[u8], args: &[Range<usize>]) -> Option<usize> {
+    if buf.first() != Some(&b'*') {
+        return None;
+    }
+    let at = match args.last() {
+        Some(r) => r.end + 2,
+        None => line(buf, 1)?.1,
+    };
+    if buf.get(at) != Some(&b'$') {
+        return None;
+    }
+    let (end, data) = line(buf, at + 1)?;
+    let len = usize::try_from(number(&buf[at + 1..end])?).ok()?;
+    Some(data + len + 2)
+}
+
 fn parse_array(
     buf: &[u8],
     args: &mut Vec<Range<usize>>,
@@ -259,6 +279,19 @@ mod tests {
         let mut args = Vec::new();
         assert_eq!(parse(&req[..20], &mut args, MAX_BULK), Ok(None));
         assert_eq!(args, [8..11, 17..18]);
+        // Once an argument's length has arrived, so has the request's least length.
+        for (cut, awaited) in [
+            (0, None),
+            (4, None),
+            (7, None),
+            (8, Some(13)),
+            (22, None),
+            (26, Some(31)),
+        ] {
+            assert_eq!(parse(&req[..cut], &mut args, MAX_BULK), Ok(None));
+            assert_eq!(awaited_len(&req[..cut], &args), awaited, "cut at {cut}");
+        }
+        assert_eq!(awaited_len(b"SET k", &[]), None);
     }
 
     #[test]
@@ -316,14 +349,20 @@ mod tests {
         #[test]
         fn never_panics(buf in proptest::collection::vec(any::<u8>(), 0..200)) {
             let mut args = Vec::new();
-            if let Ok(Some(n)) = parse(&buf, &mut args, 64) {
-                prop_assert!(n <= buf.len());
-                prop_assert!(args.iter().all(|r| r.end <= n));
+            match parse(&buf, &mut args, 64) {
+                Ok(Some(n)) => {
+                    prop_assert!(n <= buf.len());
+                    prop_assert!(args.iter().all(|r| r.end <= n));
+                }
+                Ok(None) => {
+                    let _ = awaited_len(&buf, &args);
+                }
+                Err(_) => {}
             }
         }
 
         /// An encoded request parses back to its arguments, exactly its length, and needs
-        /// more bytes when cut short.
+        /// more bytes when cut short, no more than it has in all.
         #[test]
         fn round_trip(
             args in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..8),
@@ -332,7 +371,11 @@ mod tests {
             let req = encode(&args);
             prop_assert_eq!(words(&req).unwrap(), Some((req.len(), args)));
             let cut = cut.index(req.len());
-            prop_assert_eq!(words(&req[..cut]).unwrap(), None);
+            let mut parsed = Vec::new();
+            prop_assert_eq!(parse(&req[..cut], &mut parsed, MAX_BULK), Ok(None));
+            if let Some(awaited) = awaited_len(&req[..cut], &parsed) {
+                prop_assert!(cut < awaited && awaited <= req.len());
+            }
         }
     }
 }

@@ -594,6 +594,9 @@ impl KvService {
         loop {
             let mut start = 0;
             let mut quit = false;
+            // The length, from `start`, the requests waited for will have at least, where
+            // known (a large value's length arrives before its bytes).
+            let mut awaited = 0;
             while !quit {
                 match resp::parse(&buf[start..filled], &mut args, self.max_bulk()) {
                     Ok(Some(n)) => {
@@ -620,6 +623,8 @@ impl KvService {
                             if arriving.is_some_and(|name| name.eq_ignore_ascii_case(b"set"))
                                 && (bytes as u64) < self.batch_limit()
                             {
+                                awaited = resp::awaited_len(&input[end..], &args)
+                                    .map_or(0, |n| end - start + n);
                                 break;
                             }
                             self.sets(&items, &mut out);
@@ -633,7 +638,10 @@ impl KvService {
                         };
                         start += n;
                     }
-                    Ok(None) => break,
+                    Ok(None) => {
+                        awaited = resp::awaited_len(&buf[start..filled], &args).unwrap_or(0);
+                        break;
+                    }
                     Err(e) => {
                         reply::error(&mut out, &format!("ERR {e}"));
                         quit = true;
@@ -657,6 +665,13 @@ impl KvService {
             if filled == 0 && buf.len() > LARGE {
                 // A large value has passed: give its room back.
                 buf = vec![0; READ_BUFFER];
+            } else if awaited > buf.len() {
+                // Room for the whole of a large value at once, rather than growing (a copy
+                // each time) as its bytes come; fresh zeroed memory is the kernel's
+                // untouched pages, not a fill.
+                let mut room = vec![0; awaited];
+                room[..filled].copy_from_slice(&buf[..filled]);
+                buf = room;
             } else if filled == buf.len() {
                 // A large value is arriving: room for half as much again.
                 buf.resize(filled + (filled / 2).clamp(READ_BUFFER, 16 << 20), 0);

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Instructions the KV-cache service spends on a SET and on a GET of VALUE bytes, under
+# callgrind (repeatable where rates on a shared machine are not): `dpuflow run` with a
+# service on a file in /dev/shm, redis-benchmark putting N then 3N values (and as many
+# GETs of them), the difference per request, which cancels the start and the stop. The
+# system calls' own work in the kernel is not counted. Each build named is measured in
+# turn. Needs valgrind and redis-benchmark.
+# Usage: [BUILDS="BIN …"] bench/kv-instructions.sh [N] [VALUE]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bench/common.sh
+n=${1:-10}
+value=${2:-4000000}
+for t in valgrind redis-benchmark; do
+    command -v $t >/dev/null || { echo "$t not found" >&2; exit 1; }
+done
+builds_to_run
+dir=$(mktemp -d /dev/shm/dpuflow-kv-instr.XXXXXX)
+trap stop_all EXIT
+# Total instructions of a service that served `requests` SETs or GETs (TEST) of the values.
+run() { # BIN TEST REQUESTS
+    local port out pid
+    port=$(free_port)
+    out=$dir/cg.out
+    rm -f "$dir/blocks.img"
+    cat >"$dir/kv.pipe" <<PIPE
+pipeline kv_bench
+port fabric { driver pcap }
+service kvcache { listen 127.0.0.1:$port  target "file://$dir/blocks.img"  capacity 256MiB  block_size 64KiB }
+pipe p root from fabric { default { actions to kvcache } }
+PIPE
+    valgrind --tool=callgrind --callgrind-out-file="$out" "$1" run "$dir/kv.pipe" --metrics 127.0.0.1:0 >/dev/null 2>&1 &
+    pid=$!
+    for _ in $(seq 600); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
+    # GETs read what the SETs before them stored (the same keys).
+    [ "$2" = get ] && redis-benchmark -p "$port" -t set -n "$3" -r "$n" -d "$value" -c 1 -q >/dev/null
+    redis-benchmark -p "$port" -t "$2" -n "$3" -r "$n" -d "$value" -c 1 -q >/dev/null
+    kill "$pid"
+    wait "$pid" 2>/dev/null || true
+    callgrind_annotate "$out" 2>/dev/null | sed -n 's/^\([0-9,]*\) .*PROGRAM TOTALS.*/\1/p' | tr -d ,
+}
+for b in "${builds[@]}"; do
+    set_1=$(run "$b" set "$n"); set_3=$(run "$b" set $((3 * n)))
+    get_1=$(run "$b" get "$n"); get_3=$(run "$b" get $((3 * n)))
+    # A GET run also did its SETs first: take them out.
+    set_each=$(( (set_3 - set_1) / (2 * n) ))
+    get_each=$(( (get_3 - get_1) / (2 * n) - set_each ))
+    echo "$b: $set_each instructions a SET, $get_each a GET of $value bytes"
+done
