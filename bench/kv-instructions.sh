@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Instructions the KV-cache service spends on a SET and on a GET of VALUE bytes, under
-# callgrind (repeatable where rates on a shared machine are not): `dpuflow run` with a
+# callgrind (steadier than rates on a shared machine; a large GET's figure still moves by
+# up to a fifth with how the allocator hands out its reply's memory): `dpuflow run` with a
 # service on a file in /dev/shm, redis-benchmark putting N then 3N values (and as many
 # GETs of them), the difference per request, which cancels the start and the stop. The
 # system calls' own work in the kernel is not counted. Each build named is measured in
