@@ -26,8 +26,15 @@ fn nbd_server(image: &str, port: u16) -> Running {
         .stderr(Stdio::null())
         .spawn()
         .expect("`qemu-nbd` is required (scripts/test installs qemu-utils)");
+    let mut nbd = Running(child);
     wait_for_port(port, "qemu-nbd");
-    Running(child)
+    // Something else answering on the port (taken between picking and binding it) would
+    // make every later failure a puzzle.
+    assert!(
+        nbd.0.try_wait().expect("qemu-nbd's status").is_none(),
+        "qemu-nbd exited: port {port} taken?"
+    );
+    nbd
 }
 
 /// `dpuflow run` on a pipeline whose only work is the KV-cache service.
