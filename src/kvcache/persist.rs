@@ -8,16 +8,19 @@
 //!
 //! Superblock layout (little-endian): magic (16 bytes), version (u32: 3; snapshots of
 //! version 2, from before values had checksums, load without them, and those of version
-//! 1 without deadlines too), state (u32: 1
-//! clean), block size (u64), capacity (u64), snapshot length (u64), snapshot CRC32c (u32),
-//! run count (u32), the header's CRC32c (u32, computed with this field zero), 4 bytes
-//! reserved, then the snapshot's runs (first block, count: u64 each).
+//! 1 without deadlines too), state (u32: 1 clean), block size (u64), capacity (u64),
+//! snapshot length (u64), snapshot CRC32c (u32), run count (u32), the header's CRC32c
+//! (u32, computed with this field zero), 4 bytes reserved, then the snapshot's runs
+//! (first block, count: u64 each).
 
 use super::index::{Extents, Index, Run, SnapshotFields};
 use crate::wire::sctp::crc32c;
 
 const MAGIC: &[u8; 16] = b"dpuflow-kvcache\0";
 const VERSION: u32 = 3;
+const CLEAN: u32 = 1;
+const HEADER_LEN: usize = 64;
+const HEADER_CRC_AT: usize = 56;
 
 /// What the snapshot of a superblock of `version` holds for each key; `None` for a version
 /// this build does not know.
@@ -33,9 +36,6 @@ fn fields_of(version: u32) -> Option<SnapshotFields> {
         checksums,
     })
 }
-const CLEAN: u32 = 1;
-const HEADER_LEN: usize = 64;
-const HEADER_CRC_AT: usize = 56;
 
 /// A superblock's facts.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -66,9 +66,10 @@ fn number(digits: &[u8]) -> Option<i64> {
 /// Parses one request at the start of `buf`. `Ok(Some(n))`: a whole request of `n` bytes,
 /// its arguments' ranges (into `buf`) in `args`; `Ok(None)`: more bytes are needed (`args`
 /// then holds those of its arguments that have arrived whole, the command's name first;
-/// none of an inline command's); `Err`: the bytes are not RESP, or an argument would be longer than
-/// `max_bulk` (refused before its bytes arrive, so a client cannot make the server buffer
-/// more). An empty request (a blank inline line, or `*0`) parses with no arguments.
+/// none of an inline command's); `Err`: the bytes are not RESP, or an argument would be
+/// longer than `max_bulk` (refused before its bytes arrive, so a client cannot make the
+/// server buffer more). An empty request (a blank inline line, or `*0`) parses with no
+/// arguments.
 pub fn parse(
     buf: &[u8],
     args: &mut Vec<Range<usize>>,

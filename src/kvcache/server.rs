@@ -668,8 +668,9 @@ impl KvService {
             } else if awaited > buf.len() {
                 // Room for the whole of a large value at once, rather than growing (a copy
                 // each time) as its bytes come; fresh zeroed memory is the kernel's
-                // untouched pages, not a fill.
-                let mut room = vec![0; awaited];
+                // untouched pages, not a fill. Not more than twice what has arrived, or
+                // 16 MiB beyond it: announcing a value commits no more memory than that.
+                let mut room = vec![0; awaited.min((2 * filled).max(filled + (16 << 20)))];
                 room[..filled].copy_from_slice(&buf[..filled]);
                 buf = room;
             } else if filled == buf.len() {
