@@ -589,6 +589,8 @@ impl KvService {
         let mut buf: Vec<u8> = vec![0; READ_BUFFER];
         let mut filled = 0;
         let mut authed = self.password.is_none();
+        // The client has sent all it will (what is whole is still served).
+        let mut closed = false;
         let mut args: Vec<Range<usize>> = Vec::new();
         let mut out: Vec<u8> = Vec::with_capacity(READ_BUFFER);
         loop {
@@ -620,7 +622,8 @@ impl KvService {
                             // A large value's SET is often served before the next has
                             // arrived whole: when one has begun to arrive (the client
                             // is sending, not waiting), the run waits for it.
-                            if arriving.is_some_and(|name| name.eq_ignore_ascii_case(b"set"))
+                            if !closed
+                                && arriving.is_some_and(|name| name.eq_ignore_ascii_case(b"set"))
                                 && (bytes as u64) < self.batch_limit()
                             {
                                 awaited = resp::awaited_len(&input[end..], &args)
@@ -678,7 +681,8 @@ impl KvService {
                 buf.resize(filled + (filled / 2).clamp(READ_BUFFER, 16 << 20), 0);
             }
             match stream.read(&mut buf[filled..]) {
-                Ok(0) => return Ok(()),
+                Ok(0) if closed || filled == 0 => return Ok(()),
+                Ok(0) => closed = true,
                 Ok(n) => filled += n,
                 Err(e)
                     if matches!(
@@ -2209,6 +2213,13 @@ mod tests {
         let mut back = vec![0; expect.len()];
         c.read_exact(&mut back).unwrap();
         assert!(back == expect);
+        // A client that stops sending halfway through a SET has those before it served.
+        let mut c = TcpStream::connect(svc.listen).unwrap();
+        c.write_all(&[&first[..], head].concat()).unwrap();
+        c.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut back = Vec::new();
+        c.read_to_end(&mut back).unwrap();
+        assert_eq!(back, b"+OK\r\n");
         std::fs::remove_file(path).unwrap();
     }
 
