@@ -159,10 +159,11 @@ fn redis_py_ok(script: &str, what: &str) {
 
 /// What hosts do, checked end to end: a block put with redis-cli lands on the target's
 /// `image` and comes back whole (2.5 MB: more than one NVMe command carries, so several
-/// travel at once), and once a byte of it changes on the target, as a miss; redis-py's pipelines and multi-key commands; then redis-benchmark puts
-/// `requests` 64 KiB values over many more keys than 32 MiB hold, so the least recently
-/// used are evicted, and nothing fails; then large values in the blocks that churn left
-/// scattered come back whole.
+/// travel at once), and once a byte of it changes on the target, as a miss; redis-py's
+/// pipelines and multi-key commands; then redis-benchmark puts `requests` 64 KiB values
+/// over many more keys than 32 MiB hold, one at a time and 16 a write, so the least
+/// recently used are evicted, and nothing fails; then large values in the blocks that
+/// churn left scattered come back whole.
 fn hosts_put_and_get(kv: &KvService, image: &str, requests: &str) {
     let block = value(2_500_000, 1);
     assert_eq!(kv.cli_with(&["-x", "SET", "layer0"], &block).trim(), "OK");
