@@ -3,9 +3,10 @@
 # A TCP port free on 127.0.0.1 now.
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-# Waits up to 10 s for something to listen on 127.0.0.1:PORT; fails the script otherwise.
+# Waits up to SECONDS (default 10) for something to listen on 127.0.0.1:PORT; fails the
+# script otherwise.
 wait_port() {
-    for _ in $(seq 100); do
+    for _ in $(seq $((${2:-10} * 10))); do
         (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return
         sleep 0.1
     done

@@ -10,7 +10,7 @@
 
 use super::storage::{write_parts, BlockTarget};
 use crate::ir::NvmeDigests;
-use crate::wire::sctp::crc32c;
+use crc32c::crc32c;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -390,7 +390,7 @@ impl<S: Read + Write> Queue<S> {
                 let Data::In(buf) = &mut cmds[i].data else {
                     return Err(protocol("data for a command that reads none"));
                 };
-                let dd = if self.digests.data { DIGEST_LEN } else { 0 };
+                let (_, dd) = self.digest_lens(true);
                 let start = if pdo == 0 { hlen + hd } else { pdo };
                 if start < hlen + hd || start + dlen + dd != plen || offset + dlen > buf.len() {
                     return Err(protocol("C2HData outside its command's buffer"));

@@ -14,7 +14,7 @@
 //! (first block, count: u64 each).
 
 use super::index::{Extents, Index, Run, SnapshotFields};
-use crate::wire::sctp::crc32c;
+use crc32c::crc32c;
 
 const MAGIC: &[u8; 16] = b"dpuflow-kvcache\0";
 const VERSION: u32 = 3;

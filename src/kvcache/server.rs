@@ -9,7 +9,7 @@ use super::resp::{self, reply};
 use super::storage::{self, BlockTarget, Pool, TargetError};
 use super::{glob, persist};
 use crate::ir::KvCache;
-use crate::wire::sctp::crc32c;
+use crc32c::crc32c;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::io::{self, Read, Write};
@@ -1451,13 +1451,18 @@ impl KvService {
                     e.checksum()
                         .is_none_or(|c| crc32c(&out[at..at + e.len() as usize]) == c)
                 };
-                let corrupt = held.iter().filter(|h| !matches(h)).count() as u64;
-                self.counters
-                    .hits
-                    .fetch_add(held.len() as u64 - corrupt, Relaxed);
-                self.counters.misses.fetch_add(missed + corrupt, Relaxed);
-                if corrupt > 0 {
-                    self.drop_corrupt(keys, values, &replies, before, out);
+                // The values that do not match, by index (`held` is the values held, in order).
+                let corrupt: Vec<usize> = (0..values.len())
+                    .filter(|&i| values[i].is_some())
+                    .zip(&held)
+                    .filter(|(_, h)| !matches(h))
+                    .map(|(i, _)| i)
+                    .collect();
+                let n = corrupt.len() as u64;
+                self.counters.hits.fetch_add(held.len() as u64 - n, Relaxed);
+                self.counters.misses.fetch_add(missed + n, Relaxed);
+                if !corrupt.is_empty() {
+                    self.drop_corrupt(keys, values, &corrupt, &replies, before, out);
                 }
             }
             Err(e) => {
@@ -1476,9 +1481,10 @@ impl KvService {
         }
     }
 
-    /// Answers each value [`KvService::reply_values`] read into `out` (its replies starting
-    /// at `replies`, from `before` on) that does not match its checksum as a miss, and
-    /// removes its key unless it has a new value since: the target returned other bytes
+    /// Answers the values [`KvService::reply_values`] read into `out` (their replies
+    /// starting at `replies`, from `before` on) that did not match their checksums (their
+    /// indices in `corrupt`, ascending) as misses, and removes their keys unless they have
+    /// new values since: the target returned other bytes
     /// than were written (a failing disk, an image changed under the service), and a
     /// cache's right answer to a value it cannot vouch for is none, which a client fills
     /// again, rather than wrong bytes or an error it may not expect. Counted and logged.
@@ -1487,24 +1493,19 @@ impl KvService {
         &self,
         keys: &[&[u8]],
         values: &[Option<Arc<Extents>>],
+        corrupt: &[usize],
         replies: &[usize],
         before: usize,
         out: &mut Vec<u8>,
     ) {
         let read = out.split_off(before);
         let ends = replies.iter().skip(1).copied().chain([before + read.len()]);
-        for ((v, key), (start, end)) in values.iter().zip(keys).zip(replies.iter().zip(ends)) {
-            let reply = &read[start - before..end - before];
-            let Some(extents) = v else {
-                out.extend_from_slice(reply);
+        for (i, (start, end)) in replies.iter().zip(ends).enumerate() {
+            let (Some(extents), Ok(_)) = (&values[i], corrupt.binary_search(&i)) else {
+                out.extend_from_slice(&read[start - before..end - before]);
                 continue;
             };
-            let at = reply.len() - 2 - extents.len() as usize;
-            let value = &reply[at..reply.len() - 2];
-            if extents.checksum().is_none_or(|c| crc32c(value) == c) {
-                out.extend_from_slice(reply);
-                continue;
-            }
+            let key = keys[i];
             reply::null(out);
             self.counters.corrupt_values.fetch_add(1, Relaxed);
             self.lock().remove_value(key, extents);

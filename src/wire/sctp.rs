@@ -6,7 +6,7 @@
 pub const CHECKSUM_AT: usize = 8;
 pub const HEADER_LEN: usize = 12;
 
-/// The CRC32c of `data` (RFC 9260 Appendix A; also the KV cache's on-disk checksum).
+/// The CRC32c of `data` (RFC 9260 Appendix A).
 pub fn crc32c(data: &[u8]) -> u32 {
     crc32c::crc32c(data)
 }
