@@ -57,15 +57,16 @@ impl Extents {
 
     /// The blocks as runs of consecutive block numbers, in the value's order: one I/O
     /// each.
-    pub fn runs(&self) -> Vec<Run> {
-        let mut runs: Vec<Run> = Vec::new();
-        for &b in &self.blocks {
-            match runs.last_mut() {
-                Some((first, n)) if *first + *n == b => *n += 1,
-                _ => runs.push((b, 1)),
+    pub fn runs(&self) -> impl Iterator<Item = Run> + '_ {
+        let mut blocks = self.blocks.iter().copied().peekable();
+        std::iter::from_fn(move || {
+            let first = blocks.next()?;
+            let mut n = 1;
+            while blocks.next_if_eq(&(first + n)).is_some() {
+                n += 1;
             }
-        }
-        runs
+            Some((first, n))
+        })
     }
 }
 
@@ -374,9 +375,10 @@ impl Index {
     /// Makes `extents` the value of `key`, replacing any (whose blocks are freed once no
     /// reader holds them).
     pub fn insert(&mut self, key: &[u8], extents: Extents) {
-        self.remove(key);
+        // A key held already keeps its string.
+        let held = self.take(key);
         let tick = self.next_tick();
-        let key: Arc<[u8]> = Arc::from(key);
+        let key: Arc<[u8]> = held.unwrap_or_else(|| Arc::from(key));
         self.used += extents.blocks.len() as u64;
         self.order.insert(tick, Arc::clone(&key));
         self.map.insert(
@@ -400,12 +402,15 @@ impl Index {
 
     /// Removes `key`; whether it was held.
     pub fn remove(&mut self, key: &[u8]) -> bool {
-        let Some((k, e)) = self.map.remove_entry(key) else {
-            return false;
-        };
+        self.take(key).is_some()
+    }
+
+    /// Removes `key`, giving back its string if it was held.
+    fn take(&mut self, key: &[u8]) -> Option<Arc<[u8]>> {
+        let (k, e) = self.map.remove_entry(key)?;
         self.order.remove(&e.tick);
-        self.forget(k, &e);
-        true
+        self.forget(Arc::clone(&k), &e);
+        Some(k)
     }
 
     /// The blocks and deadline of a removed entry.
@@ -513,9 +518,9 @@ mod tests {
         put(&mut ix, "b", 3 * 4096).unwrap();
         put(&mut ix, "empty", 0).unwrap();
         // Block 0 is the superblock's.
-        assert_eq!(ix.get(b"a").unwrap().runs(), [(1, 1)]);
-        assert_eq!(ix.get(b"b").unwrap().runs(), [(2, 3)]);
-        assert_eq!(ix.get(b"empty").unwrap().runs(), []);
+        assert_eq!(ix.get(b"a").unwrap().runs().collect::<Vec<_>>(), [(1, 1)]);
+        assert_eq!(ix.get(b"b").unwrap().runs().collect::<Vec<_>>(), [(2, 3)]);
+        assert_eq!(ix.get(b"empty").unwrap().runs().collect::<Vec<_>>(), []);
         assert_eq!(ix.stats().used_blocks, 4);
         assert_eq!(
             ix.allocate(b"c", 11 * 4096).unwrap_err(),
@@ -554,7 +559,7 @@ mod tests {
         assert_eq!(ix.allocate(b"b", 512).unwrap_err(), StoreError::Busy);
         drop(reading);
         put(&mut ix, "b", 1024).unwrap();
-        assert_eq!(ix.get(b"b").unwrap().runs(), [(1, 2)]);
+        assert_eq!(ix.get(b"b").unwrap().runs().collect::<Vec<_>>(), [(1, 2)]);
     }
 
     #[test]
@@ -591,7 +596,10 @@ mod tests {
         assert_eq!(back.snapshot(), snap);
         assert_eq!(back.stats().used_blocks, ix.stats().used_blocks);
         for k in [&b"a"[..], b"b", b"c"] {
-            assert_eq!(back.get(k).unwrap().runs(), ix.get(k).unwrap().runs());
+            assert_eq!(
+                back.get(k).unwrap().runs().collect::<Vec<_>>(),
+                ix.get(k).unwrap().runs().collect::<Vec<_>>()
+            );
         }
         // The free blocks are exactly those no key holds (4 of 8), and recency is as it
         // was: filling the store evicts c (no blocks), then a, and keeps b.
@@ -757,7 +765,10 @@ mod tests {
             let mut back = Index::restore(room(4, 512), 512, &old, fields).unwrap();
             assert_eq!(back.deadline(b"k"), Some(None));
             let restored = back.get(b"k").unwrap();
-            assert_eq!(restored.runs(), ix.get(b"k").unwrap().runs());
+            assert_eq!(
+                restored.runs().collect::<Vec<_>>(),
+                ix.get(b"k").unwrap().runs().collect::<Vec<_>>()
+            );
             assert_eq!(restored.checksum(), None);
             assert!(Index::restore(room(4, 512), 512, &old, SnapshotFields::ALL).is_none());
         }

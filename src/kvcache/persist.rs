@@ -178,7 +178,7 @@ pub fn prepare(index: &mut Index, capacity: u64) -> Option<Save> {
     // Padded to the blocks: the target reads and writes whole sectors.
     let len = snapshot.len() as u64;
     snapshot.resize(
-        (blocks.runs().iter().map(|r| r.1).sum::<u64>() * block_size) as usize,
+        (blocks.runs().map(|r| r.1).sum::<u64>() * block_size) as usize,
         0,
     );
     let superblock = Superblock {
@@ -187,7 +187,7 @@ pub fn prepare(index: &mut Index, capacity: u64) -> Option<Save> {
         capacity,
         snapshot_len: len,
         snapshot_crc: crc32c(&snapshot[..len as usize]),
-        runs: blocks.runs(),
+        runs: blocks.runs().collect(),
     }
     .encode(block_size as usize)?;
     Some(Save {
@@ -237,7 +237,7 @@ mod tests {
         }
         let save = prepare(&mut ix, capacity).unwrap();
         // The snapshot's blocks are free blocks, not a key's.
-        assert_eq!(save.blocks.runs(), [(4, 1)]);
+        assert_eq!(save.blocks.runs().collect::<Vec<_>>(), [(4, 1)]);
         let sb = Superblock::decode(&save.superblock).unwrap();
         let back = load(&sb, &save.snapshot, capacity, bs).unwrap();
         assert_eq!(back.snapshot(), ix.snapshot());

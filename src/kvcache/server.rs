@@ -263,17 +263,19 @@ fn refusal(e: &StoreError) -> String {
 }
 
 /// The key of a `GET key` request.
-fn get_of<'a>(words: &[&'a [u8]]) -> Option<&'a [u8]> {
-    match words {
-        [name, key] if name.eq_ignore_ascii_case(b"get") => Some(key),
+fn get_of<'a>(req: &'a [u8], args: &[Range<usize>]) -> Option<&'a [u8]> {
+    match args {
+        [name, key] if req[name.clone()].eq_ignore_ascii_case(b"get") => Some(&req[key.clone()]),
         _ => None,
     }
 }
 
 /// The key and value of a `SET key value` request (no options).
-fn set_of<'a>(words: &[&'a [u8]]) -> Option<(&'a [u8], &'a [u8])> {
-    match words {
-        [name, key, value] if name.eq_ignore_ascii_case(b"set") => Some((key, value)),
+fn set_of<'a>(req: &'a [u8], args: &[Range<usize>]) -> Option<(&'a [u8], &'a [u8])> {
+    match args {
+        [name, key, value] if req[name.clone()].eq_ignore_ascii_case(b"set") => {
+            Some((&req[key.clone()], &req[value.clone()]))
+        }
         _ => None,
     }
 }
@@ -304,15 +306,20 @@ pub struct Durations {
 
 impl Durations {
     fn observe(&self, took: Duration) {
+        self.observe_n(took, 1);
+    }
+
+    /// `n` events that each took `took`.
+    fn observe_n(&self, took: Duration, n: u64) {
         let seconds = took.as_secs_f64();
         let i = DURATION_BUCKETS
             .iter()
             .position(|&b| seconds <= b)
             .unwrap_or(DURATION_BUCKETS.len());
-        self.buckets[i].fetch_add(1, Relaxed);
-        self.count.fetch_add(1, Relaxed);
-        self.sum_ns
-            .fetch_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX), Relaxed);
+        self.buckets[i].fetch_add(n, Relaxed);
+        self.count.fetch_add(n, Relaxed);
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_ns.fetch_add(ns.saturating_mul(n), Relaxed);
     }
 }
 
@@ -603,19 +610,18 @@ impl KvService {
                 match resp::parse(&buf[start..filled], &mut args, self.max_bulk()) {
                     Ok(Some(n)) => {
                         let req = &buf[start..start + n];
-                        let words: Vec<&[u8]> = args.iter().map(|r| &req[r.clone()]).collect();
                         // GETs and SETs the client pipelined, as many of one kind as
                         // are here in a row, go to the target together, as an MGET's
                         // values and an MSET's do.
                         let mut end = start + n;
                         let input = &buf[..filled];
-                        if let Some(key) = get_of(&words).filter(|_| authed) {
+                        if let Some(key) = get_of(req, &args).filter(|_| authed) {
                             let (keys, _) = self.pipelined(input, &mut end, &mut args, key, get_of);
                             self.gets(&keys, &mut out);
                             start = end;
                             continue;
                         }
-                        if let Some(item) = set_of(&words).filter(|_| authed) {
+                        if let Some(item) = set_of(req, &args).filter(|_| authed) {
                             let (items, arriving) =
                                 self.pipelined(input, &mut end, &mut args, item, set_of);
                             let bytes: usize = items.iter().map(|(_, v)| v.len()).sum();
@@ -634,6 +640,7 @@ impl KvService {
                             start = end;
                             continue;
                         }
+                        let words: Vec<&[u8]> = args.iter().map(|r| &req[r.clone()]).collect();
                         quit = if authed {
                             self.execute(&words, &mut out)
                         } else {
@@ -704,15 +711,14 @@ impl KvService {
         end: &mut usize,
         args: &mut Vec<Range<usize>>,
         first: T,
-        pick: impl Fn(&[&'b [u8]]) -> Option<T>,
+        pick: impl Fn(&'b [u8], &[Range<usize>]) -> Option<T>,
     ) -> (Vec<T>, Option<&'b [u8]>) {
         let mut run = vec![first];
         loop {
             let rest = &input[*end..];
             match resp::parse(rest, args, self.max_bulk()) {
                 Ok(Some(m)) => {
-                    let words: Vec<&[u8]> = args.iter().map(|r| &rest[r.clone()]).collect();
-                    let Some(taken) = pick(&words) else {
+                    let Some(taken) = pick(&rest[..m], args) else {
                         return (run, None);
                     };
                     run.push(taken);
@@ -733,6 +739,11 @@ impl KvService {
     }
 
     fn count(&self, command: &str) {
+        self.count_n(command, 1);
+    }
+
+    /// Counts `n` requests of `command`.
+    fn count_n(&self, command: &str, n: u64) {
         // The forms of a command are counted as one.
         let command = match command {
             "getdel" | "getex" => "get",
@@ -744,7 +755,7 @@ impl KvService {
             .iter()
             .position(|c| *c == command)
             .unwrap_or(COMMANDS.len() - 1);
-        self.counters.commands[i].fetch_add(1, Relaxed);
+        self.counters.commands[i].fetch_add(n, Relaxed);
     }
 
     /// Runs one request, appending its reply to `out`; `true` when the client asked to
@@ -1205,18 +1216,15 @@ impl KvService {
     fn write_values(&self, values: &[(&Extents, &[u8])]) -> io::Result<()> {
         let (bs, align) = (self.config.block_size, self.align as usize);
         // A value ending inside a unit of the alignment has that unit written from a copy,
-        // padded: only a value's last run can end inside a block.
-        let tails: Vec<Vec<u8>> = values
-            .iter()
-            .filter(|(_, v)| v.len() % align != 0)
-            .map(|(_, v)| {
-                let mut tail = vec![0; align];
-                let partial = &v[v.len() - v.len() % align..];
-                tail[..partial.len()].copy_from_slice(partial);
-                tail
-            })
-            .collect();
-        let mut tails = tails.iter();
+        // padded: only a value's last run can end inside a block. The copies one after
+        // another.
+        let partial = values.iter().filter(|(_, v)| v.len() % align != 0);
+        let mut tails = vec![0u8; partial.clone().count() * align];
+        for ((_, v), tail) in partial.zip(tails.chunks_mut(align)) {
+            let bytes = &v[v.len() - v.len() % align..];
+            tail[..bytes.len()].copy_from_slice(bytes);
+        }
+        let mut tails = tails.chunks(align);
         let mut pieces = Vec::new();
         for (extents, value) in values {
             let mut at = 0usize;
@@ -1226,7 +1234,7 @@ impl KvService {
                 pieces.push((first * bs, &value[at..at + whole]));
                 if whole < len {
                     let tail = tails.next().expect("a tail for each partial value");
-                    pieces.push((first * bs + whole as u64, &tail[..]));
+                    pieces.push((first * bs + whole as u64, tail));
                 }
                 at += len;
             }
@@ -1303,11 +1311,8 @@ impl KvService {
             .iter()
             .position(|c| *c == command)
             .expect("a timed command");
-        let took = since.elapsed();
-        for _ in 0..n {
-            self.count(command);
-            self.counters.durations[timed].observe(took);
-        }
+        self.count_n(command, n as u64);
+        self.counters.durations[timed].observe_n(since.elapsed(), n as u64);
     }
 
     /// `GETDEL key`: the value, and the key gone, at once (the blocks stay readable to
@@ -1383,11 +1388,9 @@ impl KvService {
     /// [`KvService::drop_corrupt`]).
     fn reply_values(&self, keys: &[&[u8]], values: &[Option<Arc<Extents>>], out: &mut Vec<u8>) {
         let before = out.len();
-        // Where each value's reply starts in `out`, and where each value held goes.
-        let mut replies = Vec::with_capacity(values.len());
+        // Where each value held goes in `out`.
         let mut held = Vec::new();
         for v in values {
-            replies.push(out.len());
             match v {
                 None => reply::null(out),
                 Some(extents) => {
@@ -1405,17 +1408,14 @@ impl KvService {
             return;
         }
         let (bs, align) = (self.config.block_size, self.align as usize);
-        let partial = |len: u64| len as usize % align != 0;
-        let mut tails: Vec<Vec<u8>> = held
-            .iter()
-            .filter(|(_, e)| partial(e.len()))
-            .map(|_| vec![0u8; align])
-            .collect();
+        let partial = held.iter().filter(|(_, e)| e.len() as usize % align != 0);
+        // The last unit of each value that ends inside one, read aside, one after another.
+        let mut tails = vec![0u8; partial.count() * align];
         // Where each tail's bytes go in `out`: (position, tail, bytes).
         let mut copies = Vec::new();
         let read = {
             let mut pieces = Vec::new();
-            let mut tail_bufs = tails.iter_mut().enumerate();
+            let mut tail_bufs = tails.chunks_mut(align).enumerate();
             let (mut rest, mut at) = (&mut out[..], 0usize);
             for &(start, extents) in &held {
                 let (_, from) = std::mem::take(&mut rest).split_at_mut(start - at);
@@ -1432,7 +1432,7 @@ impl KvService {
                     }
                     if whole < run {
                         let (i, tail) = tail_bufs.next().expect("a tail for each partial value");
-                        pieces.push((first * bs + whole as u64, &mut tail[..]));
+                        pieces.push((first * bs + whole as u64, tail));
                         copies.push((pos + whole, i, run - whole));
                     }
                     pos += run;
@@ -1443,7 +1443,7 @@ impl KvService {
         match read {
             Ok(()) => {
                 for (at, i, n) in copies {
-                    out[at..at + n].copy_from_slice(&tails[i][..n]);
+                    out[at..at + n].copy_from_slice(&tails[i * align..i * align + n]);
                 }
                 let bytes: u64 = held.iter().map(|(_, e)| e.len()).sum();
                 self.counters.read_bytes.fetch_add(bytes, Relaxed);
@@ -1462,7 +1462,7 @@ impl KvService {
                 self.counters.hits.fetch_add(held.len() as u64 - n, Relaxed);
                 self.counters.misses.fetch_add(missed + n, Relaxed);
                 if !corrupt.is_empty() {
-                    self.drop_corrupt(keys, values, &corrupt, &replies, before, out);
+                    self.drop_corrupt(keys, values, &corrupt, before, out);
                 }
             }
             Err(e) => {
@@ -1481,28 +1481,35 @@ impl KvService {
         }
     }
 
-    /// Answers the values [`KvService::reply_values`] read into `out` (their replies
-    /// starting at `replies`, from `before` on) that did not match their checksums (their
-    /// indices in `corrupt`, ascending) as misses, and removes their keys unless they have
-    /// new values since: the target returned other bytes
-    /// than were written (a failing disk, an image changed under the service), and a
-    /// cache's right answer to a value it cannot vouch for is none, which a client fills
-    /// again, rather than wrong bytes or an error it may not expect. Counted and logged.
+    /// Answers the values [`KvService::reply_values`] read into `out` (their replies one
+    /// after another from `before` on) that did not match their checksums (their indices
+    /// in `corrupt`, ascending) as misses, and removes their keys unless they have new
+    /// values since: the target returned other bytes than were written (a failing disk,
+    /// an image changed under the service), and a cache's right answer to a value it
+    /// cannot vouch for is none, which a client fills again, rather than wrong bytes or an
+    /// error it may not expect. Counted and logged.
     #[cold]
     fn drop_corrupt(
         &self,
         keys: &[&[u8]],
         values: &[Option<Arc<Extents>>],
         corrupt: &[usize],
-        replies: &[usize],
         before: usize,
         out: &mut Vec<u8>,
     ) {
         let read = out.split_off(before);
-        let ends = replies.iter().skip(1).copied().chain([before + read.len()]);
-        for (i, (start, end)) in replies.iter().zip(ends).enumerate() {
-            let (Some(extents), Ok(_)) = (&values[i], corrupt.binary_search(&i)) else {
-                out.extend_from_slice(&read[start - before..end - before]);
+        let mut replies = &read[..];
+        for (i, value) in values.iter().enumerate() {
+            // A null bulk string, or a bulk string's header, its bytes and CRLF.
+            let len = value.as_ref().map_or(b"$-1\r\n".len(), |e| {
+                let n = e.len();
+                let digits = n.checked_ilog10().map_or(1, |d| d as usize + 1);
+                1 + digits + 2 + n as usize + 2
+            });
+            let (reply, rest) = replies.split_at(len);
+            replies = rest;
+            let (Some(extents), Ok(_)) = (value, corrupt.binary_search(&i)) else {
+                out.extend_from_slice(reply);
                 continue;
             };
             let key = keys[i];
@@ -2239,16 +2246,18 @@ mod tests {
             disk.write_all_at(&[0xff], at).unwrap();
         };
         flip(3 * 4096 + 7);
-        let mut expect = b"*3\r\n".to_vec();
+        // The replies around the corrupt one, a missing key's among them, stay whole.
+        let mut expect = b"*4\r\n".to_vec();
         reply::bulk(&mut expect, &[1; 5000]);
         reply::null(&mut expect);
+        reply::null(&mut expect);
         reply::bulk(&mut expect, &[3; 4096]);
-        assert_eq!(run(&svc, &[b"MGET", b"a", b"b", b"c"]), expect);
+        assert_eq!(run(&svc, &[b"MGET", b"a", b"none", b"b", b"c"]), expect);
         assert_eq!(run(&svc, &[b"EXISTS", b"a", b"b", b"c"]), b":2\r\n");
         flip(4096 + 4999);
         assert_eq!(run(&svc, &[b"GET", b"a"]), b"$-1\r\n");
         assert_eq!(svc.counters.corrupt_values.load(Relaxed), 2);
-        assert_eq!(svc.counters.misses.load(Relaxed), 2);
+        assert_eq!(svc.counters.misses.load(Relaxed), 3);
         assert!(svc.info().contains("corrupt_values:2\r\n"));
         // Written again, the key is served again.
         run(&svc, &[b"SET", b"a", b"again"]);
