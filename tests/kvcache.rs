@@ -160,10 +160,10 @@ fn redis_py_ok(script: &str, what: &str) {
 /// What hosts do, checked end to end: a block put with redis-cli lands on the target's
 /// `image` and comes back whole (2.5 MB: more than one NVMe command carries, so several
 /// travel at once), and once a byte of it changes on the target, as a miss; redis-py's
-/// pipelines and multi-key commands; then redis-benchmark puts `requests` 64 KiB values
-/// over many more keys than 32 MiB hold, one at a time and 16 a write, so the least
-/// recently used are evicted, and nothing fails; then large values in the blocks that
-/// churn left scattered come back whole.
+/// pipelines and multi-key commands, and its asyncio client as LMCache drives it; then
+/// redis-benchmark puts `requests` 64 KiB values over many more keys than 32 MiB hold, one
+/// at a time and 16 a write, so the least recently used are evicted, and nothing fails;
+/// then large values in the blocks that churn left scattered come back whole.
 fn hosts_put_and_get(kv: &KvService, image: &str, requests: &str) {
     let block = value(2_500_000, 1);
     assert_eq!(kv.cli_with(&["-x", "SET", "layer0"], &block).trim(), "OK");
@@ -227,6 +227,44 @@ print("ok")
         port = kv.port
     );
     redis_py_ok(&script, "pipelines and multi-key commands");
+
+    // As LMCache's Redis connector uses a cache: redis-py's asyncio client over a pool of
+    // connections (a semaphore keeps the chunks in flight to its size), each chunk's
+    // bytes put before its metadata, then looked up by the metadata's key and read back.
+    let script = format!(
+        r#"
+import asyncio, os, redis.asyncio as redis
+async def main():
+    pool = redis.ConnectionPool(host="127.0.0.1", port={port}, max_connections=48)
+    r = redis.Redis(connection_pool=pool)
+    sem = asyncio.Semaphore(48)
+    chunks = {{f"chunk{{i}}": os.urandom(150_000 + 977 * i) for i in range(60)}}
+    async def put(key, data):
+        async with sem:
+            await r.set(key + "kv_bytes", data)
+            await r.set(key + "metadata", len(data).to_bytes(8, "little"))
+    await asyncio.gather(*(put(k, d) for k, d in chunks.items()))
+    async def exists(key):
+        async with sem:
+            return await r.exists(key + "metadata")
+    held = await asyncio.gather(*(exists(k) for k in chunks))
+    assert held == [1] * len(chunks), held
+    async def get(key):
+        async with sem:
+            meta = await r.get(key + "metadata")
+            data = await r.get(key + "kv_bytes")
+        return int.from_bytes(meta, "little"), data
+    back = await asyncio.gather(*(get(k) for k in chunks))
+    for (k, d), (n, data) in zip(chunks.items(), back):
+        assert n == len(d) and data == d, k
+    assert await r.delete(*(k + "metadata" for k in chunks)) == len(chunks)
+    await pool.disconnect()
+    print("ok")
+asyncio.run(main())
+"#,
+        port = kv.port
+    );
+    redis_py_ok(&script, "an asyncio client with many connections");
 
     let port = kv.port.to_string();
     // One request at a time from each client, then 16 a write (SETs and GETs that
