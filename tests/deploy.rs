@@ -38,6 +38,7 @@ fn full_exposition() -> String {
             capacity: 1 << 20,
             block_size: 65536,
             connections: 1,
+            inline_max: 0,
             nvme_digests: Default::default(),
             password_file: None,
             tls: None,

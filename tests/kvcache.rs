@@ -337,6 +337,12 @@ print("ok")
     assert_clean_exposition(&body);
 }
 
+/// The value [`survives_a_restart`] stores: larger than the service keeps in memory, so
+/// it is read from the target.
+fn survivor() -> String {
+    "still here;".repeat(100)
+}
+
 /// A value stored, then `target` stopped: reading it fails (the error names the storage)
 /// until the target `restart` gives is back, within `seconds`; then the service reads it
 /// again. The restarted target.
@@ -346,8 +352,9 @@ fn survives_a_restart<T, U>(
     restart: impl FnOnce() -> U,
     seconds: u64,
 ) -> U {
+    let survivor = survivor();
     assert_eq!(
-        kv.cli_with(&["-x", "SET", "survivor"], b"still here")
+        kv.cli_with(&["-x", "SET", "survivor"], survivor.as_bytes())
             .trim(),
         "OK"
     );
@@ -357,7 +364,7 @@ fn survives_a_restart<T, U>(
         .contains("ERR storage read failed"));
     let back = restart();
     let deadline = Instant::now() + Duration::from_secs(seconds);
-    while kv.cli(&["GET", "survivor"]).trim() != "still here" {
+    while kv.cli(&["GET", "survivor"]).trim() != survivor {
         assert!(Instant::now() < deadline, "the service never reconnected");
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -453,7 +460,7 @@ fn hosts_put_and_get_blocks_stored_on_an_nvme_tcp_target() {
         restored == keys || restored + 1 == keys,
         "{keys} keys, {restored} restored"
     );
-    assert_eq!(kv.cli(&["GET", "survivor"]).trim(), "still here");
+    assert_eq!(kv.cli(&["GET", "survivor"]).trim(), survivor());
     let block = value(2_500_000, 7);
     assert_eq!(kv.cli_with(&["-x", "SET", "digested"], &block).trim(), "OK");
     let back = kv.get_raw("digested");

@@ -899,6 +899,9 @@ pub struct KvCache {
     pub block_size: u64,
     /// Connections kept to the target: how many reads and writes are in flight at once.
     pub connections: usize,
+    /// Values of at most this many bytes are kept in memory as well as charged a block:
+    /// read without going to the target, written to it only when the service stops.
+    pub inline_max: u64,
     /// CRC32C digests on an NVMe/TCP target's PDUs (`nvme_digest`).
     pub nvme_digests: NvmeDigests,
     /// The file holding the password clients must give (`AUTH`), if any; read when the

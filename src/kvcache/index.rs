@@ -24,13 +24,18 @@ struct FreeBlocks {
     stack: Vec<u64>,
 }
 
-/// The storage blocks of one value, in order, its length and its checksum. Its blocks go
-/// back to the free list when the last reference is dropped.
+/// The storage blocks of one value, in order, its length and its checksum, and for a small
+/// value its bytes, kept in memory. Its blocks go back to the free list when the last
+/// reference is dropped.
 #[derive(Debug)]
 pub struct Extents {
     blocks: Vec<u64>,
     len: u64,
     checksum: Option<u32>,
+    /// The value's bytes, served from memory; written to the blocks only when the service
+    /// stops (it starts empty after a crash in any case, so nothing is lost that the
+    /// target would have kept).
+    inline: Option<Box<[u8]>>,
     free: Arc<Mutex<FreeBlocks>>,
 }
 
@@ -53,6 +58,17 @@ impl Extents {
     /// Notes the CRC32C of the value about to be written to these blocks.
     pub fn set_checksum(&mut self, crc: u32) {
         self.checksum = Some(crc);
+    }
+
+    /// Keeps the value's bytes in memory (see [`Extents::inline`]).
+    pub fn keep_inline(&mut self, value: &[u8]) {
+        debug_assert_eq!(value.len() as u64, self.len);
+        self.inline = Some(value.into());
+    }
+
+    /// The value's bytes, when they are kept in memory rather than read from the target.
+    pub fn inline(&self) -> Option<&[u8]> {
+        self.inline.as_deref()
     }
 
     /// The blocks as runs of consecutive block numbers, in the value's order: one I/O
@@ -261,6 +277,7 @@ impl Index {
                 blocks,
                 len,
                 checksum,
+                inline: None,
                 free: Arc::clone(&ix.free),
             };
             // Not through the free list: the blocks are the snapshot's to give.
@@ -306,6 +323,15 @@ impl Index {
         e.tick = tick;
         self.order.insert(tick, k);
         Some(Arc::clone(&e.extents))
+    }
+
+    /// The values held whose bytes are kept in memory, in no particular order.
+    pub fn inline_values(&self) -> Vec<Arc<Extents>> {
+        self.map
+            .values()
+            .filter(|e| e.extents.inline.is_some())
+            .map(|e| Arc::clone(&e.extents))
+            .collect()
     }
 
     /// Every key held, in no particular order.
@@ -359,6 +385,7 @@ impl Index {
                         blocks,
                         len,
                         checksum: None,
+                        inline: None,
                         free: Arc::clone(&self.free),
                     };
                     return Ok((extents, removed));

@@ -25,6 +25,8 @@ pub const MAX_CLIENTS: u64 = 1024;
 const READ_BUFFER: usize = 64 << 10;
 /// Past this, a connection's buffers are given back once the large value has passed.
 const LARGE: usize = 4 << 20;
+/// Values kept in memory written to the target in one run when the service stops.
+const INLINE_WRITES: usize = 256;
 /// How often blocked threads look at the stop flag.
 const POLL: Duration = Duration::from_millis(200);
 
@@ -468,13 +470,26 @@ impl KvService {
 
     /// Saves the index for the next start (see [`persist`]), once the clients have gone
     /// (they leave within 200 ms of the stop, or after the request they are serving);
-    /// called after the stop. A failure is logged: the next start will be empty.
+    /// called after the stop. The values kept in memory are written to their blocks
+    /// first. A failure is logged: the next start will be empty.
     pub fn shutdown(&self) {
         let since = Instant::now();
         while self.counters.clients.load(Relaxed) > 0 && since.elapsed() < 10 * POLL {
             std::thread::sleep(POLL / 10);
         }
         let mut index = self.lock();
+        let inline = index.inline_values();
+        let written = inline.chunks(INLINE_WRITES).try_for_each(|values| {
+            let values: Vec<_> = values
+                .iter()
+                .filter_map(|e| Some((&**e, e.inline()?)))
+                .collect();
+            self.write_values(&values)
+        });
+        if let Err(e) = written {
+            tracing::warn!(service = %self.name, error = %e, "kvcache values kept in memory not written: the next start is empty");
+            return;
+        }
         let Some(save) = persist::prepare(&mut index, self.config.capacity) else {
             tracing::warn!(service = %self.name, "kvcache index too large to save: the next start is empty");
             return;
@@ -1114,9 +1129,11 @@ impl KvService {
             .allocate_replacing(key, value.len() as u64)
             .map_err(|e| refusal(&e))?;
         drop(ix);
-        extents.set_checksum(crc32c(value));
-        self.write_values(&[(&extents, value)])
-            .map_err(|e| self.write_failed(&e))?;
+        self.fill(&mut extents, value);
+        if extents.inline().is_none() {
+            self.write_values(&[(&extents, value)])
+                .map_err(|e| self.write_failed(&e))?;
+        }
         let mut ix = self.lock();
         // The key's own value, given up to make room, still counts as there.
         if !only.allows(took_its_own || ix.contains(key)) {
@@ -1163,7 +1180,7 @@ impl KvService {
             }
             match taken {
                 Ok(mut extents) => {
-                    extents.set_checksum(crc32c(value));
+                    self.fill(&mut extents, value);
                     waiting.push((i, extents));
                     waiting_bytes += len;
                 }
@@ -1174,6 +1191,16 @@ impl KvService {
         results
     }
 
+    /// Notes the checksum of `value`, about to be `extents`' value, and keeps its bytes in
+    /// memory if it is small enough (`inline_max`): such a value is not written to the
+    /// target until the service stops.
+    fn fill(&self, extents: &mut Extents, value: &[u8]) {
+        extents.set_checksum(crc32c(value));
+        if value.len() as u64 <= self.config.inline_max {
+            extents.keep_inline(value);
+        }
+    }
+
     /// The most bytes of values one client's run of writes holds blocks for at a time: a
     /// sixteenth of the store, at most 16 MiB (past a few MiB the transfer, not the round
     /// trips, takes the time).
@@ -1182,8 +1209,9 @@ impl KvService {
     }
 
     /// Writes the values of the `items` that `waiting` took blocks for (by index), in one
-    /// run, and makes each its key's, without a deadline; if the write fails, each of
-    /// them answers the error (their blocks go back to the free list).
+    /// run (those kept in memory are not written now), and makes each its key's, without
+    /// a deadline; if the write fails, each of them answers the error (their blocks go
+    /// back to the free list).
     fn commit(
         &self,
         items: &[(&[u8], &[u8])],
@@ -1193,8 +1221,16 @@ impl KvService {
         if waiting.is_empty() {
             return;
         }
-        let values: Vec<_> = waiting.iter().map(|(i, e)| (e, items[*i].1)).collect();
-        match self.write_values(&values) {
+        let values: Vec<_> = waiting
+            .iter()
+            .filter(|(_, e)| e.inline().is_none())
+            .map(|(i, e)| (e, items[*i].1))
+            .collect();
+        let written = match values.is_empty() {
+            true => Ok(()),
+            false => self.write_values(&values),
+        };
+        match written {
             Ok(()) => {
                 let mut ix = self.lock();
                 for (i, extents) in waiting.drain(..) {
@@ -1380,15 +1416,15 @@ impl KvService {
     }
 
     /// The values of `keys` as bulk strings one after another (the null bulk string for
-    /// none), read from the target straight into `out` in one run of requests on one
-    /// connection, so an `MGET` waits about one round trip rather than one a value. A
-    /// value whose length is not whole units of the target's alignment has its last unit
-    /// read aside and copied in. If the read fails, each value held answers the error. A
-    /// value that does not match its checksum is answered as a miss (see
-    /// [`KvService::drop_corrupt`]).
+    /// none): those kept in memory copied, the rest read from the target straight into
+    /// `out` in one run of requests on one connection, so an `MGET` waits about one round
+    /// trip rather than one a value. A value whose length is not whole units of the
+    /// target's alignment has its last unit read aside and copied in. If the read fails,
+    /// each value read answers the error. A value that does not match its checksum is
+    /// answered as a miss (see [`KvService::drop_corrupt`]).
     fn reply_values(&self, keys: &[&[u8]], values: &[Option<Arc<Extents>>], out: &mut Vec<u8>) {
         let before = out.len();
-        // Where each value held goes in `out`.
+        // Where each value to read from the target goes in `out`.
         let mut held = Vec::new();
         for v in values {
             match v {
@@ -1396,13 +1432,20 @@ impl KvService {
                 Some(extents) => {
                     let len = extents.len() as usize;
                     reply::bulk_header(out, len);
-                    held.push((out.len(), extents));
-                    out.resize(out.len() + len, 0);
+                    match extents.inline() {
+                        Some(bytes) => out.extend_from_slice(bytes),
+                        None => {
+                            held.push((out.len(), extents));
+                            out.resize(out.len() + len, 0);
+                        }
+                    }
                     out.extend_from_slice(b"\r\n");
                 }
             }
         }
-        let missed = (values.len() - held.len()) as u64;
+        let missed = values.iter().filter(|v| v.is_none()).count() as u64;
+        let in_memory = (values.len() - held.len()) as u64 - missed;
+        self.counters.hits.fetch_add(in_memory, Relaxed);
         if held.is_empty() {
             self.counters.misses.fetch_add(missed, Relaxed);
             return;
@@ -1451,9 +1494,9 @@ impl KvService {
                     e.checksum()
                         .is_none_or(|c| crc32c(&out[at..at + e.len() as usize]) == c)
                 };
-                // The values that do not match, by index (`held` is the values held, in order).
+                // The values that do not match, by index (`held` is the values read, in order).
                 let corrupt: Vec<usize> = (0..values.len())
-                    .filter(|&i| values[i].is_some())
+                    .filter(|&i| values[i].as_ref().is_some_and(|e| e.inline().is_none()))
                     .zip(&held)
                     .filter(|(_, h)| !matches(h))
                     .map(|(i, _)| i)
@@ -1472,9 +1515,10 @@ impl KvService {
                 self.counters.storage_errors.fetch_add(1, Relaxed);
                 tracing::warn!(service = %self.name, error = %e, "kvcache read failed");
                 for v in values {
-                    match v {
+                    match v.as_deref().map(|e| e.inline()) {
                         None => reply::null(out),
-                        Some(_) => reply::error(out, &format!("ERR storage read failed: {e}")),
+                        Some(Some(bytes)) => reply::bulk(out, bytes),
+                        Some(None) => reply::error(out, &format!("ERR storage read failed: {e}")),
                     }
                 }
             }
@@ -1790,8 +1834,18 @@ mod tests {
         (on(&path, capacity, block), path)
     }
 
-    /// A service on the file at `path`, as it is.
+    /// A service on the file at `path`, as it is, every value on the target.
     fn on(path: &std::path::Path, capacity: u64, block: u64) -> Arc<KvService> {
+        on_with(path, capacity, block, 0)
+    }
+
+    /// [`on`], values of up to `inline_max` bytes kept in memory.
+    fn on_with(
+        path: &std::path::Path,
+        capacity: u64,
+        block: u64,
+        inline_max: u64,
+    ) -> Arc<KvService> {
         let config = KvCache {
             listen: "127.0.0.1:0".parse().unwrap(),
             target: StorageTarget::Local {
@@ -1800,6 +1854,7 @@ mod tests {
             capacity,
             block_size: block,
             connections: 2,
+            inline_max,
             nvme_digests: Default::default(),
             password_file: None,
             tls: None,
@@ -1819,6 +1874,7 @@ mod tests {
             capacity: 1 << 20,
             block_size: 4096,
             connections: 1,
+            inline_max: 0,
             nvme_digests: Default::default(),
             password_file: Some(secret.clone()),
             tls: None,
@@ -2263,6 +2319,59 @@ mod tests {
         run(&svc, &[b"SET", b"a", b"again"]);
         assert_eq!(run(&svc, &[b"GET", b"a"]), b"$5\r\nagain\r\n");
         std::fs::remove_file(path).unwrap();
+    }
+
+    /// Values up to `inline_max` bytes are answered from memory, never read from the target,
+    /// and written to it only when the service stops, for the next start to read.
+    #[test]
+    fn small_values_are_kept_in_memory_and_written_when_the_service_stops() {
+        let path = std::env::temp_dir().join(format!("dpuflow-kv-{}-inline", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let svc = on_with(&path, 64 * 4096, 4096, 100);
+        let (reads, writes) = (&svc.counters.storage[READ], &svc.counters.storage[WRITE]);
+        let big = [7u8; 5000];
+        assert_eq!(run(&svc, &[b"SET", b"meta", b"tiny"]), b"+OK\r\n");
+        assert_eq!(
+            run(&svc, &[b"MSET", b"a", &[1; 100], b"big", &big]),
+            b"+OK\r\n"
+        );
+        assert_eq!(
+            writes.count.load(Relaxed),
+            1,
+            "only the large value is written"
+        );
+        let mut expect = b"*4\r\n".to_vec();
+        reply::bulk(&mut expect, b"tiny");
+        reply::null(&mut expect);
+        reply::bulk(&mut expect, &big);
+        reply::bulk(&mut expect, &[1; 100]);
+        assert_eq!(
+            run(&svc, &[b"MGET", b"meta", b"none", b"big", b"a"]),
+            expect
+        );
+        assert_eq!(run(&svc, &[b"GET", b"a"]), encoded(&[1; 100]));
+        assert_eq!(reads.count.load(Relaxed), 1, "only the large value is read");
+        assert_eq!(svc.counters.hits.load(Relaxed), 4);
+        assert_eq!(svc.counters.misses.load(Relaxed), 1);
+        // Overwritten by a value too large to keep, a key's value goes to the target.
+        run(&svc, &[b"SET", b"a", &[2; 101]]);
+        assert_eq!(writes.count.load(Relaxed), 2);
+        svc.stop.store(true, Relaxed);
+        svc.shutdown();
+        // The next start reads them from the target, checksums checked.
+        let svc = on(&path, 64 * 4096, 4096);
+        assert_eq!(run(&svc, &[b"GET", b"meta"]), b"$4\r\ntiny\r\n");
+        assert_eq!(run(&svc, &[b"GET", b"a"]), encoded(&[2; 101]));
+        assert_eq!(svc.counters.corrupt_values.load(Relaxed), 0);
+        assert_eq!(svc.counters.storage[READ].count.load(Relaxed), 2);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    /// `data` as a bulk string.
+    fn encoded(data: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        reply::bulk(&mut out, data);
+        out
     }
 
     /// An MSET whose values, taken together, need more room than there is while a reader

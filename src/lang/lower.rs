@@ -31,6 +31,13 @@ pub const MIN_IPFIX_MTU: u16 = 576;
 /// Connections tracked when the `conntrack` block does not say.
 const DEFAULT_CT_CAPACITY: u64 = 1 << 20;
 
+/// Values a KV-cache service keeps in memory by default: a connector's metadata beside
+/// its chunks, and small values generally, are served without a round trip to the
+/// target. At most a 256th of a store of 64 KiB blocks, were every value that small.
+const DEFAULT_INLINE_MAX: u64 = 256;
+/// The most `inline_max` may be: memory for a value in every block.
+const MAX_INLINE_MAX: u64 = 64 << 10;
+
 /// Largest rule file read; bigger ones are refused rather than exhausting memory.
 const MAX_RULE_FILE_BYTES: u64 = 256 << 20;
 
@@ -542,6 +549,7 @@ impl Lowerer<'_> {
         let mut capacity = None;
         let mut block_size = 65536;
         let mut connections = 8;
+        let mut inline_max = DEFAULT_INLINE_MAX;
         let mut nvme_digests = NvmeDigests::default();
         let mut password_file = None;
         let (mut tls_cert, mut tls_key, mut tls_client_ca) = (None, None, None);
@@ -591,6 +599,22 @@ impl Lowerer<'_> {
                     Some(n) if (1..=256).contains(&n) => connections = n as usize,
                     Some(n) => {
                         self.err(w.span, format!("`connections` is 1 to 256, not {n}"));
+                        ok = false;
+                    }
+                    None => ok = false,
+                },
+                "inline_max" => match self.parsed(
+                    w,
+                    "inline size",
+                    "write a size such as `256B`, or 0 to keep every value on the target",
+                    value::size,
+                ) {
+                    Some(n) if n <= MAX_INLINE_MAX => inline_max = n,
+                    Some(n) => {
+                        self.err(
+                            w.span,
+                            format!("`inline_max` is at most {MAX_INLINE_MAX} bytes, not {n}"),
+                        );
                         ok = false;
                     }
                     None => ok = false,
@@ -681,6 +705,7 @@ impl Lowerer<'_> {
                 capacity,
                 block_size,
                 connections,
+                inline_max: inline_max.min(block_size),
                 nvme_digests,
                 password_file,
                 tls,

@@ -48,6 +48,7 @@ pub fn block_keys(kind: BlockKind) -> Keys {
             ("capacity", Quantity),
             ("block_size", Quantity),
             ("connections", One),
+            ("inline_max", Quantity),
             ("nvme_digest", One),
             ("password_file", One),
             ("tls_cert", One),
