@@ -358,6 +358,20 @@ impl Index {
             .map(|(extents, _)| extents)
     }
 
+    /// Orders the free blocks so the next allocations take the longest runs of consecutive
+    /// free blocks first, each in ascending order: for a value that must be named in few
+    /// runs (the saved index, whose runs fit in one block). The usual order hands out the
+    /// blocks freed last first, scattered across the store once keys have churned.
+    pub fn gather_free_runs(&mut self) {
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        free.stack.sort_unstable();
+        let mut runs: Vec<&[u64]> = free.stack.chunk_by(|a, b| a + 1 == *b).collect();
+        // Popped from the end: the longest run last, each run descending.
+        runs.sort_by_key(|r| r.len());
+        let ordered: Vec<u64> = runs.iter().flat_map(|r| r.iter().rev()).copied().collect();
+        free.stack = ordered;
+    }
+
     /// [`Index::allocate`], saying whether `key`'s own value went to make room (the key
     /// is then not held until the caller inserts it again).
     pub fn allocate_replacing(

@@ -170,6 +170,8 @@ pub fn prepare(index: &mut Index, capacity: u64) -> Option<Save> {
     let block_size = index.block_size();
     let keys = index.stats().keys;
     let mut snapshot = index.snapshot();
+    // Its runs are named in one block: from the longest runs of free blocks.
+    index.gather_free_runs();
     let blocks = index.allocate(b"", snapshot.len() as u64).ok()?;
     // Keys that made room are no longer in it (and the snapshot is only shorter).
     if index.stats().keys != keys {
@@ -259,6 +261,28 @@ mod tests {
         bad[33] ^= 1;
         assert_eq!(Superblock::decode(&bad), Err(Unusable::Damaged));
         assert_eq!(Superblock::decode(&[0; 512]), Err(Unusable::Missing));
+    }
+
+    /// Once keys have churned, the blocks freed last are scattered: the snapshot takes the
+    /// longest runs of free blocks instead, so a superblock can name them.
+    #[test]
+    fn a_churned_store_saves_its_snapshot_in_few_runs() {
+        let (capacity, bs) = (20_000 * 512, 512);
+        let mut ix = Index::new(capacity, bs);
+        for i in 0..6_000u32 {
+            let e = ix.allocate(&i.to_le_bytes(), 1).unwrap();
+            ix.insert(&i.to_le_bytes(), e);
+        }
+        // Every other key deleted: the free list's top is 3,000 single blocks.
+        for i in (0..6_000u32).step_by(2) {
+            ix.remove(&i.to_le_bytes());
+        }
+        let save = prepare(&mut ix, capacity).expect("saved");
+        let runs: Vec<_> = save.blocks.runs().collect();
+        assert_eq!(runs.len(), 1, "{runs:?}");
+        let sb = Superblock::decode(&save.superblock).unwrap();
+        let back = load(&sb, &save.snapshot, capacity, bs).unwrap();
+        assert_eq!(back.snapshot(), ix.snapshot());
     }
 
     #[test]
