@@ -300,6 +300,24 @@ impl Lowerer<'_> {
         v
     }
 
+    /// [`Lowerer::parsed`], then refused with an error (`refusal` says why) unless `valid`
+    /// holds of the value.
+    fn parsed_if<T: Copy>(
+        &mut self,
+        w: &Word,
+        (what, hint): (&str, &str),
+        f: impl Fn(&str) -> Option<T>,
+        valid: impl Fn(T) -> bool,
+        refusal: impl Fn(T) -> String,
+    ) -> Option<T> {
+        let v = self.parsed(w, what, hint, f)?;
+        if !valid(v) {
+            self.err(w.span, refusal(v));
+            return None;
+        }
+        Some(v)
+    }
+
     fn int_in(&mut self, w: &Word, what: &str, lo: u128, hi: u128) -> Option<u128> {
         let v = self.parsed(
             w,
@@ -576,47 +594,37 @@ impl Lowerer<'_> {
                     capacity =
                         self.parsed(w, "capacity", "write a size such as `64GiB`", value::size)
                 }
-                "block_size" => {
-                    match self.parsed(w, "block size", "write a size such as `64KiB`", value::size)
-                    {
-                        Some(s) if s >= 512 && s % 512 == 0 => block_size = s,
-                        Some(s) => {
-                            self.err(
-                                w.span,
-                                format!("block size {s} is not a multiple of 512 bytes"),
-                            );
-                            ok = false;
-                        }
-                        None => ok = false,
-                    }
-                }
-                "connections" => match self.parsed(
+                "block_size" => match self.parsed_if(
                     w,
-                    "connection count",
-                    "write a count from 1 to 256",
-                    value::count,
+                    ("block size", "write a size such as `64KiB`"),
+                    value::size,
+                    |s| s >= 512 && s % 512 == 0,
+                    |s| format!("block size {s} is not a multiple of 512 bytes"),
                 ) {
-                    Some(n) if (1..=256).contains(&n) => connections = n as usize,
-                    Some(n) => {
-                        self.err(w.span, format!("`connections` is 1 to 256, not {n}"));
-                        ok = false;
-                    }
+                    Some(s) => block_size = s,
                     None => ok = false,
                 },
-                "inline_max" => match self.parsed(
+                "connections" => match self.parsed_if(
                     w,
-                    "inline size",
-                    "write a size such as `256B`, or 0 to keep every value on the target",
-                    value::size,
+                    ("connection count", "write a count from 1 to 256"),
+                    value::count,
+                    |n| (1..=256).contains(&n),
+                    |n| format!("`connections` is 1 to 256, not {n}"),
                 ) {
-                    Some(n) if n <= MAX_INLINE_MAX => inline_max = n,
-                    Some(n) => {
-                        self.err(
-                            w.span,
-                            format!("`inline_max` is at most {MAX_INLINE_MAX} bytes, not {n}"),
-                        );
-                        ok = false;
-                    }
+                    Some(n) => connections = n as usize,
+                    None => ok = false,
+                },
+                "inline_max" => match self.parsed_if(
+                    w,
+                    (
+                        "inline size",
+                        "write a size such as `256B`, or 0 to keep every value on the target",
+                    ),
+                    value::size,
+                    |n| n <= MAX_INLINE_MAX,
+                    |n| format!("`inline_max` is at most {MAX_INLINE_MAX} bytes, not {n}"),
+                ) {
+                    Some(n) => inline_max = n,
                     None => ok = false,
                 },
                 "nvme_digest" => {
