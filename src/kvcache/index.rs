@@ -71,6 +71,11 @@ impl Extents {
         self.inline.as_deref()
     }
 
+    /// How many of the value's bytes are kept in memory.
+    fn inline_len(&self) -> u64 {
+        self.inline.as_ref().map_or(0, |b| b.len() as u64)
+    }
+
     /// The blocks as runs of consecutive block numbers, in the value's order: one I/O
     /// each.
     pub fn runs(&self) -> impl Iterator<Item = Run> + '_ {
@@ -128,6 +133,8 @@ pub struct IndexStats {
     pub expiring: u64,
     /// Keys removed for having passed their deadline.
     pub expired: u64,
+    /// Bytes of the values held that are kept in memory (see [`Extents::inline`]).
+    pub inline_bytes: u64,
 }
 
 /// Keys → extents over `total` blocks of `block_size` bytes.
@@ -143,6 +150,8 @@ pub struct Index {
     block_size: u64,
     total: u64,
     used: u64,
+    /// Bytes of the values held kept in memory.
+    inline_bytes: u64,
     evictions: u64,
     expired: u64,
 }
@@ -186,6 +195,7 @@ impl Index {
             block_size,
             total,
             used: 0,
+            inline_bytes: 0,
             evictions: 0,
             expired: 0,
         }
@@ -421,6 +431,7 @@ impl Index {
         let tick = self.next_tick();
         let key: Arc<[u8]> = held.unwrap_or_else(|| Arc::from(key));
         self.used += extents.blocks.len() as u64;
+        self.inline_bytes += extents.inline_len();
         self.order.insert(tick, Arc::clone(&key));
         self.map.insert(
             key,
@@ -457,6 +468,7 @@ impl Index {
     /// The blocks and deadline of a removed entry.
     fn forget(&mut self, key: Arc<[u8]>, e: &Entry) {
         self.used -= e.extents.blocks.len() as u64;
+        self.inline_bytes -= e.extents.inline_len();
         if let Some(d) = e.deadline {
             self.deadlines.remove(&(d, key));
         }
@@ -468,6 +480,7 @@ impl Index {
         self.order.clear();
         self.deadlines.clear();
         self.used = 0;
+        self.inline_bytes = 0;
     }
 
     /// `key`'s deadline: `None` when the key is not held, `Some(None)` when it has none.
@@ -517,6 +530,7 @@ impl Index {
             evictions: self.evictions,
             expiring: self.deadlines.len() as u64,
             expired: self.expired,
+            inline_bytes: self.inline_bytes,
         }
     }
 

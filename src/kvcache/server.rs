@@ -385,6 +385,8 @@ pub struct KvGauges {
     pub expiring: u64,
     /// Keys removed for having passed their deadline.
     pub expired: u64,
+    /// Bytes of values kept in memory (`inline_max`).
+    pub inline_bytes: u64,
 }
 
 impl KvService {
@@ -532,6 +534,7 @@ impl KvService {
             evictions: s.evictions,
             expiring: s.expiring,
             expired: s.expired,
+            inline_bytes: s.inline_bytes,
         }
     }
 
@@ -1795,7 +1798,7 @@ impl KvService {
              maxmemory:{}\r\nmaxmemory_policy:allkeys-lru\r\n\r\n# Stats\r\n\
              keyspace_hits:{}\r\nkeyspace_misses:{}\r\nevicted_keys:{}\r\nexpired_keys:{}\r\n\r\n\
              # Kvcache\r\n\
-             target:{}\r\nblock_size:{}\r\ncapacity_bytes:{}\r\nused_bytes:{}\r\n\
+             target:{}\r\nblock_size:{}\r\ncapacity_bytes:{}\r\nused_bytes:{}\r\ninline_bytes:{}\r\n\
              storage_read_bytes:{}\r\nstorage_written_bytes:{}\r\nstorage_errors:{}\r\n\
              corrupt_values:{}\r\nrestored_keys:{}\r\n\r\n# Keyspace\r\ndb0:keys={},expires={},avg_ttl=0\r\n",
             crate::VERSION,
@@ -1810,6 +1813,7 @@ impl KvService {
             self.config.block_size,
             g.capacity_bytes,
             g.used_bytes,
+            g.inline_bytes,
             c.read_bytes.load(Relaxed),
             c.written_bytes.load(Relaxed),
             c.storage_errors.load(Relaxed),
@@ -2351,11 +2355,14 @@ mod tests {
         );
         assert_eq!(run(&svc, &[b"GET", b"a"]), encoded(&[1; 100]));
         assert_eq!(reads.count.load(Relaxed), 1, "only the large value is read");
+        assert_eq!(svc.gauges().inline_bytes, 104);
+        assert!(svc.info().contains("inline_bytes:104\r\n"));
         assert_eq!(svc.counters.hits.load(Relaxed), 4);
         assert_eq!(svc.counters.misses.load(Relaxed), 1);
         // Overwritten by a value too large to keep, a key's value goes to the target.
         run(&svc, &[b"SET", b"a", &[2; 101]]);
         assert_eq!(writes.count.load(Relaxed), 2);
+        assert_eq!(svc.gauges().inline_bytes, 4);
         svc.stop.store(true, Relaxed);
         svc.shutdown();
         // The next start reads them from the target, checksums checked.

@@ -506,6 +506,11 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
         as_gauge(per(&|_, g| g.used_bytes)),
     );
     fam.gauge(
+        "dpuflow_kvcache_inline_bytes",
+        "Bytes of values kept in memory beside their blocks (inline_max), read without the target.",
+        as_gauge(per(&|_, g| g.inline_bytes)),
+    );
+    fam.gauge(
         "dpuflow_kvcache_clients",
         "Client connections open.",
         as_gauge(per(&|s, _| s.counters.clients.load(Relaxed))),
