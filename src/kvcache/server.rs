@@ -1229,9 +1229,10 @@ impl KvService {
             .filter(|(_, e)| e.inline().is_none())
             .map(|(i, e)| (e, items[*i].1))
             .collect();
-        let written = match values.is_empty() {
-            true => Ok(()),
-            false => self.write_values(&values),
+        let written = if values.is_empty() {
+            Ok(())
+        } else {
+            self.write_values(&values)
         };
         match written {
             Ok(()) => {
@@ -1427,18 +1428,26 @@ impl KvService {
     /// answered as a miss (see [`KvService::drop_corrupt`]).
     fn reply_values(&self, keys: &[&[u8]], values: &[Option<Arc<Extents>>], out: &mut Vec<u8>) {
         let before = out.len();
-        // Where each value to read from the target goes in `out`.
+        // Each value to read from the target: its index in `values`, where it goes in
+        // `out`, its blocks.
         let mut held = Vec::new();
-        for v in values {
+        let (mut missed, mut in_memory) = (0, 0);
+        for (i, v) in values.iter().enumerate() {
             match v {
-                None => reply::null(out),
+                None => {
+                    reply::null(out);
+                    missed += 1;
+                }
                 Some(extents) => {
                     let len = extents.len() as usize;
                     reply::bulk_header(out, len);
                     match extents.inline() {
-                        Some(bytes) => out.extend_from_slice(bytes),
+                        Some(bytes) => {
+                            out.extend_from_slice(bytes);
+                            in_memory += 1;
+                        }
                         None => {
-                            held.push((out.len(), extents));
+                            held.push((i, out.len(), extents));
                             out.resize(out.len() + len, 0);
                         }
                     }
@@ -1446,15 +1455,15 @@ impl KvService {
                 }
             }
         }
-        let missed = values.iter().filter(|v| v.is_none()).count() as u64;
-        let in_memory = (values.len() - held.len()) as u64 - missed;
         self.counters.hits.fetch_add(in_memory, Relaxed);
         if held.is_empty() {
             self.counters.misses.fetch_add(missed, Relaxed);
             return;
         }
         let (bs, align) = (self.config.block_size, self.align as usize);
-        let partial = held.iter().filter(|(_, e)| e.len() as usize % align != 0);
+        let partial = held
+            .iter()
+            .filter(|(_, _, e)| e.len() as usize % align != 0);
         // The last unit of each value that ends inside one, read aside, one after another.
         let mut tails = vec![0u8; partial.count() * align];
         // Where each tail's bytes go in `out`: (position, tail, bytes).
@@ -1463,7 +1472,7 @@ impl KvService {
             let mut pieces = Vec::new();
             let mut tail_bufs = tails.chunks_mut(align).enumerate();
             let (mut rest, mut at) = (&mut out[..], 0usize);
-            for &(start, extents) in &held {
+            for &(_, start, extents) in &held {
                 let (_, from) = std::mem::take(&mut rest).split_at_mut(start - at);
                 let (mut value, after) = from.split_at_mut(extents.len() as usize);
                 (rest, at) = (after, start + value.len());
@@ -1491,18 +1500,16 @@ impl KvService {
                 for (at, i, n) in copies {
                     out[at..at + n].copy_from_slice(&tails[i * align..i * align + n]);
                 }
-                let bytes: u64 = held.iter().map(|(_, e)| e.len()).sum();
+                let bytes: u64 = held.iter().map(|(_, _, e)| e.len()).sum();
                 self.counters.read_bytes.fetch_add(bytes, Relaxed);
-                let matches = |&(at, e): &(usize, &Arc<Extents>)| {
-                    e.checksum()
-                        .is_none_or(|c| crc32c(&out[at..at + e.len() as usize]) == c)
-                };
-                // The values that do not match, by index (`held` is the values read, in order).
-                let corrupt: Vec<usize> = (0..values.len())
-                    .filter(|&i| values[i].as_ref().is_some_and(|e| e.inline().is_none()))
-                    .zip(&held)
-                    .filter(|(_, h)| !matches(h))
-                    .map(|(i, _)| i)
+                // The values that do not match their checksums, by index, ascending.
+                let corrupt: Vec<usize> = held
+                    .iter()
+                    .filter(|(_, at, e)| {
+                        e.checksum()
+                            .is_some_and(|c| crc32c(&out[*at..*at + e.len() as usize]) != c)
+                    })
+                    .map(|&(i, _, _)| i)
                     .collect();
                 let n = corrupt.len() as u64;
                 self.counters.hits.fetch_add(held.len() as u64 - n, Relaxed);
