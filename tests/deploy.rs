@@ -48,6 +48,7 @@ fn full_exposition() -> String {
     .expect("kvcache");
     let one_worker = ServiceState {
         threads: vec![("worker-0".into(), 0.0)],
+        process: Some(Default::default()),
         ..ServiceState::default()
     };
     let exposition = render(&program, &Snapshot::default(), &info, &one_worker) + &render_kv(&[kv]);
@@ -55,11 +56,17 @@ fn full_exposition() -> String {
     exposition
 }
 
-/// The dpuflow metrics a PromQL expression names.
+/// The metrics a PromQL expression names: dpuflow's own and the process's.
 fn metrics_in(expr: &str) -> Vec<String> {
     let mut used = Vec::new();
     let mut rest = expr;
-    while let Some(at) = rest.find("dpuflow_") {
+    let next = |rest: &str| {
+        ["dpuflow_", "process_"]
+            .iter()
+            .filter_map(|p| rest.find(p))
+            .min()
+    };
+    while let Some(at) = next(rest) {
         let name: String = rest[at..]
             .chars()
             .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')

@@ -692,6 +692,8 @@ fn golden_exposition() {
                 // Listed while the threads run, which the end of the input ends.
                 && !l.contains("dpuflow_thread_cpu_seconds_total")
                 && !l.starts_with("dpuflow_build_info{")
+                // The process's own memory, CPU time, threads and descriptors.
+                && !l.starts_with("process_")
         })
         .map(|l| format!("{l}\n"))
         .collect();

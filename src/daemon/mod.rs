@@ -241,6 +241,7 @@ impl Handler for Shared {
                 .into_iter()
                 .filter(|(name, _)| dataplane(name))
                 .collect(),
+            process: crate::sys::process_stats(),
             seconds: loaded.seconds,
             at_seconds: loaded.at_seconds(),
             reloads_succeeded: self.reloads.succeeded.load(Ordering::Relaxed),

@@ -86,6 +86,72 @@ pub fn thread_cpu_seconds() -> Vec<(String, f64)> {
         .collect()
 }
 
+/// What Prometheus's client libraries report of a process as `process_*` metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ProcessStats {
+    /// User and system CPU time, in seconds.
+    pub cpu_seconds: f64,
+    pub resident_bytes: u64,
+    pub virtual_bytes: u64,
+    pub threads: u64,
+    /// When the process started, in seconds since 1970.
+    pub start_seconds: f64,
+    pub open_fds: u64,
+    /// The soft limit on open file descriptors.
+    pub max_fds: u64,
+}
+
+/// This process's [`ProcessStats`], from /proc/self/stat (proc(5): `utime`, `stime`,
+/// `num_threads`, `starttime`, `vsize`, `rss`: fields 14, 15, 20, 22, 23, 24), the boot
+/// time in /proc/stat, /proc/self/fd and getrlimit(2); `None` where /proc does not say.
+pub fn process_stats() -> Option<ProcessStats> {
+    // SAFETY: sysconf reads configuration values; it has no preconditions.
+    let (ticks, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_CLK_TCK),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    let per_tick = 1.0 / ticks.max(1) as f64;
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the name, which is in parentheses and may hold anything: the first
+    // of these is field 3.
+    let fields: Vec<u64> = stat
+        .rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse().unwrap_or(0))
+        .collect();
+    let field = |n: usize| fields.get(n - 4).copied();
+    let boot: u64 = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes only the rlimit it is given, which lives on this stack.
+    let max_fds = match unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } {
+        0 => limit.rlim_cur,
+        _ => 0,
+    };
+    Some(ProcessStats {
+        cpu_seconds: (field(14)? + field(15)?) as f64 * per_tick,
+        resident_bytes: field(24)? * page.max(0) as u64,
+        virtual_bytes: field(23)?,
+        threads: field(20)?,
+        start_seconds: boot as f64 + field(22)? as f64 * per_tick,
+        // Less the one that reads the directory.
+        open_fds: (std::fs::read_dir("/proc/self/fd").ok()?.count() as u64).saturating_sub(1),
+        max_fds,
+    })
+}
+
 /// Hands the memory the allocator holds free back to the system (malloc_trim(3)): after a
 /// reload has let go of a large program, whose many allocations the allocator would
 /// otherwise keep for itself.
@@ -603,5 +669,27 @@ mod tests {
         // A blocking read: it waits for the byte rather than failing with WouldBlock.
         served.read_exact(&mut byte).unwrap();
         assert_eq!(&byte, b"x");
+    }
+
+    #[test]
+    fn process_stats_describe_this_process() {
+        // Other tests run beside this one, so only what this one holds is certain.
+        let file = std::fs::File::open("/proc/self/stat").expect("open");
+        let held = std::hint::black_box(vec![1u8; 64 << 20]);
+        let after = process_stats().expect("/proc/self");
+        assert!(after.resident_bytes >= 64 << 20, "{after:?}");
+        assert!(after.virtual_bytes > after.resident_bytes);
+        assert!(after.open_fds >= 1 && after.max_fds >= after.open_fds);
+        assert!(after.threads >= 1 && after.cpu_seconds >= 0.0);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs_f64();
+        // The test binary started moments ago.
+        assert!(
+            (now - 600.0..=now + 1.0).contains(&after.start_seconds),
+            "{after:?} at {now}"
+        );
+        drop((file, held));
     }
 }

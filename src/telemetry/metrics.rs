@@ -45,6 +45,8 @@ pub struct ServiceState {
     pub last_reload_failed: bool,
     /// The CPU seconds of the service's threads, by name.
     pub threads: Vec<(String, f64)>,
+    /// The process as a whole, where /proc says.
+    pub process: Option<crate::sys::ProcessStats>,
 }
 
 struct Families(Vec<MetricFamily>);
@@ -413,6 +415,50 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info, state: &ServiceSt
         "CPU time of the service's dataplane threads (io, worker-N, ipfix), user and system: the rate of a thread's is how busy it is.",
         threads.iter().map(|(name, s)| (labels(&[("thread", name)]), *s)),
     );
+
+    // The names every Prometheus client library gives these, so that dashboards made for
+    // any process work.
+    if let Some(p) = state.process {
+        fam.counter(
+            "process_cpu_seconds_total",
+            "CPU time of the whole process, user and system.",
+            [(vec![], p.cpu_seconds)],
+        );
+        for (name, help, value) in [
+            (
+                "process_resident_memory_bytes",
+                "Memory of the process resident in RAM.",
+                p.resident_bytes as f64,
+            ),
+            (
+                "process_virtual_memory_bytes",
+                "Address space the process has mapped.",
+                p.virtual_bytes as f64,
+            ),
+            (
+                "process_threads",
+                "Threads of the process (each KV-cache client has one).",
+                p.threads as f64,
+            ),
+            (
+                "process_open_fds",
+                "File descriptors the process holds open.",
+                p.open_fds as f64,
+            ),
+            (
+                "process_max_fds",
+                "How many file descriptors the process may hold open (its soft limit).",
+                p.max_fds as f64,
+            ),
+            (
+                "process_start_time_seconds",
+                "When the process started, in seconds since 1970.",
+                p.start_seconds,
+            ),
+        ] {
+            fam.gauge(name, help, [(vec![], value)]);
+        }
+    }
 
     let l = &snap.latency;
     fam.family(
