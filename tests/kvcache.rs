@@ -601,6 +601,46 @@ fn a_local_file_target_is_created_and_filled() {
     assert_eq!(kv.terminate(), 0);
 }
 
+/// After many clients have come and gone with large values, the memory their buffers took
+/// goes back to the system: the service does not keep the high-water mark of its busiest
+/// moment (an allocator keeping each client thread's freed blocks did, ~110 MiB here).
+#[test]
+fn memory_of_large_values_is_returned_once_their_clients_leave() {
+    let dir = Scratch::new("kv-memory");
+    let kv = KvService::start(
+        &dir,
+        &format!("file://{}", dir.path("blocks.img")),
+        "256MiB",
+    );
+    let port = kv.port.to_string();
+    tool_ok(
+        "redis-benchmark",
+        &[
+            "-p", &port, "-t", "set,get", "-n", "160", "-d", "8000000", "-r", "32", "-c", "16",
+            "-q",
+        ],
+    );
+    let idle = |name: &str| kv.metric(name);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while idle("dpuflow_kvcache_clients{service=\"kvcache\"}") > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let resident = loop {
+        let rss = idle("process_resident_memory_bytes");
+        if rss < 48 << 20 || Instant::now() > deadline {
+            break rss;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // 16 clients moved 8 MB values both ways: at their busiest they held over 200 MiB.
+    assert!(
+        resident < 48 << 20,
+        "{} MiB resident with no clients",
+        resident >> 20
+    );
+    assert_eq!(kv.terminate(), 0);
+}
+
 #[test]
 fn an_unreachable_target_fails_the_start() {
     let dir = Scratch::new("kv-refused");

@@ -126,6 +126,9 @@ const PUBLISH_EVERY: Duration = Duration::from_millis(100);
 const PUBLISH_SHARE: u32 = 200;
 /// One batch in this many is timed for the latency histogram.
 const LATENCY_SAMPLE: u64 = 64;
+/// Allocations of this many bytes or more get a mapping of their own, returned to the
+/// system when freed (see [`crate::sys::map_large_allocations`]).
+const LARGE_ALLOCATION: usize = 256 << 10;
 /// Batches in flight between two stages.
 const QUEUE: usize = 8;
 /// Workers hand the flow records made to the exporter every this often…
@@ -335,6 +338,9 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     let hup = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hup))
         .map_err(RunError::Signals)?;
+    // A long-running process: memory freed goes back to the system rather than staying
+    // with the allocator (a KV-cache client's large values above all).
+    crate::sys::map_large_allocations(LARGE_ALLOCATION);
     // Services start first: a target that cannot be reached fails the command at once.
     let kv = program
         .services

@@ -21,10 +21,8 @@ use std::time::{Duration, Instant};
 
 /// Client connections served at once; more are answered with an error and closed.
 pub const MAX_CLIENTS: u64 = 1024;
-/// A client connection's read buffer, and its reply buffer between large replies.
+/// A client connection's read buffer, and its reply buffer, while the client is quiet.
 const READ_BUFFER: usize = 64 << 10;
-/// Past this, a connection's buffers are given back once the large value has passed.
-const LARGE: usize = 4 << 20;
 /// Values kept in memory written to the target in one run when the service stops.
 const INLINE_WRITES: usize = 256;
 /// How often blocked threads look at the stop flag.
@@ -680,20 +678,13 @@ impl KvService {
                 stream.write_all(&out)?;
                 stream.flush()?;
                 out.clear();
-                if out.capacity() > LARGE {
-                    // A large reply has gone: give its room back.
-                    out = Vec::with_capacity(READ_BUFFER);
-                }
             }
             if quit || self.stop.load(Relaxed) {
                 return Ok(());
             }
             buf.copy_within(start..filled, 0);
             filled -= start;
-            if filled == 0 && buf.len() > LARGE {
-                // A large value has passed: give its room back.
-                buf = vec![0; READ_BUFFER];
-            } else if awaited > buf.len() {
+            if awaited > buf.len() {
                 // Room for the whole of a large value at once, rather than growing (a copy
                 // each time) as its bytes come; fresh zeroed memory is the kernel's
                 // untouched pages, not a fill. Not more than twice what has arrived, or
@@ -713,7 +704,18 @@ impl KvService {
                     if matches!(
                         e.kind(),
                         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) => {}
+                    ) =>
+                {
+                    // Room a large value took is kept while the client keeps sending (the
+                    // next value of its size reuses it, already mapped) and given back
+                    // once it has been quiet for a read's timeout.
+                    if filled == 0 && buf.len() > READ_BUFFER {
+                        buf = vec![0; READ_BUFFER];
+                    }
+                    if out.capacity() > READ_BUFFER {
+                        out = Vec::with_capacity(READ_BUFFER);
+                    }
+                }
                 Err(e) => return Err(e),
             }
         }

@@ -164,6 +164,26 @@ pub fn release_free_memory() {
     }
 }
 
+/// Has the allocator give every allocation of `bytes` or more a mapping of its own, unmapped
+/// when it is freed (mallopt(3) `M_MMAP_THRESHOLD`; setting it also stops glibc from
+/// raising that bound by itself each time such a block is freed). Otherwise, once large
+/// blocks have come and gone, glibc serves the next ones from its per-thread arenas and
+/// keeps their memory when they are freed: the KV-cache's clients, a thread each, left
+/// hundreds of MiB resident after a burst of large values.
+pub fn map_large_allocations(bytes: usize) {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt changes only where the allocator places later allocations; it
+    // touches no allocation in use.
+    unsafe {
+        libc::mallopt(
+            libc::M_MMAP_THRESHOLD,
+            libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX),
+        );
+    }
+    #[cfg(not(target_env = "gnu"))]
+    let _ = bytes;
+}
+
 /// The index of network interface `name` (if_nametoindex(3)).
 #[cfg(target_os = "linux")]
 pub fn interface_index(name: &str) -> std::io::Result<u32> {
