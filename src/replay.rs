@@ -156,12 +156,30 @@ impl Merger {
             };
             v.push(input);
         }
-        if v.len() > 1 {
-            for input in &mut v {
+        let mut merger = Merger { inputs: v };
+        merger.prime()?;
+        Ok(merger)
+    }
+
+    /// Back to the inputs' first packets, keeping their buffers.
+    pub fn rewind(&mut self) -> Result<(), CaptureError> {
+        for input in &mut self.inputs {
+            input.reader.rewind()?;
+            input.next = None;
+            input.oversize = None;
+        }
+        self.prime()
+    }
+
+    /// With several inputs, reads each one's first packet, so that they can be merged by
+    /// time.
+    fn prime(&mut self) -> Result<(), CaptureError> {
+        if self.inputs.len() > 1 {
+            for input in &mut self.inputs {
                 input.advance(PacketBuf::new(DEFAULT_MAX_FRAME))?;
             }
         }
-        Ok(Merger { inputs: v })
+        Ok(())
     }
 
     /// Puts the next packet into `slot` (swapping buffers, no copy); `None` at the end.

@@ -818,7 +818,7 @@ fn io(
                     // Again from the start, later in time by the length of one pass.
                     offset += last.saturating_sub(first.unwrap_or(last)) + 1_000_000;
                     first = None;
-                    *merger = Merger::open(&opts.bindings.inputs)?;
+                    merger.rewind()?;
                     continue;
                 }
                 None => Read::End,

@@ -6,7 +6,7 @@
 //! blocks are skipped.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, BufWriter, Read, Write};
+use std::io::{BufRead, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 /// Why a capture file could not be read or written.
@@ -79,37 +79,55 @@ impl CaptureReader {
             format: Format::Pcap { nanos: false },
             buf: Vec::new(),
         };
+        r.start()?;
+        Ok(r)
+    }
+
+    /// Back to the first packet, keeping the buffers (a looped replay comes here once
+    /// a pass).
+    pub fn rewind(&mut self) -> Result<(), CaptureError> {
+        self.file
+            .seek(SeekFrom::Start(0))
+            .map_err(|source| CaptureError::Io {
+                path: self.path.clone(),
+                source,
+            })?;
+        self.start()
+    }
+
+    /// Reads the file's header (pcap) or first section header (pcapng).
+    fn start(&mut self) -> Result<(), CaptureError> {
+        self.big_endian = false;
         let mut head = [0u8; 24];
-        r.read_exact(&mut head[..4])?;
+        self.read_exact(&mut head[..4])?;
         let magic_le = u32::from_le_bytes(head[..4].try_into().expect("4 bytes"));
         let magic_be = u32::from_be_bytes(head[..4].try_into().expect("4 bytes"));
         if magic_le == PCAPNG_SHB {
-            r.format = Format::PcapNg {
+            self.format = Format::PcapNg {
                 interfaces: Vec::new(),
             };
-            r.section_header()?;
-            return Ok(r);
+            return self.section_header();
         }
         let nanos = match (magic_le, magic_be) {
             (PCAP_MICRO, _) => false,
             (PCAP_NANO, _) => true,
             (_, PCAP_MICRO) => {
-                r.big_endian = true;
+                self.big_endian = true;
                 false
             }
             (_, PCAP_NANO) => {
-                r.big_endian = true;
+                self.big_endian = true;
                 true
             }
-            _ => return Err(r.bad("not a pcap or pcapng file")),
+            _ => return Err(self.bad("not a pcap or pcapng file")),
         };
-        r.read_exact(&mut head[4..24])?;
-        let linktype = r.u32_at(&head, 20) & 0x0fff_ffff;
+        self.read_exact(&mut head[4..24])?;
+        let linktype = self.u32_at(&head, 20) & 0x0fff_ffff;
         if linktype != LINKTYPE_ETHERNET {
-            return Err(r.bad(&format!("link type {linktype} is not Ethernet")));
+            return Err(self.bad(&format!("link type {linktype} is not Ethernet")));
         }
-        r.format = Format::Pcap { nanos };
-        Ok(r)
+        self.format = Format::Pcap { nanos };
+        Ok(())
     }
 
     pub fn path(&self) -> &Path {
@@ -465,6 +483,12 @@ mod tests {
             (1_500_000_124_000, 60)
         );
         assert!(r.next_with(|_, _| ()).is_none());
+        // A looped replay starts again from the first record.
+        r.rewind().unwrap();
+        assert_eq!(
+            r.next_with(|ts, d| (ts, d.to_vec())).unwrap().unwrap(),
+            (1_500_000_123_000, vec![1, 2, 3])
+        );
         std::fs::remove_file(path).unwrap();
     }
 
@@ -530,15 +554,32 @@ mod tests {
     fn read_all(bytes: &[u8], name: &str) -> Result<Vec<(u64, Vec<u8>)>, CaptureError> {
         let path = scratch(name);
         std::fs::write(&path, bytes).unwrap();
-        let read = CaptureReader::open(&path).and_then(|mut r| {
-            let mut frames = Vec::new();
-            while let Some(f) = r.next_with(|ts, d| (ts, d.to_vec())) {
-                frames.push(f?);
-            }
-            Ok(frames)
-        });
+        let read = CaptureReader::open(&path).and_then(|mut r| frames_left(&mut r));
         std::fs::remove_file(path).unwrap();
         read
+    }
+
+    fn frames_left(r: &mut CaptureReader) -> Result<Vec<(u64, Vec<u8>)>, CaptureError> {
+        let mut frames = Vec::new();
+        while let Some(f) = r.next_with(|ts, d| (ts, d.to_vec())) {
+            frames.push(f?);
+        }
+        Ok(frames)
+    }
+
+    /// A pcapng capture read to its end and rewound reads the same again: its interfaces
+    /// (and their timestamp resolutions) are learnt afresh.
+    #[test]
+    fn a_rewound_pcapng_capture_reads_the_same_again() {
+        let path = scratch("pcapng-rewind");
+        let frames = [(1_000, vec![1; 60]), (2_000, vec![2; 61])];
+        std::fs::write(&path, pcapng(&[(9, vec![3])], &frames)).unwrap();
+        let mut r = CaptureReader::open(&path).unwrap();
+        let first = frames_left(&mut r).unwrap();
+        assert_eq!(first.len(), 2);
+        r.rewind().unwrap();
+        assert_eq!(frames_left(&mut r).unwrap(), first);
+        std::fs::remove_file(path).unwrap();
     }
 
     /// A pcapng section (little-endian) with one Ethernet interface whose options are
