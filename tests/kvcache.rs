@@ -52,6 +52,18 @@ impl KvService {
 
     /// [`KvService::start`] with more of the service block's options.
     fn start_with(dir: &Scratch, target: &str, capacity: &str, options: &str) -> KvService {
+        KvService::spawn(dir, target, capacity, options, None)
+    }
+
+    /// [`KvService::start_with`], started with a soft limit of `soft_fd_limit` open files
+    /// (the hard limit as it is), where given.
+    fn spawn(
+        dir: &Scratch,
+        target: &str,
+        capacity: &str,
+        options: &str,
+        soft_fd_limit: Option<u32>,
+    ) -> KvService {
         let port = free_port();
         let pipe = dir.path("kv.pipe");
         std::fs::write(
@@ -67,7 +79,20 @@ impl KvService {
         )
         .expect("write pipeline");
         let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-        let child = Command::new(env!("CARGO_BIN_EXE_dpuflow"))
+        let bin = env!("CARGO_BIN_EXE_dpuflow");
+        let mut command = match soft_fd_limit {
+            None => Command::new(bin),
+            Some(n) => {
+                let mut sh = Command::new("sh");
+                sh.args([
+                    "-c",
+                    &format!("ulimit -S -n {n} && exec \"$0\" \"$@\""),
+                    bin,
+                ]);
+                sh
+            }
+        };
+        let child = command
             .args(["run", &pipe, "--metrics", &metrics.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -638,6 +663,39 @@ fn memory_of_large_values_is_returned_once_their_clients_leave() {
         "{} MiB resident with no clients",
         resident >> 20
     );
+    assert_eq!(kv.terminate(), 0);
+}
+
+/// Started with a soft limit of 256 open files, as a shell or a unit without
+/// `LimitNOFILE` may leave it, the service raises it and serves more clients than that.
+#[test]
+fn more_clients_than_the_soft_file_limit_are_served() {
+    let dir = Scratch::new("kv-fds");
+    let kv = KvService::spawn(
+        &dir,
+        &format!("file://{}", dir.path("blocks.img")),
+        "4MiB",
+        "",
+        Some(256),
+    );
+    let hard: u64 = tool_ok("sh", &["-c", "ulimit -H -n"])
+        .trim()
+        .parse()
+        .expect("limit");
+    assert!(
+        hard >= 1024,
+        "this test needs a hard limit of at least 1024 files, not {hard}"
+    );
+    assert_eq!(kv.metric("process_max_fds"), hard);
+    let mut clients: Vec<Resp> = (0..400).map(|_| Resp::connect(kv.port)).collect();
+    for (i, c) in clients.iter_mut().enumerate() {
+        assert_eq!(c.call(&["PING"]), "+PONG\r\n", "client {i}");
+    }
+    assert_eq!(
+        kv.metric("dpuflow_kvcache_clients{service=\"kvcache\"}"),
+        400
+    );
+    drop(clients);
     assert_eq!(kv.terminate(), 0);
 }
 

@@ -129,6 +129,9 @@ const LATENCY_SAMPLE: u64 = 64;
 /// Allocations of this many bytes or more get a mapping of their own, returned to the
 /// system when freed (see [`crate::sys::map_large_allocations`]).
 const LARGE_ALLOCATION: usize = 256 << 10;
+/// Descriptors the service holds besides its KV-cache clients' (listeners, target
+/// connections, ports, captures, the metrics endpoint's), rounded up.
+const FDS_BESIDE_CLIENTS: u64 = 64;
 /// Batches in flight between two stages.
 const QUEUE: usize = 8;
 /// Workers hand the flow records made to the exporter every this often…
@@ -341,6 +344,23 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     // A long-running process: memory freed goes back to the system rather than staying
     // with the allocator (a KV-cache client's large values above all).
     crate::sys::map_large_allocations(LARGE_ALLOCATION);
+    // Each KV-cache client holds a descriptor.
+    let fd_limit = crate::sys::raise_fd_limit();
+    if !program.services.is_empty() {
+        match fd_limit {
+            Ok(n) if n < crate::kvcache::server::MAX_CLIENTS + FDS_BESIDE_CLIENTS => {
+                tracing::warn!(
+                    limit = n,
+                    "the open file limit leaves room for about {} KV-cache clients, not {} \
+                     (raise LimitNOFILE or ulimit -n)",
+                    n.saturating_sub(FDS_BESIDE_CLIENTS),
+                    crate::kvcache::server::MAX_CLIENTS
+                )
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot read or raise the open file limit"),
+        }
+    }
     // Services start first: a target that cannot be reached fails the command at once.
     let kv = program
         .services

@@ -184,6 +184,33 @@ pub fn map_large_allocations(bytes: usize) {
     let _ = bytes;
 }
 
+/// Raises this process's soft limit on open file descriptors to its hard limit
+/// (getrlimit(2), setrlimit(2)) and returns the limit now in force. A soft limit of 1024
+/// (systemd's and most shells' default) would run out before the KV-cache's clients did.
+/// dpuflow waits with poll(2), never select(2), so descriptors past 1024 are safe.
+pub fn raise_fd_limit() -> std::io::Result<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes only the rlimit it is given, which lives on this stack.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            ..limit
+        };
+        // SAFETY: setrlimit reads only the rlimit it is given.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        limit = raised;
+    }
+    Ok(limit.rlim_cur)
+}
+
 /// The index of network interface `name` (if_nametoindex(3)).
 #[cfg(target_os = "linux")]
 pub fn interface_index(name: &str) -> std::io::Result<u32> {
