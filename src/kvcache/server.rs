@@ -552,6 +552,8 @@ impl KvService {
                 return;
             }
         };
+        // Descriptors exhausted fail every accept until some are closed.
+        let mut accept_warning = crate::telemetry::WarnThrottle::default();
         while !self.stop.load(Relaxed) {
             match acceptor.accept(POLL) {
                 Ok(None) => {}
@@ -575,7 +577,9 @@ impl KvService {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(service = %self.name, error = %e, "kvcache accept failed");
+                    if accept_warning.ready() {
+                        tracing::warn!(service = %self.name, error = %e, "kvcache accept failed");
+                    }
                     std::thread::sleep(POLL);
                 }
             }
