@@ -1454,6 +1454,9 @@ impl KvService {
                         }
                         None => {
                             held.push((i, out.len(), extents));
+                            // Room for the value and its CRLF at once: a large reply's
+                            // buffer is its size, not doubled by the last two bytes.
+                            out.reserve(len + 2);
                             out.resize(out.len() + len, 0);
                         }
                     }
