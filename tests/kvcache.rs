@@ -666,6 +666,51 @@ fn memory_of_large_values_is_returned_once_their_clients_leave() {
     assert_eq!(kv.terminate(), 0);
 }
 
+/// Clients that stay connected but quiet do not keep the room their large values took:
+/// a connection gives its buffers back once its client has been quiet for a moment.
+#[test]
+fn quiet_clients_do_not_keep_the_room_of_their_large_values() {
+    let dir = Scratch::new("kv-quiet");
+    let kv = KvService::start(
+        &dir,
+        &format!("file://{}", dir.path("blocks.img")),
+        "256MiB",
+    );
+    let value = "v".repeat(8_000_000);
+    let mut clients: Vec<Resp> = (0..16).map(|_| Resp::connect(kv.port)).collect();
+    for (i, c) in clients.iter_mut().enumerate() {
+        let key = format!("k{i}");
+        assert_eq!(c.call(&["SET", &key, &value]), "+OK\r\n");
+        assert_eq!(
+            c.call(&["GET", &key]).len(),
+            value.len() + "$8000000\r\n\r\n".len()
+        );
+    }
+    assert_eq!(
+        kv.metric("dpuflow_kvcache_clients{service=\"kvcache\"}"),
+        16
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let resident = loop {
+        let rss = kv.metric("process_resident_memory_bytes");
+        if rss < 48 << 20 || Instant::now() > deadline {
+            break rss;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // Each connection read a value and wrote one: 16 MB of buffers each while busy.
+    assert!(
+        resident < 48 << 20,
+        "{} MiB resident, 16 clients quiet",
+        resident >> 20
+    );
+    // And the connections still serve.
+    for c in &mut clients {
+        assert_eq!(c.call(&["PING"]), "+PONG\r\n");
+    }
+    assert_eq!(kv.terminate(), 0);
+}
+
 /// Started with a soft limit of 256 open files, as a shell or a unit without
 /// `LimitNOFILE` may leave it, the service raises it and serves more clients than that.
 #[test]
