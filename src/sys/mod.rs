@@ -131,15 +131,7 @@ pub fn process_stats() -> Option<ProcessStats> {
         .trim()
         .parse()
         .ok()?;
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes only the rlimit it is given, which lives on this stack.
-    let max_fds = match unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } {
-        0 => limit.rlim_cur,
-        _ => 0,
-    };
+    let max_fds = open_file_limit().map_or(0, |l| l.rlim_cur);
     Some(ProcessStats {
         cpu_seconds: (field(14)? + field(15)?) as f64 * per_tick,
         resident_bytes: field(24)? * page.max(0) as u64,
@@ -150,6 +142,19 @@ pub fn process_stats() -> Option<ProcessStats> {
         open_fds: (std::fs::read_dir("/proc/self/fd").ok()?.count() as u64).saturating_sub(1),
         max_fds,
     })
+}
+
+/// This process's soft and hard limits on open file descriptors (getrlimit(2)).
+fn open_file_limit() -> std::io::Result<libc::rlimit> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes only the rlimit it is given, which lives on this stack.
+    match unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } {
+        0 => Ok(limit),
+        _ => Err(std::io::Error::last_os_error()),
+    }
 }
 
 /// Hands the memory the allocator holds free back to the system (malloc_trim(3)): after a
@@ -189,14 +194,7 @@ pub fn map_large_allocations(bytes: usize) {
 /// (systemd's and most shells' default) would run out before the KV-cache's clients did.
 /// dpuflow waits with poll(2), never select(2), so descriptors past 1024 are safe.
 pub fn raise_fd_limit() -> std::io::Result<u64> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes only the rlimit it is given, which lives on this stack.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    let mut limit = open_file_limit()?;
     if limit.rlim_cur < limit.rlim_max {
         let raised = libc::rlimit {
             rlim_cur: limit.rlim_max,
