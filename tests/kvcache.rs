@@ -145,6 +145,17 @@ impl KvService {
         metric(&body, name).unwrap_or_else(|| panic!("no {name} in\n{body}"))
     }
 
+    /// The service's resident memory once it is below `bound`, or as it is at `deadline`.
+    fn resident_once_below(&self, bound: u64, deadline: Instant) -> u64 {
+        loop {
+            let rss = self.metric("process_resident_memory_bytes");
+            if rss < bound || Instant::now() > deadline {
+                return rss;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Stops it as a crash would.
     fn kill(mut self) {
         let _ = self.child.0.kill();
@@ -650,13 +661,7 @@ fn memory_of_large_values_is_returned_once_their_clients_leave() {
     {
         std::thread::sleep(Duration::from_millis(50));
     }
-    let resident = loop {
-        let rss = kv.metric("process_resident_memory_bytes");
-        if rss < 48 << 20 || Instant::now() > deadline {
-            break rss;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let resident = kv.resident_once_below(48 << 20, deadline);
     // 16 clients moved 8 MB values both ways: at their busiest they held over 200 MiB.
     assert!(
         resident < 48 << 20,
@@ -690,14 +695,7 @@ fn quiet_clients_do_not_keep_the_room_of_their_large_values() {
         kv.metric("dpuflow_kvcache_clients{service=\"kvcache\"}"),
         16
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let resident = loop {
-        let rss = kv.metric("process_resident_memory_bytes");
-        if rss < 48 << 20 || Instant::now() > deadline {
-            break rss;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let resident = kv.resident_once_below(48 << 20, Instant::now() + Duration::from_secs(10));
     // Each connection read a value and wrote one: 16 MB of buffers each while busy.
     assert!(
         resident < 48 << 20,
