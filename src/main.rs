@@ -220,6 +220,11 @@ struct RunFlags {
     /// headers fit in it (default: the pipeline's `ipfix_mtu`, else 1500).
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u16).range(i64::from(dpuflow::lang::MIN_IPFIX_MTU)..))]
     ipfix_mtu: Option<u16>,
+    /// IPFIX messages sent a second at most, so that many flows expiring at once do not
+    /// overflow the collector's receive buffer (default: the pipeline's `ipfix_rate`, else
+    /// 10000).
+    #[arg(long, value_name = "MSGS", value_parser = clap::value_parser!(u32).range(1..))]
+    ipfix_rate: Option<u32>,
     /// Worker threads, 1 to 1024 (default: one per core).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
     workers: Option<u16>,
@@ -889,6 +894,7 @@ fn run(f: RunFlags) -> ExitCode {
             sampling: f.ipfix_sampling,
             observation_domain: f.ipfix_domain,
             ipfix_mtu: f.ipfix_mtu,
+            ipfix_rate: f.ipfix_rate,
         },
     };
     pipeline.telemetry.apply(&mut program.telemetry);

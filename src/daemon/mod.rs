@@ -38,7 +38,7 @@ use crate::ir::{Driver, PortId, Program, ServiceKind};
 use crate::kvcache::server::{KvService, StartError};
 use crate::replay::{Bindings, Merged, Merger};
 use crate::sys::Readable;
-use crate::telemetry::collector::{Collector, Destination};
+use crate::telemetry::collector::{Collector, Destination, Pacer};
 use crate::telemetry::flows::FlowRecord;
 use crate::telemetry::http::{self, Handler};
 use crate::telemetry::ipfix::Exporter;
@@ -206,6 +206,8 @@ impl Shared {
 struct ExportCounts {
     messages: AtomicU64,
     failed: AtomicU64,
+    /// Nanoseconds waited to keep to the rate.
+    paced_ns: AtomicU64,
 }
 
 impl Handler for Shared {
@@ -238,6 +240,7 @@ impl Handler for Shared {
         total.export = self.export.as_ref().map(|e| ExportStats {
             messages: e.messages.load(Ordering::Relaxed),
             failed: e.failed.load(Ordering::Relaxed),
+            paced_ns: e.paced_ns.load(Ordering::Relaxed),
         });
         // The dataplane's threads (named when spawned): the service's own KV clients'
         // threads come and go, and the main thread only serves scrapes.
@@ -1462,20 +1465,26 @@ fn export(collector: &mut Collector, rx: &Receiver<Vec<FlowRecord>>, shared: &Sh
     // Failures since the last warning, and when that was: a collector that is down would
     // otherwise be reported for every message.
     let (mut unreported, mut warning) = (0u64, WarnThrottle::default());
-    let mut send = |collector: &Collector, messages: Vec<Vec<u8>>| {
-        for msg in messages {
-            match collector.send(&msg) {
-                Ok(_) => counts.messages.fetch_add(1, Ordering::Relaxed),
-                Err(e) => {
-                    unreported += 1;
-                    if warning.ready() {
-                        tracing::warn!(error = %e, messages = unreported, "IPFIX messages not sent");
-                        unreported = 0;
-                    }
-                    counts.failed.fetch_add(1, Ordering::Relaxed)
-                }
-            };
+    let mut pacer = Pacer::new(t.ipfix_rate);
+    let mut send = |collector: &Collector, msg: &[u8]| {
+        let wait = pacer.wait(Instant::now());
+        if !wait.is_zero() {
+            std::thread::sleep(wait);
+            counts
+                .paced_ns
+                .fetch_add(wait.as_nanos() as u64, Ordering::Relaxed);
         }
+        match collector.send(msg) {
+            Ok(_) => counts.messages.fetch_add(1, Ordering::Relaxed),
+            Err(e) => {
+                unreported += 1;
+                if warning.ready() {
+                    tracing::warn!(error = %e, messages = unreported, "IPFIX messages not sent");
+                    unreported = 0;
+                }
+                counts.failed.fetch_add(1, Ordering::Relaxed)
+            }
+        };
     };
     let now_s = || {
         std::time::SystemTime::now()
@@ -1495,17 +1504,17 @@ fn export(collector: &mut Collector, rx: &Receiver<Vec<FlowRecord>>, shared: &Sh
         if collector.moved() {
             exporter.resend_templates();
         }
-        send(collector, exporter.messages(&records, now_s()));
+        exporter.messages(&records, now_s(), &mut |m| send(collector, m));
         sent += records.len() as u64;
         let now = ignored();
         if now != reported && reported_at.is_none_or(|at| at.elapsed() >= every) {
-            send(collector, exporter.ignored(now.0, now.1, now_s()));
+            exporter.ignored(now.0, now.1, now_s(), &mut |m| send(collector, m));
             (reported, reported_at) = (now, Some(Instant::now()));
         }
     }
     let now = ignored();
     if now != reported {
-        send(collector, exporter.ignored(now.0, now.1, now_s()));
+        exporter.ignored(now.0, now.1, now_s(), &mut |m| send(collector, m));
     }
     sent
 }

@@ -23,6 +23,7 @@ pub struct TelemetryFlags {
     pub sampling: Option<u32>,
     pub observation_domain: Option<u32>,
     pub ipfix_mtu: Option<u16>,
+    pub ipfix_rate: Option<u32>,
 }
 
 impl TelemetryFlags {
@@ -35,6 +36,9 @@ impl TelemetryFlags {
         }
         if let Some(mtu) = self.ipfix_mtu {
             t.ipfix_mtu = mtu;
+        }
+        if let Some(rate) = self.ipfix_rate {
+            t.ipfix_rate = rate;
         }
     }
 }

@@ -858,6 +858,9 @@ pub struct Telemetry {
     /// The path MTU towards the IPFIX collector: each message, with its IP and UDP
     /// headers, fits in it, so none is fragmented on the way.
     pub ipfix_mtu: u16,
+    /// IPFIX messages sent a second at most: what the collector's receive buffer and the
+    /// path have to absorb when many flows are exported at once.
+    pub ipfix_rate: u32,
 }
 
 impl Default for Telemetry {
@@ -873,6 +876,7 @@ impl Default for Telemetry {
             flow_cache: 1 << 20,
             observation_domain: 1,
             ipfix_mtu: 1500,
+            ipfix_rate: 10_000,
         }
     }
 }

@@ -893,6 +893,11 @@ impl Lowerer<'_> {
                         t.ipfix_mtu = v as u16;
                     }
                 }
+                "ipfix_rate" => {
+                    if let Some(v) = self.int_in(w, "IPFIX message rate", 1, u32::MAX.into()) {
+                        t.ipfix_rate = v as u32;
+                    }
+                }
                 "observation_domain" => {
                     if let Some(v) = self.int_in(w, "observation domain", 0, u32::MAX.into()) {
                         t.observation_domain = v as u32;

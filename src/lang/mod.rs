@@ -190,10 +190,14 @@ mod tests {
         let jumbo = "pipeline p\nport a { driver pcap }\ntelemetry { ipfix_mtu 9000 }\n\
                      pipe x root from a { default { actions drop } }";
         assert_eq!(program(jumbo).telemetry.ipfix_mtu, 9000);
+        let paced = "pipeline p\nport a { driver pcap }\ntelemetry { ipfix_rate 2500 }\n\
+                     pipe x root from a { default { actions drop } }";
+        assert_eq!(program(paced).telemetry.ipfix_rate, 2500);
         let every =
             "pipeline p\nport a { driver pcap }\npipe x root from a { default { actions drop } }";
         assert_eq!(program(every).telemetry.sampling, 1);
         assert_eq!(program(every).telemetry.observation_domain, 1);
         assert_eq!(program(every).telemetry.ipfix_mtu, 1500);
+        assert_eq!(program(every).telemetry.ipfix_rate, 10_000);
     }
 }

@@ -73,6 +73,7 @@ pub fn block_keys(kind: BlockKind) -> Keys {
             ("flow_cache", One),
             ("observation_domain", One),
             ("ipfix_mtu", One),
+            ("ipfix_rate", One),
         ],
     }
 }

@@ -1,13 +1,14 @@
 //! The way to the IPFIX collector: a connected UDP socket and, for a collector given by
 //! name, a thread that resolves the name again now and then, so the export follows a
-//! collector that moves (a DNS failover, a Kubernetes service whose pod was rescheduled).
+//! collector that moves (a DNS failover, a Kubernetes service whose pod was rescheduled);
+//! and the pace messages go at, which a collector's receive buffer must absorb.
 
 use crate::ir::HostPort;
 use crate::telemetry::WarnThrottle;
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How often a collector's name is resolved again: a service name's usual DNS time to live
 /// (Kubernetes' CoreDNS gives 30 s).
@@ -113,6 +114,48 @@ impl Collector {
     }
 }
 
+/// Messages sent back to back after a quiet spell: a burst that a collector's default
+/// receive buffer (212,992 bytes on Linux, about 90 full-size datagrams) takes whole.
+const BURST: u32 = 16;
+/// The shortest wait worth sleeping for; closer messages go together (a sleep wakes
+/// tens of microseconds late, so shorter ones would slow the pace below the rate).
+const SHORTEST_WAIT: Duration = Duration::from_millis(1);
+
+/// Spaces messages at a rate a second. UDP has no congestion control of its own (RFC
+/// 7011 §10.3): the messages of a million expiring flows sent as fast as the socket
+/// takes them overflow the collector's receive buffer, and what overflows is lost
+/// unseen. Sans-IO: the caller passes the time and does the waiting.
+#[derive(Debug)]
+pub struct Pacer {
+    /// Between two messages.
+    interval: Duration,
+    /// When the next message is due: one interval after the last, never earlier than
+    /// [`BURST`] intervals before now (a quiet spell earns at most that burst).
+    due: Option<Instant>,
+}
+
+impl Pacer {
+    /// At most `per_second` messages a second (at least 1).
+    pub fn new(per_second: u32) -> Pacer {
+        Pacer {
+            interval: Duration::from_secs(1) / per_second.max(1),
+            due: None,
+        }
+    }
+
+    /// How long to wait, from `now`, before sending the next message, which is then
+    /// counted sent; zero when it may go now.
+    pub fn wait(&mut self, now: Instant) -> Duration {
+        let earliest = now.checked_sub(self.interval * BURST).unwrap_or(now);
+        let due = self.due.map_or(earliest, |d| d.max(earliest));
+        self.due = Some(due + self.interval);
+        match due.saturating_duration_since(now) {
+            wait if wait >= SHORTEST_WAIT => wait,
+            _ => Duration::ZERO,
+        }
+    }
+}
+
 /// A UDP socket of the address's family, connected to it.
 fn socket_to(address: SocketAddr) -> io::Result<UdpSocket> {
     let socket = UdpSocket::bind(if address.is_ipv4() {
@@ -203,6 +246,38 @@ mod tests {
         // Still there: no move to report.
         std::thread::sleep(Duration::from_millis(20));
         assert!(!c.moved());
+    }
+
+    /// Messages go at the rate, a burst of [`BURST`] after a quiet spell and no more.
+    #[test]
+    fn messages_are_paced_with_a_bounded_burst() {
+        let start = Instant::now();
+        let mut pacer = Pacer::new(1000);
+        // All sent at one instant: the burst goes at once, then each waits its turn.
+        let waits: Vec<Duration> = (0..40).map(|_| pacer.wait(start)).collect();
+        assert!(waits[..BURST as usize + 1].iter().all(|w| w.is_zero()));
+        assert_eq!(waits[39], Duration::from_millis(39 - u64::from(BURST)));
+        // Sent at the rate, none waits.
+        let later = start + Duration::from_secs(1);
+        let mut pacer = Pacer::new(1000);
+        for i in 0..100 {
+            assert!(pacer.wait(later + Duration::from_millis(i)).is_zero());
+        }
+        // A quiet second earns a burst again, not a second's worth.
+        let quiet = later + Duration::from_secs(2);
+        let waits: Vec<Duration> = (0..100).map(|_| pacer.wait(quiet)).collect();
+        assert_eq!(
+            waits.iter().filter(|w| w.is_zero()).count(),
+            BURST as usize + 1
+        );
+        // Waits shorter than a sleep's precision are not waited: 10,000 a second go
+        // ten at a time.
+        let mut pacer = Pacer::new(10_000);
+        let waits: Vec<Duration> = (0..40).map(|_| pacer.wait(later)).collect();
+        assert_eq!(
+            waits.iter().filter(|w| w.is_zero()).count(),
+            BURST as usize + 10
+        );
     }
 
     #[test]

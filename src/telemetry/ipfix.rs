@@ -256,7 +256,7 @@ impl Exporter {
     }
 
     /// The interfaces' names, as many to a message as fit.
-    fn interface_names(&mut self, now_s: u64, out: &mut Vec<Vec<u8>>) {
+    fn interface_names(&mut self, now_s: u64, emit: &mut dyn FnMut(&[u8])) {
         let mut at = 0;
         while at < self.interfaces.len() {
             let mut msg = Vec::with_capacity(self.max_message);
@@ -278,7 +278,7 @@ impl Exporter {
             Self::finish(&mut msg);
             self.sequence = self.sequence.wrapping_add(n);
             at += n as usize;
-            out.push(msg);
+            emit(&msg);
         }
     }
 
@@ -288,24 +288,24 @@ impl Exporter {
         self.last_templates_s = None;
     }
 
-    /// The templates (and the interfaces' names) into `out`, when due.
-    fn templates_if_due(&mut self, now_s: u64, out: &mut Vec<Vec<u8>>) {
+    /// The templates (and the interfaces' names), when due.
+    fn templates_if_due(&mut self, now_s: u64, emit: &mut dyn FnMut(&[u8])) {
         if self
             .last_templates_s
             .is_none_or(|t| now_s >= t + self.template_refresh_s)
         {
-            out.push(self.templates(now_s));
-            self.interface_names(now_s, out);
+            emit(&self.templates(now_s));
+            self.interface_names(now_s, emit);
             self.last_templates_s = Some(now_s);
         }
     }
 
     /// The metering process's reliability statistics at wall-clock second `now_s`: the
     /// packets, and their IP bytes, that no flow record counts (the flow cache had no room
-    /// for their flows), since the start. One options record, templates first when due.
-    pub fn ignored(&mut self, packets: u64, octets: u64, now_s: u64) -> Vec<Vec<u8>> {
-        let mut out = Vec::new();
-        self.templates_if_due(now_s, &mut out);
+    /// for their flows), since the start. One options record, templates first when due;
+    /// each message handed to `emit`.
+    pub fn ignored(&mut self, packets: u64, octets: u64, now_s: u64, emit: &mut dyn FnMut(&[u8])) {
+        self.templates_if_due(now_s, emit);
         let mut msg = Vec::with_capacity(HEADER_LEN + SET_HEADER_LEN + 20);
         self.header(&mut msg, now_s as u32);
         let set = start_set(&mut msg, TEMPLATE_IGNORED);
@@ -315,35 +315,32 @@ impl Exporter {
         end_set(&mut msg, set);
         Self::finish(&mut msg);
         self.sequence = self.sequence.wrapping_add(1);
-        out.push(msg);
-        out
+        emit(&msg);
     }
 
-    /// Messages for `records` at wall-clock second `now_s`, templates (and the interfaces'
-    /// names) first when due.
-    pub fn messages(&mut self, records: &[FlowRecord], now_s: u64) -> Vec<Vec<u8>> {
-        let mut out = Vec::new();
-        self.templates_if_due(now_s, &mut out);
+    /// The messages for `records` at wall-clock second `now_s`, templates (and the
+    /// interfaces' names) first when due, each handed to `emit` as soon as it is made: a
+    /// million records are not held twice over, and the first go out at once.
+    pub fn messages(&mut self, records: &[FlowRecord], now_s: u64, emit: &mut dyn FnMut(&[u8])) {
+        self.templates_if_due(now_s, emit);
+        let mut msg = Vec::with_capacity(self.max_message);
         for t in Template::ALL {
             let per = (self.max_message - HEADER_LEN - SET_HEADER_LEN) / t.record_len();
-            let mine: Vec<&FlowRecord> = records
+            let mut mine = records
                 .iter()
                 .filter(|r| Template::of(r.key.v6, r.sampled) == t)
-                .collect();
-            for chunk in mine.chunks(per) {
-                let mut msg = Vec::with_capacity(self.max_message);
+                .peekable();
+            while mine.peek().is_some() {
+                msg.clear();
                 self.header(&mut msg, now_s as u32);
                 let set = start_set(&mut msg, t.id());
-                for r in chunk {
-                    encode(&mut msg, r);
-                }
+                let n = mine.by_ref().take(per).map(|r| encode(&mut msg, r)).count();
                 end_set(&mut msg, set);
                 Self::finish(&mut msg);
-                self.sequence = self.sequence.wrapping_add(chunk.len() as u32);
-                out.push(msg);
+                self.sequence = self.sequence.wrapping_add(n as u32);
+                emit(&msg);
             }
         }
-        out
     }
 }
 
@@ -420,6 +417,22 @@ mod tests {
         }
     }
 
+    impl Exporter {
+        /// The messages of [`Exporter::messages`], collected.
+        fn all_messages(&mut self, records: &[FlowRecord], now_s: u64) -> Vec<Vec<u8>> {
+            let mut out = Vec::new();
+            self.messages(records, now_s, &mut |m| out.push(m.to_vec()));
+            out
+        }
+
+        /// The messages of [`Exporter::ignored`], collected.
+        fn all_ignored(&mut self, packets: u64, octets: u64, now_s: u64) -> Vec<Vec<u8>> {
+            let mut out = Vec::new();
+            self.ignored(packets, octets, now_s, &mut |m| out.push(m.to_vec()));
+            out
+        }
+    }
+
     fn u16_at(m: &[u8], at: usize) -> u16 {
         u16::from_be_bytes([m[at], m[at + 1]])
     }
@@ -432,7 +445,7 @@ mod tests {
     fn messages_fit_and_count_records() {
         let mut e = Exporter::new(1, 1400, 600, 1);
         let records: Vec<FlowRecord> = (0..50).map(|n| rec(n, n % 5 == 0)).collect();
-        let msgs = e.messages(&records, 1000);
+        let msgs = e.all_messages(&records, 1000);
         assert!(msgs
             .iter()
             .all(|m| m.len() <= 1400 && u16::from_be_bytes([m[2], m[3]]) as usize == m.len()));
@@ -448,23 +461,23 @@ mod tests {
         }
         // No templates again before the refresh interval.
         assert!(e
-            .messages(&records[..1], 1100)
+            .all_messages(&records[..1], 1100)
             .iter()
             .all(|m| u16::from_be_bytes([m[16], m[17]]) != TEMPLATE_SET));
         // Templates again once the refresh interval has passed.
-        let again = e.messages(&[], 1600);
+        let again = e.all_messages(&[], 1600);
         assert_eq!(
             u16::from_be_bytes([again[0][16], again[0][17]]),
             TEMPLATE_SET
         );
         // And at once when asked (the collector moved), the sequence going on.
         assert!(e
-            .messages(&records[..1], 1601)
+            .all_messages(&records[..1], 1601)
             .iter()
             .all(|m| m[16..18] != TEMPLATE_SET.to_be_bytes()));
         let sequence = e.sequence();
         e.resend_templates();
-        let moved = e.messages(&records[..1], 1602);
+        let moved = e.all_messages(&records[..1], 1602);
         assert_eq!(moved[0][16..18], TEMPLATE_SET.to_be_bytes());
         assert_eq!(u32_at(&moved[0], 8), sequence);
     }
@@ -486,7 +499,7 @@ mod tests {
                 ..rec(3, true)
             },
         ];
-        let msgs = e.messages(&records, 1000);
+        let msgs = e.all_messages(&records, 1000);
         let t = &msgs[0];
         assert_eq!(u32_at(t, 8), 0, "no data record before the first message");
         let mut at = HEADER_LEN;
@@ -533,7 +546,7 @@ mod tests {
     #[test]
     fn unsampled_exports_report_no_selector() {
         let mut e = Exporter::new(7, 1400, 600, 1);
-        let t = &e.messages(&[], 1000)[0];
+        let t = &e.all_messages(&[], 1000)[0];
         assert_eq!(u16_at(t, HEADER_LEN), TEMPLATE_SET);
         let options = HEADER_LEN + usize::from(u16_at(t, HEADER_LEN + 2));
         assert_eq!(u16_at(t, options), OPTIONS_TEMPLATE_SET);
@@ -551,7 +564,7 @@ mod tests {
     #[test]
     fn ignored_packets_are_reported_in_one_record() {
         let mut e = Exporter::new(7, 1400, 600, 1);
-        let first = e.ignored(5, 300, 1000);
+        let first = e.all_ignored(5, 300, 1000);
         assert_eq!(first.len(), 2, "templates, then the record");
         let m = &first[1];
         assert_eq!(u32_at(m, 8), 0);
@@ -565,7 +578,11 @@ mod tests {
         );
         assert_eq!(u64::from_be_bytes(m[data + 12..].try_into().unwrap()), 300);
         assert_eq!(e.sequence(), 1);
-        assert_eq!(e.ignored(6, 400, 1001).len(), 1, "templates not due again");
+        assert_eq!(
+            e.all_ignored(6, 400, 1001).len(),
+            1,
+            "templates not due again"
+        );
         assert_eq!(e.sequence(), 2);
     }
 
@@ -754,7 +771,7 @@ mod tests {
                 names: Vec::new(),
                 counted: 0,
             };
-            for m in e.messages(&records, 1000) {
+            for m in e.all_messages(&records, 1000) {
                 d.message(&m, max.max(MIN_MESSAGE));
             }
             let mut got = d.records;

@@ -406,6 +406,11 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info, state: &ServiceSt
             "IPFIX messages the socket would not send (their records are lost).",
             [(vec![], ex.failed)],
         );
+        fam.counter(
+            "dpuflow_ipfix_pacing_seconds_total",
+            "Time the IPFIX export waited to keep to its rate (ipfix_rate); near a second a second, records leave later than their flows' timeouts.",
+            [(vec![], ex.paced_ns as f64 / 1e9)],
+        );
     }
 
     let mut threads = state.threads.clone();

@@ -79,6 +79,8 @@ pub struct ExportStats {
     /// Messages the socket would not send (the collector unreachable, say): their records
     /// are lost.
     pub failed: u64,
+    /// Nanoseconds spent waiting to keep to the export's rate.
+    pub paced_ns: u64,
 }
 
 /// What one worker publishes, and what a scrape sums (with the exporter's counts).
