@@ -99,7 +99,8 @@ enum Command {
     },
     /// Run a pipeline as a service: workers process the inputs, metrics are served over
     /// HTTP, SIGTERM or SIGINT stops it gracefully (in-flight batches finished, outputs
-    /// flushed, exit 0), SIGHUP reloads the pipeline file while packets flow.
+    /// flushed, exit 0; a second signal ends it at once, exit 1), SIGHUP reloads the
+    /// pipeline file while packets flow.
     ///
     /// A reload keeps tracked connections and counters; one whose file has errors, or
     /// changes the ports, services, the connection table's capacity or tcp_window, or the

@@ -747,6 +747,54 @@ fn stop_during_traffic(signal: &str) {
     assert_tshark_clean(&out);
 }
 
+/// A graceful stop waits for the last flows' export, which keeps its pace; a second
+/// signal ends the process at once, status 1.
+#[test]
+fn a_second_stop_signal_ends_a_slow_stop_at_once() {
+    let dir = Scratch::new("service-second-signal");
+    let capture = dir.path("host.pcap");
+    dpuflow_ok(&[
+        "bench",
+        "pipelines/vxlan-gateway.pipe",
+        "--port",
+        "host",
+        "--flows",
+        "20000",
+        "--write",
+        &capture,
+    ]);
+    // A collector that never reads: its buffer fills and the rest is dropped, unseen.
+    let sink = std::net::UdpSocket::bind("127.0.0.1:0").expect("sink");
+    let collector = sink.local_addr().expect("address").to_string();
+    let input = format!("host={capture}");
+    let svc = Service::start(&[
+        "pipelines/vxlan-gateway.pipe",
+        "--in",
+        &input,
+        "--ipfix",
+        &collector,
+        "--ipfix-rate",
+        "100",
+    ]);
+    // Every flow's record is made at the end of the input; their thousand messages
+    // take ten seconds at 100 a second.
+    svc.scrape_until(|b| metric(b, "dpuflow_flow_records_total") == Some(20_000));
+    let mut svc = svc;
+    svc.signal("TERM");
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(
+        svc.child.try_wait().expect("wait").is_none(),
+        "the first signal should leave the export going"
+    );
+    let second = Instant::now();
+    assert_eq!(svc.signal_and_wait("TERM"), 1);
+    assert!(
+        second.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        second.elapsed()
+    );
+}
+
 /// Copies `mirror` actions make are written to the mirror port's output, as `replay`
 /// writes them, next to the packets forwarded.
 #[test]
