@@ -413,16 +413,12 @@ fn nfdump_and_tshark_read_the_export() {
 fn a_burst_of_records_reaches_the_collector_whole() {
     const FLOWS: u64 = 100_000;
     let dir = Scratch::new("ipfix-burst");
-    dpuflow_ok(&[
-        "bench",
+    bench_capture(
         "pipelines/vxlan-gateway.pipe",
-        "--port",
         "host",
-        "--flows",
-        &FLOWS.to_string(),
-        "--write",
+        FLOWS,
         &dir.path("host.pcap"),
-    ]);
+    );
     let x = export(
         &dir,
         "pipelines/vxlan-gateway.pipe",

@@ -303,9 +303,7 @@ fn every_example_replays_traces_and_benches() {
             assert!(out.contains("Mpps"), "{out}");
             // The bench's own traffic, written out, replays and traces the same way.
             let pcap = dir.path(&format!("{port}.pcap"));
-            dpuflow_ok(&[
-                "bench", &pipe, "--port", port, "--flows", "64", "--write", &pcap,
-            ]);
+            bench_capture(&pipe, port, 64, &pcap);
             assert_tshark_clean(&pcap);
             let out = dpuflow_ok(&["replay", &pipe, "--in", &format!("{port}={pcap}"), "--json"]);
             assert_eq!(json(&out)["packets"], 64, "{pipe} {port}");

@@ -489,16 +489,7 @@ wrpcap("host.pcap", [f(20), f(12000), f(30)])
 fn meters_hold_their_rate_across_workers() {
     let dir = Scratch::new("service-meters");
     let flows = dir.path("flows.pcap");
-    dpuflow_ok(&[
-        "bench",
-        "tests/data/police.pipe",
-        "--port",
-        "a",
-        "--flows",
-        "64",
-        "--write",
-        &flows,
-    ]);
+    bench_capture("tests/data/police.pipe", "a", 64, &flows);
     let frames = frames(&flows);
     assert_eq!(frames.len(), 64);
     let input = dir.path("traffic.pcap");
@@ -753,16 +744,7 @@ fn stop_during_traffic(signal: &str) {
 fn a_second_stop_signal_ends_a_slow_stop_at_once() {
     let dir = Scratch::new("service-second-signal");
     let capture = dir.path("host.pcap");
-    dpuflow_ok(&[
-        "bench",
-        "pipelines/vxlan-gateway.pipe",
-        "--port",
-        "host",
-        "--flows",
-        "20000",
-        "--write",
-        &capture,
-    ]);
+    bench_capture("pipelines/vxlan-gateway.pipe", "host", 20_000, &capture);
     // A collector that never reads: its buffer fills and the rest is dropped, unseen.
     let sink = std::net::UdpSocket::bind("127.0.0.1:0").expect("sink");
     let collector = sink.local_addr().expect("address").to_string();
@@ -840,16 +822,7 @@ fn mirror_copies_reach_their_port() {
 fn long_input_through_few_buffers_is_written_whole() {
     let dir = Scratch::new("service-recycle");
     let (input, out) = (dir.path("host.pcap"), dir.path("uplink.pcap"));
-    dpuflow_ok(&[
-        "bench",
-        "pipelines/vxlan-gateway.pipe",
-        "--port",
-        "host",
-        "--flows",
-        "3000",
-        "--write",
-        &input,
-    ]);
+    bench_capture("pipelines/vxlan-gateway.pipe", "host", 3000, &input);
     let svc = Service::start(&[
         "pipelines/vxlan-gateway.pipe",
         "--in",

@@ -30,6 +30,15 @@ pub fn dpuflow_ok(args: &[&str]) -> String {
     String::from_utf8(out.stdout).expect("utf-8")
 }
 
+/// Writes `flows` flows of the synthetic traffic `dpuflow bench` makes for `port` of
+/// `pipeline` to the capture `path`, one packet each.
+pub fn bench_capture(pipeline: &str, port: &str, flows: u64, path: &str) {
+    let flows = flows.to_string();
+    dpuflow_ok(&[
+        "bench", pipeline, "--port", port, "--flows", &flows, "--write", path,
+    ]);
+}
+
 /// Runs an external tool that must be installed (scripts/test installs them); a missing
 /// tool fails the test, it never skips.
 pub fn tool(name: &str, args: &[&str]) -> Output {
