@@ -280,6 +280,37 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// Whatever the gaps between messages (mostly none: a backlog), a sender that waits
+        /// as told never sends more in any span than the span's share at the rate, the
+        /// burst and a millisecond's worth.
+        #[test]
+        fn no_span_exceeds_the_rate(
+            rate in 1u32..100_000,
+            gaps in proptest::collection::vec(
+                proptest::prop_oneof![3 => proptest::strategy::Just(0u64), 1 => 0u64..3_000_000],
+                1..300,
+            ),
+        ) {
+            let mut pacer = Pacer::new(rate);
+            let mut now = Instant::now();
+            let mut sent = Vec::new();
+            for gap in gaps {
+                now += Duration::from_nanos(gap);
+                now += pacer.wait(now);
+                sent.push(now);
+            }
+            let interval = Duration::from_secs(1) / rate;
+            let slack = u64::from(BURST) + 2 + (SHORTEST_WAIT.as_nanos() / interval.as_nanos()) as u64;
+            for (i, first) in sent.iter().enumerate() {
+                for (j, last) in sent.iter().enumerate().skip(i) {
+                    let span = (*last - *first).as_nanos() / interval.as_nanos();
+                    proptest::prop_assert!((j - i + 1) as u64 <= span as u64 + slack);
+                }
+            }
+        }
+    }
+
     #[test]
     fn an_address_stays_and_a_dropped_collector_stops_its_resolver() {
         let (_s, a) = listener();
