@@ -203,6 +203,17 @@ impl Export {
 /// Runs `pipeline` over `inputs` (port, capture in `dir`) with IPFIX export to nfcapd and
 /// `flags` added, and reads back what it stored.
 fn export(dir: &Scratch, pipeline: &str, inputs: &[(&str, &str)], flags: &[&str]) -> Export {
+    export_to(dir, pipeline, inputs, flags, &[])
+}
+
+/// [`export`] to an nfcapd started with `nfcapd_flags` besides its address and store.
+fn export_to(
+    dir: &Scratch,
+    pipeline: &str,
+    inputs: &[(&str, &str)],
+    flags: &[&str],
+    nfcapd_flags: &[&str],
+) -> Export {
     let port = free_udp_port();
     let store = dir.0.join("nfcapd");
     std::fs::create_dir_all(&store).expect("mkdir");
@@ -217,6 +228,7 @@ fn export(dir: &Scratch, pipeline: &str, inputs: &[(&str, &str)], flags: &[&str]
             "-t",
             "3600",
         ])
+        .args(nfcapd_flags)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -553,23 +565,25 @@ fn connections_are_the_records_of_a_stateful_pipeline() {
 /// packets in all as there are windows of four (one more if the last, partial window's
 /// pick fell inside it). Their records carry selectorId 1, and the selector report says:
 /// random n-out-of-N, one packet out of four. (Debian 12's nfdump 1.7.1 does not scale
-/// the counts by the report; it lists the selected packets' counts as they are.)
+/// the counts by the report; it lists the selected packets' counts as they are, and
+/// scales them when nfcapd is given the rate, `-s 4`.)
 #[test]
 fn sampled_export_counts_one_packet_in_four_and_says_so() {
+    const FLAGS: [&str; 6] = [
+        "--workers",
+        "1",
+        "--ipfix-sampling",
+        "4",
+        "--ipfix-domain",
+        "7",
+    ];
     let dir = Scratch::new("ipfix-sampled");
     scapy(&dir.0, &format!("{TRAFFIC}{COUNT_FLOWS}"));
     let x = export(
         &dir,
         "pipelines/vxlan-gateway.pipe",
         &[("host", "host.pcap")],
-        &[
-            "--workers",
-            "1",
-            "--ipfix-sampling",
-            "4",
-            "--ipfix-domain",
-            "7",
-        ],
+        &FLAGS,
     );
     // Every message is of the domain asked for.
     let domains = x.tshark(&["cflow.od_id"]);
@@ -589,6 +603,29 @@ fn sampled_export_counts_one_packet_in_four_and_says_so() {
     assert!(
         counted == all / 4 || counted == all.div_ceil(4),
         "{counted} of {all}"
+    );
+    // Told the rate, nfcapd scales every record of the exporter: right here, where all
+    // come from the flow cache (a pipeline tracking connections exports theirs exact).
+    let scaled_dir = Scratch::new("ipfix-sampled-scaled");
+    for file in ["host.pcap", "flows.txt"] {
+        std::fs::copy(dir.0.join(file), scaled_dir.0.join(file)).expect("copy");
+    }
+    let scaled = export_to(
+        &scaled_dir,
+        "pipelines/vxlan-gateway.pipe",
+        &[("host", "host.pcap")],
+        &FLAGS,
+        &["-s", "4"],
+    );
+    assert!(
+        scaled.flows.values().all(|f| f.0 % 4 == 0),
+        "{:?}",
+        scaled.flows
+    );
+    let estimate: u64 = scaled.flows.values().map(|f| f.0).sum();
+    assert!(
+        estimate == all / 4 * 4 || estimate == all.div_ceil(4) * 4,
+        "{estimate} estimated of {all}"
     );
     assert_eq!(x.metric("dpuflow_flow_records_total"), x.records);
     assert_eq!(x.check_with_tshark(), x.records);
