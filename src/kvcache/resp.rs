@@ -229,6 +229,11 @@ pub mod reply {
         let _ = write!(out, "${len}\r\n");
     }
 
+    /// How long [`bulk_header`] is for `len` bytes: `$`, the digits, CRLF.
+    pub fn bulk_header_len(len: usize) -> usize {
+        1 + len.checked_ilog10().map_or(1, |d| d as usize + 1) + 2
+    }
+
     /// The null bulk string: a missing key.
     pub fn null(out: &mut Vec<u8>) {
         out.extend_from_slice(b"$-1\r\n");

@@ -14,7 +14,7 @@ use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::ops::Range;
+use std::ops::{Deref, DerefMut, Range};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -23,6 +23,8 @@ use std::time::{Duration, Instant};
 pub const MAX_CLIENTS: u64 = 1024;
 /// A client connection's read buffer, and its reply buffer, while the client is quiet.
 const READ_BUFFER: usize = 64 << 10;
+/// The boundary a large value read from the target is placed on in its reply.
+const CACHE_LINE: usize = 64;
 /// Values kept in memory written to the target in one run when the service stops.
 const INLINE_WRITES: usize = 256;
 /// How often blocked threads look at the stop flag.
@@ -619,7 +621,7 @@ impl KvService {
         // The client has sent all it will (what is whole is still served).
         let mut closed = false;
         let mut args: Vec<Range<usize>> = Vec::new();
-        let mut out: Vec<u8> = Vec::with_capacity(READ_BUFFER);
+        let mut out = Replies::with_capacity(READ_BUFFER);
         loop {
             let mut start = 0;
             let mut quit = false;
@@ -679,7 +681,7 @@ impl KvService {
                 }
             }
             if !out.is_empty() {
-                stream.write_all(&out)?;
+                stream.write_all(out.pending())?;
                 stream.flush()?;
                 out.clear();
             }
@@ -717,7 +719,7 @@ impl KvService {
                         buf = vec![0; READ_BUFFER];
                     }
                     if out.capacity() > READ_BUFFER {
-                        out = Vec::with_capacity(READ_BUFFER);
+                        out = Replies::with_capacity(READ_BUFFER);
                     }
                 }
                 Err(e) => return Err(e),
@@ -784,7 +786,7 @@ impl KvService {
 
     /// Runs one request, appending its reply to `out`; `true` when the client asked to
     /// leave.
-    fn execute(&self, words: &[&[u8]], out: &mut Vec<u8>) -> bool {
+    fn execute(&self, words: &[&[u8]], out: &mut Replies) -> bool {
         let Some((name, args)) = words.split_first() else {
             return false;
         };
@@ -1318,20 +1320,26 @@ impl KvService {
 
     /// Appends `key`'s value as a bulk string (or the null bulk string) to `out`, read from
     /// the target straight into `out`.
-    fn get(&self, key: &[u8], out: &mut Vec<u8>) {
+    fn get(&self, key: &[u8], out: &mut Replies) {
         let extents = self.lock().get(key);
+        if let Some(len) = read_len(extents.as_deref()) {
+            out.align_value(len);
+        }
         self.reply_value(key, extents, out);
     }
 
     /// `GET` of each of `keys`, their replies one after another, the values read from the
     /// target in one run (see [`KvService::reply_values`]); each counted and timed as a
     /// `GET`.
-    fn gets(&self, keys: &[&[u8]], out: &mut Vec<u8>) {
+    fn gets(&self, keys: &[&[u8]], out: &mut Replies) {
         let since = Instant::now();
         let values: Vec<_> = {
             let mut ix = self.lock();
             keys.iter().map(|key| ix.get(key)).collect()
         };
+        if let Some(len) = read_len(values.first().and_then(Option::as_deref)) {
+            out.align_value(len);
+        }
         self.reply_values(keys, &values, out);
         self.count_run("get", keys.len(), since);
     }
@@ -1565,9 +1573,8 @@ impl KvService {
         for (i, value) in values.iter().enumerate() {
             // A null bulk string, or a bulk string's header, its bytes and CRLF.
             let len = value.as_ref().map_or(b"$-1\r\n".len(), |e| {
-                let n = e.len();
-                let digits = n.checked_ilog10().map_or(1, |d| d as usize + 1);
-                1 + digits + 2 + n as usize + 2
+                let n = e.len() as usize;
+                reply::bulk_header_len(n) + n + 2
             });
             let (reply, rest) = replies.split_at(len);
             replies = rest;
@@ -1841,10 +1848,97 @@ impl KvService {
     }
 }
 
+/// A connection's replies, sent from `from` on: the bytes before it are room left so that
+/// a large value read from the target starts on a cache line (see [`Replies::align_value`]).
+/// Everything else appends to the bytes as to any buffer.
+#[derive(Debug)]
+struct Replies {
+    bytes: Vec<u8>,
+    from: usize,
+}
+
+impl Replies {
+    fn with_capacity(n: usize) -> Replies {
+        Replies {
+            bytes: Vec::with_capacity(n),
+            from: 0,
+        }
+    }
+
+    /// What is to be sent.
+    fn pending(&self) -> &[u8] {
+        &self.bytes[self.from..]
+    }
+
+    /// Sent: empty again, its room kept.
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.from = 0;
+    }
+
+    /// Before the first reply, when it is a value of `len` bytes to be read from the
+    /// target: room for the whole reply at once, and the reply started where the value's
+    /// first byte is at a [`CACHE_LINE`] boundary. The kernel's copy from the target's
+    /// socket into a destination off a cache line took three times as long
+    /// (docs/benchmarks.md, "The KV-cache service": a value's place in its reply).
+    fn align_value(&mut self, len: usize) {
+        if !self.bytes.is_empty() {
+            return;
+        }
+        let header = reply::bulk_header_len(len);
+        self.bytes.reserve(CACHE_LINE + header + len + 2);
+        let value_at = self.bytes.as_ptr() as usize + header;
+        self.from = (CACHE_LINE - value_at % CACHE_LINE) % CACHE_LINE;
+        self.bytes.resize(self.from, 0);
+    }
+}
+
+/// The length of `value` when its bytes are to be read from the target (not kept in
+/// memory).
+fn read_len(value: Option<&Extents>) -> Option<usize> {
+    value
+        .filter(|e| e.inline().is_none())
+        .map(|e| e.len() as usize)
+}
+
+impl Deref for Replies {
+    type Target = Vec<u8>;
+
+    fn deref(&self) -> &Vec<u8> {
+        &self.bytes
+    }
+}
+
+impl DerefMut for Replies {
+    fn deref_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.bytes
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::ir::StorageTarget;
+
+    /// A value read from the target lands on a cache line, whatever the reply's header
+    /// length; what is sent starts with the header; later replies follow it unaligned.
+    #[test]
+    fn a_large_value_read_from_the_target_lands_on_a_cache_line() {
+        for len in [1, 9, 10, 99_999, 4_000_000, 16_000_000] {
+            let mut out = Replies::with_capacity(READ_BUFFER);
+            out.align_value(len);
+            reply::bulk_header(&mut out, len);
+            assert_eq!((out.as_ptr() as usize + out.len()) % CACHE_LINE, 0, "{len}");
+            assert_eq!(out.pending(), format!("${len}\r\n").as_bytes());
+            assert!(out.capacity() >= out.len() + len + 2, "room for it all");
+            // Only the first reply of a batch is placed.
+            let sent = out.len();
+            out.align_value(len);
+            assert_eq!(out.len(), sent);
+            out.clear();
+            assert!(out.pending().is_empty());
+        }
+    }
     use crate::kvcache::resp::ProtocolError;
 
     /// A service on a fresh file named after the test.
@@ -1970,10 +2064,11 @@ mod tests {
         std::fs::remove_file(path).unwrap();
     }
 
+    /// The reply to `words`, as it would be sent.
     fn run(svc: &KvService, words: &[&[u8]]) -> Vec<u8> {
-        let mut out = Vec::new();
+        let mut out = Replies::with_capacity(0);
         svc.execute(words, &mut out);
-        out
+        out.pending().to_vec()
     }
 
     #[test]
@@ -2079,10 +2174,10 @@ mod tests {
                 .map(|t| {
                     let (svc, key, start) = (Arc::clone(&svc), key.clone(), Arc::clone(&start));
                     std::thread::spawn(move || {
-                        let mut out = Vec::new();
+                        let mut out = Replies::with_capacity(0);
                         start.wait();
                         svc.execute(&[b"SET", key.as_bytes(), &[t; 3000], b"NX"], &mut out);
-                        usize::from(out == b"+OK\r\n")
+                        usize::from(out.pending() == b"+OK\r\n")
                     })
                 })
                 .collect();
@@ -2450,17 +2545,18 @@ mod tests {
                     for i in 0..3000 {
                         let k = (i * 7 + t) % 10;
                         let key = format!("k{k}");
-                        let mut out = Vec::new();
+                        let mut out = Replies::with_capacity(0);
                         match (i + t) % 5 {
                             0 | 1 => {
                                 svc.execute(&[b"SET", key.as_bytes(), &fill(k, i % 16)], &mut out);
-                                assert_eq!(out, b"+OK\r\n");
+                                assert_eq!(out.pending(), b"+OK\r\n");
                             }
                             2 => {
                                 svc.execute(&[b"DEL", key.as_bytes()], &mut out);
                             }
                             _ => {
                                 svc.execute(&[b"GET", key.as_bytes()], &mut out);
+                                let out = out.pending();
                                 if out == b"$-1\r\n" {
                                     continue;
                                 }
