@@ -2362,6 +2362,91 @@ mod tests {
         std::fs::remove_file(path).unwrap();
     }
 
+    /// A client whose bytes arrive in the pieces given; what the service writes is kept.
+    struct Scripted {
+        pieces: std::collections::VecDeque<Vec<u8>>,
+        written: Vec<u8>,
+    }
+
+    impl Read for Scripted {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let Some(mut piece) = self.pieces.pop_front() else {
+                return Ok(0);
+            };
+            let n = piece.len().min(buf.len());
+            buf[..n].copy_from_slice(&piece[..n]);
+            if n < piece.len() {
+                self.pieces.push_front(piece.split_off(n));
+            }
+            Ok(n)
+        }
+    }
+
+    impl Write for Scripted {
+        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+            self.written.extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+        /// SETs and GETs of small and large values, their bytes cut anywhere into pieces
+        /// (a GET's reply placed so that its value starts on a cache line): the replies are
+        /// those of a map.
+        #[test]
+        fn requests_cut_anywhere_are_answered_as_a_map_would(
+            ops in proptest::collection::vec(
+                (proptest::bool::ANY, 0u8..3, proptest::prop_oneof![0usize..100, 60_000usize..200_000]),
+                1..8,
+            ),
+            cuts in proptest::collection::vec(proptest::prelude::any::<proptest::sample::Index>(), 0..12),
+        ) {
+            static CASE: AtomicU64 = AtomicU64::new(0);
+            let case = CASE.fetch_add(1, Relaxed);
+            let (svc, path) = service(&format!("cut-{case}"), 4 << 20, 4096);
+            let (mut sent, mut expect) = (Vec::new(), Vec::new());
+            let mut model: std::collections::HashMap<u8, Vec<u8>> = Default::default();
+            for (i, &(set, key, len)) in ops.iter().enumerate() {
+                let k = [b'k', key];
+                if set {
+                    let value = vec![i as u8; len];
+                    reply::array(&mut sent, 3);
+                    for word in [&b"SET"[..], &k, &value] {
+                        reply::bulk(&mut sent, word);
+                    }
+                    reply::ok(&mut expect);
+                    model.insert(key, value);
+                } else {
+                    reply::array(&mut sent, 2);
+                    reply::bulk(&mut sent, b"GET");
+                    reply::bulk(&mut sent, &k);
+                    match model.get(&key) {
+                        Some(v) => reply::bulk(&mut expect, v),
+                        None => reply::null(&mut expect),
+                    }
+                }
+            }
+            let mut at: Vec<usize> = cuts.iter().map(|c| c.index(sent.len())).collect();
+            at.sort_unstable();
+            at.dedup();
+            let mut pieces = std::collections::VecDeque::new();
+            let mut from = 0;
+            for to in at.into_iter().chain([sent.len()]) {
+                pieces.push_back(sent[from..to].to_vec());
+                from = to;
+            }
+            let mut client = Scripted { pieces, written: Vec::new() };
+            svc.talk(&mut client).unwrap();
+            proptest::prop_assert!(client.written == expect);
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+
     /// Pipelined SETs whose values arrive in pieces are written in one run: the run waits
     /// for a SET that has begun to arrive.
     #[test]
