@@ -253,8 +253,9 @@ impl Lab {
         ));
         self.metrics_until(|m| m.contains("dpuflow_build_info"), "dpuflow run serving");
         // Serving comes before the workers are up: traffic waits for /readyz (on a busy
-        // machine the gap outlasted a ping's wait).
-        let deadline = Instant::now() + Duration::from_secs(5);
+        // machine the gap outlasted a ping's wait, and the stateful firewall's connection
+        // tables, hundreds of MB made in a debug build, once outlasted 5 s).
+        let deadline = Instant::now() + Duration::from_secs(30);
         while !self.ready() {
             assert!(Instant::now() < deadline, "dpuflow run never ready");
             std::thread::sleep(Duration::from_millis(50));
