@@ -1893,14 +1893,6 @@ impl Replies {
     }
 }
 
-/// The length of `value` when its bytes are to be read from the target (not kept in
-/// memory).
-fn read_len(value: Option<&Extents>) -> Option<usize> {
-    value
-        .filter(|e| e.inline().is_none())
-        .map(|e| e.len() as usize)
-}
-
 impl Deref for Replies {
     type Target = Vec<u8>;
 
@@ -1913,6 +1905,14 @@ impl DerefMut for Replies {
     fn deref_mut(&mut self) -> &mut Vec<u8> {
         &mut self.bytes
     }
+}
+
+/// The length of `value` when its bytes are to be read from the target (not kept in
+/// memory).
+fn read_len(value: Option<&Extents>) -> Option<usize> {
+    value
+        .filter(|e| e.inline().is_none())
+        .map(|e| e.len() as usize)
 }
 
 #[cfg(test)]
