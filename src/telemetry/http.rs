@@ -6,15 +6,29 @@
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Largest request head read.
 const MAX_REQUEST: usize = 8192;
 /// Connections answered at once; more are closed unanswered.
 const MAX_CONNECTIONS: usize = 16;
-/// How long a client may take to send its request (a stalled one delays shutdown by as
-/// much).
-const READ_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long a client may take over each half of its connection, in all: a timeout on each
+/// read or write alone would let one that sends its request (or reads the answer) a byte at
+/// a time hold a connection for hours, and sixteen of them the endpoint, and a stop wait
+/// for them.
+#[derive(Debug, Clone, Copy)]
+struct Deadlines {
+    /// To send the request head (a stalled client delays a stop by as much).
+    request: Duration,
+    /// To take the whole answer (Prometheus gives a scrape 10 s by default).
+    answer: Duration,
+}
+
+const DEADLINES: Deadlines = Deadlines {
+    request: Duration::from_secs(2),
+    answer: Duration::from_secs(10),
+};
 
 /// What the endpoint serves.
 pub trait Handler: Sync {
@@ -47,7 +61,7 @@ pub fn serve(
                     open.fetch_add(1, Ordering::Relaxed);
                     let open = &open;
                     s.spawn(move || {
-                        if let Err(e) = answer(stream, handler) {
+                        if let Err(e) = answer(stream, handler, DEADLINES) {
                             tracing::debug!(error = %e, "http request failed");
                         }
                         open.fetch_sub(1, Ordering::Relaxed);
@@ -65,8 +79,11 @@ pub fn serve(
     Ok(())
 }
 
-fn answer(mut stream: TcpStream, handler: &dyn Handler) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(READ_TIMEOUT))?;
+fn answer(stream: TcpStream, handler: &dyn Handler, limits: Deadlines) -> std::io::Result<()> {
+    let mut stream = Timed {
+        stream,
+        until: Instant::now() + limits.request,
+    };
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -89,6 +106,7 @@ fn answer(mut stream: TcpStream, handler: &dyn Handler) -> std::io::Result<()> {
         parts.next().unwrap_or_default(),
     );
     let path = target.split('?').next().unwrap_or_default();
+    stream.until = Instant::now() + limits.answer;
     if method != "GET" && method != "HEAD" {
         return respond(
             &mut stream,
@@ -130,7 +148,7 @@ fn answer(mut stream: TcpStream, handler: &dyn Handler) -> std::io::Result<()> {
 
 /// Writes the answer; to a `HEAD`, the headers only (RFC 9110 §9.3.2).
 fn respond(
-    stream: &mut TcpStream,
+    stream: &mut Timed,
     head_only: bool,
     status: &str,
     kind: &str,
@@ -145,4 +163,132 @@ fn respond(
         stream.write_all(body.as_bytes())?;
     }
     stream.flush()
+}
+
+/// A connection whose reads and writes fail with [`std::io::ErrorKind::TimedOut`] once
+/// `until` has passed, each waiting no longer than what is left.
+struct Timed {
+    stream: TcpStream,
+    until: Instant,
+}
+
+impl Timed {
+    /// What is left until the deadline; an error once none is (a zero timeout would mean
+    /// none at all to the socket).
+    fn left(&self) -> std::io::Result<Duration> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        Ok(left)
+    }
+}
+
+impl Read for Timed {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.stream.set_read_timeout(Some(self.left()?))?;
+        self.stream.read(buf)
+    }
+}
+
+impl Write for Timed {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.stream.set_write_timeout(Some(self.left()?))?;
+        self.stream.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.stream.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::ErrorKind;
+
+    /// Serves a body of its number of bytes.
+    struct Body(usize);
+
+    impl Handler for Body {
+        fn metrics(&self) -> String {
+            "x".repeat(self.0)
+        }
+
+        fn ready(&self) -> bool {
+            true
+        }
+    }
+
+    const SHORT: Deadlines = Deadlines {
+        request: Duration::from_millis(300),
+        answer: Duration::from_millis(300),
+    };
+
+    /// A connected pair on loopback: the client's end, then the server's.
+    fn connected() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let client = TcpStream::connect(listener.local_addr().expect("address")).expect("connect");
+        let (server, _) = listener.accept().expect("accept");
+        (client, server)
+    }
+
+    fn timed_out(r: &std::io::Result<()>) -> bool {
+        matches!(r, Err(e) if matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock))
+    }
+
+    /// A request sent a byte at a time, each well within a single read's timeout, is cut
+    /// off at the request's deadline (timing out each read alone, it held the connection
+    /// for as long as the client kept trickling).
+    #[test]
+    fn a_request_trickled_byte_by_byte_is_cut_off() {
+        let (mut client, server) = connected();
+        let trickle = std::thread::spawn(move || {
+            // Never the blank line that ends a head; ten seconds of it at most.
+            for _ in 0..200 {
+                if client.write_all(b"G").is_err() {
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            false
+        });
+        let r = answer(server, &Body(10), SHORT);
+        assert!(timed_out(&r), "{r:?}");
+        assert!(
+            trickle.join().expect("trickle"),
+            "the connection stayed open"
+        );
+    }
+
+    /// A client that asks and never reads is given up once the answer's time is spent,
+    /// not waited for (with no write deadline its thread, and a stop, waited forever).
+    #[test]
+    fn an_answer_never_read_is_given_up_at_its_deadline() {
+        let (mut client, server) = connected();
+        client
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .expect("request");
+        // Larger than any socket buffers between the two ends.
+        let r = answer(server, &Body(64 << 20), SHORT);
+        assert!(timed_out(&r), "{r:?}");
+    }
+
+    /// Within its deadlines a request is answered whole.
+    #[test]
+    fn a_prompt_client_gets_the_whole_answer() {
+        let (mut client, server) = connected();
+        client
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .expect("request");
+        let reader = std::thread::spawn(move || {
+            let mut answer = Vec::new();
+            client.read_to_end(&mut answer).expect("read");
+            answer
+        });
+        answer(server, &Body(1 << 20), DEADLINES).expect("answered");
+        let got = reader.join().expect("reader");
+        assert!(got.starts_with(b"HTTP/1.1 200 OK\r\n"));
+        assert!(got.ends_with(&[b'x'; 1 << 20]));
+    }
 }
