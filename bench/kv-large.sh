@@ -6,10 +6,11 @@
 # scripts/nvmet-target: its rates are the emulator's). KEYS defaults to twice what the
 # capacity holds, so the service evicts as it goes; each run starts from an empty store.
 # Round after round, each round runs every build named (a build before a change and one
-# after, side by side); prints each build's median requests per second, and the CPU time
-# the service spent a request (user and system, both tests' requests together).
+# after, side by side); prints each build's median requests per second, the CPU time
+# the service spent a request (user and system, both tests' requests together), and its
+# peak resident size. PIPELINE=N has each client send N requests at a time (`-P N`).
 # Needs redis-benchmark, qemu-nbd; for nvme qemu-system-x86, busybox-static, cpio.
-# Usage: [BUILDS="BIN …"] [TARGET=nbd|nvme] [CAPACITY=MiB] [KEYS=N]
+# Usage: [BUILDS="BIN …"] [TARGET=nbd|nvme] [CAPACITY=MiB] [KEYS=N] [PIPELINE=N]
 #        bench/kv-large.sh [ROUNDS] [REQUESTS] [VALUE] [CLIENTS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,7 +48,7 @@ nvme)
 *) echo "TARGET is nbd or nvme" >&2; exit 1 ;;
 esac
 
-declare -A sets gets cpus
+declare -A sets gets cpus peaks
 tick=$(getconf CLK_TCK)
 for round in $(seq "$rounds"); do
     for i in "${!builds[@]}"; do
@@ -62,18 +63,20 @@ PIPE
         "${builds[$i]}" run "$dir/kv.pipe" --metrics 127.0.0.1:0 >/dev/null 2>&1 &
         pid=$!
         wait_port "$port"
-        csv=$(redis-benchmark -p "$port" -t set,get -n "$requests" -d "$value" -r "$keys" -c "$clients" --csv)
+        csv=$(redis-benchmark -p "$port" -t set,get -n "$requests" -d "$value" -r "$keys" -c "$clients" -P "${PIPELINE:-1}" --csv)
         cpu=$(awk -v t="$tick" -v n="$((2 * requests))" '{printf "%.1f", ($14 + $15) / t / n * 1e6}' "/proc/$pid/stat")
+        peak=$(awk '/^VmHWM:/ {printf "%d", $2 / 1024}' "/proc/$pid/status")
         kill "$pid"
         wait "$pid" 2>/dev/null || true
         set_rps=$(echo "$csv" | awk -F'"' '/^"SET"/ {print $4}')
         get_rps=$(echo "$csv" | awk -F'"' '/^"GET"/ {print $4}')
-        echo "round $round, build $i (${builds[$i]}): SET $set_rps/s, GET $get_rps/s, CPU $cpu µs a request"
+        echo "round $round, build $i (${builds[$i]}): SET $set_rps/s, GET $get_rps/s, CPU $cpu µs a request, peak $peak MiB"
         sets[$i]="${sets[$i]:-} $set_rps"
         gets[$i]="${gets[$i]:-} $get_rps"
         cpus[$i]="${cpus[$i]:-} $cpu"
+        peaks[$i]="${peaks[$i]:-} $peak"
     done
 done
 for i in "${!builds[@]}"; do
-    echo "build $i (${builds[$i]}): median SET $(echo "${sets[$i]}" | median)/s, GET $(echo "${gets[$i]}" | median)/s, CPU $(echo "${cpus[$i]}" | median) µs a request"
+    echo "build $i (${builds[$i]}): median SET $(echo "${sets[$i]}" | median)/s, GET $(echo "${gets[$i]}" | median)/s, CPU $(echo "${cpus[$i]}" | median) µs a request, peak $(echo "${peaks[$i]}" | median) MiB"
 done

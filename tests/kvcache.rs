@@ -671,6 +671,43 @@ fn memory_of_large_values_is_returned_once_their_clients_leave() {
     assert_eq!(kv.terminate(), 0);
 }
 
+/// A deep pipeline of GETs of a large value, and an MGET of it many times over, are
+/// answered a share at a time: the service's peak memory follows the share (64 MiB), not
+/// the number of values asked for (300 MB each here, all of which it held before).
+#[test]
+fn many_large_values_asked_for_at_once_are_answered_in_bounded_memory() {
+    let dir = Scratch::new("kv-shares");
+    let kv = KvService::start(&dir, &format!("file://{}", dir.path("blocks.img")), "64MiB");
+    let big = value(2_000_000, 7);
+    assert_eq!(kv.cli_with(&["-x", "SET", "big"], &big).trim(), "OK");
+    let asked = 150;
+    let mut requests = b"*2\r\n$3\r\nGET\r\n$3\r\nbig\r\n".repeat(asked);
+    requests.extend_from_slice(format!("*{}\r\n$4\r\nMGET\r\n", asked + 1).as_bytes());
+    requests.extend_from_slice(&b"$3\r\nbig\r\n".repeat(asked));
+    let mut client = Resp::connect(kv.port);
+    client.send_raw(&requests);
+    for i in 0..asked {
+        assert!(client.bulk() == big, "GET {i} answered other bytes");
+    }
+    assert_eq!(client.line(), format!("*{asked}"));
+    for i in 0..asked {
+        assert!(client.bulk() == big, "MGET's value {i} other bytes");
+    }
+    let status = std::fs::read_to_string(format!("/proc/{}/status", kv.child.0.id()))
+        .expect("the service's status");
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+        .expect("VmHWM");
+    assert!(
+        peak_kib < 150 << 10,
+        "the service's peak resident size was {} MiB",
+        peak_kib >> 10
+    );
+    assert_eq!(kv.terminate(), 0);
+}
+
 /// Clients that stay connected but quiet do not keep the room their large values took:
 /// a connection gives its buffers back once its client has been quiet for a moment.
 #[test]
@@ -816,6 +853,33 @@ impl Resp {
             line += &String::from_utf8_lossy(&body);
         }
         line
+    }
+
+    /// Sends `bytes` as they are (requests already encoded, any number of them).
+    fn send_raw(&mut self, bytes: &[u8]) {
+        self.stream.get_mut().write_all(bytes).expect("send");
+    }
+
+    /// The next reply line, without its CRLF.
+    fn line(&mut self) -> String {
+        use std::io::BufRead;
+        let mut line = String::new();
+        self.stream.read_line(&mut line).expect("reply");
+        line.trim_end().to_owned()
+    }
+
+    /// The next reply, a bulk string: its bytes.
+    fn bulk(&mut self) -> Vec<u8> {
+        use std::io::Read;
+        let head = self.line();
+        let n: usize = head
+            .strip_prefix('$')
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("not a bulk string: {head}"));
+        let mut body = vec![0u8; n + 2];
+        self.stream.read_exact(&mut body).expect("bulk");
+        body.truncate(n);
+        body
     }
 }
 

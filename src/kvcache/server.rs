@@ -25,6 +25,10 @@ pub const MAX_CLIENTS: u64 = 1024;
 const READ_BUFFER: usize = 64 << 10;
 /// The boundary a large value read from the target is placed on in its reply.
 const CACHE_LINE: usize = 64;
+/// The values read for a connection's replies before they are sent: an `MGET` of many
+/// large values, or a deep pipeline of `GET`s, is answered a share at a time, so what it
+/// holds is bounded by this (and one value), not by how many keys the client asked for.
+const REPLY_SHARE: usize = 64 << 20;
 /// Values kept in memory written to the target in one run when the service stops.
 const INLINE_WRITES: usize = 256;
 /// How often blocked threads look at the stop flag.
@@ -270,6 +274,26 @@ fn get_of<'a>(req: &'a [u8], args: &[Range<usize>]) -> Option<&'a [u8]> {
         [name, key] if req[name.clone()].eq_ignore_ascii_case(b"get") => Some(&req[key.clone()]),
         _ => None,
     }
+}
+
+/// The keys of an `MGET key [key …]` request.
+fn mget_of<'a>(req: &'a [u8], args: &[Range<usize>]) -> Option<Vec<&'a [u8]>> {
+    match args {
+        [name, keys @ ..]
+            if !keys.is_empty() && req[name.clone()].eq_ignore_ascii_case(b"mget") =>
+        {
+            Some(keys.iter().map(|k| &req[k.clone()]).collect())
+        }
+        _ => None,
+    }
+}
+
+/// Sends the replies made so far, and empties the buffer for more.
+fn send(stream: &mut impl Write, out: &mut Replies) -> io::Result<()> {
+    stream.write_all(out.pending())?;
+    stream.flush()?;
+    out.clear();
+    Ok(())
 }
 
 /// The key and value of a `SET key value` request (no options).
@@ -639,7 +663,16 @@ impl KvService {
                         let input = &buf[..filled];
                         if let Some(key) = get_of(req, &args).filter(|_| authed) {
                             let (keys, _) = self.pipelined(input, &mut end, &mut args, key, get_of);
-                            self.gets(&keys, &mut out);
+                            let since = Instant::now();
+                            self.values_in_shares(&keys, &mut out, &mut stream)?;
+                            self.count_run("get", keys.len(), since);
+                            start = end;
+                            continue;
+                        }
+                        if let Some(keys) = mget_of(req, &args).filter(|_| authed) {
+                            self.count("mget");
+                            reply::array(&mut out, keys.len());
+                            self.values_in_shares(&keys, &mut out, &mut stream)?;
                             start = end;
                             continue;
                         }
@@ -681,9 +714,7 @@ impl KvService {
                 }
             }
             if !out.is_empty() {
-                stream.write_all(out.pending())?;
-                stream.flush()?;
-                out.clear();
+                send(&mut stream, &mut out)?;
             }
             if quit || self.stop.load(Relaxed) {
                 return Ok(());
@@ -817,14 +848,6 @@ impl KvService {
                 }
             }
             "getex" => self.getex(args, out),
-            "mget" if !args.is_empty() => {
-                let values: Vec<_> = {
-                    let mut ix = self.lock();
-                    args.iter().map(|key| ix.get(key)).collect()
-                };
-                reply::array(out, args.len());
-                self.reply_values(args, &values, out);
-            }
             "mset" if !args.is_empty() && args.len() % 2 == 0 => {
                 let pairs: Vec<_> = args.chunks(2).map(|kv| (kv[0], kv[1])).collect();
                 let failed = self
@@ -1328,20 +1351,45 @@ impl KvService {
         self.reply_value(key, extents, out);
     }
 
-    /// `GET` of each of `keys`, their replies one after another, the values read from the
-    /// target in one run (see [`KvService::reply_values`]); each counted and timed as a
-    /// `GET`.
-    fn gets(&self, keys: &[&[u8]], out: &mut Replies) {
-        let since = Instant::now();
+    /// The values of `keys`, their replies one after another in `out` (a pipeline's
+    /// `GET`s, an `MGET`'s array), sent to `stream` whenever a [`REPLY_SHARE`] has been
+    /// read, the last share left in `out`.
+    fn values_in_shares(
+        &self,
+        keys: &[&[u8]],
+        out: &mut Replies,
+        stream: &mut impl Write,
+    ) -> io::Result<()> {
+        let mut served = self.values_share(keys, out);
+        while served < keys.len() {
+            send(stream, out)?;
+            served += self.values_share(&keys[served..], out);
+        }
+        Ok(())
+    }
+
+    /// The values of the first of `keys`, up to the one that makes their length reach
+    /// [`REPLY_SHARE`], their replies one after another, read from the target in one run
+    /// (see [`KvService::reply_values`]); how many keys that was (at least one).
+    fn values_share(&self, keys: &[&[u8]], out: &mut Replies) -> usize {
         let values: Vec<_> = {
             let mut ix = self.lock();
-            keys.iter().map(|key| ix.get(key)).collect()
+            let mut bytes = 0;
+            keys.iter()
+                .map_while(|key| {
+                    (bytes < REPLY_SHARE).then(|| {
+                        let value = ix.get(key);
+                        bytes += value.as_ref().map_or(0, |e| e.len() as usize);
+                        value
+                    })
+                })
+                .collect()
         };
         if let Some(len) = read_len(values.first().and_then(Option::as_deref)) {
             out.align_value(len);
         }
-        self.reply_values(keys, &values, out);
-        self.count_run("get", keys.len(), since);
+        self.reply_values(&keys[..values.len()], &values, out);
+        values.len()
     }
 
     /// `SET key value` of each of `items`, their replies one after another, the values
@@ -2064,11 +2112,20 @@ mod tests {
         std::fs::remove_file(path).unwrap();
     }
 
-    /// The reply to `words`, as it would be sent.
+    /// The reply to `words`, as it is sent to a client that sends them.
     fn run(svc: &KvService, words: &[&[u8]]) -> Vec<u8> {
-        let mut out = Replies::with_capacity(0);
-        svc.execute(words, &mut out);
-        out.pending().to_vec()
+        let mut request = format!("*{}\r\n", words.len()).into_bytes();
+        for w in words {
+            request.extend_from_slice(format!("${}\r\n", w.len()).as_bytes());
+            request.extend_from_slice(w);
+            request.extend_from_slice(b"\r\n");
+        }
+        let mut client = Scripted {
+            pieces: [request].into(),
+            written: Vec::new(),
+        };
+        svc.talk(&mut client).expect("talk");
+        client.written
     }
 
     #[test]
