@@ -480,6 +480,38 @@ wrpcap("host.pcap", [f(20), f(12000), f(30)])
     );
 }
 
+/// An output that can no longer be written (a full disk: `/dev/full`) stops the service
+/// with status 2 and says why; it used to go on serving metrics, ready, while no packet
+/// moved.
+#[test]
+fn an_output_that_fails_stops_the_service() {
+    let dir = Scratch::new("service-full");
+    scapy(&dir.0, TRAFFIC);
+    let mut run = Command::new(env!("CARGO_BIN_EXE_dpuflow"))
+        .args(["run", "pipelines/vxlan-gateway.pipe", "--loop", "--in"])
+        .arg(format!("host={}", dir.path("host.pcap")))
+        .args(["--out", "uplink=/dev/full", "--metrics"])
+        .arg(format!("127.0.0.1:{}", free_port()))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dpuflow run");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while run.try_wait().expect("status").is_none() {
+        if Instant::now() > deadline {
+            let _ = run.kill();
+            panic!("still running 30 s after its output failed");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = run.wait_with_output().expect("output");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{log}");
+    assert!(
+        log.contains("stopping the service") && log.contains("No space left on device"),
+        "{log}"
+    );
+}
+
 /// Workers share each meter's buckets: with three, a meter passes what it passes with one
 /// (20,000 packets of 64 flows in 2 s through 1000 pps, burst 50: 2049 green), give or
 /// take what the workers hold between them (a quarter of the burst and a packet each: at

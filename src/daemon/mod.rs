@@ -163,7 +163,7 @@ struct Shared {
     live: bool,
     workers_up: AtomicUsize,
     workers: usize,
-    /// A thread of the service panicked (see [`Watch`]).
+    /// A thread of the service panicked (see [`Watch`]), or the I/O thread failed.
     failed: Arc<AtomicBool>,
     /// Frames too large for the packet buffers, per port (packets, bytes): the I/O thread
     /// skips them before any worker sees them, and counts them here for the metrics.
@@ -521,9 +521,12 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         watch.spawn("io", move || {
             let done = io(source, &opts, (writers, live), ends, &shared, &stop);
             shared.dataplane_done.store(true, Ordering::Relaxed);
-            // Said now, not at shutdown: the service goes on serving its metrics.
+            // A dataplane that can no longer read or write is stopped as a failed thread
+            // is, not left serving metrics as if ready; the stop flushes what it can.
             if let Err(e) = &done {
-                tracing::error!(error = %e, "reading or writing packets failed; no more packets");
+                tracing::error!(error = %e, "reading or writing packets failed; stopping the service");
+                shared.failed.store(true, Ordering::Relaxed);
+                stop.store(true, Ordering::Relaxed);
             }
             done
         })?
