@@ -583,6 +583,47 @@ fn tagged_frames_keep_their_tags() {
     assert_eq!(metric(&m, series), Some(1), "{m}");
 }
 
+/// A link going down and up again is survived (the port reads again); its interface
+/// removed is not: the port's socket will never see another frame (an AF_XDP socket is not
+/// even told), so the service stops with status 2 and says which interface went, where
+/// it used to go on serving metrics as ready.
+#[test]
+fn a_removed_interface_stops_the_service() {
+    for (driver, tag) in [("af_packet", "rp"), ("af_xdp", "rx")] {
+        let (lab, _dir, pipe_path) = Lab::with_pipeline_on(
+            driver,
+            tag,
+            "pipe out root from inside { default { actions fwd outside } }\n\
+             pipe back root from outside { default { actions fwd inside } }\n",
+        );
+        let mut dpuflow = lab.start(&pipe_path, "1");
+        lab.run(&lab.dut, &["ip", "link", "set", "in0", "down"]);
+        lab.run(&lab.dut, &["ip", "link", "set", "in0", "up"]);
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(
+            lab.ready(),
+            "{driver}: not ready after a link went down and up"
+        );
+        lab.run(&lab.dut, &["ip", "link", "del", "in0"]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = dpuflow.0.try_wait().expect("status") {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "{driver}: still running");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut log = String::new();
+        std::io::Read::read_to_string(&mut dpuflow.0.stderr.take().expect("log"), &mut log)
+            .expect("log");
+        assert_eq!(status.code(), Some(2), "{driver}: {log}");
+        assert!(
+            log.contains("interface in0 was removed while its port was open"),
+            "{driver}: {log}"
+        );
+    }
+}
+
 /// Time passes on live ports without packets: a UDP connection (timeout 1 s) ends with no
 /// packet after its last, and the counts of the last packets reach the metrics without
 /// more traffic behind them.

@@ -864,6 +864,12 @@ fn io(
                 if ring_checked.elapsed() >= PUBLISH_EVERY {
                     count_ring_drops(&mut out.live, shared);
                     ring_checked = Instant::now();
+                    // A port whose interface was removed is dead for good (an AF_XDP
+                    // socket is not even told), and so the service.
+                    if let Some(port) = out.live.iter().flatten().find(|p| p.removed()) {
+                        let iface = port.iface().to_owned();
+                        return Err(LiveError::Removed { iface }.into());
+                    }
                 }
                 // Nothing waits: what was read goes to the workers now rather than when
                 // its batch fills, and out again before the wait.

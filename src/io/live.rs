@@ -27,6 +27,10 @@ pub enum LiveError {
         /// What to look at, for the failures that have a usual cause.
         hint: &'static str,
     },
+    /// the interface was removed while the port was open: its socket will never see
+    /// another frame, even from an interface made again under the same name
+    #[error("interface {iface} was removed while its port was open")]
+    Removed { iface: String },
 }
 
 /// What became of a frame sent ([`LivePort::send`]).
@@ -55,6 +59,8 @@ pub enum Received {
 #[derive(Debug)]
 pub struct LivePort {
     iface: String,
+    /// The interface's index when the port was opened.
+    index: u32,
     socket: Socket,
 }
 
@@ -107,12 +113,20 @@ impl LivePort {
         };
         Ok(LivePort {
             iface: iface.to_owned(),
+            index,
             socket,
         })
     }
 
     pub fn iface(&self) -> &str {
         &self.iface
+    }
+
+    /// Whether the interface the port was opened on is gone (removed, or another made
+    /// under its name since). A link merely down is not: the port reads again once it is
+    /// up.
+    pub fn removed(&self) -> bool {
+        crate::sys::interface_index(&self.iface).map_or(true, |i| i != self.index)
     }
 
     /// The socket family, as logs name it.
