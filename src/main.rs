@@ -112,6 +112,9 @@ enum Command {
     /// A pipeline's KV-cache services (`service kvcache`) start first and serve until
     /// signalled, saving their index at the stop; such a pipeline needs no packet input.
     /// Flags override the pipeline's telemetry block.
+    ///
+    /// A thread that fails, a capture that can no longer be read or written, or a live
+    /// port's interface removed stops it as a signal does, with exit status 2.
     #[command(
         after_help = "Example:\n  dpuflow run pipelines/vxlan-gateway.pipe --in host=host.pcap --out uplink=uplink.pcap --metrics 127.0.0.1:9464\n  curl -s 127.0.0.1:9464/metrics"
     )]
