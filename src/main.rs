@@ -229,9 +229,15 @@ struct RunFlags {
     /// 10000).
     #[arg(long, value_name = "MSGS", value_parser = clap::value_parser!(u32).range(1..))]
     ipfix_rate: Option<u32>,
-    /// Worker threads, 1 to 1024 (default: one per core).
+    /// Worker threads, 1 to 1024 (default: one per core; with --cpus, one per CPU of the
+    /// list after the first).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
     workers: Option<u16>,
+    /// The CPUs of the dataplane's threads, as Linux lists them (`2-5,8`): the I/O thread
+    /// on the first, the workers on the others in turn; every other thread (metrics,
+    /// export, KV-cache clients) on the CPUs the process may use that the list leaves.
+    #[arg(long, value_name = "LIST", value_parser = cpu_list)]
+    cpus: Option<Box<[usize]>>,
     /// Read at most this many packets per second.
     #[arg(long, value_name = "PPS", value_parser = clap::value_parser!(u64).range(1..))]
     rate: Option<u64>,
@@ -245,6 +251,11 @@ struct RunFlags {
     /// Log lines as plain text or JSON (on stderr).
     #[arg(long, value_enum, default_value_t = LogFormat::Plain)]
     log_format: LogFormat,
+}
+
+/// A `--cpus` list (boxed: clap takes an argument of type `Vec` for one given many times).
+fn cpu_list(text: &str) -> Result<Box<[usize]>, dpuflow::daemon::cpus::CpuListError> {
+    dpuflow::daemon::cpus::parse(text).map(Vec::into_boxed_slice)
 }
 
 /// `dpuflow bench`'s arguments.
@@ -944,10 +955,12 @@ fn run(f: RunFlags) -> ExitCode {
                 .unwrap_or(default_metrics),
         ),
         ipfix,
-        workers: f.workers.map_or_else(
-            || std::thread::available_parallelism().map_or(1, |n| n.get()),
-            usize::from,
-        ),
+        workers: match (f.workers, &f.cpus) {
+            (Some(n), _) => usize::from(n),
+            (None, Some(cpus)) => cpus.len().saturating_sub(1).max(1),
+            (None, None) => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        },
+        cpus: f.cpus.map(Vec::from),
         rate: f.rate,
         looping: f.looping,
         batch: usize::from(f.batch),

@@ -480,6 +480,48 @@ wrpcap("host.pcap", [f(20), f(12000), f(30)])
     );
 }
 
+/// `--cpus`: the I/O thread on the list's first CPU, the workers on the others in turn,
+/// and every other thread on the CPUs the list leaves (all of them, where it takes all).
+#[test]
+fn cpus_place_the_dataplane_threads() {
+    use dpuflow::daemon::cpus;
+    let allowed_of = |status: &str| {
+        let list = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .expect("Cpus_allowed_list");
+        cpus::parse(list).expect("a CPU list")
+    };
+    let ours = allowed_of(&std::fs::read_to_string("/proc/self/status").expect("status"));
+    assert!(
+        ours.starts_with(&[0, 1]),
+        "the test needs CPUs 0 and 1, has {ours:?}"
+    );
+    let left: Vec<usize> = ours.iter().copied().filter(|&c| c > 1).collect();
+    let others = if left.is_empty() { ours } else { left };
+    let dir = Scratch::new("service-cpus");
+    let svc = Service::gateway(&dir, &["--cpus", "0-1", "--workers", "3", "--loop"]);
+    let tasks = format!("/proc/{}/task", svc.child.id());
+    let mut placed = std::collections::BTreeMap::new();
+    for task in std::fs::read_dir(&tasks).expect("tasks") {
+        let path = task.expect("task").path();
+        let name = std::fs::read_to_string(path.join("comm")).expect("comm");
+        let status = std::fs::read_to_string(path.join("status")).expect("status");
+        placed.insert(name.trim().to_owned(), allowed_of(&status));
+    }
+    for (thread, cpus) in [
+        ("io", vec![0]),
+        ("worker-0", vec![1]),
+        ("worker-1", vec![1]),
+        ("worker-2", vec![1]),
+        ("dpuflow", others.clone()),
+        ("reload", others),
+    ] {
+        assert_eq!(placed.get(thread), Some(&cpus), "{thread}: {placed:?}");
+    }
+    assert_eq!(svc.terminate(), 0);
+}
+
 /// An output that can no longer be written (a full disk: `/dev/full`) stops the service
 /// with status 2 and says why; it used to go on serving metrics, ready, while no packet
 /// moved.

@@ -21,8 +21,10 @@
 //! written, outputs are flushed, the last flows exported, and the process exits 0; a
 //! second one ends it at once (status 1). SIGHUP reloads the pipeline file (`reload.rs`).
 
+pub mod cpus;
 mod reload;
 
+use cpus::{CpuListError, Placement};
 use reload::Loaded;
 pub use reload::{PipelineFile, TelemetryFlags};
 
@@ -62,6 +64,9 @@ pub struct Options {
     /// IPFIX collector; none, no export.
     pub ipfix: Option<Destination>,
     pub workers: usize,
+    /// The CPUs of the dataplane's threads (see [`cpus`]); none, threads go where the
+    /// kernel puts them.
+    pub cpus: Option<Vec<usize>>,
     /// Packets per second to read at most (all inputs together).
     pub rate: Option<u64>,
     /// Read the inputs again and again (timestamps keep increasing).
@@ -102,6 +107,12 @@ pub enum RunError {
     /// a thread of the service failed
     #[error("{0}")]
     Thread(String),
+    /// the CPUs given cannot take the service's threads
+    #[error(transparent)]
+    Cpus(#[from] CpuListError),
+    /// the service's threads could not be bound to their CPUs
+    #[error("cannot bind threads to CPUs: {0}")]
+    Affinity(std::io::Error),
     /// a local service (the KV cache) could not start
     #[error(transparent)]
     Service(#[from] StartError),
@@ -349,6 +360,29 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     let hup = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hup))
         .map_err(RunError::Signals)?;
+    // Bound before any other thread starts: those this one starts inherit the CPUs of the
+    // control threads, and the dataplane's bind themselves to theirs.
+    let placement = match &opts.cpus {
+        Some(dataplane) => {
+            // With live ports and one worker, the I/O thread runs it.
+            let threads = if lives > 0 && opts.workers <= 1 {
+                0
+            } else {
+                opts.workers.max(1)
+            };
+            let allowed = crate::sys::allowed_cpus().map_err(RunError::Affinity)?;
+            let p = Placement::new(dataplane, threads, &allowed)?;
+            crate::sys::bind_thread(&p.control).map_err(RunError::Affinity)?;
+            tracing::info!(
+                io = p.io,
+                workers = %cpus::format(&p.workers),
+                others = %cpus::format(&p.control),
+                "threads bound to CPUs"
+            );
+            Some(p)
+        }
+        None => None,
+    };
     // A long-running process: memory freed goes back to the system rather than staying
     // with the allocator (a KV-cache client's large values above all).
     crate::sys::map_large_allocations(LARGE_ALLOCATION);
@@ -504,7 +538,11 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             inline = Some(channels);
             continue;
         }
-        handles.push(watch.spawn(&format!("worker-{w}"), move || worker(w, &shared, channels))?);
+        let cpu = placement.as_ref().map(|p| p.workers[w]);
+        handles.push(watch.spawn(&format!("worker-{w}"), move || {
+            bind_to(cpu);
+            worker(w, &shared, channels)
+        })?);
     }
     drop(done_tx);
     drop(flows_tx);
@@ -518,7 +556,9 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             spares_back,
             inline,
         };
+        let cpu = placement.as_ref().map(|p| p.io);
         watch.spawn("io", move || {
+            bind_to(cpu);
             let done = io(source, &opts, (writers, live), ends, &shared, &stop);
             shared.dataplane_done.store(true, Ordering::Relaxed);
             // A dataplane that can no longer read or write is stopped as a failed thread
@@ -572,6 +612,16 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     }
     tracing::info!(packets = read, unwritten, "stopped");
     Ok(())
+}
+
+/// Binds the calling thread to `cpu`, if given. A failure (the CPU was taken away since
+/// the start, by a cpuset) leaves it where it was, said.
+fn bind_to(cpu: Option<usize>) {
+    if let Some(cpu) = cpu {
+        if let Err(e) = crate::sys::bind_thread(&[cpu]) {
+            tracing::warn!(cpu, error = %e, "thread left unbound");
+        }
+    }
 }
 
 /// The control thread's reloads: on each SIGHUP (`hup` set), once every worker runs the

@@ -209,6 +209,43 @@ pub fn raise_fd_limit() -> std::io::Result<u64> {
     Ok(limit.rlim_cur)
 }
 
+/// The CPUs the calling thread may run on (sched_getaffinity(2)), ascending.
+#[cfg(target_os = "linux")]
+pub fn allowed_cpus() -> std::io::Result<Vec<usize>> {
+    // SAFETY: cpu_set_t is plain data, valid zeroed.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a writable cpu_set_t of the size passed; pid 0 is the caller.
+    if unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let bits = 8 * size_of::<libc::cpu_set_t>();
+    // SAFETY: CPU_ISSET reads bit `cpu` of `set`, below the set's size.
+    Ok((0..bits)
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect())
+}
+
+/// Lets the calling thread run on `cpus` only (sched_setaffinity(2)); threads it starts
+/// afterwards inherit that.
+#[cfg(target_os = "linux")]
+pub fn bind_thread(cpus: &[usize]) -> std::io::Result<()> {
+    // SAFETY: cpu_set_t is plain data, valid zeroed.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus {
+        if cpu >= 8 * size_of::<libc::cpu_set_t>() {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // SAFETY: `cpu` is below the set's size (checked above).
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    // SAFETY: `set` is a cpu_set_t of the size passed, read during the call; pid 0 is the
+    // caller.
+    if unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// The index of network interface `name` (if_nametoindex(3)).
 #[cfg(target_os = "linux")]
 pub fn interface_index(name: &str) -> std::io::Result<u32> {
