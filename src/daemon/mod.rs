@@ -886,8 +886,8 @@ fn io(
     let mut sent = 0u64;
     // The live port read next, so that every port gets its turn.
     let mut turn = 0usize;
-    // When the live ports' ring drops were last read.
-    let mut ring_checked = Instant::now();
+    // When the live ports were last looked at (see `look_at_live_ports`).
+    let mut ports_checked = Instant::now();
     let start = Instant::now();
     let mut slot = PacketBuf::new(DEFAULT_MAX_FRAME);
     let mut workers_gone = false;
@@ -911,15 +911,9 @@ fn io(
         match next {
             Read::End => break,
             Read::Idle => {
-                if ring_checked.elapsed() >= PUBLISH_EVERY {
-                    count_ring_drops(&mut out.live, shared);
-                    ring_checked = Instant::now();
-                    // A port whose interface was removed is dead for good (an AF_XDP
-                    // socket is not even told), and so the service.
-                    if let Some(port) = out.live.iter().flatten().find(|p| p.removed()) {
-                        let iface = port.iface().to_owned();
-                        return Err(LiveError::Removed { iface }.into());
-                    }
+                if ports_checked.elapsed() >= PUBLISH_EVERY {
+                    look_at_live_ports(&mut out.live, shared)?;
+                    ports_checked = Instant::now();
                 }
                 // Nothing waits: what was read goes to the workers now rather than when
                 // its batch fills, and out again before the wait.
@@ -981,9 +975,9 @@ fn io(
         last = slot.ts_ns;
         slot.ts_ns += offset;
         read += 1;
-        // A port busy enough never to be idle counts its ring's drops as it goes.
-        if read % RING_DROPS_EVERY == 0 {
-            count_ring_drops(&mut out.live, shared);
+        // Ports busy enough never to be idle are looked at as they go.
+        if read % LOOK_AT_PORTS_EVERY == 0 {
+            look_at_live_ports(&mut out.live, shared)?;
         }
         let w = dealer.pick(&slot);
         let fresh = match out.pool.pop() {
@@ -1056,20 +1050,27 @@ fn worker_of(hash: u32, workers: usize) -> usize {
     ((u64::from(hash) * workers as u64) >> 32) as usize
 }
 
-/// Packets read between two readings of the live ports' ring drops while traffic flows.
-const RING_DROPS_EVERY: u64 = 1 << 16;
+/// Packets read between two looks at the live ports while traffic flows.
+const LOOK_AT_PORTS_EVERY: u64 = 1 << 16;
 
 /// Adds what the live ports' receive rings dropped since the last reading to the ports'
-/// counts (one getsockopt a port).
-fn count_ring_drops(live: &mut [Option<LivePort>], shared: &Shared) {
+/// counts (one getsockopt a port), and ends the dataplane if a port's interface was
+/// removed (one interface lookup a port): such a port is dead for good (an AF_XDP socket
+/// is not even told), and so the service.
+fn look_at_live_ports(live: &mut [Option<LivePort>], shared: &Shared) -> Result<(), RunError> {
     for (i, port) in live.iter_mut().enumerate() {
         if let Some(port) = port {
             let dropped = port.ring_drops();
             if dropped > 0 {
                 shared.ring_full[i].fetch_add(dropped, Ordering::Relaxed);
             }
+            if port.removed() {
+                let iface = port.iface().to_owned();
+                return Err(LiveError::Removed { iface }.into());
+            }
         }
     }
+    Ok(())
 }
 
 /// Reads a frame from the live ports, each in turn from `turn` on, stamped with the time
