@@ -32,11 +32,7 @@ fn stop(mut c: Child) {
     let _ = Command::new("kill")
         .args(["-TERM", &c.id().to_string()])
         .status();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while c.try_wait().expect("wait").is_none() {
-        assert!(Instant::now() < deadline, "process did not stop");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    exit_within(&mut c, Duration::from_secs(20), "process did not stop");
 }
 
 /// Writes `flows.txt`, each flow of `pkts` as "src dst sport dport proto packets bytes"; a

@@ -838,10 +838,7 @@ impl Resp {
         for w in words {
             req += &format!("${}\r\n{w}\r\n", w.len());
         }
-        self.stream
-            .get_mut()
-            .write_all(req.as_bytes())
-            .expect("send");
+        self.send_raw(req.as_bytes());
         let mut line = String::new();
         self.stream.read_line(&mut line).expect("reply");
         if let Some(n) = line

@@ -605,14 +605,8 @@ fn a_removed_interface_stops_the_service() {
             "{driver}: not ready after a link went down and up"
         );
         lab.run(&lab.dut, &["ip", "link", "del", "in0"]);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let status = loop {
-            if let Some(status) = dpuflow.0.try_wait().expect("status") {
-                break status;
-            }
-            assert!(Instant::now() < deadline, "{driver}: still running");
-            std::thread::sleep(Duration::from_millis(50));
-        };
+        let what = format!("{driver}: still running");
+        let status = exit_within(&mut dpuflow.0, Duration::from_secs(10), &what);
         let mut log = String::new();
         std::io::Read::read_to_string(&mut dpuflow.0.stderr.take().expect("log"), &mut log)
             .expect("log");

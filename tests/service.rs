@@ -106,17 +106,10 @@ impl Service {
 
     fn signal_and_wait(&mut self, signal: &str) -> i32 {
         self.signal(signal);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(s) = self.child.try_wait().expect("wait") {
-                return s.code().unwrap_or(-1);
-            }
-            assert!(
-                Instant::now() < deadline,
-                "dpuflow run did not stop on SIG{signal}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let what = format!("dpuflow run did not stop on SIG{signal}");
+        exit_within(&mut self.child, Duration::from_secs(20), &what)
+            .code()
+            .unwrap_or(-1)
     }
 
     /// [`Service::terminate`] for a service started with [`Service::start_logged`]: the
@@ -529,7 +522,7 @@ fn cpus_place_the_dataplane_threads() {
 fn an_output_that_fails_stops_the_service() {
     let dir = Scratch::new("service-full");
     scapy(&dir.0, TRAFFIC);
-    let mut run = Command::new(env!("CARGO_BIN_EXE_dpuflow"))
+    let run = Command::new(env!("CARGO_BIN_EXE_dpuflow"))
         .args(["run", "pipelines/vxlan-gateway.pipe", "--loop", "--in"])
         .arg(format!("host={}", dir.path("host.pcap")))
         .args(["--out", "uplink=/dev/full", "--metrics"])
@@ -537,17 +530,16 @@ fn an_output_that_fails_stops_the_service() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn dpuflow run");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while run.try_wait().expect("status").is_none() {
-        if Instant::now() > deadline {
-            let _ = run.kill();
-            panic!("still running 30 s after its output failed");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = run.wait_with_output().expect("output");
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{log}");
+    // Killed if the test fails while it runs.
+    let mut run = Running(run);
+    let status = exit_within(
+        &mut run.0,
+        Duration::from_secs(30),
+        "still running 30 s after its output failed",
+    );
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut run.0.stderr.take().expect("log"), &mut log).expect("log");
+    assert_eq!(status.code(), Some(2), "{log}");
     assert!(
         log.contains("stopping the service") && log.contains("No space left on device"),
         "{log}"

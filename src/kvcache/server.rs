@@ -1967,6 +1967,7 @@ fn read_len(value: Option<&Extents>) -> Option<usize> {
 mod tests {
     use super::*;
     use crate::ir::StorageTarget;
+    use crate::kvcache::resp::ProtocolError;
 
     /// A value read from the target lands on a cache line, whatever the reply's header
     /// length; what is sent starts with the header; later replies follow it unaligned.
@@ -1987,7 +1988,6 @@ mod tests {
             assert!(out.pending().is_empty());
         }
     }
-    use crate::kvcache::resp::ProtocolError;
 
     /// A service on a fresh file named after the test.
     fn service(test: &str, capacity: u64, block: u64) -> (Arc<KvService>, std::path::PathBuf) {
@@ -2114,11 +2114,10 @@ mod tests {
 
     /// The reply to `words`, as it is sent to a client that sends them.
     fn run(svc: &KvService, words: &[&[u8]]) -> Vec<u8> {
-        let mut request = format!("*{}\r\n", words.len()).into_bytes();
+        let mut request = Vec::new();
+        reply::array(&mut request, words.len());
         for w in words {
-            request.extend_from_slice(format!("${}\r\n", w.len()).as_bytes());
-            request.extend_from_slice(w);
-            request.extend_from_slice(b"\r\n");
+            reply::bulk(&mut request, w);
         }
         let mut client = Scripted {
             pieces: [request].into(),

@@ -275,6 +275,23 @@ pub fn assert_clean_exposition(body: &str) {
     }
 }
 
+/// How `child` exited, waiting at most `limit` for it; the test fails, saying `what`, if it
+/// runs on past that.
+pub fn exit_within(
+    child: &mut std::process::Child,
+    limit: Duration,
+    what: &str,
+) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return status;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A TCP port on 127.0.0.1 that nothing listened on a moment ago.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
