@@ -174,7 +174,7 @@ struct Shared {
     live: bool,
     workers_up: AtomicUsize,
     workers: usize,
-    /// A thread of the service panicked (see [`Watch`]), or the I/O thread failed.
+    /// The service failed: a thread panicked or the I/O thread failed (see [`Watch`]).
     failed: Arc<AtomicBool>,
     /// Frames too large for the packet buffers, per port (packets, bytes): the I/O thread
     /// skips them before any worker sees them, and counts them here for the metrics.
@@ -548,6 +548,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     drop(flows_tx);
     let io = {
         let stop = Arc::clone(&stop);
+        let failing = watch.clone();
         let opts = opts.clone();
         let shared = Arc::clone(&shared);
         let ends = IoEnds {
@@ -565,8 +566,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             // is, not left serving metrics as if ready; the stop flushes what it can.
             if let Err(e) = &done {
                 tracing::error!(error = %e, "reading or writing packets failed; stopping the service");
-                shared.failed.store(true, Ordering::Relaxed);
-                stop.store(true, Ordering::Relaxed);
+                failing.fail();
             }
             done
         })?
@@ -696,6 +696,12 @@ struct Watch {
 }
 
 impl Watch {
+    /// Stops the service as failed: not ready from now on, and an error at the end.
+    fn fail(&self) {
+        self.failed.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
     fn spawn<T: Send + 'static>(
         &self,
         name: &str,
@@ -725,8 +731,7 @@ impl Drop for Tripwire {
     fn drop(&mut self) {
         if std::thread::panicking() {
             tracing::error!(thread = %self.name, "thread panicked; stopping the service");
-            self.watch.failed.store(true, Ordering::Relaxed);
-            self.watch.stop.store(true, Ordering::Relaxed);
+            self.watch.fail();
         }
     }
 }
