@@ -1397,8 +1397,11 @@ fn checksum_ok(frame: &[u8], l: &Layers) -> bool {
         ip_proto::TCP | ip_proto::UDP | ip_proto::ICMPV6 => {
             parse::pseudo_header(frame, l, l.proto, segment.len()).is_some_and(whole)
         }
+        // A header cut short, or a coverage it cannot have, is the tuple's to refuse
+        // (`udplite_header_ok`), as Linux judges it before the checksum.
+        ip_proto::UDPLITE if !udplite_header_ok(frame, l) => true,
         // RFC 3828 §3.1: over the pseudo-header (of the whole datagram's length) and the
-        // first `coverage` bytes, 0 meaning all of them; `udplite_header_ok` has checked it.
+        // first `coverage` bytes, 0 meaning all of them.
         ip_proto::UDPLITE => {
             let covered = match usize::from(be16(segment, 4)) {
                 0 => segment,
