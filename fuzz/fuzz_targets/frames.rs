@@ -1,0 +1,93 @@
+//! Runs of frames through the shipped pipelines, in order and with time passing, with
+//! flow records on: whatever the bytes, no panic; every forwarded frame parses whole;
+//! the records of the flows seen are exported in messages under the MTU.
+//!
+//! Input: a byte choosing the pipeline, then frames, each as its port (one byte), the
+//! milliseconds since the one before (one byte), its length (two bytes, big-endian) and
+//! its bytes.
+#![no_main]
+
+use dpuflow::engine::parse::parse;
+use dpuflow::engine::{Compiled, Engine, NoObserver, PacketBuf, Verdict};
+use dpuflow::ir::{PortId, Program};
+use dpuflow::telemetry::ipfix::Exporter;
+use libfuzzer_sys::fuzz_target;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+/// The example pipelines, the tests' and the benchmarks': between them every kind of
+/// table, action and connection tracking option.
+const DIRS: &[&str] = &["pipelines", "tests/data", "bench"];
+
+/// Each pipeline that checks (one reading ClassBench rules from outside the repository
+/// may not, on another machine), compiled once.
+fn programs() -> &'static [(Program, Arc<Compiled>)] {
+    static PROGRAMS: OnceLock<Vec<(Program, Arc<Compiled>)>> = OnceLock::new();
+    PROGRAMS.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        // In a fixed order, so that an input picks the same pipeline on every machine.
+        let files: Vec<_> = DIRS
+            .iter()
+            .flat_map(|d| {
+                let mut in_dir: Vec<_> = std::fs::read_dir(root.join(d))
+                    .expect("read a pipeline folder")
+                    .map(|e| e.expect("a folder entry").path())
+                    .filter(|p| p.extension().is_some_and(|x| x == "pipe"))
+                    .collect();
+                in_dir.sort();
+                in_dir
+            })
+            .collect();
+        let programs: Vec<_> = files
+            .iter()
+            .filter_map(|f| dpuflow::lang::check_file(f).ok()?.program)
+            .map(|mut p| {
+                if let Some(ct) = &mut p.conntrack {
+                    ct.capacity = 1024;
+                }
+                let code = Arc::new(Compiled::new(&p));
+                (p, code)
+            })
+            .collect();
+        eprintln!("{} of {} pipelines checked", programs.len(), files.len());
+        programs
+    })
+}
+
+fuzz_target!(|bytes: &[u8]| {
+    let Some((&which, mut rest)) = bytes.split_first() else {
+        return;
+    };
+    let programs = programs();
+    let (p, code) = &programs[usize::from(which) % programs.len()];
+    let mut engine = Engine::sharing(Arc::clone(code));
+    engine.enable_flows(&p.telemetry);
+    let mut pkt = PacketBuf::new(9216);
+    let mut now = 1_000_000_000u64;
+    while let [port, gap, len_hi, len_lo, more @ ..] = rest {
+        let n = usize::from(u16::from_be_bytes([*len_hi, *len_lo])).min(more.len());
+        let (frame, after) = more.split_at(n);
+        rest = after;
+        now += u64::from(*gap) * 1_000_000;
+        engine.advance(now);
+        let port = PortId(u16::from(*port) % p.ports.len() as u16);
+        if !pkt.load(frame, port, now) {
+            continue;
+        }
+        engine.process(std::slice::from_mut(&mut pkt), &mut NoObserver);
+        // What a pipeline forwards was parsed whole, and whatever it did (rewrites,
+        // encapsulation, decapsulation) leaves a frame that parses whole again.
+        if let Verdict::Forward(_) = pkt.verdict {
+            if let Err(e) = parse(pkt.data(), code.tunnels()) {
+                panic!("a forwarded frame does not parse: {e:?}");
+            }
+        }
+    }
+    let mut records = Vec::new();
+    engine.take_flow_records(&mut records);
+    engine.flush_flows(now + 1, &mut records);
+    let mut exporter = Exporter::new(1, 1472, 600, p.telemetry.sampling);
+    exporter.messages(&records, now / 1_000_000_000, &mut |m| {
+        assert!(m.len() <= 1472)
+    });
+});
