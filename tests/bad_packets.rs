@@ -36,10 +36,12 @@ const PIPELINES: &[&str] = &[
 proptest! {
     #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
 
+    /// With flow records on: the flow cache reads each packet's headers too.
     #[test]
     fn arbitrary_frames_never_panic(which in 0..PIPELINES.len(), port in 0u16..2, bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
         let p = program(PIPELINES[which]);
         let mut engine = Engine::new(&p);
+        engine.enable_flows(&p.telemetry);
         let _ = run(&mut engine, PortId(port), &bytes);
     }
 
