@@ -4,11 +4,14 @@
 //!
 //! Input: a byte choosing the pipeline, then frames, each as its port (one byte), the
 //! milliseconds since the one before (one byte), its length (two bytes, big-endian) and
-//! its bytes.
+//! its bytes. A frame whose port is 255 reloads the pipeline its second byte chooses
+//! instead, where a running service could (the same ports, services and telemetry),
+//! connections and flows kept.
 #![no_main]
 
+use dpuflow::daemon::restart_needed;
 use dpuflow::engine::parse::parse;
-use dpuflow::engine::{Compiled, Engine, NoObserver, PacketBuf, Verdict};
+use dpuflow::engine::{Compiled, Engine, NoObserver, PacketBuf, Renumbering, Verdict};
 use dpuflow::ir::{PortId, Program};
 use dpuflow::telemetry::ipfix::Exporter;
 use libfuzzer_sys::fuzz_target;
@@ -18,6 +21,9 @@ use std::sync::{Arc, OnceLock};
 /// The example pipelines, the tests' and the benchmarks': between them every kind of
 /// table, action and connection tracking option.
 const DIRS: &[&str] = &["pipelines", "tests/data", "bench"];
+
+/// The port byte that makes a frame a reload.
+const RELOAD: u8 = 255;
 
 /// Each pipeline that checks (one reading ClassBench rules from outside the repository
 /// may not, on another machine), compiled once.
@@ -49,7 +55,16 @@ fn programs() -> &'static [(Program, Arc<Compiled>)] {
                 (p, code)
             })
             .collect();
-        eprintln!("{} of {} pipelines checked", programs.len(), files.len());
+        let reloads = programs
+            .iter()
+            .flat_map(|(a, _)| programs.iter().map(move |(b, _)| (a, b)))
+            .filter(|(a, b)| a.name != b.name && restart_needed(a, b).is_empty())
+            .count();
+        eprintln!(
+            "{} of {} pipelines checked; {reloads} ordered pairs can reload",
+            programs.len(),
+            files.len()
+        );
         programs
     })
 }
@@ -59,7 +74,10 @@ fuzz_target!(|bytes: &[u8]| {
         return;
     };
     let programs = programs();
-    let (p, code) = &programs[usize::from(which) % programs.len()];
+    let (mut p, mut code) = {
+        let (p, code) = &programs[usize::from(which) % programs.len()];
+        (p, code)
+    };
     let mut engine = Engine::sharing(Arc::clone(code));
     engine.enable_flows(&p.telemetry);
     let mut pkt = PacketBuf::new(9216);
@@ -68,6 +86,15 @@ fuzz_target!(|bytes: &[u8]| {
         let n = usize::from(u16::from_be_bytes([*len_hi, *len_lo])).min(more.len());
         let (frame, after) = more.split_at(n);
         rest = after;
+        if *port == RELOAD {
+            // As SIGHUP does, where the service would take the other pipeline.
+            let (next, next_code) = &programs[usize::from(*gap) % programs.len()];
+            if restart_needed(p, next).is_empty() {
+                engine.reload(Arc::clone(next_code), &Renumbering::between(p, next));
+                (p, code) = (next, next_code);
+            }
+            continue;
+        }
         now += u64::from(*gap) * 1_000_000;
         engine.advance(now);
         let port = PortId(u16::from(*port) % p.ports.len() as u16);

@@ -26,7 +26,7 @@ mod reload;
 
 use cpus::{CpuListError, Placement};
 use reload::Loaded;
-pub use reload::{PipelineFile, TelemetryFlags};
+pub use reload::{restart_needed, PipelineFile, TelemetryFlags};
 
 use crate::engine::parse::{self, fragment_of};
 use crate::engine::{
