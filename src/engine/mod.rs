@@ -660,7 +660,7 @@ impl Engine {
     /// Classifies the staged packets of each root pipe in `batch_roots` together, their
     /// keys taken as they arrived (the state a root pipe sees), into `root_entries`.
     fn classify_roots(&mut self, batch: &[PacketBuf]) {
-        // Entries are only ever set here (and taken as packets run): with no batched root
+        // Entries are only ever set here (and cleared by a reload): with no batched root
         // there is nothing to clear.
         if self.code.batch_roots.is_empty() {
             return;

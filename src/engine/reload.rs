@@ -117,6 +117,9 @@ impl Engine {
         if let (Some(ct), Some(c)) = (rt.ct.as_mut(), f.conntrack.as_ref()) {
             ct.retune(c);
         }
+        // Entries the old program's root pipes found for the last part: a program without
+        // batched roots never clears them, and would take them as its own.
+        self.root_entries.fill(None);
         self.code = code;
     }
 }
@@ -125,6 +128,7 @@ impl Engine {
 mod tests {
     use super::*;
     use crate::engine::PacketBuf;
+    use crate::engine::TREE_MIN_RULES;
     use crate::ir::PortId;
     use crate::lang::check_source;
     use proptest::prelude::*;
@@ -185,6 +189,39 @@ mod tests {
         let s = engine.stats();
         assert_eq!([s.entries[0][0].packets, s.entries[0][1].packets], [1, 3]);
         assert_eq!(s.ports[0].rx.packets, 6);
+    }
+
+    /// A reload from a root pipe whose packets are classified a part at a time (a rule
+    /// tree) to one classified packet by packet: the next packets are decided by the new
+    /// rules, not by the entries the old tree found for the last part's packets.
+    #[test]
+    fn entries_the_old_program_found_are_not_taken_after_a_reload() {
+        let rules: String = (0..TREE_MIN_RULES as u16 + 8)
+            .map(|i| format!("rule r{i} {{ match udp.dst {} actions fwd b }}\n", 1000 + i))
+            .collect();
+        let old = program(&format!(
+            "pipe f root from a {{\n{rules}default {{ actions drop }}\n}}\n"
+        ));
+        let new = program(
+            "pipe f root from a {\n\
+             rule dns { match udp.dst 53 actions fwd b }\n\
+             default { actions drop }\n}\n",
+        );
+        let mut engine = Engine::new(&old);
+        let last = 1000 + TREE_MIN_RULES as u16 + 7;
+        let mut batch = vec![udp_to(last)];
+        engine.process(&mut batch, &mut crate::engine::NoObserver);
+        assert_eq!(batch[0].verdict, crate::engine::Verdict::Forward(PortId(1)));
+        engine.reload(
+            Arc::new(super::super::Compiled::new(&new)),
+            &Renumbering::between(&old, &new),
+        );
+        let mut batch = vec![udp_to(last), udp_to(53)];
+        engine.process(&mut batch, &mut crate::engine::NoObserver);
+        assert!(matches!(batch[0].verdict, crate::engine::Verdict::Drop(_)));
+        assert_eq!(batch[1].verdict, crate::engine::Verdict::Forward(PortId(1)));
+        let s = engine.stats();
+        assert_eq!([s.entries[0][0].packets, s.entries[0][1].packets], [1, 1]);
     }
 
     /// A pipe left as it was keeps its counters as they are (moved, whatever its size); a
