@@ -113,8 +113,9 @@ enum Command {
     /// signalled, saving their index at the stop; such a pipeline needs no packet input.
     /// Flags override the pipeline's telemetry block.
     ///
-    /// A thread that fails, a capture that can no longer be read or written, or a live
-    /// port's interface removed stops it as a signal does, with exit status 2.
+    /// A live port whose interface is removed is closed until an interface of its name is
+    /// back (/readyz says not ready meanwhile). A thread that fails, or a capture that can
+    /// no longer be read or written, stops it as a signal does, with exit status 2.
     #[command(
         after_help = "Example:\n  dpuflow run pipelines/vxlan-gateway.pipe --in host=host.pcap --out uplink=uplink.pcap --metrics 127.0.0.1:9464\n  curl -s 127.0.0.1:9464/metrics"
     )]

@@ -736,8 +736,11 @@ fn exhausted_descriptors_do_not_end_the_endpoint() {
 fn golden_exposition() {
     let dir = Scratch::new("service-golden");
     let svc = Service::gateway(&dir, &["--workers", "1"]);
-    let body =
-        svc.scrape_until(|b| b.contains("dpuflow_port_received_packets_total{port=\"host\"} 110"));
+    // The I/O thread counts what it could not send once it has written the last batch.
+    let body = svc.scrape_until(|b| {
+        b.contains("dpuflow_port_received_packets_total{port=\"host\"} 110")
+            && b.contains("dpuflow_port_unsent_packets_total{port=\"uplink\"} 100")
+    });
     assert_eq!(svc.terminate(), 0);
     // Times and versions vary from run to run; everything else is fixed by the input.
     let stable: String = body

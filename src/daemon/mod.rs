@@ -181,6 +181,14 @@ struct Shared {
     oversize: Vec<[AtomicU64; 2]>,
     /// Per port: frames the kernel dropped for want of room in a live port's receive ring.
     ring_full: Vec<AtomicU64>,
+    /// Per port: whether it reads or writes anything (a capture bound to it, or its live
+    /// interface open).
+    port_open: Vec<AtomicBool>,
+    /// Live ports whose interface was removed, waiting for it to be back.
+    ports_waiting: AtomicUsize,
+    /// Per port: packets forwarded to it that were not sent, as the I/O thread last
+    /// published them (see [`Outputs::unsent`]).
+    unsent: Vec<AtomicU64>,
     /// The pipeline's KV-cache services.
     kv: Vec<Arc<KvService>>,
     /// The I/O thread has ended (the inputs are done): no worker runs.
@@ -267,15 +275,27 @@ impl Handler for Shared {
             reloads_succeeded: self.reloads.succeeded.load(Ordering::Relaxed),
             reloads_failed: self.reloads.failed.load(Ordering::Relaxed),
             last_reload_failed: self.reloads.last_failed.load(Ordering::Relaxed),
+            ports_open: self
+                .port_open
+                .iter()
+                .map(|o| o.load(Ordering::Relaxed))
+                .collect(),
+            unsent: self
+                .unsent
+                .iter()
+                .map(|n| n.load(Ordering::Relaxed))
+                .collect(),
         };
         let mut text = metrics::render(&loaded.program, &total, &self.info, &state);
         text.push_str(&metrics::render_kv(&self.kv));
         text
     }
 
+    /// Every worker runs, nothing failed, and every live port is open.
     fn ready(&self) -> bool {
         self.workers_up.load(Ordering::Relaxed) == self.workers
             && !self.failed.load(Ordering::Relaxed)
+            && self.ports_waiting.load(Ordering::Relaxed) == 0
     }
 }
 
@@ -345,7 +365,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     }
     for port in &unopened {
         tracing::warn!(
-            "{port}: it is neither read nor written (packets sent to it count as unwritten)"
+            "{port}: it is neither read nor written (packets sent to it count as unsent)"
         );
     }
     let stop = Arc::new(AtomicBool::new(false));
@@ -460,6 +480,11 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         failed: Arc::clone(&watch.failed),
         oversize: program.ports.iter().map(|_| Default::default()).collect(),
         ring_full: program.ports.iter().map(|_| Default::default()).collect(),
+        port_open: (0..program.ports.len())
+            .map(|i| AtomicBool::new(bound(i) || live[i].is_some()))
+            .collect(),
+        ports_waiting: AtomicUsize::new(0),
+        unsent: program.ports.iter().map(|_| Default::default()).collect(),
         loaded: Mutex::new(Arc::new(Loaded::first(program, load_seconds, workers))),
         generation: AtomicU64::new(0),
         reloads: Reloads::default(),
@@ -472,13 +497,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     let ports = shared.loaded().program.ports.len();
     // Open everything before any thread starts, so a bad file fails the command at once.
     let source = if lives > 0 {
-        Source::Live(Readable::new(
-            &live
-                .iter()
-                .flatten()
-                .flat_map(LivePort::fds)
-                .collect::<Vec<_>>(),
-        ))
+        Source::Live(readable(&live))
     } else {
         Source::Captures(Merger::open(&opts.bindings.inputs)?)
     };
@@ -601,8 +620,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     let io = io.join();
     let workers_done = handles.into_iter().all(|h| h.join().is_ok());
     let sent = exporter.map(JoinHandle::join);
-    let (read, unwritten) =
-        io.map_err(|_| RunError::Thread("the I/O thread panicked".into()))??;
+    let (read, unsent) = io.map_err(|_| RunError::Thread("the I/O thread panicked".into()))??;
     if !workers_done {
         return Err(RunError::Thread("a worker panicked".into()));
     }
@@ -610,7 +628,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         let sent = sent.map_err(|_| RunError::Thread("the IPFIX exporter panicked".into()))?;
         tracing::info!(records = sent, "IPFIX export done");
     }
-    tracing::info!(packets = read, unwritten, "stopped");
+    tracing::info!(packets = read, unsent, "stopped");
     Ok(())
 }
 
@@ -862,15 +880,18 @@ fn io(
         inline,
     } = ends;
     let mut inline = inline.map(|ch| Worker::new(0, shared, ch));
+    let ports = live.len();
     let mut out = Outputs {
         writers,
         live,
-        unwritten: 0,
+        unsent: vec![0; ports],
+        waiting: vec![false; ports],
         returned: 0,
         pool: Vec::new(),
         batches: Vec::new(),
         spares_back,
         tx_warning: WarnThrottle::default(),
+        reopen_warning: WarnThrottle::default(),
     };
     let (n, batch) = (to_workers.len(), opts.batch.max(1));
     let loaded = shared.loaded();
@@ -891,7 +912,7 @@ fn io(
     let mut sent = 0u64;
     // The live port read next, so that every port gets its turn.
     let mut turn = 0usize;
-    // When the live ports were last looked at (see `look_at_live_ports`).
+    // When the ports were last looked at (see `look_at_ports`).
     let mut ports_checked = Instant::now();
     let start = Instant::now();
     let mut slot = PacketBuf::new(DEFAULT_MAX_FRAME);
@@ -917,7 +938,7 @@ fn io(
             Read::End => break,
             Read::Idle => {
                 if ports_checked.elapsed() >= PUBLISH_EVERY {
-                    look_at_live_ports(&mut out.live, shared)?;
+                    look_at_ports(&mut out, &mut source, shared);
                     ports_checked = Instant::now();
                 }
                 // Nothing waits: what was read goes to the workers now rather than when
@@ -982,7 +1003,7 @@ fn io(
         read += 1;
         // Ports busy enough never to be idle are looked at as they go.
         if read % LOOK_AT_PORTS_EVERY == 0 {
-            look_at_live_ports(&mut out.live, shared)?;
+            look_at_ports(&mut out, &mut source, shared);
         }
         let w = dealer.pick(&slot);
         let fresh = match out.pool.pop() {
@@ -1043,10 +1064,11 @@ fn io(
     for p in done.iter() {
         out.write(p)?;
     }
+    out.publish(shared);
     for w in out.writers.into_iter().flatten() {
         w.finish()?;
     }
-    Ok((read, out.unwritten))
+    Ok((read, out.unsent.iter().sum()))
 }
 
 /// The worker of a flow hash: the hash scaled onto `0..workers` with one multiply, where
@@ -1058,24 +1080,73 @@ fn worker_of(hash: u32, workers: usize) -> usize {
 /// Packets read between two looks at the live ports while traffic flows.
 const LOOK_AT_PORTS_EVERY: u64 = 1 << 16;
 
-/// Adds what the live ports' receive rings dropped since the last reading to the ports'
-/// counts (one getsockopt a port), and ends the dataplane if a port's interface was
-/// removed (one interface lookup a port): such a port is dead for good (an AF_XDP socket
-/// is not even told), and so the service.
-fn look_at_live_ports(live: &mut [Option<LivePort>], shared: &Shared) -> Result<(), RunError> {
-    for (i, port) in live.iter_mut().enumerate() {
-        if let Some(port) = port {
+/// The I/O thread's look at the ports, every tenth of a second while they are quiet and
+/// every [`LOOK_AT_PORTS_EVERY`] packets while they are not: publishes the unsent counts;
+/// adds what the live ports' receive rings dropped since the last look to the ports'
+/// counts (one getsockopt a port); closes a live port whose interface was removed (one
+/// interface lookup a port), as its socket would never see another frame, even from an
+/// interface made again under the name (an AF_XDP socket is not even told); and opens
+/// such a port again once an interface of its name is back.
+fn look_at_ports(out: &mut Outputs, source: &mut Source, shared: &Shared) {
+    out.publish(shared);
+    let mut changed = false;
+    for (i, slot) in out.live.iter_mut().enumerate() {
+        if let Some(port) = slot {
             let dropped = port.ring_drops();
             if dropped > 0 {
                 shared.ring_full[i].fetch_add(dropped, Ordering::Relaxed);
             }
             if port.removed() {
-                let iface = port.iface().to_owned();
-                return Err(LiveError::Removed { iface }.into());
+                tracing::warn!(
+                    iface = port.iface(),
+                    "interface removed: its port is closed until an interface of that name \
+                     is back (frames for it are dropped, counted unsent)"
+                );
+                *slot = None;
+                out.waiting[i] = true;
+                shared.port_open[i].store(false, Ordering::Relaxed);
+                shared.ports_waiting.fetch_add(1, Ordering::Relaxed);
+                changed = true;
+            }
+        }
+        if out.waiting[i] {
+            let loaded = shared.loaded();
+            let spec = &loaded.program.ports[i];
+            let iface = spec.iface.as_deref().unwrap_or_default();
+            if crate::sys::interface_index(iface).is_err() {
+                continue;
+            }
+            match LivePort::open(PortId(i as u16), iface, spec.driver, spec.mtu) {
+                Ok(port) => {
+                    tracing::info!(
+                        iface,
+                        driver = port.driver(),
+                        mode = %port.mode(),
+                        "interface back: live port open again"
+                    );
+                    *slot = Some(port);
+                    out.waiting[i] = false;
+                    shared.port_open[i].store(true, Ordering::Relaxed);
+                    shared.ports_waiting.fetch_sub(1, Ordering::Relaxed);
+                    changed = true;
+                }
+                Err(e) => {
+                    if out.reopen_warning.ready() {
+                        tracing::warn!(error = %e, "interface back, its port not yet open again");
+                    }
+                }
             }
         }
     }
-    Ok(())
+    if let (true, Source::Live(readable_now)) = (changed, source) {
+        *readable_now = readable(&out.live);
+    }
+}
+
+/// What to wait on for frames from the live ports open.
+fn readable(live: &[Option<LivePort>]) -> Readable {
+    let fds: Vec<_> = live.iter().flatten().flat_map(LivePort::fds).collect();
+    Readable::new(&fds)
 }
 
 /// Reads a frame from the live ports, each in turn from `turn` on, stamped with the time
@@ -1131,8 +1202,11 @@ struct Outputs {
     writers: Vec<Option<CaptureWriter>>,
     /// The live ports, by port.
     live: Vec<Option<LivePort>>,
-    /// Packets forwarded to a port without an output, or that a live port could not send.
-    unwritten: u64,
+    /// Per port: packets forwarded to it that went nowhere (no output bound, its live
+    /// interface gone, or it could not send them).
+    unsent: Vec<u64>,
+    /// Per port: a live port whose interface was removed, waiting for it.
+    waiting: Vec<bool>,
     /// Processed batches written.
     returned: u64,
     /// Packet buffers free for reading into.
@@ -1141,6 +1215,7 @@ struct Outputs {
     batches: Vec<Vec<PacketBuf>>,
     spares_back: Vec<Sender<Vec<PacketBuf>>>,
     tx_warning: WarnThrottle,
+    reopen_warning: WarnThrottle,
 }
 
 impl Outputs {
@@ -1154,7 +1229,7 @@ impl Outputs {
                 } else if let Some(live) = &mut self.live[i] {
                     let sent = live.send(pkt.data());
                     if !matches!(sent, Sent::Yes) {
-                        self.unwritten += 1;
+                        self.unsent[i] += 1;
                         if self.tx_warning.ready() {
                             match sent {
                                 Sent::Refused(e) => tracing::warn!(
@@ -1170,7 +1245,7 @@ impl Outputs {
                         }
                     }
                 } else {
-                    self.unwritten += 1;
+                    self.unsent[i] += 1;
                 }
             }
         }
@@ -1185,11 +1260,12 @@ impl Outputs {
 
     /// Hands the live ports what was sent through them (AF_XDP queues frames until then).
     fn flush_live(&mut self) {
-        for live in self.live.iter_mut().flatten() {
+        for (live, unsent) in self.live.iter_mut().zip(&mut self.unsent) {
+            let Some(live) = live else { continue };
             match live.flush() {
                 Ok(0) => {}
                 Ok(dropped) => {
-                    self.unwritten += dropped as u64;
+                    *unsent += dropped as u64;
                     if self.tx_warning.ready() {
                         tracing::warn!(
                             iface = live.iface(),
@@ -1204,6 +1280,13 @@ impl Outputs {
                     }
                 }
             }
+        }
+    }
+
+    /// Publishes the unsent counts for the metrics.
+    fn publish(&self, shared: &Shared) {
+        for (n, published) in self.unsent.iter().zip(&shared.unsent) {
+            published.store(*n, Ordering::Relaxed);
         }
     }
 }

@@ -27,10 +27,6 @@ pub enum LiveError {
         /// What to look at, for the failures that have a usual cause.
         hint: &'static str,
     },
-    /// the interface was removed while the port was open: its socket will never see
-    /// another frame, even from an interface made again under the same name
-    #[error("interface {iface} was removed while its port was open")]
-    Removed { iface: String },
 }
 
 /// What became of a frame sent ([`LivePort::send`]).

@@ -45,6 +45,11 @@ pub struct ServiceState {
     pub last_reload_failed: bool,
     /// The CPU seconds of the service's threads, by name.
     pub threads: Vec<(String, f64)>,
+    /// Per port: whether it reads or writes anything (a capture bound, or its interface
+    /// open).
+    pub ports_open: Vec<bool>,
+    /// Per port: packets forwarded to it that were not sent.
+    pub unsent: Vec<u64>,
     /// The process as a whole, where /proc says.
     pub process: Option<crate::sys::ProcessStats>,
 }
@@ -232,6 +237,25 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info, state: &ServiceSt
         "dpuflow_port_dropped_packets_total",
         "Packets received on the port and dropped, by reason.",
         drops,
+    );
+    fam.counter(
+        "dpuflow_port_unsent_packets_total",
+        "Packets forwarded to the port and not sent: its link down or its interface gone, \
+         its transmit queue full, or no output bound to it.",
+        ports.iter().enumerate().map(|(i, p)| {
+            let unsent = state.unsent.get(i).copied().unwrap_or(0);
+            (labels(&[("port", p)]), unsent)
+        }),
+    );
+    fam.gauge(
+        "dpuflow_port_open",
+        "Whether the port is read or written: 1 while a capture is bound to it or its \
+         interface is open; 0 for a port left unopened, or a live port waiting for its \
+         removed interface.",
+        ports.iter().enumerate().map(|(i, p)| {
+            let open = state.ports_open.get(i).copied().unwrap_or(false);
+            (labels(&[("port", p)]), if open { 1.0 } else { 0.0 })
+        }),
     );
 
     // Rules and table entries, in pipeline order, up to the cap; the rest summed.
