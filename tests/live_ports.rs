@@ -238,19 +238,25 @@ impl Lab {
 
     /// Starts `dpuflow run PIPE` in the dut namespace and waits until it serves metrics.
     fn start(&self, pipe: &str, workers: &str) -> Running {
+        self.start_with(&[], pipe, workers, &[])
+    }
+
+    /// [`Lab::start`] with `env` (`NAME=value`) added to its environment, and `flags`.
+    fn start_with(&self, env: &[&str], pipe: &str, workers: &str, flags: &[&str]) -> Running {
         let bin = env!("CARGO_BIN_EXE_dpuflow");
-        let dpuflow = Running(self.spawn(
-            &self.dut,
-            &[
-                bin,
-                "run",
-                pipe,
-                "--metrics",
-                "127.0.0.1:9464",
-                "--workers",
-                workers,
-            ],
-        ));
+        let mut args = vec!["env"];
+        args.extend(env);
+        args.extend([
+            bin,
+            "run",
+            pipe,
+            "--metrics",
+            "127.0.0.1:9464",
+            "--workers",
+            workers,
+        ]);
+        args.extend(flags);
+        let dpuflow = Running(self.spawn(&self.dut, &args));
         self.metrics_until(|m| m.contains("dpuflow_build_info"), "dpuflow run serving");
         // Serving comes before the workers are up: traffic waits for /readyz (on a busy
         // machine the gap outlasted a ping's wait, and the stateful firewall's connection
@@ -716,6 +722,142 @@ fn a_removed_interface_is_opened_again_once_back() {
         }
     }
 }
+
+/// The wall clock stepped (NTP or PTP setting a clock that was wrong, as a DPU's often is
+/// at boot) does not move connection timeouts: a connection made after the clock went
+/// back an hour is not ended by the next sweep, and one the clock then jumps two hours
+/// past is not ended either (Linux's conntrack counts in jiffies for the same reason).
+/// The flow records exported after the steps carry the wall clock as it then stands.
+/// libfaketime steps the service's clock alone, not the machine's.
+#[test]
+fn a_stepped_wall_clock_ends_no_connection() {
+    let faketime = ["x86_64", "aarch64"]
+        .map(|arch| format!("/usr/lib/{arch}-linux-gnu/faketime/libfaketime.so.1"))
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .expect("libfaketime is required (scripts/test installs it)");
+    let (lab, dir, pipe_path) = Lab::with_pipeline(
+        "t",
+        "conntrack { timeout udp 30s }\n\
+         pipe out root from inside {\n\
+             rule udp { match ip.proto 17  actions ct.commit, fwd outside }\n\
+             default { actions drop }\n\
+         }\n\
+         pipe back root from outside {\n\
+             rule tracked { match ct.state established  actions fwd inside }\n\
+             default { actions drop }\n\
+         }\n",
+    );
+    let offset = dir.path("offset");
+    std::fs::write(&offset, "+0\n").expect("offset");
+    let env = [
+        format!("LD_PRELOAD={faketime}"),
+        format!("FAKETIME_TIMESTAMP_FILE={offset}"),
+        "FAKETIME_NO_CACHE=1".to_owned(),
+        "FAKETIME_DONT_FAKE_MONOTONIC=1".to_owned(),
+    ];
+    let env: Vec<&str> = env.iter().map(String::as_str).collect();
+    let mut collector = Command::new("ip")
+        .args(["netns", "exec", &lab.dut, PYTHON, "-c", FLOW_TIMES])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut times = std::io::BufReader::new(collector.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut times, &mut line).expect("collector");
+    assert_eq!(line.trim(), "listening");
+    let dpuflow = lab.start_with(&env, &pipe_path, "1", &["--ipfix", "127.0.0.1:4739"]);
+    let entries = "dpuflow_conntrack_entries";
+    lab.send_udp(5001, 1);
+    lab.metrics_until(|m| metric(m, entries) == Some(1), "tracked the first");
+    std::fs::write(&offset, "-3600\n").expect("offset");
+    std::thread::sleep(Duration::from_millis(300));
+    lab.send_udp(5002, 1);
+    lab.metrics_until(|m| metric(m, entries) == Some(2), "tracked the second");
+    // Sweeps run every tenth of a second while the ports are quiet.
+    std::thread::sleep(Duration::from_millis(500));
+    std::fs::write(&offset, "+3600\n").expect("offset");
+    std::thread::sleep(Duration::from_millis(500));
+    // The server answers the second: its reply is of a tracked connection.
+    let reply = format!(
+        "from scapy.all import *\n\
+         sendp(Ether(src='02:00:00:00:00:02', dst='02:00:00:00:00:01')/\
+         IP(src='{SERVER}', dst='{CLIENT}')/UDP(sport=5002, dport=4000), iface='s0', verbose=0)\n"
+    );
+    lab.run(&lab.server, &[PYTHON, "-c", &reply]);
+    let tracked = "dpuflow_rule_matched_packets_total{pipe=\"back\",rule=\"tracked\"}";
+    let m = lab.metrics_until(|m| metric(m, tracked) == Some(1), "let the reply in");
+    assert_eq!(metric(&m, entries), Some(2), "{m}");
+    assert_eq!(
+        metric(&m, "dpuflow_conntrack_expirations_total"),
+        Some(0),
+        "{m}"
+    );
+    stop(dpuflow);
+    line.clear();
+    std::io::BufRead::read_line(&mut times, &mut line).expect("flow times");
+    collector.wait().expect("collector");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64();
+    let seen: Vec<f64> = line
+        .split_whitespace()
+        .map(|t| t.parse().expect("a time"))
+        .collect();
+    assert!(!seen.is_empty(), "no flow record reached the collector");
+    for t in seen {
+        let ahead = t - now;
+        assert!(
+            (3540.0..3660.0).contains(&ahead),
+            "a flow time {ahead:.1} s from now, where the service's clock is an hour ahead"
+        );
+    }
+}
+
+/// A collector on 127.0.0.1:4739 that decodes IPFIX data records by their templates and,
+/// once two seconds pass without a message after the first, prints every record's
+/// flowStartMilliseconds and flowEndMilliseconds (IEs 152 and 153, RFC 7011 §3, RFC 5102)
+/// in seconds.
+const FLOW_TIMES: &str = r#"
+import socket, struct
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.1", 4739))
+print("listening", flush=True)
+templates, times = {}, []
+s.settimeout(30)
+while True:
+    try:
+        m = s.recv(65535)
+    except socket.timeout:
+        break
+    s.settimeout(2)
+    at = 16
+    while at + 4 <= len(m):
+        sid, slen = struct.unpack("!HH", m[at:at + 4])
+        body, at = m[at + 4:at + slen], at + slen
+        if sid == 2:
+            i = 0
+            while i + 4 <= len(body):
+                tid, n = struct.unpack("!HH", body[i:i + 4]); i += 4
+                fields = []
+                for _ in range(n):
+                    ie, ln = struct.unpack("!HH", body[i:i + 4]); i += 4
+                    if ie & 0x8000:
+                        i += 4
+                    fields.append((ie & 0x7fff, ln))
+                templates[tid] = fields
+        elif sid >= 256 and sid in templates:
+            fields = templates[sid]
+            size = sum(ln for _, ln in fields)
+            for r in range(0, len(body) - size + 1, size):
+                i = r
+                for ie, ln in fields:
+                    if ie in (152, 153):
+                        times.append(int.from_bytes(body[i:i + ln], "big") / 1000)
+                    i += ln
+print(" ".join("%.3f" % t for t in times), flush=True)
+"#;
 
 /// Time passes on live ports without packets: a UDP connection (timeout 1 s) ends with no
 /// packet after its last, and the counts of the last packets reach the metrics without

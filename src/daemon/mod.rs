@@ -886,6 +886,7 @@ fn io(
         live,
         unsent: vec![0; ports],
         waiting: vec![false; ports],
+        to_wall: if shared.live { live_clock_to_wall() } else { 0 },
         returned: 0,
         pool: Vec::new(),
         batches: Vec::new(),
@@ -1082,13 +1083,16 @@ const LOOK_AT_PORTS_EVERY: u64 = 1 << 16;
 
 /// The I/O thread's look at the ports, every tenth of a second while they are quiet and
 /// every [`LOOK_AT_PORTS_EVERY`] packets while they are not: publishes the unsent counts;
-/// adds what the live ports' receive rings dropped since the last look to the ports'
+/// notes how the live ports' clock stands to the wall clock (for capture outputs); adds what the live ports' receive rings dropped since the last look to the ports'
 /// counts (one getsockopt a port); closes a live port whose interface was removed (one
 /// interface lookup a port), as its socket would never see another frame, even from an
 /// interface made again under the name (an AF_XDP socket is not even told); and opens
 /// such a port again once an interface of its name is back.
 fn look_at_ports(out: &mut Outputs, source: &mut Source, shared: &Shared) {
     out.publish(shared);
+    if shared.live {
+        out.to_wall = live_clock_to_wall();
+    }
     let mut changed = false;
     for (i, slot) in out.live.iter_mut().enumerate() {
         if let Some(port) = slot {
@@ -1152,7 +1156,7 @@ fn readable(live: &[Option<LivePort>]) -> Readable {
 /// Reads a frame from the live ports, each in turn from `turn` on, stamped with the time
 /// of day; [`Read::Idle`] when none has one waiting.
 fn receive_live(live: &mut [Option<LivePort>], turn: &mut usize, slot: &mut PacketBuf) -> Read {
-    let now = wall_clock_ns();
+    let now = live_clock_ns();
     for _ in 0..live.len() {
         let i = *turn;
         *turn = (i + 1) % live.len();
@@ -1207,6 +1211,9 @@ struct Outputs {
     unsent: Vec<u64>,
     /// Per port: a live port whose interface was removed, waiting for it.
     waiting: Vec<bool>,
+    /// What moves a packet's time onto the wall clock as it is written: with live ports,
+    /// [`live_clock_to_wall`] as last looked at; a replay writes its captures' times.
+    to_wall: i64,
     /// Processed batches written.
     returned: u64,
     /// Packet buffers free for reading into.
@@ -1225,7 +1232,7 @@ impl Outputs {
             if let Verdict::Forward(port) = pkt.verdict {
                 let i = port.index();
                 if let Some(w) = &mut self.writers[i] {
-                    w.write(pkt.ts_ns, pkt.data())?;
+                    w.write(pkt.ts_ns.saturating_add_signed(self.to_wall), pkt.data())?;
                 } else if let Some(live) = &mut self.live[i] {
                     let sent = live.send(pkt.data());
                     if !matches!(sent, Sent::Yes) {
@@ -1486,7 +1493,7 @@ impl<'s> Worker<'s> {
         // Live ports' time goes on without packets: what timed out ends. (A capture's
         // time is its packets'.)
         if self.shared.live {
-            self.now_ns = self.now_ns.max(wall_clock_ns());
+            self.now_ns = self.now_ns.max(live_clock_ns());
             self.engine.advance(self.now_ns);
         }
         self.publish_now_or_later();
@@ -1572,11 +1579,31 @@ fn pump(inline: &mut Option<Worker>) {
     }
 }
 
-/// The time of day in nanoseconds since 1970: live ports' clock.
+/// The time of day in nanoseconds since 1970.
 fn wall_clock_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Live ports' clock: the time of day when it was first read, advanced by the monotonic
+/// clock since. The wall clock is stepped when NTP or PTP sets one that was wrong (a
+/// DPU's often is at boot): timeouts counted in it would end every connection at a step
+/// forward, and at a step back end each new connection at the next sweep while keeping
+/// the old ones as long again (Linux's conntrack counts in jiffies for the same reason).
+/// What leaves the service in time of day (flow records, capture outputs) is moved onto
+/// the wall clock as it leaves ([`live_clock_to_wall`]).
+fn live_clock_ns() -> u64 {
+    static START: std::sync::OnceLock<(Instant, u64)> = std::sync::OnceLock::new();
+    let (at, wall) = START.get_or_init(|| (Instant::now(), wall_clock_ns()));
+    wall + at.elapsed().as_nanos() as u64
+}
+
+/// What to add to a time of [`live_clock_ns`] to make it the wall clock's now: zero until
+/// the wall clock is stepped (both are slewed alike).
+fn live_clock_to_wall() -> i64 {
+    let live = live_clock_ns();
+    wall_clock_ns() as i64 - live as i64
 }
 
 /// Hands `records` to the exporter if its queue has room; gives them back if not (and
@@ -1639,11 +1666,7 @@ fn export(collector: &mut Collector, rx: &Receiver<Vec<FlowRecord>>, shared: &Sh
             }
         };
     };
-    let now_s = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs())
-    };
+    let now_s = || wall_clock_ns() / 1_000_000_000;
     // What the flow records miss (flows the caches had no room for) goes to the collector
     // too, when it has grown: at most once an active timeout, and at the end.
     let ignored = || {
@@ -1653,9 +1676,16 @@ fn export(collector: &mut Collector, rx: &Receiver<Vec<FlowRecord>>, shared: &Sh
         })
     };
     let (every, mut reported, mut reported_at) = (t.active_timeout, (0, 0), None::<Instant>);
-    for records in rx.iter() {
+    for mut records in rx.iter() {
         if collector.moved() {
             exporter.resend_templates();
+        }
+        if shared.live {
+            let to_wall = live_clock_to_wall();
+            for r in &mut records {
+                r.first_ns = r.first_ns.saturating_add_signed(to_wall);
+                r.last_ns = r.last_ns.saturating_add_signed(to_wall);
+            }
         }
         exporter.messages(&records, now_s(), &mut |m| send(collector, m));
         sent += records.len() as u64;
