@@ -1108,8 +1108,8 @@ fn look_at_ports(out: &mut Outputs, source: &mut Source, shared: &Shared) {
                 );
                 *slot = None;
                 out.waiting[i] = true;
-                shared.port_open[i].store(false, Ordering::Relaxed);
                 shared.ports_waiting.fetch_add(1, Ordering::Relaxed);
+                shared.port_open[i].store(false, Ordering::Relaxed);
                 changed = true;
             }
         }
