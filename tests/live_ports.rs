@@ -302,18 +302,52 @@ impl Lab {
     }
 }
 
-/// UDP datagrams the server's link receives, counted by destination port with a packet
-/// socket: it reads on through the link's going down and up (tcpdump gives up when its
-/// link goes down).
-struct ServerCount {
-    counter: Child,
+/// A Python script in a namespace that prints `listening` once ready, then one line of
+/// what it saw.
+struct Watcher {
+    child: Child,
     out: std::io::BufReader<std::process::ChildStdout>,
 }
 
+impl Watcher {
+    /// Starts `script` in `ns` and waits until it listens.
+    fn start(ns: &str, script: &str) -> Watcher {
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", ns, PYTHON, "-c", script])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut out, &mut line).expect("watcher");
+        assert_eq!(line.trim(), "listening");
+        Watcher { child, out }
+    }
+
+    /// Interrupts it (SIGINT) a moment after what it waits for was sent, and returns
+    /// [`Watcher::seen`].
+    fn interrupt(self) -> String {
+        std::thread::sleep(Duration::from_millis(500));
+        tool_ok("kill", &["-INT", &self.child.id().to_string()]);
+        self.seen()
+    }
+
+    /// The line it printed at its end.
+    fn seen(mut self) -> String {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut self.out, &mut line).expect("what it saw");
+        self.child.wait().expect("watcher");
+        line.trim().to_owned()
+    }
+}
+
 impl Lab {
-    /// Starts counting at the server, until five datagrams to `last` have arrived (or
-    /// 20 s have passed).
-    fn count_at_server(&self, last: u16) -> ServerCount {
+    /// Counts the UDP datagrams the server's link receives by destination port, with a
+    /// packet socket (it reads on through the link's going down and up: tcpdump gives up
+    /// when its link goes down), until five to `last` have arrived (or a minute has passed:
+    /// a busy machine runs the steps between slowly);
+    /// [`Watcher::seen`] is `port:count` for each port, in order.
+    fn count_at_server(&self, last: u16) -> Watcher {
         let count = format!(
             r#"
 import socket, struct, sys, time, errno
@@ -321,7 +355,7 @@ s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0800))
 s.bind(("s0", 0))
 s.settimeout(0.2)
 print("listening", flush=True)
-seen, end = {{}}, time.time() + 20
+seen, end = {{}}, time.time() + 60
 while time.time() < end and seen.get({last}, 0) < 5:
     try:
         f = s.recv(2048)
@@ -337,26 +371,7 @@ while time.time() < end and seen.get({last}, 0) < 5:
 print(" ".join("%d:%d" % kv for kv in sorted(seen.items())), flush=True)
 "#
         );
-        let mut counter = Command::new("ip")
-            .args(["netns", "exec", &self.server, PYTHON, "-c", &count])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("python3");
-        let mut out = std::io::BufReader::new(counter.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        std::io::BufRead::read_line(&mut out, &mut line).expect("counter");
-        assert_eq!(line.trim(), "listening");
-        ServerCount { counter, out }
-    }
-}
-
-impl ServerCount {
-    /// `port:count` for each destination port seen, in order, once the last has arrived.
-    fn counts(mut self) -> String {
-        let mut line = String::new();
-        std::io::BufRead::read_line(&mut self.out, &mut line).expect("counts");
-        self.counter.wait().expect("counter");
-        line.trim().to_owned()
+        Watcher::start(&self.server, &count)
     }
 }
 
@@ -710,11 +725,11 @@ fn a_removed_interface_is_opened_again_once_back() {
             std::thread::sleep(Duration::from_millis(50));
         }
         lab.send_udp(5003, 5);
-        assert_eq!(counter.counts(), "5001:5 5003:5", "{driver}: what crossed");
+        assert_eq!(counter.seen(), "5001:5 5003:5", "{driver}: what crossed");
         let m = lab.metrics_until(|m| metric(m, udp) == Some(10), "counted the last five");
         assert_eq!(metric(&m, tx), Some(10), "{driver}: {m}");
         let log = stop(dpuflow);
-        for said in ["interface removed", "interface back: live port open again"] {
+        for said in ["interface removed", "live port open again"] {
             assert!(
                 log.contains(said),
                 "{driver}: {said:?} not in the log:\n{log}"
@@ -757,15 +772,7 @@ fn a_stepped_wall_clock_ends_no_connection() {
         "FAKETIME_DONT_FAKE_MONOTONIC=1".to_owned(),
     ];
     let env: Vec<&str> = env.iter().map(String::as_str).collect();
-    let mut collector = Command::new("ip")
-        .args(["netns", "exec", &lab.dut, PYTHON, "-c", FLOW_TIMES])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python3");
-    let mut times = std::io::BufReader::new(collector.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut times, &mut line).expect("collector");
-    assert_eq!(line.trim(), "listening");
+    let collector = Watcher::start(&lab.dut, FLOW_TIMES);
     let dpuflow = lab.start_with(&env, &pipe_path, "1", &["--ipfix", "127.0.0.1:4739"]);
     let entries = "dpuflow_conntrack_entries";
     lab.send_udp(5001, 1);
@@ -794,9 +801,7 @@ fn a_stepped_wall_clock_ends_no_connection() {
         "{m}"
     );
     stop(dpuflow);
-    line.clear();
-    std::io::BufRead::read_line(&mut times, &mut line).expect("flow times");
-    collector.wait().expect("collector");
+    let line = collector.interrupt();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock")
@@ -816,22 +821,15 @@ fn a_stepped_wall_clock_ends_no_connection() {
 }
 
 /// A collector on 127.0.0.1:4739 that decodes IPFIX data records by their templates and,
-/// once two seconds pass without a message after the first, prints every record's
-/// flowStartMilliseconds and flowEndMilliseconds (IEs 152 and 153, RFC 7011 §3, RFC 5102)
-/// in seconds.
+/// once interrupted, prints every record's flowStartMilliseconds and flowEndMilliseconds
+/// (IEs 152 and 153, RFC 7011 §3, RFC 5102) in seconds.
 const FLOW_TIMES: &str = r#"
 import socket, struct
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.bind(("127.0.0.1", 4739))
 print("listening", flush=True)
 templates, times = {}, []
-s.settimeout(30)
-while True:
-    try:
-        m = s.recv(65535)
-    except socket.timeout:
-        break
-    s.settimeout(2)
+def read(m):
     at = 16
     while at + 4 <= len(m):
         sid, slen = struct.unpack("!HH", m[at:at + 4])
@@ -856,6 +854,11 @@ while True:
                     if ie in (152, 153):
                         times.append(int.from_bytes(body[i:i + ln], "big") / 1000)
                     i += ln
+try:
+    while True:
+        read(s.recv(65535))
+except KeyboardInterrupt:
+    pass
 print(" ".join("%.3f" % t for t in times), flush=True)
 "#;
 
@@ -932,7 +935,7 @@ fn link_down_and_up(driver: &str, tag: &str) {
     }
     std::thread::sleep(Duration::from_millis(1500));
     lab.send_udp(5003, 5);
-    assert_eq!(counter.counts(), "5001:5 5003:5", "what crossed");
+    assert_eq!(counter.seen(), "5001:5 5003:5", "what crossed");
     let m = lab.metrics_until(|m| metric(m, udp) == Some(15), "counted the last five");
     let sent = "dpuflow_port_transmitted_packets_total{port=\"outside\"}";
     assert_eq!(metric(&m, sent), Some(15), "{m}");
@@ -1227,6 +1230,41 @@ fn every_queue_of_an_af_xdp_port_is_read() {
         log.contains("live port open iface=\"in0\" driver=\"AF_XDP\" mode=4 queue(s), copy"),
         "{log}"
     );
+}
+
+/// The interface's receive queues changed under a running service (`ethtool -L`): the
+/// port is opened again with a socket on each, so the frames of the new queues reach the
+/// pipeline rather than going around it to the dut's kernel.
+#[test]
+fn an_af_xdp_port_follows_its_interfaces_queues() {
+    let (lab, _dir, pipe_path) = Lab::with_pipeline_queues(
+        "af_xdp",
+        "k",
+        4,
+        "pipe out root from inside {\n\
+             rule udp { match ip.proto 17  actions fwd outside }\n\
+             default { actions drop }\n\
+         }\n",
+    );
+    // A veth takes XDP only with as many receive queues as its peer has transmit queues.
+    lab.run(&lab.client, &["ethtool", "-L", "c0", "tx", "1"]);
+    lab.run(&lab.dut, &["ethtool", "-L", "in0", "rx", "1"]);
+    let dpuflow = lab.start(&pipe_path, "1");
+    lab.run(&lab.dut, &["ethtool", "-L", "in0", "rx", "4"]);
+    lab.run(&lab.client, &["ethtool", "-L", "c0", "tx", "4"]);
+    // The port is looked at every tenth of a second while quiet.
+    std::thread::sleep(Duration::from_millis(500));
+    lab.send_udp_flows(5000, 2000, 64);
+    let udp = "dpuflow_rule_matched_packets_total{pipe=\"out\",rule=\"udp\"}";
+    lab.metrics_until(|m| metric(m, udp) == Some(2000), "read all 2000");
+    let log = stop(dpuflow);
+    for said in [
+        "mode=1 queue(s)",
+        "the interface's receive queues changed",
+        "live port open again iface=\"in0\" driver=\"AF_XDP\" mode=4 queue(s)",
+    ] {
+        assert!(log.contains(said), "{said:?} not in the log:\n{log}");
+    }
 }
 
 /// Frames the kernel drops because a port's receive ring is full are counted

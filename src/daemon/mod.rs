@@ -1082,12 +1082,15 @@ fn worker_of(hash: u32, workers: usize) -> usize {
 const LOOK_AT_PORTS_EVERY: u64 = 1 << 16;
 
 /// The I/O thread's look at the ports, every tenth of a second while they are quiet and
-/// every [`LOOK_AT_PORTS_EVERY`] packets while they are not: publishes the unsent counts;
-/// notes how the live ports' clock stands to the wall clock (for capture outputs); adds what the live ports' receive rings dropped since the last look to the ports'
-/// counts (one getsockopt a port); closes a live port whose interface was removed (one
-/// interface lookup a port), as its socket would never see another frame, even from an
-/// interface made again under the name (an AF_XDP socket is not even told); and opens
-/// such a port again once an interface of its name is back.
+/// every [`LOOK_AT_PORTS_EVERY`] packets while they are not. It publishes the unsent
+/// counts; notes how the live ports' clock stands to the wall clock (for capture
+/// outputs); adds what the live ports' receive rings dropped since the last look to the
+/// ports' counts (one getsockopt a port); closes a live port whose interface was removed
+/// (one interface lookup a port), as its socket would never see another frame, even from
+/// an interface made again under the name (an AF_XDP socket is not even told), or an
+/// AF_XDP port whose interface's receive queues changed (a new queue's frames would go
+/// around the pipeline: one directory read a port); and opens such a port again once an
+/// interface of its name is there.
 fn look_at_ports(out: &mut Outputs, source: &mut Source, shared: &Shared) {
     out.publish(shared);
     if shared.live {
@@ -1100,12 +1103,21 @@ fn look_at_ports(out: &mut Outputs, source: &mut Source, shared: &Shared) {
             if dropped > 0 {
                 shared.ring_full[i].fetch_add(dropped, Ordering::Relaxed);
             }
-            if port.removed() {
-                tracing::warn!(
-                    iface = port.iface(),
-                    "interface removed: its port is closed until an interface of that name \
-                     is back (frames for it are dropped, counted unsent)"
-                );
+            let removed = port.removed();
+            if removed || port.queues_changed() {
+                if removed {
+                    tracing::warn!(
+                        iface = port.iface(),
+                        "interface removed: its port is closed until an interface of that \
+                         name is back (frames for it are dropped, counted unsent)"
+                    );
+                } else {
+                    tracing::warn!(
+                        iface = port.iface(),
+                        "the interface's receive queues changed: its port is opened again \
+                         on them"
+                    );
+                }
                 *slot = None;
                 out.waiting[i] = true;
                 shared.ports_waiting.fetch_add(1, Ordering::Relaxed);
@@ -1126,7 +1138,7 @@ fn look_at_ports(out: &mut Outputs, source: &mut Source, shared: &Shared) {
                         iface,
                         driver = port.driver(),
                         mode = %port.mode(),
-                        "interface back: live port open again"
+                        "live port open again"
                     );
                     *slot = Some(port);
                     out.waiting[i] = false;

@@ -70,6 +70,13 @@ impl XdpPort {
         format!("{} queue(s), {copies}", self.sockets.len())
     }
 
+    /// Whether the interface's receive queues are no longer those the port has a socket
+    /// on (`ethtool -L` changed them): frames of a queue without one would go to the
+    /// kernel's stack, around the pipeline.
+    pub fn queues_changed(&self) -> bool {
+        receive_queues(&self.iface) as usize != self.sockets.len()
+    }
+
     /// The sockets to wait on for frames.
     pub fn fds(&self) -> impl Iterator<Item = BorrowedFd<'_>> {
         self.sockets.iter().map(XdpSocket::fd)

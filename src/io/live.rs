@@ -125,6 +125,16 @@ impl LivePort {
         crate::sys::interface_index(&self.iface).map_or(true, |i| i != self.index)
     }
 
+    /// Whether the port no longer covers the interface's receive queues (an AF_XDP port
+    /// whose interface's queues were changed, see [`XdpPort::queues_changed`]); an
+    /// AF_PACKET socket reads every queue.
+    pub fn queues_changed(&self) -> bool {
+        match &self.socket {
+            Socket::Packet(_) => false,
+            Socket::Xdp(x) => x.queues_changed(),
+        }
+    }
+
     /// The socket family, as logs name it.
     pub fn driver(&self) -> &'static str {
         match self.socket {
