@@ -1246,9 +1246,20 @@ fn an_af_xdp_port_follows_its_interfaces_queues() {
              default { actions drop }\n\
          }\n",
     );
-    // A veth takes XDP only with as many receive queues as its peer has transmit queues.
-    lab.run(&lab.client, &["ethtool", "-L", "c0", "tx", "1"]);
+    // A veth takes XDP only with as many receive queues as its peer has transmit queues:
+    // refused, and said how to mend.
     lab.run(&lab.dut, &["ethtool", "-L", "in0", "rx", "1"]);
+    let bin = env!("CARGO_BIN_EXE_dpuflow");
+    let refused = Command::new("ip")
+        .args(["netns", "exec", &lab.dut, bin, "run", &pipe_path])
+        .output()
+        .expect("dpuflow");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && said.contains("too few queues for XDP"),
+        "{said}"
+    );
+    lab.run(&lab.client, &["ethtool", "-L", "c0", "tx", "1"]);
     let dpuflow = lab.start(&pipe_path, "1");
     lab.run(&lab.dut, &["ethtool", "-L", "in0", "rx", "4"]);
     lab.run(&lab.client, &["ethtool", "-L", "c0", "tx", "4"]);

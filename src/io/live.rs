@@ -93,6 +93,10 @@ impl LivePort {
                 Some(libc::EBUSY | libc::EEXIST) if driver == Driver::AfXdp => {
                     " (another XDP program or AF_XDP socket is on the interface)"
                 }
+                Some(libc::ENOSPC) if driver == Driver::AfXdp => {
+                    " (the driver has too few queues for XDP; a veth takes it only with as \
+                     many receive queues as its peer has transmit queues: ethtool -L)"
+                }
                 _ => "",
             };
             LiveError::Socket {
