@@ -184,7 +184,7 @@ struct Shared {
     /// Per port: whether it reads or writes anything (a capture bound to it, or its live
     /// interface open).
     port_open: Vec<AtomicBool>,
-    /// Live ports whose interface was removed, waiting for it to be back.
+    /// Live ports closed and not yet open again (see [`Outputs::waiting`]).
     ports_waiting: AtomicUsize,
     /// Per port: packets forwarded to it that were not sent, as the I/O thread last
     /// published them (see [`Outputs::unsent`]).
@@ -1148,7 +1148,7 @@ fn look_at_ports(out: &mut Outputs, source: &mut Source, shared: &Shared) {
                 }
                 Err(e) => {
                     if out.reopen_warning.ready() {
-                        tracing::warn!(error = %e, "interface back, its port not yet open again");
+                        tracing::warn!(error = %e, "live port not yet open again");
                     }
                 }
             }
@@ -1165,8 +1165,8 @@ fn readable(live: &[Option<LivePort>]) -> Readable {
     Readable::new(&fds)
 }
 
-/// Reads a frame from the live ports, each in turn from `turn` on, stamped with the time
-/// of day; [`Read::Idle`] when none has one waiting.
+/// Reads a frame from the live ports, each in turn from `turn` on, stamped with their
+/// clock ([`live_clock_ns`]); [`Read::Idle`] when none has one waiting.
 fn receive_live(live: &mut [Option<LivePort>], turn: &mut usize, slot: &mut PacketBuf) -> Read {
     let now = live_clock_ns();
     for _ in 0..live.len() {
@@ -1221,7 +1221,8 @@ struct Outputs {
     /// Per port: packets forwarded to it that went nowhere (no output bound, its live
     /// interface gone, or it could not send them).
     unsent: Vec<u64>,
-    /// Per port: a live port whose interface was removed, waiting for it.
+    /// Per port: a live port closed (its interface removed, or its receive queues
+    /// changed), to be opened again once it can.
     waiting: Vec<bool>,
     /// What moves a packet's time onto the wall clock as it is written: with live ports,
     /// [`live_clock_to_wall`] as last looked at; a replay writes its captures' times.
