@@ -12,6 +12,13 @@ use common::*;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Rules that forward the client's UDP to the server and drop the rest (the hosts' own
+/// frames, such as IPv6 neighbour discovery as links come up).
+const UDP_OUT: &str = "pipe out root from inside {\n\
+                           rule udp { match ip.proto 17  actions fwd outside }\n\
+                           default { actions drop }\n\
+                       }\n";
+
 /// Three namespaces: client (inside), dut (dpuflow), server (outside).
 struct Lab {
     client: String,
@@ -905,14 +912,7 @@ fn an_af_xdp_port_whose_link_goes_down_carries_on() {
 }
 
 fn link_down_and_up(driver: &str, tag: &str) {
-    let (lab, _dir, pipe_path) = Lab::with_pipeline_on(
-        driver,
-        tag,
-        "pipe out root from inside {\n\
-             rule udp { match ip.proto 17  actions fwd outside }\n\
-             default { actions drop }\n\
-         }\n",
-    );
+    let (lab, _dir, pipe_path) = Lab::with_pipeline_on(driver, tag, UDP_OUT);
     let _dpuflow = lab.start(&pipe_path, "1");
     let counter = lab.count_at_server(5003);
     let udp = "dpuflow_rule_matched_packets_total{pipe=\"out\",rule=\"udp\"}";
@@ -1207,15 +1207,7 @@ fn the_units_capabilities_open_live_ports_and_each_is_needed() {
 /// queue without a socket would hand its frames to the dut's kernel instead).
 #[test]
 fn every_queue_of_an_af_xdp_port_is_read() {
-    let (lab, _dir, pipe_path) = Lab::with_pipeline_queues(
-        "af_xdp",
-        "n",
-        4,
-        "pipe out root from inside {\n\
-             rule udp { match ip.proto 17  actions fwd outside }\n\
-             default { actions drop }\n\
-         }\n",
-    );
+    let (lab, _dir, pipe_path) = Lab::with_pipeline_queues("af_xdp", "n", 4, UDP_OUT);
     let dpuflow = lab.start(&pipe_path, "2");
     lab.send_udp_flows(5000, 2000, 64);
     let udp = "dpuflow_rule_matched_packets_total{pipe=\"out\",rule=\"udp\"}";
@@ -1237,15 +1229,7 @@ fn every_queue_of_an_af_xdp_port_is_read() {
 /// pipeline rather than going around it to the dut's kernel.
 #[test]
 fn an_af_xdp_port_follows_its_interfaces_queues() {
-    let (lab, _dir, pipe_path) = Lab::with_pipeline_queues(
-        "af_xdp",
-        "k",
-        4,
-        "pipe out root from inside {\n\
-             rule udp { match ip.proto 17  actions fwd outside }\n\
-             default { actions drop }\n\
-         }\n",
-    );
+    let (lab, _dir, pipe_path) = Lab::with_pipeline_queues("af_xdp", "k", 4, UDP_OUT);
     // A veth takes XDP only with as many receive queues as its peer has transmit queues:
     // refused, and said how to mend.
     lab.run(&lab.dut, &["ethtool", "-L", "in0", "rx", "1"]);
