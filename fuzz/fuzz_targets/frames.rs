@@ -11,11 +11,11 @@
 #![no_main]
 
 use dpuflow::daemon::restart_needed;
-use dpuflow::engine::parse::parse;
+use dpuflow::engine::parse::{parse, pseudo_header, Meta, TunnelPorts, L3};
 use dpuflow::engine::{Compiled, DropReason, Engine, NoObserver, PacketBuf, Renumbering, Verdict};
 use dpuflow::ir::{PortId, Program};
 use dpuflow::telemetry::ipfix::Exporter;
-use dpuflow::wire::checksum::{checksum, fold, pseudo_v4, pseudo_v6, sum};
+use dpuflow::wire::checksum::{checksum, fold, sum};
 use libfuzzer_sys::fuzz_target;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
@@ -96,7 +96,7 @@ fuzz_target!(|bytes: &[u8]| {
         if len & FILL_CHECKSUMS != 0 {
             filled.clear();
             filled.extend_from_slice(frame);
-            fill_checksums(&mut filled);
+            fill_checksums(&mut filled, code.tunnels());
             frame = &filled;
         }
         if *port == RELOAD {
@@ -135,52 +135,29 @@ fuzz_target!(|bytes: &[u8]| {
     });
 });
 
-/// Fills in an Ethernet frame's IPv4 header checksum and, for a packet that is not a
-/// later fragment, its TCP, UDP, ICMP or ICMPv6 checksum over what its IP length covers
+/// Fills in the IPv4 header checksum of a frame the parser takes and, for a packet that is
+/// not a fragment, its TCP, UDP, ICMP or ICMPv6 checksum over what its IP length covers
 /// (RFC 791, RFC 9293 §3.1, RFC 768, RFC 792, RFC 4443 §2.3); anything else is left.
-fn fill_checksums(f: &mut [u8]) {
-    let be16 = |f: &[u8], at: usize| f.get(at..at + 2).map(|b| u16::from_be_bytes([b[0], b[1]]));
-    let mut at = 12;
-    while matches!(be16(f, at), Some(0x8100 | 0x88a8)) {
-        at += 4;
+fn fill_checksums(f: &mut [u8], tunnels: &TunnelPorts) {
+    let Ok(Meta { outer: l, .. }) = parse(f, tunnels) else {
+        return;
+    };
+    let (l3, l4, end) = (usize::from(l.l3), usize::from(l.l4), usize::from(l.l3_end));
+    if l.l3_kind == L3::V4 {
+        f[l3 + 10..l3 + 12].fill(0);
+        let c = checksum(&f[l3..l4]);
+        f[l3 + 10..l3 + 12].copy_from_slice(&c.to_be_bytes());
     }
-    let l3 = at + 2;
-    match be16(f, at) {
-        Some(0x0800) if f.len() >= l3 + 20 => {
-            let ihl = usize::from(f[l3] & 0x0f) * 4;
-            if ihl < 20 || f.len() < l3 + ihl {
-                return;
-            }
-            f[l3 + 10..l3 + 12].fill(0);
-            let c = checksum(&f[l3..l3 + ihl]);
-            f[l3 + 10..l3 + 12].copy_from_slice(&c.to_be_bytes());
-            let end = (l3 + usize::from(be16(f, l3 + 2).unwrap_or(0))).min(f.len());
-            let later_fragment = be16(f, l3 + 6).unwrap_or(0) & 0x1fff != 0;
-            if end < l3 + ihl || later_fragment {
-                return;
-            }
-            let proto = f[l3 + 9];
-            let src = [f[l3 + 12], f[l3 + 13], f[l3 + 14], f[l3 + 15]];
-            let dst = [f[l3 + 16], f[l3 + 17], f[l3 + 18], f[l3 + 19]];
-            let len = (end - l3 - ihl) as u16;
-            let pseudo = if proto == 1 {
-                0
-            } else {
-                pseudo_v4(src, dst, proto, len)
-            };
-            fill_transport(&mut f[l3 + ihl..end], proto, pseudo);
-        }
-        Some(0x86dd) if f.len() >= l3 + 40 => {
-            let end = (l3 + 40 + usize::from(be16(f, l3 + 4).unwrap_or(0))).min(f.len());
-            let proto = f[l3 + 6];
-            let mut src = [0; 16];
-            src.copy_from_slice(&f[l3 + 8..l3 + 24]);
-            let mut dst = [0; 16];
-            dst.copy_from_slice(&f[l3 + 24..l3 + 40]);
-            let pseudo = pseudo_v6(&src, &dst, proto, (end - l3 - 40) as u32);
-            fill_transport(&mut f[l3 + 40..end], proto, pseudo);
-        }
-        _ => {}
+    if l.fragment || end < l4 {
+        return;
+    }
+    // ICMP's checksum covers its message alone.
+    let pseudo = match l.proto {
+        1 => Some(0),
+        proto => pseudo_header(f, &l, proto, end - l4),
+    };
+    if let Some(pseudo) = pseudo {
+        fill_transport(&mut f[l4..end], l.proto, pseudo);
     }
 }
 
