@@ -45,13 +45,14 @@ impl PacketPort {
     /// receive ring's slots hold such frames (two VLAN tags included); longer ones are cut
     /// short and dropped as oversize.
     pub fn open(port: PortId, index: u32, mtu: u16) -> std::io::Result<PacketPort> {
-        let fd = crate::sys::packet_socket(index)?;
+        let fd = crate::sys::packet_socket()?;
         // A slot holds the ring's header (about 70 bytes with its alignment), then the
         // frame.
         let slot = (usize::from(mtu) + ethernet::HEADER_LEN + 2 * VLAN_TAG + 128)
             .next_power_of_two()
             .max(2048);
         let ring = RxRing::new(&fd, slot, RING_BYTES)?;
+        crate::sys::bind_packet_socket(&fd, index)?;
         Ok(PacketPort { port, ring, fd })
     }
 

@@ -282,13 +282,12 @@ pub fn interface_up(fd: std::os::fd::BorrowedFd, name: &str) -> std::io::Result<
     Ok(flags & libc::IFF_UP as libc::c_short != 0)
 }
 
-/// A raw AF_PACKET socket (packet(7)) bound to interface `ifindex`: it receives every frame
-/// the interface receives (promiscuous; not the frames sent through it, by this socket or
-/// the host) and sends whole Ethernet frames out of it. Non-blocking.
+/// A raw AF_PACKET socket (packet(7)), not yet bound to an interface (see
+/// [`bind_packet_socket`]): it will send whole Ethernet frames, each behind a virtio-net
+/// header, and not see the frames sent through its interface. Non-blocking.
 #[cfg(target_os = "linux")]
-pub fn packet_socket(ifindex: u32) -> std::io::Result<std::os::fd::OwnedFd> {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    let last = std::io::Error::last_os_error;
+pub fn packet_socket() -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{FromRawFd, OwnedFd};
     // Protocol 0 until bound: a socket made for ETH_P_ALL would take in frames of every
     // interface until `bind` narrows it to one.
     // SAFETY: socket(2) takes no pointers; the descriptor it returns is owned at once.
@@ -300,15 +299,32 @@ pub fn packet_socket(ifindex: u32) -> std::io::Result<std::os::fd::OwnedFd> {
         )
     };
     if fd < 0 {
-        return Err(last());
+        return Err(std::io::Error::last_os_error());
     }
     // SAFETY: `fd` is a descriptor just returned to us and owned by nothing else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let all = (libc::ETH_P_ALL as u16).to_be();
+    set_option(&fd, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, &1i32)?;
+    // Frames come and go with a virtio-net header (below), which says where a checksum
+    // left for hardware is, tunnelled or not.
+    set_option(&fd, libc::SOL_PACKET, PACKET_VNET_HDR, &1i32)?;
+    Ok(fd)
+}
+
+/// Binds packet socket `fd` ([`packet_socket`]) to interface `ifindex` for frames of every
+/// protocol, which it then receives promiscuously.
+///
+/// Done last, once the socket's ring is set: setting a ring takes a socket off its
+/// interface for a while, and since the kernel's 2025 fix of a race between
+/// packet_set_ring() and packet_notifier() (in the stable series too) an interface that
+/// comes up meanwhile leaves a socket bound while it was down receiving nothing until the
+/// next down and up.
+#[cfg(target_os = "linux")]
+pub fn bind_packet_socket(fd: &std::os::fd::OwnedFd, ifindex: u32) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
     // SAFETY: sockaddr_ll is plain data, valid zeroed.
     let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     addr.sll_family = libc::AF_PACKET as u16;
-    addr.sll_protocol = all;
+    addr.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
     addr.sll_ifindex = ifindex as i32;
     // SAFETY: `addr` is a sockaddr_ll of the length given, alive for the call.
     let bound = unsafe {
@@ -319,14 +335,9 @@ pub fn packet_socket(ifindex: u32) -> std::io::Result<std::os::fd::OwnedFd> {
         )
     };
     if bound < 0 {
-        return Err(last());
+        return Err(std::io::Error::last_os_error());
     }
-    hold_promiscuous(&fd, ifindex)?;
-    set_option(&fd, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, &1i32)?;
-    // Frames come and go with a virtio-net header (below), which says where a checksum
-    // left for hardware is, tunnelled or not.
-    set_option(&fd, libc::SOL_PACKET, PACKET_VNET_HDR, &1i32)?;
-    Ok(fd)
+    hold_promiscuous(fd, ifindex)
 }
 
 /// The socket option that puts a virtio-net header before each frame received and
