@@ -239,6 +239,11 @@ struct RunFlags {
     /// export, KV-cache clients) on the CPUs the process may use that the list leaves.
     #[arg(long, value_name = "LIST", value_parser = cpu_list)]
     cpus: Option<Box<[usize]>>,
+    /// A live port whose interface does not exist yet (a VF representor before the host
+    /// makes its VFs) is opened once it does, where it otherwise fails the start;
+    /// meanwhile /readyz says not ready.
+    #[arg(long)]
+    wait_for_interfaces: bool,
     /// Read at most this many packets per second.
     #[arg(long, value_name = "PPS", value_parser = clap::value_parser!(u64).range(1..))]
     rate: Option<u64>,
@@ -965,6 +970,7 @@ fn run(f: RunFlags) -> ExitCode {
         rate: f.rate,
         looping: f.looping,
         batch: usize::from(f.batch),
+        wait_for_interfaces: f.wait_for_interfaces,
     };
     match dpuflow::daemon::run(program, load_seconds, opts) {
         Ok(()) => ExitCode::SUCCESS,

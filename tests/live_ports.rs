@@ -250,6 +250,21 @@ impl Lab {
 
     /// [`Lab::start`] with `env` (`NAME=value`) added to its environment, and `flags`.
     fn start_with(&self, env: &[&str], pipe: &str, workers: &str, flags: &[&str]) -> Running {
+        let dpuflow = self.start_serving(env, pipe, workers, flags);
+        // Serving comes before the workers are up: traffic waits for /readyz (on a busy
+        // machine the gap outlasted a ping's wait, and the stateful firewall's connection
+        // tables, hundreds of MB made in a debug build, once outlasted 5 s).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.ready() {
+            assert!(Instant::now() < deadline, "dpuflow run never ready");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        dpuflow
+    }
+
+    /// Starts `dpuflow run PIPE` as [`Lab::start_with`] does, waiting only until it serves
+    /// metrics.
+    fn start_serving(&self, env: &[&str], pipe: &str, workers: &str, flags: &[&str]) -> Running {
         let bin = env!("CARGO_BIN_EXE_dpuflow");
         let mut args = vec!["env"];
         args.extend(env);
@@ -265,14 +280,6 @@ impl Lab {
         args.extend(flags);
         let dpuflow = Running(self.spawn(&self.dut, &args));
         self.metrics_until(|m| m.contains("dpuflow_build_info"), "dpuflow run serving");
-        // Serving comes before the workers are up: traffic waits for /readyz (on a busy
-        // machine the gap outlasted a ping's wait, and the stateful firewall's connection
-        // tables, hundreds of MB made in a debug build, once outlasted 5 s).
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !self.ready() {
-            assert!(Instant::now() < deadline, "dpuflow run never ready");
-            std::thread::sleep(Duration::from_millis(50));
-        }
         dpuflow
     }
 
@@ -737,6 +744,65 @@ fn a_removed_interface_is_opened_again_once_back() {
         assert_eq!(metric(&m, tx), Some(10), "{driver}: {m}");
         let log = stop(dpuflow);
         for said in ["interface removed", "live port open again"] {
+            assert!(
+                log.contains(said),
+                "{driver}: {said:?} not in the log:\n{log}"
+            );
+        }
+    }
+}
+
+/// With `--wait-for-interfaces`, a port whose interface does not exist yet (a VF
+/// representor before the host makes its VFs) does not fail the start: the service runs
+/// its other ports, says not ready, and opens the port once an interface of that name
+/// exists. Without the flag the start fails, naming the interface.
+#[test]
+fn an_interface_missing_at_the_start_is_waited_for() {
+    for (driver, tag) in [("af_packet", "wp"), ("af_xdp", "wx")] {
+        let (lab, _dir, pipe_path) = Lab::with_pipeline_on(
+            driver,
+            tag,
+            "pipe out root from inside {\n\
+                 rule udp { match ip.proto 17  actions fwd outside }\n\
+                 default { actions drop }\n\
+             }\n\
+             pipe back root from outside { default { actions drop } }\n",
+        );
+        lab.run(&lab.dut, &["ip", "link", "del", "in0"]);
+        let bin = env!("CARGO_BIN_EXE_dpuflow");
+        let refused = Command::new("ip")
+            .args(["netns", "exec", &lab.dut, bin, "run", &pipe_path])
+            .output()
+            .expect("dpuflow run");
+        let said = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            refused.status.code() == Some(2) && said.contains("interface in0: No such device"),
+            "{driver}: {said}"
+        );
+
+        let dpuflow = lab.start_serving(&[], &pipe_path, "1", &["--wait-for-interfaces"]);
+        let open = "dpuflow_port_open{port=\"inside\"}";
+        let outside = "dpuflow_port_open{port=\"outside\"}";
+        let m = lab.metrics_until(|m| metric(m, outside) == Some(1), "opened outside");
+        assert_eq!(metric(&m, open), Some(0), "{driver}: {m}");
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!lab.ready(), "{driver}: ready with a port not open");
+
+        lab.link(&lab.client, "c0", "in0", 1);
+        if driver == "af_xdp" {
+            lab.run(&lab.client, &["ethtool", "-K", "c0", "tx", "off"]);
+        }
+        lab.metrics_until(|m| metric(m, open) == Some(1), "opened the port");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !lab.ready() {
+            assert!(Instant::now() < deadline, "{driver}: never ready");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let counter = lab.count_at_server(5001);
+        lab.send_udp(5001, 5);
+        assert_eq!(counter.seen(), "5001:5", "{driver}: what crossed");
+        let log = stop(dpuflow);
+        for said in ["no such interface yet", "live port open iface=\"in0\""] {
             assert!(
                 log.contains(said),
                 "{driver}: {said:?} not in the log:\n{log}"

@@ -72,6 +72,9 @@ pub struct Options {
     /// Read the inputs again and again (timestamps keep increasing).
     pub looping: bool,
     pub batch: usize,
+    /// A live port whose interface does not exist at the start waits for it (as for one
+    /// removed later) instead of failing the start.
+    pub wait_for_interfaces: bool,
 }
 
 /// Why the service could not run.
@@ -318,6 +321,11 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     let replays = !opts.bindings.inputs.is_empty();
     let mut live: Vec<Option<LivePort>> = Vec::new();
     let mut unopened = Vec::new();
+    // Live ports waiting for their interface (`--wait-for-interfaces`).
+    let mut absent_ports = Vec::new();
+    let absent = |iface: &str| {
+        crate::sys::interface_index(iface).is_err_and(|e| e.raw_os_error() == Some(libc::ENODEV))
+    };
     for (i, port) in program.ports.iter().enumerate() {
         let iface = port.iface.as_deref().unwrap_or_default();
         let named = || {
@@ -328,6 +336,17 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             )
         };
         live.push(match port.driver {
+            Driver::AfPacket | Driver::AfXdp
+                if !bound(i) && !replays && opts.wait_for_interfaces && absent(iface) =>
+            {
+                tracing::warn!(
+                    port = %port.name,
+                    iface,
+                    "no such interface yet: the port is opened once it exists"
+                );
+                absent_ports.push(i);
+                None
+            }
             Driver::AfPacket | Driver::AfXdp if !bound(i) && !replays => Some(LivePort::open(
                 PortId(i as u16),
                 iface,
@@ -352,7 +371,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             _ => None,
         });
     }
-    let lives = live.iter().flatten().count();
+    let lives = live.iter().flatten().count() + absent_ports.len();
     // A pipeline with a local service (the KV cache) is worth running without packets.
     if !replays && lives == 0 && program.services.is_empty() {
         let live = unopened.iter().map(|p| format!("; {p}")).collect();
@@ -483,7 +502,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         port_open: (0..program.ports.len())
             .map(|i| AtomicBool::new(bound(i) || live[i].is_some()))
             .collect(),
-        ports_waiting: AtomicUsize::new(0),
+        ports_waiting: AtomicUsize::new(absent_ports.len()),
         unsent: program.ports.iter().map(|_| Default::default()).collect(),
         loaded: Mutex::new(Arc::new(Loaded::first(program, load_seconds, workers))),
         generation: AtomicU64::new(0),
@@ -504,6 +523,10 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     let mut writers: Vec<Option<CaptureWriter>> = (0..ports).map(|_| None).collect();
     for (port, path) in &opts.bindings.outputs {
         writers[port.index()] = Some(CaptureWriter::create(path)?);
+    }
+    let mut waiting = vec![None; ports];
+    for &i in &absent_ports {
+        waiting[i] = Some(Closed::NotYetOpened);
     }
     // The address bound: with port 0, the one the kernel chose.
     if let Some(addr) = listener.as_ref().and_then(|l| l.local_addr().ok()) {
@@ -579,7 +602,12 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         let cpu = placement.as_ref().map(|p| p.io);
         watch.spawn("io", move || {
             bind_to(cpu);
-            let done = io(source, &opts, (writers, live), ends, &shared, &stop);
+            let ports = StartingPorts {
+                writers,
+                live,
+                waiting,
+            };
+            let done = io(source, &opts, ports, ends, &shared, &stop);
             shared.dataplane_done.store(true, Ordering::Relaxed);
             // A dataplane that can no longer read or write is stopped as a failed thread
             // is, not left serving metrics as if ready; the stop flushes what it can.
@@ -868,7 +896,7 @@ const IDLE_WAIT: Duration = Duration::from_millis(10);
 fn io(
     mut source: Source,
     opts: &Options,
-    (writers, live): (Vec<Option<CaptureWriter>>, Vec<Option<LivePort>>),
+    ports: StartingPorts,
     ends: IoEnds,
     shared: &Shared,
     stop: &AtomicBool,
@@ -880,12 +908,17 @@ fn io(
         inline,
     } = ends;
     let mut inline = inline.map(|ch| Worker::new(0, shared, ch));
+    let StartingPorts {
+        writers,
+        live,
+        waiting,
+    } = ports;
     let ports = live.len();
     let mut out = Outputs {
         writers,
         live,
         unsent: vec![0; ports],
-        waiting: vec![false; ports],
+        waiting,
         to_wall: if shared.live { live_clock_to_wall() } else { 0 },
         returned: 0,
         pool: Vec::new(),
@@ -1119,13 +1152,13 @@ fn look_at_ports(out: &mut Outputs, source: &mut Source, shared: &Shared) {
                     );
                 }
                 *slot = None;
-                out.waiting[i] = true;
+                out.waiting[i] = Some(Closed::Reopening);
                 shared.ports_waiting.fetch_add(1, Ordering::Relaxed);
                 shared.port_open[i].store(false, Ordering::Relaxed);
                 changed = true;
             }
         }
-        if out.waiting[i] {
+        if let Some(closed) = out.waiting[i] {
             let loaded = shared.loaded();
             let spec = &loaded.program.ports[i];
             let iface = spec.iface.as_deref().unwrap_or_default();
@@ -1134,14 +1167,17 @@ fn look_at_ports(out: &mut Outputs, source: &mut Source, shared: &Shared) {
             }
             match LivePort::open(PortId(i as u16), iface, spec.driver, spec.mtu) {
                 Ok(port) => {
-                    tracing::info!(
-                        iface,
-                        driver = port.driver(),
-                        mode = %port.mode(),
-                        "live port open again"
-                    );
+                    let (driver, mode) = (port.driver(), port.mode());
+                    match closed {
+                        Closed::NotYetOpened => {
+                            tracing::info!(iface, driver, %mode, "live port open");
+                        }
+                        Closed::Reopening => {
+                            tracing::info!(iface, driver, %mode, "live port open again");
+                        }
+                    }
                     *slot = Some(port);
-                    out.waiting[i] = false;
+                    out.waiting[i] = None;
                     shared.port_open[i].store(true, Ordering::Relaxed);
                     shared.ports_waiting.fetch_sub(1, Ordering::Relaxed);
                     changed = true;
@@ -1212,6 +1248,25 @@ fn send(
     }
 }
 
+/// The ports the I/O thread starts with, by port.
+struct StartingPorts {
+    /// Capture outputs.
+    writers: Vec<Option<CaptureWriter>>,
+    /// Live ports open.
+    live: Vec<Option<LivePort>>,
+    /// Live ports waiting for their interface.
+    waiting: Vec<Option<Closed>>,
+}
+
+/// Why a live port is not open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Closed {
+    /// Its interface did not exist at the start (`--wait-for-interfaces`).
+    NotYetOpened,
+    /// Its interface was removed, or its receive queues changed.
+    Reopening,
+}
+
 /// Where processed batches go: their forwarded packets to the output files or live ports,
 /// their buffers back to the reading (and the mirror copies' to their worker).
 struct Outputs {
@@ -1221,9 +1276,8 @@ struct Outputs {
     /// Per port: packets forwarded to it that went nowhere (no output bound, its live
     /// interface gone, or it could not send them).
     unsent: Vec<u64>,
-    /// Per port: a live port closed (its interface removed, or its receive queues
-    /// changed), to be opened again once it can.
-    waiting: Vec<bool>,
+    /// Per port: a live port not open, to be opened once it can.
+    waiting: Vec<Option<Closed>>,
     /// What moves a packet's time onto the wall clock as it is written: with live ports,
     /// [`live_clock_to_wall`] as last looked at; a replay writes its captures' times.
     to_wall: i64,
