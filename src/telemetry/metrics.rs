@@ -251,7 +251,7 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info, state: &ServiceSt
         "dpuflow_port_open",
         "Whether the port is read or written: 1 while a capture is bound to it or its \
          interface is open; 0 for a port left unopened, or a live port waiting for its \
-         removed interface.",
+         interface (removed, or not there at the start).",
         ports.iter().enumerate().map(|(i, p)| {
             let open = state.ports_open.get(i).copied().unwrap_or(false);
             (labels(&[("port", p)]), if open { 1.0 } else { 0.0 })
