@@ -254,12 +254,29 @@ impl Lab {
         // Serving comes before the workers are up: traffic waits for /readyz (on a busy
         // machine the gap outlasted a ping's wait, and the stateful firewall's connection
         // tables, hundreds of MB made in a debug build, once outlasted 5 s).
-        let deadline = Instant::now() + Duration::from_secs(30);
+        self.until_ready(Duration::from_secs(30), "dpuflow run never ready");
+        dpuflow
+    }
+
+    /// Waits until `/readyz` says ready, failing the test with `never` after `limit`.
+    fn until_ready(&self, limit: Duration, never: &str) {
+        let deadline = Instant::now() + limit;
         while !self.ready() {
-            assert!(Instant::now() < deadline, "dpuflow run never ready");
+            assert!(Instant::now() < deadline, "{never}");
             std::thread::sleep(Duration::from_millis(50));
         }
-        dpuflow
+    }
+
+    /// Makes the client's link to the dut (`c0`, `in0`) anew, as a test that removed it
+    /// needs, then waits until the service has opened its inside port on it and is ready.
+    fn link_inside_again(&self, driver: &str) {
+        self.link(&self.client, "c0", "in0", 1);
+        if driver == "af_xdp" {
+            self.run(&self.client, &["ethtool", "-K", "c0", "tx", "off"]);
+        }
+        let open = "dpuflow_port_open{port=\"inside\"}";
+        self.metrics_until(|m| metric(m, open) == Some(1), "opened the inside port");
+        self.until_ready(Duration::from_secs(5), &format!("{driver}: never ready"));
     }
 
     /// Starts `dpuflow run PIPE` as [`Lab::start_with`] does, waiting only until it serves
@@ -689,14 +706,12 @@ fn a_removed_interface_is_opened_again_once_back() {
             tag,
             // Only the test's frames: the hosts' own (IPv6 neighbour discovery as links
             // come up) would blur the counts.
-            "pipe out root from inside {\n\
-                 rule udp { match ip.proto 17  actions fwd outside }\n\
-                 default { actions drop }\n\
-             }\n\
-             pipe back root from outside {\n\
-                 rule test { match eth.type 0x88b5  actions fwd inside }\n\
-                 default { actions drop }\n\
-             }\n",
+            &format!(
+                "{UDP_OUT}pipe back root from outside {{\n\
+                     rule test {{ match eth.type 0x88b5  actions fwd inside }}\n\
+                     default {{ actions drop }}\n\
+                 }}\n"
+            ),
         );
         let dpuflow = lab.start(&pipe_path, "1");
         lab.run(&lab.dut, &["ip", "link", "set", "in0", "down"]);
@@ -728,16 +743,7 @@ fn a_removed_interface_is_opened_again_once_back() {
         assert_eq!(metric(&m, tx), Some(5), "{driver}: {m}");
 
         // Made again under the same name: the port opens on it.
-        lab.link(&lab.client, "c0", "in0", 1);
-        if driver == "af_xdp" {
-            lab.run(&lab.client, &["ethtool", "-K", "c0", "tx", "off"]);
-        }
-        lab.metrics_until(|m| metric(m, open) == Some(1), "opened the port again");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !lab.ready() {
-            assert!(Instant::now() < deadline, "{driver}: never ready again");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        lab.link_inside_again(driver);
         lab.send_udp(5003, 5);
         assert_eq!(counter.seen(), "5001:5 5003:5", "{driver}: what crossed");
         let m = lab.metrics_until(|m| metric(m, udp) == Some(10), "counted the last five");
@@ -759,15 +765,9 @@ fn a_removed_interface_is_opened_again_once_back() {
 #[test]
 fn an_interface_missing_at_the_start_is_waited_for() {
     for (driver, tag) in [("af_packet", "wp"), ("af_xdp", "wx")] {
-        let (lab, _dir, pipe_path) = Lab::with_pipeline_on(
-            driver,
-            tag,
-            "pipe out root from inside {\n\
-                 rule udp { match ip.proto 17  actions fwd outside }\n\
-                 default { actions drop }\n\
-             }\n\
-             pipe back root from outside { default { actions drop } }\n",
-        );
+        let pipe =
+            format!("{UDP_OUT}pipe back root from outside {{ default {{ actions drop }} }}\n");
+        let (lab, _dir, pipe_path) = Lab::with_pipeline_on(driver, tag, &pipe);
         lab.run(&lab.dut, &["ip", "link", "del", "in0"]);
         let bin = env!("CARGO_BIN_EXE_dpuflow");
         let refused = Command::new("ip")
@@ -788,16 +788,7 @@ fn an_interface_missing_at_the_start_is_waited_for() {
         std::thread::sleep(Duration::from_millis(300));
         assert!(!lab.ready(), "{driver}: ready with a port not open");
 
-        lab.link(&lab.client, "c0", "in0", 1);
-        if driver == "af_xdp" {
-            lab.run(&lab.client, &["ethtool", "-K", "c0", "tx", "off"]);
-        }
-        lab.metrics_until(|m| metric(m, open) == Some(1), "opened the port");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !lab.ready() {
-            assert!(Instant::now() < deadline, "{driver}: never ready");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        lab.link_inside_again(driver);
         let counter = lab.count_at_server(5001);
         lab.send_udp(5001, 5);
         assert_eq!(counter.seen(), "5001:5", "{driver}: what crossed");
