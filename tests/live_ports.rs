@@ -748,6 +748,8 @@ fn a_removed_interface_is_opened_again_once_back() {
         assert_eq!(counter.seen(), "5001:5 5003:5", "{driver}: what crossed");
         let m = lab.metrics_until(|m| metric(m, udp) == Some(10), "counted the last five");
         assert_eq!(metric(&m, tx), Some(10), "{driver}: {m}");
+        let closed = "dpuflow_port_closed_total{port=\"inside\",reason=\"interface_removed\"}";
+        assert_eq!(metric(&m, closed), Some(1), "{driver}: {m}");
         let log = stop(dpuflow);
         for said in ["interface removed", "live port open again"] {
             assert!(
@@ -1308,7 +1310,9 @@ fn an_af_xdp_port_follows_its_interfaces_queues() {
     std::thread::sleep(Duration::from_millis(500));
     lab.send_udp_flows(5000, 2000, 64);
     let udp = "dpuflow_rule_matched_packets_total{pipe=\"out\",rule=\"udp\"}";
-    lab.metrics_until(|m| metric(m, udp) == Some(2000), "read all 2000");
+    let m = lab.metrics_until(|m| metric(m, udp) == Some(2000), "read all 2000");
+    let closed = "dpuflow_port_closed_total{port=\"inside\",reason=\"queues_changed\"}";
+    assert!(metric(&m, closed).is_some_and(|n| n >= 1), "{m}");
     let log = stop(dpuflow);
     for said in [
         "mode=1 queue(s)",

@@ -189,6 +189,8 @@ struct Shared {
     port_open: Vec<AtomicBool>,
     /// Live ports closed and not yet open again (see [`Outputs::waiting`]).
     ports_waiting: AtomicUsize,
+    /// Per port: times its live port was closed to be opened again, by [`Closing`].
+    port_closes: Vec<[AtomicU64; Closing::ALL.len()]>,
     /// Per port: packets forwarded to it that were not sent, as the I/O thread last
     /// published them (see [`Outputs::unsent`]).
     unsent: Vec<AtomicU64>,
@@ -287,6 +289,17 @@ impl Handler for Shared {
                 .unsent
                 .iter()
                 .map(|n| n.load(Ordering::Relaxed))
+                .collect(),
+            port_closes: self
+                .port_closes
+                .iter()
+                .map(|by| {
+                    Closing::ALL
+                        .into_iter()
+                        .zip(by)
+                        .map(|(c, n)| (c.name(), n.load(Ordering::Relaxed)))
+                        .collect()
+                })
                 .collect(),
         };
         let mut text = metrics::render(&loaded.program, &total, &self.info, &state);
@@ -503,6 +516,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             .map(|i| AtomicBool::new(bound(i) || live[i].is_some()))
             .collect(),
         ports_waiting: AtomicUsize::new(absent_ports.len()),
+        port_closes: program.ports.iter().map(|_| Default::default()).collect(),
         unsent: program.ports.iter().map(|_| Default::default()).collect(),
         loaded: Mutex::new(Arc::new(Loaded::first(program, load_seconds, workers))),
         generation: AtomicU64::new(0),
@@ -1136,20 +1150,26 @@ fn look_at_ports(out: &mut Outputs, source: &mut Source, shared: &Shared) {
             if dropped > 0 {
                 shared.ring_full[i].fetch_add(dropped, Ordering::Relaxed);
             }
-            let removed = port.removed();
-            if removed || port.queues_changed() {
-                if removed {
-                    tracing::warn!(
+            let closing = if port.removed() {
+                Some(Closing::InterfaceRemoved)
+            } else if port.queues_changed() {
+                Some(Closing::QueuesChanged)
+            } else {
+                None
+            };
+            if let Some(closing) = closing {
+                shared.port_closes[i][closing as usize].fetch_add(1, Ordering::Relaxed);
+                match closing {
+                    Closing::InterfaceRemoved => tracing::warn!(
                         iface = port.iface(),
                         "interface removed: its port is closed until an interface of that \
                          name is back (frames for it are dropped, counted unsent)"
-                    );
-                } else {
-                    tracing::warn!(
+                    ),
+                    Closing::QueuesChanged => tracing::warn!(
                         iface = port.iface(),
                         "the interface's receive queues changed: its port is opened again \
                          on them"
-                    );
+                    ),
                 }
                 *slot = None;
                 out.waiting[i] = Some(Closed::Reopening);
@@ -1256,6 +1276,26 @@ struct StartingPorts {
     live: Vec<Option<LivePort>>,
     /// Live ports waiting for their interface.
     waiting: Vec<Option<Closed>>,
+}
+
+/// Why a live port was closed to be opened again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Closing {
+    InterfaceRemoved,
+    /// An AF_XDP port's interface's receive queues changed.
+    QueuesChanged,
+}
+
+impl Closing {
+    const ALL: [Closing; 2] = [Closing::InterfaceRemoved, Closing::QueuesChanged];
+
+    /// The `reason` label.
+    fn name(self) -> &'static str {
+        match self {
+            Closing::InterfaceRemoved => "interface_removed",
+            Closing::QueuesChanged => "queues_changed",
+        }
+    }
 }
 
 /// Why a live port is not open.

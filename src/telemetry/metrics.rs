@@ -50,6 +50,9 @@ pub struct ServiceState {
     pub ports_open: Vec<bool>,
     /// Per port: packets forwarded to it that were not sent.
     pub unsent: Vec<u64>,
+    /// Per port: times its live port was closed to be opened again, by reason (the
+    /// `reason` label's value).
+    pub port_closes: Vec<Vec<(&'static str, u64)>>,
     /// The process as a whole, where /proc says.
     pub process: Option<crate::sys::ProcessStats>,
 }
@@ -255,6 +258,20 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info, state: &ServiceSt
         ports.iter().enumerate().map(|(i, p)| {
             let open = state.ports_open.get(i).copied().unwrap_or(false);
             (labels(&[("port", p)]), if open { 1.0 } else { 0.0 })
+        }),
+    );
+
+    fam.counter(
+        "dpuflow_port_closed_total",
+        "Times the live port was closed to be opened again: its interface removed, or its \
+         receive queues changed (AF_XDP).",
+        ports.iter().enumerate().flat_map(|(i, p)| {
+            state
+                .port_closes
+                .get(i)
+                .into_iter()
+                .flatten()
+                .map(move |(reason, n)| (labels(&[("port", p), ("reason", reason)]), *n))
         }),
     );
 
