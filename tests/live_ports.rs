@@ -334,7 +334,8 @@ impl Lab {
 }
 
 /// A Python script in a namespace that prints `listening` once ready, then one line of
-/// what it saw.
+/// what it saw. SIGINT raises KeyboardInterrupt in it even where the test runs with SIGINT
+/// ignored (as a shell's background job does, and Python then leaves it so).
 struct Watcher {
     child: Child,
     out: std::io::BufReader<std::process::ChildStdout>,
@@ -343,8 +344,11 @@ struct Watcher {
 impl Watcher {
     /// Starts `script` in `ns` and waits until it listens.
     fn start(ns: &str, script: &str) -> Watcher {
+        let script = format!(
+            "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n{script}"
+        );
         let mut child = Command::new("ip")
-            .args(["netns", "exec", ns, PYTHON, "-c", script])
+            .args(["netns", "exec", ns, PYTHON, "-c", &script])
             .stdout(Stdio::piped())
             .spawn()
             .expect("python3");
@@ -887,12 +891,14 @@ fn a_stepped_wall_clock_ends_no_connection() {
 }
 
 /// A collector on 127.0.0.1:4739 that decodes IPFIX data records by their templates and,
-/// once interrupted, prints every record's flowStartMilliseconds and flowEndMilliseconds
-/// (IEs 152 and 153, RFC 7011 §3, RFC 5102) in seconds.
+/// once interrupted (or after two minutes), prints every record's flowStartMilliseconds and
+/// flowEndMilliseconds (IEs 152 and 153, RFC 7011 §3, RFC 5102) in seconds.
 const FLOW_TIMES: &str = r#"
-import socket, struct
+import socket, struct, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.bind(("127.0.0.1", 4739))
+s.settimeout(0.5)
+end = time.time() + 120
 print("listening", flush=True)
 templates, times = {}, []
 def read(m):
@@ -921,8 +927,11 @@ def read(m):
                         times.append(int.from_bytes(body[i:i + ln], "big") / 1000)
                     i += ln
 try:
-    while True:
-        read(s.recv(65535))
+    while time.time() < end:
+        try:
+            read(s.recv(65535))
+        except socket.timeout:
+            pass
 except KeyboardInterrupt:
     pass
 print(" ".join("%.3f" % t for t in times), flush=True)
