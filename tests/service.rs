@@ -498,8 +498,14 @@ fn cpus_place_the_dataplane_threads() {
     let mut placed = std::collections::BTreeMap::new();
     for task in std::fs::read_dir(&tasks).expect("tasks") {
         let path = task.expect("task").path();
-        let name = std::fs::read_to_string(path.join("comm")).expect("comm");
-        let status = std::fs::read_to_string(path.join("status")).expect("status");
+        // A short-lived thread may end between the listing and the reads: the threads
+        // checked below live as long as the service.
+        let (Ok(name), Ok(status)) = (
+            std::fs::read_to_string(path.join("comm")),
+            std::fs::read_to_string(path.join("status")),
+        ) else {
+            continue;
+        };
         placed.insert(name.trim().to_owned(), allowed_of(&status));
     }
     for (thread, cpus) in [

@@ -190,7 +190,7 @@ struct Shared {
     /// Live ports closed and not yet open again (see [`Outputs::waiting`]).
     ports_waiting: AtomicUsize,
     /// Per port: times its live port was closed to be opened again, by [`Closing`].
-    port_closes: Vec<[AtomicU64; Closing::ALL.len()]>,
+    port_closes: Vec<[AtomicU64; metrics::PORT_CLOSE_REASONS.len()]>,
     /// Per port: packets forwarded to it that were not sent, as the I/O thread last
     /// published them (see [`Outputs::unsent`]).
     unsent: Vec<AtomicU64>,
@@ -293,13 +293,7 @@ impl Handler for Shared {
             port_closes: self
                 .port_closes
                 .iter()
-                .map(|by| {
-                    Closing::ALL
-                        .into_iter()
-                        .zip(by)
-                        .map(|(c, n)| (c.name(), n.load(Ordering::Relaxed)))
-                        .collect()
-                })
+                .map(|by| by.each_ref().map(|n| n.load(Ordering::Relaxed)))
                 .collect(),
         };
         let mut text = metrics::render(&loaded.program, &total, &self.info, &state);
@@ -1278,24 +1272,13 @@ struct StartingPorts {
     waiting: Vec<Option<Closed>>,
 }
 
-/// Why a live port was closed to be opened again.
+/// Why a live port was closed to be opened again; its value is the index of its name in
+/// [`metrics::PORT_CLOSE_REASONS`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Closing {
-    InterfaceRemoved,
+    InterfaceRemoved = 0,
     /// An AF_XDP port's interface's receive queues changed.
-    QueuesChanged,
-}
-
-impl Closing {
-    const ALL: [Closing; 2] = [Closing::InterfaceRemoved, Closing::QueuesChanged];
-
-    /// The `reason` label.
-    fn name(self) -> &'static str {
-        match self {
-            Closing::InterfaceRemoved => "interface_removed",
-            Closing::QueuesChanged => "queues_changed",
-        }
-    }
+    QueuesChanged = 1,
 }
 
 /// Why a live port is not open.
@@ -1812,6 +1795,14 @@ fn export(collector: &mut Collector, rx: &Receiver<Vec<FlowRecord>>, shared: &Sh
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each reason a port closes counts under its own label.
+    #[test]
+    fn port_close_reasons_name_their_closing() {
+        let name = |c: Closing| metrics::PORT_CLOSE_REASONS[c as usize];
+        assert_eq!(name(Closing::InterfaceRemoved), "interface_removed");
+        assert_eq!(name(Closing::QueuesChanged), "queues_changed");
+    }
 
     /// Flows between two hosts differing in the client's port alone spread evenly over
     /// any number of workers.

@@ -50,12 +50,16 @@ pub struct ServiceState {
     pub ports_open: Vec<bool>,
     /// Per port: packets forwarded to it that were not sent.
     pub unsent: Vec<u64>,
-    /// Per port: times its live port was closed to be opened again, by reason (the
-    /// `reason` label's value).
-    pub port_closes: Vec<Vec<(&'static str, u64)>>,
+    /// Per port: times its live port was closed to be opened again, by reason (in the
+    /// order of [`PORT_CLOSE_REASONS`]).
+    pub port_closes: Vec<[u64; PORT_CLOSE_REASONS.len()]>,
     /// The process as a whole, where /proc says.
     pub process: Option<crate::sys::ProcessStats>,
 }
+
+/// Why a live port was closed to be opened again: the `reason` label of
+/// `dpuflow_port_closed_total`.
+pub const PORT_CLOSE_REASONS: [&str; 2] = ["interface_removed", "queues_changed"];
 
 struct Families(Vec<MetricFamily>);
 
@@ -266,12 +270,11 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info, state: &ServiceSt
         "Times the live port was closed to be opened again: its interface removed, or its \
          receive queues changed (AF_XDP).",
         ports.iter().enumerate().flat_map(|(i, p)| {
-            state
-                .port_closes
-                .get(i)
-                .into_iter()
-                .flatten()
-                .map(move |(reason, n)| (labels(&[("port", p), ("reason", reason)]), *n))
+            let closes = state.port_closes.get(i).copied().unwrap_or_default();
+            PORT_CLOSE_REASONS
+                .iter()
+                .zip(closes)
+                .map(move |(reason, n)| (labels(&[("port", p), ("reason", reason)]), n))
         }),
     );
 
