@@ -258,6 +258,20 @@ impl Lab {
         dpuflow
     }
 
+    /// Runs `dpuflow run PIPE` in the dut namespace to its end (a start it refuses):
+    /// how it exited, and what it said.
+    fn run_once(&self, pipe: &str) -> (std::process::ExitStatus, String) {
+        let bin = env!("CARGO_BIN_EXE_dpuflow");
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.dut, bin, "run", pipe])
+            .output()
+            .expect("dpuflow run");
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
     /// Waits until `/readyz` says ready, failing the test with `never` after `limit`.
     fn until_ready(&self, limit: Duration, never: &str) {
         let deadline = Instant::now() + limit;
@@ -775,14 +789,9 @@ fn an_interface_missing_at_the_start_is_waited_for() {
             format!("{UDP_OUT}pipe back root from outside {{ default {{ actions drop }} }}\n");
         let (lab, _dir, pipe_path) = Lab::with_pipeline_on(driver, tag, &pipe);
         lab.run(&lab.dut, &["ip", "link", "del", "in0"]);
-        let bin = env!("CARGO_BIN_EXE_dpuflow");
-        let refused = Command::new("ip")
-            .args(["netns", "exec", &lab.dut, bin, "run", &pipe_path])
-            .output()
-            .expect("dpuflow run");
-        let said = String::from_utf8_lossy(&refused.stderr);
+        let (refused, said) = lab.run_once(&pipe_path);
         assert!(
-            refused.status.code() == Some(2) && said.contains("interface in0: No such device"),
+            refused.code() == Some(2) && said.contains("interface in0: No such device"),
             "{driver}: {said}"
         );
 
@@ -1301,14 +1310,9 @@ fn an_af_xdp_port_follows_its_interfaces_queues() {
     // A veth takes XDP only with as many receive queues as its peer has transmit queues:
     // refused, and said how to mend.
     lab.run(&lab.dut, &["ethtool", "-L", "in0", "rx", "1"]);
-    let bin = env!("CARGO_BIN_EXE_dpuflow");
-    let refused = Command::new("ip")
-        .args(["netns", "exec", &lab.dut, bin, "run", &pipe_path])
-        .output()
-        .expect("dpuflow");
-    let said = String::from_utf8_lossy(&refused.stderr);
+    let (refused, said) = lab.run_once(&pipe_path);
     assert!(
-        !refused.status.success() && said.contains("too few queues for XDP"),
+        !refused.success() && said.contains("too few queues for XDP"),
         "{said}"
     );
     lab.run(&lab.client, &["ethtool", "-L", "c0", "tx", "1"]);

@@ -328,8 +328,8 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     let replays = !opts.bindings.inputs.is_empty();
     let mut live: Vec<Option<LivePort>> = Vec::new();
     let mut unopened = Vec::new();
-    // Live ports waiting for their interface (`--wait-for-interfaces`).
-    let mut absent_ports = Vec::new();
+    // Per port: a live port waiting for its interface (`--wait-for-interfaces`).
+    let mut waiting = Vec::new();
     let absent = |iface: &str| {
         crate::sys::interface_index(iface).is_err_and(|e| e.raw_os_error() == Some(libc::ENODEV))
     };
@@ -342,16 +342,16 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
                 port.driver.name()
             )
         };
+        let is_live = matches!(port.driver, Driver::AfPacket | Driver::AfXdp) && !bound(i);
+        let waits = is_live && !replays && opts.wait_for_interfaces && absent(iface);
+        waiting.push(waits.then_some(Closed::NotYetOpened));
         live.push(match port.driver {
-            Driver::AfPacket | Driver::AfXdp
-                if !bound(i) && !replays && opts.wait_for_interfaces && absent(iface) =>
-            {
+            _ if waits => {
                 tracing::warn!(
                     port = %port.name,
                     iface,
                     "no such interface yet: the port is opened once it exists"
                 );
-                absent_ports.push(i);
                 None
             }
             Driver::AfPacket | Driver::AfXdp if !bound(i) && !replays => Some(LivePort::open(
@@ -378,7 +378,8 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             _ => None,
         });
     }
-    let lives = live.iter().flatten().count() + absent_ports.len();
+    let absent_ports = waiting.iter().flatten().count();
+    let lives = live.iter().flatten().count() + absent_ports;
     // A pipeline with a local service (the KV cache) is worth running without packets.
     if !replays && lives == 0 && program.services.is_empty() {
         let live = unopened.iter().map(|p| format!("; {p}")).collect();
@@ -509,7 +510,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         port_open: (0..program.ports.len())
             .map(|i| AtomicBool::new(bound(i) || live[i].is_some()))
             .collect(),
-        ports_waiting: AtomicUsize::new(absent_ports.len()),
+        ports_waiting: AtomicUsize::new(absent_ports),
         port_closes: program.ports.iter().map(|_| Default::default()).collect(),
         unsent: program.ports.iter().map(|_| Default::default()).collect(),
         loaded: Mutex::new(Arc::new(Loaded::first(program, load_seconds, workers))),
@@ -531,10 +532,6 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     let mut writers: Vec<Option<CaptureWriter>> = (0..ports).map(|_| None).collect();
     for (port, path) in &opts.bindings.outputs {
         writers[port.index()] = Some(CaptureWriter::create(path)?);
-    }
-    let mut waiting = vec![None; ports];
-    for &i in &absent_ports {
-        waiting[i] = Some(Closed::NotYetOpened);
     }
     // The address bound: with port 0, the one the kernel chose.
     if let Some(addr) = listener.as_ref().and_then(|l| l.local_addr().ok()) {
@@ -1181,15 +1178,12 @@ fn look_at_ports(out: &mut Outputs, source: &mut Source, shared: &Shared) {
             }
             match LivePort::open(PortId(i as u16), iface, spec.driver, spec.mtu) {
                 Ok(port) => {
+                    let said = match closed {
+                        Closed::NotYetOpened => "live port open",
+                        Closed::Reopening => "live port open again",
+                    };
                     let (driver, mode) = (port.driver(), port.mode());
-                    match closed {
-                        Closed::NotYetOpened => {
-                            tracing::info!(iface, driver, %mode, "live port open");
-                        }
-                        Closed::Reopening => {
-                            tracing::info!(iface, driver, %mode, "live port open again");
-                        }
-                    }
+                    tracing::info!(iface, driver, %mode, "{said}");
                     *slot = Some(port);
                     out.waiting[i] = None;
                     shared.port_open[i].store(true, Ordering::Relaxed);
