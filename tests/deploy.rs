@@ -39,6 +39,7 @@ fn full_exposition() -> String {
             block_size: 65536,
             connections: 1,
             inline_max: 0,
+            checkpoint: None,
             nvme_digests: Default::default(),
             password_file: None,
             tls: None,

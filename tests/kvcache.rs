@@ -511,15 +511,31 @@ fn hosts_put_and_get_blocks_stored_on_an_nvme_tcp_target() {
     assert_eq!(kv.terminate(), 0);
 }
 
+/// Every one of `blocks` reads back as it was written, as `layer{i}`.
+fn layers_read_back(kv: &KvService, blocks: &[Vec<u8>]) {
+    for (i, b) in blocks.iter().enumerate() {
+        let key = format!("layer{i}");
+        let back = tool(
+            "redis-cli",
+            &["-p", &kv.port.to_string(), "--raw", "GET", &key],
+        );
+        assert!(
+            back.stdout.len() == b.len() + 1 && back.stdout[..b.len()] == b[..],
+            "{key} came back different"
+        );
+    }
+}
+
 #[test]
-fn the_index_survives_a_clean_restart_but_not_a_crash() {
+fn the_index_survives_a_clean_restart_and_a_crash_with_its_last_checkpoint() {
     let dir = Scratch::new("kv-restart");
     let image = image(&dir, 64);
     let nbd_port = free_port();
     let _nbd = nbd_server(&image, nbd_port);
     let target = format!("nbd://127.0.0.1:{nbd_port}/kv");
-    let kv = KvService::start(&dir, &target, "32MiB");
-    let blocks: Vec<Vec<u8>> = (0..5)
+    let every_second = "checkpoint 1s";
+    let kv = KvService::start_with(&dir, &target, "32MiB", every_second);
+    let mut blocks: Vec<Vec<u8>> = (0..5)
         .map(|i| value(100_000 + i * 70_000, i as u64))
         .collect();
     for (i, b) in blocks.iter().enumerate() {
@@ -532,7 +548,7 @@ fn the_index_survives_a_clean_restart_but_not_a_crash() {
     assert_eq!(kv.cli(&["EXPIREAT", "layer0", "4000000000"]).trim(), "1");
     assert_eq!(kv.terminate(), 0);
 
-    let kv = KvService::start(&dir, &target, "32MiB");
+    let kv = KvService::start_with(&dir, &target, "32MiB", every_second);
     assert_eq!(kv.cli(&["DBSIZE"]).trim(), "5");
     assert_eq!(kv.cli(&["EXPIRETIME", "layer0"]).trim(), "4000000000");
     assert_eq!(kv.cli(&["EXPIRETIME", "layer1"]).trim(), "-1");
@@ -540,20 +556,35 @@ fn the_index_survives_a_clean_restart_but_not_a_crash() {
         kv.metric("dpuflow_kvcache_restored_keys{service=\"kvcache\"}"),
         5
     );
-    for (i, b) in blocks.iter().enumerate() {
-        let key = format!("layer{i}");
-        let back = tool(
-            "redis-cli",
-            &["-p", &kv.port.to_string(), "--raw", "GET", &key],
-        );
-        assert!(
-            back.stdout.len() == b.len() + 1 && back.stdout[..b.len()] == b[..],
-            "{key} came back different"
-        );
+    layers_read_back(&kv, &blocks);
+    // One more, saved by a checkpoint within a second or two; then killed.
+    blocks.push(value(300_000, 5));
+    assert_eq!(
+        kv.cli_with(&["-x", "SET", "layer5"], &blocks[5]).trim(),
+        "OK"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while kv.metric("dpuflow_kvcache_checkpoints_total{service=\"kvcache\"}") == 0 {
+        assert!(Instant::now() < deadline, "no checkpoint");
+        std::thread::sleep(Duration::from_millis(100));
     }
-    // Killed: no clean stop, so the next start does not trust the saved index.
+    assert!(kv.cli(&["INFO", "kvcache"]).contains("checkpoints:1\r\n"));
     kv.kill();
-    let kv = KvService::start(&dir, &target, "32MiB");
+
+    let kv = KvService::start_with(&dir, &target, "32MiB", every_second);
+    assert_eq!(kv.cli(&["DBSIZE"]).trim(), "6");
+    layers_read_back(&kv, &blocks);
+    assert_eq!(
+        kv.metric("dpuflow_kvcache_corrupt_values_total{service=\"kvcache\"}"),
+        0
+    );
+    kv.kill();
+    // Without checkpoints a start takes the saved index (the one the kill left) and
+    // marks it taken: after a crash the next start is empty.
+    let kv = KvService::start_with(&dir, &target, "32MiB", "checkpoint off");
+    assert_eq!(kv.cli(&["DBSIZE"]).trim(), "6");
+    kv.kill();
+    let kv = KvService::start_with(&dir, &target, "32MiB", "checkpoint off");
     assert_eq!(kv.cli(&["DBSIZE"]).trim(), "0");
     assert_eq!(
         kv.metric("dpuflow_kvcache_restored_keys{service=\"kvcache\"}"),

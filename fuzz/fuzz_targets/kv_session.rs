@@ -29,6 +29,7 @@ fn service() -> SocketAddr {
                 block_size: 4096,
                 connections: 2,
                 inline_max: 64,
+                checkpoint: Some(Duration::from_secs(1)),
                 nvme_digests: NvmeDigests::default(),
                 password_file: None,
                 tls: None,

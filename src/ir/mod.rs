@@ -904,8 +904,11 @@ pub struct KvCache {
     /// Connections kept to the target: how many reads and writes are in flight at once.
     pub connections: usize,
     /// Values of at most this many bytes are kept in memory as well as charged a block:
-    /// read without going to the target, written to it only when the service stops.
+    /// read without going to the target, written to it only when the index is saved.
     pub inline_max: u64,
+    /// How often the index is saved on the target while the service runs, so a start
+    /// after a crash finds it (`checkpoint`); `None`: only at a clean stop.
+    pub checkpoint: Option<Duration>,
     /// CRC32C digests on an NVMe/TCP target's PDUs (`nvme_digest`).
     pub nvme_digests: NvmeDigests,
     /// The file holding the password clients must give (`AUTH`), if any; read when the

@@ -11,6 +11,7 @@
 //! return to the free list only when the last reader is done, never under its feet.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// A run of consecutive blocks: first block and count.
@@ -22,6 +23,13 @@ struct FreeBlocks {
     /// Popped from the end: filled in reverse so a fresh store hands out 0, 1, 2, … and
     /// values get long runs.
     stack: Vec<u64>,
+    /// Blocks freed while a saved index on the target may still name them: kept out of
+    /// use until a later save, which cannot name them, is durable (see
+    /// [`Index::hold_back`]). `None` while no saved index needs its blocks kept.
+    held_back: Option<Vec<u64>>,
+    /// Times a value needed held-back blocks before the next save: the saved index may
+    /// then name blocks rewritten since (reads of such keys fail their checksum).
+    overruns: u64,
 }
 
 /// The storage blocks of one value, in order, its length and its checksum, and for a small
@@ -32,10 +40,11 @@ pub struct Extents {
     blocks: Vec<u64>,
     len: u64,
     checksum: Option<u32>,
-    /// The value's bytes, served from memory; written to the blocks only when the service
-    /// stops (it starts empty after a crash in any case, so nothing is lost that the
-    /// target would have kept).
+    /// The value's bytes, served from memory; written to the blocks only when the index is
+    /// saved (a value the saved index does not name is lost in a crash anyway).
     inline: Option<Box<[u8]>>,
+    /// Whether the value kept in memory has been written to its blocks (by a save).
+    inline_written: AtomicBool,
     free: Arc<Mutex<FreeBlocks>>,
 }
 
@@ -71,6 +80,17 @@ impl Extents {
         self.inline.as_deref()
     }
 
+    /// Whether the value kept in memory still has to be written to its blocks for a save
+    /// to name them.
+    pub fn inline_unwritten(&self) -> bool {
+        self.inline.is_some() && !self.inline_written.load(Relaxed)
+    }
+
+    /// Notes that the value kept in memory is now on its blocks.
+    pub fn set_inline_written(&self) {
+        self.inline_written.store(true, Relaxed);
+    }
+
     /// How many of the value's bytes are kept in memory.
     fn inline_len(&self) -> u64 {
         self.inline.as_ref().map_or(0, |b| b.len() as u64)
@@ -94,8 +114,11 @@ impl Extents {
 impl Drop for Extents {
     fn drop(&mut self) {
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
-        // Reversed, so the next value to take them gets them in ascending order.
-        free.stack.extend(self.blocks.iter().rev());
+        match &mut free.held_back {
+            Some(held) => held.extend(&self.blocks),
+            // Reversed, so the next value to take them gets them in ascending order.
+            None => free.stack.extend(self.blocks.iter().rev()),
+        }
     }
 }
 
@@ -135,6 +158,9 @@ pub struct IndexStats {
     pub expired: u64,
     /// Bytes of the values held that are kept in memory (see [`Extents::inline`]).
     pub inline_bytes: u64,
+    /// Times values needed blocks held back for the saved index (see
+    /// [`Index::hold_back`]).
+    pub hold_back_overruns: u64,
 }
 
 /// Keys → extents over `total` blocks of `block_size` bytes.
@@ -154,6 +180,12 @@ pub struct Index {
     inline_bytes: u64,
     evictions: u64,
     expired: u64,
+    /// Blocks keys may not fill while blocks are held back (see [`Index::hold_back`]):
+    /// room for the values written between two saves.
+    reserve: u64,
+    /// Changes to the keys, their values or deadlines so far: a save with none since the
+    /// last has nothing new to say.
+    changes: u64,
 }
 
 /// What a snapshot holds for each key beyond its blocks: older snapshots lack fields later
@@ -191,6 +223,8 @@ impl Index {
             tick: 0,
             free: Arc::new(Mutex::new(FreeBlocks {
                 stack: (RESERVED_BLOCKS..total).rev().collect(),
+                held_back: None,
+                overruns: 0,
             })),
             block_size,
             total,
@@ -198,6 +232,8 @@ impl Index {
             inline_bytes: 0,
             evictions: 0,
             expired: 0,
+            reserve: 0,
+            changes: 0,
         }
     }
 
@@ -288,6 +324,7 @@ impl Index {
                 len,
                 checksum,
                 inline: None,
+                inline_written: AtomicBool::new(false),
                 free: Arc::clone(&ix.free),
             };
             // Not through the free list: the blocks are the snapshot's to give.
@@ -398,21 +435,31 @@ impl Index {
                 capacity: room * self.block_size,
             });
         }
+        // Keys leave the reserve to the values written before the next save (keys that
+        // go are held back until then).
+        while self.used + n > room.saturating_sub(self.reserve) && !self.map.is_empty() {
+            if self.remove(key) {
+                removed = true;
+            } else if !self.evict_oldest() {
+                break;
+            }
+        }
         loop {
             {
                 let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+                // Short of free blocks, the ones held back are used before any key goes:
+                // evicted, a key's blocks would only be held back too.
+                if (free.stack.len() as u64) < n {
+                    if let Some(held) = free.held_back.take_if(|h| !h.is_empty()) {
+                        free.stack.extend(held.iter().rev());
+                        free.overruns += 1;
+                    }
+                }
                 if free.stack.len() as u64 >= n {
                     let at = free.stack.len() - n as usize;
                     let blocks: Vec<u64> = free.stack.drain(at..).rev().collect();
                     drop(free);
-                    let extents = Extents {
-                        blocks,
-                        len,
-                        checksum: None,
-                        inline: None,
-                        free: Arc::clone(&self.free),
-                    };
-                    return Ok((extents, removed));
+                    return Ok((self.extents_of(blocks, len), removed));
                 }
             }
             if self.remove(key) {
@@ -426,6 +473,7 @@ impl Index {
     /// Makes `extents` the value of `key`, replacing any (whose blocks are freed once no
     /// reader holds them).
     pub fn insert(&mut self, key: &[u8], extents: Extents) {
+        self.changes += 1;
         // A key held already keeps its string.
         let held = self.take(key);
         let tick = self.next_tick();
@@ -467,6 +515,7 @@ impl Index {
 
     /// The blocks and deadline of a removed entry.
     fn forget(&mut self, key: Arc<[u8]>, e: &Entry) {
+        self.changes += 1;
         self.used -= e.extents.blocks.len() as u64;
         self.inline_bytes -= e.extents.inline_len();
         if let Some(d) = e.deadline {
@@ -476,6 +525,7 @@ impl Index {
 
     /// Removes every key.
     pub fn clear(&mut self) {
+        self.changes += 1;
         self.map.clear();
         self.order.clear();
         self.deadlines.clear();
@@ -504,6 +554,7 @@ impl Index {
         if let Some(e) = self.map.get_mut(key) {
             e.deadline = deadline;
         }
+        self.changes += 1;
         true
     }
 
@@ -526,11 +577,99 @@ impl Index {
         IndexStats {
             keys: self.map.len() as u64,
             used_blocks: self.used,
-            total_blocks: self.total - RESERVED_BLOCKS,
+            total_blocks: (self.total - RESERVED_BLOCKS).saturating_sub(self.reserve),
             evictions: self.evictions,
             expiring: self.deadlines.len() as u64,
             expired: self.expired,
             inline_bytes: self.inline_bytes,
+            hold_back_overruns: self
+                .free
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .overruns,
+        }
+    }
+
+    /// Changes to keys, values and deadlines so far (a count that only grows).
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
+
+    /// Keeps the blocks of values removed from now on out of use, as a saved index on the
+    /// target may name them (values written meanwhile take other blocks), until
+    /// [`Index::release`] says a later save is durable; keys leave `reserve` blocks free
+    /// for those values. Should they need more before the next save (an overrun), the
+    /// blocks held back are used after all, and the saved index may name blocks since
+    /// rewritten: its keys' checksums then fail, and they read as misses.
+    pub fn hold_back(&mut self, reserve: u64) {
+        self.reserve = reserve.min(self.total - RESERVED_BLOCKS);
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        free.held_back.get_or_insert_with(Vec::new);
+    }
+
+    /// The blocks held back so far, for a save about to be taken: it cannot name them, so
+    /// once it is durable they are free ([`Index::release`]); if it fails, the index saved
+    /// before may still name them ([`Index::hold_again`]). Blocks freed from now on are
+    /// held back for the new save.
+    pub fn begin_save(&mut self) -> Vec<u64> {
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        free.held_back.replace(Vec::new()).unwrap_or_default()
+    }
+
+    /// Frees blocks [`Index::begin_save`] gave, once the save is durable.
+    pub fn release(&mut self, blocks: Vec<u64>) {
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        free.stack.extend(blocks.iter().rev());
+    }
+
+    /// Holds back again blocks [`Index::begin_save`] gave, the save having failed (or frees
+    /// them, if an overrun has stopped holding back since).
+    pub fn hold_again(&mut self, blocks: Vec<u64>) {
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        match &mut free.held_back {
+            Some(held) => held.extend(blocks),
+            None => free.stack.extend(blocks.iter().rev()),
+        }
+    }
+
+    /// Free blocks for `len` bytes that are no key's value (a save's snapshot), from the
+    /// longest runs of free blocks; `None` when there are not enough, evicting nothing.
+    pub fn take_free(&mut self, len: u64) -> Option<Extents> {
+        self.gather_free_runs();
+        let n = len.div_ceil(self.block_size) as usize;
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        let at = free.stack.len().checked_sub(n)?;
+        let blocks: Vec<u64> = free.stack.drain(at..).rev().collect();
+        Some(self.extents_of(blocks, len))
+    }
+
+    /// The given runs of blocks, taken out of the free list, as one value that is no
+    /// key's (a loaded snapshot's, kept while the target's superblock names them); `None`
+    /// if any of them is not free.
+    pub fn take_runs(&mut self, runs: &[Run]) -> Option<Extents> {
+        let blocks: Vec<u64> = runs.iter().flat_map(|&(b, n)| b..b + n).collect();
+        let wanted: BTreeSet<u64> = blocks.iter().copied().collect();
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        let found = free.stack.iter().filter(|b| wanted.contains(b)).count();
+        if found != blocks.len() {
+            return None;
+        }
+        free.stack.retain(|b| !wanted.contains(b));
+        drop(free);
+        let len = blocks.len() as u64 * self.block_size;
+        Some(self.extents_of(blocks, len))
+    }
+
+    /// `blocks`, taken from the free list, as the blocks of `len` bytes: back to it (or held
+    /// back) when dropped.
+    fn extents_of(&self, blocks: Vec<u64>, len: u64) -> Extents {
+        Extents {
+            blocks,
+            len,
+            checksum: None,
+            inline: None,
+            inline_written: AtomicBool::new(false),
+            free: Arc::clone(&self.free),
         }
     }
 
@@ -559,6 +698,73 @@ mod tests {
         let e = ix.allocate(key.as_bytes(), len)?;
         ix.insert(key.as_bytes(), e);
         Ok(())
+    }
+
+    fn blocks_of(ix: &mut Index, key: &str) -> Vec<u64> {
+        ix.get(key.as_bytes()).expect("held").blocks.clone()
+    }
+
+    #[test]
+    fn blocks_held_back_are_used_again_only_once_a_later_save_is_durable() {
+        let mut ix = Index::new(32 * 512, 512);
+        ix.hold_back(4);
+        put(&mut ix, "a", 3 * 512).unwrap();
+        let a = blocks_of(&mut ix, "a");
+        // Saved with `a`; then `a` goes and another value comes.
+        assert!(ix.begin_save().is_empty());
+        ix.remove(b"a");
+        put(&mut ix, "b", 3 * 512).unwrap();
+        assert!(blocks_of(&mut ix, "b").iter().all(|b| !a.contains(b)));
+        // A save that failed leaves them held back; one that is durable frees them.
+        let held = ix.begin_save();
+        assert_eq!(held, a);
+        ix.hold_again(held);
+        let held = ix.begin_save();
+        assert_eq!(held, a);
+        ix.release(held);
+        put(&mut ix, "c", 3 * 512).unwrap();
+        assert_eq!(blocks_of(&mut ix, "c"), a);
+        assert_eq!(ix.stats().hold_back_overruns, 0);
+    }
+
+    #[test]
+    fn keys_leave_the_reserve_free_and_a_store_short_of_it_overruns_the_hold_back() {
+        // 16 blocks for values, 4 of them kept free while holding back.
+        let mut ix = Index::new(17 * 512, 512);
+        ix.hold_back(4);
+        assert_eq!(ix.stats().total_blocks, 12);
+        for i in 0..12 {
+            put(&mut ix, &format!("k{i}"), 512).unwrap();
+        }
+        // The 13th evicts the oldest (held back) and takes a free block of the reserve.
+        for i in 12..16 {
+            put(&mut ix, &format!("k{i}"), 512).unwrap();
+            assert_eq!(ix.stats().keys, 12);
+        }
+        assert_eq!(ix.stats().hold_back_overruns, 0);
+        assert!(!ix.contains(b"k3") && ix.contains(b"k4"));
+        // The reserve used up before a save: the held-back blocks are used after all
+        // rather than every key evicted.
+        put(&mut ix, "k16", 512).unwrap();
+        assert_eq!(ix.stats().keys, 12);
+        assert_eq!(ix.stats().hold_back_overruns, 1);
+        // Holding back stopped until the next save.
+        ix.remove(b"k16");
+        assert!(ix.begin_save().is_empty());
+    }
+
+    #[test]
+    fn a_saved_snapshots_runs_are_taken_only_when_all_free() {
+        let mut ix = Index::new(16 * 512, 512);
+        put(&mut ix, "a", 512).unwrap();
+        let free = ix.free.lock().unwrap().stack.len();
+        assert!(ix.take_runs(&[(1, 2)]).is_none(), "block 1 is a's");
+        assert_eq!(ix.free.lock().unwrap().stack.len(), free);
+        let kept = ix.take_runs(&[(5, 2), (9, 1)]).expect("free");
+        assert_eq!(kept.blocks, [5, 6, 9]);
+        assert_eq!(ix.free.lock().unwrap().stack.len(), free - 3);
+        drop(kept);
+        assert_eq!(ix.free.lock().unwrap().stack.len(), free);
     }
 
     /// Room for `n` blocks of values, the reserved ones besides.

@@ -1,14 +1,19 @@
-//! The index across restarts. A service that stops cleanly writes its index (an
-//! [`Index::snapshot`]) into free blocks of the target and, in the target's first block,
-//! a superblock naming them; the next start on the same target, with the same capacity
-//! and block size, reads it back and at once marks the superblock used, before any value
-//! is written. So a snapshot is only ever loaded as it was when nothing was writing, and
-//! once: after a crash (no clean stop since the last start) the service starts empty,
-//! which a cache can afford, rather than trust an index its blocks may have outgrown.
+//! The index across restarts. A service saves its index (an [`Index::snapshot`]) into
+//! free blocks of the target and, in the target's first block, a superblock naming them:
+//! when it stops cleanly, and with `checkpoint` every so often while it runs; the next
+//! start on the same target, with the same capacity and block size, reads it back.
+//!
+//! A save stays true while the service writes because the blocks it names are not
+//! rewritten until a later save is durable: the blocks of values removed since are held
+//! back ([`Index::hold_back`]), and the snapshot's own blocks are kept. A service that
+//! saves no checkpoints holds nothing back, so it marks the superblock taken as it loads
+//! it, before any value is written: after a crash it starts empty, which a cache can
+//! afford, rather than trust an index its blocks may have outgrown.
 //!
 //! Superblock layout (little-endian): magic (16 bytes), version (u32: 3; snapshots of
 //! version 2, from before values had checksums, load without them, and those of version
-//! 1 without deadlines too), state (u32: 1 clean), block size (u64), capacity (u64),
+//! 1 without deadlines too), state (u32: 0 taken, 1 saved at a clean stop, 2 saved by a
+//! checkpoint), block size (u64), capacity (u64),
 //! snapshot length (u64), snapshot CRC32c (u32), run count (u32), the header's CRC32c
 //! (u32, computed with this field zero), 4 bytes reserved, then the snapshot's runs
 //! (first block, count: u64 each).
@@ -18,7 +23,14 @@ use crc32c::crc32c;
 
 const MAGIC: &[u8; 16] = b"dpuflow-kvcache\0";
 const VERSION: u32 = 3;
-const CLEAN: u32 = 1;
+/// When a save was made: its superblock's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Saved {
+    /// At a clean stop.
+    AtStop = 1,
+    /// By a checkpoint, while the service ran.
+    Checkpoint = 2,
+}
 const HEADER_LEN: usize = 64;
 const HEADER_CRC_AT: usize = 56;
 
@@ -42,6 +54,7 @@ fn fields_of(version: u32) -> Option<SnapshotFields> {
 pub struct Superblock {
     /// The layout its snapshot was written in.
     pub version: u32,
+    pub saved: Saved,
     pub block_size: u64,
     pub capacity: u64,
     pub snapshot_len: u64,
@@ -82,7 +95,7 @@ impl Superblock {
         }
         b[..16].copy_from_slice(MAGIC);
         b[16..20].copy_from_slice(&self.version.to_le_bytes());
-        b[20..24].copy_from_slice(&CLEAN.to_le_bytes());
+        b[20..24].copy_from_slice(&(self.saved as u32).to_le_bytes());
         b[24..32].copy_from_slice(&self.block_size.to_le_bytes());
         b[32..40].copy_from_slice(&self.capacity.to_le_bytes());
         b[40..48].copy_from_slice(&self.snapshot_len.to_le_bytes());
@@ -123,11 +136,14 @@ impl Superblock {
         if crc32c(&header) != u32_at(HEADER_CRC_AT) {
             return Err(Unusable::Damaged);
         }
-        if u32_at(20) != CLEAN {
-            return Err(Unusable::NotClean);
-        }
+        let saved = match u32_at(20) {
+            1 => Saved::AtStop,
+            2 => Saved::Checkpoint,
+            _ => return Err(Unusable::NotClean),
+        };
         Ok(Superblock {
             version,
+            saved,
             block_size: u64_at(24),
             capacity: u64_at(32),
             snapshot_len: u64_at(40),
@@ -162,21 +178,38 @@ pub struct Save {
     pub superblock: Vec<u8>,
 }
 
-/// Prepares saving `index` for a store of `capacity`: blocks for its snapshot (evicting the
-/// least recently used keys if the store is full, as any value would) and the superblock.
-/// If keys went to make room, the snapshot is taken again, so it describes the keys that
-/// remain.
-pub fn prepare(index: &mut Index, capacity: u64) -> Option<Save> {
+/// Prepares saving `index` for a store of `capacity`: its snapshot in free blocks, from
+/// the longest runs of them (the runs are named in the superblock), and the superblock.
+/// Too few free blocks fail a checkpoint; a save at a clean stop evicts the least recently
+/// used keys to make room, as any value would, and takes the snapshot again, so it
+/// describes the keys that remain.
+pub fn prepare(index: &mut Index, capacity: u64, saved: Saved) -> Option<Save> {
     let block_size = index.block_size();
-    let keys = index.stats().keys;
-    let mut snapshot = index.snapshot();
-    // Its runs are named in one block: from the longest runs of free blocks.
-    index.gather_free_runs();
-    let blocks = index.allocate(b"", snapshot.len() as u64).ok()?;
-    // Keys that made room are no longer in it (and the snapshot is only shorter).
-    if index.stats().keys != keys {
-        snapshot = index.snapshot();
+    let snapshot = index.snapshot();
+    if let Some(blocks) = index.take_free(snapshot.len() as u64) {
+        return seal(snapshot, blocks, block_size, capacity, saved);
     }
+    if saved == Saved::Checkpoint {
+        return None;
+    }
+    let keys = index.stats().keys;
+    let blocks = index.allocate(b"", snapshot.len() as u64).ok()?;
+    // Keys went to make room: the snapshot is only shorter.
+    let snapshot = match index.stats().keys == keys {
+        true => snapshot,
+        false => index.snapshot(),
+    };
+    seal(snapshot, blocks, block_size, capacity, saved)
+}
+
+/// The save of `snapshot` into `blocks`.
+fn seal(
+    mut snapshot: Vec<u8>,
+    blocks: Extents,
+    block_size: u64,
+    capacity: u64,
+    saved: Saved,
+) -> Option<Save> {
     // Padded to the blocks: the target reads and writes whole sectors.
     let len = snapshot.len() as u64;
     snapshot.resize(
@@ -185,6 +218,7 @@ pub fn prepare(index: &mut Index, capacity: u64) -> Option<Save> {
     );
     let superblock = Superblock {
         version: VERSION,
+        saved,
         block_size,
         capacity,
         snapshot_len: len,
@@ -237,7 +271,7 @@ mod tests {
             let e = ix.allocate(k.as_bytes(), len).unwrap();
             ix.insert(k.as_bytes(), e);
         }
-        let save = prepare(&mut ix, capacity).unwrap();
+        let save = prepare(&mut ix, capacity, Saved::AtStop).unwrap();
         // The snapshot's blocks are free blocks, not a key's.
         assert_eq!(save.blocks.runs().collect::<Vec<_>>(), [(4, 1)]);
         let sb = Superblock::decode(&save.superblock).unwrap();
@@ -277,7 +311,7 @@ mod tests {
         for i in (0..6_000u32).step_by(2) {
             ix.remove(&i.to_le_bytes());
         }
-        let save = prepare(&mut ix, capacity).expect("saved");
+        let save = prepare(&mut ix, capacity, Saved::AtStop).expect("saved");
         let runs: Vec<_> = save.blocks.runs().collect();
         assert_eq!(runs.len(), 1, "{runs:?}");
         let sb = Superblock::decode(&save.superblock).unwrap();
@@ -293,7 +327,7 @@ mod tests {
             let e = ix.allocate(k.as_bytes(), 512).unwrap();
             ix.insert(k.as_bytes(), e);
         }
-        let save = prepare(&mut ix, capacity).unwrap();
+        let save = prepare(&mut ix, capacity, Saved::AtStop).unwrap();
         let back = load(
             &Superblock::decode(&save.superblock).unwrap(),
             &save.snapshot,

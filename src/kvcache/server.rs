@@ -4,10 +4,11 @@
 //! order. Values move between the connection and the target without passing through
 //! the index, which is locked only to look up, allocate and publish.
 
+use super::glob;
 use super::index::{Extents, Index, StoreError};
+use super::persist::{self, Saved};
 use super::resp::{self, reply};
 use super::storage::{self, BlockTarget, Pool, TargetError};
-use super::{glob, persist};
 use crate::ir::KvCache;
 use crc32c::crc32c;
 use std::collections::hash_map::RandomState;
@@ -31,6 +32,10 @@ const CACHE_LINE: usize = 64;
 const REPLY_SHARE: usize = 64 << 20;
 /// Values kept in memory written to the target in one run when the service stops.
 const INLINE_WRITES: usize = 256;
+/// With checkpoints, keys leave this share of the store's blocks free (a sixteenth) for
+/// the values written between two checkpoints, as the blocks of values removed meanwhile
+/// are held back.
+const CHECKPOINT_RESERVE: u64 = 16;
 /// How often blocked threads look at the stop flag.
 const POLL: Duration = Duration::from_millis(200);
 
@@ -74,10 +79,11 @@ pub const COMMANDS: &[&str] = &[
     "expire", "ttl", "persist", "other",
 ];
 
-/// The index saved on `pool`'s target by the last clean stop, if there is one for this
-/// store; empty otherwise. Either way the superblock is marked taken before anything is
-/// written (see [`persist`]).
-fn saved_index(name: &str, config: &KvCache, pool: &Pool) -> io::Result<Index> {
+/// The index saved on `pool`'s target, if there is one for this store; empty otherwise.
+/// With checkpoints, what a saved index names is held back from then on, its snapshot's
+/// blocks kept (returned beside it) and its superblock left as it is; without, the
+/// superblock is marked taken before anything is written (see [`persist`]).
+fn saved_index(name: &str, config: &KvCache, pool: &Pool) -> io::Result<(Index, Option<Extents>)> {
     let (capacity, bs) = (config.capacity, config.block_size);
     let loaded = pool.with(|t| {
         let mut first = vec![0u8; bs as usize];
@@ -111,28 +117,45 @@ fn saved_index(name: &str, config: &KvCache, pool: &Pool) -> io::Result<Index> {
             }
             Err(why) => Err(why.clone()),
         };
-        match sb {
-            Ok(_) => t.write_at(0, &persist::Superblock::taken(&first))?,
-            Err(persist::Unusable::Missing) => {}
-            Err(_) => t.write_at(0, &vec![0u8; bs as usize])?,
+        let loaded = index.map(|mut index| {
+            // With checkpoints, the snapshot's blocks are kept while its superblock names them.
+            let kept = match (&sb, config.checkpoint) {
+                (Ok(sb), Some(_)) => index.take_runs(&sb.runs).map(|k| (k, sb.saved)),
+                _ => None,
+            };
+            (index, kept)
+        });
+        match (&sb, &loaded) {
+            (Ok(_), Ok((_, Some(_)))) | (Err(persist::Unusable::Missing), _) => {}
+            (Ok(_), _) => t.write_at(0, &persist::Superblock::taken(&first))?,
+            (Err(_), _) => t.write_at(0, &vec![0u8; bs as usize])?,
         }
-        Ok(index)
+        Ok(loaded)
     });
-    Ok(match loaded? {
-        Ok(index) => {
+    let (mut index, kept) = match loaded? {
+        Ok((index, kept)) => {
+            let from = match kept.as_ref().map(|k| k.1) {
+                Some(Saved::Checkpoint) => "checkpoint",
+                _ => "clean stop",
+            };
             tracing::info!(
                 service = name,
                 keys = index.stats().keys,
+                saved_at = from,
                 "kvcache index restored"
             );
-            index
+            (index, kept.map(|k| k.0))
         }
-        Err(persist::Unusable::Missing) => Index::new(capacity, bs),
+        Err(persist::Unusable::Missing) => (Index::new(capacity, bs), None),
         Err(why) => {
             tracing::info!(service = name, %why, "kvcache starts empty");
-            Index::new(capacity, bs)
+            (Index::new(capacity, bs), None)
         }
-    })
+    };
+    if config.checkpoint.is_some() {
+        index.hold_back(capacity / bs / CHECKPOINT_RESERVE);
+    }
+    Ok((index, kept))
 }
 
 /// The password in the file at `path`: its first line, which must not be empty.
@@ -374,6 +397,20 @@ pub struct KvCounters {
     /// Connections that ended in a TLS error: a failed handshake (no or an untrusted
     /// client certificate, a client that does not trust ours, plaintext) or a bad record.
     pub tls_failures: AtomicU64,
+    /// Checkpoints of the index saved, and failed.
+    pub checkpoints: AtomicU64,
+    pub checkpoint_failures: AtomicU64,
+    /// When a checkpoint last saved the index, unix milliseconds; 0 before the first.
+    pub last_save_ms: AtomicU64,
+}
+
+/// The save the target's superblock names, while checkpoints are taken.
+#[derive(Debug, Default)]
+struct Checkpoints {
+    /// The blocks of its snapshot, kept.
+    kept: Option<Extents>,
+    /// [`Index::changes`] when it was taken.
+    changes: Option<u64>,
 }
 
 /// One KV-cache service.
@@ -394,8 +431,9 @@ pub struct KvService {
     password: Option<Vec<u8>>,
     /// TLS on every connection, when configured.
     tls: Option<Arc<rustls::ServerConfig>>,
-    /// Keys the start restored from the index the last clean stop saved.
+    /// Keys the start restored from the index saved on the target.
     pub restored_keys: u64,
+    checkpoints: Mutex<Checkpoints>,
 }
 
 /// A snapshot of a service's index for metrics.
@@ -411,6 +449,8 @@ pub struct KvGauges {
     pub expired: u64,
     /// Bytes of values kept in memory (`inline_max`).
     pub inline_bytes: u64,
+    /// Times values took blocks held back for the last checkpoint.
+    pub hold_back_overruns: u64,
 }
 
 impl KvService {
@@ -455,11 +495,16 @@ impl KvService {
         }
         // A saved index that cannot be read, or whose superblock cannot be marked taken,
         // must not outlive this start: refused rather than served.
-        let index = saved_index(name, config, &pool).map_err(|source| StartError::Superblock {
-            service: name.to_owned(),
-            source,
-        })?;
+        let (index, kept) =
+            saved_index(name, config, &pool).map_err(|source| StartError::Superblock {
+                service: name.to_owned(),
+                source,
+            })?;
         let restored_keys = index.stats().keys;
+        let checkpoints = Checkpoints {
+            changes: kept.as_ref().map(|_| index.changes()),
+            kept,
+        };
         let listener = TcpListener::bind(config.listen).map_err(|source| StartError::Listen {
             service: name.to_owned(),
             addr: config.listen,
@@ -479,7 +524,19 @@ impl KvService {
             password,
             tls,
             restored_keys,
+            checkpoints: Mutex::new(checkpoints),
         });
+        if let Some(every) = config.checkpoint {
+            let s = Arc::clone(&svc);
+            std::thread::Builder::new()
+                .name(format!("kv-{name}-save"))
+                .spawn(move || s.take_checkpoints(every))
+                .map_err(|source| StartError::Listen {
+                    service: name.to_owned(),
+                    addr: config.listen,
+                    source,
+                })?;
+        }
         let s = Arc::clone(&svc);
         std::thread::Builder::new()
             .name(format!("kv-{name}"))
@@ -497,34 +554,120 @@ impl KvService {
     /// Saves the index for the next start (see [`persist`]), once the clients have gone
     /// (they leave within 200 ms of the stop, or after the request they are serving);
     /// called after the stop. The values kept in memory are written to their blocks
-    /// first. A failure is logged: the next start will be empty.
+    /// first. A failure is logged: the next start will be empty, or have the last
+    /// checkpoint.
     pub fn shutdown(&self) {
         let since = Instant::now();
         while self.counters.clients.load(Relaxed) > 0 && since.elapsed() < 10 * POLL {
             std::thread::sleep(POLL / 10);
         }
+        // After any checkpoint under way.
+        let _checkpoints = self
+            .checkpoints
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let mut index = self.lock();
-        let inline = index.inline_values();
-        let written = inline.chunks(INLINE_WRITES).try_for_each(|values| {
-            let values: Vec<_> = values
-                .iter()
-                .filter_map(|e| Some((&**e, e.inline()?)))
-                .collect();
-            self.write_values(&values)
-        });
-        if let Err(e) = written {
-            tracing::warn!(service = %self.name, error = %e, "kvcache values kept in memory not written: the next start is empty");
+        if let Err(e) = self.write_inline(&index.inline_values()) {
+            tracing::warn!(service = %self.name, error = %e, "kvcache values kept in memory not written: the index is not saved");
             return;
         }
-        let Some(save) = persist::prepare(&mut index, self.config.capacity) else {
-            tracing::warn!(service = %self.name, "kvcache index too large to save: the next start is empty");
+        let Some(save) = persist::prepare(&mut index, self.config.capacity, Saved::AtStop) else {
+            tracing::warn!(service = %self.name, "kvcache index too large to save");
             return;
         };
         let keys = index.stats().keys;
         drop(index);
-        let bs = self.config.block_size;
+        match self.write_save(&save) {
+            Ok(()) => tracing::info!(service = %self.name, keys, "kvcache index saved"),
+            Err(e) => {
+                tracing::warn!(service = %self.name, error = %e, "kvcache index not saved")
+            }
+        }
+    }
+
+    /// Saves the index every `every` until the service stops, if it changed.
+    fn take_checkpoints(self: Arc<Self>, every: Duration) {
+        let mut last = Instant::now();
+        let mut failure_warning = crate::telemetry::WarnThrottle::default();
+        while !self.stop.load(Relaxed) {
+            std::thread::sleep(POLL);
+            if last.elapsed() < every || self.stop.load(Relaxed) {
+                continue;
+            }
+            last = Instant::now();
+            match self.checkpoint() {
+                Ok(_) => {}
+                Err(e) => {
+                    self.counters.checkpoint_failures.fetch_add(1, Relaxed);
+                    if failure_warning.ready() {
+                        tracing::warn!(service = %self.name, error = %e, "kvcache checkpoint failed: the target keeps the one before");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Saves the index as a checkpoint, unless nothing changed since the last; whether it
+    /// did. The index is locked only to take the snapshot: the values kept in memory and
+    /// the snapshot are written, and the superblock after them, while requests go on.
+    fn checkpoint(&self) -> io::Result<bool> {
+        let mut checkpoints = self
+            .checkpoints
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut index = self.lock();
+        let changes = index.changes();
+        if checkpoints.changes == Some(changes) {
+            return Ok(false);
+        }
+        let mut inline = index.inline_values();
+        inline.retain(|e| e.inline_unwritten());
+        let save = persist::prepare(&mut index, self.config.capacity, Saved::Checkpoint)
+            .ok_or_else(|| io::Error::other("too few free blocks for the index's snapshot"))?;
+        let released = index.begin_save();
+        drop(index);
         let written = self
-            .pool
+            .write_inline(&inline)
+            .and_then(|()| self.write_save(&save));
+        let mut index = self.lock();
+        match written {
+            Ok(()) => {
+                index.release(released);
+                // The snapshot before is no longer named; its blocks are held back in turn.
+                checkpoints.kept = Some(save.blocks);
+                checkpoints.changes = Some(changes);
+                self.counters.checkpoints.fetch_add(1, Relaxed);
+                let now = u64::try_from(now_ms()).unwrap_or(0);
+                self.counters.last_save_ms.store(now, Relaxed);
+                Ok(true)
+            }
+            Err(e) => {
+                index.hold_again(released);
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes the values kept in memory among `values` that are not on their blocks yet.
+    fn write_inline(&self, values: &[Arc<Extents>]) -> io::Result<()> {
+        let unwritten: Vec<_> = values.iter().filter(|e| e.inline_unwritten()).collect();
+        for chunk in unwritten.chunks(INLINE_WRITES) {
+            let pieces: Vec<_> = chunk
+                .iter()
+                .filter_map(|e| Some((&***e, e.inline()?)))
+                .collect();
+            self.write_values(&pieces)?;
+            chunk.iter().for_each(|e| e.set_inline_written());
+        }
+        Ok(())
+    }
+
+    /// Writes a save: its snapshot, then its superblock once the values and the snapshot
+    /// are durable (a superblock naming blocks a power loss took would serve wrong bytes),
+    /// made durable itself.
+    fn write_save(&self, save: &persist::Save) -> io::Result<()> {
+        let bs = self.config.block_size;
+        self.pool
             .with(|t| {
                 let mut pieces = Vec::new();
                 let mut at = 0usize;
@@ -535,18 +678,9 @@ impl KvService {
                 }
                 t.write_many(&pieces)
             })
-            // The superblock last, once the values and the snapshot are durable (a
-            // superblock naming blocks a power loss took would serve wrong bytes), and
-            // made durable itself.
             .and_then(|()| self.pool.flush_all())
             .and_then(|()| self.pool.with(|t| t.write_at(0, &save.superblock)))
-            .and_then(|()| self.pool.flush_all());
-        match written {
-            Ok(()) => tracing::info!(service = %self.name, keys, "kvcache index saved"),
-            Err(e) => {
-                tracing::warn!(service = %self.name, error = %e, "kvcache index not saved: the next start is empty")
-            }
-        }
+            .and_then(|()| self.pool.flush_all())
     }
 
     pub fn gauges(&self) -> KvGauges {
@@ -559,6 +693,7 @@ impl KvService {
             expiring: s.expiring,
             expired: s.expired,
             inline_bytes: s.inline_bytes,
+            hold_back_overruns: s.hold_back_overruns,
         }
     }
 
@@ -1227,7 +1362,7 @@ impl KvService {
 
     /// Notes the checksum of `value`, about to be `extents`' value, and keeps its bytes in
     /// memory if it is small enough (`inline_max`): such a value is not written to the
-    /// target until the service stops.
+    /// target until the index is saved.
     fn fill(&self, extents: &mut Extents, value: &[u8]) {
         extents.set_checksum(crc32c(value));
         if value.len() as u64 <= self.config.inline_max {
@@ -1871,7 +2006,8 @@ impl KvService {
              # Kvcache\r\n\
              target:{}\r\nblock_size:{}\r\ncapacity_bytes:{}\r\nused_bytes:{}\r\ninline_bytes:{}\r\n\
              storage_read_bytes:{}\r\nstorage_written_bytes:{}\r\nstorage_errors:{}\r\n\
-             corrupt_values:{}\r\nrestored_keys:{}\r\n\r\n# Keyspace\r\ndb0:keys={},expires={},avg_ttl=0\r\n",
+             corrupt_values:{}\r\nrestored_keys:{}\r\ncheckpoints:{}\r\ncheckpoint_failures:{}\r\n\
+             checkpoint_overruns:{}\r\nlast_checkpoint_time:{}\r\n\r\n# Keyspace\r\ndb0:keys={},expires={},avg_ttl=0\r\n",
             crate::VERSION,
             self.listen.port(),
             c.clients.load(Relaxed),
@@ -1890,6 +2026,10 @@ impl KvService {
             c.storage_errors.load(Relaxed),
             c.corrupt_values.load(Relaxed),
             self.restored_keys,
+            c.checkpoints.load(Relaxed),
+            c.checkpoint_failures.load(Relaxed),
+            g.hold_back_overruns,
+            c.last_save_ms.load(Relaxed) / 1000,
             g.keys,
             g.expiring,
         )
@@ -2017,6 +2157,7 @@ mod tests {
             block_size: block,
             connections: 2,
             inline_max,
+            checkpoint: None,
             nvme_digests: Default::default(),
             password_file: None,
             tls: None,
@@ -2037,6 +2178,7 @@ mod tests {
             block_size: 4096,
             connections: 1,
             inline_max: 0,
+            checkpoint: None,
             nvme_digests: Default::default(),
             password_file: Some(secret.clone()),
             tls: None,
@@ -2109,6 +2251,96 @@ mod tests {
         let svc = on(&path, 64 * 4096, 8192);
         assert_eq!(run(&svc, &[b"DBSIZE"]), b":0\r\n");
         svc.shutdown();
+        std::fs::remove_file(path).unwrap();
+    }
+
+    /// A service on the file at `path` that saves checkpoints, though not on its own
+    /// within a test (every hour): the test takes them.
+    fn checkpointing(path: &std::path::Path) -> Arc<KvService> {
+        let config = KvCache {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            target: StorageTarget::Local {
+                path: path.to_owned(),
+            },
+            capacity: 64 * 4096,
+            block_size: 4096,
+            connections: 2,
+            inline_max: 16,
+            checkpoint: Some(Duration::from_secs(3600)),
+            nvme_digests: Default::default(),
+            password_file: None,
+            tls: None,
+        };
+        KvService::start("kvcache", &config, Arc::new(AtomicBool::new(false))).unwrap()
+    }
+
+    /// A service that ends without a clean stop.
+    fn crash(svc: Arc<KvService>) {
+        svc.stop.store(true, Relaxed);
+        drop(svc);
+    }
+
+    #[test]
+    fn a_checkpoint_survives_a_crash_as_it_was_taken() {
+        let path = std::env::temp_dir().join(format!("dpuflow-kv-{}-ckpt", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let svc = checkpointing(&path);
+        let big: Vec<u8> = (0..50_000u32).map(|i| (i % 251) as u8).collect();
+        let mut big_reply = Vec::new();
+        reply::bulk(&mut big_reply, &big);
+        run(&svc, &[b"SET", b"big", &big]);
+        // Kept in memory only, until the checkpoint writes it.
+        run(&svc, &[b"SET", b"small", b"x"]);
+        run(
+            &svc,
+            &[b"SET", b"deadline", b"d", b"PXAT", b"4000000000000"],
+        );
+        assert!(svc.checkpoint().unwrap());
+        assert!(!svc.checkpoint().unwrap(), "nothing changed since");
+        // After it: `big` deleted and its blocks wanted by new values, `small` written
+        // again.
+        run(&svc, &[b"DEL", b"big"]);
+        for k in [&b"after1"[..], b"after2"] {
+            run(&svc, &[b"SET", k, &[9u8; 50_000]]);
+        }
+        run(&svc, &[b"SET", b"small", b"y"]);
+        crash(svc);
+        // Twice: a start keeps the checkpoint it loaded until it takes one of its own.
+        for round in 0..2 {
+            let svc = checkpointing(&path);
+            assert_eq!(svc.restored_keys, 3, "round {round}");
+            let back = run(&svc, &[b"GET", b"big"]);
+            assert!(
+                back == big_reply,
+                "round {round}: {:?}",
+                &back[..back.len().min(16)]
+            );
+            assert_eq!(run(&svc, &[b"GET", b"small"]), b"$1\r\nx\r\n");
+            assert_eq!(
+                run(&svc, &[b"PEXPIRETIME", b"deadline"]),
+                b":4000000000000\r\n"
+            );
+            assert_eq!(run(&svc, &[b"EXISTS", b"after1", b"after2"]), b":0\r\n");
+            run(&svc, &[b"DEL", b"big"]);
+            run(&svc, &[b"SET", b"later", &[7u8; 60_000]]);
+            assert_eq!(svc.counters.corrupt_values.load(Relaxed), 0);
+            crash(svc);
+        }
+        // A checkpoint of its own replaces it; a clean stop replaces that.
+        let svc = checkpointing(&path);
+        run(&svc, &[b"DEL", b"big"]);
+        assert!(svc.checkpoint().unwrap());
+        run(&svc, &[b"SET", b"last", b"z"]);
+        crash(svc);
+        let svc = checkpointing(&path);
+        assert_eq!(run(&svc, &[b"DBSIZE"]), b":2\r\n");
+        run(&svc, &[b"SET", b"last", b"z"]);
+        svc.stop.store(true, Relaxed);
+        svc.shutdown();
+        let svc = checkpointing(&path);
+        assert_eq!(run(&svc, &[b"GET", b"last"]), b"$1\r\nz\r\n");
+        assert_eq!(run(&svc, &[b"DBSIZE"]), b":3\r\n");
+        crash(svc);
         std::fs::remove_file(path).unwrap();
     }
 

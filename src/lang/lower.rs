@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// Shadowed rules reported one by one per file; the rest are counted in one warning.
 const MAX_SHADOW_WARNINGS: usize = 20;
@@ -37,6 +38,12 @@ const DEFAULT_CT_CAPACITY: u64 = 1 << 20;
 const DEFAULT_INLINE_MAX: u64 = 256;
 /// The most `inline_max` may be: memory for a value in every block.
 const MAX_INLINE_MAX: u64 = 64 << 10;
+
+/// How often a KV-cache service saves its index by default, as Redis's default `save`
+/// points do at most a minute after writes: a crash loses at most about this much.
+const DEFAULT_CHECKPOINT: Duration = Duration::from_secs(60);
+/// The shortest checkpoint interval: each one writes the whole index.
+const MIN_CHECKPOINT: Duration = Duration::from_secs(1);
 
 /// Largest rule file read; bigger ones are refused rather than exhausting memory.
 const MAX_RULE_FILE_BYTES: u64 = 256 << 20;
@@ -568,6 +575,7 @@ impl Lowerer<'_> {
         let mut block_size = 65536;
         let mut connections = 8;
         let mut inline_max = DEFAULT_INLINE_MAX;
+        let mut checkpoint = Some(DEFAULT_CHECKPOINT);
         let mut nvme_digests = NvmeDigests::default();
         let mut password_file = None;
         let (mut tls_cert, mut tls_key, mut tls_client_ca) = (None, None, None);
@@ -625,6 +633,26 @@ impl Lowerer<'_> {
                     |n| format!("`inline_max` is at most {MAX_INLINE_MAX} bytes, not {n}"),
                 ) {
                     Some(n) => inline_max = n,
+                    None => ok = false,
+                },
+                "checkpoint" if w.as_str() == "off" => checkpoint = None,
+                "checkpoint" => match self.parsed_if(
+                    w,
+                    (
+                        "checkpoint interval",
+                        "write a duration such as `30s`, or `off` to save the index only at a clean stop",
+                    ),
+                    value::duration,
+                    |d| d >= MIN_CHECKPOINT,
+                    |d| {
+                        format!(
+                            "`checkpoint` is at least {}s (each one writes the whole index), not {}ms",
+                            MIN_CHECKPOINT.as_secs(),
+                            d.as_millis()
+                        )
+                    },
+                ) {
+                    Some(d) => checkpoint = Some(d),
                     None => ok = false,
                 },
                 "nvme_digest" => {
@@ -714,6 +742,7 @@ impl Lowerer<'_> {
                 block_size,
                 connections,
                 inline_max: inline_max.min(block_size),
+                checkpoint,
                 nvme_digests,
                 password_file,
                 tls,

@@ -111,6 +111,25 @@ mod tests {
         assert!(p.conntrack.is_none());
     }
 
+    #[test]
+    fn kvcache_checkpoints_default_to_a_minute_and_can_be_turned_off() {
+        let checkpoint = |option: &str| {
+            let p = program(&format!(
+                "pipeline p\nport a {{ driver pcap }}\n\
+                 service kvcache {{ listen 127.0.0.1:6379 target \"file:///tmp/kv\" capacity 1GiB {option} }}\n\
+                 pipe x root from a {{ default {{ actions to kvcache }} }}\n"
+            ));
+            let crate::ir::ServiceKind::KvCache(kv) = &p.services[0].kind;
+            kv.checkpoint
+        };
+        assert_eq!(checkpoint(""), Some(std::time::Duration::from_secs(60)));
+        assert_eq!(
+            checkpoint("checkpoint 5m"),
+            Some(std::time::Duration::from_secs(300))
+        );
+        assert_eq!(checkpoint("checkpoint off"), None);
+    }
+
     /// Packets an af_xdp port receives never reach a local service, through however many
     /// pipes: `to` is warned about where such packets can reach it, not where they cannot.
     #[test]

@@ -49,6 +49,7 @@ pub fn block_keys(kind: BlockKind) -> Keys {
             ("block_size", Quantity),
             ("connections", One),
             ("inline_max", Quantity),
+            ("checkpoint", One),
             ("nvme_digest", One),
             ("password_file", One),
             ("tls_cert", One),

@@ -587,8 +587,15 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
     );
     fam.gauge(
         "dpuflow_kvcache_restored_keys",
-        "Keys the start restored from the index saved at the last clean stop (0: started empty).",
+        "Keys the start restored from the index saved on the target (at a clean stop or by a checkpoint; 0: started empty).",
         as_gauge(per(&|s, _| s.restored_keys)),
+    );
+    fam.gauge(
+        "dpuflow_kvcache_last_checkpoint_timestamp_seconds",
+        "When a checkpoint last saved the index on the target, unix time (0: none since the start).",
+        per(&|s, _| s.counters.last_save_ms.load(Relaxed))
+            .into_iter()
+            .map(|(l, ms)| (l, ms as f64 / 1000.0)),
     );
     fam.gauge(
         "dpuflow_kvcache_capacity_bytes",
@@ -676,6 +683,21 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
         "dpuflow_kvcache_evictions_total",
         "Keys evicted (least recently used) to make room.",
         per(&|_, g| g.evictions),
+    );
+    fam.counter(
+        "dpuflow_kvcache_checkpoints_total",
+        "Checkpoints of the index saved on the target.",
+        per(&|s, _| s.counters.checkpoints.load(Relaxed)),
+    );
+    fam.counter(
+        "dpuflow_kvcache_checkpoint_failures_total",
+        "Checkpoints that failed (the target keeps the one before).",
+        per(&|s, _| s.counters.checkpoint_failures.load(Relaxed)),
+    );
+    fam.counter(
+        "dpuflow_kvcache_checkpoint_overruns_total",
+        "Times values written between two checkpoints outgrew the free reserve and took blocks the last one names (its keys there then read as misses after a crash).",
+        per(&|_, g| g.hold_back_overruns),
     );
     fam.counter(
         "dpuflow_kvcache_expired_keys_total",
