@@ -2,8 +2,8 @@
 //! requests (a pipelined burst of GETs; a SET carrying a 64 KiB value, whose bytes the
 //! parser must not walk), and the index at a million keys (a GET's lookup; a SET's
 //! allocation and insert in a full store, evicting the least recently used), and the
-//! NVMe/TCP data digest of a MiB (`nvme_digest data`). Run with `cargo bench --bench
-//! kvcache`.
+//! NVMe/TCP data digest of a MiB (`nvme_digest data`), and what a checkpoint does with the
+//! index locked at a million keys. Run with `cargo bench --bench kvcache`.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use dpuflow::kvcache::index::Index;
@@ -72,6 +72,44 @@ fn index(c: &mut Criterion) {
     );
 }
 
+/// What a checkpoint does while it holds the index's lock, at a million keys in a store
+/// of 64 KiB blocks with the checkpoint reserve free: a copy of each key's record, free
+/// blocks for the snapshot (the free list sorted into runs) and the swap of the
+/// held-back list; and what it does after, unlocked, before its writes: the records put
+/// in recency order.
+fn checkpoint(c: &mut Criterion) {
+    const KEYS: u64 = 1 << 20;
+    let block = 65536;
+    let capacity = (KEYS + KEYS / 16 + 1) * block;
+    let mut ix = Index::new(capacity, block);
+    ix.hold_back(KEYS / 16);
+    let key = |i: u64| format!("model@{i:016x}:chunk").into_bytes();
+    for i in 0..KEYS {
+        let k = key(i);
+        let e = ix.allocate(&k, block).expect("room");
+        ix.insert(&k, e);
+    }
+    let mut group = c.benchmark_group("checkpoint");
+    group.sample_size(10);
+    group.bench_function("index locked to save 1M keys", |b| {
+        b.iter_with_large_drop(|| {
+            let draft = ix.snapshot_draft();
+            let blocks = ix.take_free(draft.len() as u64).expect("room");
+            let held = ix.begin_save();
+            ix.release(held);
+            (draft, blocks)
+        })
+    });
+    group.bench_function("the snapshot of 1M keys put in order, unlocked", |b| {
+        b.iter_batched(
+            || ix.snapshot_draft(),
+            |draft| draft.encode(),
+            criterion::BatchSize::LargeInput,
+        )
+    });
+    group.finish();
+}
+
 /// What `nvme_digest data` adds for each MiB moved: its CRC32C, once by each side.
 fn digest(c: &mut Criterion) {
     let mib: Vec<u8> = (0..1 << 20)
@@ -82,5 +120,5 @@ fn digest(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, parsing, index, digest);
+criterion_group!(benches, parsing, index, digest, checkpoint);
 criterion_main!(benches);

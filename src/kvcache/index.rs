@@ -10,6 +10,7 @@
 //! while it reads, so blocks of a key that is meanwhile overwritten, deleted or evicted
 //! return to the free list only when the last reader is done, never under its feet.
 
+use crate::engine::prefetch::prefetch;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -178,6 +179,8 @@ pub struct Index {
     used: u64,
     /// Bytes of the values held kept in memory.
     inline_bytes: u64,
+    /// Bytes of the keys held.
+    key_bytes: usize,
     evictions: u64,
     expired: u64,
     /// Blocks keys may not fill while blocks are held back (see [`Index::hold_back`]):
@@ -206,6 +209,50 @@ impl SnapshotFields {
     };
 }
 
+/// The fixed fields of a key's record in a snapshot: key length, value length, block
+/// count, deadline, checksum.
+const SNAPSHOT_RECORD: usize = 4 + 8 + 4 + 8 + 8;
+
+/// An index at one moment ([`Index::snapshot_draft`]): each key's record of
+/// [`Index::snapshot`], in the table's order, to be put in recency order without the index.
+#[derive(Debug)]
+pub struct SnapshotDraft {
+    /// The records, one after another.
+    records: Vec<u8>,
+    /// Each record's recency tick, start and end in `records`.
+    order: Vec<(u64, usize, usize)>,
+    /// The values kept in memory that are not on their blocks yet.
+    inline_unwritten: Vec<Arc<Extents>>,
+}
+
+impl SnapshotDraft {
+    /// The length of the snapshot's bytes.
+    pub fn len(&self) -> usize {
+        8 + self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    /// The values kept in memory that must be written before a superblock names the
+    /// snapshot.
+    pub fn inline_unwritten(&self) -> &[Arc<Extents>] {
+        &self.inline_unwritten
+    }
+
+    /// The snapshot's bytes (see [`Index::snapshot`]).
+    pub fn encode(mut self) -> Vec<u8> {
+        self.order.sort_unstable_by_key(|o| o.0);
+        let mut out = Vec::with_capacity(self.len());
+        out.extend_from_slice(&(self.order.len() as u64).to_le_bytes());
+        for &(_, start, end) in &self.order {
+            out.extend_from_slice(&self.records[start..end]);
+        }
+        out
+    }
+}
+
 /// Blocks at the start of the target that never hold values: the superblock
 /// ([`super::persist`]).
 pub const RESERVED_BLOCKS: u64 = 1;
@@ -230,6 +277,7 @@ impl Index {
             total,
             used: 0,
             inline_bytes: 0,
+            key_bytes: 0,
             evictions: 0,
             expired: 0,
             reserve: 0,
@@ -242,23 +290,58 @@ impl Index {
     /// (u64, 0 for none), its value's checksum (u64: the CRC32C with bit 32 set, 0 for
     /// none), the key and the block numbers (u64 each), all little-endian.
     pub fn snapshot(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        out.extend_from_slice(&(self.order.len() as u64).to_le_bytes());
-        for key in self.order.values() {
-            let Some(e) = self.map.get(key) else { continue };
+        self.snapshot_draft().encode()
+    }
+
+    /// What [`Index::snapshot`] writes, copied in one pass through the table (no key
+    /// hashed, nothing but reads, so the cache misses overlap), to be ordered without the
+    /// index ([`SnapshotDraft::encode`]). Its block numbers stay true while the blocks of
+    /// values removed are held back ([`Index::hold_back`]).
+    pub fn snapshot_draft(&self) -> SnapshotDraft {
+        let mut records = Vec::with_capacity(
+            self.map.len() * SNAPSHOT_RECORD + self.key_bytes + 8 * self.used as usize,
+        );
+        let mut order = Vec::with_capacity(self.map.len());
+        let mut inline_unwritten = Vec::new();
+        // Each key's bytes, value and block list are apart in memory: fetched ahead, so
+        // their misses overlap instead of queueing.
+        let entries: Vec<(&Arc<[u8]>, &Entry)> = self.map.iter().collect();
+        for (i, &(key, e)) in entries.iter().enumerate() {
+            if let Some(&(k, e)) = entries.get(i + 32) {
+                if let Some(first) = k.first() {
+                    prefetch(first);
+                }
+                prefetch(&*e.extents);
+            }
+            if let Some(b) = entries
+                .get(i + 16)
+                .and_then(|(_, e)| e.extents.blocks.first())
+            {
+                prefetch(b);
+            }
             let x = &e.extents;
-            out.extend_from_slice(&(key.len() as u32).to_le_bytes());
-            out.extend_from_slice(&x.len.to_le_bytes());
-            out.extend_from_slice(&(x.blocks.len() as u32).to_le_bytes());
-            out.extend_from_slice(&e.deadline.unwrap_or(0).to_le_bytes());
+            let start = records.len();
+            records.extend_from_slice(&(key.len() as u32).to_le_bytes());
+            records.extend_from_slice(&x.len.to_le_bytes());
+            records.extend_from_slice(&(x.blocks.len() as u32).to_le_bytes());
+            records.extend_from_slice(&e.deadline.unwrap_or(0).to_le_bytes());
             let checksum = x.checksum.map_or(0, |c| 1 << 32 | u64::from(c));
-            out.extend_from_slice(&checksum.to_le_bytes());
-            out.extend_from_slice(key);
+            records.extend_from_slice(&checksum.to_le_bytes());
+            records.extend_from_slice(key);
             for b in &x.blocks {
-                out.extend_from_slice(&b.to_le_bytes());
+                records.extend_from_slice(&b.to_le_bytes());
+            }
+            order.push((e.tick, start, records.len()));
+            if x.inline_unwritten() {
+                inline_unwritten.push(Arc::clone(x));
             }
         }
-        out
+        debug_assert_eq!(records.len(), records.capacity());
+        SnapshotDraft {
+            records,
+            order,
+            inline_unwritten,
+        }
     }
 
     /// The index a [`Index::snapshot`] describes, for a store of `capacity` bytes in blocks
@@ -331,6 +414,7 @@ impl Index {
             let tick = ix.next_tick();
             let key: Arc<[u8]> = Arc::from(key);
             ix.used += u64::from(n);
+            ix.key_bytes += key.len();
             ix.order.insert(tick, Arc::clone(&key));
             if let Some(d) = deadline {
                 ix.deadlines.insert((d, Arc::clone(&key)));
@@ -479,6 +563,7 @@ impl Index {
         let tick = self.next_tick();
         let key: Arc<[u8]> = held.unwrap_or_else(|| Arc::from(key));
         self.used += extents.blocks.len() as u64;
+        self.key_bytes += key.len();
         self.inline_bytes += extents.inline_len();
         self.order.insert(tick, Arc::clone(&key));
         self.map.insert(
@@ -517,6 +602,7 @@ impl Index {
     fn forget(&mut self, key: Arc<[u8]>, e: &Entry) {
         self.changes += 1;
         self.used -= e.extents.blocks.len() as u64;
+        self.key_bytes -= key.len();
         self.inline_bytes -= e.extents.inline_len();
         if let Some(d) = e.deadline {
             self.deadlines.remove(&(d, key));
@@ -530,6 +616,7 @@ impl Index {
         self.order.clear();
         self.deadlines.clear();
         self.used = 0;
+        self.key_bytes = 0;
         self.inline_bytes = 0;
     }
 

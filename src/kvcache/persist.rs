@@ -178,19 +178,16 @@ pub struct Save {
     pub superblock: Vec<u8>,
 }
 
-/// Prepares saving `index` for a store of `capacity`: its snapshot in free blocks, from
-/// the longest runs of them (the runs are named in the superblock), and the superblock.
-/// Too few free blocks fail a checkpoint; a save at a clean stop evicts the least recently
-/// used keys to make room, as any value would, and takes the snapshot again, so it
-/// describes the keys that remain.
-pub fn prepare(index: &mut Index, capacity: u64, saved: Saved) -> Option<Save> {
+/// Prepares saving `index` for a store of `capacity` at a clean stop: blocks for its
+/// snapshot, from the longest runs of free blocks (the runs are named in the superblock),
+/// evicting the least recently used keys if the store is full, as any value would (the
+/// snapshot is then taken again, so it describes the keys that remain), and the
+/// superblock.
+pub fn prepare(index: &mut Index, capacity: u64) -> Option<Save> {
     let block_size = index.block_size();
     let snapshot = index.snapshot();
     if let Some(blocks) = index.take_free(snapshot.len() as u64) {
-        return seal(snapshot, blocks, block_size, capacity, saved);
-    }
-    if saved == Saved::Checkpoint {
-        return None;
+        return seal(snapshot, blocks, block_size, capacity, Saved::AtStop);
     }
     let keys = index.stats().keys;
     let blocks = index.allocate(b"", snapshot.len() as u64).ok()?;
@@ -199,11 +196,13 @@ pub fn prepare(index: &mut Index, capacity: u64, saved: Saved) -> Option<Save> {
         true => snapshot,
         false => index.snapshot(),
     };
-    seal(snapshot, blocks, block_size, capacity, saved)
+    seal(snapshot, blocks, block_size, capacity, Saved::AtStop)
 }
 
-/// The save of `snapshot` into `blocks`.
-fn seal(
+/// The save of `snapshot` into `blocks` (for a checkpoint: free blocks taken with the
+/// index locked, the snapshot encoded after); `None` when the blocks' runs do not fit in
+/// the superblock.
+pub fn seal(
     mut snapshot: Vec<u8>,
     blocks: Extents,
     block_size: u64,
@@ -271,7 +270,7 @@ mod tests {
             let e = ix.allocate(k.as_bytes(), len).unwrap();
             ix.insert(k.as_bytes(), e);
         }
-        let save = prepare(&mut ix, capacity, Saved::AtStop).unwrap();
+        let save = prepare(&mut ix, capacity).unwrap();
         // The snapshot's blocks are free blocks, not a key's.
         assert_eq!(save.blocks.runs().collect::<Vec<_>>(), [(4, 1)]);
         let sb = Superblock::decode(&save.superblock).unwrap();
@@ -311,7 +310,7 @@ mod tests {
         for i in (0..6_000u32).step_by(2) {
             ix.remove(&i.to_le_bytes());
         }
-        let save = prepare(&mut ix, capacity, Saved::AtStop).expect("saved");
+        let save = prepare(&mut ix, capacity).expect("saved");
         let runs: Vec<_> = save.blocks.runs().collect();
         assert_eq!(runs.len(), 1, "{runs:?}");
         let sb = Superblock::decode(&save.superblock).unwrap();
@@ -327,7 +326,7 @@ mod tests {
             let e = ix.allocate(k.as_bytes(), 512).unwrap();
             ix.insert(k.as_bytes(), e);
         }
-        let save = prepare(&mut ix, capacity, Saved::AtStop).unwrap();
+        let save = prepare(&mut ix, capacity).unwrap();
         let back = load(
             &Superblock::decode(&save.superblock).unwrap(),
             &save.snapshot,

@@ -571,7 +571,7 @@ impl KvService {
             tracing::warn!(service = %self.name, error = %e, "kvcache values kept in memory not written: the index is not saved");
             return;
         }
-        let Some(save) = persist::prepare(&mut index, self.config.capacity, Saved::AtStop) else {
+        let Some(save) = persist::prepare(&mut index, self.config.capacity) else {
             tracing::warn!(service = %self.name, "kvcache index too large to save");
             return;
         };
@@ -608,8 +608,9 @@ impl KvService {
     }
 
     /// Saves the index as a checkpoint, unless nothing changed since the last; whether it
-    /// did. The index is locked only to take the snapshot: the values kept in memory and
-    /// the snapshot are written, and the superblock after them, while requests go on.
+    /// did. The index is locked only to copy it and take free blocks for it: the snapshot
+    /// is put in order, the values kept in memory are written and the snapshot and the
+    /// superblock after them, while requests go on.
     fn checkpoint(&self) -> io::Result<bool> {
         let mut checkpoints = self
             .checkpoints
@@ -620,18 +621,23 @@ impl KvService {
         if checkpoints.changes == Some(changes) {
             return Ok(false);
         }
-        let mut inline = index.inline_values();
-        inline.retain(|e| e.inline_unwritten());
-        let save = persist::prepare(&mut index, self.config.capacity, Saved::Checkpoint)
-            .ok_or_else(|| io::Error::other("too few free blocks for the index's snapshot"))?;
+        let draft = index.snapshot_draft();
+        let no_room = || io::Error::other("too few free blocks for the index's snapshot");
+        let blocks = index.take_free(draft.len() as u64).ok_or_else(no_room)?;
         let released = index.begin_save();
         drop(index);
-        let written = self
-            .write_inline(&inline)
-            .and_then(|()| self.write_save(&save));
+        let inline = draft.inline_unwritten().to_vec();
+        let (bs, capacity) = (self.config.block_size, self.config.capacity);
+        let written = persist::seal(draft.encode(), blocks, bs, capacity, Saved::Checkpoint)
+            .ok_or_else(|| io::Error::other("the snapshot's blocks are in too many runs"))
+            .and_then(|save| {
+                self.write_inline(&inline)?;
+                self.write_save(&save)?;
+                Ok(save)
+            });
         let mut index = self.lock();
         match written {
-            Ok(()) => {
+            Ok(save) => {
                 index.release(released);
                 // The snapshot before is no longer named; its blocks are held back in turn.
                 checkpoints.kept = Some(save.blocks);
