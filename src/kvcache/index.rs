@@ -1066,6 +1066,99 @@ mod tests {
         }
     }
 
+    /// A step of a service that takes checkpoints: writes and deletes, with saves begun and
+    /// ended (durable or failed) between them.
+    #[derive(Debug, Clone)]
+    enum SaveOp {
+        Put(u8, u8),
+        Remove(u8),
+        Begin,
+        End(bool),
+    }
+
+    fn save_op() -> impl proptest::strategy::Strategy<Value = SaveOp> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (0..24u8, 1..5u8).prop_map(|(k, n)| SaveOp::Put(k, n)),
+            2 => (0..24u8).prop_map(SaveOp::Remove),
+            1 => Just(SaveOp::Begin),
+            1 => any::<bool>().prop_map(SaveOp::End),
+        ]
+    }
+
+    /// Every block of every key held, and of the snapshot.
+    fn named_blocks(ix: &Index, snapshot: &Extents) -> BTreeSet<u64> {
+        let mut named: BTreeSet<u64> = ix
+            .map
+            .values()
+            .flat_map(|e| e.extents.blocks.clone())
+            .collect();
+        named.extend(&snapshot.blocks);
+        named
+    }
+
+    proptest::proptest! {
+        /// While no value has needed more than the reserve, no value is written to a block
+        /// that the durable save, or one being written, names: a crash at any moment finds
+        /// a saved index whose blocks hold what it says.
+        #[test]
+        fn no_value_lands_in_a_block_a_save_names(ops in proptest::collection::vec(save_op(), 1..120)) {
+            // 64 blocks for values, 8 of them the reserve.
+            let mut ix = Index::new(65 * 512, 512);
+            ix.hold_back(8);
+            let mut durable: (BTreeSet<u64>, Option<Extents>) = (BTreeSet::new(), None);
+            let mut writing: Option<(Vec<u64>, Extents, BTreeSet<u64>)> = None;
+            for o in ops {
+                match o {
+                    SaveOp::Put(k, n) => {
+                        let key = [k];
+                        let e = ix.allocate(&key, u64::from(n) * 512).unwrap();
+                        if ix.stats().hold_back_overruns == 0 {
+                            for b in &e.blocks {
+                                proptest::prop_assert!(!durable.0.contains(b), "block {} of the durable save reused", b);
+                                let named = writing.as_ref().is_some_and(|w| w.2.contains(b));
+                                proptest::prop_assert!(!named, "block {} of the save being written reused", b);
+                            }
+                        }
+                        ix.insert(&key, e);
+                    }
+                    SaveOp::Remove(k) => {
+                        ix.remove(&[k]);
+                    }
+                    SaveOp::Begin if writing.is_none() => {
+                        let len = ix.snapshot().len() as u64;
+                        if let Some(blocks) = ix.take_free(len) {
+                            let named = named_blocks(&ix, &blocks);
+                            writing = Some((ix.begin_save(), blocks, named));
+                        }
+                    }
+                    SaveOp::End(durable_now) => {
+                        if let Some((released, blocks, named)) = writing.take() {
+                            if durable_now {
+                                ix.release(released);
+                                durable = (named, Some(blocks));
+                            } else {
+                                ix.hold_again(released);
+                            }
+                        }
+                    }
+                    SaveOp::Begin => {}
+                }
+                // Blocks are never lost: free, held back (or to be freed when the save
+                // being written is durable), a key's or a snapshot's.
+                let free = ix.free.lock().unwrap();
+                let held = free.held_back.as_ref().map_or(0, Vec::len)
+                    + writing.as_ref().map_or(0, |w| w.0.len());
+                let snapshots = durable.1.as_ref().map_or(0, |e| e.blocks.len())
+                    + writing.as_ref().map_or(0, |w| w.1.blocks.len());
+                proptest::prop_assert_eq!(
+                    free.stack.len() + held + ix.used as usize + snapshots,
+                    64
+                );
+            }
+        }
+    }
+
     #[test]
     fn keys_past_their_deadline_are_purged() {
         let mut ix = Index::new(room(8, 512), 512);
