@@ -654,6 +654,26 @@ impl KvService {
         }
     }
 
+    /// `SAVE`: a checkpoint now, answered once it is durable (or the index has not changed
+    /// since the last), as Redis's `SAVE` answers once its RDB file is written.
+    fn save_command(&self, out: &mut Vec<u8>) {
+        if self.config.checkpoint.is_none() {
+            reply::error(
+                out,
+                "ERR checkpoints are off for this service (checkpoint off): the index is saved at a clean stop",
+            );
+            return;
+        }
+        match self.checkpoint() {
+            Ok(_) => reply::ok(out),
+            Err(e) => {
+                self.counters.checkpoint_failures.fetch_add(1, Relaxed);
+                tracing::warn!(service = %self.name, error = %e, "kvcache checkpoint (SAVE) failed: the target keeps the one before");
+                reply::error(out, &format!("ERR checkpoint failed: {e}"));
+            }
+        }
+    }
+
     /// Writes the values kept in memory among `values` that are not on their blocks yet.
     fn write_inline(&self, values: &[Arc<Extents>]) -> io::Result<()> {
         let unwritten: Vec<_> = values.iter().filter(|e| e.inline_unwritten()).collect();
@@ -1049,6 +1069,17 @@ impl KvService {
             "flushall" | "flushdb" => {
                 self.lock().clear();
                 reply::ok(out);
+            }
+            "save" => {
+                if arity(0, out) {
+                    self.save_command(out);
+                }
+            }
+            "lastsave" => {
+                if arity(0, out) {
+                    let ms = self.counters.last_save_ms.load(Relaxed);
+                    reply::integer(out, i64::try_from(ms / 1000).unwrap_or(i64::MAX));
+                }
             }
             "ping" => match args {
                 [] => reply::simple(out, "PONG"),
@@ -2240,6 +2271,7 @@ mod tests {
         svc.shutdown();
         let svc = on(&path, 64 * 4096, 4096);
         assert_eq!(run(&svc, &[b"DBSIZE"]), b":2\r\n");
+        assert!(run(&svc, &[b"SAVE"]).starts_with(b"-ERR checkpoints are off"));
         let mut expect = Vec::new();
         reply::bulk(&mut expect, &big);
         assert_eq!(run(&svc, &[b"GET", b"big"]), expect);
@@ -2301,8 +2333,12 @@ mod tests {
             &svc,
             &[b"SET", b"deadline", b"d", b"PXAT", b"4000000000000"],
         );
-        assert!(svc.checkpoint().unwrap());
+        assert_eq!(run(&svc, &[b"LASTSAVE"]), b":0\r\n");
+        assert_eq!(run(&svc, &[b"SAVE"]), b"+OK\r\n");
         assert!(!svc.checkpoint().unwrap(), "nothing changed since");
+        let lastsave = String::from_utf8(run(&svc, &[b"LASTSAVE"])).unwrap();
+        let at: i64 = lastsave.trim_start_matches(':').trim_end().parse().unwrap();
+        assert!((now_ms() / 1000 - at).abs() < 60, "{lastsave}");
         // After it: `big` deleted and its blocks wanted by new values, `small` written
         // again.
         run(&svc, &[b"DEL", b"big"]);
