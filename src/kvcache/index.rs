@@ -184,7 +184,8 @@ pub struct Index {
     evictions: u64,
     expired: u64,
     /// Blocks keys may not fill while blocks are held back (see [`Index::hold_back`]):
-    /// room for the values written between two saves.
+    /// room for the values written between two saves (besides the saves' own, see
+    /// [`Index::kept_free`]).
     reserve: u64,
     /// Changes to the keys, their values or deadlines so far: a save with none since the
     /// last has nothing new to say.
@@ -521,7 +522,7 @@ impl Index {
         }
         // Keys leave the reserve to the values written before the next save (keys that
         // go are held back until then).
-        while self.used + n > room.saturating_sub(self.reserve) && !self.map.is_empty() {
+        while self.used + n > room.saturating_sub(self.kept_free()) && !self.map.is_empty() {
             if self.remove(key) {
                 removed = true;
             } else if !self.evict_oldest() {
@@ -664,7 +665,7 @@ impl Index {
         IndexStats {
             keys: self.map.len() as u64,
             used_blocks: self.used,
-            total_blocks: (self.total - RESERVED_BLOCKS).saturating_sub(self.reserve),
+            total_blocks: (self.total - RESERVED_BLOCKS).saturating_sub(self.kept_free()),
             evictions: self.evictions,
             expiring: self.deadlines.len() as u64,
             expired: self.expired,
@@ -675,6 +676,21 @@ impl Index {
                 .unwrap_or_else(PoisonError::into_inner)
                 .overruns,
         }
+    }
+
+    /// Blocks keys leave free while blocks are held back: the reserve for the values
+    /// written between two saves, and room for two snapshots of the index as it is (the
+    /// one the target names, kept, and the next), so a save finds room however full the
+    /// store.
+    fn kept_free(&self) -> u64 {
+        if self.reserve == 0 {
+            return 0;
+        }
+        let snapshot = 8
+            + SNAPSHOT_RECORD as u64 * self.map.len() as u64
+            + self.key_bytes as u64
+            + 8 * self.used;
+        self.reserve + 2 * snapshot.div_ceil(self.block_size)
     }
 
     /// Changes to keys, values and deadlines so far (a count that only grows).
@@ -816,28 +832,49 @@ mod tests {
 
     #[test]
     fn keys_leave_the_reserve_free_and_a_store_short_of_it_overruns_the_hold_back() {
-        // 16 blocks for values, 4 of them kept free while holding back.
-        let mut ix = Index::new(17 * 512, 512);
+        // 16 blocks for values; while holding back, 4 of them kept free for values and 2
+        // for snapshots (one block each, at most, here).
+        let mut ix = Index::new(17 * 4096, 4096);
         ix.hold_back(4);
-        assert_eq!(ix.stats().total_blocks, 12);
-        for i in 0..12 {
-            put(&mut ix, &format!("k{i}"), 512).unwrap();
+        assert_eq!(ix.stats().total_blocks, 10);
+        for i in 0..10 {
+            put(&mut ix, &format!("k{i}"), 4096).unwrap();
         }
-        // The 13th evicts the oldest (held back) and takes a free block of the reserve.
-        for i in 12..16 {
-            put(&mut ix, &format!("k{i}"), 512).unwrap();
-            assert_eq!(ix.stats().keys, 12);
+        // Each one more evicts the oldest (held back) and takes a free block.
+        for i in 10..16 {
+            put(&mut ix, &format!("k{i}"), 4096).unwrap();
+            assert_eq!(ix.stats().keys, 10);
         }
         assert_eq!(ix.stats().hold_back_overruns, 0);
-        assert!(!ix.contains(b"k3") && ix.contains(b"k4"));
-        // The reserve used up before a save: the held-back blocks are used after all
+        assert!(!ix.contains(b"k5") && ix.contains(b"k6"));
+        // No free block left before a save: the held-back blocks are used after all
         // rather than every key evicted.
-        put(&mut ix, "k16", 512).unwrap();
-        assert_eq!(ix.stats().keys, 12);
+        put(&mut ix, "k16", 4096).unwrap();
+        assert_eq!(ix.stats().keys, 10);
         assert_eq!(ix.stats().hold_back_overruns, 1);
         // Holding back stopped until the next save.
         ix.remove(b"k16");
         assert!(ix.begin_save().is_empty());
+    }
+
+    /// Keys leave room for the snapshots too, so a full store of small blocks (where the
+    /// index takes more than the reserve) still saves.
+    #[test]
+    fn a_full_store_of_small_blocks_has_room_for_its_snapshot() {
+        let mut ix = Index::new(1001 * 512, 512);
+        ix.hold_back(1000 / 16);
+        for i in 0..2000u32 {
+            put(&mut ix, &format!("key{i}"), 512).unwrap();
+        }
+        let len = ix.snapshot().len() as u64;
+        assert!(
+            len > 62 * 512,
+            "the snapshot ({len} bytes) outgrows the reserve"
+        );
+        let blocks = ix.take_free(len).expect("room for the snapshot");
+        let held = ix.begin_save();
+        ix.release(held);
+        drop(blocks);
     }
 
     #[test]
