@@ -558,9 +558,9 @@ impl Index {
     /// Makes `extents` the value of `key`, replacing any (whose blocks are freed once no
     /// reader holds them).
     pub fn insert(&mut self, key: &[u8], extents: Extents) {
-        self.changes += 1;
-        // A key held already keeps its string.
+        // A key held already keeps its string (and its removal counted the change).
         let held = self.take(key);
+        self.changes += u64::from(held.is_none());
         let tick = self.next_tick();
         let key: Arc<[u8]> = held.unwrap_or_else(|| Arc::from(key));
         self.used += extents.blocks.len() as u64;

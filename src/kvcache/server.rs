@@ -17,7 +17,7 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::ops::{Deref, DerefMut, Range};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 /// Client connections served at once; more are answered with an error and closed.
@@ -402,6 +402,10 @@ pub struct KvCounters {
     pub checkpoint_failures: AtomicU64,
     /// When a checkpoint last saved the index, unix milliseconds; 0 before the first.
     pub last_save_ms: AtomicU64,
+    /// [`Index::changes`] at the last checkpoint, and whether the last one attempted failed
+    /// (for INFO's persistence section).
+    changes_at_last_save: AtomicU64,
+    last_save_failed: AtomicBool,
 }
 
 /// The save the target's superblock names, while checkpoints are taken.
@@ -642,6 +646,8 @@ impl KvService {
                 // The snapshot before is no longer named; its blocks are held back in turn.
                 checkpoints.kept = Some(save.blocks);
                 checkpoints.changes = Some(changes);
+                self.counters.changes_at_last_save.store(changes, Relaxed);
+                self.counters.last_save_failed.store(false, Relaxed);
                 self.counters.checkpoints.fetch_add(1, Relaxed);
                 let now = u64::try_from(now_ms()).unwrap_or(0);
                 self.counters.last_save_ms.store(now, Relaxed);
@@ -649,6 +655,7 @@ impl KvService {
             }
             Err(e) => {
                 index.hold_again(released);
+                self.counters.last_save_failed.store(true, Relaxed);
                 Err(e)
             }
         }
@@ -2035,11 +2042,20 @@ impl KvService {
     fn info(&self) -> String {
         let g = self.gauges();
         let c = &self.counters;
+        let changes = (self.lock().changes()).saturating_sub(c.changes_at_last_save.load(Relaxed));
+        let saving = matches!(self.checkpoints.try_lock(), Err(TryLockError::WouldBlock));
+        let last_save = if c.last_save_failed.load(Relaxed) {
+            "err"
+        } else {
+            "ok"
+        };
         format!(
             "# Server\r\nredis_version:7.0.0\r\ndpuflow_version:{}\r\nredis_mode:standalone\r\n\
              tcp_port:{}\r\n\r\n# Clients\r\nconnected_clients:{}\r\n\r\n# Memory\r\n\
              maxmemory:{}\r\nmaxmemory_policy:allkeys-lru\r\n\r\n# Stats\r\n\
              keyspace_hits:{}\r\nkeyspace_misses:{}\r\nevicted_keys:{}\r\nexpired_keys:{}\r\n\r\n\
+             # Persistence\r\nloading:0\r\nrdb_changes_since_last_save:{}\r\n\
+             rdb_bgsave_in_progress:{}\r\nrdb_last_save_time:{}\r\nrdb_last_bgsave_status:{}\r\n\r\n\
              # Kvcache\r\n\
              target:{}\r\nblock_size:{}\r\ncapacity_bytes:{}\r\nused_bytes:{}\r\ninline_bytes:{}\r\n\
              storage_read_bytes:{}\r\nstorage_written_bytes:{}\r\nstorage_errors:{}\r\n\
@@ -2053,6 +2069,10 @@ impl KvService {
             c.misses.load(Relaxed),
             g.evictions,
             g.expired,
+            changes,
+            u8::from(saving),
+            c.last_save_ms.load(Relaxed) / 1000,
+            last_save,
             storage::describe(&self.config.target),
             self.config.block_size,
             g.capacity_bytes,
@@ -2336,6 +2356,13 @@ mod tests {
         assert_eq!(run(&svc, &[b"LASTSAVE"]), b":0\r\n");
         assert_eq!(run(&svc, &[b"SAVE"]), b"+OK\r\n");
         assert!(!svc.checkpoint().unwrap(), "nothing changed since");
+        let info = svc.info();
+        assert!(
+            info.contains("\r\n# Persistence\r\nloading:0\r\nrdb_changes_since_last_save:0\r\n"),
+            "{info}"
+        );
+        assert!(info.contains("rdb_bgsave_in_progress:0\r\n"), "{info}");
+        assert!(info.contains("rdb_last_bgsave_status:ok\r\n"), "{info}");
         let lastsave = String::from_utf8(run(&svc, &[b"LASTSAVE"])).unwrap();
         let at: i64 = lastsave.trim_start_matches(':').trim_end().parse().unwrap();
         assert!((now_ms() / 1000 - at).abs() < 60, "{lastsave}");
@@ -2346,6 +2373,7 @@ mod tests {
             run(&svc, &[b"SET", k, &[9u8; 50_000]]);
         }
         run(&svc, &[b"SET", b"small", b"y"]);
+        assert!(svc.info().contains("rdb_changes_since_last_save:4\r\n"));
         crash(svc);
         // Twice: a start keeps the checkpoint it loaded until it takes one of its own.
         for round in 0..2 {
