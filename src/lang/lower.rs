@@ -39,8 +39,8 @@ const DEFAULT_INLINE_MAX: u64 = 256;
 /// The most `inline_max` may be: memory for a value in every block.
 const MAX_INLINE_MAX: u64 = 64 << 10;
 
-/// How often a KV-cache service saves its index by default, as Redis's default `save`
-/// points do at most a minute after writes: a crash loses at most about this much.
+/// How often a KV-cache service saves its index by default (Redis's default `save` points
+/// save within a minute of many writes): a crash loses at most about this much.
 const DEFAULT_CHECKPOINT: Duration = Duration::from_secs(60);
 /// The shortest checkpoint interval: each one writes the whole index.
 const MIN_CHECKPOINT: Duration = Duration::from_secs(1);
