@@ -120,21 +120,21 @@ fn saved_index(name: &str, config: &KvCache, pool: &Pool) -> io::Result<(Index, 
         let loaded = index.map(|mut index| {
             // With checkpoints, the snapshot's blocks are kept while its superblock names them.
             let kept = match (&sb, config.checkpoint) {
-                (Ok(sb), Some(_)) => index.take_runs(&sb.runs).map(|k| (k, sb.saved)),
+                (Ok(sb), Some(_)) => index.take_runs(&sb.runs),
                 _ => None,
             };
-            (index, kept)
+            (index, kept, sb.as_ref().map(|sb| sb.saved).ok())
         });
         match (&sb, &loaded) {
-            (Ok(_), Ok((_, Some(_)))) | (Err(persist::Unusable::Missing), _) => {}
+            (Ok(_), Ok((_, Some(_), _))) | (Err(persist::Unusable::Missing), _) => {}
             (Ok(_), _) => t.write_at(0, &persist::Superblock::taken(&first))?,
             (Err(_), _) => t.write_at(0, &vec![0u8; bs as usize])?,
         }
         Ok(loaded)
     });
     let (mut index, kept) = match loaded? {
-        Ok((index, kept)) => {
-            let from = match kept.as_ref().map(|k| k.1) {
+        Ok((index, kept, saved)) => {
+            let from = match saved {
                 Some(Saved::Checkpoint) => "checkpoint",
                 _ => "clean stop",
             };
@@ -144,7 +144,7 @@ fn saved_index(name: &str, config: &KvCache, pool: &Pool) -> io::Result<(Index, 
                 saved_at = from,
                 "kvcache index restored"
             );
-            (index, kept.map(|k| k.0))
+            (index, kept)
         }
         Err(persist::Unusable::Missing) => (Index::new(capacity, bs), None),
         Err(why) => {
