@@ -6,9 +6,10 @@
 //! index locked at a million keys. Run with `cargo bench --bench kvcache`.
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use dpuflow::kvcache::index::Index;
+use dpuflow::kvcache::index::{Index, SNAPSHOT_PART};
 use dpuflow::kvcache::resp::{self, reply};
 use std::hint::black_box;
+use std::time::{Duration, Instant};
 
 /// A request as clients encode it.
 fn request(words: &[&[u8]]) -> Vec<u8> {
@@ -73,10 +74,10 @@ fn index(c: &mut Criterion) {
 }
 
 /// What a checkpoint does while it holds the index's lock, at a million keys in a store
-/// of 64 KiB blocks with the checkpoint reserve free: a copy of each key's record, free
-/// blocks for the snapshot (the free list sorted into runs) and the swap of the
-/// held-back list; and what it does after, unlocked, before its writes: the records put
-/// in recency order.
+/// of 64 KiB blocks with the checkpoint reserve free: a part of the copy (1024 keys'
+/// records, in recency order), and at the end free blocks for the snapshot (the free list
+/// sorted into runs); then the whole copy, part after part, and what it does after,
+/// unlocked, before its writes: the snapshot encoded.
 fn checkpoint(c: &mut Criterion) {
     const KEYS: u64 = 1 << 20;
     let block = 65536;
@@ -89,20 +90,46 @@ fn checkpoint(c: &mut Criterion) {
         let e = ix.allocate(&k, block).expect("room");
         ix.insert(&k, e);
     }
+    let copy = |ix: &Index, part: usize| {
+        let mut draft = ix.start_snapshot();
+        while !ix.snapshot_part(&mut draft, part) {}
+        draft
+    };
     let mut group = c.benchmark_group("checkpoint");
     group.sample_size(10);
-    group.bench_function("index locked to save 1M keys", |b| {
-        b.iter_with_large_drop(|| {
-            let draft = ix.snapshot_draft();
-            let blocks = ix.take_free(draft.len() as u64).expect("room");
-            let held = ix.begin_save();
-            ix.release(held);
-            (draft, blocks)
+    group.bench_function(
+        "index locked for a part of the copy (1024 of 1M keys)",
+        |b| {
+            let mut draft = ix.start_snapshot();
+            b.iter(|| {
+                if ix.snapshot_part(&mut draft, SNAPSHOT_PART) {
+                    draft = ix.start_snapshot();
+                }
+            })
+        },
+    );
+    group.bench_function("index locked for the snapshot's blocks (1M keys)", |b| {
+        let len = copy(&ix, usize::MAX).encode().len() as u64;
+        b.iter_custom(|iters| {
+            let mut took = Duration::ZERO;
+            for _ in 0..iters {
+                let since = Instant::now();
+                let blocks = ix.take_free(len).expect("room");
+                took += since.elapsed();
+                drop(blocks);
+                // Held back when dropped: free them for the next.
+                let held = ix.begin_save();
+                ix.release(held);
+            }
+            took
         })
     });
-    group.bench_function("the snapshot of 1M keys put in order, unlocked", |b| {
+    group.bench_function("the copy of 1M keys, part after part", |b| {
+        b.iter_with_large_drop(|| copy(&ix, SNAPSHOT_PART))
+    });
+    group.bench_function("the snapshot of 1M keys encoded, unlocked", |b| {
         b.iter_batched(
-            || ix.snapshot_draft(),
+            || copy(&ix, SNAPSHOT_PART),
             |draft| draft.encode(),
             criterion::BatchSize::LargeInput,
         )
