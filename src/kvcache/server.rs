@@ -532,26 +532,25 @@ impl KvService {
             restored_keys,
             checkpoints: Mutex::new(checkpoints),
         });
-        if let Some(every) = config.checkpoint {
-            let s = Arc::clone(&svc);
+        let spawn = |thread: String, work: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
-                .name(format!("kv-{name}-save"))
-                .spawn(move || s.take_checkpoints(every))
+                .name(thread)
+                .spawn(work)
                 .map_err(|source| StartError::Listen {
                     service: name.to_owned(),
                     addr: config.listen,
                     source,
-                })?;
+                })
+        };
+        if let Some(every) = config.checkpoint {
+            let s = Arc::clone(&svc);
+            spawn(
+                format!("kv-{name}-save"),
+                Box::new(move || s.take_checkpoints(every)),
+            )?;
         }
         let s = Arc::clone(&svc);
-        std::thread::Builder::new()
-            .name(format!("kv-{name}"))
-            .spawn(move || s.accept(listener))
-            .map_err(|source| StartError::Listen {
-                service: name.to_owned(),
-                addr: config.listen,
-                source,
-            })?;
+        spawn(format!("kv-{name}"), Box::new(move || s.accept(listener)))?;
         tracing::info!(service = name, listen = %listen, target = %storage::describe(&config.target),
             capacity = config.capacity, block_size = config.block_size, "kvcache serving");
         Ok(svc)
