@@ -75,9 +75,10 @@ fn index(c: &mut Criterion) {
 
 /// What a checkpoint does while it holds the index's lock, at a million keys in a store
 /// of 64 KiB blocks with the checkpoint reserve free: a part of the copy (1024 keys'
-/// records, in recency order), and at the end free blocks for the snapshot (the free list
-/// sorted into runs); then the whole copy, part after part, and what it does after,
-/// unlocked, before its writes: the snapshot encoded.
+/// records, in recency order), and at the end free blocks for the snapshot (the longest
+/// runs of free blocks: here one run, and in a store whose free blocks are all apart);
+/// then the whole copy, part after part, and what it does after, unlocked, before its
+/// writes: the snapshot encoded.
 fn checkpoint(c: &mut Criterion) {
     const KEYS: u64 = 1 << 20;
     let block = 65536;
@@ -124,6 +125,32 @@ fn checkpoint(c: &mut Criterion) {
             took
         })
     });
+    // A full store whose keys went one in sixteen: 65,536 free blocks, no two together.
+    let mut apart = Index::new((KEYS + 1) * block, block);
+    for i in 0..KEYS {
+        let e = apart.allocate(&key(i), block).expect("room");
+        apart.insert(&key(i), e);
+    }
+    for i in (0..KEYS).step_by(16) {
+        apart.remove(&key(i));
+    }
+    group.bench_function(
+        "index locked for the snapshot's blocks (1M keys, 65,536 free blocks apart)",
+        |b| {
+            let len = 60 << 20;
+            b.iter_custom(|iters| {
+                let mut took = Duration::ZERO;
+                for _ in 0..iters {
+                    let since = Instant::now();
+                    let blocks = apart.take_free(len).expect("room");
+                    took += since.elapsed();
+                    drop(blocks);
+                }
+                took
+            })
+        },
+    );
+    drop(apart);
     group.bench_function("the copy of 1M keys, part after part", |b| {
         b.iter_with_large_drop(|| copy(&ix, SNAPSHOT_PART))
     });

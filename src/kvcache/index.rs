@@ -10,6 +10,7 @@
 //! while it reads, so blocks of a key that is meanwhile overwritten, deleted or evicted
 //! return to the free list only when the last reader is done, never under its feet.
 
+use super::free::FreeSet;
 use crate::engine::prefetch::prefetch;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -18,12 +19,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 /// A run of consecutive blocks: first block and count.
 pub type Run = (u64, u64);
 
-/// Blocks not holding any value, shared by the index and every [`Extents`].
-#[derive(Debug, Default)]
+/// Blocks not holding any value, shared by the index and every [`Extents`]; and blocks
+/// held back from use.
+#[derive(Debug)]
 struct FreeBlocks {
-    /// Popped from the end: filled in reverse so a fresh store hands out 0, 1, 2, … and
-    /// values get long runs.
-    stack: Vec<u64>,
+    set: FreeSet,
     /// Blocks freed while a saved index on the target may still name them: kept out of
     /// use until a later save, which cannot name them, is durable (see
     /// [`Index::hold_back`]). `None` while no saved index needs its blocks kept.
@@ -117,8 +117,7 @@ impl Drop for Extents {
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
         match &mut free.held_back {
             Some(held) => held.extend(&self.blocks),
-            // Reversed, so the next value to take them gets them in ascending order.
-            None => free.stack.extend(self.blocks.iter().rev()),
+            None => free.set.put(self.blocks.iter().copied()),
         }
     }
 }
@@ -325,7 +324,11 @@ impl Index {
             deadlines: BTreeSet::new(),
             tick: 0,
             free: Arc::new(Mutex::new(FreeBlocks {
-                stack: (RESERVED_BLOCKS..total).rev().collect(),
+                set: {
+                    let mut set = FreeSet::new(total);
+                    set.put(RESERVED_BLOCKS..total);
+                    set
+                },
                 held_back: None,
                 overruns: 0,
             })),
@@ -433,6 +436,9 @@ impl Index {
             Some(u64::from_le_bytes(take(bytes, 8)?.try_into().ok()?))
         }
         let mut ix = Index::new(capacity, block_size);
+        // No block free until the keys are read: a key's blocks go back to the free set
+        // if the snapshot is refused half-way.
+        ix.free.lock().unwrap_or_else(PoisonError::into_inner).set = FreeSet::new(ix.total);
         let mut held = vec![false; ix.total as usize];
         held[..RESERVED_BLOCKS as usize].fill(true);
         let keys = u64_of(&mut bytes)?;
@@ -503,8 +509,9 @@ impl Index {
         if !bytes.is_empty() {
             return None;
         }
-        let free: Vec<u64> = (0..ix.total).rev().filter(|&b| !held[b as usize]).collect();
-        ix.free.lock().unwrap_or_else(PoisonError::into_inner).stack = free;
+        let mut free = ix.free.lock().unwrap_or_else(PoisonError::into_inner);
+        free.set.put((0..ix.total).filter(|&b| !held[b as usize]));
+        drop(free);
         Some(ix)
     }
 
@@ -555,20 +562,6 @@ impl Index {
             .map(|(extents, _)| extents)
     }
 
-    /// Orders the free blocks so the next allocations take the longest runs of consecutive
-    /// free blocks first, each in ascending order: for a value that must be named in few
-    /// runs (the saved index, whose runs fit in one block). The usual order hands out the
-    /// blocks freed last first, scattered across the store once keys have churned.
-    pub fn gather_free_runs(&mut self) {
-        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
-        free.stack.sort_unstable();
-        let mut runs: Vec<&[u64]> = free.stack.chunk_by(|a, b| a + 1 == *b).collect();
-        // Popped from the end: the longest run last, each run descending.
-        runs.sort_by_key(|r| r.len());
-        let ordered: Vec<u64> = runs.iter().flat_map(|r| r.iter().rev()).copied().collect();
-        free.stack = ordered;
-    }
-
     /// [`Index::allocate`], saying whether `key`'s own value went to make room (the key
     /// is then not held until the caller inserts it again).
     pub fn allocate_replacing(
@@ -599,15 +592,13 @@ impl Index {
                 let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
                 // Short of free blocks, the ones held back are used before any key goes:
                 // evicted, a key's blocks would only be held back too.
-                if (free.stack.len() as u64) < n {
+                if free.set.len() < n {
                     if let Some(held) = free.held_back.take_if(|h| !h.is_empty()) {
-                        free.stack.extend(held.iter().rev());
+                        free.set.put(held);
                         free.overruns += 1;
                     }
                 }
-                if free.stack.len() as u64 >= n {
-                    let at = free.stack.len() - n as usize;
-                    let blocks: Vec<u64> = free.stack.drain(at..).rev().collect();
+                if let Some(blocks) = free.set.take(n) {
                     drop(free);
                     return Ok((self.extents_of(blocks, len), removed));
                 }
@@ -790,7 +781,7 @@ impl Index {
     /// Frees blocks [`Index::begin_save`] gave, once the save is durable.
     pub fn release(&mut self, blocks: Vec<u64>) {
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
-        free.stack.extend(blocks.iter().rev());
+        free.set.put(blocks);
     }
 
     /// Holds back again blocks [`Index::begin_save`] gave, the save having failed (or frees
@@ -799,18 +790,17 @@ impl Index {
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
         match &mut free.held_back {
             Some(held) => held.extend(blocks),
-            None => free.stack.extend(blocks.iter().rev()),
+            None => free.set.put(blocks),
         }
     }
 
     /// Free blocks for `len` bytes that are no key's value (a save's snapshot), from the
     /// longest runs of free blocks; `None` when there are not enough, evicting nothing.
     pub fn take_free(&mut self, len: u64) -> Option<Extents> {
-        self.gather_free_runs();
-        let n = len.div_ceil(self.block_size) as usize;
+        let n = len.div_ceil(self.block_size);
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
-        let at = free.stack.len().checked_sub(n)?;
-        let blocks: Vec<u64> = free.stack.drain(at..).rev().collect();
+        let blocks = free.set.take_longest_runs(n)?;
+        drop(free);
         Some(self.extents_of(blocks, len))
     }
 
@@ -819,13 +809,10 @@ impl Index {
     /// if any of them is not free.
     pub fn take_runs(&mut self, runs: &[Run]) -> Option<Extents> {
         let blocks: Vec<u64> = runs.iter().flat_map(|&(b, n)| b..b + n).collect();
-        let wanted: BTreeSet<u64> = blocks.iter().copied().collect();
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
-        let found = free.stack.iter().filter(|b| wanted.contains(b)).count();
-        if found != blocks.len() {
+        if !free.set.take_these(&blocks) {
             return None;
         }
-        free.stack.retain(|b| !wanted.contains(b));
         drop(free);
         let len = blocks.len() as u64 * self.block_size;
         Some(self.extents_of(blocks, len))
@@ -949,14 +936,14 @@ mod tests {
     fn a_saved_snapshots_runs_are_taken_only_when_all_free() {
         let mut ix = Index::new(16 * 512, 512);
         put(&mut ix, "a", 512).unwrap();
-        let free = ix.free.lock().unwrap().stack.len();
+        let free = ix.free.lock().unwrap().set.len();
         assert!(ix.take_runs(&[(1, 2)]).is_none(), "block 1 is a's");
-        assert_eq!(ix.free.lock().unwrap().stack.len(), free);
+        assert_eq!(ix.free.lock().unwrap().set.len(), free);
         let kept = ix.take_runs(&[(5, 2), (9, 1)]).expect("free");
         assert_eq!(kept.blocks, [5, 6, 9]);
-        assert_eq!(ix.free.lock().unwrap().stack.len(), free - 3);
+        assert_eq!(ix.free.lock().unwrap().set.len(), free - 3);
         drop(kept);
-        assert_eq!(ix.free.lock().unwrap().stack.len(), free);
+        assert_eq!(ix.free.lock().unwrap().set.len(), free);
     }
 
     /// Room for `n` blocks of values, the reserved ones besides.
@@ -1257,7 +1244,7 @@ mod tests {
                 let snapshots = durable.1.as_ref().map_or(0, |e| e.blocks.len())
                     + writing.as_ref().map_or(0, |w| w.1.blocks.len());
                 proptest::prop_assert_eq!(
-                    free.stack.len() + held + ix.used as usize + snapshots,
+                    free.set.len() as usize + held + ix.used as usize + snapshots,
                     64
                 );
             }

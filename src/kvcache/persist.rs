@@ -296,8 +296,8 @@ mod tests {
         assert_eq!(Superblock::decode(&[0; 512]), Err(Unusable::Missing));
     }
 
-    /// Once keys have churned, the blocks freed last are scattered: the snapshot takes the
-    /// longest runs of free blocks instead, so a superblock can name them.
+    /// Once keys have churned, free blocks are scattered: the snapshot takes the longest
+    /// runs of free blocks, so a superblock can name them.
     #[test]
     fn a_churned_store_saves_its_snapshot_in_few_runs() {
         let (capacity, bs) = (20_000 * 512, 512);
@@ -306,7 +306,7 @@ mod tests {
             let e = ix.allocate(&i.to_le_bytes(), 1).unwrap();
             ix.insert(&i.to_le_bytes(), e);
         }
-        // Every other key deleted: the free list's top is 3,000 single blocks.
+        // Every other key deleted: 3,000 single free blocks before the rest in one run.
         for i in (0..6_000u32).step_by(2) {
             ix.remove(&i.to_le_bytes());
         }
