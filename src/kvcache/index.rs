@@ -436,11 +436,6 @@ impl Index {
             Some(u64::from_le_bytes(take(bytes, 8)?.try_into().ok()?))
         }
         let mut ix = Index::new(capacity, block_size);
-        // No block free until the keys are read: a key's blocks go back to the free set
-        // if the snapshot is refused half-way.
-        ix.free.lock().unwrap_or_else(PoisonError::into_inner).set = FreeSet::new(ix.total);
-        let mut held = vec![false; ix.total as usize];
-        held[..RESERVED_BLOCKS as usize].fill(true);
         let keys = u64_of(&mut bytes)?;
         for _ in 0..keys {
             let key_len = u32_of(&mut bytes)? as usize;
@@ -464,16 +459,15 @@ impl Index {
                 return None;
             }
             let key = take(&mut bytes, key_len)?;
-            let mut blocks = Vec::with_capacity(n as usize);
-            for _ in 0..n {
-                let b = u64_of(&mut bytes)?;
-                let slot = held.get_mut(usize::try_from(b).ok()?)?;
-                if *slot {
-                    return None;
-                }
-                *slot = true;
-                blocks.push(b);
+            let blocks = (0..n)
+                .map(|_| u64_of(&mut bytes))
+                .collect::<Option<Vec<u64>>>()?;
+            // Each in the store, not reserved, and not named twice.
+            let mut free = ix.free.lock().unwrap_or_else(PoisonError::into_inner);
+            if !free.set.take_these(&blocks) {
+                return None;
             }
+            drop(free);
             let extents = Extents {
                 blocks,
                 len,
@@ -509,9 +503,6 @@ impl Index {
         if !bytes.is_empty() {
             return None;
         }
-        let mut free = ix.free.lock().unwrap_or_else(PoisonError::into_inner);
-        free.set.put((0..ix.total).filter(|&b| !held[b as usize]));
-        drop(free);
         Some(ix)
     }
 
