@@ -109,21 +109,23 @@ fn checkpoint(c: &mut Criterion) {
             })
         },
     );
+    // Free blocks for a snapshot of `len` bytes, timed; then freed again (blocks dropped
+    // are held back while the index holds blocks back).
+    let take_free = |ix: &mut Index, len: u64, iters: u64| {
+        let mut took = Duration::ZERO;
+        for _ in 0..iters {
+            let since = Instant::now();
+            let blocks = ix.take_free(len).expect("room");
+            took += since.elapsed();
+            drop(blocks);
+            let held = ix.begin_save();
+            ix.release(held);
+        }
+        took
+    };
     group.bench_function("index locked for the snapshot's blocks (1M keys)", |b| {
         let len = copy(&ix, usize::MAX).encode().len() as u64;
-        b.iter_custom(|iters| {
-            let mut took = Duration::ZERO;
-            for _ in 0..iters {
-                let since = Instant::now();
-                let blocks = ix.take_free(len).expect("room");
-                took += since.elapsed();
-                drop(blocks);
-                // Held back when dropped: free them for the next.
-                let held = ix.begin_save();
-                ix.release(held);
-            }
-            took
-        })
+        b.iter_custom(|iters| take_free(&mut ix, len, iters))
     });
     // A full store whose keys went one in sixteen: 65,536 free blocks, no two together.
     let mut apart = Index::new((KEYS + 1) * block, block);
@@ -136,19 +138,7 @@ fn checkpoint(c: &mut Criterion) {
     }
     group.bench_function(
         "index locked for the snapshot's blocks (1M keys, 65,536 free blocks apart)",
-        |b| {
-            let len = 60 << 20;
-            b.iter_custom(|iters| {
-                let mut took = Duration::ZERO;
-                for _ in 0..iters {
-                    let since = Instant::now();
-                    let blocks = apart.take_free(len).expect("room");
-                    took += since.elapsed();
-                    drop(blocks);
-                }
-                took
-            })
-        },
+        |b| b.iter_custom(|iters| take_free(&mut apart, 60 << 20, iters)),
     );
     drop(apart);
     group.bench_function("the copy of 1M keys, part after part", |b| {

@@ -10,10 +10,13 @@ use super::index::Run;
 pub struct FreeSet {
     /// Bit `b % 64` of word `b / 64` is set while block `b` is free.
     words: Vec<u64>,
-    /// Bit `i % 64` of summary word `i / 64` is set while word `i` has a free block: a
-    /// search for one skips 4,096 blocks taken a word, so a full store whose few free
-    /// blocks are anywhere finds them in a pass over a 4,096th of it.
+    /// Bit `i % 64` of summary word `i / 64` is set while word `i` has a free block, and
+    /// bit `j % 64` of top word `j / 64` while summary word `j` has a bit set: a search
+    /// for a free block skips 4,096 taken blocks a summary word and 262,144 a top word,
+    /// so a full store whose few free blocks are anywhere finds them in a pass over a
+    /// 262,144th of it.
     summary: Vec<u64>,
+    top: Vec<u64>,
     /// Blocks free.
     len: u64,
     /// The word the next [`FreeSet::take`] starts at (next fit): a fresh store hands out
@@ -29,6 +32,7 @@ impl FreeSet {
         FreeSet {
             words: vec![0; words],
             summary: vec![0; words.div_ceil(64)],
+            top: vec![0; words.div_ceil(64 * 64)],
             len: 0,
             cursor: 0,
         }
@@ -51,6 +55,7 @@ impl FreeSet {
             debug_assert_eq!(self.words[i] >> (b % 64) & 1, 0, "block {b} freed twice");
             self.words[i] |= 1 << (b % 64);
             self.summary[i / 64] |= 1 << (i % 64);
+            self.top[i / 4096] |= 1 << (i / 64 % 64);
             self.len += 1;
         }
     }
@@ -61,6 +66,9 @@ impl FreeSet {
         self.words[i] &= !(1 << (b % 64));
         if self.words[i] == 0 {
             self.summary[i / 64] &= !(1 << (i % 64));
+            if self.summary[i / 64] == 0 {
+                self.top[i / 4096] &= !(1 << (i / 64 % 64));
+            }
         }
     }
 
@@ -145,13 +153,17 @@ impl FreeSet {
         if *self.words.get(i)? != 0 {
             return Some(i);
         }
-        let mut s = (i + 1) / 64;
-        let mut bits = self.summary.get(s)? & (!0 << ((i + 1) % 64));
-        while bits == 0 {
-            s += 1;
-            bits = *self.summary.get(s)?;
+        // In the rest of its summary word, or the first summary word after with a bit.
+        let s = (i + 1) / 64;
+        let here = self
+            .summary
+            .get(s)
+            .map_or(0, |w| w & (!0 << ((i + 1) % 64)));
+        if here != 0 {
+            return Some(s * 64 + here.trailing_zeros() as usize);
         }
-        Some(s * 64 + bits.trailing_zeros() as usize)
+        let s = first_set(&self.top, s + 1)?;
+        Some(s * 64 + self.summary[s].trailing_zeros() as usize)
     }
 
     /// The first free block from `from` on.
@@ -178,6 +190,17 @@ impl FreeSet {
         }
         i as u64 * 64 + u64::from(taken.trailing_zeros())
     }
+}
+
+/// The first bit set in `bits` from bit `from` on.
+fn first_set(bits: &[u64], from: usize) -> Option<usize> {
+    let mut i = from / 64;
+    let mut word = bits.get(i)? & (!0 << (from % 64));
+    while word == 0 {
+        i += 1;
+        word = *bits.get(i)?;
+    }
+    Some(i * 64 + word.trailing_zeros() as usize)
 }
 
 #[cfg(test)]
@@ -244,7 +267,14 @@ mod tests {
         free.put((1 << 17) - 64..1 << 17);
         assert_eq!(free.runs().collect::<Vec<_>>(), [((1 << 17) - 64, 64)]);
         assert_eq!(free.take_longest_runs(64).map(|b| b.len()), Some(64));
-        assert!(free.summary.iter().all(|&s| s == 0));
+        assert!(free.summary.iter().chain(&free.top).all(|&s| s == 0));
+        // Past a top word (262,144 blocks).
+        let mut free = FreeSet::new(1 << 20);
+        free.put([900_000, 3, 500_000]);
+        assert_eq!(free.take(2), Some(vec![3, 500_000]));
+        free.put([1]);
+        assert_eq!(free.take(2), Some(vec![900_000, 1]));
+        assert!(free.top.iter().all(|&t| t == 0));
     }
 
     #[derive(Debug, Clone)]
@@ -310,6 +340,9 @@ mod tests {
                 proptest::prop_assert_eq!(free.len(), model.len() as u64);
                 for (i, w) in free.words.iter().enumerate() {
                     proptest::prop_assert_eq!(free.summary[i / 64] >> (i % 64) & 1 == 1, *w != 0);
+                }
+                for (j, s) in free.summary.iter().enumerate() {
+                    proptest::prop_assert_eq!(free.top[j / 64] >> (j % 64) & 1 == 1, *s != 0);
                 }
                 let runs: Vec<u64> = free.runs().flat_map(|(b, n)| b..b + n).collect();
                 proptest::prop_assert_eq!(runs, model.iter().copied().collect::<Vec<_>>());
