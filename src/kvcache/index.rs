@@ -227,8 +227,8 @@ const PREFETCH_KEYS: usize = 8;
 /// Between parts keys change. The copy stays true because the blocks of values removed
 /// after it started are held back ([`Index::begin_save`] before the first part): a key
 /// copied and then deleted is saved as it was, one used again is copied again at its new
-/// place in the order (the later copy wins, [`SnapshotDraft::encode`]), one added behind
-/// the copy is left to the next save. Each key is saved as it was at some moment of the
+/// place in the order (the later copy wins, [`SnapshotDraft::encode`]), one added is
+/// copied when the copy reaches the newest keys. Each key is saved as it was at some moment of the
 /// copy, as a point-in-time copy would save it had it been taken at that moment.
 #[derive(Debug)]
 pub struct SnapshotDraft {
@@ -254,10 +254,6 @@ pub struct SnapshotDraft {
 }
 
 impl SnapshotDraft {
-    pub fn is_empty(&self) -> bool {
-        self.ends.is_empty()
-    }
-
     /// Parts the copy took.
     pub fn parts(&self) -> u64 {
         self.parts

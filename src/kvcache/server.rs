@@ -2483,7 +2483,7 @@ mod tests {
         let saved = svc.lock().stats().keys;
         crash(svc);
         let svc = checkpointing_blocks(&path, 4 * u64::from(keys));
-        // Keys the client added after the copy passed them wait for the next checkpoint.
+        // Keys the client added after the copy ended wait for the next checkpoint.
         assert!(svc.restored_keys >= u64::from(keys) && svc.restored_keys <= saved);
         for i in 0..keys {
             let value = run(&svc, &[b"GET", format!("k{i}").as_bytes()]);
