@@ -71,6 +71,26 @@ fn index(c: &mut Criterion) {
             })
         },
     );
+    // With checkpoints the keys changed are noted for the next delta; a checkpoint takes
+    // them every 100,000 SETs here.
+    let mut noted = 0;
+    ix.take_changed();
+    c.bench_function(
+        "index: SET into a full store of 1M keys (one eviction), changes noted",
+        |b| {
+            b.iter(|| {
+                let k = key(next);
+                next += 1;
+                let e = ix.allocate(&k, block).expect("room");
+                ix.insert(&k, e);
+                noted += 1;
+                if noted == 100_000 {
+                    noted = 0;
+                    black_box(ix.take_changed());
+                }
+            })
+        },
+    );
 }
 
 /// What a checkpoint does while it holds the index's lock, at a million keys in a store
@@ -78,7 +98,8 @@ fn index(c: &mut Criterion) {
 /// records, in recency order), and at the end free blocks for the snapshot (the longest
 /// runs of free blocks: here one run, and in a store whose free blocks are all apart);
 /// then the whole copy, part after part, and what it does after, unlocked, before its
-/// writes: the snapshot encoded.
+/// writes: the snapshot encoded; and a delta's copy and encoding, for 1 % of the keys
+/// changed.
 fn checkpoint(c: &mut Criterion) {
     const KEYS: u64 = 1 << 20;
     let block = 65536;
@@ -151,6 +172,27 @@ fn checkpoint(c: &mut Criterion) {
             criterion::BatchSize::LargeInput,
         )
     });
+    // A delta instead: 1 % of the keys written again since the last checkpoint.
+    ix.take_changed();
+    for i in (0..KEYS).step_by(100) {
+        let e = ix.allocate(&key(i), block).expect("room");
+        ix.insert(&key(i), e);
+    }
+    let changed = ix.take_changed().expect("changes noted");
+    group.bench_function(
+        "a delta of 10,486 of 1M keys copied part after part and encoded",
+        |b| {
+            b.iter_batched(
+                || changed.clone(),
+                |keys| {
+                    let mut draft = ix.start_delta(keys);
+                    while !ix.snapshot_part(&mut draft, SNAPSHOT_PART) {}
+                    draft.encode()
+                },
+                criterion::BatchSize::LargeInput,
+            )
+        },
+    );
     group.finish();
 }
 

@@ -10,19 +10,28 @@
 //! it, before any value is written: after a crash it starts empty, which a cache can
 //! afford, rather than trust an index its blocks may have outgrown.
 //!
-//! Superblock layout (little-endian): magic (16 bytes), version (u32: 3; snapshots of
-//! version 2, from before values had checksums, load without them, and those of version
-//! 1 without deadlines too), state (u32: 0 taken, 1 saved at a clean stop, 2 saved by a
-//! checkpoint), block size (u64), capacity (u64),
+//! A checkpoint writes the whole index only now and then: in between, a delta of the keys
+//! changed since the save before ([`super::index::SnapshotDraft`]), which the superblock
+//! names after the snapshot it applies to and the deltas before it. A load applies them in
+//! order.
+//!
+//! Superblock layout (little-endian): magic (16 bytes), version (u32: 4; snapshots of
+//! version 3 have no deltas, those of version 2, from before values had checksums, load
+//! without them, and those of version 1 without deadlines too), state (u32: 0 taken, 1
+//! saved at a clean stop, 2 saved by a checkpoint), block size (u64), capacity (u64),
 //! snapshot length (u64), snapshot CRC32c (u32), run count (u32), the header's CRC32c
-//! (u32, computed with this field zero), 4 bytes reserved, then the snapshot's runs
-//! (first block, count: u64 each).
+//! (u32, computed with this field zero, over the whole superblock up to its last delta),
+//! 4 bytes reserved, then the snapshot's runs (first block, count: u64 each); from
+//! version 4, the delta count (u32), then per delta its length (u64), CRC32c (u32), run
+//! count (u32) and runs.
 
 use super::index::{Extents, Index, Run, SnapshotFields};
 use crc32c::crc32c;
 
 const MAGIC: &[u8; 16] = b"dpuflow-kvcache\0";
-const VERSION: u32 = 3;
+const VERSION: u32 = 4;
+/// The first version whose superblock names deltas.
+const DELTAS: u32 = 4;
 /// When a save was made: its superblock's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Saved {
@@ -40,7 +49,7 @@ fn fields_of(version: u32) -> Option<SnapshotFields> {
     let (deadlines, checksums) = match version {
         1 => (false, false),
         2 => (true, false),
-        VERSION => (true, true),
+        3 | VERSION => (true, true),
         _ => return None,
     };
     Some(SnapshotFields {
@@ -60,6 +69,33 @@ pub struct Superblock {
     pub snapshot_len: u64,
     pub snapshot_crc: u32,
     pub runs: Vec<Run>,
+    /// The deltas to apply to the snapshot, in order.
+    pub deltas: Vec<Delta>,
+}
+
+/// A delta on the target: its length, checksum and blocks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delta {
+    pub len: u64,
+    pub crc: u32,
+    pub runs: Vec<Run>,
+}
+
+/// Where the part of superblock `b` (of `version`) that its checksum covers ends, its
+/// `runs` runs included; `None` when it does not fit in `b`.
+fn covered(b: &[u8], version: u32, runs: usize) -> Option<usize> {
+    let mut end = HEADER_LEN.checked_add(runs.checked_mul(16)?)?;
+    if version >= DELTAS {
+        let count = u32::from_le_bytes(b.get(end..end + 4)?.try_into().ok()?);
+        end += 4;
+        for _ in 0..count {
+            let n = u32::from_le_bytes(b.get(end + 12..end + 16)?.try_into().ok()?);
+            end = end
+                .checked_add(16)?
+                .checked_add((n as usize).checked_mul(16)?)?;
+        }
+    }
+    (end <= b.len()).then_some(end)
 }
 
 /// Why a target's superblock gives no index.
@@ -88,11 +124,17 @@ pub enum Unusable {
 impl Superblock {
     /// The superblock's bytes, `len` long (one block); `None` when its runs do not fit.
     pub fn encode(&self, len: usize) -> Option<Vec<u8>> {
-        let mut b = vec![0u8; len];
-        let end = HEADER_LEN.checked_add(self.runs.len().checked_mul(16)?)?;
+        let runs = |runs: &[Run]| runs.len().checked_mul(16);
+        let deltas = self.deltas.iter().try_fold(4usize, |at, d| {
+            at.checked_add(16)?.checked_add(runs(&d.runs)?)
+        })?;
+        let end = HEADER_LEN
+            .checked_add(runs(&self.runs)?)?
+            .checked_add(deltas)?;
         if end > len {
             return None;
         }
+        let mut b = vec![0u8; len];
         b[..16].copy_from_slice(MAGIC);
         b[16..20].copy_from_slice(&self.version.to_le_bytes());
         b[20..24].copy_from_slice(&(self.saved as u32).to_le_bytes());
@@ -101,10 +143,24 @@ impl Superblock {
         b[40..48].copy_from_slice(&self.snapshot_len.to_le_bytes());
         b[48..52].copy_from_slice(&self.snapshot_crc.to_le_bytes());
         b[52..56].copy_from_slice(&(self.runs.len() as u32).to_le_bytes());
-        for (i, (first, n)) in self.runs.iter().enumerate() {
-            let at = HEADER_LEN + 16 * i;
-            b[at..at + 8].copy_from_slice(&first.to_le_bytes());
-            b[at + 8..at + 16].copy_from_slice(&n.to_le_bytes());
+        let mut at = HEADER_LEN;
+        let mut put = |bytes: &[u8]| {
+            b[at..at + bytes.len()].copy_from_slice(bytes);
+            at += bytes.len();
+        };
+        let put_runs = |put: &mut dyn FnMut(&[u8]), runs: &[Run]| {
+            for (first, n) in runs {
+                put(&first.to_le_bytes());
+                put(&n.to_le_bytes());
+            }
+        };
+        put_runs(&mut put, &self.runs);
+        put(&(self.deltas.len() as u32).to_le_bytes());
+        for d in &self.deltas {
+            put(&d.len.to_le_bytes());
+            put(&d.crc.to_le_bytes());
+            put(&(d.runs.len() as u32).to_le_bytes());
+            put_runs(&mut put, &d.runs);
         }
         let crc = crc32c(&b[..end]);
         b[HEADER_CRC_AT..HEADER_CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
@@ -122,15 +178,17 @@ impl Superblock {
             x.copy_from_slice(&b[at..at + 8]);
             u64::from_le_bytes(x)
         };
+        let runs_at = |at: usize, n: usize| -> Vec<Run> {
+            (0..n)
+                .map(|i| (u64_at(at + 16 * i), u64_at(at + 16 * i + 8)))
+                .collect()
+        };
         let version = u32_at(16);
         if fields_of(version).is_none() {
             return Err(Unusable::Damaged);
         }
         let runs = u32_at(52) as usize;
-        let end = HEADER_LEN + 16 * runs;
-        if end > b.len() {
-            return Err(Unusable::Damaged);
-        }
+        let end = covered(b, version, runs).ok_or(Unusable::Damaged)?;
         let mut header = b[..end].to_vec();
         header[HEADER_CRC_AT..HEADER_CRC_AT + 4].fill(0);
         if crc32c(&header) != u32_at(HEADER_CRC_AT) {
@@ -148,10 +206,31 @@ impl Superblock {
             capacity: u64_at(32),
             snapshot_len: u64_at(40),
             snapshot_crc: u32_at(48),
-            runs: (0..runs)
-                .map(|i| (u64_at(HEADER_LEN + 16 * i), u64_at(HEADER_LEN + 16 * i + 8)))
-                .collect(),
+            runs: runs_at(HEADER_LEN, runs),
+            deltas: match version >= DELTAS {
+                true => {
+                    let mut at = HEADER_LEN + 16 * runs + 4;
+                    (0..u32_at(at - 4))
+                        .map(|_| {
+                            let n = u32_at(at + 12) as usize;
+                            let d = Delta {
+                                len: u64_at(at),
+                                crc: u32_at(at + 8),
+                                runs: runs_at(at + 16, n),
+                            };
+                            at += 16 + 16 * n;
+                            d
+                        })
+                        .collect()
+                }
+                false => Vec::new(),
+            },
         })
+    }
+
+    /// The runs of the snapshot, then of each delta.
+    pub fn segments(&self) -> impl Iterator<Item = &[Run]> {
+        std::iter::once(&self.runs[..]).chain(self.deltas.iter().map(|d| &d.runs[..]))
     }
 
     /// The superblock's bytes once its index has been taken: the same, marked not clean.
@@ -159,8 +238,8 @@ impl Superblock {
         let mut b = block.to_vec();
         if b.len() >= HEADER_LEN {
             b[20..24].copy_from_slice(&0u32.to_le_bytes());
-            let end = (HEADER_LEN + 16 * u32::from_le_bytes([b[52], b[53], b[54], b[55]]) as usize)
-                .min(b.len());
+            let word = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+            let end = covered(&b, word(16), word(52) as usize).unwrap_or(b.len());
             b[HEADER_CRC_AT..HEADER_CRC_AT + 4].fill(0);
             let crc = crc32c(&b[..end]);
             b[HEADER_CRC_AT..HEADER_CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
@@ -169,13 +248,14 @@ impl Superblock {
     }
 }
 
-/// What saving needs: the snapshot's bytes, the blocks they go to (held until the process
-/// ends), and the superblock that names them.
+/// What saving needs: the snapshot's (or delta's) bytes, the blocks they go to (held until
+/// the process ends), and the superblock that names them, as bytes and as facts.
 #[derive(Debug)]
 pub struct Save {
     pub snapshot: Vec<u8>,
     pub blocks: Extents,
     pub superblock: Vec<u8>,
+    pub names: Superblock,
 }
 
 /// Prepares saving `index` for a store of `capacity` at a clean stop: blocks for its
@@ -199,6 +279,18 @@ pub fn prepare(index: &mut Index, capacity: u64) -> Option<Save> {
     seal(snapshot, blocks, block_size, capacity, Saved::AtStop)
 }
 
+/// `bytes` padded to `blocks` of `block_size` (the target reads and writes whole
+/// sectors): their length and CRC32C before the padding.
+fn pad(bytes: &mut Vec<u8>, blocks: &Extents, block_size: u64) -> (u64, u32) {
+    let len = bytes.len() as u64;
+    let crc = crc32c(bytes);
+    bytes.resize(
+        (blocks.runs().map(|r| r.1).sum::<u64>() * block_size) as usize,
+        0,
+    );
+    (len, crc)
+}
+
 /// The save of `snapshot` into `blocks` (for a checkpoint: free blocks taken with the
 /// index locked, the snapshot encoded after); `None` when the blocks' runs do not fit in
 /// the superblock.
@@ -209,34 +301,61 @@ pub fn seal(
     capacity: u64,
     saved: Saved,
 ) -> Option<Save> {
-    // Padded to the blocks: the target reads and writes whole sectors.
-    let len = snapshot.len() as u64;
-    snapshot.resize(
-        (blocks.runs().map(|r| r.1).sum::<u64>() * block_size) as usize,
-        0,
-    );
-    let superblock = Superblock {
+    let (len, crc) = pad(&mut snapshot, &blocks, block_size);
+    let names = Superblock {
         version: VERSION,
         saved,
         block_size,
         capacity,
         snapshot_len: len,
-        snapshot_crc: crc32c(&snapshot[..len as usize]),
+        snapshot_crc: crc,
         runs: blocks.runs().collect(),
-    }
-    .encode(block_size as usize)?;
+        deltas: Vec::new(),
+    };
     Some(Save {
+        superblock: names.encode(block_size as usize)?,
+        names,
         snapshot,
         blocks,
-        superblock,
     })
 }
 
-/// The index a superblock and its snapshot's bytes (read from its runs) describe, for a
-/// store of `capacity` in blocks of `block_size`.
+/// The save of a checkpoint's `delta` into `blocks`, to be applied after what `last` (the
+/// durable superblock) names; `None` when the superblock has no room for its runs.
+pub fn seal_delta(last: &Superblock, mut delta: Vec<u8>, blocks: Extents) -> Option<Save> {
+    let (len, crc) = pad(&mut delta, &blocks, last.block_size);
+    let mut names = Superblock {
+        saved: Saved::Checkpoint,
+        ..last.clone()
+    };
+    names.deltas.push(Delta {
+        len,
+        crc,
+        runs: blocks.runs().collect(),
+    });
+    Some(Save {
+        superblock: names.encode(last.block_size as usize)?,
+        names,
+        snapshot: delta,
+        blocks,
+    })
+}
+
+/// The first `len` bytes of `read`, if their CRC32C is `crc`.
+fn checked(read: &[u8], len: u64, crc: u32) -> Result<&[u8], Unusable> {
+    usize::try_from(len)
+        .ok()
+        .and_then(|n| read.get(..n))
+        .filter(|bytes| crc32c(bytes) == crc)
+        .ok_or(Unusable::Snapshot)
+}
+
+/// The index a superblock, its snapshot's bytes and its deltas' (each read from its
+/// runs) describe, for a store of `capacity` in blocks of `block_size`.
 pub fn load(
     sb: &Superblock,
     snapshot: &[u8],
+    deltas: &[&[u8]],
     capacity: u64,
     block_size: u64,
 ) -> Result<Index, Unusable> {
@@ -246,15 +365,18 @@ pub fn load(
             capacity: sb.capacity,
         });
     }
-    let bytes = usize::try_from(sb.snapshot_len)
-        .ok()
-        .and_then(|n| snapshot.get(..n))
-        .ok_or(Unusable::Snapshot)?;
-    if crc32c(bytes) != sb.snapshot_crc {
+    let bytes = checked(snapshot, sb.snapshot_len, sb.snapshot_crc)?;
+    let fields = fields_of(sb.version).ok_or(Unusable::Snapshot)?;
+    let mut index =
+        Index::restore(capacity, block_size, bytes, fields).ok_or(Unusable::Snapshot)?;
+    if deltas.len() != sb.deltas.len() {
         return Err(Unusable::Snapshot);
     }
-    let fields = fields_of(sb.version).ok_or(Unusable::Snapshot)?;
-    Index::restore(capacity, block_size, bytes, fields).ok_or(Unusable::Snapshot)
+    for (read, d) in deltas.iter().zip(&sb.deltas) {
+        let bytes = checked(read, d.len, d.crc)?;
+        index.apply_delta(bytes, fields).ok_or(Unusable::Snapshot)?;
+    }
+    Ok(index)
 }
 
 #[cfg(test)]
@@ -274,20 +396,20 @@ mod tests {
         // The snapshot's blocks are free blocks, not a key's.
         assert_eq!(save.blocks.runs().collect::<Vec<_>>(), [(4, 1)]);
         let sb = Superblock::decode(&save.superblock).unwrap();
-        let back = load(&sb, &save.snapshot, capacity, bs).unwrap();
+        let back = load(&sb, &save.snapshot, &[], capacity, bs).unwrap();
         assert_eq!(back.snapshot(), ix.snapshot());
         assert_eq!(
             Superblock::decode(&Superblock::taken(&save.superblock)),
             Err(Unusable::NotClean)
         );
         assert!(matches!(
-            load(&sb, &save.snapshot, capacity * 2, bs),
+            load(&sb, &save.snapshot, &[], capacity * 2, bs),
             Err(Unusable::OtherStore { .. })
         ));
         let mut bad = save.snapshot.clone();
         bad[9] ^= 1;
         assert_eq!(
-            load(&sb, &bad, capacity, bs).err(),
+            load(&sb, &bad, &[], capacity, bs).err(),
             Some(Unusable::Snapshot)
         );
         let mut bad = save.superblock.clone();
@@ -314,7 +436,7 @@ mod tests {
         let runs: Vec<_> = save.blocks.runs().collect();
         assert_eq!(runs.len(), 1, "{runs:?}");
         let sb = Superblock::decode(&save.superblock).unwrap();
-        let back = load(&sb, &save.snapshot, capacity, bs).unwrap();
+        let back = load(&sb, &save.snapshot, &[], capacity, bs).unwrap();
         assert_eq!(back.snapshot(), ix.snapshot());
     }
 
@@ -330,12 +452,99 @@ mod tests {
         let back = load(
             &Superblock::decode(&save.superblock).unwrap(),
             &save.snapshot,
+            &[],
             capacity,
             bs,
         )
         .unwrap();
         assert_eq!(back.stats().keys, 2, "the least recently used made room");
         assert!(!back.contains(b"a"));
+    }
+
+    /// A key's value: its length, blocks, checksum and deadline.
+    type Value = (u64, Vec<Run>, Option<u32>, Option<u64>);
+
+    /// The value of `key` in `ix`.
+    fn value(ix: &mut Index, key: &str) -> Option<Value> {
+        let deadline = ix.deadline(key.as_bytes())?;
+        let e = ix.get(key.as_bytes())?;
+        Some((e.len(), e.runs().collect(), e.checksum(), deadline))
+    }
+
+    /// A checkpoint's delta of the keys changed since `changed` was taken, sealed after
+    /// what `last` names.
+    fn delta(ix: &mut Index, last: &Superblock) -> Save {
+        let held = ix.begin_save();
+        let changed = ix.take_changed().expect("changes noted");
+        let mut draft = ix.start_delta(changed);
+        assert!(ix.snapshot_part(&mut draft, usize::MAX));
+        let bytes = draft.encode();
+        let blocks = ix.take_free(bytes.len() as u64).unwrap();
+        ix.release(held);
+        seal_delta(last, bytes, blocks).unwrap()
+    }
+
+    /// A snapshot and the deltas after it load as the index they were saved from, and
+    /// only with every delta intact; a superblock of version 3, which names no deltas,
+    /// still loads.
+    #[test]
+    fn a_snapshot_and_its_deltas_load_in_order() {
+        let (capacity, bs) = (64 * 512, 512);
+        let mut ix = Index::new(capacity, bs);
+        ix.hold_back(8);
+        let put = |ix: &mut Index, k: &str, len: u64| {
+            let mut e = ix.allocate(k.as_bytes(), len).unwrap();
+            e.set_checksum(len as u32);
+            ix.insert(k.as_bytes(), e);
+        };
+        for (k, len) in [("a", 700), ("b", 512), ("c", 100)] {
+            put(&mut ix, k, len);
+        }
+        let held = ix.begin_save();
+        assert!(ix.take_changed().is_none(), "the first save is whole");
+        let snapshot = ix.snapshot();
+        let blocks = ix.take_free(snapshot.len() as u64).unwrap();
+        let base = seal(snapshot, blocks, bs, capacity, Saved::Checkpoint).unwrap();
+        ix.release(held);
+        put(&mut ix, "b", 1500);
+        ix.remove(b"c");
+        put(&mut ix, "d", 10);
+        let first = delta(&mut ix, &base.names);
+        ix.set_deadline(b"a", Some(5_000));
+        let second = delta(&mut ix, &first.names);
+        let sb = Superblock::decode(&second.superblock).unwrap();
+        assert_eq!(sb.deltas.len(), 2);
+        assert_eq!(sb.runs, base.names.runs);
+        let deltas = [&first.snapshot[..], &second.snapshot[..]];
+        let mut back = load(&sb, &base.snapshot, &deltas, capacity, bs).unwrap();
+        assert_eq!(back.stats().keys, 3);
+        for k in ["a", "b", "c", "d"] {
+            assert_eq!(value(&mut back, k), value(&mut ix, k), "{k}");
+        }
+        assert_eq!(value(&mut back, "a").unwrap().3, Some(5_000));
+        // Each delta is needed, and must be as written.
+        assert_eq!(
+            load(&sb, &base.snapshot, &deltas[..1], capacity, bs).err(),
+            Some(Unusable::Snapshot)
+        );
+        let mut bad = first.snapshot.clone();
+        bad[3] ^= 1;
+        let damaged = [&bad[..], &second.snapshot[..]];
+        assert_eq!(
+            load(&sb, &base.snapshot, &damaged, capacity, bs).err(),
+            Some(Unusable::Snapshot)
+        );
+        // Version 3: the runs and nothing after them under the checksum.
+        let mut v3 = base.superblock.clone();
+        v3[16..20].copy_from_slice(&3u32.to_le_bytes());
+        v3[HEADER_CRC_AT..HEADER_CRC_AT + 4].fill(0);
+        let end = HEADER_LEN + 16 * base.names.runs.len();
+        let crc = crc32c(&v3[..end]);
+        v3[HEADER_CRC_AT..HEADER_CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+        let old = Superblock::decode(&v3).unwrap();
+        assert!(old.deltas.is_empty());
+        let back = load(&old, &base.snapshot, &[], capacity, bs).unwrap();
+        assert_eq!(back.stats().keys, 3);
     }
 
     proptest! {

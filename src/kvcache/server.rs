@@ -12,6 +12,7 @@ use super::storage::{self, BlockTarget, Pool, TargetError};
 use crate::ir::KvCache;
 use crc32c::crc32c;
 use std::collections::hash_map::RandomState;
+use std::collections::HashSet;
 use std::hash::BuildHasher;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -40,6 +41,9 @@ const CHECKPOINT_RESERVE: u64 = 16;
 const POLL: Duration = Duration::from_millis(200);
 /// How long a checkpoint leaves the index to requests between the parts it copies.
 const SNAPSHOT_PAUSE: Duration = Duration::from_micros(50);
+/// Deltas the superblock names after a snapshot at most (each takes 32 bytes of it, more
+/// if its blocks are not in one run; a 512-byte block holds thirteen).
+const MAX_DELTAS: usize = 8;
 
 /// Why the service cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -97,32 +101,41 @@ fn saved_index(name: &str, config: &KvCache, pool: &Pool) -> io::Result<(Index, 
             // superblock whose checksum still held): refused before anything is read.
             Ok(sb)
                 if sb
-                    .runs
-                    .iter()
+                    .segments()
+                    .flatten()
                     .any(|&(b, n)| b.checked_add(n).is_none_or(|e| e > blocks))
-                    || sb.runs.iter().map(|r| r.1).sum::<u64>() > blocks =>
+                    || sb.segments().flatten().map(|r| r.1).sum::<u64>() > blocks =>
             {
                 Err(persist::Unusable::Snapshot)
             }
             Ok(sb) => {
-                let mut snapshot =
-                    vec![0u8; (sb.runs.iter().map(|r| r.1).sum::<u64>() * bs) as usize];
+                // The snapshot and each delta, read from their runs.
+                let mut read: Vec<Vec<u8>> = sb
+                    .segments()
+                    .map(|runs| vec![0u8; (runs.iter().map(|r| r.1).sum::<u64>() * bs) as usize])
+                    .collect();
                 let mut pieces = Vec::new();
-                let mut rest = &mut snapshot[..];
-                for (block, n) in &sb.runs {
-                    let (piece, after) = rest.split_at_mut((n * bs) as usize);
-                    pieces.push((block * bs, piece));
-                    rest = after;
+                for (runs, bytes) in sb.segments().zip(&mut read) {
+                    let mut rest = &mut bytes[..];
+                    for (block, n) in runs {
+                        let (piece, after) = rest.split_at_mut((n * bs) as usize);
+                        pieces.push((block * bs, piece));
+                        rest = after;
+                    }
                 }
                 t.read_many(&mut pieces)?;
-                persist::load(sb, &snapshot, capacity, bs)
+                let deltas: Vec<&[u8]> = read[1..].iter().map(|d| &d[..]).collect();
+                persist::load(sb, &read[0], &deltas, capacity, bs)
             }
             Err(why) => Err(why.clone()),
         };
         let loaded = index.map(|mut index| {
             // With checkpoints, the snapshot's blocks are kept while its superblock names them.
             let kept = match (&sb, config.checkpoint) {
-                (Ok(sb), Some(_)) => index.take_runs(&sb.runs),
+                (Ok(sb), Some(_)) => {
+                    let runs: Vec<_> = sb.segments().flatten().copied().collect();
+                    index.take_runs(&runs)
+                }
                 _ => None,
             };
             (index, kept, sb.as_ref().map(|sb| sb.saved).ok())
@@ -402,6 +415,10 @@ pub struct KvCounters {
     /// Checkpoints of the index saved, and failed.
     pub checkpoints: AtomicU64,
     pub checkpoint_failures: AtomicU64,
+    /// Checkpoints saved as a delta on the one before.
+    pub checkpoint_deltas: AtomicU64,
+    /// Bytes of snapshots and deltas checkpoints wrote (padded to whole blocks).
+    pub checkpoint_bytes: AtomicU64,
     /// When a checkpoint last saved the index, unix milliseconds; 0 before the first.
     pub last_save_ms: AtomicU64,
     /// [`Index::changes`] at the last checkpoint, and whether the last one attempted failed
@@ -413,10 +430,38 @@ pub struct KvCounters {
 /// The save the target's superblock names, while checkpoints are taken.
 #[derive(Debug, Default)]
 struct Checkpoints {
-    /// The blocks of its snapshot, kept.
-    kept: Option<Extents>,
+    /// The blocks of its snapshot and deltas, kept.
+    kept: Vec<Extents>,
     /// [`Index::changes`] when it was taken.
     changes: Option<u64>,
+    /// What its superblock names, when this run wrote it and the next checkpoint may be a
+    /// delta on it.
+    names: Option<persist::Superblock>,
+    /// The keys its snapshot held.
+    snapshot_keys: u64,
+    /// [`super::index::IndexStats::hold_back_overruns`] when it began.
+    overruns: u64,
+}
+
+impl Checkpoints {
+    /// Whether a checkpoint of the `changed` keys is to be a delta: while the deltas
+    /// together stay under half the snapshot they follow (and are few), a delta writes
+    /// less; past that a load would apply more than the snapshot it reads, and a whole
+    /// snapshot starts afresh. So it does after an overrun (`overruns` moved since the
+    /// last began): values may then have taken blocks of keys the saves name still, which
+    /// only a whole snapshot says afresh.
+    fn delta_next(&self, changed: &HashSet<Arc<[u8]>>, overruns: u64) -> bool {
+        let Some(names) = &self.names else {
+            return false;
+        };
+        if overruns != self.overruns {
+            return false;
+        }
+        let per_key = names.snapshot_len / self.snapshot_keys.max(1);
+        let deltas: u64 = names.deltas.iter().map(|d| d.len).sum();
+        names.deltas.len() < MAX_DELTAS
+            && deltas + per_key * changed.len() as u64 <= names.snapshot_len / 2
+    }
 }
 
 /// One KV-cache service.
@@ -509,7 +554,8 @@ impl KvService {
         let restored_keys = index.stats().keys;
         let checkpoints = Checkpoints {
             changes: kept.as_ref().map(|_| index.changes()),
-            kept,
+            kept: kept.into_iter().collect(),
+            ..Checkpoints::default()
         };
         let listener = TcpListener::bind(config.listen).map_err(|source| StartError::Listen {
             service: name.to_owned(),
@@ -613,9 +659,10 @@ impl KvService {
     }
 
     /// Saves the index as a checkpoint, unless nothing changed since the last; whether it
-    /// did. The index is locked only to copy it, [`SNAPSHOT_PART`] keys at a time, and to
-    /// take free blocks for the snapshot: the values kept in memory are written and the
-    /// snapshot and the superblock after them, while requests go on.
+    /// did: the keys changed since the last as a delta on it while deltas stay small, the
+    /// whole index otherwise. The index is locked only to copy it, [`SNAPSHOT_PART`] keys
+    /// at a time, and to take free blocks for the copy: the values kept in memory are
+    /// written and the copy and the superblock after them, while requests go on.
     fn checkpoint(&self) -> io::Result<bool> {
         let mut checkpoints = self
             .checkpoints
@@ -628,7 +675,12 @@ impl KvService {
         }
         // From here blocks freed are held back, so every record copied stays true.
         let released = index.begin_save();
-        let mut draft = index.start_snapshot();
+        let changed = index.take_changed();
+        let overruns = index.stats().hold_back_overruns;
+        let mut draft = match &changed {
+            Some(keys) if checkpoints.delta_next(keys, overruns) => index.start_delta(keys.clone()),
+            _ => index.start_snapshot(),
+        };
         // A copy chasing keys used faster than it copies is finished under one lock.
         let most_parts = 2 * (index.stats().keys / SNAPSHOT_PART as u64) + 2;
         loop {
@@ -644,46 +696,75 @@ impl KvService {
             std::thread::sleep(SNAPSHOT_PAUSE);
             index = self.lock();
         }
+        let keys = index.stats().keys;
         drop(index);
-        let written = self.save_snapshot(draft);
+        let delta = draft.is_delta();
+        let written = self.save_snapshot(draft, checkpoints.names.as_ref());
         let mut index = self.lock();
         match written {
             Ok(save) => {
                 index.release(released);
-                // The snapshot before is no longer named; its blocks are held back in turn.
-                checkpoints.kept = Some(save.blocks);
+                if delta {
+                    checkpoints.kept.push(save.blocks);
+                } else {
+                    // The snapshot and deltas before are no longer named; their blocks
+                    // are held back in turn.
+                    checkpoints.kept = vec![save.blocks];
+                    checkpoints.snapshot_keys = keys;
+                }
+                checkpoints.names = Some(save.names);
+                checkpoints.overruns = overruns;
                 checkpoints.changes = Some(changes);
                 self.counters.changes_at_last_save.store(changes, Relaxed);
                 self.counters.last_save_failed.store(false, Relaxed);
                 self.counters.checkpoints.fetch_add(1, Relaxed);
+                let deltas = u64::from(delta);
+                self.counters.checkpoint_deltas.fetch_add(deltas, Relaxed);
+                self.counters
+                    .checkpoint_bytes
+                    .fetch_add(save.snapshot.len() as u64, Relaxed);
                 let now = u64::try_from(now_ms()).unwrap_or(0);
                 self.counters.last_save_ms.store(now, Relaxed);
                 Ok(true)
             }
             Err(e) => {
                 index.hold_again(released);
+                index.changed_again(changed);
+                // The next is whole: a delta may have failed for want of room in the
+                // superblock, and would again.
+                checkpoints.names = None;
                 self.counters.last_save_failed.store(true, Relaxed);
                 Err(e)
             }
         }
     }
 
-    /// Writes a checkpoint's snapshot: free blocks for it (the index locked for that),
-    /// the values kept in memory it names, then the snapshot and the superblock.
-    fn save_snapshot(&self, draft: SnapshotDraft) -> io::Result<persist::Save> {
+    /// Writes a checkpoint's snapshot or delta (on what `last` names): free blocks for
+    /// it (the index locked for that), the values kept in memory it names, then the copy
+    /// and the superblock.
+    fn save_snapshot(
+        &self,
+        draft: SnapshotDraft,
+        last: Option<&persist::Superblock>,
+    ) -> io::Result<persist::Save> {
         if draft.is_torn() {
             return Err(io::Error::other(
                 "values took the blocks held back for it while the index was copied (an overrun)",
             ));
         }
         let inline = draft.inline_unwritten().to_vec();
+        let delta = draft.is_delta();
         let snapshot = draft.encode();
         let blocks = self.lock().take_free(snapshot.len() as u64);
         let blocks = blocks
             .ok_or_else(|| io::Error::other("too few free blocks for the index's snapshot"))?;
         let (bs, capacity) = (self.config.block_size, self.config.capacity);
-        let save = persist::seal(snapshot, blocks, bs, capacity, Saved::Checkpoint)
-            .ok_or_else(|| io::Error::other("the snapshot's blocks are in too many runs"))?;
+        let save = match (delta, last) {
+            (true, Some(last)) => persist::seal_delta(last, snapshot, blocks),
+            _ => persist::seal(snapshot, blocks, bs, capacity, Saved::Checkpoint),
+        };
+        let save =
+            save.ok_or_else(|| io::Error::other("the snapshot's blocks are in too many runs"))?;
         self.write_inline(&inline)?;
         self.write_save(&save)?;
         Ok(save)
@@ -2493,6 +2574,83 @@ mod tests {
             );
         }
         assert_eq!(svc.counters.corrupt_values.load(Relaxed), 0);
+        crash(svc);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    /// Between whole snapshots a checkpoint saves the keys changed since the last as a
+    /// delta, far smaller; a crash restores the snapshot and its deltas in order, and the
+    /// first checkpoint after it is whole again, as is one after most keys changed.
+    #[test]
+    fn checkpoints_between_snapshots_save_the_keys_changed() {
+        let path = std::env::temp_dir().join(format!("dpuflow-kv-{}-delta", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let svc = checkpointing_blocks(&path, 4096);
+        let big = |tag: &str| format!("{tag}-{}", "x".repeat(100)).into_bytes();
+        for i in 0..1000 {
+            // Every other value kept in memory too, written by the checkpoint.
+            let value = if i % 2 == 0 {
+                b"small".to_vec()
+            } else {
+                big("before")
+            };
+            run(&svc, &[b"SET", format!("k{i}").as_bytes(), &value]);
+        }
+        let deltas = |svc: &KvService| svc.counters.checkpoint_deltas.load(Relaxed);
+        let written = |svc: &KvService| svc.counters.checkpoint_bytes.load(Relaxed);
+        assert!(svc.checkpoint().unwrap());
+        let whole = written(&svc);
+        assert_eq!(deltas(&svc), 0);
+        run(&svc, &[b"SET", b"k0", b"tiny"]);
+        run(&svc, &[b"SET", b"k1", &big("after")]);
+        run(&svc, &[b"DEL", b"k3"]);
+        run(&svc, &[b"SET", b"new", &big("new")]);
+        run(&svc, &[b"EXPIRE", b"k5", b"10000"]);
+        assert!(svc.checkpoint().unwrap());
+        assert_eq!(deltas(&svc), 1);
+        assert!(
+            written(&svc) - whole <= whole / 8,
+            "{} after {whole}",
+            written(&svc)
+        );
+        run(&svc, &[b"GET", b"k7"]);
+        assert!(!svc.checkpoint().unwrap(), "a read changes nothing to save");
+        run(&svc, &[b"SET", b"k3", b"back"]);
+        assert!(svc.checkpoint().unwrap());
+        assert_eq!(deltas(&svc), 2);
+        crash(svc);
+        let svc = checkpointing_blocks(&path, 4096);
+        assert_eq!(svc.restored_keys, 1001);
+        let get = |svc: &KvService, k: &str| run(svc, &[b"GET", k.as_bytes()]);
+        let bulk = |v: &[u8]| {
+            let mut r = Vec::new();
+            reply::bulk(&mut r, v);
+            r
+        };
+        assert_eq!(get(&svc, "k0"), bulk(b"tiny"));
+        assert_eq!(get(&svc, "k1"), bulk(&big("after")));
+        assert_eq!(get(&svc, "k3"), bulk(b"back"));
+        assert_eq!(get(&svc, "new"), bulk(&big("new")));
+        assert_eq!(get(&svc, "k2"), bulk(b"small"));
+        assert_eq!(get(&svc, "k999"), bulk(&big("before")));
+        let ttl = String::from_utf8(run(&svc, &[b"TTL", b"k5"])).unwrap();
+        assert!(ttl.starts_with(':') && ttl != ":-1\r\n", "{ttl}");
+        assert_eq!(svc.counters.corrupt_values.load(Relaxed), 0);
+        // After a start, and after most keys changed, a checkpoint is whole.
+        run(&svc, &[b"SET", b"k2", b"again"]);
+        assert!(svc.checkpoint().unwrap());
+        run(&svc, &[b"SET", b"k2", b"and again"]);
+        assert!(svc.checkpoint().unwrap());
+        assert_eq!(deltas(&svc), 1);
+        for i in 0..700 {
+            run(&svc, &[b"SET", format!("k{i}").as_bytes(), b"most"]);
+        }
+        assert!(svc.checkpoint().unwrap());
+        assert_eq!(deltas(&svc), 1);
+        crash(svc);
+        let svc = checkpointing_blocks(&path, 4096);
+        assert_eq!(get(&svc, "k699"), bulk(b"most"));
+        assert_eq!(get(&svc, "k700"), bulk(b"small"));
         crash(svc);
         std::fs::remove_file(path).unwrap();
     }

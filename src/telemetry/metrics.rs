@@ -695,6 +695,16 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
         per(&|s, _| s.counters.checkpoint_failures.load(Relaxed)),
     );
     fam.counter(
+        "dpuflow_kvcache_checkpoint_deltas_total",
+        "Checkpoints saved as the keys changed since the one before (the others saved the whole index).",
+        per(&|s, _| s.counters.checkpoint_deltas.load(Relaxed)),
+    );
+    fam.counter(
+        "dpuflow_kvcache_checkpoint_written_bytes_total",
+        "Bytes of index snapshots and deltas written by checkpoints.",
+        per(&|s, _| s.counters.checkpoint_bytes.load(Relaxed)),
+    );
+    fam.counter(
         "dpuflow_kvcache_checkpoint_overruns_total",
         "Times values written between two checkpoints outgrew the free reserve and took blocks the last one names (its keys there then read as misses after a crash).",
         per(&|_, g| g.hold_back_overruns),
