@@ -4,9 +4,12 @@
 # keys from CLIENTS connections (redis-benchmark), once with nothing else going on and once
 # with a `SAVE` (a checkpoint, answered once durable) sent a second into the run. Prints,
 # per run, redis-benchmark's GET latencies (mean, p99 and max, in ms) and how long the SAVE
-# took. BUILDS="BIN …" compares builds, each round running them in turn.
+# took. Then, with nothing else going on, CHANGED keys at a time written again (values of
+# 300 bytes, on the target before the SAVE) and a SAVE: how long it took and what the
+# service wrote meanwhile (`wchar` of /proc/PID/io: the checkpoint's copy of the index and
+# its superblock). BUILDS="BIN …" compares builds, each round running them in turn.
 # Needs redis-server and redis-tools.
-# Usage: [BUILDS=…] bench/kv-checkpoint.sh [ROUNDS] [KEYS] [CLIENTS]
+# Usage: [BUILDS=…] [CHANGED="1 10000 …"] bench/kv-checkpoint.sh [ROUNDS] [KEYS] [CLIENTS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/common.sh
@@ -49,6 +52,29 @@ get_run() { # PORT [save]
         '{printf "%10.0f GET/s  mean %6.3f  p99 %6.3f  max %7.3f ms  SAVE %5d ms\n", $2, $3, $7, $8, took}'
 }
 
+# N keys spread over the KEYS written again, then a SAVE: its milliseconds and the MB the
+# service wrote.
+changed_save() { # PORT PID N
+    python3 - "$keys" "$3" <<'PY' | redis-cli -p "$1" --pipe >/dev/null
+import sys
+out = sys.stdout.buffer
+keys, n = int(sys.argv[1]), int(sys.argv[2])
+value = b"v" * 300
+for i in range(0, keys, max(keys // n, 1))[:n]:
+    k = b"key:%012d" % i
+    out.write(b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$300\r\n%s\r\n" % (len(k), k, value))
+PY
+    local before started took after saved
+    before=$(awk '/^wchar/ {print $2}' "/proc/$2/io")
+    started=$(date +%s%N)
+    saved=$(redis-cli -p "$1" SAVE)
+    [ "$saved" = OK ] || { echo "SAVE failed: $saved" >&2; exit 1; }
+    took=$(( ($(date +%s%N) - started) / 1000000 ))
+    after=$(awk '/^wchar/ {print $2}' "/proc/$2/io")
+    awk -v n="$3" -v took="$took" -v w=$(( after - before )) \
+        'BEGIN {printf "  SAVE after %7d keys changed: %5d ms  %8.2f MB written\n", n, took, w / 1e6}'
+}
+
 for round in $(seq "$rounds"); do
     for b in "${builds[@]}"; do
         port=$(free_port)
@@ -72,6 +98,9 @@ PIPE
         redis-cli -p "$port" SET changed 1 >/dev/null
         printf '  checkpoint     '
         get_run "$port" save
+        for n in ${CHANGED:-1 10000 50000}; do
+            changed_save "$port" "$svc" "$n"
+        done
         kill "$svc"
         wait "$svc" 2>/dev/null || true
     done

@@ -189,10 +189,11 @@ pub struct Index {
     /// Changes to the keys, their values or deadlines so far: a save with none since the
     /// last has nothing new to say.
     changes: u64,
-    /// The keys changed since the last save began ([`Index::take_changed`]): what a
-    /// delta must say. `None` when they are not known (no save began yet, or the store was
-    /// emptied) or too many for a delta to be worth it: the next save is then whole.
-    changed: Option<HashSet<Arc<[u8]>>>,
+    /// The keys changed since the last save began ([`Index::take_changed`]), once per
+    /// change (a push: a set would cost each write a hashed insert): what a delta must
+    /// say. `None` when they are not known (no save began yet, or the store was emptied)
+    /// or too many for a delta to be worth it: the next save is then whole.
+    changed: Option<Vec<Arc<[u8]>>>,
 }
 
 /// What a snapshot holds for each key beyond its blocks: older snapshots lack fields later
@@ -224,8 +225,8 @@ pub const SNAPSHOT_PART: usize = 1024;
 /// How far ahead in the recency order a snapshot fetches keys' bytes.
 const PREFETCH_KEYS: usize = 8;
 
-/// Keys a delta may name beyond half the keys held ([`Index::take_changed`]), so that a
-/// small store's changes are saved as deltas too.
+/// Changes a delta may hold beyond half the keys held ([`Index::take_changed`]), so that
+/// a small store's changes are saved as deltas too.
 const DELTA_SLACK: usize = 64;
 
 /// A save's copy of the index, taken a part at a time ([`Index::snapshot_part`]) so that
@@ -273,13 +274,14 @@ enum DraftKind {
         used_since: usize,
     },
     Delta {
-        /// The keys to copy, those not held when the copy started first, then the others
-        /// from least to most recently used.
+        /// The keys to copy, a key once for each change.
         keys: Vec<Arc<[u8]>>,
         /// How many of them are copied.
         next: usize,
-        /// Records copied.
-        count: u64,
+        /// The keys copied, each once.
+        seen: HashSet<Arc<[u8]>>,
+        /// Each record's key's recency tick and where the record ends in `records`.
+        ends: Vec<(u64, usize)>,
         /// The keys found removed: length (u32) and bytes each.
         removed: Vec<u8>,
         removed_count: u64,
@@ -329,7 +331,7 @@ impl SnapshotDraft {
                 ends, used_since, ..
             } => encode_whole(&self.records, &ends, used_since),
             DraftKind::Delta {
-                count,
+                mut ends,
                 removed,
                 removed_count,
                 ..
@@ -337,8 +339,26 @@ impl SnapshotDraft {
                 let mut out = Vec::with_capacity(16 + removed.len() + self.records.len());
                 out.extend_from_slice(&removed_count.to_le_bytes());
                 out.extend_from_slice(&removed);
-                out.extend_from_slice(&count.to_le_bytes());
-                out.extend_from_slice(&self.records);
+                out.extend_from_slice(&(ends.len() as u64).to_le_bytes());
+                // Each record's start, then the records from least to most recently used,
+                // the order a load gives them.
+                let mut start = 0;
+                for (_, end) in &mut ends {
+                    (start, *end) = (*end, start);
+                }
+                ends.sort_unstable_by_key(|&(tick, _)| tick);
+                for (_, start) in ends {
+                    let len = u32::from_le_bytes(
+                        self.records[start..start + 4].try_into().expect("4 bytes"),
+                    ) as usize;
+                    let blocks = u32::from_le_bytes(
+                        self.records[start + 12..start + 16]
+                            .try_into()
+                            .expect("4 bytes"),
+                    ) as usize;
+                    let end = start + SNAPSHOT_RECORD + len + 8 * blocks;
+                    out.extend_from_slice(&self.records[start..end]);
+                }
                 out
             }
         }
@@ -477,17 +497,13 @@ impl Index {
     /// A delta of `changed`, the keys [`Index::take_changed`] gave when this save began
     /// (after [`Index::begin_save`]): to be taken in parts ([`Index::snapshot_part`]) and
     /// applied on top of the save before ([`Index::apply_delta`]).
-    pub fn start_delta(&self, changed: HashSet<Arc<[u8]>>) -> SnapshotDraft {
-        let mut keys: Vec<(u64, Arc<[u8]>)> = changed
-            .into_iter()
-            .map(|k| (self.map.get(&k).map_or(0, |e| e.tick), k))
-            .collect();
-        keys.sort_unstable_by_key(|(tick, _)| *tick);
-        let estimate = keys.len() * (SNAPSHOT_RECORD + 64);
+    pub fn start_delta(&self, changed: Vec<Arc<[u8]>>) -> SnapshotDraft {
+        let estimate = changed.len() * (SNAPSHOT_RECORD + 64);
         let kind = DraftKind::Delta {
-            keys: keys.into_iter().map(|(_, k)| k).collect(),
+            keys: changed,
             next: 0,
-            count: 0,
+            seen: HashSet::new(),
+            ends: Vec::new(),
             removed: Vec::new(),
             removed_count: 0,
         };
@@ -530,16 +546,20 @@ impl Index {
             DraftKind::Delta {
                 keys,
                 next,
-                count,
+                seen,
+                ends,
                 removed,
                 removed_count,
             } => {
                 let part = &keys[*next..keys.len().min(next.saturating_add(most))];
                 for key in part {
+                    if !seen.insert(Arc::clone(key)) {
+                        continue;
+                    }
                     match self.map.get(key) {
                         Some(e) => {
                             write_record(&mut draft.records, key, e);
-                            *count += 1;
+                            ends.push((e.tick, draft.records.len()));
                             if e.extents.inline_unwritten() {
                                 draft.inline_unwritten.push(Arc::clone(&e.extents));
                             }
@@ -936,8 +956,8 @@ impl Index {
     }
 
     /// Counts a change to `key` and notes the key for the next delta. Past half the keys
-    /// held (and a few), a delta would be most of a whole snapshot: the keys are then
-    /// forgotten and the next save is whole.
+    /// held in changes (and a few), a delta would be most of a whole snapshot: the keys
+    /// are then forgotten and the next save is whole.
     fn note_change(&mut self, key: &Arc<[u8]>) {
         self.changes += 1;
         let most = self.map.len() / 2 + DELTA_SLACK;
@@ -945,27 +965,16 @@ impl Index {
             if changed.len() >= most {
                 self.changed = None;
             } else {
-                changed.insert(Arc::clone(key));
+                changed.push(Arc::clone(key));
             }
         }
     }
 
-    /// The keys changed since the last call (`None` when they are not known: see
-    /// [`Index::start_delta`]), for a save beginning; changes are noted afresh from now.
-    pub fn take_changed(&mut self) -> Option<HashSet<Arc<[u8]>>> {
-        self.changed.replace(HashSet::new())
-    }
-
-    /// Gives back what [`Index::take_changed`] gave, the save having failed: its keys are
-    /// still to be saved, with those changed since.
-    pub fn changed_again(&mut self, before: Option<HashSet<Arc<[u8]>>>) {
-        self.changed = match (self.changed.take(), before) {
-            (Some(mut now), Some(before)) => {
-                now.extend(before);
-                Some(now)
-            }
-            _ => None,
-        };
+    /// The keys changed since the last call, a key once for each change (`None` when
+    /// they are not known), for a save beginning; changes are noted afresh from now. Best
+    /// dropped with the index unlocked: they may be many.
+    pub fn take_changed(&mut self) -> Option<Vec<Arc<[u8]>>> {
+        self.changed.replace(Vec::new())
     }
 
     /// Keeps the blocks of values removed from now on out of use, as a saved index on the
@@ -1641,6 +1650,31 @@ mod tests {
                 proptest::prop_assert_eq!(saved, Some(e.extents.blocks.clone()), "key {:?}", k);
             }
         }
+    }
+
+    /// A delta's keys load as the most recently used, in the order they were used last,
+    /// behind the keys only the snapshot names: the load evicts as the index would.
+    #[test]
+    fn a_delta_loads_its_keys_as_the_most_recently_used() {
+        let mut ix = Index::new(room(16, 512), 512);
+        ix.hold_back(4);
+        for k in ["a", "b", "c", "d"] {
+            put(&mut ix, k, 512).unwrap();
+        }
+        let held = ix.begin_save();
+        assert!(ix.take_changed().is_none());
+        let base = ix.snapshot();
+        ix.release(held);
+        put(&mut ix, "d", 700).unwrap();
+        put(&mut ix, "b", 100).unwrap();
+        ix.remove(b"a");
+        ix.begin_save();
+        let changed = ix.take_changed().unwrap();
+        let mut draft = ix.start_delta(changed);
+        assert!(ix.snapshot_part(&mut draft, usize::MAX));
+        let chain = [base, draft.encode()];
+        let back = load_chain(&chain, room(16, 512), 512).unwrap();
+        assert_eq!(back.snapshot(), ix.snapshot());
     }
 
     #[test]

@@ -12,7 +12,6 @@ use super::storage::{self, BlockTarget, Pool, TargetError};
 use crate::ir::KvCache;
 use crc32c::crc32c;
 use std::collections::hash_map::RandomState;
-use std::collections::HashSet;
 use std::hash::BuildHasher;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -450,7 +449,7 @@ impl Checkpoints {
     /// snapshot starts afresh. So it does after an overrun (`overruns` moved since the
     /// last began): values may then have taken blocks of keys the saves name still, which
     /// only a whole snapshot says afresh.
-    fn delta_next(&self, changed: &HashSet<Arc<[u8]>>, overruns: u64) -> bool {
+    fn delta_next(&self, changed: &[Arc<[u8]>], overruns: u64) -> bool {
         let Some(names) = &self.names else {
             return false;
         };
@@ -675,11 +674,13 @@ impl KvService {
         }
         // From here blocks freed are held back, so every record copied stays true.
         let released = index.begin_save();
-        let changed = index.take_changed();
         let overruns = index.stats().hold_back_overruns;
-        let mut draft = match &changed {
-            Some(keys) if checkpoints.delta_next(keys, overruns) => index.start_delta(keys.clone()),
-            _ => index.start_snapshot(),
+        // The keys changed, if not the delta's, are dropped once the index is unlocked.
+        let (mut draft, unused) = match index.take_changed() {
+            Some(keys) if checkpoints.delta_next(&keys, overruns) => {
+                (index.start_delta(keys), None)
+            }
+            keys => (index.start_snapshot(), keys),
         };
         // A copy chasing keys used faster than it copies is finished under one lock.
         let most_parts = 2 * (index.stats().keys / SNAPSHOT_PART as u64) + 2;
@@ -698,6 +699,7 @@ impl KvService {
         }
         let keys = index.stats().keys;
         drop(index);
+        drop(unused);
         let delta = draft.is_delta();
         let written = self.save_snapshot(draft, checkpoints.names.as_ref());
         let mut index = self.lock();
@@ -729,9 +731,9 @@ impl KvService {
             }
             Err(e) => {
                 index.hold_again(released);
-                index.changed_again(changed);
-                // The next is whole: a delta may have failed for want of room in the
-                // superblock, and would again.
+                // The next is whole, as the keys changed before this one began are not
+                // noted any more (and a delta may have failed for want of room in the
+                // superblock, and would again).
                 checkpoints.names = None;
                 self.counters.last_save_failed.store(true, Relaxed);
                 Err(e)

@@ -42,7 +42,7 @@ const MAX_INLINE_MAX: u64 = 64 << 10;
 /// How often a KV-cache service saves its index by default (Redis's default `save` points
 /// save within a minute of many writes): a crash loses at most about this much.
 const DEFAULT_CHECKPOINT: Duration = Duration::from_secs(60);
-/// The shortest checkpoint interval: each one writes the whole index.
+/// The shortest checkpoint interval: each one may write the whole index.
 const MIN_CHECKPOINT: Duration = Duration::from_secs(1);
 
 /// Largest rule file read; bigger ones are refused rather than exhausting memory.
@@ -646,7 +646,7 @@ impl Lowerer<'_> {
                     |d| d >= MIN_CHECKPOINT,
                     |d| {
                         format!(
-                            "`checkpoint` is at least {}s (each one writes the whole index), not {}ms",
+                            "`checkpoint` is at least {}s (each one may write the whole index), not {}ms",
                             MIN_CHECKPOINT.as_secs(),
                             d.as_millis()
                         )
