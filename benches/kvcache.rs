@@ -60,16 +60,15 @@ fn index(c: &mut Criterion) {
         })
     });
     let mut next = KEYS;
+    let mut set = |ix: &mut Index| {
+        let k = key(next);
+        next += 1;
+        let e = ix.allocate(&k, block).expect("room");
+        ix.insert(&k, e);
+    };
     c.bench_function(
         "index: SET into a full store of 1M keys (one eviction)",
-        |b| {
-            b.iter(|| {
-                let k = key(next);
-                next += 1;
-                let e = ix.allocate(&k, block).expect("room");
-                ix.insert(&k, e);
-            })
-        },
+        |b| b.iter(|| set(&mut ix)),
     );
     // With checkpoints the keys changed are noted for the next delta; a checkpoint takes
     // them every 100,000 SETs here.
@@ -79,10 +78,7 @@ fn index(c: &mut Criterion) {
         "index: SET into a full store of 1M keys (one eviction), changes noted",
         |b| {
             b.iter(|| {
-                let k = key(next);
-                next += 1;
-                let e = ix.allocate(&k, block).expect("room");
-                ix.insert(&k, e);
+                set(&mut ix);
                 noted += 1;
                 if noted == 100_000 {
                     noted = 0;

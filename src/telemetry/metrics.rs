@@ -631,7 +631,7 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
         commands,
     );
     type Field = fn(&KvCounters) -> &AtomicU64;
-    let counters: [(&str, &str, Field); 9] = [
+    let counters: [(&str, &str, Field); 11] = [
         ("dpuflow_kvcache_hits_total", "Reads of keys held.", |c| {
             &c.hits
         }),
@@ -675,6 +675,16 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
             "Connections ended by a TLS error (failed handshake, bad record).",
             |c| &c.tls_failures,
         ),
+        (
+            "dpuflow_kvcache_checkpoint_deltas_total",
+            "Checkpoints saved as the keys changed since the one before (the others saved the whole index).",
+            |c| &c.checkpoint_deltas,
+        ),
+        (
+            "dpuflow_kvcache_checkpoint_written_bytes_total",
+            "Bytes of index snapshots and deltas written by checkpoints.",
+            |c| &c.checkpoint_bytes,
+        ),
     ];
     for (name, help, field) in counters {
         fam.counter(name, help, per(&|s, _| field(&s.counters).load(Relaxed)));
@@ -693,16 +703,6 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
         "dpuflow_kvcache_checkpoint_failures_total",
         "Checkpoints that failed (the target keeps the one before).",
         per(&|s, _| s.counters.checkpoint_failures.load(Relaxed)),
-    );
-    fam.counter(
-        "dpuflow_kvcache_checkpoint_deltas_total",
-        "Checkpoints saved as the keys changed since the one before (the others saved the whole index).",
-        per(&|s, _| s.counters.checkpoint_deltas.load(Relaxed)),
-    );
-    fam.counter(
-        "dpuflow_kvcache_checkpoint_written_bytes_total",
-        "Bytes of index snapshots and deltas written by checkpoints.",
-        per(&|s, _| s.counters.checkpoint_bytes.load(Relaxed)),
     );
     fam.counter(
         "dpuflow_kvcache_checkpoint_overruns_total",
