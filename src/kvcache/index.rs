@@ -191,9 +191,13 @@ pub struct Index {
     changes: u64,
     /// The keys changed since the last save began ([`Index::take_changed`]), once per
     /// change (a push: a set would cost each write a hashed insert): what a delta must
-    /// say. `None` when they are not known (no save began yet, or the store was emptied)
-    /// or too many for a delta to be worth it: the next save is then whole.
-    changed: Option<Vec<Arc<[u8]>>>,
+    /// say, while `noting`.
+    changed: Vec<Arc<[u8]>>,
+    /// Whether `changed` has every change: not before the first save, after the store
+    /// was emptied, nor once the changes were too many for a delta to be worth it (the
+    /// next save is then whole; the keys noted stay until it takes them, as dropping
+    /// them is a cache miss each, not for a write to pay).
+    noting: bool,
 }
 
 /// What a snapshot holds for each key beyond its blocks: older snapshots lack fields later
@@ -410,6 +414,16 @@ fn write_record(r: &mut Vec<u8>, key: &[u8], e: &Entry) {
     }
 }
 
+/// The keys changed since a save began ([`Index::take_changed`]).
+#[derive(Debug)]
+pub struct Changed {
+    /// A key once for each change.
+    pub keys: Vec<Arc<[u8]>>,
+    /// Whether every change is among them: not for the first save, nor after the store
+    /// was emptied, nor when the changes outnumbered half the keys held.
+    pub complete: bool,
+}
+
 /// A key's record read from a snapshot or delta.
 struct Record<'a> {
     key: &'a [u8],
@@ -467,7 +481,8 @@ impl Index {
             expired: 0,
             reserve: 0,
             changes: 0,
-            changed: None,
+            changed: Vec::new(),
+            noting: false,
         }
     }
 
@@ -866,7 +881,7 @@ impl Index {
     pub fn clear(&mut self) {
         self.changes += 1;
         // A delta would name every key: the next save is whole.
-        self.changed = None;
+        self.noting = false;
         self.map.clear();
         self.order.clear();
         self.deadlines.clear();
@@ -960,21 +975,22 @@ impl Index {
     /// are then forgotten and the next save is whole.
     fn note_change(&mut self, key: &Arc<[u8]>) {
         self.changes += 1;
-        let most = self.map.len() / 2 + DELTA_SLACK;
-        if let Some(changed) = &mut self.changed {
-            if changed.len() >= most {
-                self.changed = None;
+        if self.noting {
+            if self.changed.len() >= self.map.len() / 2 + DELTA_SLACK {
+                self.noting = false;
             } else {
-                changed.push(Arc::clone(key));
+                self.changed.push(Arc::clone(key));
             }
         }
     }
 
-    /// The keys changed since the last call, a key once for each change (`None` when
-    /// they are not known), for a save beginning; changes are noted afresh from now. Best
-    /// dropped with the index unlocked: they may be many.
-    pub fn take_changed(&mut self) -> Option<Vec<Arc<[u8]>>> {
-        self.changed.replace(Vec::new())
+    /// The keys changed since the last call, for a save beginning; changes are noted
+    /// afresh from now. Best dropped with the index unlocked: they may be many.
+    pub fn take_changed(&mut self) -> Changed {
+        Changed {
+            keys: std::mem::take(&mut self.changed),
+            complete: std::mem::replace(&mut self.noting, true),
+        }
     }
 
     /// Keeps the blocks of values removed from now on out of use, as a saved index on the
@@ -1608,8 +1624,9 @@ mod tests {
             for (before, steps) in saves.into_iter().chain([last]) {
                 run(&mut ix, &mut had, before);
                 let released = ix.begin_save();
-                let mut draft = match ix.take_changed() {
-                    Some(keys) if !chain.is_empty() => ix.start_delta(keys),
+                let changed = ix.take_changed();
+                let mut draft = match changed.complete {
+                    true if !chain.is_empty() => ix.start_delta(changed.keys),
                     _ => {
                         chain.clear();
                         ix.start_snapshot()
@@ -1662,15 +1679,16 @@ mod tests {
             put(&mut ix, k, 512).unwrap();
         }
         let held = ix.begin_save();
-        assert!(ix.take_changed().is_none());
+        assert!(!ix.take_changed().complete);
         let base = ix.snapshot();
         ix.release(held);
         put(&mut ix, "d", 700).unwrap();
         put(&mut ix, "b", 100).unwrap();
         ix.remove(b"a");
         ix.begin_save();
-        let changed = ix.take_changed().unwrap();
-        let mut draft = ix.start_delta(changed);
+        let changed = ix.take_changed();
+        assert!(changed.complete);
+        let mut draft = ix.start_delta(changed.keys);
         assert!(ix.snapshot_part(&mut draft, usize::MAX));
         let chain = [base, draft.encode()];
         let back = load_chain(&chain, room(16, 512), 512).unwrap();

@@ -475,8 +475,9 @@ mod tests {
     /// what `last` names.
     fn delta(ix: &mut Index, last: &Superblock) -> Save {
         let held = ix.begin_save();
-        let changed = ix.take_changed().expect("changes noted");
-        let mut draft = ix.start_delta(changed);
+        let changed = ix.take_changed();
+        assert!(changed.complete);
+        let mut draft = ix.start_delta(changed.keys);
         assert!(ix.snapshot_part(&mut draft, usize::MAX));
         let bytes = draft.encode();
         let blocks = ix.take_free(bytes.len() as u64).unwrap();
@@ -501,7 +502,7 @@ mod tests {
             put(&mut ix, k, len);
         }
         let held = ix.begin_save();
-        assert!(ix.take_changed().is_none(), "the first save is whole");
+        assert!(!ix.take_changed().complete, "the first save is whole");
         let snapshot = ix.snapshot();
         let blocks = ix.take_free(snapshot.len() as u64).unwrap();
         let base = seal(snapshot, blocks, bs, capacity, Saved::Checkpoint).unwrap();

@@ -676,11 +676,12 @@ impl KvService {
         let released = index.begin_save();
         let overruns = index.stats().hold_back_overruns;
         // The keys changed, if not the delta's, are dropped once the index is unlocked.
-        let (mut draft, unused) = match index.take_changed() {
-            Some(keys) if checkpoints.delta_next(&keys, overruns) => {
-                (index.start_delta(keys), None)
+        let changed = index.take_changed();
+        let (mut draft, unused) = match changed.complete {
+            true if checkpoints.delta_next(&changed.keys, overruns) => {
+                (index.start_delta(changed.keys), None)
             }
-            keys => (index.start_snapshot(), keys),
+            _ => (index.start_snapshot(), Some(changed)),
         };
         // A copy chasing keys used faster than it copies is finished under one lock.
         let most_parts = 2 * (index.stats().keys / SNAPSHOT_PART as u64) + 2;
