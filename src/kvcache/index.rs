@@ -13,6 +13,7 @@
 use super::free::FreeSet;
 use crate::engine::prefetch::prefetch;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -284,8 +285,8 @@ enum DraftKind {
         next: usize,
         /// The keys copied, each once.
         seen: HashSet<Arc<[u8]>>,
-        /// Each record's key's recency tick and where the record ends in `records`.
-        ends: Vec<(u64, usize)>,
+        /// Each record's key's recency tick and where the record is in `records`.
+        spans: Vec<(u64, Range<usize>)>,
         /// The keys found removed: length (u32) and bytes each.
         removed: Vec<u8>,
         removed_count: u64,
@@ -335,7 +336,7 @@ impl SnapshotDraft {
                 ends, used_since, ..
             } => encode_whole(&self.records, &ends, used_since),
             DraftKind::Delta {
-                mut ends,
+                mut spans,
                 removed,
                 removed_count,
                 ..
@@ -343,25 +344,11 @@ impl SnapshotDraft {
                 let mut out = Vec::with_capacity(16 + removed.len() + self.records.len());
                 out.extend_from_slice(&removed_count.to_le_bytes());
                 out.extend_from_slice(&removed);
-                out.extend_from_slice(&(ends.len() as u64).to_le_bytes());
-                // Each record's start, then the records from least to most recently used,
-                // the order a load gives them.
-                let mut start = 0;
-                for (_, end) in &mut ends {
-                    (start, *end) = (*end, start);
-                }
-                ends.sort_unstable_by_key(|&(tick, _)| tick);
-                for (_, start) in ends {
-                    let len = u32::from_le_bytes(
-                        self.records[start..start + 4].try_into().expect("4 bytes"),
-                    ) as usize;
-                    let blocks = u32::from_le_bytes(
-                        self.records[start + 12..start + 16]
-                            .try_into()
-                            .expect("4 bytes"),
-                    ) as usize;
-                    let end = start + SNAPSHOT_RECORD + len + 8 * blocks;
-                    out.extend_from_slice(&self.records[start..end]);
+                out.extend_from_slice(&(spans.len() as u64).to_le_bytes());
+                // From least to most recently used, the order a load gives them.
+                spans.sort_unstable_by_key(|(tick, _)| *tick);
+                for (_, span) in spans {
+                    out.extend_from_slice(&self.records[span]);
                 }
                 out
             }
@@ -518,7 +505,7 @@ impl Index {
             keys: changed,
             next: 0,
             seen: HashSet::new(),
-            ends: Vec::new(),
+            spans: Vec::new(),
             removed: Vec::new(),
             removed_count: 0,
         };
@@ -562,7 +549,7 @@ impl Index {
                 keys,
                 next,
                 seen,
-                ends,
+                spans,
                 removed,
                 removed_count,
             } => {
@@ -573,8 +560,9 @@ impl Index {
                     }
                     match self.map.get(key) {
                         Some(e) => {
+                            let start = draft.records.len();
                             write_record(&mut draft.records, key, e);
-                            ends.push((e.tick, draft.records.len()));
+                            spans.push((e.tick, start..draft.records.len()));
                             if e.extents.inline_unwritten() {
                                 draft.inline_unwritten.push(Arc::clone(&e.extents));
                             }
@@ -1495,6 +1483,42 @@ mod tests {
         Remove(u8),
     }
 
+    /// Values each key had, by its blocks.
+    type Had = HashMap<u8, BTreeSet<Vec<u64>>>;
+
+    /// Runs `ops` on `ix`, noting in `had` the values they give keys.
+    fn run_copy_ops(ix: &mut Index, had: &mut Had, ops: Vec<CopyOp>) {
+        for o in ops {
+            match o {
+                CopyOp::Put(k, n) => {
+                    let e = ix.allocate(&[k], u64::from(n) * 512).unwrap();
+                    had.entry(k).or_default().insert(e.blocks.clone());
+                    ix.insert(&[k], e);
+                }
+                CopyOp::Get(k) => drop(ix.get(&[k])),
+                CopyOp::Remove(k) => drop(ix.remove(&[k])),
+            }
+        }
+    }
+
+    /// Copies `draft` a part of each step's size at a time, the step's ops run after its
+    /// part; once the steps are done, the rest in one part.
+    fn copy_in_parts(
+        ix: &mut Index,
+        draft: &mut SnapshotDraft,
+        steps: Vec<(usize, Vec<CopyOp>)>,
+        had: &mut Had,
+    ) {
+        let mut steps = steps.into_iter();
+        loop {
+            let (most, ops) = steps.next().unwrap_or((usize::MAX, Vec::new()));
+            if ix.snapshot_part(draft, most) {
+                break;
+            }
+            run_copy_ops(ix, had, ops);
+        }
+    }
+
     fn copy_op() -> impl proptest::strategy::Strategy<Value = CopyOp> {
         use proptest::prelude::*;
         prop_oneof![
@@ -1522,33 +1546,13 @@ mod tests {
                 let e = ix.allocate(&[k], u64::from(n) * 512).unwrap();
                 ix.insert(&[k], e);
             }
-            let mut had: HashMap<u8, BTreeSet<Vec<u64>>> = HashMap::new();
-            let mut note = |ix: &Index, k: u8| {
-                if let Some(e) = ix.map.get(&[k][..]) {
-                    had.entry(k).or_default().insert(e.extents.blocks.clone());
-                }
-            };
-            (0..16).for_each(|k| note(&ix, k));
+            let mut had = Had::new();
+            for (k, e) in &ix.map {
+                had.entry(k[0]).or_default().insert(e.extents.blocks.clone());
+            }
             ix.begin_save();
             let mut draft = ix.start_snapshot();
-            let mut steps = steps.into_iter();
-            loop {
-                let (most, ops) = steps.next().unwrap_or((usize::MAX, Vec::new()));
-                if ix.snapshot_part(&mut draft, most) {
-                    break;
-                }
-                for o in ops {
-                    match o {
-                        CopyOp::Put(k, n) => {
-                            let e = ix.allocate(&[k], u64::from(n) * 512).unwrap();
-                            ix.insert(&[k], e);
-                            note(&ix, k);
-                        }
-                        CopyOp::Get(k) => drop(ix.get(&[k])),
-                        CopyOp::Remove(k) => drop(ix.remove(&[k])),
-                    }
-                }
-            }
+            copy_in_parts(&mut ix, &mut draft, steps, &mut had);
             proptest::prop_assert!(!draft.is_torn());
             proptest::prop_assert_eq!(ix.stats().hold_back_overruns, 0);
             let mut back = Index::restore(1025 * 512, 512, &draft.encode(), SnapshotFields::ALL);
@@ -1605,24 +1609,11 @@ mod tests {
             let (capacity, bs) = (2049 * 512, 512);
             let mut ix = Index::new(capacity, bs);
             ix.hold_back(1500);
-            let mut had: HashMap<u8, BTreeSet<Vec<u64>>> = HashMap::new();
-            let run = |ix: &mut Index, had: &mut HashMap<u8, BTreeSet<Vec<u64>>>, ops: Vec<CopyOp>| {
-                for o in ops {
-                    match o {
-                        CopyOp::Put(k, n) => {
-                            let e = ix.allocate(&[k], u64::from(n) * 512).unwrap();
-                            had.entry(k).or_default().insert(e.blocks.clone());
-                            ix.insert(&[k], e);
-                        }
-                        CopyOp::Get(k) => drop(ix.get(&[k])),
-                        CopyOp::Remove(k) => drop(ix.remove(&[k])),
-                    }
-                }
-            };
+            let mut had = Had::new();
             let mut chain: Vec<Vec<u8>> = Vec::new();
             let last = (Vec::new(), vec![(usize::MAX, Vec::new())]);
             for (before, steps) in saves.into_iter().chain([last]) {
-                run(&mut ix, &mut had, before);
+                run_copy_ops(&mut ix, &mut had, before);
                 let released = ix.begin_save();
                 let changed = ix.take_changed();
                 let mut draft = match changed.complete {
@@ -1632,14 +1623,7 @@ mod tests {
                         ix.start_snapshot()
                     }
                 };
-                let mut steps = steps.into_iter();
-                loop {
-                    let (most, ops) = steps.next().unwrap_or((usize::MAX, Vec::new()));
-                    if ix.snapshot_part(&mut draft, most) {
-                        break;
-                    }
-                    run(&mut ix, &mut had, ops);
-                }
+                copy_in_parts(&mut ix, &mut draft, steps, &mut had);
                 proptest::prop_assert!(!draft.is_torn());
                 chain.push(draft.encode());
                 ix.release(released);

@@ -66,19 +66,25 @@ pub struct Superblock {
     pub saved: Saved,
     pub block_size: u64,
     pub capacity: u64,
-    pub snapshot_len: u64,
-    pub snapshot_crc: u32,
-    pub runs: Vec<Run>,
+    pub snapshot: Segment,
     /// The deltas to apply to the snapshot, in order.
-    pub deltas: Vec<Delta>,
+    pub deltas: Vec<Segment>,
 }
 
-/// A delta on the target: its length, checksum and blocks.
+/// A snapshot or a delta on the target: its length, checksum and blocks.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Delta {
+pub struct Segment {
     pub len: u64,
     pub crc: u32,
     pub runs: Vec<Run>,
+}
+
+/// Appends `runs` to `b`, each its first block and count.
+fn put_runs(b: &mut Vec<u8>, runs: &[Run]) {
+    for (first, n) in runs {
+        b.extend_from_slice(&first.to_le_bytes());
+        b.extend_from_slice(&n.to_le_bytes());
+    }
 }
 
 /// Where the part of superblock `b` (of `version`) that its checksum covers ends, its
@@ -124,46 +130,29 @@ pub enum Unusable {
 impl Superblock {
     /// The superblock's bytes, `len` long (one block); `None` when its runs do not fit.
     pub fn encode(&self, len: usize) -> Option<Vec<u8>> {
-        let runs = |runs: &[Run]| runs.len().checked_mul(16);
-        let deltas = self.deltas.iter().try_fold(4usize, |at, d| {
-            at.checked_add(16)?.checked_add(runs(&d.runs)?)
-        })?;
-        let end = HEADER_LEN
-            .checked_add(runs(&self.runs)?)?
-            .checked_add(deltas)?;
-        if end > len {
-            return None;
-        }
-        let mut b = vec![0u8; len];
+        let mut b = vec![0u8; HEADER_LEN];
         b[..16].copy_from_slice(MAGIC);
         b[16..20].copy_from_slice(&self.version.to_le_bytes());
         b[20..24].copy_from_slice(&(self.saved as u32).to_le_bytes());
         b[24..32].copy_from_slice(&self.block_size.to_le_bytes());
         b[32..40].copy_from_slice(&self.capacity.to_le_bytes());
-        b[40..48].copy_from_slice(&self.snapshot_len.to_le_bytes());
-        b[48..52].copy_from_slice(&self.snapshot_crc.to_le_bytes());
-        b[52..56].copy_from_slice(&(self.runs.len() as u32).to_le_bytes());
-        let mut at = HEADER_LEN;
-        let mut put = |bytes: &[u8]| {
-            b[at..at + bytes.len()].copy_from_slice(bytes);
-            at += bytes.len();
-        };
-        let put_runs = |put: &mut dyn FnMut(&[u8]), runs: &[Run]| {
-            for (first, n) in runs {
-                put(&first.to_le_bytes());
-                put(&n.to_le_bytes());
-            }
-        };
-        put_runs(&mut put, &self.runs);
-        put(&(self.deltas.len() as u32).to_le_bytes());
+        b[40..48].copy_from_slice(&self.snapshot.len.to_le_bytes());
+        b[48..52].copy_from_slice(&self.snapshot.crc.to_le_bytes());
+        b[52..56].copy_from_slice(&(self.snapshot.runs.len() as u32).to_le_bytes());
+        put_runs(&mut b, &self.snapshot.runs);
+        b.extend_from_slice(&(self.deltas.len() as u32).to_le_bytes());
         for d in &self.deltas {
-            put(&d.len.to_le_bytes());
-            put(&d.crc.to_le_bytes());
-            put(&(d.runs.len() as u32).to_le_bytes());
-            put_runs(&mut put, &d.runs);
+            b.extend_from_slice(&d.len.to_le_bytes());
+            b.extend_from_slice(&d.crc.to_le_bytes());
+            b.extend_from_slice(&(d.runs.len() as u32).to_le_bytes());
+            put_runs(&mut b, &d.runs);
         }
-        let crc = crc32c(&b[..end]);
+        if b.len() > len {
+            return None;
+        }
+        let crc = crc32c(&b);
         b[HEADER_CRC_AT..HEADER_CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+        b.resize(len, 0);
         Some(b)
     }
 
@@ -204,16 +193,18 @@ impl Superblock {
             saved,
             block_size: u64_at(24),
             capacity: u64_at(32),
-            snapshot_len: u64_at(40),
-            snapshot_crc: u32_at(48),
-            runs: runs_at(HEADER_LEN, runs),
+            snapshot: Segment {
+                len: u64_at(40),
+                crc: u32_at(48),
+                runs: runs_at(HEADER_LEN, runs),
+            },
             deltas: match version >= DELTAS {
                 true => {
                     let mut at = HEADER_LEN + 16 * runs + 4;
                     (0..u32_at(at - 4))
                         .map(|_| {
                             let n = u32_at(at + 12) as usize;
-                            let d = Delta {
+                            let d = Segment {
                                 len: u64_at(at),
                                 crc: u32_at(at + 8),
                                 runs: runs_at(at + 16, n),
@@ -228,9 +219,9 @@ impl Superblock {
         })
     }
 
-    /// The runs of the snapshot, then of each delta.
-    pub fn segments(&self) -> impl Iterator<Item = &[Run]> {
-        std::iter::once(&self.runs[..]).chain(self.deltas.iter().map(|d| &d.runs[..]))
+    /// The snapshot, then each delta.
+    pub fn segments(&self) -> impl Iterator<Item = &Segment> {
+        std::iter::once(&self.snapshot).chain(&self.deltas)
     }
 
     /// The superblock's bytes once its index has been taken: the same, marked not clean.
@@ -280,15 +271,18 @@ pub fn prepare(index: &mut Index, capacity: u64) -> Option<Save> {
 }
 
 /// `bytes` padded to `blocks` of `block_size` (the target reads and writes whole
-/// sectors): their length and CRC32C before the padding.
-fn pad(bytes: &mut Vec<u8>, blocks: &Extents, block_size: u64) -> (u64, u32) {
-    let len = bytes.len() as u64;
-    let crc = crc32c(bytes);
+/// sectors), as the superblock names them.
+fn pad(bytes: &mut Vec<u8>, blocks: &Extents, block_size: u64) -> Segment {
+    let segment = Segment {
+        len: bytes.len() as u64,
+        crc: crc32c(bytes),
+        runs: blocks.runs().collect(),
+    };
     bytes.resize(
-        (blocks.runs().map(|r| r.1).sum::<u64>() * block_size) as usize,
+        (segment.runs.iter().map(|r| r.1).sum::<u64>() * block_size) as usize,
         0,
     );
-    (len, crc)
+    segment
 }
 
 /// The save of `snapshot` into `blocks` (for a checkpoint: free blocks taken with the
@@ -301,15 +295,12 @@ pub fn seal(
     capacity: u64,
     saved: Saved,
 ) -> Option<Save> {
-    let (len, crc) = pad(&mut snapshot, &blocks, block_size);
     let names = Superblock {
         version: VERSION,
         saved,
         block_size,
         capacity,
-        snapshot_len: len,
-        snapshot_crc: crc,
-        runs: blocks.runs().collect(),
+        snapshot: pad(&mut snapshot, &blocks, block_size),
         deltas: Vec::new(),
     };
     Some(Save {
@@ -323,16 +314,11 @@ pub fn seal(
 /// The save of a checkpoint's `delta` into `blocks`, to be applied after what `last` (the
 /// durable superblock) names; `None` when the superblock has no room for its runs.
 pub fn seal_delta(last: &Superblock, mut delta: Vec<u8>, blocks: Extents) -> Option<Save> {
-    let (len, crc) = pad(&mut delta, &blocks, last.block_size);
     let mut names = Superblock {
         saved: Saved::Checkpoint,
         ..last.clone()
     };
-    names.deltas.push(Delta {
-        len,
-        crc,
-        runs: blocks.runs().collect(),
-    });
+    names.deltas.push(pad(&mut delta, &blocks, last.block_size));
     Some(Save {
         superblock: names.encode(last.block_size as usize)?,
         names,
@@ -341,12 +327,12 @@ pub fn seal_delta(last: &Superblock, mut delta: Vec<u8>, blocks: Extents) -> Opt
     })
 }
 
-/// The first `len` bytes of `read`, if their CRC32C is `crc`.
-fn checked(read: &[u8], len: u64, crc: u32) -> Result<&[u8], Unusable> {
-    usize::try_from(len)
+/// The bytes `segment` names among those read from its runs, if their CRC32C is its.
+fn checked<'a>(read: &'a [u8], segment: &Segment) -> Result<&'a [u8], Unusable> {
+    usize::try_from(segment.len)
         .ok()
         .and_then(|n| read.get(..n))
-        .filter(|bytes| crc32c(bytes) == crc)
+        .filter(|bytes| crc32c(bytes) == segment.crc)
         .ok_or(Unusable::Snapshot)
 }
 
@@ -365,7 +351,7 @@ pub fn load(
             capacity: sb.capacity,
         });
     }
-    let bytes = checked(snapshot, sb.snapshot_len, sb.snapshot_crc)?;
+    let bytes = checked(snapshot, &sb.snapshot)?;
     let fields = fields_of(sb.version).ok_or(Unusable::Snapshot)?;
     let mut index =
         Index::restore(capacity, block_size, bytes, fields).ok_or(Unusable::Snapshot)?;
@@ -373,7 +359,7 @@ pub fn load(
         return Err(Unusable::Snapshot);
     }
     for (read, d) in deltas.iter().zip(&sb.deltas) {
-        let bytes = checked(read, d.len, d.crc)?;
+        let bytes = checked(read, d)?;
         index.apply_delta(bytes, fields).ok_or(Unusable::Snapshot)?;
     }
     Ok(index)
@@ -515,7 +501,7 @@ mod tests {
         let second = delta(&mut ix, &first.names);
         let sb = Superblock::decode(&second.superblock).unwrap();
         assert_eq!(sb.deltas.len(), 2);
-        assert_eq!(sb.runs, base.names.runs);
+        assert_eq!(sb.snapshot.runs, base.names.snapshot.runs);
         let deltas = [&first.snapshot[..], &second.snapshot[..]];
         let mut back = load(&sb, &base.snapshot, &deltas, capacity, bs).unwrap();
         assert_eq!(back.stats().keys, 3);
@@ -539,7 +525,7 @@ mod tests {
         let mut v3 = base.superblock.clone();
         v3[16..20].copy_from_slice(&3u32.to_le_bytes());
         v3[HEADER_CRC_AT..HEADER_CRC_AT + 4].fill(0);
-        let end = HEADER_LEN + 16 * base.names.runs.len();
+        let end = HEADER_LEN + 16 * base.names.snapshot.runs.len();
         let crc = crc32c(&v3[..end]);
         v3[HEADER_CRC_AT..HEADER_CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
         let old = Superblock::decode(&v3).unwrap();

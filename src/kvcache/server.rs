@@ -101,9 +101,14 @@ fn saved_index(name: &str, config: &KvCache, pool: &Pool) -> io::Result<(Index, 
             Ok(sb)
                 if sb
                     .segments()
-                    .flatten()
+                    .flat_map(|s| &s.runs)
                     .any(|&(b, n)| b.checked_add(n).is_none_or(|e| e > blocks))
-                    || sb.segments().flatten().map(|r| r.1).sum::<u64>() > blocks =>
+                    || sb
+                        .segments()
+                        .flat_map(|s| &s.runs)
+                        .map(|r| r.1)
+                        .sum::<u64>()
+                        > blocks =>
             {
                 Err(persist::Unusable::Snapshot)
             }
@@ -111,12 +116,12 @@ fn saved_index(name: &str, config: &KvCache, pool: &Pool) -> io::Result<(Index, 
                 // The snapshot and each delta, read from their runs.
                 let mut read: Vec<Vec<u8>> = sb
                     .segments()
-                    .map(|runs| vec![0u8; (runs.iter().map(|r| r.1).sum::<u64>() * bs) as usize])
+                    .map(|s| vec![0u8; (s.runs.iter().map(|r| r.1).sum::<u64>() * bs) as usize])
                     .collect();
                 let mut pieces = Vec::new();
-                for (runs, bytes) in sb.segments().zip(&mut read) {
+                for (segment, bytes) in sb.segments().zip(&mut read) {
                     let mut rest = &mut bytes[..];
-                    for (block, n) in runs {
+                    for (block, n) in &segment.runs {
                         let (piece, after) = rest.split_at_mut((n * bs) as usize);
                         pieces.push((block * bs, piece));
                         rest = after;
@@ -132,7 +137,7 @@ fn saved_index(name: &str, config: &KvCache, pool: &Pool) -> io::Result<(Index, 
             // With checkpoints, the snapshot's blocks are kept while its superblock names them.
             let kept = match (&sb, config.checkpoint) {
                 (Ok(sb), Some(_)) => {
-                    let runs: Vec<_> = sb.segments().flatten().copied().collect();
+                    let runs: Vec<_> = sb.segments().flat_map(|s| s.runs.iter().copied()).collect();
                     index.take_runs(&runs)
                 }
                 _ => None,
@@ -456,10 +461,10 @@ impl Checkpoints {
         if overruns != self.overruns {
             return false;
         }
-        let per_key = names.snapshot_len / self.snapshot_keys.max(1);
+        let per_key = names.snapshot.len / self.snapshot_keys.max(1);
         let deltas: u64 = names.deltas.iter().map(|d| d.len).sum();
         names.deltas.len() < MAX_DELTAS
-            && deltas + per_key * changed.len() as u64 <= names.snapshot_len / 2
+            && deltas + per_key * changed.len() as u64 <= names.snapshot.len / 2
     }
 }
 
