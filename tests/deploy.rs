@@ -41,6 +41,7 @@ fn full_exposition() -> String {
             inline_max: 0,
             checkpoint: None,
             nvme_digests: Default::default(),
+            page_cache: None,
             password_file: None,
             tls: None,
         },

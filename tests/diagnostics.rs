@@ -59,6 +59,14 @@ fn every_semantic_check_has_a_bad_file() {
             "bad-blocks",
             "error: `nvme_digest` applies to nvme-tcp:// targets only",
         ),
+        (
+            "bad-blocks",
+            "error: `page_cache` applies to local targets only",
+        ),
+        (
+            "bad-blocks",
+            "error: `page_cache` is on or off, not `sometimes`",
+        ),
         ("duplicate-names", "error: duplicate rule `a`"),
         ("duplicate-names", "error: duplicate pipe `ingress`"),
         (

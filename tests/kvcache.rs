@@ -431,6 +431,77 @@ fn hosts_put_and_get_blocks_stored_on_an_nbd_target() {
     assert_eq!(kv.terminate(), 0);
 }
 
+/// A loop block device over a file, detached when dropped.
+struct LoopDevice(String);
+
+impl LoopDevice {
+    /// `image` as a block device of `sector`-byte logical sectors (this needs root).
+    fn over(image: &str, sector: u32) -> LoopDevice {
+        let sector = sector.to_string();
+        let args = ["--find", "--show", "--sector-size", &sector, image];
+        LoopDevice(tool_ok("losetup", &args).trim().to_owned())
+    }
+
+    /// Bytes of the device the page cache holds (scripts/page-cached: only while the
+    /// service holds it open, as the last close drops a device's page cache).
+    fn page_cached_bytes(&self) -> u64 {
+        let out = tool_ok("scripts/page-cached", &[&self.0]);
+        out.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("scripts/page-cached said {out:?}"))
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["--detach", &self.0]).status();
+    }
+}
+
+/// A local NVMe device as the target, with a loop device of 4096-byte sectors standing in
+/// for it: the service reads and writes it directly, in whole sectors from aligned
+/// memory, and none of it stays in the page cache.
+#[test]
+fn hosts_put_and_get_blocks_stored_on_a_local_block_device() {
+    let dir = Scratch::new("kv-block");
+    let image = image(&dir, 64);
+    let device = LoopDevice::over(&image, 4096);
+    let target = format!("nvme://{}", device.0);
+    let kv = KvService::start(&dir, &target, "32MiB");
+    hosts_put_and_get(&kv, &image, "2000");
+    assert_eq!(device.page_cached_bytes(), 0, "KV blocks in the page cache");
+    let keys = kv.cli(&["DBSIZE"]);
+    assert_eq!(kv.terminate(), 0);
+    // The index saved at the stop, in whole sectors, is read back at the next start.
+    let kv = KvService::start(&dir, &target, "32MiB");
+    assert_eq!(kv.cli(&["DBSIZE"]), keys);
+    let block = value(1_000_001, 9);
+    assert_eq!(kv.cli_with(&["-x", "SET", "odd"], &block).trim(), "OK");
+    assert!(kv.get_raw("odd").stdout[..block.len()] == block[..]);
+    assert_eq!(device.page_cached_bytes(), 0, "KV blocks in the page cache");
+    assert_eq!(kv.terminate(), 0);
+    // Asked for, the page cache holds what the service writes.
+    let kv = KvService::start_with(&dir, &target, "32MiB", "page_cache on");
+    assert_eq!(kv.cli_with(&["-x", "SET", "cached"], &block).trim(), "OK");
+    assert!(device.page_cached_bytes() >= block.len() as u64);
+    assert_eq!(kv.terminate(), 0);
+}
+
+/// `page_cache off` has a file target read and written directly too.
+#[test]
+fn a_file_target_can_be_kept_out_of_the_page_cache() {
+    let dir = Scratch::new("kv-uncached-file");
+    let file = dir.path("blocks.img");
+    let kv = KvService::start_with(&dir, &format!("file://{file}"), "8MiB", "page_cache off");
+    let block = value(3_000_001, 3);
+    assert_eq!(kv.cli_with(&["-x", "SET", "k"], &block).trim(), "OK");
+    assert!(kv.get_raw("k").stdout[..block.len()] == block[..]);
+    let cached = tool_ok("scripts/page-cached", &[&file]);
+    assert_eq!(cached.trim(), "0", "the file's blocks in the page cache");
+    assert!(std::fs::read(&file).expect("read target")[65536..65536 + block.len()] == block[..]);
+    assert_eq!(kv.terminate(), 0);
+}
+
 /// The Linux kernel's NVMe/TCP target (nvmet-tcp), booted under QEMU by
 /// scripts/nvmet-target, exporting a disk backed by `image` on this host.
 fn nvmet_target(image: &str, port: u16) -> Running {

@@ -31,6 +31,7 @@ fn service() -> SocketAddr {
                 inline_max: 64,
                 checkpoint: Some(Duration::from_secs(1)),
                 nvme_digests: NvmeDigests::default(),
+                page_cache: None,
                 password_file: None,
                 tls: None,
             };

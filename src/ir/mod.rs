@@ -911,6 +911,10 @@ pub struct KvCache {
     pub checkpoint: Option<Duration>,
     /// CRC32C digests on an NVMe/TCP target's PDUs (`nvme_digest`).
     pub nvme_digests: NvmeDigests,
+    /// Whether a local target's reads and writes go through the page cache
+    /// (`page_cache`); `None`: as its kind has it, a block device's directly and a
+    /// file's through it.
+    pub page_cache: Option<bool>,
     /// The file holding the password clients must give (`AUTH`), if any; read when the
     /// service starts.
     pub password_file: Option<PathBuf>,

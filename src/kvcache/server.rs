@@ -602,7 +602,8 @@ impl KvService {
         let s = Arc::clone(&svc);
         spawn(format!("kv-{name}"), Box::new(move || s.accept(listener)))?;
         tracing::info!(service = name, listen = %listen, target = %storage::describe(&config.target),
-            capacity = config.capacity, block_size = config.block_size, "kvcache serving");
+            capacity = config.capacity, block_size = config.block_size,
+            page_cache = svc.pool.page_cached(), "kvcache serving");
         Ok(svc)
     }
 
@@ -2333,6 +2334,7 @@ mod tests {
             inline_max,
             checkpoint: None,
             nvme_digests: Default::default(),
+            page_cache: None,
             password_file: None,
             tls: None,
         };
@@ -2354,6 +2356,7 @@ mod tests {
             inline_max: 0,
             checkpoint: None,
             nvme_digests: Default::default(),
+            page_cache: None,
             password_file: Some(secret.clone()),
             tls: None,
         };
@@ -2449,6 +2452,7 @@ mod tests {
             inline_max: 16,
             checkpoint: Some(Duration::from_secs(3600)),
             nvme_digests: Default::default(),
+            page_cache: None,
             password_file: None,
             tls: None,
         };

@@ -7,7 +7,7 @@ use super::nvme_tcp::NvmeTcpClient;
 use crate::ir::{KvCache, NvmeDigests, StorageTarget};
 use std::fs::{File, OpenOptions};
 use std::io::{self, IoSlice, Write};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::{Condvar, Mutex, PoisonError};
 
@@ -39,6 +39,10 @@ pub trait BlockTarget: Send + std::fmt::Debug {
     /// Offsets and lengths of I/O are multiples of this many bytes.
     fn alignment(&self) -> u64 {
         1
+    }
+    /// Whether what goes to the target also stays in this machine's page cache.
+    fn page_cached(&self) -> bool {
+        false
     }
 }
 
@@ -81,19 +85,21 @@ pub fn describe(target: &StorageTarget) -> String {
 
 /// Opens one connection to `target`. A local file that does not exist is created, sparse,
 /// `capacity` bytes long; a device or NBD export must already hold `capacity` bytes.
+/// `page_cache` is the service's option for local targets ([`LocalTarget::open`]).
 pub fn connect(
     target: &StorageTarget,
     capacity: u64,
     digests: NvmeDigests,
+    page_cache: Option<bool>,
 ) -> Result<Box<dyn BlockTarget>, TargetError> {
     let name = describe(target);
     let t: Box<dyn BlockTarget> = match target {
-        StorageTarget::Local { path } => Box::new(LocalTarget::open(path, capacity).map_err(
-            |source| TargetError::Open {
+        StorageTarget::Local { path } => Box::new(
+            LocalTarget::open(path, capacity, page_cache).map_err(|source| TargetError::Open {
                 target: name.clone(),
                 source,
-            },
-        )?),
+            })?,
+        ),
         StorageTarget::Nbd { addr, export } => Box::new(
             NbdClient::connect(*addr, export).map_err(|source| TargetError::Nbd {
                 target: name.clone(),
@@ -117,40 +123,147 @@ pub fn connect(
     Ok(t)
 }
 
-/// A local block device or file, read and written with `pread`/`pwrite`.
+/// A local block device or file, read and written with `pread`/`pwrite`. A block device
+/// is read and written directly (`O_DIRECT`) unless the service asks for the page cache:
+/// values go between the service's buffers and the device without a copy in the page
+/// cache, which would otherwise fill the DPU's memory with blocks the index already
+/// accounts for (and serve stale bytes if the device changed under it). A file goes
+/// through the page cache unless the service asks otherwise, and then needs a file
+/// system that takes direct I/O.
 #[derive(Debug)]
 pub struct LocalTarget {
     file: File,
     size: u64,
+    direct: Option<Direct>,
 }
 
+/// What direct I/O needs: every offset, length and buffer address a multiple of `sector`
+/// (the device's logical sector size, or what the file system asks), and an aligned
+/// buffer to copy through when the caller's memory is not.
+#[derive(Debug)]
+struct Direct {
+    sector: usize,
+    bounce: Vec<u8>,
+}
+
+/// The most bytes copied through a connection's aligned buffer at a time.
+const BOUNCE: usize = 1 << 20;
+
 impl LocalTarget {
-    pub fn open(path: &Path, capacity: u64) -> io::Result<LocalTarget> {
-        let file = match OpenOptions::new().read(true).write(true).open(path) {
+    /// Opens `path`, first creating it as a sparse file of `capacity` bytes if it does not
+    /// exist; through the page cache if `page_cache` says so, or by default for a file
+    /// but not for a block device.
+    pub fn open(path: &Path, capacity: u64, page_cache: Option<bool>) -> io::Result<LocalTarget> {
+        let mut options = OpenOptions::new();
+        options.read(true).write(true);
+        let file = match options.open(path) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                let f = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create_new(true)
-                    .open(path)?;
+                let f = options.clone().create_new(true).open(path)?;
                 f.set_len(capacity)?;
                 f
             }
             other => other?,
         };
+        let device = file.metadata()?.file_type().is_block_device();
+        if page_cache.unwrap_or(!device) {
+            let size = io::Seek::seek(&mut &file, io::SeekFrom::End(0))?;
+            return Ok(LocalTarget {
+                file,
+                size,
+                direct: None,
+            });
+        }
+        let sector = if device {
+            crate::sys::logical_sector_size(&file)?
+        } else {
+            crate::sys::direct_io_alignment(&file)?.ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "its file system does not take direct I/O (`page_cache off`)",
+                )
+            })?
+        };
+        let direct = options.custom_flags(libc::O_DIRECT).open(path)?;
+        LocalTarget::direct(direct, sector as usize)
+    }
+
+    /// A target on `file`, opened with `O_DIRECT`, in units of `sector` bytes.
+    fn direct(file: File, sector: usize) -> io::Result<LocalTarget> {
         // A block device's length is where seeking to its end lands, not its metadata's.
         let size = io::Seek::seek(&mut &file, io::SeekFrom::End(0))?;
-        Ok(LocalTarget { file, size })
+        Ok(LocalTarget {
+            file,
+            size,
+            direct: Some(Direct {
+                sector,
+                bounce: vec![0; BOUNCE + sector],
+            }),
+        })
+    }
+}
+
+impl Direct {
+    /// Refuses I/O that is not whole sectors, which the kernel would refuse less clearly
+    /// (`EINVAL`).
+    fn check(&self, offset: u64, len: usize) -> io::Result<()> {
+        if offset % self.sector as u64 == 0 && len % self.sector == 0 {
+            return Ok(());
+        }
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "direct I/O of {len} bytes at {offset}: not whole {}-byte sectors",
+                self.sector
+            ),
+        ))
+    }
+
+    /// Whether memory at `at` can be handed to the device as it is.
+    fn aligned(&self, at: *const u8) -> bool {
+        at as usize % self.sector == 0
+    }
+
+    /// The aligned part of the bounce buffer.
+    fn bounce(&mut self) -> &mut [u8] {
+        let skew = self.bounce.as_ptr().align_offset(self.sector);
+        &mut self.bounce[skew..skew + BOUNCE]
     }
 }
 
 impl BlockTarget for LocalTarget {
     fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.file.read_exact_at(buf, offset)
+        let Some(direct) = &mut self.direct else {
+            return self.file.read_exact_at(buf, offset);
+        };
+        direct.check(offset, buf.len())?;
+        if direct.aligned(buf.as_ptr()) {
+            return self.file.read_exact_at(buf, offset);
+        }
+        // Whole sectors each: BOUNCE is a multiple of any sector size.
+        for (i, part) in buf.chunks_mut(BOUNCE).enumerate() {
+            let bounced = &mut direct.bounce()[..part.len()];
+            self.file
+                .read_exact_at(bounced, offset + (i * BOUNCE) as u64)?;
+            part.copy_from_slice(bounced);
+        }
+        Ok(())
     }
 
     fn write_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.file.write_all_at(data, offset)
+        let Some(direct) = &mut self.direct else {
+            return self.file.write_all_at(data, offset);
+        };
+        direct.check(offset, data.len())?;
+        if direct.aligned(data.as_ptr()) {
+            return self.file.write_all_at(data, offset);
+        }
+        for (i, part) in data.chunks(BOUNCE).enumerate() {
+            let bounced = &mut direct.bounce()[..part.len()];
+            bounced.copy_from_slice(part);
+            self.file
+                .write_all_at(bounced, offset + (i * BOUNCE) as u64)?;
+        }
+        Ok(())
     }
 
     fn size(&self) -> u64 {
@@ -159,6 +272,14 @@ impl BlockTarget for LocalTarget {
 
     fn flush(&mut self) -> io::Result<()> {
         self.file.sync_data()
+    }
+
+    fn alignment(&self) -> u64 {
+        self.direct.as_ref().map_or(1, |d| d.sector as u64)
+    }
+
+    fn page_cached(&self) -> bool {
+        self.direct.is_none()
     }
 }
 
@@ -189,6 +310,7 @@ pub struct Pool {
     target: StorageTarget,
     capacity: u64,
     digests: NvmeDigests,
+    page_cache: Option<bool>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -205,7 +327,7 @@ impl Pool {
     pub fn connect(config: &KvCache) -> Result<Pool, TargetError> {
         let (target, capacity, digests) = (&config.target, config.capacity, config.nvme_digests);
         let conns = (0..config.connections.max(1))
-            .map(|_| connect(target, capacity, digests).map(Some))
+            .map(|_| connect(target, capacity, digests, config.page_cache).map(Some))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Pool {
             idle: Mutex::new(conns),
@@ -213,7 +335,14 @@ impl Pool {
             target: target.clone(),
             capacity,
             digests,
+            page_cache: config.page_cache,
         })
+    }
+
+    /// Whether the target's data also passes through the page cache.
+    pub fn page_cached(&self) -> bool {
+        let idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        idle.iter().flatten().any(|c| c.page_cached())
     }
 
     /// The largest I/O alignment of the connections.
@@ -235,8 +364,8 @@ impl Pool {
             if slot.as_mut().is_some_and(|c| c.flush().is_ok()) {
                 continue;
             }
-            let mut fresh =
-                connect(&self.target, self.capacity, self.digests).map_err(io::Error::other)?;
+            let mut fresh = connect(&self.target, self.capacity, self.digests, self.page_cache)
+                .map_err(io::Error::other)?;
             fresh.flush()?;
             *slot = Some(fresh);
         }
@@ -260,7 +389,7 @@ impl Pool {
         drop(idle);
         let mut conn = match slot {
             Some(c) => Some(c),
-            None => connect(&self.target, self.capacity, self.digests)
+            None => connect(&self.target, self.capacity, self.digests, self.page_cache)
                 .map_err(|e| tracing::debug!(error = %e, "storage target still unreachable"))
                 .ok(),
         };
@@ -318,13 +447,100 @@ mod tests {
         assert_eq!(w.0, b"body");
     }
 
+    /// Whether descriptor `fd` of this process is open with `O_DIRECT` (proc(5): the
+    /// `flags` line of /proc/self/fdinfo, in octal).
+    fn opened_direct(fd: i32) -> bool {
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).unwrap();
+        let flags = info
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .map(|f| i32::from_str_radix(f.trim(), 8).unwrap())
+            .unwrap();
+        flags & libc::O_DIRECT != 0
+    }
+
+    #[test]
+    fn direct_io_takes_memory_at_any_address_and_refuses_partial_sectors() {
+        use std::os::fd::AsRawFd;
+        let path = std::env::temp_dir().join(format!("dpuflow-direct-{}", std::process::id()));
+        File::create(&path).unwrap().set_len(4 << 20).unwrap();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+            .unwrap();
+        let fd = file.as_raw_fd();
+        let mut t = LocalTarget::direct(file, 4096).unwrap();
+        assert!(opened_direct(fd));
+        assert_eq!(
+            (t.alignment(), t.page_cached(), t.size()),
+            (4096, false, 4 << 20)
+        );
+        // Longer than the bounce buffer, and one byte past an allocation's alignment.
+        let len = 2 * BOUNCE + 2 * 4096;
+        let bytes: Vec<u8> = (0..=len).map(|i| (i * 7 + i / 4096) as u8).collect();
+        let data = &bytes[1..];
+        assert!(data.as_ptr().align_offset(4096) != 0);
+        t.write_at(8192, data).unwrap();
+        let mut back = vec![0u8; len + 1];
+        t.read_at(8192, &mut back[1..]).unwrap();
+        assert!(back[1..] == *data);
+        assert!(std::fs::read(&path).unwrap()[8192..8192 + len] == *data);
+        // Memory already aligned goes to the device as it is.
+        let mut room = vec![0u8; 3 * 4096];
+        let skew = room.as_ptr().align_offset(4096);
+        let aligned = &mut room[skew..skew + 2 * 4096];
+        aligned.copy_from_slice(&data[..2 * 4096]);
+        t.write_at(0, aligned).unwrap();
+        aligned.fill(0);
+        t.read_at(8192, aligned).unwrap();
+        assert!(*aligned == data[..2 * 4096]);
+        let refused = |r: io::Result<()>| r.unwrap_err().kind() == io::ErrorKind::InvalidInput;
+        assert!(refused(t.write_at(512, &data[..4096])));
+        assert!(refused(t.write_at(4096, &data[..100])));
+        assert!(refused(t.read_at(0, &mut back[..4097])));
+        drop(t);
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn a_file_kept_out_of_the_page_cache_is_read_and_written_directly() {
+        let path = std::env::temp_dir().join(format!("dpuflow-uncached-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let target = StorageTarget::Local { path: path.clone() };
+        let mut t = connect(&target, 1 << 20, NvmeDigests::default(), Some(false)).unwrap();
+        let align = t.alignment() as usize;
+        assert!(align >= 512 && align.is_power_of_two() && !t.page_cached());
+        // The descriptor open on the file (the only one: created by this test).
+        let fds = std::fs::read_dir("/proc/self/fd").unwrap().flatten();
+        let fd = fds
+            .filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l == path))
+            .map(|e| e.file_name().to_str().unwrap().parse().unwrap())
+            .collect::<Vec<i32>>();
+        assert!(fd.len() == 1 && opened_direct(fd[0]), "{fd:?}");
+        let block: Vec<u8> = (0..2 * align).map(|i| i as u8).collect();
+        t.write_at(align as u64, &block).unwrap();
+        let mut back = vec![0u8; 2 * align];
+        t.read_at(align as u64, &mut back).unwrap();
+        assert_eq!(back, block);
+        drop(t);
+        let t = connect(&target, 1 << 20, NvmeDigests::default(), Some(true)).unwrap();
+        assert_eq!((t.alignment(), t.page_cached()), (1, true));
+        drop(t);
+        std::fs::remove_file(&path).unwrap();
+    }
+
     #[test]
     fn a_missing_file_is_created_sparse_and_holds_what_is_written() {
         let dir = std::env::temp_dir().join(format!("dpuflow-local-{}", std::process::id()));
         let _ = std::fs::remove_file(&dir);
         let target = StorageTarget::Local { path: dir.clone() };
-        let mut t = connect(&target, 1 << 20, NvmeDigests::default()).unwrap();
-        assert_eq!(t.size(), 1 << 20);
+        let mut t = connect(&target, 1 << 20, NvmeDigests::default(), None).unwrap();
+        assert_eq!(
+            (t.size(), t.alignment(), t.page_cached()),
+            (1 << 20, 1, true)
+        );
         t.write_at(4096, b"block").unwrap();
         let mut back = [0u8; 5];
         t.read_at(4096, &mut back).unwrap();
@@ -332,7 +548,7 @@ mod tests {
         assert!(t.read_at(1 << 20, &mut back).is_err());
         drop(t);
         assert!(matches!(
-            connect(&target, 2 << 20, NvmeDigests::default()),
+            connect(&target, 2 << 20, NvmeDigests::default(), None),
             Err(TargetError::TooSmall { size, .. }) if size == 1 << 20
         ));
         std::fs::remove_file(&dir).unwrap();

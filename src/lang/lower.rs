@@ -577,6 +577,7 @@ impl Lowerer<'_> {
         let mut inline_max = DEFAULT_INLINE_MAX;
         let mut checkpoint = Some(DEFAULT_CHECKPOINT);
         let mut nvme_digests = NvmeDigests::default();
+        let mut page_cache = None;
         let mut password_file = None;
         let (mut tls_cert, mut tls_key, mut tls_client_ca) = (None, None, None);
         let mut ok = true;
@@ -674,6 +675,14 @@ impl Lowerer<'_> {
                     };
                     nvme_digests = NvmeDigests { header, data };
                 }
+                "page_cache" => match w.as_str() {
+                    "on" => page_cache = Some(true),
+                    "off" => page_cache = Some(false),
+                    other => {
+                        self.err(w.span, format!("`page_cache` is on or off, not `{other}`"));
+                        ok = false;
+                    }
+                },
                 "password_file" => password_file = Some(PathBuf::from(w.as_str())),
                 "tls_cert" => tls_cert = Some(PathBuf::from(w.as_str())),
                 "tls_key" => tls_key = Some(PathBuf::from(w.as_str())),
@@ -733,6 +742,15 @@ impl Lowerer<'_> {
                 .hint = Some("NBD and local targets have no digests; remove the option".into());
             ok = false;
         }
+        if page_cache.is_some() && !matches!(target, StorageTarget::Local { .. }) {
+            let at = opt_value(&b.options, "page_cache").map_or(b.name.span, |o| o.values[0].span);
+            self.err(at, "`page_cache` applies to local targets only")
+                .hint = Some(
+                "nvme-tcp:// and nbd:// targets are reached over the network; remove the option"
+                    .into(),
+            );
+            ok = false;
+        }
         ok.then(|| Service {
             name: b.name.text.to_string(),
             kind: ServiceKind::KvCache(KvCache {
@@ -744,6 +762,7 @@ impl Lowerer<'_> {
                 inline_max: inline_max.min(block_size),
                 checkpoint,
                 nvme_digests,
+                page_cache,
                 password_file,
                 tls,
             }),

@@ -111,17 +111,27 @@ mod tests {
         assert!(p.conntrack.is_none());
     }
 
+    /// The KV-cache service of a pipeline whose service block has `option`.
+    fn kvcache(option: &str) -> crate::ir::KvCache {
+        let p = program(&format!(
+            "pipeline p\nport a {{ driver pcap }}\n\
+             service kvcache {{ listen 127.0.0.1:6379 target \"file:///tmp/kv\" capacity 1GiB {option} }}\n\
+             pipe x root from a {{ default {{ actions to kvcache }} }}\n"
+        ));
+        let crate::ir::ServiceKind::KvCache(kv) = p.services[0].kind.clone();
+        kv
+    }
+
+    #[test]
+    fn kvcache_page_cache_is_left_to_the_target_unless_set() {
+        assert_eq!(kvcache("").page_cache, None);
+        assert_eq!(kvcache("page_cache on").page_cache, Some(true));
+        assert_eq!(kvcache("page_cache off").page_cache, Some(false));
+    }
+
     #[test]
     fn kvcache_checkpoints_default_to_a_minute_and_can_be_turned_off() {
-        let checkpoint = |option: &str| {
-            let p = program(&format!(
-                "pipeline p\nport a {{ driver pcap }}\n\
-                 service kvcache {{ listen 127.0.0.1:6379 target \"file:///tmp/kv\" capacity 1GiB {option} }}\n\
-                 pipe x root from a {{ default {{ actions to kvcache }} }}\n"
-            ));
-            let crate::ir::ServiceKind::KvCache(kv) = &p.services[0].kind;
-            kv.checkpoint
-        };
+        let checkpoint = |option: &str| kvcache(option).checkpoint;
         assert_eq!(checkpoint(""), Some(std::time::Duration::from_secs(60)));
         assert_eq!(
             checkpoint("checkpoint 5m"),

@@ -51,6 +51,7 @@ pub fn block_keys(kind: BlockKind) -> Keys {
             ("inline_max", Quantity),
             ("checkpoint", One),
             ("nvme_digest", One),
+            ("page_cache", One),
             ("password_file", One),
             ("tls_cert", One),
             ("tls_key", One),

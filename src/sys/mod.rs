@@ -157,6 +157,51 @@ fn open_file_limit() -> std::io::Result<libc::rlimit> {
     }
 }
 
+/// The logical sector size of the block device open as `file` (the `BLKSSZGET` ioctl):
+/// the unit in which direct I/O to it must be aligned, in offset, length and memory.
+#[cfg(target_os = "linux")]
+pub fn logical_sector_size(file: &std::fs::File) -> std::io::Result<u32> {
+    use std::os::fd::AsRawFd;
+    let mut size: libc::c_int = 0;
+    // SAFETY: BLKSSZGET writes one int, to `size` on this stack; the descriptor is open
+    // for as long as `file` is borrowed.
+    if unsafe { libc::ioctl(file.as_raw_fd(), libc::BLKSSZGET, &mut size) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    u32::try_from(size)
+        .ok()
+        .filter(|s| s.is_power_of_two())
+        .ok_or_else(|| std::io::Error::other(format!("sector size {size}")))
+}
+
+/// What direct I/O (`O_DIRECT`) to the file open as `file` must be aligned to, in offset,
+/// length and memory: the larger of the two alignments statx(2) reports
+/// (`STATX_DIOALIGN`, Linux 6.1); `None` where its file system takes no direct I/O.
+#[cfg(target_os = "linux")]
+pub fn direct_io_alignment(file: &std::fs::File) -> std::io::Result<Option<u32>> {
+    use std::os::fd::AsRawFd;
+    /// include/uapi/linux/stat.h
+    const STATX_DIOALIGN: libc::c_uint = 0x2000;
+    // SAFETY: statx is plain data, for which all zeroes is a valid value.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: the path is a NUL-terminated empty string, which with AT_EMPTY_PATH names
+    // the open descriptor itself; statx writes only the struct it is given, on this stack.
+    let rc = unsafe {
+        libc::statx(
+            file.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            STATX_DIOALIGN,
+            &mut stx,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let align = stx.stx_dio_offset_align.max(stx.stx_dio_mem_align);
+    Ok((stx.stx_mask & STATX_DIOALIGN != 0 && stx.stx_dio_offset_align != 0).then_some(align))
+}
+
 /// Hands the memory the allocator holds free back to the system (malloc_trim(3)): after a
 /// reload has let go of a large program, whose many allocations the allocator would
 /// otherwise keep for itself.
