@@ -10,8 +10,9 @@
 # (`blockdev --flushbufs`). MEMORY=MiB runs each service in a memory cgroup of that limit,
 # which the page cache its reads and writes fill counts against, as it would against a
 # DPU's memory: a store larger than the memory it may use.
+# KV_OPTIONS adds options to the service block (e.g. `connections 16`).
 # Needs root, redis-tools and util-linux (losetup, blockdev).
-# Usage: [DPUFLOW=BIN] [MEMORY=MiB] bench/kv-device.sh [ROUNDS] [REQUESTS] [VALUE] [CLIENTS] [KEYS]
+# Usage: [DPUFLOW=BIN] [MEMORY=MiB] [KV_OPTIONS=…] bench/kv-device.sh [ROUNDS] [REQUESTS] [VALUE] [CLIENTS] [KEYS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/common.sh
@@ -64,7 +65,7 @@ for round in $(seq "$rounds"); do
         cat >"$dir/kv.pipe" <<PIPE
 pipeline kv_device
 port fabric { driver pcap }
-service kvcache { listen 127.0.0.1:$port  target "nvme://$device"  capacity ${capacity}MiB  block_size 64KiB  checkpoint off  page_cache $cache }
+service kvcache { listen 127.0.0.1:$port  target "nvme://$device"  capacity ${capacity}MiB  block_size 64KiB  checkpoint off  page_cache $cache  ${KV_OPTIONS:-} }
 pipe p root from fabric { default { actions to kvcache } }
 PIPE
         "${in_memory_limit[@]}" "$bin" run "$dir/kv.pipe" --metrics 127.0.0.1:0 >/dev/null 2>&1 &
