@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # The KV-cache service on a local block device: a loop device standing in for a DPU's
 # local NVMe, itself doing direct I/O to its backing file on this machine's disk (so what
-# reaches the device reaches the disk). Each round runs the service twice, reading and
+# reaches the device reaches the disk). Each round runs each build twice, reading and
 # writing the device directly (`page_cache off`, the default for a device) and through
-# the page cache (`page_cache on`); each time redis-benchmark SETs, then GETs, VALUE-byte
+# the page cache (`page_cache on`), or as CACHES lists; each time redis-benchmark SETs,
+# then GETs, VALUE-byte
 # values over KEYS random keys from CLIENTS connections. Prints the requests per second of
 # each, then how much of the device the page cache holds (scripts/page-cached) and the
 # service's resident memory. The device's page cache is dropped before each run
 # (`blockdev --flushbufs`). MEMORY=MiB runs each service in a memory cgroup of that limit,
 # which the page cache its reads and writes fill counts against, as it would against a
 # DPU's memory: a store larger than the memory it may use.
-# KV_OPTIONS adds options to the service block (e.g. `connections 16`).
+# KV_OPTIONS adds options to the service block (e.g. `connections 16`). BUILDS="BIN …"
+# compares builds.
 # Needs root, redis-tools and util-linux (losetup, blockdev).
-# Usage: [DPUFLOW=BIN] [MEMORY=MiB] [KV_OPTIONS=…] bench/kv-device.sh [ROUNDS] [REQUESTS] [VALUE] [CLIENTS] [KEYS]
+# Usage: [BUILDS=…] [CACHES="off on"] [MEMORY=MiB] [KV_OPTIONS=…] bench/kv-device.sh [ROUNDS] [REQUESTS] [VALUE] [CLIENTS] [KEYS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/common.sh
@@ -24,7 +26,7 @@ keys=${5:-4000}
 for t in redis-benchmark losetup blockdev; do
     command -v "$t" >/dev/null || { echo "$t not found (redis-tools, util-linux)" >&2; exit 1; }
 done
-dpuflow_bin
+builds_to_run
 # On the disk, not tmpfs: the device's reads and writes are the disk's.
 dir=$(mktemp -d /var/tmp/dpuflow-kv-device.XXXXXX)
 device=""
@@ -56,9 +58,10 @@ if [ -n "${MEMORY:-}" ]; then
 fi
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
 
-printf '%-6s %-10s %10s %10s %14s %12s\n' round page_cache "SET/s" "GET/s" "device cached" "service RSS"
+printf '%-6s %-36s %-10s %10s %10s %14s %12s\n' round build page_cache "SET/s" "GET/s" "device cached" "service RSS"
 for round in $(seq "$rounds"); do
-    for cache in off on; do
+    for bin in "${builds[@]}"; do
+    for cache in ${CACHES:-off on}; do
         empty_store "$device"
         blockdev --flushbufs "$device"
         port=$(free_port)
@@ -82,7 +85,8 @@ PIPE
         rss=$(( $(rss_kib "$pid") / 1024 ))
         kill "$pid"
         wait "$pid" 2>/dev/null || true
-        printf '%-6s %-10s %10s %10s %11s MB %9s MB\n' "$round" "$cache" "$set_rps" "$get_rps" \
-            "$(( held / 1048576 ))" "$rss"
+        printf '%-6s %-36s %-10s %10s %10s %11s MB %9s MB\n' "$round" "$bin" "$cache" "$set_rps" \
+            "$get_rps" "$(( held / 1048576 ))" "$rss"
+    done
     done
 done

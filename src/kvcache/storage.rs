@@ -5,6 +5,7 @@
 use super::nbd::{self, NbdClient};
 use super::nvme_tcp::NvmeTcpClient;
 use crate::ir::{KvCache, NvmeDigests, StorageTarget};
+use crate::sys::ring::Ring;
 use std::fs::{File, OpenOptions};
 use std::io::{self, IoSlice, Write};
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
@@ -138,15 +139,25 @@ pub struct LocalTarget {
 }
 
 /// What direct I/O needs: every offset, length and buffer address a multiple of `sector`
-/// (the device's logical sector size, or what the file system asks), and an aligned
-/// buffer to copy through when the caller's memory is not.
+/// (the device's logical sector size, or what the file system asks). The kernel reads
+/// and writes only aligned memory of the target's own, copied to and from the caller's.
 #[derive(Debug)]
 struct Direct {
     sector: usize,
-    bounce: Vec<u8>,
+    io: DirectIo,
 }
 
-/// The most bytes copied through a connection's aligned buffer at a time.
+/// How direct transfers are made.
+#[derive(Debug)]
+enum DirectIo {
+    /// Through io_uring, a request's pieces in flight together.
+    Ring(Box<Ring>),
+    /// One after another through an aligned buffer of [`BOUNCE`] bytes (where the kernel
+    /// refuses io_uring).
+    Bounce(Vec<u8>),
+}
+
+/// The most bytes copied through the aligned buffer of [`DirectIo::Bounce`] at a time.
 const BOUNCE: usize = 1 << 20;
 
 impl LocalTarget {
@@ -191,13 +202,17 @@ impl LocalTarget {
     fn direct(file: File, sector: usize) -> io::Result<LocalTarget> {
         // A block device's length is where seeking to its end lands, not its metadata's.
         let size = io::Seek::seek(&mut &file, io::SeekFrom::End(0))?;
+        let io = match Ring::new(sector) {
+            Ok(ring) => DirectIo::Ring(Box::new(ring)),
+            Err(e) => {
+                tracing::debug!(error = %e, "no io_uring: direct I/O one transfer at a time");
+                DirectIo::Bounce(vec![0; BOUNCE + sector])
+            }
+        };
         Ok(LocalTarget {
             file,
             size,
-            direct: Some(Direct {
-                sector,
-                bounce: vec![0; BOUNCE + sector],
-            }),
+            direct: Some(Direct { sector, io }),
         })
     }
 }
@@ -218,52 +233,75 @@ impl Direct {
         ))
     }
 
-    /// Whether memory at `at` can be handed to the device as it is.
-    fn aligned(&self, at: *const u8) -> bool {
-        at as usize % self.sector == 0
+    fn read(&mut self, file: &File, reads: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        for (offset, buf) in reads.iter() {
+            self.check(*offset, buf.len())?;
+        }
+        let bounce = match &mut self.io {
+            DirectIo::Ring(ring) => return ring.read(file, reads),
+            DirectIo::Bounce(bounce) => aligned(bounce, self.sector),
+        };
+        for (offset, buf) in reads.iter_mut() {
+            // Whole sectors each: BOUNCE is a multiple of any sector size.
+            for (i, part) in buf.chunks_mut(BOUNCE).enumerate() {
+                let bounced = &mut bounce[..part.len()];
+                file.read_exact_at(bounced, *offset + (i * BOUNCE) as u64)?;
+                part.copy_from_slice(bounced);
+            }
+        }
+        Ok(())
     }
 
-    /// The aligned part of the bounce buffer.
-    fn bounce(&mut self) -> &mut [u8] {
-        let skew = self.bounce.as_ptr().align_offset(self.sector);
-        &mut self.bounce[skew..skew + BOUNCE]
+    fn write(&mut self, file: &File, writes: &[(u64, &[u8])]) -> io::Result<()> {
+        for (offset, data) in writes {
+            self.check(*offset, data.len())?;
+        }
+        let bounce = match &mut self.io {
+            DirectIo::Ring(ring) => return ring.write(file, writes),
+            DirectIo::Bounce(bounce) => aligned(bounce, self.sector),
+        };
+        for (offset, data) in writes {
+            for (i, part) in data.chunks(BOUNCE).enumerate() {
+                let bounced = &mut bounce[..part.len()];
+                bounced.copy_from_slice(part);
+                file.write_all_at(bounced, *offset + (i * BOUNCE) as u64)?;
+            }
+        }
+        Ok(())
     }
+}
+
+/// The [`BOUNCE`] bytes of `buf` from its first address aligned to `align`.
+fn aligned(buf: &mut [u8], align: usize) -> &mut [u8] {
+    let skew = buf.as_ptr().align_offset(align);
+    &mut buf[skew..skew + BOUNCE]
 }
 
 impl BlockTarget for LocalTarget {
     fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        let Some(direct) = &mut self.direct else {
-            return self.file.read_exact_at(buf, offset);
-        };
-        direct.check(offset, buf.len())?;
-        if direct.aligned(buf.as_ptr()) {
-            return self.file.read_exact_at(buf, offset);
-        }
-        // Whole sectors each: BOUNCE is a multiple of any sector size.
-        for (i, part) in buf.chunks_mut(BOUNCE).enumerate() {
-            let bounced = &mut direct.bounce()[..part.len()];
-            self.file
-                .read_exact_at(bounced, offset + (i * BOUNCE) as u64)?;
-            part.copy_from_slice(bounced);
-        }
-        Ok(())
+        self.read_many(&mut [(offset, buf)])
     }
 
     fn write_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
-        let Some(direct) = &mut self.direct else {
-            return self.file.write_all_at(data, offset);
-        };
-        direct.check(offset, data.len())?;
-        if direct.aligned(data.as_ptr()) {
-            return self.file.write_all_at(data, offset);
+        self.write_many(&[(offset, data)])
+    }
+
+    fn read_many(&mut self, reads: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        match &mut self.direct {
+            Some(direct) => direct.read(&self.file, reads),
+            None => reads
+                .iter_mut()
+                .try_for_each(|(offset, buf)| self.file.read_exact_at(buf, *offset)),
         }
-        for (i, part) in data.chunks(BOUNCE).enumerate() {
-            let bounced = &mut direct.bounce()[..part.len()];
-            bounced.copy_from_slice(part);
-            self.file
-                .write_all_at(bounced, offset + (i * BOUNCE) as u64)?;
+    }
+
+    fn write_many(&mut self, writes: &[(u64, &[u8])]) -> io::Result<()> {
+        match &mut self.direct {
+            Some(direct) => direct.write(&self.file, writes),
+            None => writes
+                .iter()
+                .try_for_each(|(offset, data)| self.file.write_all_at(data, *offset)),
         }
-        Ok(())
     }
 
     fn size(&self) -> u64 {
@@ -459,49 +497,67 @@ mod tests {
         flags & libc::O_DIRECT != 0
     }
 
+    /// Direct I/O of whole 4096-byte sectors from memory at any address, scattered
+    /// pieces together, through io_uring and through the bounce buffer alike.
     #[test]
     fn direct_io_takes_memory_at_any_address_and_refuses_partial_sectors() {
         use std::os::fd::AsRawFd;
-        let path = std::env::temp_dir().join(format!("dpuflow-direct-{}", std::process::id()));
-        File::create(&path).unwrap().set_len(4 << 20).unwrap();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(&path)
-            .unwrap();
-        let fd = file.as_raw_fd();
-        let mut t = LocalTarget::direct(file, 4096).unwrap();
-        assert!(opened_direct(fd));
-        assert_eq!(
-            (t.alignment(), t.page_cached(), t.size()),
-            (4096, false, 4 << 20)
-        );
-        // Longer than the bounce buffer, and one byte past an allocation's alignment.
-        let len = 2 * BOUNCE + 2 * 4096;
-        let bytes: Vec<u8> = (0..=len).map(|i| (i * 7 + i / 4096) as u8).collect();
-        let data = &bytes[1..];
-        assert!(data.as_ptr().align_offset(4096) != 0);
-        t.write_at(8192, data).unwrap();
-        let mut back = vec![0u8; len + 1];
-        t.read_at(8192, &mut back[1..]).unwrap();
-        assert!(back[1..] == *data);
-        assert!(std::fs::read(&path).unwrap()[8192..8192 + len] == *data);
-        // Memory already aligned goes to the device as it is.
-        let mut room = vec![0u8; 3 * 4096];
-        let skew = room.as_ptr().align_offset(4096);
-        let aligned = &mut room[skew..skew + 2 * 4096];
-        aligned.copy_from_slice(&data[..2 * 4096]);
-        t.write_at(0, aligned).unwrap();
-        aligned.fill(0);
-        t.read_at(8192, aligned).unwrap();
-        assert!(*aligned == data[..2 * 4096]);
-        let refused = |r: io::Result<()>| r.unwrap_err().kind() == io::ErrorKind::InvalidInput;
-        assert!(refused(t.write_at(512, &data[..4096])));
-        assert!(refused(t.write_at(4096, &data[..100])));
-        assert!(refused(t.read_at(0, &mut back[..4097])));
-        drop(t);
-        std::fs::remove_file(&path).unwrap();
+        for ring in [true, false] {
+            let path =
+                std::env::temp_dir().join(format!("dpuflow-direct-{ring}-{}", std::process::id()));
+            File::create(&path).unwrap().set_len(8 << 20).unwrap();
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(&path)
+                .unwrap();
+            let fd = file.as_raw_fd();
+            let mut t = LocalTarget::direct(file, 4096).unwrap();
+            assert!(opened_direct(fd));
+            let direct = t.direct.as_mut().unwrap();
+            assert!(matches!(direct.io, DirectIo::Ring(_)), "no io_uring here");
+            if !ring {
+                direct.io = DirectIo::Bounce(vec![0; BOUNCE + 4096]);
+            }
+            assert_eq!(
+                (t.alignment(), t.page_cached(), t.size()),
+                (4096, false, 8 << 20)
+            );
+            // Longer than the bounce buffer, and one byte past an allocation's alignment.
+            let len = 2 * BOUNCE + 2 * 4096;
+            let bytes: Vec<u8> = (0..=len).map(|i| (i * 7 + i / 4096) as u8).collect();
+            let data = &bytes[1..];
+            assert!(data.as_ptr().align_offset(4096) != 0);
+            t.write_at(8192, data).unwrap();
+            let mut back = vec![0u8; len + 1];
+            t.read_at(8192, &mut back[1..]).unwrap();
+            assert!(back[1..] == *data);
+            assert!(std::fs::read(&path).unwrap()[8192..8192 + len] == *data);
+            // Many pieces, scattered, written and read back together.
+            let pieces: Vec<(u64, &[u8])> = (0..100u64)
+                .map(|i| ((7 << 20) - i * 8192, &data[(i as usize) * 4096..][..4096]))
+                .collect();
+            t.write_many(&pieces).unwrap();
+            let mut bufs = vec![vec![0u8; 4097]; 100];
+            let mut reads: Vec<(u64, &mut [u8])> = bufs
+                .iter_mut()
+                .zip(&pieces)
+                .map(|(b, (offset, _))| (*offset, &mut b[1..]))
+                .collect();
+            t.read_many(&mut reads).unwrap();
+            assert!(bufs.iter().zip(&pieces).all(|(b, (_, d))| b[1..] == **d));
+            let refused = |r: io::Result<()>| r.unwrap_err().kind() == io::ErrorKind::InvalidInput;
+            assert!(refused(t.write_at(512, &data[..4096])));
+            assert!(refused(t.write_at(4096, &data[..100])));
+            assert!(refused(t.read_at(0, &mut back[..4097])));
+            // Past the end: an error, and the target goes on working.
+            assert!(t.read_at(8 << 20, &mut back[..4096]).is_err());
+            t.read_at(8192, &mut back[..4096]).unwrap();
+            assert!(back[..4096] == data[..4096]);
+            drop(t);
+            std::fs::remove_file(&path).unwrap();
+        }
     }
 
     #[test]
