@@ -124,12 +124,12 @@ pub fn connect(
     Ok(t)
 }
 
-/// A local block device or file, read and written with `pread`/`pwrite`. A block device
-/// is read and written directly (`O_DIRECT`) unless the service asks for the page cache:
-/// values go between the service's buffers and the device without a copy in the page
-/// cache, which would otherwise fill the DPU's memory with blocks the index already
-/// accounts for (and serve stale bytes if the device changed under it). A file goes
-/// through the page cache unless the service asks otherwise, and then needs a file
+/// A local block device or file. A block device is read and written directly
+/// (`O_DIRECT`, through an io_uring) unless the service asks for the page cache: values
+/// go between the service's buffers and the device without a copy in the page cache,
+/// which would otherwise fill the DPU's memory with blocks the index already accounts
+/// for (and serve stale bytes if the device changed under it). A file goes through the
+/// page cache (`pread`/`pwrite`) unless the service asks otherwise, and then needs a file
 /// system that takes direct I/O.
 #[derive(Debug)]
 pub struct LocalTarget {

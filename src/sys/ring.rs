@@ -12,7 +12,7 @@ use std::os::fd::AsRawFd;
 const DEPTH: usize = 32;
 
 /// The most bytes of one transfer: larger pieces go as several.
-pub const SLOT: usize = 64 << 10;
+const SLOT: usize = 64 << 10;
 
 /// An io_uring instance and the memory its transfers use.
 pub struct Ring {
@@ -39,7 +39,7 @@ struct Part {
 
 impl Ring {
     /// A ring whose slots are aligned to `align` bytes (a power of two, at most
-    /// [`SLOT`]); an error where the kernel has no io_uring or refuses it.
+    /// 64 KiB, a slot); an error where the kernel has no io_uring or refuses it.
     pub fn new(align: usize) -> io::Result<Ring> {
         if !align.is_power_of_two() || align > SLOT {
             return Err(io::Error::other(format!("alignment {align}")));
