@@ -485,6 +485,27 @@ fn hosts_put_and_get_blocks_stored_on_a_local_block_device() {
     assert_eq!(kv.cli_with(&["-x", "SET", "cached"], &block).trim(), "OK");
     assert!(device.page_cached_bytes() >= block.len() as u64);
     assert_eq!(kv.terminate(), 0);
+    // Blocks smaller than the device's sectors cannot be read or written directly.
+    let pipe = dir.path("small-blocks.pipe");
+    std::fs::write(
+        &pipe,
+        format!(
+            "pipeline kv\nport fabric {{ driver pcap }}\n\
+             service kvcache {{ listen 127.0.0.1:{}  target \"{target}\"  capacity 1MiB  block_size 512 }}\n\
+             pipe p root from fabric {{ default {{ actions to kvcache }} }}\n",
+            free_port()
+        ),
+    )
+    .expect("write pipeline");
+    let out = dpuflow(&["run", &pipe]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains(
+                "reads and writes in units of 4096 bytes: block_size 512 is not a multiple"
+            ),
+        "{err}"
+    );
 }
 
 /// `page_cache off` has a file target read and written directly too.
