@@ -603,7 +603,7 @@ impl KvService {
         spawn(format!("kv-{name}"), Box::new(move || s.accept(listener)))?;
         tracing::info!(service = name, listen = %listen, target = %storage::describe(&config.target),
             capacity = config.capacity, block_size = config.block_size,
-            page_cache = svc.pool.page_cached(), "kvcache serving");
+            io = svc.pool.io_path(), "kvcache serving");
         Ok(svc)
     }
 

@@ -41,9 +41,10 @@ pub trait BlockTarget: Send + std::fmt::Debug {
     fn alignment(&self) -> u64 {
         1
     }
-    /// Whether what goes to the target also stays in this machine's page cache.
-    fn page_cached(&self) -> bool {
-        false
+    /// How its bytes travel, for the log: over the network, through this machine's page
+    /// cache, or directly to a device.
+    fn io_path(&self) -> &'static str {
+        "network"
     }
 }
 
@@ -316,8 +317,12 @@ impl BlockTarget for LocalTarget {
         self.direct.as_ref().map_or(1, |d| d.sector as u64)
     }
 
-    fn page_cached(&self) -> bool {
-        self.direct.is_none()
+    fn io_path(&self) -> &'static str {
+        match self.direct.as_ref().map(|d| &d.io) {
+            None => "page cache",
+            Some(DirectIo::Ring(_)) => "direct, io_uring",
+            Some(DirectIo::Bounce(_)) => "direct, one transfer at a time",
+        }
     }
 }
 
@@ -377,10 +382,14 @@ impl Pool {
         })
     }
 
-    /// Whether the target's data also passes through the page cache.
-    pub fn page_cached(&self) -> bool {
+    /// How the target's bytes travel ([`BlockTarget::io_path`]).
+    pub fn io_path(&self) -> &'static str {
         let idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        idle.iter().flatten().any(|c| c.page_cached())
+        idle.iter()
+            .flatten()
+            .map(|c| c.io_path())
+            .next()
+            .unwrap_or("unknown")
     }
 
     /// The largest I/O alignment of the connections.
@@ -520,10 +529,9 @@ mod tests {
             if !ring {
                 direct.io = DirectIo::Bounce(vec![0; BOUNCE + 4096]);
             }
-            assert_eq!(
-                (t.alignment(), t.page_cached(), t.size()),
-                (4096, false, 8 << 20)
-            );
+            let path_taken = ["direct, one transfer at a time", "direct, io_uring"];
+            assert_eq!(t.io_path(), path_taken[usize::from(ring)]);
+            assert_eq!((t.alignment(), t.size()), (4096, 8 << 20));
             // Longer than the bounce buffer, and one byte past an allocation's alignment.
             let len = 2 * BOUNCE + 2 * 4096;
             let bytes: Vec<u8> = (0..=len).map(|i| (i * 7 + i / 4096) as u8).collect();
@@ -567,7 +575,8 @@ mod tests {
         let target = StorageTarget::Local { path: path.clone() };
         let mut t = connect(&target, 1 << 20, NvmeDigests::default(), Some(false)).unwrap();
         let align = t.alignment() as usize;
-        assert!(align >= 512 && align.is_power_of_two() && !t.page_cached());
+        assert!(align >= 512 && align.is_power_of_two());
+        assert_eq!(t.io_path(), "direct, io_uring");
         // The descriptor open on the file (the only one: created by this test).
         let fds = std::fs::read_dir("/proc/self/fd").unwrap().flatten();
         let fd = fds
@@ -582,7 +591,7 @@ mod tests {
         assert_eq!(back, block);
         drop(t);
         let t = connect(&target, 1 << 20, NvmeDigests::default(), Some(true)).unwrap();
-        assert_eq!((t.alignment(), t.page_cached()), (1, true));
+        assert_eq!((t.alignment(), t.io_path()), (1, "page cache"));
         drop(t);
         std::fs::remove_file(&path).unwrap();
     }
@@ -594,8 +603,8 @@ mod tests {
         let target = StorageTarget::Local { path: dir.clone() };
         let mut t = connect(&target, 1 << 20, NvmeDigests::default(), None).unwrap();
         assert_eq!(
-            (t.size(), t.alignment(), t.page_cached()),
-            (1 << 20, 1, true)
+            (t.size(), t.alignment(), t.io_path()),
+            (1 << 20, 1, "page cache")
         );
         t.write_at(4096, b"block").unwrap();
         let mut back = [0u8; 5];
