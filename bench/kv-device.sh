@@ -4,10 +4,10 @@
 # reaches the device reaches the disk). Each round runs each build twice, reading and
 # writing the device directly (`page_cache off`, the default for a device) and through
 # the page cache (`page_cache on`), or as CACHES lists; each time redis-benchmark SETs,
-# then GETs, VALUE-byte
-# values over KEYS random keys from CLIENTS connections. Prints the requests per second of
-# each, then how much of the device the page cache holds (scripts/page-cached) and the
-# service's resident memory. The device's page cache is dropped before each run
+# then GETs, VALUE-byte values over KEYS random keys from CLIENTS connections. Prints the
+# requests per second of each, then how much of the device the page cache holds
+# (scripts/page-cached), the service's CPU time (user and system) a SET and a GET, and its
+# resident memory. The device's page cache is dropped before each run
 # (`blockdev --flushbufs`). MEMORY=MiB runs each service in a memory cgroup of that limit,
 # which the page cache its reads and writes fill counts against, as it would against a
 # DPU's memory: a store larger than the memory it may use.
@@ -57,8 +57,12 @@ if [ -n "${MEMORY:-}" ]; then
     in_memory_limit=(sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$cgroup")
 fi
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
+# User and system CPU time of process PID, in clock ticks (proc(5), fields 14 and 15).
+cpu_ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
+ticks_per_s=$(getconf CLK_TCK)
 
-printf '%-6s %-36s %-10s %10s %10s %14s %12s\n' round build page_cache "SET/s" "GET/s" "device cached" "service RSS"
+printf '%-6s %-28s %-10s %9s %9s %14s %9s %9s %12s\n' round build page_cache "SET/s" "GET/s" \
+    "device cached" "CPU/SET" "CPU/GET" "service RSS"
 for round in $(seq "$rounds"); do
     for bin in "${builds[@]}"; do
     for cache in ${CACHES:-off on}; do
@@ -79,14 +83,20 @@ PIPE
             redis-benchmark -p "$port" -t "$1" -n "$requests" -d "$value" -r "$keys" -c "$clients" --csv \
                 | awk -F'"' -v t="${1^^}" '$2 == t {print $4}'
         }
+        # The CPU time of what ran since tick count $1, a request, in µs.
+        cpu_us() { echo $(( ($(cpu_ticks "$pid") - $1) * 1000000 / ticks_per_s / requests )); }
+        ticks=$(cpu_ticks "$pid")
         set_rps=$(rps set)
+        set_cpu=$(cpu_us "$ticks")
+        ticks=$(cpu_ticks "$pid")
         get_rps=$(rps get)
+        get_cpu=$(cpu_us "$ticks")
         held=$(scripts/page-cached "$device")
         rss=$(( $(rss_kib "$pid") / 1024 ))
         kill "$pid"
         wait "$pid" 2>/dev/null || true
-        printf '%-6s %-36s %-10s %10s %10s %11s MB %9s MB\n' "$round" "$bin" "$cache" "$set_rps" \
-            "$get_rps" "$(( held / 1048576 ))" "$rss"
+        printf '%-6s %-28s %-10s %9s %9s %11s MB %6s µs %6s µs %9s MB\n' "$round" "$bin" "$cache" \
+            "$set_rps" "$get_rps" "$(( held / 1048576 ))" "$set_cpu" "$get_cpu" "$rss"
     done
     done
 done

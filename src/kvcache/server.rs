@@ -1638,12 +1638,18 @@ impl KvService {
         })
     }
 
+    /// Where the first value of a reply starts: on a cache line, or on a sector of a target
+    /// read directly, so that its bytes go from the device into the reply without a copy.
+    fn value_alignment(&self) -> usize {
+        CACHE_LINE.max(self.align as usize)
+    }
+
     /// Appends `key`'s value as a bulk string (or the null bulk string) to `out`, read from
     /// the target straight into `out`.
     fn get(&self, key: &[u8], out: &mut Replies) {
         let extents = self.lock().get(key);
         if let Some(len) = read_len(extents.as_deref()) {
-            out.align_value(len);
+            out.align_value(len, self.value_alignment());
         }
         self.reply_value(key, extents, out);
     }
@@ -1683,7 +1689,7 @@ impl KvService {
                 .collect()
         };
         if let Some(len) = read_len(values.first().and_then(Option::as_deref)) {
-            out.align_value(len);
+            out.align_value(len, self.value_alignment());
         }
         self.reply_values(&keys[..values.len()], &values, out);
         values.len()
@@ -2241,17 +2247,18 @@ impl Replies {
 
     /// Before the first reply, when it is a value of `len` bytes to be read from the
     /// target: room for the whole reply at once, and the reply started where the value's
-    /// first byte is at a [`CACHE_LINE`] boundary. The kernel's copy from the target's
-    /// socket into a destination off a cache line took three times as long
-    /// (docs/benchmarks.md, "The KV-cache service": a value's place in its reply).
-    fn align_value(&mut self, len: usize) {
+    /// first byte is at a multiple of `align` (a power of two). The kernel's copy from the
+    /// target's socket into a destination off a cache line took three times as long
+    /// (docs/benchmarks.md, "The KV-cache service": a value's place in its reply); a
+    /// device read directly reads into the reply itself when it is sector-aligned.
+    fn align_value(&mut self, len: usize, align: usize) {
         if !self.bytes.is_empty() {
             return;
         }
         let header = reply::bulk_header_len(len);
-        self.bytes.reserve(CACHE_LINE + header + len + 2);
+        self.bytes.reserve(align + header + len + 2);
         let value_at = self.bytes.as_ptr() as usize + header;
-        self.from = (CACHE_LINE - value_at % CACHE_LINE) % CACHE_LINE;
+        self.from = (align - value_at % align) % align;
         self.bytes.resize(self.from, 0);
     }
 }
@@ -2284,23 +2291,26 @@ mod tests {
     use crate::ir::StorageTarget;
     use crate::kvcache::resp::ProtocolError;
 
-    /// A value read from the target lands on a cache line, whatever the reply's header
-    /// length; what is sent starts with the header; later replies follow it unaligned.
+    /// A value read from the target lands on a cache line (or a sector), whatever the
+    /// reply's header length; what is sent starts with the header; later replies follow
+    /// it unaligned.
     #[test]
     fn a_large_value_read_from_the_target_lands_on_a_cache_line() {
-        for len in [1, 9, 10, 99_999, 4_000_000, 16_000_000] {
-            let mut out = Replies::with_capacity(READ_BUFFER);
-            out.align_value(len);
-            reply::bulk_header(&mut out, len);
-            assert_eq!((out.as_ptr() as usize + out.len()) % CACHE_LINE, 0, "{len}");
-            assert_eq!(out.pending(), format!("${len}\r\n").as_bytes());
-            assert!(out.capacity() >= out.len() + len + 2, "room for it all");
-            // Only the first reply of a batch is placed.
-            let sent = out.len();
-            out.align_value(len);
-            assert_eq!(out.len(), sent);
-            out.clear();
-            assert!(out.pending().is_empty());
+        for align in [CACHE_LINE, 4096] {
+            for len in [1, 9, 10, 99_999, 4_000_000, 16_000_000] {
+                let mut out = Replies::with_capacity(READ_BUFFER);
+                out.align_value(len, align);
+                reply::bulk_header(&mut out, len);
+                assert_eq!((out.as_ptr() as usize + out.len()) % align, 0, "{len}");
+                assert_eq!(out.pending(), format!("${len}\r\n").as_bytes());
+                assert!(out.capacity() >= out.len() + len + 2, "room for it all");
+                // Only the first reply of a batch is placed.
+                let sent = out.len();
+                out.align_value(len, align);
+                assert_eq!(out.len(), sent);
+                out.clear();
+                assert!(out.pending().is_empty());
+            }
         }
     }
 

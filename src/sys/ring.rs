@@ -1,8 +1,8 @@
 //! Reads and writes of one file kept in flight together, through io_uring(7): a request's
 //! pieces scattered over a device (a value's runs of blocks) go to it at once, where
-//! `pread`/`pwrite` would wait for each in turn. Made for direct I/O (`O_DIRECT`): the
-//! kernel reads and writes only the ring's own aligned slots, and the data is copied
-//! between them and the caller's buffers, which may lie at any address.
+//! `pread`/`pwrite` would wait for each in turn. Made for direct I/O (`O_DIRECT`): a
+//! transfer whose memory is aligned goes between the device and the caller's buffer; any
+//! other through an aligned slot of the ring's own, copied to or from the caller's.
 
 use std::fs::File;
 use std::io;
@@ -17,9 +17,10 @@ const SLOT: usize = 64 << 10;
 /// An io_uring instance and the memory its transfers use.
 pub struct Ring {
     ring: io_uring::IoUring,
-    /// `DEPTH` slots of `SLOT` bytes from `skew`, aligned as direct I/O needs.
+    /// `DEPTH` slots of `SLOT` bytes from `skew`, aligned to `align`.
     arena: Vec<u8>,
     skew: usize,
+    align: usize,
 }
 
 impl std::fmt::Debug for Ring {
@@ -37,9 +38,20 @@ struct Part {
     offset: u64,
 }
 
+/// Where a transfer in flight goes to or comes from.
+#[derive(Debug, Clone, Copy, Default)]
+struct Carried {
+    /// Its part.
+    part: usize,
+    /// Its bytes done so far.
+    done: usize,
+    /// The caller's memory itself (aligned), rather than the slot's.
+    in_place: bool,
+}
+
 impl Ring {
-    /// A ring whose slots are aligned to `align` bytes (a power of two, at most
-    /// 64 KiB, a slot); an error where the kernel has no io_uring or refuses it.
+    /// A ring for transfers aligned to `align` bytes (a power of two, at most 64 KiB, a
+    /// slot); an error where the kernel has no io_uring or refuses it.
     pub fn new(align: usize) -> io::Result<Ring> {
         if !align.is_power_of_two() || align > SLOT {
             return Err(io::Error::other(format!("alignment {align}")));
@@ -47,66 +59,77 @@ impl Ring {
         let ring = io_uring::IoUring::new(DEPTH as u32)?;
         let arena = vec![0u8; DEPTH * SLOT + align];
         let skew = arena.as_ptr().align_offset(align);
-        Ok(Ring { ring, arena, skew })
+        Ok(Ring {
+            ring,
+            arena,
+            skew,
+            align,
+        })
     }
 
     /// Fills each buffer from its offset in `file`.
     pub fn read(&mut self, file: &File, pieces: &mut [(u64, &mut [u8])]) -> io::Result<()> {
         let parts = parts(pieces.iter().map(|(o, b)| (*o, b.len())));
-        self.run(
-            file,
-            &parts,
-            false,
-            |_, _| {},
-            |p, slot| pieces[p.piece].1[p.at..p.at + p.len].copy_from_slice(slot),
-        )
+        // From here on the buffers are reached only through these pointers (the kernel
+        // writes some, the copies out of slots the others).
+        let bases: Vec<*mut u8> = pieces.iter_mut().map(|(_, b)| b.as_mut_ptr()).collect();
+        self.run(file, &parts, &bases, false)
     }
 
     /// Writes each piece at its offset in `file`.
     pub fn write(&mut self, file: &File, pieces: &[(u64, &[u8])]) -> io::Result<()> {
         let parts = parts(pieces.iter().map(|(o, d)| (*o, d.len())));
-        self.run(
-            file,
-            &parts,
-            true,
-            |p, slot| slot.copy_from_slice(&pieces[p.piece].1[p.at..p.at + p.len]),
-            |_, _| {},
-        )
+        // Only ever read through (by the kernel, or copied into slots).
+        let bases: Vec<*mut u8> = pieces.iter().map(|(_, d)| d.as_ptr().cast_mut()).collect();
+        self.run(file, &parts, &bases, true)
     }
 
-    /// Runs `parts`, up to `DEPTH` at a time: `fill` puts a write's bytes in its slot
-    /// before it is sent, `take` copies a read's out once it is done. Returns once none
+    /// Runs `parts` of the buffers at `bases`, up to `DEPTH` at a time. Returns once none
     /// is in flight, the first error if there was one (nothing more is sent after it).
     fn run(
         &mut self,
         file: &File,
         parts: &[Part],
+        bases: &[*mut u8],
         write: bool,
-        mut fill: impl FnMut(&Part, &mut [u8]),
-        mut take: impl FnMut(&Part, &[u8]),
     ) -> io::Result<()> {
         if self.arena.is_empty() {
             return Err(io::Error::other("io_uring ring abandoned after an error"));
         }
         let fd = io_uring::types::Fd(file.as_raw_fd());
+        // The caller's bytes of a part.
+        let caller = |p: &Part| bases[p.piece].wrapping_add(p.at);
         let mut free: Vec<usize> = (0..DEPTH).rev().collect();
-        // Per slot: the part it carries and how many of its bytes are done.
-        let mut carrying = [(0usize, 0usize); DEPTH];
+        let mut carrying = [Carried::default(); DEPTH];
         let mut done = Vec::with_capacity(DEPTH);
         let (mut next, mut in_flight, mut failed) = (0, 0, None);
         loop {
             while failed.is_none() && next < parts.len() {
                 let Some(slot) = free.pop() else { break };
                 let part = &parts[next];
-                let start = self.skew + slot * SLOT;
-                if write {
-                    fill(part, &mut self.arena[start..start + part.len]);
+                let in_place = caller(part) as usize % self.align == 0;
+                if write && !in_place {
+                    // SAFETY: the part's bytes lie inside its piece, which the caller
+                    // lends for the whole call; the slot is the arena's, free until now.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(caller(part), self.slot(slot), part.len)
+                    };
                 }
-                carrying[slot] = (next, 0);
-                if let Err(e) = self.send(fd, slot, part, 0, write) {
+                carrying[slot] = Carried {
+                    part: next,
+                    done: 0,
+                    in_place,
+                };
+                let memory = if in_place {
+                    caller(part)
+                } else {
+                    self.slot(slot)
+                };
+                if let Err(e) = self.send(fd, slot, memory, part, 0, write) {
+                    free.push(slot);
                     return Err(match in_flight {
                         0 => e,
-                        _ => self.abandon(e),
+                        _ => self.abandon(e, &carrying, &free),
                     });
                 }
                 (next, in_flight) = (next + 1, in_flight + 1);
@@ -121,13 +144,13 @@ impl Ring {
                 ) {
                     continue;
                 }
-                return Err(self.abandon(e));
+                return Err(self.abandon(e, &carrying, &free));
             }
             done.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
             for (slot, result) in done.drain(..) {
                 let slot = slot as usize;
-                let (i, before) = carrying[slot];
-                let part = &parts[i];
+                let carried = carrying[slot];
+                let part = &parts[carried.part];
                 let moved = match usize::try_from(result) {
                     Err(_) => Err(io::Error::from_raw_os_error(-result)),
                     Ok(0) => Err(io::Error::from(if write {
@@ -135,20 +158,28 @@ impl Ring {
                     } else {
                         io::ErrorKind::UnexpectedEof
                     })),
-                    Ok(n) => Ok(before + n),
+                    Ok(n) => Ok(carried.done + n),
                 };
                 match moved {
                     Ok(n) if n < part.len => {
                         // A short transfer: the rest from where it stopped.
-                        carrying[slot].1 = n;
-                        if let Err(e) = self.send(fd, slot, part, n, write) {
-                            return Err(self.abandon(e));
+                        carrying[slot].done = n;
+                        let memory = match carried.in_place {
+                            true => caller(part),
+                            false => self.slot(slot),
+                        };
+                        if let Err(e) = self.send(fd, slot, memory, part, n, write) {
+                            free.push(slot);
+                            return Err(self.abandon(e, &carrying, &free));
                         }
                         continue;
                     }
-                    Ok(_) if !write => {
-                        let start = self.skew + slot * SLOT;
-                        take(part, &self.arena[start..start + part.len]);
+                    Ok(_) if !write && !carried.in_place => {
+                        // SAFETY: as for the copy into a slot before a write, the other
+                        // way; the kernel is done with the slot.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(self.slot(slot), caller(part), part.len)
+                        };
                     }
                     Ok(_) => {}
                     Err(e) => {
@@ -161,37 +192,53 @@ impl Ring {
         }
     }
 
-    /// Queues the rest of `part` after its first `done` bytes, between the file and
-    /// `slot`'s memory.
+    /// The first byte of `slot` in the arena.
+    fn slot(&mut self, slot: usize) -> *mut u8 {
+        self.arena[self.skew + slot * SLOT..].as_mut_ptr()
+    }
+
+    /// Queues the rest of `part` after its first `done` bytes, between the file and the
+    /// part's memory at `memory`.
     fn send(
         &mut self,
         fd: io_uring::types::Fd,
         slot: usize,
+        memory: *mut u8,
         part: &Part,
         done: usize,
         write: bool,
     ) -> io::Result<()> {
         use io_uring::opcode::{Read, Write};
-        let start = self.skew + slot * SLOT + done;
-        let memory = &mut self.arena[start..start + part.len - done];
-        let (buf, len) = (memory.as_mut_ptr(), memory.len() as u32);
+        let (buf, len) = (memory.wrapping_add(done), (part.len - done) as u32);
         let offset = part.offset + done as u64;
         let entry = match write {
             true => Write::new(fd, buf, len).offset(offset).build(),
             false => Read::new(fd, buf, len).offset(offset).build(),
         };
         let entry = entry.user_data(slot as u64);
-        // SAFETY: the entry names `len` bytes of the arena, which this ring owns and never
-        // reallocates, and which no other transfer in flight uses (one per slot); `run`
-        // returns only once every transfer it sent is complete, or leaks the arena, so the
-        // kernel never touches it once freed. `fd` is open while `run` borrows its file.
+        // SAFETY: the entry names `len` bytes either of the arena, which this ring owns
+        // and never reallocates, in a slot no other transfer in flight uses, or of the
+        // piece the caller lends for the whole of `run` (pieces read into are distinct
+        // `&mut` slices, so no two transfers share bytes). `run` returns only once every
+        // transfer it sent is complete, or abandons them (the arena leaked, the process
+        // ended if the caller's memory is in flight), so the kernel never touches memory
+        // once freed. `fd` is open while `run` borrows its file.
         unsafe { self.ring.submission().push(&entry) }
             .map_err(|_| io::Error::other("io_uring submission queue full"))
     }
 
-    /// Gives up on the transfers in flight after `e`: the arena they may still write is
-    /// leaked rather than freed, and the ring refuses any further work.
-    fn abandon(&mut self, e: io::Error) -> io::Error {
+    /// Gives up on the transfers in flight after `e` (the slots not `free` carry one):
+    /// the arena they may still write is leaked rather than freed, and the ring refuses
+    /// any further work. If one is in the caller's memory, which its owner will free or
+    /// reuse, the process ends here: nothing else keeps the kernel from writing into it.
+    /// (An error submitting is not expected at all: the ring never holds more than it
+    /// has room for.)
+    fn abandon(&mut self, e: io::Error, carrying: &[Carried; DEPTH], free: &[usize]) -> io::Error {
+        let busy = (0..DEPTH).filter(|s| !free.contains(s));
+        if busy.into_iter().any(|s| carrying[s].in_place) {
+            tracing::error!(error = %e, "io_uring failed with transfers in flight; stopping");
+            std::process::abort();
+        }
         std::mem::forget(std::mem::take(&mut self.arena));
         e
     }
@@ -228,6 +275,31 @@ mod tests {
             .open(&path)
             .unwrap();
         (path, file)
+    }
+
+    /// Aligned memory is read and written where it is; other memory through the slots.
+    #[test]
+    fn aligned_memory_is_used_in_place() {
+        let (path, file) = direct_file("in-place", 1 << 20);
+        let mut ring = Ring::new(4096).unwrap();
+        let mut room = vec![0u8; 3 * SLOT];
+        let skew = room.as_ptr().align_offset(4096);
+        let aligned = &mut room[skew..skew + 2 * SLOT];
+        aligned
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, b)| *b = (i % 251) as u8 | 1);
+        let data = aligned.to_vec();
+        ring.write(&file, &[(4096, &aligned[..])]).unwrap();
+        aligned.fill(0);
+        ring.read(&file, &mut [(4096, &mut aligned[..])]).unwrap();
+        assert!(*aligned == data[..]);
+        assert!(ring.arena.iter().all(|&b| b == 0), "a slot was used");
+        let mut odd = vec![0u8; SLOT + 1];
+        ring.read(&file, &mut [(4096, &mut odd[1..])]).unwrap();
+        assert!(odd[1..] == data[..SLOT]);
+        assert!(ring.arena.iter().any(|&b| b != 0), "no slot was used");
+        std::fs::remove_file(&path).unwrap();
     }
 
     /// A read that fails among others: the error is returned once the rest are done, a
