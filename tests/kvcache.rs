@@ -486,26 +486,8 @@ fn hosts_put_and_get_blocks_stored_on_a_local_block_device() {
     assert!(device.page_cached_bytes() >= block.len() as u64);
     assert_eq!(kv.terminate(), 0);
     // Blocks smaller than the device's sectors cannot be read or written directly.
-    let pipe = dir.path("small-blocks.pipe");
-    std::fs::write(
-        &pipe,
-        format!(
-            "pipeline kv\nport fabric {{ driver pcap }}\n\
-             service kvcache {{ listen 127.0.0.1:{}  target \"{target}\"  capacity 1MiB  block_size 512 }}\n\
-             pipe p root from fabric {{ default {{ actions to kvcache }} }}\n",
-            free_port()
-        ),
-    )
-    .expect("write pipeline");
-    let out = dpuflow(&["run", &pipe]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success()
-            && err.contains(
-                "reads and writes in units of 4096 bytes: block_size 512 is not a multiple"
-            ),
-        "{err}"
-    );
+    let says = "reads and writes in units of 4096 bytes: block_size 512 is not a multiple";
+    assert_start_fails(&dir, &target, "block_size 512", says);
 }
 
 /// `page_cache off` has a file target read and written directly too.
@@ -920,24 +902,30 @@ fn an_unreachable_target_fails_the_start() {
             "Connection refused",
         ),
     ] {
-        let pipe = dir.path("kv.pipe");
-        std::fs::write(
-            &pipe,
-            format!(
-                "pipeline kv\nport fabric {{ driver pcap }}\n\
-                 service kvcache {{ listen 127.0.0.1:{}  target \"{target}\"  capacity 1MiB }}\n\
-                 pipe p root from fabric {{ default {{ actions to kvcache }} }}\n",
-                free_port()
-            ),
-        )
-        .expect("write pipeline");
-        let out = dpuflow(&["run", &pipe]);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            !out.status.success() && err.contains(says),
-            "{target}: {err}"
-        );
+        assert_start_fails(&dir, &target, "", says);
     }
+}
+
+/// `dpuflow run` of a service of 1 MiB on `target`, with `options`, fails at once, its
+/// error saying `says`.
+fn assert_start_fails(dir: &Scratch, target: &str, options: &str, says: &str) {
+    let pipe = dir.path("kv.pipe");
+    std::fs::write(
+        &pipe,
+        format!(
+            "pipeline kv\nport fabric {{ driver pcap }}\n\
+             service kvcache {{ listen 127.0.0.1:{}  target \"{target}\"  capacity 1MiB  {options} }}\n\
+             pipe p root from fabric {{ default {{ actions to kvcache }} }}\n",
+            free_port()
+        ),
+    )
+    .expect("write pipeline");
+    let out = dpuflow(&["run", &pipe]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains(says),
+        "{target}: {err}"
+    );
 }
 
 /// A RESP connection sending one command at a time and taking its reply as bytes.
