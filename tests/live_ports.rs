@@ -578,6 +578,10 @@ fn firewall_between_two_hosts(driver: &str, log: &str, tag: &str) {
         )),
         "{log}"
     );
+    // Connections are tracked: both directions must meet in one worker's table.
+    let dealt = "the I/O thread deals the live ports' packets to the workers: the pipeline \
+                 tracks connections";
+    assert!(log.contains(dealt), "{log}");
 }
 
 /// A reload (SIGHUP) changes the firewall under live traffic: a download running across
@@ -718,7 +722,13 @@ fn tagged_frames_keep_their_tags() {
 /// port is opened on it and frames cross as before.
 #[test]
 fn a_removed_interface_is_opened_again_once_back() {
-    for (driver, tag) in [("af_packet", "rp"), ("af_xdp", "rx")] {
+    // Two AF_PACKET workers each have a socket on the port (a fanout group): the port
+    // closes and opens once, whichever socket goes or comes first.
+    for (driver, tag, workers) in [
+        ("af_packet", "rp", "1"),
+        ("af_packet", "rs", "2"),
+        ("af_xdp", "rx", "1"),
+    ] {
         let (lab, _dir, pipe_path) = Lab::with_pipeline_on(
             driver,
             tag,
@@ -731,7 +741,7 @@ fn a_removed_interface_is_opened_again_once_back() {
                  }}\n"
             ),
         );
-        let dpuflow = lab.start(&pipe_path, "1");
+        let dpuflow = lab.start(&pipe_path, workers);
         lab.run(&lab.dut, &["ip", "link", "set", "in0", "down"]);
         lab.run(&lab.dut, &["ip", "link", "set", "in0", "up"]);
         std::thread::sleep(Duration::from_millis(500));
@@ -770,9 +780,10 @@ fn a_removed_interface_is_opened_again_once_back() {
         assert_eq!(metric(&m, closed), Some(1), "{driver}: {m}");
         let log = stop(dpuflow);
         for said in ["interface removed", "live port open again"] {
-            assert!(
-                log.contains(said),
-                "{driver}: {said:?} not in the log:\n{log}"
+            assert_eq!(
+                log.matches(said).count(),
+                1,
+                "{driver}, {workers} worker(s): {said:?} once in the log:\n{log}"
             );
         }
     }
@@ -784,7 +795,11 @@ fn a_removed_interface_is_opened_again_once_back() {
 /// exists. Without the flag the start fails, naming the interface.
 #[test]
 fn an_interface_missing_at_the_start_is_waited_for() {
-    for (driver, tag) in [("af_packet", "wp"), ("af_xdp", "wx")] {
+    for (driver, tag, workers) in [
+        ("af_packet", "wp", "1"),
+        ("af_packet", "ws", "2"),
+        ("af_xdp", "wx", "1"),
+    ] {
         let pipe =
             format!("{UDP_OUT}pipe back root from outside {{ default {{ actions drop }} }}\n");
         let (lab, _dir, pipe_path) = Lab::with_pipeline_on(driver, tag, &pipe);
@@ -795,7 +810,7 @@ fn an_interface_missing_at_the_start_is_waited_for() {
             "{driver}: {said}"
         );
 
-        let dpuflow = lab.start_serving(&[], &pipe_path, "1", &["--wait-for-interfaces"]);
+        let dpuflow = lab.start_serving(&[], &pipe_path, workers, &["--wait-for-interfaces"]);
         let open = "dpuflow_port_open{port=\"inside\"}";
         let outside = "dpuflow_port_open{port=\"outside\"}";
         let m = lab.metrics_until(|m| metric(m, outside) == Some(1), "opened outside");
@@ -1297,6 +1312,38 @@ fn every_queue_of_an_af_xdp_port_is_read() {
     let log = stop(dpuflow);
     assert!(
         log.contains("live port open iface=\"in0\" driver=\"AF_XDP\" mode=4 queue(s), copy"),
+        "{log}"
+    );
+}
+
+/// Two workers on AF_PACKET ports, with no connections to track: each reads and sends its
+/// own share of each port through a socket of its own in the port's fanout group, the
+/// kernel dealing the frames by flow. Every datagram of many flows crosses once: none lost
+/// to the hand-over, none twice (a socket joining its group takes nothing before).
+#[test]
+fn workers_read_and_send_their_own_shares_of_a_port() {
+    let (lab, _dir, pipe_path) = Lab::with_pipeline("sh", UDP_OUT);
+    let dpuflow = lab.start(&pipe_path, "2");
+    let counter = lab.count_at_server(5003);
+    lab.send_udp_flows(5001, 600, 64);
+    lab.send_udp(5003, 5);
+    assert_eq!(counter.seen(), "5001:600 5003:5", "what crossed");
+    let udp = "dpuflow_rule_matched_packets_total{pipe=\"out\",rule=\"udp\"}";
+    let sent = "dpuflow_port_transmitted_packets_total{port=\"outside\"}";
+    let m = lab.metrics_until(
+        |m| metric(m, udp) == Some(605) && metric(m, sent) == Some(605),
+        "counted all 605",
+    );
+    let open = "dpuflow_port_open{port=\"inside\"}";
+    assert_eq!(metric(&m, open), Some(1), "{m}");
+    let log = stop(dpuflow);
+    assert!(
+        log.contains("each worker reads and sends its own share"),
+        "{log}"
+    );
+    assert_eq!(
+        log.matches("live port open iface=\"in0\"").count(),
+        1,
         "{log}"
     );
 }

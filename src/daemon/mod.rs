@@ -13,6 +13,13 @@
 //! not three threads on two: a separate writer, woken by every batch, kept preempting the
 //! worker wherever they shared a core, and the service's rate halved in such runs.
 //!
+//! With several workers and live ports that are all AF_PACKET, on a pipeline that tracks
+//! no connections and writes no capture, there is no I/O thread: each worker reads and
+//! sends its own share of every port, through a socket of its own in the port's fanout
+//! group (the kernel deals the frames by flow), and runs its engine in the same thread,
+//! as one worker does with its I/O. Tracked connections need the symmetric hash above
+//! (tunnels parsed, the two directions met), which the kernel's does not give.
+//!
 //! With live ports, time is the time of day and passes without packets: the I/O thread
 //! hands part-filled batches over whenever no frame waits, and idle workers sweep their
 //! tables and publish their counts by the clock.
@@ -34,6 +41,7 @@ use crate::engine::{
 };
 use crate::firewall::conntrack::Conntrack;
 use crate::firewall::fragments::Fragments;
+use crate::io::af_packet::Fanout;
 use crate::io::live::{LiveError, LivePort, Received, Sent};
 use crate::io::pcap::{CaptureError, CaptureWriter};
 use crate::ir::{Driver, PortId, Program, ServiceKind};
@@ -158,6 +166,7 @@ const RECORDS_EARLY: usize = crate::firewall::conntrack::RECORDS_KEPT / 4;
 struct Processed {
     packets: Vec<PacketBuf>,
     mirrors: Vec<PacketBuf>,
+    /// That worker's place among the I/O thread's channels ([`WorkerChannels::index`]).
     worker: usize,
 }
 
@@ -189,10 +198,13 @@ struct Shared {
     port_open: Vec<AtomicBool>,
     /// Live ports closed and not yet open again (see [`Outputs::waiting`]).
     ports_waiting: AtomicUsize,
+    /// Per port, its fanout group, when each worker reads and sends its own share of the
+    /// live ports.
+    groups: Option<Vec<Fanout>>,
     /// Per port: times its live port was closed to be opened again, by [`Closing`].
     port_closes: Vec<[AtomicU64; metrics::PORT_CLOSE_REASONS.len()]>,
-    /// Per port: packets forwarded to it that were not sent, as the I/O thread last
-    /// published them (see [`Outputs::unsent`]).
+    /// Per port: packets forwarded to it that were not sent, as the threads that write
+    /// packets last published them (see [`Outputs::unsent`]).
     unsent: Vec<AtomicU64>,
     /// The pipeline's KV-cache services.
     kv: Vec<Arc<KvService>>,
@@ -326,7 +338,29 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             .any(|(id, _)| usize::from(id.0) == i)
     };
     let replays = !opts.bindings.inputs.is_empty();
-    let mut live: Vec<Option<LivePort>> = Vec::new();
+    let has_live = |driver: Driver| {
+        let mut ports = program.ports.iter().enumerate();
+        !replays && ports.any(|(i, p)| p.driver == driver && !bound(i))
+    };
+    // Several workers on live ports: each reads and sends its own share of every port
+    // (a socket of its own in each port's fanout group), unless the I/O thread must deal
+    // the packets (why, from `dealt_because`).
+    let dealt_because = if program.conntrack.is_some() {
+        Some("the pipeline tracks connections, whose two directions must meet in one worker")
+    } else if has_live(Driver::AfXdp) {
+        Some("a port uses AF_XDP, whose sockets are per receive queue")
+    } else if !opts.bindings.outputs.is_empty() {
+        Some("a port writes a capture")
+    } else {
+        None
+    };
+    let shares = opts.workers > 1 && has_live(Driver::AfPacket) && dealt_because.is_none();
+    let groups: Option<Vec<Fanout>> =
+        shares.then(|| program.ports.iter().map(|_| Fanout::default()).collect());
+    // The live ports of each thread that reads them: one, or with shares one a worker.
+    let mut live_sets: Vec<Vec<Option<LivePort>>> = (0..if shares { opts.workers } else { 1 })
+        .map(|_| Vec::new())
+        .collect();
     let mut unopened = Vec::new();
     // Per port: a live port waiting for its interface (`--wait-for-interfaces`).
     let mut waiting = Vec::new();
@@ -345,7 +379,8 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         let is_live = matches!(port.driver, Driver::AfPacket | Driver::AfXdp) && !bound(i);
         let waits = is_live && !replays && opts.wait_for_interfaces && absent(iface);
         waiting.push(waits.then_some(Closed::NotYetOpened));
-        live.push(match port.driver {
+        let group = groups.as_ref().map(|g| &g[i]);
+        let first = match port.driver {
             _ if waits => {
                 tracing::warn!(
                     port = %port.name,
@@ -359,6 +394,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
                 iface,
                 port.driver,
                 port.mtu,
+                group,
             )?),
             Driver::AfPacket | Driver::AfXdp if !bound(i) => {
                 unopened.push(format!(
@@ -376,8 +412,22 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
                 None
             }
             _ => None,
-        });
+        };
+        for others in live_sets.iter_mut().skip(1) {
+            others.push(match first {
+                Some(_) => Some(LivePort::open(
+                    PortId(i as u16),
+                    iface,
+                    port.driver,
+                    port.mtu,
+                    group,
+                )?),
+                None => None,
+            });
+        }
+        live_sets[0].push(first);
     }
+    let live = &live_sets[0];
     let absent_ports = waiting.iter().flatten().count();
     let lives = live.iter().flatten().count() + absent_ports;
     // A pipeline with a local service (the KV cache) is worth running without packets.
@@ -411,9 +461,12 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     // control threads, and the dataplane's bind themselves to theirs.
     let placement = match &opts.cpus {
         Some(dataplane) => {
-            // With live ports and one worker, the I/O thread runs it.
+            // With live ports and one worker, the I/O thread runs it; with shares, the
+            // first runs worker 0 and the others one each.
             let threads = if lives > 0 && opts.workers <= 1 {
                 0
+            } else if shares {
+                opts.workers - 1
             } else {
                 opts.workers.max(1)
             };
@@ -511,6 +564,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             .map(|i| AtomicBool::new(bound(i) || live[i].is_some()))
             .collect(),
         ports_waiting: AtomicUsize::new(absent_ports),
+        groups,
         port_closes: program.ports.iter().map(|_| Default::default()).collect(),
         unsent: program.ports.iter().map(|_| Default::default()).collect(),
         loaded: Mutex::new(Arc::new(Loaded::first(program, load_seconds, workers))),
@@ -524,10 +578,10 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     crate::sys::release_free_memory();
     let ports = shared.loaded().program.ports.len();
     // Open everything before any thread starts, so a bad file fails the command at once.
-    let source = if lives > 0 {
-        Source::Live(readable(&live))
+    let captures = if lives > 0 {
+        None
     } else {
-        Source::Captures(Merger::open(&opts.bindings.inputs)?)
+        Some(Merger::open(&opts.bindings.inputs)?)
     };
     let mut writers: Vec<Option<CaptureWriter>> = (0..ports).map(|_| None).collect();
     for (port, path) in &opts.bindings.outputs {
@@ -544,6 +598,17 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             mode = %port.mode(),
             "live port open"
         );
+    }
+    match dealt_because {
+        _ if shares => tracing::info!(
+            workers,
+            "each worker reads and sends its own share of the live ports (AF_PACKET \
+             fanout, by flow)"
+        ),
+        Some(why) if lives > 0 && workers > 1 => {
+            tracing::info!("the I/O thread deals the live ports' packets to the workers: {why}")
+        }
+        _ => {}
     }
     tracing::info!(pipeline = %shared.loaded().program.name, workers, inputs = opts.bindings.inputs.len() + lives, "running");
 
@@ -562,56 +627,15 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         None => None,
     };
     let flows_tx = opts.ipfix.as_ref().map(|_| flows_tx);
-    let (done_tx, done_rx) = bounded::<Processed>(QUEUE * workers);
-    let mut to_workers = Vec::new();
-    let mut spares_back = Vec::new();
+    // The threads that read and write packets (each with the worker it runs, if any)…
+    let mut dataplane = Vec::new();
+    // … and the worker threads they deal to.
     let mut handles = Vec::new();
-    // With live ports and one worker, the I/O thread runs the worker itself: handing each
-    // small batch to another thread and back cost more than the batch (docs/benchmarks.md).
-    let mut inline = None;
-    for w in 0..workers {
-        let (tx, rx) = bounded::<Vec<PacketBuf>>(QUEUE);
-        to_workers.push(tx);
-        let (spare_tx, spare_rx) = bounded::<Vec<PacketBuf>>(QUEUE);
-        spares_back.push(spare_tx);
-        let (shared, done_tx, flows_tx) = (Arc::clone(&shared), done_tx.clone(), flows_tx.clone());
-        let channels = WorkerChannels {
-            rx,
-            done: done_tx,
-            spares: spare_rx,
-            flows: flows_tx,
-        };
-        if lives > 0 && workers == 1 {
-            inline = Some(channels);
-            continue;
-        }
-        let cpu = placement.as_ref().map(|p| p.workers[w]);
-        handles.push(watch.spawn(&format!("worker-{w}"), move || {
+    let spawn_io = |name: &str, cpu: Option<usize>, source, ports, ends| {
+        let (stop, failing) = (Arc::clone(&stop), watch.clone());
+        let (opts, shared) = (opts.clone(), Arc::clone(&shared));
+        watch.spawn(name, move || {
             bind_to(cpu);
-            worker(w, &shared, channels)
-        })?);
-    }
-    drop(done_tx);
-    drop(flows_tx);
-    let io = {
-        let stop = Arc::clone(&stop);
-        let failing = watch.clone();
-        let opts = opts.clone();
-        let shared = Arc::clone(&shared);
-        let ends = IoEnds {
-            to_workers,
-            done: done_rx,
-            spares_back,
-            inline,
-        };
-        let cpu = placement.as_ref().map(|p| p.io);
-        watch.spawn("io", move || {
-            bind_to(cpu);
-            let ports = StartingPorts {
-                writers,
-                live,
-                waiting,
-            };
             let done = io(source, &opts, ports, ends, &shared, &stop);
             shared.dataplane_done.store(true, Ordering::Relaxed);
             // A dataplane that can no longer read or write is stopped as a failed thread
@@ -621,8 +645,88 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
                 failing.fail();
             }
             done
-        })?
+        })
     };
+    if shares {
+        // Each worker runs in the thread that reads and sends its share: no hand-off.
+        for (w, live) in live_sets.into_iter().enumerate() {
+            let (tx, rx) = bounded::<Vec<PacketBuf>>(QUEUE);
+            let (spare_tx, spare_rx) = bounded::<Vec<PacketBuf>>(QUEUE);
+            let (done_tx, done_rx) = bounded::<Processed>(QUEUE);
+            let channels = WorkerChannels {
+                rx,
+                done: done_tx,
+                spares: spare_rx,
+                flows: flows_tx.clone(),
+                index: 0,
+            };
+            let ends = IoEnds {
+                to_workers: vec![tx],
+                done: done_rx,
+                spares_back: vec![spare_tx],
+                inline: Some((w, channels)),
+            };
+            let source = Source::Live(readable(&live));
+            let ports = StartingPorts {
+                writers: (0..ports).map(|_| None).collect(),
+                live,
+                waiting: waiting.clone(),
+            };
+            let cpu = placement
+                .as_ref()
+                .map(|p| if w == 0 { p.io } else { p.workers[w - 1] });
+            dataplane.push(spawn_io(&format!("worker-{w}"), cpu, source, ports, ends)?);
+        }
+    } else {
+        let (done_tx, done_rx) = bounded::<Processed>(QUEUE * workers);
+        let mut to_workers = Vec::new();
+        let mut spares_back = Vec::new();
+        // With live ports and one worker, the I/O thread runs the worker itself: handing
+        // each small batch to another thread and back cost more than the batch
+        // (docs/benchmarks.md).
+        let mut inline = None;
+        for w in 0..workers {
+            let (tx, rx) = bounded::<Vec<PacketBuf>>(QUEUE);
+            to_workers.push(tx);
+            let (spare_tx, spare_rx) = bounded::<Vec<PacketBuf>>(QUEUE);
+            spares_back.push(spare_tx);
+            let channels = WorkerChannels {
+                rx,
+                done: done_tx.clone(),
+                spares: spare_rx,
+                flows: flows_tx.clone(),
+                index: w,
+            };
+            if lives > 0 && workers == 1 {
+                inline = Some((w, channels));
+                continue;
+            }
+            let cpu = placement.as_ref().map(|p| p.workers[w]);
+            let shared = Arc::clone(&shared);
+            handles.push(watch.spawn(&format!("worker-{w}"), move || {
+                bind_to(cpu);
+                worker(w, &shared, channels)
+            })?);
+        }
+        let ends = IoEnds {
+            to_workers,
+            done: done_rx,
+            spares_back,
+            inline,
+        };
+        let source = match captures {
+            Some(merger) => Source::Captures(merger),
+            None => Source::Live(readable(&live_sets[0])),
+        };
+        let ports = StartingPorts {
+            writers,
+            live: live_sets.swap_remove(0),
+            waiting,
+        };
+        let cpu = placement.as_ref().map(|p| p.io);
+        dataplane.push(spawn_io("io", cpu, source, ports, ends)?);
+    }
+    drop(flows_tx);
 
     let reloader = {
         let (stop, shared, file) = (
@@ -637,7 +741,8 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         Some(l) => http::serve(l, &stop, &*shared).map_err(|e| RunError::Thread(e.to_string()))?,
         None => {
             let serving = !shared.kv.is_empty();
-            while !stop.load(Ordering::Relaxed) && (serving || !io.is_finished()) {
+            let running = || !dataplane.iter().all(JoinHandle::is_finished);
+            while !stop.load(Ordering::Relaxed) && (serving || running()) {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
@@ -650,10 +755,14 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     // outputs are flushed and the final IPFIX export is sent.
     // A reload in progress is left to the process's end: a stop does not wait for it.
     drop(reloader);
-    let io = io.join();
+    let io: Vec<_> = dataplane.into_iter().map(JoinHandle::join).collect();
     let workers_done = handles.into_iter().all(|h| h.join().is_ok());
     let sent = exporter.map(JoinHandle::join);
-    let (read, unsent) = io.map_err(|_| RunError::Thread("the I/O thread panicked".into()))??;
+    let (mut read, mut unsent) = (0, 0);
+    for done in io {
+        let (r, u) = done.map_err(|_| RunError::Thread("the I/O thread panicked".into()))??;
+        (read, unsent) = (read + r, unsent + u);
+    }
     if !workers_done {
         return Err(RunError::Thread("a worker panicked".into()));
     }
@@ -864,8 +973,8 @@ struct IoEnds {
     done: Receiver<Processed>,
     /// Mirror-copy buffers back to each worker.
     spares_back: Vec<Sender<Vec<PacketBuf>>>,
-    /// The only worker's ends, when the I/O thread runs it itself.
-    inline: Option<WorkerChannels>,
+    /// The only worker (its number, and its ends), when the I/O thread runs it itself.
+    inline: Option<(usize, WorkerChannels)>,
 }
 
 /// Where the I/O thread reads packets from.
@@ -912,7 +1021,7 @@ fn io(
         spares_back,
         inline,
     } = ends;
-    let mut inline = inline.map(|ch| Worker::new(0, shared, ch));
+    let mut inline = inline.map(|(w, ch)| Worker::new(w, shared, ch));
     let StartingPorts {
         writers,
         live,
@@ -923,6 +1032,7 @@ fn io(
         writers,
         live,
         unsent: vec![0; ports],
+        published: vec![0; ports],
         waiting,
         to_wall: if shared.live { live_clock_to_wall() } else { 0 },
         returned: 0,
@@ -1148,7 +1258,16 @@ fn look_at_ports(out: &mut Outputs, source: &mut Source, shared: &Shared) {
             } else {
                 None
             };
-            if let Some(closing) = closing {
+            let Some(closing) = closing else {
+                continue;
+            };
+            // A port the workers share closes once: with its first socket to go.
+            let group = shared.groups.as_ref().map(|g| &g[i]);
+            let first = match (group, port.group()) {
+                (Some(g), Some(joined)) => g.leave(joined.id),
+                _ => true,
+            };
+            if first {
                 shared.port_closes[i][closing as usize].fetch_add(1, Ordering::Relaxed);
                 match closing {
                     Closing::InterfaceRemoved => tracing::warn!(
@@ -1162,12 +1281,12 @@ fn look_at_ports(out: &mut Outputs, source: &mut Source, shared: &Shared) {
                          on them"
                     ),
                 }
-                *slot = None;
-                out.waiting[i] = Some(Closed::Reopening);
                 shared.ports_waiting.fetch_add(1, Ordering::Relaxed);
                 shared.port_open[i].store(false, Ordering::Relaxed);
-                changed = true;
             }
+            *slot = None;
+            out.waiting[i] = Some(Closed::Reopening);
+            changed = true;
         }
         if let Some(closed) = out.waiting[i] {
             let loaded = shared.loaded();
@@ -1176,18 +1295,22 @@ fn look_at_ports(out: &mut Outputs, source: &mut Source, shared: &Shared) {
             if crate::sys::interface_index(iface).is_err() {
                 continue;
             }
-            match LivePort::open(PortId(i as u16), iface, spec.driver, spec.mtu) {
+            let group = shared.groups.as_ref().map(|g| &g[i]);
+            match LivePort::open(PortId(i as u16), iface, spec.driver, spec.mtu, group) {
                 Ok(port) => {
-                    let said = match closed {
-                        Closed::NotYetOpened => "live port open",
-                        Closed::Reopening => "live port open again",
-                    };
-                    let (driver, mode) = (port.driver(), port.mode());
-                    tracing::info!(iface, driver, %mode, "{said}");
+                    // A shared port opens once: with the socket that starts its group.
+                    if port.group().is_none_or(|joined| joined.started) {
+                        let said = match closed {
+                            Closed::NotYetOpened => "live port open",
+                            Closed::Reopening => "live port open again",
+                        };
+                        let (driver, mode) = (port.driver(), port.mode());
+                        tracing::info!(iface, driver, %mode, "{said}");
+                        shared.port_open[i].store(true, Ordering::Relaxed);
+                        shared.ports_waiting.fetch_sub(1, Ordering::Relaxed);
+                    }
                     *slot = Some(port);
                     out.waiting[i] = None;
-                    shared.port_open[i].store(true, Ordering::Relaxed);
-                    shared.ports_waiting.fetch_sub(1, Ordering::Relaxed);
                     changed = true;
                 }
                 Err(e) => {
@@ -1293,6 +1416,8 @@ struct Outputs {
     /// Per port: packets forwarded to it that went nowhere (no output bound, its live
     /// interface gone, or it could not send them).
     unsent: Vec<u64>,
+    /// `unsent` as last added to the metrics' counts.
+    published: Vec<u64>,
     /// Per port: a live port not open, to be opened once it can.
     waiting: Vec<Option<Closed>>,
     /// What moves a packet's time onto the wall clock as it is written: with live ports,
@@ -1374,10 +1499,17 @@ impl Outputs {
         }
     }
 
-    /// Publishes the unsent counts for the metrics.
-    fn publish(&self, shared: &Shared) {
-        for (n, published) in self.unsent.iter().zip(&shared.unsent) {
-            published.store(*n, Ordering::Relaxed);
+    /// Adds the unsent counts since the last call to the metrics' (each thread that
+    /// writes packets adds its own).
+    fn publish(&mut self, shared: &Shared) {
+        for ((n, before), total) in self
+            .unsent
+            .iter()
+            .zip(&mut self.published)
+            .zip(&shared.unsent)
+        {
+            total.fetch_add(n - *before, Ordering::Relaxed);
+            *before = *n;
         }
     }
 }
@@ -1400,6 +1532,8 @@ struct WorkerChannels {
     spares: Receiver<Vec<PacketBuf>>,
     /// Flow records to the IPFIX exporter, when exporting.
     flows: Option<Sender<Vec<FlowRecord>>>,
+    /// The worker's place among the channels of the I/O thread that feeds it.
+    index: usize,
 }
 
 fn worker(id: usize, shared: &Shared, ch: WorkerChannels) {
@@ -1559,7 +1693,7 @@ impl<'s> Worker<'s> {
         let processed = Processed {
             packets: batch,
             mirrors,
-            worker: self.id,
+            worker: self.ch.index,
         };
         if self.ch.done.send(processed).is_err() {
             return false;

@@ -20,6 +20,7 @@ use crate::sys::RxRing;
 use crate::wire::ethernet;
 use crate::wire::{checksum, put16};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Mutex, PoisonError};
 
 /// Times a full transmit queue is tried again before the frame is given up.
 const TX_RETRIES: usize = 3;
@@ -34,6 +35,60 @@ pub struct PacketPort {
     /// The frames received, mapped (declared first: unmapped before the socket closes).
     ring: RxRing,
     fd: OwnedFd,
+    /// The fanout group the socket is in, when it shares the port with other sockets.
+    group: Option<Joined>,
+}
+
+/// A port's fanout group, when each worker has a socket of its own on the port: the
+/// kernel deals the interface's frames among them by flow (see
+/// [`crate::sys::join_fanout`]). Its sockets are made one by one, by the workers, and
+/// again when the interface is removed and made anew: the first on an interface starts a
+/// group, the others join it.
+#[derive(Debug, Default)]
+pub struct Fanout(Mutex<Option<Group>>);
+
+/// A fanout group: its id, on its interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Group {
+    ifindex: u32,
+    id: u16,
+}
+
+/// The group a socket joined, and whether it started it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Joined {
+    pub id: u16,
+    pub started: bool,
+}
+
+impl Fanout {
+    /// Puts `fd`, bound to `ifindex`, in the port's group: the current one where it is on
+    /// that interface, else a new one.
+    fn join(&self, fd: BorrowedFd, ifindex: u32) -> std::io::Result<Joined> {
+        let mut group = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match *group {
+            Some(g) if g.ifindex == ifindex => {
+                let id = crate::sys::join_fanout(fd, Some(g.id))?;
+                Ok(Joined { id, started: false })
+            }
+            _ => {
+                let id = crate::sys::join_fanout(fd, None)?;
+                *group = Some(Group { ifindex, id });
+                Ok(Joined { id, started: true })
+            }
+        }
+    }
+
+    /// Notes that a socket of group `id` is closed because its interface is gone: `true`
+    /// for the first of that group's (the port is closed from then on, for all of them).
+    pub fn leave(&self, id: u16) -> bool {
+        let mut group = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let first = group.is_some_and(|g| g.id == id);
+        if first {
+            *group = None;
+        }
+        first
+    }
 }
 
 /// The memory of a port's receive ring: 4096 slots of standard frames, enough to ride out
@@ -43,8 +98,14 @@ const RING_BYTES: usize = 8 << 20;
 impl PacketPort {
     /// Opens interface `index` for a port whose largest IP packet is `mtu` bytes: the
     /// receive ring's slots hold such frames (two VLAN tags included); longer ones are cut
-    /// short and dropped as oversize.
-    pub fn open(port: PortId, index: u32, mtu: u16) -> std::io::Result<PacketPort> {
+    /// short and dropped as oversize. With `fanout`, the socket takes its share of the
+    /// port's frames in the port's group.
+    pub fn open(
+        port: PortId,
+        index: u32,
+        mtu: u16,
+        fanout: Option<&Fanout>,
+    ) -> std::io::Result<PacketPort> {
         let fd = crate::sys::packet_socket()?;
         // A slot holds the ring's header (about 70 bytes with its alignment), then the
         // frame.
@@ -52,8 +113,32 @@ impl PacketPort {
             .next_power_of_two()
             .max(2048);
         let ring = RxRing::new(&fd, slot, RING_BYTES)?;
+        let Some(fanout) = fanout else {
+            crate::sys::bind_packet_socket(&fd, index)?;
+            return Ok(PacketPort {
+                port,
+                ring,
+                fd,
+                group: None,
+            });
+        };
+        // Bound, the socket would take every frame until it joins the group: duplicates
+        // of what the members take.
+        crate::sys::refuse_frames(fd.as_fd(), true)?;
         crate::sys::bind_packet_socket(&fd, index)?;
-        Ok(PacketPort { port, ring, fd })
+        let joined = fanout.join(fd.as_fd(), index)?;
+        crate::sys::refuse_frames(fd.as_fd(), false)?;
+        Ok(PacketPort {
+            port,
+            ring,
+            fd,
+            group: Some(joined),
+        })
+    }
+
+    /// The fanout group the socket is in, if any.
+    pub fn group(&self) -> Option<Joined> {
+        self.group
     }
 
     /// Frames the kernel dropped since the last call because the receive ring was full.
@@ -69,12 +154,26 @@ impl PacketPort {
     /// waits. A VLAN tag the interface took out is put back, and a checksum the sender
     /// left for hardware is finished, so the pipeline sees the frame as it was on the wire.
     pub fn receive(&mut self, slot: &mut PacketBuf, ts_ns: u64) -> Option<Received> {
+        // A frame the interface sent is not the port's to run: skipped.
+        loop {
+            if let Some(received) = self.take(slot, ts_ns)? {
+                return Some(received);
+            }
+        }
+    }
+
+    /// [`PacketPort::receive`]'s next frame from the ring, `Some(None)` for one the
+    /// interface sent.
+    fn take(&mut self, slot: &mut PacketBuf, ts_ns: u64) -> Option<Option<Received>> {
         let port = self.port;
         self.ring.next(|frame, aux| {
+            if aux.outgoing {
+                return None;
+            }
             let room = slot.room();
             if aux.len > frame.len() || frame.len() > room.len() {
                 slot.received(0, port, ts_ns);
-                return Received::Oversize(aux.len);
+                return Some(Received::Oversize(aux.len));
             }
             room[..frame.len()].copy_from_slice(frame);
             slot.received(frame.len(), port, ts_ns);
@@ -92,7 +191,7 @@ impl PacketPort {
                 let tag = slot.len() - frame.len();
                 finish_checksum(slot.data_mut(), start + tag, offset);
             }
-            Received::Frame
+            Some(Received::Frame)
         })
     }
 

@@ -2,7 +2,7 @@
 //! AF_PACKET (`crate::io::af_packet`) or AF_XDP (`crate::io::af_xdp`). The service reads
 //! and sends frames through this one type whichever it is.
 
-use super::af_packet::PacketPort;
+use super::af_packet::{Fanout, Joined, PacketPort};
 use super::af_xdp::XdpPort;
 use crate::engine::PacketBuf;
 use crate::ir::{Driver, PortId};
@@ -68,12 +68,14 @@ enum Socket {
 
 impl LivePort {
     /// Opens `iface` for port `port` of driver `driver` (af_packet or af_xdp), whose
-    /// largest IP packet is `mtu` bytes.
+    /// largest IP packet is `mtu` bytes. With `fanout` (af_packet only), the port's frames
+    /// are shared with the other sockets of its group.
     pub fn open(
         port: PortId,
         iface: &str,
         driver: Driver,
         mtu: u16,
+        fanout: Option<&Fanout>,
     ) -> Result<LivePort, LiveError> {
         let index = crate::sys::interface_index(iface).map_err(|source| LiveError::Interface {
             iface: iface.to_owned(),
@@ -109,7 +111,7 @@ impl LivePort {
         let socket = if driver == Driver::AfXdp {
             Socket::Xdp(XdpPort::open(port, iface, index, mtu).map_err(failed)?)
         } else {
-            Socket::Packet(PacketPort::open(port, index, mtu).map_err(failed)?)
+            Socket::Packet(PacketPort::open(port, index, mtu, fanout).map_err(failed)?)
         };
         Ok(LivePort {
             iface: iface.to_owned(),
@@ -120,6 +122,14 @@ impl LivePort {
 
     pub fn iface(&self) -> &str {
         &self.iface
+    }
+
+    /// The fanout group the port's socket is in, if it shares the port.
+    pub fn group(&self) -> Option<Joined> {
+        match &self.socket {
+            Socket::Packet(p) => p.group(),
+            Socket::Xdp(_) => None,
+        }
     }
 
     /// Whether the interface the port was opened on is gone (removed, or another made

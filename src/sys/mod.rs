@@ -387,6 +387,77 @@ pub fn bind_packet_socket(fd: &std::os::fd::OwnedFd, ifindex: u32) -> std::io::R
     hold_promiscuous(fd, ifindex)
 }
 
+/// Puts bound packet socket `fd` in fanout group `id` of its interface (packet(7),
+/// PACKET_FANOUT), or with `None` in a new group whose id the kernel picks
+/// (PACKET_FANOUT_FLAG_UNIQUEID); returns the group's id. The members share the frames the
+/// interface receives, each flow's to one member (PACKET_FANOUT_HASH, the kernel's flow
+/// hash), and none that it sends (PACKET_FANOUT_FLAG_IGNORE_OUTGOING: in a group, the
+/// socket's own PACKET_IGNORE_OUTGOING no longer applies). A kernel that does not know the
+/// flag refuses it; the group is then made without, and its members are handed those
+/// frames, marked outgoing ([`FrameAux::outgoing`]).
+#[cfg(target_os = "linux")]
+pub fn join_fanout(fd: std::os::fd::BorrowedFd, id: Option<u16>) -> std::io::Result<u16> {
+    use std::os::fd::AsRawFd;
+    let new = if id.is_none() {
+        libc::PACKET_FANOUT_FLAG_UNIQUEID
+    } else {
+        0
+    };
+    let join = |flags: u32| {
+        let mode = libc::PACKET_FANOUT_HASH | new | flags;
+        set_option(
+            fd,
+            libc::SOL_PACKET,
+            libc::PACKET_FANOUT,
+            &(u32::from(id.unwrap_or(0)) | mode << 16),
+        )
+    };
+    match join(libc::PACKET_FANOUT_FLAG_IGNORE_OUTGOING) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => join(0)?,
+        joined => joined?,
+    }
+    let mut value: u32 = 0;
+    let mut len = size_of::<u32>() as libc::socklen_t;
+    // SAFETY: `value` and `len` are live and of the sizes given.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_PACKET,
+            libc::PACKET_FANOUT,
+            (&raw mut value).cast(),
+            &raw mut len,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // The group's id in the low 16 bits, its mode and flags above.
+    Ok(value as u16)
+}
+
+/// Makes packet socket `fd` take no frame (a classic BPF filter keeping none,
+/// SO_ATTACH_FILTER), or with `false` every frame again (SO_DETACH_FILTER): a socket
+/// joining a fanout group must be bound first, and between the two it would be handed
+/// copies of frames the group's members already have.
+#[cfg(target_os = "linux")]
+pub fn refuse_frames(fd: std::os::fd::BorrowedFd, refuse: bool) -> std::io::Result<()> {
+    if !refuse {
+        return set_option(fd, libc::SOL_SOCKET, libc::SO_DETACH_FILTER, &0i32);
+    }
+    // BPF_RET | BPF_K with 0: keep no byte of the frame.
+    let mut keep_none = [libc::sock_filter {
+        code: 0x06,
+        jt: 0,
+        jf: 0,
+        k: 0,
+    }];
+    let program = libc::sock_fprog {
+        len: 1,
+        filter: keep_none.as_mut_ptr(),
+    };
+    set_option(fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &program)
+}
+
 /// The socket option that puts a virtio-net header before each frame received and
 /// expects one before each frame sent (linux/if_packet.h).
 #[cfg(target_os = "linux")]
@@ -468,6 +539,10 @@ pub struct FrameAux {
     /// virtual link): where the bytes it covers start, and where in them it is. It holds
     /// only the pseudo-header's sum. The L4 header's, or an inner one's in a tunnel.
     pub partial_checksum: Option<(usize, usize)>,
+    /// A frame the interface sent rather than received (PACKET_OUTGOING): only a fanout
+    /// group on a kernel without PACKET_FANOUT_FLAG_IGNORE_OUTGOING hands such frames over
+    /// ([`join_fanout`]).
+    pub outgoing: bool,
 }
 
 /// A receive ring mapped from an AF_PACKET socket (TPACKET_V2, packet(7) and the kernel's
@@ -547,8 +622,9 @@ impl RxRing {
             return None;
         }
         // SAFETY: the slot is ours until its status is given back; the header is read
-        // whole, and the frame's bytes and the virtio-net header the kernel writes right
-        // before them only within the slot.
+        // whole, the address after it (within the smallest slot, 2048 bytes) for one byte,
+        // and the frame's bytes and the virtio-net header the kernel writes right before
+        // them only within the slot.
         let result = unsafe {
             let h: libc::tpacket2_hdr = std::ptr::read(base.cast());
             let at = usize::from(h.tp_mac).min(self.slot);
@@ -571,12 +647,16 @@ impl RxRing {
                 let offset = u16::from_ne_bytes([v[8], v[9]]);
                 (usize::from(start), usize::from(offset))
             });
+            // The frame's sockaddr_ll follows the header, 16-byte aligned.
+            let address = size_of::<libc::tpacket2_hdr>().next_multiple_of(16);
+            let kind = *base.add(address + std::mem::offset_of!(libc::sockaddr_ll, sll_pkttype));
             f(
                 frame,
                 FrameAux {
                     len: h.tp_len as usize,
                     vlan,
                     partial_checksum,
+                    outgoing: kind == libc::PACKET_OUTGOING,
                 },
             )
         };
