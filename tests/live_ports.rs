@@ -1319,7 +1319,8 @@ fn every_queue_of_an_af_xdp_port_is_read() {
 /// Two workers on AF_PACKET ports, with no connections to track: each reads and sends its
 /// own share of each port through a socket of its own in the port's fanout group, the
 /// kernel dealing the frames by flow. Every datagram of many flows crosses once: none lost
-/// to the hand-over, none twice (a socket joining its group takes nothing before).
+/// to the hand-over, none twice (a socket joining its group takes nothing before); and a
+/// reload reaches every worker.
 #[test]
 fn workers_read_and_send_their_own_shares_of_a_port() {
     let (lab, _dir, pipe_path) = Lab::with_pipeline("sh", UDP_OUT);
@@ -1336,6 +1337,20 @@ fn workers_read_and_send_their_own_shares_of_a_port() {
     );
     let open = "dpuflow_port_open{port=\"inside\"}";
     assert_eq!(metric(&m, open), Some(1), "{m}");
+    // A reload reaches both workers: after it, neither forwards the client's UDP.
+    let text = std::fs::read_to_string(&pipe_path).expect("read pipeline");
+    let dropping = text.replace("actions fwd outside", "actions drop");
+    std::fs::write(&pipe_path, dropping).expect("write pipeline");
+    tool_ok("kill", &["-HUP", &dpuflow.0.id().to_string()]);
+    let reloads = "dpuflow_pipeline_reloads_total{result=\"success\"}";
+    lab.metrics_until(|m| metric(m, reloads) == Some(1), "reloaded");
+    lab.send_udp_flows(5001, 100, 64);
+    let m = lab.metrics_until(|m| metric(m, udp) == Some(705), "counted 100 more");
+    assert_eq!(
+        metric(&m, sent),
+        Some(605),
+        "forwarded after the reload: {m}"
+    );
     let log = stop(dpuflow);
     assert!(
         log.contains("each worker reads and sends its own share"),
