@@ -5,8 +5,10 @@
 # service on a file in /dev/shm, redis-benchmark putting N then 3N values (and as many
 # GETs of them), the difference per request, which cancels the start and the stop. The
 # system calls' own work in the kernel is not counted. Each build named is measured in
-# turn. Needs valgrind and redis-benchmark.
-# Usage: [BUILDS="BIN …"] bench/kv-instructions.sh [N] [VALUE]
+# turn. DIR puts the file elsewhere (a disk's file system, to read and write it directly
+# with KV_OPTIONS="page_cache off"); KV_OPTIONS adds options to the service block.
+# Needs valgrind and redis-benchmark.
+# Usage: [BUILDS="BIN …"] [DIR=/dev/shm] [KV_OPTIONS=…] bench/kv-instructions.sh [N] [VALUE]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/common.sh
@@ -16,7 +18,7 @@ for t in valgrind redis-benchmark; do
     command -v $t >/dev/null || { echo "$t not found" >&2; exit 1; }
 done
 builds_to_run
-dir=$(mktemp -d /dev/shm/dpuflow-kv-instr.XXXXXX)
+dir=$(mktemp -d "${DIR:-/dev/shm}/dpuflow-kv-instr.XXXXXX")
 trap stop_all EXIT
 # Total instructions of a service that served `requests` SETs or GETs (TEST) of the values.
 run() { # BIN TEST REQUESTS
@@ -27,7 +29,7 @@ run() { # BIN TEST REQUESTS
     cat >"$dir/kv.pipe" <<PIPE
 pipeline kv_bench
 port fabric { driver pcap }
-service kvcache { listen 127.0.0.1:$port  target "file://$dir/blocks.img"  capacity 256MiB  block_size 64KiB }
+service kvcache { listen 127.0.0.1:$port  target "file://$dir/blocks.img"  capacity 256MiB  block_size 64KiB  ${KV_OPTIONS:-} }
 pipe p root from fabric { default { actions to kvcache } }
 PIPE
     valgrind --tool=callgrind --callgrind-out-file="$out" "$1" run "$dir/kv.pipe" --metrics 127.0.0.1:0 >/dev/null 2>&1 &

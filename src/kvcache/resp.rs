@@ -83,11 +83,21 @@ pub fn parse(
     }
 }
 
+/// What is known of a request still arriving ([`awaited`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Awaited {
+    /// The length the request will have at least.
+    pub len: usize,
+    /// Where the bytes of the argument now arriving start.
+    pub data: usize,
+}
+
 /// After [`parse`] found the request at the start of `buf` not whole, with `args` as it
-/// left them: the length the request will have at least, once the argument now arriving
-/// has announced its own; `None` before that (and for an inline command). A server makes
-/// room for a large value once, rather than growing its buffer as the bytes come.
-pub fn awaited_len(buf: &[u8], args: &[Range<usize>]) -> Option<usize> {
+/// left them: its least length and where the argument now arriving starts, once that
+/// argument has announced its length; `None` before that (and for an inline command). A
+/// server makes room for a large value once, rather than growing its buffer as the bytes
+/// come, and can place the value where it wants it.
+pub fn awaited(buf: &[u8], args: &[Range<usize>]) -> Option<Awaited> {
     if buf.first() != Some(&b'*') {
         return None;
     }
@@ -100,7 +110,10 @@ pub fn awaited_len(buf: &[u8], args: &[Range<usize>]) -> Option<usize> {
     }
     let (end, data) = line(buf, at + 1)?;
     let len = usize::try_from(number(&buf[at + 1..end])?).ok()?;
-    Some(data + len + 2)
+    Some(Awaited {
+        len: data + len + 2,
+        data,
+    })
 }
 
 fn parse_array(
@@ -286,18 +299,19 @@ mod tests {
         assert_eq!(parse(&req[..20], &mut args, MAX_BULK), Ok(None));
         assert_eq!(args, [8..11, 17..18]);
         // Once an argument's length has arrived, so has the request's least length.
-        for (cut, awaited) in [
+        for (cut, known) in [
             (0, None),
             (4, None),
             (7, None),
-            (8, Some(13)),
+            (8, Some((13, 8))),
             (22, None),
-            (26, Some(31)),
+            (26, Some((31, 24))),
         ] {
             assert_eq!(parse(&req[..cut], &mut args, MAX_BULK), Ok(None));
-            assert_eq!(awaited_len(&req[..cut], &args), awaited, "cut at {cut}");
+            let known = known.map(|(len, data)| Awaited { len, data });
+            assert_eq!(awaited(&req[..cut], &args), known, "cut at {cut}");
         }
-        assert_eq!(awaited_len(b"SET k", &[]), None);
+        assert_eq!(awaited(b"SET k", &[]), None);
     }
 
     #[test]
@@ -361,7 +375,7 @@ mod tests {
                     prop_assert!(args.iter().all(|r| r.end <= n));
                 }
                 Ok(None) => {
-                    let _ = awaited_len(&buf, &args);
+                    let _ = awaited(&buf, &args);
                 }
                 Err(_) => {}
             }
@@ -379,8 +393,10 @@ mod tests {
             let cut = cut.index(req.len());
             let mut parsed = Vec::new();
             prop_assert_eq!(parse(&req[..cut], &mut parsed, MAX_BULK), Ok(None));
-            if let Some(awaited) = awaited_len(&req[..cut], &parsed) {
-                prop_assert!(cut < awaited && awaited <= req.len());
+            if let Some(a) = awaited(&req[..cut], &parsed) {
+                prop_assert!(cut < a.len && a.len <= req.len());
+                // The arriving argument's bytes, and its CRLF, are in the request.
+                prop_assert!(a.data <= cut && a.data + 2 <= a.len);
             }
         }
     }

@@ -7,7 +7,7 @@
 use super::glob;
 use super::index::{Extents, Index, SnapshotDraft, StoreError, SNAPSHOT_PART};
 use super::persist::{self, Saved};
-use super::resp::{self, reply};
+use super::resp::{self, reply, Awaited};
 use super::storage::{self, BlockTarget, Pool, TargetError};
 use crate::ir::KvCache;
 use crc32c::crc32c;
@@ -923,21 +923,23 @@ impl KvService {
 
     /// The requests and replies of one client's connection.
     fn talk(&self, mut stream: impl Read + Write) -> io::Result<()> {
-        // Bytes read are `buf[..filled]`; the rest is room, zeroed once when it grows
-        // (not on every read: most reads are small requests).
+        // Bytes read are `buf[head..filled]`; the rest is room, zeroed once when it grows
+        // (not on every read: most reads are small requests). `head` is where a large
+        // value's request starts so that the value lands aligned (see `place`).
         let mut buf: Vec<u8> = vec![0; READ_BUFFER];
-        let mut filled = 0;
+        let (mut head, mut filled) = (0, 0);
         let mut authed = self.password.is_none();
         // The client has sent all it will (what is whole is still served).
         let mut closed = false;
         let mut args: Vec<Range<usize>> = Vec::new();
         let mut out = Replies::with_capacity(READ_BUFFER);
         loop {
-            let mut start = 0;
+            let mut start = head;
             let mut quit = false;
-            // The length, from `start`, the requests waited for will have at least, where
-            // known (a large value's length arrives before its bytes).
-            let mut awaited = 0;
+            // The length, from `start`, the requests waited for will have at least, and
+            // where in them the argument arriving starts, where known (a large value's
+            // length arrives before its bytes).
+            let mut awaited = None;
             while !quit {
                 match resp::parse(&buf[start..filled], &mut args, self.max_bulk()) {
                     Ok(Some(n)) => {
@@ -973,8 +975,10 @@ impl KvService {
                                 && arriving.is_some_and(|name| name.eq_ignore_ascii_case(b"set"))
                                 && (bytes as u64) < self.batch_limit()
                             {
-                                awaited = resp::awaited_len(&input[end..], &args)
-                                    .map_or(0, |n| end - start + n);
+                                awaited = resp::awaited(&input[end..], &args).map(|a| Awaited {
+                                    len: end - start + a.len,
+                                    data: end - start + a.data,
+                                });
                                 break;
                             }
                             self.sets(&items, &mut out);
@@ -990,7 +994,7 @@ impl KvService {
                         start += n;
                     }
                     Ok(None) => {
-                        awaited = resp::awaited_len(&buf[start..filled], &args).unwrap_or(0);
+                        awaited = resp::awaited(&buf[start..filled], &args);
                         break;
                     }
                     Err(e) => {
@@ -1005,22 +1009,21 @@ impl KvService {
             if quit || self.stop.load(Relaxed) {
                 return Ok(());
             }
-            buf.copy_within(start..filled, 0);
-            filled -= start;
-            if awaited > buf.len() {
-                // Room for the whole of a large value at once, rather than growing (a copy
-                // each time) as its bytes come; fresh zeroed memory is the kernel's
-                // untouched pages, not a fill. Not more than twice what has arrived, or
-                // 16 MiB beyond it: announcing a value commits no more memory than that.
-                let mut room = vec![0; awaited.min((2 * filled).max(filled + (16 << 20)))];
-                room[..filled].copy_from_slice(&buf[..filled]);
-                buf = room;
-            } else if filled == buf.len() {
+            let pending = filled - start;
+            match awaited.filter(|a| a.len > READ_BUFFER) {
+                Some(a) => (buf, head) = self.place(buf, start..filled, a),
+                None => {
+                    buf.copy_within(start..filled, 0);
+                    head = 0;
+                }
+            }
+            filled = head + pending;
+            if filled == buf.len() {
                 // A large value is arriving: room for half as much again.
                 buf.resize(filled + (filled / 2).clamp(READ_BUFFER, 16 << 20), 0);
             }
             match stream.read(&mut buf[filled..]) {
-                Ok(0) if closed || filled == 0 => return Ok(()),
+                Ok(0) if closed || filled == head => return Ok(()),
                 Ok(0) => closed = true,
                 Ok(n) => filled += n,
                 Err(e)
@@ -1032,8 +1035,9 @@ impl KvService {
                     // Room a large value took is kept while the client keeps sending (the
                     // next value of its size reuses it, already mapped) and given back
                     // once it has been quiet for a read's timeout.
-                    if filled == 0 && buf.len() > READ_BUFFER {
+                    if filled == head && buf.len() > READ_BUFFER {
                         buf = vec![0; READ_BUFFER];
+                        (head, filled) = (0, 0);
                     }
                     if out.capacity() > READ_BUFFER {
                         out = Replies::with_capacity(READ_BUFFER);
@@ -1042,6 +1046,29 @@ impl KvService {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Places the bytes of a request still arriving, `buf[pending]`, for what is known of
+    /// it: where they must start for the argument arriving (a large value) to start on
+    /// [`KvService::value_alignment`], so that its bytes go from there to a target read
+    /// directly without a copy. In `buf` where it has room for the whole request there;
+    /// else in room made for it all at once rather than grown (a copy each time) as its
+    /// bytes come (fresh zeroed memory is the kernel's untouched pages, not a fill), no more
+    /// than twice what has arrived or 16 MiB beyond it: announcing a value commits no more
+    /// memory than that. Returns the buffer and where the bytes now start.
+    fn place(&self, mut buf: Vec<u8>, pending: Range<usize>, a: Awaited) -> (Vec<u8>, usize) {
+        let align = self.value_alignment();
+        let head_in = |b: &[u8]| (align - (b.as_ptr() as usize + a.data) % align) % align;
+        let head = head_in(&buf);
+        if head + a.len <= buf.len() {
+            buf.copy_within(pending, head);
+            return (buf, head);
+        }
+        let arrived = pending.len();
+        let mut room = vec![0; a.len.min((2 * arrived).max(arrived + (16 << 20))) + align];
+        let head = head_in(&room);
+        room[head..head + arrived].copy_from_slice(&buf[pending]);
+        (room, head)
     }
 
     /// `first`, what `pick` took of a request, and what it takes of each complete request
@@ -2312,6 +2339,40 @@ mod tests {
                 assert!(out.pending().is_empty());
             }
         }
+    }
+
+    /// A large value's request still arriving is placed so that the value will start on
+    /// the value alignment (a target's sector, read and written directly), whole in the
+    /// buffer: in room made for it, then within that room for the next values, whatever
+    /// their keys' lengths; the bytes that arrived are kept.
+    #[test]
+    fn a_large_value_arriving_is_placed_on_the_value_alignment() {
+        let (svc, path) = service("place", 4 << 20, 4096);
+        let align = svc.value_alignment();
+        let mut buf = vec![0u8; READ_BUFFER];
+        for (key, len) in [(1, 300_000), (7, 300_001), (30, 70_000), (2, 299_000)] {
+            let header = format!(
+                "*3\r\n$3\r\nSET\r\n${key}\r\n{}\r\n${len}\r\n",
+                "k".repeat(key)
+            );
+            let arrived: Vec<u8> = header.bytes().chain((0..1000).map(|i| i as u8)).collect();
+            let start = 5;
+            buf[start..start + arrived.len()].copy_from_slice(&arrived);
+            let a = Awaited {
+                len: header.len() + len + 2,
+                data: header.len(),
+            };
+            let at;
+            (buf, at) = svc.place(buf, start..start + arrived.len(), a);
+            assert_eq!(
+                (buf.as_ptr() as usize + at + a.data) % align,
+                0,
+                "{key}, {len}"
+            );
+            assert_eq!(&buf[at..at + arrived.len()], &arrived[..]);
+            assert!(buf.len() >= at + a.len, "room for the whole request");
+        }
+        std::fs::remove_file(path).unwrap();
     }
 
     /// A service on a fresh file named after the test.
