@@ -18,8 +18,9 @@ fuzz_target!(|bytes: &[u8]| {
             }
             Ok(None) => {
                 assert!(args.iter().all(|r| r.end <= buf.len()));
-                if let Some(len) = resp::awaited_len(buf, &args) {
-                    assert!(len > buf.len() || len >= args.last().map_or(0, |r| r.end));
+                if let Some(a) = resp::awaited(buf, &args) {
+                    assert!(a.len > buf.len() || a.len >= args.last().map_or(0, |r| r.end));
+                    assert!(a.data <= buf.len() && a.data + 2 <= a.len);
                 }
                 break;
             }

@@ -473,12 +473,14 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             let allowed = crate::sys::allowed_cpus().map_err(RunError::Affinity)?;
             let p = Placement::new(dataplane, threads, &allowed)?;
             crate::sys::bind_thread(&p.control).map_err(RunError::Affinity)?;
-            tracing::info!(
-                io = p.io,
-                workers = %cpus::format(&p.workers),
-                others = %cpus::format(&p.control),
-                "threads bound to CPUs"
-            );
+            let others = cpus::format(&p.control);
+            if shares {
+                let workers = cpus::format(&[&[p.io][..], &p.workers].concat());
+                tracing::info!(workers, others, "threads bound to CPUs");
+            } else {
+                let workers = cpus::format(&p.workers);
+                tracing::info!(io = p.io, workers, others, "threads bound to CPUs");
+            }
             Some(p)
         }
         None => None,
@@ -760,7 +762,8 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     let sent = exporter.map(JoinHandle::join);
     let (mut read, mut unsent) = (0, 0);
     for done in io {
-        let (r, u) = done.map_err(|_| RunError::Thread("the I/O thread panicked".into()))??;
+        let (r, u) =
+            done.map_err(|_| RunError::Thread("a thread reading packets panicked".into()))??;
         (read, unsent) = (read + r, unsent + u);
     }
     if !workers_done {
