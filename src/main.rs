@@ -231,7 +231,8 @@ struct RunFlags {
     #[arg(long, value_name = "MSGS", value_parser = clap::value_parser!(u32).range(1..))]
     ipfix_rate: Option<u32>,
     /// Worker threads, 1 to 1024 (default: one per core; with --cpus, one per CPU of the
-    /// list after the first).
+    /// list after the first, or one per CPU of it where the workers read their own shares
+    /// of the live ports).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
     workers: Option<u16>,
     /// The CPUs of the dataplane's threads, as Linux lists them (`2-5,8`): the I/O thread
@@ -961,11 +962,7 @@ fn run(f: RunFlags) -> ExitCode {
                 .unwrap_or(default_metrics),
         ),
         ipfix,
-        workers: match (f.workers, &f.cpus) {
-            (Some(n), _) => usize::from(n),
-            (None, Some(cpus)) => cpus.len().saturating_sub(1).max(1),
-            (None, None) => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        },
+        workers: f.workers.map(usize::from),
         cpus: f.cpus.map(Vec::from),
         rate: f.rate,
         looping: f.looping,

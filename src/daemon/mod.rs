@@ -71,7 +71,9 @@ pub struct Options {
     pub metrics: Option<SocketAddr>,
     /// IPFIX collector; none, no export.
     pub ipfix: Option<Destination>,
-    pub workers: usize,
+    /// Worker threads; none, the default: one per core, or with `cpus` one per CPU of
+    /// the list (after the I/O thread's first, where there is one).
+    pub workers: Option<usize>,
     /// The CPUs of the dataplane's threads (see [`cpus`]); none, threads go where the
     /// kernel puts them.
     pub cpus: Option<Vec<usize>>,
@@ -354,11 +356,18 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     } else {
         None
     };
-    let shares = opts.workers > 1 && has_live(Driver::AfPacket) && dealt_because.is_none();
+    let may_share = has_live(Driver::AfPacket) && dealt_because.is_none();
+    let workers = match (opts.workers, &opts.cpus) {
+        (Some(n), _) => n.max(1),
+        (None, Some(cpus)) if may_share && cpus.len() > 1 => cpus.len(),
+        (None, Some(cpus)) => cpus.len().saturating_sub(1).max(1),
+        (None, None) => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let shares = workers > 1 && may_share;
     let groups: Option<Vec<Fanout>> =
         shares.then(|| program.ports.iter().map(|_| Fanout::default()).collect());
     // The live ports of each thread that reads them: one, or with shares one a worker.
-    let mut live_sets: Vec<Vec<Option<LivePort>>> = (0..if shares { opts.workers } else { 1 })
+    let mut live_sets: Vec<Vec<Option<LivePort>>> = (0..if shares { workers } else { 1 })
         .map(|_| Vec::new())
         .collect();
     let mut unopened = Vec::new();
@@ -463,12 +472,12 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         Some(dataplane) => {
             // With live ports and one worker, the I/O thread runs it; with shares, the
             // first runs worker 0 and the others one each.
-            let threads = if lives > 0 && opts.workers <= 1 {
+            let threads = if lives > 0 && workers == 1 {
                 0
             } else if shares {
-                opts.workers - 1
+                workers - 1
             } else {
-                opts.workers.max(1)
+                workers
             };
             let allowed = crate::sys::allowed_cpus().map_err(RunError::Affinity)?;
             let p = Placement::new(dataplane, threads, &allowed)?;
@@ -517,7 +526,6 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         stop: Arc::clone(&stop),
         failed: Arc::new(AtomicBool::new(false)),
     };
-    let workers = opts.workers.max(1);
     let listener = match opts.metrics {
         Some(addr) => {
             Some(TcpListener::bind(addr).map_err(|source| RunError::Listen { addr, source })?)
