@@ -1320,11 +1320,39 @@ fn every_queue_of_an_af_xdp_port_is_read() {
 /// own share of each port through a socket of its own in the port's fanout group, the
 /// kernel dealing the frames by flow. Every datagram of many flows crosses once: none lost
 /// to the hand-over, none twice (a socket joining its group takes nothing before); and a
-/// reload reaches every worker.
+/// reload reaches every worker. With `--cpus`, each worker runs on a CPU of the list.
 #[test]
 fn workers_read_and_send_their_own_shares_of_a_port() {
     let (lab, _dir, pipe_path) = Lab::with_pipeline("sh", UDP_OUT);
-    let dpuflow = lab.start(&pipe_path, "2");
+    let dpuflow = lab.start_with(&[], &pipe_path, "2", &["--cpus", "0-1"]);
+    // No I/O thread: each worker on a CPU of the list.
+    let tasks = format!("/proc/{}/task", dpuflow.0.id());
+    let mut placed = std::collections::BTreeMap::new();
+    for task in std::fs::read_dir(&tasks).expect("tasks") {
+        let path = task.expect("task").path();
+        let (Ok(name), Ok(status)) = (
+            std::fs::read_to_string(path.join("comm")),
+            std::fs::read_to_string(path.join("status")),
+        ) else {
+            continue;
+        };
+        let cpus = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .map(|l| l.trim().to_owned());
+        placed.insert(name.trim().to_owned(), cpus);
+    }
+    assert_eq!(
+        placed.get("worker-0"),
+        Some(&Some("0".into())),
+        "{placed:?}"
+    );
+    assert_eq!(
+        placed.get("worker-1"),
+        Some(&Some("1".into())),
+        "{placed:?}"
+    );
+    assert!(!placed.contains_key("io"), "{placed:?}");
     let counter = lab.count_at_server(5003);
     lab.send_udp_flows(5001, 600, 64);
     lab.send_udp(5003, 5);
