@@ -1326,30 +1326,15 @@ fn workers_read_and_send_their_own_shares_of_a_port() {
     let (lab, _dir, pipe_path) = Lab::with_pipeline("sh", UDP_OUT);
     let dpuflow = lab.start_with(&[], &pipe_path, "2", &["--cpus", "0-1"]);
     // No I/O thread: each worker on a CPU of the list.
-    let tasks = format!("/proc/{}/task", dpuflow.0.id());
-    let mut placed = std::collections::BTreeMap::new();
-    for task in std::fs::read_dir(&tasks).expect("tasks") {
-        let path = task.expect("task").path();
-        let (Ok(name), Ok(status)) = (
-            std::fs::read_to_string(path.join("comm")),
-            std::fs::read_to_string(path.join("status")),
-        ) else {
-            continue;
-        };
-        let cpus = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-            .map(|l| l.trim().to_owned());
-        placed.insert(name.trim().to_owned(), cpus);
-    }
+    let placed = thread_cpus(dpuflow.0.id());
     assert_eq!(
-        placed.get("worker-0"),
-        Some(&Some("0".into())),
+        placed.get("worker-0").map(String::as_str),
+        Some("0"),
         "{placed:?}"
     );
     assert_eq!(
-        placed.get("worker-1"),
-        Some(&Some("1".into())),
+        placed.get("worker-1").map(String::as_str),
+        Some("1"),
         "{placed:?}"
     );
     assert!(!placed.contains_key("io"), "{placed:?}");

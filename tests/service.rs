@@ -494,20 +494,11 @@ fn cpus_place_the_dataplane_threads() {
     let others = if left.is_empty() { ours } else { left };
     let dir = Scratch::new("service-cpus");
     let svc = Service::gateway(&dir, &["--cpus", "0-1", "--workers", "3", "--loop"]);
-    let tasks = format!("/proc/{}/task", svc.child.id());
-    let mut placed = std::collections::BTreeMap::new();
-    for task in std::fs::read_dir(&tasks).expect("tasks") {
-        let path = task.expect("task").path();
-        // A short-lived thread may end between the listing and the reads: the threads
-        // checked below live as long as the service.
-        let (Ok(name), Ok(status)) = (
-            std::fs::read_to_string(path.join("comm")),
-            std::fs::read_to_string(path.join("status")),
-        ) else {
-            continue;
-        };
-        placed.insert(name.trim().to_owned(), allowed_of(&status));
-    }
+    // The threads checked below live as long as the service.
+    let placed: std::collections::BTreeMap<String, Vec<usize>> = thread_cpus(svc.child.id())
+        .into_iter()
+        .map(|(name, list)| (name, cpus::parse(&list).expect("a CPU list")))
+        .collect();
     for (thread, cpus) in [
         ("io", vec![0]),
         ("worker-0", vec![1]),

@@ -389,6 +389,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         let waits = is_live && !replays && opts.wait_for_interfaces && absent(iface);
         waiting.push(waits.then_some(Closed::NotYetOpened));
         let group = groups.as_ref().map(|g| &g[i]);
+        let open = || LivePort::open(PortId(i as u16), iface, port.driver, port.mtu, group);
         let first = match port.driver {
             _ if waits => {
                 tracing::warn!(
@@ -398,13 +399,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
                 );
                 None
             }
-            Driver::AfPacket | Driver::AfXdp if !bound(i) && !replays => Some(LivePort::open(
-                PortId(i as u16),
-                iface,
-                port.driver,
-                port.mtu,
-                group,
-            )?),
+            Driver::AfPacket | Driver::AfXdp if !bound(i) && !replays => Some(open()?),
             Driver::AfPacket | Driver::AfXdp if !bound(i) => {
                 unopened.push(format!(
                     "{}, not opened while the service replays captures",
@@ -424,13 +419,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         };
         for others in live_sets.iter_mut().skip(1) {
             others.push(match first {
-                Some(_) => Some(LivePort::open(
-                    PortId(i as u16),
-                    iface,
-                    port.driver,
-                    port.mtu,
-                    group,
-                )?),
+                Some(_) => Some(open()?),
                 None => None,
             });
         }

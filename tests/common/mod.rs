@@ -292,6 +292,29 @@ pub fn exit_within(
     }
 }
 
+/// The CPUs each thread of process `pid` may run on, by thread name, as Linux lists them
+/// (`Cpus_allowed_list`). A short-lived thread may end between the listing and the reads:
+/// it is left out.
+pub fn thread_cpus(pid: u32) -> std::collections::BTreeMap<String, String> {
+    let mut placed = std::collections::BTreeMap::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("tasks") {
+        let path = task.expect("task").path();
+        let (Ok(name), Ok(status)) = (
+            std::fs::read_to_string(path.join("comm")),
+            std::fs::read_to_string(path.join("status")),
+        ) else {
+            continue;
+        };
+        if let Some(cpus) = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        {
+            placed.insert(name.trim().to_owned(), cpus.trim().to_owned());
+        }
+    }
+    placed
+}
+
 /// A TCP port on 127.0.0.1 that nothing listened on a moment ago.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
