@@ -1715,6 +1715,17 @@ impl KvService {
                 })
                 .collect()
         };
+        // Room for every reply of the share at once: growing it for a later value would
+        // move the first off the place `align_value` chose for it.
+        let room: usize = values
+            .iter()
+            .map(|v| {
+                v.as_ref().map_or(5, |e| {
+                    reply::bulk_header_len(e.len() as usize) + e.len() as usize + 2
+                })
+            })
+            .sum();
+        out.reserve(room + self.value_alignment());
         if let Some(len) = read_len(values.first().and_then(Option::as_deref)) {
             out.align_value(len, self.value_alignment());
         }
@@ -2372,6 +2383,28 @@ mod tests {
             assert_eq!(&buf[at..at + arrived.len()], &arrived[..]);
             assert!(buf.len() >= at + a.len, "room for the whole request");
         }
+        std::fs::remove_file(path).unwrap();
+    }
+
+    /// Several large values read in one share: the first keeps its place on the value
+    /// alignment while the replies after it are laid out (room for them all is made
+    /// first), and every reply is whole.
+    #[test]
+    fn a_share_of_several_values_keeps_the_first_in_place() {
+        let (svc, path) = service("share", 8 << 20, 4096);
+        let names: Vec<Vec<u8>> = (0..4).map(|i| format!("k{i}").into_bytes()).collect();
+        let value = vec![7u8; 300_000];
+        for k in &names {
+            run(&svc, &[b"SET", k, &value]);
+        }
+        let keys: Vec<&[u8]> = names.iter().map(Vec::as_slice).collect();
+        let mut out = Replies::with_capacity(READ_BUFFER);
+        assert_eq!(svc.values_share(&keys, &mut out), 4);
+        let header = reply::bulk_header_len(value.len());
+        let first = out.as_ptr() as usize + out.from + header;
+        assert_eq!(first % svc.value_alignment(), 0);
+        let one = [format!("${}\r\n", value.len()).as_bytes(), &value, b"\r\n"].concat();
+        assert_eq!(out.pending(), one.repeat(4));
         std::fs::remove_file(path).unwrap();
     }
 
