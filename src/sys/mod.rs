@@ -397,7 +397,6 @@ pub fn bind_packet_socket(fd: &std::os::fd::OwnedFd, ifindex: u32) -> std::io::R
 /// frames, marked outgoing ([`FrameAux::outgoing`]).
 #[cfg(target_os = "linux")]
 pub fn join_fanout(fd: std::os::fd::BorrowedFd, id: Option<u16>) -> std::io::Result<u16> {
-    use std::os::fd::AsRawFd;
     let new = if id.is_none() {
         libc::PACKET_FANOUT_FLAG_UNIQUEID
     } else {
@@ -416,21 +415,7 @@ pub fn join_fanout(fd: std::os::fd::BorrowedFd, id: Option<u16>) -> std::io::Res
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => join(0)?,
         joined => joined?,
     }
-    let mut value: u32 = 0;
-    let mut len = size_of::<u32>() as libc::socklen_t;
-    // SAFETY: `value` and `len` are live and of the sizes given.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_PACKET,
-            libc::PACKET_FANOUT,
-            (&raw mut value).cast(),
-            &raw mut len,
-        )
-    };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    let value: u32 = get_option(fd, libc::SOL_PACKET, libc::PACKET_FANOUT)?;
     // The group's id in the low 16 bits, its mode and flags above.
     Ok(value as u16)
 }
@@ -501,6 +486,30 @@ fn hold_promiscuous(fd: &std::os::fd::OwnedFd, ifindex: u32) -> std::io::Result<
         mr_address: [0; 8],
     };
     set_option(fd, libc::SOL_PACKET, libc::PACKET_ADD_MEMBERSHIP, &promisc)
+}
+
+/// getsockopt(2) of a plain-data option: one valid zeroed and whatever the kernel writes.
+#[cfg(target_os = "linux")]
+fn get_option<T>(fd: impl std::os::fd::AsFd, level: i32, name: i32) -> std::io::Result<T> {
+    use std::os::fd::AsRawFd;
+    let mut v = std::mem::MaybeUninit::<T>::zeroed();
+    let mut len = size_of::<T>() as libc::socklen_t;
+    // SAFETY: `v` is writable for the length given.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_fd().as_raw_fd(),
+            level,
+            name,
+            v.as_mut_ptr().cast(),
+            &raw mut len,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the options read through this are plain data, valid zeroed and as the
+    // kernel wrote.
+    Ok(unsafe { v.assume_init() })
 }
 
 /// setsockopt(2).
@@ -680,25 +689,7 @@ impl Drop for RxRing {
 /// last call (PACKET_STATISTICS, which reading resets).
 #[cfg(target_os = "linux")]
 pub fn ring_drops(fd: std::os::fd::BorrowedFd) -> std::io::Result<u32> {
-    use std::os::fd::AsRawFd;
-    let mut stats = libc::tpacket_stats {
-        tp_packets: 0,
-        tp_drops: 0,
-    };
-    let mut len = size_of::<libc::tpacket_stats>() as libc::socklen_t;
-    // SAFETY: `stats` and `len` are live and of the sizes given.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_PACKET,
-            libc::PACKET_STATISTICS,
-            (&raw mut stats).cast(),
-            &raw mut len,
-        )
-    };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    let stats: libc::tpacket_stats = get_option(fd, libc::SOL_PACKET, libc::PACKET_STATISTICS)?;
     Ok(stats.tp_drops)
 }
 

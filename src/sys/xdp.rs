@@ -10,7 +10,7 @@
 //! queue has none. It is attached by a BPF link, which the kernel takes away when the
 //! process ends, however it ends: a crash leaves no program behind on the interface.
 
-use super::set_option;
+use super::{get_option, set_option};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
@@ -511,27 +511,6 @@ impl XdpSocket {
         self.drops_seen = total;
         Ok(new)
     }
-}
-
-/// getsockopt(2) of a plain-data option.
-fn get_option<T>(fd: &OwnedFd, level: i32, name: i32) -> io::Result<T> {
-    let mut v = std::mem::MaybeUninit::<T>::zeroed();
-    let mut len = size_of::<T>() as libc::socklen_t;
-    // SAFETY: `v` is writable for the length given.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            v.as_mut_ptr().cast(),
-            &raw mut len,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the options read here are plain data, valid zeroed and as the kernel wrote.
-    Ok(unsafe { v.assume_init() })
 }
 
 /// One eBPF instruction (the kernel's struct bpf_insn).
