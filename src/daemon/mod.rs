@@ -30,12 +30,13 @@
 
 pub mod cpus;
 mod reload;
+pub mod steering;
 
 use cpus::{CpuListError, Placement};
 use reload::Loaded;
 pub use reload::{restart_needed, PipelineFile, TelemetryFlags};
 
-use crate::engine::parse::{self, fragment_of};
+use crate::engine::parse;
 use crate::engine::{
     Compiled, DropReason, Engine, NoObserver, PacketBuf, Verdict, DEFAULT_MAX_FRAME,
 };
@@ -896,10 +897,7 @@ impl Drop for Tripwire {
     }
 }
 
-/// Deals packets to workers: by a symmetric hash of the flow, so both directions meet. A
-/// tunnelled packet goes by the flow inside: a pipeline that decapsulates tracks that flow,
-/// whose other direction arrives untunnelled (hashed on the outer headers, a request and
-/// its reply met in one worker's connection table about half the time).
+/// Deals packets to workers, as [`steering::pick`] says.
 struct Dealer<'a> {
     shared: &'a Shared,
     /// The pipeline whose tunnels the dealer parses, and its generation.
@@ -927,42 +925,13 @@ impl Dealer<'_> {
         if parse::parse_into(pkt.data(), self.code.tunnels(), &mut self.meta).is_err() {
             return 0;
         }
-        let m = &self.meta;
-        let flow = if m.tunnel.is_some() {
-            &m.inner
-        } else {
-            &m.outer
-        };
-        let frame = pkt.data();
-        let by_hash =
-            |ports: bool| worker_of(parse::flow_hash_of(frame, flow, ports), self.workers);
-        if !flow.fragment {
-            // An ICMP error goes where the packet it quotes would, to that packet's
-            // connection (hashed on its own addresses, it met it once in the number of
-            // workers, and a related error found no connection: invalid).
-            if let Some(quoted) = parse::quoted_layers(frame, flow) {
-                return worker_of(
-                    parse::flow_hash_of(frame, &quoted, quoted.l4_ok),
-                    self.workers,
-                );
-            }
-            return by_hash(flow.l4_ok);
-        }
-        // A first fragment goes by its flow, ports included (where it holds them), as
-        // the flow's whole packets do.
-        match fragment_of(frame, flow) {
-            Some((datagram, true)) => {
-                let ports = usize::from(flow.l4) + 4 <= usize::from(flow.l3_end);
-                let w = by_hash(ports);
-                self.fragments.note(datagram, w as u16, pkt.ts_ns);
-                w
-            }
-            Some((datagram, false)) => self
-                .fragments
-                .first(&datagram, pkt.ts_ns)
-                .map_or_else(|| by_hash(false), usize::from),
-            None => by_hash(false),
-        }
+        steering::pick(
+            pkt.data(),
+            &self.meta,
+            &mut self.fragments,
+            pkt.ts_ns,
+            self.workers,
+        )
     }
 }
 
@@ -1218,12 +1187,6 @@ fn io(
         w.finish()?;
     }
     Ok((read, out.unsent.iter().sum()))
-}
-
-/// The worker of a flow hash: the hash scaled onto `0..workers` with one multiply, where
-/// a remainder by a count known only at run time is a division, tens of cycles a packet.
-fn worker_of(hash: u32, workers: usize) -> usize {
-    ((u64::from(hash) * workers as u64) >> 32) as usize
 }
 
 /// Packets read between two looks at the live ports while traffic flows.
@@ -1934,37 +1897,6 @@ mod tests {
 
     /// Flows between two hosts differing in the client's port alone spread evenly over
     /// any number of workers.
-    #[test]
-    fn flows_spread_evenly_over_workers() {
-        let hashes: Vec<u32> = (1024u16..1024 + 4096)
-            .map(|p| {
-                let f = crate::wire::testing::frame(
-                    false,
-                    0x0a00_0001,
-                    0x0a01_0001,
-                    crate::wire::ip_proto::UDP,
-                    p,
-                    5001,
-                    0,
-                    0,
-                );
-                let m = parse::parse(&f, &Default::default()).expect("parses");
-                parse::flow_hash(&f, &m.outer)
-            })
-            .collect();
-        for workers in [2usize, 3, 4, 7, 16] {
-            let mut n = vec![0usize; workers];
-            for h in &hashes {
-                n[worker_of(*h, workers)] += 1;
-            }
-            let share = hashes.len() / workers;
-            assert!(
-                n.iter().all(|&k| k > share * 8 / 10 && k < share * 12 / 10),
-                "{workers} workers: {n:?}"
-            );
-        }
-    }
-
     #[test]
     fn a_thread_that_panics_stops_the_service() {
         let watch = Watch {

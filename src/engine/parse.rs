@@ -74,6 +74,14 @@ impl TunnelPorts {
         }
     }
 
+    /// Every port that carries a tunnel, and which.
+    pub fn ports(&self) -> impl Iterator<Item = (u16, Tunnel)> + '_ {
+        [Tunnel::Vxlan, Tunnel::Geneve]
+            .into_iter()
+            .map(|k| (k.default_port(), k))
+            .chain(self.extra.iter().copied())
+    }
+
     #[inline]
     fn kind(&self, port: u16) -> Option<Tunnel> {
         match port {
@@ -381,13 +389,16 @@ pub fn flow_hash_of(frame: &[u8], l: &Layers, ports: bool) -> u32 {
     (m >> 32) as u32 ^ m as u32
 }
 
+/// The odd constant [`mix`] multiplies by (2^64 over the golden ratio).
+pub const MIX_MULTIPLIER: u64 = 0x9e37_79b9_7f4a_7c15;
+
 /// Folds the high half into the low before multiplying, and the product's high bits back
 /// down after: callers take the low bits (a worker, the outer UDP source port). A lone
 /// multiply left those depending on the low input bits only, so flows that differed in a
 /// port alone — many connections between two hosts — went 4039 to 57 over two workers.
 fn mix(mut z: u64) -> u64 {
     z ^= z >> 32;
-    z = z.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = z.wrapping_mul(MIX_MULTIPLIER);
     z ^ (z >> 29)
 }
 

@@ -4,6 +4,8 @@
 #![allow(unsafe_code)]
 
 #[cfg(target_os = "linux")]
+pub mod bpf;
+#[cfg(target_os = "linux")]
 pub mod ring;
 #[cfg(target_os = "linux")]
 pub mod xdp;

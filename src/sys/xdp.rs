@@ -10,9 +10,10 @@
 //! queue has none. It is attached by a BPF link, which the kernel takes away when the
 //! process ends, however it ends: a crash leaves no program behind on the interface.
 
+use super::bpf::{self, Asm, Insn, MapType, ProgType, Size, Src, R1, R2, R3};
 use super::{get_option, set_option};
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -513,138 +514,18 @@ impl XdpSocket {
     }
 }
 
-/// One eBPF instruction (the kernel's struct bpf_insn).
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Insn {
-    code: u8,
-    /// Destination register in the low four bits, source in the high four.
-    regs: u8,
-    off: i16,
-    imm: i32,
-}
-
-const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
-    Insn {
-        code,
-        regs: dst | src << 4,
-        off,
-        imm,
-    }
-}
-
 /// The steering program: `return bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_PASS)`.
-/// The map's descriptor goes in the second and third instructions.
-fn steering_program(map: i32) -> [Insn; 6] {
-    // Opcodes from the kernel's include/uapi/linux/bpf.h and bpf_common.h.
-    const LDX_MEM_W: u8 = 0x61; // BPF_LDX | BPF_MEM | BPF_W
-    const LD_IMM_DW: u8 = 0x18; // BPF_LD | BPF_IMM | BPF_DW
-    const MOV64_K: u8 = 0xb7; // BPF_ALU64 | BPF_MOV | BPF_K
-    const CALL: u8 = 0x85; // BPF_JMP | BPF_CALL
-    const EXIT: u8 = 0x95; // BPF_JMP | BPF_EXIT
-    const PSEUDO_MAP_FD: u8 = 1;
+fn steering_program(map: BorrowedFd) -> Vec<Insn> {
     const RX_QUEUE_INDEX: i16 = 16; // offsetof(struct xdp_md, rx_queue_index)
-    const REDIRECT_MAP: i32 = 51; // BPF_FUNC_redirect_map
     const XDP_PASS: i32 = 2;
-    [
-        insn(LDX_MEM_W, 2, 1, RX_QUEUE_INDEX, 0),
-        insn(LD_IMM_DW, 1, PSEUDO_MAP_FD, 0, map),
-        insn(0, 0, 0, 0, 0),
-        // The low bits of the flags are the action when the queue has no socket.
-        insn(MOV64_K, 3, 0, 0, XDP_PASS),
-        insn(CALL, 0, 0, 0, REDIRECT_MAP),
-        insn(EXIT, 0, 0, 0, 0),
-    ]
-}
-
-/// bpf(2) commands and constants used here (include/uapi/linux/bpf.h).
-const BPF_MAP_CREATE: i32 = 0;
-const BPF_MAP_UPDATE_ELEM: i32 = 2;
-const BPF_PROG_LOAD: i32 = 5;
-const BPF_LINK_CREATE: i32 = 28;
-const BPF_MAP_TYPE_XSKMAP: u32 = 17;
-const BPF_PROG_TYPE_XDP: u32 = 6;
-const BPF_XDP: u32 = 37;
-
-/// The leading fields of union bpf_attr that each command reads; the kernel takes a
-/// shorter attribute than its own as zero beyond it.
-#[repr(C)]
-#[derive(Default)]
-struct MapCreate {
-    map_type: u32,
-    key_size: u32,
-    value_size: u32,
-    max_entries: u32,
-    map_flags: u32,
-    inner_map_fd: u32,
-    numa_node: u32,
-    map_name: [u8; 16],
-}
-
-#[repr(C)]
-#[derive(Default)]
-struct MapUpdate {
-    map_fd: u32,
-    _pad: u32,
-    key: u64,
-    value: u64,
-    flags: u64,
-}
-
-#[repr(C)]
-#[derive(Default)]
-struct ProgLoad {
-    prog_type: u32,
-    insn_cnt: u32,
-    insns: u64,
-    license: u64,
-    log_level: u32,
-    log_size: u32,
-    log_buf: u64,
-    kern_version: u32,
-    prog_flags: u32,
-    prog_name: [u8; 16],
-    prog_ifindex: u32,
-    expected_attach_type: u32,
-}
-
-#[repr(C)]
-#[derive(Default)]
-struct LinkCreate {
-    prog_fd: u32,
-    target_ifindex: u32,
-    attach_type: u32,
-    flags: u32,
-}
-
-/// bpf(2): `cmd` with attribute `attr`; the descriptor or value it returns.
-fn bpf<T>(cmd: i32, attr: &T) -> io::Result<i32> {
-    // SAFETY: `attr` is a live, initialised attribute of the size given, read by the
-    // kernel during the call; the pointers inside it (if any) are alive too.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            (attr as *const T).cast::<libc::c_void>(),
-            size_of::<T>() as u32,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(r as i32)
-}
-
-/// A descriptor bpf(2) returned, owned.
-fn owned(fd: i32) -> OwnedFd {
-    // SAFETY: a descriptor just returned to us and owned by nothing else.
-    unsafe { OwnedFd::from_raw_fd(fd) }
-}
-
-fn name(s: &str) -> [u8; 16] {
-    let mut n = [0u8; 16];
-    n[..s.len().min(15)].copy_from_slice(&s.as_bytes()[..s.len().min(15)]);
-    n
+    let mut a = Asm::default();
+    a.load(Size::W, R2, R1, RX_QUEUE_INDEX);
+    a.map(R1, map);
+    // The low bits of the flags are the action when the queue has no socket.
+    a.mov(R3, Src::K(XDP_PASS));
+    a.call(bpf::REDIRECT_MAP);
+    a.exit();
+    a.finish()
 }
 
 /// The steering program attached to an interface, with its map of sockets by queue. The
@@ -661,53 +542,14 @@ impl XdpSteering {
     /// `sockets[q]`. In the driver's own XDP hook where it has one, else the kernel's
     /// generic one.
     pub fn attach(ifindex: u32, sockets: &[XdpSocket]) -> io::Result<XdpSteering> {
-        let map = owned(bpf(
-            BPF_MAP_CREATE,
-            &MapCreate {
-                map_type: BPF_MAP_TYPE_XSKMAP,
-                key_size: 4,
-                value_size: 4,
-                max_entries: sockets.len().max(1) as u32,
-                map_name: name("dpuflow_xsks"),
-                ..MapCreate::default()
-            },
-        )?);
+        let entries = sockets.len().max(1) as u32;
+        let map = bpf::create_map(MapType::XskMap, 4, 4, entries, "dpuflow_xsks")?;
         for (q, s) in sockets.iter().enumerate() {
-            let (key, value) = (q as u32, s.fd.as_raw_fd() as u32);
-            bpf(
-                BPF_MAP_UPDATE_ELEM,
-                &MapUpdate {
-                    map_fd: map.as_raw_fd() as u32,
-                    key: (&raw const key) as u64,
-                    value: (&raw const value) as u64,
-                    ..MapUpdate::default()
-                },
-            )?;
+            bpf::update_map(map.as_fd(), &(q as u32), &(s.fd.as_raw_fd() as u32))?;
         }
-        let code = steering_program(map.as_raw_fd());
-        // The program only calls a helper open to any licence.
-        let license = c"Apache-2.0";
-        let program = owned(bpf(
-            BPF_PROG_LOAD,
-            &ProgLoad {
-                prog_type: BPF_PROG_TYPE_XDP,
-                insn_cnt: code.len() as u32,
-                insns: code.as_ptr() as u64,
-                license: license.as_ptr() as u64,
-                prog_name: name("dpuflow_steer"),
-                expected_attach_type: BPF_XDP,
-                ..ProgLoad::default()
-            },
-        )?);
-        let link = owned(bpf(
-            BPF_LINK_CREATE,
-            &LinkCreate {
-                prog_fd: program.as_raw_fd() as u32,
-                target_ifindex: ifindex,
-                attach_type: BPF_XDP,
-                flags: 0,
-            },
-        )?);
+        let code = steering_program(map.as_fd());
+        let program = bpf::load(ProgType::Xdp, &code, "dpuflow_steer")?;
+        let link = bpf::attach_xdp(program.as_fd(), ifindex)?;
         Ok(XdpSteering {
             _link: link,
             _program: program,
