@@ -5,9 +5,11 @@
 # time dpuflow spent a frame offered; then the round trip of 200 pings across dpuflow and
 # across a kernel bridge in its place. DRIVER=af_xdp runs the ports on AF_XDP (default
 # af_packet). RELOAD_EVERY=SECONDS sends dpuflow SIGHUP that often while the frames flow
-# (each reloads the pipeline) and adds a column of the reloads done. Needs root,
+# (each reloads the pipeline) and adds a column of the reloads done. TRACK=1 runs a
+# stateful firewall instead of a plain bridge: every flow from inside committed to
+# connection tracking, only tracked ones (and ARP) let in from outside. Needs root,
 # tcpreplay and ethtool.
-# Usage: [DPUFLOW=BIN] [DRIVER=af_packet|af_xdp] [RELOAD_EVERY=S] bench/live.sh [WORKERS] [RATE...]
+# Usage: [DPUFLOW=BIN] [DRIVER=af_packet|af_xdp] [RELOAD_EVERY=S] [TRACK=1] bench/live.sh [WORKERS] [RATE...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 workers=${1:-1}
@@ -41,13 +43,31 @@ for x in "$c c0" "$d in0" "$d out0" "$s s0"; do
 done
 ip -n $d link set lo up
 driver=${DRIVER:-af_packet}
-cat >"$tmp/bridge.pipe" <<EOF
+if [ -n "${TRACK:-}" ]; then
+    cat >"$tmp/bridge.pipe" <<EOF
+pipeline firewall
+port inside  { driver $driver  iface "in0" }
+port outside { driver $driver  iface "out0" }
+conntrack { capacity 100000 }
+pipe in  root from inside  {
+    rule arp { match eth.type 0x0806  actions fwd outside }
+    default { actions ct.commit, fwd outside }
+}
+pipe out root from outside {
+    rule arp     { match eth.type 0x0806  actions fwd inside }
+    rule tracked { match ct.state {established, related}  actions fwd inside }
+    default { actions drop }
+}
+EOF
+else
+    cat >"$tmp/bridge.pipe" <<EOF
 pipeline bridge
 port inside  { driver $driver  iface "in0" }
 port outside { driver $driver  iface "out0" }
 pipe in  root from inside  { default { actions fwd outside } }
 pipe out root from outside { default { actions fwd inside } }
 EOF
+fi
 "$bin" bench "$tmp/bridge.pipe" --port inside --flows 4096 --write "$tmp/udp64.pcap"
 loops=50
 offered=$((4096 * loops))

@@ -156,6 +156,40 @@ impl Lab {
         (code != 0).then(|| (code, size.parse().unwrap_or(0)))
     }
 
+    /// How many of `n` UDP datagrams sent from `ns` to port 53 of `to`, each from a port of
+    /// its own, were answered by an ICMP port unreachable (ECONNREFUSED) within a second.
+    fn refused_queries(&self, ns: &str, to: &str, n: usize) -> usize {
+        let script = format!(
+            "import socket\n\
+             refused = 0\n\
+             for _ in range({n}):\n\
+             \x20   s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+             \x20   s.settimeout(1)\n\
+             \x20   s.connect(('{to}', 53))\n\
+             \x20   s.send(b'query')\n\
+             \x20   try:\n\
+             \x20       s.recv(512)\n\
+             \x20   except ConnectionRefusedError:\n\
+             \x20       refused += 1\n\
+             \x20   except socket.timeout:\n\
+             \x20       pass\n\
+             print(refused)\n"
+        );
+        let out = Command::new("ip")
+            .args(["netns", "exec", ns, PYTHON, "-c", &script])
+            .output()
+            .expect("python3 is required (scripts/test installs it)");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .expect("a count")
+    }
+
     fn ping(&self, ns: &str, to: &str) -> bool {
         Command::new("ip")
             .args([
@@ -531,10 +565,23 @@ fn firewall_between_two_hosts(driver: &str, log: &str, tag: &str) {
         }
     };
     assert_eq!(fetched, (200, body.len() as u64), "the file arrives whole");
+    // More connections, each a new flow for the workers' steering to keep together.
+    for n in 0..12 {
+        let got = lab.fetch(&lab.client, &format!("http://{SERVER}/"), "5");
+        assert!(
+            got.is_some_and(|(code, _)| code == 200),
+            "connection {n} from inside"
+        );
+    }
     assert!(
         lab.ping(&lab.client, SERVER),
         "ping from inside is answered"
     );
+    // DNS queries to an outside host that serves none: each one's ICMP port unreachable is
+    // related to its flow, and gets in (the worker that holds the flow must see it). The
+    // outside host sends every such error (Linux limits them to a few a second a peer).
+    lab.run(&lab.server, &["sysctl", "-qw", "net.ipv4.icmp_ratelimit=0"]);
+    assert_eq!(lab.refused_queries(&lab.client, SERVER, 16), 16);
 
     // From outside, only tracked connections get in: a new one does not, nor a ping.
     assert_eq!(
@@ -578,10 +625,15 @@ fn firewall_between_two_hosts(driver: &str, log: &str, tag: &str) {
         )),
         "{log}"
     );
-    // Connections are tracked: both directions must meet in one worker's table.
-    let dealt = "the I/O thread deals the live ports' packets to the workers: the pipeline \
-                 tracks connections";
-    assert!(log.contains(dealt), "{log}");
+    // Connections are tracked: both directions must meet in one worker's table. Through
+    // AF_PACKET the kernel steers them there, each worker reading its own share.
+    let how = if driver == "af_packet" {
+        "each worker reads and sends its own share of the live ports (AF_PACKET fanout, \
+         steered by a program of the dealer's choice"
+    } else {
+        "the I/O thread deals the live ports' packets to the workers: a port uses AF_XDP"
+    };
+    assert!(log.contains(how), "{log}");
 }
 
 /// A reload (SIGHUP) changes the firewall under live traffic: a download running across

@@ -13,12 +13,13 @@
 //! not three threads on two: a separate writer, woken by every batch, kept preempting the
 //! worker wherever they shared a core, and the service's rate halved in such runs.
 //!
-//! With several workers and live ports that are all AF_PACKET, on a pipeline that tracks
-//! no connections and writes no capture, there is no I/O thread: each worker reads and
-//! sends its own share of every port, through a socket of its own in the port's fanout
-//! group (the kernel deals the frames by flow), and runs its engine in the same thread,
-//! as one worker does with its I/O. Tracked connections need the symmetric hash above
-//! (tunnels parsed, the two directions met), which the kernel's does not give.
+//! With several workers and live ports that are all AF_PACKET, on a pipeline that writes
+//! no capture, there is no I/O thread: each worker reads and sends its own share of every
+//! port, through a socket of its own in the port's fanout group, and runs its engine in
+//! the same thread, as one worker does with its I/O. The kernel deals the frames by its
+//! flow hash, or, where the pipeline tracks connections, by the dealer's own choice (tunnels
+//! parsed, the two directions met, ICMP errors and fragments with their connection) as an
+//! eBPF program of it (`steering.rs`).
 //!
 //! With live ports, time is the time of day and passes without packets: the I/O thread
 //! hands part-filled batches over whenever no frame waits, and idle workers sweep their
@@ -127,6 +128,9 @@ pub enum RunError {
     /// the service's threads could not be bound to their CPUs
     #[error("cannot bind threads to CPUs: {0}")]
     Affinity(std::io::Error),
+    /// the steering program could not be kept for the ports' fanout groups
+    #[error("cannot keep the fanout groups' steering program: {0}")]
+    Steering(std::io::Error),
     /// a local service (the KV cache) could not start
     #[error(transparent)]
     Service(#[from] StartError),
@@ -204,6 +208,9 @@ struct Shared {
     /// Per port, its fanout group, when each worker reads and sends its own share of the
     /// live ports.
     groups: Option<Vec<Fanout>>,
+    /// The groups are steered by a program of the dealer's choice (the pipeline tracks
+    /// connections), which knows the pipeline's tunnel ports.
+    steered: bool,
     /// Per port: times its live port was closed to be opened again, by [`Closing`].
     port_closes: Vec<[AtomicU64; metrics::PORT_CLOSE_REASONS.len()]>,
     /// Per port: packets forwarded to it that were not sent, as the threads that write
@@ -227,6 +234,23 @@ struct Reloads {
 }
 
 impl Shared {
+    /// Where the kernel steers the ports' frames by a program of the dealer's choice and
+    /// `next` carries tunnels on other UDP ports than `current`: steers them by a program
+    /// that knows `next`'s.
+    fn steer_for(&self, current: &Loaded, next: &Loaded) -> std::io::Result<()> {
+        let Some(groups) = self.groups.as_ref().filter(|_| self.steered) else {
+            return Ok(());
+        };
+        if current.code.tunnels() == next.code.tunnels() {
+            return Ok(());
+        }
+        let program = steering::KernelSteering::load(self.workers, next.code.tunnels())?;
+        for g in groups {
+            g.steer(program.fd())?;
+        }
+        Ok(())
+    }
+
     /// The pipeline now published.
     fn loaded(&self) -> Arc<Loaded> {
         Arc::clone(&self.loaded.lock().unwrap_or_else(|e| e.into_inner()))
@@ -348,25 +372,51 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     // Several workers on live ports: each reads and sends its own share of every port
     // (a socket of its own in each port's fanout group), unless the I/O thread must deal
     // the packets (why, from `dealt_because`).
-    let dealt_because = if program.conntrack.is_some() {
-        Some("the pipeline tracks connections, whose two directions must meet in one worker")
-    } else if has_live(Driver::AfXdp) {
-        Some("a port uses AF_XDP, whose sockets are per receive queue")
+    let mut dealt_because = if has_live(Driver::AfXdp) {
+        Some("a port uses AF_XDP, whose sockets are per receive queue".to_owned())
     } else if !opts.bindings.outputs.is_empty() {
-        Some("a port writes a capture")
+        Some("a port writes a capture".to_owned())
     } else {
         None
     };
-    let may_share = has_live(Driver::AfPacket) && dealt_because.is_none();
-    let workers = match (opts.workers, &opts.cpus) {
+    let workers_for = |may_share: bool| match (opts.workers, &opts.cpus) {
         (Some(n), _) => n.max(1),
         (None, Some(cpus)) if may_share && cpus.len() > 1 => cpus.len(),
         (None, Some(cpus)) => cpus.len().saturating_sub(1).max(1),
         (None, None) => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
+    let code = Arc::new(Compiled::new(&program));
+    let mut may_share = has_live(Driver::AfPacket) && dealt_because.is_none();
+    let mut workers = workers_for(may_share);
+    // Tracked connections need both directions of each (and its ICMP errors and
+    // fragments) in one worker's table: the kernel steers by the dealer's own choice,
+    // a program of it, where it takes the program.
+    let mut steering = None;
+    if may_share && workers > 1 && program.conntrack.is_some() {
+        match steering::KernelSteering::load(workers, code.tunnels()) {
+            Ok(program) => steering = Some(program),
+            Err(e) => {
+                dealt_because = Some(format!(
+                    "the pipeline tracks connections, whose two directions must meet in one \
+                     worker, and the kernel refused the program that steers them there ({e})"
+                ));
+                may_share = false;
+                workers = workers_for(false);
+            }
+        }
+    }
     let shares = workers > 1 && may_share;
-    let groups: Option<Vec<Fanout>> =
-        shares.then(|| program.ports.iter().map(|_| Fanout::default()).collect());
+    let groups: Option<Vec<Fanout>> = if shares {
+        let steered = steering.as_ref().map(steering::KernelSteering::fd);
+        let groups = program.ports.iter().map(|_| Fanout::new(workers, steered));
+        Some(
+            groups
+                .collect::<Result<_, _>>()
+                .map_err(RunError::Steering)?,
+        )
+    } else {
+        None
+    };
     // The live ports of each thread that reads them: one, or with shares one a worker.
     let mut live_sets: Vec<Vec<Option<LivePort>>> = (0..if shares { workers } else { 1 })
         .map(|_| Vec::new())
@@ -390,7 +440,10 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         let waits = is_live && !replays && opts.wait_for_interfaces && absent(iface);
         waiting.push(waits.then_some(Closed::NotYetOpened));
         let group = groups.as_ref().map(|g| &g[i]);
-        let open = || LivePort::open(PortId(i as u16), iface, port.driver, port.mtu, group);
+        let open = |member: usize| {
+            let group = group.map(|g| (g, member));
+            LivePort::open(PortId(i as u16), iface, port.driver, port.mtu, group)
+        };
         let first = match port.driver {
             _ if waits => {
                 tracing::warn!(
@@ -400,7 +453,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
                 );
                 None
             }
-            Driver::AfPacket | Driver::AfXdp if !bound(i) && !replays => Some(open()?),
+            Driver::AfPacket | Driver::AfXdp if !bound(i) && !replays => Some(open(0)?),
             Driver::AfPacket | Driver::AfXdp if !bound(i) => {
                 unopened.push(format!(
                     "{}, not opened while the service replays captures",
@@ -418,9 +471,9 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             }
             _ => None,
         };
-        for others in live_sets.iter_mut().skip(1) {
+        for (member, others) in live_sets.iter_mut().enumerate().skip(1) {
             others.push(match first {
-                Some(_) => Some(open()?),
+                Some(_) => Some(open(member)?),
                 None => None,
             });
         }
@@ -565,9 +618,15 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             .collect(),
         ports_waiting: AtomicUsize::new(absent_ports),
         groups,
+        steered: steering.is_some(),
         port_closes: program.ports.iter().map(|_| Default::default()).collect(),
         unsent: program.ports.iter().map(|_| Default::default()).collect(),
-        loaded: Mutex::new(Arc::new(Loaded::first(program, load_seconds, workers))),
+        loaded: Mutex::new(Arc::new(Loaded::first(
+            program,
+            code,
+            load_seconds,
+            workers,
+        ))),
         generation: AtomicU64::new(0),
         reloads: Reloads::default(),
         kv,
@@ -600,6 +659,12 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         );
     }
     match dealt_because {
+        _ if shares && steering.is_some() => tracing::info!(
+            workers,
+            "each worker reads and sends its own share of the live ports (AF_PACKET \
+             fanout, steered by a program of the dealer's choice: a connection's two \
+             directions, its ICMP errors and fragments meet in one worker)"
+        ),
         _ if shares => tracing::info!(
             workers,
             "each worker reads and sends its own share of the live ports (AF_PACKET \
@@ -819,7 +884,16 @@ fn reload_on_hup(file: &PipelineFile, hup: &AtomicBool, stop: &AtomicBool, share
         }
         hup.store(false, Ordering::Relaxed);
         let counts = &shared.reloads;
-        match reload::load_next(file, &current, shared.workers) {
+        let next = reload::load_next(file, &current, shared.workers).and_then(|next| {
+            shared.steer_for(&current, &next).map_err(|e| {
+                reload::ReloadError::Steering(format!(
+                    "the kernel refused the program that steers the new tunnel ports' \
+                     connections to their workers: {e}"
+                ))
+            })?;
+            Ok(next)
+        });
+        match next {
             Ok(next) => {
                 let (generation, seconds) = (next.generation, next.seconds);
                 let (pipes, entries) = (next.program.pipes.len(), next.program.entry_count());
@@ -990,6 +1064,7 @@ fn io(
         spares_back,
         inline,
     } = ends;
+    let member = inline.as_ref().map_or(0, |(w, _)| *w);
     let mut inline = inline.map(|(w, ch)| Worker::new(w, shared, ch));
     let StartingPorts {
         writers,
@@ -1003,6 +1078,7 @@ fn io(
         unsent: vec![0; ports],
         published: vec![0; ports],
         waiting,
+        member,
         to_wall: if shared.live { live_clock_to_wall() } else { 0 },
         returned: 0,
         pool: Vec::new(),
@@ -1258,7 +1334,7 @@ fn look_at_ports(out: &mut Outputs, source: &mut Source, shared: &Shared) {
             if crate::sys::interface_index(iface).is_err() {
                 continue;
             }
-            let group = shared.groups.as_ref().map(|g| &g[i]);
+            let group = shared.groups.as_ref().map(|g| (&g[i], out.member));
             match LivePort::open(PortId(i as u16), iface, spec.driver, spec.mtu, group) {
                 Ok(port) => {
                     // A shared port opens once: with the socket that starts its group.
@@ -1383,6 +1459,9 @@ struct Outputs {
     published: Vec<u64>,
     /// Per port: a live port not open, to be opened once it can.
     waiting: Vec<Option<Closed>>,
+    /// Which member of the ports' fanout groups this thread is (the worker it runs), when
+    /// the workers share the ports.
+    member: usize,
     /// What moves a packet's time onto the wall clock as it is written: with live ports,
     /// [`live_clock_to_wall`] as last looked at; a replay writes its captures' times.
     to_wall: i64,

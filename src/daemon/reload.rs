@@ -71,8 +71,8 @@ pub struct Loaded {
 
 impl Loaded {
     /// The first pipeline, compiled for `workers` workers.
-    pub fn first(program: Program, seconds: f64, workers: usize) -> Loaded {
-        let code = Arc::new(Compiled::new(&program));
+    /// The pipeline the service starts with, compiled into `code`.
+    pub fn first(program: Program, code: Arc<Compiled>, seconds: f64, workers: usize) -> Loaded {
         Loaded {
             generation: 0,
             meters: shared_meters(&code, workers),
@@ -116,6 +116,9 @@ pub enum ReloadError {
     /// the file changes what only a restart applies
     #[error("{0}: restart the service to apply")]
     NeedsRestart(String),
+    /// the ports' fanout groups could not be steered for the new pipeline
+    #[error("{0}")]
+    Steering(String),
 }
 
 /// What of `new` a service started with `old` cannot take without a restart, each named;

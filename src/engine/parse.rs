@@ -62,7 +62,7 @@ pub struct Meta {
 
 /// Which UDP destination ports carry which tunnel: the IANA ports, plus any other port
 /// an encapsulation of the pipeline uses.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TunnelPorts {
     extra: Vec<(u16, Tunnel)>,
 }
@@ -389,7 +389,7 @@ pub fn flow_hash_of(frame: &[u8], l: &Layers, ports: bool) -> u32 {
     (m >> 32) as u32 ^ m as u32
 }
 
-/// The odd constant [`mix`] multiplies by (2^64 over the golden ratio).
+/// The odd constant the flow hash multiplies by in its mix (2^64 over the golden ratio).
 pub const MIX_MULTIPLIER: u64 = 0x9e37_79b9_7f4a_7c15;
 
 /// Folds the high half into the low before multiplying, and the product's high bits back

@@ -40,21 +40,37 @@ pub struct PacketPort {
 }
 
 /// A port's fanout group, when each worker has a socket of its own on the port: the
-/// kernel deals the interface's frames among them by flow (see
-/// [`crate::sys::join_fanout`]). Its sockets are made one by one, by the workers, and
-/// again when the interface is removed and made anew: the first on an interface starts a
-/// group, the others join it.
-#[derive(Debug, Default)]
-pub struct Fanout(Mutex<Option<Group>>);
+/// kernel deals the interface's frames among them (see [`crate::sys::join_fanout`]), by
+/// its flow hash or by a steering program whose result indexes the members in the order
+/// they joined. So a group's sockets are all made at once, in member order, by whichever
+/// member opens the port first (at start, and when the interface is removed and made
+/// anew), and the others take theirs from it.
+#[derive(Debug)]
+pub struct Fanout {
+    members: usize,
+    state: Mutex<FanoutState>,
+}
 
-/// A fanout group: its id, on its interface.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
+struct FanoutState {
+    /// The program that picks each frame's member (PACKET_FANOUT_EBPF), else the
+    /// kernel's flow hash.
+    program: Option<OwnedFd>,
+    group: Option<Group>,
+}
+
+/// A fanout group on its interface.
+#[derive(Debug)]
 struct Group {
     ifindex: u32,
     id: u16,
+    /// The members' sockets not yet taken.
+    sockets: Vec<Option<PacketPort>>,
+    /// The first member's socket, for a new program to be set on the group.
+    anchor: OwnedFd,
 }
 
-/// The group a socket joined, and whether it started it.
+/// The group a socket joined, and whether its member made it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Joined {
     pub id: u16,
@@ -62,30 +78,95 @@ pub struct Joined {
 }
 
 impl Fanout {
-    /// Puts `fd`, bound to `ifindex`, in the port's group: the current one where it is on
-    /// that interface, else a new one.
-    fn join(&self, fd: BorrowedFd, ifindex: u32) -> std::io::Result<Joined> {
-        let mut group = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        match *group {
-            Some(g) if g.ifindex == ifindex => {
-                let id = crate::sys::join_fanout(fd, Some(g.id))?;
-                Ok(Joined { id, started: false })
-            }
-            _ => {
-                let id = crate::sys::join_fanout(fd, None)?;
-                *group = Some(Group { ifindex, id });
-                Ok(Joined { id, started: true })
+    /// A group of `members` sockets a port, steered by `program` (a socket-filter
+    /// program) or by the kernel's flow hash.
+    pub fn new(members: usize, program: Option<BorrowedFd>) -> std::io::Result<Fanout> {
+        let program = program.map(|p| p.try_clone_to_owned()).transpose()?;
+        Ok(Fanout {
+            members,
+            state: Mutex::new(FanoutState {
+                program,
+                group: None,
+            }),
+        })
+    }
+
+    /// Steers the group by `program` from now on, and any group made later.
+    pub fn steer(&self, program: BorrowedFd) -> std::io::Result<()> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(g) = &state.group {
+            crate::sys::steer_fanout(g.anchor.as_fd(), program)?;
+        }
+        state.program = Some(program.try_clone_to_owned()?);
+        Ok(())
+    }
+
+    /// Member `member`'s socket on interface `ifindex`: the one made for it with the
+    /// group, else (the first to open the port on this interface) a new group's.
+    fn take(
+        &self,
+        member: usize,
+        port: PortId,
+        ifindex: u32,
+        mtu: u16,
+    ) -> std::io::Result<PacketPort> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(g) = &mut state.group {
+            if g.ifindex == ifindex {
+                if let Some(own) = g.sockets.get_mut(member).and_then(Option::take) {
+                    return Ok(own);
+                }
             }
         }
+        let steered = state.program.as_ref().map(AsFd::as_fd);
+        let mut sockets = Vec::with_capacity(self.members);
+        let mut id = None;
+        for m in 0..self.members {
+            let (fd, ring) = PacketPort::socket(mtu)?;
+            // Bound, the socket would take every frame until it joins the group: copies
+            // of what the members take. Until the group is whole, it takes none.
+            crate::sys::refuse_frames(fd.as_fd(), true)?;
+            crate::sys::bind_packet_socket(&fd, ifindex)?;
+            let joined = crate::sys::join_fanout(fd.as_fd(), id, steered.is_some())?;
+            id = Some(joined);
+            sockets.push(Some(PacketPort {
+                port,
+                ring,
+                fd,
+                group: Some(Joined {
+                    id: joined,
+                    started: m == member,
+                }),
+            }));
+        }
+        let first = sockets.first().and_then(Option::as_ref);
+        let (Some(first), Some(id)) = (first, id) else {
+            return Err(std::io::Error::other("a fanout group of no members"));
+        };
+        if let Some(program) = steered {
+            crate::sys::steer_fanout(first.fd(), program)?;
+        }
+        for s in sockets.iter().flatten() {
+            crate::sys::refuse_frames(s.fd(), false)?;
+        }
+        let anchor = first.fd().try_clone_to_owned()?;
+        let own = sockets[member].take();
+        state.group = Some(Group {
+            ifindex,
+            id,
+            sockets,
+            anchor,
+        });
+        own.ok_or_else(|| std::io::Error::other("no such member of the fanout group"))
     }
 
     /// Notes that a socket of group `id` is closed because its interface is gone: `true`
     /// for the first of that group's (the port is closed from then on, for all of them).
     pub fn leave(&self, id: u16) -> bool {
-        let mut group = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let first = group.is_some_and(|g| g.id == id);
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let first = state.group.as_ref().is_some_and(|g| g.id == id);
         if first {
-            *group = None;
+            state.group = None;
         }
         first
     }
@@ -98,14 +179,30 @@ const RING_BYTES: usize = 8 << 20;
 impl PacketPort {
     /// Opens interface `index` for a port whose largest IP packet is `mtu` bytes: the
     /// receive ring's slots hold such frames (two VLAN tags included); longer ones are cut
-    /// short and dropped as oversize. With `fanout`, the socket takes its share of the
-    /// port's frames in the port's group.
+    /// short and dropped as oversize. With `fanout`, the socket is that member's of the
+    /// port's group, and takes its share of the port's frames.
     pub fn open(
         port: PortId,
         index: u32,
         mtu: u16,
-        fanout: Option<&Fanout>,
+        fanout: Option<(&Fanout, usize)>,
     ) -> std::io::Result<PacketPort> {
+        if let Some((fanout, member)) = fanout {
+            return fanout.take(member, port, index, mtu);
+        }
+        let (fd, ring) = PacketPort::socket(mtu)?;
+        crate::sys::bind_packet_socket(&fd, index)?;
+        Ok(PacketPort {
+            port,
+            ring,
+            fd,
+            group: None,
+        })
+    }
+
+    /// A packet socket, not yet bound, and its receive ring for frames of IP packets of
+    /// `mtu` bytes.
+    fn socket(mtu: u16) -> std::io::Result<(OwnedFd, RxRing)> {
         let fd = crate::sys::packet_socket()?;
         // A slot holds the ring's header (about 70 bytes with its alignment), then the
         // frame.
@@ -113,27 +210,7 @@ impl PacketPort {
             .next_power_of_two()
             .max(2048);
         let ring = RxRing::new(&fd, slot, RING_BYTES)?;
-        let Some(fanout) = fanout else {
-            crate::sys::bind_packet_socket(&fd, index)?;
-            return Ok(PacketPort {
-                port,
-                ring,
-                fd,
-                group: None,
-            });
-        };
-        // Bound, the socket would take every frame until it joins the group: duplicates
-        // of what the members take.
-        crate::sys::refuse_frames(fd.as_fd(), true)?;
-        crate::sys::bind_packet_socket(&fd, index)?;
-        let joined = fanout.join(fd.as_fd(), index)?;
-        crate::sys::refuse_frames(fd.as_fd(), false)?;
-        Ok(PacketPort {
-            port,
-            ring,
-            fd,
-            group: Some(joined),
-        })
+        Ok((fd, ring))
     }
 
     /// The fanout group the socket is in, if any.

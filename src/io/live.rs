@@ -69,13 +69,13 @@ enum Socket {
 impl LivePort {
     /// Opens `iface` for port `port` of driver `driver` (af_packet or af_xdp), whose
     /// largest IP packet is `mtu` bytes. With `fanout` (af_packet only), the port's frames
-    /// are shared with the other sockets of its group.
+    /// are shared with the other sockets of its group: the socket is that member's.
     pub fn open(
         port: PortId,
         iface: &str,
         driver: Driver,
         mtu: u16,
-        fanout: Option<&Fanout>,
+        fanout: Option<(&Fanout, usize)>,
     ) -> Result<LivePort, LiveError> {
         let index = crate::sys::interface_index(iface).map_err(|source| LiveError::Interface {
             iface: iface.to_owned(),

@@ -393,19 +393,29 @@ pub fn bind_packet_socket(fd: &std::os::fd::OwnedFd, ifindex: u32) -> std::io::R
 /// PACKET_FANOUT), or with `None` in a new group whose id the kernel picks
 /// (PACKET_FANOUT_FLAG_UNIQUEID); returns the group's id. The members share the frames the
 /// interface receives, each flow's to one member (PACKET_FANOUT_HASH, the kernel's flow
-/// hash), and none that it sends (PACKET_FANOUT_FLAG_IGNORE_OUTGOING: in a group, the
+/// hash; or with `steered`, PACKET_FANOUT_EBPF, the member a program picks: see
+/// [`steer_fanout`]), and none that it sends (PACKET_FANOUT_FLAG_IGNORE_OUTGOING: in a group, the
 /// socket's own PACKET_IGNORE_OUTGOING no longer applies). A kernel that does not know the
 /// flag refuses it; the group is then made without, and its members are handed those
 /// frames, marked outgoing ([`FrameAux::outgoing`]).
 #[cfg(target_os = "linux")]
-pub fn join_fanout(fd: std::os::fd::BorrowedFd, id: Option<u16>) -> std::io::Result<u16> {
+pub fn join_fanout(
+    fd: std::os::fd::BorrowedFd,
+    id: Option<u16>,
+    steered: bool,
+) -> std::io::Result<u16> {
     let new = if id.is_none() {
         libc::PACKET_FANOUT_FLAG_UNIQUEID
     } else {
         0
     };
+    let kind = if steered {
+        libc::PACKET_FANOUT_EBPF
+    } else {
+        libc::PACKET_FANOUT_HASH
+    };
     let join = |flags: u32| {
-        let mode = libc::PACKET_FANOUT_HASH | new | flags;
+        let mode = kind | new | flags;
         set_option(
             fd,
             libc::SOL_PACKET,
@@ -420,6 +430,23 @@ pub fn join_fanout(fd: std::os::fd::BorrowedFd, id: Option<u16>) -> std::io::Res
     let value: u32 = get_option(fd, libc::SOL_PACKET, libc::PACKET_FANOUT)?;
     // The group's id in the low 16 bits, its mode and flags above.
     Ok(value as u16)
+}
+
+/// Sets the program that picks the member of packet socket `fd`'s fanout group for each
+/// frame (PACKET_FANOUT_DATA; the group made with `steered`): a socket-filter program,
+/// whose result, modulo the members, indexes them in the order they joined.
+#[cfg(target_os = "linux")]
+pub fn steer_fanout(
+    fd: std::os::fd::BorrowedFd,
+    program: std::os::fd::BorrowedFd,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    set_option(
+        fd,
+        libc::SOL_PACKET,
+        libc::PACKET_FANOUT_DATA,
+        &(program.as_raw_fd() as u32),
+    )
 }
 
 /// Makes packet socket `fd` take no frame (a classic BPF filter keeping none,
