@@ -1281,7 +1281,7 @@ fn the_xdp_program_goes_with_the_service() {
 /// CAP_BPF is needed: without it the service refuses to start, naming the port.
 #[test]
 fn the_units_capabilities_open_live_ports_and_each_is_needed() {
-    let (lab, _dir, pipe_path) = Lab::with_pipeline_on(
+    let (lab, dir, pipe_path) = Lab::with_pipeline_on(
         "af_xdp",
         "u",
         "pipe out root from inside { default { actions fwd outside } }\n",
@@ -1303,7 +1303,7 @@ fn the_units_capabilities_open_live_ports_and_each_is_needed() {
         .map(|c| c.to_ascii_lowercase())
         .collect();
     let bin = env!("CARGO_BIN_EXE_dpuflow");
-    let run_with = |caps: &[&String]| {
+    let run_as_nobody = |caps: &[&String], pipe: &str, extra: &[&str]| {
         let set = std::iter::once("-all".to_owned())
             .chain(
                 caps.iter()
@@ -1319,12 +1319,14 @@ fn the_units_capabilities_open_live_ports_and_each_is_needed() {
                 format!("--ambient-caps={set}"),
                 format!("--bounding-set={set}"),
             ])
-            .args([bin, "run", &pipe_path, "--metrics", "127.0.0.1:9464"])
+            .args([bin, "run", pipe, "--metrics", "127.0.0.1:9464"])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .expect("setpriv (util-linux)")
     };
+    let run_with = |caps: &[&String]| run_as_nobody(caps, &pipe_path, &[]);
     let all: Vec<&String> = caps.iter().collect();
     let dpuflow = Running(run_with(&all));
     let m = lab.metrics_until(|m| m.contains("dpuflow_build_info"), "serving as nobody");
@@ -1343,6 +1345,29 @@ fn the_units_capabilities_open_live_ports_and_each_is_needed() {
             err.contains("interface in0: AF_XDP socket: Operation not permitted"),
             "without {needed}: {err}"
         );
+    }
+    // Connections tracked by two workers on AF_PACKET ports: the kernel steers each
+    // port's frames to them by a program the unit's capabilities load; without CAP_BPF the
+    // I/O thread deals them, and says why.
+    let firewall = dir.path("firewall.pipe");
+    let example = std::fs::read_to_string("pipelines/stateful-firewall.pipe").expect("example");
+    let example = example
+        .replace("iface \"pf0hpf\"", "iface \"in0\"")
+        .replace("iface \"p0\"", "iface \"out0\"")
+        .replace("capacity 1000000", "capacity 10000");
+    std::fs::write(&firewall, example).expect("write pipeline");
+    let no_bpf: Vec<&String> = caps.iter().filter(|c| *c != "cap_bpf").collect();
+    for (caps, said) in [
+        (&all, "steered by a program of the dealer's choice"),
+        (
+            &no_bpf,
+            "the kernel refused the program that steers them there (Operation not permitted",
+        ),
+    ] {
+        let dpuflow = Running(run_as_nobody(caps, &firewall, &["--workers", "2"]));
+        lab.metrics_until(|m| m.contains("dpuflow_build_info"), "serving as nobody");
+        let log = stop(dpuflow);
+        assert!(log.contains(said), "{log}");
     }
 }
 
