@@ -144,7 +144,9 @@ const Q_PRESENT: i16 = -168;
 const KEY: i16 = -208;
 const KEY_LEN: usize = 40;
 const VALUE: i16 = -224;
-const STACK: i16 = VALUE;
+/// The hashed packet's addresses, as they are in the packet.
+const ADDRESSES: i16 = -256;
+const STACK: i16 = ADDRESSES;
 
 /// Where a walk of an IPv6 header chain puts what it found.
 struct WalkOut {
@@ -169,7 +171,7 @@ fn program(workers: usize, tunnels: &TunnelPorts, fragments: BorrowedFd) -> Vec<
     a.store(Size::DW, FP, LEN, Src::X(R0));
     a.store(Size::DW, FP, BUFEND, Src::X(R0));
     a.load(Size::W, R0, R6, 16);
-    a.be16(R0);
+    a.from_be(R0, 16);
     a.store(Size::DW, FP, ET, Src::X(R0));
     a.mov(R7, Src::K(0));
     layers(&mut a, refuse);
@@ -263,7 +265,7 @@ fn program(workers: usize, tunnels: &TunnelPorts, fragments: BorrowedFd) -> Vec<
 
     quoted(&mut a, quote, plain, hash);
     first_fragments(&mut a, fragment, hash, fragments);
-    flow_hash(&mut a, hash);
+    flow_hash(&mut a, hash, refuse);
     a.bind(worker);
     a.alu(Alu::Mul, R9, Src::K(workers as i32));
     a.alu(Alu::Rsh, R9, Src::K(32));
@@ -321,34 +323,39 @@ fn layers(a: &mut Asm, refuse: Label) {
     a.store(Size::DW, FP, KIND, Src::K(0));
     a.goto(done);
 
-    // RFC 791 §3.1.
+    // RFC 791 §3.1: version, header length and total length in the first word;
+    // fragment field and protocol in the word from byte 6.
     a.bind(v4);
-    a.load_packet(Size::B, R7, 0);
+    a.load_packet(Size::W, R7, 0);
+    a.mov(R9, Src::X(R0));
+    a.alu(Alu::And, R9, Src::K(0xffff));
     a.mov(R8, Src::X(R0));
-    a.alu(Alu::Rsh, R0, Src::K(4));
+    a.alu(Alu::Rsh, R8, Src::K(24));
+    a.alu(Alu::Rsh, R0, Src::K(28));
     a.jump_if(Cond::Ne, R0, Src::K(4), refuse);
     a.alu(Alu::And, R8, Src::K(0x0f));
     a.alu(Alu::Lsh, R8, Src::K(2));
     a.jump_if(Cond::Lt, R8, Src::K(20), refuse);
-    a.load_packet(Size::H, R7, 2);
-    a.jump_if(Cond::Lt, R0, Src::X(R8), refuse);
-    a.alu(Alu::Add, R0, Src::X(R7));
+    a.jump_if(Cond::Lt, R9, Src::X(R8), refuse);
+    a.alu(Alu::Add, R9, Src::X(R7));
     a.load(Size::DW, R1, FP, BUFEND);
-    a.jump_if(Cond::Gt, R0, Src::X(R1), refuse);
-    a.store(Size::DW, FP, END, Src::X(R0));
+    a.jump_if(Cond::Gt, R9, Src::X(R1), refuse);
+    a.store(Size::DW, FP, END, Src::X(R9));
     a.alu(Alu::Add, R8, Src::X(R7));
     a.store(Size::DW, FP, L4, Src::X(R8));
     a.store(Size::DW, FP, KIND, Src::K(4));
+    a.load_packet(Size::W, R7, 6);
+    a.mov(R1, Src::X(R0));
+    a.alu(Alu::And, R1, Src::K(0xff));
+    a.store(Size::DW, FP, PROTO, Src::X(R1));
     // More fragments, or an offset: a fragment.
-    a.load_packet(Size::H, R7, 6);
+    a.alu(Alu::Rsh, R0, Src::K(16));
     a.alu(Alu::And, R0, Src::K(0x3fff));
     let whole = a.label();
     a.store(Size::DW, FP, FRAG, Src::K(0));
     a.jump_if(Cond::Eq, R0, Src::K(0), whole);
     a.store(Size::DW, FP, FRAG, Src::K(1));
     a.bind(whole);
-    a.load_packet(Size::B, R7, 9);
-    a.store(Size::DW, FP, PROTO, Src::X(R0));
     a.goto(done);
 
     // RFC 8200 §3.
@@ -627,28 +634,42 @@ fn first_fragments(a: &mut Asm, fragment: Label, hash: Label, fragments: Borrowe
 
 /// At `hash`: `parse::flow_hash_of` of the hash's slots, into R9; falls through to the
 /// worker's choice.
-fn flow_hash(a: &mut Asm, hash: Label) {
+fn flow_hash(a: &mut Asm, hash: Label, refuse: Label) {
     a.bind(hash);
     let (v6, mixed, ordered, no_ports, ports_ordered) =
         (a.label(), a.label(), a.label(), a.label(), a.label());
-    a.load(Size::DW, R7, FP, H_L3);
+    // The addresses copied out in one call (a load apiece is a call apiece).
+    let (at, bytes) = (a.label(), a.label());
+    a.load(Size::DW, R2, FP, H_L3);
+    a.load(Size::DW, R0, FP, KIND);
+    a.mov(R4, Src::K(32));
+    a.alu(Alu::Add, R2, Src::K(8));
+    a.jump_if(Cond::Eq, R0, Src::K(6), at);
+    a.mov(R4, Src::K(8));
+    a.alu(Alu::Add, R2, Src::K(4));
+    a.bind(at);
+    a.mov(R1, Src::X(R6));
+    a.mov(R3, Src::X(FP));
+    a.alu(Alu::Add, R3, Src::K(i32::from(ADDRESSES)));
+    a.call(bpf::SKB_LOAD_BYTES);
+    a.jump_if(Cond::Ne, R0, Src::K(0), refuse);
     a.load(Size::DW, R0, FP, KIND);
     a.jump_if(Cond::Eq, R0, Src::K(6), v6);
-    a.load_packet(Size::W, R7, 12);
-    a.mov(R8, Src::X(R0));
-    a.load_packet(Size::W, R7, 16);
-    a.mov(R9, Src::X(R0));
-    a.goto(mixed);
-    // Each IPv6 address folded to a word by xoring its four.
+    a.load(Size::W, R8, FP, ADDRESSES);
+    a.load(Size::W, R9, FP, ADDRESSES + 4);
+    a.goto(bytes);
+    // Each IPv6 address folded to a word by xoring its four (in either byte order).
     a.bind(v6);
-    for (reg, at) in [(R8, 8), (R9, 24)] {
-        a.load_packet(Size::W, R7, at);
-        a.mov(reg, Src::X(R0));
+    for (reg, at) in [(R8, ADDRESSES), (R9, ADDRESSES + 16)] {
+        a.load(Size::W, reg, FP, at);
         for k in 1..4 {
-            a.load_packet(Size::W, R7, at + 4 * k);
+            a.load(Size::W, R0, FP, at + 4 * k);
             a.alu(Alu::Xor, reg, Src::X(R0));
         }
     }
+    a.bind(bytes);
+    a.from_be(R8, 32);
+    a.from_be(R9, 32);
     a.bind(mixed);
     // The addresses ordered, so both directions hash the same.
     a.jump_if(Cond::Le, R8, Src::X(R9), ordered);

@@ -141,10 +141,10 @@ impl Asm {
         self.alu(Alu::Mov, dst, src);
     }
 
-    /// `dst` = its low 16 bits in network byte order, read as a number.
-    pub fn be16(&mut self, dst: Reg) {
-        // BPF_ALU | BPF_END | BPF_TO_BE.
-        self.push(insn(ALU | END | X, dst, 0, 0, 16));
+    /// `dst` = its low `bits` bits (16, 32 or 64) in network byte order, read as a number.
+    pub fn from_be(&mut self, dst: Reg, bits: i32) {
+        // BPF_ALU | BPF_END | BPF_TO_BE: a swap on a little-endian host, none on a big one.
+        self.push(insn(ALU | END | X, dst, 0, 0, bits));
     }
 
     /// `dst = (u64) src` as a 64-bit constant (two instruction slots).
@@ -230,6 +230,7 @@ impl Asm {
 pub const MAP_LOOKUP_ELEM: i32 = 1;
 pub const MAP_UPDATE_ELEM: i32 = 2;
 pub const KTIME_GET_NS: i32 = 5;
+pub const SKB_LOAD_BYTES: i32 = 26;
 pub const REDIRECT_MAP: i32 = 51;
 
 /// bpf(2) commands and constants used here.
