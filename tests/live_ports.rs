@@ -696,8 +696,13 @@ fn a_reload_changes_the_rules_and_keeps_the_connections() {
         "counted the download's first segments",
     );
 
+    // The reloaded pipeline also carries VXLAN on a port of its own: the kernel's
+    // steering of the two workers' shares learns it.
+    let overlay = "    rule overlay      { match udp.dst 9999  actions vxlan.encap { vni 5  \
+                   src 192.0.2.1  dst 192.0.2.2  smac 02:00:00:00:00:01  \
+                   dmac 02:00:00:00:00:02  dport 8472 }, fwd outside }\n";
     let reloaded = example
-        .replace("    rule ping         { match icmp.type 8            actions ct.commit, fwd outside }\n", "")
+        .replace("    rule ping         { match icmp.type 8            actions ct.commit, fwd outside }\n", overlay)
         .replace("tcp_window on", "tcp_window on\n    tcp_loose off");
     assert_ne!(reloaded, example);
     std::fs::write(&pipe_path, reloaded).expect("write pipeline");
@@ -727,6 +732,10 @@ fn a_reload_changes_the_rules_and_keeps_the_connections() {
     );
     let log = stop(dpuflow);
     assert!(log.contains("pipeline reloaded"), "{log}");
+    assert!(
+        log.contains("the fanout groups are steered by the new tunnel ports"),
+        "{log}"
+    );
 }
 
 /// Tagged frames cross with their tags: the kernel takes the VLAN tag out of each frame

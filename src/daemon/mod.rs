@@ -248,6 +248,7 @@ impl Shared {
         for g in groups {
             g.steer(program.fd())?;
         }
+        tracing::info!("the fanout groups are steered by the new tunnel ports");
         Ok(())
     }
 
