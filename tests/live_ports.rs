@@ -317,8 +317,8 @@ impl Lab {
 
     /// Makes the client's link to the dut (`c0`, `in0`) anew, as a test that removed it
     /// needs, then waits until the service has opened its inside port on it and is ready.
-    fn link_inside_again(&self, driver: &str) {
-        self.link(&self.client, "c0", "in0", 1);
+    fn link_inside_again(&self, driver: &str, queues: u16) {
+        self.link(&self.client, "c0", "in0", queues);
         if driver == "af_xdp" {
             self.run(&self.client, &["ethtool", "-K", "c0", "tx", "off"]);
         }
@@ -631,7 +631,8 @@ fn firewall_between_two_hosts(driver: &str, log: &str, tag: &str) {
         "each worker reads and sends its own share of the live ports (AF_PACKET fanout, \
          steered by a program of the dealer's choice"
     } else {
-        "the I/O thread deals the live ports' packets to the workers: a port uses AF_XDP"
+        "the I/O thread deals the live ports' packets to the workers: the pipeline tracks \
+         connections and a port uses AF_XDP"
     };
     assert!(log.contains(how), "{log}");
 }
@@ -783,16 +784,19 @@ fn tagged_frames_keep_their_tags() {
 /// port is opened on it and frames cross as before.
 #[test]
 fn a_removed_interface_is_opened_again_once_back() {
-    // Two AF_PACKET workers each have a socket on the port (a fanout group): the port
-    // closes and opens once, whichever socket goes or comes first.
-    for (driver, tag, workers) in [
-        ("af_packet", "rp", "1"),
-        ("af_packet", "rs", "2"),
-        ("af_xdp", "rx", "1"),
+    // Two AF_PACKET workers each have a socket on the port (a fanout group), two AF_XDP
+    // workers a queue each: the port closes and opens once, whichever socket goes or
+    // comes first.
+    for (driver, tag, workers, queues) in [
+        ("af_packet", "rp", "1", 1),
+        ("af_packet", "rs", "2", 1),
+        ("af_xdp", "rx", "1", 1),
+        ("af_xdp", "ry", "2", 2),
     ] {
-        let (lab, _dir, pipe_path) = Lab::with_pipeline_on(
+        let (lab, _dir, pipe_path) = Lab::with_pipeline_queues(
             driver,
             tag,
+            queues,
             // Only the test's frames: the hosts' own (IPv6 neighbour discovery as links
             // come up) would blur the counts.
             &format!(
@@ -832,7 +836,7 @@ fn a_removed_interface_is_opened_again_once_back() {
         assert_eq!(metric(&m, tx), Some(5), "{driver}: {m}");
 
         // Made again under the same name: the port opens on it.
-        lab.link_inside_again(driver);
+        lab.link_inside_again(driver, queues);
         lab.send_udp(5003, 5);
         assert_eq!(counter.seen(), "5001:5 5003:5", "{driver}: what crossed");
         let m = lab.metrics_until(|m| metric(m, udp) == Some(10), "counted the last five");
@@ -879,7 +883,7 @@ fn an_interface_missing_at_the_start_is_waited_for() {
         std::thread::sleep(Duration::from_millis(300));
         assert!(!lab.ready(), "{driver}: ready with a port not open");
 
-        lab.link_inside_again(driver);
+        lab.link_inside_again(driver, 1);
         let counter = lab.count_at_server(5001);
         lab.send_udp(5001, 5);
         assert_eq!(counter.seen(), "5001:5", "{driver}: what crossed");
@@ -1103,18 +1107,25 @@ fn link_down_and_up(driver: &str, tag: &str) {
 /// client. Pings and a 1 MB HTTP fetch cross both ways.
 #[test]
 fn the_vxlan_gateway_talks_to_the_kernels_vxlan_over_af_packet() {
-    vxlan_gateway_to_the_kernel("af_packet", "g", "2");
+    vxlan_gateway_to_the_kernel("af_packet", "g", "2", 1);
 }
 
 /// The same over AF_XDP, with one worker (run by the I/O thread).
 #[test]
 fn the_vxlan_gateway_talks_to_the_kernels_vxlan_over_af_xdp() {
-    vxlan_gateway_to_the_kernel("af_xdp", "h", "1");
+    vxlan_gateway_to_the_kernel("af_xdp", "h", "1", 1);
 }
 
-fn vxlan_gateway_to_the_kernel(driver: &str, tag: &str, workers: &str) {
+/// And with two workers on links of two queues: each worker reads and sends through a
+/// queue of its own on each link.
+#[test]
+fn the_vxlan_gateway_talks_to_the_kernels_vxlan_over_af_xdp_queues_of_two_workers() {
+    vxlan_gateway_to_the_kernel("af_xdp", "j", "2", 2);
+}
+
+fn vxlan_gateway_to_the_kernel(driver: &str, tag: &str, workers: &str, queues: u16) {
     const VXLAN_MAC: &str = "02:00:00:00:02:02";
-    let lab = Lab::for_driver_with_queues(driver, tag, 1);
+    let lab = Lab::for_driver_with_queues(driver, tag, queues);
     let (client_mac, underlay_mac) = (lab.mac(&lab.client, "c0"), lab.mac(&lab.server, "s0"));
     // The server: underlay 192.0.2.10 on its link, the overlay address on a vxlan device
     // whose remote VTEP is the gateway's 192.0.2.1.
@@ -1219,7 +1230,7 @@ fn vxlan_gateway_to_the_kernel(driver: &str, tag: &str, workers: &str) {
     let body: Vec<u8> = (0..1_000_000u32).map(|i| (i * 13 % 251) as u8).collect();
     std::fs::write(dir.0.join("file.bin"), &body).expect("write file");
     let _server = lab.serve(&lab.server, SERVER, "80", &dir);
-    let _dpuflow = lab.start(&pipe_path, workers);
+    let dpuflow = lab.start(&pipe_path, workers);
     assert!(lab.ping(&lab.client, SERVER), "no ping through the gateway");
     let deadline = Instant::now() + Duration::from_secs(10);
     let fetched = loop {
@@ -1240,6 +1251,11 @@ fn vxlan_gateway_to_the_kernel(driver: &str, tag: &str, workers: &str) {
         |m| metric(m, out).unwrap_or(0) >= 10 && metric(m, back).unwrap_or(0) >= 700,
         "counted both ways",
     );
+    let log = stop(dpuflow);
+    if queues > 1 {
+        let shared = format!("mode={queues} queue(s) shared by {workers} workers");
+        assert!(log.contains(&shared), "{log}");
+    }
 }
 
 /// An af_xdp port's XDP program is dpuflow's while it runs and goes with it, however it
@@ -1382,7 +1398,8 @@ fn the_units_capabilities_open_live_ports_and_each_is_needed() {
 
 /// An interface of several receive queues: the port has a socket on each, so frames of
 /// many flows, which the veth spreads over its four queues, all reach the pipeline (a
-/// queue without a socket would hand its frames to the dut's kernel instead).
+/// queue without a socket would hand its frames to the dut's kernel instead). With two
+/// workers, each reads and sends through two queues of its own.
 #[test]
 fn every_queue_of_an_af_xdp_port_is_read() {
     let (lab, _dir, pipe_path) = Lab::with_pipeline_queues("af_xdp", "n", 4, UDP_OUT);
@@ -1396,10 +1413,12 @@ fn every_queue_of_an_af_xdp_port_is_read() {
     );
     assert_eq!(metric(&m, udp), Some(2000), "{m}");
     let log = stop(dpuflow);
-    assert!(
-        log.contains("live port open iface=\"in0\" driver=\"AF_XDP\" mode=4 queue(s), copy"),
-        "{log}"
-    );
+    for said in [
+        "live port open iface=\"in0\" driver=\"AF_XDP\" mode=4 queue(s) shared by 2 workers, copy",
+        "each worker reads and sends its own share of the live ports",
+    ] {
+        assert!(log.contains(said), "{said:?} not in the log:\n{log}");
+    }
 }
 
 /// Two workers on AF_PACKET ports, with no connections to track: each reads and sends its

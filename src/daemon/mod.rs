@@ -13,13 +13,15 @@
 //! not three threads on two: a separate writer, woken by every batch, kept preempting the
 //! worker wherever they shared a core, and the service's rate halved in such runs.
 //!
-//! With several workers and live ports that are all AF_PACKET, on a pipeline that writes
-//! no capture, there is no I/O thread: each worker reads and sends its own share of every
-//! port, through a socket of its own in the port's fanout group, and runs its engine in
-//! the same thread, as one worker does with its I/O. The kernel deals the frames by its
-//! flow hash, or, where the pipeline tracks connections, by the dealer's own choice (tunnels
-//! parsed, the two directions met, ICMP errors and fragments with their connection) as an
-//! eBPF program of it (`steering.rs`).
+//! With several workers on live ports and no capture output, there is no I/O thread:
+//! each worker reads and sends its own share of every port and runs its engine in the
+//! same thread, as one worker does with its I/O. On AF_PACKET its share is a socket of
+//! its own in the port's fanout group, the kernel dealing the frames by its flow hash, or,
+//! where the pipeline tracks connections, by the dealer's own choice (tunnels parsed, the
+//! two directions met, ICMP errors and fragments with their connection) as an eBPF
+//! program of it (`steering.rs`). On AF_XDP it is receive queues of its own (the NIC's
+//! hash picks the queue, which keeps a flow together but not a connection's two
+//! directions: a pipeline that tracks connections has the I/O thread deal).
 //!
 //! With live ports, time is the time of day and passes without packets: the I/O thread
 //! hands part-filled batches over whenever no frame waits, and idle workers sweep their
@@ -44,7 +46,8 @@ use crate::engine::{
 use crate::firewall::conntrack::Conntrack;
 use crate::firewall::fragments::Fragments;
 use crate::io::af_packet::Fanout;
-use crate::io::live::{LiveError, LivePort, Received, Sent};
+use crate::io::af_xdp::XdpShares;
+use crate::io::live::{LiveError, LivePort, PortShares, Received, Sent};
 use crate::io::pcap::{CaptureError, CaptureWriter};
 use crate::ir::{Driver, PortId, Program, ServiceKind};
 use crate::kvcache::server::{KvService, StartError};
@@ -207,7 +210,7 @@ struct Shared {
     ports_waiting: AtomicUsize,
     /// Per port, its fanout group, when each worker reads and sends its own share of the
     /// live ports.
-    groups: Option<Vec<Fanout>>,
+    groups: Option<Vec<PortShares>>,
     /// The groups are steered by a program of the dealer's choice (the pipeline tracks
     /// connections), which knows the pipeline's tunnel ports.
     steered: bool,
@@ -246,7 +249,9 @@ impl Shared {
         }
         let program = steering::KernelSteering::load(self.workers, next.code.tunnels())?;
         for g in groups {
-            g.steer(program.fd())?;
+            if let PortShares::Fanout(f) = g {
+                f.steer(program.fd())?;
+            }
         }
         tracing::info!("the fanout groups are steered by the new tunnel ports");
         Ok(())
@@ -371,10 +376,16 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         !replays && ports.any(|(i, p)| p.driver == driver && !bound(i))
     };
     // Several workers on live ports: each reads and sends its own share of every port
-    // (a socket of its own in each port's fanout group), unless the I/O thread must deal
-    // the packets (why, from `dealt_because`).
-    let mut dealt_because = if has_live(Driver::AfXdp) {
-        Some("a port uses AF_XDP, whose sockets are per receive queue".to_owned())
+    // (a socket of its own in each port's fanout group, or AF_XDP receive queues of its
+    // own), unless the I/O thread must deal the packets (why, from `dealt_because`).
+    let live_xdp = has_live(Driver::AfXdp);
+    let mut dealt_because = if live_xdp && program.conntrack.is_some() {
+        Some(
+            "the pipeline tracks connections and a port uses AF_XDP, whose sockets take the \
+             frames of the receive queue the NIC's hash picked: the two directions of a \
+             connection would not meet in one worker"
+                .to_owned(),
+        )
     } else if !opts.bindings.outputs.is_empty() {
         Some("a port writes a capture".to_owned())
     } else {
@@ -387,8 +398,24 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         (None, None) => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
     let code = Arc::new(Compiled::new(&program));
-    let mut may_share = has_live(Driver::AfPacket) && dealt_because.is_none();
+    let mut may_share = (has_live(Driver::AfPacket) || live_xdp) && dealt_because.is_none();
     let mut workers = workers_for(may_share);
+    // An AF_XDP port's queues are dealt among the workers: each needs one at least.
+    let few_queues = program.ports.iter().enumerate().find_map(|(i, p)| {
+        let iface = p.iface.as_deref().unwrap_or_default();
+        let queues = crate::io::af_xdp::receive_queues(iface);
+        let few = p.driver == Driver::AfXdp && !bound(i) && (queues as usize) < workers;
+        few.then(|| (p.name.clone(), iface.to_owned(), queues))
+    });
+    if let Some((port, iface, queues)) = few_queues.filter(|_| may_share && workers > 1) {
+        dealt_because = Some(format!(
+            "port {port}'s interface {iface} has {queues} receive queue(s), fewer than the \
+             {workers} workers, which would each read queues of their own (ethtool -L \
+             {iface} combined {workers})"
+        ));
+        may_share = false;
+        workers = workers_for(false);
+    }
     // Tracked connections need both directions of each (and its ICMP errors and
     // fragments) in one worker's table: the kernel steers by the dealer's own choice,
     // a program of it, where it takes the program.
@@ -407,9 +434,12 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         }
     }
     let shares = workers > 1 && may_share;
-    let groups: Option<Vec<Fanout>> = if shares {
+    let groups: Option<Vec<PortShares>> = if shares {
         let steered = steering.as_ref().map(steering::KernelSteering::fd);
-        let groups = program.ports.iter().map(|_| Fanout::new(workers, steered));
+        let groups = program.ports.iter().map(|p| match p.driver {
+            Driver::AfXdp => Ok(PortShares::Xdp(XdpShares::new(workers))),
+            _ => Fanout::new(workers, steered).map(PortShares::Fanout),
+        });
         Some(
             groups
                 .collect::<Result<_, _>>()
@@ -668,8 +698,8 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         ),
         _ if shares => tracing::info!(
             workers,
-            "each worker reads and sends its own share of the live ports (AF_PACKET \
-             fanout, by flow)"
+            "each worker reads and sends its own share of the live ports (AF_PACKET: \
+             fanout by flow; AF_XDP: receive queues of its own)"
         ),
         Some(why) if lives > 0 && workers > 1 => {
             tracing::info!("the I/O thread deals the live ports' packets to the workers: {why}")

@@ -13,7 +13,7 @@
 //! segmentation offloads (TSO, GSO) on, merged or unsegmented frames larger than any wire
 //! carries, which must be turned off (docs/operations.md).
 
-use super::live::{Received, Sent};
+use super::live::{Joined, Made, Received, Sent};
 use crate::engine::PacketBuf;
 use crate::ir::PortId;
 use crate::sys::RxRing;
@@ -56,25 +56,10 @@ struct FanoutState {
     /// The program that picks each frame's member (PACKET_FANOUT_EBPF), else the
     /// kernel's flow hash.
     program: Option<OwnedFd>,
-    group: Option<Group>,
-}
-
-/// A fanout group on its interface.
-#[derive(Debug)]
-struct Group {
-    ifindex: u32,
-    id: u16,
-    /// The members' sockets not yet taken.
-    sockets: Vec<Option<PacketPort>>,
-    /// The first member's socket, for a new program to be set on the group.
-    anchor: OwnedFd,
-}
-
-/// The group a socket joined, and whether its member made it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Joined {
-    pub id: u16,
-    pub started: bool,
+    /// The group's sockets (its id the kernel's), and its first member's, for a new
+    /// program to be set on it.
+    group: Option<Made<PacketPort>>,
+    anchor: Option<OwnedFd>,
 }
 
 impl Fanout {
@@ -87,6 +72,7 @@ impl Fanout {
             state: Mutex::new(FanoutState {
                 program,
                 group: None,
+                anchor: None,
             }),
         })
     }
@@ -94,8 +80,8 @@ impl Fanout {
     /// Steers the group by `program` from now on, and any group made later.
     pub fn steer(&self, program: BorrowedFd) -> std::io::Result<()> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(g) = &state.group {
-            crate::sys::steer_fanout(g.anchor.as_fd(), program)?;
+        if let Some(anchor) = state.group.as_ref().and(state.anchor.as_ref()) {
+            crate::sys::steer_fanout(anchor.as_fd(), program)?;
         }
         state.program = Some(program.try_clone_to_owned()?);
         Ok(())
@@ -111,12 +97,8 @@ impl Fanout {
         mtu: u16,
     ) -> std::io::Result<PacketPort> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(g) = &mut state.group {
-            if g.ifindex == ifindex {
-                if let Some(own) = g.sockets.get_mut(member).and_then(Option::take) {
-                    return Ok(own);
-                }
-            }
+        if let Some(own) = Made::take(&mut state.group, ifindex, member) {
+            return Ok(own);
         }
         let steered = state.program.as_ref().map(AsFd::as_fd);
         let mut sockets = Vec::with_capacity(self.members);
@@ -149,24 +131,23 @@ impl Fanout {
         for s in sockets.iter().flatten() {
             crate::sys::refuse_frames(s.fd(), false)?;
         }
-        let anchor = first.fd().try_clone_to_owned()?;
-        let own = sockets[member].take();
-        state.group = Some(Group {
+        state.anchor = Some(first.fd().try_clone_to_owned()?);
+        state.group = Some(Made {
             ifindex,
             id,
-            sockets,
-            anchor,
+            ports: sockets,
         });
-        own.ok_or_else(|| std::io::Error::other("no such member of the fanout group"))
+        Made::take(&mut state.group, ifindex, member)
+            .ok_or_else(|| std::io::Error::other("no such member of the fanout group"))
     }
 
     /// Notes that a socket of group `id` is closed because its interface is gone: `true`
     /// for the first of that group's (the port is closed from then on, for all of them).
     pub fn leave(&self, id: u16) -> bool {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let first = state.group.as_ref().is_some_and(|g| g.id == id);
+        let first = Made::leave(&mut state.group, id);
         if first {
-            state.group = None;
+            state.anchor = None;
         }
         first
     }

@@ -10,26 +10,126 @@
 //! segmentation offloads must be off (docs/operations.md). A frame must fit a chunk of the
 //! socket's memory (3840 bytes at most): a port of a larger MTU is refused.
 
-use super::live::{Received, Sent};
+use super::live::{Joined, Made, Received, Sent};
 use crate::engine::PacketBuf;
 use crate::ir::PortId;
 use crate::sys::xdp::{Queued, XdpSocket, XdpSteering};
 use crate::wire::ethernet;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-/// One port on one interface: a socket for each receive queue.
+/// One port on one interface: a socket for each receive queue, or for the queues of one
+/// worker's share.
 #[derive(Debug)]
 pub struct XdpPort {
     port: PortId,
     iface: String,
-    /// Declared first: detached before the sockets close.
-    _steering: XdpSteering,
+    /// Declared first: detached (once no worker's share holds it) before the sockets
+    /// close.
+    _steering: Arc<XdpSteering>,
     sockets: Vec<XdpSocket>,
+    /// The interface's receive queues when the port was opened.
+    queues: u32,
+    /// The workers sharing the port, and the sockets made with this share's.
+    shared_by: usize,
+    group: Option<Joined>,
     /// Keeps the interface promiscuous while the port is open; asked whether it is up.
     promiscuous: OwnedFd,
     /// The socket read next, so that every queue gets its turn.
     turn: usize,
+}
+
+/// A port's receive queues dealt among the workers, each reading and sending through its
+/// own: worker `w` takes queues `w`, `w + workers`, and so on. The NIC's receive hash picks
+/// a frame's queue, so a flow's frames stay with one worker (not both directions of a
+/// connection: the hash is not symmetric). The sockets are made at once, with the XDP
+/// program that steers each queue's frames to its socket, by whichever worker opens the
+/// port first on an interface; the others take theirs.
+#[derive(Debug)]
+pub struct XdpShares {
+    workers: usize,
+    /// The shares made (numbered here), and the number of the last.
+    made: Mutex<(Option<Made<XdpPort>>, u16)>,
+}
+
+impl XdpShares {
+    pub fn new(workers: usize) -> XdpShares {
+        XdpShares {
+            workers,
+            made: Mutex::new((None, 0)),
+        }
+    }
+
+    /// Worker `member`'s share of interface `index` (named `iface`) for a port whose
+    /// largest IP packet is `mtu` bytes: the one made for it, else (the first to open the
+    /// port on this interface) all the shares made anew. An interface of fewer receive
+    /// queues than workers is refused: a worker without a queue could not send.
+    pub fn take(
+        &self,
+        member: usize,
+        port: PortId,
+        iface: &str,
+        index: u32,
+        mtu: u16,
+    ) -> std::io::Result<XdpPort> {
+        let mut made = self.made.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(own) = Made::take(&mut made.0, index, member) {
+            return Ok(own);
+        }
+        let queues = receive_queues(iface);
+        if (queues as usize) < self.workers {
+            return Err(std::io::Error::other(format!(
+                "{queues} receive queue(s), fewer than the {} workers that share the port \
+                 (ethtool -L {iface} combined {})",
+                self.workers, self.workers
+            )));
+        }
+        let sockets = open_sockets(index, queues, mtu)?;
+        let steering = Arc::new(XdpSteering::attach(index, &sockets)?);
+        let id = made.1.wrapping_add(1);
+        let mut shares: Vec<Vec<XdpSocket>> = (0..self.workers).map(|_| Vec::new()).collect();
+        for (q, s) in sockets.into_iter().enumerate() {
+            shares[q % self.workers].push(s);
+        }
+        let ports = shares
+            .into_iter()
+            .enumerate()
+            .map(|(w, sockets)| {
+                Ok(Some(XdpPort {
+                    port,
+                    iface: iface.to_owned(),
+                    _steering: Arc::clone(&steering),
+                    sockets,
+                    queues,
+                    shared_by: self.workers,
+                    group: Some(Joined {
+                        id,
+                        started: w == member,
+                    }),
+                    promiscuous: crate::sys::promiscuous(index)?,
+                    turn: 0,
+                }))
+            })
+            .collect::<std::io::Result<Vec<_>>>()?;
+        *made = (
+            Some(Made {
+                ifindex: index,
+                id,
+                ports,
+            }),
+            id,
+        );
+        Made::take(&mut made.0, index, member)
+            .ok_or_else(|| std::io::Error::other("no such worker's share"))
+    }
+
+    /// Notes that a share made as `id` is closed: `true` for the first (see
+    /// [`super::live::PortShares::leave`]).
+    pub fn leave(&self, id: u16) -> bool {
+        let mut made = self.made.lock().unwrap_or_else(PoisonError::into_inner);
+        Made::leave(&mut made.0, id)
+    }
 }
 
 /// Room beyond the MTU for two VLAN tags of four bytes.
@@ -44,37 +144,47 @@ impl XdpPort {
     /// Opens interface `index` (named `iface`) for a port whose largest IP packet is
     /// `mtu` bytes.
     pub fn open(port: PortId, iface: &str, index: u32, mtu: u16) -> std::io::Result<XdpPort> {
-        let max_frame = largest_frame(mtu);
-        let sockets = (0..receive_queues(iface))
-            .map(|q| open_socket(index, q, max_frame))
-            .collect::<std::io::Result<Vec<_>>>()?;
+        let queues = receive_queues(iface);
+        let sockets = open_sockets(index, queues, mtu)?;
         let steering = XdpSteering::attach(index, &sockets)?;
         Ok(XdpPort {
             port,
             iface: iface.to_owned(),
-            _steering: steering,
+            _steering: Arc::new(steering),
             sockets,
+            queues,
+            shared_by: 1,
+            group: None,
             promiscuous: crate::sys::promiscuous(index)?,
             turn: 0,
         })
     }
 
-    /// How the port works, for the log: its receive queues, and whether the kernel hands
-    /// their frames over in place (zero-copy) or copies them.
+    /// How the port works, for the log: its receive queues (and the workers sharing
+    /// them), and whether the kernel hands their frames over in place (zero-copy) or
+    /// copies them.
     pub fn mode(&self) -> String {
         let copies = if self.sockets.iter().all(XdpSocket::zero_copy) {
             "zero-copy"
         } else {
             "copy"
         };
-        format!("{} queue(s), {copies}", self.sockets.len())
+        match self.shared_by {
+            1 => format!("{} queue(s), {copies}", self.queues),
+            n => format!("{} queue(s) shared by {n} workers, {copies}", self.queues),
+        }
     }
 
-    /// Whether the interface's receive queues are no longer those the port has a socket
-    /// on (`ethtool -L` changed them): frames of a queue without one would go to the
+    /// The shares made with this one, where the workers share the port.
+    pub fn group(&self) -> Option<Joined> {
+        self.group
+    }
+
+    /// Whether the interface's receive queues are no longer those the port was opened on
+    /// (`ethtool -L` changed them): frames of a queue without a socket would go to the
     /// kernel's stack, around the pipeline.
     pub fn queues_changed(&self) -> bool {
-        receive_queues(&self.iface) as usize != self.sockets.len()
+        receive_queues(&self.iface) != self.queues
     }
 
     /// The sockets to wait on for frames.
@@ -142,6 +252,15 @@ impl XdpPort {
 /// restarted at once can find its old self still there.
 const RELEASE_WAIT: Duration = Duration::from_secs(2);
 
+/// A socket on each of the interface's first `queues` receive queues, for frames of IP
+/// packets of `mtu` bytes.
+fn open_sockets(index: u32, queues: u32, mtu: u16) -> std::io::Result<Vec<XdpSocket>> {
+    let max_frame = largest_frame(mtu);
+    (0..queues)
+        .map(|q| open_socket(index, q, max_frame))
+        .collect()
+}
+
 /// [`XdpSocket::open`], tried again while the queue is busy, for up to [`RELEASE_WAIT`].
 fn open_socket(index: u32, queue: u32, max_frame: usize) -> std::io::Result<XdpSocket> {
     let since = Instant::now();
@@ -157,7 +276,7 @@ fn open_socket(index: u32, queue: u32, max_frame: usize) -> std::io::Result<XdpS
 
 /// The interface's receive queues (as /sys/class/net/IFACE/queues lists them; one where
 /// it cannot be read).
-fn receive_queues(iface: &str) -> u32 {
+pub fn receive_queues(iface: &str) -> u32 {
     std::fs::read_dir(format!("/sys/class/net/{iface}/queues"))
         .map(|d| {
             d.flatten()

@@ -2,8 +2,8 @@
 //! AF_PACKET (`crate::io::af_packet`) or AF_XDP (`crate::io::af_xdp`). The service reads
 //! and sends frames through this one type whichever it is.
 
-use super::af_packet::{Fanout, Joined, PacketPort};
-use super::af_xdp::XdpPort;
+use super::af_packet::{Fanout, PacketPort};
+use super::af_xdp::{XdpPort, XdpShares};
 use crate::engine::PacketBuf;
 use crate::ir::{Driver, PortId};
 use std::os::fd::BorrowedFd;
@@ -27,6 +27,63 @@ pub enum LiveError {
         /// What to look at, for the failures that have a usual cause.
         hint: &'static str,
     },
+}
+
+/// How the workers share a port, each through sockets of its own: an AF_PACKET fanout
+/// group, or an AF_XDP port's receive queues dealt among them.
+#[derive(Debug)]
+pub enum PortShares {
+    Fanout(Fanout),
+    Xdp(XdpShares),
+}
+
+impl PortShares {
+    /// Notes that a port of sockets made together as `id` is closed because its interface
+    /// is gone (or, AF_XDP, its queues changed): `true` for the first of them (the port is
+    /// closed from then on, for every worker).
+    pub fn leave(&self, id: u16) -> bool {
+        match self {
+            PortShares::Fanout(f) => f.leave(id),
+            PortShares::Xdp(x) => x.leave(id),
+        }
+    }
+}
+
+/// The sockets a shared port has on an interface, one set a worker, made together by
+/// whichever worker opened the port there first; each worker takes its own.
+#[derive(Debug)]
+pub(super) struct Made<P> {
+    pub ifindex: u32,
+    pub id: u16,
+    /// Per worker, its sockets not yet taken.
+    pub ports: Vec<Option<P>>,
+}
+
+impl<P> Made<P> {
+    /// Worker `member`'s port, where `made` is on interface `ifindex` and it is not yet
+    /// taken.
+    pub fn take(made: &mut Option<Made<P>>, ifindex: u32, member: usize) -> Option<P> {
+        made.as_mut()
+            .filter(|m| m.ifindex == ifindex)
+            .and_then(|m| m.ports.get_mut(member)?.take())
+    }
+
+    /// Forgets `made` if it is `id`'s: `true` for the first to ask.
+    pub fn leave(made: &mut Option<Made<P>>, id: u16) -> bool {
+        let first = made.as_ref().is_some_and(|m| m.id == id);
+        if first {
+            *made = None;
+        }
+        first
+    }
+}
+
+/// A socket of a shared port: the id of the sockets made with it, and whether its worker
+/// made them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Joined {
+    pub id: u16,
+    pub started: bool,
 }
 
 /// What became of a frame sent ([`LivePort::send`]).
@@ -68,14 +125,14 @@ enum Socket {
 
 impl LivePort {
     /// Opens `iface` for port `port` of driver `driver` (af_packet or af_xdp), whose
-    /// largest IP packet is `mtu` bytes. With `fanout` (af_packet only), the port's frames
-    /// are shared with the other sockets of its group: the socket is that member's.
+    /// largest IP packet is `mtu` bytes. With `shares`, the port is shared by the workers
+    /// and this is the given worker's part of it.
     pub fn open(
         port: PortId,
         iface: &str,
         driver: Driver,
         mtu: u16,
-        fanout: Option<(&Fanout, usize)>,
+        shares: Option<(&PortShares, usize)>,
     ) -> Result<LivePort, LiveError> {
         let index = crate::sys::interface_index(iface).map_err(|source| LiveError::Interface {
             iface: iface.to_owned(),
@@ -108,10 +165,17 @@ impl LivePort {
                 hint,
             }
         };
-        let socket = if driver == Driver::AfXdp {
-            Socket::Xdp(XdpPort::open(port, iface, index, mtu).map_err(failed)?)
-        } else {
-            Socket::Packet(PacketPort::open(port, index, mtu, fanout).map_err(failed)?)
+        let socket = match (driver, shares) {
+            (Driver::AfXdp, Some((PortShares::Xdp(x), member))) => {
+                Socket::Xdp(x.take(member, port, iface, index, mtu).map_err(failed)?)
+            }
+            (Driver::AfXdp, _) => {
+                Socket::Xdp(XdpPort::open(port, iface, index, mtu).map_err(failed)?)
+            }
+            (_, Some((PortShares::Fanout(f), member))) => Socket::Packet(
+                PacketPort::open(port, index, mtu, Some((f, member))).map_err(failed)?,
+            ),
+            _ => Socket::Packet(PacketPort::open(port, index, mtu, None).map_err(failed)?),
         };
         Ok(LivePort {
             iface: iface.to_owned(),
@@ -124,11 +188,11 @@ impl LivePort {
         &self.iface
     }
 
-    /// The fanout group the port's socket is in, if it shares the port.
+    /// The sockets made with this port's, where the workers share the port.
     pub fn group(&self) -> Option<Joined> {
         match &self.socket {
             Socket::Packet(p) => p.group(),
-            Socket::Xdp(_) => None,
+            Socket::Xdp(x) => x.group(),
         }
     }
 
