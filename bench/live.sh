@@ -7,9 +7,10 @@
 # af_packet). RELOAD_EVERY=SECONDS sends dpuflow SIGHUP that often while the frames flow
 # (each reloads the pipeline) and adds a column of the reloads done. TRACK=1 runs a
 # stateful firewall instead of a plain bridge: every flow from inside committed to
-# connection tracking, only tracked ones (and ARP) let in from outside. Needs root,
+# connection tracking, only tracked ones (and ARP) let in from outside. QUEUES=N gives
+# the links N queues each (default 1; AF_XDP workers share a port by queue). Needs root,
 # tcpreplay and ethtool.
-# Usage: [DPUFLOW=BIN] [DRIVER=af_packet|af_xdp] [RELOAD_EVERY=S] [TRACK=1] bench/live.sh [WORKERS] [RATE...]
+# Usage: [DPUFLOW=BIN] [DRIVER=af_packet|af_xdp] [RELOAD_EVERY=S] [TRACK=1] [QUEUES=N] bench/live.sh [WORKERS] [RATE...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 workers=${1:-1}
@@ -34,8 +35,9 @@ cleanup() {
 }
 trap cleanup EXIT
 for n in $c $d $s; do ip netns add $n; done
-ip link add c0 netns $c type veth peer name in0 netns $d
-ip link add s0 netns $s type veth peer name out0 netns $d
+q=(numrxqueues "${QUEUES:-1}" numtxqueues "${QUEUES:-1}")
+ip link add c0 netns $c "${q[@]}" type veth peer name in0 netns $d "${q[@]}"
+ip link add s0 netns $s "${q[@]}" type veth peer name out0 netns $d "${q[@]}"
 for x in "$c c0" "$d in0" "$d out0" "$s s0"; do
     read -r ns dev <<<"$x"
     ip -n "$ns" link set "$dev" up
