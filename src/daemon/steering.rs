@@ -424,22 +424,12 @@ fn walk_v6(a: &mut Asm, base: i16, out: &WalkOut, fail: Label, done: Label) {
 
         // Options headers: (length + 1) × 8 bytes (RFC 8200 §4.3–4.6).
         a.bind(options);
-        need(a, 2, fail);
-        a.load_packet(Size::B, R8, 1);
-        a.alu(Alu::Add, R0, Src::K(1));
-        a.alu(Alu::Lsh, R0, Src::K(3));
-        a.store(Size::DW, FP, TMP, Src::X(R0));
-        step(a);
+        skip_sized(a, 1, 3, fail);
         a.goto(next);
 
         // Authentication header: (length + 2) × 4 bytes (RFC 4302 §2.2).
         a.bind(ah);
-        need(a, 2, fail);
-        a.load_packet(Size::B, R8, 1);
-        a.alu(Alu::Add, R0, Src::K(2));
-        a.alu(Alu::Lsh, R0, Src::K(2));
-        a.store(Size::DW, FP, TMP, Src::X(R0));
-        step(a);
+        skip_sized(a, 2, 2, fail);
         a.goto(next);
 
         // Fragment header (RFC 8200 §4.5): a later fragment's chain ends here.
@@ -464,6 +454,17 @@ fn walk_v6(a: &mut Asm, base: i16, out: &WalkOut, fail: Label, done: Label) {
         a.bind(next);
     }
     a.goto(fail);
+}
+
+/// Steps the walk over the header at R8 whose second byte says its length: (that + `plus`)
+/// << `shift` bytes. Jumps to `fail` where the two bytes are not within `WEND`.
+fn skip_sized(a: &mut Asm, plus: i32, shift: i32, fail: Label) {
+    need(a, 2, fail);
+    a.load_packet(Size::B, R8, 1);
+    a.alu(Alu::Add, R0, Src::K(plus));
+    a.alu(Alu::Lsh, R0, Src::K(shift));
+    a.store(Size::DW, FP, TMP, Src::X(R0));
+    step(a);
 }
 
 /// Jumps to `fail` unless `bytes` from R8 lie within `WEND`.
