@@ -105,8 +105,8 @@ impl KernelSteering {
     }
 }
 
-// The program's variables: 8-byte slots below the frame pointer, all zeroed first (the
-// verifier refuses a read of stack never written).
+// The program's variables: 8-byte slots below the frame pointer, each written before it
+// is read (the verifier refuses a read of stack never written).
 /// The packet's length from its network header.
 const LEN: i16 = -8;
 /// EtherType after any VLAN tags.
@@ -145,8 +145,15 @@ const KEY: i16 = -208;
 const KEY_LEN: usize = 40;
 const VALUE: i16 = -224;
 /// The hashed packet's addresses, as they are in the packet.
-const ADDRESSES: i16 = -256;
-const STACK: i16 = ADDRESSES;
+const ADDRESSES: i16 = -264;
+/// Where the common frame's headers are copied so that its addresses land on
+/// `ADDRESSES`: an IPv4 header of 20 bytes and its ports, or an IPv6 header and its ports.
+const V4_COPY: i16 = ADDRESSES - 12;
+const V6_COPY: i16 = ADDRESSES - 8;
+/// Where the hashed ports are: in the packet at `H_L4` (0), or copied after an IPv4
+/// (1) or IPv6 (2) header.
+const PORTS_AT: i16 = -280;
+const STACK: i16 = PORTS_AT;
 
 /// Where a walk of an IPv6 header chain puts what it found.
 struct WalkOut {
@@ -163,16 +170,22 @@ fn program(workers: usize, tunnels: &TunnelPorts, fragments: BorrowedFd) -> Vec<
     let mut a = Asm::default();
     let refuse = a.label();
     a.mov(R6, Src::X(R1));
-    for slot in (STACK..0).step_by(8) {
-        a.store(Size::DW, FP, slot, Src::K(0));
-    }
     // struct __sk_buff: len at 0, protocol (network byte order) at 16.
     a.load(Size::W, R0, R6, 0);
     a.store(Size::DW, FP, LEN, Src::X(R0));
-    a.store(Size::DW, FP, BUFEND, Src::X(R0));
     a.load(Size::W, R0, R6, 16);
     a.from_be(R0, 16);
     a.store(Size::DW, FP, ET, Src::X(R0));
+    let (general, copied) = (a.label(), a.label());
+    common_frame(&mut a, tunnels, general, copied);
+    a.bind(general);
+    // The general path's slots zeroed (the verifier refuses a read of stack never
+    // written), but for the length and EtherType set above.
+    for slot in (STACK..ET).step_by(8) {
+        a.store(Size::DW, FP, slot, Src::K(0));
+    }
+    a.load(Size::DW, R0, FP, LEN);
+    a.store(Size::DW, FP, BUFEND, Src::X(R0));
     a.mov(R7, Src::K(0));
     layers(&mut a, refuse);
 
@@ -265,7 +278,7 @@ fn program(workers: usize, tunnels: &TunnelPorts, fragments: BorrowedFd) -> Vec<
 
     quoted(&mut a, quote, plain, hash);
     first_fragments(&mut a, fragment, hash, fragments);
-    flow_hash(&mut a, hash, refuse);
+    flow_hash(&mut a, hash, copied, refuse);
     a.bind(worker);
     a.alu(Alu::Mul, R9, Src::K(workers as i32));
     a.alu(Alu::Rsh, R9, Src::K(32));
@@ -292,6 +305,87 @@ fn program(workers: usize, tunnels: &TunnelPorts, fragments: BorrowedFd) -> Vec<
     a.mov(R0, Src::K(0));
     a.exit();
     a.finish()
+}
+
+/// The common frame, hashed from one copy of its headers (a load apiece is a call
+/// apiece): an IPv4 header of 20 bytes or an IPv6 header with no extension header, not a
+/// fragment, not ICMP, to no tunnel port, whose transport header's first word is within
+/// the packet (IPv6: of TCP, UDP, SCTP or UDP-Lite). Jumps to `copied` in the hash with
+/// its slots set; anything else, or a frame the parser would refuse in a way this does not
+/// look for (it goes to any worker then), to `general`.
+fn common_frame(a: &mut Asm, tunnels: &TunnelPorts, general: Label, copied: Label) {
+    let (v6, transport) = (a.label(), a.label());
+    a.load(Size::DW, R7, FP, ET);
+    a.jump_if(Cond::Eq, R7, Src::K(i32::from(ethertype::IPV6)), v6);
+    a.jump_if(Cond::Ne, R7, Src::K(i32::from(ethertype::IPV4)), general);
+    copy_headers(a, V4_COPY, 24, general);
+    // Version 4, 20 bytes; no fragment; 24 bytes within its length and the packet's.
+    a.load(Size::B, R0, FP, V4_COPY);
+    a.jump_if(Cond::Ne, R0, Src::K(0x45), general);
+    a.load(Size::H, R0, FP, V4_COPY + 6);
+    a.from_be(R0, 16);
+    a.jump_if(Cond::Set, R0, Src::K(0x3fff), general);
+    a.load(Size::H, R8, FP, V4_COPY + 2);
+    a.from_be(R8, 16);
+    a.jump_if(Cond::Lt, R8, Src::K(24), general);
+    a.load(Size::DW, R1, FP, LEN);
+    a.jump_if(Cond::Gt, R8, Src::X(R1), general);
+    a.load(Size::B, R9, FP, V4_COPY + 9);
+    a.jump_if(Cond::Eq, R9, Src::K(i32::from(ip_proto::ICMP)), general);
+    a.jump_if(Cond::Eq, R9, Src::K(i32::from(ip_proto::ICMPV6)), general);
+    a.store(Size::DW, FP, KIND, Src::K(4));
+    a.store(Size::DW, FP, PORTS_AT, Src::K(1));
+    a.load(Size::H, R0, FP, V4_COPY + 22);
+    a.goto(transport);
+
+    a.bind(v6);
+    copy_headers(a, V6_COPY, 44, general);
+    // Version 6; the transport header next; its first word within the packet.
+    a.load(Size::B, R0, FP, V6_COPY);
+    a.alu(Alu::Rsh, R0, Src::K(4));
+    a.jump_if(Cond::Ne, R0, Src::K(6), general);
+    a.load(Size::B, R9, FP, V6_COPY + 6);
+    let ported = a.label();
+    for p in (0..=255u8).filter(|&p| ip_proto::has_ports(p)) {
+        a.jump_if(Cond::Eq, R9, Src::K(i32::from(p)), ported);
+    }
+    a.goto(general);
+    a.bind(ported);
+    a.load(Size::H, R8, FP, V6_COPY + 4);
+    a.from_be(R8, 16);
+    a.jump_if(Cond::Lt, R8, Src::K(4), general);
+    a.alu(Alu::Add, R8, Src::K(40));
+    a.load(Size::DW, R1, FP, LEN);
+    a.jump_if(Cond::Gt, R8, Src::X(R1), general);
+    a.store(Size::DW, FP, KIND, Src::K(6));
+    a.store(Size::DW, FP, PORTS_AT, Src::K(2));
+    a.load(Size::H, R0, FP, V6_COPY + 42);
+
+    // R0: the destination port (as copied), R9: the protocol.
+    a.bind(transport);
+    a.from_be(R0, 16);
+    let hashed = a.label();
+    a.jump_if(Cond::Ne, R9, Src::K(i32::from(ip_proto::UDP)), hashed);
+    for (port, _) in tunnels.ports() {
+        a.jump_if(Cond::Eq, R0, Src::K(i32::from(port)), general);
+    }
+    a.bind(hashed);
+    a.store(Size::DW, FP, H_PROTO, Src::X(R9));
+    a.store(Size::DW, FP, H_PORTS, Src::K(1));
+    a.store(Size::DW, FP, NOTE, Src::K(0));
+    a.goto(copied);
+}
+
+/// Copies the packet's first `bytes` from its network header to `to`; jumps to `general`
+/// where it is shorter.
+fn copy_headers(a: &mut Asm, to: i16, bytes: i32, general: Label) {
+    a.mov(R1, Src::X(R6));
+    a.mov(R2, Src::K(0));
+    a.mov(R3, Src::X(FP));
+    a.alu(Alu::Add, R3, Src::K(i32::from(to)));
+    a.mov(R4, Src::K(bytes));
+    a.call(bpf::SKB_LOAD_BYTES);
+    a.jump_if(Cond::Ne, R0, Src::K(0), general);
 }
 
 fn copy(a: &mut Asm, from: i16, to: i16) {
@@ -635,7 +729,7 @@ fn first_fragments(a: &mut Asm, fragment: Label, hash: Label, fragments: Borrowe
 
 /// At `hash`: `parse::flow_hash_of` of the hash's slots, into R9; falls through to the
 /// worker's choice.
-fn flow_hash(a: &mut Asm, hash: Label, refuse: Label) {
+fn flow_hash(a: &mut Asm, hash: Label, copied: Label, refuse: Label) {
     a.bind(hash);
     let (v6, mixed, ordered, no_ports, ports_ordered) =
         (a.label(), a.label(), a.label(), a.label(), a.label());
@@ -654,6 +748,7 @@ fn flow_hash(a: &mut Asm, hash: Label, refuse: Label) {
     a.alu(Alu::Add, R3, Src::K(i32::from(ADDRESSES)));
     a.call(bpf::SKB_LOAD_BYTES);
     a.jump_if(Cond::Ne, R0, Src::K(0), refuse);
+    a.bind(copied);
     a.load(Size::DW, R0, FP, KIND);
     a.jump_if(Cond::Eq, R0, Src::K(6), v6);
     a.load(Size::W, R8, FP, ADDRESSES);
@@ -691,8 +786,22 @@ fn flow_hash(a: &mut Asm, hash: Label, refuse: Label) {
     }
     a.goto(no_ports);
     a.bind(has_ports);
+    let (word, v6_word) = (a.label(), a.label());
+    a.load(Size::DW, R0, FP, PORTS_AT);
+    a.jump_if(Cond::Eq, R0, Src::K(2), v6_word);
+    a.jump_if(Cond::Eq, R0, Src::K(1), word);
     a.load(Size::DW, R7, FP, H_L4);
     a.load_packet(Size::W, R7, 0);
+    let loaded = a.label();
+    a.goto(loaded);
+    a.bind(v6_word);
+    a.load(Size::W, R0, FP, ADDRESSES + 32);
+    a.from_be(R0, 32);
+    a.goto(loaded);
+    a.bind(word);
+    a.load(Size::W, R0, FP, ADDRESSES + 8);
+    a.from_be(R0, 32);
+    a.bind(loaded);
     a.mov(R1, Src::X(R0));
     a.alu(Alu::Rsh, R1, Src::K(16));
     a.mov(R2, Src::X(R0));
