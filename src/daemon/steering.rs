@@ -13,7 +13,7 @@
 //! against [`pick`] over many frames (BPF_PROG_TEST_RUN).
 
 use crate::engine::parse::{self, fragment_of, Meta, TunnelPorts};
-use crate::firewall::fragments::Fragments;
+use crate::firewall::fragments::{self, Fragments};
 use crate::ir::Tunnel;
 use crate::sys::bpf::{self, Alu, Asm, Cond, Label, MapType, ProgType, Size, Src};
 use crate::sys::bpf::{FP, R0, R1, R2, R3, R4, R6, R7, R8, R9};
@@ -65,9 +65,6 @@ pub fn pick(
         None => by_hash(false),
     }
 }
-
-/// How long a first fragment's worker is remembered: as [`Fragments`] does.
-const FRAGMENT_TIMEOUT_NS: u64 = 30_000_000_000;
 
 /// Datagrams whose first fragment's worker the program remembers at once (the least
 /// recently used gives way).
@@ -656,7 +653,7 @@ fn quoted(a: &mut Asm, quote: Label, plain: Label, hash: Label) {
 /// At `fragment`: the flow's datagram as its key in the fragments map; a first fragment
 /// goes by its flow (ports included where it holds them) and is noted, a later one where
 /// its first went, or by its addresses.
-fn first_fragments(a: &mut Asm, fragment: Label, hash: Label, fragments: BorrowedFd) {
+fn first_fragments(a: &mut Asm, fragment: Label, hash: Label, map: BorrowedFd) {
     a.bind(fragment);
     let (v6, keyed, later, unknown) = (a.label(), a.label(), a.label(), a.label());
     a.load(Size::DW, R7, FP, L3);
@@ -706,7 +703,7 @@ fn first_fragments(a: &mut Asm, fragment: Label, hash: Label, fragments: Borrowe
     a.goto(hash);
 
     a.bind(later);
-    a.map(R1, fragments);
+    a.map(R1, map);
     a.mov(R2, Src::X(FP));
     a.alu(Alu::Add, R2, Src::K(i32::from(KEY)));
     a.call(bpf::MAP_LOOKUP_ELEM);
@@ -716,7 +713,8 @@ fn first_fragments(a: &mut Asm, fragment: Label, hash: Label, fragments: Borrowe
     a.call(bpf::KTIME_GET_NS);
     a.jump_if(Cond::Lt, R0, Src::X(R9), unknown);
     a.alu(Alu::Sub, R0, Src::X(R9));
-    a.imm64(R1, FRAGMENT_TIMEOUT_NS);
+    // As long as the dealer remembers one.
+    a.imm64(R1, fragments::TIMEOUT_NS);
     a.jump_if(Cond::Gt, R0, Src::X(R1), unknown);
     a.mov(R0, Src::X(R8));
     a.exit();

@@ -14,7 +14,7 @@ const WAYS: usize = 4;
 
 /// How long a first fragment's word stays (packet time): Linux's reassembly timeout
 /// (`ipfrag_time`, 30 s).
-const TIMEOUT_NS: u64 = 30_000_000_000;
+pub const TIMEOUT_NS: u64 = 30_000_000_000;
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Slot<V> {
