@@ -262,9 +262,7 @@ fn program(workers: usize, tunnels: &TunnelPorts, fragments: BorrowedFd) -> Vec<
     }
     a.bind(plain);
     // The flow's own addresses and ports.
-    copy(&mut a, L3, H_L3);
-    copy(&mut a, PROTO, H_PROTO);
-    copy(&mut a, L4, H_L4);
+    hash_the_flow(&mut a);
     a.store(Size::DW, FP, H_PORTS, Src::K(1));
     a.goto(hash);
 
@@ -385,9 +383,25 @@ fn copy_headers(a: &mut Asm, to: i16, bytes: i32, general: Label) {
     a.jump_if(Cond::Ne, R0, Src::K(0), general);
 }
 
-fn copy(a: &mut Asm, from: i16, to: i16) {
-    a.load(Size::DW, R0, FP, from);
-    a.store(Size::DW, FP, to, Src::X(R0));
+/// Points the hash at the flow's own headers (whether it reads ports is the caller's).
+fn hash_the_flow(a: &mut Asm) {
+    for (from, to) in [(L3, H_L3), (PROTO, H_PROTO), (L4, H_L4)] {
+        a.load(Size::DW, R0, FP, from);
+        a.store(Size::DW, FP, to, Src::X(R0));
+    }
+}
+
+/// Has the hash read ports where the first word at `H_L4` lies within the flow's `END`
+/// (a quote or a first fragment may be cut before them).
+fn ports_within(a: &mut Asm) {
+    let cut = a.label();
+    a.store(Size::DW, FP, H_PORTS, Src::K(0));
+    a.load(Size::DW, R0, FP, H_L4);
+    a.alu(Alu::Add, R0, Src::K(4));
+    a.load(Size::DW, R1, FP, END);
+    a.jump_if(Cond::Gt, R0, Src::X(R1), cut);
+    a.store(Size::DW, FP, H_PORTS, Src::K(1));
+    a.bind(cut);
 }
 
 /// One stack of layers, as `parse::layers` reads it: R7 at the first byte after the
@@ -639,14 +653,7 @@ fn quoted(a: &mut Asm, quote: Label, plain: Label, hash: Label) {
 
     a.bind(found);
     // Its ports, where the quote holds them.
-    let cut = a.label();
-    a.store(Size::DW, FP, H_PORTS, Src::K(0));
-    a.load(Size::DW, R0, FP, H_L4);
-    a.alu(Alu::Add, R0, Src::K(4));
-    a.load(Size::DW, R1, FP, END);
-    a.jump_if(Cond::Gt, R0, Src::X(R1), cut);
-    a.store(Size::DW, FP, H_PORTS, Src::K(1));
-    a.bind(cut);
+    ports_within(a);
     a.goto(hash);
 }
 
@@ -688,17 +695,8 @@ fn first_fragments(a: &mut Asm, fragment: Label, hash: Label, map: BorrowedFd) {
 
     a.bind(keyed);
     // The first fragment.
-    copy(a, L3, H_L3);
-    copy(a, PROTO, H_PROTO);
-    copy(a, L4, H_L4);
-    let cut = a.label();
-    a.store(Size::DW, FP, H_PORTS, Src::K(0));
-    a.load(Size::DW, R0, FP, L4);
-    a.alu(Alu::Add, R0, Src::K(4));
-    a.load(Size::DW, R1, FP, END);
-    a.jump_if(Cond::Gt, R0, Src::X(R1), cut);
-    a.store(Size::DW, FP, H_PORTS, Src::K(1));
-    a.bind(cut);
+    hash_the_flow(a);
+    ports_within(a);
     a.store(Size::DW, FP, NOTE, Src::K(1));
     a.goto(hash);
 
@@ -719,8 +717,7 @@ fn first_fragments(a: &mut Asm, fragment: Label, hash: Label, map: BorrowedFd) {
     a.mov(R0, Src::X(R8));
     a.exit();
     a.bind(unknown);
-    copy(a, L3, H_L3);
-    copy(a, PROTO, H_PROTO);
+    hash_the_flow(a);
     a.store(Size::DW, FP, H_PORTS, Src::K(0));
     a.goto(hash);
 }
