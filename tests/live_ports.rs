@@ -1203,7 +1203,7 @@ fn vxlan_gateway_to_the_kernel(driver: &str, tag: &str, workers: &str, queues: u
             "permanent",
         ],
     );
-    let dir = Scratch::new(&format!("live-vxlan-{driver}"));
+    let dir = Scratch::new(&format!("live-vxlan-{driver}-{tag}"));
     let pipe_path = dir.path("gateway.pipe");
     std::fs::write(
         &pipe_path,
