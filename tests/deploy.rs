@@ -42,6 +42,7 @@ fn full_exposition() -> String {
             checkpoint: None,
             nvme_digests: Default::default(),
             page_cache: None,
+            discard: false,
             password_file: None,
             tls: None,
         },

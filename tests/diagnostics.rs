@@ -67,6 +67,7 @@ fn every_semantic_check_has_a_bad_file() {
             "bad-blocks",
             "error: `page_cache` is on or off, not `sometimes`",
         ),
+        ("bad-blocks", "error: `discard` is on or off, not `always`"),
         ("duplicate-names", "error: duplicate rule `a`"),
         ("duplicate-names", "error: duplicate pipe `ingress`"),
         (

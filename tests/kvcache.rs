@@ -19,9 +19,15 @@ fn wait_for_port(port: u16, what: &str) {
 
 /// qemu-nbd exporting `image` as `kv` on 127.0.0.1:`port`, to several clients at once.
 fn nbd_server(image: &str, port: u16) -> Running {
+    nbd_server_with(image, port, &[])
+}
+
+/// [`nbd_server`] with more of qemu-nbd's options.
+fn nbd_server_with(image: &str, port: u16, options: &[&str]) -> Running {
     let child = Command::new("qemu-nbd")
         .args(["-f", "raw", "-x", "kv", "-b", "127.0.0.1", "-p"])
         .arg(port.to_string())
+        .args(options)
         .args(["--persistent", "--shared=8", image])
         .stderr(Stdio::null())
         .spawn()
@@ -582,6 +588,111 @@ fn hosts_put_and_get_blocks_stored_on_an_nvme_tcp_target() {
         kv.metric("dpuflow_kvcache_storage_errors_total{service=\"kvcache\"}"),
         0
     );
+    assert_eq!(kv.terminate(), 0);
+}
+
+/// Bytes of its file system that `file` takes (holes take none).
+fn allocated(file: &str) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(file).expect("stat").blocks() * 512
+}
+
+/// With `discard on`, values deleted give their blocks back to the target: `image`, the
+/// file behind it, takes its space back once the blocks are discarded (after the next
+/// checkpoint, which must no longer name them), and values stored afterwards read back.
+fn deleted_values_are_discarded(kv: &KvService, image: &str) {
+    const VALUES: usize = 6;
+    let blocks: Vec<Vec<u8>> = (0..VALUES)
+        .map(|i| value(2_000_000, 40 + i as u64))
+        .collect();
+    let before = allocated(image);
+    for (i, b) in blocks.iter().enumerate() {
+        assert_eq!(
+            kv.cli_with(&["-x", "SET", &format!("layer{i}")], b).trim(),
+            "OK"
+        );
+    }
+    layers_read_back(kv, &blocks);
+    let stored = allocated(image);
+    assert!(
+        stored >= before + VALUES as u64 * 2_000_000,
+        "the values took {} bytes of the image",
+        stored - before
+    );
+    for i in 0..VALUES {
+        assert_eq!(kv.cli(&["DEL", &format!("layer{i}")]).trim(), "1");
+    }
+    // Each value's 31 blocks of 64 KiB; the image then holds about what it did before
+    // them (checkpoints write the index meanwhile: less than a MiB).
+    let freed = VALUES as u64 * 31 * 65536;
+    let left = before + (1 << 20);
+    let discarded = "dpuflow_kvcache_discarded_bytes_total{service=\"kvcache\"}";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while kv.metric(discarded) < freed || allocated(image) > left {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {freed} bytes discarded; the image takes {} bytes, {before} before the values and {stored} with them",
+            kv.metric(discarded),
+            allocated(image)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        kv.metric("dpuflow_kvcache_discard_failures_total{service=\"kvcache\"}"),
+        0
+    );
+    let again: Vec<Vec<u8>> = (0..VALUES)
+        .map(|i| value(2_000_000, 50 + i as u64))
+        .collect();
+    for (i, b) in again.iter().enumerate() {
+        assert_eq!(
+            kv.cli_with(&["-x", "SET", &format!("layer{i}")], b).trim(),
+            "OK"
+        );
+    }
+    layers_read_back(kv, &again);
+}
+
+#[test]
+fn deleted_values_are_discarded_on_a_file_target() {
+    let dir = Scratch::new("kv-discard-file");
+    let file = dir.path("blocks.img");
+    let target = format!("file://{file}");
+    // Without checkpoints, and then with them (freed blocks wait for the next).
+    for options in ["discard on  checkpoint off", "discard on  checkpoint 1s"] {
+        let kv = KvService::start_with(&dir, &target, "32MiB", options);
+        deleted_values_are_discarded(&kv, &file);
+        assert_eq!(kv.terminate(), 0);
+    }
+}
+
+#[test]
+fn deleted_values_are_trimmed_on_an_nbd_target() {
+    let dir = Scratch::new("kv-discard-nbd");
+    let image = image(&dir, 64);
+    let port = free_port();
+    let _nbd = nbd_server_with(&image, port, &["--discard=unmap"]);
+    let target = format!("nbd://127.0.0.1:{port}/kv");
+    let kv = KvService::start_with(&dir, &target, "32MiB", "discard on  checkpoint 1s");
+    deleted_values_are_discarded(&kv, &image);
+    assert_eq!(kv.terminate(), 0);
+}
+
+/// Deallocated by Dataset Management on the kernel's target, which discards on its disk,
+/// whose emulator punches the holes in the image.
+#[test]
+fn deleted_values_are_deallocated_on_an_nvme_tcp_target() {
+    let dir = Scratch::new("kv-discard-nvme");
+    let image = image(&dir, 64);
+    let port = free_port();
+    let _target = nvmet_target(&image, port);
+    let kv = KvService::start_with(
+        &dir,
+        &format!("nvme-tcp://127.0.0.1:{port}/nqn.2026-11.io.dpuflow:kv"),
+        "32MiB",
+        "discard on  checkpoint 1s",
+    );
+    deleted_values_are_discarded(&kv, &image);
     assert_eq!(kv.terminate(), 0);
 }
 

@@ -915,6 +915,9 @@ pub struct KvCache {
     /// (`page_cache`); `None`: as its kind has it, a block device's directly and a
     /// file's through it.
     pub page_cache: Option<bool>,
+    /// Whether the target is told of blocks freed (`discard`): TRIM, NBD trim or NVMe
+    /// deallocation, before the blocks are used again.
+    pub discard: bool,
     /// The file holding the password clients must give (`AUTH`), if any; read when the
     /// service starts.
     pub password_file: Option<PathBuf>,

@@ -32,6 +32,36 @@ struct FreeBlocks {
     /// Times a value needed held-back blocks before the next save: the saved index may
     /// then name blocks rewritten since (reads of such keys fail their checksum).
     overruns: u64,
+    /// Blocks freed and not yet discarded on the target, kept out of use until they are
+    /// (see [`Index::discard_freed`]). `None` when the target is not told of freed blocks.
+    undiscarded: Option<Vec<u64>>,
+}
+
+impl FreeBlocks {
+    /// Frees `blocks` that no saved index names: to be discarded first, if that is asked.
+    fn free(&mut self, blocks: impl IntoIterator<Item = u64>) {
+        match &mut self.undiscarded {
+            Some(waiting) => waiting.extend(blocks),
+            None => self.set.put(blocks),
+        }
+    }
+
+    /// Makes room for `n` blocks before any key goes: blocks still to be discarded are
+    /// used without (a discard only helps the target), then the blocks held back
+    /// (evicted, a key's blocks would only be held back too).
+    fn make_room(&mut self, n: u64) {
+        if self.set.len() < n {
+            if let Some(waiting) = self.undiscarded.as_mut().filter(|w| !w.is_empty()) {
+                self.set.put(std::mem::take(waiting));
+            }
+        }
+        if self.set.len() < n {
+            if let Some(held) = self.held_back.take_if(|h| !h.is_empty()) {
+                self.set.put(held);
+                self.overruns += 1;
+            }
+        }
+    }
 }
 
 /// The storage blocks of one value, in order, its length and its checksum, and for a small
@@ -118,7 +148,7 @@ impl Drop for Extents {
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
         match &mut free.held_back {
             Some(held) => held.extend(&self.blocks),
-            None => free.set.put(self.blocks.iter().copied()),
+            None => free.free(self.blocks.iter().copied()),
         }
     }
 }
@@ -458,6 +488,7 @@ impl Index {
                 },
                 held_back: None,
                 overruns: 0,
+                undiscarded: None,
             })),
             block_size,
             total,
@@ -783,14 +814,7 @@ impl Index {
         loop {
             {
                 let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
-                // Short of free blocks, the ones held back are used before any key goes:
-                // evicted, a key's blocks would only be held back too.
-                if free.set.len() < n {
-                    if let Some(held) = free.held_back.take_if(|h| !h.is_empty()) {
-                        free.set.put(held);
-                        free.overruns += 1;
-                    }
-                }
+                free.make_room(n);
                 if let Some(blocks) = free.set.take(n) {
                     drop(free);
                     return Ok((self.extents_of(blocks, len), removed));
@@ -1005,7 +1029,7 @@ impl Index {
     /// Frees blocks [`Index::begin_save`] gave, once the save is durable.
     pub fn release(&mut self, blocks: Vec<u64>) {
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
-        free.set.put(blocks);
+        free.free(blocks);
     }
 
     /// Holds back again blocks [`Index::begin_save`] gave, the save having failed (or frees
@@ -1014,8 +1038,43 @@ impl Index {
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
         match &mut free.held_back {
             Some(held) => held.extend(blocks),
-            None => free.set.put(blocks),
+            None => free.free(blocks),
         }
+    }
+
+    /// From now on blocks freed are kept out of use until
+    /// [`Index::discarded`] gives them back, so the target can be told they no longer hold
+    /// data before anything is written to them again.
+    pub fn discard_freed(&mut self) {
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        free.undiscarded.get_or_insert_with(Vec::new);
+    }
+
+    /// The blocks freed since the last call, as runs, for the target to discard; they stay
+    /// out of use until [`Index::discarded`] (unless values need them first).
+    pub fn take_undiscarded(&mut self) -> Vec<Run> {
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut blocks = free
+            .undiscarded
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default();
+        drop(free);
+        blocks.sort_unstable();
+        let mut runs: Vec<Run> = Vec::new();
+        for b in blocks {
+            match runs.last_mut() {
+                Some((first, n)) if *first + *n == b => *n += 1,
+                _ => runs.push((b, 1)),
+            }
+        }
+        runs
+    }
+
+    /// Frees the runs [`Index::take_undiscarded`] gave, discarded or not.
+    pub fn discarded(&mut self, runs: &[Run]) {
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        free.set.put(runs.iter().flat_map(|&(b, n)| b..b + n));
     }
 
     /// Free blocks for `len` bytes that are no key's value (a save's snapshot), from the
@@ -1154,6 +1213,31 @@ mod tests {
         let held = ix.begin_save();
         ix.release(held);
         drop(blocks);
+    }
+
+    #[test]
+    fn freed_blocks_wait_to_be_discarded_unless_values_need_them() {
+        let mut ix = Index::new(room(8, 512), 512);
+        ix.discard_freed();
+        put(&mut ix, "a", 3 * 512).unwrap();
+        put(&mut ix, "b", 512).unwrap();
+        put(&mut ix, "c", 2 * 512).unwrap();
+        ix.remove(b"a");
+        ix.remove(b"c");
+        let free = || ix.free.lock().unwrap().set.len();
+        assert_eq!(free(), 2, "a's and c's blocks are not free until discarded");
+        let runs = ix.take_undiscarded();
+        assert_eq!(runs, [(1, 3), (5, 2)]);
+        assert!(ix.take_undiscarded().is_empty());
+        ix.discarded(&runs);
+        assert_eq!(ix.free.lock().unwrap().set.len(), 7);
+        // A value short of free blocks takes the ones still to be discarded before
+        // evicting a key.
+        put(&mut ix, "d", 7 * 512).unwrap();
+        ix.remove(b"d");
+        put(&mut ix, "e", 7 * 512).unwrap();
+        assert!(ix.contains(b"b") && ix.contains(b"e"));
+        assert!(ix.take_undiscarded().is_empty());
     }
 
     #[test]

@@ -28,11 +28,13 @@ const INFO_BLOCK_SIZE: u16 = 3;
 /// Transmission flags.
 const FLAG_READ_ONLY: u16 = 1 << 1;
 const FLAG_SEND_FLUSH: u16 = 1 << 2;
+const FLAG_SEND_TRIM: u16 = 1 << 5;
 
 const CMD_READ: u16 = 0;
 const CMD_WRITE: u16 = 1;
 const CMD_DISC: u16 = 2;
 const CMD_FLUSH: u16 = 3;
+const CMD_TRIM: u16 = 4;
 
 /// Largest request a client may send to a server that states no limit.
 const DEFAULT_MAX_PAYLOAD: u32 = 32 << 20;
@@ -103,6 +105,8 @@ enum Transfer<'a> {
     Read(&'a mut [u8]),
     Write(&'a [u8]),
     Flush,
+    /// This many bytes no longer hold data.
+    Trim(u32),
 }
 
 /// A request of a run ([`NbdClient::run`]).
@@ -315,6 +319,7 @@ impl<S: Read + Write + QuickAck> NbdClient<S> {
                         self.send(cookie, CMD_WRITE, r.offset, data.len() as u32, data)?
                     }
                     Transfer::Flush => self.send(cookie, CMD_FLUSH, 0, 0, &[])?,
+                    Transfer::Trim(len) => self.send(cookie, CMD_TRIM, r.offset, *len, &[])?,
                 }
                 sent += 1;
             }
@@ -411,6 +416,33 @@ impl<S: Read + Write + QuickAck + Send + std::fmt::Debug> BlockTarget for NbdCli
 
     fn alignment(&self) -> u64 {
         u64::from(self.export.min_block)
+    }
+
+    fn discards(&self) -> bool {
+        self.export.flags & FLAG_SEND_TRIM != 0
+    }
+
+    /// NBD_CMD_TRIM for each range (in pieces a 32-bit length holds), sent together.
+    fn discard(&mut self, ranges: &[(u64, u64)]) -> io::Result<()> {
+        if !self.discards() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the NBD export takes no trims",
+            ));
+        }
+        let min = u64::from(self.export.min_block).max(1);
+        let most = u64::from(u32::MAX) / min * min;
+        let mut requests = Vec::new();
+        for &(offset, len) in ranges {
+            self.check(offset, usize::try_from(len).unwrap_or(usize::MAX))?;
+            let mut at = offset;
+            while at < offset + len {
+                let n = most.min(offset + len - at);
+                requests.push(Request::new(at, Transfer::Trim(n as u32)));
+                at += n;
+            }
+        }
+        self.run(&mut requests)
     }
 }
 
@@ -511,6 +543,37 @@ mod tests {
         r.extend_from_slice(&cookie.to_be_bytes());
         r.extend_from_slice(data);
         r
+    }
+
+    #[test]
+    fn trims_go_together_and_only_to_an_export_that_takes_them() {
+        let mut c = client(Vec::new());
+        assert!(!c.discards());
+        assert_eq!(
+            c.discard(&[(0, 4)]).unwrap_err().kind(),
+            io::ErrorKind::Unsupported
+        );
+        let mut s = simple(2, 0, b"");
+        s.extend(simple(1, 0, b""));
+        let mut c = client(s);
+        c.export.flags = FLAG_SEND_TRIM;
+        // A trim carries no payload, so the export's largest payload does not split it.
+        c.discard(&[(512, 4096), (8192, 512)]).unwrap();
+        let sent = &c.stream.from_client;
+        assert_eq!(sent.len(), 2 * 28);
+        let field = |r: usize, at: usize, n: usize| {
+            sent[r * 28 + at..r * 28 + at + n]
+                .iter()
+                .fold(0u64, |v, &b| v << 8 | u64::from(b))
+        };
+        for (r, (offset, len)) in [(512, 4096), (8192, 512)].into_iter().enumerate() {
+            assert_eq!(field(r, 6, 2), u64::from(CMD_TRIM));
+            assert_eq!((field(r, 16, 8), field(r, 24, 4)), (offset, len));
+        }
+        assert!(
+            c.discard(&[((1 << 20) - 512, 1024)]).is_err(),
+            "past the end"
+        );
     }
 
     #[test]

@@ -58,6 +58,7 @@ const OPC_SET_FEATURES: u8 = 0x09;
 const OPC_FLUSH: u8 = 0x00;
 const OPC_WRITE: u8 = 0x01;
 const OPC_READ: u8 = 0x02;
+const OPC_DATASET_MANAGEMENT: u8 = 0x09;
 const FEATURE_NUMBER_OF_QUEUES: u32 = 0x07;
 /// Command flags: PSDT 01b, SGLs (the only data pointers fabrics take).
 const FLAGS_SGL: u8 = 0x40;
@@ -572,6 +573,9 @@ pub struct NvmeTcpClient {
     /// Linux's host does; nvmet waits for such writes' data in the capsule).
     in_capsule: usize,
     volatile_cache: bool,
+    /// The controller takes Dataset Management (ONCS bit 2), by which ranges are
+    /// deallocated.
+    deallocates: bool,
 }
 
 impl NvmeTcpClient {
@@ -602,6 +606,8 @@ impl NvmeTcpClient {
         let mdts = id[77];
         // VWC (byte 525, bit 0): a volatile write cache, which Flush writes out.
         let volatile_cache = id[525] & 1 != 0;
+        // ONCS (bytes 520–521), bit 2: the Dataset Management command.
+        let deallocates = id[520] & 1 << 2 != 0;
         // IOCCSZ (bytes 1792–1795): the I/O command capsule's size in 16-byte units, the
         // command included; the rest carries a write's data in the capsule.
         let ioccsz = u32::from_le_bytes([id[1792], id[1793], id[1794], id[1795]]) as usize;
@@ -646,6 +652,7 @@ impl NvmeTcpClient {
             window: usize::from(depth - 1).clamp(1, MAX_IN_FLIGHT),
             in_capsule,
             volatile_cache,
+            deallocates,
         })
     }
 
@@ -731,6 +738,53 @@ impl BlockTarget for NvmeTcpClient {
 
     fn alignment(&self) -> u64 {
         self.lba
+    }
+
+    fn discards(&self) -> bool {
+        self.deallocates
+    }
+
+    /// Dataset Management with the Attribute – Deallocate bit (NVM Command Set §3.2.3):
+    /// up to 256 ranges a command, each a 16-byte descriptor (context attributes, length
+    /// in LBAs, starting LBA), the commands in flight together.
+    fn discard(&mut self, ranges: &[(u64, u64)]) -> io::Result<()> {
+        if !self.deallocates {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the NVMe controller takes no Dataset Management",
+            ));
+        }
+        const RANGES_PER_COMMAND: usize = 256;
+        const RANGE_LEN: usize = 16;
+        let mut descriptors = Vec::new();
+        for &(offset, len) in ranges {
+            let most = u64::from(u32::MAX) * self.lba;
+            let mut at = offset;
+            while at < offset + len {
+                let n = most.min(offset + len - at);
+                let (slba, lbas) = self.lbas(at, usize::try_from(n).unwrap_or(usize::MAX))?;
+                let mut d = [0u8; RANGE_LEN];
+                d[4..8].copy_from_slice(&lbas.to_le_bytes());
+                d[8..16].copy_from_slice(&slba.to_le_bytes());
+                descriptors.extend_from_slice(&d);
+                at += n;
+            }
+        }
+        let mut cmds: Vec<Command<'_>> = descriptors
+            .chunks(RANGES_PER_COMMAND * RANGE_LEN)
+            .map(|list| {
+                let sqe = Sqe::new(OPC_DATASET_MANAGEMENT)
+                    .nsid(NSID)
+                    .cdw(10, (list.len() / RANGE_LEN - 1) as u32)
+                    .cdw(11, 1 << 2);
+                let data = match list.len() <= self.in_capsule {
+                    true => Data::Capsule(list),
+                    false => Data::Out(list),
+                };
+                Command::new(sqe, data)
+            })
+            .collect();
+        self.io.run(&mut cmds, self.window)
     }
 }
 

@@ -419,6 +419,10 @@ pub struct KvCounters {
     /// Checkpoints of the index saved, and failed.
     pub checkpoints: AtomicU64,
     pub checkpoint_failures: AtomicU64,
+    /// Bytes of freed blocks discarded on the target (`discard on`), and discards that
+    /// failed.
+    pub discarded_bytes: AtomicU64,
+    pub discard_failures: AtomicU64,
     /// Checkpoints saved as a delta on the one before.
     pub checkpoint_deltas: AtomicU64,
     /// Bytes of snapshots and deltas checkpoints wrote (padded to whole blocks).
@@ -548,14 +552,22 @@ impl KvService {
                 align,
             }));
         }
+        if config.discard && !pool.with(|t| Ok(t.discards())).unwrap_or(false) {
+            return Err(target_err(TargetError::NoDiscards {
+                target: storage::describe(&config.target),
+            }));
+        }
         // A saved index that cannot be read, or whose superblock cannot be marked taken,
         // must not outlive this start: refused rather than served.
-        let (index, kept) =
+        let (mut index, kept) =
             saved_index(name, config, &pool).map_err(|source| StartError::Superblock {
                 service: name.to_owned(),
                 source,
             })?;
         let restored_keys = index.stats().keys;
+        if config.discard {
+            index.discard_freed();
+        }
         let checkpoints = Checkpoints {
             changes: kept.as_ref().map(|_| index.changes()),
             kept: kept.into_iter().collect(),
@@ -599,6 +611,13 @@ impl KvService {
                 Box::new(move || s.take_checkpoints(every)),
             )?;
         }
+        if config.discard {
+            let s = Arc::clone(&svc);
+            spawn(
+                format!("kv-{name}-discard"),
+                Box::new(move || s.discard_freed_blocks()),
+            )?;
+        }
         let s = Arc::clone(&svc);
         spawn(format!("kv-{name}"), Box::new(move || s.accept(listener)))?;
         tracing::info!(service = name, listen = %listen, target = %storage::describe(&config.target),
@@ -638,6 +657,36 @@ impl KvService {
             Err(e) => {
                 tracing::warn!(service = %self.name, error = %e, "kvcache index not saved")
             }
+        }
+    }
+
+    /// Tells the target of the blocks freed, every [`POLL`] until the service stops, before
+    /// they are used again (`discard on`). A failed discard is counted and logged, and its
+    /// blocks are used all the same: it would only have helped the target.
+    fn discard_freed_blocks(self: Arc<Self>) {
+        let mut failure_warning = crate::telemetry::WarnThrottle::default();
+        let block = self.config.block_size;
+        while !self.stop.load(Relaxed) {
+            std::thread::sleep(POLL);
+            let runs = self.lock().take_undiscarded();
+            if runs.is_empty() {
+                continue;
+            }
+            let ranges: Vec<(u64, u64)> =
+                runs.iter().map(|&(b, n)| (b * block, n * block)).collect();
+            match self.pool.with(|t| t.discard(&ranges)) {
+                Ok(()) => {
+                    let bytes = ranges.iter().map(|r| r.1).sum();
+                    self.counters.discarded_bytes.fetch_add(bytes, Relaxed);
+                }
+                Err(e) => {
+                    self.counters.discard_failures.fetch_add(1, Relaxed);
+                    if failure_warning.ready() {
+                        tracing::warn!(service = %self.name, error = %e, "kvcache discard of freed blocks failed: they are used again undiscarded");
+                    }
+                }
+            }
+            self.lock().discarded(&runs);
         }
     }
 
@@ -2439,6 +2488,7 @@ mod tests {
             checkpoint: None,
             nvme_digests: Default::default(),
             page_cache: None,
+            discard: false,
             password_file: None,
             tls: None,
         };
@@ -2461,6 +2511,7 @@ mod tests {
             checkpoint: None,
             nvme_digests: Default::default(),
             page_cache: None,
+            discard: false,
             password_file: Some(secret.clone()),
             tls: None,
         };
@@ -2557,6 +2608,7 @@ mod tests {
             checkpoint: Some(Duration::from_secs(3600)),
             nvme_digests: Default::default(),
             page_cache: None,
+            discard: false,
             password_file: None,
             tls: None,
         };

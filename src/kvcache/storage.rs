@@ -46,6 +46,23 @@ pub trait BlockTarget: Send + std::fmt::Debug {
     fn io_path(&self) -> &'static str {
         "network"
     }
+    /// Whether the target can be told that ranges no longer hold data
+    /// ([`BlockTarget::discard`]).
+    fn discards(&self) -> bool {
+        false
+    }
+    /// Tells the target that each range, (offset, length) in whole units of
+    /// [`BlockTarget::alignment`], no longer holds data: a flash device can erase them
+    /// ahead of its next writes, a thin or sparse one can give the space back. They may
+    /// read afterwards as zeros or as they were.
+    fn discard(&mut self, _ranges: &[(u64, u64)]) -> io::Result<()> {
+        Err(no_discards())
+    }
+}
+
+/// The error of a discard sent to a target that takes none.
+fn no_discards() -> io::Error {
+    io::Error::new(io::ErrorKind::Unsupported, "the target takes no discards")
 }
 
 /// Why a storage target cannot be used.
@@ -67,6 +84,9 @@ pub enum TargetError {
         block_size: u64,
         align: u64,
     },
+    /// `discard on`, and the target cannot be told of freed blocks
+    #[error("{target} takes no discards (an NBD export without trim, an NVMe controller without Dataset Management, a device whose queue takes none): remove `discard on`")]
+    NoDiscards { target: String },
     /// the target is smaller than the service's capacity
     #[error("{target} holds {size} bytes, less than the capacity of {capacity}")]
     TooSmall {
@@ -137,6 +157,9 @@ pub struct LocalTarget {
     file: File,
     size: u64,
     direct: Option<Direct>,
+    /// A block device's largest discard in bytes (0: it takes none); `None` for a file,
+    /// whose ranges are discarded by punching holes in it.
+    device_discard: Option<u64>,
 }
 
 /// What direct I/O needs: every offset, length and buffer address a multiple of `sector`
@@ -177,12 +200,18 @@ impl LocalTarget {
             other => other?,
         };
         let device = file.metadata()?.file_type().is_block_device();
+        let device_discard = match device {
+            // A kernel without the sysfs file: taken as no discards.
+            true => Some(crate::sys::device_discard_max_bytes(&file).unwrap_or(0)),
+            false => None,
+        };
         if page_cache.unwrap_or(!device) {
             let size = io::Seek::seek(&mut &file, io::SeekFrom::End(0))?;
             return Ok(LocalTarget {
                 file,
                 size,
                 direct: None,
+                device_discard,
             });
         }
         let sector = if device {
@@ -196,11 +225,11 @@ impl LocalTarget {
             })?
         };
         let direct = options.custom_flags(libc::O_DIRECT).open(path)?;
-        LocalTarget::direct(direct, sector as usize)
+        LocalTarget::direct(direct, sector as usize, device_discard)
     }
 
     /// A target on `file`, opened with `O_DIRECT`, in units of `sector` bytes.
-    fn direct(file: File, sector: usize) -> io::Result<LocalTarget> {
+    fn direct(file: File, sector: usize, device_discard: Option<u64>) -> io::Result<LocalTarget> {
         // A block device's length is where seeking to its end lands, not its metadata's.
         let size = io::Seek::seek(&mut &file, io::SeekFrom::End(0))?;
         let io = match Ring::new(sector) {
@@ -214,6 +243,7 @@ impl LocalTarget {
             file,
             size,
             direct: Some(Direct { sector, io }),
+            device_discard,
         })
     }
 }
@@ -323,6 +353,33 @@ impl BlockTarget for LocalTarget {
             Some(DirectIo::Ring(_)) => "direct, io_uring",
             Some(DirectIo::Bounce(_)) => "direct, one transfer at a time",
         }
+    }
+
+    /// A file always (its file system may still refuse holes: the discard then fails); a
+    /// block device when its queue takes discards.
+    fn discards(&self) -> bool {
+        self.device_discard != Some(0)
+    }
+
+    /// `BLKDISCARD` on a block device, in pieces of at most what its queue takes; holes
+    /// punched in a file, so it takes no more of its file system than the values held.
+    fn discard(&mut self, ranges: &[(u64, u64)]) -> io::Result<()> {
+        for &(offset, len) in ranges {
+            match self.device_discard {
+                Some(0) => return Err(no_discards()),
+                Some(most) => {
+                    let step = most.max(self.alignment()) / self.alignment() * self.alignment();
+                    let mut at = offset;
+                    while at < offset + len {
+                        let n = step.min(offset + len - at);
+                        crate::sys::discard_device_range(&self.file, at, n)?;
+                        at += n;
+                    }
+                }
+                None => crate::sys::punch_hole(&self.file, offset, len)?,
+            }
+        }
+        Ok(())
     }
 }
 
@@ -522,7 +579,7 @@ mod tests {
                 .open(&path)
                 .unwrap();
             let fd = file.as_raw_fd();
-            let mut t = LocalTarget::direct(file, 4096).unwrap();
+            let mut t = LocalTarget::direct(file, 4096, None).unwrap();
             assert!(opened_direct(fd));
             let direct = t.direct.as_mut().unwrap();
             assert!(matches!(direct.io, DirectIo::Ring(_)), "no io_uring here");

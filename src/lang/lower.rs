@@ -578,6 +578,7 @@ impl Lowerer<'_> {
         let mut checkpoint = Some(DEFAULT_CHECKPOINT);
         let mut nvme_digests = NvmeDigests::default();
         let mut page_cache = None;
+        let mut discard = false;
         let mut password_file = None;
         let (mut tls_cert, mut tls_key, mut tls_client_ca) = (None, None, None);
         let mut ok = true;
@@ -683,6 +684,14 @@ impl Lowerer<'_> {
                         ok = false;
                     }
                 },
+                "discard" => match w.as_str() {
+                    "on" => discard = true,
+                    "off" => discard = false,
+                    other => {
+                        self.err(w.span, format!("`discard` is on or off, not `{other}`"));
+                        ok = false;
+                    }
+                },
                 "password_file" => password_file = Some(PathBuf::from(w.as_str())),
                 "tls_cert" => tls_cert = Some(PathBuf::from(w.as_str())),
                 "tls_key" => tls_key = Some(PathBuf::from(w.as_str())),
@@ -763,6 +772,7 @@ impl Lowerer<'_> {
                 checkpoint,
                 nvme_digests,
                 page_cache,
+                discard,
                 password_file,
                 tls,
             }),

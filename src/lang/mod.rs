@@ -130,6 +130,13 @@ mod tests {
     }
 
     #[test]
+    fn kvcache_discards_only_when_asked() {
+        assert!(!kvcache("").discard);
+        assert!(kvcache("discard on").discard);
+        assert!(!kvcache("discard off").discard);
+    }
+
+    #[test]
     fn kvcache_checkpoints_default_to_a_minute_and_can_be_turned_off() {
         let checkpoint = |option: &str| kvcache(option).checkpoint;
         assert_eq!(checkpoint(""), Some(std::time::Duration::from_secs(60)));

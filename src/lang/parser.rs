@@ -52,6 +52,7 @@ pub fn block_keys(kind: BlockKind) -> Keys {
             ("checkpoint", One),
             ("nvme_digest", One),
             ("page_cache", One),
+            ("discard", One),
             ("password_file", One),
             ("tls_cert", One),
             ("tls_key", One),

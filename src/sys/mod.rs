@@ -178,6 +178,58 @@ pub fn logical_sector_size(file: &std::fs::File) -> std::io::Result<u32> {
         .ok_or_else(|| std::io::Error::other(format!("sector size {size}")))
 }
 
+/// Tells the block device open as `file` that `len` bytes at `offset` no longer hold data
+/// (the `BLKDISCARD` ioctl: TRIM on an SSD, deallocation on a thin device); both must be
+/// whole logical sectors.
+#[cfg(target_os = "linux")]
+pub fn discard_device_range(file: &std::fs::File, offset: u64, len: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    /// `_IO(0x12, 119)`, include/uapi/linux/fs.h
+    const BLKDISCARD: libc::c_ulong = 0x1277;
+    let range: [u64; 2] = [offset, len];
+    // SAFETY: BLKDISCARD reads two u64s, start and length, from `range` on this stack; the
+    // descriptor is open for as long as `file` is borrowed.
+    if unsafe { libc::ioctl(file.as_raw_fd(), BLKDISCARD, &range) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Frees the file system's blocks under `len` bytes of `file` at `offset`, its length
+/// unchanged (`fallocate(2)` with `FALLOC_FL_PUNCH_HOLE`): the range then reads as zeros.
+#[cfg(target_os = "linux")]
+pub fn punch_hole(file: &std::fs::File, offset: u64, len: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let (Ok(offset), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
+        return Err(std::io::Error::from_raw_os_error(libc::EFBIG));
+    };
+    let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    // SAFETY: fallocate takes only integers; the descriptor is open for as long as `file`
+    // is borrowed.
+    if unsafe { libc::fallocate(file.as_raw_fd(), mode, offset, len) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The most bytes the block device open as `file` discards in one request
+/// (`queue/discard_max_bytes` in sysfs): 0 when it takes no discards.
+#[cfg(target_os = "linux")]
+pub fn device_discard_max_bytes(file: &std::fs::File) -> std::io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = file.metadata()?.rdev();
+    let dev = format!("/sys/dev/block/{}:{}", libc::major(rdev), libc::minor(rdev));
+    // A partition's queue is its disk's, the directory above.
+    let mut path = format!("{dev}/queue/discard_max_bytes");
+    if !std::path::Path::new(&path).exists() {
+        path = format!("{dev}/../queue/discard_max_bytes");
+    }
+    let text = std::fs::read_to_string(&path)?;
+    text.trim()
+        .parse()
+        .map_err(|_| std::io::Error::other(format!("{path}: {}", text.trim())))
+}
+
 /// What direct I/O (`O_DIRECT`) to the file open as `file` must be aligned to, in offset,
 /// length and memory: the larger of the two alignments statx(2) reports
 /// (`STATX_DIOALIGN`, Linux 6.1); `None` where its file system takes no direct I/O.

@@ -631,7 +631,7 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
         commands,
     );
     type Field = fn(&KvCounters) -> &AtomicU64;
-    let counters: [(&str, &str, Field); 11] = [
+    let counters: [(&str, &str, Field); 13] = [
         ("dpuflow_kvcache_hits_total", "Reads of keys held.", |c| {
             &c.hits
         }),
@@ -674,6 +674,16 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
             "dpuflow_kvcache_tls_failures_total",
             "Connections ended by a TLS error (failed handshake, bad record).",
             |c| &c.tls_failures,
+        ),
+        (
+            "dpuflow_kvcache_discarded_bytes_total",
+            "Bytes of freed blocks the target was told no longer hold data (discard on).",
+            |c| &c.discarded_bytes,
+        ),
+        (
+            "dpuflow_kvcache_discard_failures_total",
+            "Discards of freed blocks the target refused or failed (the blocks are used again all the same).",
+            |c| &c.discard_failures,
         ),
         (
             "dpuflow_kvcache_checkpoint_deltas_total",
