@@ -666,6 +666,18 @@ fn deleted_values_are_discarded_on_a_file_target() {
     }
 }
 
+/// `BLKDISCARD` on a loop device, which punches the holes in the file behind it.
+#[test]
+fn deleted_values_are_discarded_on_a_local_block_device() {
+    let dir = Scratch::new("kv-discard-block");
+    let image = image(&dir, 64);
+    let device = LoopDevice::over(&image, 4096);
+    let target = format!("nvme://{}", device.0);
+    let kv = KvService::start_with(&dir, &target, "32MiB", "discard on  checkpoint 1s");
+    deleted_values_are_discarded(&kv, &image);
+    assert_eq!(kv.terminate(), 0);
+}
+
 #[test]
 fn deleted_values_are_trimmed_on_an_nbd_target() {
     let dir = Scratch::new("kv-discard-nbd");
