@@ -36,8 +36,34 @@ pub struct XdpPort {
     group: Option<Joined>,
     /// Keeps the interface promiscuous while the port is open; asked whether it is up.
     promiscuous: OwnedFd,
+    link: LinkState,
     /// The socket read next, so that every queue gets its turn.
     turn: usize,
+}
+
+/// Whether the interface is up, as last asked, and when: asked again only after
+/// [`LinkState::FRESH`], not on every flush (a system call a batch, where a zero-copy
+/// driver needs none to send).
+#[derive(Debug, Default)]
+struct LinkState {
+    up: bool,
+    asked: Option<Instant>,
+}
+
+impl LinkState {
+    /// How long an answer holds: frames sent this long after the interface went down are
+    /// shown to the kernel, which sends them once it is up again.
+    const FRESH: Duration = Duration::from_millis(1);
+
+    fn up(&mut self, fd: BorrowedFd, iface: &str) -> bool {
+        let now = Instant::now();
+        if self.asked.is_none_or(|t| now.duration_since(t) >= Self::FRESH) {
+            // An interface that cannot be asked about (it is gone) is down.
+            self.up = crate::sys::interface_up(fd, iface).unwrap_or(false);
+            self.asked = Some(now);
+        }
+        self.up
+    }
 }
 
 /// A port's receive queues dealt among the workers, each reading and sending through its
@@ -108,6 +134,7 @@ impl XdpShares {
                         started: w == member,
                     }),
                     promiscuous: crate::sys::promiscuous(index)?,
+                    link: LinkState::default(),
                     turn: 0,
                 }))
             })
@@ -156,6 +183,7 @@ impl XdpPort {
             shared_by: 1,
             group: None,
             promiscuous: crate::sys::promiscuous(index)?,
+            link: LinkState::default(),
             turn: 0,
         })
     }
@@ -240,9 +268,7 @@ impl XdpPort {
         if !self.sockets[0].pending() {
             return Ok(0);
         }
-        // Asked only when there is something to send: one system call a batch. An
-        // interface that cannot be asked about (it is gone) is down.
-        let up = crate::sys::interface_up(self.promiscuous.as_fd(), &self.iface).unwrap_or(false);
+        let up = self.link.up(self.promiscuous.as_fd(), &self.iface);
         self.sockets[0].flush(up)
     }
 }
