@@ -7,7 +7,9 @@
 # took. Then, with nothing else going on, CHANGED keys at a time written again (values of
 # 300 bytes, on the target before the SAVE) and a SAVE: how long it took and what the
 # service wrote meanwhile (`wchar` of /proc/PID/io: the checkpoint's copy of the index and
-# its superblock). BUILDS="BIN …" compares builds, each round running them in turn.
+# its superblock). Last, the service is stopped and started again on the index its stop
+# saved, and one key changed and a SAVE show what the first checkpoint after a start
+# writes. BUILDS="BIN …" compares builds, each round running them in turn.
 # Needs redis-server and redis-tools.
 # Usage: [BUILDS=…] [CHANGED="1 10000 …"] bench/kv-checkpoint.sh [ROUNDS] [KEYS] [CLIENTS]
 set -euo pipefail
@@ -101,6 +103,15 @@ PIPE
         for n in ${CHANGED:-1 10000 50000}; do
             changed_save "$port" "$svc" "$n"
         done
+        kill "$svc"
+        wait "$svc" 2>/dev/null || true
+        # Started again on the index its stop saved: the first SAVE after one key changed.
+        "$b" run "$dir/kv.pipe" --metrics 127.0.0.1:0 >/dev/null 2>&1 &
+        svc=$!
+        pids+=("$svc")
+        wait_port "$port" 60
+        printf '  restarted, %s keys restored\n' "$(redis-cli -p "$port" DBSIZE)"
+        changed_save "$port" "$svc" 1
         kill "$svc"
         wait "$svc" 2>/dev/null || true
     done

@@ -57,7 +57,10 @@ impl LinkState {
 
     fn up(&mut self, fd: BorrowedFd, iface: &str) -> bool {
         let now = Instant::now();
-        if self.asked.is_none_or(|t| now.duration_since(t) >= Self::FRESH) {
+        if self
+            .asked
+            .is_none_or(|t| now.duration_since(t) >= Self::FRESH)
+        {
             // An interface that cannot be asked about (it is gone) is down.
             self.up = crate::sys::interface_up(fd, iface).unwrap_or(false);
             self.asked = Some(now);

@@ -128,6 +128,12 @@ pub enum Unusable {
 }
 
 impl Superblock {
+    /// Whether its snapshot and deltas are in this build's layout, so that a delta of this
+    /// build's may follow them.
+    pub fn is_current(&self) -> bool {
+        self.version == VERSION
+    }
+
     /// The superblock's bytes, `len` long (one block); `None` when its runs do not fit.
     pub fn encode(&self, len: usize) -> Option<Vec<u8>> {
         let mut b = vec![0u8; HEADER_LEN];

@@ -84,11 +84,16 @@ pub const COMMANDS: &[&str] = &[
     "expire", "ttl", "persist", "other",
 ];
 
+/// What a start restored, beside the index: with checkpoints, the blocks of the save it
+/// was restored from, kept while the target's superblock names them, and that superblock
+/// when the next checkpoint may be a delta on it (its layout is this build's).
+type Restored = Option<(Extents, Option<persist::Superblock>)>;
+
 /// The index saved on `pool`'s target, if there is one for this store; empty otherwise.
 /// With checkpoints, what a saved index names is held back from then on, its snapshot's
 /// blocks kept (returned beside it) and its superblock left as it is; without, the
 /// superblock is marked taken before anything is written (see [`persist`]).
-fn saved_index(name: &str, config: &KvCache, pool: &Pool) -> io::Result<(Index, Option<Extents>)> {
+fn saved_index(name: &str, config: &KvCache, pool: &Pool) -> io::Result<(Index, Restored)> {
     let (capacity, bs) = (config.capacity, config.block_size);
     let loaded = pool.with(|t| {
         let mut first = vec![0u8; bs as usize];
@@ -138,7 +143,8 @@ fn saved_index(name: &str, config: &KvCache, pool: &Pool) -> io::Result<(Index, 
             let kept = match (&sb, config.checkpoint) {
                 (Ok(sb), Some(_)) => {
                     let runs: Vec<_> = sb.segments().flat_map(|s| s.runs.iter().copied()).collect();
-                    index.take_runs(&runs)
+                    let last = sb.is_current().then(|| sb.clone());
+                    index.take_runs(&runs).map(|kept| (kept, last))
                 }
                 _ => None,
             };
@@ -568,9 +574,17 @@ impl KvService {
         if config.discard {
             index.discard_freed();
         }
+        let (kept, names) = kept.map_or((None, None), |(kept, last)| (Some(kept), last));
+        if names.is_some() {
+            // From here every change is noted: the first checkpoint may be a delta on the
+            // save restored, rather than the whole index again.
+            drop(index.take_changed());
+        }
         let checkpoints = Checkpoints {
             changes: kept.as_ref().map(|_| index.changes()),
             kept: kept.into_iter().collect(),
+            snapshot_keys: restored_keys,
+            names,
             ..Checkpoints::default()
         };
         let listener = TcpListener::bind(config.listen).map_err(|source| StartError::Listen {
@@ -2747,8 +2761,9 @@ mod tests {
     }
 
     /// Between whole snapshots a checkpoint saves the keys changed since the last as a
-    /// delta, far smaller; a crash restores the snapshot and its deltas in order, and the
-    /// first checkpoint after it is whole again, as is one after most keys changed.
+    /// delta, far smaller; a crash restores the snapshot and its deltas in order, the
+    /// first checkpoint after it is a delta on them, and one after most keys changed is
+    /// whole.
     #[test]
     fn checkpoints_between_snapshots_save_the_keys_changed() {
         let path = std::env::temp_dir().join(format!("dpuflow-kv-{}-delta", std::process::id()));
@@ -2804,17 +2819,29 @@ mod tests {
         let ttl = String::from_utf8(run(&svc, &[b"TTL", b"k5"])).unwrap();
         assert!(ttl.starts_with(':') && ttl != ":-1\r\n", "{ttl}");
         assert_eq!(svc.counters.corrupt_values.load(Relaxed), 0);
-        // After a start, and after most keys changed, a checkpoint is whole.
+        // After a start, the first checkpoint is a delta on the save restored too.
         run(&svc, &[b"SET", b"k2", b"again"]);
         assert!(svc.checkpoint().unwrap());
-        run(&svc, &[b"SET", b"k2", b"and again"]);
-        assert!(svc.checkpoint().unwrap());
         assert_eq!(deltas(&svc), 1);
+        assert!(
+            written(&svc) <= whole / 8,
+            "{} after {whole}",
+            written(&svc)
+        );
+        run(&svc, &[b"SET", b"k4", b"and again"]);
+        assert!(svc.checkpoint().unwrap());
+        assert_eq!(deltas(&svc), 2);
+        crash(svc);
+        let svc = checkpointing_blocks(&path, 4096);
+        assert_eq!(get(&svc, "k2"), bulk(b"again"));
+        assert_eq!(get(&svc, "k4"), bulk(b"and again"));
+        assert_eq!(get(&svc, "k1"), bulk(&big("after")));
+        // After most keys changed, a checkpoint is whole.
         for i in 0..700 {
             run(&svc, &[b"SET", format!("k{i}").as_bytes(), b"most"]);
         }
         assert!(svc.checkpoint().unwrap());
-        assert_eq!(deltas(&svc), 1);
+        assert_eq!(deltas(&svc), 0);
         crash(svc);
         let svc = checkpointing_blocks(&path, 4096);
         assert_eq!(get(&svc, "k699"), bulk(b"most"));
