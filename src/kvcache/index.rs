@@ -1474,6 +1474,9 @@ mod tests {
         Remove(u8),
         Begin,
         End(bool),
+        /// The discarder takes the blocks freed, and then says they are discarded.
+        Discard,
+        Discarded,
     }
 
     fn save_op() -> impl proptest::strategy::Strategy<Value = SaveOp> {
@@ -1483,36 +1486,55 @@ mod tests {
             2 => (0..24u8).prop_map(SaveOp::Remove),
             1 => Just(SaveOp::Begin),
             1 => any::<bool>().prop_map(SaveOp::End),
+            1 => Just(SaveOp::Discard),
+            1 => Just(SaveOp::Discarded),
         ]
     }
 
     /// Every block of every key held, and of the snapshot.
     fn named_blocks(ix: &Index, snapshot: &Extents) -> BTreeSet<u64> {
-        let mut named: BTreeSet<u64> = ix
-            .map
-            .values()
-            .flat_map(|e| e.extents.blocks.clone())
-            .collect();
+        let mut named = named_blocks_of_keys(ix);
         named.extend(&snapshot.blocks);
         named
+    }
+
+    /// Every block of every key held.
+    fn named_blocks_of_keys(ix: &Index) -> BTreeSet<u64> {
+        ix.map
+            .values()
+            .flat_map(|e| e.extents.blocks.clone())
+            .collect()
     }
 
     proptest::proptest! {
         /// While no value has needed more than the reserve, no value is written to a block
         /// that the durable save, or one being written, names: a crash at any moment finds
-        /// a saved index whose blocks hold what it says.
+        /// a saved index whose blocks hold what it says. With discards, no block is
+        /// discarded that a key, a save or a save being written names, and none is given
+        /// to a value while its discard is under way.
         #[test]
-        fn no_value_lands_in_a_block_a_save_names(ops in proptest::collection::vec(save_op(), 1..120)) {
+        fn no_value_lands_in_a_block_a_save_names(
+            ops in proptest::collection::vec(save_op(), 1..120),
+            discards in proptest::bool::ANY,
+        ) {
             // 64 blocks for values, 8 of them the reserve.
             let mut ix = Index::new(65 * 512, 512);
             ix.hold_back(8);
+            if discards {
+                ix.discard_freed();
+            }
             let mut durable: (BTreeSet<u64>, Option<Extents>) = (BTreeSet::new(), None);
             let mut writing: Option<(Vec<u64>, Extents, BTreeSet<u64>)> = None;
+            let mut discarding: Vec<Run> = Vec::new();
             for o in ops {
                 match o {
                     SaveOp::Put(k, n) => {
                         let key = [k];
                         let e = ix.allocate(&key, u64::from(n) * 512).unwrap();
+                        for b in &e.blocks {
+                            let under_way = discarding.iter().any(|&(f, n)| (f..f + n).contains(b));
+                            proptest::prop_assert!(!under_way, "block {} given while discarded", b);
+                        }
                         if ix.stats().hold_back_overruns == 0 {
                             for b in &e.blocks {
                                 proptest::prop_assert!(!durable.0.contains(b), "block {} of the durable save reused", b);
@@ -1542,13 +1564,39 @@ mod tests {
                             }
                         }
                     }
-                    SaveOp::Begin => {}
+                    SaveOp::Discard if discarding.is_empty() => {
+                        discarding = ix.take_undiscarded();
+                        let mut named = named_blocks_of_keys(&ix);
+                        if let Some(w) = &writing {
+                            named.extend(&w.1.blocks);
+                        }
+                        // After an overrun the saves may name blocks used since (their
+                        // keys then read as misses), and so discarded.
+                        if ix.stats().hold_back_overruns == 0 {
+                            named.extend(&durable.0);
+                            if let Some(w) = &writing {
+                                named.extend(&w.2);
+                            }
+                        }
+                        for &(first, n) in &discarding {
+                            for b in first..first + n {
+                                proptest::prop_assert!(!named.contains(&b), "block {} discarded while named", b);
+                            }
+                        }
+                    }
+                    SaveOp::Discarded => {
+                        ix.discarded(&std::mem::take(&mut discarding));
+                    }
+                    SaveOp::Begin | SaveOp::Discard => {}
                 }
                 // Blocks are never lost: free, held back (or to be freed when the save
-                // being written is durable), a key's or a snapshot's.
+                // being written is durable), waiting to be discarded or being discarded,
+                // a key's or a snapshot's.
                 let free = ix.free.lock().unwrap();
                 let held = free.held_back.as_ref().map_or(0, Vec::len)
-                    + writing.as_ref().map_or(0, |w| w.0.len());
+                    + writing.as_ref().map_or(0, |w| w.0.len())
+                    + free.undiscarded.as_ref().map_or(0, Vec::len)
+                    + discarding.iter().map(|r| r.1 as usize).sum::<usize>();
                 let snapshots = durable.1.as_ref().map_or(0, |e| e.blocks.len())
                     + writing.as_ref().map_or(0, |w| w.1.blocks.len());
                 proptest::prop_assert_eq!(
