@@ -150,6 +150,9 @@ const V6_COPY: i16 = ADDRESSES - 8;
 /// Where the hashed ports are: in the packet at `H_L4` (0), or copied after an IPv4
 /// (1) or IPv6 (2) header.
 const PORTS_AT: i16 = -280;
+/// Where a VXLAN frame's inner Ethernet header is copied, so that the IPv4 header after
+/// it lands on `V4_COPY` (over `PORTS_AT`, which is set after the copy).
+const INNER_COPY: i16 = V4_COPY - 14;
 const STACK: i16 = PORTS_AT;
 
 /// Where a walk of an IPv6 header chain puts what it found.
@@ -305,15 +308,16 @@ fn program(workers: usize, tunnels: &TunnelPorts, fragments: BorrowedFd) -> Vec<
 /// The common frame, hashed from one copy of its headers (a load apiece is a call
 /// apiece): an IPv4 header of 20 bytes or an IPv6 header with no extension header, not a
 /// fragment, not ICMP, to no tunnel port, whose transport header's first word is within
-/// the packet (IPv6: of TCP, UDP, SCTP or UDP-Lite). Jumps to `copied` in the hash with
-/// its slots set; anything else, or a frame the parser would refuse in a way this does not
+/// the packet (IPv6: of TCP, UDP, SCTP or UDP-Lite); and such an IPv4 packet in VXLAN
+/// over such an IPv4 one, from a second copy. Jumps to `copied` in the hash with its
+/// slots set; anything else, or a frame the parser would refuse in a way this does not
 /// look for (it goes to any worker then), to `general`.
 fn common_frame(a: &mut Asm, tunnels: &TunnelPorts, general: Label, copied: Label) {
-    let (v6, transport) = (a.label(), a.label());
+    let (v6, transport, vxlan) = (a.label(), a.label(), a.label());
     a.load(Size::DW, R7, FP, ET);
     a.jump_if(Cond::Eq, R7, Src::K(i32::from(ethertype::IPV6)), v6);
     a.jump_if(Cond::Ne, R7, Src::K(i32::from(ethertype::IPV4)), general);
-    copy_headers(a, V4_COPY, 24, general);
+    copy_headers(a, 0, V4_COPY, 24, general);
     // Version 4, 20 bytes; no fragment; 24 bytes within its length and the packet's.
     a.load(Size::B, R0, FP, V4_COPY);
     a.jump_if(Cond::Ne, R0, Src::K(0x45), general);
@@ -334,7 +338,7 @@ fn common_frame(a: &mut Asm, tunnels: &TunnelPorts, general: Label, copied: Labe
     a.goto(transport);
 
     a.bind(v6);
-    copy_headers(a, V6_COPY, 44, general);
+    copy_headers(a, 0, V6_COPY, 44, general);
     // Version 6; the transport header next; its first word within the packet.
     a.load(Size::B, R0, FP, V6_COPY);
     a.alu(Alu::Rsh, R0, Src::K(4));
@@ -356,26 +360,56 @@ fn common_frame(a: &mut Asm, tunnels: &TunnelPorts, general: Label, copied: Labe
     a.store(Size::DW, FP, PORTS_AT, Src::K(2));
     a.load(Size::H, R0, FP, V6_COPY + 42);
 
-    // R0: the destination port (as copied), R9: the protocol.
+    // R0: the destination port (as copied), R9: the protocol, R8 an IPv4 packet's length.
     a.bind(transport);
     a.from_be(R0, 16);
     let hashed = a.label();
     a.jump_if(Cond::Ne, R9, Src::K(i32::from(ip_proto::UDP)), hashed);
-    for (port, _) in tunnels.ports() {
-        a.jump_if(Cond::Eq, R0, Src::K(i32::from(port)), general);
+    for (port, kind) in tunnels.ports() {
+        let to = match kind {
+            Tunnel::Vxlan => vxlan,
+            Tunnel::Geneve => general,
+        };
+        a.jump_if(Cond::Eq, R0, Src::K(i32::from(port)), to);
     }
     a.bind(hashed);
     a.store(Size::DW, FP, H_PROTO, Src::X(R9));
     a.store(Size::DW, FP, H_PORTS, Src::K(1));
     a.store(Size::DW, FP, NOTE, Src::K(0));
     a.goto(copied);
+
+    // VXLAN over IPv4 (RFC 7348 §5: UDP and VXLAN headers, 8 bytes each, then the inner
+    // Ethernet frame) carrying IPv4 as the common frame has it, within the outer packet:
+    // hashed by the inner flow from one more copy.
+    a.bind(vxlan);
+    a.load(Size::DW, R0, FP, KIND);
+    a.jump_if(Cond::Ne, R0, Src::K(4), general);
+    copy_headers(a, 20 + 8 + 8, INNER_COPY, 14 + 24, general);
+    a.load(Size::H, R0, FP, INNER_COPY + 12);
+    a.from_be(R0, 16);
+    a.jump_if(Cond::Ne, R0, Src::K(i32::from(ethertype::IPV4)), general);
+    a.load(Size::B, R0, FP, V4_COPY);
+    a.jump_if(Cond::Ne, R0, Src::K(0x45), general);
+    a.load(Size::H, R0, FP, V4_COPY + 6);
+    a.from_be(R0, 16);
+    a.jump_if(Cond::Set, R0, Src::K(0x3fff), general);
+    a.load(Size::H, R0, FP, V4_COPY + 2);
+    a.from_be(R0, 16);
+    a.jump_if(Cond::Lt, R0, Src::K(24), general);
+    a.alu(Alu::Add, R0, Src::K(20 + 8 + 8 + 14));
+    a.jump_if(Cond::Gt, R0, Src::X(R8), general);
+    a.load(Size::B, R9, FP, V4_COPY + 9);
+    a.jump_if(Cond::Eq, R9, Src::K(i32::from(ip_proto::ICMP)), general);
+    a.jump_if(Cond::Eq, R9, Src::K(i32::from(ip_proto::ICMPV6)), general);
+    a.store(Size::DW, FP, PORTS_AT, Src::K(1));
+    a.goto(hashed);
 }
 
-/// Copies the packet's first `bytes` from its network header to `to`; jumps to `general`
-/// where it is shorter.
-fn copy_headers(a: &mut Asm, to: i16, bytes: i32, general: Label) {
+/// Copies `bytes` of the packet from `from` bytes past its network header to `to`;
+/// jumps to `general` where it is shorter.
+fn copy_headers(a: &mut Asm, from: i32, to: i16, bytes: i32, general: Label) {
     a.mov(R1, Src::X(R6));
-    a.mov(R2, Src::K(0));
+    a.mov(R2, Src::K(from));
     a.mov(R3, Src::X(FP));
     a.alu(Alu::Add, R3, Src::K(i32::from(to)));
     a.mov(R4, Src::K(bytes));
@@ -918,8 +952,8 @@ mod tests {
         /// bytes.
         quoted: Option<(u8, usize)>,
         /// Carried in VXLAN, Geneve (with so many words of options) or VXLAN on the
-        /// pipeline's own port.
-        tunnel: Option<(u8, u8)>,
+        /// pipeline's own port, over IPv6 or IPv4.
+        tunnel: Option<(u8, u8, bool)>,
         tags: usize,
         /// A byte overwritten, anywhere.
         mutation: Option<(usize, u8)>,
@@ -996,7 +1030,7 @@ mod tests {
                 };
                 *f = ip_frame(s.v6, s.dst ^ 0xff, s.src, proto, 0, &icmp);
             }
-            if let Some((kind, options)) = s.tunnel {
+            if let Some((kind, options, outer_v6)) = s.tunnel {
                 let (port, header) = match kind % 3 {
                     0 => (4789, vec![0x08, 0, 0, 0, 0, 0, 0x2a, 0]),
                     1 => {
@@ -1009,7 +1043,14 @@ mod tests {
                 let mut inner = header;
                 inner.extend_from_slice(f);
                 let datagram = udp(s.sport ^ 0x5555, port, &inner);
-                *f = ip_frame(!s.v6, 0xc0a8_0001, 0xc0a8_0002, ip_proto::UDP, 0, &datagram);
+                *f = ip_frame(
+                    outer_v6,
+                    0xc0a8_0001,
+                    0xc0a8_0002,
+                    ip_proto::UDP,
+                    0,
+                    &datagram,
+                );
             }
             for _ in 0..s.tags {
                 f.splice(12..12, [0x81, 0x00, 0x00, 0x64]);
@@ -1044,7 +1085,7 @@ mod tests {
             ),
             (0..4u8, 0..3u8, any::<u16>()),
             prop::option::of((kinds, 0..80usize)),
-            prop::option::of((any::<u8>(), any::<u8>())),
+            prop::option::of((any::<u8>(), any::<u8>(), any::<bool>())),
             0..3usize,
             prop::option::weighted(0.3, (any::<usize>(), any::<u8>())),
         )
