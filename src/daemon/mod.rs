@@ -405,14 +405,22 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         let iface = p.iface.as_deref().unwrap_or_default();
         let queues = crate::io::af_xdp::receive_queues(iface);
         let few = p.driver == Driver::AfXdp && !bound(i) && (queues as usize) < workers;
-        few.then(|| (p.name.clone(), iface.to_owned(), queues))
+        let absent = crate::sys::interface_index(iface).is_err();
+        few.then(|| (p.name.clone(), iface.to_owned(), queues, absent))
     });
-    if let Some((port, iface, queues)) = few_queues.filter(|_| may_share && workers > 1) {
-        dealt_because = Some(format!(
-            "port {port}'s interface {iface} has {queues} receive queue(s), fewer than the \
-             {workers} workers, which would each read queues of their own (ethtool -L \
-             {iface} combined {workers})"
-        ));
+    if let Some((port, iface, queues, absent)) = few_queues.filter(|_| may_share && workers > 1) {
+        dealt_because = Some(match absent {
+            true => format!(
+                "port {port}'s interface {iface} is not there, so its receive queues cannot \
+                 be counted out to the {workers} workers (start once it exists for them to \
+                 share it)"
+            ),
+            false => format!(
+                "port {port}'s interface {iface} has {queues} receive queue(s), fewer than \
+                 the {workers} workers, which would each read queues of their own (ethtool \
+                 -L {iface} combined {workers})"
+            ),
+        });
         may_share = false;
         workers = workers_for(false);
     }
