@@ -658,16 +658,55 @@ impl NvmeTcpClient {
 
     /// The first LBA and count of `len` bytes at `offset`, both whole LBAs.
     fn lbas(&self, offset: u64, len: usize) -> io::Result<(u64, u32)> {
-        let end = offset.checked_add(len as u64);
-        if offset % self.lba != 0 || len as u64 % self.lba != 0 || end.is_none_or(|e| e > self.size)
-        {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "NVMe I/O outside the namespace or not in whole LBAs",
-            ));
-        }
-        Ok((offset / self.lba, (len as u64 / self.lba) as u32))
+        lbas_of(offset, len as u64, self.lba, self.size)
     }
+}
+
+/// The first LBA and count of `len` bytes at `offset` of a namespace of `size` bytes in
+/// LBAs of `lba` bytes: whole LBAs, inside it, and a count a command can carry.
+fn lbas_of(offset: u64, len: u64, lba: u64, size: u64) -> io::Result<(u64, u32)> {
+    let end = offset.checked_add(len);
+    if offset % lba != 0
+        || len % lba != 0
+        || end.is_none_or(|e| e > size)
+        || len / lba > u64::from(u32::MAX)
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "NVMe I/O outside the namespace or not in whole LBAs",
+        ));
+    }
+    Ok((offset / lba, (len / lba) as u32))
+}
+
+/// Most ranges a Dataset Management command carries (NR is 8 bits, zero-based).
+const RANGES_PER_COMMAND: usize = 256;
+/// A range's descriptor: context attributes, length in LBAs, starting LBA (NVM Command
+/// Set §3.2.3, Figure "Dataset Management – Range Definition").
+const RANGE_LEN: usize = 16;
+
+/// The range lists of the Dataset Management commands that deallocate `ranges` (offset
+/// and length in bytes) of a namespace of `size` bytes in LBAs of `lba` bytes: one list a
+/// command, a range longer than a descriptor holds split.
+fn deallocations(ranges: &[(u64, u64)], lba: u64, size: u64) -> io::Result<Vec<Vec<u8>>> {
+    let mut descriptors = Vec::new();
+    let most = u64::from(u32::MAX) * lba;
+    for &(offset, len) in ranges {
+        let mut at = offset;
+        while at < offset + len {
+            let n = most.min(offset + len - at);
+            let (slba, count) = lbas_of(at, n, lba, size)?;
+            let mut d = [0u8; RANGE_LEN];
+            d[4..8].copy_from_slice(&count.to_le_bytes());
+            d[8..16].copy_from_slice(&slba.to_le_bytes());
+            descriptors.extend_from_slice(&d);
+            at += n;
+        }
+    }
+    Ok(descriptors
+        .chunks(RANGES_PER_COMMAND * RANGE_LEN)
+        .map(<[u8]>::to_vec)
+        .collect())
 }
 
 impl BlockTarget for NvmeTcpClient {
@@ -744,9 +783,8 @@ impl BlockTarget for NvmeTcpClient {
         self.deallocates
     }
 
-    /// Dataset Management with the Attribute – Deallocate bit (NVM Command Set §3.2.3):
-    /// up to 256 ranges a command, each a 16-byte descriptor (context attributes, length
-    /// in LBAs, starting LBA), the commands in flight together.
+    /// Dataset Management with the Attribute – Deallocate bit (NVM Command Set §3.2.3),
+    /// the commands ([`deallocations`]) in flight together.
     fn discard(&mut self, ranges: &[(u64, u64)]) -> io::Result<()> {
         if !self.deallocates {
             return Err(io::Error::new(
@@ -754,24 +792,9 @@ impl BlockTarget for NvmeTcpClient {
                 "the NVMe controller takes no Dataset Management",
             ));
         }
-        const RANGES_PER_COMMAND: usize = 256;
-        const RANGE_LEN: usize = 16;
-        let mut descriptors = Vec::new();
-        for &(offset, len) in ranges {
-            let most = u64::from(u32::MAX) * self.lba;
-            let mut at = offset;
-            while at < offset + len {
-                let n = most.min(offset + len - at);
-                let (slba, lbas) = self.lbas(at, usize::try_from(n).unwrap_or(usize::MAX))?;
-                let mut d = [0u8; RANGE_LEN];
-                d[4..8].copy_from_slice(&lbas.to_le_bytes());
-                d[8..16].copy_from_slice(&slba.to_le_bytes());
-                descriptors.extend_from_slice(&d);
-                at += n;
-            }
-        }
-        let mut cmds: Vec<Command<'_>> = descriptors
-            .chunks(RANGES_PER_COMMAND * RANGE_LEN)
+        let lists = deallocations(ranges, self.lba, self.size)?;
+        let mut cmds: Vec<Command<'_>> = lists
+            .iter()
             .map(|list| {
                 let sqe = Sqe::new(OPC_DATASET_MANAGEMENT)
                     .nsid(NSID)
@@ -965,6 +988,35 @@ mod tests {
         s[11] = 1;
         let e = Queue::start(Script::new(s), BOTH).unwrap_err();
         assert!(e.to_string().contains("digests asked for 0x3"), "{e}");
+    }
+
+    #[test]
+    fn deallocations_describe_each_range_in_lbas_256_a_command() {
+        let lists = deallocations(&[(4096, 8192), (0, 512)], 512, 1 << 20).unwrap();
+        assert_eq!(lists.len(), 1);
+        let list = &lists[0];
+        assert_eq!(list.len(), 2 * RANGE_LEN);
+        let field = |d: usize, at: usize, n: usize| {
+            list[d * RANGE_LEN + at..d * RANGE_LEN + at + n]
+                .iter()
+                .rev()
+                .fold(0u64, |v, &b| v << 8 | u64::from(b))
+        };
+        // Context attributes none; 16 LBAs from LBA 8; one from LBA 0.
+        assert_eq!((field(0, 0, 4), field(0, 4, 4), field(0, 8, 8)), (0, 16, 8));
+        assert_eq!((field(1, 0, 4), field(1, 4, 4), field(1, 8, 8)), (0, 1, 0));
+        let many: Vec<(u64, u64)> = (0..300).map(|i| (i * 1024, 512)).collect();
+        let lists = deallocations(&many, 512, 1 << 20).unwrap();
+        let counts: Vec<usize> = lists.iter().map(|l| l.len() / RANGE_LEN).collect();
+        assert_eq!(counts, [256, 44]);
+        assert!(
+            deallocations(&[(100, 512)], 512, 1 << 20).is_err(),
+            "not whole LBAs"
+        );
+        assert!(
+            deallocations(&[((1 << 20) - 512, 1024)], 512, 1 << 20).is_err(),
+            "past the end"
+        );
     }
 
     #[test]
