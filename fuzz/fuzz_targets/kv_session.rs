@@ -32,6 +32,7 @@ fn service() -> SocketAddr {
                 checkpoint: Some(Duration::from_secs(1)),
                 nvme_digests: NvmeDigests::default(),
                 page_cache: None,
+                discard: true,
                 password_file: None,
                 tls: None,
             };
