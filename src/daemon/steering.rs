@@ -318,20 +318,10 @@ fn common_frame(a: &mut Asm, tunnels: &TunnelPorts, general: Label, copied: Labe
     a.jump_if(Cond::Eq, R7, Src::K(i32::from(ethertype::IPV6)), v6);
     a.jump_if(Cond::Ne, R7, Src::K(i32::from(ethertype::IPV4)), general);
     copy_headers(a, 0, V4_COPY, 24, general);
-    // Version 4, 20 bytes; no fragment; 24 bytes within its length and the packet's.
-    a.load(Size::B, R0, FP, V4_COPY);
-    a.jump_if(Cond::Ne, R0, Src::K(0x45), general);
-    a.load(Size::H, R0, FP, V4_COPY + 6);
-    a.from_be(R0, 16);
-    a.jump_if(Cond::Set, R0, Src::K(0x3fff), general);
-    a.load(Size::H, R8, FP, V4_COPY + 2);
-    a.from_be(R8, 16);
-    a.jump_if(Cond::Lt, R8, Src::K(24), general);
+    // Its 24 bytes within the packet's length too.
+    copied_v4(a, R8, general);
     a.load(Size::DW, R1, FP, LEN);
     a.jump_if(Cond::Gt, R8, Src::X(R1), general);
-    a.load(Size::B, R9, FP, V4_COPY + 9);
-    a.jump_if(Cond::Eq, R9, Src::K(i32::from(ip_proto::ICMP)), general);
-    a.jump_if(Cond::Eq, R9, Src::K(i32::from(ip_proto::ICMPV6)), general);
     a.store(Size::DW, FP, KIND, Src::K(4));
     a.store(Size::DW, FP, PORTS_AT, Src::K(1));
     a.load(Size::H, R0, FP, V4_COPY + 22);
@@ -388,21 +378,29 @@ fn common_frame(a: &mut Asm, tunnels: &TunnelPorts, general: Label, copied: Labe
     a.load(Size::H, R0, FP, INNER_COPY + 12);
     a.from_be(R0, 16);
     a.jump_if(Cond::Ne, R0, Src::K(i32::from(ethertype::IPV4)), general);
+    // Its 24 bytes within the outer packet's length.
+    copied_v4(a, R0, general);
+    a.alu(Alu::Add, R0, Src::K(20 + 8 + 8 + 14));
+    a.jump_if(Cond::Gt, R0, Src::X(R8), general);
+    a.store(Size::DW, FP, PORTS_AT, Src::K(1));
+    a.goto(hashed);
+}
+
+/// Checks the IPv4 header copied to `V4_COPY` as the short path takes it: version 4 and
+/// 20 bytes, not a fragment, at least 24 bytes long (its length into `len`), not ICMP
+/// (its protocol into R9); jumps to `general` otherwise.
+fn copied_v4(a: &mut Asm, len: bpf::Reg, general: Label) {
     a.load(Size::B, R0, FP, V4_COPY);
     a.jump_if(Cond::Ne, R0, Src::K(0x45), general);
     a.load(Size::H, R0, FP, V4_COPY + 6);
     a.from_be(R0, 16);
     a.jump_if(Cond::Set, R0, Src::K(0x3fff), general);
-    a.load(Size::H, R0, FP, V4_COPY + 2);
-    a.from_be(R0, 16);
-    a.jump_if(Cond::Lt, R0, Src::K(24), general);
-    a.alu(Alu::Add, R0, Src::K(20 + 8 + 8 + 14));
-    a.jump_if(Cond::Gt, R0, Src::X(R8), general);
+    a.load(Size::H, len, FP, V4_COPY + 2);
+    a.from_be(len, 16);
+    a.jump_if(Cond::Lt, len, Src::K(24), general);
     a.load(Size::B, R9, FP, V4_COPY + 9);
     a.jump_if(Cond::Eq, R9, Src::K(i32::from(ip_proto::ICMP)), general);
     a.jump_if(Cond::Eq, R9, Src::K(i32::from(ip_proto::ICMPV6)), general);
-    a.store(Size::DW, FP, PORTS_AT, Src::K(1));
-    a.goto(hashed);
 }
 
 /// Copies `bytes` of the packet from `from` bytes past its network header to `to`;
