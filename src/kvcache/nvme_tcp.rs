@@ -784,7 +784,7 @@ impl BlockTarget for NvmeTcpClient {
     }
 
     /// Dataset Management with the Attribute – Deallocate bit (NVM Command Set §3.2.3),
-    /// the commands ([`deallocations`]) in flight together.
+    /// the commands (made by `deallocations`) in flight together.
     fn discard(&mut self, ranges: &[(u64, u64)]) -> io::Result<()> {
         if !self.deallocates {
             return Err(io::Error::new(
