@@ -309,7 +309,7 @@ fn program(workers: usize, tunnels: &TunnelPorts, fragments: BorrowedFd) -> Vec<
 /// apiece): an IPv4 header of 20 bytes or an IPv6 header with no extension header, not a
 /// fragment, not ICMP, to no tunnel port, whose transport header's first word is within
 /// the packet (IPv6: of TCP, UDP, SCTP or UDP-Lite); and such an IPv4 packet in VXLAN
-/// over such an IPv4 one, from a second copy. Jumps to `copied` in the hash with its
+/// over such an IPv4 or IPv6 one, from a second copy. Jumps to `copied` in the hash with its
 /// slots set; anything else, or a frame the parser would refuse in a way this does not
 /// look for (it goes to any worker then), to `general`.
 fn common_frame(a: &mut Asm, tunnels: &TunnelPorts, general: Label, copied: Label) {
@@ -368,20 +368,31 @@ fn common_frame(a: &mut Asm, tunnels: &TunnelPorts, general: Label, copied: Labe
     a.store(Size::DW, FP, NOTE, Src::K(0));
     a.goto(copied);
 
-    // VXLAN over IPv4 (RFC 7348 §5: UDP and VXLAN headers, 8 bytes each, then the inner
-    // Ethernet frame) carrying IPv4 as the common frame has it, within the outer packet:
-    // hashed by the inner flow from one more copy.
+    // VXLAN (RFC 7348 §5: UDP and VXLAN headers, 8 bytes each, then the inner Ethernet
+    // frame) carrying IPv4 as the common frame has it, within the outer packet: hashed
+    // by the inner flow from one more copy.
     a.bind(vxlan);
+    let over_v6 = a.label();
     a.load(Size::DW, R0, FP, KIND);
-    a.jump_if(Cond::Ne, R0, Src::K(4), general);
-    copy_headers(a, 20 + 8 + 8, INNER_COPY, 14 + 24, general);
+    a.jump_if(Cond::Eq, R0, Src::K(6), over_v6);
+    vxlan_inner(a, 20, general, hashed);
+    a.bind(over_v6);
+    vxlan_inner(a, 40, general, hashed);
+}
+
+/// The IPv4 packet in the VXLAN frame after an outer IP header of `outer` bytes (R8 the
+/// outer packet's length), copied and checked as the common frame is; jumps to `hashed`
+/// with its slots set, or to `general`.
+fn vxlan_inner(a: &mut Asm, outer: i32, general: Label, hashed: Label) {
+    copy_headers(a, outer + 8 + 8, INNER_COPY, 14 + 24, general);
     a.load(Size::H, R0, FP, INNER_COPY + 12);
     a.from_be(R0, 16);
     a.jump_if(Cond::Ne, R0, Src::K(i32::from(ethertype::IPV4)), general);
     // Its 24 bytes within the outer packet's length.
     copied_v4(a, R0, general);
-    a.alu(Alu::Add, R0, Src::K(20 + 8 + 8 + 14));
+    a.alu(Alu::Add, R0, Src::K(outer + 8 + 8 + 14));
     a.jump_if(Cond::Gt, R0, Src::X(R8), general);
+    a.store(Size::DW, FP, KIND, Src::K(4));
     a.store(Size::DW, FP, PORTS_AT, Src::K(1));
     a.goto(hashed);
 }
