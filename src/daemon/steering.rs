@@ -308,8 +308,8 @@ fn program(workers: usize, tunnels: &TunnelPorts, fragments: BorrowedFd) -> Vec<
 /// The common frame, hashed from one copy of its headers (a load apiece is a call
 /// apiece): an IPv4 header of 20 bytes or an IPv6 header with no extension header, not a
 /// fragment, not ICMP, to no tunnel port, whose transport header's first word is within
-/// the packet (IPv6: of TCP, UDP, SCTP or UDP-Lite); and such an IPv4 packet in VXLAN
-/// over such an IPv4 or IPv6 one, from a second copy. Jumps to `copied` in the hash with its
+/// the packet (IPv6: of TCP, UDP, SCTP or UDP-Lite); and such a packet in VXLAN over
+/// such an IPv4 or IPv6 one, from a second copy (a third for IPv6 inside). Jumps to `copied` in the hash with its
 /// slots set; anything else, or a frame the parser would refuse in a way this does not
 /// look for (it goes to any worker then), to `general`.
 fn common_frame(a: &mut Asm, tunnels: &TunnelPorts, general: Label, copied: Label) {
@@ -329,21 +329,8 @@ fn common_frame(a: &mut Asm, tunnels: &TunnelPorts, general: Label, copied: Labe
 
     a.bind(v6);
     copy_headers(a, 0, V6_COPY, 44, general);
-    // Version 6; the transport header next; its first word within the packet.
-    a.load(Size::B, R0, FP, V6_COPY);
-    a.alu(Alu::Rsh, R0, Src::K(4));
-    a.jump_if(Cond::Ne, R0, Src::K(6), general);
-    a.load(Size::B, R9, FP, V6_COPY + 6);
-    let ported = a.label();
-    for p in (0..=255u8).filter(|&p| ip_proto::has_ports(p)) {
-        a.jump_if(Cond::Eq, R9, Src::K(i32::from(p)), ported);
-    }
-    a.goto(general);
-    a.bind(ported);
-    a.load(Size::H, R8, FP, V6_COPY + 4);
-    a.from_be(R8, 16);
-    a.jump_if(Cond::Lt, R8, Src::K(4), general);
-    a.alu(Alu::Add, R8, Src::K(40));
+    // Within the packet's length too.
+    copied_v6(a, R8, general);
     a.load(Size::DW, R1, FP, LEN);
     a.jump_if(Cond::Gt, R8, Src::X(R1), general);
     a.store(Size::DW, FP, KIND, Src::K(6));
@@ -380,21 +367,54 @@ fn common_frame(a: &mut Asm, tunnels: &TunnelPorts, general: Label, copied: Labe
     vxlan_inner(a, 40, general, hashed);
 }
 
-/// The IPv4 packet in the VXLAN frame after an outer IP header of `outer` bytes (R8 the
-/// outer packet's length), copied and checked as the common frame is; jumps to `hashed`
-/// with its slots set, or to `general`.
+/// The IP packet in the VXLAN frame after an outer IP header of `outer` bytes (R8 the
+/// outer packet's length), copied and checked as the common frame is, within the outer
+/// packet; jumps to `hashed` with its slots set, or to `general`.
 fn vxlan_inner(a: &mut Asm, outer: i32, general: Label, hashed: Label) {
-    copy_headers(a, outer + 8 + 8, INNER_COPY, 14 + 24, general);
+    let inner = outer + 8 + 8;
+    // As much as an IPv4 packet needs (a short one is common); an IPv6 one is copied
+    // again, whole, where its addresses land on `ADDRESSES`.
+    copy_headers(a, inner, INNER_COPY, 14 + 24, general);
+    let v6 = a.label();
     a.load(Size::H, R0, FP, INNER_COPY + 12);
     a.from_be(R0, 16);
+    a.jump_if(Cond::Eq, R0, Src::K(i32::from(ethertype::IPV6)), v6);
     a.jump_if(Cond::Ne, R0, Src::K(i32::from(ethertype::IPV4)), general);
-    // Its 24 bytes within the outer packet's length.
     copied_v4(a, R0, general);
-    a.alu(Alu::Add, R0, Src::K(outer + 8 + 8 + 14));
+    a.alu(Alu::Add, R0, Src::K(inner + 14));
     a.jump_if(Cond::Gt, R0, Src::X(R8), general);
     a.store(Size::DW, FP, KIND, Src::K(4));
     a.store(Size::DW, FP, PORTS_AT, Src::K(1));
     a.goto(hashed);
+
+    a.bind(v6);
+    copy_headers(a, inner + 14, V6_COPY, 44, general);
+    copied_v6(a, R0, general);
+    a.alu(Alu::Add, R0, Src::K(inner + 14));
+    a.jump_if(Cond::Gt, R0, Src::X(R8), general);
+    a.store(Size::DW, FP, KIND, Src::K(6));
+    a.store(Size::DW, FP, PORTS_AT, Src::K(2));
+    a.goto(hashed);
+}
+
+/// Checks the IPv6 header copied to `V6_COPY` as the short path takes it: version 6, the
+/// transport header next (TCP, UDP, SCTP or UDP-Lite, its protocol into R9) and its first
+/// word within the payload; the packet's length into `len`. Jumps to `general` otherwise.
+fn copied_v6(a: &mut Asm, len: bpf::Reg, general: Label) {
+    a.load(Size::B, R0, FP, V6_COPY);
+    a.alu(Alu::Rsh, R0, Src::K(4));
+    a.jump_if(Cond::Ne, R0, Src::K(6), general);
+    a.load(Size::B, R9, FP, V6_COPY + 6);
+    let ported = a.label();
+    for p in (0..=255u8).filter(|&p| ip_proto::has_ports(p)) {
+        a.jump_if(Cond::Eq, R9, Src::K(i32::from(p)), ported);
+    }
+    a.goto(general);
+    a.bind(ported);
+    a.load(Size::H, len, FP, V6_COPY + 4);
+    a.from_be(len, 16);
+    a.jump_if(Cond::Lt, len, Src::K(4), general);
+    a.alu(Alu::Add, len, Src::K(40));
 }
 
 /// Checks the IPv4 header copied to `V4_COPY` as the short path takes it: version 4 and
@@ -1157,6 +1177,37 @@ mod tests {
         let ran = bpf::test_run(kernel.fd(), frame).expect("the program runs");
         let meta = parse::parse(frame, &tunnels()).ok()?;
         Some((pick(frame, &meta, fragments, 1, workers), ran as usize))
+    }
+
+    /// The short path's tunnels, which the random shapes meet only now and then: VXLAN
+    /// over either family carrying either, for many flows.
+    #[test]
+    fn vxlan_frames_go_where_the_dealer_sends_them() {
+        for i in 0..400u32 {
+            let x = u128::from(i.wrapping_mul(0x9e37_79b9));
+            let (outer_v6, v6) = (i % 2 == 1, i / 2 % 2 == 1);
+            let shape = Shape {
+                v6,
+                src: if v6 { x << 64 | x } else { x & 0xffff_ffff },
+                dst: if v6 { !x } else { !x & 0xffff_ffff },
+                proto: [ip_proto::TCP, ip_proto::UDP][(i / 4 % 2) as usize],
+                sport: i as u16,
+                dport: (i >> 3) as u16 ^ 0x1f90,
+                extensions: 0,
+                fragment: 0,
+                ident: 0,
+                quoted: None,
+                tunnel: Some((0, 0, outer_v6)),
+                tags: 0,
+                mutation: None,
+            };
+            for f in frames(&shape) {
+                for workers in [2, 3, 4, 7] {
+                    let (dealt, kernel) = steered(workers, &f).expect("parsed");
+                    assert_eq!(dealt, kernel, "frame {f:02x?}");
+                }
+            }
+        }
     }
 
     proptest! {
