@@ -308,16 +308,17 @@ fn program(workers: usize, tunnels: &TunnelPorts, fragments: BorrowedFd) -> Vec<
 /// The common frame, hashed from one copy of its headers (a load apiece is a call
 /// apiece): an IPv4 header of 20 bytes or an IPv6 header with no extension header, not a
 /// fragment, not ICMP, to no tunnel port, whose transport header's first word is within
-/// the packet (IPv6: of TCP, UDP, SCTP or UDP-Lite); and such a packet in VXLAN over
-/// such an IPv4 or IPv6 one, from a second copy (a third for IPv6 inside). Jumps to `copied` in the hash with its
+/// the packet (IPv6: of TCP, UDP, SCTP or UDP-Lite); and such a packet in VXLAN or
+/// Geneve over such an IPv4 or IPv6 one, from one or two more copies. Jumps to `copied` in the hash with its
 /// slots set; anything else, or a frame the parser would refuse in a way this does not
 /// look for (it goes to any worker then), to `general`.
 fn common_frame(a: &mut Asm, tunnels: &TunnelPorts, general: Label, copied: Label) {
-    let (v6, transport, vxlan) = (a.label(), a.label(), a.label());
+    let (v6, transport) = (a.label(), a.label());
+    let (vxlan, geneve) = (a.label(), a.label());
     a.load(Size::DW, R7, FP, ET);
     a.jump_if(Cond::Eq, R7, Src::K(i32::from(ethertype::IPV6)), v6);
     a.jump_if(Cond::Ne, R7, Src::K(i32::from(ethertype::IPV4)), general);
-    copy_headers(a, 0, V4_COPY, 24, general);
+    copy_headers(a, Src::K(0), V4_COPY, 24, general);
     // Its 24 bytes within the packet's length too.
     copied_v4(a, R8, general);
     a.load(Size::DW, R1, FP, LEN);
@@ -328,7 +329,7 @@ fn common_frame(a: &mut Asm, tunnels: &TunnelPorts, general: Label, copied: Labe
     a.goto(transport);
 
     a.bind(v6);
-    copy_headers(a, 0, V6_COPY, 44, general);
+    copy_headers(a, Src::K(0), V6_COPY, 44, general);
     // Within the packet's length too.
     copied_v6(a, R8, general);
     a.load(Size::DW, R1, FP, LEN);
@@ -345,7 +346,7 @@ fn common_frame(a: &mut Asm, tunnels: &TunnelPorts, general: Label, copied: Labe
     for (port, kind) in tunnels.ports() {
         let to = match kind {
             Tunnel::Vxlan => vxlan,
-            Tunnel::Geneve => general,
+            Tunnel::Geneve => geneve,
         };
         a.jump_if(Cond::Eq, R0, Src::K(i32::from(port)), to);
     }
@@ -355,42 +356,68 @@ fn common_frame(a: &mut Asm, tunnels: &TunnelPorts, general: Label, copied: Labe
     a.store(Size::DW, FP, NOTE, Src::K(0));
     a.goto(copied);
 
-    // VXLAN (RFC 7348 §5: UDP and VXLAN headers, 8 bytes each, then the inner Ethernet
-    // frame) carrying IPv4 as the common frame has it, within the outer packet: hashed
+    // A tunnel carrying IP as the common frame has it, within the outer packet: hashed
     // by the inner flow from one more copy.
+    let tunnel = a.label();
     a.bind(vxlan);
-    let over_v6 = a.label();
-    a.load(Size::DW, R0, FP, KIND);
-    a.jump_if(Cond::Eq, R0, Src::K(6), over_v6);
-    vxlan_inner(a, 20, general, hashed);
-    a.bind(over_v6);
-    vxlan_inner(a, 40, general, hashed);
+    // RFC 7348 §5: UDP and VXLAN headers, 8 bytes each, then the inner Ethernet frame.
+    a.mov(R9, Src::K(8 + 8));
+    a.goto(tunnel);
+    a.bind(geneve);
+    // RFC 8926 §3.4: after the UDP header, version (0) and options length in 4-byte
+    // words, then the payload's protocol, which must be Ethernet; 8 bytes and the
+    // options.
+    outer_header_len(a);
+    a.alu(Alu::Add, R7, Src::K(8));
+    copy_headers(a, Src::X(R7), TMP, 4, general);
+    a.load(Size::B, R9, FP, TMP);
+    a.jump_if(Cond::Gt, R9, Src::K(0x3f), general);
+    a.alu(Alu::Lsh, R9, Src::K(2));
+    a.alu(Alu::Add, R9, Src::K(8 + 8));
+    a.load(Size::H, R0, FP, TMP + 2);
+    a.from_be(R0, 16);
+    a.jump_if(Cond::Ne, R0, Src::K(i32::from(ethertype::TEB)), general);
+    a.bind(tunnel);
+    // R9: the UDP and tunnel headers' length, after which the inner frame starts.
+    outer_header_len(a);
+    a.alu(Alu::Add, R7, Src::X(R9));
+    tunnelled(a, general, hashed);
 }
 
-/// The IP packet in the VXLAN frame after an outer IP header of `outer` bytes (R8 the
-/// outer packet's length), copied and checked as the common frame is, within the outer
-/// packet; jumps to `hashed` with its slots set, or to `general`.
-fn vxlan_inner(a: &mut Asm, outer: i32, general: Label, hashed: Label) {
-    let inner = outer + 8 + 8;
+/// The outer IP header's length, 20 or 40 as the copied header's family, into R7.
+fn outer_header_len(a: &mut Asm) {
+    let v4 = a.label();
+    a.mov(R7, Src::K(20));
+    a.load(Size::DW, R0, FP, KIND);
+    a.jump_if(Cond::Eq, R0, Src::K(4), v4);
+    a.mov(R7, Src::K(40));
+    a.bind(v4);
+}
+
+/// The IP packet in the tunnel's inner Ethernet frame at R7 (R8 the outer packet's
+/// length), copied and checked as the common frame is, within the outer packet; jumps
+/// to `hashed` with its slots set, or to `general`.
+fn tunnelled(a: &mut Asm, general: Label, hashed: Label) {
     // As much as an IPv4 packet needs (a short one is common); an IPv6 one is copied
     // again, whole, where its addresses land on `ADDRESSES`.
-    copy_headers(a, inner, INNER_COPY, 14 + 24, general);
+    copy_headers(a, Src::X(R7), INNER_COPY, 14 + 24, general);
+    a.alu(Alu::Add, R7, Src::K(14));
     let v6 = a.label();
     a.load(Size::H, R0, FP, INNER_COPY + 12);
     a.from_be(R0, 16);
     a.jump_if(Cond::Eq, R0, Src::K(i32::from(ethertype::IPV6)), v6);
     a.jump_if(Cond::Ne, R0, Src::K(i32::from(ethertype::IPV4)), general);
     copied_v4(a, R0, general);
-    a.alu(Alu::Add, R0, Src::K(inner + 14));
+    a.alu(Alu::Add, R0, Src::X(R7));
     a.jump_if(Cond::Gt, R0, Src::X(R8), general);
     a.store(Size::DW, FP, KIND, Src::K(4));
     a.store(Size::DW, FP, PORTS_AT, Src::K(1));
     a.goto(hashed);
 
     a.bind(v6);
-    copy_headers(a, inner + 14, V6_COPY, 44, general);
+    copy_headers(a, Src::X(R7), V6_COPY, 44, general);
     copied_v6(a, R0, general);
-    a.alu(Alu::Add, R0, Src::K(inner + 14));
+    a.alu(Alu::Add, R0, Src::X(R7));
     a.jump_if(Cond::Gt, R0, Src::X(R8), general);
     a.store(Size::DW, FP, KIND, Src::K(6));
     a.store(Size::DW, FP, PORTS_AT, Src::K(2));
@@ -436,9 +463,9 @@ fn copied_v4(a: &mut Asm, len: bpf::Reg, general: Label) {
 
 /// Copies `bytes` of the packet from `from` bytes past its network header to `to`;
 /// jumps to `general` where it is shorter.
-fn copy_headers(a: &mut Asm, from: i32, to: i16, bytes: i32, general: Label) {
+fn copy_headers(a: &mut Asm, from: Src, to: i16, bytes: i32, general: Label) {
+    a.mov(R2, from);
     a.mov(R1, Src::X(R6));
-    a.mov(R2, Src::K(from));
     a.mov(R3, Src::X(FP));
     a.alu(Alu::Add, R3, Src::K(i32::from(to)));
     a.mov(R4, Src::K(bytes));
@@ -1180,10 +1207,11 @@ mod tests {
     }
 
     /// The short path's tunnels, which the random shapes meet only now and then: VXLAN
-    /// over either family carrying either, for many flows.
+    /// (on its port and the pipeline's) and Geneve with 0 to 3 words of options, over
+    /// either family carrying either, for many flows.
     #[test]
-    fn vxlan_frames_go_where_the_dealer_sends_them() {
-        for i in 0..400u32 {
+    fn tunnelled_frames_go_where_the_dealer_sends_them() {
+        for i in 0..960u32 {
             let x = u128::from(i.wrapping_mul(0x9e37_79b9));
             let (outer_v6, v6) = (i % 2 == 1, i / 2 % 2 == 1);
             let shape = Shape {
@@ -1197,7 +1225,7 @@ mod tests {
                 fragment: 0,
                 ident: 0,
                 quoted: None,
-                tunnel: Some((0, 0, outer_v6)),
+                tunnel: Some(((i / 8 % 3) as u8, (i / 24 % 4) as u8, outer_v6)),
                 tags: 0,
                 mutation: None,
             };
