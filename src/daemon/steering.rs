@@ -408,19 +408,22 @@ fn tunnelled(a: &mut Asm, general: Label, hashed: Label) {
     a.jump_if(Cond::Eq, R0, Src::K(i32::from(ethertype::IPV6)), v6);
     a.jump_if(Cond::Ne, R0, Src::K(i32::from(ethertype::IPV4)), general);
     copied_v4(a, R0, general);
-    a.alu(Alu::Add, R0, Src::X(R7));
-    a.jump_if(Cond::Gt, R0, Src::X(R8), general);
-    a.store(Size::DW, FP, KIND, Src::K(4));
-    a.store(Size::DW, FP, PORTS_AT, Src::K(1));
-    a.goto(hashed);
-
+    inner_copied(a, 4, general, hashed);
     a.bind(v6);
     copy_headers(a, Src::X(R7), V6_COPY, 44, general);
     copied_v6(a, R0, general);
+    inner_copied(a, 6, general, hashed);
+}
+
+/// The inner packet of IP version `kind`, its length in R0 from R7, within the outer
+/// packet's R8: hashed from its copy, or to `general`.
+fn inner_copied(a: &mut Asm, kind: i32, general: Label, hashed: Label) {
     a.alu(Alu::Add, R0, Src::X(R7));
     a.jump_if(Cond::Gt, R0, Src::X(R8), general);
-    a.store(Size::DW, FP, KIND, Src::K(6));
-    a.store(Size::DW, FP, PORTS_AT, Src::K(2));
+    a.store(Size::DW, FP, KIND, Src::K(kind));
+    // The ports copied after an IPv4 header (1) or an IPv6 one (2).
+    let ports_at = if kind == 4 { 1 } else { 2 };
+    a.store(Size::DW, FP, PORTS_AT, Src::K(ports_at));
     a.goto(hashed);
 }
 
