@@ -131,6 +131,29 @@ enum Command {
         after_help = "Example:\n  dpuflow bench pipelines/vxlan-gateway.pipe --port uplink --size 64 --flows 1024 --packets 20000000"
     )]
     Bench(BenchFlags),
+    /// The KV-cache service's store, looked at from outside the service.
+    Kv {
+        #[command(subcommand)]
+        command: KvCommand,
+    },
+}
+
+/// The KV-cache service's store on its target.
+#[derive(Subcommand, Debug)]
+enum KvCommand {
+    /// Print, for each KV-cache service of a pipeline, what the index saved on its target
+    /// holds: what the service's next start restores. Nothing is written; a running
+    /// service's target may be read (its last checkpoint is what a crash would restore).
+    ///
+    /// Exits 0 when every target was read (saved index or not), 1 when one could not be.
+    #[command(after_help = "Example:\n  dpuflow kv inspect pipelines/kv-offload.pipe")]
+    Inspect {
+        /// Pipeline file.
+        file: PathBuf,
+        /// Only the service of this name.
+        #[arg(long)]
+        service: Option<String>,
+    },
 }
 
 /// The firewall's rule classifier on ClassBench rule sets (the files `dpdk-test-acl` reads).
@@ -341,6 +364,9 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run(flags) => run(flags),
         Command::Acl { command } => acl(command),
+        Command::Kv {
+            command: KvCommand::Inspect { file, service },
+        } => kv_inspect(&file, service.as_deref()),
         Command::Check { files, format } => check(&files, format),
         Command::Graph { file } => graph(&file),
         Command::Plan {
@@ -389,6 +415,83 @@ fn main() -> ExitCode {
 }
 
 /// Checks a pipeline file and returns its program, or prints why not and the exit status.
+/// `dpuflow kv inspect`: each KV-cache service's saved index, as its next start would
+/// restore it.
+fn kv_inspect(file: &Path, only: Option<&str>) -> ExitCode {
+    use dpuflow::ir::ServiceKind;
+    use dpuflow::kvcache::{persist::Saved, server, storage};
+    let program = match load(file) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let services: Vec<_> = program
+        .services
+        .iter()
+        .filter(|s| only.is_none_or(|name| s.name == name))
+        .collect();
+    if services.is_empty() {
+        match only {
+            Some(name) => eprintln!("{}: no service `{name}`", file.display()),
+            None => eprintln!("{}: no KV-cache service", file.display()),
+        }
+        return ExitCode::from(EXIT_USAGE);
+    }
+    let mut failed = false;
+    for svc in services {
+        let ServiceKind::KvCache(config) = &svc.kind;
+        let target = storage::describe(&config.target);
+        let inspected = match server::inspect(config) {
+            Ok(i) => i,
+            Err(e) => {
+                eprintln!("kvcache `{}`: {e}", svc.name);
+                failed = true;
+                continue;
+            }
+        };
+        let sb = match inspected.superblock {
+            Ok(sb) => sb,
+            Err(why) => {
+                println!(
+                    "kvcache `{}` on {target}: {why}; its next start is empty",
+                    svc.name
+                );
+                continue;
+            }
+        };
+        let saved = match sb.saved {
+            Saved::AtStop => "at a clean stop",
+            Saved::Checkpoint => "by a checkpoint",
+        };
+        println!(
+            "kvcache `{}` on {target}: index saved {saved} (layout {})",
+            svc.name, sb.version
+        );
+        let deltas: u64 = sb.deltas.iter().map(|d| d.len).sum();
+        println!(
+            "  snapshot {} bytes in {} run(s); {} delta(s), {deltas} bytes",
+            sb.snapshot.len,
+            sb.snapshot.runs.len(),
+            sb.deltas.len()
+        );
+        match inspected.index {
+            Ok(stats) => println!(
+                "  {} keys ({} expiring), values in {} of {} blocks of {} bytes",
+                stats.keys,
+                stats.expiring,
+                stats.used_blocks,
+                stats.total_blocks,
+                config.block_size
+            ),
+            Err(why) => println!("  {why}; its next start is empty"),
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
 fn load(path: &Path) -> Result<Program, ExitCode> {
     let checked = match lang::check_file(path) {
         Ok(c) => c,

@@ -348,8 +348,22 @@ fn graph_of_invalid_file_fails() {
 
 #[test]
 fn every_subcommand_has_help_with_an_example() {
-    for sub in ["check", "graph"] {
-        let out = dpuflow(&[sub, "--help"]);
+    for sub in [
+        "check",
+        "graph",
+        "plan",
+        "replay",
+        "trace",
+        "run",
+        "bench",
+        "acl classify",
+        "acl bench",
+        "acl gen-trace",
+        "kv inspect",
+    ] {
+        let mut args: Vec<&str> = sub.split(' ').collect();
+        args.push("--help");
+        let out = dpuflow(&args);
         assert!(out.status.success());
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(

@@ -853,6 +853,49 @@ print("ok")
     assert_eq!(kv.terminate(), 0);
 }
 
+/// `dpuflow kv inspect` says what the target's saved index holds — none, one saved at a
+/// clean stop, one saved by a checkpoint before a crash — and changes nothing: the next
+/// start restores what it said.
+#[test]
+fn inspecting_a_target_says_what_its_next_start_restores() {
+    let dir = Scratch::new("kv-inspect");
+    let file = dir.path("blocks.img");
+    let target = format!("file://{file}");
+    let pipe = dir.path("kv.pipe");
+    let inspect = || {
+        let out = dpuflow(&["kv", "inspect", &pipe]);
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let kv = KvService::start_with(&dir, &target, "8MiB", "checkpoint 1s");
+    assert!(inspect().contains("no saved index on the target"));
+    kv.cli(&["SET", "a", "1"]);
+    kv.cli(&["SET", "b", "2", "EX", "1000"]);
+    assert_eq!(
+        kv.cli_with(&["-x", "SET", "c"], &value(300_000, 1)).trim(),
+        "OK"
+    );
+    assert_eq!(kv.terminate(), 0);
+    let said = inspect();
+    assert!(said.contains("index saved at a clean stop"), "{said}");
+    assert!(
+        said.contains("3 keys (1 expiring), values in 7 of "),
+        "{said}"
+    );
+
+    let kv = KvService::start_with(&dir, &target, "8MiB", "checkpoint 1s");
+    assert_eq!(kv.cli(&["DBSIZE"]).trim(), "3");
+    kv.cli(&["SET", "d", "4"]);
+    assert_eq!(kv.cli(&["SAVE"]).trim(), "OK");
+    kv.kill();
+    let said = inspect();
+    assert!(said.contains("index saved by a checkpoint"), "{said}");
+    assert!(said.contains("4 keys (1 expiring)"), "{said}");
+    let kv = KvService::start_with(&dir, &target, "8MiB", "checkpoint 1s");
+    assert_eq!(kv.cli(&["DBSIZE"]).trim(), "4");
+    assert_eq!(kv.terminate(), 0);
+}
+
 #[test]
 fn a_local_file_target_is_created_and_filled() {
     let dir = Scratch::new("kv-file");

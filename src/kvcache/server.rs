@@ -5,11 +5,11 @@
 //! the index, which is locked only to look up, allocate and publish.
 
 use super::glob;
-use super::index::{Extents, Index, SnapshotDraft, StoreError, SNAPSHOT_PART};
+use super::index::{Extents, Index, IndexStats, SnapshotDraft, StoreError, SNAPSHOT_PART};
 use super::persist::{self, Saved};
 use super::resp::{self, reply, Awaited};
 use super::storage::{self, BlockTarget, Pool, TargetError};
-use crate::ir::KvCache;
+use crate::ir::{KvCache, StorageTarget};
 use crc32c::crc32c;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
@@ -84,6 +84,107 @@ pub const COMMANDS: &[&str] = &[
     "expire", "ttl", "persist", "other",
 ];
 
+/// A target's saved index as read, nothing written: its first block, the superblock
+/// decoded from it, and the index it names.
+struct SavedRead {
+    first: Vec<u8>,
+    superblock: Result<persist::Superblock, persist::Unusable>,
+    index: Result<Index, persist::Unusable>,
+}
+
+/// Reads the index saved on `t` for a store of `capacity` bytes in blocks of `bs`.
+fn read_saved(t: &mut dyn BlockTarget, capacity: u64, bs: u64) -> io::Result<SavedRead> {
+    let mut first = vec![0u8; bs as usize];
+    t.read_at(0, &mut first)?;
+    let sb = persist::Superblock::decode(&first);
+    let blocks = capacity / bs;
+    let index = match &sb {
+        // Runs outside the store, or more of them than it has blocks (a damaged
+        // superblock whose checksum still held): refused before anything is read.
+        Ok(sb)
+            if sb
+                .segments()
+                .flat_map(|s| &s.runs)
+                .any(|&(b, n)| b.checked_add(n).is_none_or(|e| e > blocks))
+                || sb
+                    .segments()
+                    .flat_map(|s| &s.runs)
+                    .map(|r| r.1)
+                    .sum::<u64>()
+                    > blocks =>
+        {
+            Err(persist::Unusable::Snapshot)
+        }
+        Ok(sb) => {
+            // The snapshot and each delta, read from their runs.
+            let mut read: Vec<Vec<u8>> = sb
+                .segments()
+                .map(|s| vec![0u8; (s.runs.iter().map(|r| r.1).sum::<u64>() * bs) as usize])
+                .collect();
+            let mut pieces = Vec::new();
+            for (segment, bytes) in sb.segments().zip(&mut read) {
+                let mut rest = &mut bytes[..];
+                for (block, n) in &segment.runs {
+                    let (piece, after) = rest.split_at_mut((n * bs) as usize);
+                    pieces.push((block * bs, piece));
+                    rest = after;
+                }
+            }
+            t.read_many(&mut pieces)?;
+            let deltas: Vec<&[u8]> = read[1..].iter().map(|d| &d[..]).collect();
+            persist::load(sb, &read[0], &deltas, capacity, bs)
+        }
+        Err(why) => Err(why.clone()),
+    };
+    Ok(SavedRead {
+        first,
+        superblock: sb,
+        index,
+    })
+}
+
+/// What a service's target holds for its next start (`dpuflow kv inspect`).
+#[derive(Debug)]
+pub struct Inspection {
+    /// The saved index's superblock: how and in what layout it was saved, its snapshot
+    /// and deltas.
+    pub superblock: Result<persist::Superblock, persist::Unusable>,
+    /// What the index it names holds, or why a start would not use it.
+    pub index: Result<IndexStats, persist::Unusable>,
+}
+
+/// Reads the index saved on `config`'s target, writing nothing: what its next start would
+/// restore. A local file that does not exist is an error here, not created.
+pub fn inspect(config: &KvCache) -> Result<Inspection, TargetError> {
+    if let StorageTarget::Local { path } = &config.target {
+        if !path.exists() {
+            return Err(TargetError::Open {
+                target: storage::describe(&config.target),
+                source: io::Error::new(
+                    io::ErrorKind::NotFound,
+                    "no such file (the service makes it at its first start)",
+                ),
+            });
+        }
+    }
+    let mut t = storage::connect(
+        &config.target,
+        config.capacity,
+        config.nvme_digests,
+        config.page_cache,
+    )?;
+    let read = read_saved(t.as_mut(), config.capacity, config.block_size).map_err(|source| {
+        TargetError::Open {
+            target: storage::describe(&config.target),
+            source,
+        }
+    })?;
+    Ok(Inspection {
+        superblock: read.superblock,
+        index: read.index.map(|index| index.stats()),
+    })
+}
+
 /// What a start restored, beside the index: with checkpoints, the blocks of the save it
 /// was restored from, kept while the target's superblock names them, and that superblock
 /// when the next checkpoint may be a delta on it (its layout is this build's).
@@ -96,48 +197,11 @@ type Restored = Option<(Extents, Option<persist::Superblock>)>;
 fn saved_index(name: &str, config: &KvCache, pool: &Pool) -> io::Result<(Index, Restored)> {
     let (capacity, bs) = (config.capacity, config.block_size);
     let loaded = pool.with(|t| {
-        let mut first = vec![0u8; bs as usize];
-        t.read_at(0, &mut first)?;
-        let sb = persist::Superblock::decode(&first);
-        let blocks = capacity / bs;
-        let index = match &sb {
-            // Runs outside the store, or more of them than it has blocks (a damaged
-            // superblock whose checksum still held): refused before anything is read.
-            Ok(sb)
-                if sb
-                    .segments()
-                    .flat_map(|s| &s.runs)
-                    .any(|&(b, n)| b.checked_add(n).is_none_or(|e| e > blocks))
-                    || sb
-                        .segments()
-                        .flat_map(|s| &s.runs)
-                        .map(|r| r.1)
-                        .sum::<u64>()
-                        > blocks =>
-            {
-                Err(persist::Unusable::Snapshot)
-            }
-            Ok(sb) => {
-                // The snapshot and each delta, read from their runs.
-                let mut read: Vec<Vec<u8>> = sb
-                    .segments()
-                    .map(|s| vec![0u8; (s.runs.iter().map(|r| r.1).sum::<u64>() * bs) as usize])
-                    .collect();
-                let mut pieces = Vec::new();
-                for (segment, bytes) in sb.segments().zip(&mut read) {
-                    let mut rest = &mut bytes[..];
-                    for (block, n) in &segment.runs {
-                        let (piece, after) = rest.split_at_mut((n * bs) as usize);
-                        pieces.push((block * bs, piece));
-                        rest = after;
-                    }
-                }
-                t.read_many(&mut pieces)?;
-                let deltas: Vec<&[u8]> = read[1..].iter().map(|d| &d[..]).collect();
-                persist::load(sb, &read[0], &deltas, capacity, bs)
-            }
-            Err(why) => Err(why.clone()),
-        };
+        let SavedRead {
+            first,
+            superblock: sb,
+            index,
+        } = read_saved(t, capacity, bs)?;
         let loaded = index.map(|mut index| {
             // With checkpoints, the snapshot's blocks are kept while its superblock names them.
             let kept = match (&sb, config.checkpoint) {
