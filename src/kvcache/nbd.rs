@@ -435,11 +435,8 @@ impl<S: Read + Write + QuickAck + Send + std::fmt::Debug> BlockTarget for NbdCli
         let mut requests = Vec::new();
         for &(offset, len) in ranges {
             self.check(offset, usize::try_from(len).unwrap_or(usize::MAX))?;
-            let mut at = offset;
-            while at < offset + len {
-                let n = most.min(offset + len - at);
+            for (at, n) in super::storage::pieces(offset, len, most) {
                 requests.push(Request::new(at, Transfer::Trim(n as u32)));
-                at += n;
             }
         }
         self.run(&mut requests)

@@ -692,15 +692,12 @@ fn deallocations(ranges: &[(u64, u64)], lba: u64, size: u64) -> io::Result<Vec<V
     let mut descriptors = Vec::new();
     let most = u64::from(u32::MAX) * lba;
     for &(offset, len) in ranges {
-        let mut at = offset;
-        while at < offset + len {
-            let n = most.min(offset + len - at);
+        for (at, n) in super::storage::pieces(offset, len, most) {
             let (slba, count) = lbas_of(at, n, lba, size)?;
             let mut d = [0u8; RANGE_LEN];
             d[4..8].copy_from_slice(&count.to_le_bytes());
             d[8..16].copy_from_slice(&slba.to_le_bytes());
             descriptors.extend_from_slice(&d);
-            at += n;
         }
     }
     Ok(descriptors

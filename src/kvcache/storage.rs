@@ -60,6 +60,15 @@ pub trait BlockTarget: Send + std::fmt::Debug {
     }
 }
 
+/// `len` bytes at `offset` as consecutive pieces of at most `most` bytes (at least one
+/// byte), each its offset and length: a range split for requests that hold less.
+pub fn pieces(offset: u64, len: u64, most: u64) -> impl Iterator<Item = (u64, u64)> {
+    let most = most.max(1);
+    (offset..offset + len)
+        .step_by(usize::try_from(most).unwrap_or(usize::MAX))
+        .map(move |at| (at, most.min(offset + len - at)))
+}
+
 /// The error of a discard sent to a target that takes none.
 fn no_discards() -> io::Error {
     io::Error::new(io::ErrorKind::Unsupported, "the target takes no discards")
@@ -369,11 +378,8 @@ impl BlockTarget for LocalTarget {
                 Some(0) => return Err(no_discards()),
                 Some(most) => {
                     let step = most.max(self.alignment()) / self.alignment() * self.alignment();
-                    let mut at = offset;
-                    while at < offset + len {
-                        let n = step.min(offset + len - at);
+                    for (at, n) in pieces(offset, len, step) {
                         crate::sys::discard_device_range(&self.file, at, n)?;
-                        at += n;
                     }
                 }
                 None => crate::sys::punch_hole(&self.file, offset, len)?,
@@ -519,6 +525,14 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_range_comes_in_pieces_of_at_most_so_many_bytes() {
+        let all: Vec<_> = pieces(4096, 10_000, 4096).collect();
+        assert_eq!(all, [(4096, 4096), (8192, 4096), (12288, 1808)]);
+        assert_eq!(pieces(0, 512, u64::MAX).collect::<Vec<_>>(), [(0, 512)]);
+        assert_eq!(pieces(7, 0, 4096).count(), 0);
+    }
 
     /// A writer taking at most three bytes a call.
     struct Trickle(Vec<u8>);
