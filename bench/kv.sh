@@ -6,10 +6,12 @@
 # Rounds alternate the three; the medians of the requests per second are printed, and
 # beside them the NBD export's own rate (qemu-img bench). Needs redis-server, redis-tools
 # and qemu-utils.
-# KV_OPTIONS adds options to the service block (e.g. `connections 16`). TLS=1 adds two
+# KV_OPTIONS adds options to the service block (e.g. `connections 16`). STRIPED=1 adds the
+# service on a store striped over two NBD exports, each served by a qemu-nbd of its own
+# (`nbd2`), beside the one export. TLS=1 adds two
 # contenders over TLS (a certificate openssl makes for the run): the service on the file
 # target with `tls_cert`/`tls_key`, and redis-server on its `tls-port`.
-# Usage: [DPUFLOW=BIN] [KV_OPTIONS=…] [TLS=1] bench/kv.sh [ROUNDS] [REQUESTS] [VALUE] [CLIENTS] [KEYS]
+# Usage: [DPUFLOW=BIN] [KV_OPTIONS=…] [STRIPED=1] [TLS=1] bench/kv.sh [ROUNDS] [REQUESTS] [VALUE] [CLIENTS] [KEYS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/common.sh
@@ -32,12 +34,13 @@ qemu-nbd -f raw -x kv -b 127.0.0.1 -p "$nbd_port" --persistent --shared=64 "$dir
 pids+=($!)
 wait_port "$nbd_port"
 
-start_dpuflow() { # NAME TARGET [OPTIONS]; sets $port
+start_dpuflow() { # NAME "TARGET…" [OPTIONS]; sets $port
     port=$(free_port)
+    targets=$(printf 'target "%s"  ' $2)
     cat >"$dir/$1.pipe" <<PIPE
 pipeline kv_bench
 port fabric { driver pcap }
-service kvcache { listen 127.0.0.1:$port  target "$2"  capacity ${capacity}MiB  block_size 64KiB  ${KV_OPTIONS:-} ${3:-} }
+service kvcache { listen 127.0.0.1:$port  $targets capacity ${capacity}MiB  block_size 64KiB  ${KV_OPTIONS:-} ${3:-} }
 pipe p root from fabric { default { actions to kvcache } }
 PIPE
     "$bin" run "$dir/$1.pipe" --metrics 127.0.0.1:0 >/dev/null 2>&1 &
@@ -53,6 +56,21 @@ redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --d
 pids+=($!)
 wait_port "$redis_port"
 names=(redis file nbd)
+if [ -n "${STRIPED:-}" ]; then
+    # Half the store on each of two exports, each with a server process of its own.
+    urls=""
+    for half in a b; do
+        truncate -s "$((capacity / 2 + 1))M" "$dir/export-$half.img"
+        p=$(free_port)
+        qemu-nbd -f raw -x kv -b 127.0.0.1 -p "$p" --persistent --shared=64 "$dir/export-$half.img" >/dev/null 2>&1 &
+        pids+=($!)
+        wait_port "$p"
+        urls+="nbd://127.0.0.1:$p/kv "
+    done
+    start_dpuflow nbd2 "$urls"
+    nbd2_port=$port
+    names+=(nbd2)
+fi
 if [ -n "${TLS:-}" ]; then
     openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
         -keyout "$dir/tls.key" -out "$dir/tls.pem" -subj /CN=127.0.0.1 \
@@ -77,7 +95,7 @@ for r in $(seq "$rounds"); do
     for name in "${names[@]}"; do
         tls=()
         case $name in
-            redis) p=$redis_port ;; file) p=$file_port ;; nbd) p=$nbdsvc_port ;;
+            redis) p=$redis_port ;; file) p=$file_port ;; nbd) p=$nbdsvc_port ;; nbd2) p=$nbd2_port ;;
             redis-tls) p=$redistls_port; tls=(--tls --cacert "$dir/tls.pem") ;;
             file-tls) p=$filetls_port; tls=(--tls --cacert "$dir/tls.pem") ;;
         esac

@@ -439,7 +439,7 @@ fn kv_inspect(file: &Path, only: Option<&str>) -> ExitCode {
     let mut failed = false;
     for svc in services {
         let ServiceKind::KvCache(config) = &svc.kind;
-        let target = storage::describe(&config.target);
+        let target = storage::describe_all(&config.targets);
         let inspected = match server::inspect(config) {
             Ok(i) => i,
             Err(e) => {

@@ -32,11 +32,12 @@ fn full_exposition() -> String {
         "kvcache",
         &KvCache {
             listen: "127.0.0.1:0".parse().expect("addr"),
-            target: StorageTarget::Local {
+            targets: vec![StorageTarget::Local {
                 path: target.clone(),
-            },
+            }],
             capacity: 1 << 20,
             block_size: 65536,
+            stripe: 1 << 20,
             connections: 1,
             inline_max: 0,
             checkpoint: None,

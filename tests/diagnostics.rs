@@ -68,6 +68,18 @@ fn every_semantic_check_has_a_bad_file() {
             "error: `page_cache` is on or off, not `sometimes`",
         ),
         ("bad-blocks", "error: `discard` is on or off, not `always`"),
+        (
+            "bad-blocks",
+            "error: target `nvme-tcp://192.0.2.20:4420/nqn.2026-11.io.example:kv0` is given twice",
+        ),
+        (
+            "bad-blocks",
+            "error: `stripe` is a whole number of blocks (65536 bytes each), from one to 65535, not 102400 bytes",
+        ),
+        (
+            "bad-blocks",
+            "error: `nvme_digest` applies to nvme-tcp:// targets only",
+        ),
         ("duplicate-names", "error: duplicate rule `a`"),
         ("duplicate-names", "error: duplicate pipe `ingress`"),
         (

@@ -437,6 +437,89 @@ fn hosts_put_and_get_blocks_stored_on_an_nbd_target() {
     assert_eq!(kv.terminate(), 0);
 }
 
+/// A store striped over two NBD exports, each smaller than the store: a value's stripes
+/// alternate between them as the layout says, the hosts' values fill more than either
+/// holds, and a clean restart finds them over both.
+#[test]
+fn a_store_striped_over_two_nbd_targets_holds_more_than_either() {
+    let dir = Scratch::new("kv-striped");
+    let images: Vec<String> = ["a", "b"]
+        .iter()
+        .map(|n| {
+            let image = dir.path(&format!("export-{n}.img"));
+            std::fs::File::create(&image)
+                .and_then(|f| f.set_len(24 << 20))
+                .expect("image");
+            image
+        })
+        .collect();
+    let ports = [free_port(), free_port()];
+    let _servers: Vec<Running> = images
+        .iter()
+        .zip(ports)
+        .map(|(image, port)| nbd_server(image, port))
+        .collect();
+    let options = format!("target \"nbd://127.0.0.1:{}/kv\"  stripe 256KiB", ports[1]);
+    let first = format!("nbd://127.0.0.1:{}/kv", ports[0]);
+    let kv = KvService::start_with(&dir, &first, "40MiB", &options);
+    let block = value(2_500_000, 3);
+    assert_eq!(kv.cli_with(&["-x", "SET", "layer0"], &block).trim(), "OK");
+    let back = kv.get_raw("layer0");
+    assert!(
+        back.stdout.len() == block.len() + 1 && back.stdout[..block.len()] == block[..],
+        "GET returned other bytes"
+    );
+    // In a fresh store the value starts in the block after the superblock's: stripe `s`
+    // of the store is stripe `s / 2` of export `s % 2`.
+    let disks: Vec<Vec<u8>> = images
+        .iter()
+        .map(|i| std::fs::read(i).expect("read"))
+        .collect();
+    let stripe = 256 << 10;
+    let mut at = 65536;
+    while at < 65536 + block.len() {
+        let n = (stripe - at % stripe).min(65536 + block.len() - at);
+        let (s, within) = (at / stripe, at % stripe);
+        let there = s / 2 * stripe + within;
+        assert!(
+            disks[s % 2][there..there + n] == block[at - 65536..at - 65536 + n],
+            "stripe {s} is not where the layout puts it"
+        );
+        at += n;
+    }
+    // 1000 values of 64 KiB over many keys: more than either export holds, so both fill.
+    let port = kv.port.to_string();
+    let args = [
+        "-p", &port, "-t", "set", "-n", "1000", "-d", "65536", "-r", "100000", "-c", "8",
+    ];
+    tool_ok("redis-benchmark", &args);
+    let used = kv.metric("dpuflow_kvcache_used_bytes{service=\"kvcache\"}");
+    assert!(used > 24 << 20, "{used} bytes used");
+    for image in &images {
+        assert!(allocated(image) > 16 << 20, "{image} holds little");
+    }
+    assert_eq!(
+        kv.metric("dpuflow_kvcache_storage_errors_total{service=\"kvcache\"}"),
+        0
+    );
+    let last = value(1_000_000, 4);
+    assert_eq!(kv.cli_with(&["-x", "SET", "last"], &last).trim(), "OK");
+    let keys = kv.cli(&["DBSIZE"]);
+    assert_eq!(kv.terminate(), 0);
+    let kv = KvService::start_with(&dir, &first, "40MiB", &options);
+    assert_eq!(kv.cli(&["DBSIZE"]), keys);
+    let back = kv.get_raw("last");
+    assert!(
+        back.stdout.len() == last.len() + 1 && back.stdout[..last.len()] == last[..],
+        "GET after the restart returned other bytes"
+    );
+    assert_eq!(
+        kv.metric("dpuflow_kvcache_corrupt_values_total{service=\"kvcache\"}"),
+        0
+    );
+    assert_eq!(kv.terminate(), 0);
+}
+
 /// A loop block device over a file, detached when dropped.
 struct LoopDevice(String);
 

@@ -24,9 +24,10 @@ fn service() -> SocketAddr {
                 .expect("make the store");
             let config = KvCache {
                 listen: "127.0.0.1:0".parse().expect("address"),
-                target: StorageTarget::Local { path },
+                targets: vec![StorageTarget::Local { path }],
                 capacity,
                 block_size: 4096,
+                stripe: 1 << 20,
                 connections: 2,
                 inline_max: 64,
                 checkpoint: Some(Duration::from_secs(1)),

@@ -896,11 +896,16 @@ pub enum ServiceKind {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvCache {
     pub listen: SocketAddr,
-    pub target: StorageTarget,
-    /// Bytes of storage the index may allocate.
+    /// Where the blocks live: one target, or several with the store striped over them in
+    /// this order (the first holds the superblock).
+    pub targets: Vec<StorageTarget>,
+    /// Bytes of the store, over all its targets, that the index may allocate.
     pub capacity: u64,
     /// Allocation unit in bytes (a multiple of 512).
     pub block_size: u64,
+    /// With several targets, how many bytes of the store's address space go to one
+    /// target before the next (`stripe`, a multiple of `block_size`).
+    pub stripe: u64,
     /// Connections kept to the target: how many reads and writes are in flight at once.
     pub connections: usize,
     /// Values of at most this many bytes are kept in memory as well as charged a block:

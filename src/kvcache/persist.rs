@@ -21,7 +21,8 @@
 //! saved at a clean stop, 2 saved by a checkpoint), block size (u64), capacity (u64),
 //! snapshot length (u64), snapshot CRC32c (u32), run count (u32), the header's CRC32c
 //! (u32, computed with this field zero, over the whole superblock up to its last delta),
-//! 4 bytes reserved, then the snapshot's runs (first block, count: u64 each); from
+//! the number of targets the store is striped over (u16; 0 in saves from before striping,
+//! read as 1) and the blocks of a stripe (u16; 0 on one target), then the snapshot's runs (first block, count: u64 each); from
 //! version 4, the delta count (u32), then per delta its length (u64), CRC32c (u32), run
 //! count (u32) and runs.
 
@@ -58,14 +59,70 @@ fn fields_of(version: u32) -> Option<SnapshotFields> {
     })
 }
 
+/// What a saved index's block numbers mean: a start reads an index only into a store laid
+/// out the same way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    pub block_size: u64,
+    /// Bytes of the store, over all its targets.
+    pub capacity: u64,
+    /// How many targets the store is striped over (1: one target).
+    pub targets: u16,
+    /// Blocks of a stripe, the store's bytes one target takes before the next; 0 on one
+    /// target.
+    pub stripe_blocks: u16,
+}
+
+impl Layout {
+    /// The layout of one target's store.
+    pub fn single(capacity: u64, block_size: u64) -> Layout {
+        Layout {
+            block_size,
+            capacity,
+            targets: 1,
+            stripe_blocks: 0,
+        }
+    }
+
+    /// The layout a service's configuration gives its store.
+    pub fn of(config: &crate::ir::KvCache) -> Layout {
+        match config.targets.len() {
+            0 | 1 => Layout::single(config.capacity, config.block_size),
+            n => Layout {
+                targets: u16::try_from(n).unwrap_or(u16::MAX),
+                stripe_blocks: u16::try_from(config.stripe / config.block_size).unwrap_or(u16::MAX),
+                ..Layout::single(config.capacity, config.block_size)
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "block size {} and capacity {}",
+            self.block_size, self.capacity
+        )?;
+        if self.targets > 1 {
+            write!(
+                f,
+                " over {} targets in stripes of {} blocks",
+                self.targets, self.stripe_blocks
+            )?;
+        }
+        Ok(())
+    }
+}
+
 /// A superblock's facts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Superblock {
     /// The layout its snapshot was written in.
     pub version: u32,
     pub saved: Saved,
-    pub block_size: u64,
-    pub capacity: u64,
+    /// The store it was saved in.
+    pub layout: Layout,
     pub snapshot: Segment,
     /// The deltas to apply to the snapshot, in order.
     pub deltas: Vec<Segment>,
@@ -117,11 +174,9 @@ pub enum Unusable {
     /// cleanly)
     #[error("the last run did not stop cleanly")]
     NotClean,
-    /// the service's blocks or capacity changed
-    #[error(
-        "saved with block size {block_size} and capacity {capacity}; the service now has others"
-    )]
-    OtherStore { block_size: u64, capacity: u64 },
+    /// the service's blocks, capacity or targets changed
+    #[error("saved with {saved}; the service now has others")]
+    OtherStore { saved: Layout },
     /// the snapshot does not match its checksum or does not fit the store
     #[error("the saved index is damaged")]
     Snapshot,
@@ -140,8 +195,10 @@ impl Superblock {
         b[..16].copy_from_slice(MAGIC);
         b[16..20].copy_from_slice(&self.version.to_le_bytes());
         b[20..24].copy_from_slice(&(self.saved as u32).to_le_bytes());
-        b[24..32].copy_from_slice(&self.block_size.to_le_bytes());
-        b[32..40].copy_from_slice(&self.capacity.to_le_bytes());
+        b[24..32].copy_from_slice(&self.layout.block_size.to_le_bytes());
+        b[32..40].copy_from_slice(&self.layout.capacity.to_le_bytes());
+        b[60..62].copy_from_slice(&self.layout.targets.to_le_bytes());
+        b[62..64].copy_from_slice(&self.layout.stripe_blocks.to_le_bytes());
         b[40..48].copy_from_slice(&self.snapshot.len.to_le_bytes());
         b[48..52].copy_from_slice(&self.snapshot.crc.to_le_bytes());
         b[52..56].copy_from_slice(&(self.snapshot.runs.len() as u32).to_le_bytes());
@@ -194,11 +251,16 @@ impl Superblock {
             2 => Saved::Checkpoint,
             _ => return Err(Unusable::NotClean),
         };
+        let u16_at = |at: usize| u16::from_le_bytes([b[at], b[at + 1]]);
         Ok(Superblock {
             version,
             saved,
-            block_size: u64_at(24),
-            capacity: u64_at(32),
+            layout: Layout {
+                block_size: u64_at(24),
+                capacity: u64_at(32),
+                targets: u16_at(60).max(1),
+                stripe_blocks: u16_at(62),
+            },
             snapshot: Segment {
                 len: u64_at(40),
                 crc: u32_at(48),
@@ -260,11 +322,10 @@ pub struct Save {
 /// evicting the least recently used keys if the store is full, as any value would (the
 /// snapshot is then taken again, so it describes the keys that remain), and the
 /// superblock.
-pub fn prepare(index: &mut Index, capacity: u64) -> Option<Save> {
-    let block_size = index.block_size();
+pub fn prepare(index: &mut Index, layout: &Layout) -> Option<Save> {
     let snapshot = index.snapshot();
     if let Some(blocks) = index.take_free(snapshot.len() as u64) {
-        return seal(snapshot, blocks, block_size, capacity, Saved::AtStop);
+        return seal(snapshot, blocks, layout, Saved::AtStop);
     }
     let keys = index.stats().keys;
     let blocks = index.allocate(b"", snapshot.len() as u64).ok()?;
@@ -273,7 +334,7 @@ pub fn prepare(index: &mut Index, capacity: u64) -> Option<Save> {
         true => snapshot,
         false => index.snapshot(),
     };
-    seal(snapshot, blocks, block_size, capacity, Saved::AtStop)
+    seal(snapshot, blocks, layout, Saved::AtStop)
 }
 
 /// `bytes` padded to `blocks` of `block_size` (the target reads and writes whole
@@ -294,23 +355,16 @@ fn pad(bytes: &mut Vec<u8>, blocks: &Extents, block_size: u64) -> Segment {
 /// The save of `snapshot` into `blocks` (for a checkpoint: free blocks taken with the
 /// index locked, the snapshot encoded after); `None` when the blocks' runs do not fit in
 /// the superblock.
-pub fn seal(
-    mut snapshot: Vec<u8>,
-    blocks: Extents,
-    block_size: u64,
-    capacity: u64,
-    saved: Saved,
-) -> Option<Save> {
+pub fn seal(mut snapshot: Vec<u8>, blocks: Extents, layout: &Layout, saved: Saved) -> Option<Save> {
     let names = Superblock {
         version: VERSION,
         saved,
-        block_size,
-        capacity,
-        snapshot: pad(&mut snapshot, &blocks, block_size),
+        layout: *layout,
+        snapshot: pad(&mut snapshot, &blocks, layout.block_size),
         deltas: Vec::new(),
     };
     Some(Save {
-        superblock: names.encode(block_size as usize)?,
+        superblock: names.encode(layout.block_size as usize)?,
         names,
         snapshot,
         blocks,
@@ -324,9 +378,11 @@ pub fn seal_delta(last: &Superblock, mut delta: Vec<u8>, blocks: Extents) -> Opt
         saved: Saved::Checkpoint,
         ..last.clone()
     };
-    names.deltas.push(pad(&mut delta, &blocks, last.block_size));
+    names
+        .deltas
+        .push(pad(&mut delta, &blocks, last.layout.block_size));
     Some(Save {
-        superblock: names.encode(last.block_size as usize)?,
+        superblock: names.encode(last.layout.block_size as usize)?,
         names,
         snapshot: delta,
         blocks,
@@ -343,24 +399,20 @@ fn checked<'a>(read: &'a [u8], segment: &Segment) -> Result<&'a [u8], Unusable> 
 }
 
 /// The index a superblock, its snapshot's bytes and its deltas' (each read from its
-/// runs) describe, for a store of `capacity` in blocks of `block_size`.
+/// runs) describe, for a store laid out as `layout`.
 pub fn load(
     sb: &Superblock,
     snapshot: &[u8],
     deltas: &[&[u8]],
-    capacity: u64,
-    block_size: u64,
+    layout: &Layout,
 ) -> Result<Index, Unusable> {
-    if sb.block_size != block_size || sb.capacity != capacity {
-        return Err(Unusable::OtherStore {
-            block_size: sb.block_size,
-            capacity: sb.capacity,
-        });
+    if sb.layout != *layout {
+        return Err(Unusable::OtherStore { saved: sb.layout });
     }
     let bytes = checked(snapshot, &sb.snapshot)?;
     let fields = fields_of(sb.version).ok_or(Unusable::Snapshot)?;
-    let mut index =
-        Index::restore(capacity, block_size, bytes, fields).ok_or(Unusable::Snapshot)?;
+    let mut index = Index::restore(layout.capacity, layout.block_size, bytes, fields)
+        .ok_or(Unusable::Snapshot)?;
     if deltas.len() != sb.deltas.len() {
         return Err(Unusable::Snapshot);
     }
@@ -384,24 +436,53 @@ mod tests {
             let e = ix.allocate(k.as_bytes(), len).unwrap();
             ix.insert(k.as_bytes(), e);
         }
-        let save = prepare(&mut ix, capacity).unwrap();
+        let save = prepare(&mut ix, &Layout::single(capacity, bs)).unwrap();
         // The snapshot's blocks are free blocks, not a key's.
         assert_eq!(save.blocks.runs().collect::<Vec<_>>(), [(4, 1)]);
         let sb = Superblock::decode(&save.superblock).unwrap();
-        let back = load(&sb, &save.snapshot, &[], capacity, bs).unwrap();
+        let back = load(&sb, &save.snapshot, &[], &Layout::single(capacity, bs)).unwrap();
         assert_eq!(back.snapshot(), ix.snapshot());
         assert_eq!(
             Superblock::decode(&Superblock::taken(&save.superblock)),
             Err(Unusable::NotClean)
         );
         assert!(matches!(
-            load(&sb, &save.snapshot, &[], capacity * 2, bs),
+            load(&sb, &save.snapshot, &[], &Layout::single(capacity * 2, bs)),
             Err(Unusable::OtherStore { .. })
         ));
+        // The same blocks striped over targets are another store, and each layout is
+        // read back as it was written.
+        let striped = Layout {
+            targets: 2,
+            stripe_blocks: 4,
+            ..Layout::single(capacity, bs)
+        };
+        assert_eq!(
+            load(&sb, &save.snapshot, &[], &striped).err(),
+            Some(Unusable::OtherStore {
+                saved: Layout::single(capacity, bs)
+            })
+        );
+        let mut ix = back;
+        let on_two = prepare(&mut ix, &striped).unwrap();
+        let on_two_sb = Superblock::decode(&on_two.superblock).unwrap();
+        assert_eq!(on_two_sb.layout, striped);
+        assert!(load(&on_two_sb, &on_two.snapshot, &[], &striped).is_ok());
+        // A save from before striping has zeros where the targets go: one target.
+        let mut old = save.superblock.clone();
+        assert_eq!(&old[60..64], &[1, 0, 0, 0]);
+        old[60] = 0;
+        old[HEADER_CRC_AT..HEADER_CRC_AT + 4].fill(0);
+        let crc = crc32c(&old[..covered(&old, VERSION, 1).unwrap()]);
+        old[HEADER_CRC_AT..HEADER_CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(
+            Superblock::decode(&old).unwrap().layout,
+            Layout::single(capacity, bs)
+        );
         let mut bad = save.snapshot.clone();
         bad[9] ^= 1;
         assert_eq!(
-            load(&sb, &bad, &[], capacity, bs).err(),
+            load(&sb, &bad, &[], &Layout::single(capacity, bs)).err(),
             Some(Unusable::Snapshot)
         );
         let mut bad = save.superblock.clone();
@@ -424,11 +505,11 @@ mod tests {
         for i in (0..6_000u32).step_by(2) {
             ix.remove(&i.to_le_bytes());
         }
-        let save = prepare(&mut ix, capacity).expect("saved");
+        let save = prepare(&mut ix, &Layout::single(capacity, bs)).expect("saved");
         let runs: Vec<_> = save.blocks.runs().collect();
         assert_eq!(runs.len(), 1, "{runs:?}");
         let sb = Superblock::decode(&save.superblock).unwrap();
-        let back = load(&sb, &save.snapshot, &[], capacity, bs).unwrap();
+        let back = load(&sb, &save.snapshot, &[], &Layout::single(capacity, bs)).unwrap();
         assert_eq!(back.snapshot(), ix.snapshot());
     }
 
@@ -440,13 +521,12 @@ mod tests {
             let e = ix.allocate(k.as_bytes(), 512).unwrap();
             ix.insert(k.as_bytes(), e);
         }
-        let save = prepare(&mut ix, capacity).unwrap();
+        let save = prepare(&mut ix, &Layout::single(capacity, bs)).unwrap();
         let back = load(
             &Superblock::decode(&save.superblock).unwrap(),
             &save.snapshot,
             &[],
-            capacity,
-            bs,
+            &Layout::single(capacity, bs),
         )
         .unwrap();
         assert_eq!(back.stats().keys, 2, "the least recently used made room");
@@ -497,7 +577,13 @@ mod tests {
         assert!(!ix.take_changed().complete, "the first save is whole");
         let snapshot = ix.snapshot();
         let blocks = ix.take_free(snapshot.len() as u64).unwrap();
-        let base = seal(snapshot, blocks, bs, capacity, Saved::Checkpoint).unwrap();
+        let base = seal(
+            snapshot,
+            blocks,
+            &Layout::single(capacity, bs),
+            Saved::Checkpoint,
+        )
+        .unwrap();
         ix.release(held);
         put(&mut ix, "b", 1500);
         ix.remove(b"c");
@@ -509,7 +595,7 @@ mod tests {
         assert_eq!(sb.deltas.len(), 2);
         assert_eq!(sb.snapshot.runs, base.names.snapshot.runs);
         let deltas = [&first.snapshot[..], &second.snapshot[..]];
-        let mut back = load(&sb, &base.snapshot, &deltas, capacity, bs).unwrap();
+        let mut back = load(&sb, &base.snapshot, &deltas, &Layout::single(capacity, bs)).unwrap();
         assert_eq!(back.stats().keys, 3);
         for k in ["a", "b", "c", "d"] {
             assert_eq!(value(&mut back, k), value(&mut ix, k), "{k}");
@@ -517,14 +603,20 @@ mod tests {
         assert_eq!(value(&mut back, "a").unwrap().3, Some(5_000));
         // Each delta is needed, and must be as written.
         assert_eq!(
-            load(&sb, &base.snapshot, &deltas[..1], capacity, bs).err(),
+            load(
+                &sb,
+                &base.snapshot,
+                &deltas[..1],
+                &Layout::single(capacity, bs)
+            )
+            .err(),
             Some(Unusable::Snapshot)
         );
         let mut bad = first.snapshot.clone();
         bad[3] ^= 1;
         let damaged = [&bad[..], &second.snapshot[..]];
         assert_eq!(
-            load(&sb, &base.snapshot, &damaged, capacity, bs).err(),
+            load(&sb, &base.snapshot, &damaged, &Layout::single(capacity, bs)).err(),
             Some(Unusable::Snapshot)
         );
         // Version 3: the runs and nothing after them under the checksum.
@@ -536,7 +628,7 @@ mod tests {
         v3[HEADER_CRC_AT..HEADER_CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
         let old = Superblock::decode(&v3).unwrap();
         assert!(old.deltas.is_empty());
-        let back = load(&old, &base.snapshot, &[], capacity, bs).unwrap();
+        let back = load(&old, &base.snapshot, &[], &Layout::single(capacity, bs)).unwrap();
         assert_eq!(back.stats().keys, 3);
     }
 

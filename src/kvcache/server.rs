@@ -6,7 +6,7 @@
 
 use super::glob;
 use super::index::{Extents, Index, IndexStats, SnapshotDraft, StoreError, SNAPSHOT_PART};
-use super::persist::{self, Saved};
+use super::persist::{self, Layout, Saved};
 use super::resp::{self, reply, Awaited};
 use super::storage::{self, BlockTarget, Pool, TargetError};
 use crate::ir::{KvCache, StorageTarget};
@@ -92,12 +92,13 @@ struct SavedRead {
     index: Result<Index, persist::Unusable>,
 }
 
-/// Reads the index saved on `t` for a store of `capacity` bytes in blocks of `bs`.
-fn read_saved(t: &mut dyn BlockTarget, capacity: u64, bs: u64) -> io::Result<SavedRead> {
+/// Reads the index saved on `t` for a store laid out as `layout`.
+fn read_saved(t: &mut dyn BlockTarget, layout: &Layout) -> io::Result<SavedRead> {
+    let bs = layout.block_size;
     let mut first = vec![0u8; bs as usize];
     t.read_at(0, &mut first)?;
     let sb = persist::Superblock::decode(&first);
-    let blocks = capacity / bs;
+    let blocks = layout.capacity / bs;
     let index = match &sb {
         // Runs outside the store, or more of them than it has blocks (a damaged
         // superblock whose checksum still held): refused before anything is read.
@@ -132,7 +133,7 @@ fn read_saved(t: &mut dyn BlockTarget, capacity: u64, bs: u64) -> io::Result<Sav
             }
             t.read_many(&mut pieces)?;
             let deltas: Vec<&[u8]> = read[1..].iter().map(|d| &d[..]).collect();
-            persist::load(sb, &read[0], &deltas, capacity, bs)
+            persist::load(sb, &read[0], &deltas, layout)
         }
         Err(why) => Err(why.clone()),
     };
@@ -156,28 +157,23 @@ pub struct Inspection {
 /// Reads the index saved on `config`'s target, writing nothing: what its next start would
 /// restore. A local file that does not exist is an error here, not created.
 pub fn inspect(config: &KvCache) -> Result<Inspection, TargetError> {
-    if let StorageTarget::Local { path } = &config.target {
-        if !path.exists() {
-            return Err(TargetError::Open {
-                target: storage::describe(&config.target),
-                source: io::Error::new(
-                    io::ErrorKind::NotFound,
-                    "no such file (the service makes it at its first start)",
-                ),
-            });
+    for target in &config.targets {
+        if let StorageTarget::Local { path } = target {
+            if !path.exists() {
+                return Err(TargetError::Open {
+                    target: storage::describe(target),
+                    source: io::Error::new(
+                        io::ErrorKind::NotFound,
+                        "no such file (the service makes it at its first start)",
+                    ),
+                });
+            }
         }
     }
-    let mut t = storage::connect(
-        &config.target,
-        config.capacity,
-        config.nvme_digests,
-        config.page_cache,
-    )?;
-    let read = read_saved(t.as_mut(), config.capacity, config.block_size).map_err(|source| {
-        TargetError::Open {
-            target: storage::describe(&config.target),
-            source,
-        }
+    let mut t = storage::connect_store(config)?;
+    let read = read_saved(t.as_mut(), &Layout::of(config)).map_err(|source| TargetError::Open {
+        target: storage::describe_all(&config.targets),
+        source,
     })?;
     Ok(Inspection {
         superblock: read.superblock,
@@ -201,7 +197,7 @@ fn saved_index(name: &str, config: &KvCache, pool: &Pool) -> io::Result<(Index, 
             first,
             superblock: sb,
             index,
-        } = read_saved(t, capacity, bs)?;
+        } = read_saved(t, &Layout::of(config))?;
         let loaded = index.map(|mut index| {
             // With checkpoints, the snapshot's blocks are kept while its superblock names them.
             let kept = match (&sb, config.checkpoint) {
@@ -617,14 +613,14 @@ impl KvService {
         let align = pool.alignment();
         if config.block_size % align != 0 {
             return Err(target_err(TargetError::Misaligned {
-                target: storage::describe(&config.target),
+                target: storage::describe_all(&config.targets),
                 block_size: config.block_size,
                 align,
             }));
         }
         if config.discard && !pool.with(|t| Ok(t.discards())).unwrap_or(false) {
             return Err(target_err(TargetError::NoDiscards {
-                target: storage::describe(&config.target),
+                target: storage::describe_all(&config.targets),
             }));
         }
         // A saved index that cannot be read, or whose superblock cannot be marked taken,
@@ -698,7 +694,7 @@ impl KvService {
         }
         let s = Arc::clone(&svc);
         spawn(format!("kv-{name}"), Box::new(move || s.accept(listener)))?;
-        tracing::info!(service = name, listen = %listen, target = %storage::describe(&config.target),
+        tracing::info!(service = name, listen = %listen, targets = %storage::describe_all(&config.targets),
             capacity = config.capacity, block_size = config.block_size,
             io = svc.pool.io_path(), "kvcache serving");
         Ok(svc)
@@ -724,7 +720,7 @@ impl KvService {
             tracing::warn!(service = %self.name, error = %e, "kvcache values kept in memory not written: the index is not saved");
             return;
         }
-        let Some(save) = persist::prepare(&mut index, self.config.capacity) else {
+        let Some(save) = persist::prepare(&mut index, &Layout::of(&self.config)) else {
             tracing::warn!(service = %self.name, "kvcache index too large to save");
             return;
         };
@@ -894,10 +890,14 @@ impl KvService {
         let blocks = self.lock().take_free(snapshot.len() as u64);
         let blocks = blocks
             .ok_or_else(|| io::Error::other("too few free blocks for the index's snapshot"))?;
-        let (bs, capacity) = (self.config.block_size, self.config.capacity);
         let save = match (delta, last) {
             (true, Some(last)) => persist::seal_delta(last, snapshot, blocks),
-            _ => persist::seal(snapshot, blocks, bs, capacity, Saved::Checkpoint),
+            _ => persist::seal(
+                snapshot,
+                blocks,
+                &Layout::of(&self.config),
+                Saved::Checkpoint,
+            ),
         };
         let save =
             save.ok_or_else(|| io::Error::other("the snapshot's blocks are in too many runs"))?;
@@ -2362,7 +2362,7 @@ impl KvService {
             u8::from(saving),
             c.last_save_ms.load(Relaxed) / 1000,
             last_save,
-            storage::describe(&self.config.target),
+            storage::describe_all(&self.config.targets),
             self.config.block_size,
             g.capacity_bytes,
             g.used_bytes,
@@ -2556,11 +2556,12 @@ mod tests {
     ) -> Arc<KvService> {
         let config = KvCache {
             listen: "127.0.0.1:0".parse().unwrap(),
-            target: StorageTarget::Local {
+            targets: vec![StorageTarget::Local {
                 path: path.to_owned(),
-            },
+            }],
             capacity,
             block_size: block,
+            stripe: 1 << 20,
             connections: 2,
             inline_max,
             checkpoint: None,
@@ -2581,9 +2582,10 @@ mod tests {
         std::fs::write(&secret, "s3cret\n").unwrap();
         let config = KvCache {
             listen: "127.0.0.1:0".parse().unwrap(),
-            target: StorageTarget::Local { path: dir.clone() },
+            targets: vec![StorageTarget::Local { path: dir.clone() }],
             capacity: 1 << 20,
             block_size: 4096,
+            stripe: 1 << 20,
             connections: 1,
             inline_max: 0,
             checkpoint: None,
@@ -2676,11 +2678,12 @@ mod tests {
     fn checkpointing_blocks(path: &std::path::Path, blocks: u64) -> Arc<KvService> {
         let config = KvCache {
             listen: "127.0.0.1:0".parse().unwrap(),
-            target: StorageTarget::Local {
+            targets: vec![StorageTarget::Local {
                 path: path.to_owned(),
-            },
+            }],
             capacity: blocks * 4096,
             block_size: 4096,
+            stripe: 1 << 20,
             connections: 2,
             inline_max: 16,
             checkpoint: Some(Duration::from_secs(3600)),
@@ -2691,6 +2694,114 @@ mod tests {
             tls: None,
         };
         KvService::start("kvcache", &config, Arc::new(AtomicBool::new(false))).unwrap()
+    }
+
+    /// A service of `capacity` bytes over the files `paths`, striped in that order in
+    /// stripes of 64 KiB (blocks of 4 KiB), its index saved when told and at a clean stop,
+    /// freed blocks discarded.
+    fn striped(paths: &[std::path::PathBuf], capacity: u64) -> Arc<KvService> {
+        let config = KvCache {
+            capacity,
+            ..striped_config(paths)
+        };
+        KvService::start("kvcache", &config, Arc::new(AtomicBool::new(false))).unwrap()
+    }
+
+    /// The configuration [`striped`] starts with, for 4 MiB.
+    fn striped_config(paths: &[std::path::PathBuf]) -> KvCache {
+        KvCache {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            targets: paths
+                .iter()
+                .map(|p| StorageTarget::Local { path: p.clone() })
+                .collect(),
+            capacity: 4 << 20,
+            block_size: 4096,
+            stripe: 65536,
+            connections: 2,
+            inline_max: 0,
+            checkpoint: Some(Duration::from_secs(3600)),
+            nvme_digests: Default::default(),
+            page_cache: None,
+            discard: true,
+            password_file: None,
+            tls: None,
+        }
+    }
+
+    /// A store striped over two files: values larger than a stripe are spread over both,
+    /// and the index comes back only in the same targets, in the same order.
+    #[test]
+    fn a_store_striped_over_two_files_comes_back_only_as_it_was() {
+        let dir = std::env::temp_dir();
+        let paths: Vec<_> = ["a", "b"]
+            .iter()
+            .map(|n| dir.join(format!("dpuflow-kv-{}-striped-{n}", std::process::id())))
+            .collect();
+        for p in &paths {
+            let _ = std::fs::remove_file(p);
+        }
+        let svc = striped(&paths, 4 << 20);
+        // Each file holds half the store.
+        for p in &paths {
+            assert_eq!(std::fs::metadata(p).unwrap().len(), 2 << 20);
+        }
+        let values: Vec<Vec<u8>> = (0..6u32)
+            .map(|i| (0..300_000u32).map(|j| ((i * 7 + j) % 251) as u8).collect())
+            .collect();
+        for (i, v) in values.iter().enumerate() {
+            run(&svc, &[b"SET", format!("k{i}").as_bytes(), v]);
+        }
+        let held: Vec<Vec<u8>> = paths.iter().map(|p| std::fs::read(p).unwrap()).collect();
+        let has = |disk: &[u8], v: &[u8]| disk.windows(4096).any(|w| w == &v[65536..69632]);
+        // A value's bytes a stripe in are on one file; across values, on both.
+        assert!(values.iter().any(|v| has(&held[0], v)));
+        assert!(values.iter().any(|v| has(&held[1], v)));
+        let reply = |v: &[u8]| {
+            let mut r = Vec::new();
+            reply::bulk(&mut r, v);
+            r
+        };
+        for (i, v) in values.iter().enumerate() {
+            assert!(run(&svc, &[b"GET", format!("k{i}").as_bytes()]) == reply(v));
+        }
+        run(&svc, &[b"DEL", b"k0"]);
+        svc.stop.store(true, Relaxed);
+        svc.shutdown();
+        drop(svc);
+        // The same targets in the same order: every value back.
+        let svc = striped(&paths, 4 << 20);
+        assert_eq!(svc.restored_keys, 5);
+        for (i, v) in values.iter().enumerate().skip(1) {
+            assert!(run(&svc, &[b"GET", format!("k{i}").as_bytes()]) == reply(v));
+        }
+        assert_eq!(svc.counters.corrupt_values.load(Relaxed), 0);
+        svc.stop.store(true, Relaxed);
+        svc.shutdown();
+        drop(svc);
+        // In the other order, the first target holds no superblock; alone, its superblock
+        // is of a store over two: empty either way, no value read from the wrong place.
+        let reordered = [paths[1].clone(), paths[0].clone()];
+        let svc = striped(&reordered, 4 << 20);
+        assert_eq!(svc.restored_keys, 0);
+        assert_eq!(run(&svc, &[b"GET", b"k1"]), b"$-1\r\n");
+        crash(svc);
+        let config = KvCache {
+            targets: vec![StorageTarget::Local {
+                path: paths[0].clone(),
+            }],
+            capacity: 2 << 20,
+            ..striped_config(&paths)
+        };
+        match inspect(&config).unwrap().index {
+            Err(persist::Unusable::OtherStore { saved }) => {
+                assert_eq!((saved.targets, saved.stripe_blocks), (2, 16))
+            }
+            other => panic!("{other:?}"),
+        }
+        for p in &paths {
+            std::fs::remove_file(p).unwrap();
+        }
     }
 
     /// A service that ends without a clean stop.

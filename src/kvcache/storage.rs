@@ -1,6 +1,7 @@
 //! Where values' bytes live: a storage target addressed by byte offset, through one
-//! initiator connection each. The service keeps a few connections ([`Pool`]) and each
-//! request takes one for its I/O, so requests from different hosts proceed side by side.
+//! initiator connection each, or several targets with the store striped over them
+//! ([`Striped`]). The service keeps a few connections ([`Pool`]) and each request takes
+//! one for its I/O, so requests from different hosts proceed side by side.
 
 use super::nbd::{self, NbdClient};
 use super::nvme_tcp::NvmeTcpClient;
@@ -96,8 +97,8 @@ pub enum TargetError {
     /// `discard on`, and the target cannot be told of freed blocks
     #[error("{target} takes no discards (an NBD export without trim, an NVMe controller without Dataset Management, a device whose queue takes none): remove `discard on`")]
     NoDiscards { target: String },
-    /// the target is smaller than the service's capacity
-    #[error("{target} holds {size} bytes, less than the capacity of {capacity}")]
+    /// the target is smaller than the part of the service's capacity it must hold
+    #[error("{target} holds {size} bytes, less than the {capacity} the service keeps there")]
     TooSmall {
         target: String,
         size: u64,
@@ -111,6 +112,37 @@ pub fn describe(target: &StorageTarget) -> String {
         StorageTarget::NvmeTcp { addr, nqn } => format!("nvme-tcp://{addr}/{nqn}"),
         StorageTarget::Nbd { addr, export } => format!("nbd://{addr}/{export}"),
         StorageTarget::Local { path } => path.display().to_string(),
+    }
+}
+
+/// What a service's targets are called in messages: the one, or all in stripe order.
+pub fn describe_all(targets: &[StorageTarget]) -> String {
+    targets.iter().map(describe).collect::<Vec<_>>().join(", ")
+}
+
+/// The bytes each of `targets` holds of a store of `capacity` striped over them in
+/// stripes of `stripe` bytes: a whole number of stripes, the same on each.
+pub fn share(capacity: u64, stripe: u64, targets: usize) -> u64 {
+    match targets {
+        0 | 1 => capacity,
+        n => capacity.div_ceil(stripe).div_ceil(n as u64) * stripe,
+    }
+}
+
+/// One connection to each of a service's targets, striped when there are several
+/// ([`Striped`]).
+pub fn connect_store(config: &KvCache) -> Result<Box<dyn BlockTarget>, TargetError> {
+    let (digests, page_cache) = (config.nvme_digests, config.page_cache);
+    match config.targets.as_slice() {
+        [one] => connect(one, config.capacity, digests, page_cache),
+        many => {
+            let each = share(config.capacity, config.stripe, many.len());
+            let members = many
+                .iter()
+                .map(|t| connect(t, each, digests, page_cache))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(Box::new(Striped::new(members, config.stripe)))
+        }
     }
 }
 
@@ -407,41 +439,198 @@ pub fn write_parts<const N: usize>(w: &mut impl Write, mut parts: [&[u8]; N]) ->
     Ok(())
 }
 
-/// A few connections to one target, each used by one request at a time. A connection
-/// whose I/O failed is dropped and made afresh by the next request that needs it, so the
-/// service carries on once a restarted target is back.
+/// A store striped over several targets, as RAID 0 stripes a volume over disks: its
+/// bytes go `stripe` at a time to each target in turn (stripe `s` to target `s mod n`, at
+/// `s div n` stripes into it), so the values of different requests land on different
+/// targets and the store has the room of all of them. A request's pieces on different
+/// targets go to one target after another on the connection to each.
+#[derive(Debug)]
+pub struct Striped {
+    members: Vec<Box<dyn BlockTarget>>,
+    stripe: u64,
+}
+
+impl Striped {
+    /// `members`, in stripe order, with `stripe` bytes a stripe (a multiple of each
+    /// member's alignment).
+    pub fn new(members: Vec<Box<dyn BlockTarget>>, stripe: u64) -> Striped {
+        assert!(
+            !members.is_empty() && stripe > 0,
+            "a stripe over some targets"
+        );
+        Striped { members, stripe }
+    }
+
+    /// Where the store's byte `at` lives: the member and the offset in it.
+    fn locate(&self, at: u64) -> (usize, u64) {
+        let n = self.members.len() as u64;
+        let (stripe, within) = (at / self.stripe, at % self.stripe);
+        ((stripe % n) as usize, stripe / n * self.stripe + within)
+    }
+
+    /// `len` bytes at the store's `offset` in pieces that each stay within a stripe: the
+    /// piece's member, its offset there and its length.
+    fn split(&self, offset: u64, len: u64) -> impl Iterator<Item = (usize, u64, u64)> + '_ {
+        let end = offset + len;
+        let mut at = offset;
+        std::iter::from_fn(move || {
+            (at < end).then(|| {
+                let n = (self.stripe - at % self.stripe).min(end - at);
+                let (member, there) = self.locate(at);
+                at += n;
+                (member, there, n)
+            })
+        })
+    }
+
+    /// Buffers at store offsets as each member's pieces of them.
+    fn by_member<B: Piece>(&self, parts: impl Iterator<Item = (u64, B)>) -> Vec<Vec<(u64, B)>> {
+        let mut per: Vec<Vec<(u64, B)>> = (0..self.members.len()).map(|_| Vec::new()).collect();
+        for (offset, mut rest) in parts {
+            for (member, there, n) in self.split(offset, rest.len() as u64) {
+                let (piece, after) = rest.cut(n as usize);
+                per[member].push((there, piece));
+                rest = after;
+            }
+        }
+        per
+    }
+}
+
+/// A buffer a striped request cuts into pieces: read into or written from.
+trait Piece: Sized {
+    fn len(&self) -> usize;
+    /// The first `n` bytes and the rest.
+    fn cut(self, n: usize) -> (Self, Self);
+}
+
+impl Piece for &[u8] {
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
+    fn cut(self, n: usize) -> (Self, Self) {
+        self.split_at(n)
+    }
+}
+
+impl Piece for &mut [u8] {
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
+    fn cut(self, n: usize) -> (Self, Self) {
+        self.split_at_mut(n)
+    }
+}
+
+impl BlockTarget for Striped {
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.read_many(&mut [(offset, buf)])
+    }
+
+    fn write_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.write_many(&[(offset, data)])
+    }
+
+    fn read_many(&mut self, reads: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        let per = self.by_member(reads.iter_mut().map(|(at, buf)| (*at, &mut **buf)));
+        for (member, mut pieces) in self.members.iter_mut().zip(per) {
+            if !pieces.is_empty() {
+                member.read_many(&mut pieces)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write_many(&mut self, writes: &[(u64, &[u8])]) -> io::Result<()> {
+        let per = self.by_member(writes.iter().copied());
+        for (member, pieces) in self.members.iter_mut().zip(per) {
+            if !pieces.is_empty() {
+                member.write_many(&pieces)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whole stripes of the smallest member, on each.
+    fn size(&self) -> u64 {
+        let smallest = self.members.iter().map(|m| m.size()).min().unwrap_or(0);
+        smallest / self.stripe * self.stripe * self.members.len() as u64
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.members.iter_mut().try_for_each(|m| m.flush())
+    }
+
+    fn alignment(&self) -> u64 {
+        self.members
+            .iter()
+            .map(|m| m.alignment())
+            .max()
+            .unwrap_or(1)
+    }
+
+    fn io_path(&self) -> &'static str {
+        let first = self.members[0].io_path();
+        match self.members.iter().all(|m| m.io_path() == first) {
+            true => first,
+            false => "several ways",
+        }
+    }
+
+    fn discards(&self) -> bool {
+        self.members.iter().all(|m| m.discards())
+    }
+
+    /// Each range as its members' ranges, a member's consecutive stripes joined.
+    fn discard(&mut self, ranges: &[(u64, u64)]) -> io::Result<()> {
+        let mut per: Vec<Vec<(u64, u64)>> = vec![Vec::new(); self.members.len()];
+        for &(offset, len) in ranges {
+            for (member, there, n) in self.split(offset, len) {
+                match per[member].last_mut() {
+                    Some((at, l)) if *at + *l == there => *l += n,
+                    _ => per[member].push((there, n)),
+                }
+            }
+        }
+        for (member, ranges) in self.members.iter_mut().zip(per) {
+            if !ranges.is_empty() {
+                member.discard(&ranges)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A few connections to a service's store (each one connection to each of its targets),
+/// each used by one request at a time. A connection whose I/O failed is dropped and made
+/// afresh by the next request that needs it, so the service carries on once a restarted
+/// target is back.
 pub struct Pool {
     idle: Mutex<Vec<Option<Box<dyn BlockTarget>>>>,
     returned: Condvar,
-    target: StorageTarget,
-    capacity: u64,
-    digests: NvmeDigests,
-    page_cache: Option<bool>,
+    /// What the connections are made from.
+    config: KvCache,
 }
 
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pool")
-            .field("target", &describe(&self.target))
+            .field("targets", &describe_all(&self.config.targets))
             .finish()
     }
 }
 
 impl Pool {
-    /// The service's `connections` connections to its target, all made now: a target that
+    /// The service's `connections` connections to its store, all made now: a target that
     /// cannot be reached fails the service's start.
     pub fn connect(config: &KvCache) -> Result<Pool, TargetError> {
-        let (target, capacity, digests) = (&config.target, config.capacity, config.nvme_digests);
         let conns = (0..config.connections.max(1))
-            .map(|_| connect(target, capacity, digests, config.page_cache).map(Some))
+            .map(|_| connect_store(config).map(Some))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Pool {
             idle: Mutex::new(conns),
             returned: Condvar::new(),
-            target: target.clone(),
-            capacity,
-            digests,
-            page_cache: config.page_cache,
+            config: config.clone(),
         })
     }
 
@@ -474,8 +663,7 @@ impl Pool {
             if slot.as_mut().is_some_and(|c| c.flush().is_ok()) {
                 continue;
             }
-            let mut fresh = connect(&self.target, self.capacity, self.digests, self.page_cache)
-                .map_err(io::Error::other)?;
+            let mut fresh = connect_store(&self.config).map_err(io::Error::other)?;
             fresh.flush()?;
             *slot = Some(fresh);
         }
@@ -499,7 +687,7 @@ impl Pool {
         drop(idle);
         let mut conn = match slot {
             Some(c) => Some(c),
-            None => connect(&self.target, self.capacity, self.digests, self.page_cache)
+            None => connect_store(&self.config)
                 .map_err(|e| tracing::debug!(error = %e, "storage target still unreachable"))
                 .ok(),
         };
@@ -507,7 +695,7 @@ impl Pool {
             Some(c) => f(c.as_mut()),
             None => Err(io::Error::new(
                 io::ErrorKind::NotConnected,
-                format!("cannot reach {}", describe(&self.target)),
+                format!("cannot reach {}", describe_all(&self.config.targets)),
             )),
         };
         if out.is_err() {
@@ -688,5 +876,168 @@ mod tests {
             Err(TargetError::TooSmall { size, .. }) if size == 1 << 20
         ));
         std::fs::remove_file(&dir).unwrap();
+    }
+
+    /// A target in memory, counting the requests it is sent; clones share it.
+    #[derive(Debug, Default, Clone)]
+    struct Memory(std::sync::Arc<Mutex<Held>>);
+
+    #[derive(Debug, Default)]
+    struct Held {
+        bytes: Vec<u8>,
+        requests: usize,
+        discarded: Vec<(u64, u64)>,
+    }
+
+    impl Memory {
+        fn of(len: usize) -> Memory {
+            Memory(std::sync::Arc::new(Mutex::new(Held {
+                bytes: vec![0; len],
+                ..Held::default()
+            })))
+        }
+
+        fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+            self.0.lock().unwrap()
+        }
+    }
+
+    impl Held {
+        fn range(&self, offset: u64, len: usize) -> io::Result<std::ops::Range<usize>> {
+            let at = usize::try_from(offset).map_err(io::Error::other)?;
+            (at + len <= self.bytes.len())
+                .then_some(at..at + len)
+                .ok_or_else(|| io::Error::other("past the end"))
+        }
+    }
+
+    impl BlockTarget for Memory {
+        fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+            let mut h = self.held();
+            h.requests += 1;
+            let r = h.range(offset, buf.len())?;
+            buf.copy_from_slice(&h.bytes[r]);
+            Ok(())
+        }
+        fn write_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
+            let mut h = self.held();
+            h.requests += 1;
+            let r = h.range(offset, data.len())?;
+            h.bytes[r].copy_from_slice(data);
+            Ok(())
+        }
+        fn size(&self) -> u64 {
+            self.held().bytes.len() as u64
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+        fn discards(&self) -> bool {
+            true
+        }
+        fn discard(&mut self, ranges: &[(u64, u64)]) -> io::Result<()> {
+            let mut h = self.held();
+            for &(offset, len) in ranges {
+                let r = h.range(offset, len as usize)?;
+                h.bytes[r].fill(0);
+                h.discarded.push((offset, len));
+            }
+            Ok(())
+        }
+    }
+
+    /// A target striped over `members` in stripes of `stripe` bytes.
+    fn striped(members: &[Memory], stripe: u64) -> Striped {
+        let boxed = members
+            .iter()
+            .map(|m| Box::new(m.clone()) as Box<dyn BlockTarget>)
+            .collect();
+        Striped::new(boxed, stripe)
+    }
+
+    /// The store's stripes go to the targets in turn, each target's stripes one after
+    /// another in it; a target's consecutive stripes are discarded in one range.
+    #[test]
+    fn stripes_go_to_the_targets_in_turn() {
+        let m = [Memory::of(4096), Memory::of(4096), Memory::of(4096)];
+        let mut t = striped(&m, 1024);
+        assert_eq!(t.size(), 3 * 4096);
+        let data: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+        // From the middle of stripe 0 to the middle of stripe 5.
+        t.write_at(700, &data).unwrap();
+        let bytes = |i: usize, r: std::ops::Range<usize>| m[i].held().bytes[r].to_vec();
+        assert_eq!(bytes(0, 700..1024), data[..324]);
+        assert_eq!(bytes(1, 0..1024), data[324..1348]);
+        assert_eq!(bytes(2, 0..1024), data[1348..2372]);
+        assert_eq!(bytes(0, 1024..2048), data[2372..3396]);
+        assert_eq!(bytes(1, 1024..2048), data[3396..4420]);
+        assert_eq!(bytes(2, 1024..1604), data[4420..]);
+        let requests: Vec<_> = m.iter().map(|m| m.held().requests).collect();
+        assert_eq!(requests, [2, 2, 2]);
+        let mut back = vec![0u8; 5000];
+        t.read_at(700, &mut back).unwrap();
+        assert_eq!(back, data);
+        // Stripes 0 to 8 whole: each target's three stripes are one range of it.
+        t.discard(&[(0, 9 * 1024)]).unwrap();
+        for m in &m {
+            assert_eq!(m.held().discarded, [(0, 3 * 1024)]);
+        }
+        // Past the end is an error, as on one target.
+        assert!(t.read_at(3 * 4096 - 10, &mut back[..20]).is_err());
+    }
+
+    #[test]
+    fn a_store_over_several_targets_gives_each_a_whole_number_of_stripes() {
+        assert_eq!(share(10 << 20, 1 << 20, 1), 10 << 20);
+        assert_eq!(share(10 << 20, 1 << 20, 2), 5 << 20);
+        assert_eq!(share(10 << 20, 1 << 20, 3), 4 << 20);
+        assert_eq!(share((10 << 20) + 1, 1 << 20, 2), 6 << 20);
+        // Each holds its share: the store is at least the capacity.
+        for n in 2..6 {
+            assert!(share(10 << 20, 65536, n) * n as u64 >= 10 << 20);
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever is written, read and discarded, a store striped over targets reads
+        /// as one target of its size would.
+        #[test]
+        fn a_striped_store_reads_as_one_target(
+            targets in 1usize..5,
+            stripe_sectors in 1u64..5,
+            ops in proptest::collection::vec((0u8..3, 0u64..64, 1u64..24, proptest::prelude::any::<u8>()), 1..40),
+        ) {
+            let (sector, stripe) = (512u64, stripe_sectors * 512);
+            let each = 4 * stripe;
+            let members: Vec<_> = (0..targets).map(|_| Memory::of(each as usize)).collect();
+            let mut striped = striped(&members, stripe);
+            let size = each * targets as u64;
+            let mut flat = Memory::of(size as usize);
+            proptest::prop_assert_eq!(striped.size(), size);
+            for (op, at, len, fill) in ops {
+                let (at, len) = (at * sector % size, len * sector);
+                let len = len.min(size - at);
+                match op {
+                    0 => {
+                        let data = vec![fill; len as usize];
+                        striped.write_many(&[(at, &data[..])]).unwrap();
+                        flat.write_at(at, &data).unwrap();
+                    }
+                    1 => {
+                        striped.discard(&[(at, len)]).unwrap();
+                        flat.discard(&[(at, len)]).unwrap();
+                    }
+                    _ => {
+                        let (mut a, mut b) = (vec![0u8; len as usize / 2], vec![0u8; len as usize - len as usize / 2]);
+                        let half = len / 2;
+                        striped.read_many(&mut [(at, &mut a[..]), (at + half, &mut b[..])]).unwrap();
+                        let mut want = vec![0u8; len as usize];
+                        flat.read_at(at, &mut want).unwrap();
+                        proptest::prop_assert_eq!(&a[..], &want[..half as usize]);
+                        proptest::prop_assert_eq!(&b[..], &want[half as usize..]);
+                    }
+                }
+            }
+        }
     }
 }

@@ -36,6 +36,12 @@ const DEFAULT_CT_CAPACITY: u64 = 1 << 20;
 /// its chunks, and small values generally, are served without a round trip to the
 /// target. At most a 256th of a store of 64 KiB blocks, were every value that small.
 const DEFAULT_INLINE_MAX: u64 = 256;
+/// A service's stripe over several targets unless it says otherwise (rounded up to whole
+/// blocks): a value of up to a few MiB, as KV-cache connectors write them, mostly on one
+/// target, in one request there; values of different requests on different targets.
+const DEFAULT_STRIPE: u64 = 1 << 20;
+/// The most blocks a stripe may have: the superblock keeps the count in 16 bits.
+pub const MAX_STRIPE_BLOCKS: u64 = u16::MAX as u64;
 /// The most `inline_max` may be: memory for a value in every block.
 const MAX_INLINE_MAX: u64 = 64 << 10;
 
@@ -126,6 +132,41 @@ fn opt_value<'o, 'a>(opts: &'o [Opt<'a>], key: &str) -> Option<&'o Opt<'a>> {
     opts.iter().find(|o| o.key.text == key)
 }
 
+/// A storage target as a service's `target` names it.
+fn parse_storage_target(text: &str) -> Option<StorageTarget> {
+    let (scheme, rest) = text.split_once("://")?;
+    match scheme {
+        "nvme-tcp" => {
+            let (addr, nqn) = rest.split_once('/')?;
+            (!nqn.is_empty()).then_some(())?;
+            Some(StorageTarget::NvmeTcp {
+                addr: addr.parse().ok()?,
+                nqn: nqn.to_owned(),
+            })
+        }
+        "nbd" => {
+            let (addr, export) = rest.split_once('/').unwrap_or((rest, ""));
+            Some(StorageTarget::Nbd {
+                addr: addr.parse().ok()?,
+                export: export.to_owned(),
+            })
+        }
+        "nvme" | "file" => rest.starts_with('/').then(|| StorageTarget::Local {
+            path: PathBuf::from(rest),
+        }),
+        _ => None,
+    }
+}
+
+/// Where a service block names `target` (the block's name when it does not).
+fn target_span(b: &ast::NamedBlock, target: &StorageTarget) -> Span {
+    b.options
+        .iter()
+        .filter(|o| o.key.text == "target")
+        .find(|o| parse_storage_target(o.values[0].as_str()).as_ref() == Some(target))
+        .map_or(b.name.span, |o| o.values[0].span)
+}
+
 impl Lowerer<'_> {
     fn err(&mut self, span: Span, msg: impl Into<String>) -> &mut Diagnostic {
         self.diags.push(Diagnostic::error(span, msg));
@@ -201,18 +242,18 @@ impl Lowerer<'_> {
             };
             // Two services on one target would overwrite each other's blocks and index.
             let ServiceKind::KvCache(kv) = &service.kind;
-            if let Some(first) = stored_on.insert(kv.target.clone(), b) {
-                let at = opt_value(&b.options, "target").map_or(b.name.span, |o| o.values[0].span);
-                let first_at = opt_value(&first.options, "target")
-                    .map_or(first.name.span, |o| o.values[0].span);
+            for target in &kv.targets {
+                let Some(first) = stored_on.insert(target.clone(), b) else {
+                    continue;
+                };
                 self.err(
-                    at,
+                    target_span(b, target),
                     format!(
                         "services `{}` and `{}` store on the same target",
                         first.name.text, b.name.text
                     ),
                 )
-                .add_note(first_at, "first used here")
+                .add_note(target_span(first, target), "first used here")
                 .hint = Some("give each service a target of its own".into());
             }
             lowered_services.push(service);
@@ -556,7 +597,7 @@ impl Lowerer<'_> {
     }
 
     fn service(&mut self, b: &ast::NamedBlock) -> Option<Service> {
-        self.check_repeats(&b.options, &[]);
+        self.check_repeats(&b.options, &["target"]);
         let kind = match opt_value(&b.options, "type") {
             Some(o) => self.single(o)?.text.to_string(),
             None => b.name.text.to_string(),
@@ -570,9 +611,10 @@ impl Lowerer<'_> {
             return None;
         }
         let mut listen = None;
-        let mut target = None;
+        let mut targets: Vec<StorageTarget> = Vec::new();
         let mut capacity = None;
         let mut block_size = 65536;
+        let mut stripe = None;
         let mut connections = 8;
         let mut inline_max = DEFAULT_INLINE_MAX;
         let mut checkpoint = Some(DEFAULT_CHECKPOINT);
@@ -599,7 +641,16 @@ impl Lowerer<'_> {
                         value::socket_addr,
                     )
                 }
-                "target" => target = self.storage_target(w),
+                "target" => match self.storage_target(w) {
+                    Some(t) if targets.contains(&t) => {
+                        self.err(w.span, format!("target `{}` is given twice", w.text))
+                            .add_note(target_span(b, &t), "first given here")
+                            .hint = Some("list each target once: the store is striped over them in the order given".into());
+                        ok = false;
+                    }
+                    Some(t) => targets.push(t),
+                    None => ok = false,
+                },
                 "capacity" => {
                     capacity =
                         self.parsed(w, "capacity", "write a size such as `64GiB`", value::size)
@@ -612,6 +663,15 @@ impl Lowerer<'_> {
                     |s| format!("block size {s} is not a multiple of 512 bytes"),
                 ) {
                     Some(s) => block_size = s,
+                    None => ok = false,
+                },
+                "stripe" => match self.parsed(
+                    w,
+                    "stripe size",
+                    "write a size such as `1MiB`",
+                    value::size,
+                ) {
+                    Some(n) => stripe = Some((n, w.span)),
                     None => ok = false,
                 },
                 "connections" => match self.parsed_if(
@@ -742,16 +802,44 @@ impl Lowerer<'_> {
                 None
             }
         };
-        let (listen, target, capacity) = (listen?, target?, capacity?);
+        let stripe = match stripe {
+            None => DEFAULT_STRIPE.div_ceil(block_size) * block_size,
+            Some((n, at)) => {
+                if n == 0 || n % block_size != 0 || n / block_size > MAX_STRIPE_BLOCKS {
+                    self.err(
+                        at,
+                        format!(
+                            "`stripe` is a whole number of blocks ({block_size} bytes each), from one to {MAX_STRIPE_BLOCKS}, not {n} bytes"
+                        ),
+                    )
+                    .hint = Some(format!(
+                        "a multiple of `block_size`, such as {}",
+                        DEFAULT_STRIPE.div_ceil(block_size) * block_size
+                    ));
+                    ok = false;
+                }
+                n
+            }
+        };
+        let (listen, capacity) = (listen?, capacity?);
+        if targets.is_empty() {
+            return None;
+        }
         if nvme_digests != NvmeDigests::default()
-            && !matches!(target, StorageTarget::NvmeTcp { .. })
+            && !targets
+                .iter()
+                .all(|t| matches!(t, StorageTarget::NvmeTcp { .. }))
         {
             let at = opt_value(&b.options, "nvme_digest").map_or(b.name.span, |o| o.values[0].span);
             self.err(at, "`nvme_digest` applies to nvme-tcp:// targets only")
                 .hint = Some("NBD and local targets have no digests; remove the option".into());
             ok = false;
         }
-        if page_cache.is_some() && !matches!(target, StorageTarget::Local { .. }) {
+        if page_cache.is_some()
+            && !targets
+                .iter()
+                .all(|t| matches!(t, StorageTarget::Local { .. }))
+        {
             let at = opt_value(&b.options, "page_cache").map_or(b.name.span, |o| o.values[0].span);
             self.err(at, "`page_cache` applies to local targets only")
                 .hint = Some(
@@ -764,9 +852,10 @@ impl Lowerer<'_> {
             name: b.name.text.to_string(),
             kind: ServiceKind::KvCache(KvCache {
                 listen,
-                target,
+                targets,
                 capacity,
                 block_size,
+                stripe,
                 connections,
                 inline_max: inline_max.min(block_size),
                 checkpoint,
@@ -780,34 +869,10 @@ impl Lowerer<'_> {
     }
 
     fn storage_target(&mut self, w: &Word) -> Option<StorageTarget> {
-        const HINT: &str = "targets are nvme-tcp://HOST:PORT/NQN, nbd://HOST:PORT[/EXPORT], nvme:///dev/DEVICE and file:///PATH";
-        let parsed = w
-            .text
-            .split_once("://")
-            .and_then(|(scheme, rest)| match scheme {
-                "nvme-tcp" => {
-                    let (addr, nqn) = rest.split_once('/')?;
-                    (!nqn.is_empty()).then_some(())?;
-                    Some(StorageTarget::NvmeTcp {
-                        addr: addr.parse().ok()?,
-                        nqn: nqn.to_owned(),
-                    })
-                }
-                "nbd" => {
-                    let (addr, export) = rest.split_once('/').unwrap_or((rest, ""));
-                    Some(StorageTarget::Nbd {
-                        addr: addr.parse().ok()?,
-                        export: export.to_owned(),
-                    })
-                }
-                "nvme" | "file" => rest.starts_with('/').then(|| StorageTarget::Local {
-                    path: PathBuf::from(rest),
-                }),
-                _ => None,
-            });
+        let parsed = parse_storage_target(&w.text);
         if parsed.is_none() {
             self.err(w.span, format!("invalid storage target `{}`", w.text))
-                .hint = Some(HINT.into());
+                .hint = Some("targets are nvme-tcp://HOST:PORT/NQN, nbd://HOST:PORT[/EXPORT], nvme:///dev/DEVICE and file:///PATH".into());
         }
         parsed
     }

@@ -130,6 +130,24 @@ mod tests {
     }
 
     #[test]
+    fn kvcache_stripes_over_its_targets_in_order() {
+        let one = kvcache("");
+        assert_eq!(one.targets.len(), 1);
+        let two = kvcache("target \"nbd://127.0.0.1:10809/b\"");
+        assert_eq!(
+            two.targets[1],
+            crate::ir::StorageTarget::Nbd {
+                addr: "127.0.0.1:10809".parse().unwrap(),
+                export: "b".into()
+            }
+        );
+        assert_eq!(two.stripe, 1 << 20);
+        assert_eq!(kvcache("stripe 256KiB").stripe, 256 << 10);
+        // The default stripe is whole blocks.
+        assert_eq!(kvcache("block_size 768KiB").stripe, 1536 << 10);
+    }
+
+    #[test]
     fn kvcache_discards_only_when_asked() {
         assert!(!kvcache("").discard);
         assert!(kvcache("discard on").discard);

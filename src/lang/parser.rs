@@ -47,6 +47,7 @@ pub fn block_keys(kind: BlockKind) -> Keys {
             ("target", One),
             ("capacity", Quantity),
             ("block_size", Quantity),
+            ("stripe", Quantity),
             ("connections", One),
             ("inline_max", Quantity),
             ("checkpoint", One),
