@@ -43,6 +43,15 @@ builds_to_run() {
     read -r -a builds <<<"$BUILDS"
 }
 
+# qemu-nbd exporting IMAGE (raw) as `kv` on a free port of 127.0.0.1, to up to 64
+# clients, until the script exits; its port into `nbd_port`.
+start_nbd() {
+    nbd_port=$(free_port)
+    qemu-nbd -f raw -x kv -b 127.0.0.1 -p "$nbd_port" --persistent --shared=64 "$1" >/dev/null 2>&1 &
+    pids+=($!)
+    wait_port "$nbd_port"
+}
+
 # Processes a script starts in the background (`pids+=($!)`) are killed when it exits
 # (`trap stop_all EXIT`), and its scratch directory `$dir` removed.
 pids=()

@@ -3,14 +3,16 @@
 # -d VALUE -r KEYS` against `dpuflow run` with a service of CAPACITY MiB (default 64) in
 # 64 KiB blocks on an NBD export (qemu-nbd, a file in /dev/shm) or, with TARGET=nvme, an
 # NVMe/TCP namespace (the Linux kernel's nvmet-tcp, booted under QEMU by
-# scripts/nvmet-target: its rates are the emulator's). KEYS defaults to twice what the
+# scripts/nvmet-target: its rates are the emulator's) or, with TARGET=nbd2, a store striped
+# over two NBD exports, each half the disk, each served by a qemu-nbd of its own
+# (STRIPE sets the service's `stripe`, default its own). KEYS defaults to twice what the
 # capacity holds, so the service evicts as it goes; each run starts from an empty store.
 # Round after round, each round runs every build named (a build before a change and one
 # after, side by side); prints each build's median requests per second, the CPU time
 # the service spent a request (user and system, both tests' requests together), and its
 # peak resident size. PIPELINE=N has each client send N requests at a time (`-P N`).
 # Needs redis-benchmark, qemu-nbd; for nvme qemu-system-x86, busybox-static, cpio.
-# Usage: [BUILDS="BIN …"] [TARGET=nbd|nvme] [CAPACITY=MiB] [KEYS=N] [PIPELINE=N]
+# Usage: [BUILDS="BIN …"] [TARGET=nbd|nbd2|nvme] [STRIPE=SIZE] [CAPACITY=MiB] [KEYS=N] [PIPELINE=N]
 #        bench/kv-large.sh [ROUNDS] [REQUESTS] [VALUE] [CLIENTS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,10 +33,21 @@ target_port=$(free_port)
 case ${TARGET:-nbd} in
 nbd)
     command -v qemu-nbd >/dev/null || { echo "qemu-nbd not found (qemu-utils)" >&2; exit 1; }
-    qemu-nbd -f raw -x kv -b 127.0.0.1 -p "$target_port" --persistent --shared=64 "$dir/disk.img" >/dev/null 2>&1 &
-    pids+=($!)
-    wait_port "$target_port"
-    url="nbd://127.0.0.1:$target_port/kv"
+    start_nbd "$dir/disk.img"
+    targets="target \"nbd://127.0.0.1:$nbd_port/kv\""
+    disks=("$dir/disk.img")
+    ;;
+nbd2)
+    command -v qemu-nbd >/dev/null || { echo "qemu-nbd not found (qemu-utils)" >&2; exit 1; }
+    targets=""
+    disks=()
+    for half in a b; do
+        truncate -s "$((capacity / 2 + 1))M" "$dir/disk-$half.img"
+        start_nbd "$dir/disk-$half.img"
+        targets+="target \"nbd://127.0.0.1:$nbd_port/kv\"  "
+        disks+=("$dir/disk-$half.img")
+    done
+    targets+="${STRIPE:+stripe $STRIPE}"
     ;;
 nvme)
     scripts/nvmet-target "$target_port" "$dir/disk.img" >"$dir/target.log" 2>&1 &
@@ -43,7 +56,8 @@ nvme)
         sleep 1
         kill -0 "${pids[0]}" 2>/dev/null || { cat "$dir/target.log" >&2; exit 1; }
     done
-    url="nvme-tcp://127.0.0.1:$target_port/nqn.2026-11.io.dpuflow:kv"
+    targets="target \"nvme-tcp://127.0.0.1:$target_port/nqn.2026-11.io.dpuflow:kv\""
+    disks=("$dir/disk.img")
     ;;
 *) echo "TARGET is nbd or nvme" >&2; exit 1 ;;
 esac
@@ -56,10 +70,10 @@ for round in $(seq "$rounds"); do
         cat >"$dir/kv.pipe" <<PIPE
 pipeline kv_bench
 port fabric { driver pcap }
-service kvcache { listen 127.0.0.1:$port  target "$url"  capacity ${capacity}MiB  block_size 64KiB }
+service kvcache { listen 127.0.0.1:$port  $targets  capacity ${capacity}MiB  block_size 64KiB }
 pipe p root from fabric { default { actions to kvcache } }
 PIPE
-        empty_store "$dir/disk.img"
+        for disk in "${disks[@]}"; do empty_store "$disk"; done
         "${builds[$i]}" run "$dir/kv.pipe" --metrics 127.0.0.1:0 >/dev/null 2>&1 &
         pid=$!
         wait_port "$port"

@@ -22,10 +22,7 @@ dir=$(mktemp -d /dev/shm/dpuflow-kvs.XXXXXX)
 trap stop_all EXIT
 
 truncate -s 65M "$dir/disk.img"
-nbd_port=$(free_port)
-qemu-nbd -f raw -x kv -b 127.0.0.1 -p "$nbd_port" --persistent --shared=64 "$dir/disk.img" >/dev/null 2>&1 &
-pids+=($!)
-wait_port "$nbd_port"
+start_nbd "$dir/disk.img"
 kv_port=$(free_port)
 cat >"$dir/kv.pipe" <<PIPE
 pipeline kv_bench

@@ -29,10 +29,8 @@ trap stop_all EXIT
 
 capacity=$(( (keys * value * 2 / 1048576 + 64) ))
 truncate -s "${capacity}M" "$dir/export.img"
-nbd_port=$(free_port)
-qemu-nbd -f raw -x kv -b 127.0.0.1 -p "$nbd_port" --persistent --shared=64 "$dir/export.img" >/dev/null 2>&1 &
-pids+=($!)
-wait_port "$nbd_port"
+start_nbd "$dir/export.img"
+one_export=$nbd_port
 
 start_dpuflow() { # NAME "TARGET…" [OPTIONS]; sets $port
     port=$(free_port)
@@ -49,7 +47,7 @@ PIPE
 }
 start_dpuflow file "file://$dir/blocks.img"
 file_port=$port
-start_dpuflow nbd "nbd://127.0.0.1:$nbd_port/kv"
+start_dpuflow nbd "nbd://127.0.0.1:$one_export/kv"
 nbdsvc_port=$port
 redis_port=$(free_port)
 redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no >/dev/null 2>&1 &
@@ -61,11 +59,8 @@ if [ -n "${STRIPED:-}" ]; then
     urls=""
     for half in a b; do
         truncate -s "$((capacity / 2 + 1))M" "$dir/export-$half.img"
-        p=$(free_port)
-        qemu-nbd -f raw -x kv -b 127.0.0.1 -p "$p" --persistent --shared=64 "$dir/export-$half.img" >/dev/null 2>&1 &
-        pids+=($!)
-        wait_port "$p"
-        urls+="nbd://127.0.0.1:$p/kv "
+        start_nbd "$dir/export-$half.img"
+        urls+="nbd://127.0.0.1:$nbd_port/kv "
     done
     start_dpuflow nbd2 "$urls"
     nbd2_port=$port
@@ -107,7 +102,7 @@ done
 # The NBD target alone, for reference: qemu-img's own NBD client reading and writing
 # VALUE-byte blocks one at a time (more in flight stall on delayed ACKs in qemu-img 7.2).
 target_rate() { # [-w] -> requests per second
-    qemu-img bench -f raw -c 5000 -d 1 -s "$value" -S "$value" "$@" "nbd://127.0.0.1:$nbd_port/kv" 2>/dev/null |
+    qemu-img bench -f raw -c 5000 -d 1 -s "$value" -S "$value" "$@" "nbd://127.0.0.1:$one_export/kv" 2>/dev/null |
         awk '/completed in/ {printf "%.2f", 5000 / $4}'
 }
 for r in $(seq "$rounds"); do

@@ -443,7 +443,7 @@ pub fn write_parts<const N: usize>(w: &mut impl Write, mut parts: [&[u8]; N]) ->
 /// bytes go `stripe` at a time to each target in turn (stripe `s` to target `s mod n`, at
 /// `s div n` stripes into it), so the values of different requests land on different
 /// targets and the store has the room of all of them. A request's pieces on different
-/// targets go to one target after another on the connection to each.
+/// targets go to them at once, each on the connection to it.
 #[derive(Debug)]
 pub struct Striped {
     members: Vec<Box<dyn BlockTarget>>,
@@ -483,6 +483,53 @@ impl Striped {
         })
     }
 
+    /// Runs `io` on each member that has pieces in `per`, the members at once when there
+    /// are several (a thread for each but the first: a request's pieces on different
+    /// targets are in flight together, as its pieces on one target are); the first error.
+    /// Work whose thread has not taken it when this thread is done (or could not be
+    /// started: the process at its limit) runs here.
+    fn on_each<B: Send>(
+        &mut self,
+        per: Vec<Vec<(u64, B)>>,
+        io: impl Fn(&mut dyn BlockTarget, Vec<(u64, B)>) -> io::Result<()> + Sync,
+    ) -> io::Result<()> {
+        let work: Vec<Mutex<Option<_>>> = self
+            .members
+            .iter_mut()
+            .zip(per)
+            .filter(|(_, pieces)| !pieces.is_empty())
+            .map(|w| Mutex::new(Some(w)))
+            .collect();
+        let run = |slot: &Mutex<Option<MemberWork<B>>>| {
+            let taken = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
+            taken.map_or(Ok(()), |(member, pieces)| io(member.as_mut(), pieces))
+        };
+        let Some((first, others)) = work.split_first() else {
+            return Ok(());
+        };
+        std::thread::scope(|s| {
+            let started: Vec<_> = others
+                .iter()
+                .filter_map(|slot| {
+                    std::thread::Builder::new()
+                        .spawn_scoped(s, move || run(slot))
+                        .ok()
+                })
+                .collect();
+            let mut done = run(first);
+            for slot in others {
+                done = done.and(run(slot));
+            }
+            for t in started {
+                let theirs = t
+                    .join()
+                    .unwrap_or_else(|_| Err(io::Error::other("a target's I/O thread panicked")));
+                done = done.and(theirs);
+            }
+            done
+        })
+    }
+
     /// Buffers at store offsets as each member's pieces of them.
     fn by_member<B: Piece>(&self, parts: impl Iterator<Item = (u64, B)>) -> Vec<Vec<(u64, B)>> {
         let mut per: Vec<Vec<(u64, B)>> = (0..self.members.len()).map(|_| Vec::new()).collect();
@@ -496,6 +543,9 @@ impl Striped {
         per
     }
 }
+
+/// One member's part of a striped request: the member and its pieces.
+type MemberWork<'a, B> = (&'a mut Box<dyn BlockTarget>, Vec<(u64, B)>);
 
 /// A buffer a striped request cuts into pieces: read into or written from.
 trait Piece: Sized {
@@ -533,22 +583,12 @@ impl BlockTarget for Striped {
 
     fn read_many(&mut self, reads: &mut [(u64, &mut [u8])]) -> io::Result<()> {
         let per = self.by_member(reads.iter_mut().map(|(at, buf)| (*at, &mut **buf)));
-        for (member, mut pieces) in self.members.iter_mut().zip(per) {
-            if !pieces.is_empty() {
-                member.read_many(&mut pieces)?;
-            }
-        }
-        Ok(())
+        self.on_each(per, |member, mut pieces| member.read_many(&mut pieces))
     }
 
     fn write_many(&mut self, writes: &[(u64, &[u8])]) -> io::Result<()> {
         let per = self.by_member(writes.iter().copied());
-        for (member, pieces) in self.members.iter_mut().zip(per) {
-            if !pieces.is_empty() {
-                member.write_many(&pieces)?;
-            }
-        }
-        Ok(())
+        self.on_each(per, |member, pieces| member.write_many(&pieces))
     }
 
     /// Whole stripes of the smallest member, on each.
