@@ -139,7 +139,7 @@ pub fn connect_store(config: &KvCache) -> Result<Box<dyn BlockTarget>, TargetErr
             let each = share(config.capacity, config.stripe, many.len());
             let members = many
                 .iter()
-                .map(|t| connect(t, each, digests, page_cache))
+                .map(|t| Ok((describe(t), connect(t, each, digests, page_cache)?)))
                 .collect::<Result<Vec<_>, _>>()?;
             Ok(Box::new(Striped::new(members, config.stripe)))
         }
@@ -446,18 +446,37 @@ pub fn write_parts<const N: usize>(w: &mut impl Write, mut parts: [&[u8]; N]) ->
 /// targets go to them at once, each on the connection to it.
 #[derive(Debug)]
 pub struct Striped {
-    members: Vec<Box<dyn BlockTarget>>,
+    members: Vec<Member>,
     stripe: u64,
 }
 
+/// One target of a [`Striped`] store.
+#[derive(Debug)]
+struct Member {
+    /// What it is called in errors: a failed request says which target failed.
+    name: String,
+    target: Box<dyn BlockTarget>,
+}
+
+impl Member {
+    /// `e`, saying that it happened on this target.
+    fn named(&self, e: io::Error) -> io::Error {
+        io::Error::new(e.kind(), format!("{}: {e}", self.name))
+    }
+}
+
 impl Striped {
-    /// `members`, in stripe order, with `stripe` bytes a stripe (a multiple of each
-    /// member's alignment).
-    pub fn new(members: Vec<Box<dyn BlockTarget>>, stripe: u64) -> Striped {
+    /// `members`, each its name and connection, in stripe order, with `stripe` bytes a
+    /// stripe (a multiple of each member's alignment).
+    pub fn new(members: Vec<(String, Box<dyn BlockTarget>)>, stripe: u64) -> Striped {
         assert!(
             !members.is_empty() && stripe > 0,
             "a stripe over some targets"
         );
+        let members = members
+            .into_iter()
+            .map(|(name, target)| Member { name, target })
+            .collect();
         Striped { members, stripe }
     }
 
@@ -502,7 +521,9 @@ impl Striped {
             .collect();
         let run = |slot: &Mutex<Option<MemberWork<B>>>| {
             let taken = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
-            taken.map_or(Ok(()), |(member, pieces)| io(member.as_mut(), pieces))
+            taken.map_or(Ok(()), |(member, pieces)| {
+                io(member.target.as_mut(), pieces).map_err(|e| member.named(e))
+            })
         };
         let Some((first, others)) = work.split_first() else {
             return Ok(());
@@ -545,7 +566,7 @@ impl Striped {
 }
 
 /// One member's part of a striped request: the member and its pieces.
-type MemberWork<'a, B> = (&'a mut Box<dyn BlockTarget>, Vec<(u64, B)>);
+type MemberWork<'a, B> = (&'a mut Member, Vec<(u64, B)>);
 
 /// A buffer a striped request cuts into pieces: read into or written from.
 trait Piece: Sized {
@@ -593,32 +614,35 @@ impl BlockTarget for Striped {
 
     /// Whole stripes of the smallest member, on each.
     fn size(&self) -> u64 {
-        let smallest = self.members.iter().map(|m| m.size()).min().unwrap_or(0);
+        let smallest = self.members.iter().map(|m| m.target.size()).min();
+        let smallest = smallest.unwrap_or(0);
         smallest / self.stripe * self.stripe * self.members.len() as u64
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        self.members.iter_mut().try_for_each(|m| m.flush())
+        self.members
+            .iter_mut()
+            .try_for_each(|m| m.target.flush().map_err(|e| m.named(e)))
     }
 
     fn alignment(&self) -> u64 {
         self.members
             .iter()
-            .map(|m| m.alignment())
+            .map(|m| m.target.alignment())
             .max()
             .unwrap_or(1)
     }
 
     fn io_path(&self) -> &'static str {
-        let first = self.members[0].io_path();
-        match self.members.iter().all(|m| m.io_path() == first) {
+        let first = self.members[0].target.io_path();
+        match self.members.iter().all(|m| m.target.io_path() == first) {
             true => first,
             false => "several ways",
         }
     }
 
     fn discards(&self) -> bool {
-        self.members.iter().all(|m| m.discards())
+        self.members.iter().all(|m| m.target.discards())
     }
 
     /// Each range as its members' ranges, a member's consecutive stripes joined.
@@ -634,7 +658,10 @@ impl BlockTarget for Striped {
         }
         for (member, ranges) in self.members.iter_mut().zip(per) {
             if !ranges.is_empty() {
-                member.discard(&ranges)?;
+                member
+                    .target
+                    .discard(&ranges)
+                    .map_err(|e| member.named(e))?;
             }
         }
         Ok(())
@@ -990,7 +1017,13 @@ mod tests {
     fn striped(members: &[Memory], stripe: u64) -> Striped {
         let boxed = members
             .iter()
-            .map(|m| Box::new(m.clone()) as Box<dyn BlockTarget>)
+            .enumerate()
+            .map(|(i, m)| {
+                (
+                    format!("memory {i}"),
+                    Box::new(m.clone()) as Box<dyn BlockTarget>,
+                )
+            })
             .collect();
         Striped::new(boxed, stripe)
     }
@@ -1022,8 +1055,10 @@ mod tests {
         for m in &m {
             assert_eq!(m.held().discarded, [(0, 3 * 1024)]);
         }
-        // Past the end is an error, as on one target.
-        assert!(t.read_at(3 * 4096 - 10, &mut back[..20]).is_err());
+        // Past the end is an error, as on one target, naming the target it fell on (the
+        // bytes after the store's last stripe would be the first target's fifth).
+        let past = t.read_at(3 * 4096 - 10, &mut back[..20]).unwrap_err();
+        assert!(past.to_string().starts_with("memory 0: "), "{past}");
     }
 
     #[test]
