@@ -1,6 +1,6 @@
-//! Any bytes a client sends a running KV-cache service (storing on a local file), over a
-//! real connection: the service answers and closes, never panics or hangs. The service
-//! lives across inputs, as it does across clients.
+//! Any bytes a client sends a running KV-cache service (storing on two local files, the
+//! store striped over them), over a real connection: the service answers and closes,
+//! never panics or hangs. The service lives across inputs, as it does across clients.
 #![no_main]
 
 use dpuflow::ir::{KvCache, NvmeDigests, StorageTarget};
@@ -16,18 +16,25 @@ fn service() -> SocketAddr {
     static SERVICE: OnceLock<Arc<KvService>> = OnceLock::new();
     SERVICE
         .get_or_init(|| {
-            let path =
-                std::env::temp_dir().join(format!("dpuflow-fuzz-kv-{}.img", std::process::id()));
             let capacity = 16 << 20;
-            std::fs::File::create(&path)
-                .and_then(|f| f.set_len(capacity))
-                .expect("make the store");
+            let targets = ["a", "b"]
+                .iter()
+                .map(|half| {
+                    let path = std::env::temp_dir()
+                        .join(format!("dpuflow-fuzz-kv-{}-{half}.img", std::process::id()));
+                    std::fs::File::create(&path)
+                        .and_then(|f| f.set_len(capacity / 2))
+                        .expect("make the store");
+                    StorageTarget::Local { path }
+                })
+                .collect();
             let config = KvCache {
                 listen: "127.0.0.1:0".parse().expect("address"),
-                targets: vec![StorageTarget::Local { path }],
+                targets,
                 capacity,
                 block_size: 4096,
-                stripe: 1 << 20,
+                // Values of a few blocks already span both files.
+                stripe: 16384,
                 connections: 2,
                 inline_max: 64,
                 checkpoint: Some(Duration::from_secs(1)),
