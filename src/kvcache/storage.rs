@@ -122,7 +122,7 @@ pub fn describe_all(targets: &[StorageTarget]) -> String {
 
 /// The bytes each of `targets` holds of a store of `capacity` striped over them in
 /// stripes of `stripe` bytes: a whole number of stripes, the same on each.
-pub fn share(capacity: u64, stripe: u64, targets: usize) -> u64 {
+fn share(capacity: u64, stripe: u64, targets: usize) -> u64 {
     match targets {
         0 | 1 => capacity,
         n => capacity.div_ceil(stripe).div_ceil(n as u64) * stripe,

@@ -41,7 +41,7 @@ const DEFAULT_INLINE_MAX: u64 = 256;
 /// target, in one request there; values of different requests on different targets.
 const DEFAULT_STRIPE: u64 = 1 << 20;
 /// The most blocks a stripe may have: the superblock keeps the count in 16 bits.
-pub const MAX_STRIPE_BLOCKS: u64 = u16::MAX as u64;
+const MAX_STRIPE_BLOCKS: u64 = u16::MAX as u64;
 /// The most `inline_max` may be: memory for a value in every block.
 const MAX_INLINE_MAX: u64 = 64 << 10;
 
