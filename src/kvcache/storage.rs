@@ -47,6 +47,11 @@ pub trait BlockTarget: Send + std::fmt::Debug {
     fn io_path(&self) -> &'static str {
         "network"
     }
+    /// Whether it makes its own connections afresh after a failure (a striped store, each
+    /// of its targets'), so the pool keeps it rather than replacing it whole.
+    fn mends_itself(&self) -> bool {
+        false
+    }
     /// Whether the target can be told that ranges no longer hold data
     /// ([`BlockTarget::discard`]).
     fn discards(&self) -> bool {
@@ -139,8 +144,16 @@ pub fn connect_store(config: &KvCache) -> Result<Box<dyn BlockTarget>, TargetErr
             let each = share(config.capacity, config.stripe, many.len());
             let members = many
                 .iter()
-                .map(|t| Ok((describe(t), connect(t, each, digests, page_cache)?)))
-                .collect::<Result<Vec<_>, _>>()?;
+                .map(|t| {
+                    let first = connect(t, each, digests, page_cache)?;
+                    let t = t.clone();
+                    let name = describe(&t);
+                    let remake: Remake = Box::new(move || {
+                        connect(&t, each, digests, page_cache).map_err(io::Error::other)
+                    });
+                    Ok((name, first, remake))
+                })
+                .collect::<Result<Vec<_>, TargetError>>()?;
             Ok(Box::new(Striped::new(members, config.stripe)))
         }
     }
@@ -450,12 +463,31 @@ pub struct Striped {
     stripe: u64,
 }
 
-/// One target of a [`Striped`] store.
-#[derive(Debug)]
+/// How a [`Striped`] store connects to one of its targets again.
+pub type Remake = Box<dyn Fn() -> io::Result<Box<dyn BlockTarget>> + Send + Sync>;
+
+/// One target of a [`Striped`] store. A connection whose I/O failed is dropped and made
+/// again when next needed, so a target that goes away fails only the requests that
+/// touch it, and the store is whole again once it is back.
 struct Member {
     /// What it is called in errors: a failed request says which target failed.
     name: String,
-    target: Box<dyn BlockTarget>,
+    conn: Option<Box<dyn BlockTarget>>,
+    remake: Remake,
+    /// What the first connection said, for when there is none.
+    size: u64,
+    alignment: u64,
+    io_path: &'static str,
+    discards: bool,
+}
+
+impl std::fmt::Debug for Member {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Member")
+            .field("name", &self.name)
+            .field("connected", &self.conn.is_some())
+            .finish()
+    }
 }
 
 impl Member {
@@ -463,19 +495,50 @@ impl Member {
     fn named(&self, e: io::Error) -> io::Error {
         io::Error::new(e.kind(), format!("{}: {e}", self.name))
     }
+
+    /// `io` on the connection to the target, made first if there is none; a failure
+    /// drops it. A connection that served before and fails is tried once more afresh
+    /// ([`again_on_fresh`]).
+    fn run<T>(
+        &mut self,
+        mut io: impl FnMut(&mut dyn BlockTarget) -> io::Result<T>,
+    ) -> io::Result<T> {
+        let done = match self.conn.take() {
+            Some(mut c) => match io(c.as_mut()) {
+                Ok(v) => Ok((v, c)),
+                Err(e) => again_on_fresh(e, &self.remake, &mut io),
+            },
+            None => (self.remake)().and_then(|mut c| io(c.as_mut()).map(|v| (v, c))),
+        };
+        match done {
+            Ok((v, c)) => {
+                self.conn = Some(c);
+                Ok(v)
+            }
+            Err(e) => Err(self.named(e)),
+        }
+    }
 }
 
 impl Striped {
-    /// `members`, each its name and connection, in stripe order, with `stripe` bytes a
-    /// stripe (a multiple of each member's alignment).
-    pub fn new(members: Vec<(String, Box<dyn BlockTarget>)>, stripe: u64) -> Striped {
+    /// `members`, each its name, a connection and how to make another, in stripe order,
+    /// with `stripe` bytes a stripe (a multiple of each member's alignment).
+    pub fn new(members: Vec<(String, Box<dyn BlockTarget>, Remake)>, stripe: u64) -> Striped {
         assert!(
             !members.is_empty() && stripe > 0,
             "a stripe over some targets"
         );
         let members = members
             .into_iter()
-            .map(|(name, target)| Member { name, target })
+            .map(|(name, conn, remake)| Member {
+                name,
+                size: conn.size(),
+                alignment: conn.alignment(),
+                io_path: conn.io_path(),
+                discards: conn.discards(),
+                conn: Some(conn),
+                remake,
+            })
             .collect();
         Striped { members, stripe }
     }
@@ -510,7 +573,7 @@ impl Striped {
     fn on_each<B: Send>(
         &mut self,
         per: Vec<Vec<(u64, B)>>,
-        io: impl Fn(&mut dyn BlockTarget, Vec<(u64, B)>) -> io::Result<()> + Sync,
+        io: impl Fn(&mut dyn BlockTarget, &mut Vec<(u64, B)>) -> io::Result<()> + Sync,
     ) -> io::Result<()> {
         let work: Vec<Mutex<Option<_>>> = self
             .members
@@ -521,8 +584,8 @@ impl Striped {
             .collect();
         let run = |slot: &Mutex<Option<MemberWork<B>>>| {
             let taken = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
-            taken.map_or(Ok(()), |(member, pieces)| {
-                io(member.target.as_mut(), pieces).map_err(|e| member.named(e))
+            taken.map_or(Ok(()), |(member, mut pieces)| {
+                member.run(|t| io(t, &mut pieces))
             })
         };
         let Some((first, others)) = work.split_first() else {
@@ -568,6 +631,22 @@ impl Striped {
 /// One member's part of a striped request: the member and its pieces.
 type MemberWork<'a, B> = (&'a mut Member, Vec<(u64, B)>);
 
+/// After `failed`, the error of `io` on a connection that had served before, `io` once
+/// more on a connection `connect` makes afresh: a target that restarted (an NBD server,
+/// an NVMe/TCP controller) left the connection dead, and the request need not fail for
+/// it. The I/O is whole writes and reads at fixed offsets, so doing it twice is safe.
+/// The fresh connection with what it did, or the error.
+fn again_on_fresh<T>(
+    failed: io::Error,
+    connect: impl FnOnce() -> io::Result<Box<dyn BlockTarget>>,
+    io: &mut impl FnMut(&mut dyn BlockTarget) -> io::Result<T>,
+) -> io::Result<(T, Box<dyn BlockTarget>)> {
+    tracing::debug!(error = %failed, "storage connection failed; trying a fresh one");
+    let mut fresh = connect().map_err(|_| failed)?;
+    let v = io(fresh.as_mut())?;
+    Ok((v, fresh))
+}
+
 /// A buffer a striped request cuts into pieces: read into or written from.
 trait Piece: Sized {
     fn len(&self) -> usize;
@@ -604,17 +683,17 @@ impl BlockTarget for Striped {
 
     fn read_many(&mut self, reads: &mut [(u64, &mut [u8])]) -> io::Result<()> {
         let per = self.by_member(reads.iter_mut().map(|(at, buf)| (*at, &mut **buf)));
-        self.on_each(per, |member, mut pieces| member.read_many(&mut pieces))
+        self.on_each(per, |member, pieces| member.read_many(pieces))
     }
 
     fn write_many(&mut self, writes: &[(u64, &[u8])]) -> io::Result<()> {
         let per = self.by_member(writes.iter().copied());
-        self.on_each(per, |member, pieces| member.write_many(&pieces))
+        self.on_each(per, |member, pieces| member.write_many(pieces))
     }
 
     /// Whole stripes of the smallest member, on each.
     fn size(&self) -> u64 {
-        let smallest = self.members.iter().map(|m| m.target.size()).min();
+        let smallest = self.members.iter().map(|m| m.size).min();
         let smallest = smallest.unwrap_or(0);
         smallest / self.stripe * self.stripe * self.members.len() as u64
     }
@@ -622,27 +701,27 @@ impl BlockTarget for Striped {
     fn flush(&mut self) -> io::Result<()> {
         self.members
             .iter_mut()
-            .try_for_each(|m| m.target.flush().map_err(|e| m.named(e)))
+            .try_for_each(|m| m.run(|t| t.flush()))
     }
 
     fn alignment(&self) -> u64 {
-        self.members
-            .iter()
-            .map(|m| m.target.alignment())
-            .max()
-            .unwrap_or(1)
+        self.members.iter().map(|m| m.alignment).max().unwrap_or(1)
     }
 
     fn io_path(&self) -> &'static str {
-        let first = self.members[0].target.io_path();
-        match self.members.iter().all(|m| m.target.io_path() == first) {
+        let first = self.members[0].io_path;
+        match self.members.iter().all(|m| m.io_path == first) {
             true => first,
             false => "several ways",
         }
     }
 
+    fn mends_itself(&self) -> bool {
+        true
+    }
+
     fn discards(&self) -> bool {
-        self.members.iter().all(|m| m.target.discards())
+        self.members.iter().all(|m| m.discards)
     }
 
     /// Each range as its members' ranges, a member's consecutive stripes joined.
@@ -658,10 +737,7 @@ impl BlockTarget for Striped {
         }
         for (member, ranges) in self.members.iter_mut().zip(per) {
             if !ranges.is_empty() {
-                member
-                    .target
-                    .discard(&ranges)
-                    .map_err(|e| member.named(e))?;
+                member.run(|t| t.discard(&ranges))?;
             }
         }
         Ok(())
@@ -737,8 +813,13 @@ impl Pool {
         Ok(())
     }
 
-    /// Runs `f` with a connection, waiting for one to be free.
-    pub fn with<T>(&self, f: impl FnOnce(&mut dyn BlockTarget) -> io::Result<T>) -> io::Result<T> {
+    /// Runs `f` with a connection, waiting for one to be free; where the connection had
+    /// served before and `f` fails, once more on a fresh one (a restarted target left
+    /// the old one dead).
+    pub fn with<T>(
+        &self,
+        mut f: impl FnMut(&mut dyn BlockTarget) -> io::Result<T>,
+    ) -> io::Result<T> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         let slot = loop {
             match idle.pop() {
@@ -752,22 +833,33 @@ impl Pool {
             }
         };
         drop(idle);
-        let mut conn = match slot {
-            Some(c) => Some(c),
-            None => connect_store(&self.config)
-                .map_err(|e| tracing::debug!(error = %e, "storage target still unreachable"))
-                .ok(),
+        let connect = || connect_store(&self.config).map_err(io::Error::other);
+        let (out, conn) = match slot {
+            Some(mut c) => match f(c.as_mut()) {
+                Ok(v) => (Ok(v), Some(c)),
+                // A striped store makes its targets' connections afresh itself.
+                Err(e) if c.mends_itself() => (Err(e), Some(c)),
+                Err(e) => match again_on_fresh(e, connect, &mut f) {
+                    Ok((v, fresh)) => (Ok(v), Some(fresh)),
+                    Err(e) => (Err(e), None),
+                },
+            },
+            None => match connect() {
+                Ok(mut c) => match f(c.as_mut()) {
+                    Ok(v) => (Ok(v), Some(c)),
+                    Err(e) => (Err(e), None),
+                },
+                Err(e) => {
+                    tracing::debug!(error = %e, "storage target still unreachable");
+                    let targets = describe_all(&self.config.targets);
+                    let e = io::Error::new(
+                        io::ErrorKind::NotConnected,
+                        format!("cannot reach {targets}"),
+                    );
+                    (Err(e), None)
+                }
+            },
         };
-        let out = match conn.as_mut() {
-            Some(c) => f(c.as_mut()),
-            None => Err(io::Error::new(
-                io::ErrorKind::NotConnected,
-                format!("cannot reach {}", describe_all(&self.config.targets)),
-            )),
-        };
-        if out.is_err() {
-            conn = None;
-        }
         self.idle
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -954,6 +1046,8 @@ mod tests {
         bytes: Vec<u8>,
         requests: usize,
         discarded: Vec<(u64, u64)>,
+        /// Every request fails, as on a target that went away.
+        down: bool,
     }
 
     impl Memory {
@@ -971,6 +1065,9 @@ mod tests {
 
     impl Held {
         fn range(&self, offset: u64, len: usize) -> io::Result<std::ops::Range<usize>> {
+            if self.down {
+                return Err(io::Error::new(io::ErrorKind::ConnectionReset, "down"));
+            }
             let at = usize::try_from(offset).map_err(io::Error::other)?;
             (at + len <= self.bytes.len())
                 .then_some(at..at + len)
@@ -1019,10 +1116,10 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, m)| {
-                (
-                    format!("memory {i}"),
-                    Box::new(m.clone()) as Box<dyn BlockTarget>,
-                )
+                let again = m.clone();
+                let remake: Remake = Box::new(move || Ok(Box::new(again.clone())));
+                let first: Box<dyn BlockTarget> = Box::new(m.clone());
+                (format!("memory {i}"), first, remake)
             })
             .collect();
         Striped::new(boxed, stripe)
@@ -1059,6 +1156,29 @@ mod tests {
         // bytes after the store's last stripe would be the first target's fifth).
         let past = t.read_at(3 * 4096 - 10, &mut back[..20]).unwrap_err();
         assert!(past.to_string().starts_with("memory 0: "), "{past}");
+    }
+
+    /// A target that goes away fails the requests that touch it, naming it, and no
+    /// other; once it is back, its connection is made again and the store is whole.
+    #[test]
+    fn a_target_that_goes_away_fails_only_what_touches_it() {
+        let m = [Memory::of(4096), Memory::of(4096)];
+        let mut t = striped(&m, 1024);
+        t.write_at(0, &[7; 2048]).unwrap();
+        m[1].held().down = true;
+        let mut back = [0u8; 1024];
+        let failed = t.read_at(1024, &mut back).unwrap_err();
+        assert!(failed.to_string().starts_with("memory 1: "), "{failed}");
+        assert!(
+            t.read_at(0, &mut back).is_ok(),
+            "the other target serves on"
+        );
+        assert!(t.write_at(2048, &[8; 1024]).is_ok());
+        assert!(t.read_at(3072, &mut back).is_err());
+        m[1].held().down = false;
+        t.read_at(1024, &mut back).unwrap();
+        assert_eq!(back, [7; 1024]);
+        assert!(t.mends_itself());
     }
 
     #[test]
