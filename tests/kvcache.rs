@@ -444,6 +444,10 @@ fn hosts_put_and_get_blocks_stored_on_an_nbd_target() {
     ];
     tool_ok("redis-benchmark", &args);
     assert_eq!(kv.metric(errors), failed);
+    let target = format!(
+        "dpuflow_kvcache_target_errors_total{{service=\"kvcache\",target=\"nbd://127.0.0.1:{nbd_port}/kv\"}}"
+    );
+    assert_eq!(kv.metric(&target), failed);
     assert_eq!(kv.terminate(), 0);
 }
 
@@ -536,6 +540,13 @@ fn a_store_striped_over_two_nbd_targets_holds_more_than_either() {
     let failed = place.iter().filter(|&&d| d == Some(1)).count() as u64;
     let errors = "dpuflow_kvcache_storage_errors_total{service=\"kvcache\"}";
     assert_eq!(kv.metric(errors), failed);
+    // Counted against the export that went away, none against the other.
+    let on_target = |port: u16| {
+        kv.metric(&format!(
+            "dpuflow_kvcache_target_errors_total{{service=\"kvcache\",target=\"nbd://127.0.0.1:{port}/kv\"}}"
+        ))
+    };
+    assert_eq!((on_target(ports[0]), on_target(ports[1])), (0, failed));
     // Back: every value is served again, and the pool's other connections to the export
     // that went away are made afresh as they are next used, failing no request.
     servers.push(nbd_server(&images[1], ports[1]));

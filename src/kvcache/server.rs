@@ -170,7 +170,7 @@ pub fn inspect(config: &KvCache) -> Result<Inspection, TargetError> {
             }
         }
     }
-    let mut t = storage::connect_store(config)?;
+    let mut t = storage::connect_store(config, &storage::Failures::of(&config.targets))?;
     let read = read_saved(t.as_mut(), &Layout::of(config)).map_err(|source| TargetError::Open {
         target: storage::describe_all(&config.targets),
         source,
@@ -959,6 +959,11 @@ impl KvService {
             .and_then(|()| self.pool.flush_all())
             .and_then(|()| self.pool.with(|t| t.write_at(0, &save.superblock)))
             .and_then(|()| self.pool.flush_all())
+    }
+
+    /// What failed on each of its targets.
+    pub fn target_failures(&self) -> &storage::Failures {
+        self.pool.failures()
     }
 
     pub fn gauges(&self) -> KvGauges {

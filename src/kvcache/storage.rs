@@ -11,7 +11,8 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, IoSlice, Write};
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::Path;
-use std::sync::{Condvar, Mutex, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 /// One connection to a storage target.
 pub trait BlockTarget: Send + std::fmt::Debug {
@@ -134,9 +135,39 @@ fn share(capacity: u64, stripe: u64, targets: usize) -> u64 {
     }
 }
 
+/// The I/O that failed on each of a store's targets (after the one more try on a fresh
+/// connection), in the order the service names them, over all its connections.
+#[derive(Debug)]
+pub struct Failures(Vec<(String, AtomicU64)>);
+
+impl Failures {
+    pub fn of(targets: &[StorageTarget]) -> Arc<Failures> {
+        Arc::new(Failures(
+            targets
+                .iter()
+                .map(|t| (describe(t), AtomicU64::new(0)))
+                .collect(),
+        ))
+    }
+
+    fn count(&self, target: usize) {
+        self.0[target].1.fetch_add(1, Relaxed);
+    }
+
+    /// Each target's name and count.
+    pub fn counts(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.0
+            .iter()
+            .map(|(name, n)| (name.as_str(), n.load(Relaxed)))
+    }
+}
+
 /// One connection to each of a service's targets, striped when there are several
-/// ([`Striped`]).
-pub fn connect_store(config: &KvCache) -> Result<Box<dyn BlockTarget>, TargetError> {
+/// ([`Striped`]), whose targets count their failures in `failures`.
+pub fn connect_store(
+    config: &KvCache,
+    failures: &Arc<Failures>,
+) -> Result<Box<dyn BlockTarget>, TargetError> {
     let (digests, page_cache) = (config.nvme_digests, config.page_cache);
     match config.targets.as_slice() {
         [one] => connect(one, config.capacity, digests, page_cache),
@@ -147,14 +178,17 @@ pub fn connect_store(config: &KvCache) -> Result<Box<dyn BlockTarget>, TargetErr
                 .map(|t| {
                     let first = connect(t, each, digests, page_cache)?;
                     let t = t.clone();
-                    let name = describe(&t);
                     let remake: Remake = Box::new(move || {
                         connect(&t, each, digests, page_cache).map_err(io::Error::other)
                     });
-                    Ok((name, first, remake))
+                    Ok((first, remake))
                 })
                 .collect::<Result<Vec<_>, TargetError>>()?;
-            Ok(Box::new(Striped::new(members, config.stripe)))
+            Ok(Box::new(Striped::new(
+                members,
+                config.stripe,
+                Arc::clone(failures),
+            )))
         }
     }
 }
@@ -472,6 +506,9 @@ pub type Remake = Box<dyn Fn() -> io::Result<Box<dyn BlockTarget>> + Send + Sync
 struct Member {
     /// What it is called in errors: a failed request says which target failed.
     name: String,
+    /// Its place in the store's targets, and where its failures are counted.
+    index: usize,
+    failures: Arc<Failures>,
     conn: Option<Box<dyn BlockTarget>>,
     remake: Remake,
     /// What the first connection said, for when there is none.
@@ -515,23 +552,34 @@ impl Member {
                 self.conn = Some(c);
                 Ok(v)
             }
-            Err(e) => Err(self.named(e)),
+            Err(e) => {
+                self.failures.count(self.index);
+                Err(self.named(e))
+            }
         }
     }
 }
 
 impl Striped {
-    /// `members`, each its name, a connection and how to make another, in stripe order,
-    /// with `stripe` bytes a stripe (a multiple of each member's alignment).
-    pub fn new(members: Vec<(String, Box<dyn BlockTarget>, Remake)>, stripe: u64) -> Striped {
+    /// `members`, each a connection and how to make another, in stripe order, with
+    /// `stripe` bytes a stripe (a multiple of each member's alignment); `failures` names
+    /// them, in the same order, and counts what fails on each.
+    pub fn new(
+        members: Vec<(Box<dyn BlockTarget>, Remake)>,
+        stripe: u64,
+        failures: Arc<Failures>,
+    ) -> Striped {
         assert!(
-            !members.is_empty() && stripe > 0,
-            "a stripe over some targets"
+            !members.is_empty() && stripe > 0 && failures.0.len() == members.len(),
+            "a stripe over some targets, each named"
         );
         let members = members
             .into_iter()
-            .map(|(name, conn, remake)| Member {
-                name,
+            .enumerate()
+            .map(|(index, (conn, remake))| Member {
+                name: failures.0[index].0.clone(),
+                index,
+                failures: Arc::clone(&failures),
                 size: conn.size(),
                 alignment: conn.alignment(),
                 io_path: conn.io_path(),
@@ -753,6 +801,7 @@ pub struct Pool {
     returned: Condvar,
     /// What the connections are made from.
     config: KvCache,
+    failures: Arc<Failures>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -767,14 +816,29 @@ impl Pool {
     /// The service's `connections` connections to its store, all made now: a target that
     /// cannot be reached fails the service's start.
     pub fn connect(config: &KvCache) -> Result<Pool, TargetError> {
+        let failures = Failures::of(&config.targets);
         let conns = (0..config.connections.max(1))
-            .map(|_| connect_store(config).map(Some))
+            .map(|_| connect_store(config, &failures).map(Some))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Pool {
             idle: Mutex::new(conns),
             returned: Condvar::new(),
             config: config.clone(),
+            failures,
         })
+    }
+
+    /// What failed on each target.
+    pub fn failures(&self) -> &Failures {
+        &self.failures
+    }
+
+    /// Counts a failure of a store of one target (a striped store's targets count their
+    /// own).
+    fn failed(&self) {
+        if self.config.targets.len() == 1 {
+            self.failures.count(0);
+        }
     }
 
     /// How the target's bytes travel ([`BlockTarget::io_path`]).
@@ -806,9 +870,16 @@ impl Pool {
             if slot.as_mut().is_some_and(|c| c.flush().is_ok()) {
                 continue;
             }
-            let mut fresh = connect_store(&self.config).map_err(io::Error::other)?;
-            fresh.flush()?;
-            *slot = Some(fresh);
+            let fresh = connect_store(&self.config, &self.failures)
+                .map_err(io::Error::other)
+                .and_then(|mut fresh| fresh.flush().map(|()| fresh));
+            match fresh {
+                Ok(fresh) => *slot = Some(fresh),
+                Err(e) => {
+                    self.failed();
+                    return Err(e);
+                }
+            }
         }
         Ok(())
     }
@@ -833,7 +904,7 @@ impl Pool {
             }
         };
         drop(idle);
-        let connect = || connect_store(&self.config).map_err(io::Error::other);
+        let connect = || connect_store(&self.config, &self.failures).map_err(io::Error::other);
         let (out, conn) = match slot {
             Some(mut c) => match f(c.as_mut()) {
                 Ok(v) => (Ok(v), Some(c)),
@@ -860,6 +931,9 @@ impl Pool {
                 }
             },
         };
+        if out.is_err() {
+            self.failed();
+        }
         self.idle
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -1039,7 +1113,7 @@ mod tests {
 
     /// A target in memory, counting the requests it is sent; clones share it.
     #[derive(Debug, Default, Clone)]
-    struct Memory(std::sync::Arc<Mutex<Held>>);
+    struct Memory(Arc<Mutex<Held>>);
 
     #[derive(Debug, Default)]
     struct Held {
@@ -1052,7 +1126,7 @@ mod tests {
 
     impl Memory {
         fn of(len: usize) -> Memory {
-            Memory(std::sync::Arc::new(Mutex::new(Held {
+            Memory(Arc::new(Mutex::new(Held {
                 bytes: vec![0; len],
                 ..Held::default()
             })))
@@ -1114,15 +1188,17 @@ mod tests {
     fn striped(members: &[Memory], stripe: u64) -> Striped {
         let boxed = members
             .iter()
-            .enumerate()
-            .map(|(i, m)| {
+            .map(|m| {
                 let again = m.clone();
                 let remake: Remake = Box::new(move || Ok(Box::new(again.clone())));
                 let first: Box<dyn BlockTarget> = Box::new(m.clone());
-                (format!("memory {i}"), first, remake)
+                (first, remake)
             })
             .collect();
-        Striped::new(boxed, stripe)
+        let names = (0..members.len())
+            .map(|i| (format!("memory {i}"), AtomicU64::new(0)))
+            .collect();
+        Striped::new(boxed, stripe, Arc::new(Failures(names)))
     }
 
     /// The store's stripes go to the targets in turn, each target's stripes one after

@@ -699,6 +699,20 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
     for (name, help, field) in counters {
         fam.counter(name, help, per(&|s, _| field(&s.counters).load(Relaxed)));
     }
+    let by_target = services
+        .iter()
+        .flat_map(|s| {
+            s.target_failures()
+                .counts()
+                .map(|(target, n)| (labels(&[("service", &s.name), ("target", target)]), n))
+                .collect::<Vec<_>>()
+        })
+        .collect::<Vec<_>>();
+    fam.counter(
+        "dpuflow_kvcache_target_errors_total",
+        "Reads, writes, flushes and discards that failed on each storage target, after one more try on a fresh connection (a striped store's failures, by target).",
+        by_target,
+    );
     fam.counter(
         "dpuflow_kvcache_evictions_total",
         "Keys evicted (least recently used) to make room.",

@@ -315,13 +315,24 @@ pub fn thread_cpus(pid: u32) -> std::collections::BTreeMap<String, String> {
     placed
 }
 
-/// A TCP port on 127.0.0.1 that nothing listened on a moment ago.
+/// A TCP port on 127.0.0.1 that nothing listened on a moment ago, and that no other
+/// test of this process is given. Below Linux's ephemeral range (32768 up), so no
+/// client's connection takes it between now and when a server binds it, as one could
+/// with a port the kernel picked (`bind` to port 0); each test process starts at a place
+/// of its own, so parallel runs seldom meet.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
+    use std::sync::atomic::{AtomicU16, Ordering};
+    const FIRST: u16 = 10_000;
+    const PORTS: u16 = 22_000;
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let start = (std::process::id() % u32::from(PORTS)) as u16;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = FIRST + (start.wrapping_add(n) % PORTS);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// Stops a child process when dropped, so a failing test leaves nothing running.
