@@ -120,6 +120,12 @@ impl KvService {
         )
     }
 
+    /// Whether `GET key` gives `value`'s bytes exactly (redis-cli adds a newline).
+    fn reads_back(&self, key: &str, value: &[u8]) -> bool {
+        let back = self.get_raw(key);
+        back.stdout.len() == value.len() + 1 && back.stdout[..value.len()] == value[..]
+    }
+
     fn cli(&self, args: &[&str]) -> String {
         let port = self.port.to_string();
         let mut all = vec!["-p", &port];
@@ -478,11 +484,7 @@ fn a_store_striped_over_two_nbd_targets_holds_more_than_either() {
     let kv = KvService::start_with(&dir, &first, "40MiB", &options);
     let block = value(2_500_000, 3);
     assert_eq!(kv.cli_with(&["-x", "SET", "layer0"], &block).trim(), "OK");
-    let back = kv.get_raw("layer0");
-    assert!(
-        back.stdout.len() == block.len() + 1 && back.stdout[..block.len()] == block[..],
-        "GET returned other bytes"
-    );
+    assert!(kv.reads_back("layer0", &block), "GET returned other bytes");
     // In a fresh store the value starts in the block after the superblock's: stripe `s`
     // of the store is stripe `s / 2` of export `s % 2`.
     let disks: Vec<Vec<u8>> = images
@@ -522,13 +524,7 @@ fn a_store_striped_over_two_nbd_targets_holds_more_than_either() {
     for (i, (v, d)) in small.iter().zip(&place).enumerate() {
         let key = format!("small{i}");
         match d {
-            Some(0) => {
-                let back = kv.get_raw(&key);
-                assert!(
-                    back.stdout[..v.len()] == v[..],
-                    "{key} from the export still up"
-                );
-            }
+            Some(0) => assert!(kv.reads_back(&key, v), "{key} from the export still up"),
             Some(1) => {
                 let said = kv.cli(&["GET", &key]);
                 let gone = format!("ERR storage read failed: nbd://127.0.0.1:{}/kv: ", ports[1]);
@@ -551,11 +547,8 @@ fn a_store_striped_over_two_nbd_targets_holds_more_than_either() {
     // that went away are made afresh as they are next used, failing no request.
     servers.push(nbd_server(&images[1], ports[1]));
     for (i, v) in small.iter().enumerate() {
-        let back = kv.get_raw(&format!("small{i}"));
-        assert!(
-            back.stdout[..v.len()] == v[..],
-            "small{i} once the export is back"
-        );
+        let key = format!("small{i}");
+        assert!(kv.reads_back(&key, v), "{key} once the export is back");
     }
     // 1000 values of 64 KiB over many keys: more than either export holds, so both fill.
     let port = kv.port.to_string();
@@ -575,9 +568,8 @@ fn a_store_striped_over_two_nbd_targets_holds_more_than_either() {
     assert_eq!(kv.terminate(), 0);
     let kv = KvService::start_with(&dir, &first, "40MiB", &options);
     assert_eq!(kv.cli(&["DBSIZE"]), keys);
-    let back = kv.get_raw("last");
     assert!(
-        back.stdout.len() == last.len() + 1 && back.stdout[..last.len()] == last[..],
+        kv.reads_back("last", &last),
         "GET after the restart returned other bytes"
     );
     assert_eq!(
@@ -729,9 +721,8 @@ fn hosts_put_and_get_blocks_stored_on_an_nvme_tcp_target() {
     assert_eq!(kv.cli(&["GET", "survivor"]).trim(), survivor());
     let block = value(2_500_000, 7);
     assert_eq!(kv.cli_with(&["-x", "SET", "digested"], &block).trim(), "OK");
-    let back = kv.get_raw("digested");
     assert!(
-        back.stdout.len() == block.len() + 1 && back.stdout[..block.len()] == block[..],
+        kv.reads_back("digested", &block),
         "GET with digests returned other bytes"
     );
     assert_eq!(
@@ -862,14 +853,7 @@ fn deleted_values_are_deallocated_on_an_nvme_tcp_target() {
 fn layers_read_back(kv: &KvService, blocks: &[Vec<u8>]) {
     for (i, b) in blocks.iter().enumerate() {
         let key = format!("layer{i}");
-        let back = tool(
-            "redis-cli",
-            &["-p", &kv.port.to_string(), "--raw", "GET", &key],
-        );
-        assert!(
-            back.stdout.len() == b.len() + 1 && back.stdout[..b.len()] == b[..],
-            "{key} came back different"
-        );
+        assert!(kv.reads_back(&key, b), "{key} came back different");
     }
 }
 
