@@ -473,6 +473,9 @@ fn kv_inspect(file: &Path, only: Option<&str>) -> ExitCode {
             sb.snapshot.runs.len(),
             sb.deltas.len()
         );
+        if let Some(strangers) = inspected.strangers {
+            println!("  targets {strangers}");
+        }
         match inspected.index {
             Ok(stats) => println!(
                 "  {} keys ({} expiring), values in {} of {} blocks of {} bytes",

@@ -767,6 +767,25 @@ impl Index {
         self.map.keys().map(|k| &k[..])
     }
 
+    /// Every value held, its key beside it, in no particular order (recency unchanged).
+    pub fn values(&self) -> impl Iterator<Item = (&[u8], &Extents)> {
+        self.map.iter().map(|(k, e)| (&k[..], &*e.extents))
+    }
+
+    /// Removes every key whose value `drop` picks; how many it removed.
+    pub fn remove_where(&mut self, mut drop: impl FnMut(&Extents) -> bool) -> usize {
+        let keys: Vec<Arc<[u8]>> = self
+            .map
+            .iter()
+            .filter(|(_, e)| drop(&e.extents))
+            .map(|(k, _)| Arc::clone(k))
+            .collect();
+        for k in &keys {
+            self.remove(k);
+        }
+        keys.len()
+    }
+
     /// Whether `key` is held (its recency unchanged).
     pub fn contains(&self, key: &[u8]) -> bool {
         self.map.contains_key(key)

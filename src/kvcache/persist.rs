@@ -97,6 +97,100 @@ impl Layout {
     }
 }
 
+impl Layout {
+    /// Flags in `on`, one for each target (`on` as long as there are targets), the
+    /// targets `extents`' blocks lie on.
+    fn targets_of(&self, extents: &Extents, on: &mut [bool]) {
+        let n = on.len() as u64;
+        let stripe = u64::from(self.stripe_blocks.max(1));
+        on.fill(false);
+        for (first, count) in extents.runs() {
+            let (from, to) = (first / stripe, (first + count - 1) / stripe);
+            // n stripes in a row touch every target.
+            for s in from..=to.min(from + n - 1) {
+                on[(s % n) as usize] = true;
+            }
+        }
+    }
+}
+
+/// How many values a start reads back from each target of a striped store.
+const SAMPLES: usize = 3;
+
+/// The targets of a striped store, laid out as `layout`, that do not hold what `index`
+/// (just loaded) says they do: another store's drive, or a blank one, put in the place of
+/// one of its targets. The superblock on the first target vouches for that one; each of
+/// the others is tried on the smallest of its values (at most three) that lie on it
+/// and on targets already vouched for only, and is a stranger when none of them matches
+/// its checksum. `matches` reads a value back and says whether it matches (`None`: it
+/// could not be read, which proves nothing). A target none of whose values can be tried
+/// that way (only values that also lie on targets in doubt) is given the benefit of the
+/// doubt: its values are still checked as they are read.
+pub fn strangers(
+    index: &Index,
+    layout: &Layout,
+    mut matches: impl FnMut(&Extents) -> Option<bool>,
+) -> Vec<usize> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Known {
+        Trusted,
+        Stranger,
+        InDoubt,
+    }
+    let n = usize::from(layout.targets);
+    if n < 2 {
+        return Vec::new();
+    }
+    let mut known = vec![Known::InDoubt; n];
+    known[0] = Known::Trusted;
+    let mut on = vec![false; n];
+    let mut progress = true;
+    while progress {
+        progress = false;
+        for t in 1..n {
+            if known[t] != Known::InDoubt {
+                continue;
+            }
+            let mut samples: Vec<&Extents> = Vec::with_capacity(SAMPLES + 1);
+            for (_, e) in index.values() {
+                if e.checksum().is_none() || e.inline().is_some() {
+                    continue;
+                }
+                layout.targets_of(e, &mut on);
+                let tried = on[t]
+                    && on
+                        .iter()
+                        .zip(&known)
+                        .enumerate()
+                        .all(|(i, (&on, &k))| !on || i == t || k == Known::Trusted);
+                if tried {
+                    let at = samples.partition_point(|s| s.len() <= e.len());
+                    samples.insert(at, e);
+                    samples.truncate(SAMPLES);
+                }
+            }
+            let read: Vec<bool> = samples.into_iter().filter_map(&mut matches).collect();
+            if !read.is_empty() {
+                known[t] = if read.contains(&true) {
+                    Known::Trusted
+                } else {
+                    Known::Stranger
+                };
+                progress = true;
+            }
+        }
+    }
+    (1..n).filter(|&t| known[t] == Known::Stranger).collect()
+}
+
+/// Whether `extents` has a block on one of the `targets` (flags, one for each target) of a
+/// store laid out as `layout`.
+pub fn lies_on(layout: &Layout, extents: &Extents, targets: &[bool]) -> bool {
+    let mut on = vec![false; targets.len()];
+    layout.targets_of(extents, &mut on);
+    on.iter().zip(targets).any(|(&a, &b)| a && b)
+}
+
 impl std::fmt::Display for Layout {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -427,6 +521,99 @@ pub fn load(
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// An index of a store of 4 KiB blocks striped over `targets` in stripes of 4 blocks,
+    /// holding values of `blocks` blocks each (allocated in order from block 1, the first
+    /// being the superblock's), checksummed.
+    fn striped_index(targets: u16, values: u64, blocks: u64) -> (Index, Layout) {
+        let layout = Layout {
+            block_size: 4096,
+            capacity: 4096 * 256,
+            targets,
+            stripe_blocks: 4,
+        };
+        let mut index = Index::new(layout.capacity, layout.block_size);
+        for v in 0..values {
+            let key = format!("k{v}");
+            let mut e = index.allocate(key.as_bytes(), blocks * 4096).unwrap();
+            e.set_checksum(v as u32);
+            index.insert(key.as_bytes(), e);
+        }
+        (index, layout)
+    }
+
+    /// Values read back as they would be with target `swapped` replaced: one with a block
+    /// on it fails its checksum. Counts the reads.
+    fn reading(
+        layout: Layout,
+        swapped: usize,
+        reads: &mut usize,
+    ) -> impl FnMut(&Extents) -> Option<bool> + '_ {
+        move |e| {
+            *reads += 1;
+            let mut on = vec![false; usize::from(layout.targets)];
+            on[swapped] = true;
+            Some(!lies_on(&layout, e, &on))
+        }
+    }
+
+    #[test]
+    fn a_replaced_target_is_found_by_the_values_on_it_alone() {
+        // Values of one block: each on one target.
+        let (index, layout) = striped_index(3, 40, 1);
+        for swapped in [1, 2] {
+            let mut reads = 0;
+            let found = strangers(&index, &layout, reading(layout, swapped, &mut reads));
+            assert_eq!(found, [swapped]);
+            // A few values from each target past the first, no more.
+            assert_eq!(reads, 2 * SAMPLES);
+        }
+        // The first target is vouched for by its superblock: nothing read says otherwise.
+        let mut reads = 0;
+        assert!(strangers(&index, &layout, reading(layout, 0, &mut reads)).is_empty());
+    }
+
+    #[test]
+    fn values_over_several_targets_are_tried_once_the_others_are_vouched_for() {
+        // Values of five blocks (a stripe is four) lie on two targets each: target 2's
+        // values all share a target with 1 or 0, tried once 1 is known.
+        let (index, layout) = striped_index(3, 30, 5);
+        let mut reads = 0;
+        assert_eq!(
+            strangers(&index, &layout, reading(layout, 2, &mut reads)),
+            [2]
+        );
+        // With target 1 a stranger, target 2's values that also lie on 1 prove nothing
+        // of 2 and are not tried: those on 0 and 2 are, and vouch for it.
+        let mut reads = 0;
+        assert_eq!(
+            strangers(&index, &layout, reading(layout, 1, &mut reads)),
+            [1]
+        );
+    }
+
+    #[test]
+    fn only_a_target_whose_values_all_fail_is_a_stranger() {
+        let (index, layout) = striped_index(2, 40, 1);
+        // Values that cannot be read prove nothing.
+        assert!(strangers(&index, &layout, |_| None).is_empty());
+        // One value of the three matching: the target is the store's (the others are
+        // found corrupt when read, one by one).
+        let mut n = 0;
+        let some_match = |_: &Extents| {
+            n += 1;
+            Some(n == 2)
+        };
+        assert!(strangers(&index, &layout, some_match).is_empty());
+        // A store on one target, or values without checksums (saved by an older build):
+        // nothing to try.
+        let (one, single) = striped_index(1, 10, 1);
+        assert!(strangers(&one, &single, |_| Some(false)).is_empty());
+        let mut old = Index::new(layout.capacity, layout.block_size);
+        let e = old.allocate(b"k", 4096).unwrap();
+        old.insert(b"k", e);
+        assert!(strangers(&old, &layout, |_| Some(false)).is_empty());
+    }
 
     #[test]
     fn a_saved_index_loads_once() {

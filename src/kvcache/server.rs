@@ -5,7 +5,7 @@
 //! the index, which is locked only to look up, allocate and publish.
 
 use super::glob;
-use super::index::{Extents, Index, IndexStats, SnapshotDraft, StoreError, SNAPSHOT_PART};
+use super::index::{Extents, Index, IndexStats, Run, SnapshotDraft, StoreError, SNAPSHOT_PART};
 use super::persist::{self, Layout, Saved};
 use super::resp::{self, reply, Awaited};
 use super::storage::{self, BlockTarget, Pool, TargetError};
@@ -124,12 +124,7 @@ fn read_saved(t: &mut dyn BlockTarget, layout: &Layout) -> io::Result<SavedRead>
                 .collect();
             let mut pieces = Vec::new();
             for (segment, bytes) in sb.segments().zip(&mut read) {
-                let mut rest = &mut bytes[..];
-                for (block, n) in &segment.runs {
-                    let (piece, after) = rest.split_at_mut((n * bs) as usize);
-                    pieces.push((block * bs, piece));
-                    rest = after;
-                }
+                pieces.extend(run_pieces(segment.runs.iter().copied(), bs, bytes));
             }
             t.read_many(&mut pieces)?;
             let deltas: Vec<&[u8]> = read[1..].iter().map(|d| &d[..]).collect();
@@ -144,6 +139,74 @@ fn read_saved(t: &mut dyn BlockTarget, layout: &Layout) -> io::Result<SavedRead>
     })
 }
 
+/// `bytes` as the pieces that `runs` of blocks of `bs` bytes read into, in order: each the
+/// run's offset on the target and its part of `bytes`.
+fn run_pieces(runs: impl Iterator<Item = Run>, bs: u64, bytes: &mut [u8]) -> Vec<(u64, &mut [u8])> {
+    let mut rest = bytes;
+    runs.map(|(block, n)| {
+        let (piece, after) = std::mem::take(&mut rest).split_at_mut((n * bs) as usize);
+        rest = after;
+        (block * bs, piece)
+    })
+    .collect()
+}
+
+/// The values a start dropped because the targets they lie on do not hold them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Strangers {
+    /// The targets, as [`storage::describe`] names them.
+    pub targets: Vec<String>,
+    /// How many values lay on them.
+    pub values: usize,
+}
+
+impl std::fmt::Display for Strangers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} do not hold the values the saved index puts on them (values read back fail \
+             their checksums: another store's drive or a blank one in their place); the {} \
+             values with a block on them are dropped",
+            self.targets.join(", "),
+            self.values
+        )
+    }
+}
+
+/// Drops from `index`, just loaded from a store laid out as `layout` over `targets`
+/// (reached through `t`), the values on targets that do not hold what it says they hold
+/// ([`persist::strangers`]), and says which: when a striped store's target is replaced,
+/// its values go at the start, where they would otherwise be found corrupt one read at a
+/// time.
+fn drop_strangers(
+    index: &mut Index,
+    t: &mut dyn BlockTarget,
+    layout: &Layout,
+    targets: &[StorageTarget],
+) -> Option<Strangers> {
+    let bs = layout.block_size;
+    let strangers = persist::strangers(index, layout, |e| {
+        let mut bytes = vec![0u8; (e.runs().map(|r| r.1).sum::<u64>() * bs) as usize];
+        t.read_many(&mut run_pieces(e.runs(), bs, &mut bytes))
+            .ok()?;
+        Some(e.checksum() == Some(crc32c(&bytes[..e.len() as usize])))
+    });
+    if strangers.is_empty() {
+        return None;
+    }
+    let mut flags = vec![false; targets.len()];
+    for &s in &strangers {
+        flags[s] = true;
+    }
+    Some(Strangers {
+        values: index.remove_where(|e| persist::lies_on(layout, e, &flags)),
+        targets: strangers
+            .iter()
+            .map(|&s| storage::describe(&targets[s]))
+            .collect(),
+    })
+}
+
 /// What a service's target holds for its next start (`dpuflow kv inspect`).
 #[derive(Debug)]
 pub struct Inspection {
@@ -152,6 +215,8 @@ pub struct Inspection {
     pub superblock: Result<persist::Superblock, persist::Unusable>,
     /// What the index it names holds, or why a start would not use it.
     pub index: Result<IndexStats, persist::Unusable>,
+    /// The values a start would drop as they are not on their targets.
+    pub strangers: Option<Strangers>,
 }
 
 /// Reads the index saved on `config`'s target, writing nothing: what its next start would
@@ -171,13 +236,20 @@ pub fn inspect(config: &KvCache) -> Result<Inspection, TargetError> {
         }
     }
     let mut t = storage::connect_store(config, &storage::Failures::of(&config.targets))?;
-    let read = read_saved(t.as_mut(), &Layout::of(config)).map_err(|source| TargetError::Open {
+    let layout = Layout::of(config);
+    let read = read_saved(t.as_mut(), &layout).map_err(|source| TargetError::Open {
         target: storage::describe_all(&config.targets),
         source,
     })?;
+    let mut strangers = None;
+    let index = read.index.map(|mut index| {
+        strangers = drop_strangers(&mut index, t.as_mut(), &layout, &config.targets);
+        index.stats()
+    });
     Ok(Inspection {
         superblock: read.superblock,
-        index: read.index.map(|index| index.stats()),
+        index,
+        strangers,
     })
 }
 
@@ -193,12 +265,16 @@ type Restored = Option<(Extents, Option<persist::Superblock>)>;
 fn saved_index(name: &str, config: &KvCache, pool: &Pool) -> io::Result<(Index, Restored)> {
     let (capacity, bs) = (config.capacity, config.block_size);
     let loaded = pool.with(|t| {
+        let layout = Layout::of(config);
         let SavedRead {
             first,
             superblock: sb,
             index,
-        } = read_saved(t, &Layout::of(config))?;
+        } = read_saved(t, &layout)?;
         let loaded = index.map(|mut index| {
+            if let Some(strangers) = drop_strangers(&mut index, t, &layout, &config.targets) {
+                tracing::warn!(service = name, "kvcache targets {strangers}");
+            }
             // With checkpoints, the snapshot's blocks are kept while its superblock names them.
             let kept = match (&sb, config.checkpoint) {
                 (Ok(sb), Some(_)) => {
@@ -2808,6 +2884,72 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        for p in &paths {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+
+    /// A striped store whose second target is replaced by another store's: the values on
+    /// it go at the start, the others stay, none is read from the wrong drive.
+    #[test]
+    fn a_replaced_target_loses_its_values_at_the_start() {
+        let dir = std::env::temp_dir();
+        let paths: Vec<_> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|n| dir.join(format!("dpuflow-kv-{}-replaced-{n}", std::process::id())))
+            .collect();
+        for p in &paths {
+            let _ = std::fs::remove_file(p);
+        }
+        // Values of 10 kB (three blocks), five to a stripe of 16 blocks: some on each
+        // target. 36 of them fill blocks 1 to 108, so the saved index (its superblock
+        // names its blocks) goes to block 109, on the first target: were it on the
+        // replaced one, it would fail its checksum and the start be empty.
+        let value = |store: u32, i: u32| -> Vec<u8> {
+            (0..10_000u32)
+                .map(|j| ((store * 31 + i * 7 + j) % 251) as u8)
+                .collect()
+        };
+        for (store, pair) in [(0, &paths[..2]), (1, &paths[2..])] {
+            let svc = striped(pair, 4 << 20);
+            for i in 0..36 {
+                run(
+                    &svc,
+                    &[b"SET", format!("k{i}").as_bytes(), &value(store, i)],
+                );
+            }
+            svc.stop.store(true, Relaxed);
+            svc.shutdown();
+        }
+        // The first store's first target with the second store's second: `kv inspect`
+        // tells, then the start drops the values on it.
+        let swapped = striped_config(&[paths[0].clone(), paths[3].clone()]);
+        let inspected = inspect(&swapped).unwrap();
+        let strangers = inspected.strangers.expect("the replaced target found");
+        assert_eq!(strangers.targets, [storage::describe(&swapped.targets[1])]);
+        let svc = striped(&[paths[0].clone(), paths[3].clone()], 4 << 20);
+        let first = std::fs::read(&paths[0]).unwrap();
+        assert!(svc.restored_keys > 0, "the saved index is read");
+        let mut kept = 0;
+        for i in 0..36 {
+            let v = value(0, i);
+            let got = run(&svc, &[b"GET", format!("k{i}").as_bytes()]);
+            if first.windows(v.len()).any(|w| w == v) {
+                let mut expect = Vec::new();
+                reply::bulk(&mut expect, &v);
+                assert!(got == expect, "k{i}, wholly on the first target, is kept");
+                kept += 1;
+            } else {
+                assert_eq!(got, b"$-1\r\n", "k{i}, on the replaced target, is dropped");
+            }
+        }
+        assert!(kept > 0 && kept < 36, "{kept}");
+        assert_eq!(svc.restored_keys, kept);
+        assert_eq!(strangers.values as u64, 36 - kept);
+        assert_eq!(inspected.index.unwrap().keys, kept);
+        assert_eq!(svc.counters.corrupt_values.load(Relaxed), 0);
+        svc.stop.store(true, Relaxed);
+        svc.shutdown();
         for p in &paths {
             std::fs::remove_file(p).unwrap();
         }
