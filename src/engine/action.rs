@@ -17,9 +17,15 @@ pub struct EncapTemplate {
     v6: bool,
     /// Sum of the outer IPv4 header with total length and checksum zero.
     ip_sum: u32,
+    /// `bytes` again when they are [`SHORT_V4`] long, the common shape: copied and filled
+    /// in at places fixed when compiled, with no length to check.
+    short_v4: Option<[u8; SHORT_V4]>,
 }
 
 const IP_AT: usize = ethernet::HEADER_LEN;
+/// Outer headers over IPv4 with a tunnel header of 8 bytes (VXLAN, or Geneve without
+/// options).
+const SHORT_V4: usize = IP_AT + ipv4::MIN_HEADER_LEN + udp::HEADER_LEN + 8;
 
 impl EncapTemplate {
     pub fn new(e: &Encap) -> EncapTemplate {
@@ -86,6 +92,7 @@ impl EncapTemplate {
             ip_sum = checksum::sum(0, &b[IP_AT..IP_AT + ipv4::MIN_HEADER_LEN]);
         }
         EncapTemplate {
+            short_v4: if v6 { None } else { b[..].try_into().ok() },
             bytes: b.into_boxed_slice(),
             v6,
             ip_sum,
@@ -102,7 +109,17 @@ impl EncapTemplate {
 
     /// Prepends the outer headers. `hash` is the inner flow's hash, spread over the
     /// ephemeral range 49152–65535 as the UDP source port (RFC 7348 §5, RFC 8926 §3.3).
+    #[inline(always)]
     pub fn apply(&self, pkt: &mut PacketBuf, hash: u32) -> Result<(), DropReason> {
+        match &self.short_v4 {
+            Some(head) => self.apply_short_v4(head, pkt, hash),
+            None => self.apply_any(pkt, hash),
+        }
+    }
+
+    /// [`EncapTemplate::apply`] for any outer headers.
+    #[inline(never)]
+    fn apply_any(&self, pkt: &mut PacketBuf, hash: u32) -> Result<(), DropReason> {
         if !pkt.push_front(self.bytes.len()) {
             return Err(DropReason::NoHeadroom);
         }
@@ -143,6 +160,33 @@ impl EncapTemplate {
             );
             // UDP checksum zero over IPv4 (RFC 7348 §5).
         }
+        Ok(())
+    }
+
+    /// [`EncapTemplate::apply`] for outer headers of the common shape, `head`.
+    #[inline(always)]
+    fn apply_short_v4(
+        &self,
+        head: &[u8; SHORT_V4],
+        pkt: &mut PacketBuf,
+        hash: u32,
+    ) -> Result<(), DropReason> {
+        const UDP_AT: usize = IP_AT + ipv4::MIN_HEADER_LEN;
+        if !pkt.push_front(SHORT_V4) {
+            return Err(DropReason::NoHeadroom);
+        }
+        let ip_total = u16::try_from(pkt.len() - IP_AT).map_err(|_| DropReason::MtuExceeded)?;
+        let Some(b) = pkt.data_mut().first_chunk_mut::<SHORT_V4>() else {
+            return Err(DropReason::NoHeadroom);
+        };
+        *b = *head;
+        let udp_len = ip_total - ipv4::MIN_HEADER_LEN as u16;
+        b[UDP_AT..UDP_AT + 2].copy_from_slice(&(0xc000 | (hash as u16 & 0x3fff)).to_be_bytes());
+        b[UDP_AT + 4..UDP_AT + 6].copy_from_slice(&udp_len.to_be_bytes());
+        b[IP_AT + 2..IP_AT + 4].copy_from_slice(&ip_total.to_be_bytes());
+        let sum = !checksum::fold(self.ip_sum + u32::from(ip_total));
+        b[IP_AT + 10..IP_AT + 12].copy_from_slice(&sum.to_be_bytes());
+        // UDP checksum zero over IPv4 (RFC 7348 §5).
         Ok(())
     }
 }
@@ -396,5 +440,46 @@ fn rewrite(frame: &mut [u8], l: &Layers, field: Field, value: u128) {
             }
         }
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::PortId;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The common shape's fixed path writes what the general one does.
+        #[test]
+        fn the_short_path_writes_the_same_headers(
+            geneve in any::<bool>(),
+            vni in 0u32..1 << 24,
+            src in any::<[u8; 4]>(),
+            dst in any::<[u8; 4]>(),
+            ttl in 1u8..=255,
+            inner in 14usize..9000,
+            hash in any::<u32>(),
+        ) {
+            let e = Encap {
+                tunnel: if geneve { Tunnel::Geneve } else { Tunnel::Vxlan },
+                vni,
+                src: IpAddr::from(src),
+                dst: IpAddr::from(dst),
+                smac: [2, 0, 0, 0, 0, 1],
+                dmac: [2, 0, 0, 0, 0, 2],
+                udp_dst: if geneve { 6081 } else { 4789 },
+                ttl,
+                options: Vec::new(),
+            };
+            let t = EncapTemplate::new(&e);
+            let head = t.short_v4.expect("IPv4 without options is the short shape");
+            let frame: Vec<u8> = (0..inner).map(|i| i as u8).collect();
+            let (mut short, mut any) = (PacketBuf::new(9000), PacketBuf::new(9000));
+            short.load(&frame, PortId(0), 0);
+            any.load(&frame, PortId(0), 0);
+            prop_assert_eq!(t.apply_short_v4(&head, &mut short, hash), t.apply_any(&mut any, hash));
+            prop_assert_eq!(short.data(), any.data());
+        }
     }
 }
