@@ -548,18 +548,11 @@ impl Engine {
         }
     }
 
-    /// [`Engine::process`] for at most [`STAGE`] packets. The whole part is parsed
-    /// first, each packet's connection slot and flow prefetched (so the tables' cache
-    /// misses overlap instead of queueing) and batched root pipes looked up for all their
-    /// packets at once; each packet's parse result is read long after it was
-    /// written (a copy straight after the write stalls on store forwarding). Then the
-    /// packets run, and their flows are counted.
-    fn process_part<O: Observer>(&mut self, batch: &mut [PacketBuf], obs: &mut O) {
-        // At most STAGE packets (the caller's chunks), said so the compiler knows every
-        // packet's index is within the staging arrays and checks none.
-        debug_assert!(batch.len() <= STAGE);
-        let n = batch.len().min(STAGE);
-        let batch = &mut batch[..n];
+    /// Parses a part's packets into their slots and makes each one's lookups ahead: its
+    /// connection's slot, and the flow cache's probe of the packets it counts (those no
+    /// connection counts; with sampling, those selected); which are staged, as bits.
+    #[inline(always)]
+    fn stage(&mut self, batch: &[PacketBuf]) -> u32 {
         let mut flow_staged = 0u32;
         for (i, pkt) in batch.iter().enumerate() {
             let frame = pkt.data();
@@ -588,6 +581,64 @@ impl Engine {
                 }
             }
         }
+        flow_staged
+    }
+
+    /// [`Engine::stage`] for a flow cache that samples, with no connection tracking: the
+    /// packets it counts are picked for the whole part at once and probed after the parse,
+    /// so the others cost it nothing.
+    #[inline(always)]
+    fn stage_sampled(&mut self, batch: &[PacketBuf]) -> u32 {
+        for (i, pkt) in batch.iter().enumerate() {
+            self.parsed[i] = parse::parse_into(pkt.data(), &self.code.tunnels, &mut self.metas[i]);
+        }
+        let Some(flows) = &mut self.rt.flows else {
+            return 0;
+        };
+        let mut staged = 0u32;
+        // Every fragment, counted or not, notes its first one's ports for the later ones.
+        for (i, pkt) in batch.iter().enumerate() {
+            if let Some(m) = staged_meta(&self.metas, &self.parsed, i)
+                .ok()
+                .filter(|m| m.outer.fragment)
+            {
+                flows.probe_fragment(pkt.data(), &m.outer, pkt.ts_ns, &mut self.flow_probes[i]);
+            }
+        }
+        for i in staged_packets(flows.selects_of(batch.len())) {
+            let (pkt, probe) = (&batch[i], &mut self.flow_probes[i]);
+            let Ok(m) = staged_meta(&self.metas, &self.parsed, i) else {
+                continue;
+            };
+            if flows.probe(pkt.data(), m, pkt.port.0, probe) {
+                if m.outer.fragment {
+                    flows.probe_fragment(pkt.data(), &m.outer, pkt.ts_ns, probe);
+                }
+                staged |= 1 << i;
+            }
+        }
+        staged
+    }
+
+    /// [`Engine::process`] for at most [`STAGE`] packets. The whole part is parsed
+    /// first, each packet's connection slot and flow prefetched (so the tables' cache
+    /// misses overlap instead of queueing) and batched root pipes looked up for all their
+    /// packets at once; each packet's parse result is read long after it was
+    /// written (a copy straight after the write stalls on store forwarding). Then the
+    /// packets run, and their flows are counted.
+    fn process_part<O: Observer>(&mut self, batch: &mut [PacketBuf], obs: &mut O) {
+        // At most STAGE packets (the caller's chunks), said so the compiler knows every
+        // packet's index is within the staging arrays and checks none.
+        debug_assert!(batch.len() <= STAGE);
+        let n = batch.len().min(STAGE);
+        let batch = &mut batch[..n];
+        let sampled_alone =
+            self.rt.ct.is_none() && self.rt.flows.as_ref().is_some_and(FlowCache::samples);
+        let mut flow_staged = if sampled_alone {
+            self.stage_sampled(batch)
+        } else {
+            self.stage(batch)
+        };
         if let Some(ct) = &self.rt.ct {
             for probe in self.ct_hints[..batch.len()].iter().flatten() {
                 ct.prefetch_slot(probe);

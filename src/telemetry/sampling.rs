@@ -59,6 +59,24 @@ impl Sampler {
         true
     }
 
+    /// Which of the next `n` packets (at most 32) are selected, as bits (the first packet
+    /// bit 0): what offering them one by one to [`Sampler::selects`] gives, for a whole
+    /// batch at once.
+    #[inline]
+    pub fn selects_of(&mut self, n: u32) -> u32 {
+        debug_assert!(n <= 32);
+        let n = u64::from(n.min(32));
+        let (mut picked, mut at) = (0u32, 0u64);
+        while self.skip < n - at {
+            at += self.skip;
+            picked |= 1 << at;
+            at += 1;
+            self.skip = u64::from(self.rest) + u64::from(self.next_window());
+        }
+        self.skip -= n - at;
+        picked
+    }
+
     /// Draws the selected place in the next window; returns the packets before it, and
     /// notes those after it in `rest`.
     fn next_window(&mut self) -> u32 {
@@ -100,6 +118,22 @@ mod tests {
                 .collect();
             if interval > 1 {
                 prop_assert!(places.iter().any(|&p| p != places[0]), "{:?}", places);
+            }
+        }
+    }
+
+    proptest! {
+        /// A batch's selection is the packets' one by one.
+        #[test]
+        fn a_batch_selects_as_its_packets_would(
+            interval in 1u32..80,
+            seed in any::<u64>(),
+            batches in proptest::collection::vec(0u32..=32, 1..40),
+        ) {
+            let (mut one, mut batch) = (Sampler::new(interval, seed), Sampler::new(interval, seed));
+            for n in batches {
+                let picked = (0..n).fold(0u32, |m, i| m | u32::from(one.selects()) << i);
+                prop_assert_eq!(batch.selects_of(n), picked);
             }
         }
     }
