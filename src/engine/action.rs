@@ -201,6 +201,7 @@ fn to_v6(a: IpAddr) -> [u8; 16] {
 /// Removes the outer headers of `tunnel`, checking the header first: VXLAN needs the I
 /// flag and zero reserved bits; Geneve may not carry critical options dpuflow does not
 /// know (it knows none, RFC 8926 §3.5.1) and may not be an OAM frame.
+#[inline]
 pub fn decap(pkt: &mut PacketBuf, meta: &Meta, tunnel: Tunnel) -> Result<(), DropReason> {
     let Some(t) = meta.tunnel.filter(|t| t.kind == tunnel) else {
         return Err(DropReason::NotTunnelled);
