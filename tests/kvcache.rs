@@ -22,13 +22,14 @@ fn nbd_server(image: &str, port: u16) -> Running {
     nbd_server_with(image, port, &[])
 }
 
-/// [`nbd_server`] with more of qemu-nbd's options.
+/// [`nbd_server`] with more of qemu-nbd's options (which come last, so override).
 fn nbd_server_with(image: &str, port: u16, options: &[&str]) -> Running {
     let child = Command::new("qemu-nbd")
         .args(["-f", "raw", "-x", "kv", "-b", "127.0.0.1", "-p"])
         .arg(port.to_string())
+        .args(["--persistent", "--shared=8"])
         .args(options)
-        .args(["--persistent", "--shared=8", image])
+        .arg(image)
         .stderr(Stdio::null())
         .spawn()
         .expect("`qemu-nbd` is required (scripts/test installs qemu-utils)");
@@ -1068,6 +1069,32 @@ fn inspecting_a_target_says_what_its_next_start_restores() {
     assert!(said.contains("4 keys (1 expiring)"), "{said}");
     let kv = KvService::start_with(&dir, &target, "8MiB", "checkpoint 1s");
     assert_eq!(kv.cli(&["DBSIZE"]).trim(), "4");
+    assert_eq!(kv.terminate(), 0);
+}
+
+/// With the service holding every connection qemu-nbd serves, `dpuflow kv inspect` fails
+/// within seconds and says why, instead of waiting for a handshake that does not come.
+#[test]
+fn inspecting_a_target_that_serves_no_more_clients_says_so() {
+    let dir = Scratch::new("kv-inspect-full");
+    let image = dir.path("export.img");
+    std::fs::File::create(&image)
+        .and_then(|f| f.set_len(8 << 20))
+        .expect("image");
+    let port = free_port();
+    let _nbd = nbd_server_with(&image, port, &["--shared=1"]);
+    let target = format!("nbd://127.0.0.1:{port}/kv");
+    let kv = KvService::start_with(&dir, &target, "8MiB", "connections 1");
+    assert_eq!(kv.cli(&["SET", "k", "v"]).trim(), "OK");
+    let started = Instant::now();
+    let out = dpuflow(&["kv", "inspect", &dir.path("kv.pipe")]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains(&target) && said.contains("did not answer the handshake"),
+        "{said}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(20));
     assert_eq!(kv.terminate(), 0);
 }
 

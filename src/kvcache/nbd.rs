@@ -63,7 +63,20 @@ pub enum NbdError {
     /// the server broke the protocol
     #[error("protocol violation: {0}")]
     Protocol(&'static str),
+    /// the server took the connection but did not go through the handshake in time
+    #[error(
+        "the server took the connection but did not answer the handshake within {0:?}: it \
+         may serve no more clients (qemu-nbd serves one unless started with --shared=N, and \
+         a running service holds its `connections`)"
+    )]
+    Silent(Duration),
 }
+
+/// How long a server that took the connection may take over the handshake: one that
+/// serves no more clients (qemu-nbd at its `--shared` limit) takes it and says nothing,
+/// and a start or `dpuflow kv inspect` would otherwise wait out the request timeout and
+/// report only that a read timed out.
+const HANDSHAKE_WAIT: Duration = Duration::from_secs(5);
 
 /// What `NBD_OPT_GO` told of the export.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,11 +254,31 @@ fn handshake(s: &mut (impl Read + Write), export: &str) -> Result<Export, NbdErr
 
 impl NbdClient {
     pub fn connect(addr: SocketAddr, export: &str) -> Result<NbdClient, NbdError> {
+        NbdClient::connect_waiting(addr, export, HANDSHAKE_WAIT)
+    }
+
+    /// [`NbdClient::connect`], the handshake given `wait`.
+    fn connect_waiting(
+        addr: SocketAddr,
+        export: &str,
+        wait: Duration,
+    ) -> Result<NbdClient, NbdError> {
         let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
         stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(wait))?;
+        let export = handshake(&mut stream, export).map_err(|e| match e {
+            NbdError::Io(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                NbdError::Silent(wait)
+            }
+            e => e,
+        })?;
         // A target that stops answering fails the request instead of hanging it forever.
         stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-        let export = handshake(&mut stream, export)?;
         Ok(NbdClient {
             stream,
             export,
@@ -471,6 +504,25 @@ mod tests {
         s.extend_from_slice(&OPT_MAGIC.to_be_bytes());
         s.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
         s
+    }
+
+    /// A server that takes the connection and says nothing (qemu-nbd with every client it
+    /// serves taken) fails the connect with a reason, after the wait, not the request
+    /// timeout.
+    #[test]
+    fn a_silent_server_fails_the_handshake_in_time() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let held = std::thread::spawn(move || listener.accept().map(|(c, _)| c));
+        let wait = Duration::from_millis(200);
+        let started = std::time::Instant::now();
+        let Err(e) = NbdClient::connect_waiting(addr, "kv", wait) else {
+            panic!("a handshake with a server that said nothing");
+        };
+        assert!(matches!(e, NbdError::Silent(w) if w == wait), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(e.to_string().contains("--shared"), "{e}");
+        drop(held.join());
     }
 
     #[test]
