@@ -2,7 +2,8 @@
 //! flow records on: whatever the bytes, no panic; every forwarded frame parses (all but a
 //! tunnel inside it); the records of the flows seen are exported in messages under the MTU.
 //!
-//! Input: a byte choosing the pipeline, then frames, each as its port (one byte), the
+//! Input: a byte choosing the pipeline (its top bit set: the flow cache samples one packet
+//! in three), then frames, each as its port (one byte), the
 //! milliseconds since the one before (one byte), its length (two bytes, big-endian; the
 //! top bit set: its checksums are filled in first, so that pipelines verifying them take
 //! it further) and its bytes. A frame whose port is 255 reloads the pipeline its second
@@ -80,11 +81,15 @@ fuzz_target!(|bytes: &[u8]| {
     };
     let programs = programs();
     let (mut p, mut code) = {
-        let (p, code) = &programs[usize::from(which) % programs.len()];
+        let (p, code) = &programs[usize::from(which & 0x7f) % programs.len()];
         (p, code)
     };
+    let mut telemetry = p.telemetry.clone();
+    if which & 0x80 != 0 {
+        telemetry.sampling = 3;
+    }
     let mut engine = Engine::sharing(Arc::clone(code));
-    engine.enable_flows(&p.telemetry);
+    engine.enable_flows(&telemetry);
     let mut pkt = PacketBuf::new(9216);
     let mut now = 1_000_000_000u64;
     let mut filled = Vec::new();
@@ -129,7 +134,7 @@ fuzz_target!(|bytes: &[u8]| {
     let mut records = Vec::new();
     engine.take_flow_records(&mut records);
     engine.flush_flows(now + 1, &mut records);
-    let mut exporter = Exporter::new(1, 1472, 600, p.telemetry.sampling);
+    let mut exporter = Exporter::new(1, 1472, 600, telemetry.sampling);
     exporter.messages(&records, now / 1_000_000_000, &mut |m| {
         assert!(m.len() <= 1472)
     });
