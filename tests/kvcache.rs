@@ -1,6 +1,6 @@
-//! The KV-cache service with real peers: qemu-nbd and the Linux kernel's nvmet-tcp serve
-//! the storage targets; redis-cli, redis-benchmark and redis-py are the hosts putting and
-//! getting blocks.
+//! The KV-cache service with real peers: qemu-nbd, nbdkit (where a target must fail on
+//! cue) and the Linux kernel's nvmet-tcp serve the storage targets; redis-cli,
+//! redis-benchmark and redis-py are the hosts putting and getting blocks.
 
 mod common;
 use common::*;
@@ -24,24 +24,43 @@ fn nbd_server(image: &str, port: u16) -> Running {
 
 /// [`nbd_server`] with more of qemu-nbd's options (which come last, so override).
 fn nbd_server_with(image: &str, port: u16, options: &[&str]) -> Running {
-    let child = Command::new("qemu-nbd")
+    let mut qemu_nbd = Command::new("qemu-nbd");
+    qemu_nbd
         .args(["-f", "raw", "-x", "kv", "-b", "127.0.0.1", "-p"])
         .arg(port.to_string())
         .args(["--persistent", "--shared=8"])
         .args(options)
-        .arg(image)
+        .arg(image);
+    serving(qemu_nbd, port, "qemu-nbd", "qemu-utils")
+}
+
+/// nbdkit serving on `port`, as `args` say (its filters, plugin and their parameters):
+/// an NBD server whose faults a test can choose.
+fn nbdkit_server(port: u16, args: &[&str]) -> Running {
+    let mut nbdkit = Command::new("nbdkit");
+    nbdkit
+        .args(["--foreground", "--ipaddr", "127.0.0.1", "--port"])
+        .arg(port.to_string())
+        .args(args);
+    serving(nbdkit, port, "nbdkit", "nbdkit")
+}
+
+/// `server` (the tool `name`, from the Debian package `package`) started and listening on
+/// `port`.
+fn serving(mut server: Command, port: u16, name: &str, package: &str) -> Running {
+    let child = server
         .stderr(Stdio::null())
         .spawn()
-        .expect("`qemu-nbd` is required (scripts/test installs qemu-utils)");
-    let mut nbd = Running(child);
-    wait_for_port(port, "qemu-nbd");
+        .unwrap_or_else(|e| panic!("`{name}` is required (scripts/test installs {package}): {e}"));
+    let mut running = Running(child);
+    wait_for_port(port, name);
     // Something else answering on the port (taken between picking and binding it) would
     // make every later failure a puzzle.
     assert!(
-        nbd.0.try_wait().expect("qemu-nbd's status").is_none(),
-        "qemu-nbd exited: port {port} taken?"
+        running.0.try_wait().expect("the server's status").is_none(),
+        "{name} exited: port {port} taken?"
     );
-    nbd
+    running
 }
 
 /// `dpuflow run` on a pipeline whose only work is the KV-cache service.
@@ -870,6 +889,60 @@ fn deleted_values_are_trimmed_on_an_nbd_target() {
     let target = format!("nbd://127.0.0.1:{port}/kv");
     let kv = KvService::start_with(&dir, &target, "32MiB", "discard on  checkpoint 1s");
     deleted_values_are_discarded(&kv, &image);
+    assert_eq!(kv.terminate(), 0);
+}
+
+/// A target that fails every discard (nbdkit's error filter answering each trim with
+/// EIO): each failure is counted, none fails a client's request, and the freed blocks are
+/// used again, undiscarded, for values that read back.
+#[test]
+fn discards_a_target_fails_are_counted_and_the_blocks_used_again() {
+    let dir = Scratch::new("kv-discard-refused");
+    let image = image(&dir, 64);
+    let port = free_port();
+    let args = [
+        "--filter=error",
+        "file",
+        &image,
+        "error=EIO",
+        "error-trim-rate=100%",
+    ];
+    let _nbd = nbdkit_server(port, &args);
+    let target = format!("nbd://127.0.0.1:{port}/kv");
+    let kv = KvService::start_with(&dir, &target, "32MiB", "discard on  checkpoint off");
+    let failures = "dpuflow_kvcache_discard_failures_total{service=\"kvcache\"}";
+    // Four rounds of 12 MB through a 32 MiB store: the later ones take blocks the earlier
+    // ones freed.
+    for round in 0..4u64 {
+        let blocks: Vec<Vec<u8>> = (0..6).map(|i| value(2_000_000, round * 10 + i)).collect();
+        for (i, b) in blocks.iter().enumerate() {
+            let key = format!("layer{i}");
+            assert_eq!(kv.cli_with(&["-x", "SET", &key], b).trim(), "OK");
+        }
+        layers_read_back(&kv, &blocks);
+        for i in 0..blocks.len() {
+            assert_eq!(kv.cli(&["DEL", &format!("layer{i}")]).trim(), "1");
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while kv.metric(failures) <= round {
+            assert!(
+                Instant::now() < deadline,
+                "no discard failed in round {round}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    assert_eq!(
+        kv.metric("dpuflow_kvcache_discarded_bytes_total{service=\"kvcache\"}"),
+        0
+    );
+    assert_eq!(
+        kv.metric("dpuflow_kvcache_storage_errors_total{service=\"kvcache\"}"),
+        0
+    );
+    let on_target =
+        format!("dpuflow_kvcache_target_errors_total{{service=\"kvcache\",target=\"{target}\"}}");
+    assert!(kv.metric(&on_target) >= 4);
     assert_eq!(kv.terminate(), 0);
 }
 
