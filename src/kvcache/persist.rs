@@ -95,22 +95,17 @@ impl Layout {
             },
         }
     }
-}
 
-impl Layout {
-    /// Flags in `on`, one for each target (`on` as long as there are targets), the
-    /// targets `extents`' blocks lie on.
-    fn targets_of(&self, extents: &Extents, on: &mut [bool]) {
-        let n = on.len() as u64;
+    /// The stripes `extents`' blocks lie in, each as the target that holds it (a target
+    /// may come more than once; as many stripes in a row as there are targets touch every
+    /// target, so a run names no more).
+    fn targets_of<'a>(&self, extents: &'a Extents) -> impl Iterator<Item = usize> + 'a {
+        let n = u64::from(self.targets.max(1));
         let stripe = u64::from(self.stripe_blocks.max(1));
-        on.fill(false);
-        for (first, count) in extents.runs() {
+        extents.runs().flat_map(move |(first, count)| {
             let (from, to) = (first / stripe, (first + count - 1) / stripe);
-            // n stripes in a row touch every target.
-            for s in from..=to.min(from + n - 1) {
-                on[(s % n) as usize] = true;
-            }
-        }
+            (from..=to.min(from + n - 1)).map(move |s| (s % n) as usize)
+        })
     }
 }
 
@@ -143,7 +138,6 @@ pub fn strangers(
     }
     let mut known = vec![Known::InDoubt; n];
     known[0] = Known::Trusted;
-    let mut on = vec![false; n];
     let mut progress = true;
     while progress {
         progress = false;
@@ -156,13 +150,12 @@ pub fn strangers(
                 if e.checksum().is_none() || e.inline().is_some() {
                     continue;
                 }
-                layout.targets_of(e, &mut on);
-                let tried = on[t]
-                    && on
-                        .iter()
-                        .zip(&known)
-                        .enumerate()
-                        .all(|(i, (&on, &k))| !on || i == t || k == Known::Trusted);
+                let (mut on_t, mut on_doubt) = (false, false);
+                for i in layout.targets_of(e) {
+                    on_t |= i == t;
+                    on_doubt |= i != t && known[i] != Known::Trusted;
+                }
+                let tried = on_t && !on_doubt;
                 if tried {
                     let at = samples.partition_point(|s| s.len() <= e.len());
                     samples.insert(at, e);
@@ -186,9 +179,7 @@ pub fn strangers(
 /// Whether `extents` has a block on one of the `targets` (flags, one for each target) of a
 /// store laid out as `layout`.
 pub fn lies_on(layout: &Layout, extents: &Extents, targets: &[bool]) -> bool {
-    let mut on = vec![false; targets.len()];
-    layout.targets_of(extents, &mut on);
-    on.iter().zip(targets).any(|(&a, &b)| a && b)
+    layout.targets_of(extents).any(|t| targets[t])
 }
 
 impl std::fmt::Display for Layout {
