@@ -767,9 +767,9 @@ impl Index {
         self.map.keys().map(|k| &k[..])
     }
 
-    /// Every value held, its key beside it, in no particular order (recency unchanged).
-    pub fn values(&self) -> impl Iterator<Item = (&[u8], &Extents)> {
-        self.map.iter().map(|(k, e)| (&k[..], &*e.extents))
+    /// Every value held, in no particular order (recency unchanged).
+    pub fn values(&self) -> impl Iterator<Item = &Extents> {
+        self.map.values().map(|e| &*e.extents)
     }
 
     /// Removes every key whose value `drop` picks; how many it removed.

@@ -146,7 +146,7 @@ pub fn strangers(
                 continue;
             }
             let mut samples: Vec<&Extents> = Vec::with_capacity(SAMPLES + 1);
-            for (_, e) in index.values() {
+            for e in index.values() {
                 if e.checksum().is_none() || e.inline().is_some() {
                     continue;
                 }
