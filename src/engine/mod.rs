@@ -585,10 +585,10 @@ impl Engine {
     }
 
     /// [`Engine::stage`] for a flow cache that samples, with no connection tracking: the
-    /// packets it counts are picked for the whole part at once and probed after the parse,
+    /// packets it counts, `picked` for the whole part at once, are probed after the parse,
     /// so the others cost it nothing.
     #[inline(always)]
-    fn stage_sampled(&mut self, batch: &[PacketBuf]) -> u32 {
+    fn stage_sampled(&mut self, batch: &[PacketBuf], picked: u32) -> u32 {
         for (i, pkt) in batch.iter().enumerate() {
             self.parsed[i] = parse::parse_into(pkt.data(), &self.code.tunnels, &mut self.metas[i]);
         }
@@ -605,7 +605,7 @@ impl Engine {
                 flows.probe_fragment(pkt.data(), &m.outer, pkt.ts_ns, &mut self.flow_probes[i]);
             }
         }
-        for i in staged_packets(flows.selects_of(batch.len())) {
+        for i in staged_packets(picked) {
             let (pkt, probe) = (&batch[i], &mut self.flow_probes[i]);
             let Ok(m) = staged_meta(&self.metas, &self.parsed, i) else {
                 continue;
@@ -632,12 +632,13 @@ impl Engine {
         debug_assert!(batch.len() <= STAGE);
         let n = batch.len().min(STAGE);
         let batch = &mut batch[..n];
-        let sampled_alone =
-            self.rt.ct.is_none() && self.rt.flows.as_ref().is_some_and(FlowCache::samples);
-        let mut flow_staged = if sampled_alone {
-            self.stage_sampled(batch)
-        } else {
-            self.stage(batch)
+        let sampled_picks = match (&mut self.rt.flows, &self.rt.ct) {
+            (Some(flows), None) => flows.samples_of(n),
+            _ => None,
+        };
+        let mut flow_staged = match sampled_picks {
+            Some(picked) => self.stage_sampled(batch, picked),
+            None => self.stage(batch),
         };
         if let Some(ct) = &self.rt.ct {
             for probe in self.ct_hints[..batch.len()].iter().flatten() {

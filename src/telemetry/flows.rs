@@ -419,20 +419,12 @@ impl FlowCache {
         self.sampler.as_mut().is_none_or(Sampler::selects)
     }
 
-    /// Whether it counts a sample of the packets rather than each.
-    pub fn samples(&self) -> bool {
-        self.sampler.is_some()
-    }
-
-    /// Which of a batch of `n` packets (at most 32) are to be counted, as bits (packet `i`
-    /// bit `i`): each, or those the sampler selects. For a batch offered whole, in place of
-    /// [`FlowCache::selects`] for each packet.
+    /// When it samples, which of a batch of `n` packets (at most 32) it counts, as bits
+    /// (packet `i` bit `i`): for a batch offered whole, in place of
+    /// [`FlowCache::selects`] for each packet. `None` when it counts every packet.
     #[inline]
-    pub fn selects_of(&mut self, n: usize) -> u32 {
-        match &mut self.sampler {
-            Some(s) => s.selects_of(n as u32),
-            None => u32::MAX.checked_shr(32 - n.min(32) as u32).unwrap_or(0),
-        }
+    pub fn samples_of(&mut self, n: usize) -> Option<u32> {
+        self.sampler.as_mut().map(|s| s.selects_of(n as u32))
     }
 
     /// Writes the probe of a parsed packet to `probe` (`false` for non-IP packets): its
