@@ -255,6 +255,10 @@ pub enum Unusable {
     /// the superblock is damaged
     #[error("the saved index's superblock is damaged")]
     Damaged,
+    /// the superblock is in a format later than this build's: a newer build saved it, and
+    /// this one (a rollback) cannot read it
+    #[error("saved by a newer dpuflow (index format {version}; this build reads formats 1 to {VERSION})")]
+    Newer { version: u32 },
     /// the index was taken at the last start and not saved since (the service did not stop
     /// cleanly)
     #[error("the last run did not stop cleanly")]
@@ -321,6 +325,9 @@ impl Superblock {
                 .collect()
         };
         let version = u32_at(16);
+        if version > VERSION {
+            return Err(Unusable::Newer { version });
+        }
         if fields_of(version).is_none() {
             return Err(Unusable::Damaged);
         }
@@ -667,6 +674,17 @@ mod tests {
         bad[33] ^= 1;
         assert_eq!(Superblock::decode(&bad), Err(Unusable::Damaged));
         assert_eq!(Superblock::decode(&[0; 512]), Err(Unusable::Missing));
+        // A later format is not taken for damage: its layout is unknown, so is its checksum.
+        let mut newer = save.superblock.clone();
+        newer[16..20].copy_from_slice(&(VERSION + 1).to_le_bytes());
+        assert_eq!(
+            Superblock::decode(&newer),
+            Err(Unusable::Newer {
+                version: VERSION + 1
+            })
+        );
+        newer[16..20].fill(0);
+        assert_eq!(Superblock::decode(&newer), Err(Unusable::Damaged));
     }
 
     /// Once keys have churned, free blocks are scattered: the snapshot takes the longest

@@ -309,7 +309,8 @@ fn saved_index(name: &str, config: &KvCache, pool: &Pool) -> io::Result<(Index, 
         }
         Err(persist::Unusable::Missing) => (Index::new(capacity, bs), None),
         Err(why) => {
-            tracing::info!(service = name, %why, "kvcache starts empty");
+            // A saved index given up is a cache lost: said as a warning.
+            tracing::warn!(service = name, %why, "kvcache starts empty");
             (Index::new(capacity, bs), None)
         }
     };
