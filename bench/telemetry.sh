@@ -3,6 +3,10 @@
 # the benchmark's synthetic traffic through one worker while this script scrapes
 # /metrics every second; the rate is the growth of dpuflow_port_received_packets_total
 # over the measured seconds. "On" adds IPFIX export (to a UDP sink on 127.0.0.1).
+# Beside the rate, the worker thread's CPU time a packet (user and system, from
+# /proc/PID/task/*/stat over the same seconds), compared as off/on: when it is about
+# 1 s over the rate, the worker is what limits the service (its waits for the I/O thread
+# count too: crossbeam's receive spins before it sleeps).
 # Also prints the engine alone (`dpuflow bench` with and without --telemetry).
 # The default pipeline keeps its flows in the flow cache; bench/conntrack.pipe (port a)
 # tracks connections, whose entries then hold the flow records. With SAMPLING N the flow
@@ -43,22 +47,36 @@ received() {
         sed -n "s/^dpuflow_port_received_packets_total{port=\"$port\"} \\([0-9]*\\)\$/\\1/p"
 }
 
-# Prints the service's packets per second over `seconds`, after two seconds of warm-up.
+# CPU clock ticks (user and system) the worker threads of process $1 have used.
+worker_ticks() {
+    local t sum=0
+    for t in /proc/"$1"/task/*; do
+        case $(cat "$t/comm" 2>/dev/null) in
+        worker-*) sum=$((sum + $(awk '{print $14 + $15}' "$t/stat"))) ;;
+        esac
+    done
+    echo "$sum"
+}
+
+# Prints the service's packets per second over `seconds`, after two seconds of warm-up,
+# and its workers' CPU nanoseconds a packet.
 service() {
-    local addr=127.0.0.1:$((20000 + RANDOM % 20000)) extra=("$@") pid a b
+    local addr=127.0.0.1:$((20000 + RANDOM % 20000)) extra=("$@") pid a b ta tb
     "$bin" run "$pipe" --in "$port=$dir/traffic.pcap" --loop --workers 1 \
         --metrics "$addr" "${extra[@]}" 2>/dev/null &
     pid=$!
     until received "$addr" >/dev/null 2>&1; do sleep 0.1; done
     sleep 2
     a=$(received "$addr")
+    ta=$(worker_ticks "$pid")
     for _ in $(seq "$seconds"); do
         sleep 1
         b=$(received "$addr")
     done
+    tb=$(worker_ticks "$pid")
     kill -TERM "$pid"
     wait "$pid"
-    echo $(( (b - a) / seconds ))
+    echo $(( (b - a) / seconds )) "$(echo "($tb - $ta) * 1000000000 / $(getconf CLK_TCK) / ($b - $a)" | bc -l)"
 }
 
 engine() {
@@ -66,13 +84,14 @@ engine() {
         sed -n 's/.*: \([0-9.]*\) Mpps.*/\1/p'
 }
 
-printf '%-6s %14s %14s %7s %12s %12s %7s\n' round "service off" "service on" ratio \
-    "engine off" "engine on" ratio
+printf '%-6s %14s %14s %7s %9s %9s %7s %12s %12s %7s\n' round "service off" "service on" \
+    ratio "worker ns/pkt off" "on" ratio "engine off" "engine on" ratio
 for r in $(seq "$rounds"); do
-    off=$(service)
-    on=$(service --ipfix "$ipfix" --ipfix-sampling "$sampling")
+    read -r off noff <<<"$(service)"
+    read -r on non <<<"$(service --ipfix "$ipfix" --ipfix-sampling "$sampling")"
     eoff=$(engine)
     eon=$(engine --telemetry --ipfix-sampling "$sampling")
-    printf '%-6s %14s %14s %7.3f %12s %12s %7.3f\n' "$r" "$off" "$on" \
-        "$(echo "$on / $off" | bc -l)" "$eoff" "$eon" "$(echo "$eon / $eoff" | bc -l)"
+    printf '%-6s %14s %14s %7.3f %9.2f %9.2f %7.3f %12s %12s %7.3f\n' "$r" "$off" "$on" \
+        "$(echo "$on / $off" | bc -l)" "$noff" "$non" "$(echo "$noff / $non" | bc -l)" \
+        "$eoff" "$eon" "$(echo "$eon / $eoff" | bc -l)"
 done
