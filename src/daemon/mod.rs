@@ -59,7 +59,7 @@ use crate::telemetry::http::{self, Handler};
 use crate::telemetry::ipfix::Exporter;
 use crate::telemetry::metrics::{self, Info, ServiceState};
 use crate::telemetry::{ExportStats, Latency, Snapshot, WarnThrottle};
-use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Select, Sender, TrySendError};
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TrySendError};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -1442,20 +1442,21 @@ fn send(
             Err(TrySendError::Disconnected(_)) => return Ok(false),
             Err(TrySendError::Full(b)) => batch = b,
         }
-        let mut sel = Select::new();
-        let (sending, receiving) = (sel.send(to), sel.recv(done));
-        let op = sel.select();
-        match op.index() {
-            i if i == sending => return Ok(op.send(to, batch).is_ok()),
-            i if i == receiving => match op.recv(done) {
-                Ok(p) => out.write(p)?,
-                // No worker left to send anything back: this one is gone too.
-                Err(_) => return Ok(false),
-            },
-            _ => unreachable!("two operations were selected from"),
+        // The worker is [`QUEUE`] batches behind: it makes room as it takes the next,
+        // just after handing one back, so the wait is for a processed batch (or a moment,
+        // to look again). Not a select over both: that builds its list of operations each
+        // time, an allocation a batch while the workers are the bottleneck.
+        match done.recv_timeout(ROOM_WAIT) {
+            Ok(p) => out.write(p)?,
+            Err(RecvTimeoutError::Timeout) => {}
+            // No worker left to send anything back: this one is gone too.
+            Err(RecvTimeoutError::Disconnected) => return Ok(false),
         }
     }
 }
+
+/// How long [`send`] waits for a processed batch before it looks for room again.
+const ROOM_WAIT: Duration = Duration::from_millis(1);
 
 /// The ports the I/O thread starts with, by port.
 struct StartingPorts {

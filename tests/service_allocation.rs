@@ -1,0 +1,147 @@
+//! The service allocates nothing per packet or per batch: `dpuflow run`'s threads (the one
+//! reading captures, the worker, the IPFIX exporter) loop a capture of the benchmark's
+//! traffic with flow records exported, and an allocator counting every thread's
+//! allocations watches two seconds of it once it is warm. What is left are timers' work
+//! (counters published every 100 ms, records handed to the exporter every second and the
+//! messages it sends), tens a second, where one a batch would be a hundred thousand.
+//!
+//! Its own test binary: the count is of the whole process, and the service stops on the
+//! SIGTERM the test sends the process.
+
+// A global allocator is an `unsafe impl`: this file exists to count allocations.
+#![allow(unsafe_code)]
+
+use dpuflow::daemon::{self, Options};
+use dpuflow::ir::{PortId, Program};
+use dpuflow::replay::Bindings;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// The system allocator, counting allocations while [`COUNTING`] is set.
+struct Counting;
+
+// SAFETY: every call is passed to the system allocator unchanged; the count is two
+// atomics, which allocate nothing.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        // SAFETY: the caller's guarantees for `layout` are the system allocator's.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        // SAFETY: as for `alloc`.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note_allocation();
+        // SAFETY: `ptr` came from this allocator, which is the system's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from this allocator, which is the system's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn note_allocation() {
+    if COUNTING.load(Relaxed) {
+        ALLOCATIONS.fetch_add(1, Relaxed);
+    }
+}
+
+fn program(path: &str) -> Program {
+    let checked = dpuflow::lang::check_file(Path::new(path)).expect("readable pipeline");
+    assert!(!checked.has_errors(), "{path}:\n{}", checked.render());
+    checked.program.expect("a program")
+}
+
+/// A capture of one packet of each of `flows` flows arriving on `port`, 1 µs apart.
+fn capture(program: &Program, port: PortId, flows: u32, path: &Path) {
+    let frames = dpuflow::traffic::generate(program, port, 64, flows);
+    let mut w = dpuflow::io::pcap::CaptureWriter::create(path).expect("capture created");
+    for (i, f) in frames.iter().enumerate() {
+        w.write(1_000_000_000 + i as u64 * 1000, f)
+            .expect("frame written");
+    }
+    w.finish().expect("capture written");
+}
+
+const WARM: Duration = Duration::from_millis(1500);
+const WATCHED: Duration = Duration::from_secs(2);
+/// Allocations allowed in [`WATCHED`]: the timers' (see the file's comment).
+const MOST: u64 = 400;
+
+#[test]
+fn a_looping_service_exporting_flows_allocates_nothing_per_packet() {
+    let path = "pipelines/vxlan-gateway.pipe";
+    let program = program(path);
+    let port = PortId(
+        program
+            .ports
+            .iter()
+            .position(|p| p.name == "host")
+            .expect("port host") as u16,
+    );
+    let dir = std::env::temp_dir().join(format!("dpuflow-service-alloc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch directory");
+    let input: PathBuf = dir.join("host.pcap");
+    capture(&program, port, 4096, &input);
+    // The export goes to a socket nobody reads: its sends succeed until its buffer fills,
+    // then fail, counted, as with a collector that has gone.
+    let sink = std::net::UdpSocket::bind("127.0.0.1:0").expect("sink");
+    let collector = sink.local_addr().expect("sink address");
+    let opts = Options {
+        pipeline: daemon::PipelineFile {
+            path: PathBuf::from(path),
+            telemetry: Default::default(),
+        },
+        bindings: Bindings {
+            inputs: vec![(port, input)],
+            outputs: vec![],
+        },
+        metrics: None,
+        ipfix: Some(dpuflow::telemetry::collector::Destination {
+            address: collector,
+            name: None,
+        }),
+        workers: Some(1),
+        cpus: None,
+        rate: None,
+        looping: true,
+        batch: 256,
+        wait_for_interfaces: false,
+    };
+    let service = std::thread::spawn(move || daemon::run(program, 0.0, opts));
+    std::thread::sleep(WARM);
+    assert!(!service.is_finished(), "the service stopped early");
+    COUNTING.store(true, Relaxed);
+    std::thread::sleep(WATCHED);
+    COUNTING.store(false, Relaxed);
+    let allocations = ALLOCATIONS.load(Relaxed);
+    // A signal to this process, which the service's handler turns into a graceful stop.
+    let me = std::process::id().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &me])
+        .status()
+        .expect("kill runs");
+    assert!(killed.success());
+    let stopped = service.join().expect("service thread");
+    assert!(stopped.is_ok(), "{stopped:?}");
+    std::fs::remove_dir_all(&dir).expect("scratch removed");
+    assert!(
+        allocations <= MOST,
+        "{allocations} allocations in {WATCHED:?} of steady looping (at most {MOST})"
+    );
+}
