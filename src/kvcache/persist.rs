@@ -683,6 +683,10 @@ mod tests {
                 version: VERSION + 1
             })
         );
+        assert_eq!(
+            Unusable::Newer { version: 5 }.to_string(),
+            "saved by a newer dpuflow (index format 5; this build reads formats 1 to 4)"
+        );
         newer[16..20].fill(0);
         assert_eq!(Superblock::decode(&newer), Err(Unusable::Damaged));
     }
