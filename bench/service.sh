@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The service's packet rate, builds side by side: `dpuflow run PIPELINE --loop --workers
 # WORKERS` loops a capture of the benchmark's synthetic traffic (4096 flows, written by
-# `dpuflow bench --write`) in on PORT and writes what leaves OUT to /dev/null; the rate is
+# `dpuflow bench --write`) in on PORT and writes what leaves OUT to /dev/null (OUT `none`:
+# nothing written, so with one worker no packet is dealt or written back); the rate is
 # the growth of dpuflow_port_received_packets_total over SECONDS, after two seconds of
 # warm-up. Each round runs every build named in turn; prints each build's rates and
 # median. Needs curl.
@@ -30,7 +31,9 @@ declare -A rates
 for round in $(seq "$rounds"); do
     for i in "${!builds[@]}"; do
         addr=127.0.0.1:$(free_port)
-        "${builds[$i]}" run "$pipe" --in "$port=$dir/traffic.pcap" --out "$out=/dev/null" \
+        output=(--out "$out=/dev/null")
+        [ "$out" = none ] && output=()
+        "${builds[$i]}" run "$pipe" --in "$port=$dir/traffic.pcap" "${output[@]}" \
             --loop --workers "$workers" --metrics "$addr" 2>/dev/null &
         pid=$!
         until received "$addr" >/dev/null 2>&1; do sleep 0.1; done
