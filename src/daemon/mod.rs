@@ -1701,14 +1701,13 @@ impl<'s> Worker<'s> {
         let Some(mut s) = locked else {
             return false;
         };
-        *s = Snapshot {
-            stats: self.engine.stats().clone(),
-            conntrack: self.engine.conntrack().map(|c| c.stats),
-            flows: self.engine.flow_stats(),
-            export: None,
-            latency: self.latency.clone(),
-            generation: self.generation,
-        };
+        // Into the vectors of the last publish (counts are published every 100 ms).
+        s.stats.clone_from(self.engine.stats());
+        s.conntrack = self.engine.conntrack().map(|c| c.stats);
+        s.flows = self.engine.flow_stats();
+        s.export = None;
+        s.latency = self.latency.clone();
+        s.generation = self.generation;
         true
     }
 

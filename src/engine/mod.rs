@@ -83,12 +83,29 @@ impl Counter {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct PortStats {
     pub rx: Counter,
     pub tx: Counter,
     /// Drops of packets received on this port, indexed by `DropReason as usize`.
     pub drops: Vec<u64>,
+}
+
+/// By hand for `clone_from`, which copies into the vectors already there: a worker
+/// publishes its counts every 100 ms into the copy it published last, allocating nothing.
+impl Clone for PortStats {
+    fn clone(&self) -> Self {
+        PortStats {
+            rx: self.rx,
+            tx: self.tx,
+            drops: self.drops.clone(),
+        }
+    }
+
+    fn clone_from(&mut self, source: &Self) {
+        (self.rx, self.tx) = (source.rx, source.tx);
+        self.drops.clone_from(&source.drops);
+    }
 }
 
 impl PortStats {
@@ -102,7 +119,7 @@ impl PortStats {
 }
 
 /// Everything the engine counts.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct Stats {
     pub ports: Vec<PortStats>,
     /// Per pipe: one counter per rule or table entry, then one for the default.
@@ -110,6 +127,25 @@ pub struct Stats {
     /// Per meter: green, yellow, red packets.
     pub meters: Vec<[u64; 3]>,
     pub services: Vec<Counter>,
+}
+
+/// By hand for `clone_from` (see [`PortStats`]'s).
+impl Clone for Stats {
+    fn clone(&self) -> Self {
+        Stats {
+            ports: self.ports.clone(),
+            entries: self.entries.clone(),
+            meters: self.meters.clone(),
+            services: self.services.clone(),
+        }
+    }
+
+    fn clone_from(&mut self, source: &Self) {
+        self.ports.clone_from(&source.ports);
+        self.entries.clone_from(&source.entries);
+        self.meters.clone_from(&source.meters);
+        self.services.clone_from(&source.services);
+    }
 }
 
 /// Watches a packet's walk through the pipeline (`dpuflow trace`). The engine is generic
@@ -1037,4 +1073,41 @@ fn exec(
         Action::ToService(s) => return Ok(Some(Next::Done(Verdict::Service(*s)))),
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A publish copies the counts into the vectors of the last one, whatever their shape
+    /// (a reload changes the pipes and their entries): the copy equals the counts.
+    #[test]
+    fn stats_copied_over_another_shape_equal_their_source() {
+        let counter = |n| Counter {
+            packets: n,
+            bytes: 64 * n,
+        };
+        let port = PortStats {
+            rx: counter(3),
+            tx: counter(2),
+            drops: vec![1, 0, 4],
+        };
+        let source = Stats {
+            ports: vec![port.clone(), PortStats::default()],
+            entries: vec![vec![counter(1), counter(5)], vec![counter(7)]],
+            meters: vec![[1, 2, 3]],
+            services: vec![counter(9)],
+        };
+        let mut last = Stats {
+            ports: vec![PortStats::default(), port.clone(), port],
+            entries: vec![vec![counter(0); 4]],
+            meters: vec![],
+            services: vec![counter(1); 2],
+        };
+        last.clone_from(&source);
+        assert_eq!(last, source);
+        let mut first = Stats::default();
+        first.clone_from(&source);
+        assert_eq!(first, source);
+    }
 }
