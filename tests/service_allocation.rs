@@ -2,7 +2,7 @@
 //! reading captures, the worker, the IPFIX exporter) loop a capture of the benchmark's
 //! traffic with flow records exported, and an allocator counting every thread's
 //! allocations watches two seconds of it once it is warm. What is left is the records'
-//! hand-off to the exporter, once a second (4 allocations in the two seconds), where one
+//! hand-off to the exporter, once a second (4 to 7 allocations in the two seconds), where one
 //! a batch would be a hundred thousand.
 //!
 //! Its own test binary: the count is of the whole process, and the service stops on the
