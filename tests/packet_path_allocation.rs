@@ -6,13 +6,11 @@
 //! the count starts. The steady phase spaces packets 1 ms apart, so flows reach their
 //! active timeout and the sweeps make records as the service's workers do.
 
-// A global allocator is an `unsafe impl`: this file exists to count allocations.
-#![allow(unsafe_code)]
+mod counting;
 
 use dpuflow::engine::{Engine, NoObserver, PacketBuf};
 use dpuflow::ir::{PortId, Program};
 use dpuflow::traffic::{Conversations, Cycle, Source};
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::path::Path;
 
@@ -22,39 +20,10 @@ thread_local! {
     static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
 }
 
-/// The system allocator, counting the allocations of threads that ask it to.
-struct Counting;
-
-// SAFETY: every call is passed to the system allocator unchanged; the count is a
-// thread-local cell, which allocates nothing itself (const-initialized, no destructor).
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
-        // SAFETY: the caller's guarantees for `layout` are the system allocator's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
-        // SAFETY: as for `alloc`.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note_allocation();
-        // SAFETY: `ptr` came from this allocator, which is the system's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from this allocator, which is the system's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static ALLOCATOR: counting::Counting = counting::Counting(note_allocation);
 
+/// Counts an allocation of this thread while it counts.
 fn note_allocation() {
     // `try_with`: a thread being torn down has no cells left, and is not counted.
     let _ = COUNTING.try_with(|c| {

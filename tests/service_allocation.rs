@@ -8,13 +8,11 @@
 //! Its own test binary: the count is of the whole process, and the service stops on the
 //! SIGTERM the test sends the process.
 
-// A global allocator is an `unsafe impl`: this file exists to count allocations.
-#![allow(unsafe_code)]
+mod counting;
 
 use dpuflow::daemon::{self, Options};
 use dpuflow::ir::{PortId, Program};
 use dpuflow::replay::Bindings;
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
@@ -22,39 +20,10 @@ use std::time::Duration;
 static COUNTING: AtomicBool = AtomicBool::new(false);
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
-/// The system allocator, counting allocations while [`COUNTING`] is set.
-struct Counting;
-
-// SAFETY: every call is passed to the system allocator unchanged; the count is two
-// atomics, which allocate nothing.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
-        // SAFETY: the caller's guarantees for `layout` are the system allocator's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
-        // SAFETY: as for `alloc`.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note_allocation();
-        // SAFETY: `ptr` came from this allocator, which is the system's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from this allocator, which is the system's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static ALLOCATOR: counting::Counting = counting::Counting(note_allocation);
 
+/// Counts an allocation of any thread while [`COUNTING`] is set.
 fn note_allocation() {
     if COUNTING.load(Relaxed) {
         ALLOCATIONS.fetch_add(1, Relaxed);
