@@ -11,10 +11,12 @@ use std::path::Path;
 fn program(path: &str) -> Program {
     let c = dpuflow::lang::check_file(Path::new(path)).expect("read");
     let mut p = c.program.expect("valid pipeline");
-    // A small connection table: these tests build thousands of engines.
+    // A small connection table and flow cache: these tests build thousands of engines,
+    // and each writes its tables whole.
     if let Some(ct) = &mut p.conntrack {
         ct.capacity = 1024;
     }
+    p.telemetry.flow_cache = 1024;
     p
 }
 

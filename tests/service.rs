@@ -661,36 +661,50 @@ fn silent_clients_hold_up_no_probe() {
     assert_eq!(svc.terminate(), 0);
 }
 
-/// Connection tables that cannot fit are refused at start, with their size, instead of the
-/// workers being killed for memory as they write them (16 workers × 2^28 connections is
-/// about 480 GiB).
+/// Tables that cannot fit are refused at start, with their size, instead of the workers
+/// being killed for memory as they write them: 16 workers × 2^28 connections is about 480
+/// GiB, 16 flow caches of 2^26 flows about 112 GiB.
 #[test]
-fn connection_tables_too_large_for_memory_are_refused() {
+fn tables_too_large_for_memory_are_refused() {
     let dir = Scratch::new("service-big-tables");
-    let pipe = std::fs::read_to_string("pipelines/stateful-firewall.pipe")
+    let firewall = std::fs::read_to_string("pipelines/stateful-firewall.pipe")
         .expect("example")
         .replace("capacity 1000000", "capacity 268435456");
-    std::fs::write(dir.0.join("big.pipe"), pipe).expect("write");
+    std::fs::write(dir.0.join("big-ct.pipe"), firewall).expect("write");
+    let gateway = std::fs::read_to_string("pipelines/vxlan-gateway.pipe").expect("example");
+    let gateway = format!("{gateway}\ntelemetry {{ flow_cache 67108864 }}\n");
+    std::fs::write(dir.0.join("big-flows.pipe"), gateway).expect("write");
     std::fs::write(dir.0.join("empty.pcap"), b"").expect("write");
-    let out = Command::new(env!("CARGO_BIN_EXE_dpuflow"))
-        .args([
+    let refused = |pipe: &str, port: &str, ipfix: bool| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_dpuflow"));
+        cmd.args([
             "run",
-            &dir.path("big.pipe"),
+            &dir.path(pipe),
             "--in",
-            &format!("inside={}", dir.path("empty.pcap")),
-            "--out",
-            &format!("outside={}", dir.path("out.pcap")),
+            &format!("{port}={}", dir.path("empty.pcap")),
             "--workers",
             "16",
             "--metrics",
             &format!("127.0.0.1:{}", free_port()),
-        ])
-        .output()
-        .expect("dpuflow run");
-    assert_eq!(out.status.code(), Some(2));
-    let log = String::from_utf8_lossy(&out.stderr);
+        ]);
+        if ipfix {
+            cmd.args(["--ipfix", "127.0.0.1:9"]);
+        }
+        let out = cmd.output().expect("dpuflow run");
+        assert_eq!(out.status.code(), Some(2));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let log = refused("big-ct.pipe", "inside", false);
     assert!(
-        log.contains("the connection tables need") && log.contains("16 workers"),
+        log.contains("the workers' tables need")
+            && log.contains("16 workers × a connection table of capacity 268435456)")
+            && log.contains("lower `conntrack { capacity }` or --workers"),
+        "{log}"
+    );
+    let log = refused("big-flows.pipe", "host", true);
+    assert!(
+        log.contains("16 workers × a flow cache of 67108864 flows)")
+            && log.contains("lower `telemetry { flow_cache }` or --workers"),
         "{log}"
     );
 }

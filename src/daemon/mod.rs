@@ -54,7 +54,7 @@ use crate::kvcache::server::{KvService, StartError};
 use crate::replay::{Bindings, Merged, Merger};
 use crate::sys::Readable;
 use crate::telemetry::collector::{Collector, Destination, Pacer};
-use crate::telemetry::flows::FlowRecord;
+use crate::telemetry::flows::{FlowCache, FlowRecord};
 use crate::telemetry::http::{self, Handler};
 use crate::telemetry::ipfix::Exporter;
 use crate::telemetry::metrics::{self, Info, ServiceState};
@@ -137,18 +137,54 @@ pub enum RunError {
     /// a local service (the KV cache) could not start
     #[error(transparent)]
     Service(#[from] StartError),
-    /// the connection tables would not fit in memory
+    /// the workers' tables would not fit in memory
     #[error(
-        "the connection tables need {need_mib} MiB ({workers} workers × conntrack capacity \
-         {capacity}) but {available_mib} MiB are available: lower `conntrack {{ capacity }}` \
-         or --workers"
+        "the workers' tables need {need_mib} MiB ({workers} workers × {tables}) but \
+         {available_mib} MiB are available: lower {knobs} or --workers"
     )]
     Memory {
         need_mib: u64,
         available_mib: u64,
         workers: usize,
-        capacity: u64,
+        /// What each worker holds, as said: "a connection table of capacity N", …
+        tables: String,
+        /// The settings that size them.
+        knobs: String,
     },
+}
+
+/// Each worker writes its whole connection table and flow cache at start: refuses now, with
+/// the sizes, rather than be killed for memory halfway through.
+fn enough_memory(program: &Program, flows: bool, workers: usize) -> Result<(), RunError> {
+    let Some(available) = crate::sys::available_memory() else {
+        return Ok(());
+    };
+    let size = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+    let mut tables = Vec::new();
+    let mut knobs = Vec::new();
+    let mut each = 0u64;
+    if let Some(ct) = &program.conntrack {
+        each += Conntrack::table_bytes(size(ct.capacity), ct.tcp_window);
+        tables.push(format!("a connection table of capacity {}", ct.capacity));
+        knobs.push("`conntrack { capacity }`");
+    }
+    if flows {
+        let n = program.telemetry.flow_cache;
+        each = each.saturating_add(FlowCache::table_bytes(size(n)));
+        tables.push(format!("a flow cache of {n} flows"));
+        knobs.push("`telemetry { flow_cache }`");
+    }
+    let need = each.saturating_mul(workers as u64);
+    if need <= available {
+        return Ok(());
+    }
+    Err(RunError::Memory {
+        need_mib: need >> 20,
+        available_mib: available >> 20,
+        workers,
+        tables: tables.join(" and "),
+        knobs: knobs.join(", "),
+    })
 }
 
 /// Snapshots are published at most this often by each worker (less often where copying
@@ -618,20 +654,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         .conntrack
         .as_ref()
         .map(|c| c.capacity * workers as u64);
-    // Each worker writes its whole table at start: refuse now, with the sizes, rather than
-    // be killed for memory halfway through.
-    if let (Some(ct), Some(available)) = (&program.conntrack, crate::sys::available_memory()) {
-        let capacity = usize::try_from(ct.capacity).unwrap_or(usize::MAX);
-        let need = Conntrack::table_bytes(capacity, ct.tcp_window).saturating_mul(workers as u64);
-        if need > available {
-            return Err(RunError::Memory {
-                need_mib: need >> 20,
-                available_mib: available >> 20,
-                workers,
-                capacity: ct.capacity,
-            });
-        }
-    }
+    enough_memory(&program, opts.ipfix.is_some(), workers)?;
     let shared = Arc::new(Shared {
         info: Info {
             version: crate::VERSION.to_owned(),
