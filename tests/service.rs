@@ -709,6 +709,61 @@ fn tables_too_large_for_memory_are_refused() {
     );
 }
 
+/// A memory limit on the service's control group (a container's, a systemd unit's
+/// `MemoryMax=`) counts as what is available: four flow caches of the default million
+/// flows (464 MiB) are refused under a 200 MiB limit that the machine's own free memory
+/// would hide, rather than killed by the group as the workers write them.
+#[test]
+fn a_control_groups_memory_limit_refuses_tables_beyond_it() {
+    use dpuflow::sys::cgroup::{own_memory_groups, Version};
+    let (own, version) = own_memory_groups()
+        .into_iter()
+        .next()
+        .expect("this test needs a memory control group (cgroup v1 or v2) it can make groups in");
+    let group = own.join(format!("dpuflow-test-{}", std::process::id()));
+    std::fs::create_dir(&group).unwrap_or_else(|e| panic!("make {}: {e}", group.display()));
+    let limit = match version {
+        Version::V1 => "memory.limit_in_bytes",
+        Version::V2 => "memory.max",
+    };
+    std::fs::write(group.join(limit), "209715200").expect("set the group's limit");
+    let dir = Scratch::new("service-cgroup-limit");
+    std::fs::write(dir.0.join("empty.pcap"), b"").expect("write");
+    // The shell moves itself into the group, then becomes dpuflow.
+    let out = Command::new("sh")
+        .args([
+            "-c",
+            "echo $$ > \"$0\"/cgroup.procs && exec \"$@\"",
+            &group.display().to_string(),
+            env!("CARGO_BIN_EXE_dpuflow"),
+            "run",
+            "pipelines/vxlan-gateway.pipe",
+            "--in",
+            &format!("host={}", dir.path("empty.pcap")),
+            "--ipfix",
+            "127.0.0.1:9",
+            "--workers",
+            "4",
+            "--metrics",
+            &format!("127.0.0.1:{}", free_port()),
+        ])
+        .output()
+        .expect("sh");
+    std::fs::remove_dir(&group).expect("remove the group");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{log}");
+    let available: u64 = log
+        .split("MiB are available")
+        .next()
+        .and_then(|l| l.rsplit(' ').nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(
+        log.contains("4 workers × a flow cache of 1048576 flows") && available <= 200,
+        "{log}"
+    );
+}
+
 /// Running out of file descriptors makes `accept` fail; the endpoint logs it and carries
 /// on, answering again once connections close (it used to end the service).
 #[test]

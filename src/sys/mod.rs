@@ -5,6 +5,7 @@
 
 #[cfg(target_os = "linux")]
 pub mod bpf;
+pub mod cgroup;
 #[cfg(target_os = "linux")]
 pub mod ring;
 #[cfg(target_os = "linux")]
@@ -50,9 +51,19 @@ pub fn die_on_broken_pipe() {
     }
 }
 
-/// Memory the kernel says is available for new allocations without swapping
-/// (`MemAvailable` in /proc/meminfo), in bytes; `None` where it does not say.
+/// Memory available for new allocations without swapping, in bytes: what the kernel says
+/// the machine has, or less where the control groups this process is in leave less
+/// ([`cgroup::memory_room`]: a container's limit, a systemd unit's `MemoryMax=`); `None`
+/// where neither says.
 pub fn available_memory() -> Option<u64> {
+    match (machine_memory_available(), cgroup::memory_room()) {
+        (Some(machine), Some(group)) => Some(machine.min(group)),
+        (machine, group) => machine.or(group),
+    }
+}
+
+/// `MemAvailable` in /proc/meminfo, in bytes.
+fn machine_memory_available() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let kib = info
         .lines()
