@@ -11,8 +11,9 @@
 //! return to the free list only when the last reader is done, never under its feet.
 
 use super::free::FreeSet;
+use super::keys::Keys;
 use crate::engine::prefetch::prefetch;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -197,7 +198,7 @@ pub struct IndexStats {
 /// Keys → extents over `total` blocks of `block_size` bytes.
 #[derive(Debug)]
 pub struct Index {
-    map: HashMap<Arc<[u8]>, Entry>,
+    map: Keys<Entry>,
     /// Recency: tick → key, oldest first.
     order: BTreeMap<u64, Arc<[u8]>>,
     /// Keys with deadlines, soonest first.
@@ -476,7 +477,7 @@ impl Index {
         let block_size = block_size.max(1);
         let total = (capacity / block_size).max(RESERVED_BLOCKS);
         Index {
-            map: HashMap::new(),
+            map: Keys::new(),
             order: BTreeMap::new(),
             deadlines: BTreeSet::new(),
             tick: 0,
@@ -1153,6 +1154,7 @@ impl Index {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
 
     fn put(ix: &mut Index, key: &str, len: u64) -> Result<(), StoreError> {
         let e = ix.allocate(key.as_bytes(), len)?;

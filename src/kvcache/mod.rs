@@ -7,6 +7,7 @@
 mod free;
 pub mod glob;
 pub mod index;
+mod keys;
 pub mod nbd;
 pub mod nvme_tcp;
 pub mod persist;
