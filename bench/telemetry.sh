@@ -10,8 +10,10 @@
 # Also prints the engine alone (`dpuflow bench` with and without --telemetry).
 # The default pipeline keeps its flows in the flow cache; bench/conntrack.pipe (port a)
 # tracks connections, whose entries then hold the flow records. With SAMPLING N the flow
-# cache counts one packet in N (`--ipfix-sampling N`).
-# Usage: bench/telemetry.sh [ROUNDS] [SECONDS] [PIPELINE PORT] [SAMPLING]
+# cache counts one packet in N (`--ipfix-sampling N`). FLOWS sets the flows of the
+# traffic (4096 by default; the engine alone then runs twice as many packets untimed
+# first, so the flows are held before it is timed).
+# Usage: [FLOWS=N] bench/telemetry.sh [ROUNDS] [SECONDS] [PIPELINE PORT] [SAMPLING]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
@@ -19,6 +21,7 @@ seconds=${2:-10}
 pipe=${3:-pipelines/vxlan-gateway.pipe}
 port=${4:-host}
 sampling=${5:-1}
+flows=${FLOWS:-4096}
 cargo build --release -q
 bin=target/release/dpuflow
 dir=$(mktemp -d)
@@ -29,7 +32,7 @@ cleanup() {
     rm -rf "$dir"
 }
 trap cleanup EXIT
-"$bin" bench "$pipe" --port "$port" --flows 4096 --write "$dir/traffic.pcap"
+"$bin" bench "$pipe" --port "$port" --flows "$flows" --write "$dir/traffic.pcap"
 python3 -c '
 import socket
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -80,7 +83,8 @@ service() {
 }
 
 engine() {
-    "$bin" bench "$pipe" --port "$port" --flows 4096 --packets 20000000 "$@" |
+    "$bin" bench "$pipe" --port "$port" --flows "$flows" --warmup $((2 * flows)) \
+        --packets 20000000 "$@" |
         sed -n 's/.*: \([0-9.]*\) Mpps.*/\1/p'
 }
 
