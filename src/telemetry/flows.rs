@@ -312,9 +312,9 @@ const NO_PORT: u16 = u16::MAX;
 
 /// `n` default items in memory backed by huge pages (flows are looked up at random, and a
 /// million of them in 4 KiB pages missed the TLB on every packet), all written now so that
-/// no packet waits for the kernel to fault a page in: a fresh huge page took 0.2 to 17 ms
-/// here, and the index's doublings, when it grew with the flows, up to 90 ms at 524,288
-/// flows.
+/// no packet waits for the kernel to fault a page in: a fresh huge page took up to 25 ms
+/// in a VM here, and the index's doublings, when it grew with the flows, up to 90 ms at
+/// 524,288 flows.
 fn written<T: Default + Clone>(n: usize) -> Vec<T> {
     let mut v = Vec::with_capacity(n);
     crate::sys::advise_huge_pages(&mut v);
