@@ -720,13 +720,20 @@ fn a_control_groups_memory_limit_refuses_tables_beyond_it() {
         .into_iter()
         .next()
         .expect("this test needs a memory control group (cgroup v1 or v2) it can make groups in");
-    let group = own.join(format!("dpuflow-test-{}", std::process::id()));
-    std::fs::create_dir(&group).unwrap_or_else(|e| panic!("make {}: {e}", group.display()));
+    /// The group, removed at the end however the test ends (once its process has gone).
+    struct Group(std::path::PathBuf);
+    impl Drop for Group {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+    let group = Group(own.join(format!("dpuflow-test-{}", std::process::id())));
+    std::fs::create_dir(&group.0).unwrap_or_else(|e| panic!("make {}: {e}", group.0.display()));
     let limit = match version {
         Version::V1 => "memory.limit_in_bytes",
         Version::V2 => "memory.max",
     };
-    std::fs::write(group.join(limit), "209715200").expect("set the group's limit");
+    std::fs::write(group.0.join(limit), "209715200").expect("set the group's limit");
     let dir = Scratch::new("service-cgroup-limit");
     std::fs::write(dir.0.join("empty.pcap"), b"").expect("write");
     // The shell moves itself into the group, then becomes dpuflow.
@@ -734,7 +741,7 @@ fn a_control_groups_memory_limit_refuses_tables_beyond_it() {
         .args([
             "-c",
             "echo $$ > \"$0\"/cgroup.procs && exec \"$@\"",
-            &group.display().to_string(),
+            &group.0.display().to_string(),
             env!("CARGO_BIN_EXE_dpuflow"),
             "run",
             "pipelines/vxlan-gateway.pipe",
@@ -749,7 +756,6 @@ fn a_control_groups_memory_limit_refuses_tables_beyond_it() {
         ])
         .output()
         .expect("sh");
-    std::fs::remove_dir(&group).expect("remove the group");
     let log = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{log}");
     let available: u64 = log
