@@ -540,9 +540,7 @@ impl Conntrack {
     pub fn new(capacity: usize, timeouts: CtTimeouts) -> Conntrack {
         let capacity = capacity.max(1);
         let slots = Self::slots_for(capacity);
-        let mut table = Vec::with_capacity(slots);
-        crate::sys::advise_huge_pages(&mut table);
-        table.resize(slots, EMPTY);
+        let table = crate::sys::huge_table(slots, EMPTY);
         Conntrack {
             slots: table.into_boxed_slice(),
             tags: vec![0; slots].into_boxed_slice(),
@@ -588,9 +586,7 @@ impl Conntrack {
     /// `tcp_window`), for connections opened from now on; the windows take
     /// [`Conntrack::WINDOW_BYTES`] a slot more.
     pub fn track_windows(&mut self) {
-        let mut windows = Vec::with_capacity(self.slots.len());
-        crate::sys::advise_huge_pages(&mut windows);
-        windows.resize(self.slots.len(), Window::default());
+        let windows = crate::sys::huge_table(self.slots.len(), Window::default());
         self.windows = Some(windows.into_boxed_slice());
     }
 

@@ -11,11 +11,21 @@ pub mod ring;
 #[cfg(target_os = "linux")]
 pub mod xdp;
 
+/// A table of `n` copies of `value`, in memory the kernel is asked to back with
+/// transparent huge pages, and all written now: large tables probed at random
+/// (connections, flows) otherwise spend much of their time in TLB misses, and a packet
+/// that touched a page first would wait for the kernel to fault it in.
+pub fn huge_table<T: Clone>(n: usize, value: T) -> Vec<T> {
+    let mut v = Vec::with_capacity(n);
+    advise_huge_pages(&mut v);
+    v.resize(n, value);
+    v
+}
+
 /// Asks the kernel to back the allocation of `v` (its whole capacity) with transparent
 /// huge pages, before anything is written to it. A hint: failure changes nothing but
-/// speed. Large tables probed at random (connection tracking) otherwise spend much of
-/// their time in TLB misses.
-pub fn advise_huge_pages<T>(v: &mut Vec<T>) {
+/// speed.
+fn advise_huge_pages<T>(v: &mut Vec<T>) {
     #[cfg(target_os = "linux")]
     {
         const PAGE: usize = 4096;

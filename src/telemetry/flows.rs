@@ -310,22 +310,12 @@ struct Rest {
 
 const NO_PORT: u16 = u16::MAX;
 
-/// `n` default items in memory backed by huge pages (flows are looked up at random, and a
-/// million of them in 4 KiB pages missed the TLB on every packet), all written now so that
-/// no packet waits for the kernel to fault a page in: a fresh huge page took up to 25 ms
-/// in a VM here, and the index's doublings, when it grew with the flows, up to 90 ms at
-/// 524,288 flows.
-fn written<T: Default + Clone>(n: usize) -> Vec<T> {
-    let mut v = Vec::with_capacity(n);
-    crate::sys::advise_huge_pages(&mut v);
-    v.resize(n, T::default());
-    v
-}
-
-/// Room for `n` items, [`written`] and emptied: the cache fills it without reallocating
-/// (nor copying) or faulting.
+/// Room for `n` items, a [`crate::sys::huge_table`] emptied: the cache fills it without
+/// reallocating (nor copying) or faulting. A million flows in 4 KiB pages missed the TLB
+/// on every packet; a fresh huge page took up to 25 ms to fault in, in a VM here, and the
+/// index's doublings, when it grew with the flows, up to 90 ms at 524,288 flows.
 fn room<T: Default + Clone>(n: usize) -> Vec<T> {
-    let mut v = written(n);
+    let mut v = crate::sys::huge_table(n, T::default());
     v.clear();
     v
 }
@@ -397,7 +387,7 @@ impl FlowCache {
     pub fn new(capacity: usize, active_ns: u64, idle_ns: u64) -> FlowCache {
         let buckets = Self::buckets_for(capacity);
         FlowCache {
-            buckets: written(buckets),
+            buckets: crate::sys::huge_table(buckets, (0, 0)),
             mask: buckets - 1,
             hasher: KeyedHash::new(),
             len: 0,
