@@ -404,8 +404,16 @@ impl FlowCache {
             sampler: None,
             fragments: Fragments::default(),
             sweep_at: 0,
-            pace: Pace::default(),
+            pace: Pace::every(Self::sweep_period(active_ns, idle_ns)),
         }
+    }
+
+    /// How often the sweep visits every flow: an eighth of the shorter timeout, so a flow's
+    /// record leaves at most that late, but no more often than once a second. With the
+    /// default timeouts (15 s idle) every 1.875 s: a sweep of a million flows once a
+    /// second read 116 MB a second a worker and cost 3 % of the packet rate.
+    fn sweep_period(active_ns: u64, idle_ns: u64) -> u64 {
+        (active_ns.min(idle_ns) / 8).max(crate::sweep::PERIOD_NS)
     }
 
     /// Counts only the packets `sampler` selects (all when its interval is 1).
