@@ -405,6 +405,16 @@ fn lower(p: &Program, wanted: &[bool]) -> Plan {
                 .into(),
         });
     }
+    // The flow cache and connection entries that make IPFIX records are the software
+    // engine's: a packet the NIC forwards never meets them.
+    if planner.hw.iter().any(Option::is_some) {
+        notes.push(
+            "IPFIX flow records (`--ipfix`) count only packets that reach the Arm cores: \
+             those the pipes in hardware forward or drop are in their counters, in no flow \
+             record"
+                .into(),
+        );
+    }
     planner.software.sort_by_key(|(id, _)| *id);
     Plan {
         name: p.name.clone(),
