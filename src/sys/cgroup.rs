@@ -61,9 +61,15 @@ fn memory_groups(groups: &str, mounts: &str) -> Vec<(PathBuf, Version)> {
     let Some((root, mount)) = mounts.lines().find_map(|l| mount_of(l, version)) else {
         return Vec::new();
     };
+    let (root, mount) = (unescape(root), unescape(mount));
     // The group's path below the mount's root (a cgroup namespace, or a container's
-    // mount of its own group, shows less than the whole hierarchy).
-    let below = path.strip_prefix(root).unwrap_or(path).trim_matches('/');
+    // mount of its own group, shows less than the whole hierarchy), taken whole
+    // components at a time: a root of /a is not above /ab.
+    let root = root.trim_end_matches('/');
+    let below = match path.strip_prefix(root) {
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => rest,
+        _ => path,
+    };
     let mut dir = PathBuf::from(mount);
     let mut dirs = vec![dir.clone()];
     for part in below.split('/').filter(|p| !p.is_empty()) {
@@ -88,6 +94,30 @@ fn mount_of(line: &str, version: Version) -> Option<(&str, &str)> {
         Version::V1 => kind == "cgroup" && options.split(',').any(|o| o == "memory"),
     };
     wanted.then_some((root, mount))
+}
+
+/// A mountinfo field as the path it names: proc(5) writes a space, tab, newline or
+/// backslash in one as a backslash and three octal digits (`\040` for a space).
+fn unescape(field: &str) -> String {
+    let mut out = Vec::with_capacity(field.len());
+    let mut bytes = field.as_bytes();
+    while let Some((&b, rest)) = bytes.split_first() {
+        let code = rest
+            .get(..3)
+            .filter(|d| b == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)))
+            .and_then(|d| u8::from_str_radix(std::str::from_utf8(d).ok()?, 8).ok());
+        match code {
+            Some(c) => {
+                out.push(c);
+                bytes = &rest[3..];
+            }
+            None => {
+                out.push(b);
+                bytes = rest;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The room under one group's limit: its limit less what it uses that cannot be
@@ -158,6 +188,61 @@ mod tests {
             assert_eq!(dirs, [(PathBuf::from("/sys/fs/cgroup"), Version::V2)]);
         }
         assert!(memory_groups("1:cpu:/\n", mounts).is_empty());
+    }
+
+    /// A root that is a prefix of the group's path but not a whole component of it is
+    /// not above it; a mount point with a space is written escaped.
+    #[test]
+    fn roots_are_whole_components_and_mount_points_unescaped() {
+        let mounts = "40 30 0:26 /a /sys/fs/my\\040cgroup rw - cgroup2 cgroup2 rw\n";
+        let dirs = memory_groups("0::/ab/c\n", mounts);
+        let want: Vec<(PathBuf, Version)> = [
+            "/sys/fs/my cgroup/ab/c",
+            "/sys/fs/my cgroup/ab",
+            "/sys/fs/my cgroup",
+        ]
+        .iter()
+        .map(|d| (PathBuf::from(d), Version::V2))
+        .collect();
+        assert_eq!(dirs, want);
+        assert_eq!(unescape("a\\134b\\0"), "a\\b\\0");
+    }
+
+    proptest::proptest! {
+        /// Whatever /proc says, reading it does not panic.
+        #[test]
+        fn any_text_is_read_without_panic(groups in ".{0,200}", mounts in ".{0,300}") {
+            let _ = memory_groups(&groups, &mounts);
+        }
+
+        /// A group's directories are the mount point and then each component of its
+        /// path below the mount's root, deepest first, whatever the names.
+        #[test]
+        fn groups_are_found_below_their_mount(
+            parts in proptest::collection::vec("[a-z0-9. \\\\]{1,6}", 0..6),
+            at in 0usize..6,
+            mount in proptest::collection::vec("[a-z0-9 ]{1,6}", 1..4),
+        ) {
+            let at = at.min(parts.len());
+            let escape = |s: &str| s.replace('\\', "\\134").replace(' ', "\\040");
+            let join = |p: &[String]| p.iter().map(|x| format!("/{x}")).collect::<String>();
+            let root = if at == 0 { "/".to_string() } else { join(&parts[..at]) };
+            let mount_point = join(&mount);
+            let mounts = format!(
+                "40 30 0:26 {} {} rw - cgroup2 cgroup2 rw\n",
+                escape(&root),
+                escape(&mount_point)
+            );
+            let groups = format!("0::{}\n", if parts.is_empty() { "/".into() } else { join(&parts) });
+            let mut want = vec![PathBuf::from(&mount_point)];
+            for p in &parts[at..] {
+                let next = want.last().expect("one").join(p);
+                want.push(next);
+            }
+            want.reverse();
+            let got: Vec<PathBuf> = memory_groups(&groups, &mounts).into_iter().map(|(d, _)| d).collect();
+            proptest::prop_assert_eq!(got, want);
+        }
     }
 
     /// Room is the limit less what is used that cannot be reclaimed; a group without a
