@@ -2,17 +2,10 @@
 //! output, the DOCA plan's verdict.
 
 mod common;
-use common::Scratch;
+use common::{dpuflow, dpuflow_command, Scratch};
 use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
-
-fn dpuflow(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dpuflow"))
-        .args(args)
-        .output()
-        .expect("run dpuflow")
-}
+use std::process::{Command, Stdio};
 
 /// Runs dpuflow and asserts it exits 2 (a usage error) saying `says` on stderr.
 fn assert_usage_error(args: &[&str], says: &str) {
@@ -381,7 +374,7 @@ fn output_into_a_closed_pipe_ends_quietly() {
     use std::io::Read;
     use std::os::unix::process::ExitStatusExt;
     let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/classbench/acl1_1k");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dpuflow"))
+    let mut child = dpuflow_command()
         .args(["acl", "gen-trace", "--rules", rules, "--count", "1000000"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -434,7 +427,7 @@ fn ports_left_unopened_are_said() {
         &["run", "pipelines/vxlan-gateway.pipe"],
         "interface pf0hpf: No such device",
     );
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dpuflow"))
+    let mut child = dpuflow_command()
         .args([
             "run",
             "pipelines/vxlan-gateway.pipe",

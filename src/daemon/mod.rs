@@ -415,6 +415,13 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     // (a socket of its own in each port's fanout group, or AF_XDP receive queues of its
     // own), unless the I/O thread must deal the packets (why, from `dealt_because`).
     let live_xdp = has_live(Driver::AfXdp);
+    // Said before anything is opened: a user without the capabilities live ports need
+    // would otherwise hear of those instead.
+    if (live_xdp || has_live(Driver::AfPacket)) && (opts.looping || opts.rate.is_some()) {
+        return Err(RunError::Inputs(
+            "the service has live ports: --loop and --rate replay captures".into(),
+        ));
+    }
     let mut dealt_because = if live_xdp && program.conntrack.is_some() {
         Some(
             "the pipeline tracks connections and a port uses AF_XDP, whose sockets take the \
@@ -561,11 +568,6 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     if !replays && lives == 0 && program.services.is_empty() {
         let live = unopened.iter().map(|p| format!("; {p}")).collect();
         return Err(RunError::NoInput { live });
-    }
-    if lives > 0 && (opts.looping || opts.rate.is_some()) {
-        return Err(RunError::Inputs(
-            "the service has live ports: --loop and --rate replay captures".into(),
-        ));
     }
     for port in &unopened {
         tracing::warn!(

@@ -11,12 +11,26 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
+/// A command that runs the dpuflow binary: itself, or through the emulator named by
+/// `DPUFLOW_RUNNER` (its words, as `qemu-aarch64-static -L /usr/aarch64-linux-gnu`) where
+/// the binary was built for another architecture (scripts/test-arm64).
+pub fn dpuflow_command() -> Command {
+    let bin = env!("CARGO_BIN_EXE_dpuflow");
+    let runner = std::env::var("DPUFLOW_RUNNER").unwrap_or_default();
+    let mut words = runner.split_whitespace();
+    match words.next() {
+        Some(emulator) => {
+            let mut c = Command::new(emulator);
+            c.args(words).arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    }
+}
+
 /// Runs the dpuflow binary.
 pub fn dpuflow(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dpuflow"))
-        .args(args)
-        .output()
-        .expect("run dpuflow")
+    dpuflow_command().args(args).output().expect("run dpuflow")
 }
 
 /// Runs dpuflow and fails the test with its stderr unless it succeeds; returns stdout.
