@@ -2,6 +2,8 @@
 //! alerting rules query exists, the rules pass promtool's checks and unit tests, and the
 //! systemd unit and the Kubernetes static pod run commands the binary has.
 
+mod common;
+use common::dpuflow_command;
 use dpuflow::ir::{KvCache, StorageTarget};
 use dpuflow::kvcache::server::KvService;
 use dpuflow::lang;
@@ -154,7 +156,7 @@ fn systemd_unit_runs_existing_commands() {
             .skip(1)
             .collect();
         let sub = args[0];
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpuflow"))
+        let out = dpuflow_command()
             .args([sub, "--help"])
             .output()
             .expect("run");
@@ -189,7 +191,7 @@ fn manifest(path: &str) -> serde_json::Value {
 
 /// `dpuflow SUB --help`, failing the test unless SUB exists.
 fn help(sub: &str) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpuflow"))
+    let out = dpuflow_command()
         .args([sub, "--help"])
         .output()
         .expect("run");

@@ -275,7 +275,7 @@ fn export_to(
     for (name, file) in inputs {
         args.extend(["--in".to_string(), format!("{name}={}", dir.path(file))]);
     }
-    let run = Command::new(env!("CARGO_BIN_EXE_dpuflow"))
+    let run = dpuflow_command()
         .args(&args)
         .stderr(Stdio::null())
         .spawn()

@@ -105,16 +105,14 @@ impl KvService {
         )
         .expect("write pipeline");
         let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-        let bin = env!("CARGO_BIN_EXE_dpuflow");
         let mut command = match soft_fd_limit {
-            None => Command::new(bin),
+            None => dpuflow_command(),
             Some(n) => {
+                let dpuflow = dpuflow_command();
                 let mut sh = Command::new("sh");
-                sh.args([
-                    "-c",
-                    &format!("ulimit -S -n {n} && exec \"$0\" \"$@\""),
-                    bin,
-                ]);
+                sh.args(["-c", &format!("ulimit -S -n {n} && exec \"$0\" \"$@\"")])
+                    .arg(dpuflow.get_program())
+                    .args(dpuflow.get_args());
                 sh
             }
         };

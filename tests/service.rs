@@ -57,7 +57,7 @@ impl Service {
         all.extend_from_slice(args);
         let metrics = addr.to_string();
         all.extend_from_slice(&["--metrics", &metrics]);
-        let child = Command::new(env!("CARGO_BIN_EXE_dpuflow"))
+        let child = dpuflow_command()
             .args(&all)
             .stderr(stderr)
             .spawn()
@@ -519,7 +519,7 @@ fn cpus_place_the_dataplane_threads() {
 fn an_output_that_fails_stops_the_service() {
     let dir = Scratch::new("service-full");
     scapy(&dir.0, TRAFFIC);
-    let run = Command::new(env!("CARGO_BIN_EXE_dpuflow"))
+    let run = dpuflow_command()
         .args(["run", "pipelines/vxlan-gateway.pipe", "--loop", "--in"])
         .arg(format!("host={}", dir.path("host.pcap")))
         .args(["--out", "uplink=/dev/full", "--metrics"])
@@ -676,7 +676,7 @@ fn tables_too_large_for_memory_are_refused() {
     std::fs::write(dir.0.join("big-flows.pipe"), gateway).expect("write");
     std::fs::write(dir.0.join("empty.pcap"), b"").expect("write");
     let refused = |pipe: &str, port: &str, ipfix: bool| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_dpuflow"));
+        let mut cmd = dpuflow_command();
         cmd.args([
             "run",
             &dir.path(pipe),
@@ -737,12 +737,16 @@ fn a_control_groups_memory_limit_refuses_tables_beyond_it() {
     let dir = Scratch::new("service-cgroup-limit");
     std::fs::write(dir.0.join("empty.pcap"), b"").expect("write");
     // The shell moves itself into the group, then becomes dpuflow.
+    let dpuflow = dpuflow_command();
     let out = Command::new("sh")
         .args([
             "-c",
             "echo $$ > \"$0\"/cgroup.procs && exec \"$@\"",
             &group.0.display().to_string(),
-            env!("CARGO_BIN_EXE_dpuflow"),
+        ])
+        .arg(dpuflow.get_program())
+        .args(dpuflow.get_args())
+        .args([
             "run",
             "pipelines/vxlan-gateway.pipe",
             "--in",
