@@ -268,10 +268,11 @@ struct RunFlags {
     /// meanwhile /readyz says not ready.
     #[arg(long)]
     wait_for_interfaces: bool,
-    /// Read at most this many packets per second.
+    /// Read the input captures at most this many packets per second (captures only: refused
+    /// with live ports).
     #[arg(long, value_name = "PPS", value_parser = clap::value_parser!(u64).range(1..))]
     rate: Option<u64>,
-    /// Read the inputs over and over.
+    /// Read the input captures over and over (captures only: refused with live ports).
     #[arg(long = "loop")]
     looping: bool,
     /// Packets per batch passed between the service's threads (the engine runs them 32 at

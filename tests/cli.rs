@@ -482,4 +482,36 @@ fn loop_and_rate_are_for_captures() {
         args.extend_from_slice(flag);
         assert_usage_error(&args, "--loop and --rate replay captures");
     }
+    // A user who may not open the port hears the same, not that the socket was refused:
+    // the flags are checked before any port is opened. As root, as nobody without
+    // capabilities (setpriv, util-linux).
+    let mut unprivileged = dpuflow_command();
+    if running_as_root() {
+        let dpuflow = unprivileged;
+        unprivileged = Command::new("setpriv");
+        unprivileged
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .args(["--inh-caps=-all", "--bounding-set=-all"])
+            .arg(dpuflow.get_program())
+            .args(dpuflow.get_args());
+    }
+    let out = unprivileged
+        .args(["run", &pipe, "--loop"])
+        .output()
+        .expect("run dpuflow (as root through setpriv, util-linux)");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--loop and --rate replay captures"), "{err}");
+}
+
+/// Whether the tests run as root (the effective user of /proc/self).
+fn running_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|u| u.split_whitespace().nth(1).map(|e| e == "0"))
+        })
+        .unwrap_or(false)
 }
