@@ -154,11 +154,9 @@ pub enum RunError {
 }
 
 /// Each worker writes its whole connection table and flow cache at start: refuses now, with
-/// the sizes, rather than be killed for memory halfway through.
+/// the sizes, rather than be killed for memory halfway through; else logs what they take.
 fn enough_memory(program: &Program, flows: bool, workers: usize) -> Result<(), RunError> {
-    let Some(available) = crate::sys::available_memory() else {
-        return Ok(());
-    };
+    let available = crate::sys::available_memory();
     let size = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
     let mut tables = Vec::new();
     let mut knobs = Vec::new();
@@ -175,16 +173,27 @@ fn enough_memory(program: &Program, flows: bool, workers: usize) -> Result<(), R
         knobs.push("`telemetry { flow_cache }`");
     }
     let need = each.saturating_mul(workers as u64);
-    if need <= available {
-        return Ok(());
+    let tables = tables.join(" and ");
+    match available {
+        Some(available) if need > available => Err(RunError::Memory {
+            need_mib: need >> 20,
+            available_mib: available >> 20,
+            workers,
+            tables,
+            knobs: knobs.join(", "),
+        }),
+        _ if tables.is_empty() => Ok(()),
+        _ => {
+            tracing::info!(
+                workers,
+                each = %tables,
+                mib = need >> 20,
+                available_mib = available.map(|a| a >> 20),
+                "tables the workers write at start"
+            );
+            Ok(())
+        }
     }
-    Err(RunError::Memory {
-        need_mib: need >> 20,
-        available_mib: available >> 20,
-        workers,
-        tables: tables.join(" and "),
-        knobs: knobs.join(", "),
-    })
 }
 
 /// Snapshots are published at most this often by each worker (less often where copying
