@@ -14,6 +14,23 @@ wait_port() {
     exit 1
 }
 
+# Fails the script unless each TOOL is installed; FROM names the packages they come in.
+# Usage: need FROM TOOL…
+need() {
+    local from=$1 t
+    shift
+    for t in "$@"; do
+        command -v "$t" >/dev/null || { echo "$t not found ($from)" >&2; exit 1; }
+    done
+}
+
+# A scratch directory in /dev/shm named for NAME, into `dir`: removed, and the processes
+# of `pids` killed, when the script exits (see `stop_all`).
+shm_scratch() {
+    dir=$(mktemp -d "/dev/shm/dpuflow-$1.XXXXXX")
+    trap stop_all EXIT
+}
+
 # The median of the numbers read (any whitespace between them); the lower of the two
 # middle ones for an even count.
 median() { tr -s ' \t' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }

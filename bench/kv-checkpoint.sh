@@ -18,12 +18,9 @@ cd "$(dirname "$0")/.."
 rounds=${1:-3}
 keys=${2:-1000000}
 clients=${3:-8}
-for t in redis-benchmark redis-cli; do
-    command -v "$t" >/dev/null || { echo "$t not found (redis-tools)" >&2; exit 1; }
-done
+need redis-tools redis-benchmark redis-cli
 builds_to_run
-dir=$(mktemp -d /dev/shm/dpuflow-kv-checkpoint.XXXXXX)
-trap stop_all EXIT
+shm_scratch kv-checkpoint
 
 # The keys redis-benchmark's `-r` names (key:000000000042), as one SET each.
 python3 - "$keys" >"$dir/fill.resp" <<'PY'

@@ -23,9 +23,7 @@ requests=${2:-20000}
 value=${3:-65536}
 clients=${4:-16}
 keys=${5:-4000}
-for t in redis-benchmark losetup blockdev; do
-    command -v "$t" >/dev/null || { echo "$t not found (redis-tools, util-linux)" >&2; exit 1; }
-done
+need "redis-tools, util-linux" redis-benchmark losetup blockdev
 builds_to_run
 # On the disk, not tmpfs: the device's reads and writes are the disk's.
 dir=$(mktemp -d /var/tmp/dpuflow-kv-device.XXXXXX)

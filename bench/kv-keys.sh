@@ -14,10 +14,9 @@ cd "$(dirname "$0")/.."
 rounds=${1:-3}
 keys=${2:-4000000}
 clients=${3:-4}
-command -v redis-benchmark >/dev/null || { echo "redis-benchmark not found (redis-tools)" >&2; exit 1; }
+need redis-tools redis-benchmark
 builds_to_run
-dir=$(mktemp -d /dev/shm/dpuflow-kv-keys.XXXXXX)
-trap stop_all EXIT
+shm_scratch kv-keys
 capacity=$((keys * 2 * 512 / 1048576 + 64))
 for round in $(seq "$rounds"); do
     for b in "${!builds[@]}"; do

@@ -21,10 +21,9 @@ rounds=${1:-3}
 requests=${2:-2000}
 value=${3:-1000000}
 clients=${4:-1}
-command -v redis-benchmark >/dev/null || { echo "redis-benchmark not found (redis-tools)" >&2; exit 1; }
+need redis-tools redis-benchmark
 builds_to_run
-dir=$(mktemp -d /dev/shm/dpuflow-kv-large.XXXXXX)
-trap stop_all EXIT
+shm_scratch kv-large
 
 capacity=${CAPACITY:-64}
 keys=${KEYS:-$((capacity * 1048576 * 2 / value + 1))}
@@ -32,13 +31,13 @@ truncate -s "$((capacity + 1))M" "$dir/disk.img"
 target_port=$(free_port)
 case ${TARGET:-nbd} in
 nbd)
-    command -v qemu-nbd >/dev/null || { echo "qemu-nbd not found (qemu-utils)" >&2; exit 1; }
+    need qemu-utils qemu-nbd
     start_nbd "$dir/disk.img"
     targets="target \"nbd://127.0.0.1:$nbd_port/kv\""
     disks=("$dir/disk.img")
     ;;
 nbd2)
-    command -v qemu-nbd >/dev/null || { echo "qemu-nbd not found (qemu-utils)" >&2; exit 1; }
+    need qemu-utils qemu-nbd
     targets=""
     disks=()
     for half in a b; do

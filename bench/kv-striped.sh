@@ -20,9 +20,7 @@ rate=${RATE:-500mbit}
 capacity=${CAPACITY:-128}
 keys=${KEYS:-$((capacity * 1048576 / 2 / value))}
 [ "$keys" -ge 1 ] || keys=1
-for t in qemu-nbd redis-benchmark redis-cli tc; do
-    command -v "$t" >/dev/null || { echo "$t not found (qemu-utils, redis-tools, iproute2)" >&2; exit 1; }
-done
+need "qemu-utils, redis-tools, iproute2" qemu-nbd redis-benchmark redis-cli tc
 builds_to_run
 dir=$(mktemp -d /dev/shm/dpuflow-kv-striped.XXXXXX)
 tag=kvs$$

@@ -20,12 +20,9 @@ requests=${2:-20000}
 value=${3:-65536}
 clients=${4:-16}
 keys=${5:-2000}
-for t in redis-server redis-benchmark qemu-nbd; do
-    command -v "$t" >/dev/null || { echo "$t not found (redis-server, redis-tools, qemu-utils)" >&2; exit 1; }
-done
+need "redis-server, redis-tools, qemu-utils" redis-server redis-benchmark qemu-nbd
 dpuflow_bin
-dir=$(mktemp -d /dev/shm/dpuflow-kv.XXXXXX)
-trap stop_all EXIT
+shm_scratch kv
 
 capacity=$(( (keys * value * 2 / 1048576 + 64) ))
 truncate -s "${capacity}M" "$dir/export.img"

@@ -16,7 +16,7 @@ workers=${3:-2}
 pipe=${4:-pipelines/vxlan-gateway.pipe}
 port=${5:-host}
 out=${6:-uplink}
-command -v curl >/dev/null || { echo "curl not found" >&2; exit 1; }
+need curl curl
 builds_to_run
 dir=$(mktemp -d)
 trap 'pkill -f "$dir/traffic.pcap" 2>/dev/null || true; rm -rf "$dir"' EXIT

@@ -161,20 +161,25 @@ mod tests {
         31 25 0:27 / /sys/fs/cgroup/cpu rw,nosuid - cgroup cgroup rw,cpu\n\
         35 25 0:31 / /sys/fs/cgroup/memory rw,nosuid shared:9 - cgroup cgroup rw,memory\n";
 
+    /// `dirs`, each in a hierarchy of `version`.
+    fn in_version(version: Version, dirs: &[&str]) -> Vec<(PathBuf, Version)> {
+        dirs.iter().map(|d| (PathBuf::from(d), version)).collect()
+    }
+
     /// A hybrid layout (v1 controllers, an empty v2 hierarchy beside them): the v1
     /// memory hierarchy's groups, the process's own first.
     #[test]
     fn hybrid_layouts_use_the_v1_memory_hierarchy() {
         let groups = "4:memory:/system.slice/dpuflow.service\n1:cpu:/\n0::/\n";
         let dirs = memory_groups(groups, HYBRID_MOUNTS);
-        let want: Vec<(PathBuf, Version)> = [
-            "/sys/fs/cgroup/memory/system.slice/dpuflow.service",
-            "/sys/fs/cgroup/memory/system.slice",
-            "/sys/fs/cgroup/memory",
-        ]
-        .iter()
-        .map(|d| (PathBuf::from(d), Version::V1))
-        .collect();
+        let want = in_version(
+            Version::V1,
+            &[
+                "/sys/fs/cgroup/memory/system.slice/dpuflow.service",
+                "/sys/fs/cgroup/memory/system.slice",
+                "/sys/fs/cgroup/memory",
+            ],
+        );
         assert_eq!(dirs, want);
     }
 
@@ -196,14 +201,14 @@ mod tests {
     fn roots_are_whole_components_and_mount_points_unescaped() {
         let mounts = "40 30 0:26 /a /sys/fs/my\\040cgroup rw - cgroup2 cgroup2 rw\n";
         let dirs = memory_groups("0::/ab/c\n", mounts);
-        let want: Vec<(PathBuf, Version)> = [
-            "/sys/fs/my cgroup/ab/c",
-            "/sys/fs/my cgroup/ab",
-            "/sys/fs/my cgroup",
-        ]
-        .iter()
-        .map(|d| (PathBuf::from(d), Version::V2))
-        .collect();
+        let want = in_version(
+            Version::V2,
+            &[
+                "/sys/fs/my cgroup/ab/c",
+                "/sys/fs/my cgroup/ab",
+                "/sys/fs/my cgroup",
+            ],
+        );
         assert_eq!(dirs, want);
         assert_eq!(unescape("a\\134b\\0"), "a\\b\\0");
     }
