@@ -77,3 +77,43 @@ stop_all() {
     wait 2>/dev/null || true
     rm -rf "${dir:?}"
 }
+
+# Network namespaces C, D and S for live ports: C's c0 linked to D's in0 and S's s0 to
+# D's out0 (veth pairs, up, with segmentation and receive offloads off), D's loopback up.
+# Further arguments go to both `ip link add` (queue counts).
+# Usage: live_namespaces C D S [ARG…]
+live_namespaces() {
+    local c=$1 d=$2 s=$3 x ns dev n
+    shift 3
+    for n in "$c" "$d" "$s"; do ip netns add "$n"; done
+    ip link add c0 netns "$c" "$@" type veth peer name in0 netns "$d" "$@"
+    ip link add s0 netns "$s" "$@" type veth peer name out0 netns "$d" "$@"
+    for x in "$c c0" "$d in0" "$d out0" "$s s0"; do
+        read -r ns dev <<<"$x"
+        ip -n "$ns" link set "$dev" up
+        ip netns exec "$ns" ethtool -K "$dev" tso off gso off gro off >/dev/null 2>&1
+    done
+    ip -n "$d" link set lo up
+}
+
+# The pipeline of a stateful firewall between the live ports in0 (inside) and out0
+# (outside) of `live_namespaces`, on DRIVER: every flow from inside committed to
+# connection tracking, only tracked ones (and ARP) let in from outside.
+# Usage: live_firewall DRIVER >FILE
+live_firewall() {
+    cat <<EOF
+pipeline firewall
+port inside  { driver $1  iface "in0" }
+port outside { driver $1  iface "out0" }
+conntrack { capacity 100000 }
+pipe in  root from inside  {
+    rule arp { match eth.type 0x0806  actions fwd outside }
+    default { actions ct.commit, fwd outside }
+}
+pipe out root from outside {
+    rule arp     { match eth.type 0x0806  actions fwd inside }
+    rule tracked { match ct.state {established, related}  actions fwd inside }
+    default { actions drop }
+}
+EOF
+}

@@ -13,6 +13,7 @@
 # Usage: [DPUFLOW=BIN] [DRIVER=af_packet|af_xdp] [RELOAD_EVERY=S] [TRACK=1] [QUEUES=N] bench/live.sh [WORKERS] [RATE...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/common.sh
 workers=${1:-1}
 shift || true
 rates=("${@:-100000 200000 300000 400000 1000000}")
@@ -34,33 +35,10 @@ cleanup() {
     rm -rf "$tmp"
 }
 trap cleanup EXIT
-for n in $c $d $s; do ip netns add $n; done
-q=(numrxqueues "${QUEUES:-1}" numtxqueues "${QUEUES:-1}")
-ip link add c0 netns $c "${q[@]}" type veth peer name in0 netns $d "${q[@]}"
-ip link add s0 netns $s "${q[@]}" type veth peer name out0 netns $d "${q[@]}"
-for x in "$c c0" "$d in0" "$d out0" "$s s0"; do
-    read -r ns dev <<<"$x"
-    ip -n "$ns" link set "$dev" up
-    ip netns exec "$ns" ethtool -K "$dev" tso off gso off gro off >/dev/null 2>&1
-done
-ip -n $d link set lo up
+live_namespaces $c $d $s numrxqueues "${QUEUES:-1}" numtxqueues "${QUEUES:-1}"
 driver=${DRIVER:-af_packet}
 if [ -n "${TRACK:-}" ]; then
-    cat >"$tmp/bridge.pipe" <<EOF
-pipeline firewall
-port inside  { driver $driver  iface "in0" }
-port outside { driver $driver  iface "out0" }
-conntrack { capacity 100000 }
-pipe in  root from inside  {
-    rule arp { match eth.type 0x0806  actions fwd outside }
-    default { actions ct.commit, fwd outside }
-}
-pipe out root from outside {
-    rule arp     { match eth.type 0x0806  actions fwd inside }
-    rule tracked { match ct.state {established, related}  actions fwd inside }
-    default { actions drop }
-}
-EOF
+    live_firewall "$driver" >"$tmp/bridge.pipe"
 else
     cat >"$tmp/bridge.pipe" <<EOF
 pipeline bridge

@@ -171,6 +171,24 @@ fn systemd_unit_runs_existing_commands() {
     assert!(unit.contains("NoNewPrivileges=yes") && unit.contains("CapabilityBoundingSet="));
 }
 
+/// systemd reads the unit without a complaint (`systemd-analyze verify`, which names
+/// what it cannot parse and otherwise ignores), with the binary's path this build's.
+#[test]
+fn systemd_reads_the_unit_without_a_complaint() {
+    let dir = common::Scratch::new("deploy-unit");
+    let unit = std::fs::read_to_string("deploy/systemd/dpuflow.service").expect("unit");
+    let path = dir.path("dpuflow.service");
+    std::fs::write(
+        &path,
+        unit.replace("/usr/local/bin/dpuflow", env!("CARGO_BIN_EXE_dpuflow")),
+    )
+    .expect("write unit");
+    let out = common::tool("systemd-analyze", &["verify", &path]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && said.is_empty(), "{said}");
+    assert!(unit.contains("Type=notify\n") && unit.contains("WatchdogSec="));
+}
+
 /// The manifest as JSON, read by a YAML parser (python3-yaml).
 fn manifest(path: &str) -> serde_json::Value {
     let out = std::process::Command::new("/usr/bin/python3")

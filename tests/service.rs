@@ -51,6 +51,11 @@ impl Service {
     }
 
     fn spawn(args: &[&str], stderr: Stdio) -> Service {
+        Service::spawn_with_env(args, stderr, &[])
+    }
+
+    /// [`Service::spawn`] with `env` added to its environment.
+    fn spawn_with_env(args: &[&str], stderr: Stdio, env: &[(&str, &str)]) -> Service {
         let port = free_port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
         let mut all = vec!["run"];
@@ -59,6 +64,7 @@ impl Service {
         all.extend_from_slice(&["--metrics", &metrics]);
         let child = dpuflow_command()
             .args(&all)
+            .envs(env.iter().copied())
             .stderr(stderr)
             .spawn()
             .expect("spawn dpuflow run");
@@ -505,7 +511,7 @@ fn cpus_place_the_dataplane_threads() {
         ("worker-1", vec![1]),
         ("worker-2", vec![1]),
         ("dpuflow", others.clone()),
-        ("reload", others),
+        ("control", others),
     ] {
         assert_eq!(placed.get(thread), Some(&cpus), "{thread}: {placed:?}");
     }
@@ -1152,4 +1158,127 @@ fn sighup_reloads_the_pipeline_while_packets_flow() {
         log.contains("port `b` changed: restart the service to apply"),
         "{log}"
     );
+}
+
+/// What a service manager hears on its notification socket (sd_notify(3)).
+struct Manager(std::os::unix::net::UnixDatagram);
+
+impl Manager {
+    /// The next datagram, within ten seconds.
+    fn next(&self) -> String {
+        let mut buf = [0; 4096];
+        let n = self
+            .0
+            .recv(&mut buf)
+            .expect("a notification within ten seconds");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+
+    /// The datagrams up to and including the first that `pred` accepts.
+    fn until(&self, pred: impl Fn(&str) -> bool) -> Vec<String> {
+        let mut heard = Vec::new();
+        loop {
+            let d = self.next();
+            let done = pred(&d);
+            heard.push(d);
+            if done {
+                return heard;
+            }
+        }
+    }
+}
+
+/// Under a service manager (systemd's `Type=notify`): told `READY=1` and a status once the
+/// workers run, `WATCHDOG=1` as often as asked, `RELOADING=1` then `READY=1` around a
+/// reload, `STOPPING=1` at the stop. An output that takes nothing (a FIFO nobody reads)
+/// stalls the I/O thread: `/healthz` fails and says which thread, the status says so, and
+/// the watchdog goes unfed, so that the manager restarts the service; once the output
+/// takes again, all is as before.
+#[test]
+fn a_service_manager_is_told_how_it_stands_and_a_stalled_dataplane_fails_its_health() {
+    let dir = Scratch::new("service-notify");
+    let socket = dir.path("notify");
+    let manager = Manager(std::os::unix::net::UnixDatagram::bind(&socket).expect("bind"));
+    manager
+        .0
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let input = dir.path("host.pcap");
+    bench_capture("pipelines/vxlan-gateway.pipe", "host", 100, &input);
+    let fifo = dir.path("uplink.fifo");
+    tool_ok("mkfifo", &[&fifo]);
+    // The output's reader: opened as the service opens it, read from only when told.
+    let (drain_tx, drain_rx) = std::sync::mpsc::channel::<()>();
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            let mut f = std::fs::File::open(&fifo).expect("open the FIFO");
+            let _ = drain_rx.recv();
+            std::io::copy(&mut f, &mut std::io::sink()).expect("drain")
+        })
+    };
+    let (host, uplink) = (format!("host={input}"), format!("uplink={fifo}"));
+    let svc = Service::spawn_with_env(
+        &[
+            "pipelines/vxlan-gateway.pipe",
+            "--in",
+            &host,
+            "--out",
+            &uplink,
+            "--loop",
+            "--rate",
+            "20000",
+        ],
+        Stdio::null(),
+        &[("NOTIFY_SOCKET", &socket), ("WATCHDOG_USEC", "400000")],
+    );
+    let first = manager.next();
+    assert!(
+        first.starts_with("READY=1\nSTATUS=running pipeline vxlan_gateway (generation 0)"),
+        "{first}"
+    );
+    manager.until(|d| d == "WATCHDOG=1");
+
+    svc.signal("HUP");
+    let reload = manager.until(|d| d.starts_with("READY=1"));
+    assert!(reload.contains(&"RELOADING=1".to_owned()), "{reload:?}");
+    assert!(
+        reload.last().is_some_and(|d| d.contains("(generation 1)")),
+        "{reload:?}"
+    );
+
+    // The FIFO's buffer fills; five seconds after, the I/O thread counts as stalled.
+    let stalled = manager.until(|d| d.contains("STATUS=dataplane stalled: io"));
+    assert!(
+        !stalled.last().is_some_and(|d| d.contains("WATCHDOG")),
+        "{stalled:?}"
+    );
+    let (code, body) = get(svc.addr, "/healthz").expect("healthz");
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.starts_with("dataplane stalled: io (no progress for "),
+        "{body}"
+    );
+    // A worker has nothing to do, which is not a stall.
+    assert!(!body.contains("worker"), "{body}");
+    // Unfed for as long as it stays stalled.
+    std::thread::sleep(Duration::from_secs(1));
+    drain_tx.send(()).expect("drain");
+    let recovered = manager.until(|d| d.contains("STATUS=running pipeline"));
+    assert!(
+        recovered[..recovered.len() - 1]
+            .iter()
+            .all(|d| !d.contains("WATCHDOG")),
+        "fed while stalled: {recovered:?}"
+    );
+    manager.until(|d| d.contains("WATCHDOG=1"));
+    assert_eq!(get(svc.addr, "/healthz"), Some((200, "ok\n".to_owned())));
+
+    assert_eq!(svc.terminate(), 0);
+    let last = manager.until(|d| d.starts_with("STOPPING=1"));
+    assert!(
+        last.last().is_some_and(|d| d.contains("STATUS=stopping")),
+        "{last:?}"
+    );
+    assert!(reader.join().expect("reader") > 0);
 }

@@ -32,12 +32,16 @@
 //! second one ends it at once (status 1). SIGHUP reloads the pipeline file (`reload.rs`).
 
 pub mod cpus;
+mod liveness;
+mod notify;
 mod reload;
 pub mod steering;
 
 use cpus::{CpuListError, Placement};
-use reload::Loaded;
+use liveness::{Beats, Liveness};
+use notify::Notifier;
 pub use reload::{restart_needed, PipelineFile, TelemetryFlags};
+use reload::{Loaded, ReloadError};
 
 use crate::engine::parse;
 use crate::engine::{
@@ -268,6 +272,13 @@ struct Shared {
     kv: Vec<Arc<KvService>>,
     /// The I/O thread has ended (the inputs are done): no worker runs.
     dataplane_done: AtomicBool,
+    /// The dataplane threads' rounds: worker `w`'s in slot `w`, the I/O thread's in the
+    /// last (see [`liveness`]).
+    beats: Beats,
+    /// The dataplane threads stalled, if any (see [`judge`]).
+    stalled: Mutex<Option<Stalled>>,
+    /// The service manager, when one asked to be told how the service stands.
+    notifier: Option<Notifier>,
 }
 
 /// Reloads done and refused, for the metrics.
@@ -396,6 +407,49 @@ impl Handler for Shared {
         self.workers_up.load(Ordering::Relaxed) == self.workers
             && !self.failed.load(Ordering::Relaxed)
             && self.ports_waiting.load(Ordering::Relaxed) == 0
+    }
+
+    fn unhealthy(&self) -> Option<String> {
+        let stalled = self.stalled.lock().unwrap_or_else(|e| e.into_inner());
+        stalled.as_ref().map(|s| s.detail.clone())
+    }
+}
+
+/// Dataplane threads found stalled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Stalled {
+    /// Their names (`io`, `worker-1`).
+    threads: String,
+    /// With for how long each has made no progress, for `/healthz`.
+    detail: String,
+}
+
+impl Shared {
+    /// A line on how the service stands, for `systemctl status`.
+    fn status(&self) -> String {
+        if let Some(s) = &*self.stalled.lock().unwrap_or_else(|e| e.into_inner()) {
+            return format!("dataplane stalled: {}", s.threads);
+        }
+        if self.dataplane_done.load(Ordering::Relaxed) {
+            return "the inputs are done; serving metrics".to_owned();
+        }
+        let loaded = self.loaded();
+        let mut s = format!(
+            "running pipeline {} (generation {}) on {} worker{}",
+            loaded.program.name,
+            loaded.generation,
+            self.workers,
+            if self.workers == 1 { "" } else { "s" }
+        );
+        match self.ports_waiting.load(Ordering::Relaxed) {
+            0 => {}
+            1 => s.push_str("; waiting for a port's interface"),
+            n => s.push_str(&format!("; waiting for {n} ports' interfaces")),
+        }
+        if self.reloads.last_failed.load(Ordering::Relaxed) {
+            s.push_str("; the last reload was refused (see the log)");
+        }
+        s
     }
 }
 
@@ -666,6 +720,10 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         .as_ref()
         .map(|c| c.capacity * workers as u64);
     enough_memory(&program, opts.ipfix.is_some(), workers)?;
+    let notifier = Notifier::from_env().and_then(|n| {
+        n.map_err(|e| tracing::warn!(error = %e, "the service manager's NOTIFY_SOCKET is unusable"))
+            .ok()
+    });
     let shared = Arc::new(Shared {
         info: Info {
             version: crate::VERSION.to_owned(),
@@ -704,6 +762,9 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         reloads: Reloads::default(),
         kv,
         dataplane_done: AtomicBool::new(false),
+        beats: Beats::new(workers + 1),
+        stalled: Mutex::new(None),
+        notifier,
     });
     // Reading and checking the file left much free memory behind (a large table's text
     // and syntax tree).
@@ -872,7 +933,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             Arc::clone(&shared),
             opts.pipeline.clone(),
         );
-        watch.spawn("reload", move || reload_on_hup(&file, &hup, &stop, &shared))?
+        watch.spawn("control", move || control(&file, &hup, &stop, &shared))?
     };
     // Serve metrics until signalled; without an endpoint, until the inputs are done.
     match &listener {
@@ -886,6 +947,14 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         }
     }
     stop.store(true, Ordering::Relaxed);
+    if let Some(n) = &shared.notifier {
+        let _ = n.send(&format!(
+            "STOPPING=1\n{}",
+            notify::status(
+                "stopping: finishing the batches read, flushing outputs, exporting the last flows"
+            )
+        ));
+    }
     for kv in &shared.kv {
         kv.shutdown();
     }
@@ -923,14 +992,23 @@ fn bind_to(cpu: Option<usize>) {
     }
 }
 
-/// The control thread's reloads: on each SIGHUP (`hup` set), once every worker runs the
-/// pipeline of the reload before, loads `file` again and publishes it, or logs why not
-/// and keeps the running one. Until `stop`.
-fn reload_on_hup(file: &PipelineFile, hup: &AtomicBool, stop: &AtomicBool, shared: &Shared) {
+/// The control thread, until `stop`: judges whether the dataplane's threads go on
+/// ([`liveness`]), keeps the service manager told ([`Told`]), and reloads: on each
+/// SIGHUP (`hup` set), once every worker runs the pipeline of the reload before, loads
+/// `file` again and publishes it, or logs why not and keeps the running one.
+fn control(file: &PipelineFile, hup: &AtomicBool, stop: &AtomicBool, shared: &Shared) {
     // The reload published and not yet taken by every worker, and when it was published.
     let mut pending = None::<(u64, Instant)>;
+    // The reload being read, checked and compiled, in a thread of its own so that this
+    // one goes on judging the dataplane and feeding the watchdog meanwhile (a
+    // million-entry table takes seconds), with the pipeline it follows.
+    let mut loading = None::<(JoinHandle<Result<Loaded, ReloadError>>, Arc<Loaded>)>;
+    let mut liveness = Liveness::new(shared.workers + 1, Instant::now());
+    let mut told = Told::new(shared.notifier.as_ref());
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(reload::POLL);
+        judge(shared, &mut liveness);
+        told.update(shared);
         if let Some((generation, at)) = pending.filter(|&(g, _)| shared.workers_run(g)) {
             // No worker runs the previous program now: what it held is free.
             crate::sys::release_free_memory();
@@ -942,6 +1020,23 @@ fn reload_on_hup(file: &PipelineFile, hup: &AtomicBool, stop: &AtomicBool, share
                 "every worker runs the reloaded pipeline"
             );
             pending = None;
+        }
+        if let Some((thread, current)) = loading.take() {
+            if !thread.is_finished() {
+                loading = Some((thread, current));
+                continue;
+            }
+            // A panic there is the service's, as it was when reloads ran here.
+            let next = thread
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            if let Some(generation) = take_reload(next, &current, file, shared) {
+                pending = Some((generation, Instant::now()));
+            }
+            // Ready again, said with the status the reload left.
+            told.ready = false;
+            told.update(shared);
+            continue;
         }
         if !hup.load(Ordering::Relaxed) {
             continue;
@@ -956,38 +1051,177 @@ fn reload_on_hup(file: &PipelineFile, hup: &AtomicBool, stop: &AtomicBool, share
             continue;
         }
         hup.store(false, Ordering::Relaxed);
-        let counts = &shared.reloads;
-        let next = reload::load_next(file, &current, shared.workers).and_then(|next| {
-            shared.steer_for(&current, &next).map_err(|e| {
-                reload::ReloadError::Steering(format!(
-                    "the kernel refused the program that steers the new tunnel ports' \
-                     connections to their workers: {e}"
-                ))
-            })?;
-            Ok(next)
-        });
-        match next {
-            Ok(next) => {
-                let (generation, seconds) = (next.generation, next.seconds);
-                let (pipes, entries) = (next.program.pipes.len(), next.program.entry_count());
-                *shared.loaded.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
-                shared.generation.store(generation, Ordering::Release);
-                pending = Some((generation, Instant::now()));
-                counts.succeeded.fetch_add(1, Ordering::Relaxed);
-                counts.last_failed.store(false, Ordering::Relaxed);
-                tracing::info!(
-                    path = %file.path.display(),
-                    generation,
-                    pipes,
-                    entries,
-                    seconds,
-                    "pipeline reloaded"
-                );
-            }
+        told.send("RELOADING=1");
+        let (to_load, from, workers) = (file.clone(), Arc::clone(&current), shared.workers);
+        let thread = std::thread::Builder::new()
+            .name("reload".to_owned())
+            .spawn(move || reload::load_next(&to_load, &from, workers));
+        match thread {
+            Ok(thread) => loading = Some((thread, current)),
             Err(e) => {
-                counts.failed.fetch_add(1, Ordering::Relaxed);
-                counts.last_failed.store(true, Ordering::Relaxed);
-                tracing::error!(path = %file.path.display(), "reload refused, the running pipeline kept: {e}");
+                take_reload(Err(ReloadError::Thread(e)), &current, file, shared);
+                told.ready = false;
+                told.update(shared);
+            }
+        }
+    }
+}
+
+/// Publishes the pipeline a reload made from `current` for the workers to take (after
+/// steering the kernel's fanout by its tunnel ports, where it steers), or logs why it
+/// was refused; counts either. The generation published, if one was.
+fn take_reload(
+    next: Result<Loaded, ReloadError>,
+    current: &Loaded,
+    file: &PipelineFile,
+    shared: &Shared,
+) -> Option<u64> {
+    let counts = &shared.reloads;
+    let next = next.and_then(|next| {
+        shared.steer_for(current, &next).map_err(|e| {
+            ReloadError::Steering(format!(
+                "the kernel refused the program that steers the new tunnel ports' \
+                 connections to their workers: {e}"
+            ))
+        })?;
+        Ok(next)
+    });
+    match next {
+        Ok(next) => {
+            let (generation, seconds) = (next.generation, next.seconds);
+            let (pipes, entries) = (next.program.pipes.len(), next.program.entry_count());
+            *shared.loaded.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
+            shared.generation.store(generation, Ordering::Release);
+            counts.succeeded.fetch_add(1, Ordering::Relaxed);
+            counts.last_failed.store(false, Ordering::Relaxed);
+            tracing::info!(
+                path = %file.path.display(),
+                generation,
+                pipes,
+                entries,
+                seconds,
+                "pipeline reloaded"
+            );
+            Some(generation)
+        }
+        Err(e) => {
+            counts.failed.fetch_add(1, Ordering::Relaxed);
+            counts.last_failed.store(true, Ordering::Relaxed);
+            tracing::error!(path = %file.path.display(), "reload refused, the running pipeline kept: {e}");
+            None
+        }
+    }
+}
+
+/// Notes which dataplane threads are stalled (see [`liveness`]), for `/healthz` and the
+/// watchdog, and logs when that changes. The threads are judged while they all run:
+/// not while the workers start, nor once the inputs are done.
+fn judge(shared: &Shared, liveness: &mut Liveness) {
+    let now = Instant::now();
+    let running = shared.workers_up.load(Ordering::Relaxed) == shared.workers
+        && !shared.dataplane_done.load(Ordering::Relaxed);
+    let stalled = if running {
+        // Where each worker reads its own share, there is no I/O thread: its slot is
+        // shared by the workers' reading, and each worker's own slot tells.
+        let judged = |slot| slot < shared.workers || shared.groups.is_none();
+        liveness.observe(shared.beats.counts(), judged, now)
+    } else {
+        liveness.restart(now);
+        Vec::new()
+    };
+    let name = |slot| match slot {
+        s if s == shared.workers => "io".to_owned(),
+        s => format!("worker-{s}"),
+    };
+    let said = (!stalled.is_empty()).then(|| {
+        let threads: Vec<_> = stalled.iter().map(|&(slot, _)| name(slot)).collect();
+        let detail: Vec<_> = stalled
+            .iter()
+            .map(|&(slot, stood)| {
+                format!(
+                    "{} (no progress for {:.1} s)",
+                    name(slot),
+                    stood.as_secs_f64()
+                )
+            })
+            .collect();
+        Stalled {
+            threads: threads.join(", "),
+            detail: format!("dataplane stalled: {}", detail.join(", ")),
+        }
+    });
+    let mut now_said = shared.stalled.lock().unwrap_or_else(|e| e.into_inner());
+    match (&*now_said, &said) {
+        (None, Some(s)) => tracing::error!(
+            "{}; /healthz fails and a service manager's watchdog is no longer fed",
+            s.detail
+        ),
+        (Some(_), None) => tracing::info!("the dataplane goes on again"),
+        _ => {}
+    }
+    *now_said = said;
+}
+
+/// What the service manager has been told, and what it is told next (see [`notify`]):
+/// `READY=1` once every worker runs (ports whose interfaces are awaited are awaited
+/// then, said in the status), the status line as it changes, `WATCHDOG=1` as often as
+/// the manager asked while no dataplane thread is stalled.
+struct Told<'n> {
+    notifier: Option<&'n Notifier>,
+    ready: bool,
+    status: String,
+    fed: Option<Instant>,
+    /// A failed send has been logged (it is logged once).
+    failed: bool,
+}
+
+impl<'n> Told<'n> {
+    fn new(notifier: Option<&'n Notifier>) -> Told<'n> {
+        Told {
+            notifier,
+            ready: false,
+            status: String::new(),
+            fed: None,
+            failed: false,
+        }
+    }
+
+    fn update(&mut self, shared: &Shared) {
+        let Some(notifier) = self.notifier else {
+            return;
+        };
+        if shared.workers_up.load(Ordering::Relaxed) < shared.workers {
+            return;
+        }
+        let mut lines = Vec::new();
+        if !self.ready {
+            self.ready = true;
+            lines.push("READY=1".to_owned());
+        }
+        let status = shared.status();
+        if status != self.status {
+            lines.push(notify::status(&status));
+            self.status = status;
+        }
+        let healthy = shared.unhealthy().is_none();
+        if let Some(every) = notifier.watchdog().filter(|_| healthy) {
+            if self.fed.is_none_or(|at| at.elapsed() >= every) {
+                self.fed = Some(Instant::now());
+                lines.push("WATCHDOG=1".to_owned());
+            }
+        }
+        if !lines.is_empty() {
+            self.send(&lines.join("\n"));
+        }
+    }
+
+    fn send(&mut self, state: &str) {
+        let Some(notifier) = self.notifier else {
+            return;
+        };
+        if let Err(e) = notifier.send(state) {
+            if !std::mem::replace(&mut self.failed, true) {
+                tracing::warn!(error = %e, "cannot tell the service manager how the service stands");
             }
         }
     }
@@ -1185,6 +1419,8 @@ fn io(
     let mut slot = PacketBuf::new(DEFAULT_MAX_FRAME);
     let mut workers_gone = false;
     let mut oversize_warning = WarnThrottle::default();
+    // This thread's rounds: a batch handed over, a wait, a paced packet.
+    let beat = || shared.beats.beat(shared.workers);
     while !stop.load(Ordering::Relaxed) && !workers_gone {
         let next = match &mut source {
             Source::Captures(merger) => match merger.next(&mut slot)? {
@@ -1204,6 +1440,7 @@ fn io(
         match next {
             Read::End => break,
             Read::Idle => {
+                beat();
                 if ports_checked.elapsed() >= PUBLISH_EVERY {
                     look_at_ports(&mut out, &mut source, shared);
                     ports_checked = Instant::now();
@@ -1302,6 +1539,7 @@ fn io(
             let full = std::mem::replace(&mut current[w], empty);
             workers_gone = !send(&to_workers[w], full, &done, &mut out)?;
             sent += 1;
+            beat();
             pump(&mut inline);
             // Whatever the workers have finished is written now, not when its buffers are
             // next needed: outputs keep up, and fewer buffers circulate.
@@ -1310,6 +1548,7 @@ fn io(
             }
         }
         if let Some(pps) = opts.rate {
+            beat();
             let due = Duration::from_secs_f64(read as f64 / pps as f64);
             if let Some(wait) = due.checked_sub(start.elapsed()) {
                 std::thread::sleep(wait);
@@ -1767,6 +2006,7 @@ impl<'s> Worker<'s> {
 
     /// Runs a batch and sends it back processed; `false` when the I/O thread is gone.
     fn process(&mut self, mut batch: Vec<PacketBuf>) -> bool {
+        self.shared.beats.beat(self.id);
         self.follow_reload();
         self.batches += 1;
         let timed = (self.batches % LATENCY_SAMPLE == 0).then(Instant::now);
@@ -1822,6 +2062,7 @@ impl<'s> Worker<'s> {
 
     /// What a worker does when no batch came for [`PUBLISH_EVERY`].
     fn idle(&mut self) {
+        self.shared.beats.beat(self.id);
         self.follow_reload();
         // Live ports' time goes on without packets: what timed out ends. (A capture's
         // time is its packets'.)

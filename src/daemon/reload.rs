@@ -119,6 +119,9 @@ pub enum ReloadError {
     /// the ports' fanout groups could not be steered for the new pipeline
     #[error("{0}")]
     Steering(String),
+    /// no thread could be started to load the file
+    #[error("cannot start a thread to load the file: {0}")]
+    Thread(std::io::Error),
 }
 
 /// What of `new` a service started with `old` cannot take without a restart, each named;

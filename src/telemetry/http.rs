@@ -36,6 +36,8 @@ pub trait Handler: Sync {
     fn metrics(&self) -> String;
     /// Whether `/readyz` says ready.
     fn ready(&self) -> bool;
+    /// Why `/healthz` fails, if it does.
+    fn unhealthy(&self) -> Option<String>;
 }
 
 /// Serves until `stop` is set (checked every 50 ms), then waits for the connections being
@@ -125,7 +127,16 @@ fn answer(stream: TcpStream, handler: &dyn Handler, limits: Deadlines) -> std::i
             "text/plain; version=0.0.4; charset=utf-8",
             &handler.metrics(),
         ),
-        "/healthz" => respond(stream, head_only, "200 OK", "text/plain", "ok\n"),
+        "/healthz" => match handler.unhealthy() {
+            None => respond(stream, head_only, "200 OK", "text/plain", "ok\n"),
+            Some(why) => respond(
+                stream,
+                head_only,
+                "503 Service Unavailable",
+                "text/plain",
+                &format!("{why}\n"),
+            ),
+        },
         "/readyz" if handler.ready() => {
             respond(stream, head_only, "200 OK", "text/plain", "ready\n")
         }
@@ -217,6 +228,10 @@ mod tests {
 
         fn ready(&self) -> bool {
             true
+        }
+
+        fn unhealthy(&self) -> Option<String> {
+            None
         }
     }
 
