@@ -1261,6 +1261,8 @@ fn a_service_manager_is_told_how_it_stands_and_a_stalled_dataplane_fails_its_hea
     );
     // A worker has nothing to do, which is not a stall.
     assert!(!body.contains("worker"), "{body}");
+    let stalled = |b: &str| metric(b, "dpuflow_dataplane_stalled_threads");
+    svc.scrape_until(|b| stalled(b) == Some(1));
     // Unfed for as long as it stays stalled.
     std::thread::sleep(Duration::from_secs(1));
     drain_tx.send(()).expect("drain");
@@ -1273,6 +1275,7 @@ fn a_service_manager_is_told_how_it_stands_and_a_stalled_dataplane_fails_its_hea
     );
     manager.until(|d| d.contains("WATCHDOG=1"));
     assert_eq!(get(svc.addr, "/healthz"), Some((200, "ok\n".to_owned())));
+    svc.scrape_until(|b| stalled(b) == Some(0));
 
     assert_eq!(svc.terminate(), 0);
     let last = manager.until(|d| d.starts_with("STOPPING=1"));

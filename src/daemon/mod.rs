@@ -381,6 +381,9 @@ impl Handler for Shared {
             reloads_succeeded: self.reloads.succeeded.load(Ordering::Relaxed),
             reloads_failed: self.reloads.failed.load(Ordering::Relaxed),
             last_reload_failed: self.reloads.last_failed.load(Ordering::Relaxed),
+            stalled_threads: (self.stalled.lock().unwrap_or_else(|e| e.into_inner()))
+                .as_ref()
+                .map_or(0, |s| s.count),
             ports_open: self
                 .port_open
                 .iter()
@@ -418,6 +421,7 @@ impl Handler for Shared {
 /// Dataplane threads found stalled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Stalled {
+    count: usize,
     /// Their names (`io`, `worker-1`).
     threads: String,
     /// With for how long each has made no progress, for `/healthz`.
@@ -1146,6 +1150,7 @@ fn judge(shared: &Shared, liveness: &mut Liveness) {
             })
             .collect();
         Stalled {
+            count: threads.len(),
             threads: threads.join(", "),
             detail: format!("dataplane stalled: {}", detail.join(", ")),
         }

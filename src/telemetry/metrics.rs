@@ -45,6 +45,8 @@ pub struct ServiceState {
     pub last_reload_failed: bool,
     /// The CPU seconds of the service's threads, by name.
     pub threads: Vec<(String, f64)>,
+    /// Dataplane threads that have made no progress for the liveness check's limit.
+    pub stalled_threads: usize,
     /// Per port: whether it reads or writes anything (a capture bound, or its interface
     /// open).
     pub ports_open: Vec<bool>,
@@ -463,6 +465,11 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info, state: &ServiceSt
         "dpuflow_thread_cpu_seconds_total",
         "CPU time of the service's dataplane threads (io, worker-N, ipfix), user and system: the rate of a thread's is how busy it is.",
         threads.iter().map(|(name, s)| (labels(&[("thread", name)]), *s)),
+    );
+    fam.gauge(
+        "dpuflow_dataplane_stalled_threads",
+        "Dataplane threads that have made no progress for 5 s or more (/healthz names them).",
+        [(vec![], state.stalled_threads as f64)],
     );
 
     // The names every Prometheus client library gives these, so that dashboards made for
