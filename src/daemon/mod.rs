@@ -1424,7 +1424,7 @@ fn io(
     let mut slot = PacketBuf::new(DEFAULT_MAX_FRAME);
     let mut workers_gone = false;
     let mut oversize_warning = WarnThrottle::default();
-    // This thread's rounds: a batch handed over, a wait, a paced packet.
+    // This thread's rounds: a batch handed over, a wait, a paced or skipped packet.
     let beat = || shared.beats.beat(shared.workers);
     while !stop.load(Ordering::Relaxed) && !workers_gone {
         let next = match &mut source {
@@ -1491,6 +1491,8 @@ fn io(
                 continue;
             }
             Read::Oversize(port, len) => {
+                // A capture of nothing else goes round without a batch.
+                beat();
                 let [packets, bytes] = &shared.oversize[port.index()];
                 packets.fetch_add(1, Ordering::Relaxed);
                 bytes.fetch_add(len as u64, Ordering::Relaxed);
@@ -2104,6 +2106,10 @@ impl<'s> Worker<'s> {
     /// Runs the batches waiting for it, from the thread that sent them (the I/O thread,
     /// when it runs the only worker itself); with none, does its idle work if due.
     fn pump(&mut self) {
+        // A round of the thread that runs it, whether or not a batch or idle work was
+        // due: idle work waits for the next publication, which a large table's counters
+        // put off (see `publish_now_or_later`).
+        self.shared.beats.beat(self.id);
         let mut ran = false;
         while let Ok(batch) = self.ch.rx.try_recv() {
             ran |= self.process(batch);
