@@ -868,7 +868,7 @@ fn an_interface_missing_at_the_start_is_waited_for() {
     ] {
         let pipe =
             format!("{UDP_OUT}pipe back root from outside {{ default {{ actions drop }} }}\n");
-        let (lab, _dir, pipe_path) = Lab::with_pipeline_on(driver, tag, &pipe);
+        let (lab, dir, pipe_path) = Lab::with_pipeline_on(driver, tag, &pipe);
         lab.run(&lab.dut, &["ip", "link", "del", "in0"]);
         let (refused, said) = lab.run_once(&pipe_path);
         assert!(
@@ -876,7 +876,25 @@ fn an_interface_missing_at_the_start_is_waited_for() {
             "{driver}: {said}"
         );
 
-        let dpuflow = lab.start_serving(&[], &pipe_path, workers, &["--wait-for-interfaces"]);
+        // Under systemd: ready once the workers run, the port awaited said in the status.
+        let socket = dir.path("notify");
+        let manager = std::os::unix::net::UnixDatagram::bind(&socket).expect("bind");
+        manager
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let told = || {
+            let mut buf = [0; 1024];
+            let n = manager.recv(&mut buf).expect("told within ten seconds");
+            String::from_utf8_lossy(&buf[..n]).into_owned()
+        };
+        let env = format!("NOTIFY_SOCKET={socket}");
+        let dpuflow = lab.start_serving(&[&env], &pipe_path, workers, &["--wait-for-interfaces"]);
+        let first = told();
+        assert!(
+            first.starts_with("READY=1\nSTATUS=running pipeline")
+                && first.ends_with("; waiting for interface in0"),
+            "{driver}: {first}"
+        );
         let open = "dpuflow_port_open{port=\"inside\"}";
         let outside = "dpuflow_port_open{port=\"outside\"}";
         let m = lab.metrics_until(|m| metric(m, outside) == Some(1), "opened outside");
@@ -885,6 +903,11 @@ fn an_interface_missing_at_the_start_is_waited_for() {
         assert!(!lab.ready(), "{driver}: ready with a port not open");
 
         lab.link_inside_again(driver, 1);
+        let opened = told();
+        assert!(
+            opened.starts_with("STATUS=running pipeline") && !opened.contains("waiting"),
+            "{driver}: {opened}"
+        );
         let counter = lab.count_at_server(5001);
         lab.send_udp(5001, 5);
         assert_eq!(counter.seen(), "5001:5", "{driver}: what crossed");

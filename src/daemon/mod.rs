@@ -445,10 +445,17 @@ impl Shared {
             self.workers,
             if self.workers == 1 { "" } else { "s" }
         );
-        match self.ports_waiting.load(Ordering::Relaxed) {
-            0 => {}
-            1 => s.push_str("; waiting for a port's interface"),
-            n => s.push_str(&format!("; waiting for {n} ports' interfaces")),
+        if self.ports_waiting.load(Ordering::Relaxed) > 0 {
+            // The live ports not open: those awaited (at the start, or since their
+            // interface went).
+            let waiting: Vec<&str> = (loaded.program.ports.iter().enumerate())
+                .filter(|&(i, p)| {
+                    matches!(p.driver, Driver::AfPacket | Driver::AfXdp)
+                        && !self.port_open[i].load(Ordering::Relaxed)
+                })
+                .filter_map(|(_, p)| p.iface.as_deref())
+                .collect();
+            s.push_str(&format!("; waiting for interface {}", waiting.join(", ")));
         }
         if self.reloads.last_failed.load(Ordering::Relaxed) {
             s.push_str("; the last reload was refused (see the log)");
