@@ -228,16 +228,11 @@ fn unreachable_collector_is_counted_and_warned_once() {
         &nobody,
     ]);
     let failures = |b: &str| metric(b, "dpuflow_ipfix_send_failures_total").unwrap_or(0);
-    let body = svc.scrape_until(|b| failures(b) > 0);
-    // 57 flows make a templates message and several data messages.
-    let (sent, failed) = (
-        metric(&body, "dpuflow_ipfix_messages_total").unwrap_or(0),
-        failures(&body),
-    );
-    assert!(
-        sent >= 1 && sent + failed >= 4,
-        "{sent} sent, {failed} failed"
-    );
+    let sent = |b: &str| metric(b, "dpuflow_ipfix_messages_total").unwrap_or(0);
+    // 57 flows make a templates message and several data messages: a scrape may come
+    // between two of them (under an emulator, it did).
+    let body = svc.scrape_until(|b| failures(b) > 0 && sent(b) + failures(b) >= 4);
+    assert!(sent(&body) >= 1, "{body}");
     let (code, log) = svc.terminate_with_log();
     assert_eq!(code, 0);
     assert_eq!(log.matches("IPFIX messages not sent").count(), 1, "{log}");
