@@ -878,18 +878,10 @@ fn an_interface_missing_at_the_start_is_waited_for() {
 
         // Under systemd: ready once the workers run, the port awaited said in the status.
         let socket = dir.path("notify");
-        let manager = std::os::unix::net::UnixDatagram::bind(&socket).expect("bind");
-        manager
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .expect("timeout");
-        let told = || {
-            let mut buf = [0; 1024];
-            let n = manager.recv(&mut buf).expect("told within ten seconds");
-            String::from_utf8_lossy(&buf[..n]).into_owned()
-        };
+        let manager = Manager::bind(&socket);
         let env = format!("NOTIFY_SOCKET={socket}");
         let dpuflow = lab.start_serving(&[&env], &pipe_path, workers, &["--wait-for-interfaces"]);
-        let first = told();
+        let first = manager.next();
         assert!(
             first.starts_with("READY=1\nSTATUS=running pipeline")
                 && first.ends_with("; waiting for interface in0"),
@@ -903,7 +895,7 @@ fn an_interface_missing_at_the_start_is_waited_for() {
         assert!(!lab.ready(), "{driver}: ready with a port not open");
 
         lab.link_inside_again(driver, 1);
-        let opened = told();
+        let opened = manager.next();
         assert!(
             opened.starts_with("STATUS=running pipeline") && !opened.contains("waiting"),
             "{driver}: {opened}"

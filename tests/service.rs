@@ -1155,34 +1155,6 @@ fn sighup_reloads_the_pipeline_while_packets_flow() {
     );
 }
 
-/// What a service manager hears on its notification socket (sd_notify(3)).
-struct Manager(std::os::unix::net::UnixDatagram);
-
-impl Manager {
-    /// The next datagram, within ten seconds.
-    fn next(&self) -> String {
-        let mut buf = [0; 4096];
-        let n = self
-            .0
-            .recv(&mut buf)
-            .expect("a notification within ten seconds");
-        String::from_utf8_lossy(&buf[..n]).into_owned()
-    }
-
-    /// The datagrams up to and including the first that `pred` accepts.
-    fn until(&self, pred: impl Fn(&str) -> bool) -> Vec<String> {
-        let mut heard = Vec::new();
-        loop {
-            let d = self.next();
-            let done = pred(&d);
-            heard.push(d);
-            if done {
-                return heard;
-            }
-        }
-    }
-}
-
 /// Under a service manager (systemd's `Type=notify`): told `READY=1` and a status once the
 /// workers run, `WATCHDOG=1` as often as asked, `RELOADING=1` then `READY=1` around a
 /// reload, `STOPPING=1` at the stop. An output that takes nothing (a FIFO nobody reads)
@@ -1193,11 +1165,7 @@ impl Manager {
 fn a_service_manager_is_told_how_it_stands_and_a_stalled_dataplane_fails_its_health() {
     let dir = Scratch::new("service-notify");
     let socket = dir.path("notify");
-    let manager = Manager(std::os::unix::net::UnixDatagram::bind(&socket).expect("bind"));
-    manager
-        .0
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
+    let manager = Manager::bind(&socket);
     let input = dir.path("host.pcap");
     bench_capture("pipelines/vxlan-gateway.pipe", "host", 100, &input);
     let fifo = dir.path("uplink.fifo");

@@ -358,3 +358,40 @@ impl Drop for Running {
         let _ = self.0.wait();
     }
 }
+
+/// What a service manager hears on its notification socket (sd_notify(3)).
+pub struct Manager(std::os::unix::net::UnixDatagram);
+
+impl Manager {
+    /// A notification socket bound at `path`, each datagram awaited for ten seconds.
+    pub fn bind(path: &str) -> Manager {
+        let socket = std::os::unix::net::UnixDatagram::bind(path).expect("bind");
+        socket
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        Manager(socket)
+    }
+
+    /// The next datagram, within ten seconds.
+    pub fn next(&self) -> String {
+        let mut buf = [0; 4096];
+        let n = self
+            .0
+            .recv(&mut buf)
+            .expect("a notification within ten seconds");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+
+    /// The datagrams up to and including the first that `pred` accepts.
+    pub fn until(&self, pred: impl Fn(&str) -> bool) -> Vec<String> {
+        let mut heard = Vec::new();
+        loop {
+            let d = self.next();
+            let done = pred(&d);
+            heard.push(d);
+            if done {
+                return heard;
+            }
+        }
+    }
+}
