@@ -69,6 +69,17 @@ struct KvService {
     child: Running,
     metrics: SocketAddr,
     port: u16,
+    /// The service's log, shown when a test fails.
+    log: String,
+}
+
+impl Drop for KvService {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            eprintln!("the KV-cache service's log:\n{log}");
+        }
+    }
 }
 
 impl KvService {
@@ -116,18 +127,21 @@ impl KvService {
                 sh
             }
         };
+        let log = dir.path("service.log");
         let child = command
             .args(["run", &pipe, "--metrics", &metrics.to_string()])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()
             .expect("spawn dpuflow run");
-        wait_for_port(port, "the kvcache service");
-        KvService {
+        let service = KvService {
             child: Running(child),
             metrics,
             port,
-        }
+            log,
+        };
+        wait_for_port(port, "the kvcache service");
+        service
     }
 
     /// redis-cli's `--raw` output of `GET key`: the value's bytes and a newline.
