@@ -134,13 +134,19 @@ impl KvService {
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()
             .expect("spawn dpuflow run");
-        let service = KvService {
+        let mut service = KvService {
             child: Running(child),
             metrics,
             port,
             log,
         };
-        wait_for_port(port, "the kvcache service");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            let exited = service.child.0.try_wait().expect("the service's status");
+            assert!(exited.is_none(), "the kvcache service exited: {exited:?}");
+            assert!(Instant::now() < deadline, "the kvcache service never listened");
+            std::thread::sleep(Duration::from_millis(50));
+        }
         service
     }
 

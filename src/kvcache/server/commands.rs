@@ -1,0 +1,808 @@
+//! The requests that are not a value's I/O: options, deadlines, `SCAN`, `CONFIG`,
+//! authentication, `HELLO` and `INFO`, and the counts of each command.
+
+use super::values::{Expiry, Only};
+use super::{now_ms, KvService, Replies, COMMANDS, TIMED};
+use crate::kvcache::glob;
+use crate::kvcache::index::StoreError;
+use crate::kvcache::resp::reply;
+use crate::kvcache::storage;
+use std::hash::BuildHasher;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::TryLockError;
+use std::time::Instant;
+
+/// Whether `a` and `b` are equal, in a time that depends on their lengths only.
+pub(super) fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+/// An integer argument as Redis reads one: an optional minus and digits, no leading zero,
+/// within 64 bits.
+pub(super) fn integer(arg: &[u8]) -> Option<i64> {
+    let digits = arg.strip_prefix(b"-").unwrap_or(arg);
+    let canonical = match digits {
+        [] => false,
+        [b'0'] => digits.len() == arg.len(),
+        [first, ..] => *first != b'0' && digits.iter().all(u8::is_ascii_digit),
+    };
+    canonical
+        .then(|| std::str::from_utf8(arg).ok()?.parse().ok())
+        .flatten()
+}
+
+/// The deadline (unix milliseconds) `amount` of `unit` gives at `now`: relative for
+/// `EX`/`PX`/`EXPIRE`/`PEXPIRE`, absolute for the `…AT` forms; `None` past 64 bits
+/// (Redis's "invalid expire time").
+pub(super) fn deadline_of(amount: i64, seconds: bool, relative: bool, now: i64) -> Option<i64> {
+    let ms = if seconds {
+        amount.checked_mul(1000)?
+    } else {
+        amount
+    };
+    if relative {
+        ms.checked_add(now)
+    } else {
+        Some(ms)
+    }
+}
+
+/// What an expiry option of `SET` or `GETEX` (lower case) counts in: (seconds, relative to
+/// now), for `EX`, `PX`, `EXAT` and `PXAT`.
+pub(super) fn expiry_unit(option: &[u8]) -> Option<(bool, bool)> {
+    match option {
+        b"ex" => Some((true, true)),
+        b"px" => Some((false, true)),
+        b"exat" => Some((true, false)),
+        b"pxat" => Some((false, false)),
+        _ => None,
+    }
+}
+
+/// The deadline an expiry option's `amount` in `unit` ([`expiry_unit`]) gives at `now`, or
+/// Redis's error for `command`: the amount must be a positive integer within 64 bits.
+pub(super) fn option_deadline(
+    command: &str,
+    (seconds, relative): (bool, bool),
+    amount: &[u8],
+    now: i64,
+) -> Result<i64, String> {
+    let amount = integer(amount).ok_or("ERR value is not an integer or out of range")?;
+    deadline_of(amount, seconds, relative, now)
+        .filter(|_| amount > 0)
+        .ok_or_else(|| format!("ERR invalid expire time in '{command}' command"))
+}
+
+/// The reply to a value the store cannot take.
+pub(super) fn refusal(e: &StoreError) -> String {
+    match e {
+        StoreError::TooLarge { .. } => format!("ERR {e}"),
+        // Redis's answer when a write finds no room.
+        StoreError::Busy => format!("OOM {e}"),
+    }
+}
+
+impl KvService {
+    pub(super) fn count(&self, command: &str) {
+        self.count_n(command, 1);
+    }
+
+    /// Counts `n` requests of `command`.
+    pub(super) fn count_n(&self, command: &str, n: u64) {
+        // The forms of a command are counted as one.
+        let command = match command {
+            "getdel" | "getex" => "get",
+            "pexpire" | "expireat" | "pexpireat" => "expire",
+            "pttl" | "expiretime" | "pexpiretime" => "ttl",
+            c => c,
+        };
+        let i = COMMANDS
+            .iter()
+            .position(|c| *c == command)
+            .unwrap_or(COMMANDS.len() - 1);
+        self.counters.commands[i].fetch_add(n, Relaxed);
+    }
+
+    /// Runs one request, appending its reply to `out`; `true` when the client asked to
+    /// leave.
+    pub(super) fn execute(&self, words: &[&[u8]], out: &mut Replies) -> bool {
+        let Some((name, args)) = words.split_first() else {
+            return false;
+        };
+        let name = String::from_utf8_lossy(name).to_ascii_lowercase();
+        let arity = |n: usize, out: &mut Vec<u8>| {
+            let ok = args.len() == n;
+            if !ok {
+                reply::error(
+                    out,
+                    &format!("ERR wrong number of arguments for '{name}' command"),
+                );
+            }
+            ok
+        };
+        self.count(&name);
+        let timed = TIMED.iter().position(|c| *c == name);
+        let since = timed.map(|_| Instant::now());
+        match name.as_str() {
+            "get" => {
+                if arity(1, out) {
+                    self.get(args[0], out);
+                }
+            }
+            "set" => self.set_command(args, out),
+            "getdel" => {
+                if arity(1, out) {
+                    self.getdel(args[0], out);
+                }
+            }
+            "getex" => self.getex(args, out),
+            "mset" if !args.is_empty() && args.len() % 2 == 0 => {
+                let pairs: Vec<_> = args.chunks(2).map(|kv| (kv[0], kv[1])).collect();
+                let failed = self
+                    .store_all(&pairs)
+                    .into_iter()
+                    .rev()
+                    .find_map(Result::err);
+                match failed {
+                    None => reply::ok(out),
+                    Some(e) => reply::error(out, &e),
+                }
+            }
+            "del" | "unlink" if !args.is_empty() => {
+                let mut ix = self.lock();
+                let n = args.iter().filter(|k| ix.remove(k)).count();
+                reply::integer(out, n as i64);
+            }
+            "exists" if !args.is_empty() => {
+                let ix = self.lock();
+                let n = args.iter().filter(|k| ix.contains(k)).count();
+                reply::integer(out, n as i64);
+            }
+            "strlen" => {
+                if arity(1, out) {
+                    let len = self.lock().len_of(args[0]).unwrap_or(0);
+                    reply::integer(out, len as i64);
+                }
+            }
+            "dbsize" => reply::integer(out, self.lock().stats().keys as i64),
+            "expire" | "pexpire" | "expireat" | "pexpireat" => self.expire(&name, args, out),
+            "ttl" | "pttl" | "expiretime" | "pexpiretime" => {
+                if arity(1, out) {
+                    self.ttl(&name, args[0], out);
+                }
+            }
+            "persist" => {
+                if arity(1, out) {
+                    let mut ix = self.lock();
+                    let had = matches!(ix.deadline(args[0]), Some(Some(_)));
+                    if had {
+                        ix.set_deadline(args[0], None);
+                    }
+                    reply::integer(out, i64::from(had));
+                }
+            }
+            "keys" => {
+                if arity(1, out) {
+                    let ix = self.lock();
+                    let keys: Vec<&[u8]> =
+                        ix.keys().filter(|k| glob::matches(args[0], k)).collect();
+                    reply::array(out, keys.len());
+                    for k in keys {
+                        reply::bulk(out, k);
+                    }
+                }
+            }
+            "scan" => self.scan(args, out),
+            "flushall" | "flushdb" => {
+                self.lock().clear();
+                reply::ok(out);
+            }
+            "save" => {
+                if arity(0, out) {
+                    self.save_command(out);
+                }
+            }
+            "lastsave" => {
+                if arity(0, out) {
+                    let ms = self.counters.last_save_ms.load(Relaxed);
+                    reply::integer(out, i64::try_from(ms / 1000).unwrap_or(i64::MAX));
+                }
+            }
+            "ping" => match args {
+                [] => reply::simple(out, "PONG"),
+                [msg] => reply::bulk(out, msg),
+                _ => {
+                    arity(1, out);
+                }
+            },
+            "echo" => {
+                if arity(1, out) {
+                    reply::bulk(out, args[0]);
+                }
+            }
+            "quit" => {
+                reply::ok(out);
+                return true;
+            }
+            "select" => match args {
+                [b"0"] => reply::ok(out),
+                [_] => reply::error(out, "ERR DB index is out of range"),
+                _ => {
+                    arity(1, out);
+                }
+            },
+            "info" => reply::bulk(out, self.info().as_bytes()),
+            "config" => self.config_command(args, out),
+            "command" => match args.first().map(|a| a.to_ascii_lowercase()) {
+                Some(sub) if sub == b"count" => reply::integer(out, COMMANDS.len() as i64 + 8),
+                _ => reply::array(out, 0),
+            },
+            "client" => match args.first().map(|a| a.to_ascii_lowercase()).as_deref() {
+                Some(b"setname" | b"setinfo") => reply::ok(out),
+                Some(b"getname") => reply::null(out),
+                _ => reply::error(out, "ERR unknown subcommand for 'client'"),
+            },
+            "auth" => match self.auth(args) {
+                Ok(()) => reply::ok(out),
+                Err(e) => reply::error(out, e),
+            },
+            "hello" => {
+                let _ = self.hello_command(args, out);
+            }
+            "mget" | "mset" | "del" | "unlink" | "exists" => {
+                reply::error(
+                    out,
+                    &format!("ERR wrong number of arguments for '{name}' command"),
+                );
+            }
+            _ => {
+                let first = args
+                    .first()
+                    .map(|a| String::from_utf8_lossy(a).into_owned())
+                    .unwrap_or_default();
+                reply::error(
+                    out,
+                    &format!("ERR unknown command '{name}', with args beginning with: '{first}'"),
+                );
+            }
+        }
+        if let (Some(i), Some(since)) = (timed, since) {
+            self.counters.durations[i].observe(since.elapsed());
+        }
+        false
+    }
+
+    /// `SET key value [NX | XX] [GET] [EX s | PX ms | EXAT unix-s | PXAT unix-ms | KEEPTTL]`,
+    /// as Redis 7 reads it: a deadline already passed stores nothing and removes the key.
+    pub(super) fn set_command(&self, args: &[&[u8]], out: &mut Vec<u8>) {
+        let [key, value, opts @ ..] = args else {
+            reply::error(out, "ERR wrong number of arguments for 'set' command");
+            return;
+        };
+        let (mut only, mut expiry, mut get) = (None, None, false);
+        let mut opts = opts.iter();
+        while let Some(o) = opts.next() {
+            let o = o.to_ascii_lowercase();
+            let (seconds, relative) = match o.as_slice() {
+                b"get" => {
+                    get = true;
+                    continue;
+                }
+                b"nx" | b"xx" if only.is_none() => {
+                    only = Some(if o == b"nx" {
+                        Only::Absent
+                    } else {
+                        Only::Present
+                    });
+                    continue;
+                }
+                b"keepttl" if expiry.is_none() => {
+                    expiry = Some(Expiry::Keep);
+                    continue;
+                }
+                o => match expiry_unit(o) {
+                    Some(unit) => unit,
+                    None => {
+                        reply::error(out, "ERR syntax error");
+                        return;
+                    }
+                },
+            };
+            let Some(amount) = opts.next().filter(|_| expiry.is_none()) else {
+                reply::error(out, "ERR syntax error");
+                return;
+            };
+            match option_deadline("set", (seconds, relative), amount, now_ms()) {
+                Ok(at) => expiry = Some(Expiry::At(at)),
+                Err(e) => {
+                    reply::error(out, &e);
+                    return;
+                }
+            }
+        }
+        let only = only.unwrap_or(Only::Any);
+        let expiry = expiry.unwrap_or(Expiry::Clear);
+        // `GET`: the reply is the value the key held, read before anything is stored (so
+        // its blocks are not held while the new value needs room), whether or not `NX` or
+        // `XX` let the SET store.
+        let old = get.then(|| {
+            let mut old = Vec::new();
+            let extents = self.lock().get(key);
+            self.reply_value(key, extents, &mut old);
+            old
+        });
+        let stored = match expiry {
+            Expiry::At(at) if at <= now_ms() => {
+                // Stored and at once expired, as Redis has it: the key is gone.
+                let mut ix = self.lock();
+                let allowed = only.allows(ix.contains(key));
+                if allowed {
+                    ix.remove(key);
+                }
+                Ok(allowed)
+            }
+            _ => self.store(key, value, only, expiry),
+        };
+        match (stored, old) {
+            (Err(e), _) => reply::error(out, &e),
+            (Ok(_), Some(old)) => out.extend_from_slice(&old),
+            (Ok(true), None) => reply::ok(out),
+            (Ok(false), None) => reply::null(out),
+        }
+    }
+
+    /// `EXPIRE key seconds`, `PEXPIRE key ms`, `EXPIREAT key unix-s`, `PEXPIREAT key
+    /// unix-ms`, each with `NX | XX | GT | LT` as Redis 7 has them (a key without a
+    /// deadline counts as never expiring for `GT` and `LT`); a deadline already passed
+    /// removes the key. 1 when the deadline was set (or the key removed), 0 otherwise.
+    pub(super) fn expire(&self, name: &str, args: &[&[u8]], out: &mut Vec<u8>) {
+        let [key, amount, opts @ ..] = args else {
+            reply::error(
+                out,
+                &format!("ERR wrong number of arguments for '{name}' command"),
+            );
+            return;
+        };
+        let Some(amount) = integer(amount) else {
+            reply::error(out, "ERR value is not an integer or out of range");
+            return;
+        };
+        let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
+        for o in opts {
+            match o.to_ascii_lowercase().as_slice() {
+                b"nx" => nx = true,
+                b"xx" => xx = true,
+                b"gt" => gt = true,
+                b"lt" => lt = true,
+                _ => {
+                    let o = String::from_utf8_lossy(o);
+                    reply::error(out, &format!("ERR Unsupported option {o}"));
+                    return;
+                }
+            }
+        }
+        if nx && (xx || gt || lt) {
+            reply::error(
+                out,
+                "ERR NX and XX, GT or LT options at the same time are not compatible",
+            );
+            return;
+        }
+        if gt && lt {
+            reply::error(
+                out,
+                "ERR GT and LT options at the same time are not compatible",
+            );
+            return;
+        }
+        let seconds = matches!(name, "expire" | "expireat");
+        let relative = matches!(name, "expire" | "pexpire");
+        let now = now_ms();
+        let Some(at) = deadline_of(amount, seconds, relative, now) else {
+            reply::error(out, &format!("ERR invalid expire time in '{name}' command"));
+            return;
+        };
+        let mut ix = self.lock();
+        let Some(current) = ix.deadline(key) else {
+            drop(ix);
+            reply::integer(out, 0);
+            return;
+        };
+        let current = current.map(|d| i64::try_from(d).unwrap_or(i64::MAX));
+        let allowed = match current {
+            _ if nx => current.is_none(),
+            _ if xx => current.is_some(),
+            None => !gt,
+            Some(c) => !(gt && at <= c || lt && at >= c),
+        };
+        if allowed {
+            if at <= now {
+                ix.remove(key);
+            } else {
+                ix.set_deadline(key, u64::try_from(at).ok());
+            }
+        }
+        drop(ix);
+        reply::integer(out, i64::from(allowed));
+    }
+
+    /// `TTL` and `PTTL` (what is left, seconds rounded), `EXPIRETIME` and `PEXPIRETIME`
+    /// (the deadline, unix time): -2 for a key not held, -1 for one without a deadline.
+    pub(super) fn ttl(&self, name: &str, key: &[u8], out: &mut Vec<u8>) {
+        let deadline = self.lock().deadline(key);
+        let n = match deadline {
+            None => -2,
+            Some(None) => -1,
+            Some(Some(d)) => {
+                let d = i64::try_from(d).unwrap_or(i64::MAX);
+                let ms = match name {
+                    "ttl" | "pttl" => d.saturating_sub(now_ms()).max(0),
+                    _ => d,
+                };
+                match name {
+                    "ttl" | "expiretime" => ms.saturating_add(500) / 1000,
+                    _ => ms,
+                }
+            }
+        };
+        reply::integer(out, n);
+    }
+
+    /// `GETDEL key`: the value, and the key gone, at once (the blocks stay readable to
+    /// this request through its own reference).
+    pub(super) fn getdel(&self, key: &[u8], out: &mut Vec<u8>) {
+        let extents = {
+            let mut ix = self.lock();
+            let extents = ix.get(key);
+            ix.remove(key);
+            extents
+        };
+        self.reply_value(key, extents, out);
+    }
+
+    /// `GETEX key [EX s | PX ms | EXAT unix-s | PXAT unix-ms | PERSIST]`: the value, its
+    /// deadline set or taken away at once; a deadline already past removes the key.
+    pub(super) fn getex(&self, args: &[&[u8]], out: &mut Vec<u8>) {
+        let Some((key, opts)) = args.split_first() else {
+            reply::error(out, "ERR wrong number of arguments for 'getex' command");
+            return;
+        };
+        let now = now_ms();
+        let change = match opts {
+            [] => None,
+            [o] if o.eq_ignore_ascii_case(b"persist") => Some(None),
+            [o, amount] => {
+                let Some(unit) = expiry_unit(&o.to_ascii_lowercase()) else {
+                    reply::error(out, "ERR syntax error");
+                    return;
+                };
+                match option_deadline("getex", unit, amount, now) {
+                    Ok(at) => Some(Some(at)),
+                    Err(e) => {
+                        reply::error(out, &e);
+                        return;
+                    }
+                }
+            }
+            _ => {
+                reply::error(out, "ERR syntax error");
+                return;
+            }
+        };
+        let extents = {
+            let mut ix = self.lock();
+            let extents = ix.get(key);
+            match change {
+                Some(Some(at)) if at <= now => {
+                    ix.remove(key);
+                }
+                Some(at) => {
+                    ix.set_deadline(key, at.and_then(|at| u64::try_from(at).ok()));
+                }
+                None => {}
+            }
+            extents
+        };
+        self.reply_value(key, extents, out);
+    }
+
+    /// `SCAN cursor [MATCH pattern] [COUNT n] [TYPE type]`. Keys are visited in the order of
+    /// a hash fixed for the service's life, and the cursor is the hash to go on from, so
+    /// a key held from the first call to the last is returned once, whatever is added or
+    /// removed meanwhile (Redis's guarantee). Each call looks at every key: a tool's walk,
+    /// not a request path.
+    pub(super) fn scan(&self, args: &[&[u8]], out: &mut Vec<u8>) {
+        let Some((cursor, opts)) = args.split_first() else {
+            reply::error(out, "ERR wrong number of arguments for 'scan' command");
+            return;
+        };
+        let Some(cursor) = std::str::from_utf8(cursor)
+            .ok()
+            .and_then(|c| c.parse::<u64>().ok())
+        else {
+            reply::error(out, "ERR invalid cursor");
+            return;
+        };
+        let (mut pattern, mut count, mut strings) = (&b"*"[..], 10usize, true);
+        for opt in opts.chunks(2) {
+            match (opt[0].to_ascii_lowercase().as_slice(), opt.get(1)) {
+                (b"match", Some(p)) => pattern = p,
+                (b"count", Some(n)) => {
+                    match std::str::from_utf8(n).ok().and_then(|n| n.parse().ok()) {
+                        Some(n) if n > 0 => count = n,
+                        _ => {
+                            reply::error(out, "ERR value is not an integer or out of range");
+                            return;
+                        }
+                    }
+                }
+                // Every value is a string.
+                (b"type", Some(t)) => strings = t.eq_ignore_ascii_case(b"string"),
+                _ => {
+                    reply::error(out, "ERR syntax error");
+                    return;
+                }
+            }
+        }
+        let ix = self.lock();
+        let mut next: Vec<(u64, &[u8])> = ix
+            .keys()
+            .map(|k| (self.scan_order.hash_one(k), k))
+            .filter(|(h, _)| *h >= cursor)
+            .collect();
+        next.sort_unstable();
+        // This call's keys: the first `count`, and any sharing the last one's hash (the
+        // cursor cannot split them).
+        let mut end = count.min(next.len());
+        while end > 0 && end < next.len() && next[end].0 == next[end - 1].0 {
+            end += 1;
+        }
+        let cursor = match next.get(end) {
+            Some(_) => next[end - 1].0 + 1,
+            None => 0,
+        };
+        let keys: Vec<&[u8]> = next[..end]
+            .iter()
+            .map(|(_, k)| *k)
+            .filter(|k| strings && glob::matches(pattern, k))
+            .collect();
+        reply::array(out, 2);
+        reply::bulk(out, cursor.to_string().as_bytes());
+        reply::array(out, keys.len());
+        for k in keys {
+            reply::bulk(out, k);
+        }
+    }
+
+    /// `CONFIG GET pattern`: the few settings clients ask for (redis-benchmark asks for
+    /// `save` and `appendonly`); `CONFIG SET` is refused.
+    pub(super) fn config_command(&self, args: &[&[u8]], out: &mut Vec<u8>) {
+        let [sub, pattern] = args else {
+            reply::error(
+                out,
+                "ERR unknown subcommand or wrong number of arguments for 'config'",
+            );
+            return;
+        };
+        if !sub.eq_ignore_ascii_case(b"get") {
+            reply::error(
+                out,
+                "ERR the kvcache service's settings live in its pipeline file",
+            );
+            return;
+        }
+        let settings = [
+            ("save", String::new()),
+            ("appendonly", "no".to_owned()),
+            ("maxmemory", self.config.capacity.to_string()),
+            ("maxmemory-policy", "allkeys-lru".to_owned()),
+            ("databases", "1".to_owned()),
+        ];
+        let pattern = String::from_utf8_lossy(pattern).to_ascii_lowercase();
+        let hits: Vec<_> = settings
+            .iter()
+            .filter(|(k, _)| pattern == "*" || pattern == *k)
+            .collect();
+        reply::array(out, hits.len() * 2);
+        for (k, v) in hits {
+            reply::bulk(out, k.as_bytes());
+            reply::bulk(out, v.as_bytes());
+        }
+    }
+
+    /// A request on a connection that has not authenticated: only `AUTH`, `HELLO … AUTH`
+    /// and `QUIT` are served (as Redis does with `requirepass`); `true` when the client
+    /// asked to leave.
+    pub(super) fn unauthenticated(
+        &self,
+        words: &[&[u8]],
+        out: &mut Vec<u8>,
+        authed: &mut bool,
+    ) -> bool {
+        let Some((name, args)) = words.split_first() else {
+            return false;
+        };
+        match name.to_ascii_lowercase().as_slice() {
+            b"auth" => match self.auth(args) {
+                Ok(()) => {
+                    *authed = true;
+                    reply::ok(out);
+                }
+                Err(e) => reply::error(out, e),
+            },
+            b"hello" if args.len() > 1 => *authed = self.hello_command(args, out),
+            b"hello" => reply::error(
+                out,
+                "NOAUTH HELLO must be called with the client already authenticated, otherwise \
+                 the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the \
+                 client and select the RESP protocol version at the same time",
+            ),
+            b"quit" => {
+                reply::ok(out);
+                return true;
+            }
+            _ => reply::error(out, "NOAUTH Authentication required."),
+        }
+        false
+    }
+
+    /// `AUTH [default] password`.
+    pub(super) fn auth(&self, args: &[&[u8]]) -> Result<(), &'static str> {
+        let Some(password) = &self.password else {
+            return Err(
+                "ERR AUTH <password> called without any password configured for the \
+                        default user. Are you sure your configuration is correct?",
+            );
+        };
+        let given = match args {
+            [p] => p,
+            [user, p] if *user == b"default" => p,
+            [_, _] => {
+                self.counters.auth_failures.fetch_add(1, Relaxed);
+                return Err("WRONGPASS invalid username-password pair or user is disabled.");
+            }
+            _ => return Err("ERR wrong number of arguments for 'auth' command"),
+        };
+        if same_secret(given, password) {
+            Ok(())
+        } else {
+            self.counters.auth_failures.fetch_add(1, Relaxed);
+            tracing::info!(service = %self.name, "kvcache: a client gave a wrong password");
+            Err("WRONGPASS invalid username-password pair or user is disabled.")
+        }
+    }
+
+    /// `HELLO [2 [AUTH user password] [SETNAME name]]`; whether the client is now
+    /// authenticated (by this request's `AUTH`).
+    pub(super) fn hello_command(&self, args: &[&[u8]], out: &mut Vec<u8>) -> bool {
+        let Some((version, opts)) = args.split_first() else {
+            self.hello(out);
+            return false;
+        };
+        if *version != b"2" {
+            reply::error(out, "NOPROTO this protocol version is not supported");
+            return false;
+        }
+        let mut authed = false;
+        let mut rest = opts;
+        while let Some((opt, tail)) = rest.split_first() {
+            match (opt.to_ascii_lowercase().as_slice(), tail) {
+                (b"auth", [user, pass, more @ ..]) => {
+                    if let Err(e) = self.auth(&[user, pass]) {
+                        reply::error(out, e);
+                        return false;
+                    }
+                    authed = true;
+                    rest = more;
+                }
+                (b"setname", [_, more @ ..]) => rest = more,
+                _ => {
+                    reply::error(out, "ERR syntax error in HELLO option");
+                    return false;
+                }
+            }
+        }
+        self.hello(out);
+        authed
+    }
+
+    /// `HELLO` in RESP2: the server's facts as a flat array.
+    pub(super) fn hello(&self, out: &mut Vec<u8>) {
+        let facts = [
+            ("server", "dpuflow"),
+            ("version", env!("CARGO_PKG_VERSION")),
+            ("proto", "2"),
+            ("mode", "standalone"),
+            ("role", "master"),
+        ];
+        reply::array(out, facts.len() * 2 + 2);
+        for (k, v) in facts {
+            reply::bulk(out, k.as_bytes());
+            if k == "proto" {
+                reply::integer(out, 2);
+            } else {
+                reply::bulk(out, v.as_bytes());
+            }
+        }
+        reply::bulk(out, b"modules");
+        reply::array(out, 0);
+    }
+
+    /// `INFO`: Redis's sections that clients read, and the service's own.
+    pub(super) fn info(&self) -> String {
+        let g = self.gauges();
+        let c = &self.counters;
+        let changes = (self.lock().changes()).saturating_sub(c.changes_at_last_save.load(Relaxed));
+        let saving = matches!(self.checkpoints.try_lock(), Err(TryLockError::WouldBlock));
+        let last_save = if c.last_save_failed.load(Relaxed) {
+            "err"
+        } else {
+            "ok"
+        };
+        format!(
+            "# Server\r\nredis_version:7.0.0\r\ndpuflow_version:{}\r\nredis_mode:standalone\r\n\
+             tcp_port:{}\r\n\r\n# Clients\r\nconnected_clients:{}\r\n\r\n# Memory\r\n\
+             maxmemory:{}\r\nmaxmemory_policy:allkeys-lru\r\n\r\n# Stats\r\n\
+             keyspace_hits:{}\r\nkeyspace_misses:{}\r\nevicted_keys:{}\r\nexpired_keys:{}\r\n\r\n\
+             # Persistence\r\nloading:0\r\nrdb_changes_since_last_save:{}\r\n\
+             rdb_bgsave_in_progress:{}\r\nrdb_last_save_time:{}\r\nrdb_last_bgsave_status:{}\r\n\r\n\
+             # Kvcache\r\n\
+             target:{}\r\nblock_size:{}\r\ncapacity_bytes:{}\r\nused_bytes:{}\r\ninline_bytes:{}\r\n\
+             storage_read_bytes:{}\r\nstorage_written_bytes:{}\r\nstorage_errors:{}\r\n\
+             corrupt_values:{}\r\nrestored_keys:{}\r\ncheckpoints:{}\r\ncheckpoint_failures:{}\r\n\
+             checkpoint_overruns:{}\r\nlast_checkpoint_time:{}\r\n\r\n# Keyspace\r\ndb0:keys={},expires={},avg_ttl=0\r\n",
+            crate::VERSION,
+            self.listen.port(),
+            c.clients.load(Relaxed),
+            self.config.capacity,
+            c.hits.load(Relaxed),
+            c.misses.load(Relaxed),
+            g.evictions,
+            g.expired,
+            changes,
+            u8::from(saving),
+            c.last_save_ms.load(Relaxed) / 1000,
+            last_save,
+            storage::describe_all(&self.config.targets),
+            self.config.block_size,
+            g.capacity_bytes,
+            g.used_bytes,
+            g.inline_bytes,
+            c.read_bytes.load(Relaxed),
+            c.written_bytes.load(Relaxed),
+            c.storage_errors.load(Relaxed),
+            c.corrupt_values.load(Relaxed),
+            self.restored_keys,
+            c.checkpoints.load(Relaxed),
+            c.checkpoint_failures.load(Relaxed),
+            g.hold_back_overruns,
+            c.last_save_ms.load(Relaxed) / 1000,
+            g.keys,
+            g.expiring,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integers_are_read_as_redis_reads_them() {
+        assert_eq!(integer(b"0"), Some(0));
+        assert_eq!(integer(b"-12"), Some(-12));
+        assert_eq!(integer(b"9223372036854775807"), Some(i64::MAX));
+        for bad in [
+            &b""[..],
+            b"-",
+            b"-0",
+            b"01",
+            b"+1",
+            b" 1",
+            b"1x",
+            b"9223372036854775808",
+        ] {
+            assert_eq!(integer(bad), None, "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,791 @@
+//! The KV-cache service: a Redis-protocol server whose values are stored on the storage
+//! target in whole blocks, with the index in memory. A thread accepts connections and a
+//! thread serves each one; requests on a connection may be pipelined and are answered in
+//! order. Values move between the connection and the target without passing through
+//! the index, which is locked only to look up, allocate and publish.
+
+use super::index::Index;
+use super::persist::{self, Layout};
+use super::resp::{self, reply, Awaited};
+use super::storage::{self, Pool, TargetError};
+use crate::ir::KvCache;
+use std::collections::hash_map::RandomState;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::ops::{Deref, DerefMut, Range};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+mod commands;
+mod saved;
+mod values;
+
+pub use saved::{inspect, Inspection, Strangers};
+use saved::{saved_index, Checkpoints};
+
+/// Client connections served at once; more are answered with an error and closed.
+pub const MAX_CLIENTS: u64 = 1024;
+/// A client connection's read buffer, and its reply buffer, while the client is quiet.
+const READ_BUFFER: usize = 64 << 10;
+/// The boundary a large value read from the target is placed on in its reply.
+const CACHE_LINE: usize = 64;
+/// How often blocked threads look at the stop flag.
+const POLL: Duration = Duration::from_millis(200);
+/// Why the service cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// the storage target cannot be used
+    #[error("kvcache `{service}`: {source}")]
+    Target {
+        service: String,
+        source: TargetError,
+    },
+    /// the password file cannot be read or is empty
+    #[error("kvcache `{service}`: password file {}: {source}", path.display())]
+    Password {
+        service: String,
+        path: std::path::PathBuf,
+        source: io::Error,
+    },
+    /// the TLS certificate, key or client CAs cannot be used
+    #[error("kvcache `{service}`: TLS: {source}")]
+    Tls {
+        service: String,
+        source: Box<super::tls::TlsError>,
+    },
+    /// the superblock cannot be read or marked taken
+    #[error("kvcache `{service}`: cannot read or update the target's superblock: {source}")]
+    Superblock { service: String, source: io::Error },
+    /// the listening address cannot be bound
+    #[error("kvcache `{service}`: cannot listen on {addr}: {source}")]
+    Listen {
+        service: String,
+        addr: SocketAddr,
+        source: io::Error,
+    },
+}
+
+/// The commands counted by name; any other is counted as `other`.
+pub const COMMANDS: &[&str] = &[
+    "get", "set", "mget", "mset", "del", "exists", "strlen", "dbsize", "flushall", "ping", "info",
+    "expire", "ttl", "persist", "other",
+];
+
+/// The password in the file at `path`: its first line, which must not be empty.
+fn read_password(path: &std::path::Path) -> io::Result<Vec<u8>> {
+    let text = std::fs::read(path)?;
+    let line = text.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if line.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "empty"));
+    }
+    Ok(line.to_vec())
+}
+
+/// A client connection, counted in `clients` while it lives: uncounted when its thread
+/// ends, however it ends (a bug's panic included), so the count cannot creep up to
+/// [`MAX_CLIENTS`] and lock everyone out.
+struct Client(Arc<KvService>);
+
+impl Client {
+    fn count(svc: Arc<KvService>) -> Client {
+        svc.counters.clients.fetch_add(1, Relaxed);
+        Client(svc)
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.0.counters.clients.fetch_sub(1, Relaxed);
+    }
+}
+
+/// The time of day in unix milliseconds, the clock deadlines are in.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// The key of a `GET key` request.
+fn get_of<'a>(req: &'a [u8], args: &[Range<usize>]) -> Option<&'a [u8]> {
+    match args {
+        [name, key] if req[name.clone()].eq_ignore_ascii_case(b"get") => Some(&req[key.clone()]),
+        _ => None,
+    }
+}
+
+/// The keys of an `MGET key [key …]` request.
+fn mget_of<'a>(req: &'a [u8], args: &[Range<usize>]) -> Option<Vec<&'a [u8]>> {
+    match args {
+        [name, keys @ ..]
+            if !keys.is_empty() && req[name.clone()].eq_ignore_ascii_case(b"mget") =>
+        {
+            Some(keys.iter().map(|k| &req[k.clone()]).collect())
+        }
+        _ => None,
+    }
+}
+
+/// Sends the replies made so far, and empties the buffer for more.
+fn send(stream: &mut impl Write, out: &mut Replies) -> io::Result<()> {
+    stream.write_all(out.pending())?;
+    stream.flush()?;
+    out.clear();
+    Ok(())
+}
+
+/// The key and value of a `SET key value` request (no options).
+fn set_of<'a>(req: &'a [u8], args: &[Range<usize>]) -> Option<(&'a [u8], &'a [u8])> {
+    match args {
+        [name, key, value] if req[name.clone()].eq_ignore_ascii_case(b"set") => {
+            Some((&req[key.clone()], &req[value.clone()]))
+        }
+        _ => None,
+    }
+}
+
+/// The commands whose durations are kept, in [`KvCounters::durations`].
+pub const TIMED: [&str; 2] = ["get", "set"];
+
+/// Upper bounds of the request-duration histograms, in seconds.
+pub const DURATION_BUCKETS: [f64; 12] = [
+    50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 20e-3, 50e-3, 100e-3, 1.0,
+];
+
+/// Storage operations timed, in [`KvCounters::storage`]: a value's reads, its writes.
+pub const STORAGE_OPERATIONS: [&str; 2] = ["read", "write"];
+const READ: usize = 0;
+const WRITE: usize = 1;
+
+/// A histogram of durations over [`DURATION_BUCKETS`]: of one command's requests, from
+/// the request read to its reply written to the reply buffer (storage I/O included); of a
+/// value's storage I/O; of waits for a target connection.
+#[derive(Debug, Default)]
+pub struct Durations {
+    /// Per bucket of [`DURATION_BUCKETS`], not cumulative; the last is +Inf.
+    pub buckets: [AtomicU64; DURATION_BUCKETS.len() + 1],
+    pub count: AtomicU64,
+    pub sum_ns: AtomicU64,
+}
+
+impl Durations {
+    fn observe(&self, took: Duration) {
+        self.observe_n(took, 1);
+    }
+
+    /// `n` events that each took `took`.
+    fn observe_n(&self, took: Duration, n: u64) {
+        let seconds = took.as_secs_f64();
+        let i = DURATION_BUCKETS
+            .iter()
+            .position(|&b| seconds <= b)
+            .unwrap_or(DURATION_BUCKETS.len());
+        self.buckets[i].fetch_add(n, Relaxed);
+        self.count.fetch_add(n, Relaxed);
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_ns.fetch_add(ns.saturating_mul(n), Relaxed);
+    }
+}
+
+/// What the service counts, for metrics and INFO.
+#[derive(Debug, Default)]
+pub struct KvCounters {
+    pub commands: [AtomicU64; COMMANDS.len()],
+    /// Per command of [`TIMED`].
+    pub durations: [Durations; TIMED.len()],
+    /// A value's I/O on a target connection, all its pieces, per operation of
+    /// [`STORAGE_OPERATIONS`].
+    pub storage: [Durations; STORAGE_OPERATIONS.len()],
+    /// Waits for a free target connection (all `connections` busy with other requests).
+    pub connection_waits: Durations,
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub written_bytes: AtomicU64,
+    pub storage_errors: AtomicU64,
+    /// Values read back whose checksum did not match what was written.
+    pub corrupt_values: AtomicU64,
+    pub clients: AtomicU64,
+    pub rejected_clients: AtomicU64,
+    /// `AUTH` (or `HELLO … AUTH`) with a wrong password.
+    pub auth_failures: AtomicU64,
+    /// Connections that ended in a TLS error: a failed handshake (no or an untrusted
+    /// client certificate, a client that does not trust ours, plaintext) or a bad record.
+    pub tls_failures: AtomicU64,
+    /// Checkpoints of the index saved, and failed.
+    pub checkpoints: AtomicU64,
+    pub checkpoint_failures: AtomicU64,
+    /// Bytes of freed blocks discarded on the target (`discard on`), and discards that
+    /// failed.
+    pub discarded_bytes: AtomicU64,
+    pub discard_failures: AtomicU64,
+    /// Checkpoints saved as a delta on the one before.
+    pub checkpoint_deltas: AtomicU64,
+    /// Bytes of snapshots and deltas checkpoints wrote (padded to whole blocks).
+    pub checkpoint_bytes: AtomicU64,
+    /// When a checkpoint last saved the index, unix milliseconds; 0 before the first.
+    pub last_save_ms: AtomicU64,
+    /// [`Index::changes`] at the last checkpoint, and whether the last one attempted failed
+    /// (for INFO's persistence section).
+    changes_at_last_save: AtomicU64,
+    last_save_failed: AtomicBool,
+}
+
+/// One KV-cache service.
+#[derive(Debug)]
+pub struct KvService {
+    pub name: String,
+    pub listen: SocketAddr,
+    pub config: KvCache,
+    index: Mutex<Index>,
+    pool: Pool,
+    /// I/O alignment of the target (a power of two dividing the block size).
+    align: u64,
+    pub counters: KvCounters,
+    stop: Arc<AtomicBool>,
+    /// The order `SCAN` visits keys in.
+    scan_order: RandomState,
+    /// What clients must give `AUTH` before anything else, if anything.
+    password: Option<Vec<u8>>,
+    /// TLS on every connection, when configured.
+    tls: Option<Arc<rustls::ServerConfig>>,
+    /// Keys the start restored from the index saved on the target.
+    pub restored_keys: u64,
+    checkpoints: Mutex<Checkpoints>,
+}
+
+/// A snapshot of a service's index for metrics.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KvGauges {
+    pub keys: u64,
+    pub used_bytes: u64,
+    pub capacity_bytes: u64,
+    pub evictions: u64,
+    /// Keys with a deadline.
+    pub expiring: u64,
+    /// Keys removed for having passed their deadline.
+    pub expired: u64,
+    /// Bytes of values kept in memory (`inline_max`).
+    pub inline_bytes: u64,
+    /// Times values took blocks held back for the last checkpoint.
+    pub hold_back_overruns: u64,
+}
+
+impl KvService {
+    /// Connects to the target and starts listening; connections are served until `stop`
+    /// is set.
+    pub fn start(
+        name: &str,
+        config: &KvCache,
+        stop: Arc<AtomicBool>,
+    ) -> Result<Arc<KvService>, StartError> {
+        let target_err = |source| StartError::Target {
+            service: name.to_owned(),
+            source,
+        };
+        let password = match &config.password_file {
+            Some(path) => Some(read_password(path).map_err(|source| StartError::Password {
+                service: name.to_owned(),
+                path: path.clone(),
+                source,
+            })?),
+            None => None,
+        };
+        let tls = match &config.tls {
+            Some(files) => {
+                Some(
+                    super::tls::server_config(files).map_err(|source| StartError::Tls {
+                        service: name.to_owned(),
+                        source: Box::new(source),
+                    })?,
+                )
+            }
+            None => None,
+        };
+        let pool = Pool::connect(config).map_err(target_err)?;
+        let align = pool.alignment();
+        if config.block_size % align != 0 {
+            return Err(target_err(TargetError::Misaligned {
+                target: storage::describe_all(&config.targets),
+                block_size: config.block_size,
+                align,
+            }));
+        }
+        if config.discard && !pool.with(|t| Ok(t.discards())).unwrap_or(false) {
+            return Err(target_err(TargetError::NoDiscards {
+                target: storage::describe_all(&config.targets),
+            }));
+        }
+        // A saved index that cannot be read, or whose superblock cannot be marked taken,
+        // must not outlive this start: refused rather than served.
+        let (mut index, kept) =
+            saved_index(name, config, &pool).map_err(|source| StartError::Superblock {
+                service: name.to_owned(),
+                source,
+            })?;
+        let restored_keys = index.stats().keys;
+        if config.discard {
+            index.discard_freed();
+        }
+        let checkpoints = Checkpoints::restored(kept, &mut index);
+        let listener = TcpListener::bind(config.listen).map_err(|source| StartError::Listen {
+            service: name.to_owned(),
+            addr: config.listen,
+            source,
+        })?;
+        let listen = listener.local_addr().unwrap_or(config.listen);
+        let svc = Arc::new(KvService {
+            name: name.to_owned(),
+            listen,
+            config: config.clone(),
+            index: Mutex::new(index),
+            pool,
+            align,
+            counters: KvCounters::default(),
+            stop,
+            scan_order: RandomState::new(),
+            password,
+            tls,
+            restored_keys,
+            checkpoints: Mutex::new(checkpoints),
+        });
+        let spawn = |thread: String, work: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(thread)
+                .spawn(work)
+                .map_err(|source| StartError::Listen {
+                    service: name.to_owned(),
+                    addr: config.listen,
+                    source,
+                })
+        };
+        if let Some(every) = config.checkpoint {
+            let s = Arc::clone(&svc);
+            spawn(
+                format!("kv-{name}-save"),
+                Box::new(move || s.take_checkpoints(every)),
+            )?;
+        }
+        if config.discard {
+            let s = Arc::clone(&svc);
+            spawn(
+                format!("kv-{name}-discard"),
+                Box::new(move || s.discard_freed_blocks()),
+            )?;
+        }
+        let s = Arc::clone(&svc);
+        spawn(format!("kv-{name}"), Box::new(move || s.accept(listener)))?;
+        tracing::info!(service = name, listen = %listen, targets = %storage::describe_all(&config.targets),
+            capacity = config.capacity, block_size = config.block_size,
+            io = svc.pool.io_path(), "kvcache serving");
+        Ok(svc)
+    }
+
+    /// Saves the index for the next start (see [`persist`]), once the clients have gone
+    /// (they leave within 200 ms of the stop, or after the request they are serving);
+    /// called after the stop. The values kept in memory are written to their blocks
+    /// first. A failure is logged: the next start will be empty, or have the last
+    /// checkpoint.
+    pub fn shutdown(&self) {
+        let since = Instant::now();
+        while self.counters.clients.load(Relaxed) > 0 && since.elapsed() < 10 * POLL {
+            std::thread::sleep(POLL / 10);
+        }
+        // After any checkpoint under way.
+        let _checkpoints = self
+            .checkpoints
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut index = self.lock();
+        if let Err(e) = self.write_inline(&index.inline_values()) {
+            tracing::warn!(service = %self.name, error = %e, "kvcache values kept in memory not written: the index is not saved");
+            return;
+        }
+        let Some(save) = persist::prepare(&mut index, &Layout::of(&self.config)) else {
+            tracing::warn!(service = %self.name, "kvcache index too large to save");
+            return;
+        };
+        let keys = index.stats().keys;
+        drop(index);
+        match self.write_save(&save) {
+            Ok(()) => tracing::info!(service = %self.name, keys, "kvcache index saved"),
+            Err(e) => {
+                tracing::warn!(service = %self.name, error = %e, "kvcache index not saved")
+            }
+        }
+    }
+
+    /// Tells the target of the blocks freed, every [`POLL`] until the service stops, before
+    /// they are used again (`discard on`). A failed discard is counted and logged, and its
+    /// blocks are used all the same: it would only have helped the target.
+    fn discard_freed_blocks(self: Arc<Self>) {
+        let mut failure_warning = crate::telemetry::WarnThrottle::default();
+        let block = self.config.block_size;
+        while !self.stop.load(Relaxed) {
+            std::thread::sleep(POLL);
+            let runs = self.lock().take_undiscarded();
+            if runs.is_empty() {
+                continue;
+            }
+            let ranges: Vec<(u64, u64)> =
+                runs.iter().map(|&(b, n)| (b * block, n * block)).collect();
+            match self.pool.with(|t| t.discard(&ranges)) {
+                Ok(()) => {
+                    let bytes = ranges.iter().map(|r| r.1).sum();
+                    self.counters.discarded_bytes.fetch_add(bytes, Relaxed);
+                }
+                Err(e) => {
+                    self.counters.discard_failures.fetch_add(1, Relaxed);
+                    if failure_warning.ready() {
+                        tracing::warn!(service = %self.name, error = %e, "kvcache discard of freed blocks failed: they are used again undiscarded");
+                    }
+                }
+            }
+            self.lock().discarded(&runs);
+        }
+    }
+
+    /// What failed on each of its targets.
+    pub fn target_failures(&self) -> &storage::Failures {
+        self.pool.failures()
+    }
+
+    pub fn gauges(&self) -> KvGauges {
+        let s = self.lock().stats();
+        KvGauges {
+            keys: s.keys,
+            used_bytes: s.used_blocks * self.config.block_size,
+            capacity_bytes: s.total_blocks * self.config.block_size,
+            evictions: s.evictions,
+            expiring: s.expiring,
+            expired: s.expired,
+            inline_bytes: s.inline_bytes,
+            hold_back_overruns: s.hold_back_overruns,
+        }
+    }
+
+    /// The index, without the keys whose deadline has passed: every command sees only
+    /// live keys, and their blocks are free again before a value needs room.
+    fn lock(&self) -> std::sync::MutexGuard<'_, Index> {
+        let mut ix = self.index.lock().unwrap_or_else(PoisonError::into_inner);
+        ix.purge_expired(u64::try_from(now_ms()).unwrap_or(0));
+        ix
+    }
+
+    fn accept(self: Arc<Self>, listener: TcpListener) {
+        let mut acceptor = match crate::sys::Acceptor::new(&listener) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::error!(service = %self.name, error = %e, "kvcache cannot poll its listener");
+                return;
+            }
+        };
+        // Descriptors exhausted fail every accept until some are closed.
+        let mut accept_warning = crate::telemetry::WarnThrottle::default();
+        while !self.stop.load(Relaxed) {
+            match acceptor.accept(POLL) {
+                Ok(None) => {}
+                Ok(Some((stream, peer))) => {
+                    if self.counters.clients.load(Relaxed) >= MAX_CLIENTS {
+                        self.counters.rejected_clients.fetch_add(1, Relaxed);
+                        let mut s = stream;
+                        let _ = s.write_all(b"-ERR max number of clients reached\r\n");
+                        continue;
+                    }
+                    let client = Client::count(Arc::clone(&self));
+                    let spawned = std::thread::Builder::new()
+                        .name(format!("kv-{}-client", self.name))
+                        .spawn(move || {
+                            if let Err(e) = client.0.serve(stream) {
+                                tracing::debug!(service = %client.0.name, %peer, error = %e, "kvcache client gone");
+                            }
+                        });
+                    if let Err(e) = spawned {
+                        tracing::warn!(service = %self.name, error = %e, "kvcache cannot start a client thread");
+                    }
+                }
+                Err(e) => {
+                    if accept_warning.ready() {
+                        tracing::warn!(service = %self.name, error = %e, "kvcache accept failed");
+                    }
+                    std::thread::sleep(POLL);
+                }
+            }
+        }
+    }
+
+    /// Serves one client until it leaves, breaks the protocol, or the service stops; over
+    /// TLS when configured (the handshake happens with the first read).
+    fn serve(&self, stream: TcpStream) -> io::Result<()> {
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(POLL))?;
+        match &self.tls {
+            Some(config) => {
+                let conn =
+                    rustls::ServerConnection::new(Arc::clone(config)).map_err(io::Error::other)?;
+                let talked = self.talk(rustls::StreamOwned::new(conn, stream));
+                // rustls reports what breaks TLS as invalid data.
+                if talked
+                    .as_ref()
+                    .is_err_and(|e| e.kind() == io::ErrorKind::InvalidData)
+                {
+                    self.counters.tls_failures.fetch_add(1, Relaxed);
+                }
+                talked
+            }
+            None => self.talk(stream),
+        }
+    }
+
+    /// The requests and replies of one client's connection.
+    fn talk(&self, mut stream: impl Read + Write) -> io::Result<()> {
+        // Bytes read are `buf[head..filled]`; the rest is room, zeroed once when it grows
+        // (not on every read: most reads are small requests). `head` is where a large
+        // value's request starts so that the value lands aligned (see `place`).
+        let mut buf: Vec<u8> = vec![0; READ_BUFFER];
+        let (mut head, mut filled) = (0, 0);
+        let mut authed = self.password.is_none();
+        // The client has sent all it will (what is whole is still served).
+        let mut closed = false;
+        let mut args: Vec<Range<usize>> = Vec::new();
+        let mut out = Replies::with_capacity(READ_BUFFER);
+        loop {
+            let mut start = head;
+            let mut quit = false;
+            // The length, from `start`, the requests waited for will have at least, and
+            // where in them the argument arriving starts, where known (a large value's
+            // length arrives before its bytes).
+            let mut awaited = None;
+            while !quit {
+                match resp::parse(&buf[start..filled], &mut args, self.max_bulk()) {
+                    Ok(Some(n)) => {
+                        let req = &buf[start..start + n];
+                        // GETs and SETs the client pipelined, as many of one kind as
+                        // are here in a row, go to the target together, as an MGET's
+                        // values and an MSET's do.
+                        let mut end = start + n;
+                        let input = &buf[..filled];
+                        if let Some(key) = get_of(req, &args).filter(|_| authed) {
+                            let (keys, _) = self.pipelined(input, &mut end, &mut args, key, get_of);
+                            let since = Instant::now();
+                            self.values_in_shares(&keys, &mut out, &mut stream)?;
+                            self.count_run("get", keys.len(), since);
+                            start = end;
+                            continue;
+                        }
+                        if let Some(keys) = mget_of(req, &args).filter(|_| authed) {
+                            self.count("mget");
+                            reply::array(&mut out, keys.len());
+                            self.values_in_shares(&keys, &mut out, &mut stream)?;
+                            start = end;
+                            continue;
+                        }
+                        if let Some(item) = set_of(req, &args).filter(|_| authed) {
+                            let (items, arriving) =
+                                self.pipelined(input, &mut end, &mut args, item, set_of);
+                            let bytes: usize = items.iter().map(|(_, v)| v.len()).sum();
+                            // A large value's SET is often served before the next has
+                            // arrived whole: when one has begun to arrive (the client
+                            // is sending, not waiting), the run waits for it.
+                            if !closed
+                                && arriving.is_some_and(|name| name.eq_ignore_ascii_case(b"set"))
+                                && (bytes as u64) < self.batch_limit()
+                            {
+                                awaited = resp::awaited(&input[end..], &args).map(|a| Awaited {
+                                    len: end - start + a.len,
+                                    data: end - start + a.data,
+                                });
+                                break;
+                            }
+                            self.sets(&items, &mut out);
+                            start = end;
+                            continue;
+                        }
+                        let words: Vec<&[u8]> = args.iter().map(|r| &req[r.clone()]).collect();
+                        quit = if authed {
+                            self.execute(&words, &mut out)
+                        } else {
+                            self.unauthenticated(&words, &mut out, &mut authed)
+                        };
+                        start += n;
+                    }
+                    Ok(None) => {
+                        awaited = resp::awaited(&buf[start..filled], &args);
+                        break;
+                    }
+                    Err(e) => {
+                        reply::error(&mut out, &format!("ERR {e}"));
+                        quit = true;
+                    }
+                }
+            }
+            if !out.is_empty() {
+                send(&mut stream, &mut out)?;
+            }
+            if quit || self.stop.load(Relaxed) {
+                return Ok(());
+            }
+            let pending = filled - start;
+            match awaited.filter(|a| a.len > READ_BUFFER) {
+                Some(a) => (buf, head) = self.place(buf, start..filled, a),
+                None => {
+                    buf.copy_within(start..filled, 0);
+                    head = 0;
+                }
+            }
+            filled = head + pending;
+            if filled == buf.len() {
+                // A large value is arriving: room for half as much again.
+                buf.resize(filled + (filled / 2).clamp(READ_BUFFER, 16 << 20), 0);
+            }
+            match stream.read(&mut buf[filled..]) {
+                Ok(0) if closed || filled == head => return Ok(()),
+                Ok(0) => closed = true,
+                Ok(n) => filled += n,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    // Room a large value took is kept while the client keeps sending (the
+                    // next value of its size reuses it, already mapped) and given back
+                    // once it has been quiet for a read's timeout.
+                    if filled == head && buf.len() > READ_BUFFER {
+                        buf = vec![0; READ_BUFFER];
+                        (head, filled) = (0, 0);
+                    }
+                    if out.capacity() > READ_BUFFER {
+                        out = Replies::with_capacity(READ_BUFFER);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Places the bytes of a request still arriving, `buf[pending]`, for what is known of
+    /// it: where they must start for the argument arriving (a large value) to start on
+    /// [`KvService::value_alignment`], so that its bytes go from there to a target read
+    /// directly without a copy. In `buf` where it has room for the whole request there;
+    /// else in room made for it all at once rather than grown (a copy each time) as its
+    /// bytes come (fresh zeroed memory is the kernel's untouched pages, not a fill), no more
+    /// than twice what has arrived or 16 MiB beyond it: announcing a value commits no more
+    /// memory than that. Returns the buffer and where the bytes now start.
+    fn place(&self, mut buf: Vec<u8>, pending: Range<usize>, a: Awaited) -> (Vec<u8>, usize) {
+        let align = self.value_alignment();
+        let head_in = |b: &[u8]| (align - (b.as_ptr() as usize + a.data) % align) % align;
+        let head = head_in(&buf);
+        if head + a.len <= buf.len() {
+            buf.copy_within(pending, head);
+            return (buf, head);
+        }
+        let arrived = pending.len();
+        let mut room = vec![0; a.len.min((2 * arrived).max(arrived + (16 << 20))) + align];
+        let head = head_in(&room);
+        room[head..head + arrived].copy_from_slice(&buf[pending]);
+        (room, head)
+    }
+
+    /// `first`, what `pick` took of a request, and what it takes of each complete request
+    /// that follows in `input` from `end` on, up to the first it does not take; `end` is
+    /// moved past those taken. Beside it, the command's name of the request the run ended
+    /// at if that one has begun to arrive but is not whole.
+    fn pipelined<'b, T>(
+        &self,
+        input: &'b [u8],
+        end: &mut usize,
+        args: &mut Vec<Range<usize>>,
+        first: T,
+        pick: impl Fn(&'b [u8], &[Range<usize>]) -> Option<T>,
+    ) -> (Vec<T>, Option<&'b [u8]>) {
+        let mut run = vec![first];
+        loop {
+            let rest = &input[*end..];
+            match resp::parse(rest, args, self.max_bulk()) {
+                Ok(Some(m)) => {
+                    let Some(taken) = pick(&rest[..m], args) else {
+                        return (run, None);
+                    };
+                    run.push(taken);
+                    *end += m;
+                }
+                Ok(None) => return (run, args.first().map(|r| &rest[r.clone()])),
+                Err(_) => return (run, None),
+            }
+        }
+    }
+
+    /// The longest argument a request may carry: no value longer than the store, though
+    /// at least what a command line takes.
+    fn max_bulk(&self) -> usize {
+        usize::try_from(self.config.capacity)
+            .unwrap_or(usize::MAX)
+            .max(resp::MAX_LINE)
+    }
+}
+
+/// A connection's replies, sent from `from` on: the bytes before it are room left so that
+/// a large value read from the target starts on a cache line (see [`Replies::align_value`]).
+/// Everything else appends to the bytes as to any buffer.
+#[derive(Debug)]
+struct Replies {
+    bytes: Vec<u8>,
+    from: usize,
+}
+
+impl Replies {
+    fn with_capacity(n: usize) -> Replies {
+        Replies {
+            bytes: Vec::with_capacity(n),
+            from: 0,
+        }
+    }
+
+    /// What is to be sent.
+    fn pending(&self) -> &[u8] {
+        &self.bytes[self.from..]
+    }
+
+    /// Sent: empty again, its room kept.
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.from = 0;
+    }
+
+    /// Before the first reply, when it is a value of `len` bytes to be read from the
+    /// target: room for the whole reply at once, and the reply started where the value's
+    /// first byte is at a multiple of `align` (a power of two). The kernel's copy from the
+    /// target's socket into a destination off a cache line took three times as long
+    /// (docs/benchmarks.md, "The KV-cache service": a value's place in its reply); a
+    /// device read directly reads into the reply itself when it is sector-aligned.
+    fn align_value(&mut self, len: usize, align: usize) {
+        if !self.bytes.is_empty() {
+            return;
+        }
+        let header = reply::bulk_header_len(len);
+        self.bytes.reserve(align + header + len + 2);
+        let value_at = self.bytes.as_ptr() as usize + header;
+        self.from = (align - value_at % align) % align;
+        self.bytes.resize(self.from, 0);
+    }
+}
+
+impl Deref for Replies {
+    type Target = Vec<u8>;
+
+    fn deref(&self) -> &Vec<u8> {
+        &self.bytes
+    }
+}
+
+impl DerefMut for Replies {
+    fn deref_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.bytes
+    }
+}
+
+#[cfg(test)]
+mod tests;
