@@ -13,7 +13,7 @@ use std::sync::TryLockError;
 use std::time::Instant;
 
 /// Whether `a` and `b` are equal, in a time that depends on their lengths only.
-pub(super) fn same_secret(a: &[u8], b: &[u8]) -> bool {
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }
 
@@ -34,7 +34,7 @@ pub(super) fn integer(arg: &[u8]) -> Option<i64> {
 /// The deadline (unix milliseconds) `amount` of `unit` gives at `now`: relative for
 /// `EX`/`PX`/`EXPIRE`/`PEXPIRE`, absolute for the `…AT` forms; `None` past 64 bits
 /// (Redis's "invalid expire time").
-pub(super) fn deadline_of(amount: i64, seconds: bool, relative: bool, now: i64) -> Option<i64> {
+fn deadline_of(amount: i64, seconds: bool, relative: bool, now: i64) -> Option<i64> {
     let ms = if seconds {
         amount.checked_mul(1000)?
     } else {
@@ -49,7 +49,7 @@ pub(super) fn deadline_of(amount: i64, seconds: bool, relative: bool, now: i64) 
 
 /// What an expiry option of `SET` or `GETEX` (lower case) counts in: (seconds, relative to
 /// now), for `EX`, `PX`, `EXAT` and `PXAT`.
-pub(super) fn expiry_unit(option: &[u8]) -> Option<(bool, bool)> {
+fn expiry_unit(option: &[u8]) -> Option<(bool, bool)> {
     match option {
         b"ex" => Some((true, true)),
         b"px" => Some((false, true)),
@@ -61,7 +61,7 @@ pub(super) fn expiry_unit(option: &[u8]) -> Option<(bool, bool)> {
 
 /// The deadline an expiry option's `amount` in `unit` ([`expiry_unit`]) gives at `now`, or
 /// Redis's error for `command`: the amount must be a positive integer within 64 bits.
-pub(super) fn option_deadline(
+fn option_deadline(
     command: &str,
     (seconds, relative): (bool, bool),
     amount: &[u8],
@@ -274,7 +274,7 @@ impl KvService {
 
     /// `SET key value [NX | XX] [GET] [EX s | PX ms | EXAT unix-s | PXAT unix-ms | KEEPTTL]`,
     /// as Redis 7 reads it: a deadline already passed stores nothing and removes the key.
-    pub(super) fn set_command(&self, args: &[&[u8]], out: &mut Vec<u8>) {
+    fn set_command(&self, args: &[&[u8]], out: &mut Vec<u8>) {
         let [key, value, opts @ ..] = args else {
             reply::error(out, "ERR wrong number of arguments for 'set' command");
             return;
@@ -450,7 +450,7 @@ impl KvService {
 
     /// `GETDEL key`: the value, and the key gone, at once (the blocks stay readable to
     /// this request through its own reference).
-    pub(super) fn getdel(&self, key: &[u8], out: &mut Vec<u8>) {
+    fn getdel(&self, key: &[u8], out: &mut Vec<u8>) {
         let extents = {
             let mut ix = self.lock();
             let extents = ix.get(key);
@@ -462,7 +462,7 @@ impl KvService {
 
     /// `GETEX key [EX s | PX ms | EXAT unix-s | PXAT unix-ms | PERSIST]`: the value, its
     /// deadline set or taken away at once; a deadline already past removes the key.
-    pub(super) fn getex(&self, args: &[&[u8]], out: &mut Vec<u8>) {
+    fn getex(&self, args: &[&[u8]], out: &mut Vec<u8>) {
         let Some((key, opts)) = args.split_first() else {
             reply::error(out, "ERR wrong number of arguments for 'getex' command");
             return;
@@ -576,7 +576,7 @@ impl KvService {
 
     /// `CONFIG GET pattern`: the few settings clients ask for (redis-benchmark asks for
     /// `save` and `appendonly`); `CONFIG SET` is refused.
-    pub(super) fn config_command(&self, args: &[&[u8]], out: &mut Vec<u8>) {
+    fn config_command(&self, args: &[&[u8]], out: &mut Vec<u8>) {
         let [sub, pattern] = args else {
             reply::error(
                 out,
@@ -674,7 +674,7 @@ impl KvService {
 
     /// `HELLO [2 [AUTH user password] [SETNAME name]]`; whether the client is now
     /// authenticated (by this request's `AUTH`).
-    pub(super) fn hello_command(&self, args: &[&[u8]], out: &mut Vec<u8>) -> bool {
+    fn hello_command(&self, args: &[&[u8]], out: &mut Vec<u8>) -> bool {
         let Some((version, opts)) = args.split_first() else {
             self.hello(out);
             return false;
@@ -707,7 +707,7 @@ impl KvService {
     }
 
     /// `HELLO` in RESP2: the server's facts as a flat array.
-    pub(super) fn hello(&self, out: &mut Vec<u8>) {
+    fn hello(&self, out: &mut Vec<u8>) {
         let facts = [
             ("server", "dpuflow"),
             ("version", env!("CARGO_PKG_VERSION")),

@@ -3,6 +3,10 @@
 //! thread serves each one; requests on a connection may be pipelined and are answered in
 //! order. Values move between the connection and the target without passing through
 //! the index, which is locked only to look up, allocate and publish.
+//!
+//! Here: starting, connections and the reading of requests. The values' I/O is in
+//! `values`, the other commands in `commands`, the index saved on the target in
+//! `saved`.
 
 use super::index::Index;
 use super::persist::{self, Layout};
@@ -32,6 +36,7 @@ const READ_BUFFER: usize = 64 << 10;
 const CACHE_LINE: usize = 64;
 /// How often blocked threads look at the stop flag.
 const POLL: Duration = Duration::from_millis(200);
+
 /// Why the service cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {

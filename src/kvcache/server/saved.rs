@@ -14,27 +14,27 @@ use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Values kept in memory written to the target in one run when the service stops.
-pub(super) const INLINE_WRITES: usize = 256;
+const INLINE_WRITES: usize = 256;
 /// With checkpoints, keys leave this share of the store's blocks free (a sixteenth) for
 /// the values written between two checkpoints, as the blocks of values removed meanwhile
 /// are held back.
-pub(super) const CHECKPOINT_RESERVE: u64 = 16;
+const CHECKPOINT_RESERVE: u64 = 16;
 /// How long a checkpoint leaves the index to requests between the parts it copies.
-pub(super) const SNAPSHOT_PAUSE: Duration = Duration::from_micros(50);
+const SNAPSHOT_PAUSE: Duration = Duration::from_micros(50);
 /// Deltas the superblock names after a snapshot at most (each takes 32 bytes of it, more
 /// if its blocks are not in one run; a 512-byte block holds thirteen).
-pub(super) const MAX_DELTAS: usize = 8;
+const MAX_DELTAS: usize = 8;
 
 /// A target's saved index as read, nothing written: its first block, the superblock
 /// decoded from it, and the index it names.
-pub(super) struct SavedRead {
+struct SavedRead {
     first: Vec<u8>,
     superblock: Result<persist::Superblock, persist::Unusable>,
     index: Result<Index, persist::Unusable>,
 }
 
 /// Reads the index saved on `t` for a store laid out as `layout`.
-pub(super) fn read_saved(t: &mut dyn BlockTarget, layout: &Layout) -> io::Result<SavedRead> {
+fn read_saved(t: &mut dyn BlockTarget, layout: &Layout) -> io::Result<SavedRead> {
     let bs = layout.block_size;
     let mut first = vec![0u8; bs as usize];
     t.read_at(0, &mut first)?;
@@ -82,11 +82,7 @@ pub(super) fn read_saved(t: &mut dyn BlockTarget, layout: &Layout) -> io::Result
 
 /// `bytes` as the pieces that `runs` of blocks of `bs` bytes read into, in order: each the
 /// run's offset on the target and its part of `bytes`.
-pub(super) fn run_pieces(
-    runs: impl Iterator<Item = Run>,
-    bs: u64,
-    bytes: &mut [u8],
-) -> Vec<(u64, &mut [u8])> {
+fn run_pieces(runs: impl Iterator<Item = Run>, bs: u64, bytes: &mut [u8]) -> Vec<(u64, &mut [u8])> {
     let mut rest = bytes;
     runs.map(|(block, n)| {
         let (piece, after) = std::mem::take(&mut rest).split_at_mut((n * bs) as usize);
@@ -123,7 +119,7 @@ impl std::fmt::Display for Strangers {
 /// ([`persist::strangers`]), and says which: when a striped store's target is replaced,
 /// its values go at the start, where they would otherwise be found corrupt one read at a
 /// time.
-pub(super) fn drop_strangers(
+fn drop_strangers(
     index: &mut Index,
     t: &mut dyn BlockTarget,
     layout: &Layout,
@@ -201,7 +197,7 @@ pub fn inspect(config: &KvCache) -> Result<Inspection, TargetError> {
 /// What a start restored, beside the index: with checkpoints, the blocks of the save it
 /// was restored from, kept while the target's superblock names them, and that superblock
 /// when the next checkpoint may be a delta on it (its layout is this build's).
-pub(super) type Restored = Option<(Extents, Option<persist::Superblock>)>;
+type Restored = Option<(Extents, Option<persist::Superblock>)>;
 
 /// The index saved on `pool`'s target, if there is one for this store; empty otherwise.
 /// With checkpoints, what a saved index names is held back from then on, its snapshot's
@@ -281,7 +277,7 @@ pub(super) struct Checkpoints {
     names: Option<persist::Superblock>,
     /// The keys its snapshot held.
     snapshot_keys: u64,
-    /// [`super::index::IndexStats::hold_back_overruns`] when it began.
+    /// [`IndexStats::hold_back_overruns`] when it began.
     overruns: u64,
 }
 
@@ -434,7 +430,7 @@ impl KvService {
     /// Writes a checkpoint's snapshot or delta (on what `last` names): free blocks for
     /// it (the index locked for that), the values kept in memory it names, then the copy
     /// and the superblock.
-    pub(super) fn save_snapshot(
+    fn save_snapshot(
         &self,
         draft: SnapshotDraft,
         last: Option<&persist::Superblock>,

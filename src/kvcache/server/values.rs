@@ -42,10 +42,11 @@ pub(super) enum Expiry {
 /// The values read for a connection's replies before they are sent: an `MGET` of many
 /// large values, or a deep pipeline of `GET`s, is answered a share at a time, so what it
 /// holds is bounded by this (and one value), not by how many keys the client asked for.
-pub(super) const REPLY_SHARE: usize = 64 << 20;
+const REPLY_SHARE: usize = 64 << 20;
+
 /// The length of `value` when its bytes are to be read from the target (not kept in
 /// memory).
-pub(super) fn read_len(value: Option<&Extents>) -> Option<usize> {
+fn read_len(value: Option<&Extents>) -> Option<usize> {
     value
         .filter(|e| e.inline().is_none())
         .map(|e| e.len() as usize)
@@ -155,7 +156,7 @@ impl KvService {
     /// run (those kept in memory are not written now), and makes each its key's, without
     /// a deadline; if the write fails, each of them answers the error (their blocks go
     /// back to the free list).
-    pub(super) fn commit(
+    fn commit(
         &self,
         items: &[(&[u8], &[u8])],
         waiting: &mut Vec<(usize, Extents)>,
@@ -227,15 +228,16 @@ impl KvService {
     }
 
     /// The reply to a failed write, counted and logged.
-    pub(super) fn write_failed(&self, e: &io::Error) -> String {
+    fn write_failed(&self, e: &io::Error) -> String {
         self.counters.storage_errors.fetch_add(1, Relaxed);
         tracing::warn!(service = %self.name, error = %e, "kvcache write failed");
         format!("ERR storage write failed: {e}")
     }
 
-    /// Runs a value's storage I/O `f` of `operation` ([`STORAGE_OPERATIONS`]) on a target
-    /// connection, timing the wait for the connection and the I/O.
-    pub(super) fn with_target<T>(
+    /// Runs a value's storage I/O `f` of `operation` (one of
+    /// [`STORAGE_OPERATIONS`](super::STORAGE_OPERATIONS)) on a target connection, timing
+    /// the wait for the connection and the I/O.
+    fn with_target<T>(
         &self,
         operation: usize,
         mut f: impl FnMut(&mut dyn BlockTarget) -> io::Result<T>,
@@ -360,12 +362,7 @@ impl KvService {
     /// target's alignment has its last unit read aside and copied in. If the read fails,
     /// each value read answers the error. A value that does not match its checksum is
     /// answered as a miss (see [`KvService::drop_corrupt`]).
-    pub(super) fn reply_values(
-        &self,
-        keys: &[&[u8]],
-        values: &[Option<Arc<Extents>>],
-        out: &mut Vec<u8>,
-    ) {
+    fn reply_values(&self, keys: &[&[u8]], values: &[Option<Arc<Extents>>], out: &mut Vec<u8>) {
         let before = out.len();
         // Each value to read from the target: its index in `values`, where it goes in
         // `out`, its blocks.
@@ -485,7 +482,7 @@ impl KvService {
     /// cannot vouch for is none, which a client fills again, rather than wrong bytes or an
     /// error it may not expect. Counted and logged.
     #[cold]
-    pub(super) fn drop_corrupt(
+    fn drop_corrupt(
         &self,
         keys: &[&[u8]],
         values: &[Option<Arc<Extents>>],
