@@ -144,7 +144,10 @@ impl KvService {
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
             let exited = service.child.0.try_wait().expect("the service's status");
             assert!(exited.is_none(), "the kvcache service exited: {exited:?}");
-            assert!(Instant::now() < deadline, "the kvcache service never listened");
+            assert!(
+                Instant::now() < deadline,
+                "the kvcache service never listened"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         service
