@@ -1,0 +1,346 @@
+//! Lowering of `service` blocks: the KV-cache service's settings and storage targets.
+
+use super::{opt_value, Lowerer};
+use crate::ir::*;
+use crate::lang::ast::{self, Word};
+use crate::lang::diag::{did_you_mean, Span};
+use crate::lang::value;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Values a KV-cache service keeps in memory by default: a connector's metadata beside
+/// its chunks, and small values generally, are served without a round trip to the
+/// target. At most a 256th of a store of 64 KiB blocks, were every value that small.
+const DEFAULT_INLINE_MAX: u64 = 256;
+/// A service's stripe over several targets unless it says otherwise (rounded up to whole
+/// blocks): a value of up to a few MiB, as KV-cache connectors write them, mostly on one
+/// target, in one request there; values of different requests on different targets.
+const DEFAULT_STRIPE: u64 = 1 << 20;
+/// The most blocks a stripe may have: the superblock keeps the count in 16 bits.
+const MAX_STRIPE_BLOCKS: u64 = u16::MAX as u64;
+/// The most `inline_max` may be: memory for a value in every block.
+const MAX_INLINE_MAX: u64 = 64 << 10;
+
+/// How often a KV-cache service saves its index by default (Redis's default `save` points
+/// save within a minute of many writes): a crash loses at most about this much.
+const DEFAULT_CHECKPOINT: Duration = Duration::from_secs(60);
+/// The shortest checkpoint interval: each one may write the whole index.
+const MIN_CHECKPOINT: Duration = Duration::from_secs(1);
+
+/// A storage target as a service's `target` names it.
+fn parse_storage_target(text: &str) -> Option<StorageTarget> {
+    let (scheme, rest) = text.split_once("://")?;
+    match scheme {
+        "nvme-tcp" => {
+            let (addr, nqn) = rest.split_once('/')?;
+            (!nqn.is_empty()).then_some(())?;
+            Some(StorageTarget::NvmeTcp {
+                addr: addr.parse().ok()?,
+                nqn: nqn.to_owned(),
+            })
+        }
+        "nbd" => {
+            let (addr, export) = rest.split_once('/').unwrap_or((rest, ""));
+            Some(StorageTarget::Nbd {
+                addr: addr.parse().ok()?,
+                export: export.to_owned(),
+            })
+        }
+        "nvme" | "file" => rest.starts_with('/').then(|| StorageTarget::Local {
+            path: PathBuf::from(rest),
+        }),
+        _ => None,
+    }
+}
+
+/// Where a service block names `target` (the block's name when it does not).
+pub(super) fn target_span(b: &ast::NamedBlock, target: &StorageTarget) -> Span {
+    b.options
+        .iter()
+        .filter(|o| o.key.text == "target")
+        .find(|o| parse_storage_target(o.values[0].as_str()).as_ref() == Some(target))
+        .map_or(b.name.span, |o| o.values[0].span)
+}
+
+impl Lowerer<'_> {
+    pub(super) fn service(&mut self, b: &ast::NamedBlock) -> Option<Service> {
+        self.check_repeats(&b.options, &["target"]);
+        let kind = match opt_value(&b.options, "type") {
+            Some(o) => self.single(o)?.text.to_string(),
+            None => b.name.text.to_string(),
+        };
+        if kind != "kvcache" {
+            let at = opt_value(&b.options, "type").map_or(b.name.span, |o| o.values[0].span);
+            self.err(at, format!("unknown service type `{kind}`")).hint = Some(
+                did_you_mean(&kind, ["kvcache"])
+                    .unwrap_or_else(|| "the service types are: kvcache".into()),
+            );
+            return None;
+        }
+        let mut listen = None;
+        let mut targets: Vec<StorageTarget> = Vec::new();
+        let mut capacity = None;
+        let mut block_size = 65536;
+        let mut stripe = None;
+        let mut connections = 8;
+        let mut inline_max = DEFAULT_INLINE_MAX;
+        let mut checkpoint = Some(DEFAULT_CHECKPOINT);
+        let mut nvme_digests = NvmeDigests::default();
+        let mut page_cache = None;
+        let mut discard = false;
+        let mut password_file = None;
+        let (mut tls_cert, mut tls_key, mut tls_client_ca) = (None, None, None);
+        let mut ok = true;
+        for o in &b.options {
+            let (text, span) = self.joined(o);
+            let w = &Word {
+                text: text.into(),
+                span,
+                quoted: o.values[0].quoted,
+            };
+            match o.key.as_str() {
+                "type" => {}
+                "listen" => {
+                    listen = self.parsed(
+                        w,
+                        "listen address",
+                        "write IP:PORT, e.g. 127.0.0.1:6379",
+                        value::socket_addr,
+                    )
+                }
+                "target" => match self.storage_target(w) {
+                    Some(t) if targets.contains(&t) => {
+                        self.err(w.span, format!("target `{}` is given twice", w.text))
+                            .add_note(target_span(b, &t), "first given here")
+                            .hint = Some("list each target once: the store is striped over them in the order given".into());
+                        ok = false;
+                    }
+                    Some(t) => targets.push(t),
+                    None => ok = false,
+                },
+                "capacity" => {
+                    capacity =
+                        self.parsed(w, "capacity", "write a size such as `64GiB`", value::size)
+                }
+                "block_size" => match self.parsed_if(
+                    w,
+                    ("block size", "write a size such as `64KiB`"),
+                    value::size,
+                    |s| s >= 512 && s % 512 == 0,
+                    |s| format!("block size {s} is not a multiple of 512 bytes"),
+                ) {
+                    Some(s) => block_size = s,
+                    None => ok = false,
+                },
+                "stripe" => match self.parsed(
+                    w,
+                    "stripe size",
+                    "write a size such as `1MiB`",
+                    value::size,
+                ) {
+                    Some(n) => stripe = Some((n, w.span)),
+                    None => ok = false,
+                },
+                "connections" => match self.parsed_if(
+                    w,
+                    ("connection count", "write a count from 1 to 256"),
+                    value::count,
+                    |n| (1..=256).contains(&n),
+                    |n| format!("`connections` is 1 to 256, not {n}"),
+                ) {
+                    Some(n) => connections = n as usize,
+                    None => ok = false,
+                },
+                "inline_max" => match self.parsed_if(
+                    w,
+                    (
+                        "inline size",
+                        "write a size such as `256B`, or 0 to keep every value on the target",
+                    ),
+                    value::size,
+                    |n| n <= MAX_INLINE_MAX,
+                    |n| format!("`inline_max` is at most {MAX_INLINE_MAX} bytes, not {n}"),
+                ) {
+                    Some(n) => inline_max = n,
+                    None => ok = false,
+                },
+                "checkpoint" if w.as_str() == "off" => checkpoint = None,
+                "checkpoint" => match self.parsed_if(
+                    w,
+                    (
+                        "checkpoint interval",
+                        "write a duration such as `30s`, or `off` to save the index only at a clean stop",
+                    ),
+                    value::duration,
+                    |d| d >= MIN_CHECKPOINT,
+                    |d| {
+                        format!(
+                            "`checkpoint` is at least {}s (each one may write the whole index), not {}ms",
+                            MIN_CHECKPOINT.as_secs(),
+                            d.as_millis()
+                        )
+                    },
+                ) {
+                    Some(d) => checkpoint = Some(d),
+                    None => ok = false,
+                },
+                "nvme_digest" => {
+                    let (header, data) = match w.as_str() {
+                        "none" => (false, false),
+                        "header" => (true, false),
+                        "data" => (false, true),
+                        "both" => (true, true),
+                        other => {
+                            self.err(
+                                w.span,
+                                format!(
+                                    "`nvme_digest` is none, header, data or both, not `{other}`"
+                                ),
+                            );
+                            ok = false;
+                            (false, false)
+                        }
+                    };
+                    nvme_digests = NvmeDigests { header, data };
+                }
+                "page_cache" => match w.as_str() {
+                    "on" => page_cache = Some(true),
+                    "off" => page_cache = Some(false),
+                    other => {
+                        self.err(w.span, format!("`page_cache` is on or off, not `{other}`"));
+                        ok = false;
+                    }
+                },
+                "discard" => match w.as_str() {
+                    "on" => discard = true,
+                    "off" => discard = false,
+                    other => {
+                        self.err(w.span, format!("`discard` is on or off, not `{other}`"));
+                        ok = false;
+                    }
+                },
+                "password_file" => password_file = Some(PathBuf::from(w.as_str())),
+                "tls_cert" => tls_cert = Some(PathBuf::from(w.as_str())),
+                "tls_key" => tls_key = Some(PathBuf::from(w.as_str())),
+                "tls_client_ca" => tls_client_ca = Some(PathBuf::from(w.as_str())),
+                _ => unreachable!("the parser accepts only service keys"),
+            }
+        }
+        let missing = |l: &mut Self, what: &str, example: &str| {
+            l.err(
+                b.name.span,
+                format!("service `{}` has no `{what}`", b.name.text),
+            )
+            .hint = Some(format!("add `{what} {example}`"));
+        };
+        if opt_value(&b.options, "listen").is_none() {
+            missing(self, "listen", "127.0.0.1:6379");
+        }
+        if opt_value(&b.options, "target").is_none() {
+            missing(
+                self,
+                "target",
+                "\"nvme-tcp://127.0.0.1:4420/nqn.2014-08.org.example:kv\"",
+            );
+        }
+        if opt_value(&b.options, "capacity").is_none() {
+            missing(self, "capacity", "64GiB");
+        }
+        // TLS takes a certificate and its key; a client CA only with them.
+        let tls = match (tls_cert, tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles {
+                cert,
+                key,
+                client_ca: tls_client_ca,
+            }),
+            (None, None) if tls_client_ca.is_none() => None,
+            (cert, _) => {
+                let (has, lacks) = if cert.is_some() {
+                    ("tls_cert", "tls_key")
+                } else {
+                    ("tls_key or tls_client_ca", "tls_cert")
+                };
+                self.err(
+                    b.name.span,
+                    format!("service `{}` has `{has}` but no `{lacks}`", b.name.text),
+                )
+                .hint = Some("TLS needs `tls_cert` and `tls_key` (PEM files) together".into());
+                ok = false;
+                None
+            }
+        };
+        let stripe = match stripe {
+            None => DEFAULT_STRIPE.div_ceil(block_size) * block_size,
+            Some((n, at)) => {
+                if n == 0 || n % block_size != 0 || n / block_size > MAX_STRIPE_BLOCKS {
+                    self.err(
+                        at,
+                        format!(
+                            "`stripe` is a whole number of blocks ({block_size} bytes each), from one to {MAX_STRIPE_BLOCKS}, not {n} bytes"
+                        ),
+                    )
+                    .hint = Some(format!(
+                        "a multiple of `block_size`, such as {}",
+                        DEFAULT_STRIPE.div_ceil(block_size) * block_size
+                    ));
+                    ok = false;
+                }
+                n
+            }
+        };
+        let (listen, capacity) = (listen?, capacity?);
+        if targets.is_empty() {
+            return None;
+        }
+        if nvme_digests != NvmeDigests::default()
+            && !targets
+                .iter()
+                .all(|t| matches!(t, StorageTarget::NvmeTcp { .. }))
+        {
+            let at = opt_value(&b.options, "nvme_digest").map_or(b.name.span, |o| o.values[0].span);
+            self.err(at, "`nvme_digest` applies to nvme-tcp:// targets only")
+                .hint = Some("NBD and local targets have no digests; remove the option".into());
+            ok = false;
+        }
+        if page_cache.is_some()
+            && !targets
+                .iter()
+                .all(|t| matches!(t, StorageTarget::Local { .. }))
+        {
+            let at = opt_value(&b.options, "page_cache").map_or(b.name.span, |o| o.values[0].span);
+            self.err(at, "`page_cache` applies to local targets only")
+                .hint = Some(
+                "nvme-tcp:// and nbd:// targets are reached over the network; remove the option"
+                    .into(),
+            );
+            ok = false;
+        }
+        ok.then(|| Service {
+            name: b.name.text.to_string(),
+            kind: ServiceKind::KvCache(KvCache {
+                listen,
+                targets,
+                capacity,
+                block_size,
+                stripe,
+                connections,
+                inline_max: inline_max.min(block_size),
+                checkpoint,
+                nvme_digests,
+                page_cache,
+                discard,
+                password_file,
+                tls,
+            }),
+        })
+    }
+
+    fn storage_target(&mut self, w: &Word) -> Option<StorageTarget> {
+        let parsed = parse_storage_target(&w.text);
+        if parsed.is_none() {
+            self.err(w.span, format!("invalid storage target `{}`", w.text))
+                .hint = Some("targets are nvme-tcp://HOST:PORT/NQN, nbd://HOST:PORT[/EXPORT], nvme:///dev/DEVICE and file:///PATH".into());
+        }
+        parsed
+    }
+}
