@@ -427,22 +427,36 @@ impl Handler for Shared {
     }
 }
 
-/// Runs until the inputs are exhausted (then, with a metrics endpoint, until signalled) or
-/// until SIGTERM or SIGINT; SIGHUP reloads the pipeline file.
-pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), RunError> {
-    // Without capture inputs, a port of driver af_packet or af_xdp bound to no capture is
-    // opened live. With them, the service replays captures (in their own clock, which live
-    // ports do not share): such ports are left closed. A doca port needs the hardware
-    // backend. A port left closed is neither read nor written, and named at start; with
-    // nothing to read, the service would serve metrics of no traffic, looking healthy:
-    // refused.
-    let bound = |i: usize| {
-        let b = &opts.bindings;
-        b.inputs
-            .iter()
-            .chain(&b.outputs)
-            .any(|(id, _)| usize::from(id.0) == i)
-    };
+/// How the dataplane's threads share the work, decided before anything is opened.
+struct Arrangement {
+    workers: usize,
+    /// Whether each worker reads and sends its own share of every live port (else the I/O
+    /// thread reads them and deals the packets).
+    shares: bool,
+    /// The kernel's copy of the dealer, where workers share the ports of a pipeline that
+    /// tracks connections.
+    steering: Option<steering::KernelSteering>,
+    /// With shares, each port's group that the workers' sockets or queues join.
+    groups: Option<Vec<PortShares>>,
+    /// Why the I/O thread deals the packets of live ports, where it does.
+    dealt_because: Option<String>,
+}
+
+/// Whether port `i` is bound to a capture, as input or output.
+fn bound_to_capture(opts: &Options, i: usize) -> bool {
+    let b = &opts.bindings;
+    b.inputs
+        .iter()
+        .chain(&b.outputs)
+        .any(|(id, _)| usize::from(id.0) == i)
+}
+
+/// How many workers there are and whether they share the live ports or have them dealt,
+/// from the options, the ports and their interfaces' receive queues.
+fn arrange(program: &Program, opts: &Options, code: &Compiled) -> Result<Arrangement, RunError> {
+    // Live: a port of driver af_packet or af_xdp bound to no capture, while no capture is
+    // replayed (see `run`).
+    let bound = |i: usize| bound_to_capture(opts, i);
     let replays = !opts.bindings.inputs.is_empty();
     let has_live = |driver: Driver| {
         let mut ports = program.ports.iter().enumerate();
@@ -477,7 +491,6 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         (None, Some(cpus)) => cpus.len().saturating_sub(1).max(1),
         (None, None) => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
-    let code = Arc::new(Compiled::new(&program));
     let mut may_share = (has_live(Driver::AfPacket) || live_xdp) && dealt_because.is_none();
     let mut workers = workers_for(may_share);
     // An AF_XDP port's queues are dealt among the workers: each needs one at least.
@@ -536,6 +549,34 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     } else {
         None
     };
+    Ok(Arrangement {
+        workers,
+        shares,
+        steering,
+        groups,
+        dealt_because,
+    })
+}
+
+/// Runs until the inputs are exhausted (then, with a metrics endpoint, until signalled) or
+/// until SIGTERM or SIGINT; SIGHUP reloads the pipeline file.
+pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), RunError> {
+    // Without capture inputs, a port of driver af_packet or af_xdp bound to no capture is
+    // opened live. With them, the service replays captures (in their own clock, which live
+    // ports do not share): such ports are left closed. A doca port needs the hardware
+    // backend. A port left closed is neither read nor written, and named at start; with
+    // nothing to read, the service would serve metrics of no traffic, looking healthy:
+    // refused.
+    let bound = |i: usize| bound_to_capture(&opts, i);
+    let replays = !opts.bindings.inputs.is_empty();
+    let code = Arc::new(Compiled::new(&program));
+    let Arrangement {
+        workers,
+        shares,
+        steering,
+        groups,
+        dealt_because,
+    } = arrange(&program, &opts, &code)?;
     // The live ports of each thread that reads them: one, or with shares one a worker.
     let mut live_sets: Vec<Vec<Option<LivePort>>> = (0..if shares { workers } else { 1 })
         .map(|_| Vec::new())
