@@ -54,6 +54,7 @@ pub mod replay;
 pub mod sweep;
 pub mod sys;
 pub mod telemetry;
+pub mod tls;
 pub mod trace;
 pub mod traffic;
 pub mod wire;

@@ -1596,40 +1596,6 @@ fn expiry_answers_as_redis_does() {
     assert_eq!(kv.terminate(), 0);
 }
 
-/// A test CA and what it signs with openssl: `server.pem`/`server.key` for 127.0.0.1 and
-/// `client.pem`/`client.key` for a client, all P-256.
-fn certificates(dir: &Scratch) {
-    let sh = |script: &str| {
-        let out = Command::new("sh")
-            .arg("-ec")
-            .arg(script)
-            .current_dir(dir.path(""))
-            .output()
-            .expect("`openssl` is required (scripts/test installs it)");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    sh("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
-        -keyout ca.key -out ca.pem -days 2 -subj /CN=dpuflow-test-ca \
-        -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign 2>/dev/null");
-    for (name, usage, san) in [
-        ("server", "serverAuth", "subjectAltName=IP:127.0.0.1"),
-        ("client", "clientAuth", "subjectAltName=DNS:inference-host"),
-    ] {
-        sh(&format!(
-            "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
-             -keyout {name}.key -out {name}.csr -subj /CN={name} 2>/dev/null
-             printf 'basicConstraints=CA:FALSE\\nkeyUsage=digitalSignature\\n\
-             extendedKeyUsage={usage}\\n{san}\\n' > {name}.ext
-             openssl x509 -req -in {name}.csr -CA ca.pem -CAkey ca.key -CAcreateserial \
-             -out {name}.pem -days 2 -extfile {name}.ext 2>/dev/null"
-        ));
-    }
-}
-
 /// With `tls_cert` and `tls_key` the service speaks only TLS: redis-cli and redis-py
 /// connect with the CA's certificate and store and read; a plaintext client gets nothing.
 /// With `tls_client_ca`, only a client presenting a certificate that CA signed gets in.

@@ -994,14 +994,25 @@ fn long_input_through_few_buffers_is_written_whole() {
 fn a_real_prometheus_scrapes_it() {
     let dir = Scratch::new("service-prometheus");
     let svc = Service::gateway(&dir, &["--workers", "2"]);
+    let job = format!("static_configs:\n      - targets: ['{}']", svc.addr);
+    prometheus_sees_the_gateway(&dir, &job);
+    assert_eq!(svc.terminate(), 0);
+}
+
+/// Runs a Prometheus server whose one scrape job, `dpuflow`, is `job` (YAML under the job's
+/// name, indented by four) until it reports the target `up` and the gateway's 110 host
+/// packets, or fails after a minute.
+fn prometheus_sees_the_gateway(dir: &Scratch, job: &str) {
     let prom_port = free_port();
     let config = dir.path("prometheus.yml");
     std::fs::write(
         &config,
-        format!("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: dpuflow\n    static_configs:\n      - targets: ['{}']\n", svc.addr),
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: dpuflow\n    {job}\n"
+        ),
     )
     .expect("config");
-    let mut prom = Command::new("prometheus")
+    let prom = Command::new("prometheus")
         .args([
             &format!("--config.file={config}"),
             &format!("--storage.tsdb.path={}", dir.path("tsdb")),
@@ -1011,6 +1022,7 @@ fn a_real_prometheus_scrapes_it() {
         .stderr(Stdio::null())
         .spawn()
         .expect("prometheus is required (Debian package prometheus; scripts/test installs it)");
+    let _prom = Running(prom);
     let api: SocketAddr = format!("127.0.0.1:{prom_port}").parse().expect("addr");
     let query = |q: &str| -> Option<String> {
         let (code, body) = get(api, &format!("/api/v1/query?query={q}"))?;
@@ -1024,23 +1036,96 @@ fn a_real_prometheus_scrapes_it() {
             .flatten()
     };
     let deadline = Instant::now() + Duration::from_secs(60);
-    let result = loop {
+    loop {
         let up = query("up%7Bjob%3D%22dpuflow%22%7D");
         let rx = query("dpuflow_port_received_packets_total%7Bport%3D%22host%22%7D");
         if up.as_deref() == Some("1") && rx.as_deref() == Some("110") {
-            break Ok(());
+            return;
         }
-        if Instant::now() > deadline {
-            break Err(format!(
-                "up = {up:?}, dpuflow_port_received_packets_total{{port=\"host\"}} = {rx:?}"
-            ));
-        }
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus did not see the endpoint: up = {up:?}, \
+             dpuflow_port_received_packets_total{{port=\"host\"}} = {rx:?}"
+        );
         std::thread::sleep(Duration::from_millis(500));
-    };
-    let _ = prom.kill();
-    let _ = prom.wait();
-    result.expect("Prometheus saw the endpoint");
-    assert_eq!(svc.terminate(), 0);
+    }
+}
+
+/// With `tls_cert` and `tls_key` in its telemetry block the metrics endpoint speaks only
+/// HTTPS: curl trusting the test CA reads `/metrics` and `/healthz`, one that does not
+/// trust it, or plain HTTP, gets nothing. With `tls_client_ca` too, only a client
+/// presenting a certificate that CA signed is answered: a real Prometheus scraping with
+/// `scheme: https` and its client certificate sees the target up and the packets.
+#[test]
+fn the_metrics_endpoint_over_tls_answers_only_clients_it_trusts() {
+    let dir = Scratch::new("service-tls");
+    certificates(&dir);
+    scapy(&dir.0, TRAFFIC);
+    let gateway = std::fs::read_to_string("pipelines/vxlan-gateway.pipe").expect("example");
+    let input = format!("host={}", dir.path("host.pcap"));
+    let (ca, cert, key) = (
+        dir.path("ca.pem"),
+        dir.path("client.pem"),
+        dir.path("client.key"),
+    );
+    for client_ca in [false, true] {
+        let pipe = dir.path("tls.pipe");
+        let mut telemetry = format!(
+            "telemetry {{ tls_cert \"{}\"  tls_key \"{}\"",
+            dir.path("server.pem"),
+            dir.path("server.key")
+        );
+        if client_ca {
+            telemetry += &format!("  tls_client_ca \"{ca}\"");
+        }
+        std::fs::write(&pipe, format!("{gateway}\n{telemetry} }}\n")).expect("pipeline");
+        let addr = format!("127.0.0.1:{}", free_port());
+        let svc = dpuflow_command()
+            .args(["run", &pipe, "--in", &input, "--metrics", &addr])
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn dpuflow run");
+        let _svc = Running(svc);
+        let url = |path: &str| format!("https://{addr}{path}");
+        let trusted = |path: &str, extra: &[&str]| {
+            let mut args = vec!["-s", "--max-time", "5", "--cacert", &ca];
+            args.extend_from_slice(extra);
+            let url = url(path);
+            args.push(&url);
+            tool("curl", &args)
+        };
+        let client = ["--cert", &cert, "--key", &key];
+        let with_cert: &[&str] = if client_ca { &client } else { &[] };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while trusted("/readyz", with_cert).stdout != b"ready\n" {
+            assert!(Instant::now() < deadline, "never ready over TLS");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let metrics = String::from_utf8(trusted("/metrics", with_cert).stdout).expect("text");
+        assert_eq!(
+            metric(
+                &metrics,
+                "dpuflow_port_received_packets_total{port=\"host\"}"
+            ),
+            Some(110),
+            "{metrics}"
+        );
+        assert_eq!(trusted("/healthz", with_cert).stdout, b"ok\n");
+        // Not trusting the server's certificate, or not speaking TLS: nothing.
+        let untrusting = tool("curl", &["-s", "--max-time", "5", &url("/metrics")]);
+        assert!(!untrusting.status.success() && untrusting.stdout.is_empty());
+        let plain = get(addr.parse().expect("addr"), "/metrics");
+        assert!(plain.is_none(), "plain HTTP answered: {plain:?}");
+        if client_ca {
+            let anonymous = trusted("/metrics", &[]);
+            assert!(!anonymous.status.success() && anonymous.stdout.is_empty());
+            let job = format!(
+                "scheme: https\n    tls_config:\n      ca_file: {ca}\n      cert_file: {cert}\n      \
+                 key_file: {key}\n    static_configs:\n      - targets: ['{addr}']"
+            );
+            prometheus_sees_the_gateway(&dir, &job);
+        }
+    }
 }
 
 /// SIGHUP reloads the pipeline file while packets flow: the new rules decide from then

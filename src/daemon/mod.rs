@@ -121,6 +121,9 @@ pub enum RunError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    /// the metrics endpoint's TLS files cannot be used
+    #[error("the metrics endpoint's TLS: {0}")]
+    MetricsTls(crate::tls::TlsError),
     /// a signal handler could not be installed
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
@@ -730,6 +733,10 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         }
         None => None,
     };
+    let metrics_tls = match &program.telemetry.prometheus_tls {
+        Some(files) => Some(crate::tls::server_config(files).map_err(RunError::MetricsTls)?),
+        None => None,
+    };
     let conntrack_limit = program
         .conntrack
         .as_ref()
@@ -952,7 +959,8 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     };
     // Serve metrics until signalled; without an endpoint, until the inputs are done.
     match &listener {
-        Some(l) => http::serve(l, &stop, &*shared).map_err(|e| RunError::Thread(e.to_string()))?,
+        Some(l) => http::serve(l, &stop, &*shared, metrics_tls.as_ref())
+            .map_err(|e| RunError::Thread(e.to_string()))?,
         None => {
             let serving = !shared.kv.is_empty();
             let running = || !dataplane.iter().all(JoinHandle::is_finished);

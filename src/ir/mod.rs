@@ -861,6 +861,8 @@ pub struct Telemetry {
     /// IPFIX messages sent a second at most: what the collector's receive buffer and the
     /// path have to absorb when many flows are exported at once.
     pub ipfix_rate: u32,
+    /// TLS on the metrics endpoint, when configured.
+    pub prometheus_tls: Option<TlsFiles>,
 }
 
 impl Default for Telemetry {
@@ -877,6 +879,7 @@ impl Default for Telemetry {
             observation_domain: 1,
             ipfix_mtu: 1500,
             ipfix_rate: 10_000,
+            prometheus_tls: None,
         }
     }
 }

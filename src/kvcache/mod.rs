@@ -2,7 +2,7 @@
 //! Redis protocol ([`resp`]); the DPU keeps the index ([`index`]) and does the storage
 //! I/O itself ([`storage`]: a local device or file, an NBD export through [`nbd`], or an
 //! NVMe/TCP namespace through [`nvme_tcp`]), so the hosts' CPUs stay out of it. [`server`] puts them together as a service of
-//! `dpuflow run`, over TLS where configured ([`tls`]).
+//! `dpuflow run`, over TLS where configured ([`crate::tls`]).
 
 mod free;
 pub mod glob;
@@ -14,7 +14,6 @@ pub mod persist;
 pub mod resp;
 pub mod server;
 pub mod storage;
-pub mod tls;
 
 /// A peer's side of a conversation, scripted for tests: the bytes it sends, and a record of
 /// what it was sent.

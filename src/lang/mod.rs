@@ -247,11 +247,19 @@ mod tests {
         let paced = "pipeline p\nport a { driver pcap }\ntelemetry { ipfix_rate 2500 }\n\
                      pipe x root from a { default { actions drop } }";
         assert_eq!(program(paced).telemetry.ipfix_rate, 2500);
+        let https = "pipeline p\nport a { driver pcap }\n\
+                     telemetry { tls_cert \"m.pem\" tls_key \"m.key\" tls_client_ca \"ca.pem\" }\n\
+                     pipe x root from a { default { actions drop } }";
+        let tls = program(https).telemetry.prometheus_tls.expect("TLS files");
+        assert_eq!(tls.cert, Path::new("m.pem"));
+        assert_eq!(tls.key, Path::new("m.key"));
+        assert_eq!(tls.client_ca.as_deref(), Some(Path::new("ca.pem")));
         let every =
             "pipeline p\nport a { driver pcap }\npipe x root from a { default { actions drop } }";
         assert_eq!(program(every).telemetry.sampling, 1);
         assert_eq!(program(every).telemetry.observation_domain, 1);
         assert_eq!(program(every).telemetry.ipfix_mtu, 1500);
         assert_eq!(program(every).telemetry.ipfix_rate, 10_000);
+        assert_eq!(program(every).telemetry.prometheus_tls, None);
     }
 }

@@ -78,6 +78,9 @@ pub fn block_keys(kind: BlockKind) -> Keys {
             ("observation_domain", One),
             ("ipfix_mtu", One),
             ("ipfix_rate", One),
+            ("tls_cert", One),
+            ("tls_key", One),
+            ("tls_client_ca", One),
         ],
     }
 }

@@ -1,11 +1,13 @@
 //! A minimal HTTP/1.1 endpoint on std sockets: `GET /metrics`, `/healthz`, `/readyz`. One
 //! request a connection, answered and closed, each connection in a thread of its own (a
 //! client that connects and sends nothing must not hold up the next scrape or probe);
-//! enough for Prometheus and probes, no framework.
+//! enough for Prometheus and probes, no framework. Over TLS where configured (HTTPS, as
+//! Prometheus's `scheme: https` scrapes), then only over TLS.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Largest request head read.
@@ -41,12 +43,13 @@ pub trait Handler: Sync {
 }
 
 /// Serves until `stop` is set (checked every 50 ms), then waits for the connections being
-/// answered. A failed `accept` (a connection reset before it was taken, descriptors
-/// exhausted) is logged and served past, never the end of the endpoint.
+/// answered; over TLS with `tls`. A failed `accept` (a connection reset before it was
+/// taken, descriptors exhausted) is logged and served past, never the end of the endpoint.
 pub fn serve(
     listener: &TcpListener,
     stop: &AtomicBool,
     handler: &dyn Handler,
+    tls: Option<&Arc<rustls::ServerConfig>>,
 ) -> std::io::Result<()> {
     let mut acceptor = crate::sys::Acceptor::new(listener)?;
     let open = AtomicUsize::new(0);
@@ -63,7 +66,7 @@ pub fn serve(
                     open.fetch_add(1, Ordering::Relaxed);
                     let open = &open;
                     s.spawn(move || {
-                        if let Err(e) = answer(stream, handler, DEADLINES) {
+                        if let Err(e) = connection(stream, handler, DEADLINES, tls) {
                             tracing::debug!(error = %e, "http request failed");
                         }
                         open.fetch_sub(1, Ordering::Relaxed);
@@ -81,18 +84,64 @@ pub fn serve(
     Ok(())
 }
 
-fn answer(stream: TcpStream, handler: &dyn Handler, limits: Deadlines) -> std::io::Result<()> {
-    let mut stream = Timed {
+/// Answers one connection, plain or over TLS (whose handshake counts in the time to send
+/// the request).
+fn connection(
+    stream: TcpStream,
+    handler: &dyn Handler,
+    limits: Deadlines,
+    tls: Option<&Arc<rustls::ServerConfig>>,
+) -> std::io::Result<()> {
+    let timed = Timed {
         stream,
         until: Instant::now() + limits.request,
     };
+    match tls {
+        None => answer(&mut { timed }, handler, limits),
+        Some(config) => {
+            let tls = rustls::ServerConnection::new(Arc::clone(config)).map_err(io_error)?;
+            let mut stream = rustls::StreamOwned::new(tls, timed);
+            answer(&mut stream, handler, limits)?;
+            // Said before closing, so the client can tell the end of the answer from a cut.
+            stream.conn.send_close_notify();
+            stream.flush()
+        }
+    }
+}
+
+fn io_error(e: rustls::Error) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, e)
+}
+
+/// A connection whose deadline can be moved: the plain socket, or TLS over it.
+trait Deadlined: Read + Write {
+    fn set_deadline(&mut self, until: Instant);
+}
+
+impl Deadlined for Timed {
+    fn set_deadline(&mut self, until: Instant) {
+        self.until = until;
+    }
+}
+
+impl Deadlined for rustls::StreamOwned<rustls::ServerConnection, Timed> {
+    fn set_deadline(&mut self, until: Instant) {
+        self.sock.until = until;
+    }
+}
+
+fn answer(
+    stream: &mut impl Deadlined,
+    handler: &dyn Handler,
+    limits: Deadlines,
+) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
         let n = stream.read(&mut chunk)?;
         if n == 0 || buf.len() + n > MAX_REQUEST {
             return respond(
-                &mut stream,
+                stream,
                 false,
                 "400 Bad Request",
                 "text/plain",
@@ -108,17 +157,17 @@ fn answer(stream: TcpStream, handler: &dyn Handler, limits: Deadlines) -> std::i
         parts.next().unwrap_or_default(),
     );
     let path = target.split('?').next().unwrap_or_default();
-    stream.until = Instant::now() + limits.answer;
+    stream.set_deadline(Instant::now() + limits.answer);
     if method != "GET" && method != "HEAD" {
         return respond(
-            &mut stream,
+            stream,
             false,
             "405 Method Not Allowed",
             "text/plain",
             "only GET\n",
         );
     }
-    let (head_only, stream) = (method == "HEAD", &mut stream);
+    let head_only = method == "HEAD";
     match path {
         "/metrics" => respond(
             stream,
@@ -159,7 +208,7 @@ fn answer(stream: TcpStream, handler: &dyn Handler, limits: Deadlines) -> std::i
 
 /// Writes the answer; to a `HEAD`, the headers only (RFC 9110 §9.3.2).
 fn respond(
-    stream: &mut Timed,
+    stream: &mut impl Write,
     head_only: bool,
     status: &str,
     kind: &str,
@@ -268,7 +317,7 @@ mod tests {
             }
             false
         });
-        let r = answer(server, &Body(10), SHORT);
+        let r = connection(server, &Body(10), SHORT, None);
         assert!(timed_out(&r), "{r:?}");
         assert!(
             trickle.join().expect("trickle"),
@@ -285,7 +334,7 @@ mod tests {
             .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
             .expect("request");
         // Larger than any socket buffers between the two ends.
-        let r = answer(server, &Body(64 << 20), SHORT);
+        let r = connection(server, &Body(64 << 20), SHORT, None);
         assert!(timed_out(&r), "{r:?}");
     }
 
@@ -301,7 +350,7 @@ mod tests {
             client.read_to_end(&mut answer).expect("read");
             answer
         });
-        answer(server, &Body(1 << 20), DEADLINES).expect("answered");
+        connection(server, &Body(1 << 20), DEADLINES, None).expect("answered");
         let got = reader.join().expect("reader");
         assert!(got.starts_with(b"HTTP/1.1 200 OK\r\n"));
         assert!(got.ends_with(&[b'x'; 1 << 20]));

@@ -57,7 +57,7 @@ pub enum StartError {
     #[error("kvcache `{service}`: TLS: {source}")]
     Tls {
         service: String,
-        source: Box<super::tls::TlsError>,
+        source: Box<crate::tls::TlsError>,
     },
     /// the superblock cannot be read or marked taken
     #[error("kvcache `{service}`: cannot read or update the target's superblock: {source}")]
@@ -301,7 +301,7 @@ impl KvService {
         let tls = match &config.tls {
             Some(files) => {
                 Some(
-                    super::tls::server_config(files).map_err(|source| StartError::Tls {
+                    crate::tls::server_config(files).map_err(|source| StartError::Tls {
                         service: name.to_owned(),
                         source: Box::new(source),
                     })?,

@@ -16,7 +16,7 @@ use super::value;
 use crate::ir::*;
 use std::collections::HashMap;
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 mod actions;
 mod checks;
@@ -243,6 +243,37 @@ impl Lowerer<'_> {
     // ---- option blocks -------------------------------------------------------------
 
     /// The value of a one-value option (the parser guarantees there is one).
+    /// The TLS files of a listener (of `owner`, written at `at`): a certificate and its
+    /// key together, a client CA only with them; none at all is no TLS. `Err` once
+    /// reported.
+    fn tls_files(
+        &mut self,
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+        client_ca: Option<PathBuf>,
+        at: Span,
+        owner: &str,
+    ) -> Result<Option<TlsFiles>, ()> {
+        match (cert, key) {
+            (Some(cert), Some(key)) => Ok(Some(TlsFiles {
+                cert,
+                key,
+                client_ca,
+            })),
+            (None, None) if client_ca.is_none() => Ok(None),
+            (cert, _) => {
+                let (has, lacks) = if cert.is_some() {
+                    ("tls_cert", "tls_key")
+                } else {
+                    ("tls_key or tls_client_ca", "tls_cert")
+                };
+                self.err(at, format!("{owner} has `{has}` but no `{lacks}`"))
+                    .hint = Some("TLS needs `tls_cert` and `tls_key` (PEM files) together".into());
+                Err(())
+            }
+        }
+    }
+
     fn single<'o, 'a>(&mut self, o: &'o Opt<'a>) -> Option<&'o Word<'a>> {
         o.values.first()
     }

@@ -246,29 +246,10 @@ impl Lowerer<'_> {
         if opt_value(&b.options, "capacity").is_none() {
             missing(self, "capacity", "64GiB");
         }
-        // TLS takes a certificate and its key; a client CA only with them.
-        let tls = match (tls_cert, tls_key) {
-            (Some(cert), Some(key)) => Some(TlsFiles {
-                cert,
-                key,
-                client_ca: tls_client_ca,
-            }),
-            (None, None) if tls_client_ca.is_none() => None,
-            (cert, _) => {
-                let (has, lacks) = if cert.is_some() {
-                    ("tls_cert", "tls_key")
-                } else {
-                    ("tls_key or tls_client_ca", "tls_cert")
-                };
-                self.err(
-                    b.name.span,
-                    format!("service `{}` has `{has}` but no `{lacks}`", b.name.text),
-                )
-                .hint = Some("TLS needs `tls_cert` and `tls_key` (PEM files) together".into());
-                ok = false;
-                None
-            }
-        };
+        let owner = format!("service `{}`", b.name.text);
+        let tls = self.tls_files(tls_cert, tls_key, tls_client_ca, b.name.span, &owner);
+        ok &= tls.is_ok();
+        let tls = tls.unwrap_or_default();
         let stripe = match stripe {
             None => DEFAULT_STRIPE.div_ceil(block_size) * block_size,
             Some((n, at)) => {

@@ -316,6 +316,7 @@ impl Lowerer<'_> {
         let Some(s) = s else { return t };
         self.check_repeats(&s.options, &[]);
         const DUR: &str = "write a duration such as `10s` or `1m`";
+        let (mut tls_cert, mut tls_key, mut tls_client_ca) = (None, None, None);
         for o in &s.options {
             let Some(w) = self.single(o) else { continue };
             match o.key.as_str() {
@@ -387,6 +388,9 @@ impl Lowerer<'_> {
                         None => {}
                     }
                 }
+                "tls_cert" => tls_cert = Some(PathBuf::from(w.as_str())),
+                "tls_key" => tls_key = Some(PathBuf::from(w.as_str())),
+                "tls_client_ca" => tls_client_ca = Some(PathBuf::from(w.as_str())),
                 _ => unreachable!("the parser accepts only telemetry keys"),
             }
         }
@@ -401,6 +405,9 @@ impl Lowerer<'_> {
                 }
             }
         }
+        let owner = "the telemetry block (TLS on its Prometheus endpoint)";
+        t.prometheus_tls = (self.tls_files(tls_cert, tls_key, tls_client_ca, s.keyword, owner))
+            .unwrap_or_default();
         t
     }
 

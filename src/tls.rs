@@ -1,7 +1,8 @@
-//! TLS on the service's listener (rustls with ring): the service's certificate chain and
-//! key from PEM files, and, when given, the CAs whose certificates clients must present
-//! (mutual TLS). KV-cache blocks derive from users' prompts: on a network others share,
-//! they should not cross it in the clear.
+//! TLS on the service's listeners, the KV-cache service's and the metrics endpoint's
+//! (rustls with ring): the certificate chain and key from PEM files, and, when given, the
+//! CAs whose certificates clients must present (mutual TLS). KV-cache blocks derive from
+//! users' prompts, and a scrape tells what a DPU carries: on a network others share,
+//! neither should cross it in the clear.
 
 use crate::ir::TlsFiles;
 use rustls::pki_types::pem::PemObject;
