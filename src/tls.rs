@@ -10,7 +10,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// Why the TLS configuration cannot be made.
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +80,38 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
             source,
         })?;
     Ok(Arc::new(config))
+}
+
+/// A listener's TLS configuration, made again from its files when asked (on SIGHUP), so
+/// that certificates are rotated without a restart; each connection takes the one current
+/// when it arrives.
+#[derive(Debug)]
+pub struct Rotating {
+    files: TlsFiles,
+    current: Mutex<Arc<ServerConfig>>,
+}
+
+impl Rotating {
+    /// The configuration `files` describe now.
+    pub fn new(files: &TlsFiles) -> Result<Rotating, TlsError> {
+        Ok(Rotating {
+            files: files.clone(),
+            current: Mutex::new(server_config(files)?),
+        })
+    }
+
+    /// The configuration for a connection arriving now.
+    pub fn current(&self) -> Arc<ServerConfig> {
+        Arc::clone(&self.current.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Reads the files again; when they no longer make a configuration, the one before
+    /// stays and the error says why.
+    pub fn reread(&self) -> Result<(), TlsError> {
+        let fresh = server_config(&self.files)?;
+        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = fresh;
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -1599,6 +1599,7 @@ fn expiry_answers_as_redis_does() {
 /// With `tls_cert` and `tls_key` the service speaks only TLS: redis-cli and redis-py
 /// connect with the CA's certificate and store and read; a plaintext client gets nothing.
 /// With `tls_client_ca`, only a client presenting a certificate that CA signed gets in.
+/// SIGHUP reads the files again, so a rotated certificate serves without a restart.
 #[test]
 fn over_tls_the_tools_store_and_read_and_plaintext_gets_nothing() {
     let dir = Scratch::new("kv-tls");
@@ -1680,6 +1681,30 @@ fn over_tls_the_tools_store_and_read_and_plaintext_gets_nothing() {
     );
     // The client without a certificate is counted.
     assert!(kv.metric("dpuflow_kvcache_tls_failures_total{service=\"kvcache\"}") >= 1);
+
+    // The certificate rotated in place (now from another CA), then SIGHUP: new connections
+    // get the new one, trusted by the new CA only.
+    let rotated = Scratch::new("kv-tls-rotated");
+    certificates(&rotated);
+    for f in ["server.pem", "server.key"] {
+        std::fs::copy(rotated.path(f), p(f)).expect("rotate");
+    }
+    tool_ok("kill", &["-HUP", &kv.child.0.id().to_string()]);
+    let new_ca = rotated.path("ca.pem");
+    let client = ["--cert", &cert, "--key", &key, "PING"];
+    let renewed = ["-h", "127.0.0.1", "-p", &port, "--tls", "--cacert", &new_ca];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !String::from_utf8_lossy(&tool("redis-cli", &[&renewed[..], &client].concat()).stdout)
+        .contains("PONG")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the rotated certificate never served"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let old = tool("redis-cli", &[&base[..], &client].concat());
+    assert!(!String::from_utf8_lossy(&old.stdout).contains("PONG"));
     assert_eq!(kv.terminate(), 0);
 
     // A key that is not the certificate's fails the start, naming both files.

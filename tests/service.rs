@@ -1055,7 +1055,9 @@ fn prometheus_sees_the_gateway(dir: &Scratch, job: &str) {
 /// HTTPS: curl trusting the test CA reads `/metrics` and `/healthz`, one that does not
 /// trust it, or plain HTTP, gets nothing. With `tls_client_ca` too, only a client
 /// presenting a certificate that CA signed is answered: a real Prometheus scraping with
-/// `scheme: https` and its client certificate sees the target up and the packets.
+/// `scheme: https` and its client certificate sees the target up and the packets. On
+/// SIGHUP the certificate and key files are read again: rotated, they serve at once;
+/// spoilt, the ones before stay.
 #[test]
 fn the_metrics_endpoint_over_tls_answers_only_clients_it_trusts() {
     let dir = Scratch::new("service-tls");
@@ -1085,7 +1087,7 @@ fn the_metrics_endpoint_over_tls_answers_only_clients_it_trusts() {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn dpuflow run");
-        let _svc = Running(svc);
+        let svc = Running(svc);
         let url = |path: &str| format!("https://{addr}{path}");
         let trusted = |path: &str, extra: &[&str]| {
             let mut args = vec!["-s", "--max-time", "5", "--cacert", &ca];
@@ -1124,6 +1126,44 @@ fn the_metrics_endpoint_over_tls_answers_only_clients_it_trusts() {
                  key_file: {key}\n    static_configs:\n      - targets: ['{addr}']"
             );
             prometheus_sees_the_gateway(&dir, &job);
+
+            // Certificates rotated in place (the server's now from another CA): SIGHUP and
+            // the endpoint presents the new one, trusted by the new CA only.
+            let rotated = Scratch::new("service-tls-rotated");
+            certificates(&rotated);
+            for f in ["server.pem", "server.key"] {
+                std::fs::copy(rotated.path(f), dir.path(f)).expect("rotate");
+            }
+            tool_ok("kill", &["-HUP", &svc.0.id().to_string()]);
+            let new_ca = rotated.path("ca.pem");
+            let with_new_ca = |path: &str| {
+                let url = url(path);
+                let args = [
+                    "-s",
+                    "--max-time",
+                    "5",
+                    "--cacert",
+                    &new_ca,
+                    "--cert",
+                    &cert,
+                ];
+                tool("curl", &[&args[..], &["--key", &key, &url]].concat())
+            };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while with_new_ca("/healthz").stdout != b"ok\n" {
+                assert!(
+                    Instant::now() < deadline,
+                    "the rotated certificate never served"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let old = trusted("/healthz", with_cert);
+            assert!(!old.status.success() && old.stdout.is_empty());
+            // A key that is not a key: the certificate before goes on serving.
+            std::fs::write(dir.path("server.key"), "not a key\n").expect("spoil");
+            tool_ok("kill", &["-HUP", &svc.0.id().to_string()]);
+            std::thread::sleep(Duration::from_millis(500));
+            assert_eq!(with_new_ca("/healthz").stdout, b"ok\n");
         }
     }
 }

@@ -51,7 +51,8 @@ impl Shared {
 /// The control thread, until `stop`: judges whether the dataplane's threads go on
 /// ([`liveness`](super::liveness)), keeps the service manager told ([`Told`]), and reloads: on each
 /// SIGHUP (`hup` set), once every worker runs the pipeline of the reload before, loads
-/// `file` again and publishes it, or logs why not and keeps the running one.
+/// `file` again and publishes it, or logs why not and keeps the running one; and reads the
+/// listeners' TLS files again at once.
 pub(super) fn control(file: &PipelineFile, hup: &AtomicBool, stop: &AtomicBool, shared: &Shared) {
     // The reload published and not yet taken by every worker, and when it was published.
     let mut pending = None::<(u64, Instant)>;
@@ -61,6 +62,9 @@ pub(super) fn control(file: &PipelineFile, hup: &AtomicBool, stop: &AtomicBool, 
     let mut loading = None::<(JoinHandle<Result<Loaded, ReloadError>>, Arc<Loaded>)>;
     let mut liveness = Liveness::new(shared.workers + 1, Instant::now());
     let mut told = Told::new(shared.notifier.as_ref());
+    // The TLS files were read again for the SIGHUP being handled (a reload may wait for
+    // the workers to take the one before).
+    let mut tls_reread = false;
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(reload::POLL);
         judge(shared, &mut liveness);
@@ -97,8 +101,13 @@ pub(super) fn control(file: &PipelineFile, hup: &AtomicBool, stop: &AtomicBool, 
         if !hup.load(Ordering::Relaxed) {
             continue;
         }
+        if !tls_reread {
+            shared.reread_tls();
+            tls_reread = true;
+        }
         if shared.dataplane_done.load(Ordering::Relaxed) {
             hup.store(false, Ordering::Relaxed);
+            tls_reread = false;
             tracing::warn!("reload ignored: the inputs are done, no packets run");
             continue;
         }
@@ -107,6 +116,7 @@ pub(super) fn control(file: &PipelineFile, hup: &AtomicBool, stop: &AtomicBool, 
             continue;
         }
         hup.store(false, Ordering::Relaxed);
+        tls_reread = false;
         told.send("RELOADING=1");
         let (to_load, from, workers) = (file.clone(), Arc::clone(&current), shared.workers);
         let thread = std::thread::Builder::new()

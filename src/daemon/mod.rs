@@ -281,6 +281,8 @@ struct Shared {
     stalled: Mutex<Option<Stalled>>,
     /// The service manager, when one asked to be told how the service stands.
     notifier: Option<Notifier>,
+    /// TLS on the metrics endpoint, when configured.
+    metrics_tls: Option<crate::tls::Rotating>,
 }
 
 /// Reloads done and refused, for the metrics.
@@ -295,6 +297,21 @@ struct Reloads {
 }
 
 impl Shared {
+    /// Reads the TLS files of the metrics endpoint and of the KV-cache services again (on
+    /// SIGHUP, whatever becomes of the pipeline's reload): rotated certificates serve the
+    /// connections that arrive from now on.
+    fn reread_tls(&self) {
+        if let Some(tls) = &self.metrics_tls {
+            match tls.reread() {
+                Ok(()) => tracing::info!("metrics endpoint TLS files read again"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics endpoint TLS files not usable: the ones read before stay")
+                }
+            }
+        }
+        self.kv.iter().for_each(|kv| kv.reread_tls());
+    }
+
     /// Where the kernel steers the ports' frames by a program of the dealer's choice and
     /// `next` carries tunnels on other UDP ports than `current`: steers them by a program
     /// that knows `next`'s.
@@ -734,7 +751,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         None => None,
     };
     let metrics_tls = match &program.telemetry.prometheus_tls {
-        Some(files) => Some(crate::tls::server_config(files).map_err(RunError::MetricsTls)?),
+        Some(files) => Some(crate::tls::Rotating::new(files).map_err(RunError::MetricsTls)?),
         None => None,
     };
     let conntrack_limit = program
@@ -787,6 +804,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         beats: Beats::new(workers + 1),
         stalled: Mutex::new(None),
         notifier,
+        metrics_tls,
     });
     // Reading and checking the file left much free memory behind (a large table's text
     // and syntax tree).
@@ -959,7 +977,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     };
     // Serve metrics until signalled; without an endpoint, until the inputs are done.
     match &listener {
-        Some(l) => http::serve(l, &stop, &*shared, metrics_tls.as_ref())
+        Some(l) => http::serve(l, &stop, &*shared, shared.metrics_tls.as_ref())
             .map_err(|e| RunError::Thread(e.to_string()))?,
         None => {
             let serving = !shared.kv.is_empty();

@@ -49,7 +49,7 @@ pub fn serve(
     listener: &TcpListener,
     stop: &AtomicBool,
     handler: &dyn Handler,
-    tls: Option<&Arc<rustls::ServerConfig>>,
+    tls: Option<&crate::tls::Rotating>,
 ) -> std::io::Result<()> {
     let mut acceptor = crate::sys::Acceptor::new(listener)?;
     let open = AtomicUsize::new(0);
@@ -65,6 +65,7 @@ pub fn serve(
                 Ok(Some((stream, _))) => {
                     open.fetch_add(1, Ordering::Relaxed);
                     let open = &open;
+                    let tls = tls.map(crate::tls::Rotating::current);
                     s.spawn(move || {
                         if let Err(e) = connection(stream, handler, DEADLINES, tls) {
                             tracing::debug!(error = %e, "http request failed");
@@ -90,7 +91,7 @@ fn connection(
     stream: TcpStream,
     handler: &dyn Handler,
     limits: Deadlines,
-    tls: Option<&Arc<rustls::ServerConfig>>,
+    tls: Option<Arc<rustls::ServerConfig>>,
 ) -> std::io::Result<()> {
     let timed = Timed {
         stream,
@@ -99,7 +100,7 @@ fn connection(
     match tls {
         None => answer(&mut { timed }, handler, limits),
         Some(config) => {
-            let tls = rustls::ServerConnection::new(Arc::clone(config)).map_err(io_error)?;
+            let tls = rustls::ServerConnection::new(config).map_err(io_error)?;
             let mut stream = rustls::StreamOwned::new(tls, timed);
             answer(&mut stream, handler, limits)?;
             // Said before closing, so the client can tell the end of the answer from a cut.

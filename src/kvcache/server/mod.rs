@@ -255,7 +255,7 @@ pub struct KvService {
     /// What clients must give `AUTH` before anything else, if anything.
     password: Option<Vec<u8>>,
     /// TLS on every connection, when configured.
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<crate::tls::Rotating>,
     /// Keys the start restored from the index saved on the target.
     pub restored_keys: u64,
     checkpoints: Mutex<Checkpoints>,
@@ -301,7 +301,7 @@ impl KvService {
         let tls = match &config.tls {
             Some(files) => {
                 Some(
-                    crate::tls::server_config(files).map_err(|source| StartError::Tls {
+                    crate::tls::Rotating::new(files).map_err(|source| StartError::Tls {
                         service: name.to_owned(),
                         source: Box::new(source),
                     })?,
@@ -452,6 +452,18 @@ impl KvService {
         }
     }
 
+    /// Reads its TLS files again (on SIGHUP), for the connections that arrive from now on;
+    /// files that no longer make a configuration leave the one before, with a warning.
+    pub fn reread_tls(&self) {
+        let Some(tls) = &self.tls else { return };
+        match tls.reread() {
+            Ok(()) => tracing::info!(service = %self.name, "kvcache TLS files read again"),
+            Err(e) => {
+                tracing::warn!(service = %self.name, error = %e, "kvcache TLS files not usable: the ones read before stay")
+            }
+        }
+    }
+
     /// What failed on each of its targets.
     pub fn target_failures(&self) -> &storage::Failures {
         self.pool.failures()
@@ -529,7 +541,7 @@ impl KvService {
         match &self.tls {
             Some(config) => {
                 let conn =
-                    rustls::ServerConnection::new(Arc::clone(config)).map_err(io::Error::other)?;
+                    rustls::ServerConnection::new(config.current()).map_err(io::Error::other)?;
                 let talked = self.talk(rustls::StreamOwned::new(conn, stream));
                 // rustls reports what breaks TLS as invalid data.
                 if talked
