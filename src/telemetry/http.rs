@@ -93,12 +93,12 @@ fn connection(
     limits: Deadlines,
     tls: Option<Arc<rustls::ServerConfig>>,
 ) -> std::io::Result<()> {
-    let timed = Timed {
+    let mut timed = Timed {
         stream,
         until: Instant::now() + limits.request,
     };
     match tls {
-        None => answer(&mut { timed }, handler, limits),
+        None => answer(&mut timed, handler, limits),
         Some(config) => {
             let tls = rustls::ServerConnection::new(config).map_err(io_error)?;
             let mut stream = rustls::StreamOwned::new(tls, timed);
@@ -110,6 +110,7 @@ fn connection(
     }
 }
 
+/// A TLS failure as the I/O error of a peer that sent what TLS does not allow.
 fn io_error(e: rustls::Error) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, e)
 }
@@ -131,6 +132,7 @@ impl Deadlined for rustls::StreamOwned<rustls::ServerConnection, Timed> {
     }
 }
 
+/// Reads one request and writes its answer.
 fn answer(
     stream: &mut impl Deadlined,
     handler: &dyn Handler,
