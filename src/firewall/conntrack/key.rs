@@ -94,6 +94,27 @@ pub(super) struct Tuple {
     pub(super) fragment: Option<bool>,
 }
 
+impl Tuple {
+    /// A tuple of protocol `proto` from `src` to `dst`, its ports and the rest still to
+    /// be read.
+    fn between(v6: bool, src: Addr, dst: Addr, proto: u8) -> Tuple {
+        Tuple {
+            v6,
+            src,
+            dst,
+            sport: 0,
+            dport: 0,
+            proto,
+            kind: tuple_kind(proto, v6),
+            tcp_flags: 0,
+            icmp_request: false,
+            icmp_type_code: 0,
+            icmp_error: None,
+            fragment: None,
+        }
+    }
+}
+
 /// An IPv4 or IPv6 address as two big-endian 64-bit halves.
 pub(super) type Addr = [u64; 2];
 
@@ -127,20 +148,7 @@ pub(super) fn tuple(frame: &[u8], l: &Layers) -> Result<Tuple, NoTuple> {
         ),
         L3::None => return Err(NoTuple::Invalid(Invalid::Headers)),
     };
-    let mut t = Tuple {
-        v6: l.l3_kind == L3::V6,
-        src,
-        dst,
-        sport: 0,
-        dport: 0,
-        proto: l.proto,
-        kind: tuple_kind(l.proto, l.l3_kind == L3::V6),
-        tcp_flags: 0,
-        icmp_request: false,
-        icmp_type_code: 0,
-        icmp_error: None,
-        fragment: None,
-    };
+    let mut t = Tuple::between(l.l3_kind == L3::V6, src, dst, l.proto);
     let l4 = usize::from(l.l4);
     if l.fragment {
         let first = first_fragment(frame, l).ok_or(NoTuple::Invalid(Invalid::Headers))?;
@@ -306,20 +314,7 @@ pub(super) fn quoted_tuple(frame: &[u8], l: &Layers, at: usize) -> Option<Tuple>
     };
     let l4 = usize::from(quote.l4);
     let ports = frame[..usize::from(l.l3_end)].get(l4..l4 + 8)?;
-    let mut t = Tuple {
-        v6: l.l3_kind == L3::V6,
-        src,
-        dst,
-        sport: 0,
-        dport: 0,
-        proto,
-        kind: tuple_kind(proto, l.l3_kind == L3::V6),
-        tcp_flags: 0,
-        icmp_request: false,
-        icmp_type_code: 0,
-        icmp_error: None,
-        fragment: None,
-    };
+    let mut t = Tuple::between(l.l3_kind == L3::V6, src, dst, proto);
     match proto {
         ip_proto::TCP | ip_proto::UDP | ip_proto::SCTP | ip_proto::UDPLITE => {
             t.sport = u16::from_be_bytes([ports[0], ports[1]]);

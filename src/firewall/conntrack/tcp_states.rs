@@ -46,7 +46,6 @@ pub(super) fn tcp_transition_new(flags: u8, loose: bool) -> Option<ConnState> {
 /// Linux `tcp_conntracks[dir][kind][state]` (net/netfilter/nf_conntrack_proto_tcp.c),
 /// without window tracking.
 pub(super) fn tcp_transition(s: ConnState, flags: u8, reply: bool) -> Step {
-    use ConnState::*;
     // Columns: SS, SR, ES, FW, CW, LA, TW, CL, S2.
     const IV: u8 = 100;
     const IG: u8 = 101;
@@ -73,18 +72,6 @@ pub(super) fn tcp_transition(s: ConnState, flags: u8, reply: bool) -> Step {
         IV => Step::Invalid(Invalid::TcpState),
         IG => Step::Ignore,
         RO => Step::Reopen,
-        n => Step::To(
-            [
-                TcpSynSent,
-                TcpSynRecv,
-                TcpEstablished,
-                TcpFinWait,
-                TcpCloseWait,
-                TcpLastAck,
-                TcpTimeWait,
-                TcpClose,
-                TcpSynSent2,
-            ][usize::from(n)],
-        ),
+        n => Step::To(TCP_STATES[usize::from(n)]),
     }
 }
