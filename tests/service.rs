@@ -1121,6 +1121,20 @@ fn the_metrics_endpoint_over_tls_answers_only_clients_it_trusts() {
         if client_ca {
             let anonymous = trusted("/metrics", &[]);
             assert!(!anonymous.status.success() && anonymous.stdout.is_empty());
+        }
+        // Each of those refusals is counted (once its connection's thread has ended).
+        let refused = if client_ca { 3 } else { 2 };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let failures = loop {
+            let metrics = String::from_utf8(trusted("/metrics", with_cert).stdout).expect("text");
+            let failures = metric(&metrics, "dpuflow_metrics_endpoint_tls_failures_total");
+            if failures >= Some(refused) || Instant::now() > deadline {
+                break failures;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert_eq!(failures, Some(refused));
+        if client_ca {
             let job = format!(
                 "scheme: https\n    tls_config:\n      ca_file: {ca}\n      cert_file: {cert}\n      \
                  key_file: {key}\n    static_configs:\n      - targets: ['{addr}']"

@@ -283,6 +283,8 @@ struct Shared {
     notifier: Option<Notifier>,
     /// TLS on the metrics endpoint, when configured.
     metrics_tls: Option<crate::tls::Rotating>,
+    /// What the metrics endpoint counts of its connections.
+    endpoint: http::Counts,
 }
 
 /// Reloads done and refused, for the metrics.
@@ -428,6 +430,11 @@ impl Handler for Shared {
                 .iter()
                 .map(|by| by.each_ref().map(|n| n.load(Ordering::Relaxed)))
                 .collect(),
+            endpoint_refused: self.endpoint.refused.load(Ordering::Relaxed),
+            endpoint_tls_failures: self
+                .metrics_tls
+                .as_ref()
+                .map(|_| self.endpoint.tls_failures.load(Ordering::Relaxed)),
         };
         let mut text = metrics::render(&loaded.program, &total, &self.info, &state);
         text.push_str(&metrics::render_kv(&self.kv));
@@ -444,6 +451,10 @@ impl Handler for Shared {
     fn unhealthy(&self) -> Option<String> {
         let stalled = self.stalled.lock().unwrap_or_else(|e| e.into_inner());
         stalled.as_ref().map(|s| s.detail.clone())
+    }
+
+    fn counts(&self) -> &http::Counts {
+        &self.endpoint
     }
 }
 
@@ -805,6 +816,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         stalled: Mutex::new(None),
         notifier,
         metrics_tls,
+        endpoint: http::Counts::default(),
     });
     // Reading and checking the file left much free memory behind (a large table's text
     // and syntax tree).

@@ -6,7 +6,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,6 +32,17 @@ const DEADLINES: Deadlines = Deadlines {
     answer: Duration::from_secs(10),
 };
 
+/// What the endpoint counts of its own connections, for its metrics.
+#[derive(Debug, Default)]
+pub struct Counts {
+    /// Connections closed unanswered: as many as the endpoint answers at once (16) were
+    /// being answered.
+    pub refused: AtomicU64,
+    /// Connections ended by a TLS error: a failed handshake (a client that does not trust
+    /// the certificate, or is not trusted, or speaks plain HTTP) or a bad record.
+    pub tls_failures: AtomicU64,
+}
+
 /// What the endpoint serves.
 pub trait Handler: Sync {
     /// The body of `/metrics`.
@@ -40,6 +51,8 @@ pub trait Handler: Sync {
     fn ready(&self) -> bool;
     /// Why `/healthz` fails, if it does.
     fn unhealthy(&self) -> Option<String>;
+    /// Where the endpoint counts its connections.
+    fn counts(&self) -> &Counts;
 }
 
 /// Serves until `stop` is set (checked every 50 ms), then waits for the connections being
@@ -60,6 +73,7 @@ pub fn serve(
                 Ok(None) => {}
                 Ok(Some((stream, _))) if open.load(Ordering::Relaxed) >= MAX_CONNECTIONS => {
                     tracing::debug!("http connection refused: too many open");
+                    handler.counts().refused.fetch_add(1, Ordering::Relaxed);
                     drop(stream);
                 }
                 Ok(Some((stream, _))) => {
@@ -102,10 +116,23 @@ fn connection(
         Some(config) => {
             let tls = rustls::ServerConnection::new(config).map_err(io_error)?;
             let mut stream = rustls::StreamOwned::new(tls, timed);
-            answer(&mut stream, handler, limits)?;
-            // Said before closing, so the client can tell the end of the answer from a cut.
-            stream.conn.send_close_notify();
-            stream.flush()
+            let answered = answer(&mut stream, handler, limits).and_then(|()| {
+                // Said before closing, so the client can tell the end of the answer from a
+                // cut.
+                stream.conn.send_close_notify();
+                stream.flush()
+            });
+            // rustls reports what breaks TLS as invalid data; a client that connects and
+            // leaves (a TCP probe) ends it otherwise.
+            if let Err(e) = &answered {
+                if e.kind() == std::io::ErrorKind::InvalidData {
+                    handler
+                        .counts()
+                        .tls_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            answered
         }
     }
 }
@@ -271,7 +298,13 @@ mod tests {
     use std::io::ErrorKind;
 
     /// Serves a body of its number of bytes.
-    struct Body(usize);
+    struct Body(usize, Counts);
+
+    impl Body {
+        fn of(len: usize) -> Body {
+            Body(len, Counts::default())
+        }
+    }
 
     impl Handler for Body {
         fn metrics(&self) -> String {
@@ -284,6 +317,10 @@ mod tests {
 
         fn unhealthy(&self) -> Option<String> {
             None
+        }
+
+        fn counts(&self) -> &Counts {
+            &self.1
         }
     }
 
@@ -320,7 +357,7 @@ mod tests {
             }
             false
         });
-        let r = connection(server, &Body(10), SHORT, None);
+        let r = connection(server, &Body::of(10), SHORT, None);
         assert!(timed_out(&r), "{r:?}");
         assert!(
             trickle.join().expect("trickle"),
@@ -337,7 +374,7 @@ mod tests {
             .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
             .expect("request");
         // Larger than any socket buffers between the two ends.
-        let r = connection(server, &Body(64 << 20), SHORT, None);
+        let r = connection(server, &Body::of(64 << 20), SHORT, None);
         assert!(timed_out(&r), "{r:?}");
     }
 
@@ -353,9 +390,35 @@ mod tests {
             client.read_to_end(&mut answer).expect("read");
             answer
         });
-        connection(server, &Body(1 << 20), DEADLINES, None).expect("answered");
+        connection(server, &Body::of(1 << 20), DEADLINES, None).expect("answered");
         let got = reader.join().expect("reader");
         assert!(got.starts_with(b"HTTP/1.1 200 OK\r\n"));
         assert!(got.ends_with(&[b'x'; 1 << 20]));
+    }
+
+    /// Past [`MAX_CONNECTIONS`] being answered, a connection is closed unanswered at once,
+    /// and counted.
+    #[test]
+    fn connections_past_the_limit_are_closed_and_counted() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let stop = AtomicBool::new(false);
+        let body = Body::of(10);
+        std::thread::scope(|s| {
+            let server = s.spawn(|| serve(&listener, &stop, &body, None));
+            // Connections that send nothing hold their places for the request's deadline.
+            let idle: Vec<TcpStream> = (0..MAX_CONNECTIONS)
+                .map(|_| TcpStream::connect(addr).expect("connect"))
+                .collect();
+            let mut extra = TcpStream::connect(addr).expect("connect");
+            extra
+                .set_read_timeout(Some(Duration::from_secs(1)))
+                .expect("timeout");
+            assert_eq!(extra.read(&mut [0; 1]).expect("closed"), 0);
+            assert_eq!(body.1.refused.load(Ordering::Relaxed), 1);
+            stop.store(true, Ordering::Relaxed);
+            drop(idle);
+            server.join().expect("server").expect("served");
+        });
     }
 }

@@ -57,6 +57,10 @@ pub struct ServiceState {
     pub port_closes: Vec<[u64; PORT_CLOSE_REASONS.len()]>,
     /// The process as a whole, where /proc says.
     pub process: Option<crate::sys::ProcessStats>,
+    /// Connections to the metrics endpoint closed unanswered (see [`super::http::Counts`]).
+    pub endpoint_refused: u64,
+    /// Connections to it ended by a TLS error; `None` when it does not serve TLS.
+    pub endpoint_tls_failures: Option<u64>,
 }
 
 /// Why a live port was closed to be opened again: the `reason` label of
@@ -471,6 +475,18 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info, state: &ServiceSt
         "Dataplane threads that have made no progress for 5 s or more (/healthz names them).",
         [(vec![], state.stalled_threads as f64)],
     );
+    fam.counter(
+        "dpuflow_metrics_endpoint_refused_connections_total",
+        "Connections to this endpoint closed unanswered: as many as it answers at once were open.",
+        [(vec![], state.endpoint_refused)],
+    );
+    if let Some(failures) = state.endpoint_tls_failures {
+        fam.counter(
+            "dpuflow_metrics_endpoint_tls_failures_total",
+            "Connections to this endpoint ended by a TLS error: a client that does not trust its certificate, one without a trusted certificate of its own, plain HTTP.",
+            [(vec![], failures)],
+        );
+    }
 
     // The names every Prometheus client library gives these, so that dashboards made for
     // any process work.
