@@ -1051,6 +1051,23 @@ fn prometheus_sees_the_gateway(dir: &Scratch, job: &str) {
     }
 }
 
+/// `dpuflow run` of the VXLAN gateway with `telemetry` (a block) after it, its host port
+/// reading `dir`'s host.pcap: the service, and its metrics endpoint's address (a free
+/// port).
+fn gateway_serving(dir: &Scratch, telemetry: &str) -> (Running, String) {
+    let gateway = std::fs::read_to_string("pipelines/vxlan-gateway.pipe").expect("example");
+    let pipe = dir.path("gateway.pipe");
+    std::fs::write(&pipe, format!("{gateway}\n{telemetry}\n")).expect("pipeline");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let input = format!("host={}", dir.path("host.pcap"));
+    let svc = dpuflow_command()
+        .args(["run", &pipe, "--in", &input, "--metrics", &addr])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn dpuflow run");
+    (Running(svc), addr)
+}
+
 /// With `tls_cert` and `tls_key` in its telemetry block the metrics endpoint speaks only
 /// HTTPS: curl trusting the test CA reads `/metrics` and `/healthz`, one that does not
 /// trust it, or plain HTTP, gets nothing. With `tls_client_ca` too, only a client
@@ -1063,15 +1080,12 @@ fn the_metrics_endpoint_over_tls_answers_only_clients_it_trusts() {
     let dir = Scratch::new("service-tls");
     certificates(&dir);
     scapy(&dir.0, TRAFFIC);
-    let gateway = std::fs::read_to_string("pipelines/vxlan-gateway.pipe").expect("example");
-    let input = format!("host={}", dir.path("host.pcap"));
     let (ca, cert, key) = (
         dir.path("ca.pem"),
         dir.path("client.pem"),
         dir.path("client.key"),
     );
     for client_ca in [false, true] {
-        let pipe = dir.path("tls.pipe");
         let mut telemetry = format!(
             "telemetry {{ tls_cert \"{}\"  tls_key \"{}\"",
             dir.path("server.pem"),
@@ -1080,14 +1094,7 @@ fn the_metrics_endpoint_over_tls_answers_only_clients_it_trusts() {
         if client_ca {
             telemetry += &format!("  tls_client_ca \"{ca}\"");
         }
-        std::fs::write(&pipe, format!("{gateway}\n{telemetry} }}\n")).expect("pipeline");
-        let addr = format!("127.0.0.1:{}", free_port());
-        let svc = dpuflow_command()
-            .args(["run", &pipe, "--in", &input, "--metrics", &addr])
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn dpuflow run");
-        let svc = Running(svc);
+        let (svc, addr) = gateway_serving(&dir, &format!("{telemetry} }}"));
         let url = |path: &str| format!("https://{addr}{path}");
         let trusted = |path: &str, extra: &[&str]| {
             let mut args = vec!["-s", "--max-time", "5", "--cacert", &ca];
@@ -1180,6 +1187,85 @@ fn the_metrics_endpoint_over_tls_answers_only_clients_it_trusts() {
             assert_eq!(with_new_ca("/healthz").stdout, b"ok\n");
         }
     }
+}
+
+/// With `basic_auth_file` (an htpasswd file made by `htpasswd -B`) the endpoint answers
+/// `/metrics` over its TLS only to the file's users: curl without a password, or with a
+/// wrong one, gets 401, each counted; with the user's, the packets; the probes' paths need
+/// none. A real Prometheus scraping with `basic_auth` and a `password_file` sees the
+/// target up. On SIGHUP the file is read again: a user it now names is admitted, the one
+/// it no longer names is not.
+#[test]
+fn the_metrics_endpoint_admits_only_its_users() {
+    let dir = Scratch::new("service-users");
+    certificates(&dir);
+    scapy(&dir.0, TRAFFIC);
+    let users = dir.path("users");
+    tool_ok(
+        "htpasswd",
+        &["-B", "-b", "-c", &users, "prometheus", "s3cret"],
+    );
+    let telemetry = format!(
+        "telemetry {{ tls_cert \"{}\"  tls_key \"{}\"  basic_auth_file \"{users}\" }}",
+        dir.path("server.pem"),
+        dir.path("server.key")
+    );
+    let (svc, addr) = gateway_serving(&dir, &telemetry);
+    let ca = dir.path("ca.pem");
+    // The status and the body of a GET, as `user:password` where given.
+    let curl = |path: &str, user: Option<&str>| -> (String, String) {
+        let url = format!("https://{addr}{path}");
+        let mut args = vec![
+            "-s",
+            "--max-time",
+            "5",
+            "--cacert",
+            &ca,
+            "-w",
+            "\n%{http_code}",
+        ];
+        if let Some(user) = user {
+            args.extend(["-u", user]);
+        }
+        args.push(&url);
+        let out = String::from_utf8(tool("curl", &args).stdout).expect("text");
+        let (body, code) = out.rsplit_once('\n').unwrap_or_default();
+        (code.to_owned(), body.to_owned())
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while curl("/readyz", None).1 != "ready\n" {
+        assert!(Instant::now() < deadline, "never ready");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(curl("/healthz", None), ("200".into(), "ok\n".into()));
+    assert_eq!(curl("/metrics", None).0, "401");
+    assert_eq!(curl("/metrics", Some("prometheus:secret")).0, "401");
+    assert_eq!(curl("/metrics", Some("nobody:s3cret")).0, "401");
+    let (code, metrics) = curl("/metrics", Some("prometheus:s3cret"));
+    assert_eq!(code, "200");
+    let received = "dpuflow_port_received_packets_total{port=\"host\"}";
+    assert_eq!(metric(&metrics, received), Some(110), "{metrics}");
+    let failures = metric(&metrics, "dpuflow_metrics_endpoint_auth_failures_total");
+    assert_eq!(failures, Some(3), "{metrics}");
+
+    let password = dir.path("password");
+    std::fs::write(&password, "s3cret\n").expect("password file");
+    let job = format!(
+        "scheme: https\n    tls_config:\n      ca_file: {ca}\n    basic_auth:\n      \
+         username: prometheus\n      password_file: {password}\n    static_configs:\n      \
+         - targets: ['{addr}']"
+    );
+    prometheus_sees_the_gateway(&dir, &job);
+
+    // The file made anew with another user: read on SIGHUP.
+    tool_ok("htpasswd", &["-B", "-b", "-c", &users, "scraper", "n3w"]);
+    tool_ok("kill", &["-HUP", &svc.0.id().to_string()]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while curl("/metrics", Some("scraper:n3w")).0 != "200" {
+        assert!(Instant::now() < deadline, "the new user was never admitted");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(curl("/metrics", Some("prometheus:s3cret")).0, "401");
 }
 
 /// SIGHUP reloads the pipeline file while packets flow: the new rules decide from then

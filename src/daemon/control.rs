@@ -62,9 +62,9 @@ pub(super) fn control(file: &PipelineFile, hup: &AtomicBool, stop: &AtomicBool, 
     let mut loading = None::<(JoinHandle<Result<Loaded, ReloadError>>, Arc<Loaded>)>;
     let mut liveness = Liveness::new(shared.workers + 1, Instant::now());
     let mut told = Told::new(shared.notifier.as_ref());
-    // The TLS files were read again for the SIGHUP being handled (a reload may wait for
+    // The TLS and users' files were read again for the SIGHUP being handled (a reload may wait for
     // the workers to take the one before).
-    let mut tls_reread = false;
+    let mut credentials_reread = false;
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(reload::POLL);
         judge(shared, &mut liveness);
@@ -101,13 +101,13 @@ pub(super) fn control(file: &PipelineFile, hup: &AtomicBool, stop: &AtomicBool, 
         if !hup.load(Ordering::Relaxed) {
             continue;
         }
-        if !tls_reread {
-            shared.reread_tls();
-            tls_reread = true;
+        if !credentials_reread {
+            shared.reread_credentials();
+            credentials_reread = true;
         }
         if shared.dataplane_done.load(Ordering::Relaxed) {
             hup.store(false, Ordering::Relaxed);
-            tls_reread = false;
+            credentials_reread = false;
             tracing::warn!("reload ignored: the inputs are done, no packets run");
             continue;
         }
@@ -116,7 +116,7 @@ pub(super) fn control(file: &PipelineFile, hup: &AtomicBool, stop: &AtomicBool, 
             continue;
         }
         hup.store(false, Ordering::Relaxed);
-        tls_reread = false;
+        credentials_reread = false;
         told.send("RELOADING=1");
         let (to_load, from, workers) = (file.clone(), Arc::clone(&current), shared.workers);
         let thread = std::thread::Builder::new()

@@ -65,6 +65,7 @@ use crate::io::pcap::{CaptureError, CaptureWriter};
 use crate::ir::{Driver, PortId, Program, ServiceKind};
 use crate::kvcache::server::{KvService, StartError};
 use crate::replay::{Bindings, Merger};
+use crate::telemetry::basic_auth;
 use crate::telemetry::collector::{Collector, Destination};
 use crate::telemetry::flows::{FlowCache, FlowRecord};
 use crate::telemetry::http::{self, Handler};
@@ -124,6 +125,9 @@ pub enum RunError {
     /// the metrics endpoint's TLS files cannot be used
     #[error("the metrics endpoint's TLS: {0}")]
     MetricsTls(crate::tls::TlsError),
+    /// the metrics endpoint's users' file cannot be used
+    #[error("the metrics endpoint's basic_auth_file: {0}")]
+    MetricsUsers(basic_auth::UsersError),
     /// a signal handler could not be installed
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
@@ -283,6 +287,8 @@ struct Shared {
     notifier: Option<Notifier>,
     /// TLS on the metrics endpoint, when configured.
     metrics_tls: Option<crate::tls::Rotating>,
+    /// The users the metrics endpoint admits to `/metrics`, when configured.
+    metrics_users: Option<basic_auth::Users>,
     /// What the metrics endpoint counts of its connections.
     endpoint: http::Counts,
 }
@@ -299,15 +305,23 @@ struct Reloads {
 }
 
 impl Shared {
-    /// Reads the TLS files of the metrics endpoint and of the KV-cache services again (on
-    /// SIGHUP, whatever becomes of the pipeline's reload): rotated certificates serve the
-    /// connections that arrive from now on.
-    fn reread_tls(&self) {
+    /// Reads the TLS files of the metrics endpoint and of the KV-cache services again, and
+    /// the metrics endpoint's users (on SIGHUP, whatever becomes of the pipeline's
+    /// reload): rotated certificates serve the connections that arrive from now on.
+    fn reread_credentials(&self) {
         if let Some(tls) = &self.metrics_tls {
             match tls.reread() {
                 Ok(()) => tracing::info!("metrics endpoint TLS files read again"),
                 Err(e) => {
                     tracing::warn!(error = %e, "metrics endpoint TLS files not usable: the ones read before stay")
+                }
+            }
+        }
+        if let Some(users) = &self.metrics_users {
+            match users.reread() {
+                Ok(()) => tracing::info!("metrics endpoint users read again"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics endpoint users' file not usable: the users read before stay")
                 }
             }
         }
@@ -435,6 +449,10 @@ impl Handler for Shared {
                 .metrics_tls
                 .as_ref()
                 .map(|_| self.endpoint.tls_failures.load(Ordering::Relaxed)),
+            endpoint_auth_failures: self
+                .metrics_users
+                .as_ref()
+                .map(|_| self.endpoint.auth_failures.load(Ordering::Relaxed)),
         };
         let mut text = metrics::render(&loaded.program, &total, &self.info, &state);
         text.push_str(&metrics::render_kv(&self.kv));
@@ -455,6 +473,10 @@ impl Handler for Shared {
 
     fn counts(&self) -> &http::Counts {
         &self.endpoint
+    }
+
+    fn admits(&self, authorization: Option<&str>) -> bool {
+        (self.metrics_users.as_ref()).is_none_or(|users| users.admit(authorization))
     }
 }
 
@@ -765,6 +787,10 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         Some(files) => Some(crate::tls::Rotating::new(files).map_err(RunError::MetricsTls)?),
         None => None,
     };
+    let metrics_users = match &program.telemetry.prometheus_users {
+        Some(path) => Some(basic_auth::Users::read(path).map_err(RunError::MetricsUsers)?),
+        None => None,
+    };
     let conntrack_limit = program
         .conntrack
         .as_ref()
@@ -816,6 +842,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         stalled: Mutex::new(None),
         notifier,
         metrics_tls,
+        metrics_users,
         endpoint: http::Counts::default(),
     });
     // Reading and checking the file left much free memory behind (a large table's text

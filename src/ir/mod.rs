@@ -863,6 +863,9 @@ pub struct Telemetry {
     pub ipfix_rate: u32,
     /// TLS on the metrics endpoint, when configured.
     pub prometheus_tls: Option<TlsFiles>,
+    /// The htpasswd file (bcrypt) of the users the metrics endpoint admits to `/metrics`
+    /// (basic auth, over its TLS only); `None`: anyone who reaches it.
+    pub prometheus_users: Option<PathBuf>,
 }
 
 impl Default for Telemetry {
@@ -880,6 +883,7 @@ impl Default for Telemetry {
             ipfix_mtu: 1500,
             ipfix_rate: 10_000,
             prometheus_tls: None,
+            prometheus_users: None,
         }
     }
 }

@@ -254,6 +254,19 @@ mod tests {
         assert_eq!(tls.cert, Path::new("m.pem"));
         assert_eq!(tls.key, Path::new("m.key"));
         assert_eq!(tls.client_ca.as_deref(), Some(Path::new("ca.pem")));
+        let users = https.replace("tls_client_ca", "basic_auth_file \"users\" tls_client_ca");
+        let users = program(&users).telemetry.prometheus_users;
+        assert_eq!(users.as_deref(), Some(Path::new("users")));
+        // Basic auth only over TLS.
+        let plain = "pipeline p\nport a { driver pcap }\ntelemetry { basic_auth_file \"users\" }\n\
+                     pipe x root from a { default { actions drop } }";
+        let c = check_source("t.pipe", plain, Path::new("."));
+        assert!(
+            c.render()
+                .contains("error: `basic_auth_file` without TLS on the endpoint"),
+            "{}",
+            c.render()
+        );
         let every =
             "pipeline p\nport a { driver pcap }\npipe x root from a { default { actions drop } }";
         assert_eq!(program(every).telemetry.sampling, 1);
@@ -261,5 +274,6 @@ mod tests {
         assert_eq!(program(every).telemetry.ipfix_mtu, 1500);
         assert_eq!(program(every).telemetry.ipfix_rate, 10_000);
         assert_eq!(program(every).telemetry.prometheus_tls, None);
+        assert_eq!(program(every).telemetry.prometheus_users, None);
     }
 }

@@ -81,6 +81,7 @@ pub fn block_keys(kind: BlockKind) -> Keys {
             ("tls_cert", One),
             ("tls_key", One),
             ("tls_client_ca", One),
+            ("basic_auth_file", One),
         ],
     }
 }

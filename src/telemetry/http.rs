@@ -2,7 +2,8 @@
 //! request a connection, answered and closed, each connection in a thread of its own (a
 //! client that connects and sends nothing must not hold up the next scrape or probe);
 //! enough for Prometheus and probes, no framework. Over TLS where configured (HTTPS, as
-//! Prometheus's `scheme: https` scrapes), then only over TLS.
+//! Prometheus's `scheme: https` scrapes), then only over TLS; `/metrics` to the users the
+//! handler admits (basic auth, where configured; the probes' paths stay open).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -41,6 +42,8 @@ pub struct Counts {
     /// Connections ended by a TLS error: a failed handshake (a client that does not trust
     /// the certificate, or is not trusted, or speaks plain HTTP) or a bad record.
     pub tls_failures: AtomicU64,
+    /// Requests for `/metrics` refused for want of a user's name and password.
+    pub auth_failures: AtomicU64,
 }
 
 /// What the endpoint serves.
@@ -53,6 +56,8 @@ pub trait Handler: Sync {
     fn unhealthy(&self) -> Option<String>;
     /// Where the endpoint counts its connections.
     fn counts(&self) -> &Counts;
+    /// Whether a request with this `Authorization` header (its value) may read `/metrics`.
+    fn admits(&self, authorization: Option<&str>) -> bool;
 }
 
 /// Serves until `stop` is set (checked every 50 ms), then waits for the connections being
@@ -181,6 +186,12 @@ fn answer(
         buf.extend_from_slice(&chunk[..n]);
     }
     let head = String::from_utf8_lossy(&buf);
+    let authorization = head.lines().skip(1).find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.trim()
+            .eq_ignore_ascii_case("authorization")
+            .then_some(value.trim())
+    });
     let mut parts = head.lines().next().unwrap_or_default().split_whitespace();
     let (method, target) = (
         parts.next().unwrap_or_default(),
@@ -199,6 +210,21 @@ fn answer(
     }
     let head_only = method == "HEAD";
     match path {
+        "/metrics" if !handler.admits(authorization) => {
+            handler
+                .counts()
+                .auth_failures
+                .fetch_add(1, Ordering::Relaxed);
+            respond_with(
+                stream,
+                head_only,
+                "401 Unauthorized",
+                // RFC 7617 §2.
+                "WWW-Authenticate: Basic realm=\"dpuflow\", charset=\"UTF-8\"\r\n",
+                "text/plain",
+                "a user's name and password, please\n",
+            )
+        }
         "/metrics" => respond(
             stream,
             head_only,
@@ -244,8 +270,20 @@ fn respond(
     kind: &str,
     body: &str,
 ) -> std::io::Result<()> {
+    respond_with(stream, head_only, status, "", kind, body)
+}
+
+/// [`respond`] with more header lines (each ending in CRLF).
+fn respond_with(
+    stream: &mut impl Write,
+    head_only: bool,
+    status: &str,
+    headers: &str,
+    kind: &str,
+    body: &str,
+) -> std::io::Result<()> {
     let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {status}\r\n{headers}Content-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes())?;
@@ -297,12 +335,13 @@ mod tests {
     use super::*;
     use std::io::ErrorKind;
 
-    /// Serves a body of its number of bytes.
-    struct Body(usize, Counts);
+    /// Serves a body of its number of bytes, to requests with the `Authorization` header
+    /// it wants, if any.
+    struct Body(usize, Counts, Option<&'static str>);
 
     impl Body {
         fn of(len: usize) -> Body {
-            Body(len, Counts::default())
+            Body(len, Counts::default(), None)
         }
     }
 
@@ -321,6 +360,10 @@ mod tests {
 
         fn counts(&self) -> &Counts {
             &self.1
+        }
+
+        fn admits(&self, authorization: Option<&str>) -> bool {
+            self.2.is_none_or(|wanted| authorization == Some(wanted))
         }
     }
 
@@ -420,5 +463,46 @@ mod tests {
             drop(idle);
             server.join().expect("server").expect("served");
         });
+    }
+
+    /// The answer to one request sent whole on a connection of its own.
+    fn asked(body: &Body, request: &str) -> String {
+        let (mut client, server) = connected();
+        client.write_all(request.as_bytes()).expect("request");
+        connection(server, body, DEADLINES, None).expect("answered");
+        let mut answer = String::new();
+        client.read_to_string(&mut answer).expect("read");
+        answer
+    }
+
+    /// Where the handler wants a user's credentials, `/metrics` without them (or with
+    /// others) is answered 401 with the scheme to use, and counted; the probes' paths
+    /// need none.
+    #[test]
+    fn metrics_wait_for_credentials_the_probes_do_not() {
+        let body = Body(3, Counts::default(), Some("Basic dTpw"));
+        let without = asked(&body, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(
+            without.starts_with("HTTP/1.1 401 Unauthorized\r\n"),
+            "{without}"
+        );
+        assert!(without.contains("\r\nWWW-Authenticate: Basic realm=\"dpuflow\""));
+        let wrong = asked(
+            &body,
+            "GET /metrics HTTP/1.1\r\nAuthorization: Basic eDp5\r\n\r\n",
+        );
+        assert!(wrong.starts_with("HTTP/1.1 401 "), "{wrong}");
+        assert_eq!(body.1.auth_failures.load(Ordering::Relaxed), 2);
+        let right = asked(
+            &body,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nauthorization:  Basic dTpw \r\n\r\n",
+        );
+        assert!(
+            right.starts_with("HTTP/1.1 200 OK\r\n") && right.ends_with("xxx"),
+            "{right}"
+        );
+        let probe = asked(&body, "GET /healthz HTTP/1.1\r\n\r\n");
+        assert!(probe.starts_with("HTTP/1.1 200 OK\r\n"), "{probe}");
+        assert_eq!(body.1.auth_failures.load(Ordering::Relaxed), 2);
     }
 }

@@ -61,6 +61,8 @@ pub struct ServiceState {
     pub endpoint_refused: u64,
     /// Connections to it ended by a TLS error; `None` when it does not serve TLS.
     pub endpoint_tls_failures: Option<u64>,
+    /// Requests to it refused for want of credentials; `None` when it admits anyone.
+    pub endpoint_auth_failures: Option<u64>,
 }
 
 /// Why a live port was closed to be opened again: the `reason` label of
@@ -484,6 +486,13 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info, state: &ServiceSt
         fam.counter(
             "dpuflow_metrics_endpoint_tls_failures_total",
             "Connections to this endpoint ended by a TLS error: a client that does not trust its certificate, one without a trusted certificate of its own, plain HTTP.",
+            [(vec![], failures)],
+        );
+    }
+    if let Some(failures) = state.endpoint_auth_failures {
+        fam.counter(
+            "dpuflow_metrics_endpoint_auth_failures_total",
+            "Requests for /metrics refused for want of a user's name and password (basic auth).",
             [(vec![], failures)],
         );
     }

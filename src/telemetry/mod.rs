@@ -5,6 +5,7 @@
 //! packet, and never waiting: a copy a scrape is reading is published a batch later); a
 //! scrape sums the copies and renders them, so counting costs the packet path nothing.
 
+pub mod basic_auth;
 pub mod collector;
 pub mod flows;
 pub mod http;

@@ -317,6 +317,7 @@ impl Lowerer<'_> {
         self.check_repeats(&s.options, &[]);
         const DUR: &str = "write a duration such as `10s` or `1m`";
         let (mut tls_cert, mut tls_key, mut tls_client_ca) = (None, None, None);
+        let mut users = None;
         for o in &s.options {
             let Some(w) = self.single(o) else { continue };
             match o.key.as_str() {
@@ -391,6 +392,7 @@ impl Lowerer<'_> {
                 "tls_cert" => tls_cert = Some(PathBuf::from(w.as_str())),
                 "tls_key" => tls_key = Some(PathBuf::from(w.as_str())),
                 "tls_client_ca" => tls_client_ca = Some(PathBuf::from(w.as_str())),
+                "basic_auth_file" => users = Some((PathBuf::from(w.as_str()), w.span)),
                 _ => unreachable!("the parser accepts only telemetry keys"),
             }
         }
@@ -406,8 +408,15 @@ impl Lowerer<'_> {
             }
         }
         let owner = "the telemetry block (TLS on its Prometheus endpoint)";
-        t.prometheus_tls = (self.tls_files(tls_cert, tls_key, tls_client_ca, s.keyword, owner))
-            .unwrap_or_default();
+        let tls = self.tls_files(tls_cert, tls_key, tls_client_ca, s.keyword, owner);
+        if let (Some((_, at)), Ok(None)) = (&users, &tls) {
+            self.err(*at, "`basic_auth_file` without TLS on the endpoint")
+                .hint = Some(
+                "basic auth over plain HTTP shows the password to the network: give `tls_cert` and `tls_key` too".into(),
+            );
+        }
+        t.prometheus_tls = tls.unwrap_or_default();
+        t.prometheus_users = users.map(|(path, _)| path);
         t
     }
 
