@@ -57,6 +57,11 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
         path: files.key.clone(),
         what: e.to_string(),
     })?;
+    // ring, which rustls now marks as lacking post-quantum key exchange (its aws-lc-rs
+    // has X25519MLKEM768): ring builds for the DPU's Arm cores with nothing but the cross
+    // linker, where aws-lc-rs compiles a C library for them. Key exchange is X25519 or
+    // the NIST curves.
+    #[allow(deprecated)]
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()?;
