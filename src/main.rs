@@ -234,9 +234,10 @@ struct RunFlags {
     #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
     /// IPFIX collector: IP:PORT, or NAME:PORT (resolved at start, then every 30 s: the
-    /// export follows the collector if it moves).
+    /// export follows the collector if it moves). Given more than once, every message
+    /// goes to each (default: the pipeline's `ipfix` collectors).
     #[arg(long, value_name = "ADDR")]
-    ipfix: Option<dpuflow::ir::HostPort>,
+    ipfix: Vec<dpuflow::ir::HostPort>,
     /// Count one packet in N into the IPFIX flow cache, at a random place in each window of
     /// N (RFC 5475 random n-out-of-N; default: the pipeline's `sampling`, else every
     /// packet). Tracked connections still count every packet.
@@ -1029,33 +1030,32 @@ fn run(f: RunFlags) -> ExitCode {
         },
     };
     pipeline.telemetry.apply(&mut program.telemetry);
-    let collector = f.ipfix.or_else(|| program.telemetry.ipfix.clone());
-    if program.telemetry.sampling > 1 && collector.is_none() {
+    let collectors = if f.ipfix.is_empty() {
+        program.telemetry.ipfix.clone()
+    } else {
+        f.ipfix
+    };
+    if program.telemetry.sampling > 1 && collectors.is_empty() {
         tracing::warn!("IPFIX sampling is set but no collector is: nothing is exported");
     }
-    let ipfix = match collector
-        .map(|c| match c.resolve() {
-            Ok(a) => Ok((c, a)),
-            Err(e) => Err((c, e)),
-        })
-        .transpose()
-    {
-        Ok(None) => None,
-        Ok(Some((collector, address))) => {
-            let named = collector.host.parse::<std::net::IpAddr>().is_err();
-            if named {
-                tracing::info!(%collector, %address, "IPFIX collector resolved");
+    let mut ipfix = Vec::new();
+    for collector in collectors {
+        let address = match collector.resolve() {
+            Ok(address) => address,
+            Err(e) => {
+                tracing::error!(%collector, error = %e, "cannot resolve the IPFIX collector");
+                return ExitCode::from(EXIT_USAGE);
             }
-            Some(dpuflow::telemetry::collector::Destination {
-                address,
-                name: named.then_some(collector),
-            })
+        };
+        let named = collector.host.parse::<std::net::IpAddr>().is_err();
+        if named {
+            tracing::info!(%collector, %address, "IPFIX collector resolved");
         }
-        Err((collector, e)) => {
-            tracing::error!(%collector, error = %e, "cannot resolve the IPFIX collector");
-            return ExitCode::from(EXIT_USAGE);
-        }
-    };
+        ipfix.push(dpuflow::telemetry::collector::Destination {
+            address,
+            name: named.then_some(collector),
+        });
+    }
     let load_seconds = started.elapsed().as_secs_f64();
     let bindings = match bindings(&program, &f.inputs, &f.outputs) {
         Ok(b) => b,

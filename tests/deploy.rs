@@ -8,7 +8,7 @@ use dpuflow::ir::{KvCache, StorageTarget};
 use dpuflow::kvcache::server::KvService;
 use dpuflow::lang;
 use dpuflow::telemetry::metrics::{render, render_kv, Info, ServiceState};
-use dpuflow::telemetry::Snapshot;
+use dpuflow::telemetry::{CollectorStats, ExportStats, Snapshot};
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -57,7 +57,18 @@ fn full_exposition() -> String {
         process: Some(Default::default()),
         ..ServiceState::default()
     };
-    let exposition = render(&program, &Snapshot::default(), &info, &one_worker) + &render_kv(&[kv]);
+    // Exporting to one collector.
+    let exporting = Snapshot {
+        export: Some(ExportStats {
+            collectors: vec![CollectorStats {
+                collector: "127.0.0.1:4739".into(),
+                ..CollectorStats::default()
+            }],
+            paced_ns: 0,
+        }),
+        ..Snapshot::default()
+    };
+    let exposition = render(&program, &exporting, &info, &one_worker) + &render_kv(&[kv]);
     std::fs::remove_file(target).expect("remove target");
     exposition
 }

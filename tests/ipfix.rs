@@ -148,6 +148,11 @@ impl Export {
         metric(&self.metrics, name).unwrap_or_else(|| panic!("no {name} in:\n{}", self.metrics))
     }
 
+    /// The series `name` of the collector the export went to.
+    fn collector_metric(&self, name: &str) -> u64 {
+        self.metric(&collector_series(name, self.port))
+    }
+
     /// tshark's fields of each data record in the capture, `;`-separated per message
     /// (values of one message comma-separated).
     fn tshark(&self, fields: &[&str]) -> String {
@@ -210,25 +215,8 @@ fn export_to(
     flags: &[&str],
     nfcapd_flags: &[&str],
 ) -> Export {
-    let port = free_udp_port();
     let store = dir.0.join("nfcapd");
-    std::fs::create_dir_all(&store).expect("mkdir");
-    let nfcapd = Command::new("nfcapd")
-        .args([
-            "-b",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "-w",
-            &store.display().to_string(),
-            "-t",
-            "3600",
-        ])
-        .args(nfcapd_flags)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("nfcapd is required (Debian package nfdump; scripts/test installs it)");
+    let (nfcapd, port) = nfcapd(&store, nfcapd_flags);
     // Capture the export on loopback for tshark.
     let mut tcpdump = Command::new("tcpdump")
         .args([
@@ -306,7 +294,8 @@ fn export_to(
         std::thread::sleep(Duration::from_millis(100));
     };
     // Then until the exporter has sent what it was handed: its count of messages holds.
-    let messages = |body: &str| metric(body, "dpuflow_ipfix_messages_total");
+    let sent = collector_series("dpuflow_ipfix_messages_total", port);
+    let messages = |body: &str| metric(body, &sent);
     loop {
         std::thread::sleep(Duration::from_millis(500));
         let Some((200, now)) = get(endpoint, "/metrics") else {
@@ -324,42 +313,7 @@ fn export_to(
     stop(nfcapd);
     stop(tcpdump);
 
-    let csv = tool_ok(
-        "nfdump",
-        &[
-            "-R",
-            &store.display().to_string(),
-            "-q",
-            "-o",
-            "fmt:%sa,%da,%sp,%dp,%pr,%pkt,%byt",
-        ],
-    );
-    let mut flows: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-    let mut records_of: BTreeMap<String, u64> = BTreeMap::new();
-    for l in csv.lines().filter(|l| !l.trim().is_empty()) {
-        let f: Vec<&str> = l.split(',').map(str::trim).collect();
-        let proto = match f[4] {
-            "UDP" => "17",
-            "TCP" => "6",
-            "ICMP" => "1",
-            "ICMP6" => "58",
-            p => p,
-        };
-        // nfdump shows an ICMP flow's icmpTypeCodeIPv4 (or IPv6) as its destination port,
-        // `TYPE.CODE`.
-        let dport = match f[3].split_once('.') {
-            Some((kind, code)) if proto == "1" || proto == "58" => {
-                let n = |v: &str| v.parse::<u16>().expect("ICMP type and code");
-                (n(kind) << 8 | n(code)).to_string()
-            }
-            _ => f[3].to_owned(),
-        };
-        let key = format!("{} {} {} {} {}", f[0], f[1], f[2], dport, proto);
-        *records_of.entry(key.clone()).or_default() += 1;
-        let e = flows.entry(key).or_default();
-        e.0 += f[5].parse::<u64>().expect("packets");
-        e.1 += f[6].parse::<u64>().expect("bytes");
-    }
+    let stored = Stored::read(&store);
     let want = std::fs::read_to_string(dir.0.join("flows.txt"))
         .unwrap_or_default()
         .lines()
@@ -372,13 +326,101 @@ fn export_to(
         })
         .collect();
     Export {
-        flows,
-        records_of,
-        records: csv.lines().filter(|l| !l.trim().is_empty()).count() as u64,
+        flows: stored.flows,
+        records_of: stored.records_of,
+        records: stored.records,
         want,
         metrics,
         pcap: dir.path("export.pcap"),
         port,
+    }
+}
+
+/// An nfcapd storing what it receives under `store`, started with `flags` besides its
+/// address and store, and the UDP port it listens on (127.0.0.1).
+fn nfcapd(store: &std::path::Path, flags: &[&str]) -> (Child, u16) {
+    let port = free_udp_port();
+    std::fs::create_dir_all(store).expect("mkdir");
+    let nfcapd = Command::new("nfcapd")
+        .args([
+            "-b",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-w",
+            &store.display().to_string(),
+            "-t",
+            "3600",
+        ])
+        .args(flags)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("nfcapd is required (Debian package nfdump; scripts/test installs it)");
+    (nfcapd, port)
+}
+
+/// The series `name` of the collector at 127.0.0.1:`port`.
+fn collector_series(name: &str, port: u16) -> String {
+    format!("{name}{{collector=\"127.0.0.1:{port}\"}}")
+}
+
+/// What an nfcapd stored, as nfdump lists it.
+struct Stored {
+    /// "src dst sport dport proto" → (packets, bytes), records summed.
+    flows: BTreeMap<String, (u64, u64)>,
+    /// Records per flow.
+    records_of: BTreeMap<String, u64>,
+    records: u64,
+}
+
+impl Stored {
+    fn read(store: &std::path::Path) -> Stored {
+        let csv = tool_ok(
+            "nfdump",
+            &[
+                "-R",
+                &store.display().to_string(),
+                "-q",
+                "-o",
+                "fmt:%sa,%da,%sp,%dp,%pr,%pkt,%byt",
+            ],
+        );
+        Stored::parse(&csv)
+    }
+
+    fn parse(csv: &str) -> Stored {
+        let mut flows: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+        let mut records_of: BTreeMap<String, u64> = BTreeMap::new();
+        for l in csv.lines().filter(|l| !l.trim().is_empty()) {
+            let f: Vec<&str> = l.split(',').map(str::trim).collect();
+            let proto = match f[4] {
+                "UDP" => "17",
+                "TCP" => "6",
+                "ICMP" => "1",
+                "ICMP6" => "58",
+                p => p,
+            };
+            // nfdump shows an ICMP flow's icmpTypeCodeIPv4 (or IPv6) as its destination port,
+            // `TYPE.CODE`.
+            let dport = match f[3].split_once('.') {
+                Some((kind, code)) if proto == "1" || proto == "58" => {
+                    let n = |v: &str| v.parse::<u16>().expect("ICMP type and code");
+                    (n(kind) << 8 | n(code)).to_string()
+                }
+                _ => f[3].to_owned(),
+            };
+            let key = format!("{} {} {} {} {}", f[0], f[1], f[2], dport, proto);
+            *records_of.entry(key.clone()).or_default() += 1;
+            let e = flows.entry(key).or_default();
+            e.0 += f[5].parse::<u64>().expect("packets");
+            e.1 += f[6].parse::<u64>().expect("bytes");
+        }
+        Stored {
+            flows,
+            records_of,
+            records: csv.lines().filter(|l| !l.trim().is_empty()).count() as u64,
+        }
     }
 }
 
@@ -403,13 +445,43 @@ fn nfdump_and_tshark_read_the_export() {
     assert_eq!(x.metric("dpuflow_flow_cache_full_packets_total"), 0);
     assert_eq!(x.metric("dpuflow_flow_cache_entries"), 0);
     assert_eq!(x.metric("dpuflow_flow_cache_limit"), 2 << 20);
-    assert!(x.metric("dpuflow_ipfix_messages_total") >= 2);
-    assert_eq!(x.metric("dpuflow_ipfix_send_failures_total"), 0);
+    assert!(x.collector_metric("dpuflow_ipfix_messages_total") >= 2);
+    assert_eq!(x.collector_metric("dpuflow_ipfix_send_failures_total"), 0);
     assert_eq!(x.check_with_tshark(), x.want.len() as u64);
     // The ports are named: interface 1 is `host`, 2 `uplink`.
     let names = x.tshark(&["cflow.if_name"]);
     let names: Vec<&str> = names.lines().filter(|l| !l.is_empty()).collect();
     assert_eq!(names, ["host,uplink"], "interface names");
+}
+
+/// Given two collectors, the export sends each every message: both nfcapds store every
+/// flow of the input, exactly, and the metrics count each collector's messages.
+#[test]
+fn each_collector_receives_the_whole_export() {
+    let dir = Scratch::new("ipfix-collectors");
+    scapy(&dir.0, &format!("{TRAFFIC}{COUNT_FLOWS}"));
+    let second = dir.0.join("nfcapd-second");
+    let (nfcapd_second, port) = nfcapd(&second, &[]);
+    let also = format!("127.0.0.1:{port}");
+    let x = export(
+        &dir,
+        "pipelines/vxlan-gateway.pipe",
+        &[("host", "host.pcap")],
+        &["--workers", "1", "--ipfix", &also],
+    );
+    stop(nfcapd_second);
+    assert_eq!(
+        x.flows, x.want,
+        "the first collector's flows differ from the input's"
+    );
+    let stored = Stored::read(&second);
+    assert_eq!(stored.flows, x.want, "the second collector's flows differ");
+    assert_eq!(stored.records, x.records);
+    let sent = x.collector_metric("dpuflow_ipfix_messages_total");
+    assert!(sent >= 2);
+    let to_second = |name| x.metric(&collector_series(name, port));
+    assert_eq!(to_second("dpuflow_ipfix_messages_total"), sent);
+    assert_eq!(to_second("dpuflow_ipfix_send_failures_total"), 0);
 }
 
 /// Every flow of a large capture ends at once, when the input does: the export keeps to its
@@ -433,7 +505,7 @@ fn a_burst_of_records_reaches_the_collector_whole() {
         &[("host", "host.pcap")],
         &["--workers", "1", "--ipfix-rate", "2000"],
     );
-    assert_eq!(x.metric("dpuflow_ipfix_send_failures_total"), 0);
+    assert_eq!(x.collector_metric("dpuflow_ipfix_send_failures_total"), 0);
     assert_eq!(x.records, FLOWS, "records nfdump lists");
     assert_eq!(x.flows.len() as u64, FLOWS, "distinct flows nfdump lists");
     assert!(x.flows.values().all(|&(packets, _)| packets == 1));

@@ -227,8 +227,11 @@ fn unreachable_collector_is_counted_and_warned_once() {
         "--ipfix",
         &nobody,
     ]);
-    let failures = |b: &str| metric(b, "dpuflow_ipfix_send_failures_total").unwrap_or(0);
-    let sent = |b: &str| metric(b, "dpuflow_ipfix_messages_total").unwrap_or(0);
+    let series = |name: &str| format!("{name}{{collector=\"{nobody}\"}}");
+    let failed = series("dpuflow_ipfix_send_failures_total");
+    let failures = |b: &str| metric(b, &failed).unwrap_or(0);
+    let messages = series("dpuflow_ipfix_messages_total");
+    let sent = |b: &str| metric(b, &messages).unwrap_or(0);
     // 57 flows make a templates message and several data messages: a scrape may come
     // between two of them (under an emulator, it did).
     let body = svc.scrape_until(|b| failures(b) > 0 && sent(b) + failures(b) >= 4);

@@ -82,10 +82,10 @@ fn a_looping_service_exporting_flows_allocates_nothing_per_packet() {
             outputs: vec![],
         },
         metrics: None,
-        ipfix: Some(dpuflow::telemetry::collector::Destination {
+        ipfix: vec![dpuflow::telemetry::collector::Destination {
             address: collector,
             name: None,
-        }),
+        }],
         workers: Some(1),
         cpus: None,
         rate: None,

@@ -1,4 +1,6 @@
-//! The IPFIX export thread: sends the workers' flow records to the collector.
+//! The IPFIX export thread: sends the workers' flow records to the collectors, each
+//! message to each (one stream, numbered alike for all: RFC 7011 §3.1's sequence counts
+//! the records of the observation domain).
 
 use super::{live_clock_to_wall, wall_clock_ns, Shared};
 use crate::telemetry::collector::{Collector, Pacer};
@@ -22,11 +24,11 @@ pub(super) fn queue(
     }
 }
 
-/// Sends flow records as IPFIX messages until every worker is done, counting messages sent
-/// and refused in `shared`; returns the records sent. Where the collector moves, the
-/// templates go again before the next records.
+/// Sends flow records as IPFIX messages to each collector until every worker is done,
+/// counting messages sent and refused in `shared`; returns the records sent. Where a
+/// collector moves, the templates go again before the next records.
 pub(super) fn export(
-    collector: &mut Collector,
+    collectors: &mut [Collector],
     rx: &Receiver<Vec<FlowRecord>>,
     shared: &Shared,
 ) -> u64 {
@@ -45,10 +47,13 @@ pub(super) fn export(
     let refresh = t.template_refresh.as_secs().max(1);
     // Each message, in its UDP and IP headers, fits the path MTU (a named collector's
     // may be IPv6 after a move).
-    let headers = match collector.address() {
-        SocketAddr::V4(_) if !collector.follows() => 20 + 8,
-        _ => 40 + 8,
-    };
+    let headers = (collectors.iter())
+        .map(|c| match c.address() {
+            SocketAddr::V4(_) if !c.follows() => 20 + 8,
+            _ => 40 + 8,
+        })
+        .max()
+        .unwrap_or(20 + 8);
     let largest = usize::from(t.ipfix_mtu).saturating_sub(headers);
     let mut exporter =
         Exporter::new(t.observation_domain, largest, refresh, t.sampling).naming(ports);
@@ -57,7 +62,7 @@ pub(super) fn export(
     // otherwise be reported for every message.
     let (mut unreported, mut warning) = (0u64, WarnThrottle::default());
     let mut pacer = Pacer::new(t.ipfix_rate);
-    let mut send = |collector: &Collector, msg: &[u8]| {
+    let mut send = |collectors: &[Collector], msg: &[u8]| {
         let wait = pacer.wait(Instant::now());
         if !wait.is_zero() {
             std::thread::sleep(wait);
@@ -65,17 +70,19 @@ pub(super) fn export(
                 .paced_ns
                 .fetch_add(wait.as_nanos() as u64, Ordering::Relaxed);
         }
-        match collector.send(msg) {
-            Ok(_) => counts.messages.fetch_add(1, Ordering::Relaxed),
-            Err(e) => {
-                unreported += 1;
-                if warning.ready() {
-                    tracing::warn!(error = %e, messages = unreported, "IPFIX messages not sent");
-                    unreported = 0;
+        for (collector, counted) in collectors.iter().zip(&counts.collectors) {
+            match collector.send(msg) {
+                Ok(_) => counted.messages.fetch_add(1, Ordering::Relaxed),
+                Err(e) => {
+                    unreported += 1;
+                    if warning.ready() {
+                        tracing::warn!(collector = %counted.label, error = %e, messages = unreported, "IPFIX messages not sent");
+                        unreported = 0;
+                    }
+                    counted.failed.fetch_add(1, Ordering::Relaxed)
                 }
-                counts.failed.fetch_add(1, Ordering::Relaxed)
-            }
-        };
+            };
+        }
     };
     let now_s = || wall_clock_ns() / 1_000_000_000;
     // What the flow records miss (flows the caches had no room for) goes to the collector
@@ -88,7 +95,9 @@ pub(super) fn export(
     };
     let (every, mut reported, mut reported_at) = (t.active_timeout, (0, 0), None::<Instant>);
     for mut records in rx.iter() {
-        if collector.moved() {
+        // Every collector asked (each moves its own socket); one that moved has seen no
+        // templates.
+        if collectors.iter_mut().fold(false, |any, c| c.moved() | any) {
             exporter.resend_templates();
         }
         if shared.live {
@@ -98,17 +107,17 @@ pub(super) fn export(
                 r.last_ns = r.last_ns.saturating_add_signed(to_wall);
             }
         }
-        exporter.messages(&records, now_s(), &mut |m| send(collector, m));
+        exporter.messages(&records, now_s(), &mut |m| send(collectors, m));
         sent += records.len() as u64;
         let now = ignored();
         if now != reported && reported_at.is_none_or(|at| at.elapsed() >= every) {
-            exporter.ignored(now.0, now.1, now_s(), &mut |m| send(collector, m));
+            exporter.ignored(now.0, now.1, now_s(), &mut |m| send(collectors, m));
             (reported, reported_at) = (now, Some(Instant::now()));
         }
     }
     let now = ignored();
     if now != reported {
-        exporter.ignored(now.0, now.1, now_s(), &mut |m| send(collector, m));
+        exporter.ignored(now.0, now.1, now_s(), &mut |m| send(collectors, m));
     }
     sent
 }

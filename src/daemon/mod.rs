@@ -70,7 +70,7 @@ use crate::telemetry::collector::{Collector, Destination};
 use crate::telemetry::flows::{FlowCache, FlowRecord};
 use crate::telemetry::http::{self, Handler};
 use crate::telemetry::metrics::{self, Info, ServiceState};
-use crate::telemetry::{ExportStats, Snapshot};
+use crate::telemetry::{CollectorStats, ExportStats, Snapshot};
 use crossbeam_channel::bounded;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -86,8 +86,8 @@ pub struct Options {
     pub bindings: Bindings,
     /// Where to serve `/metrics`; none, no endpoint.
     pub metrics: Option<SocketAddr>,
-    /// IPFIX collector; none, no export.
-    pub ipfix: Option<Destination>,
+    /// IPFIX collectors, each sent every message; none, no export.
+    pub ipfix: Vec<Destination>,
     /// Worker threads; none, the default: one per core, or with `cpus` one per CPU of
     /// the list (after the I/O thread's first, where there is one).
     pub workers: Option<usize>,
@@ -364,10 +364,21 @@ impl Shared {
 /// Counted by the exporter thread, read at scrape time.
 #[derive(Debug, Default)]
 struct ExportCounts {
-    messages: AtomicU64,
-    failed: AtomicU64,
+    /// Each collector's, in the order of [`Options::ipfix`].
+    collectors: Vec<CollectorCounts>,
     /// Nanoseconds waited to keep to the rate.
     paced_ns: AtomicU64,
+}
+
+/// Counted of one collector.
+#[derive(Debug, Default)]
+struct CollectorCounts {
+    /// As the collector was given.
+    label: String,
+    /// Messages sent to it.
+    messages: AtomicU64,
+    /// Messages its socket refused.
+    failed: AtomicU64,
 }
 
 /// Dataplane threads found stalled.
@@ -408,8 +419,13 @@ impl Handler for Shared {
             }
         }
         total.export = self.export.as_ref().map(|e| ExportStats {
-            messages: e.messages.load(Ordering::Relaxed),
-            failed: e.failed.load(Ordering::Relaxed),
+            collectors: (e.collectors.iter())
+                .map(|c| CollectorStats {
+                    collector: c.label.clone(),
+                    messages: c.messages.load(Ordering::Relaxed),
+                    failed: c.failed.load(Ordering::Relaxed),
+                })
+                .collect(),
             paced_ns: e.paced_ns.load(Ordering::Relaxed),
         });
         // The dataplane's threads (named when spawned): the service's own KV clients'
@@ -795,7 +811,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         .conntrack
         .as_ref()
         .map(|c| c.capacity * workers as u64);
-    enough_memory(&program, opts.ipfix.is_some(), workers)?;
+    enough_memory(&program, !opts.ipfix.is_empty(), workers)?;
     let notifier = Notifier::from_env().and_then(|n| {
         n.map_err(|e| tracing::warn!(error = %e, "the service manager's NOTIFY_SOCKET is unusable"))
             .ok()
@@ -805,15 +821,21 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             version: crate::VERSION.to_owned(),
             backend: "software",
             conntrack_limit,
-            flow_limit: opts
-                .ipfix
-                .as_ref()
-                .map(|_| program.telemetry.flow_cache * workers as u64),
+            flow_limit: (!opts.ipfix.is_empty())
+                .then(|| program.telemetry.flow_cache * workers as u64),
         },
         snapshots: (0..workers)
             .map(|_| Mutex::new(Snapshot::default()))
             .collect(),
-        export: opts.ipfix.as_ref().map(|_| ExportCounts::default()),
+        export: (!opts.ipfix.is_empty()).then(|| ExportCounts {
+            collectors: (opts.ipfix.iter())
+                .map(|to| CollectorCounts {
+                    label: to.label(),
+                    ..CollectorCounts::default()
+                })
+                .collect(),
+            paced_ns: AtomicU64::new(0),
+        }),
         live: lives > 0,
         workers_up: AtomicUsize::new(0),
         workers,
@@ -891,20 +913,22 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     tracing::info!(pipeline = %shared.loaded().program.name, workers, inputs = opts.bindings.inputs.len() + lives, "running");
 
     let (flows_tx, flows_rx) = bounded::<Vec<FlowRecord>>(QUEUE * workers);
-    let exporter = match &opts.ipfix {
-        Some(to) => {
-            let mut collector = Collector::open(to).map_err(|source| RunError::Listen {
+    let exporter = if opts.ipfix.is_empty() {
+        None
+    } else {
+        let mut collectors = Vec::new();
+        for to in &opts.ipfix {
+            collectors.push(Collector::open(to).map_err(|source| RunError::Listen {
                 addr: to.address,
                 source,
-            })?;
+            })?);
             let sampling = shared.loaded().program.telemetry.sampling;
             tracing::info!(collector = %to.address, sampling, "exporting IPFIX");
-            let shared = Arc::clone(&shared);
-            Some(watch.spawn("ipfix", move || export(&mut collector, &flows_rx, &shared))?)
         }
-        None => None,
+        let shared = Arc::clone(&shared);
+        Some(watch.spawn("ipfix", move || export(&mut collectors, &flows_rx, &shared))?)
     };
-    let flows_tx = opts.ipfix.as_ref().map(|_| flows_tx);
+    let flows_tx = (!opts.ipfix.is_empty()).then_some(flows_tx);
     // The threads that read and write packets (each with the worker it runs, if any)…
     let mut dataplane = Vec::new();
     // … and the worker threads they deal to.

@@ -839,7 +839,8 @@ impl std::fmt::Display for HostPort {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Telemetry {
     pub prometheus: Option<SocketAddr>,
-    pub ipfix: Option<HostPort>,
+    /// IPFIX collectors, each sent every message (none: no export).
+    pub ipfix: Vec<HostPort>,
     /// IPFIX active timeout: a long flow is exported at least this often.
     pub active_timeout: Duration,
     /// IPFIX idle timeout: a flow silent this long is exported and forgotten.
@@ -872,7 +873,7 @@ impl Default for Telemetry {
     fn default() -> Self {
         Telemetry {
             prometheus: None,
-            ipfix: None,
+            ipfix: Vec::new(),
             active_timeout: Duration::from_secs(60),
             idle_timeout: Duration::from_secs(15),
             template_refresh: Duration::from_secs(600),

@@ -233,8 +233,20 @@ mod tests {
         let named =
             "pipeline p\nport a { driver pcap }\ntelemetry { ipfix collector.example:4739 }\n\
                      pipe x root from a { default { actions drop } }";
-        let collector = program(named).telemetry.ipfix.expect("a collector");
-        assert_eq!(collector.to_string(), "collector.example:4739");
+        let collectors = program(named).telemetry.ipfix;
+        assert_eq!(collectors.len(), 1);
+        assert_eq!(collectors[0].to_string(), "collector.example:4739");
+        let two = named.replace("ipfix", "ipfix 10.0.0.1:4739  ipfix");
+        let collectors = program(&two).telemetry.ipfix;
+        let names: Vec<String> = collectors.iter().map(ToString::to_string).collect();
+        assert_eq!(names, ["10.0.0.1:4739", "collector.example:4739"]);
+        let twice = named.replace("ipfix", "ipfix collector.example:4739  ipfix");
+        let c = check_source("t.pipe", &twice, Path::new("."));
+        assert!(
+            (c.render()).contains("error: collector `collector.example:4739` is given twice"),
+            "{}",
+            c.render()
+        );
         let sized = "pipeline p\nport a { driver pcap }\ntelemetry { flow_cache 64k }\n\
                      pipe x root from a { default { actions drop } }";
         assert_eq!(program(sized).telemetry.flow_cache, 64_000);

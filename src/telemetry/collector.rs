@@ -21,6 +21,16 @@ pub struct Destination {
     pub name: Option<HostPort>,
 }
 
+impl Destination {
+    /// The collector as it was given: its name and port, or its address.
+    pub fn label(&self) -> String {
+        match &self.name {
+            Some(name) => name.to_string(),
+            None => self.address.to_string(),
+        }
+    }
+}
+
 /// The socket the export sends on, connected to where the collector is now.
 #[derive(Debug)]
 pub struct Collector {

@@ -5,7 +5,7 @@
 //! the rest are summed under `rule="_other"`), meters, drop reasons. Flow identities (VNIs,
 //! 5-tuples) are never labels: they belong to IPFIX.
 
-use super::{Snapshot, LATENCY_BUCKETS};
+use super::{CollectorStats, Snapshot, LATENCY_BUCKETS};
 use crate::engine::DropReason;
 use crate::firewall::conntrack::Invalid;
 use crate::ir::Program;
@@ -447,16 +447,19 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info, state: &ServiceSt
             "Flow records of connections lost because the exporter fell behind.",
             [(vec![], fl.lost_records)],
         );
-        let ex = snap.export.unwrap_or_default();
+        let ex = snap.export.clone().unwrap_or_default();
+        let each = |count: fn(&CollectorStats) -> u64| {
+            (ex.collectors.iter()).map(move |c| (labels(&[("collector", &c.collector)]), count(c)))
+        };
         fam.counter(
             "dpuflow_ipfix_messages_total",
             "IPFIX messages sent to the collector.",
-            [(vec![], ex.messages)],
+            each(|c| c.messages),
         );
         fam.counter(
             "dpuflow_ipfix_send_failures_total",
-            "IPFIX messages the socket would not send (their records are lost).",
-            [(vec![], ex.failed)],
+            "IPFIX messages the socket would not send (their records are lost to that collector).",
+            each(|c| c.failed),
         );
         fam.counter(
             "dpuflow_ipfix_pacing_seconds_total",

@@ -73,15 +73,24 @@ impl Latency {
 }
 
 /// What the IPFIX exporter reports.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ExportStats {
-    /// Messages sent to the collector.
-    pub messages: u64,
-    /// Messages the socket would not send (the collector unreachable, say): their records
-    /// are lost.
-    pub failed: u64,
+    /// Each collector's, in the order they were given.
+    pub collectors: Vec<CollectorStats>,
     /// Nanoseconds spent waiting to keep to the export's rate.
     pub paced_ns: u64,
+}
+
+/// What the IPFIX exporter reports of one collector.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CollectorStats {
+    /// The collector as it was given (name or address, and port).
+    pub collector: String,
+    /// Messages sent to it.
+    pub messages: u64,
+    /// Messages the socket would not send (the collector unreachable, say): their records
+    /// are lost to it.
+    pub failed: u64,
 }
 
 /// What one worker publishes, and what a scrape sums (with the exporter's counts).

@@ -314,7 +314,7 @@ impl Lowerer<'_> {
     pub(super) fn telemetry(&mut self, s: Option<&ast::Settings>) -> Telemetry {
         let mut t = Telemetry::default();
         let Some(s) = s else { return t };
-        self.check_repeats(&s.options, &[]);
+        self.check_repeats(&s.options, &["ipfix"]);
         const DUR: &str = "write a duration such as `10s` or `1m`";
         let (mut tls_cert, mut tls_key, mut tls_client_ca) = (None, None, None);
         let mut users = None;
@@ -330,12 +330,19 @@ impl Lowerer<'_> {
                     )
                 }
                 "ipfix" => {
-                    t.ipfix = self.parsed(
+                    let collector = self.parsed(
                         w,
                         "collector",
                         "write IP:PORT or NAME:PORT, e.g. 127.0.0.1:4739 or collector.example:4739",
                         value::host_port,
-                    )
+                    );
+                    if let Some(collector) = collector {
+                        if t.ipfix.contains(&collector) {
+                            self.err(w.span, format!("collector `{collector}` is given twice"));
+                        } else {
+                            t.ipfix.push(collector);
+                        }
+                    }
                 }
                 "interval" => {
                     t.active_timeout = self
