@@ -85,6 +85,9 @@ impl Table {
         let Some(hash) = self.hashes.get(user) else {
             return false;
         };
+        // Held through the check: checks run one at a time, so a flood of wrong
+        // passwords costs the endpoint one core at most, not one for each of its
+        // connections.
         let mut accepted = self.accepted.lock().unwrap_or_else(PoisonError::into_inner);
         if accepted.get(user).is_some_and(|p| same(p, password)) {
             return true;
