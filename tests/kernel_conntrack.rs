@@ -14,7 +14,8 @@
 mod common;
 use common::*;
 use std::collections::BTreeMap;
-use std::process::Command;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const STATES: [&str; 5] = ["new", "established", "related", "invalid", "untracked"];
@@ -420,7 +421,9 @@ if mode == "write":
         wrpcap("c-%s.pcap" % name, cs); wrpcap("s-%s.pcap" % name, ss)
     open("names.txt", "w").write("\n".join(sc))
 else:
-    # Send one scenario in order, from the client and server namespaces.
+    # Send the scenarios named on stdin, one a line, each in order from the client and
+    # server namespaces, saying `sent` when one is (one process for all: scapy takes most
+    # of a second to import).
     import ctypes, os, socket, time
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     def bound(ns, iface):
@@ -430,12 +433,14 @@ else:
         sk.bind((iface, 0))
         return sk
     socks = {"c": bound(sys.argv[2], "c0"), "s": bound(sys.argv[3], "s0")}
-    for side, p in sc[mode]:
-        if side == "wait":
-            time.sleep(p)
-            continue
-        socks[side].send(bytes(p))
-        time.sleep(0.003)
+    for name in sys.stdin:
+        for side, p in sc[name.strip()]:
+            if side == "wait":
+                time.sleep(p)
+                continue
+            socks[side].send(bytes(p))
+            time.sleep(0.003)
+        print("sent", flush=True)
 "#;
 
 struct Lab {
@@ -676,6 +681,24 @@ fn conntrack_states_equal_the_kernels() {
     };
     py(&["write"]);
     let lab = Lab::new();
+    let mut sender = Command::new(PYTHON)
+        .args(["scenarios.py", "send", &lab.c, &lab.s])
+        .current_dir(&dir.0)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 with scapy");
+    let mut to_sender = sender.stdin.take().expect("stdin");
+    let mut from_sender = BufReader::new(sender.stdout.take().expect("stdout"));
+    // Owning the sender's ends: dropped, they close its input and it exits.
+    let mut send = move |name: &str| {
+        writeln!(to_sender, "{name}").expect("to the scenario sender");
+        let mut said = String::new();
+        from_sender
+            .read_line(&mut said)
+            .expect("from the scenario sender");
+        assert_eq!(said, "sent\n", "the scenario sender failed on {name}");
+    };
     let names = std::fs::read_to_string(dir.0.join("names.txt")).expect("names");
     let mut mismatches = Vec::new();
     // CT_SCENARIOS=WORD runs only the scenarios whose names hold WORD (while working on one).
@@ -697,7 +720,7 @@ fn conntrack_states_equal_the_kernels() {
             lab.run(&lab.r, &["sysctl", "-qw", &summed(false)]);
         }
         let before = lab.counters();
-        py(&[name, &lab.c, &lab.s]);
+        send(name);
         std::thread::sleep(Duration::from_millis(200));
         let after = lab.counters();
         if strict {
@@ -729,6 +752,8 @@ fn conntrack_states_equal_the_kernels() {
             }
         }
     }
+    drop(send);
+    assert!(sender.wait().expect("scenario sender").success());
     assert!(
         mismatches.is_empty(),
         "conntrack differs from the kernel's:\n{}",
