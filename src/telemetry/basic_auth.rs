@@ -47,6 +47,11 @@ impl Table {
             path: path.to_owned(),
             source,
         })?;
+        Table::parse(&text, path)
+    }
+
+    /// The users of `text`, the file at `path`.
+    fn parse(text: &str, path: &Path) -> Result<Table, UsersError> {
         let mut hashes = HashMap::new();
         for (i, line) in text.lines().enumerate() {
             let line = line.trim();
@@ -246,6 +251,32 @@ mod tests {
             let e = Users::read(&path).expect_err(name).to_string();
             assert!(e.contains(says), "{name}: {e}");
             std::fs::remove_file(&path).ok();
+        }
+    }
+
+    proptest::proptest! {
+        /// Any `Authorization` value is judged without a panic, and a Basic one carries
+        /// back the user and password it was made of (a password may hold colons and any
+        /// bytes; a user's name no colon).
+        #[test]
+        fn credentials_read_back_what_was_encoded(
+            user in "[^:]{0,20}",
+            password in proptest::collection::vec(proptest::num::u8::ANY, 0..40),
+            other in ".{0,80}",
+        ) {
+            let _ = credentials(&other);
+            let mut plain = user.clone().into_bytes();
+            plain.push(b':');
+            plain.extend_from_slice(&password);
+            let encoded = base64::engine::general_purpose::STANDARD.encode(&plain);
+            let read = credentials(&format!("Basic {encoded}"));
+            proptest::prop_assert_eq!(read, Some((user, password)));
+        }
+
+        /// Any file's text is read or refused without a panic.
+        #[test]
+        fn any_users_file_is_read_or_refused(text in "(.{0,70}\n){0,6}") {
+            let _ = Table::parse(&text, Path::new("users"));
         }
     }
 }
