@@ -55,6 +55,9 @@ fn full_exposition() -> String {
     let one_worker = ServiceState {
         threads: vec![("worker-0".into(), 0.0)],
         process: Some(Default::default()),
+        // Over TLS, with basic auth.
+        endpoint_tls_failures: Some(0),
+        endpoint_auth_failures: Some(0),
         ..ServiceState::default()
     };
     // Exporting to one collector.

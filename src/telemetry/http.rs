@@ -6,9 +6,9 @@
 //! handler admits (basic auth, where configured; the probes' paths stay open).
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Largest request head read.
@@ -44,6 +44,20 @@ pub struct Counts {
     pub tls_failures: AtomicU64,
     /// Requests for `/metrics` refused for want of a user's name and password.
     pub auth_failures: AtomicU64,
+    /// When a refused client was last logged.
+    warned: Mutex<super::WarnThrottle>,
+}
+
+impl Counts {
+    /// Counts a client refused in `counter` and logs it, at most once every ten seconds
+    /// (a scraper refused once is refused at every scrape).
+    fn refuse(&self, counter: &AtomicU64, client: Option<SocketAddr>, why: &str) {
+        counter.fetch_add(1, Ordering::Relaxed);
+        if (self.warned.lock().unwrap_or_else(PoisonError::into_inner)).ready() {
+            let client = client.map_or_else(|| "unknown".to_owned(), |c| c.to_string());
+            tracing::warn!(%client, why, "metrics endpoint refused a client (logged at most every 10 s; the dpuflow_metrics_endpoint_*_failures_total counters count each)");
+        }
+    }
 }
 
 /// What the endpoint serves.
@@ -112,16 +126,17 @@ fn connection(
     limits: Deadlines,
     tls: Option<Arc<rustls::ServerConfig>>,
 ) -> std::io::Result<()> {
+    let client = stream.peer_addr().ok();
     let mut timed = Timed {
         stream,
         until: Instant::now() + limits.request,
     };
     match tls {
-        None => answer(&mut timed, handler, limits),
+        None => answer(&mut timed, client, handler, limits),
         Some(config) => {
             let tls = rustls::ServerConnection::new(config).map_err(io_error)?;
             let mut stream = rustls::StreamOwned::new(tls, timed);
-            let answered = answer(&mut stream, handler, limits).and_then(|()| {
+            let answered = answer(&mut stream, client, handler, limits).and_then(|()| {
                 // Said before closing, so the client can tell the end of the answer from a
                 // cut.
                 stream.conn.send_close_notify();
@@ -131,10 +146,8 @@ fn connection(
             // leaves (a TCP probe) ends it otherwise.
             if let Err(e) = &answered {
                 if e.kind() == std::io::ErrorKind::InvalidData {
-                    handler
-                        .counts()
-                        .tls_failures
-                        .fetch_add(1, Ordering::Relaxed);
+                    let counts = handler.counts();
+                    counts.refuse(&counts.tls_failures, client, &format!("TLS: {e}"));
                 }
             }
             answered
@@ -164,9 +177,10 @@ impl Deadlined for rustls::StreamOwned<rustls::ServerConnection, Timed> {
     }
 }
 
-/// Reads one request and writes its answer.
+/// Reads one request (of `client`) and writes its answer.
 fn answer(
     stream: &mut impl Deadlined,
+    client: Option<SocketAddr>,
     handler: &dyn Handler,
     limits: Deadlines,
 ) -> std::io::Result<()> {
@@ -211,10 +225,12 @@ fn answer(
     let head_only = method == "HEAD";
     match path {
         "/metrics" if !handler.admits(authorization) => {
-            handler
-                .counts()
-                .auth_failures
-                .fetch_add(1, Ordering::Relaxed);
+            let counts = handler.counts();
+            let why = match authorization {
+                Some(_) => "basic auth: not a user's name and password",
+                None => "basic auth: no credentials",
+            };
+            counts.refuse(&counts.auth_failures, client, why);
             respond_with(
                 stream,
                 head_only,
