@@ -106,7 +106,8 @@ enum Command {
     /// changes the ports, services, the connection table's capacity or tcp_window, or the
     /// telemetry block, is refused with the reason logged, and the running pipeline kept.
     /// SIGHUP also reads the TLS certificates and keys (of the metrics endpoint and the
-    /// KV-cache services) again, so rotated ones serve new connections.
+    /// KV-cache services) and the metrics endpoint's users' file again, so rotated ones
+    /// serve new connections.
     ///
     /// Ports of `driver af_packet` or `af_xdp` not bound to a capture are opened on their interfaces
     /// (live: it runs until signalled); otherwise, without --loop, it runs until the

@@ -666,20 +666,16 @@ fn conntrack_states_equal_the_kernels() {
         format!("from scapy.all import *\n{SCENARIOS}"),
     )
     .expect("write");
-    let py = |args: &[&str]| {
-        let out = Command::new(PYTHON)
-            .arg("scenarios.py")
-            .args(args)
-            .current_dir(&dir.0)
-            .output()
-            .expect("python3 with scapy");
-        assert!(
-            out.status.success(),
-            "scenario script {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    py(&["write"]);
+    let written = Command::new(PYTHON)
+        .args(["scenarios.py", "write"])
+        .current_dir(&dir.0)
+        .output()
+        .expect("python3 with scapy");
+    assert!(
+        written.status.success(),
+        "scenario script: {}",
+        String::from_utf8_lossy(&written.stderr)
+    );
     let lab = Lab::new();
     let mut sender = Command::new(PYTHON)
         .args(["scenarios.py", "send", &lab.c, &lab.s])

@@ -52,7 +52,7 @@ impl Shared {
 /// ([`liveness`](super::liveness)), keeps the service manager told ([`Told`]), and reloads: on each
 /// SIGHUP (`hup` set), once every worker runs the pipeline of the reload before, loads
 /// `file` again and publishes it, or logs why not and keeps the running one; and reads the
-/// listeners' TLS files again at once.
+/// listeners' TLS files and the metrics endpoint's users again at once.
 pub(super) fn control(file: &PipelineFile, hup: &AtomicBool, stop: &AtomicBool, shared: &Shared) {
     // The reload published and not yet taken by every worker, and when it was published.
     let mut pending = None::<(u64, Instant)>;

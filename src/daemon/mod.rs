@@ -309,19 +309,26 @@ impl Shared {
     /// the metrics endpoint's users (on SIGHUP, whatever becomes of the pipeline's
     /// reload): rotated certificates serve the connections that arrive from now on.
     fn reread_credentials(&self) {
-        if let Some(tls) = &self.metrics_tls {
-            match tls.reread() {
-                Ok(()) => tracing::info!("metrics endpoint TLS files read again"),
-                Err(e) => {
-                    tracing::warn!(error = %e, "metrics endpoint TLS files not usable: the ones read before stay")
-                }
-            }
-        }
-        if let Some(users) = &self.metrics_users {
-            match users.reread() {
-                Ok(()) => tracing::info!("metrics endpoint users read again"),
-                Err(e) => {
-                    tracing::warn!(error = %e, "metrics endpoint users' file not usable: the users read before stay")
+        let reread = [
+            (
+                "TLS files",
+                self.metrics_tls
+                    .as_ref()
+                    .map(|t| t.reread().map_err(|e| e.to_string())),
+            ),
+            (
+                "users' file",
+                self.metrics_users
+                    .as_ref()
+                    .map(|u| u.reread().map_err(|e| e.to_string())),
+            ),
+        ];
+        for (what, result) in reread {
+            match result {
+                None => {}
+                Some(Ok(())) => tracing::info!("metrics endpoint {what} read again"),
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "metrics endpoint {what} not usable: what was read before stays")
                 }
             }
         }
