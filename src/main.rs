@@ -286,6 +286,11 @@ struct RunFlags {
     /// Log lines as plain text or JSON (on stderr).
     #[arg(long, value_enum, default_value_t = LogFormat::Plain)]
     log_format: LogFormat,
+    /// The least severe lines logged. `debug` adds what is routine but worth a look when
+    /// something is wrong (a metrics request that failed, a KV-cache client gone, a storage
+    /// target still unreachable); nothing is logged per packet at any level.
+    #[arg(long, value_enum, default_value_t = LogLevel::Info)]
+    log_level: LogLevel,
 }
 
 /// A `--cpus` list (boxed: clap takes an argument of type `Vec` for one given many times).
@@ -347,6 +352,27 @@ struct BenchFlags {
 enum LogFormat {
     Plain,
     Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+impl From<LogLevel> for tracing::Level {
+    fn from(l: LogLevel) -> tracing::Level {
+        match l {
+            LogLevel::Error => tracing::Level::ERROR,
+            LogLevel::Warn => tracing::Level::WARN,
+            LogLevel::Info => tracing::Level::INFO,
+            LogLevel::Debug => tracing::Level::DEBUG,
+            LogLevel::Trace => tracing::Level::TRACE,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -1011,6 +1037,7 @@ fn run(f: RunFlags) -> ExitCode {
     let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(false)
+        .with_max_level(tracing::Level::from(f.log_level))
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     match f.log_format {
         LogFormat::Plain => builder.init(),

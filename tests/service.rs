@@ -477,6 +477,35 @@ wrpcap("host.pcap", [f(20), f(12000), f(30)])
     );
 }
 
+/// `--log-level`: `warn` leaves out the lines of a normal start and stop; `debug` adds
+/// routine failures, here a client that connects to the metrics endpoint and leaves.
+#[test]
+fn the_log_level_chooses_the_lines_logged() {
+    let dir = Scratch::new("service-log-level");
+    scapy(&dir.0, TRAFFIC);
+    let input = format!("host={}", dir.path("host.pcap"));
+    let logged = |level: &str| {
+        let svc = Service::start_logged(&[
+            "pipelines/vxlan-gateway.pipe",
+            "--in",
+            &input,
+            "--log-level",
+            level,
+        ]);
+        drop(std::net::TcpStream::connect(svc.addr).expect("connect"));
+        svc.scrape_until(|b| b.contains("dpuflow_port_received_packets_total{port=\"host\"}"));
+        let (code, log) = svc.terminate_with_log();
+        assert_eq!(code, 0, "{log}");
+        log
+    };
+    let warn = logged("warn");
+    assert!(warn.contains(" WARN "), "{warn}");
+    assert!(!warn.contains(" INFO "), "{warn}");
+    let debug = logged("debug");
+    assert!(debug.contains(" INFO running"), "{debug}");
+    assert!(debug.contains(" DEBUG http request failed"), "{debug}");
+}
+
 /// `--cpus`: the I/O thread on the list's first CPU, the workers on the others in turn,
 /// and every other thread on the CPUs the list leaves (all of them, where it takes all).
 #[test]
