@@ -8,9 +8,9 @@
 # (each reloads the pipeline) and adds a column of the reloads done. TRACK=1 runs a
 # stateful firewall instead of a plain bridge: every flow from inside committed to
 # connection tracking, only tracked ones (and ARP) let in from outside. QUEUES=N gives
-# the links N queues each (default 1; AF_XDP workers share a port by queue). Needs root,
-# tcpreplay and ethtool.
-# Usage: [DPUFLOW=BIN] [DRIVER=af_packet|af_xdp] [RELOAD_EVERY=S] [TRACK=1] [QUEUES=N] bench/live.sh [WORKERS] [RATE...]
+# the links N queues each (default 1; AF_XDP workers share a port by queue). FLAGS='…'
+# adds flags to `dpuflow run` (--busy-poll, say). Needs root, tcpreplay and ethtool.
+# Usage: [DPUFLOW=BIN] [DRIVER=af_packet|af_xdp] [RELOAD_EVERY=S] [TRACK=1] [QUEUES=N] [FLAGS=…] bench/live.sh [WORKERS] [RATE...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/common.sh
@@ -58,8 +58,9 @@ tick_us=$((1000000 / $(getconf CLK_TCK)))
 printf '%-14s %-16s %-10s %-13s %s\n' "offered (pps)" "achieved (pps)" "delivered" "CPU µs/frame" \
     "${RELOAD_EVERY:+reloads}"
 for pps in "${rates[@]}"; do
+    # shellcheck disable=SC2086 # FLAGS are words
     ip netns exec $d "$bin" run "$tmp/bridge.pipe" --workers "$workers" --metrics 127.0.0.1:9464 \
-        2>"$tmp/log" & echo $! >"$tmp/pid"
+        ${FLAGS:-} 2>"$tmp/log" & echo $! >"$tmp/pid"
     sleep 1
     before=$(rx)
     pid=$(cat "$tmp/pid")
@@ -83,8 +84,9 @@ done
 ip -n $c addr add 10.9.0.1/24 dev c0
 ip -n $s addr add 10.9.0.2/24 dev s0
 rtt() { ip netns exec $c ping -c 200 -i 0.01 -q 10.9.0.2 | sed -n 's/^rtt.* = //p'; }
+# shellcheck disable=SC2086 # FLAGS are words
 ip netns exec $d "$bin" run "$tmp/bridge.pipe" --workers "$workers" --metrics 127.0.0.1:9464 \
-    2>"$tmp/log" & echo $! >"$tmp/pid"
+    ${FLAGS:-} 2>"$tmp/log" & echo $! >"$tmp/pid"
 sleep 1
 echo "ping across dpuflow (min/avg/max/mdev):      $(rtt)"
 kill "$(cat "$tmp/pid")"; wait "$(cat "$tmp/pid")" 2>/dev/null || true

@@ -272,6 +272,13 @@ struct RunFlags {
     /// meanwhile /readyz says not ready.
     #[arg(long)]
     wait_for_interfaces: bool,
+    /// The threads that read the live ports and the workers poll without sleeping (live
+    /// ports only): no wake-up between a frame's arrival and its processing, at the cost of
+    /// a core each kept busy, traffic or not. AF_XDP ports also have the kernel do their
+    /// queues' work in the service's calls (preferred busy polling). Meant for cores set
+    /// aside with --cpus.
+    #[arg(long)]
+    busy_poll: bool,
     /// Read the input captures at most this many packets per second (captures only: refused
     /// with live ports).
     #[arg(long, value_name = "PPS", value_parser = clap::value_parser!(u64).range(1..))]
@@ -1105,6 +1112,7 @@ fn run(f: RunFlags) -> ExitCode {
         looping: f.looping,
         batch: usize::from(f.batch),
         wait_for_interfaces: f.wait_for_interfaces,
+        busy_poll: f.busy_poll,
     };
     match dpuflow::daemon::run(program, load_seconds, opts) {
         Ok(()) => ExitCode::SUCCESS,

@@ -504,6 +504,35 @@ fn loop_and_rate_are_for_captures() {
     assert!(err.contains("--loop and --rate replay captures"), "{err}");
 }
 
+/// `--busy-poll` polls live ports: a service that replays captures has none, and is told
+/// so rather than left spinning on a capture's reads.
+#[test]
+fn busy_polling_is_for_live_ports() {
+    let dir = Scratch::new("cli-busy-poll");
+    let capture = dir.path("host.pcap");
+    let written = dpuflow(&[
+        "bench",
+        "pipelines/vxlan-gateway.pipe",
+        "--flows",
+        "4",
+        "--write",
+        &capture,
+    ]);
+    assert!(written.status.success(), "{written:?}");
+    let input = format!("host={capture}");
+    let args = [
+        "run",
+        "pipelines/vxlan-gateway.pipe",
+        "--in",
+        &input,
+        "--busy-poll",
+    ];
+    assert_usage_error(
+        &args,
+        "--busy-poll polls live ports, and the service has none",
+    );
+}
+
 /// Whether the tests run as root (the effective user of /proc/self).
 fn running_as_root() -> bool {
     std::fs::read_to_string("/proc/self/status")

@@ -260,6 +260,21 @@ impl Lab {
     }
 
     /// Sends `count` UDP datagrams from the client to the server's port `dport`.
+    /// Through a service running [`UDP_OUT`]: 600 datagrams of 64 flows to port 5001 and 5
+    /// to 5003 each reach the server once, and are counted and sent; the metrics then.
+    fn udp_crosses_once(&self) -> String {
+        let counter = self.count_at_server(5003);
+        self.send_udp_flows(5001, 600, 64);
+        self.send_udp(5003, 5);
+        assert_eq!(counter.seen(), "5001:600 5003:5", "what crossed");
+        let udp = "dpuflow_rule_matched_packets_total{pipe=\"out\",rule=\"udp\"}";
+        let sent = "dpuflow_port_transmitted_packets_total{port=\"outside\"}";
+        self.metrics_until(
+            |m| metric(m, udp) == Some(605) && metric(m, sent) == Some(605),
+            "counted and sent all 605",
+        )
+    }
+
     fn send_udp(&self, dport: u16, count: usize) {
         self.send_udp_flows(dport, count, 1);
     }
@@ -1465,16 +1480,9 @@ fn workers_read_and_send_their_own_shares_of_a_port() {
         "{placed:?}"
     );
     assert!(!placed.contains_key("io"), "{placed:?}");
-    let counter = lab.count_at_server(5003);
-    lab.send_udp_flows(5001, 600, 64);
-    lab.send_udp(5003, 5);
-    assert_eq!(counter.seen(), "5001:600 5003:5", "what crossed");
+    let m = lab.udp_crosses_once();
     let udp = "dpuflow_rule_matched_packets_total{pipe=\"out\",rule=\"udp\"}";
     let sent = "dpuflow_port_transmitted_packets_total{port=\"outside\"}";
-    let m = lab.metrics_until(
-        |m| metric(m, udp) == Some(605) && metric(m, sent) == Some(605),
-        "counted all 605",
-    );
     let open = "dpuflow_port_open{port=\"inside\"}";
     assert_eq!(metric(&m, open), Some(1), "{m}");
     // A reload reaches both workers: after it, neither forwards the client's UDP.
@@ -1501,6 +1509,45 @@ fn workers_read_and_send_their_own_shares_of_a_port() {
         1,
         "{log}"
     );
+}
+
+/// `--busy-poll`: every frame crosses once, and the dataplane's threads spin rather than
+/// sleep (their CPU time grows with the wall clock while no frame comes). Through AF_XDP
+/// with one worker (run by the I/O thread, its sockets busy-polled: the veth does not
+/// defer its interrupts, and the log says how to have it do so), and through AF_PACKET
+/// with two workers, each reading its own share.
+#[test]
+fn busy_polling_passes_every_frame_and_keeps_its_cores() {
+    for (driver, tag, workers, thread) in [
+        ("af_xdp", "bx", "1", "io"),
+        ("af_packet", "bp", "2", "worker-1"),
+    ] {
+        let (lab, _dir, pipe_path) = Lab::with_pipeline_on(driver, tag, UDP_OUT);
+        let dpuflow = lab.start_with(&[], &pipe_path, workers, &["--busy-poll"]);
+        lab.udp_crosses_once();
+        // A thread asleep between frames takes milliseconds a second; one polling, all it
+        // gets (a share of a core here, where other tests run beside it).
+        let cpu = format!("dpuflow_thread_cpu_seconds_total{{thread=\"{thread}\"}}");
+        let seconds = |m: &str| -> f64 {
+            let line = m.lines().find_map(|l| l.strip_prefix(cpu.as_str()));
+            let value = line.and_then(|v| v.trim().parse().ok());
+            value.unwrap_or_else(|| panic!("{driver}: no {cpu}:\n{m}"))
+        };
+        let before = seconds(&lab.metrics());
+        std::thread::sleep(Duration::from_secs(1));
+        let spent = seconds(&lab.metrics()) - before;
+        assert!(
+            spent > 0.25,
+            "{driver}: {thread} took {spent} s of CPU in 1 s idle"
+        );
+        let log = stop(dpuflow);
+        assert!(
+            log.contains("busy polling: the dataplane's threads poll without sleeping"),
+            "{driver}: {log}"
+        );
+        let hint = "busy polling: the interface does not defer its interrupts";
+        assert_eq!(log.contains(hint), driver == "af_xdp", "{driver}: {log}");
+    }
 }
 
 /// The interface's receive queues changed under a running service (`ethtool -L`): the

@@ -92,6 +92,7 @@ fn a_looping_service_exporting_flows_allocates_nothing_per_packet() {
         looping: true,
         batch: 256,
         wait_for_interfaces: false,
+        busy_poll: false,
     };
     let service = std::thread::spawn(move || daemon::run(program, 0.0, opts));
     std::thread::sleep(WARM);

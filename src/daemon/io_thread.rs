@@ -182,7 +182,8 @@ pub(super) fn io(
             Read::End => break,
             Read::Idle => {
                 beat();
-                if ports_checked.elapsed() >= PUBLISH_EVERY {
+                let look = ports_checked.elapsed() >= PUBLISH_EVERY;
+                if look {
                     look_at_ports(&mut out, &mut source, shared);
                     ports_checked = Instant::now();
                 }
@@ -200,15 +201,28 @@ pub(super) fn io(
                     }
                 }
                 pump(&mut inline);
+                // Busy polling, what the workers have finished is written and the ports
+                // read again at once: nothing waits.
+                let busy = shared.busy_poll.is_some();
                 while out.returned < sent {
-                    match done.recv_timeout(IDLE_WAIT) {
-                        Ok(p) => out.write(p)?,
-                        Err(_) => break,
+                    let processed = match busy {
+                        true => done.try_recv().ok(),
+                        false => done.recv_timeout(IDLE_WAIT).ok(),
+                    };
+                    match processed {
+                        Some(p) => out.write(p)?,
+                        None => break,
                     }
                 }
                 // What a busy transmit queue left unsent goes before the wait.
                 out.flush_live();
-                if let Source::Live(readable) = &mut source {
+                // Busy polling, the ports' pending errors (a link gone down) are still
+                // taken, with the ports' other looks.
+                let wait = match busy {
+                    true => look.then_some(Duration::ZERO),
+                    false => Some(IDLE_WAIT),
+                };
+                if let (Source::Live(readable), Some(wait)) = (&mut source, wait) {
                     let ports = &out.live;
                     // A link that went down: said, and the port reads again once it is up.
                     let said = |i: usize, e: std::io::Error| {
@@ -221,7 +235,7 @@ pub(super) fn io(
                         }
                     };
                     readable
-                        .wait(IDLE_WAIT, said)
+                        .wait(wait, said)
                         .map_err(|e| RunError::Thread(e.to_string()))?;
                 }
                 continue;
@@ -390,7 +404,8 @@ fn look_at_ports(out: &mut Outputs, source: &mut Source, shared: &Shared) {
                 continue;
             }
             let group = shared.groups.as_ref().map(|g| (&g[i], out.member));
-            match LivePort::open(PortId(i as u16), iface, spec.driver, spec.mtu, group) {
+            let busy = shared.busy_poll;
+            match LivePort::open(PortId(i as u16), iface, spec.driver, spec.mtu, group, busy) {
                 Ok(port) => {
                     // A shared port opens once: with the socket that starts its group.
                     if port.group().is_none_or(|joined| joined.started) {

@@ -102,6 +102,19 @@ pub struct Options {
     /// A live port whose interface does not exist at the start waits for it (as for one
     /// removed later) instead of failing the start.
     pub wait_for_interfaces: bool,
+    /// The threads that read live ports, and the workers they deal to, poll without
+    /// sleeping: no wake-up between a frame's arrival and its processing, each thread
+    /// keeping its core busy (live ports only).
+    pub busy_poll: bool,
+}
+
+impl Options {
+    /// With [`Options::busy_poll`], the frames an AF_XDP socket's call has the kernel
+    /// take at most: a batch.
+    fn busy_poll_budget(&self) -> Option<u16> {
+        self.busy_poll
+            .then(|| u16::try_from(self.batch).unwrap_or(u16::MAX))
+    }
 }
 
 /// Why the service could not run.
@@ -249,6 +262,9 @@ struct Shared {
     /// The inputs are live ports: time is the time of day, passing with or without
     /// packets.
     live: bool,
+    /// The dataplane's threads poll without sleeping ([`Options::busy_poll`]), and the
+    /// most frames an AF_XDP socket's call takes.
+    busy_poll: Option<u16>,
     workers_up: AtomicUsize,
     workers: usize,
     /// The service failed: a thread panicked or the I/O thread failed (see [`Watch`]).
@@ -527,6 +543,49 @@ fn bound_to_capture(opts: &Options, i: usize) -> bool {
         .any(|(id, _)| usize::from(id.0) == i)
 }
 
+/// Says that the dataplane's threads poll without sleeping (`--busy-poll`): a warning
+/// when they outnumber the CPUs they may run on (one holds a core while it has nothing to
+/// do, and the others wait their turn), and, for each AF_XDP port's interface that does
+/// not defer its interrupts, how to have it do so.
+fn say_busy_polling(opts: &Options, live: &[Option<LivePort>], workers: usize, shares: bool) {
+    let threads = match (shares, workers) {
+        (true, n) => n,
+        // With one worker the I/O thread runs it.
+        (false, 1) => 1,
+        (false, n) => n + 1,
+    };
+    let cpus = match &opts.cpus {
+        Some(list) => list.len(),
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    if threads > cpus {
+        tracing::warn!(
+            threads,
+            cpus,
+            "busy polling with more dataplane threads than CPUs: they take turns on the \
+             cores, each holding one while it has nothing to do (fewer --workers)"
+        );
+    } else {
+        tracing::info!(
+            threads,
+            "busy polling: the dataplane's threads poll without sleeping, each keeping its \
+             core busy"
+        );
+    }
+    for port in live.iter().flatten().filter(|p| p.driver() == "AF_XDP") {
+        let iface = port.iface();
+        if crate::sys::interrupts_deferred(iface) == Some(false) {
+            tracing::info!(
+                iface,
+                "busy polling: the interface does not defer its interrupts, so the kernel \
+                 also takes its frames in them; to leave them to the service's calls: echo 2 \
+                 > /sys/class/net/{iface}/napi_defer_hard_irqs; echo 200000 > \
+                 /sys/class/net/{iface}/gro_flush_timeout"
+            );
+        }
+    }
+}
+
 /// How many workers there are and whether they share the live ports or have them dealt,
 /// from the options, the ports and their interfaces' receive queues.
 fn arrange(program: &Program, opts: &Options, code: &Compiled) -> Result<Arrangement, RunError> {
@@ -547,6 +606,11 @@ fn arrange(program: &Program, opts: &Options, code: &Compiled) -> Result<Arrange
     if (live_xdp || has_live(Driver::AfPacket)) && (opts.looping || opts.rate.is_some()) {
         return Err(RunError::Inputs(
             "the service has live ports: --loop and --rate replay captures".into(),
+        ));
+    }
+    if opts.busy_poll && !live_xdp && !has_live(Driver::AfPacket) {
+        return Err(RunError::Inputs(
+            "--busy-poll polls live ports, and the service has none (it replays captures)".into(),
         ));
     }
     let mut dealt_because = if live_xdp && program.conntrack.is_some() {
@@ -678,7 +742,8 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         let group = groups.as_ref().map(|g| &g[i]);
         let open = |member: usize| {
             let group = group.map(|g| (g, member));
-            LivePort::open(PortId(i as u16), iface, port.driver, port.mtu, group)
+            let busy = opts.busy_poll_budget();
+            LivePort::open(PortId(i as u16), iface, port.driver, port.mtu, group, busy)
         };
         let first = match port.driver {
             _ if waits => {
@@ -844,6 +909,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             paced_ns: AtomicU64::new(0),
         }),
         live: lives > 0,
+        busy_poll: opts.busy_poll_budget(),
         workers_up: AtomicUsize::new(0),
         workers,
         failed: Arc::clone(&watch.failed),
@@ -916,6 +982,9 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             tracing::info!("the I/O thread deals the live ports' packets to the workers: {why}")
         }
         _ => {}
+    }
+    if opts.busy_poll {
+        say_busy_polling(&opts, live, workers, shares);
     }
     tracing::info!(pipeline = %shared.loaded().program.name, workers, inputs = opts.bindings.inputs.len() + lives, "running");
 

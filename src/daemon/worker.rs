@@ -6,7 +6,7 @@ use super::{live_clock_ns, Processed, Shared, PUBLISH_EVERY, QUEUE};
 use crate::engine::{Engine, NoObserver, PacketBuf, DEFAULT_MAX_FRAME};
 use crate::telemetry::flows::FlowRecord;
 use crate::telemetry::Latency;
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,7 +48,7 @@ pub(super) fn worker(id: usize, shared: &Shared, ch: WorkerChannels) {
     loop {
         // Between batches no longer than it takes to publish: counts then never lag a
         // scrape by more than that, traffic or not.
-        match w.ch.rx.recv_timeout(PUBLISH_EVERY) {
+        match w.next_batch() {
             Ok(batch) => {
                 if !w.process(batch) {
                     break;
@@ -112,6 +112,26 @@ impl<'s> Worker<'s> {
         w.publish(false);
         shared.workers_up.fetch_add(1, Ordering::Relaxed);
         w
+    }
+
+    /// The next batch from the I/O thread, waiting no longer than [`PUBLISH_EVERY`] for
+    /// it: asleep, or when busy polling, spinning (the I/O thread then hands it over
+    /// without waking this thread).
+    fn next_batch(&self) -> Result<Vec<PacketBuf>, RecvTimeoutError> {
+        if self.shared.busy_poll.is_none() {
+            return self.ch.rx.recv_timeout(PUBLISH_EVERY);
+        }
+        let since = Instant::now();
+        loop {
+            match self.ch.rx.try_recv() {
+                Ok(batch) => return Ok(batch),
+                Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
+                Err(TryRecvError::Empty) if since.elapsed() >= PUBLISH_EVERY => {
+                    return Err(RecvTimeoutError::Timeout)
+                }
+                Err(TryRecvError::Empty) => std::hint::spin_loop(),
+            }
+        }
     }
 
     /// Publishes the worker's counts for scrapes; `now_or_later` gives up (false) rather

@@ -255,6 +255,14 @@ impl XdpPort {
         None
     }
 
+    /// Has the kernel do the port's queues' work in the sockets' own calls (see
+    /// [`XdpSocket::poll_busily`]), taking up to `budget` frames a call.
+    pub fn poll_busily(&mut self, budget: u16) -> std::io::Result<()> {
+        self.sockets
+            .iter_mut()
+            .try_for_each(|s| s.poll_busily(budget))
+    }
+
     /// Queues a frame to be sent at the next [`XdpPort::flush`] (from the first queue's
     /// socket; any socket of the interface sends out of it).
     pub fn send(&mut self, frame: &[u8]) -> Sent {

@@ -126,13 +126,18 @@ enum Socket {
 impl LivePort {
     /// Opens `iface` for port `port` of driver `driver` (af_packet or af_xdp), whose
     /// largest IP packet is `mtu` bytes. With `shares`, the port is shared by the workers
-    /// and this is the given worker's part of it.
+    /// and this is the given worker's part of it. With `busy_poll`, its reader polls
+    /// without sleeping: an AF_XDP port then has the kernel do its queues' work in the
+    /// sockets' own calls, up to that many frames a call (see
+    /// [`crate::sys::xdp::XdpSocket::poll_busily`]); an AF_PACKET port's ring is filled by
+    /// the kernel as before.
     pub fn open(
         port: PortId,
         iface: &str,
         driver: Driver,
         mtu: u16,
         shares: Option<(&PortShares, usize)>,
+        busy_poll: Option<u16>,
     ) -> Result<LivePort, LiveError> {
         let index = crate::sys::interface_index(iface).map_err(|source| LiveError::Interface {
             iface: iface.to_owned(),
@@ -152,6 +157,7 @@ impl LivePort {
                 Some(libc::EBUSY | libc::EEXIST) if driver == Driver::AfXdp => {
                     " (another XDP program or AF_XDP socket is on the interface)"
                 }
+                Some(libc::ENOPROTOOPT) => " (busy polling needs Linux 5.11 or later)",
                 Some(libc::ENOSPC) if driver == Driver::AfXdp => {
                     " (the driver has too few queues for XDP; a veth takes it only with as \
                      many receive queues as its peer has transmit queues: ethtool -L)"
@@ -165,7 +171,7 @@ impl LivePort {
                 hint,
             }
         };
-        let socket = match (driver, shares) {
+        let mut socket = match (driver, shares) {
             (Driver::AfXdp, Some((PortShares::Xdp(x), member))) => {
                 Socket::Xdp(x.take(member, port, iface, index, mtu).map_err(failed)?)
             }
@@ -177,6 +183,9 @@ impl LivePort {
             ),
             _ => Socket::Packet(PacketPort::open(port, index, mtu, None).map_err(failed)?),
         };
+        if let (Socket::Xdp(x), Some(budget)) = (&mut socket, busy_poll) {
+            x.poll_busily(budget).map_err(failed)?;
+        }
         Ok(LivePort {
             iface: iface.to_owned(),
             index,

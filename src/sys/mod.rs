@@ -380,6 +380,17 @@ pub fn interface_index(name: &str) -> std::io::Result<u32> {
     }
 }
 
+/// Whether interface `name` defers its interrupts while its queues are busy-polled
+/// (`napi_defer_hard_irqs` and `gro_flush_timeout` both nonzero in /sys/class/net/NAME:
+/// Documentation/networking/napi.rst); `None` where the kernel has neither (before 5.11).
+pub fn interrupts_deferred(name: &str) -> Option<bool> {
+    let read = |what: &str| -> Option<u64> {
+        let text = std::fs::read_to_string(format!("/sys/class/net/{name}/{what}")).ok()?;
+        text.trim().parse().ok()
+    };
+    Some(read("napi_defer_hard_irqs")? > 0 && read("gro_flush_timeout")? > 0)
+}
+
 /// Whether interface `name` is up (administratively: IFF_UP, SIOCGIFFLAGS in netdevice(7)),
 /// asked through `fd`, a socket of a family that answers interface requests (not AF_XDP).
 #[cfg(target_os = "linux")]

@@ -246,6 +246,9 @@ pub struct XdpSocket {
     unsent: bool,
     /// XDP_STATISTICS' drops when last read (the kernel's counts only grow).
     drops_seen: u64,
+    /// The kernel processes the queue in this socket's system calls
+    /// ([`XdpSocket::poll_busily`]), so an empty ring calls to have it look.
+    busy_poll: bool,
 }
 
 // SAFETY: the socket owns its mappings; it is used from one thread at a time (`&mut self`
@@ -327,6 +330,7 @@ impl XdpSocket {
                 .collect(),
             unsent: false,
             drops_seen: 0,
+            busy_poll: false,
         };
         for i in 0..RX_FRAMES {
             s.fill.push(u64::from(i) * chunk as u64);
@@ -365,13 +369,38 @@ impl XdpSocket {
         self.fd.as_fd()
     }
 
+    /// Has the kernel run the driver's receive and transmit work for this socket's queue in
+    /// the socket's own system calls, taking up to `budget` frames a call, in preference to
+    /// its interrupts (preferred busy polling, Linux 5.11: Documentation/networking/napi.rst
+    /// "Busy polling"). The caller then polls without sleeping: [`XdpSocket::receive`] on
+    /// an empty ring and [`XdpSocket::flush`] each make the call. Interrupts stay off while
+    /// the calls come, where the interface defers them (`napi_defer_hard_irqs`,
+    /// `gro_flush_timeout`; see [`crate::sys::interrupts_deferred`]).
+    pub fn poll_busily(&mut self, budget: u16) -> io::Result<()> {
+        // How long one call may spin in the driver for frames: the calls never wait
+        // (MSG_DONTWAIT), so this only has to be nonzero for the kernel to poll at all.
+        const SPIN_US: i32 = 20;
+        set_option(&self.fd, libc::SOL_SOCKET, libc::SO_PREFER_BUSY_POLL, &1i32)?;
+        set_option(&self.fd, libc::SOL_SOCKET, libc::SO_BUSY_POLL, &SPIN_US)?;
+        let budget = i32::from(budget);
+        set_option(
+            &self.fd,
+            libc::SOL_SOCKET,
+            libc::SO_BUSY_POLL_BUDGET,
+            &budget,
+        )?;
+        self.busy_poll = true;
+        Ok(())
+    }
+
     /// Lends the next frame received to `f`, then gives its chunk back to the kernel;
     /// `None` when none waits.
     pub fn receive<R>(&mut self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
         if self.rx.ready() == 0 {
             // The kernel stops filling when it ran out of chunks and waits to be told
-            // there are more (the chunks are back; the wakeup was missed).
-            if self.fill.needs_wakeup() {
+            // there are more (the chunks are back; the wakeup was missed). Busy polling,
+            // nothing fills it but these calls.
+            if self.busy_poll || self.fill.needs_wakeup() {
                 self.wake_receive();
             }
             return None;
@@ -446,7 +475,7 @@ impl XdpSocket {
         // The kernel sends at most a few dozen frames a call (then says EAGAIN), and a
         // zero-copy driver needs no call unless it asks.
         for _ in 0..=(TX_FRAMES / 16) {
-            if !self.tx.needs_wakeup() {
+            if !self.busy_poll && !self.tx.needs_wakeup() {
                 break;
             }
             // SAFETY: sendto(2) with no data and no address only wakes the kernel.
