@@ -7,7 +7,7 @@ use common::dpuflow_command;
 use dpuflow::ir::{KvCache, StorageTarget};
 use dpuflow::kvcache::server::KvService;
 use dpuflow::lang;
-use dpuflow::telemetry::metrics::{render, render_kv, Info, ServiceState};
+use dpuflow::telemetry::metrics::{render, render_kv, Info, ServiceState, ThreadTimes};
 use dpuflow::telemetry::{CollectorStats, ExportStats, Snapshot};
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
@@ -53,7 +53,10 @@ fn full_exposition() -> String {
     )
     .expect("kvcache");
     let one_worker = ServiceState {
-        threads: vec![("worker-0".into(), 0.0)],
+        threads: vec![ThreadTimes {
+            name: "worker-0".into(),
+            ..ThreadTimes::default()
+        }],
         process: Some(Default::default()),
         // Over TLS, with basic auth.
         endpoint_tls_failures: Some(0),

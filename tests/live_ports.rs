@@ -1526,19 +1526,27 @@ fn busy_polling_passes_every_frame_and_keeps_its_cores() {
         let dpuflow = lab.start_with(&[], &pipe_path, workers, &["--busy-poll"]);
         lab.udp_crosses_once();
         // A thread asleep between frames takes milliseconds a second; one polling, all it
-        // gets (a share of a core here, where other tests run beside it).
-        let cpu = format!("dpuflow_thread_cpu_seconds_total{{thread=\"{thread}\"}}");
-        let seconds = |m: &str| -> f64 {
-            let line = m.lines().find_map(|l| l.strip_prefix(cpu.as_str()));
+        // gets (a share of a core here, where other tests run beside it), and it says that
+        // it found nothing to do in that time.
+        let seconds = |m: &str, what: &str| -> f64 {
+            let series = format!("dpuflow_thread_{what}_seconds_total{{thread=\"{thread}\"}}");
+            let line = m.lines().find_map(|l| l.strip_prefix(series.as_str()));
             let value = line.and_then(|v| v.trim().parse().ok());
-            value.unwrap_or_else(|| panic!("{driver}: no {cpu}:\n{m}"))
+            value.unwrap_or_else(|| panic!("{driver}: no {series}:\n{m}"))
         };
-        let before = seconds(&lab.metrics());
+        let before = lab.metrics();
         std::thread::sleep(Duration::from_secs(1));
-        let spent = seconds(&lab.metrics()) - before;
+        let after = lab.metrics();
+        let spent = seconds(&after, "cpu") - seconds(&before, "cpu");
+        let idle = seconds(&after, "idle") - seconds(&before, "idle");
         assert!(
             spent > 0.25,
             "{driver}: {thread} took {spent} s of CPU in 1 s idle"
+        );
+        // Idle is counted in wall time, which a thread waiting for a core also spends.
+        assert!(
+            spent - idle < 0.1,
+            "{driver}: {thread} busy {spent} s (idle {idle} s) with no traffic"
         );
         let log = stop(dpuflow);
         assert!(

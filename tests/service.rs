@@ -860,6 +860,7 @@ fn golden_exposition() {
                 && !l.starts_with("dpuflow_pipeline_last_load_timestamp_seconds{")
                 // Listed while the threads run, which the end of the input ends.
                 && !l.contains("dpuflow_thread_cpu_seconds_total")
+                && !l.contains("dpuflow_thread_idle_seconds_total")
                 && !l.starts_with("dpuflow_build_info{")
                 // The process's own memory, CPU time, threads and descriptors.
                 && !l.starts_with("process_")

@@ -66,6 +66,9 @@ pub(super) struct IoEnds {
     pub(super) spares_back: Vec<Sender<Vec<PacketBuf>>>,
     /// The only worker (its number, and its ends), when the I/O thread runs it itself.
     pub(super) inline: Option<(usize, WorkerChannels)>,
+    /// The thread's slot among the dataplane's (see `Shared::beats`): the I/O thread's,
+    /// or that of the worker that reads its own share.
+    pub(super) thread: usize,
 }
 
 /// Where the I/O thread reads packets from.
@@ -111,6 +114,7 @@ pub(super) fn io(
         done,
         spares_back,
         inline,
+        thread,
     } = ends;
     let member = inline.as_ref().map_or(0, |(w, _)| *w);
     let mut inline = inline.map(|(w, ch)| Worker::new(w, shared, ch));
@@ -162,6 +166,10 @@ pub(super) fn io(
     let mut oversize_warning = WarnThrottle::default();
     // This thread's rounds: a batch handed over, a wait, a paced or skipped packet.
     let beat = || shared.beats.beat(shared.workers);
+    let busy = shared.busy_poll.is_some();
+    // Busy polling: since when the ports have had nothing and there was nothing else to
+    // do (counted as idle when that ends).
+    let mut idle_since: Option<Instant> = None;
     while !stop.load(Ordering::Relaxed) && !workers_gone {
         let next = match &mut source {
             Source::Captures(merger) => match merger.next(&mut slot)? {
@@ -182,6 +190,7 @@ pub(super) fn io(
             Read::End => break,
             Read::Idle => {
                 beat();
+                let round = (busy.then(Instant::now), sent, out.returned);
                 let look = ports_checked.elapsed() >= PUBLISH_EVERY;
                 if look {
                     look_at_ports(&mut out, &mut source, shared);
@@ -203,7 +212,6 @@ pub(super) fn io(
                 pump(&mut inline);
                 // Busy polling, what the workers have finished is written and the ports
                 // read again at once: nothing waits.
-                let busy = shared.busy_poll.is_some();
                 while out.returned < sent {
                     let processed = match busy {
                         true => done.try_recv().ok(),
@@ -238,6 +246,22 @@ pub(super) fn io(
                         .wait(wait, said)
                         .map_err(|e| RunError::Thread(e.to_string()))?;
                 }
+                if let (Some(start), sent_before, returned_before) = round {
+                    if (sent_before, returned_before) == (sent, out.returned) {
+                        // Counted as it goes too, with the ports' looks, for scrapes.
+                        let from = *idle_since.get_or_insert(start);
+                        if look {
+                            shared.idled(thread, from, start);
+                            idle_since = Some(start);
+                        }
+                    } else {
+                        // Batches handed over or written: this round was work.
+                        if let Some(from) = idle_since {
+                            shared.idled(thread, from, start);
+                        }
+                        idle_since = Some(Instant::now());
+                    }
+                }
                 continue;
             }
             Read::Oversize(port, len) => {
@@ -257,6 +281,9 @@ pub(super) fn io(
                 continue;
             }
             Read::Packet => {}
+        }
+        if let Some(from) = idle_since.take() {
+            shared.idled(thread, from, Instant::now());
         }
         first.get_or_insert(slot.ts_ns);
         last = slot.ts_ns;

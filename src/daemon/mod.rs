@@ -69,7 +69,7 @@ use crate::telemetry::basic_auth;
 use crate::telemetry::collector::{Collector, Destination};
 use crate::telemetry::flows::{FlowCache, FlowRecord};
 use crate::telemetry::http::{self, Handler};
-use crate::telemetry::metrics::{self, Info, ServiceState};
+use crate::telemetry::metrics::{self, Info, ServiceState, ThreadTimes};
 use crate::telemetry::{CollectorStats, ExportStats, Snapshot};
 use crossbeam_channel::bounded;
 use std::net::{SocketAddr, TcpListener};
@@ -297,6 +297,10 @@ struct Shared {
     /// The dataplane threads' rounds: worker `w`'s in slot `w`, the I/O thread's in the
     /// last (see [`liveness`]).
     beats: Beats,
+    /// Nanoseconds each dataplane thread spent polling with nothing to do, busy polling
+    /// (in [`Shared::beats`]' order: worker `w`'s in slot `w`, the I/O thread's in the
+    /// last); a sleeping thread's waits take no CPU time and are not counted.
+    idle_ns: Vec<AtomicU64>,
     /// The dataplane threads stalled, if any (see [`control::judge`]).
     stalled: Mutex<Option<Stalled>>,
     /// The service manager, when one asked to be told how the service stands.
@@ -321,6 +325,29 @@ struct Reloads {
 }
 
 impl Shared {
+    /// The name of the dataplane thread of slot `slot` (see [`Shared::beats`]).
+    fn thread_name(&self, slot: usize) -> String {
+        match slot {
+            s if s == self.workers => "io".to_owned(),
+            s => format!("worker-{s}"),
+        }
+    }
+
+    /// The slot of the dataplane thread named `name`, inverse of [`Shared::thread_name`].
+    fn thread_slot(&self, name: &str) -> Option<usize> {
+        match name {
+            "io" => Some(self.workers),
+            _ => (name.strip_prefix("worker-")?.parse().ok()).filter(|&w| w < self.workers),
+        }
+    }
+
+    /// Counts the time from `from` to `to` as spent by thread `slot` polling with nothing
+    /// to do.
+    fn idled(&self, slot: usize, from: Instant, to: Instant) {
+        let ns = u64::try_from(to.duration_since(from).as_nanos()).unwrap_or(u64::MAX);
+        self.idle_ns[slot].fetch_add(ns, Ordering::Relaxed);
+    }
+
     /// Reads the TLS files of the metrics endpoint and of the KV-cache services again, and
     /// the metrics endpoint's users (on SIGHUP, whatever becomes of the pipeline's
     /// reload): rotated certificates serve the connections that arrive from now on.
@@ -458,6 +485,16 @@ impl Handler for Shared {
             threads: crate::sys::thread_cpu_seconds()
                 .into_iter()
                 .filter(|(name, _)| dataplane(name))
+                .map(|(name, cpu_seconds)| {
+                    let idle_ns = self
+                        .thread_slot(&name)
+                        .map_or(0, |s| self.idle_ns[s].load(Ordering::Relaxed));
+                    ThreadTimes {
+                        name,
+                        cpu_seconds,
+                        idle_seconds: idle_ns as f64 / 1e9,
+                    }
+                })
                 .collect(),
             process: crate::sys::process_stats(),
             seconds: loaded.seconds,
@@ -934,6 +971,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         kv,
         dataplane_done: AtomicBool::new(false),
         beats: Beats::new(workers + 1),
+        idle_ns: (0..=workers).map(|_| AtomicU64::new(0)).collect(),
         stalled: Mutex::new(None),
         notifier,
         metrics_tls,
@@ -1043,6 +1081,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
                 done: done_rx,
                 spares_back: vec![spare_tx],
                 inline: Some((w, channels)),
+                thread: w,
             };
             let source = Source::Live(readable(&live));
             let ports = StartingPorts {
@@ -1091,6 +1130,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
             done: done_rx,
             spares_back,
             inline,
+            thread: workers,
         };
         let source = match captures {
             Some(merger) => Source::Captures(merger),

@@ -121,15 +121,28 @@ impl<'s> Worker<'s> {
         if self.shared.busy_poll.is_none() {
             return self.ch.rx.recv_timeout(PUBLISH_EVERY);
         }
-        let since = Instant::now();
+        // From the first look that found nothing: the time spun, counted as idle.
+        let mut since = None;
+        let idled = |since: Option<Instant>| {
+            if let Some(from) = since {
+                self.shared.idled(self.id, from, Instant::now());
+            }
+        };
         loop {
             match self.ch.rx.try_recv() {
-                Ok(batch) => return Ok(batch),
-                Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
-                Err(TryRecvError::Empty) if since.elapsed() >= PUBLISH_EVERY => {
-                    return Err(RecvTimeoutError::Timeout)
+                Ok(batch) => {
+                    idled(since);
+                    return Ok(batch);
                 }
-                Err(TryRecvError::Empty) => std::hint::spin_loop(),
+                Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
+                Err(TryRecvError::Empty) => {
+                    let from = *since.get_or_insert_with(Instant::now);
+                    if from.elapsed() >= PUBLISH_EVERY {
+                        idled(since);
+                        return Err(RecvTimeoutError::Timeout);
+                    }
+                    std::hint::spin_loop();
+                }
             }
         }
     }

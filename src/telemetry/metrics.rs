@@ -31,6 +31,16 @@ pub struct Info {
     pub flow_limit: Option<u64>,
 }
 
+/// A thread's CPU time, and the part of it spent polling with nothing to do.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ThreadTimes {
+    pub name: String,
+    pub cpu_seconds: f64,
+    /// Busy polling (`--busy-poll`), the time it found nothing to do; zero for a thread
+    /// that sleeps when it has nothing to do (sleep takes no CPU time).
+    pub idle_seconds: f64,
+}
+
 /// What the service says of itself at scrape time: the running pipeline's load, the
 /// reloads tried since the start, and the CPU time of the threads running it.
 #[derive(Debug, Clone, Default)]
@@ -43,8 +53,8 @@ pub struct ServiceState {
     pub reloads_failed: u64,
     /// The last reload was refused (the pipeline before it still runs).
     pub last_reload_failed: bool,
-    /// The CPU seconds of the service's threads, by name.
-    pub threads: Vec<(String, f64)>,
+    /// The CPU time of the service's threads.
+    pub threads: Vec<ThreadTimes>,
     /// Dataplane threads that have made no progress for the liveness check's limit.
     pub stalled_threads: usize,
     /// Per port: whether it reads or writes anything (a capture bound, or its interface
@@ -469,11 +479,16 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info, state: &ServiceSt
     }
 
     let mut threads = state.threads.clone();
-    threads.sort_by(|a, b| a.0.cmp(&b.0));
+    threads.sort_by(|a, b| a.name.cmp(&b.name));
     fam.counter(
         "dpuflow_thread_cpu_seconds_total",
-        "CPU time of the service's dataplane threads (io, worker-N, ipfix), user and system: the rate of a thread's is how busy it is.",
-        threads.iter().map(|(name, s)| (labels(&[("thread", name)]), *s)),
+        "CPU time of the service's dataplane threads (io, worker-N, ipfix), user and system: the rate of a thread's, less that of its idle time, is how busy it is.",
+        threads.iter().map(|t| (labels(&[("thread", &t.name)]), t.cpu_seconds)),
+    );
+    fam.counter(
+        "dpuflow_thread_idle_seconds_total",
+        "Time a dataplane thread spent polling with nothing to do: with --busy-poll, where it never sleeps; otherwise 0 (its waits take no CPU time).",
+        threads.iter().map(|t| (labels(&[("thread", &t.name)]), t.idle_seconds)),
     );
     fam.gauge(
         "dpuflow_dataplane_stalled_threads",
