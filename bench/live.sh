@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Live ports between two network namespaces: tcpreplay offers 64-byte UDP frames (4096
 # flows) to dpuflow's inside port at each rate; the outside host counts what arrives.
-# Prints, per offered rate, the rate tcpreplay achieved, the share delivered and the CPU
-# time dpuflow spent a frame offered; then the round trip of 200 pings across dpuflow and
+# Prints, per offered rate, the rate tcpreplay achieved, the share delivered, the CPU
+# time dpuflow spent a frame offered and the cores its dataplane threads were busy (their
+# CPU time less idle polling, from its metrics); then the round trip of 200 pings across dpuflow and
 # across a kernel bridge in its place. DRIVER=af_xdp runs the ports on AF_XDP (default
 # af_packet). RELOAD_EVERY=SECONDS sends dpuflow SIGHUP that often while the frames flow
 # (each reloads the pipeline) and adds a column of the reloads done. TRACK=1 runs a
@@ -52,11 +53,18 @@ fi
 loops=50
 offered=$((4096 * loops))
 rx() { ip -n $s -s link show s0 | awk '/RX:/ {getline; print $2}'; }
+# The dataplane threads' CPU seconds less their idle polling (--busy-poll), summed, so far.
+busy() {
+    ip netns exec $d curl -s 127.0.0.1:9464/metrics | awk '
+        /^dpuflow_thread_cpu_seconds_total\{thread="(io|worker-[0-9]+)"\}/ {b += $2}
+        /^dpuflow_thread_idle_seconds_total\{thread="(io|worker-[0-9]+)"\}/ {b -= $2}
+        END {printf "%.3f", b}'
+}
 # CPU time (user and system, in clock ticks) of process $1 so far.
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 tick_us=$((1000000 / $(getconf CLK_TCK)))
-printf '%-14s %-16s %-10s %-13s %s\n' "offered (pps)" "achieved (pps)" "delivered" "CPU µs/frame" \
-    "${RELOAD_EVERY:+reloads}"
+printf '%-14s %-16s %-10s %-13s %-13s %s\n' "offered (pps)" "achieved (pps)" "delivered" "CPU µs/frame" \
+    "busy (cores)" "${RELOAD_EVERY:+reloads}"
 for pps in "${rates[@]}"; do
     # shellcheck disable=SC2086 # FLAGS are words
     ip netns exec $d "$bin" run "$tmp/bridge.pipe" --workers "$workers" --metrics 127.0.0.1:9464 \
@@ -65,6 +73,8 @@ for pps in "${rates[@]}"; do
     before=$(rx)
     pid=$(cat "$tmp/pid")
     cpu_before=$(cpu "$pid")
+    busy_before=$(busy)
+    started=$(date +%s.%N)
     if [ -n "${RELOAD_EVERY:-}" ]; then
         (while sleep "$RELOAD_EVERY"; do kill -HUP "$pid" 2>/dev/null || break; done) &
         hupper=$!
@@ -72,13 +82,14 @@ for pps in "${rates[@]}"; do
     achieved=$(ip netns exec $c tcpreplay -i c0 --pps "$pps" --loop $loops "$tmp/udp64.pcap" 2>&1 |
         sed -n 's/.* \([0-9.]*\) pps.*/\1/p')
     cpu_after=$(cpu "$pid")
+    busy_cores=$(echo "scale=2; ($(busy) - $busy_before) / ($(date +%s.%N) - $started)" | bc)
     [ -z "${hupper:-}" ] || kill "$hupper"
     sleep 0.5
     after=$(rx)
     kill "$(cat "$tmp/pid")"; wait "$(cat "$tmp/pid")" 2>/dev/null || true
     [ -z "${LIVE_LOG:-}" ] || tail -3 "$tmp/log" >&2
-    printf '%-14s %-16s %-10s %-13s %s\n' "$pps" "$achieved" "$(echo "scale=4; ($after - $before) / $offered" | bc)" \
-        "$(echo "scale=2; ($cpu_after - $cpu_before) * $tick_us / $offered" | bc)" \
+    printf '%-14s %-16s %-10s %-13s %-13s %s\n' "$pps" "$achieved" "$(echo "scale=4; ($after - $before) / $offered" | bc)" \
+        "$(echo "scale=2; ($cpu_after - $cpu_before) * $tick_us / $offered" | bc)" "$busy_cores" \
         "${RELOAD_EVERY:+$(grep -c 'pipeline reloaded' "$tmp/log" || true)}"
 done
 ip -n $c addr add 10.9.0.1/24 dev c0

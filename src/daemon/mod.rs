@@ -324,21 +324,33 @@ struct Reloads {
     longest_swap_ns: AtomicU64,
 }
 
+/// The name of the dataplane thread of slot `slot` among `workers` workers: the workers'
+/// slots first, the I/O thread's last.
+fn thread_name(workers: usize, slot: usize) -> String {
+    match slot {
+        s if s == workers => "io".to_owned(),
+        s => format!("worker-{s}"),
+    }
+}
+
+/// The slot of the dataplane thread named `name` among `workers` workers, inverse of
+/// [`thread_name`].
+fn thread_slot(workers: usize, name: &str) -> Option<usize> {
+    match name {
+        "io" => Some(workers),
+        _ => (name.strip_prefix("worker-")?.parse().ok()).filter(|&w| w < workers),
+    }
+}
+
 impl Shared {
     /// The name of the dataplane thread of slot `slot` (see [`Shared::beats`]).
     fn thread_name(&self, slot: usize) -> String {
-        match slot {
-            s if s == self.workers => "io".to_owned(),
-            s => format!("worker-{s}"),
-        }
+        thread_name(self.workers, slot)
     }
 
     /// The slot of the dataplane thread named `name`, inverse of [`Shared::thread_name`].
     fn thread_slot(&self, name: &str) -> Option<usize> {
-        match name {
-            "io" => Some(self.workers),
-            _ => (name.strip_prefix("worker-")?.parse().ok()).filter(|&w| w < self.workers),
-        }
+        thread_slot(self.workers, name)
     }
 
     /// Counts the time from `from` to `to` as spent by thread `slot` polling with nothing
@@ -1293,6 +1305,19 @@ fn live_clock_to_wall() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Slots and names of the dataplane's threads go both ways; other threads have none.
+    #[test]
+    fn dataplane_threads_are_named_by_slot() {
+        for slot in 0..=3 {
+            assert_eq!(thread_slot(3, &thread_name(3, slot)), Some(slot));
+        }
+        assert_eq!(thread_name(3, 3), "io");
+        assert_eq!(thread_name(3, 1), "worker-1");
+        for other in ["worker-3", "worker-", "ipfix", "control", "worker-x"] {
+            assert_eq!(thread_slot(3, other), None, "{other}");
+        }
+    }
 
     /// A thread of the service that panics stops it, as failed; one that returns does not.
     #[test]

@@ -487,7 +487,7 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info, state: &ServiceSt
     );
     fam.counter(
         "dpuflow_thread_idle_seconds_total",
-        "Time a dataplane thread spent polling with nothing to do: with --busy-poll, where it never sleeps; otherwise 0 (its waits take no CPU time).",
+        "Wall time a dataplane thread spent polling with nothing to do: with --busy-poll, where it never sleeps; otherwise 0 (its waits take no CPU time).",
         threads.iter().map(|t| (labels(&[("thread", &t.name)]), t.idle_seconds)),
     );
     fam.gauge(
