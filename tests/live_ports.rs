@@ -1549,10 +1549,12 @@ fn busy_polling_passes_every_frame_and_keeps_its_cores() {
             "{driver}: {thread} busy {spent} s (idle {idle} s) with no traffic"
         );
         let log = stop(dpuflow);
-        assert!(
-            log.contains("busy polling: the dataplane's threads poll without sleeping"),
-            "{driver}: {log}"
-        );
+        // Two workers on a machine of two CPUs leave none to the rest.
+        let said = [
+            "busy polling: the dataplane's threads poll without sleeping",
+            "busy polling on every CPU",
+        ];
+        assert!(said.iter().any(|s| log.contains(s)), "{driver}: {log}");
         let hint = "busy polling: the interface does not defer its interrupts";
         assert_eq!(log.contains(hint), driver == "af_xdp", "{driver}: {log}");
     }

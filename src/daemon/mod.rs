@@ -603,9 +603,14 @@ fn say_busy_polling(opts: &Options, live: &[Option<LivePort>], workers: usize, s
         (false, 1) => 1,
         (false, n) => n + 1,
     };
-    let cpus = match &opts.cpus {
-        Some(list) => list.len(),
-        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    // With --cpus the other threads have CPUs of their own; without, they and the
+    // kernel's packet work share the dataplane's.
+    let (cpus, crowded) = match &opts.cpus {
+        Some(list) => (list.len(), threads > list.len()),
+        None => {
+            let all = std::thread::available_parallelism().map_or(1, |n| n.get());
+            (all, threads >= all)
+        }
     };
     if threads > cpus {
         tracing::warn!(
@@ -613,6 +618,13 @@ fn say_busy_polling(opts: &Options, live: &[Option<LivePort>], workers: usize, s
             cpus,
             "busy polling with more dataplane threads than CPUs: they take turns on the \
              cores, each holding one while it has nothing to do (fewer --workers)"
+        );
+    } else if crowded {
+        tracing::warn!(
+            threads,
+            cpus,
+            "busy polling on every CPU: the kernel's packet work and the service's other \
+             threads have none to themselves (fewer --workers, or --cpus)"
         );
     } else {
         tracing::info!(
