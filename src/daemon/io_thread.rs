@@ -93,6 +93,45 @@ pub(super) enum Read {
     End,
 }
 
+/// A busy-polling thread's idle time (see `Shared::idle_ns`): from the end of the last
+/// round that did work until work comes, counted in then and, while none comes, at each
+/// look at the ports (so that scrapes see it grow).
+struct Idling<'s> {
+    shared: &'s Shared,
+    slot: usize,
+    since: Option<Instant>,
+}
+
+impl Idling<'_> {
+    /// A round in which the ports had nothing, begun at `start`, is over: `worked` if it
+    /// handed batches over or wrote them (then it was not idle), `look` if the ports were
+    /// looked at in it.
+    fn round(&mut self, start: Instant, worked: bool, look: bool) {
+        if worked {
+            self.end(start);
+            self.since = Some(Instant::now());
+        } else if look {
+            self.end(start);
+            self.since = Some(start);
+        } else {
+            self.since.get_or_insert(start);
+        }
+    }
+
+    /// A frame came: the idling before it, if any, is counted.
+    fn work_came(&mut self) {
+        if self.since.is_some() {
+            self.end(Instant::now());
+        }
+    }
+
+    fn end(&mut self, at: Instant) {
+        if let Some(from) = self.since.take() {
+            self.shared.idled(self.slot, from, at);
+        }
+    }
+}
+
 /// How long the I/O thread waits for live ports at a time (it checks for a stop in
 /// between).
 const IDLE_WAIT: Duration = Duration::from_millis(10);
@@ -167,9 +206,11 @@ pub(super) fn io(
     // This thread's rounds: a batch handed over, a wait, a paced or skipped packet.
     let beat = || shared.beats.beat(shared.workers);
     let busy = shared.busy_poll.is_some();
-    // Busy polling: since when the ports have had nothing and there was nothing else to
-    // do (counted as idle when that ends).
-    let mut idle_since: Option<Instant> = None;
+    let mut idling = Idling {
+        shared,
+        slot: thread,
+        since: None,
+    };
     while !stop.load(Ordering::Relaxed) && !workers_gone {
         let next = match &mut source {
             Source::Captures(merger) => match merger.next(&mut slot)? {
@@ -247,20 +288,8 @@ pub(super) fn io(
                         .map_err(|e| RunError::Thread(e.to_string()))?;
                 }
                 if let (Some(start), sent_before, returned_before) = round {
-                    if (sent_before, returned_before) == (sent, out.returned) {
-                        // Counted as it goes too, with the ports' looks, for scrapes.
-                        let from = *idle_since.get_or_insert(start);
-                        if look {
-                            shared.idled(thread, from, start);
-                            idle_since = Some(start);
-                        }
-                    } else {
-                        // Batches handed over or written: this round was work.
-                        if let Some(from) = idle_since {
-                            shared.idled(thread, from, start);
-                        }
-                        idle_since = Some(Instant::now());
-                    }
+                    let worked = (sent_before, returned_before) != (sent, out.returned);
+                    idling.round(start, worked, look);
                 }
                 continue;
             }
@@ -282,9 +311,7 @@ pub(super) fn io(
             }
             Read::Packet => {}
         }
-        if let Some(from) = idle_since.take() {
-            shared.idled(thread, from, Instant::now());
-        }
+        idling.work_came();
         first.get_or_insert(slot.ts_ns);
         last = slot.ts_ns;
         slot.ts_ns += offset;
