@@ -300,7 +300,7 @@ struct Shared {
     /// Nanoseconds each dataplane thread spent polling with nothing to do, busy polling
     /// (in [`Shared::beats`]' order: worker `w`'s in slot `w`, the I/O thread's in the
     /// last); a sleeping thread's waits take no CPU time and are not counted.
-    idle_ns: Vec<AtomicU64>,
+    idle_ns: Box<[IdleNs]>,
     /// The dataplane threads stalled, if any (see [`control::judge`]).
     stalled: Mutex<Option<Stalled>>,
     /// The service manager, when one asked to be told how the service stands.
@@ -323,6 +323,12 @@ struct Reloads {
     /// The longest a worker spent taking the last reload (its pause between two batches).
     longest_swap_ns: AtomicU64,
 }
+
+/// A dataplane thread's idle nanoseconds, on a line of its own: the threads write theirs
+/// as they come back to work, and would otherwise take each other's line away.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct IdleNs(AtomicU64);
 
 /// The name of the dataplane thread of slot `slot` among `workers` workers: the workers'
 /// slots first, the I/O thread's last.
@@ -354,10 +360,14 @@ impl Shared {
     }
 
     /// Counts the time from `from` to `to` as spent by thread `slot` polling with nothing
-    /// to do.
+    /// to do. Each slot has one writer, its thread: a plain load and store.
     fn idled(&self, slot: usize, from: Instant, to: Instant) {
         let ns = u64::try_from(to.duration_since(from).as_nanos()).unwrap_or(u64::MAX);
-        self.idle_ns[slot].fetch_add(ns, Ordering::Relaxed);
+        let idle = &self.idle_ns[slot].0;
+        idle.store(
+            idle.load(Ordering::Relaxed).saturating_add(ns),
+            Ordering::Relaxed,
+        );
     }
 
     /// Reads the TLS files of the metrics endpoint and of the KV-cache services again, and
@@ -500,7 +510,7 @@ impl Handler for Shared {
                 .map(|(name, cpu_seconds)| {
                     let idle_ns = self
                         .thread_slot(&name)
-                        .map_or(0, |s| self.idle_ns[s].load(Ordering::Relaxed));
+                        .map_or(0, |s| self.idle_ns[s].0.load(Ordering::Relaxed));
                     ThreadTimes {
                         name,
                         cpu_seconds,
@@ -995,7 +1005,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         kv,
         dataplane_done: AtomicBool::new(false),
         beats: Beats::new(workers + 1),
-        idle_ns: (0..=workers).map(|_| AtomicU64::new(0)).collect(),
+        idle_ns: (0..=workers).map(|_| IdleNs::default()).collect(),
         stalled: Mutex::new(None),
         notifier,
         metrics_tls,
