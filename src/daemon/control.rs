@@ -195,7 +195,7 @@ pub(super) fn judge(shared: &Shared, liveness: &mut Liveness) {
         liveness.restart(now);
         Vec::new()
     };
-    let name = |slot| shared.thread_name(slot);
+    let name = |slot| super::thread_name(shared.workers, slot);
     let said = (!stalled.is_empty()).then(|| {
         let threads: Vec<_> = stalled.iter().map(|&(slot, _)| name(slot)).collect();
         let detail: Vec<_> = stalled

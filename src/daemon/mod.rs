@@ -332,7 +332,7 @@ struct IdleNs(AtomicU64);
 
 /// The name of the dataplane thread of slot `slot` among `workers` workers: the workers'
 /// slots first, the I/O thread's last.
-fn thread_name(workers: usize, slot: usize) -> String {
+pub(super) fn thread_name(workers: usize, slot: usize) -> String {
     match slot {
         s if s == workers => "io".to_owned(),
         s => format!("worker-{s}"),
@@ -349,16 +349,6 @@ fn thread_slot(workers: usize, name: &str) -> Option<usize> {
 }
 
 impl Shared {
-    /// The name of the dataplane thread of slot `slot` (see [`Shared::beats`]).
-    fn thread_name(&self, slot: usize) -> String {
-        thread_name(self.workers, slot)
-    }
-
-    /// The slot of the dataplane thread named `name`, inverse of [`Shared::thread_name`].
-    fn thread_slot(&self, name: &str) -> Option<usize> {
-        thread_slot(self.workers, name)
-    }
-
     /// Counts the time from `from` to `to` as spent by thread `slot` polling with nothing
     /// to do. Each slot has one writer, its thread: a plain load and store.
     fn idled(&self, slot: usize, from: Instant, to: Instant) {
@@ -502,14 +492,13 @@ impl Handler for Shared {
         });
         // The dataplane's threads (named when spawned): the service's own KV clients'
         // threads come and go, and the main thread only serves scrapes.
-        let dataplane = |name: &str| name == "io" || name == "ipfix" || name.starts_with("worker-");
+        let dataplane = |name: &str| name == "ipfix" || thread_slot(self.workers, name).is_some();
         let state = ServiceState {
             threads: crate::sys::thread_cpu_seconds()
                 .into_iter()
                 .filter(|(name, _)| dataplane(name))
                 .map(|(name, cpu_seconds)| {
-                    let idle_ns = self
-                        .thread_slot(&name)
+                    let idle_ns = thread_slot(self.workers, &name)
                         .map_or(0, |s| self.idle_ns[s].0.load(Ordering::Relaxed));
                     ThreadTimes {
                         name,
@@ -613,15 +602,13 @@ fn say_busy_polling(opts: &Options, live: &[Option<LivePort>], workers: usize, s
         (false, 1) => 1,
         (false, n) => n + 1,
     };
+    let cpus = match &opts.cpus {
+        Some(list) => list.len(),
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
     // With --cpus the other threads have CPUs of their own; without, they and the
     // kernel's packet work share the dataplane's.
-    let (cpus, crowded) = match &opts.cpus {
-        Some(list) => (list.len(), threads > list.len()),
-        None => {
-            let all = std::thread::available_parallelism().map_or(1, |n| n.get());
-            (all, threads >= all)
-        }
-    };
+    let crowded = opts.cpus.is_none() && threads >= cpus;
     if threads > cpus {
         tracing::warn!(
             threads,
