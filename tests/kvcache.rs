@@ -1206,6 +1206,42 @@ fn a_local_file_target_is_created_and_filled() {
     assert_eq!(kv.terminate(), 0);
 }
 
+/// A service stopped and continued (SIGSTOP and SIGCONT, as a debugger or a frozen cgroup
+/// does) keeps its clients: Linux ends a read waiting with a timeout with EINTR when its
+/// process resumes (signal(7)), which is no reason to drop a KV-cache connection or a
+/// scrape under way.
+#[test]
+fn a_service_stopped_and_continued_keeps_its_clients() {
+    use std::io::Read;
+    let dir = Scratch::new("kv-stopped");
+    let kv = KvService::start(&dir, &format!("file://{}", dir.path("blocks.img")), "4MiB");
+    let mut host = Resp::connect(kv.port);
+    assert_eq!(host.call(&["SET", "k", "v"]).trim(), "+OK");
+    let mut scrape = TcpStream::connect(kv.metrics).expect("connect");
+    scrape
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    scrape
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        .expect("half a request");
+    // The service's threads are waiting in their reads when it stops.
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = kv.child.0.id().to_string();
+    tool_ok("kill", &["-STOP", &pid]);
+    std::thread::sleep(Duration::from_millis(300));
+    tool_ok("kill", &["-CONT", &pid]);
+    std::thread::sleep(Duration::from_millis(300));
+
+    scrape
+        .write_all(b"Connection: close\r\n\r\n")
+        .expect("the rest of the request");
+    let mut answer = String::new();
+    scrape.read_to_string(&mut answer).expect("the answer");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_eq!(host.call(&["GET", "k"]), "$1\r\nv\r\n");
+    assert_eq!(kv.terminate(), 0);
+}
+
 /// After many clients have come and gone with large values, the memory their buffers took
 /// goes back to the system: the service does not keep the high-water mark of its busiest
 /// moment (an allocator keeping each client thread's freed blocks did: 175 MiB here).

@@ -259,7 +259,7 @@ fn collector_given_by_name_receives_the_export() {
     let named = format!("localhost:{}", collector.local_addr().expect("addr").port());
     let svc = Service::gateway(&dir, &["--workers", "1", "--ipfix", &named]);
     let mut message = [0u8; 2048];
-    let n = collector.recv(&mut message).expect("an IPFIX message");
+    let n = uninterrupted(|| collector.recv(&mut message)).expect("an IPFIX message");
     // RFC 7011 §3.1: version 10, then the message's length.
     assert!(n >= 16, "{n} bytes");
     assert_eq!(message[..2], [0, 10]);
@@ -286,12 +286,12 @@ fn ipfix_messages_fit_the_path_mtu() {
             .set_read_timeout(Some(Duration::from_secs(20)))
             .expect("timeout");
         let mut buf = [0u8; 65536];
-        let mut sizes = vec![collector.recv(&mut buf).expect("a message")];
+        let mut sizes = vec![uninterrupted(|| collector.recv(&mut buf)).expect("a message")];
         assert_eq!(svc.terminate(), 0);
         collector
             .set_read_timeout(Some(Duration::from_millis(500)))
             .expect("timeout");
-        while let Ok(n) = collector.recv(&mut buf) {
+        while let Ok(n) = uninterrupted(|| collector.recv(&mut buf)) {
             sizes.push(n);
         }
         let largest = sizes.iter().max().copied().unwrap_or(0);

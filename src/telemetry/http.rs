@@ -330,8 +330,15 @@ impl Timed {
 
 impl Read for Timed {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.stream.set_read_timeout(Some(self.left()?))?;
-        self.stream.read(buf)
+        loop {
+            self.stream.set_read_timeout(Some(self.left()?))?;
+            match self.stream.read(buf) {
+                // A read with a timeout ends so when the process is stopped and continued
+                // (signal(7)); the deadline still holds.
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                r => return r,
+            }
+        }
     }
 }
 

@@ -349,6 +349,17 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// `read` until it ends other than with EINTR, which a read with a timeout ends with when
+/// the test's process is stopped and continued (signal(7)), as a machine's manager may do.
+pub fn uninterrupted<T>(mut read: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
+    loop {
+        match read() {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            r => return r,
+        }
+    }
+}
+
 /// Stops a child process when dropped, so a failing test leaves nothing running.
 pub struct Running(pub std::process::Child);
 
@@ -375,10 +386,7 @@ impl Manager {
     /// The next datagram, within ten seconds.
     pub fn next(&self) -> String {
         let mut buf = [0; 4096];
-        let n = self
-            .0
-            .recv(&mut buf)
-            .expect("a notification within ten seconds");
+        let n = uninterrupted(|| self.0.recv(&mut buf)).expect("a notification within ten seconds");
         String::from_utf8_lossy(&buf[..n]).into_owned()
     }
 

@@ -661,6 +661,9 @@ impl KvService {
                 Ok(0) if closed || filled == head => return Ok(()),
                 Ok(0) => closed = true,
                 Ok(n) => filled += n,
+                // What a read with a timeout says when the service is stopped and
+                // continued (signal(7)): nothing happened to the client.
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e)
                     if matches!(
                         e.kind(),
