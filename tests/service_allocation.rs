@@ -8,6 +8,7 @@
 //! Its own test binary: the count is of the whole process, and the service stops on the
 //! SIGTERM the test sends the process.
 
+mod common;
 mod counting;
 
 use dpuflow::daemon::{self, Options};
@@ -47,6 +48,13 @@ fn capture(program: &Program, port: PortId, flows: u32, path: &Path) {
     w.finish().expect("capture written");
 }
 
+/// Loops of the capture to see before watching: the service's start (which allocates
+/// ~1,400 times, and on a loaded machine can take seconds: its tables are written whole)
+/// is over by then.
+const LOOPS_FIRST: u64 = 3;
+/// Flows in the capture, a packet each.
+const FLOWS: u32 = 4096;
+/// Then a while longer, for the once-a-second work to have run once.
 const WARM: Duration = Duration::from_millis(1500);
 const WATCHED: Duration = Duration::from_secs(2);
 /// Allocations allowed in [`WATCHED`]: the exporter's hand-offs (see the file's comment),
@@ -67,11 +75,14 @@ fn a_looping_service_exporting_flows_allocates_nothing_per_packet() {
     let dir = std::env::temp_dir().join(format!("dpuflow-service-alloc-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("scratch directory");
     let input: PathBuf = dir.join("host.pcap");
-    capture(&program, port, 4096, &input);
+    capture(&program, port, FLOWS, &input);
     // The export goes to a socket nobody reads: its sends succeed until its buffer fills,
     // then fail, counted, as with a collector that has gone.
     let sink = std::net::UdpSocket::bind("127.0.0.1:0").expect("sink");
     let collector = sink.local_addr().expect("sink address");
+    let metrics: std::net::SocketAddr = format!("127.0.0.1:{}", common::free_port())
+        .parse()
+        .expect("address");
     let opts = Options {
         pipeline: daemon::PipelineFile {
             path: PathBuf::from(path),
@@ -81,7 +92,7 @@ fn a_looping_service_exporting_flows_allocates_nothing_per_packet() {
             inputs: vec![(port, input)],
             outputs: vec![],
         },
-        metrics: None,
+        metrics: Some(metrics),
         ipfix: vec![dpuflow::telemetry::collector::Destination {
             address: collector,
             name: None,
@@ -95,6 +106,19 @@ fn a_looping_service_exporting_flows_allocates_nothing_per_packet() {
         busy_poll: false,
     };
     let service = std::thread::spawn(move || daemon::run(program, 0.0, opts));
+    let received = "dpuflow_port_received_packets_total{port=\"host\"}";
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while common::get(metrics, "/metrics")
+        .and_then(|(_, body)| common::metric(&body, received))
+        .is_none_or(|n| n < LOOPS_FIRST * u64::from(FLOWS))
+    {
+        assert!(!service.is_finished(), "the service stopped early");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the service looped its capture fewer than {LOOPS_FIRST} times in a minute"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     std::thread::sleep(WARM);
     assert!(!service.is_finished(), "the service stopped early");
     COUNTING.store(true, Relaxed);
