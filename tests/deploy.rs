@@ -46,6 +46,7 @@ fn full_exposition() -> String {
             nvme_digests: Default::default(),
             page_cache: None,
             discard: false,
+            io_timeout: std::time::Duration::from_secs(30),
             password_file: None,
             tls: None,
         },

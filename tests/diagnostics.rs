@@ -68,6 +68,11 @@ fn every_semantic_check_has_a_bad_file() {
             "error: `page_cache` is on or off, not `sometimes`",
         ),
         ("bad-blocks", "error: `discard` is on or off, not `always`"),
+        ("bad-blocks", "error: `io_timeout` is at least 100ms, not 10ms"),
+        (
+            "bad-blocks",
+            "error: `io_timeout` applies to nvme-tcp:// and nbd:// targets only",
+        ),
         (
             "bad-blocks",
             "error: target `nvme-tcp://192.0.2.20:4420/nqn.2026-11.io.example:kv0` is given twice",

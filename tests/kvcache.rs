@@ -498,6 +498,58 @@ fn hosts_put_and_get_blocks_stored_on_an_nbd_target() {
     assert_eq!(kv.terminate(), 0);
 }
 
+/// A target that stops (qemu-nbd stopped with SIGSTOP: connected, silent, reading
+/// nothing) fails requests once `io_timeout` has passed, a read waiting for its answer and
+/// a large write waiting for the target to take its bytes (which fill the sockets'
+/// buffers) alike, each with an error naming the timeout; once the target goes on, so do
+/// the requests.
+#[test]
+fn a_target_that_stops_answering_fails_requests_after_the_io_timeout() {
+    let dir = Scratch::new("kv-io-timeout");
+    let image = image(&dir, 64);
+    let nbd_port = free_port();
+    let nbd = nbd_server(&image, nbd_port);
+    let target = format!("nbd://127.0.0.1:{nbd_port}/kv");
+    let kv = KvService::start_with(&dir, &target, "48MiB", "io_timeout 1s  connections 1");
+    let mut host = Resp::connect(kv.port);
+    host.stream
+        .get_ref()
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    let small = "s".repeat(4096);
+    assert_eq!(host.call(&["SET", "small", &small]).trim(), "+OK");
+    let large = "l".repeat(32 << 20);
+
+    let pid = nbd.0.id().to_string();
+    for (what, words) in [
+        ("a read", vec!["GET", "small"]),
+        ("a large write", vec!["SET", "large", &large]),
+    ] {
+        tool_ok("kill", &["-STOP", &pid]);
+        let asked = Instant::now();
+        let reply = host.call(&words);
+        let waited = asked.elapsed();
+        assert!(
+            reply.starts_with("-ERR storage") && reply.contains("longer than 1s (io_timeout)"),
+            "{what}: {reply}"
+        );
+        // The timeout on the connection, then again on a fresh one (whose NBD handshake
+        // waits 5 s): well short of the default 30 s.
+        assert!(waited < Duration::from_secs(20), "{what}: {waited:?}");
+        tool_ok("kill", &["-CONT", &pid]);
+        assert_eq!(
+            host.call(&["GET", "small"]),
+            format!("$4096\r\n{small}\r\n")
+        );
+    }
+    assert_eq!(host.call(&["SET", "large", &large]).trim(), "+OK");
+    assert_eq!(
+        kv.metric("dpuflow_kvcache_storage_errors_total{service=\"kvcache\"}"),
+        2
+    );
+    assert_eq!(kv.terminate(), 0);
+}
+
 /// A store striped over two NBD exports, each smaller than the store: a value's stripes
 /// alternate between them as the layout says, the hosts' values fill more than either
 /// holds, and a clean restart finds them over both.

@@ -41,6 +41,7 @@ fn service() -> SocketAddr {
                 nvme_digests: NvmeDigests::default(),
                 page_cache: None,
                 discard: true,
+                io_timeout: Duration::from_secs(30),
                 password_file: None,
                 tls: None,
             };

@@ -931,6 +931,9 @@ pub struct KvCache {
     /// Whether the target is told of blocks freed (`discard`): TRIM, NBD trim or NVMe
     /// deallocation, before the blocks are used again.
     pub discard: bool,
+    /// How long a network target may keep a request waiting, for its answer or to take
+    /// what is sent, before the request fails (`io_timeout`).
+    pub io_timeout: Duration,
     /// The file holding the password clients must give (`AUTH`), if any; read when the
     /// service starts.
     pub password_file: Option<PathBuf>,

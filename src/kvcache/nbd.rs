@@ -253,8 +253,14 @@ fn handshake(s: &mut (impl Read + Write), export: &str) -> Result<Export, NbdErr
 }
 
 impl NbdClient {
-    pub fn connect(addr: SocketAddr, export: &str) -> Result<NbdClient, NbdError> {
-        NbdClient::connect_waiting(addr, export, HANDSHAKE_WAIT)
+    /// Connects to `export` at `addr`; a request that waits longer than `io_timeout` for
+    /// the server to answer it, or to take what is sent, fails.
+    pub fn connect(
+        addr: SocketAddr,
+        export: &str,
+        io_timeout: Duration,
+    ) -> Result<NbdClient, NbdError> {
+        NbdClient::connect_waiting(addr, export, HANDSHAKE_WAIT, io_timeout)
     }
 
     /// [`NbdClient::connect`], the handshake given `wait`.
@@ -262,10 +268,12 @@ impl NbdClient {
         addr: SocketAddr,
         export: &str,
         wait: Duration,
+        io_timeout: Duration,
     ) -> Result<NbdClient, NbdError> {
         let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(wait))?;
+        stream.set_write_timeout(Some(wait))?;
         let export = handshake(&mut stream, export).map_err(|e| match e {
             NbdError::Io(e)
                 if matches!(
@@ -277,8 +285,10 @@ impl NbdClient {
             }
             e => e,
         })?;
-        // A target that stops answering fails the request instead of hanging it forever.
-        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        // A target that stops answering, or taking what is sent, fails the request instead
+        // of hanging it forever.
+        stream.set_read_timeout(Some(io_timeout))?;
+        stream.set_write_timeout(Some(io_timeout))?;
         Ok(NbdClient {
             stream,
             export,
@@ -516,7 +526,7 @@ mod tests {
         let held = std::thread::spawn(move || listener.accept().map(|(c, _)| c));
         let wait = Duration::from_millis(200);
         let started = std::time::Instant::now();
-        let Err(e) = NbdClient::connect_waiting(addr, "kv", wait) else {
+        let Err(e) = NbdClient::connect_waiting(addr, "kv", wait, wait) else {
             panic!("a handshake with a server that said nothing");
         };
         assert!(matches!(e, NbdError::Silent(w) if w == wait), "{e}");

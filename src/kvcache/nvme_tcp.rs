@@ -79,7 +79,6 @@ const MAX_TRANSFER: usize = 1 << 20;
 /// Most commands in flight on the I/O queue: a value's pieces travel together, so a
 /// request waits about one round trip to the target rather than one a piece.
 const MAX_IN_FLIGHT: usize = 32;
-const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A 64-byte submission queue entry, built field by field.
 #[derive(Clone, Copy)]
@@ -194,11 +193,13 @@ struct Queue<S = TcpStream> {
 }
 
 impl Queue {
-    /// Connects and exchanges ICReq/ICResp, asking for `digests`.
-    fn open(addr: SocketAddr, digests: NvmeDigests) -> io::Result<Queue> {
+    /// Connects and exchanges ICReq/ICResp, asking for `digests`. A read or write that
+    /// waits longer than `io_timeout` for the controller fails.
+    fn open(addr: SocketAddr, digests: NvmeDigests, io_timeout: Duration) -> io::Result<Queue> {
         let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
         stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(TIMEOUT))?;
+        stream.set_read_timeout(Some(io_timeout))?;
+        stream.set_write_timeout(Some(io_timeout))?;
         Queue::start(stream, digests)
     }
 }
@@ -580,10 +581,16 @@ pub struct NvmeTcpClient {
 
 impl NvmeTcpClient {
     /// Connects to subsystem `nqn` at `addr`: admin queue, controller enabled, namespace 1
-    /// identified, one I/O queue.
-    pub fn connect(addr: SocketAddr, nqn: &str, digests: NvmeDigests) -> io::Result<NvmeTcpClient> {
+    /// identified, one I/O queue; a command that waits longer than `io_timeout` for the
+    /// controller fails.
+    pub fn connect(
+        addr: SocketAddr,
+        nqn: &str,
+        digests: NvmeDigests,
+        io_timeout: Duration,
+    ) -> io::Result<NvmeTcpClient> {
         let host = Host::get();
-        let mut admin = Queue::open(addr, digests)?;
+        let mut admin = Queue::open(addr, digests, io_timeout)?;
         let cntlid = admin.connect(host, nqn, 0, 32, 0xffff)?;
         let cap = admin.property_get(PROP_CAP, true)?;
         let entries = (cap & 0xffff) + 1;
@@ -640,7 +647,7 @@ impl NvmeTcpClient {
                 .cdw(11, 0),
             Data::None,
         )?;
-        let mut io = Queue::open(addr, digests)?;
+        let mut io = Queue::open(addr, digests, io_timeout)?;
         let depth = entries.min(128) as u16;
         io.connect(host, nqn, 1, depth, cntlid)?;
         Ok(NvmeTcpClient {

@@ -13,6 +13,7 @@ use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::Duration;
 
 /// One connection to a storage target.
 pub trait BlockTarget: Send + std::fmt::Debug {
@@ -162,25 +163,46 @@ impl Failures {
     }
 }
 
+/// What a service's block says about each connection to a target.
+#[derive(Debug, Clone, Copy)]
+pub struct Reach {
+    /// NVMe/TCP digests (`nvme_digest`).
+    pub digests: NvmeDigests,
+    /// A local target through the page cache or not (`page_cache`; `None`: as its kind
+    /// has it, [`LocalTarget::open`]).
+    pub page_cache: Option<bool>,
+    /// How long a network target may keep a request waiting (`io_timeout`).
+    pub io_timeout: Duration,
+}
+
+impl Reach {
+    pub fn of(config: &KvCache) -> Reach {
+        Reach {
+            digests: config.nvme_digests,
+            page_cache: config.page_cache,
+            io_timeout: config.io_timeout,
+        }
+    }
+}
+
 /// One connection to each of a service's targets, striped when there are several
 /// ([`Striped`]), whose targets count their failures in `failures`.
 pub fn connect_store(
     config: &KvCache,
     failures: &Arc<Failures>,
 ) -> Result<Box<dyn BlockTarget>, TargetError> {
-    let (digests, page_cache) = (config.nvme_digests, config.page_cache);
+    let reach = Reach::of(config);
     match config.targets.as_slice() {
-        [one] => connect(one, config.capacity, digests, page_cache),
+        [one] => connect(one, config.capacity, reach),
         many => {
             let each = share(config.capacity, config.stripe, many.len());
             let members = many
                 .iter()
                 .map(|t| {
-                    let first = connect(t, each, digests, page_cache)?;
+                    let first = connect(t, each, reach)?;
                     let t = t.clone();
-                    let remake: Remake = Box::new(move || {
-                        connect(&t, each, digests, page_cache).map_err(io::Error::other)
-                    });
+                    let remake: Remake =
+                        Box::new(move || connect(&t, each, reach).map_err(io::Error::other));
                     Ok((first, remake))
                 })
                 .collect::<Result<Vec<_>, TargetError>>()?;
@@ -193,34 +215,39 @@ pub fn connect_store(
     }
 }
 
-/// Opens one connection to `target`. A local file that does not exist is created, sparse,
-/// `capacity` bytes long; a device or NBD export must already hold `capacity` bytes.
-/// `page_cache` is the service's option for local targets ([`LocalTarget::open`]).
+/// Opens one connection to `target`, as `reach` says. A local file that does not exist is
+/// created, sparse, `capacity` bytes long; a device or NBD export must already hold
+/// `capacity` bytes.
 pub fn connect(
     target: &StorageTarget,
     capacity: u64,
-    digests: NvmeDigests,
-    page_cache: Option<bool>,
+    reach: Reach,
 ) -> Result<Box<dyn BlockTarget>, TargetError> {
     let name = describe(target);
     let t: Box<dyn BlockTarget> = match target {
         StorageTarget::Local { path } => Box::new(
-            LocalTarget::open(path, capacity, page_cache).map_err(|source| TargetError::Open {
-                target: name.clone(),
-                source,
+            LocalTarget::open(path, capacity, reach.page_cache).map_err(|source| {
+                TargetError::Open {
+                    target: name.clone(),
+                    source,
+                }
             })?,
         ),
         StorageTarget::Nbd { addr, export } => Box::new(
-            NbdClient::connect(*addr, export).map_err(|source| TargetError::Nbd {
-                target: name.clone(),
-                source,
+            NbdClient::connect(*addr, export, reach.io_timeout).map_err(|source| {
+                TargetError::Nbd {
+                    target: name.clone(),
+                    source,
+                }
             })?,
         ),
         StorageTarget::NvmeTcp { addr, nqn } => Box::new(
-            NvmeTcpClient::connect(*addr, nqn, digests).map_err(|source| TargetError::Open {
-                target: name.clone(),
-                source,
-            })?,
+            NvmeTcpClient::connect(*addr, nqn, reach.digests, reach.io_timeout).map_err(
+                |source| TargetError::Open {
+                    target: name.clone(),
+                    source,
+                },
+            )?,
         ),
     };
     if t.size() < capacity {
@@ -473,7 +500,12 @@ impl BlockTarget for LocalTarget {
 /// as separate segments.
 pub fn write_parts<const N: usize>(w: &mut impl Write, mut parts: [&[u8]; N]) -> io::Result<()> {
     while parts.iter().any(|p| !p.is_empty()) {
-        let mut n = w.write_vectored(&parts.map(IoSlice::new))?;
+        let mut n = match w.write_vectored(&parts.map(IoSlice::new)) {
+            // A send with a timeout ends so when the process is stopped and continued
+            // (signal(7)).
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => r?,
+        };
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
@@ -884,6 +916,20 @@ impl Pool {
         Ok(())
     }
 
+    /// `e` as the client is told it: a socket's timeout (EAGAIN) named as what it is.
+    fn said(&self, e: io::Error) -> io::Error {
+        match e.kind() {
+            io::ErrorKind::WouldBlock => io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the target kept the request waiting longer than {:?} (io_timeout)",
+                    self.config.io_timeout
+                ),
+            ),
+            _ => e,
+        }
+    }
+
     /// Runs `f` with a connection, waiting for one to be free; where the connection had
     /// served before and `f` fails, once more on a fresh one (a restarted target left
     /// the old one dead).
@@ -931,9 +977,10 @@ impl Pool {
                 }
             },
         };
-        if out.is_err() {
+        let out = out.map_err(|e| {
             self.failed();
-        }
+            self.said(e)
+        });
         self.idle
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -946,6 +993,15 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// How a service with `page_cache` reaches a local target.
+    fn local(page_cache: Option<bool>) -> Reach {
+        Reach {
+            digests: NvmeDigests::default(),
+            page_cache,
+            io_timeout: Duration::from_secs(30),
+        }
+    }
 
     #[test]
     fn a_range_comes_in_pieces_of_at_most_so_many_bytes() {
@@ -1065,7 +1121,7 @@ mod tests {
         let path = std::env::temp_dir().join(format!("dpuflow-uncached-{}", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let target = StorageTarget::Local { path: path.clone() };
-        let mut t = connect(&target, 1 << 20, NvmeDigests::default(), Some(false)).unwrap();
+        let mut t = connect(&target, 1 << 20, local(Some(false))).unwrap();
         let align = t.alignment() as usize;
         assert!(align >= 512 && align.is_power_of_two());
         assert_eq!(t.io_path(), "direct, io_uring");
@@ -1082,7 +1138,7 @@ mod tests {
         t.read_at(align as u64, &mut back).unwrap();
         assert_eq!(back, block);
         drop(t);
-        let t = connect(&target, 1 << 20, NvmeDigests::default(), Some(true)).unwrap();
+        let t = connect(&target, 1 << 20, local(Some(true))).unwrap();
         assert_eq!((t.alignment(), t.io_path()), (1, "page cache"));
         drop(t);
         std::fs::remove_file(&path).unwrap();
@@ -1093,7 +1149,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("dpuflow-local-{}", std::process::id()));
         let _ = std::fs::remove_file(&dir);
         let target = StorageTarget::Local { path: dir.clone() };
-        let mut t = connect(&target, 1 << 20, NvmeDigests::default(), None).unwrap();
+        let mut t = connect(&target, 1 << 20, local(None)).unwrap();
         assert_eq!(
             (t.size(), t.alignment(), t.io_path()),
             (1 << 20, 1, "page cache")
@@ -1105,7 +1161,7 @@ mod tests {
         assert!(t.read_at(1 << 20, &mut back).is_err());
         drop(t);
         assert!(matches!(
-            connect(&target, 2 << 20, NvmeDigests::default(), None),
+            connect(&target, 2 << 20, local(None)),
             Err(TargetError::TooSmall { size, .. }) if size == 1 << 20
         ));
         std::fs::remove_file(&dir).unwrap();

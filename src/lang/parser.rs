@@ -54,6 +54,7 @@ pub fn block_keys(kind: BlockKind) -> Keys {
             ("nvme_digest", One),
             ("page_cache", One),
             ("discard", One),
+            ("io_timeout", One),
             ("password_file", One),
             ("tls_cert", One),
             ("tls_key", One),

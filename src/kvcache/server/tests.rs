@@ -110,6 +110,7 @@ fn on_with(path: &std::path::Path, capacity: u64, block: u64, inline_max: u64) -
         nvme_digests: Default::default(),
         page_cache: None,
         discard: false,
+        io_timeout: Duration::from_secs(30),
         password_file: None,
         tls: None,
     };
@@ -134,6 +135,7 @@ fn with_a_password_only_authenticated_clients_are_served() {
         nvme_digests: Default::default(),
         page_cache: None,
         discard: false,
+        io_timeout: Duration::from_secs(30),
         password_file: Some(secret.clone()),
         tls: None,
     };
@@ -232,6 +234,7 @@ fn checkpointing_blocks(path: &std::path::Path, blocks: u64) -> Arc<KvService> {
         nvme_digests: Default::default(),
         page_cache: None,
         discard: false,
+        io_timeout: Duration::from_secs(30),
         password_file: None,
         tls: None,
     };
@@ -266,6 +269,7 @@ fn striped_config(paths: &[std::path::PathBuf]) -> KvCache {
         nvme_digests: Default::default(),
         page_cache: None,
         discard: true,
+        io_timeout: Duration::from_secs(30),
         password_file: None,
         tls: None,
     }

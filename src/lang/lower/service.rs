@@ -27,6 +27,13 @@ const DEFAULT_CHECKPOINT: Duration = Duration::from_secs(60);
 /// The shortest checkpoint interval: each one may write the whole index.
 const MIN_CHECKPOINT: Duration = Duration::from_secs(1);
 
+/// How long a network target may keep a request waiting by default: Linux's NVMe
+/// `io_timeout` (`nvme_core.io_timeout`).
+const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// The shortest `io_timeout`: a target on a busy network answers a round trip late now
+/// and then, and each timeout makes a connection afresh.
+const MIN_IO_TIMEOUT: Duration = Duration::from_millis(100);
+
 /// A storage target as a service's `target` names it.
 fn parse_storage_target(text: &str) -> Option<StorageTarget> {
     let (scheme, rest) = text.split_once("://")?;
@@ -88,6 +95,7 @@ impl Lowerer<'_> {
         let mut nvme_digests = NvmeDigests::default();
         let mut page_cache = None;
         let mut discard = false;
+        let mut io_timeout = DEFAULT_IO_TIMEOUT;
         let mut password_file = None;
         let (mut tls_cert, mut tls_key, mut tls_client_ca) = (None, None, None);
         let mut ok = true;
@@ -219,6 +227,22 @@ impl Lowerer<'_> {
                         ok = false;
                     }
                 },
+                "io_timeout" => match self.parsed_if(
+                    w,
+                    ("I/O timeout", "write a duration such as `30s`"),
+                    value::duration,
+                    |d| d >= MIN_IO_TIMEOUT,
+                    |d| {
+                        format!(
+                            "`io_timeout` is at least {}ms, not {}ms",
+                            MIN_IO_TIMEOUT.as_millis(),
+                            d.as_millis()
+                        )
+                    },
+                ) {
+                    Some(d) => io_timeout = d,
+                    None => ok = false,
+                },
                 "password_file" => password_file = Some(PathBuf::from(w.as_str())),
                 "tls_cert" => tls_cert = Some(PathBuf::from(w.as_str())),
                 "tls_key" => tls_key = Some(PathBuf::from(w.as_str())),
@@ -296,6 +320,22 @@ impl Lowerer<'_> {
             );
             ok = false;
         }
+        if opt_value(&b.options, "io_timeout").is_some()
+            && targets
+                .iter()
+                .all(|t| matches!(t, StorageTarget::Local { .. }))
+        {
+            let at = opt_value(&b.options, "io_timeout").map_or(b.name.span, |o| o.values[0].span);
+            self.err(
+                at,
+                "`io_timeout` applies to nvme-tcp:// and nbd:// targets only",
+            )
+            .hint = Some(
+                "a local target's reads and writes are the kernel's to time out; remove the option"
+                    .into(),
+            );
+            ok = false;
+        }
         ok.then(|| Service {
             name: b.name.text.to_string(),
             kind: ServiceKind::KvCache(KvCache {
@@ -310,6 +350,7 @@ impl Lowerer<'_> {
                 nvme_digests,
                 page_cache,
                 discard,
+                io_timeout,
                 password_file,
                 tls,
             }),
