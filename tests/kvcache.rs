@@ -818,16 +818,23 @@ fn nvmet_target(image: &str, port: u16) -> Running {
     target
 }
 
+/// The `io_timeout` of a service whose target is [`nvmet_target`]: a machine emulated
+/// in full on cores the other tests share, whose flushes are fdatasyncs of its image on a
+/// disk they share too, has kept a request waiting past the default 30 s (a real target
+/// that did would have failed).
+const EMULATED_TARGET_TIMEOUT: &str = "io_timeout 5m";
+
 #[test]
 fn hosts_put_and_get_blocks_stored_on_an_nvme_tcp_target() {
     let dir = Scratch::new("kv-nvme");
     let image = image(&dir, 64);
     let port = free_port();
     let target = nvmet_target(&image, port);
-    let kv = KvService::start(
+    let kv = KvService::start_with(
         &dir,
         &format!("nvme-tcp://127.0.0.1:{port}/nqn.2026-11.io.dpuflow:kv"),
         "32MiB",
+        EMULATED_TARGET_TIMEOUT,
     );
     // The target runs in an emulated machine: fewer requests than against qemu-nbd.
     hosts_put_and_get(&kv, &image, "800");
@@ -845,7 +852,7 @@ fn hosts_put_and_get_blocks_stored_on_an_nvme_tcp_target() {
         &dir,
         &format!("nvme-tcp://127.0.0.1:{port}/nqn.2026-11.io.dpuflow:kv"),
         "32MiB",
-        "nvme_digest both",
+        &format!("nvme_digest both  {EMULATED_TARGET_TIMEOUT}"),
     );
     let restored: u64 = kv.cli(&["DBSIZE"]).trim().parse().expect("count");
     assert!(
@@ -1031,7 +1038,7 @@ fn deleted_values_are_deallocated_on_an_nvme_tcp_target() {
         &dir,
         &format!("nvme-tcp://127.0.0.1:{port}/nqn.2026-11.io.dpuflow:kv"),
         "32MiB",
-        "discard on  checkpoint 1s",
+        &format!("discard on  checkpoint 1s  {EMULATED_TARGET_TIMEOUT}"),
     );
     deleted_values_are_discarded(&kv, &image);
     assert_eq!(kv.terminate(), 0);
