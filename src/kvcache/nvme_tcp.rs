@@ -909,6 +909,25 @@ mod tests {
         Queue::start(Script::new(s), BOTH).unwrap()
     }
 
+    /// A controller that takes the connection and never answers fails the connect once
+    /// `io_timeout` has passed.
+    #[test]
+    fn a_silent_controller_fails_the_connect_after_the_io_timeout() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let held = std::thread::spawn(move || listener.accept().map(|(c, _)| c));
+        let io_timeout = Duration::from_millis(200);
+        let started = Instant::now();
+        let Err(e) = NvmeTcpClient::connect(addr, "nqn.x", NvmeDigests::default(), io_timeout)
+        else {
+            panic!("a connect to a controller that said nothing");
+        };
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock, "{e}");
+        assert!(started.elapsed() >= io_timeout);
+        assert!(started.elapsed() < Duration::from_secs(5));
+        drop(held.join());
+    }
+
     #[test]
     fn with_digests_every_pdu_is_checked_and_sent_checked() {
         // A read whose data comes in two PDUs, and a write the controller asks data for.
