@@ -194,7 +194,7 @@ impl KvService {
     }
 
     fn metric(&self, name: &str) -> u64 {
-        let (_, body) = get(self.metrics, "/metrics").expect("scrape");
+        let (_, body) = scrape(self.metrics, "/metrics").unwrap_or_else(|e| panic!("scrape: {e}"));
         metric(&body, name).unwrap_or_else(|| panic!("no {name} in\n{body}"))
     }
 
@@ -422,7 +422,7 @@ print("ok")
         kv.metric("dpuflow_kvcache_connection_wait_seconds_count{service=\"kvcache\"}")
             >= reads + writes
     );
-    let (_, body) = get(kv.metrics, "/metrics").expect("scrape");
+    let (_, body) = scrape(kv.metrics, "/metrics").unwrap_or_else(|e| panic!("scrape: {e}"));
     assert_clean_exposition(&body);
 }
 

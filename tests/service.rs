@@ -81,7 +81,8 @@ impl Service {
     fn scrape_until(&self, pred: impl Fn(&str) -> bool) -> String {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let (code, body) = get(self.addr, "/metrics").expect("scrape");
+            let (code, body) =
+                scrape(self.addr, "/metrics").unwrap_or_else(|e| panic!("scrape: {e}"));
             assert_eq!(code, 200);
             if pred(&body) {
                 return body;

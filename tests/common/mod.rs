@@ -183,17 +183,28 @@ pub fn tshark_table(path: &str, options: &[&str], separator: char, fields: &[&st
 
 /// An HTTP GET: the status code and body, or `None` when nothing answered.
 pub fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    scrape(addr, path).ok()
+}
+
+/// [`get`], or what went wrong: a test that expects an answer says why it had none.
+pub fn scrape(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))
+        .map_err(|e| format!("connect to {addr}: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
     write!(
         s,
         "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
     )
-    .ok()?;
+    .map_err(|e| format!("send to {addr}: {e}"))?;
     let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let code = out.split_whitespace().nth(1)?.parse().ok()?;
-    Some((code, out.split_once("\r\n\r\n")?.1.to_owned()))
+    s.read_to_string(&mut out)
+        .map_err(|e| format!("answer from {addr} (5 s allowed): {e}"))?;
+    let code = out.split_whitespace().nth(1).and_then(|c| c.parse().ok());
+    match (code, out.split_once("\r\n\r\n")) {
+        (Some(code), Some((_, body))) => Ok((code, body.to_owned())),
+        _ => Err(format!("not an HTTP answer: {out:?}")),
+    }
 }
 
 /// The value of an unlabelled series in a Prometheus exposition.
