@@ -550,6 +550,45 @@ fn a_target_that_stops_answering_fails_requests_after_the_io_timeout() {
     assert_eq!(kv.terminate(), 0);
 }
 
+/// Connections from hosts and to targets carry TCP keepalives, as `ss` shows them: a
+/// host or target gone without closing its connection (powered off, cut off) ends it in
+/// minutes rather than holding a thread or a pool connection for good.
+#[test]
+fn connections_to_hosts_and_targets_are_kept_alive() {
+    let dir = Scratch::new("kv-keepalive");
+    let image = image(&dir, 64);
+    let nbd_port = free_port();
+    let _nbd = nbd_server(&image, nbd_port);
+    let target = format!("nbd://127.0.0.1:{nbd_port}/kv");
+    let kv = KvService::start_with(&dir, &target, "32MiB", "connections 1");
+    let mut host = Resp::connect(kv.port);
+    assert_eq!(host.call(&["PING"]), "+PONG\r\n");
+    let timers = |filter: String| {
+        tool_ok("ss", &["-tnoH", "state", "established", &filter])
+            .lines()
+            .map(|l| {
+                l.split_once("timer:(")
+                    .map_or("none", |(_, t)| t)
+                    .to_owned()
+            })
+            .collect::<Vec<_>>()
+    };
+    // The service's end of the host's connection: probed after 5 minutes idle, as Redis's
+    // default `tcp-keepalive 300`.
+    let to_host = timers(format!("( sport = :{} )", kv.port));
+    assert!(
+        to_host.len() == 1 && to_host[0].starts_with("keepalive,") && to_host[0].contains("min"),
+        "{to_host:?}"
+    );
+    // The service's end of its connection to the target: after a minute.
+    let to_target = timers(format!("( dport = :{nbd_port} )"));
+    assert!(
+        to_target.len() == 1 && to_target[0].starts_with("keepalive,"),
+        "{to_target:?}"
+    );
+    assert_eq!(kv.terminate(), 0);
+}
+
 /// A store striped over two NBD exports, each smaller than the store: a value's stripes
 /// alternate between them as the layout says, the hosts' values fill more than either
 /// holds, and a clean restart finds them over both.

@@ -2,9 +2,10 @@
 //! read and write requests, a value's requests in flight together on a connection.
 //! Spec: the NBD protocol, <https://github.com/NetworkBlockDevice/nbd/blob/master/doc/proto.md>.
 
-use super::storage::{write_parts, BlockTarget};
+use super::storage::{self, write_parts, BlockTarget};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsFd;
 use std::time::Duration;
 
 const INIT_MAGIC: u64 = 0x4e42_444d_4147_4943; // "NBDMAGIC"
@@ -272,6 +273,7 @@ impl NbdClient {
     ) -> Result<NbdClient, NbdError> {
         let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
         stream.set_nodelay(true)?;
+        crate::sys::keep_alive(stream.as_fd(), storage::TARGET_KEEP_ALIVE)?;
         stream.set_read_timeout(Some(wait))?;
         stream.set_write_timeout(Some(wait))?;
         let export = handshake(&mut stream, export).map_err(|e| match e {
@@ -478,7 +480,7 @@ impl<S: Read + Write + QuickAck + Send + std::fmt::Debug> BlockTarget for NbdCli
         let mut requests = Vec::new();
         for &(offset, len) in ranges {
             self.check(offset, usize::try_from(len).unwrap_or(usize::MAX))?;
-            for (at, n) in super::storage::pieces(offset, len, most) {
+            for (at, n) in storage::pieces(offset, len, most) {
                 requests.push(Request::new(at, Transfer::Trim(n as u32)));
             }
         }

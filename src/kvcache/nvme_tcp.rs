@@ -8,11 +8,12 @@
 //! Identify, §5.27.1.5 Number of Queues); NVM Command Set 1.0 (§3.2.4 Read, §3.2.6 Write).
 //! All fields are little-endian.
 
-use super::storage::{write_parts, BlockTarget};
+use super::storage::{self, write_parts, BlockTarget};
 use crate::ir::NvmeDigests;
 use crc32c::crc32c;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 /// PDU types (NVMe/TCP §3.6).
@@ -198,6 +199,7 @@ impl Queue {
     fn open(addr: SocketAddr, digests: NvmeDigests, io_timeout: Duration) -> io::Result<Queue> {
         let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
         stream.set_nodelay(true)?;
+        crate::sys::keep_alive(stream.as_fd(), storage::TARGET_KEEP_ALIVE)?;
         stream.set_read_timeout(Some(io_timeout))?;
         stream.set_write_timeout(Some(io_timeout))?;
         Queue::start(stream, digests)
@@ -699,7 +701,7 @@ fn deallocations(ranges: &[(u64, u64)], lba: u64, size: u64) -> io::Result<Vec<V
     let mut descriptors = Vec::new();
     let most = u64::from(u32::MAX) * lba;
     for &(offset, len) in ranges {
-        for (at, n) in super::storage::pieces(offset, len, most) {
+        for (at, n) in storage::pieces(offset, len, most) {
             let (slba, count) = lbas_of(at, n, lba, size)?;
             let mut d = [0u8; RANGE_LEN];
             d[4..8].copy_from_slice(&count.to_le_bytes());

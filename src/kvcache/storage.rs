@@ -163,6 +163,11 @@ impl Failures {
     }
 }
 
+/// How long a connection to a network target may be idle before it is probed: one whose
+/// target went away without closing it fails within two minutes, before a request
+/// waits `io_timeout` on it, and firewalls and NAT on the path keep its state.
+pub const TARGET_KEEP_ALIVE: Duration = Duration::from_secs(60);
+
 /// What a service's block says about each connection to a target.
 #[derive(Debug, Clone, Copy)]
 pub struct Reach {

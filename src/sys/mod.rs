@@ -820,6 +820,32 @@ pub fn quick_ack(fd: std::os::fd::BorrowedFd) {
     );
 }
 
+/// Has a TCP connection probe its peer after `idle` without traffic, then every third of
+/// that, and fail after three probes unanswered (SO_KEEPALIVE, TCP_KEEPIDLE,
+/// TCP_KEEPINTVL, TCP_KEEPCNT; tcp(7)): a peer gone without a word (a host powered off, a
+/// link cut) then ends the connection within twice `idle`, rather than never, and
+/// firewalls and NAT on the path keep the idle connection's state.
+#[cfg(target_os = "linux")]
+pub fn keep_alive(fd: std::os::fd::BorrowedFd, idle: std::time::Duration) -> std::io::Result<()> {
+    let secs = |d: std::time::Duration| {
+        libc::c_int::try_from(d.as_secs().max(1)).unwrap_or(libc::c_int::MAX)
+    };
+    set_option(
+        fd,
+        libc::SOL_SOCKET,
+        libc::SO_KEEPALIVE,
+        &(1 as libc::c_int),
+    )?;
+    set_option(fd, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, &secs(idle))?;
+    set_option(fd, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, &secs(idle / 3))?;
+    set_option(
+        fd,
+        libc::IPPROTO_TCP,
+        libc::TCP_KEEPCNT,
+        &(3 as libc::c_int),
+    )
+}
+
 /// Sends one frame through a packet socket of [`packet_socket`], behind a virtio-net
 /// header that asks nothing of the interface; false when the interface's queue is full
 /// (the frame is not sent). Other failures (the interface down or gone, a frame longer
