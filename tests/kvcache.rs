@@ -501,8 +501,9 @@ fn hosts_put_and_get_blocks_stored_on_an_nbd_target() {
 /// A target that stops (qemu-nbd stopped with SIGSTOP: connected, silent, reading
 /// nothing) fails requests once `io_timeout` has passed, a read waiting for its answer and
 /// a large write waiting for the target to take its bytes (which fill the sockets'
-/// buffers) alike, each with an error naming the timeout; once the target goes on, so do
-/// the requests.
+/// buffers) alike, each with an error naming the timeout. The requests right after fail
+/// at once (the next connection is tried two seconds after the one that failed); once
+/// the target goes on, so do the requests.
 #[test]
 fn a_target_that_stops_answering_fails_requests_after_the_io_timeout() {
     let dir = Scratch::new("kv-io-timeout");
@@ -536,17 +537,27 @@ fn a_target_that_stops_answering_fails_requests_after_the_io_timeout() {
         // The timeout on the connection, then again on a fresh one (whose NBD handshake
         // waits 5 s): well short of the default 30 s.
         assert!(waited < Duration::from_secs(20), "{what}: {waited:?}");
-        tool_ok("kill", &["-CONT", &pid]);
-        assert_eq!(
-            host.call(&["GET", "small"]),
-            format!("$4096\r\n{small}\r\n")
+        let asked = Instant::now();
+        let reply = host.call(&["GET", "small"]);
+        assert!(
+            reply.starts_with("-ERR storage read failed: cannot reach")
+                && asked.elapsed() < Duration::from_secs(1),
+            "right after {what}: {reply} in {:?}",
+            asked.elapsed()
         );
+        tool_ok("kill", &["-CONT", &pid]);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while host.call(&["GET", "small"]) != format!("$4096\r\n{small}\r\n") {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: the target never served again"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
     assert_eq!(host.call(&["SET", "large", &large]).trim(), "+OK");
-    assert_eq!(
-        kv.metric("dpuflow_kvcache_storage_errors_total{service=\"kvcache\"}"),
-        2
-    );
+    let errors = kv.metric("dpuflow_kvcache_storage_errors_total{service=\"kvcache\"}");
+    assert!(errors >= 4, "{errors} storage errors");
     assert_eq!(kv.terminate(), 0);
 }
 
@@ -675,9 +686,22 @@ fn a_store_striped_over_two_nbd_targets_holds_more_than_either() {
         ))
     };
     assert_eq!((on_target(ports[0]), on_target(ports[1])), (0, failed));
-    // Back: every value is served again, and the pool's other connections to the export
-    // that went away are made afresh as they are next used, failing no request.
+    // Back: once the next connection is tried (two seconds after the one that failed)
+    // every value is served again, and the pool's other connections to the export that
+    // went away are made afresh as they are next used, failing no request.
     servers.push(nbd_server(&images[1], ports[1]));
+    let (back, v) = place
+        .iter()
+        .zip(&small)
+        .enumerate()
+        .find_map(|(i, (d, v))| (*d == Some(1)).then_some((format!("small{i}"), v)))
+        .expect("a value on the export back");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !kv.reads_back(&back, v) {
+        assert!(Instant::now() < deadline, "{back} never served again");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let failed = kv.metric(errors);
     for (i, v) in small.iter().enumerate() {
         let key = format!("small{i}");
         assert!(kv.reads_back(&key, v), "{key} once the export is back");
@@ -1315,6 +1339,7 @@ fn a_service_stopped_and_continued_keeps_its_clients() {
     let kv = KvService::start(&dir, &format!("file://{}", dir.path("blocks.img")), "4MiB");
     let mut host = Resp::connect(kv.port);
     assert_eq!(host.call(&["SET", "k", "v"]).trim(), "+OK");
+    wait_for_port(kv.metrics.port(), "the metrics endpoint");
     let mut scrape = TcpStream::connect(kv.metrics).expect("connect");
     scrape
         .set_read_timeout(Some(Duration::from_secs(5)))

@@ -13,7 +13,7 @@ use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// One connection to a storage target.
 pub trait BlockTarget: Send + std::fmt::Debug {
@@ -136,30 +136,82 @@ fn share(capacity: u64, stripe: u64, targets: usize) -> u64 {
     }
 }
 
-/// The I/O that failed on each of a store's targets (after the one more try on a fresh
-/// connection), in the order the service names them, over all its connections.
+/// How long after a failed connection to a target the next is tried. Requests that need
+/// one meanwhile fail at once, rather than each waiting out a connect or handshake that
+/// is bound to fail (a target host down, a server hung: seconds each), as Linux's NVMe
+/// host fails I/O fast between its reconnects.
+pub const RECONNECT_DELAY: Duration = Duration::from_secs(2);
+
+/// What failed on each of a store's targets, in the order the service names them, over
+/// all its connections: I/O counted (after the one more try on a fresh connection), and
+/// when a connection may be tried again after one failed.
 #[derive(Debug)]
-pub struct Failures(Vec<(String, AtomicU64)>);
+pub struct Failures(Vec<TargetFailures>);
+
+#[derive(Debug)]
+struct TargetFailures {
+    name: String,
+    io: AtomicU64,
+    /// Set when a connection failed: the next is tried from then on.
+    retry_at: Mutex<Option<Instant>>,
+}
 
 impl Failures {
     pub fn of(targets: &[StorageTarget]) -> Arc<Failures> {
-        Arc::new(Failures(
-            targets
-                .iter()
-                .map(|t| (describe(t), AtomicU64::new(0)))
+        Arc::new(Failures::named(targets.iter().map(describe)))
+    }
+
+    fn named(names: impl Iterator<Item = String>) -> Failures {
+        Failures(
+            names
+                .map(|name| TargetFailures {
+                    name,
+                    io: AtomicU64::new(0),
+                    retry_at: Mutex::new(None),
+                })
                 .collect(),
-        ))
+        )
     }
 
     fn count(&self, target: usize) {
-        self.0[target].1.fetch_add(1, Relaxed);
+        self.0[target].io.fetch_add(1, Relaxed);
     }
 
     /// Each target's name and count.
     pub fn counts(&self) -> impl Iterator<Item = (&str, u64)> {
-        self.0
-            .iter()
-            .map(|(name, n)| (name.as_str(), n.load(Relaxed)))
+        self.0.iter().map(|t| (t.name.as_str(), t.io.load(Relaxed)))
+    }
+
+    /// `connect` to `target`, unless a connection to it failed less than
+    /// [`RECONNECT_DELAY`] ago: then an error at once. Once the delay is over one caller
+    /// tries (the others go on failing at once until it knows); success clears it.
+    fn connecting<T>(
+        &self,
+        target: usize,
+        connect: impl FnOnce() -> io::Result<T>,
+    ) -> io::Result<T> {
+        let t = &self.0[target];
+        let retry_at = || t.retry_at.lock().unwrap_or_else(PoisonError::into_inner);
+        {
+            let mut at = retry_at();
+            let now = Instant::now();
+            match *at {
+                Some(when) if now < when => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::NotConnected,
+                        format!(
+                            "its last connection failed; the next is tried in {} ms",
+                            (when - now).as_millis()
+                        ),
+                    ))
+                }
+                Some(_) => *at = Some(now + RECONNECT_DELAY),
+                None => {}
+            }
+        }
+        let made = connect();
+        *retry_at() = made.is_err().then(|| Instant::now() + RECONNECT_DELAY);
+        made
     }
 }
 
@@ -203,11 +255,14 @@ pub fn connect_store(
             let each = share(config.capacity, config.stripe, many.len());
             let members = many
                 .iter()
-                .map(|t| {
+                .enumerate()
+                .map(|(i, t)| {
                     let first = connect(t, each, reach)?;
-                    let t = t.clone();
-                    let remake: Remake =
-                        Box::new(move || connect(&t, each, reach).map_err(io::Error::other));
+                    let (t, failures) = (t.clone(), Arc::clone(failures));
+                    let remake: Remake = Box::new(move || {
+                        failures
+                            .connecting(i, || connect(&t, each, reach).map_err(io::Error::other))
+                    });
                     Ok((first, remake))
                 })
                 .collect::<Result<Vec<_>, TargetError>>()?;
@@ -614,7 +669,7 @@ impl Striped {
             .into_iter()
             .enumerate()
             .map(|(index, (conn, remake))| Member {
-                name: failures.0[index].0.clone(),
+                name: failures.0[index].name.clone(),
                 index,
                 failures: Arc::clone(&failures),
                 size: conn.size(),
@@ -907,8 +962,8 @@ impl Pool {
             if slot.as_mut().is_some_and(|c| c.flush().is_ok()) {
                 continue;
             }
-            let fresh = connect_store(&self.config, &self.failures)
-                .map_err(io::Error::other)
+            let fresh = self
+                .fresh()
                 .and_then(|mut fresh| fresh.flush().map(|()| fresh));
             match fresh {
                 Ok(fresh) => *slot = Some(fresh),
@@ -919,6 +974,17 @@ impl Pool {
             }
         }
         Ok(())
+    }
+
+    /// A fresh connection to the store; to a store of one target, none within
+    /// [`RECONNECT_DELAY`] of one that failed (a striped store's targets each keep their
+    /// own delay).
+    fn fresh(&self) -> io::Result<Box<dyn BlockTarget>> {
+        let connect = || connect_store(&self.config, &self.failures).map_err(io::Error::other);
+        match self.config.targets.len() {
+            1 => self.failures.connecting(0, connect),
+            _ => connect(),
+        }
     }
 
     /// `e` as the client is told it: a socket's timeout (EAGAIN) named as what it is.
@@ -955,7 +1021,7 @@ impl Pool {
             }
         };
         drop(idle);
-        let connect = || connect_store(&self.config, &self.failures).map_err(io::Error::other);
+        let connect = || self.fresh();
         let (out, conn) = match slot {
             Some(mut c) => match f(c.as_mut()) {
                 Ok(v) => (Ok(v), Some(c)),
@@ -998,6 +1064,33 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A failed connection holds the next off for [`RECONNECT_DELAY`] without trying it;
+    /// a target that never failed is connected to by every caller.
+    #[test]
+    fn after_a_failed_connection_the_next_waits_its_delay() {
+        let failures = Failures::named(["a".to_owned(), "b".to_owned()].into_iter());
+        let mut tries = 0;
+        let refused = failures.connecting(0, || {
+            tries += 1;
+            Err::<(), _>(io::Error::from(io::ErrorKind::ConnectionRefused))
+        });
+        assert_eq!(
+            refused.unwrap_err().kind(),
+            io::ErrorKind::ConnectionRefused
+        );
+        let held = failures.connecting(0, || {
+            tries += 1;
+            Ok(())
+        });
+        assert_eq!(held.unwrap_err().kind(), io::ErrorKind::NotConnected);
+        assert_eq!(tries, 1);
+        for _ in 0..2 {
+            failures
+                .connecting(1, || Ok(()))
+                .expect("a target that never failed");
+        }
+    }
 
     /// How a service with `page_cache` reaches a local target.
     fn local(page_cache: Option<bool>) -> Reach {
@@ -1256,10 +1349,8 @@ mod tests {
                 (first, remake)
             })
             .collect();
-        let names = (0..members.len())
-            .map(|i| (format!("memory {i}"), AtomicU64::new(0)))
-            .collect();
-        Striped::new(boxed, stripe, Arc::new(Failures(names)))
+        let names = (0..members.len()).map(|i| format!("memory {i}"));
+        Striped::new(boxed, stripe, Arc::new(Failures::named(names)))
     }
 
     /// The store's stripes go to the targets in turn, each target's stripes one after
