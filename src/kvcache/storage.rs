@@ -182,6 +182,19 @@ impl Failures {
         self.0.iter().map(|t| (t.name.as_str(), t.io.load(Relaxed)))
     }
 
+    /// Waits until every target may be connected to again ([`RECONNECT_DELAY`] after a
+    /// failed connection), at most that long.
+    pub fn until_reconnect(&self) {
+        let latest = self
+            .0
+            .iter()
+            .filter_map(|t| *t.retry_at.lock().unwrap_or_else(PoisonError::into_inner))
+            .max();
+        if let Some(at) = latest {
+            std::thread::sleep(at.saturating_duration_since(Instant::now()));
+        }
+    }
+
     /// `connect` to `target`, unless a connection to it failed less than
     /// [`RECONNECT_DELAY`] ago: then an error at once. Once the delay is over one caller
     /// tries (the others go on failing at once until it knows); success clears it.
@@ -1065,8 +1078,9 @@ impl Pool {
 mod tests {
     use super::*;
 
-    /// A failed connection holds the next off for [`RECONNECT_DELAY`] without trying it;
-    /// a target that never failed is connected to by every caller.
+    /// A failed connection holds the next off for [`RECONNECT_DELAY`] without trying it,
+    /// until [`Failures::until_reconnect`] has waited it out; a target that never failed
+    /// is connected to by every caller.
     #[test]
     fn after_a_failed_connection_the_next_waits_its_delay() {
         let failures = Failures::named(["a".to_owned(), "b".to_owned()].into_iter());
@@ -1085,6 +1099,13 @@ mod tests {
         });
         assert_eq!(held.unwrap_err().kind(), io::ErrorKind::NotConnected);
         assert_eq!(tries, 1);
+        // What a stop waits for before saving the index: then the next is tried.
+        failures.until_reconnect();
+        let tried = failures.connecting(0, || {
+            tries += 1;
+            Ok(())
+        });
+        assert!(tried.is_ok() && tries == 2);
         for _ in 0..2 {
             failures
                 .connecting(1, || Ok(()))

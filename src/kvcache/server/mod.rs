@@ -404,6 +404,9 @@ impl KvService {
         while self.counters.clients.load(Relaxed) > 0 && since.elapsed() < 10 * POLL {
             std::thread::sleep(POLL / 10);
         }
+        // A connection that failed just before is not the last word on a target the
+        // saved index is worth trying again.
+        self.pool.failures().until_reconnect();
         // After any checkpoint under way.
         let _checkpoints = self
             .checkpoints
