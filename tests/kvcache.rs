@@ -460,6 +460,15 @@ fn survives_a_restart<T, U>(
     back
 }
 
+/// qemu-nbd exporting a fresh image of 64 MiB in `dir`: the server, its port, and the
+/// service's `target` for it.
+fn nbd_export(dir: &Scratch) -> (Running, u16, String) {
+    let image = image(dir, 64);
+    let port = free_port();
+    let server = nbd_server(&image, port);
+    (server, port, format!("nbd://127.0.0.1:{port}/kv"))
+}
+
 /// A fresh, sparse disk image of `mib` MiB.
 fn image(dir: &Scratch, mib: u64) -> String {
     let image = dir.path("export.img");
@@ -507,10 +516,7 @@ fn hosts_put_and_get_blocks_stored_on_an_nbd_target() {
 #[test]
 fn a_target_that_stops_answering_fails_requests_after_the_io_timeout() {
     let dir = Scratch::new("kv-io-timeout");
-    let image = image(&dir, 64);
-    let nbd_port = free_port();
-    let nbd = nbd_server(&image, nbd_port);
-    let target = format!("nbd://127.0.0.1:{nbd_port}/kv");
+    let (nbd, _, target) = nbd_export(&dir);
     let kv = KvService::start_with(&dir, &target, "48MiB", "io_timeout 1s  connections 1");
     let mut host = Resp::connect(kv.port);
     host.stream
@@ -567,10 +573,7 @@ fn a_target_that_stops_answering_fails_requests_after_the_io_timeout() {
 #[test]
 fn connections_to_hosts_and_targets_are_kept_alive() {
     let dir = Scratch::new("kv-keepalive");
-    let image = image(&dir, 64);
-    let nbd_port = free_port();
-    let _nbd = nbd_server(&image, nbd_port);
-    let target = format!("nbd://127.0.0.1:{nbd_port}/kv");
+    let (_nbd, nbd_port, target) = nbd_export(&dir);
     let kv = KvService::start_with(&dir, &target, "32MiB", "connections 1");
     let mut host = Resp::connect(kv.port);
     assert_eq!(host.call(&["PING"]), "+PONG\r\n");
@@ -1118,10 +1121,7 @@ fn layers_read_back(kv: &KvService, blocks: &[Vec<u8>]) {
 #[test]
 fn the_index_survives_a_clean_restart_and_a_crash_with_its_last_checkpoint() {
     let dir = Scratch::new("kv-restart");
-    let image = image(&dir, 64);
-    let nbd_port = free_port();
-    let _nbd = nbd_server(&image, nbd_port);
-    let target = format!("nbd://127.0.0.1:{nbd_port}/kv");
+    let (_nbd, _, target) = nbd_export(&dir);
     let every_second = "checkpoint 1s";
     let kv = KvService::start_with(&dir, &target, "32MiB", every_second);
     let mut blocks: Vec<Vec<u8>> = (0..5)

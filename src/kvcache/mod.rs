@@ -53,6 +53,21 @@ impl std::io::Write for Script {
     }
 }
 
+/// A TCP peer that takes one connection and says nothing (a hung target); the handle
+/// returns the connection, held until then.
+#[cfg(test)]
+fn silent_peer() -> (
+    std::net::SocketAddr,
+    std::thread::JoinHandle<std::io::Result<std::net::TcpStream>>,
+) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("address");
+    (
+        addr,
+        std::thread::spawn(move || listener.accept().map(|(c, _)| c)),
+    )
+}
+
 #[cfg(test)]
 impl nbd::QuickAck for Script {
     fn quick_ack(&self) {}

@@ -5,7 +5,6 @@
 use super::storage::{self, write_parts, BlockTarget};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::AsFd;
 use std::time::Duration;
 
 const INIT_MAGIC: u64 = 0x4e42_444d_4147_4943; // "NBDMAGIC"
@@ -271,11 +270,7 @@ impl NbdClient {
         wait: Duration,
         io_timeout: Duration,
     ) -> Result<NbdClient, NbdError> {
-        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-        stream.set_nodelay(true)?;
-        crate::sys::keep_alive(stream.as_fd(), storage::TARGET_KEEP_ALIVE)?;
-        stream.set_read_timeout(Some(wait))?;
-        stream.set_write_timeout(Some(wait))?;
+        let mut stream = storage::target_stream(addr, wait)?;
         let export = handshake(&mut stream, export).map_err(|e| match e {
             NbdError::Io(e)
                 if matches!(
@@ -289,8 +284,7 @@ impl NbdClient {
         })?;
         // A target that stops answering, or taking what is sent, fails the request instead
         // of hanging it forever.
-        stream.set_read_timeout(Some(io_timeout))?;
-        stream.set_write_timeout(Some(io_timeout))?;
+        storage::set_timeouts(&stream, io_timeout)?;
         Ok(NbdClient {
             stream,
             export,
@@ -523,9 +517,7 @@ mod tests {
     /// timeout.
     #[test]
     fn a_silent_server_fails_the_handshake_in_time() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let held = std::thread::spawn(move || listener.accept().map(|(c, _)| c));
+        let (addr, held) = crate::kvcache::silent_peer();
         let wait = Duration::from_millis(200);
         let started = std::time::Instant::now();
         let Err(e) = NbdClient::connect_waiting(addr, "kv", wait, wait) else {

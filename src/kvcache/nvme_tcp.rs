@@ -13,7 +13,6 @@ use crate::ir::NvmeDigests;
 use crc32c::crc32c;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 /// PDU types (NVMe/TCP §3.6).
@@ -197,12 +196,7 @@ impl Queue {
     /// Connects and exchanges ICReq/ICResp, asking for `digests`. A read or write that
     /// waits longer than `io_timeout` for the controller fails.
     fn open(addr: SocketAddr, digests: NvmeDigests, io_timeout: Duration) -> io::Result<Queue> {
-        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-        stream.set_nodelay(true)?;
-        crate::sys::keep_alive(stream.as_fd(), storage::TARGET_KEEP_ALIVE)?;
-        stream.set_read_timeout(Some(io_timeout))?;
-        stream.set_write_timeout(Some(io_timeout))?;
-        Queue::start(stream, digests)
+        Queue::start(storage::target_stream(addr, io_timeout)?, digests)
     }
 }
 
@@ -915,9 +909,7 @@ mod tests {
     /// `io_timeout` has passed.
     #[test]
     fn a_silent_controller_fails_the_connect_after_the_io_timeout() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let held = std::thread::spawn(move || listener.accept().map(|(c, _)| c));
+        let (addr, held) = crate::kvcache::silent_peer();
         let io_timeout = Duration::from_millis(200);
         let started = Instant::now();
         let Err(e) = NvmeTcpClient::connect(addr, "nqn.x", NvmeDigests::default(), io_timeout)

@@ -9,6 +9,8 @@ use crate::ir::{KvCache, NvmeDigests, StorageTarget};
 use crate::sys::ring::Ring;
 use std::fs::{File, OpenOptions};
 use std::io::{self, IoSlice, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -232,6 +234,23 @@ impl Failures {
 /// target went away without closing it fails within two minutes, before a request
 /// waits `io_timeout` on it, and firewalls and NAT on the path keep its state.
 pub const TARGET_KEEP_ALIVE: Duration = Duration::from_secs(60);
+
+/// A TCP connection to a network target at `addr` (made within 5 s): without Nagle's
+/// delay, kept alive ([`TARGET_KEEP_ALIVE`]), and each read or send failing once it has
+/// waited `timeout`.
+pub fn target_stream(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    stream.set_nodelay(true)?;
+    crate::sys::keep_alive(stream.as_fd(), TARGET_KEEP_ALIVE)?;
+    set_timeouts(&stream, timeout)?;
+    Ok(stream)
+}
+
+/// Has each read and send on `stream` fail once it has waited `timeout`.
+pub fn set_timeouts(stream: &TcpStream, timeout: Duration) -> io::Result<()> {
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))
+}
 
 /// What a service's block says about each connection to a target.
 #[derive(Debug, Clone, Copy)]
