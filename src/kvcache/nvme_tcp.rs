@@ -922,6 +922,29 @@ mod tests {
         drop(held.join());
     }
 
+    /// A controller that stops answering once connected (its queue established, then a
+    /// command left unanswered) fails that command once `io_timeout` has passed.
+    #[test]
+    fn a_command_left_unanswered_fails_after_the_io_timeout() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let controller = std::thread::spawn(move || -> io::Result<TcpStream> {
+            let (mut c, _) = listener.accept()?;
+            c.read_exact(&mut [0u8; 128])?;
+            c.write_all(&ic_resp(4096))?;
+            Ok(c)
+        });
+        let io_timeout = Duration::from_millis(200);
+        let mut q = Queue::open(addr, NvmeDigests::default(), io_timeout).expect("ICResp");
+        let started = Instant::now();
+        let e = q
+            .property_get(PROP_CAP, true)
+            .expect_err("an answer from a controller that said nothing");
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock, "{e}");
+        assert!(started.elapsed() >= io_timeout);
+        assert!(started.elapsed() < Duration::from_secs(5));
+        drop(controller.join());
+    }
     #[test]
     fn with_digests_every_pdu_is_checked_and_sent_checked() {
         // A read whose data comes in two PDUs, and a write the controller asks data for.
