@@ -270,6 +270,26 @@ mod tests {
             prop_assert_eq!(p.is_fragment(), p.more_frags() || p.frag_offset() != 0);
         }
 
+        /// The payload is what the total length says, whatever follows it in the buffer
+        /// (an Ethernet frame's padding); a DSCP set keeps the ECN bits (RFC 2474 §3).
+        #[test]
+        fn payload_ends_at_the_total_length(
+            data in 0usize..40,
+            trailer in 0usize..8,
+            tos in any::<u8>(),
+            dscp in 0u8..64,
+        ) {
+            let mut buf = vec![0u8; MIN_HEADER_LEN + data + trailer];
+            buf[0] = 0x45;
+            buf[1] = tos;
+            let mut p = Packet::new_unchecked(&mut buf[..]);
+            p.set_total_len((MIN_HEADER_LEN + data) as u16);
+            p.set_dscp(dscp);
+            let p = Packet::new_checked(&buf[..]).expect("a whole datagram");
+            prop_assert_eq!(p.payload().len(), data);
+            prop_assert_eq!((p.dscp(), p.ecn()), (dscp, tos & 3));
+        }
+
         #[test]
         fn accessors_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..80)) {
             if let Ok(p) = Packet::new_checked(&bytes[..]) {

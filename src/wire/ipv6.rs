@@ -244,6 +244,33 @@ mod tests {
     }
 
     proptest! {
+        /// Each field set reads back; the DSCP keeps the ECN bits and the flow label beside
+        /// it (RFC 8200 §3, RFC 2474 §3).
+        #[test]
+        fn fields_read_back_as_set(
+            header in proptest::array::uniform32(any::<u8>()),
+            payload_len in any::<u16>(),
+            hop_limit in any::<u8>(),
+            dscp in 0u8..64,
+            src in any::<[u8; 16]>(),
+            dst in any::<[u8; 16]>(),
+        ) {
+            let mut buf = [header, header].concat();
+            buf[0] = 0x60 | buf[0] & 0x0f;
+            buf[4..6].fill(0);
+            let before = Packet::new_checked(buf.clone()).expect("a whole header");
+            let mut p = Packet::new_unchecked(&mut buf[..]);
+            p.set_payload_len(payload_len);
+            p.set_hop_limit(hop_limit);
+            p.set_dscp(dscp);
+            p.set_src(src);
+            p.set_dst(dst);
+            prop_assert_eq!((p.payload_len(), p.hop_limit(), p.dscp()), (payload_len, hop_limit, dscp));
+            prop_assert_eq!((p.src(), p.dst()), (src, dst));
+            prop_assert_eq!((p.version(), p.ecn(), p.flow_label()), (6, before.ecn(), before.flow_label()));
+            prop_assert_eq!(p.next_header(), before.next_header());
+        }
+
         #[test]
         fn walk_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..120)) {
             if let Ok(p) = Packet::new_checked(&bytes[..]) {

@@ -75,3 +75,45 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         put16(self.buffer.as_mut(), 16, v);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The data offset is checked against the fixed header and the buffer (RFC 9293
+        /// §3.1: at least 5 words, options included).
+        #[test]
+        fn check_len_takes_exactly_the_offsets_that_fit(buf_len in 0usize..72, offset in 0u8..16) {
+            let mut buf = vec![0u8; buf_len];
+            if buf_len > 12 {
+                buf[12] = offset << 4;
+            }
+            let header = usize::from(offset) * 4;
+            let fits = buf_len >= MIN_HEADER_LEN && header >= MIN_HEADER_LEN && header <= buf_len;
+            prop_assert_eq!(Packet::new_checked(&buf[..]).is_ok(), fits);
+        }
+
+        /// Ports and checksum set read back, and the rest of the header is left alone.
+        #[test]
+        fn fields_read_back_as_set(
+            header in proptest::array::uniform20(any::<u8>()),
+            src in any::<u16>(),
+            dst in any::<u16>(),
+            checksum in any::<u16>(),
+        ) {
+            let mut before = header;
+            before[12] = 5 << 4;
+            let mut buf = before;
+            let mut p = Packet::new_unchecked(&mut buf[..]);
+            p.set_src_port(src);
+            p.set_dst_port(dst);
+            p.set_checksum(checksum);
+            let p = Packet::new_checked(&buf[..]).expect("a whole header");
+            prop_assert_eq!((p.src_port(), p.dst_port(), p.checksum()), (src, dst, checksum));
+            prop_assert_eq!(&buf[4..16], &before[4..16]);
+            prop_assert_eq!(&buf[18..], &before[18..]);
+        }
+    }
+}

@@ -63,3 +63,47 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         put16(self.buffer.as_mut(), 6, v);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The length field is checked against the header and the buffer (RFC 768: it
+        /// counts the header and the data).
+        #[test]
+        fn check_len_takes_exactly_the_lengths_that_fit(buf_len in 0usize..40, len in any::<u16>()) {
+            let mut buf = vec![0u8; buf_len];
+            if buf_len >= HEADER_LEN {
+                Packet::new_unchecked(&mut buf[..]).set_len(len);
+            }
+            let fits = buf_len >= HEADER_LEN
+                && usize::from(len) >= HEADER_LEN
+                && usize::from(len) <= buf_len;
+            prop_assert_eq!(Packet::new_checked(&buf[..]).is_ok(), fits);
+        }
+
+        /// Each field set reads back, the others as they were; the data is what the
+        /// length says, whatever follows it in the buffer.
+        #[test]
+        fn fields_read_back_as_set(
+            src in any::<u16>(),
+            dst in any::<u16>(),
+            checksum in any::<u16>(),
+            data in 0usize..32,
+            trailer in 0usize..8,
+        ) {
+            let mut buf = vec![0xa5u8; HEADER_LEN + data + trailer];
+            let mut p = Packet::new_unchecked(&mut buf[..]);
+            p.set_src_port(src);
+            p.set_dst_port(dst);
+            p.set_len((HEADER_LEN + data) as u16);
+            p.set_checksum(checksum);
+            let p = Packet::new_checked(&buf[..]).expect("a whole datagram");
+            prop_assert_eq!((p.src_port(), p.dst_port(), p.checksum()), (src, dst, checksum));
+            prop_assert_eq!(p.payload().len(), data);
+            prop_assert_eq!(p.is_empty(), data == 0);
+        }
+    }
+}

@@ -45,3 +45,26 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Tag<T> {
         put16(self.buffer.as_mut(), 0, tci);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The VID and the PCP are set apart: each keeps the other, the drop eligible bit
+        /// between them (IEEE 802.1Q §6.9.3) and the EtherType after them.
+        #[test]
+        fn vid_and_pcp_are_set_apart(tag in any::<[u8; 4]>(), vid in any::<u16>(), pcp in any::<u8>()) {
+            let mut buf = tag;
+            let before = Tag::new_checked(&tag[..]).expect("a whole tag");
+            let mut t = Tag::new_unchecked(&mut buf[..]);
+            t.set_vid(vid);
+            prop_assert_eq!((t.vid(), t.pcp()), (vid & 0x0fff, before.pcp()));
+            t.set_pcp(pcp);
+            prop_assert_eq!((t.vid(), t.pcp()), (vid & 0x0fff, pcp & 7));
+            prop_assert_eq!(t.tci() & 0x1000, before.tci() & 0x1000);
+            prop_assert_eq!(t.ethertype(), before.ethertype());
+        }
+    }
+}
