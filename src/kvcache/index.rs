@@ -11,7 +11,7 @@
 //! return to the free list only when the last reader is done, never under its feet.
 
 use super::free::FreeSet;
-use super::keys::Keys;
+use super::keys::{Keys, WalkStep};
 use crate::engine::prefetch::prefetch;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::ops::Range;
@@ -766,6 +766,13 @@ impl Index {
     /// Every key held, in no particular order.
     pub fn keys(&self) -> impl Iterator<Item = &[u8]> {
         self.map.keys().map(|k| &k[..])
+    }
+
+    /// A step of a walk over the keys in the order of a hash fixed for the index's life:
+    /// those hashed at least `from`, at least `most` of them where there are (the index's
+    /// maps of keys are looked at one by one, not all).
+    pub fn keys_hashed_from(&self, from: u64, most: usize) -> WalkStep {
+        self.map.hashed_from(from, most)
     }
 
     /// Every value held, in no particular order (recency unchanged).

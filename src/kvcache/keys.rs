@@ -11,6 +11,20 @@ use std::sync::Arc;
 /// Maps, a power of two.
 const SHARDS: usize = 64;
 
+/// The map of a key whose hash is `h`: its top bits.
+fn shard_of(h: u64) -> usize {
+    (h >> (64 - SHARDS.trailing_zeros())) as usize
+}
+
+/// What [`Keys::hashed_from`] found.
+#[derive(Debug)]
+pub struct WalkStep {
+    /// Keys with their hashes, in no particular order.
+    pub found: Vec<(u64, Arc<[u8]>)>,
+    /// Maps after those looked at were left.
+    pub maps_left: bool,
+}
+
 /// Keys → `V`, in [`SHARDS`] hash maps.
 #[derive(Debug)]
 pub struct Keys<V> {
@@ -33,7 +47,33 @@ impl<V> Keys<V> {
     }
 
     fn shard(&self, key: &[u8]) -> usize {
-        (self.pick.hash_bytes(key) >> (64 - SHARDS.trailing_zeros())) as usize
+        shard_of(self.pick.hash_bytes(key))
+    }
+
+    /// The keys whose hash (fixed for the map's life) is at least `from`, with it, in no
+    /// particular order: those of the map `from` falls in, then of each map after, until
+    /// at least `most` are found or the maps end. The maps are in the order of their
+    /// hashes' top bits, so the `most` smallest found are the `most` smallest there are.
+    /// A walk over the keys in steps, each looking at a map's share of them rather than at
+    /// every key.
+    pub fn hashed_from(&self, from: u64, most: usize) -> WalkStep {
+        let mut found = Vec::new();
+        for map in &self.shards[shard_of(from)..] {
+            if found.len() >= most {
+                return WalkStep {
+                    found,
+                    maps_left: true,
+                };
+            }
+            found.extend(map.keys().filter_map(|k| {
+                let h = self.pick.hash_bytes(k);
+                (h >= from).then(|| (h, Arc::clone(k)))
+            }));
+        }
+        WalkStep {
+            found,
+            maps_left: false,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -135,6 +175,32 @@ mod tests {
     }
 
     proptest! {
+        /// A walk in steps of at most `most` (the smallest hashes of each step, as `SCAN`
+        /// takes them) finds every key once, in the order of their hashes.
+        #[test]
+        fn a_walk_in_steps_finds_every_key_once(n in 0u32..2000, most in 1usize..300) {
+            let mut k = Keys::new();
+            for i in 0..n {
+                k.insert(Arc::from(format!("k{i}").as_bytes()), ());
+            }
+            let (mut from, mut walked) = (0u64, Vec::new());
+            loop {
+                let WalkStep { found: mut step, maps_left } = k.hashed_from(from, most);
+                prop_assert!(step.len() >= most || !maps_left);
+                step.sort_unstable_by_key(|(h, _)| *h);
+                step.truncate(most);
+                let Some(&(last, _)) = step.last() else { break };
+                walked.extend(step.into_iter().map(|(h, key)| (h, key.to_vec())));
+                from = last + 1;
+            }
+            prop_assert!(walked.windows(2).all(|w| w[0].0 < w[1].0));
+            let mut keys: Vec<Vec<u8>> = walked.into_iter().map(|(_, key)| key).collect();
+            keys.sort();
+            let mut want: Vec<Vec<u8>> = k.keys().map(|key| key.to_vec()).collect();
+            want.sort();
+            prop_assert_eq!(keys, want);
+        }
+
         /// Inserts, removals and lookups agree with one hash map.
         #[test]
         fn keys_behave_as_one_map(ops in proptest::collection::vec((0u8..3, 0u16..300, any::<u32>()), 1..600)) {

@@ -5,9 +5,9 @@ use super::values::{Expiry, Only};
 use super::{now_ms, KvService, Replies, COMMANDS, TIMED};
 use crate::kvcache::glob;
 use crate::kvcache::index::StoreError;
+use crate::kvcache::keys::WalkStep;
 use crate::kvcache::resp::reply;
 use crate::kvcache::storage;
-use std::hash::BuildHasher;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::TryLockError;
 use std::time::Instant;
@@ -509,8 +509,10 @@ impl KvService {
     /// `SCAN cursor [MATCH pattern] [COUNT n] [TYPE type]`. Keys are visited in the order of
     /// a hash fixed for the service's life, and the cursor is the hash to go on from, so
     /// a key held from the first call to the last is returned once, whatever is added or
-    /// removed meanwhile (Redis's guarantee). Each call looks at every key: a tool's walk,
-    /// not a request path.
+    /// removed meanwhile (Redis's guarantee). A call hashes the keys of one of the index's
+    /// maps (a 64th of them), or of as many as hold COUNT, with the lock held only to
+    /// gather them: a walk with `redis-cli --scan` over 200,000 keys took the lock for
+    /// 36 ms a call when each call looked at every key, and every request waited as long.
     pub(super) fn scan(&self, args: &[&[u8]], out: &mut Vec<u8>) {
         let Some((cursor, opts)) = args.split_first() else {
             reply::error(out, "ERR wrong number of arguments for 'scan' command");
@@ -544,26 +546,25 @@ impl KvService {
                 }
             }
         }
-        let ix = self.lock();
-        let mut next: Vec<(u64, &[u8])> = ix
-            .keys()
-            .map(|k| (self.scan_order.hash_one(k), k))
-            .filter(|(h, _)| *h >= cursor)
-            .collect();
-        next.sort_unstable();
+        let WalkStep {
+            found: mut next,
+            maps_left,
+        } = self.lock().keys_hashed_from(cursor, count);
+        next.sort_unstable_by_key(|(h, _)| *h);
         // This call's keys: the first `count`, and any sharing the last one's hash (the
         // cursor cannot split them).
         let mut end = count.min(next.len());
         while end > 0 && end < next.len() && next[end].0 == next[end - 1].0 {
             end += 1;
         }
-        let cursor = match next.get(end) {
-            Some(_) => next[end - 1].0 + 1,
-            None => 0,
+        // Zero, the end of the walk, once none are left (no hash follows the largest).
+        let cursor = match end < next.len() || maps_left {
+            true => next[end - 1].0.checked_add(1).unwrap_or(0),
+            false => 0,
         };
         let keys: Vec<&[u8]> = next[..end]
             .iter()
-            .map(|(_, k)| *k)
+            .map(|(_, k)| &k[..])
             .filter(|k| strings && glob::matches(pattern, k))
             .collect();
         reply::array(out, 2);

@@ -13,7 +13,6 @@ use super::persist::{self, Layout};
 use super::resp::{self, reply, Awaited};
 use super::storage::{self, Pool, TargetError};
 use crate::ir::KvCache;
-use std::collections::hash_map::RandomState;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::ops::{Deref, DerefMut, Range};
@@ -256,8 +255,6 @@ pub struct KvService {
     align: u64,
     pub counters: KvCounters,
     stop: Arc<AtomicBool>,
-    /// The order `SCAN` visits keys in.
-    scan_order: RandomState,
     /// What clients must give `AUTH` before anything else, if anything.
     password: Option<Vec<u8>>,
     /// TLS on every connection, when configured.
@@ -356,7 +353,6 @@ impl KvService {
             align,
             counters: KvCounters::default(),
             stop,
-            scan_order: RandomState::new(),
             password,
             tls,
             restored_keys,
