@@ -21,8 +21,9 @@ fn shard_of(h: u64) -> usize {
 pub struct WalkStep {
     /// Keys with their hashes, in no particular order.
     pub found: Vec<(u64, Arc<[u8]>)>,
-    /// Maps after those looked at were left.
-    pub maps_left: bool,
+    /// Where the first map not looked at starts (the least hash it can hold), if one was
+    /// left.
+    pub next_map: Option<u64>,
 }
 
 /// Keys → `V`, in [`SHARDS`] hash maps.
@@ -58,11 +59,12 @@ impl<V> Keys<V> {
     /// every key.
     pub fn hashed_from(&self, from: u64, most: usize) -> WalkStep {
         let mut found = Vec::new();
-        for map in &self.shards[shard_of(from)..] {
+        let first = shard_of(from);
+        for (i, map) in self.shards.iter().enumerate().skip(first) {
             if found.len() >= most {
                 return WalkStep {
                     found,
-                    maps_left: true,
+                    next_map: Some((i as u64) << (64 - SHARDS.trailing_zeros())),
                 };
             }
             found.extend(map.keys().filter_map(|k| {
@@ -72,7 +74,7 @@ impl<V> Keys<V> {
         }
         WalkStep {
             found,
-            maps_left: false,
+            next_map: None,
         }
     }
 
@@ -185,8 +187,9 @@ mod tests {
             }
             let (mut from, mut walked) = (0u64, Vec::new());
             loop {
-                let WalkStep { found: mut step, maps_left } = k.hashed_from(from, most);
-                prop_assert!(step.len() >= most || !maps_left);
+                let WalkStep { found: mut step, next_map } = k.hashed_from(from, most);
+                prop_assert!(step.len() >= most || next_map.is_none());
+                prop_assert!(step.iter().all(|(h, _)| next_map.is_none_or(|n| *h < n)));
                 step.sort_unstable_by_key(|(h, _)| *h);
                 step.truncate(most);
                 let Some(&(last, _)) = step.last() else { break };

@@ -183,13 +183,7 @@ impl KvService {
             }
             "keys" => {
                 if arity(1, out) {
-                    let ix = self.lock();
-                    let keys: Vec<&[u8]> =
-                        ix.keys().filter(|k| glob::matches(args[0], k)).collect();
-                    reply::array(out, keys.len());
-                    for k in keys {
-                        reply::bulk(out, k);
-                    }
+                    self.keys_command(args[0], out);
                 }
             }
             "scan" => self.scan(args, out),
@@ -506,6 +500,27 @@ impl KvService {
         self.reply_value(key, extents, out);
     }
 
+    /// `KEYS pattern`: every key, gathered a map of the index's at a time (see
+    /// [`KvService::scan`]) so that requests are not held up while all are looked at.
+    fn keys_command(&self, pattern: &[u8], out: &mut Vec<u8>) {
+        let mut keys = Vec::new();
+        let mut from = Some(0);
+        while let Some(at) = from {
+            let WalkStep { found, next_map } = self.lock().keys_hashed_from(at, 1);
+            keys.extend(
+                found
+                    .into_iter()
+                    .map(|(_, k)| k)
+                    .filter(|k| glob::matches(pattern, k)),
+            );
+            from = next_map;
+        }
+        reply::array(out, keys.len());
+        for k in keys {
+            reply::bulk(out, &k);
+        }
+    }
+
     /// `SCAN cursor [MATCH pattern] [COUNT n] [TYPE type]`. Keys are visited in the order of
     /// a hash fixed for the service's life, and the cursor is the hash to go on from, so
     /// a key held from the first call to the last is returned once, whatever is added or
@@ -548,7 +563,7 @@ impl KvService {
         }
         let WalkStep {
             found: mut next,
-            maps_left,
+            next_map,
         } = self.lock().keys_hashed_from(cursor, count);
         next.sort_unstable_by_key(|(h, _)| *h);
         // This call's keys: the first `count`, and any sharing the last one's hash (the
@@ -558,7 +573,7 @@ impl KvService {
             end += 1;
         }
         // Zero, the end of the walk, once none are left (no hash follows the largest).
-        let cursor = match end < next.len() || maps_left {
+        let cursor = match end < next.len() || next_map.is_some() {
             true => next[end - 1].0.checked_add(1).unwrap_or(0),
             false => 0,
         };
