@@ -3,7 +3,8 @@
 # costs the requests served meanwhile: KEYS keys (1-byte values, kept in memory) put
 # into a service on a sparse file target in /dev/shm, then a SCAN COUNT 10 from cursor 0
 # timed five times (the median), then CALLS calls of a walk while another connection GETs
-# one key in a loop: the walk's time and the GETs' median and longest wait. With WHOLE=1,
+# one key in a loop: the walk's time and the GETs' median and longest wait; then the same
+# for five `KEYS layer7:*` (the median call). With WHOLE=1,
 # then a whole walk by redis-cli --scan, timed, and the keys it listed. Rounds run every
 # build named in turn. Needs redis-tools and python3-redis.
 # Usage: [BUILDS="BIN …"] [WHOLE=1] bench/kv-scan.sh [ROUNDS] [KEYS] [CALLS]
@@ -53,6 +54,11 @@ def get():
         waits.append(time.monotonic() - t)
 getter = threading.Thread(target=get)
 getter.start()
+def meanwhile():
+    waits.sort()
+    said = f"GET meanwhile median {waits[len(waits) // 2] * 1000:.2f} ms, longest {waits[-1] * 1000:.1f} ms"
+    waits.clear()
+    return said
 t, cursor, n = time.monotonic(), 0, 0
 while True:
     cursor, _ = r.scan(cursor, count=10)
@@ -60,11 +66,16 @@ while True:
     if cursor == 0 or n == calls:
         break
 took = time.monotonic() - t
+walk = meanwhile()
+listing = []
+for _ in range(5):
+    t = time.monotonic()
+    r.keys("layer7:*")
+    listing.append(time.monotonic() - t)
 stop.set()
 getter.join()
-waits.sort()
-print(f"SCAN from 0 {sorted(first)[2] * 1000:.2f} ms; {n} calls {took:.2f} s; "
-      f"GET meanwhile median {waits[len(waits) // 2] * 1000:.2f} ms, longest {waits[-1] * 1000:.1f} ms")
+print(f"SCAN from 0 {sorted(first)[2] * 1000:.2f} ms; {n} calls {took:.2f} s; {walk}; "
+      f"KEYS layer7:* {sorted(listing)[2] * 1000:.1f} ms, {meanwhile()}")
 PY
 )
         if [ "${WHOLE:-}" = 1 ]; then
