@@ -117,3 +117,22 @@ pipe out root from outside {
 }
 EOF
 }
+
+# A KV-cache service of build BIN with room for KEYS small values (512-byte blocks, no
+# checkpoints) on a fresh sparse file in `dir`, listening on a free port of 127.0.0.1;
+# its port into `port`, its process into `pid` (and `pids`). For the scripts that time
+# requests against the index, with python3-redis as the client.
+start_kv_index() {
+    /usr/bin/python3 -c 'import redis' 2>/dev/null ||
+        { echo "python3-redis not found: apt-get install python3-redis" >&2; exit 1; }
+    port=$(free_port)
+    rm -f "$dir/blocks.img"
+    cat >"$dir/kv.pipe" <<PIPE
+pipeline kv_index
+service kvcache { listen 127.0.0.1:$port  target "file://$dir/blocks.img"  capacity $(($2 / 128 + 64))MiB  block_size 512  checkpoint off }
+PIPE
+    "$1" run "$dir/kv.pipe" --metrics 127.0.0.1:0 >/dev/null 2>&1 &
+    pid=$!
+    pids+=("$pid")
+    wait_port "$port" 30
+}

@@ -15,21 +15,11 @@ rounds=${1:-3}
 keys=${2:-200000}
 calls=${3:-200}
 need redis-tools redis-cli
-/usr/bin/python3 -c 'import redis' 2>/dev/null || { echo "python3-redis not found: apt-get install python3-redis" >&2; exit 1; }
 builds_to_run
 shm_scratch kv-scan
 for round in $(seq "$rounds"); do
     for b in "${!builds[@]}"; do
-        port=$(free_port)
-        rm -f "$dir/blocks.img"
-        cat >"$dir/kv.pipe" <<PIPE
-pipeline kv_scan
-service kvcache { listen 127.0.0.1:$port  target "file://$dir/blocks.img"  capacity $((keys / 128 + 64))MiB  block_size 512  checkpoint off }
-PIPE
-        "${builds[$b]}" run "$dir/kv.pipe" --metrics 127.0.0.1:0 >/dev/null 2>&1 &
-        pid=$!
-        pids+=("$pid")
-        wait_port "$port" 30
+        start_kv_index "${builds[$b]}" "$keys"
         walk=$(/usr/bin/python3 - "$port" "$keys" "$calls" <<'PY'
 import redis, sys, threading, time
 port, keys, calls = (int(a) for a in sys.argv[1:])

@@ -2,8 +2,12 @@
 //! which key goes first when room is needed (least recently used, as a cache should).
 //!
 //! Keys may have a deadline (Redis's `EXPIRE`, `SET … EX`): in unix milliseconds, passed
-//! in, so the index keeps no clock; a key past it is removed at the next
-//! [`Index::purge_expired`], which the server calls before each command looks at keys.
+//! in, so the index keeps no clock: [`Index::purge_expired`], which the server calls
+//! before each command looks at keys, says what time it is and removes some of the keys
+//! past their deadline. Those it leaves (many keys given one deadline expire together,
+//! and removing them all at once held every request up) are gone to every lookup from
+//! then on, as Redis's expire lazily, and removed when touched, when their blocks are
+//! wanted, or by the next purges.
 //!
 //! Sans-IO: the index hands out and takes back block numbers; the server moves the bytes.
 //! A value's blocks are an [`Extents`] behind an `Arc`: a reader holds its own reference
@@ -214,6 +218,9 @@ pub struct Index {
     key_bytes: usize,
     evictions: u64,
     expired: u64,
+    /// The time (unix milliseconds) the last [`Index::purge_expired`] said: keys whose
+    /// deadline is before it are gone, whether removed yet or not.
+    now: u64,
     /// Blocks keys may not fill while blocks are held back (see [`Index::hold_back`]):
     /// room for the values written between two saves (besides the saves' own, see
     /// [`Index::kept_free`]).
@@ -498,6 +505,7 @@ impl Index {
             key_bytes: 0,
             evictions: 0,
             expired: 0,
+            now: 0,
             reserve: 0,
             changes: 0,
             changed: Vec::new(),
@@ -746,6 +754,7 @@ impl Index {
 
     /// The value of `key`, now its most recently used.
     pub fn get(&mut self, key: &[u8]) -> Option<Arc<Extents>> {
+        self.expire_if_due(key);
         let tick = self.next_tick();
         let e = self.map.get_mut(key)?;
         let k = self.order.remove(&e.tick)?;
@@ -765,14 +774,17 @@ impl Index {
 
     /// Every key held, in no particular order.
     pub fn keys(&self) -> impl Iterator<Item = &[u8]> {
-        self.map.keys().map(|k| &k[..])
+        self.map
+            .iter()
+            .filter(|(_, e)| !self.past(e))
+            .map(|(k, _)| &k[..])
     }
 
     /// A step of a walk over the keys in the order of a hash fixed for the index's life:
     /// those hashed at least `from`, at least `most` of them where there are (the index's
     /// maps of keys are looked at one by one, not all).
     pub fn keys_hashed_from(&self, from: u64, most: usize) -> WalkStep {
-        self.map.hashed_from(from, most)
+        self.map.hashed_from(from, most, |e| !self.past(e))
     }
 
     /// Every value held, in no particular order (recency unchanged).
@@ -796,12 +808,51 @@ impl Index {
 
     /// Whether `key` is held (its recency unchanged).
     pub fn contains(&self, key: &[u8]) -> bool {
-        self.map.contains_key(key)
+        self.live(key).is_some()
     }
 
     /// The length of `key`'s value, its recency unchanged.
     pub fn len_of(&self, key: &[u8]) -> Option<u64> {
-        self.map.get(key).map(|e| e.extents.len())
+        self.live(key).map(|e| e.extents.len())
+    }
+
+    /// `key`'s entry, unless its deadline has passed.
+    fn live(&self, key: &[u8]) -> Option<&Entry> {
+        self.map.get(key).filter(|e| !self.past(e))
+    }
+
+    /// Whether `e`'s deadline has passed (it is gone, though maybe not removed yet).
+    fn past(&self, e: &Entry) -> bool {
+        e.deadline.is_some_and(|d| d < self.now)
+    }
+
+    /// Removes `key` if its deadline has passed.
+    fn expire_if_due(&mut self, key: &[u8]) {
+        if self.map.get(key).is_some_and(|e| self.past(e)) {
+            self.take(key);
+            self.expired += 1;
+        }
+    }
+
+    /// Removes the key whose deadline passed first, if one has; whether one had.
+    fn expire_first_due(&mut self) -> bool {
+        match self.deadlines.first() {
+            Some((d, key)) if *d < self.now => {
+                let key = Arc::clone(key);
+                self.take(&key);
+                self.expired += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Keys past their deadline but not removed yet.
+    fn past_unremoved(&self) -> u64 {
+        self.deadlines
+            .iter()
+            .take_while(|(d, _)| *d < self.now)
+            .count() as u64
     }
 
     /// Blocks for a value of `len` bytes that will replace `key`'s: short of room, `key`'s
@@ -834,7 +885,7 @@ impl Index {
         while self.used + n > room.saturating_sub(self.kept_free()) && !self.map.is_empty() {
             if self.remove(key) {
                 removed = true;
-            } else if !self.evict_oldest() {
+            } else if !self.expire_first_due() && !self.evict_oldest() {
                 break;
             }
         }
@@ -849,7 +900,7 @@ impl Index {
             }
             if self.remove(key) {
                 removed = true;
-            } else if !self.evict_oldest() {
+            } else if !self.expire_first_due() && !self.evict_oldest() {
                 return Err(StoreError::Busy);
             }
         }
@@ -858,6 +909,7 @@ impl Index {
     /// Makes `extents` the value of `key`, replacing any (whose blocks are freed once no
     /// reader holds them).
     pub fn insert(&mut self, key: &[u8], extents: Extents) {
+        self.expire_if_due(key);
         // A key held already keeps its string (and its removal counted the change).
         let held = self.take(key);
         let key: Arc<[u8]> = match held {
@@ -892,8 +944,9 @@ impl Index {
         same && self.remove(key)
     }
 
-    /// Removes `key`; whether it was held.
+    /// Removes `key`; whether it was held (a key past its deadline was not).
     pub fn remove(&mut self, key: &[u8]) -> bool {
+        self.expire_if_due(key);
         self.take(key).is_some()
     }
 
@@ -931,12 +984,13 @@ impl Index {
 
     /// `key`'s deadline: `None` when the key is not held, `Some(None)` when it has none.
     pub fn deadline(&self, key: &[u8]) -> Option<Option<u64>> {
-        self.map.get(key).map(|e| e.deadline)
+        self.live(key).map(|e| e.deadline)
     }
 
     /// Gives `key` a deadline (unix milliseconds), or takes its away; whether the key is
     /// held.
     pub fn set_deadline(&mut self, key: &[u8], deadline: Option<u64>) -> bool {
+        self.expire_if_due(key);
         let Some((k, e)) = self.map.get_key_value(key) else {
             return false;
         };
@@ -954,28 +1008,26 @@ impl Index {
         true
     }
 
-    /// Removes the keys whose deadline is before `now` (unix milliseconds; a key expires
-    /// once its deadline has passed, as in Redis); how many.
-    pub fn purge_expired(&mut self, now: u64) -> u64 {
+    /// Says the time is `now` (unix milliseconds): from then on keys whose deadline is
+    /// before it are gone (a key expires once its deadline has passed, as in Redis).
+    /// Removes up to `most` of them, soonest first; how many it removed.
+    pub fn purge_expired(&mut self, now: u64, most: usize) -> u64 {
+        self.now = now;
         let mut n = 0;
-        while let Some((d, key)) = self.deadlines.first().cloned() {
-            if d >= now {
-                break;
-            }
-            self.remove(&key);
+        while n < most && self.expire_first_due() {
             n += 1;
         }
-        self.expired += n;
-        n
+        n as u64
     }
 
     pub fn stats(&self) -> IndexStats {
+        let past = self.past_unremoved();
         IndexStats {
-            keys: self.map.len() as u64,
+            keys: self.map.len() as u64 - past,
             used_blocks: self.used,
             total_blocks: (self.total - RESERVED_BLOCKS).saturating_sub(self.kept_free()),
             evictions: self.evictions,
-            expiring: self.deadlines.len() as u64,
+            expiring: self.deadlines.len() as u64 - past,
             expired: self.expired,
             inline_bytes: self.inline_bytes,
             hold_back_overruns: self.overruns(),
@@ -1437,7 +1489,8 @@ mod tests {
         Put(u8, u16),
         Deadline(u8, Option<u16>),
         Remove(u8),
-        Purge(u16),
+        /// The time, and the most keys past their deadline to remove.
+        Purge(u16, usize),
     }
 
     fn op() -> impl proptest::strategy::Strategy<Value = Op> {
@@ -1446,19 +1499,22 @@ mod tests {
             (0..8u8, 0..3000u16).prop_map(|(k, len)| Op::Put(k, len)),
             (0..8u8, proptest::option::of(0..100u16)).prop_map(|(k, d)| Op::Deadline(k, d)),
             (0..8u8).prop_map(Op::Remove),
-            (0..120u16).prop_map(Op::Purge),
+            (0..120u16, 0..3usize).prop_map(|(now, most)| Op::Purge(now, most)),
         ]
     }
 
     proptest::proptest! {
         /// Against a map of keys to (length, deadline), with room for every key (no
-        /// eviction): keys, deadlines, the count of keys with one, the blocks in use and
-        /// the expired count agree after every step.
+        /// eviction), the time only going forward and purges removing at most two keys
+        /// past their deadline: the keys, their deadlines and the count of keys with one
+        /// agree after every step (keys past their deadline are gone whether removed or
+        /// not); and once every key past its deadline is removed, the blocks in use and
+        /// the expired count.
         #[test]
         fn deadlines_agree_with_a_model(ops in proptest::collection::vec(op(), 1..60)) {
             let mut ix = Index::new(room(8 * 6, 512), 512);
             let mut model: HashMap<u8, (u64, Option<u64>)> = HashMap::new();
-            let mut expired = 0;
+            let (mut expired, mut now) = (0, 0);
             for o in ops {
                 match o {
                     Op::Put(k, len) => {
@@ -1473,24 +1529,35 @@ mod tests {
                     Op::Remove(k) => {
                         proptest::prop_assert_eq!(ix.remove(k.to_string().as_bytes()), model.remove(&k).is_some());
                     }
-                    Op::Purge(now) => {
-                        let now = u64::from(now);
-                        let before = model.len();
-                        model.retain(|_, (_, d)| d.is_none_or(|d| d >= now));
-                        let n = (before - model.len()) as u64;
-                        expired += n;
-                        proptest::prop_assert_eq!(ix.purge_expired(now), n);
+                    Op::Purge(at, most) => {
+                        now = now.max(u64::from(at));
+                        ix.purge_expired(now, most);
                     }
                 }
+                // What the time says is gone: a deadline passed, set now or before.
+                let before = model.len();
+                model.retain(|_, (_, d)| d.is_none_or(|d| d >= now));
+                expired += (before - model.len()) as u64;
                 let s = ix.stats();
                 proptest::prop_assert_eq!(s.keys, model.len() as u64);
                 proptest::prop_assert_eq!(s.expiring, model.values().filter(|e| e.1.is_some()).count() as u64);
-                proptest::prop_assert_eq!(s.expired, expired);
-                proptest::prop_assert_eq!(s.used_blocks, model.values().map(|e| e.0.div_ceil(512)).sum::<u64>());
-                for (k, (_, d)) in &model {
-                    proptest::prop_assert_eq!(ix.deadline(k.to_string().as_bytes()), Some(*d));
+                for k in 0..8u8 {
+                    let key = k.to_string();
+                    let want = model.get(&k);
+                    proptest::prop_assert_eq!(ix.deadline(key.as_bytes()), want.map(|e| e.1));
+                    proptest::prop_assert_eq!(ix.contains(key.as_bytes()), want.is_some());
+                    proptest::prop_assert_eq!(ix.len_of(key.as_bytes()), want.map(|e| e.0));
                 }
+                let mut keys: Vec<String> = ix.keys().map(|k| String::from_utf8_lossy(k).into_owned()).collect();
+                keys.sort();
+                let mut want: Vec<String> = model.keys().map(u8::to_string).collect();
+                want.sort();
+                proptest::prop_assert_eq!(keys, want);
             }
+            ix.purge_expired(now, usize::MAX);
+            let s = ix.stats();
+            proptest::prop_assert_eq!(s.expired, expired);
+            proptest::prop_assert_eq!(s.used_blocks, model.values().map(|e| e.0.div_ceil(512)).sum::<u64>());
         }
     }
 
@@ -1866,6 +1933,26 @@ mod tests {
         assert!(!whole.is_torn());
     }
 
+    /// Keys past their deadline but not removed yet (a purge removing none) are gone to
+    /// lookups, and give their blocks to a new value before any live key is evicted.
+    #[test]
+    fn keys_past_their_deadline_go_before_live_ones_when_room_is_needed() {
+        let mut ix = Index::new(room(6, 512), 512);
+        for k in ["a", "b", "c", "d", "e", "f"] {
+            put(&mut ix, k, 512).unwrap();
+        }
+        assert!(ix.set_deadline(b"b", Some(10)) && ix.set_deadline(b"e", Some(20)));
+        assert_eq!(ix.purge_expired(100, 0), 0);
+        assert!(!ix.contains(b"b") && ix.get(b"e").is_none() && ix.contains(b"a"));
+        assert_eq!(ix.stats().keys, 4);
+        put(&mut ix, "g", 1024).unwrap();
+        let s = ix.stats();
+        assert_eq!((s.keys, s.evictions, s.expired), (5, 0, 2));
+        assert!(["a", "c", "d", "f", "g"]
+            .iter()
+            .all(|k| ix.contains(k.as_bytes())));
+    }
+
     #[test]
     fn keys_past_their_deadline_are_purged() {
         let mut ix = Index::new(room(8, 512), 512);
@@ -1879,15 +1966,14 @@ mod tests {
         assert_eq!(ix.deadline(b"c"), Some(None));
         assert_eq!(ix.deadline(b"zz"), None);
         // At its deadline a key still lives; past it, it goes.
-        assert_eq!(ix.purge_expired(1_000), 0);
-        assert_eq!(ix.purge_expired(1_001), 1);
+        assert_eq!(ix.purge_expired(1_000, usize::MAX), 0);
+        assert_eq!(ix.purge_expired(1_001, usize::MAX), 1);
         assert!(!ix.contains(b"a") && ix.contains(b"b"));
         // A deadline taken away, or a key replaced, is no longer waited for.
         ix.set_deadline(b"b", None);
-        assert_eq!(ix.purge_expired(u64::MAX), 0);
-        ix.set_deadline(b"c", Some(5));
+        ix.set_deadline(b"c", Some(5_000));
         put(&mut ix, "c", 512).unwrap();
-        assert_eq!(ix.purge_expired(u64::MAX), 0);
+        assert_eq!(ix.purge_expired(u64::MAX, usize::MAX), 0);
         let s = ix.stats();
         assert_eq!((s.keys, s.used_blocks, s.expiring, s.expired), (2, 2, 0, 1));
     }

@@ -51,13 +51,13 @@ impl<V> Keys<V> {
         shard_of(self.pick.hash_bytes(key))
     }
 
-    /// The keys whose hash (fixed for the map's life) is at least `from`, with it, in no
-    /// particular order: those of the map `from` falls in, then of each map after, until
+    /// The keys whose hash (fixed for the map's life) is at least `from` and whose value
+    /// `keep` keeps, with their hash, in no particular order: those of the map `from` falls in, then of each map after, until
     /// at least `most` are found or the maps end. The maps are in the order of their
     /// hashes' top bits, so the `most` smallest found are the `most` smallest there are.
     /// A walk over the keys in steps, each looking at a map's share of them rather than at
     /// every key.
-    pub fn hashed_from(&self, from: u64, most: usize) -> WalkStep {
+    pub fn hashed_from(&self, from: u64, most: usize, keep: impl Fn(&V) -> bool) -> WalkStep {
         let mut found = Vec::new();
         let first = shard_of(from);
         for (i, map) in self.shards.iter().enumerate().skip(first) {
@@ -67,9 +67,9 @@ impl<V> Keys<V> {
                     next_map: Some((i as u64) << (64 - SHARDS.trailing_zeros())),
                 };
             }
-            found.extend(map.keys().filter_map(|k| {
+            found.extend(map.iter().filter_map(|(k, v)| {
                 let h = self.pick.hash_bytes(k);
-                (h >= from).then(|| (h, Arc::clone(k)))
+                (h >= from && keep(v)).then(|| (h, Arc::clone(k)))
             }));
         }
         WalkStep {
@@ -187,7 +187,7 @@ mod tests {
             }
             let (mut from, mut walked) = (0u64, Vec::new());
             loop {
-                let WalkStep { found: mut step, next_map } = k.hashed_from(from, most);
+                let WalkStep { found: mut step, next_map } = k.hashed_from(from, most, |_| true);
                 prop_assert!(step.len() >= most || next_map.is_none());
                 prop_assert!(step.iter().all(|(h, _)| next_map.is_none_or(|n| *h < n)));
                 step.sort_unstable_by_key(|(h, _)| *h);

@@ -77,6 +77,12 @@ pub enum StartError {
 /// thread within ten minutes instead of never.
 const CLIENT_KEEP_ALIVE: Duration = Duration::from_secs(300);
 
+/// Keys past their deadline a command removes before it looks at the index (about 0.4 ms
+/// of the lock; 1024 took 1.3 ms); the rest, gone to it all the same, wait for the next
+/// ones. Removing them all at once held every request up: 117–134 ms when 200,000 keys
+/// given one deadline passed it together (`bench/kv-expiry.sh`).
+const PURGED_AT_ONCE: usize = 256;
+
 pub const COMMANDS: &[&str] = &[
     "get", "set", "mget", "mset", "del", "exists", "strlen", "dbsize", "flushall", "ping", "info",
     "expire", "ttl", "persist", "other",
@@ -488,11 +494,12 @@ impl KvService {
         }
     }
 
-    /// The index, without the keys whose deadline has passed: every command sees only
-    /// live keys, and their blocks are free again before a value needs room.
+    /// The index, told the time: every command sees only live keys (those past their
+    /// deadline are gone to every lookup, and their blocks go before any live key's when
+    /// a value needs room), and up to [`PURGED_AT_ONCE`] of them are removed.
     fn lock(&self) -> std::sync::MutexGuard<'_, Index> {
         let mut ix = self.index.lock().unwrap_or_else(PoisonError::into_inner);
-        ix.purge_expired(u64::try_from(now_ms()).unwrap_or(0));
+        ix.purge_expired(u64::try_from(now_ms()).unwrap_or(0), PURGED_AT_ONCE);
         ix
     }
 

@@ -802,6 +802,35 @@ fn keys_expire_at_their_deadline() {
     std::fs::remove_file(path).unwrap();
 }
 
+/// Keys given one deadline pass it together, more of them than a command removes: they
+/// are gone to every command all the same, and removed a batch a command.
+#[test]
+fn many_keys_expiring_together_are_gone_before_they_are_removed() {
+    let n = PURGED_AT_ONCE * 4;
+    let (svc, path) = service("mass-expiry", (n as u64 + 64) * 512, 512);
+    let at = now_ms() + 1500;
+    for i in 0..n {
+        let key = format!("k{i}");
+        let at = at.to_string();
+        run(
+            &svc,
+            &[b"SET", key.as_bytes(), b"v", b"PXAT", at.as_bytes()],
+        );
+    }
+    run(&svc, &[b"SET", b"live", b"v"]);
+    std::thread::sleep(Duration::from_millis(
+        u64::try_from(at + 100 - now_ms()).unwrap_or(0),
+    ));
+    // Keys of one deadline go in key order: "k999" is among the last.
+    assert_eq!(run(&svc, &[b"GET", b"k999"]), b"$-1\r\n");
+    assert_eq!(run(&svc, &[b"EXISTS", b"k999", b"k0", b"live"]), b":1\r\n");
+    assert_eq!(run(&svc, &[b"TTL", b"k998"]), b":-2\r\n");
+    assert_eq!(bulks(&run(&svc, &[b"KEYS", b"*"])), ["live"]);
+    let g = svc.gauges();
+    assert_eq!((g.keys, g.expiring, g.expired), (1, 0, n as u64));
+    std::fs::remove_file(path).unwrap();
+}
+
 #[test]
 fn set_keeps_or_clears_the_deadline() {
     let (svc, path) = service("keepttl", 8 * 4096, 4096);
