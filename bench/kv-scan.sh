@@ -45,10 +45,10 @@ def get():
 getter = threading.Thread(target=get)
 getter.start()
 def meanwhile():
-    waits.sort()
-    said = f"GET meanwhile median {waits[len(waits) // 2] * 1000:.2f} ms, longest {waits[-1] * 1000:.1f} ms"
+    # A copy: the getter goes on appending.
+    w = sorted(waits)
     waits.clear()
-    return said
+    return f"GET meanwhile median {w[len(w) // 2] * 1000:.2f} ms, longest {w[-1] * 1000:.1f} ms"
 t, cursor, n = time.monotonic(), 0, 0
 while True:
     cursor, _ = r.scan(cursor, count=10)

@@ -829,8 +829,7 @@ impl Index {
     /// Removes `key` if its deadline has passed.
     fn expire_if_due(&mut self, key: &[u8]) {
         if self.map.get(key).is_some_and(|e| self.past(e)) {
-            self.take(key);
-            self.expired += 1;
+            self.expire(key);
         }
     }
 
@@ -839,12 +838,17 @@ impl Index {
         match self.deadlines.first() {
             Some((d, key)) if *d < self.now => {
                 let key = Arc::clone(key);
-                self.take(&key);
-                self.expired += 1;
+                self.expire(&key);
                 true
             }
             _ => false,
         }
+    }
+
+    /// Removes `key`, past its deadline, counting it expired.
+    fn expire(&mut self, key: &[u8]) {
+        self.take(key);
+        self.expired += 1;
     }
 
     /// Keys past their deadline but not removed yet.
