@@ -780,11 +780,16 @@ impl Index {
             .map(|(k, _)| &k[..])
     }
 
-    /// A step of a walk over the keys in the order of a hash fixed for the index's life:
-    /// those hashed at least `from`, at least `most` of them where there are (the index's
-    /// maps of keys are looked at one by one, not all).
-    pub fn keys_hashed_from(&self, from: u64, most: usize) -> WalkStep {
-        self.map.hashed_from(from, most, |e| !self.past(e))
+    /// A step of a walk over the keys held in the order of a hash fixed for the index's
+    /// life: the `most` with the least hashes at or past `from` (see `Keys::walk`).
+    pub fn walk_keys(&self, from: u64, most: usize) -> WalkStep {
+        self.map.walk(from, most, |e| !self.past(e))
+    }
+
+    /// The keys held of the map `map` of the index's maps; `None` past the last (a walk
+    /// over every key a map at a time).
+    pub fn keys_of_map(&self, map: usize) -> Option<Vec<Arc<[u8]>>> {
+        self.map.keys_of_map(map, |e| !self.past(e))
     }
 
     /// Every value held, in no particular order (recency unchanged).
@@ -1778,7 +1783,7 @@ mod tests {
                 ix.insert(&[k], e);
             }
             let mut had = Had::new();
-            for (k, e) in &ix.map {
+            for (k, e) in ix.map.iter() {
                 had.entry(k[0]).or_default().insert(e.extents.blocks.clone());
             }
             ix.begin_save();
@@ -1860,11 +1865,11 @@ mod tests {
                 ix.release(released);
                 let back = load_chain(&chain, capacity, bs);
                 let back = back.as_ref().expect("the snapshot and its deltas load");
-                for (k, e) in &back.map {
+                for (k, e) in back.map.iter() {
                     let blocks = &e.extents.blocks;
                     let known = had.get(&k[0]).is_some_and(|h| h.contains(blocks));
                     proptest::prop_assert!(known, "key {:?}: a value it never had", k);
-                    for (other, now) in &ix.map {
+                    for (other, now) in ix.map.iter() {
                         if other != k {
                             proptest::prop_assert!(
                                 blocks.iter().all(|b| !now.extents.blocks.contains(b)),
@@ -1877,7 +1882,7 @@ mod tests {
             proptest::prop_assert_eq!(ix.stats().hold_back_overruns, 0);
             let back = load_chain(&chain, capacity, bs).unwrap();
             proptest::prop_assert_eq!(back.map.len(), ix.map.len());
-            for (k, e) in &ix.map {
+            for (k, e) in ix.map.iter() {
                 let saved = back.map.get(k).map(|e| e.extents.blocks.clone());
                 proptest::prop_assert_eq!(saved, Some(e.extents.blocks.clone()), "key {:?}", k);
             }

@@ -16,20 +16,30 @@ fn shard_of(h: u64) -> usize {
     (h >> (64 - SHARDS.trailing_zeros())) as usize
 }
 
-/// What [`Keys::hashed_from`] found.
+/// A step of a walk over the keys in the order of their hashes ([`Keys::walk`]).
 #[derive(Debug)]
 pub struct WalkStep {
-    /// Keys with their hashes, in no particular order.
+    /// The keys found, with their hashes, in the order of their hashes.
     pub found: Vec<(u64, Arc<[u8]>)>,
-    /// Where the first map not looked at starts (the least hash it can hold), if one was
-    /// left.
-    pub next_map: Option<u64>,
+    /// Whether keys with greater hashes may be left.
+    pub more: bool,
 }
+
+/// A value, and its key's hash (which picked the key's map), kept so that a walk reads it
+/// instead of hashing every key of a map again at each step.
+#[derive(Debug)]
+struct Held<V> {
+    hash: u64,
+    value: V,
+}
+
+/// One of the maps.
+type Map<V> = HashMap<Arc<[u8]>, Held<V>>;
 
 /// Keys → `V`, in [`SHARDS`] hash maps.
 #[derive(Debug)]
 pub struct Keys<V> {
-    shards: Box<[HashMap<Arc<[u8]>, V>]>,
+    shards: Box<[Map<V>]>,
     /// Picks a key's map: a hash of its own, so the maps' hashers' bits still tell apart
     /// the keys within a map (which bucket, and the tag compared before the key); keyed,
     /// so a client cannot aim its keys at one map; a tenth of the cost of the maps'
@@ -51,31 +61,50 @@ impl<V> Keys<V> {
         shard_of(self.pick.hash_bytes(key))
     }
 
-    /// The keys whose hash (fixed for the map's life) is at least `from` and whose value
-    /// `keep` keeps, with their hash, in no particular order: those of the map `from` falls in, then of each map after, until
-    /// at least `most` are found or the maps end. The maps are in the order of their
-    /// hashes' top bits, so the `most` smallest found are the `most` smallest there are.
-    /// A walk over the keys in steps, each looking at a map's share of them rather than at
-    /// every key.
-    pub fn hashed_from(&self, from: u64, most: usize, keep: impl Fn(&V) -> bool) -> WalkStep {
-        let mut found = Vec::new();
-        let first = shard_of(from);
-        for (i, map) in self.shards.iter().enumerate().skip(first) {
-            if found.len() >= most {
-                return WalkStep {
-                    found,
-                    next_map: Some((i as u64) << (64 - SHARDS.trailing_zeros())),
-                };
+    /// The `most` keys (at least one) with the least hashes (fixed for the map's life) at
+    /// or past `from` among those whose value `keep` keeps, and any more that share the
+    /// last one's hash, so that the next step can go on from the hash after it. Looks at
+    /// the map `from` falls in, then at each map after until it has seen `most`: the maps
+    /// are in the order of their hashes' top bits, so a step reads a map's share of the
+    /// keys rather than every key, and copies out only the keys it returns.
+    pub fn walk(&self, from: u64, most: usize, keep: impl Fn(&V) -> bool) -> WalkStep {
+        let most = most.max(1);
+        let mut seen: Vec<(u64, &Arc<[u8]>)> = Vec::new();
+        let mut more = false;
+        for map in self.shards.iter().skip(shard_of(from)) {
+            if seen.len() >= most {
+                more = true;
+                break;
             }
-            found.extend(map.iter().filter_map(|(k, v)| {
-                let h = self.pick.hash_bytes(k);
-                (h >= from && keep(v)).then(|| (h, Arc::clone(k)))
-            }));
+            seen.extend(
+                map.iter()
+                    .filter(|(_, held)| held.hash >= from && keep(&held.value))
+                    .map(|(k, held)| (held.hash, k)),
+            );
         }
+        if seen.len() > most {
+            let (_, &mut (last, _), _) = seen.select_nth_unstable_by_key(most - 1, |(h, _)| *h);
+            let before = seen.len();
+            seen.retain(|(h, _)| *h <= last);
+            more |= seen.len() < before;
+        }
+        seen.sort_unstable_by_key(|(h, _)| *h);
         WalkStep {
-            found,
-            next_map: None,
+            found: seen.into_iter().map(|(h, k)| (h, Arc::clone(k))).collect(),
+            more,
         }
+    }
+
+    /// The keys of map `map` whose value `keep` keeps, in no particular order; `None` past
+    /// the last map.
+    pub fn keys_of_map(&self, map: usize, keep: impl Fn(&V) -> bool) -> Option<Vec<Arc<[u8]>>> {
+        let map = self.shards.get(map)?;
+        Some(
+            map.iter()
+                .filter(|(_, held)| keep(&held.value))
+                .map(|(k, _)| Arc::clone(k))
+                .collect(),
+        )
     }
 
     pub fn len(&self) -> usize {
@@ -87,16 +116,20 @@ impl<V> Keys<V> {
     }
 
     pub fn get(&self, key: &[u8]) -> Option<&V> {
-        self.shards[self.shard(key)].get(key)
+        self.shards[self.shard(key)]
+            .get(key)
+            .map(|held| &held.value)
     }
 
     pub fn get_mut(&mut self, key: &[u8]) -> Option<&mut V> {
         let s = self.shard(key);
-        self.shards[s].get_mut(key)
+        self.shards[s].get_mut(key).map(|held| &mut held.value)
     }
 
     pub fn get_key_value(&self, key: &[u8]) -> Option<(&Arc<[u8]>, &V)> {
-        self.shards[self.shard(key)].get_key_value(key)
+        self.shards[self.shard(key)]
+            .get_key_value(key)
+            .map(|(k, held)| (k, &held.value))
     }
 
     pub fn contains_key(&self, key: &[u8]) -> bool {
@@ -105,8 +138,10 @@ impl<V> Keys<V> {
 
     /// Puts `key` in, giving back the value it had.
     pub fn insert(&mut self, key: Arc<[u8]>, value: V) -> Option<V> {
-        let s = self.shard(&key);
-        let old = self.shards[s].insert(key, value);
+        let hash = self.pick.hash_bytes(&key);
+        let old = self.shards[shard_of(hash)]
+            .insert(key, Held { hash, value })
+            .map(|held| held.value);
         if old.is_none() {
             self.len += 1;
         }
@@ -115,7 +150,9 @@ impl<V> Keys<V> {
 
     pub fn remove_entry(&mut self, key: &[u8]) -> Option<(Arc<[u8]>, V)> {
         let s = self.shard(key);
-        let removed = self.shards[s].remove_entry(key);
+        let removed = self.shards[s]
+            .remove_entry(key)
+            .map(|(k, held)| (k, held.value));
         if removed.is_some() {
             self.len -= 1;
         }
@@ -133,24 +170,14 @@ impl<V> Keys<V> {
 
     /// Every key and value, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (&Arc<[u8]>, &V)> {
-        self.into_iter()
-    }
-
-    pub fn keys(&self) -> impl Iterator<Item = &Arc<[u8]>> {
-        self.iter().map(|(k, _)| k)
+        self.shards
+            .iter()
+            .flatten()
+            .map(|(k, held)| (k, &held.value))
     }
 
     pub fn values(&self) -> impl Iterator<Item = &V> {
         self.iter().map(|(_, v)| v)
-    }
-}
-
-impl<'a, V> IntoIterator for &'a Keys<V> {
-    type Item = (&'a Arc<[u8]>, &'a V);
-    type IntoIter = std::iter::Flatten<std::slice::Iter<'a, HashMap<Arc<[u8]>, V>>>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        self.shards.iter().flatten()
     }
 }
 
@@ -177,31 +204,42 @@ mod tests {
     }
 
     proptest! {
-        /// A walk in steps of at most `most` (the smallest hashes of each step, as `SCAN`
-        /// takes them) finds every key once, in the order of their hashes.
+        /// A walk in steps of `most` (as `SCAN` takes them) finds every key its `keep`
+        /// keeps once, in the order of their hashes, a short step the last; the maps one
+        /// by one hold the same keys.
         #[test]
         fn a_walk_in_steps_finds_every_key_once(n in 0u32..2000, most in 1usize..300) {
             let mut k = Keys::new();
             for i in 0..n {
-                k.insert(Arc::from(format!("k{i}").as_bytes()), ());
+                k.insert(Arc::from(format!("k{i}").as_bytes()), i);
             }
+            let keep = |v: &u32| v % 3 != 0;
             let (mut from, mut walked) = (0u64, Vec::new());
             loop {
-                let WalkStep { found: mut step, next_map } = k.hashed_from(from, most, |_| true);
-                prop_assert!(step.len() >= most || next_map.is_none());
-                prop_assert!(step.iter().all(|(h, _)| next_map.is_none_or(|n| *h < n)));
-                step.sort_unstable_by_key(|(h, _)| *h);
-                step.truncate(most);
-                let Some(&(last, _)) = step.last() else { break };
-                walked.extend(step.into_iter().map(|(h, key)| (h, key.to_vec())));
-                from = last + 1;
+                let WalkStep { found, more } = k.walk(from, most, keep);
+                // No two of these keys share a hash.
+                prop_assert!(found.len() <= most);
+                prop_assert!(found.len() == most || !more);
+                walked.extend(found.iter().map(|(h, key)| (*h, key.to_vec())));
+                match (more, found.last()) {
+                    (true, Some(&(last, _))) => from = last + 1,
+                    _ => break,
+                }
             }
             prop_assert!(walked.windows(2).all(|w| w[0].0 < w[1].0));
             let mut keys: Vec<Vec<u8>> = walked.into_iter().map(|(_, key)| key).collect();
             keys.sort();
-            let mut want: Vec<Vec<u8>> = k.keys().map(|key| key.to_vec()).collect();
+            let mut want: Vec<Vec<u8>> =
+                k.iter().filter(|(_, v)| keep(v)).map(|(key, _)| key.to_vec()).collect();
             want.sort();
-            prop_assert_eq!(keys, want);
+            prop_assert_eq!(&keys, &want);
+            let mut by_map: Vec<Vec<u8>> = (0..)
+                .map_while(|m| k.keys_of_map(m, keep))
+                .flatten()
+                .map(|key| key.to_vec())
+                .collect();
+            by_map.sort();
+            prop_assert_eq!(by_map, want);
         }
 
         /// Inserts, removals and lookups agree with one hash map.
