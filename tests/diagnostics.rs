@@ -160,6 +160,51 @@ fn every_semantic_check_has_a_bad_file() {
             "rules-malformed",
             "malformed.rules:4:1: error: malformed ClassBench rule",
         ),
+        ("bad-settings", "error: `rate` must be above zero"),
+        ("bad-settings", "error: invalid burst `lots`"),
+        (
+            "bad-settings",
+            "error: `peak` and `rate` must both be packet rates or both bit rates",
+        ),
+        (
+            "bad-settings",
+            "error: `excess_burst` belongs to single-rate meters",
+        ),
+        ("bad-settings", "error: `peak_burst` without `peak`"),
+        ("bad-settings", "= hint: e.g. `timeout tcp_established 5d`"),
+        ("bad-settings", "error: unknown conntrack state `tcp_estab`"),
+        ("bad-settings", "error: `flow_cache` is 1 to 67108864 flows"),
+        ("bad-settings", "error: `idle_timeout` must be above zero"),
+        ("bad-actions", "error: cannot decrement `tos`"),
+        ("bad-actions", "error: `eth.type` cannot be set"),
+        (
+            "bad-actions",
+            "error: `ipv4.dst` takes a single address here, not a prefix",
+        ),
+        ("bad-actions", "error: `vlan.push` needs an `id`"),
+        ("bad-actions", "error: zone 70000 is out of range (0-65535)"),
+        (
+            "bad-actions",
+            "error: outer `src` and `dst` are of different IP versions",
+        ),
+        ("bad-actions", "error: VXLAN has no options"),
+        ("bad-actions", "= hint: e.g. `option 0x0102 0x80 0x0000000a`"),
+        (
+            "bad-actions",
+            "error: option data is 2 bytes; it must be a multiple of 4, at most 124",
+        ),
+        ("bad-matches", "error: `vxlan.vni` has no inner copy"),
+        ("bad-matches", "= hint: write `vxlan.vni`"),
+        ("bad-matches", "= hint: values are never negative"),
+        (
+            "bad-matches",
+            "error: invalid IPv6 address `2001:db8::zz` for `ipv6.dst`",
+        ),
+        ("bad-matches", "error: invalid TCP flags `syn+fun`"),
+        (
+            "bad-matches",
+            "error: TCP flags `syn+ack/syn` set bits outside the mask",
+        ),
     ];
     for (file, needle) in expect {
         let checked =

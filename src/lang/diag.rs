@@ -180,19 +180,21 @@ pub struct JsonDiagnostic<'a> {
 
 impl SourceMap {
     /// `FILE:LINE:COL: SEVERITY: MESSAGE`, the source line with carets, notes and the hint.
+    /// The hint's `=` stands under the gutter's `|` of the last source line shown.
     pub fn render(&self, d: &Diagnostic) -> String {
         let mut out = String::new();
-        self.render_located(&mut out, d.span, d.severity.as_str(), &d.message);
+        let mut gutter = self.render_located(&mut out, d.span, d.severity.as_str(), &d.message);
         for (span, msg) in &d.notes {
-            self.render_located(&mut out, *span, "note", msg);
+            gutter = self.render_located(&mut out, *span, "note", msg);
         }
         if let Some(hint) = &d.hint {
-            let _ = writeln!(out, "  = hint: {hint}");
+            let _ = writeln!(out, "{:gutter$} = hint: {hint}", "");
         }
         out
     }
 
-    fn render_located(&self, out: &mut String, span: Span, label: &str, msg: &str) {
+    /// Writes the located part; the width of its gutter (the line number's).
+    fn render_located(&self, out: &mut String, span: Span, label: &str, msg: &str) -> usize {
         let file = self.file(span.file);
         let (line, col) = file.line_col(span.start);
         let text = file.line_text(line);
@@ -214,6 +216,7 @@ impl SourceMap {
         let _ = writeln!(out, "{pad} |");
         let _ = writeln!(out, "{gutter} | {text}");
         let _ = writeln!(out, "{pad} | {lead}{}", "^".repeat(width));
+        gutter.len()
     }
 
     pub fn json<'a>(&'a self, d: &'a Diagnostic) -> JsonDiagnostic<'a> {

@@ -105,6 +105,15 @@ fn key_of(keys: Keys, word: &str) -> Option<Values> {
     keys.iter().find(|(k, _)| *k == word).map(|&(_, v)| v)
 }
 
+/// How a key of several values is written, for the error when some are missing.
+fn example_of(key: &str) -> Option<&'static str> {
+    match key {
+        "timeout" => Some("timeout tcp_established 5d"),
+        "option" => Some("option 0x0102 0x80 0x0000000a"),
+        _ => None,
+    }
+}
+
 /// What follows an action's name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Arity {
@@ -412,7 +421,8 @@ impl<'a> Parser<'a, '_> {
                         } else {
                             format!("{want} values")
                         };
-                        self.error(key.span, format!("`{}` needs {what}", key.text), None);
+                        let hint = example_of(&key.text).map(|e| format!("e.g. `{e}`"));
+                        self.error(key.span, format!("`{}` needs {what}", key.text), hint);
                     } else {
                         opts.push(Opt {
                             key,

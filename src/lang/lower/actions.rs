@@ -309,22 +309,20 @@ impl Lowerer<'_> {
                 Some("options belong to `geneve.encap`".into());
             return None;
         }
-        if o.values.len() != 3 {
-            self.err(o.key.span, "`option` takes a class, a type and data")
-                .hint = Some("e.g. `option 0x0102 0x80 0x0000000a`".into());
-            return None;
-        }
-        let class = self.int_in(&o.values[0], "option class", 0, 0xffff)? as u16;
-        let kind = self.int_in(&o.values[1], "option type", 0, 0xff)? as u8;
+        let [class, kind, data_word] = &o.values[..] else {
+            unreachable!("the parser takes a class, a type and data")
+        };
+        let class = self.int_in(class, "option class", 0, 0xffff)? as u16;
+        let kind = self.int_in(kind, "option type", 0, 0xff)? as u8;
         let data = self.parsed(
-            &o.values[2],
+            data_word,
             "option data",
             "write 0x and a multiple of 8 hex digits",
             value::hex_bytes,
         )?;
         if data.len() % 4 != 0 || data.len() > 124 {
             self.err(
-                o.values[2].span,
+                data_word.span,
                 format!(
                     "option data is {} bytes; it must be a multiple of 4, at most 124",
                     data.len()

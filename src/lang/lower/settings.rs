@@ -122,7 +122,7 @@ impl Lowerer<'_> {
             let (text, span) = l.joined(o);
             match value::rate(&text) {
                 Some(value::Rate::Pps(0) | value::Rate::Bps(0)) => {
-                    l.err(span, format!("{key} must be above zero"));
+                    l.err(span, format!("`{key}` must be above zero"));
                     None
                 }
                 Some(r) => Some(Some(r)),
@@ -273,13 +273,9 @@ impl Lowerer<'_> {
                     None => ok = false,
                 },
                 "timeout" => {
-                    if o.values.len() != 2 {
-                        self.err(o.key.span, "`timeout` takes a state and a duration")
-                            .hint = Some("e.g. `timeout tcp_established 5d`".into());
-                        ok = false;
-                        continue;
-                    }
-                    let (state, dur) = (&o.values[0], &o.values[1]);
+                    let [state, dur] = &o.values[..] else {
+                        unreachable!("the parser takes a state and a duration")
+                    };
                     let Some(d) = self.parsed(
                         dur,
                         "duration",
