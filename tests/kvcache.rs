@@ -1565,23 +1565,31 @@ impl Resp {
         }
     }
 
-    /// The reply to `words`, whole (a simple reply, an integer, an error, a bulk string).
+    /// The reply to `words`, whole (a simple reply, an integer, an error, a bulk string,
+    /// an array of them).
     fn call(&mut self, words: &[&str]) -> String {
-        use std::io::{BufRead, Read};
         let mut req = format!("*{}\r\n", words.len());
         for w in words {
             req += &format!("${}\r\n{w}\r\n", w.len());
         }
         self.send_raw(req.as_bytes());
+        self.reply()
+    }
+
+    /// The next reply, as it came.
+    fn reply(&mut self) -> String {
+        use std::io::{BufRead, Read};
         let mut line = String::new();
         self.stream.read_line(&mut line).expect("reply");
-        if let Some(n) = line
-            .strip_prefix('$')
-            .and_then(|n| n.trim().parse::<usize>().ok())
-        {
+        let count = |prefix| line.strip_prefix(prefix)?.trim().parse::<usize>().ok();
+        if let Some(n) = count('$') {
             let mut body = vec![0u8; n + 2];
             self.stream.read_exact(&mut body).expect("bulk");
             line += &String::from_utf8_lossy(&body);
+        } else if let Some(n) = count('*') {
+            for _ in 0..n {
+                line += &self.reply();
+            }
         }
         line
     }
@@ -1614,6 +1622,21 @@ impl Resp {
     }
 }
 
+/// A redis-server of its own, keeping nothing on disk, and its port.
+fn redis_server() -> (Running, u16) {
+    let port = free_port();
+    let server = Running(
+        Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("`redis-server` is required (scripts/test installs it)"),
+    );
+    wait_for_port(port, "redis-server");
+    (server, port)
+}
+
 /// Expiry as Redis 7 has it, command by command against a real redis-server: `SET` with
 /// `EX`/`PX`/`EXAT`/`PXAT`/`KEEPTTL`, `EXPIRE` and its forms with `NX`/`XX`/`GT`/`LT`,
 /// `TTL`, `EXPIRETIME`, `PERSIST`, `GETEX`, `GETDEL`, their errors, deadlines already past,
@@ -1622,16 +1645,7 @@ impl Resp {
 fn expiry_answers_as_redis_does() {
     let dir = Scratch::new("kv-expiry");
     let kv = KvService::start(&dir, &format!("file://{}", dir.path("blocks.img")), "4MiB");
-    let redis_port = free_port();
-    let _redis = Running(
-        Command::new("redis-server")
-            .args(["--port", &redis_port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("`redis-server` is required (scripts/test installs it)"),
-    );
-    wait_for_port(redis_port, "redis-server");
+    let (_redis, redis_port) = redis_server();
     let (mut ours, mut theirs) = (Resp::connect(kv.port), Resp::connect(redis_port));
     let script: &[&[&str]] = &[
         &["SET", "a", "1"],
@@ -1752,6 +1766,80 @@ fn expiry_answers_as_redis_does() {
         assert_eq!(ours.call(words), theirs.call(words), "{words:?}");
     }
     assert!(kv.metric("dpuflow_kvcache_expired_keys_total{service=\"kvcache\"}") >= 1);
+    assert_eq!(kv.terminate(), 0);
+}
+
+/// The commands besides expiry, their argument errors included, against a real
+/// redis-server: what a client library or redis-cli sends answers as Redis 7 answers it.
+#[test]
+fn commands_answer_as_redis_does() {
+    let dir = Scratch::new("kv-commands");
+    let kv = KvService::start(&dir, &format!("file://{}", dir.path("blocks.img")), "4MiB");
+    let (_redis, redis_port) = redis_server();
+    let (mut ours, mut theirs) = (Resp::connect(kv.port), Resp::connect(redis_port));
+    let script: &[&[&str]] = &[
+        &["PING"],
+        &["PING", "hello"],
+        &["PING", "a", "b"],
+        &["ECHO", "hello"],
+        &["ECHO"],
+        &["ECHO", "a", "b"],
+        &["SELECT", "0"],
+        &["SELECT", "16"],
+        &["SELECT"],
+        &["SET", "a"],
+        &["SET", "a", "1", "2"],
+        &["SET", "a", "1", "FOO"],
+        &["GET"],
+        &["GET", "a", "b"],
+        &["GET", "missing"],
+        &["STRLEN", "missing"],
+        &["STRLEN"],
+        &["MSET"],
+        &["MSET", "a"],
+        &["MSET", "a", "1", "b"],
+        &["MSET", "a", "1", "b", "22"],
+        &["MGET"],
+        &["MGET", "a", "missing", "b"],
+        &["STRLEN", "b"],
+        &["EXISTS"],
+        &["EXISTS", "a", "a", "missing", "b"],
+        &["DEL"],
+        &["DEL", "a", "missing"],
+        &["UNLINK", "b", "b"],
+        &["DBSIZE"],
+        &["DBSIZE", "x"],
+        // Cursors are the server's own: a walk from one matches Redis's on an empty store.
+        &["SCAN", "-1"],
+        &["SET", "only", "1"],
+        &["KEYS", "on*"],
+        &["KEYS"],
+        &["SCAN"],
+        &["SCAN", "abc"],
+        &["SCAN", "0", "COUNT", "0"],
+        &["SCAN", "0", "COUNT", "x"],
+        &["SCAN", "0", "FOO", "1"],
+        &["SCAN", "0", "MATCH"],
+        &["SCAN", "0", "TYPE", "hash"],
+        &["CLIENT", "SETNAME", "me"],
+        &["CLIENT", "FOO"],
+        &["CLIENT"],
+        &["SCAN", "18446744073709551616"],
+        &["SCAN", "+0", "COUNT", "01"],
+        &["FLUSHALL"],
+        &["DBSIZE"],
+        &["NOSUCHCOMMAND", "x", "y"],
+        &["nosuch", &"z".repeat(100), &"y".repeat(100), "w"],
+        &["QUIT"],
+    ];
+    let differ: Vec<String> = script
+        .iter()
+        .filter_map(|words| {
+            let (a, b) = (ours.call(words), theirs.call(words));
+            (a != b).then(|| format!("{words:?}: {a:?}, Redis {b:?}"))
+        })
+        .collect();
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
     assert_eq!(kv.terminate(), 0);
 }
 

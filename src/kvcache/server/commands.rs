@@ -31,6 +31,40 @@ pub(super) fn integer(arg: &[u8]) -> Option<i64> {
         .flatten()
 }
 
+/// A `SCAN` cursor as Redis reads one (C's `strtoul`): digits after an optional sign, a
+/// minus wrapping around.
+fn cursor_of(arg: &[u8]) -> Option<u64> {
+    let (minus, digits) = match arg {
+        [b'-', rest @ ..] => (true, rest),
+        [b'+', rest @ ..] => (false, rest),
+        _ => (false, arg),
+    };
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some(if minus { n.wrapping_neg() } else { n })
+}
+
+/// Redis's error for a command it does not know: the name as sent and the first
+/// arguments, each quoted, as much of them as fits in 128 bytes.
+fn unknown_command(name: &[u8], args: &[&[u8]]) -> String {
+    const SHOWN: usize = 128;
+    let name = String::from_utf8_lossy(&name[..name.len().min(SHOWN)]);
+    let mut shown = Vec::new();
+    for a in args {
+        if shown.len() >= SHOWN {
+            break;
+        }
+        let room = SHOWN - shown.len();
+        shown.push(b'\'');
+        shown.extend_from_slice(&a[..a.len().min(room)]);
+        shown.extend_from_slice(b"' ");
+    }
+    let shown = String::from_utf8_lossy(&shown);
+    format!("ERR unknown command '{name}', with args beginning with: {shown}")
+}
+
 /// The deadline (unix milliseconds) `amount` of `unit` gives at `now`: relative for
 /// `EX`/`PX`/`EXPIRE`/`PEXPIRE`, absolute for the `…AT` forms; `None` past 64 bits
 /// (Redis's "invalid expire time").
@@ -164,7 +198,11 @@ impl KvService {
                     reply::integer(out, len as i64);
                 }
             }
-            "dbsize" => reply::integer(out, self.lock().stats().keys as i64),
+            "dbsize" => {
+                if arity(0, out) {
+                    reply::integer(out, self.lock().stats().keys as i64);
+                }
+            }
             "expire" | "pexpire" | "expireat" | "pexpireat" => self.expire(&name, args, out),
             "ttl" | "pttl" | "expiretime" | "pexpiretime" => {
                 if arity(1, out) {
@@ -234,7 +272,15 @@ impl KvService {
             "client" => match args.first().map(|a| a.to_ascii_lowercase()).as_deref() {
                 Some(b"setname" | b"setinfo") => reply::ok(out),
                 Some(b"getname") => reply::null(out),
-                _ => reply::error(out, "ERR unknown subcommand for 'client'"),
+                None => {
+                    arity(1, out);
+                }
+                Some(_) => {
+                    let sub = args.first().map(|a| String::from_utf8_lossy(a));
+                    let sub = sub.as_deref().unwrap_or("");
+                    let msg = format!("ERR unknown subcommand '{sub:.128}'. Try CLIENT HELP.");
+                    reply::error(out, &msg);
+                }
             },
             "auth" => match self.auth(args) {
                 Ok(()) => reply::ok(out),
@@ -250,14 +296,7 @@ impl KvService {
                 );
             }
             _ => {
-                let first = args
-                    .first()
-                    .map(|a| String::from_utf8_lossy(a).into_owned())
-                    .unwrap_or_default();
-                reply::error(
-                    out,
-                    &format!("ERR unknown command '{name}', with args beginning with: '{first}'"),
-                );
+                reply::error(out, &unknown_command(words[0], args));
             }
         }
         if let (Some(i), Some(since)) = (timed, since) {
@@ -529,10 +568,7 @@ impl KvService {
             reply::error(out, "ERR wrong number of arguments for 'scan' command");
             return;
         };
-        let Some(cursor) = std::str::from_utf8(cursor)
-            .ok()
-            .and_then(|c| c.parse::<u64>().ok())
-        else {
+        let Some(cursor) = cursor_of(cursor) else {
             reply::error(out, "ERR invalid cursor");
             return;
         };
@@ -541,9 +577,14 @@ impl KvService {
             match (opt[0].to_ascii_lowercase().as_slice(), opt.get(1)) {
                 (b"match", Some(p)) => pattern = p,
                 (b"count", Some(n)) => {
-                    match std::str::from_utf8(n).ok().and_then(|n| n.parse().ok()) {
-                        Some(n) if n > 0 => count = n,
-                        _ => {
+                    match integer(n) {
+                        Some(n) if n > 0 => count = usize::try_from(n).unwrap_or(usize::MAX),
+                        // As Redis answers a count below one.
+                        Some(_) => {
+                            reply::error(out, "ERR syntax error");
+                            return;
+                        }
+                        None => {
                             reply::error(out, "ERR value is not an integer or out of range");
                             return;
                         }
@@ -805,6 +846,37 @@ mod tests {
             b"9223372036854775808",
         ] {
             assert_eq!(integer(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn unknown_commands_show_what_fits_of_their_arguments() {
+        assert_eq!(
+            unknown_command(b"FOO", &[b"a", b"b"]),
+            "ERR unknown command 'FOO', with args beginning with: 'a' 'b' "
+        );
+        let long = [b'x'; 200];
+        let msg = unknown_command(&long, &[&long, b"next"]);
+        let shown = format!("'{}' ", "x".repeat(128));
+        assert!(msg.ends_with(&format!(": {shown}")), "{msg}");
+        assert!(
+            msg.contains(&format!("command '{}'", "x".repeat(128))),
+            "{msg}"
+        );
+    }
+
+    proptest::proptest! {
+        /// A cursor reads as C's `strtoul` reads it: a number with an optional sign, a
+        /// minus wrapping; anything else is refused, never a panic.
+        #[test]
+        fn cursors_read_as_strtoul_reads_them(n: u64, bytes: Vec<u8>) {
+            proptest::prop_assert_eq!(cursor_of(n.to_string().as_bytes()), Some(n));
+            proptest::prop_assert_eq!(cursor_of(format!("+{n}").as_bytes()), Some(n));
+            proptest::prop_assert_eq!(cursor_of(format!("-{n}").as_bytes()), Some(n.wrapping_neg()));
+            let decimal = bytes.strip_prefix(b"-").or(bytes.strip_prefix(b"+")).unwrap_or(&bytes);
+            if cursor_of(&bytes).is_some() {
+                proptest::prop_assert!(!decimal.is_empty() && decimal.iter().all(u8::is_ascii_digit));
+            }
         }
     }
 }

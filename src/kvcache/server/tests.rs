@@ -874,7 +874,7 @@ fn errors_read_like_redis() {
     );
     assert_eq!(
         run(&svc, &[b"FOO", b"bar"]),
-        b"-ERR unknown command 'foo', with args beginning with: 'bar'\r\n"
+        b"-ERR unknown command 'FOO', with args beginning with: 'bar' \r\n"
     );
     let too_big = vec![0u8; 8193];
     assert!(run(&svc, &[b"SET", b"k", &too_big]).starts_with(b"-ERR the value"));
