@@ -1843,6 +1843,121 @@ fn commands_answer_as_redis_does() {
     assert_eq!(kv.terminate(), 0);
 }
 
+/// `KEYS` patterns against a real redis-server over the same keys: Redis's glob, its
+/// sets, ranges, escapes and unclosed brackets, key for key; then 2000 patterns made at
+/// random of those bytes.
+#[test]
+fn patterns_match_as_redis_matches_them() {
+    let dir = Scratch::new("kv-patterns");
+    let kv = KvService::start(&dir, &format!("file://{}", dir.path("blocks.img")), "4MiB");
+    let (_redis, redis_port) = redis_server();
+    let (mut ours, mut theirs) = (Resp::connect(kv.port), Resp::connect(redis_port));
+    let keys = [
+        "a",
+        "b",
+        "ab",
+        "abc",
+        "a*b",
+        "a?c",
+        "a-b",
+        "a]b",
+        "a\\b",
+        "[x]",
+        "\\",
+        "]",
+        "^",
+        "-",
+        "hello",
+        "hallo",
+        "hxllo",
+        "hllo",
+        "heeello",
+        "h]llo",
+        "h-llo",
+        "h^llo",
+        "layer0:chunk1",
+        "layer10:chunk2",
+        "",
+    ];
+    for k in keys {
+        for r in [&mut ours, &mut theirs] {
+            assert_eq!(r.call(&["SET", k, "1"]), "+OK\r\n", "{k:?}");
+        }
+    }
+    let patterns = [
+        "*",
+        "**",
+        "?",
+        "??",
+        "a*",
+        "*b",
+        "a?c",
+        "a\\*b",
+        "a\\?c",
+        "h?llo",
+        "h*llo",
+        "h[ae]llo",
+        "h[^e]llo",
+        "h[a-e]llo",
+        "h[e-a]llo",
+        "h[a-]llo",
+        "h[-a]llo",
+        "h[]]llo",
+        "h[\\]]llo",
+        "h[^]llo",
+        "h[",
+        "h[a",
+        "[",
+        "[]",
+        "[^]",
+        "\\",
+        "a\\",
+        "*\\",
+        "a\\\\b",
+        "[[]x]",
+        "layer?:*",
+        "layer*:chunk[12]",
+        "*:*",
+        "a[-]b",
+        "a[]-]b",
+        "a[\\-]b",
+        "h[a-e-x]llo",
+        "[a-]",
+        "[-]",
+        "[^a-z]",
+        "*[",
+        "*[]",
+    ];
+    let listed = |r: &mut Resp, pattern: &str| {
+        let reply = r.call(&["KEYS", pattern]);
+        let mut keys: Vec<&str> = reply.split("\r\n").skip(2).step_by(2).collect();
+        keys.sort_unstable();
+        keys.join(" | ")
+    };
+    // And patterns made at random of the bytes that mean something to a glob.
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let random = (0..2000).map(|_| {
+        let mut next = || {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            (seed >> 33) as usize
+        };
+        let len = 1 + next() % 8;
+        let glob = b"ab*?[]^-\\h";
+        (0..len)
+            .map(|_| glob[next() % glob.len()] as char)
+            .collect::<String>()
+    });
+    let patterns = patterns.iter().map(|p| p.to_string()).chain(random);
+    let differ: Vec<String> = patterns
+        .filter_map(|p| {
+            let (a, b) = (listed(&mut ours, &p), listed(&mut theirs, &p));
+            (a != b).then(|| format!("{p:?}: [{a}], Redis [{b}]"))
+        })
+        .collect();
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
+    assert_eq!(kv.terminate(), 0);
+}
+
 /// With `tls_cert` and `tls_key` the service speaks only TLS: redis-cli and redis-py
 /// connect with the CA's certificate and store and read; a plaintext client gets nothing.
 /// With `tls_client_ca`, only a client presenting a certificate that CA signed gets in.

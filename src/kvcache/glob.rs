@@ -1,8 +1,12 @@
 //! Redis's glob-style key patterns (`KEYS`, `SCAN … MATCH`): `*` any run of bytes, `?` one
 //! byte, `[abc]`, `[^abc]` and `[a-z]` a byte of (or not of) a set, `\x` the byte `x`.
 
-/// Whether `key` matches `pattern`.
+/// Whether `key` matches `pattern`. An empty key matches only an empty pattern, and `*`
+/// (which Redis's `KEYS` and `SCAN` take as every key without matching).
 pub fn matches(pattern: &[u8], key: &[u8]) -> bool {
+    if key.is_empty() {
+        return pattern.is_empty() || pattern == b"*";
+    }
     // Where to resume after the last `*`: the pattern after it, and the key position it
     // has swallowed up to.
     let mut star: Option<(usize, usize)> = None;
@@ -67,7 +71,8 @@ fn step(pattern: &[u8], p: usize, b: u8) -> Step {
 }
 
 /// A `[...]` set starting after its `[` at `p`; an unclosed set matches up to the
-/// pattern's end, as Redis's does.
+/// pattern's end, as Redis's does. As in Redis, a byte followed by `-` and any byte is a
+/// range, `]` included: `[a-]` is the bytes from `]` to `a`, and the set goes on after it.
 fn set(pattern: &[u8], mut p: usize, b: u8) -> Step {
     let negate = pattern.get(p) == Some(&b'^');
     if negate {
@@ -78,7 +83,7 @@ fn set(pattern: &[u8], mut p: usize, b: u8) -> Step {
         if pattern[p] == b'\\' && p + 1 < pattern.len() {
             hit |= pattern[p + 1] == b;
             p += 2;
-        } else if p + 2 < pattern.len() && pattern[p + 1] == b'-' && pattern[p + 2] != b']' {
+        } else if p + 2 < pattern.len() && pattern[p + 1] == b'-' {
             let (lo, hi) = (
                 pattern[p].min(pattern[p + 2]),
                 pattern[p].max(pattern[p + 2]),
@@ -115,6 +120,8 @@ mod tests {
             ("a*b*c", "axxbyyc"),
             ("a\\*", "a*"),
             ("[\\]]", "]"),
+            ("[a-]", "^"),
+            ("h[a-]llo", "ho"),
         ];
         for (p, k) in yes {
             assert!(matches(p.as_bytes(), k.as_bytes()), "{p} should match {k}");
@@ -126,6 +133,10 @@ mod tests {
             ("a*b*c", "axxbyy"),
             ("a\\*", "ab"),
             ("", "x"),
+            ("[a-]", "-"),
+            ("h[a-]llo", "hallo"),
+            ("**", ""),
+            ("?", ""),
         ];
         for (p, k) in no {
             assert!(
