@@ -65,6 +65,30 @@ fn unknown_command(name: &[u8], args: &[&[u8]]) -> String {
     format!("ERR unknown command '{name}', with args beginning with: {shown}")
 }
 
+/// The sections of `info` (`# Name` and its lines, a blank line between sections) that
+/// `INFO section …` asks for, as Redis gives them: all of them for none, `all`,
+/// `everything` or `default`; nothing for a section there is not.
+fn info_sections(info: &str, wanted: &[&[u8]]) -> String {
+    let all = wanted.is_empty()
+        || wanted.iter().any(|w| {
+            [&b"all"[..], b"everything", b"default"]
+                .iter()
+                .any(|a| w.eq_ignore_ascii_case(a))
+        });
+    let sections: Vec<&str> = info
+        .split("\r\n\r\n")
+        .map(|s| s.trim_end_matches("\r\n"))
+        .filter(|s| {
+            let name = s.lines().next().and_then(|l| l.strip_prefix("# "));
+            all || name.is_some_and(|n| wanted.iter().any(|w| w.eq_ignore_ascii_case(n.as_bytes())))
+        })
+        .collect();
+    match sections.is_empty() {
+        true => String::new(),
+        false => sections.join("\r\n\r\n") + "\r\n",
+    }
+}
+
 /// The deadline (unix milliseconds) `amount` of `unit` gives at `now`: relative for
 /// `EX`/`PX`/`EXPIRE`/`PEXPIRE`, absolute for the `…AT` forms; `None` past 64 bits
 /// (Redis's "invalid expire time").
@@ -225,10 +249,21 @@ impl KvService {
                 }
             }
             "scan" => self.scan(args, out),
-            "flushall" | "flushdb" => {
-                self.lock().clear();
-                reply::ok(out);
-            }
+            "flushall" | "flushdb" => match args {
+                [] => {
+                    self.lock().clear();
+                    reply::ok(out);
+                }
+                [mode]
+                    if mode.eq_ignore_ascii_case(b"sync")
+                        || mode.eq_ignore_ascii_case(b"async") =>
+                {
+                    self.lock().clear();
+                    reply::ok(out);
+                }
+                // A mistyped option flushes nothing.
+                _ => reply::error(out, "ERR syntax error"),
+            },
             "save" => {
                 if arity(0, out) {
                     self.save_command(out);
@@ -263,25 +298,8 @@ impl KvService {
                     arity(1, out);
                 }
             },
-            "info" => reply::bulk(out, self.info().as_bytes()),
-            "config" => self.config_command(args, out),
-            "command" => match args.first().map(|a| a.to_ascii_lowercase()) {
-                Some(sub) if sub == b"count" => reply::integer(out, COMMANDS.len() as i64 + 8),
-                _ => reply::array(out, 0),
-            },
-            "client" => match args.first().map(|a| a.to_ascii_lowercase()).as_deref() {
-                Some(b"setname" | b"setinfo") => reply::ok(out),
-                Some(b"getname") => reply::null(out),
-                None => {
-                    arity(1, out);
-                }
-                Some(_) => {
-                    let sub = args.first().map(|a| String::from_utf8_lossy(a));
-                    let sub = sub.as_deref().unwrap_or("");
-                    let msg = format!("ERR unknown subcommand '{sub:.128}'. Try CLIENT HELP.");
-                    reply::error(out, &msg);
-                }
-            },
+            "info" => reply::bulk(out, info_sections(&self.info(), args).as_bytes()),
+            "client" | "command" | "config" => self.subcommand(&name, args, out),
             "auth" => match self.auth(args) {
                 Ok(()) => reply::ok(out),
                 Err(e) => reply::error(out, e),
@@ -617,23 +635,61 @@ impl KvService {
         }
     }
 
-    /// `CONFIG GET pattern`: the few settings clients ask for (redis-benchmark asks for
-    /// `save` and `appendonly`); `CONFIG SET` is refused.
-    fn config_command(&self, args: &[&[u8]], out: &mut Vec<u8>) {
-        let [sub, pattern] = args else {
-            reply::error(
-                out,
-                "ERR unknown subcommand or wrong number of arguments for 'config'",
-            );
+    /// `CLIENT`, `COMMAND` and `CONFIG`: what client libraries send on connecting and what
+    /// Redis tools read of the settings, each subcommand with its arguments counted as
+    /// Redis counts them.
+    fn subcommand(&self, command: &str, args: &[&[u8]], out: &mut Vec<u8>) {
+        let Some((sub, rest)) = args.split_first() else {
+            match command {
+                // The list of commands' details, of which none are given here.
+                "command" => reply::array(out, 0),
+                _ => reply::error(
+                    out,
+                    &format!("ERR wrong number of arguments for '{command}' command"),
+                ),
+            }
             return;
         };
-        if !sub.eq_ignore_ascii_case(b"get") {
-            reply::error(
-                out,
-                "ERR the kvcache service's settings live in its pipeline file",
-            );
+        let lower = sub.to_ascii_lowercase();
+        let (least, most) = match (command, lower.as_slice()) {
+            ("client", b"getname") | ("command", b"count") => (0, 0),
+            ("client", b"setname") => (1, 1),
+            ("client", b"setinfo") => (2, 2),
+            ("command", b"docs" | b"info" | b"list") => (0, usize::MAX),
+            ("config", b"get") => (1, usize::MAX),
+            ("config", b"set") => (2, usize::MAX),
+            ("config", b"resetstat" | b"rewrite") => (0, 0),
+            _ => {
+                let sub = String::from_utf8_lossy(&sub[..sub.len().min(128)]);
+                let help = command.to_ascii_uppercase();
+                reply::error(
+                    out,
+                    &format!("ERR unknown subcommand '{sub}'. Try {help} HELP."),
+                );
+                return;
+            }
+        };
+        if !(least..=most).contains(&rest.len()) {
+            let sub = String::from_utf8_lossy(&lower);
+            let msg = format!("ERR wrong number of arguments for '{command}|{sub}' command");
+            reply::error(out, &msg);
             return;
         }
+        match (command, lower.as_slice()) {
+            ("client", b"getname") => reply::null(out),
+            ("client", _) => reply::ok(out),
+            ("command", b"count") => reply::integer(out, COMMANDS.len() as i64 + 8),
+            ("command", _) => reply::array(out, 0),
+            ("config", b"get") => self.config_get(rest, out),
+            _ => reply::error(
+                out,
+                "ERR the kvcache service's settings live in its pipeline file",
+            ),
+        }
+    }
+
+    /// `CONFIG GET pattern …`: the settings a Redis tool reads, as the service has them.
+    fn config_get(&self, patterns: &[&[u8]], out: &mut Vec<u8>) {
         let settings = [
             ("save", String::new()),
             ("appendonly", "no".to_owned()),
@@ -641,10 +697,10 @@ impl KvService {
             ("maxmemory-policy", "allkeys-lru".to_owned()),
             ("databases", "1".to_owned()),
         ];
-        let pattern = String::from_utf8_lossy(pattern).to_ascii_lowercase();
+        let patterns: Vec<Vec<u8>> = patterns.iter().map(|p| p.to_ascii_lowercase()).collect();
         let hits: Vec<_> = settings
             .iter()
-            .filter(|(k, _)| pattern == "*" || pattern == *k)
+            .filter(|(k, _)| patterns.iter().any(|p| glob::matches(p, k.as_bytes())))
             .collect();
         reply::array(out, hits.len() * 2);
         for (k, v) in hits {
@@ -691,12 +747,6 @@ impl KvService {
 
     /// `AUTH [default] password`.
     pub(super) fn auth(&self, args: &[&[u8]]) -> Result<(), &'static str> {
-        let Some(password) = &self.password else {
-            return Err(
-                "ERR AUTH <password> called without any password configured for the \
-                        default user. Are you sure your configuration is correct?",
-            );
-        };
         let given = match args {
             [p] => p,
             [user, p] if *user == b"default" => p,
@@ -704,7 +754,18 @@ impl KvService {
                 self.counters.auth_failures.fetch_add(1, Relaxed);
                 return Err("WRONGPASS invalid username-password pair or user is disabled.");
             }
-            _ => return Err("ERR wrong number of arguments for 'auth' command"),
+            [] => return Err("ERR wrong number of arguments for 'auth' command"),
+            _ => return Err("ERR syntax error"),
+        };
+        let Some(password) = &self.password else {
+            // As Redis's default user with no password: any password of it will do.
+            return match args {
+                [_] => Err(
+                    "ERR AUTH <password> called without any password configured for \
+                     the default user. Are you sure your configuration is correct?",
+                ),
+                _ => Ok(()),
+            };
         };
         if same_secret(given, password) {
             Ok(())
@@ -722,9 +783,20 @@ impl KvService {
             self.hello(out);
             return false;
         };
-        if *version != b"2" {
-            reply::error(out, "NOPROTO this protocol version is not supported");
-            return false;
+        match integer(version) {
+            Some(2) => {}
+            // RESP3 included: only RESP2 is spoken here.
+            Some(_) => {
+                reply::error(out, "NOPROTO unsupported protocol version");
+                return false;
+            }
+            None => {
+                reply::error(
+                    out,
+                    "ERR Protocol version is not an integer or out of range",
+                );
+                return false;
+            }
         }
         let mut authed = false;
         let mut rest = opts;
@@ -740,7 +812,11 @@ impl KvService {
                 }
                 (b"setname", [_, more @ ..]) => rest = more,
                 _ => {
-                    reply::error(out, "ERR syntax error in HELLO option");
+                    let opt = String::from_utf8_lossy(opt);
+                    reply::error(
+                        out,
+                        &format!("ERR Syntax error in HELLO option '{opt:.128}'"),
+                    );
                     return false;
                 }
             }
@@ -863,6 +939,19 @@ mod tests {
             msg.contains(&format!("command '{}'", "x".repeat(128))),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn info_gives_the_sections_asked_for() {
+        let info = "# Server\r\na:1\r\n\r\n# Stats\r\nb:2\r\n\r\n# Keyspace\r\ndb0:keys=1\r\n";
+        assert_eq!(info_sections(info, &[]), info);
+        assert_eq!(info_sections(info, &[b"ALL"]), info);
+        assert_eq!(info_sections(info, &[b"server"]), "# Server\r\na:1\r\n");
+        assert_eq!(
+            info_sections(info, &[b"keyspace", b"Server"]),
+            "# Server\r\na:1\r\n\r\n# Keyspace\r\ndb0:keys=1\r\n"
+        );
+        assert_eq!(info_sections(info, &[b"nosuch"]), "");
     }
 
     proptest::proptest! {
