@@ -268,6 +268,11 @@ fn hosts_put_and_get(kv: &KvService, image: &str, requests: &str) {
     );
     assert_eq!(kv.cli(&["STRLEN", "layer0"]).trim(), "2500000");
     assert_eq!(kv.cli(&["--scan", "--pattern", "layer*"]).trim(), "layer0");
+    let big = kv.cli(&["--bigkeys"]);
+    assert!(
+        big.contains("Biggest string found '\"layer0\"' has 2500000 bytes"),
+        "{big}"
+    );
     // The bytes went to the target's storage, in the first blocks of a fresh store after
     // the superblock's.
     let disk = std::fs::read(image).expect("read image");
@@ -1802,6 +1807,9 @@ fn commands_answer_as_redis_does() {
         &["MGET"],
         &["MGET", "a", "missing", "b"],
         &["STRLEN", "b"],
+        &["TYPE", "b"],
+        &["TYPE", "missing"],
+        &["TYPE"],
         &["EXISTS"],
         &["EXISTS", "a", "a", "missing", "b"],
         &["DEL"],

@@ -681,7 +681,7 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
         commands,
     );
     type Field = fn(&KvCounters) -> &AtomicU64;
-    let counters: [(&str, &str, Field); 13] = [
+    let counters: [(&str, &str, Field); 14] = [
         ("dpuflow_kvcache_hits_total", "Reads of keys held.", |c| {
             &c.hits
         }),
@@ -709,6 +709,11 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
             "dpuflow_kvcache_corrupt_values_total",
             "Values read back that did not match their checksum (answered as misses, keys removed).",
             |c| &c.corrupt_values,
+        ),
+        (
+            "dpuflow_kvcache_connections_total",
+            "Client connections accepted.",
+            |c| &c.connections,
         ),
         (
             "dpuflow_kvcache_rejected_clients_total",

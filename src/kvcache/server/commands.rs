@@ -222,6 +222,13 @@ impl KvService {
                     reply::integer(out, len as i64);
                 }
             }
+            // Every value is a string (what `redis-cli --bigkeys` asks of each key).
+            "type" => {
+                if arity(1, out) {
+                    let held = self.lock().contains(args[0]);
+                    reply::simple(out, if held { "string" } else { "none" });
+                }
+            }
             "dbsize" => {
                 if arity(0, out) {
                     reply::integer(out, self.lock().stats().keys as i64);
@@ -860,8 +867,9 @@ impl KvService {
         };
         format!(
             "# Server\r\nredis_version:7.0.0\r\ndpuflow_version:{}\r\nredis_mode:standalone\r\n\
-             tcp_port:{}\r\n\r\n# Clients\r\nconnected_clients:{}\r\n\r\n# Memory\r\n\
-             maxmemory:{}\r\nmaxmemory_policy:allkeys-lru\r\n\r\n# Stats\r\n\
+             tcp_port:{}\r\n\r\n# Clients\r\nconnected_clients:{}\r\nblocked_clients:0\r\n\r\n\
+             # Memory\r\nused_memory:{}\r\nmaxmemory:{}\r\nmaxmemory_policy:allkeys-lru\r\n\r\n\
+             # Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\n\
              keyspace_hits:{}\r\nkeyspace_misses:{}\r\nevicted_keys:{}\r\nexpired_keys:{}\r\n\r\n\
              # Persistence\r\nloading:0\r\nrdb_changes_since_last_save:{}\r\n\
              rdb_bgsave_in_progress:{}\r\nrdb_last_save_time:{}\r\nrdb_last_bgsave_status:{}\r\n\r\n\
@@ -873,7 +881,10 @@ impl KvService {
             crate::VERSION,
             self.listen.port(),
             c.clients.load(Relaxed),
+            g.used_bytes,
             self.config.capacity,
+            c.connections.load(Relaxed),
+            c.commands.iter().map(|n| n.load(Relaxed)).sum::<u64>(),
             c.hits.load(Relaxed),
             c.misses.load(Relaxed),
             g.evictions,

@@ -107,6 +107,7 @@ struct Client(Arc<KvService>);
 impl Client {
     fn count(svc: Arc<KvService>) -> Client {
         svc.counters.clients.fetch_add(1, Relaxed);
+        svc.counters.connections.fetch_add(1, Relaxed);
         Client(svc)
     }
 }
@@ -224,6 +225,8 @@ pub struct KvCounters {
     /// Values read back whose checksum did not match what was written.
     pub corrupt_values: AtomicU64,
     pub clients: AtomicU64,
+    /// Client connections accepted (Redis's `total_connections_received`).
+    pub connections: AtomicU64,
     pub rejected_clients: AtomicU64,
     /// `AUTH` (or `HELLO … AUTH`) with a wrong password.
     pub auth_failures: AtomicU64,

@@ -447,6 +447,15 @@ fn a_checkpoint_survives_a_crash_as_it_was_taken() {
     );
     assert!(info.contains("rdb_bgsave_in_progress:0\r\n"), "{info}");
     assert!(info.contains("rdb_last_bgsave_status:ok\r\n"), "{info}");
+    // What `redis-cli --stat` reads.
+    for field in [
+        "\r\nblocked_clients:0\r\n",
+        "\r\nused_memory:",
+        "\r\ntotal_connections_received:0\r\n",
+        "\r\ntotal_commands_processed:",
+    ] {
+        assert!(info.contains(field), "{field:?} in {info}");
+    }
     let lastsave = String::from_utf8(run(&svc, &[b"LASTSAVE"])).unwrap();
     let at: i64 = lastsave.trim_start_matches(':').trim_end().parse().unwrap();
     assert!((now_ms() / 1000 - at).abs() < 60, "{lastsave}");
