@@ -252,34 +252,41 @@ fn graph_renders_with_graphviz() {
             String::from_utf8_lossy(&out.stderr)
         );
         let dot = String::from_utf8(out.stdout).expect("utf-8");
-        assert!(dot.starts_with("digraph "));
-        let mut child = Command::new("dot")
-            .arg("-Tsvg")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("Graphviz `dot` must be installed (Debian package graphviz; scripts/test installs it)");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(dot.as_bytes())
-            .expect("write");
-        let svg = child.wait_with_output().expect("dot");
-        assert!(
-            svg.status.success(),
-            "{file}: dot rejected the graph: {}",
-            String::from_utf8_lossy(&svg.stderr)
-        );
-        assert!(
-            svg.stderr.is_empty(),
-            "{file}: dot warned: {}",
-            String::from_utf8_lossy(&svg.stderr)
-        );
-        let svg = String::from_utf8(svg.stdout).expect("utf-8");
-        assert!(svg.contains("<svg"));
+        renders(&dot, &file);
     }
+}
+
+/// Graphviz draws `dot` (the graph of `file`) without an error or a warning.
+fn renders(dot: &str, file: &str) {
+    assert!(dot.starts_with("digraph "));
+    let mut child = Command::new("dot")
+        .arg("-Tsvg")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect(
+            "Graphviz `dot` must be installed (Debian package graphviz; scripts/test installs it)",
+        );
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(dot.as_bytes())
+        .expect("write");
+    let svg = child.wait_with_output().expect("dot");
+    assert!(
+        svg.status.success(),
+        "{file}: dot rejected the graph: {}",
+        String::from_utf8_lossy(&svg.stderr)
+    );
+    assert!(
+        svg.stderr.is_empty(),
+        "{file}: dot warned: {}",
+        String::from_utf8_lossy(&svg.stderr)
+    );
+    let svg = String::from_utf8(svg.stdout).expect("utf-8");
+    assert!(svg.contains("<svg"));
 }
 
 /// `plan --hardware-only` lets a deployment insist on a pipeline the NIC runs whole.
@@ -316,6 +323,42 @@ fn plan_calls_list_what_installing_hands_doca_flow() {
     assert_eq!(out.status.code(), Some(0));
     let golden = std::fs::read_to_string("tests/data/plans/vxlan-gateway.calls").expect("golden");
     assert_eq!(String::from_utf8_lossy(&out.stdout), golden);
+}
+
+/// A table too big to draw entry by entry is one node, with an edge to each place its
+/// entries send packets, once.
+#[test]
+fn graph_draws_a_large_table_as_one_node() {
+    let dir = Scratch::new("cli-graph");
+    let file = dir.path("big.pipe");
+    let entries: String = (0..100)
+        .map(|i| format!("        10.0.{i}.1 => fwd {}\n", ["a", "b"][i % 2]))
+        .collect();
+    std::fs::write(
+        &file,
+        format!(
+            "pipeline big\nport a {{ driver pcap }}\nport b {{ driver pcap }}\n\
+             pipe p root from a {{\n    table exact ipv4.dst {{\n{entries}    }}\n\
+             \x20   default {{ actions drop }}\n}}\n"
+        ),
+    )
+    .expect("write");
+    let out = dpuflow(&["graph", &file]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dot = String::from_utf8(out.stdout).expect("utf-8");
+    assert!(
+        dot.contains("[shape=box3d, label=\"100 entries\"]"),
+        "{dot}"
+    );
+    for port in ["a", "b"] {
+        let edge = format!("\"pipe:p/entries\" -> \"port:{port}\" [label=\"fwd\"]");
+        assert_eq!(dot.matches(&edge).count(), 1, "{edge} in\n{dot}");
+    }
+    renders(&dot, &file);
 }
 
 #[test]
