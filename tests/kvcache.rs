@@ -273,6 +273,23 @@ fn hosts_put_and_get(kv: &KvService, image: &str, requests: &str) {
         big.contains("Biggest string found '\"layer0\"' has 2500000 bytes"),
         "{big}"
     );
+    // --memkeys ranks keys by the storage their values take: whole blocks.
+    let stored = kv.cli(&["MEMORY", "USAGE", "layer0"]);
+    let stored: u64 = stored
+        .trim()
+        .parse()
+        .expect("MEMORY USAGE answers a number");
+    assert!(
+        (2_500_000..2_500_000 + 2 * 1024 * 1024).contains(&stored),
+        "{stored}"
+    );
+    let mem = kv.cli(&["--memkeys"]);
+    assert!(
+        mem.contains(&format!(
+            "Biggest string found '\"layer0\"' has {stored} bytes"
+        )),
+        "{mem}"
+    );
     // The bytes went to the target's storage, in the first blocks of a fresh store after
     // the superblock's.
     let disk = std::fs::read(image).expect("read image");
@@ -1836,6 +1853,13 @@ fn commands_answer_as_redis_does() {
         &["CLIENT", "SETNAME"],
         &["COMMAND", "FOO"],
         &["COMMAND", "COUNT", "x"],
+        &["MEMORY"],
+        &["MEMORY", "FOO"],
+        &["MEMORY", "USAGE"],
+        &["MEMORY", "USAGE", "missing"],
+        &["MEMORY", "USAGE", "missing", "SAMPLES", "5"],
+        &["MEMORY", "USAGE", "missing", "FOO"],
+        &["MEMORY", "USAGE", "missing", "SAMPLES", "x"],
         &["CONFIG"],
         &["CONFIG", "FOO"],
         &["CONFIG", "GET"],

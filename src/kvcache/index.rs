@@ -821,6 +821,11 @@ impl Index {
         self.live(key).map(|e| e.extents.len())
     }
 
+    /// How many blocks `key`'s value takes, its recency unchanged.
+    pub fn blocks_of(&self, key: &[u8]) -> Option<usize> {
+        self.live(key).map(|e| e.extents.blocks.len())
+    }
+
     /// `key`'s entry, unless its deadline has passed.
     fn live(&self, key: &[u8]) -> Option<&Entry> {
         self.map.get(key).filter(|e| !self.past(e))

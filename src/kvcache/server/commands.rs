@@ -89,6 +89,18 @@ fn info_sections(info: &str, wanted: &[&[u8]]) -> String {
     }
 }
 
+/// Whether `MEMORY USAGE`'s options are none or `SAMPLES count`, or Redis's error.
+fn samples(options: &[&[u8]]) -> Result<(), &'static str> {
+    match options {
+        [] => Ok(()),
+        [word, count] if word.eq_ignore_ascii_case(b"samples") => match integer(count) {
+            Some(_) => Ok(()),
+            None => Err("ERR value is not an integer or out of range"),
+        },
+        _ => Err("ERR syntax error"),
+    }
+}
+
 /// The deadline (unix milliseconds) `amount` of `unit` gives at `now`: relative for
 /// `EX`/`PX`/`EXPIRE`/`PEXPIRE`, absolute for the `…AT` forms; `None` past 64 bits
 /// (Redis's "invalid expire time").
@@ -306,7 +318,7 @@ impl KvService {
                 }
             },
             "info" => reply::bulk(out, info_sections(&self.info(), args).as_bytes()),
-            "client" | "command" | "config" => self.subcommand(&name, args, out),
+            "client" | "command" | "config" | "memory" => self.subcommand(&name, args, out),
             "auth" => match self.auth(args) {
                 Ok(()) => reply::ok(out),
                 Err(e) => reply::error(out, e),
@@ -642,9 +654,9 @@ impl KvService {
         }
     }
 
-    /// `CLIENT`, `COMMAND` and `CONFIG`: what client libraries send on connecting and what
-    /// Redis tools read of the settings, each subcommand with its arguments counted as
-    /// Redis counts them.
+    /// `CLIENT`, `COMMAND`, `CONFIG` and `MEMORY`: what client libraries send on connecting
+    /// and what Redis tools read of the settings and the keys, each subcommand with its
+    /// arguments counted as Redis counts them.
     fn subcommand(&self, command: &str, args: &[&[u8]], out: &mut Vec<u8>) {
         let Some((sub, rest)) = args.split_first() else {
             match command {
@@ -666,6 +678,7 @@ impl KvService {
             ("config", b"get") => (1, usize::MAX),
             ("config", b"set") => (2, usize::MAX),
             ("config", b"resetstat" | b"rewrite") => (0, 0),
+            ("memory", b"usage") => (1, 3),
             _ => {
                 let sub = String::from_utf8_lossy(&sub[..sub.len().min(128)]);
                 let help = command.to_ascii_uppercase();
@@ -688,6 +701,18 @@ impl KvService {
             ("command", b"count") => reply::integer(out, COMMANDS.len() as i64 + 8),
             ("command", _) => reply::array(out, 0),
             ("config", b"get") => self.config_get(rest, out),
+            // A value's storage is its blocks on the target (what `redis-cli --memkeys`
+            // ranks keys by); `SAMPLES` counts for nothing.
+            ("memory", _) => match samples(&rest[1..]) {
+                Err(e) => reply::error(out, e),
+                Ok(()) => match self.lock().blocks_of(rest[0]) {
+                    Some(n) => {
+                        let bytes = n as u64 * self.config.block_size + rest[0].len() as u64;
+                        reply::integer(out, i64::try_from(bytes).unwrap_or(i64::MAX));
+                    }
+                    None => reply::null(out),
+                },
+            },
             _ => reply::error(
                 out,
                 "ERR the kvcache service's settings live in its pipeline file",
