@@ -101,6 +101,44 @@ fn samples(options: &[&[u8]]) -> Result<(), &'static str> {
     }
 }
 
+/// The options of `SET` (`NX`, `XX`, `GET`, `KEEPTTL`) or `GETEX` (`PERSIST`), and of
+/// both an expiry (`EX`, `PX`, `EXAT`, `PXAT` and its amount), read as Redis reads them:
+/// an option may come again, an expiry again in its own unit (the last amount counts),
+/// conflicting ones are a syntax error, and the amount is not read yet.
+#[derive(Debug, Default)]
+struct StringOptions<'a> {
+    only: Only,
+    get: bool,
+    keep: bool,
+    persist: bool,
+    expire: Option<((bool, bool), &'a [u8])>,
+}
+
+impl<'a> StringOptions<'a> {
+    /// `None` for a syntax error.
+    fn of(opts: &[&'a [u8]], set: bool) -> Option<StringOptions<'a>> {
+        let mut o = StringOptions::default();
+        let mut words = opts.iter();
+        while let Some(w) = words.next() {
+            match w.to_ascii_lowercase().as_slice() {
+                b"nx" if set && !matches!(o.only, Only::Present) => o.only = Only::Absent,
+                b"xx" if set && !matches!(o.only, Only::Absent) => o.only = Only::Present,
+                b"get" if set => o.get = true,
+                b"keepttl" if set && o.expire.is_none() => o.keep = true,
+                b"persist" if !set && o.expire.is_none() => o.persist = true,
+                w => {
+                    let unit = expiry_unit(w)?;
+                    if o.keep || o.persist || o.expire.is_some_and(|(u, _)| u != unit) {
+                        return None;
+                    }
+                    o.expire = Some((unit, words.next()?));
+                }
+            }
+        }
+        Some(o)
+    }
+}
+
 /// The deadline (unix milliseconds) `amount` of `unit` gives at `now`: relative for
 /// `EX`/`PX`/`EXPIRE`/`PEXPIRE`, absolute for the `…AT` forms; `None` past 64 bits
 /// (Redis's "invalid expire time").
@@ -349,49 +387,22 @@ impl KvService {
             reply::error(out, "ERR wrong number of arguments for 'set' command");
             return;
         };
-        let (mut only, mut expiry, mut get) = (None, None, false);
-        let mut opts = opts.iter();
-        while let Some(o) = opts.next() {
-            let o = o.to_ascii_lowercase();
-            let (seconds, relative) = match o.as_slice() {
-                b"get" => {
-                    get = true;
-                    continue;
-                }
-                b"nx" | b"xx" if only.is_none() => {
-                    only = Some(if o == b"nx" {
-                        Only::Absent
-                    } else {
-                        Only::Present
-                    });
-                    continue;
-                }
-                b"keepttl" if expiry.is_none() => {
-                    expiry = Some(Expiry::Keep);
-                    continue;
-                }
-                o => match expiry_unit(o) {
-                    Some(unit) => unit,
-                    None => {
-                        reply::error(out, "ERR syntax error");
-                        return;
-                    }
-                },
-            };
-            let Some(amount) = opts.next().filter(|_| expiry.is_none()) else {
-                reply::error(out, "ERR syntax error");
-                return;
-            };
-            match option_deadline("set", (seconds, relative), amount, now_ms()) {
-                Ok(at) => expiry = Some(Expiry::At(at)),
+        let Some(o) = StringOptions::of(opts, true) else {
+            reply::error(out, "ERR syntax error");
+            return;
+        };
+        let expiry = match o.expire {
+            Some((unit, amount)) => match option_deadline("set", unit, amount, now_ms()) {
+                Ok(at) => Expiry::At(at),
                 Err(e) => {
                     reply::error(out, &e);
                     return;
                 }
-            }
-        }
-        let only = only.unwrap_or(Only::Any);
-        let expiry = expiry.unwrap_or(Expiry::Clear);
+            },
+            None if o.keep => Expiry::Keep,
+            None => Expiry::Clear,
+        };
+        let (only, get) = (o.only, o.get);
         // `GET`: the reply is the value the key held, read before anything is stored (so
         // its blocks are not held while the new value needs room), whether or not `NX` or
         // `XX` let the SET store.
@@ -433,10 +444,7 @@ impl KvService {
             );
             return;
         };
-        let Some(amount) = integer(amount) else {
-            reply::error(out, "ERR value is not an integer or out of range");
-            return;
-        };
+        // The options are read before the amount, as Redis reads them.
         let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
         for o in opts {
             match o.to_ascii_lowercase().as_slice() {
@@ -465,6 +473,10 @@ impl KvService {
             );
             return;
         }
+        let Some(amount) = integer(amount) else {
+            reply::error(out, "ERR value is not an integer or out of range");
+            return;
+        };
         let seconds = matches!(name, "expire" | "expireat");
         let relative = matches!(name, "expire" | "pexpire");
         let now = now_ms();
@@ -537,31 +549,27 @@ impl KvService {
             reply::error(out, "ERR wrong number of arguments for 'getex' command");
             return;
         };
-        let now = now_ms();
-        let change = match opts {
-            [] => None,
-            [o] if o.eq_ignore_ascii_case(b"persist") => Some(None),
-            [o, amount] => {
-                let Some(unit) = expiry_unit(&o.to_ascii_lowercase()) else {
-                    reply::error(out, "ERR syntax error");
-                    return;
-                };
-                match option_deadline("getex", unit, amount, now) {
-                    Ok(at) => Some(Some(at)),
-                    Err(e) => {
-                        reply::error(out, &e);
-                        return;
-                    }
-                }
-            }
-            _ => {
-                reply::error(out, "ERR syntax error");
-                return;
-            }
+        let Some(o) = StringOptions::of(opts, false) else {
+            reply::error(out, "ERR syntax error");
+            return;
         };
+        let now = now_ms();
         let extents = {
             let mut ix = self.lock();
             let extents = ix.get(key);
+            // The amount is read only for a key held, as Redis reads it.
+            let change = match o.expire {
+                Some(_) if extents.is_none() => None,
+                Some((unit, amount)) => match option_deadline("getex", unit, amount, now) {
+                    Ok(at) => Some(Some(at)),
+                    Err(e) => {
+                        drop(ix);
+                        reply::error(out, &e);
+                        return;
+                    }
+                },
+                None => o.persist.then_some(None),
+            };
             match change {
                 Some(Some(at)) if at <= now => {
                     ix.remove(key);

@@ -13,8 +13,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// When a `SET` stores: always, or only if the key is absent (`NX`) or present (`XX`).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub(super) enum Only {
+    #[default]
     Any,
     Absent,
     Present,
