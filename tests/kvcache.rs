@@ -1899,6 +1899,93 @@ fn commands_answer_as_redis_does() {
     assert_eq!(kv.terminate(), 0);
 }
 
+/// What each server sends back for `bytes` on a fresh connection, `<closed>` appended
+/// once it closes: all it sends before `quiet` passes with nothing more, or, given
+/// `expect`, until it has sent as many bytes (or closed, or 10 s passed).
+fn raw_answer(port: u16, bytes: &[u8], quiet: Duration, expect: Option<usize>) -> Vec<u8> {
+    use std::io::Read;
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.write_all(bytes).expect("send");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut out = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let enough = expect.is_some_and(|n| out.len() >= n);
+        let wait = match expect {
+            Some(_) if !enough => deadline.saturating_duration_since(Instant::now()),
+            _ => quiet,
+        };
+        if wait.is_zero() {
+            return out;
+        }
+        s.set_read_timeout(Some(wait)).expect("timeout");
+        match s.read(&mut chunk) {
+            Ok(0) => {
+                out.extend_from_slice(b"<closed>");
+                return out;
+            }
+            Ok(n) => out.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                out.extend_from_slice(b"<closed>");
+                return out;
+            }
+            Err(_) => return out,
+        }
+    }
+}
+
+/// Malformed and inline requests, byte for byte, to the service and to a redis-server:
+/// the same answers, and the connection closed where Redis closes it. (Where they
+/// differ on purpose: a bulk string not followed by CRLF is refused here, where Redis
+/// skips two bytes whatever they are; a request of more than a million arguments is
+/// refused at once; inline commands take double quotes without escapes, not single
+/// quotes.)
+#[test]
+fn protocol_errors_answer_as_redis_does() {
+    let dir = Scratch::new("kv-protocol");
+    let kv = KvService::start(&dir, &format!("file://{}", dir.path("blocks.img")), "4MiB");
+    let (_redis, redis_port) = redis_server();
+    let cases: &[&[u8]] = &[
+        b"*-1\r\n",
+        b"*0\r\nPING\r\n",
+        b"*1\r\n$-1\r\n",
+        b"*1\r\n$4\r\nPING\r\n",
+        b"\r\nPING\r\n",
+        b"\nPING\n",
+        b"SET a \"b c\"\r\nGET a\r\n",
+        b"SET a \"unterminated\r\n",
+        b"*1\r\n+PING\r\n",
+        b"*1\r\n:1\r\n",
+        b"*x\r\n",
+        b"*2\r\n$x\r\n",
+        b"*1\r\n$600000000\r\n",
+        b"$4\r\nPING\r\n",
+        b"   PING   \r\n",
+        b"ECHO a  b\r\n",
+        b"PING\r\n\r\n\r\nPING\r\n",
+        b"*2\r\n$4\r\nECHO\r\n$0\r\n\r\n",
+    ];
+    let quiet = Duration::from_millis(300);
+    let differ: Vec<String> = cases
+        .iter()
+        .filter_map(|&c| {
+            let theirs = raw_answer(redis_port, c, quiet, None);
+            let ours = raw_answer(kv.port, c, quiet, Some(theirs.len()));
+            (ours != theirs).then(|| {
+                let show = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+                format!(
+                    "{:?}: {:?}, Redis {:?}",
+                    show(c),
+                    show(&ours),
+                    show(&theirs)
+                )
+            })
+        })
+        .collect();
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
+    assert_eq!(kv.terminate(), 0);
+}
+
 /// Random commands of the string and expiry families, options and all, on a few keys,
 /// to the service and to a redis-server alike: every reply the same (a remaining time
 /// compared by sign, the two clocks being read a moment apart), and the same keys left.

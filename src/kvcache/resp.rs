@@ -26,9 +26,9 @@ pub enum ProtocolError {
     /// Protocol error: invalid bulk length
     #[error("Protocol error: invalid bulk length")]
     BulkLength,
-    /// Protocol error: expected '$'
-    #[error("Protocol error: expected '$', got something else")]
-    ExpectedBulk,
+    /// Protocol error: expected '$', got the byte that came instead
+    #[error("Protocol error: expected '$', got '{}'", char::from(*.0))]
+    ExpectedBulk(u8),
     /// Protocol error: a bulk string not followed by CRLF
     #[error("Protocol error: bulk string not followed by CRLF")]
     MissingCrlf,
@@ -136,7 +136,7 @@ fn parse_array(
         match buf.get(at) {
             None => return Ok(None),
             Some(b'$') => {}
-            Some(_) => return Err(ProtocolError::ExpectedBulk),
+            Some(&other) => return Err(ProtocolError::ExpectedBulk(other)),
         }
         let Some((end, data)) = line(buf, at + 1) else {
             return if buf.len() - at > 32 {
@@ -333,7 +333,14 @@ mod tests {
     fn malformed_requests() {
         assert_eq!(words(b"*x\r\n"), Err(ProtocolError::ArrayLength));
         assert_eq!(words(b"*2000000\r\n"), Err(ProtocolError::ArrayLength));
-        assert_eq!(words(b"*1\r\n:3\r\n"), Err(ProtocolError::ExpectedBulk));
+        assert_eq!(
+            words(b"*1\r\n:3\r\n"),
+            Err(ProtocolError::ExpectedBulk(b':'))
+        );
+        assert_eq!(
+            ProtocolError::ExpectedBulk(b'+').to_string(),
+            "Protocol error: expected '$', got '+'"
+        );
         assert_eq!(words(b"*1\r\n$-1\r\n"), Err(ProtocolError::BulkLength));
         assert_eq!(
             words(b"*1\r\n$999999999999\r\n"),
