@@ -1598,6 +1598,19 @@ impl Resp {
         self.reply()
     }
 
+    /// The keys `KEYS pattern` lists, sorted.
+    fn keys(&mut self, pattern: &str) -> Vec<String> {
+        let reply = self.call(&["KEYS", pattern]);
+        let mut keys: Vec<String> = reply
+            .split("\r\n")
+            .skip(2)
+            .step_by(2)
+            .map(String::from)
+            .collect();
+        keys.sort_unstable();
+        keys
+    }
+
     /// The next reply, as it came.
     fn reply(&mut self) -> String {
         use std::io::{BufRead, Read};
@@ -1644,8 +1657,12 @@ impl Resp {
     }
 }
 
-/// A redis-server of its own, keeping nothing on disk, and its port.
-fn redis_server() -> (Running, u16) {
+/// A service on a small file target beside a redis-server of its own (keeping nothing on
+/// disk), for comparing their answers: the scratch directory, the service, the server and
+/// its port.
+fn beside_redis(name: &str) -> (Scratch, KvService, Running, u16) {
+    let dir = Scratch::new(name);
+    let kv = KvService::start(&dir, &format!("file://{}", dir.path("blocks.img")), "4MiB");
     let port = free_port();
     let server = Running(
         Command::new("redis-server")
@@ -1656,7 +1673,18 @@ fn redis_server() -> (Running, u16) {
             .expect("`redis-server` is required (scripts/test installs it)"),
     );
     wait_for_port(port, "redis-server");
-    (server, port)
+    (dir, kv, server, port)
+}
+
+/// A deterministic stream of numbers below the bound asked for (an LCG from `seed`), for
+/// requests made at random that a failure can be replayed from.
+fn numbers(mut seed: u64) -> impl FnMut(usize) -> usize {
+    move |below| {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) as usize % below
+    }
 }
 
 /// Expiry as Redis 7 has it, command by command against a real redis-server: `SET` with
@@ -1665,9 +1693,7 @@ fn redis_server() -> (Running, u16) {
 /// and keys leaving once theirs passes.
 #[test]
 fn expiry_answers_as_redis_does() {
-    let dir = Scratch::new("kv-expiry");
-    let kv = KvService::start(&dir, &format!("file://{}", dir.path("blocks.img")), "4MiB");
-    let (_redis, redis_port) = redis_server();
+    let (_dir, kv, _redis, redis_port) = beside_redis("kv-expiry");
     let (mut ours, mut theirs) = (Resp::connect(kv.port), Resp::connect(redis_port));
     let script: &[&[&str]] = &[
         &["SET", "a", "1"],
@@ -1795,9 +1821,7 @@ fn expiry_answers_as_redis_does() {
 /// redis-server: what a client library or redis-cli sends answers as Redis 7 answers it.
 #[test]
 fn commands_answer_as_redis_does() {
-    let dir = Scratch::new("kv-commands");
-    let kv = KvService::start(&dir, &format!("file://{}", dir.path("blocks.img")), "4MiB");
-    let (_redis, redis_port) = redis_server();
+    let (_dir, kv, _redis, redis_port) = beside_redis("kv-commands");
     let (mut ours, mut theirs) = (Resp::connect(kv.port), Resp::connect(redis_port));
     let script: &[&[&str]] = &[
         &["PING"],
@@ -1950,9 +1974,7 @@ fn raw_answer(port: u16, bytes: &[u8], quiet: Duration, expect: Option<usize>) -
 /// quotes.)
 #[test]
 fn protocol_errors_answer_as_redis_does() {
-    let dir = Scratch::new("kv-protocol");
-    let kv = KvService::start(&dir, &format!("file://{}", dir.path("blocks.img")), "4MiB");
-    let (_redis, redis_port) = redis_server();
+    let (_dir, kv, _redis, redis_port) = beside_redis("kv-protocol");
     let cases: &[&[u8]] = &[
         b"*-1\r\n",
         b"*0\r\nPING\r\n",
@@ -1999,17 +2021,9 @@ fn protocol_errors_answer_as_redis_does() {
 /// compared by sign, the two clocks being read a moment apart), and the same keys left.
 #[test]
 fn random_commands_answer_as_redis_does() {
-    let dir = Scratch::new("kv-random");
-    let kv = KvService::start(&dir, &format!("file://{}", dir.path("blocks.img")), "4MiB");
-    let (_redis, redis_port) = redis_server();
+    let (_dir, kv, _redis, redis_port) = beside_redis("kv-random");
     let (mut ours, mut theirs) = (Resp::connect(kv.port), Resp::connect(redis_port));
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move |n: usize| {
-        seed = seed
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (seed >> 33) as usize % n
-    };
+    let mut next = numbers(0x2545_f491_4f6c_dd1d);
     // Deadlines far ahead (at least 100 s: none passes during the run, which Redis would
     // still count in DBSIZE until it looked at the key), or long past (the …AT forms'
     // 300000, in 1970), or not deadlines at all.
@@ -2090,18 +2104,7 @@ fn random_commands_answer_as_redis_does() {
     );
     // The keys left, listed (DBSIZE is not compared: Redis counts a key whose deadline
     // has passed until it removes it, which it does lazily or by sampling).
-    let keys = |r: &mut Resp| {
-        let reply = r.call(&["KEYS", "*"]);
-        let mut keys: Vec<String> = reply
-            .split("\r\n")
-            .skip(2)
-            .step_by(2)
-            .map(String::from)
-            .collect();
-        keys.sort_unstable();
-        keys
-    };
-    assert_eq!(keys(&mut ours), keys(&mut theirs));
+    assert_eq!(ours.keys("*"), theirs.keys("*"));
     assert_eq!(kv.terminate(), 0);
 }
 
@@ -2110,9 +2113,7 @@ fn random_commands_answer_as_redis_does() {
 /// random of those bytes.
 #[test]
 fn patterns_match_as_redis_matches_them() {
-    let dir = Scratch::new("kv-patterns");
-    let kv = KvService::start(&dir, &format!("file://{}", dir.path("blocks.img")), "4MiB");
-    let (_redis, redis_port) = redis_server();
+    let (_dir, kv, _redis, redis_port) = beside_redis("kv-patterns");
     let (mut ours, mut theirs) = (Resp::connect(kv.port), Resp::connect(redis_port));
     let keys = [
         "a",
@@ -2190,23 +2191,14 @@ fn patterns_match_as_redis_matches_them() {
         "*[",
         "*[]",
     ];
-    let listed = |r: &mut Resp, pattern: &str| {
-        let reply = r.call(&["KEYS", pattern]);
-        let mut keys: Vec<&str> = reply.split("\r\n").skip(2).step_by(2).collect();
-        keys.sort_unstable();
-        keys.join(" | ")
-    };
+    let listed = |r: &mut Resp, pattern: &str| r.keys(pattern).join(" | ");
     // And patterns made at random of the bytes that mean something to a glob.
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = numbers(0x9e37_79b9_7f4a_7c15);
+    let glob = b"ab*?[]^-\\h";
     let random = (0..2000).map(|_| {
-        let mut next = || {
-            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-            (seed >> 33) as usize
-        };
-        let len = 1 + next() % 8;
-        let glob = b"ab*?[]^-\\h";
+        let len = 1 + next(8);
         (0..len)
-            .map(|_| glob[next() % glob.len()] as char)
+            .map(|_| glob[next(glob.len())] as char)
             .collect::<String>()
     });
     let patterns = patterns.iter().map(|p| p.to_string()).chain(random);

@@ -772,14 +772,6 @@ impl Index {
             .collect()
     }
 
-    /// Every key held, in no particular order.
-    pub fn keys(&self) -> impl Iterator<Item = &[u8]> {
-        self.map
-            .iter()
-            .filter(|(_, e)| !self.past(e))
-            .map(|(k, _)| &k[..])
-    }
-
     /// A step of a walk over the keys held in the order of a hash fixed for the index's
     /// life: the `most` with the least hashes at or past `from` (see `Keys::walk`).
     pub fn walk_keys(&self, from: u64, most: usize) -> WalkStep {
@@ -1562,7 +1554,11 @@ mod tests {
                     proptest::prop_assert_eq!(ix.contains(key.as_bytes()), want.is_some());
                     proptest::prop_assert_eq!(ix.len_of(key.as_bytes()), want.map(|e| e.0));
                 }
-                let mut keys: Vec<String> = ix.keys().map(|k| String::from_utf8_lossy(k).into_owned()).collect();
+                let mut keys: Vec<String> = (0..)
+                    .map_while(|m| ix.keys_of_map(m))
+                    .flatten()
+                    .map(|k| String::from_utf8_lossy(&k).into_owned())
+                    .collect();
                 keys.sort();
                 let mut want: Vec<String> = model.keys().map(u8::to_string).collect();
                 want.sort();

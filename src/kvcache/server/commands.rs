@@ -306,21 +306,20 @@ impl KvService {
                 }
             }
             "scan" => self.scan(args, out),
-            "flushall" | "flushdb" => match args {
-                [] => {
-                    self.lock().clear();
-                    reply::ok(out);
-                }
-                [mode]
-                    if mode.eq_ignore_ascii_case(b"sync")
-                        || mode.eq_ignore_ascii_case(b"async") =>
-                {
-                    self.lock().clear();
-                    reply::ok(out);
-                }
+            "flushall" | "flushdb" => {
+                let mode = match args {
+                    [] => true,
+                    [m] => m.eq_ignore_ascii_case(b"sync") || m.eq_ignore_ascii_case(b"async"),
+                    _ => false,
+                };
                 // A mistyped option flushes nothing.
-                _ => reply::error(out, "ERR syntax error"),
-            },
+                if mode {
+                    self.lock().clear();
+                    reply::ok(out);
+                } else {
+                    reply::error(out, "ERR syntax error");
+                }
+            }
             "save" => {
                 if arity(0, out) {
                     self.save_command(out);
@@ -709,22 +708,31 @@ impl KvService {
             ("command", b"count") => reply::integer(out, COMMANDS.len() as i64 + 8),
             ("command", _) => reply::array(out, 0),
             ("config", b"get") => self.config_get(rest, out),
-            // A value's storage is its blocks on the target (what `redis-cli --memkeys`
-            // ranks keys by); `SAMPLES` counts for nothing.
-            ("memory", _) => match samples(&rest[1..]) {
-                Err(e) => reply::error(out, e),
-                Ok(()) => match self.lock().blocks_of(rest[0]) {
-                    Some(n) => {
-                        let bytes = n as u64 * self.config.block_size + rest[0].len() as u64;
-                        reply::integer(out, i64::try_from(bytes).unwrap_or(i64::MAX));
-                    }
-                    None => reply::null(out),
-                },
-            },
+            ("memory", _) => self.memory_usage(rest, out),
             _ => reply::error(
                 out,
                 "ERR the kvcache service's settings live in its pipeline file",
             ),
+        }
+    }
+
+    /// `MEMORY USAGE key [SAMPLES count]`: the storage a value takes, its blocks on the
+    /// target, and its key (what `redis-cli --memkeys` ranks keys by); `SAMPLES` counts
+    /// for nothing.
+    fn memory_usage(&self, args: &[&[u8]], out: &mut Vec<u8>) {
+        let [key, options @ ..] = args else {
+            unreachable!("`subcommand` counted a key at least")
+        };
+        if let Err(e) = samples(options) {
+            reply::error(out, e);
+            return;
+        }
+        match self.lock().blocks_of(key) {
+            Some(n) => {
+                let bytes = n as u64 * self.config.block_size + key.len() as u64;
+                reply::integer(out, i64::try_from(bytes).unwrap_or(i64::MAX));
+            }
+            None => reply::null(out),
         }
     }
 
