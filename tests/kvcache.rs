@@ -141,7 +141,10 @@ impl KvService {
             log,
         };
         let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        // Its metrics endpoint starts just after its port: a test scrapes it at once.
+        while TcpStream::connect(("127.0.0.1", port)).is_err()
+            || TcpStream::connect(metrics).is_err()
+        {
             let exited = service.child.0.try_wait().expect("the service's status");
             assert!(exited.is_none(), "the kvcache service exited: {exited:?}");
             assert!(
