@@ -40,6 +40,9 @@ struct FreeBlocks {
     /// Blocks freed and not yet discarded on the target, kept out of use until they are
     /// (see [`Index::discard_freed`]). `None` when the target is not told of freed blocks.
     undiscarded: Option<Vec<u64>>,
+    /// Whether the save under way put the blocks only the save before names back in use
+    /// ([`Index::take_for_save`]): an overrun should it fail.
+    save_took_released: bool,
 }
 
 impl FreeBlocks {
@@ -55,15 +58,21 @@ impl FreeBlocks {
     /// used without (a discard only helps the target), then the blocks held back
     /// (evicted, a key's blocks would only be held back too).
     fn make_room(&mut self, n: u64) {
-        if self.set.len() < n {
-            if let Some(waiting) = self.undiscarded.as_mut().filter(|w| !w.is_empty()) {
-                self.set.put(std::mem::take(waiting));
-            }
-        }
+        self.undiscarded_if_short(n);
         if self.set.len() < n {
             if let Some(held) = self.held_back.take_if(|h| !h.is_empty()) {
                 self.set.put(held);
                 self.overruns += 1;
+            }
+        }
+    }
+
+    /// Short of `n` free blocks, uses those still to be discarded without (a discard
+    /// only helps the target).
+    fn undiscarded_if_short(&mut self, n: u64) {
+        if self.set.len() < n {
+            if let Some(waiting) = self.undiscarded.as_mut().filter(|w| !w.is_empty()) {
+                self.set.put(std::mem::take(waiting));
             }
         }
     }
@@ -497,6 +506,7 @@ impl Index {
                 held_back: None,
                 overruns: 0,
                 undiscarded: None,
+                save_took_released: false,
             })),
             block_size,
             total,
@@ -1114,13 +1124,19 @@ impl Index {
     /// Frees blocks [`Index::begin_save`] gave, once the save is durable.
     pub fn release(&mut self, blocks: Vec<u64>) {
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        free.save_took_released = false;
         free.free(blocks);
     }
 
     /// Holds back again blocks [`Index::begin_save`] gave, the save having failed (or frees
-    /// them, if an overrun has stopped holding back since).
+    /// them, if an overrun has stopped holding back since). A save that had put them back
+    /// in use ([`Index::take_for_save`]) leaves the save before naming blocks perhaps
+    /// rewritten since: an overrun.
     pub fn hold_again(&mut self, blocks: Vec<u64>) {
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        if std::mem::take(&mut free.save_took_released) {
+            free.overruns += 1;
+        }
         match &mut free.held_back {
             Some(held) => held.extend(blocks),
             None => free.free(blocks),
@@ -1167,6 +1183,29 @@ impl Index {
     pub fn take_free(&mut self, len: u64) -> Option<Extents> {
         let n = len.div_ceil(self.block_size);
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        let blocks = free.set.take_longest_runs(n)?;
+        drop(free);
+        Some(self.extents_of(blocks, len))
+    }
+
+    /// Blocks for `len` bytes of a save's snapshot or delta (no key's value), from the
+    /// longest runs of free blocks; short of them, blocks still to be discarded, then
+    /// `released`, the blocks [`Index::begin_save`] gave this save (only the save before
+    /// names them; this one frees them). Keys leave room for the save
+    /// (see `Index::kept_free`), but values take free blocks first and leave that room in
+    /// the blocks held back: a full store that goes quiet would otherwise never save
+    /// again. They are all put back in use, values may take them too; should this save
+    /// then fail, the one before may name blocks since rewritten, an overrun
+    /// ([`Index::hold_again`] counts it). `None` when even they are too few, evicting
+    /// nothing.
+    pub fn take_for_save(&mut self, len: u64, released: &mut Vec<u64>) -> Option<Extents> {
+        let n = len.div_ceil(self.block_size);
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        free.undiscarded_if_short(n);
+        if free.set.len() < n && !released.is_empty() {
+            free.set.put(std::mem::take(released));
+            free.save_took_released = true;
+        }
         let blocks = free.set.take_longest_runs(n)?;
         drop(free);
         Some(self.extents_of(blocks, len))
@@ -1271,13 +1310,37 @@ mod tests {
         }
         assert_eq!(ix.stats().hold_back_overruns, 0);
         assert!(!ix.contains(b"k6") && ix.contains(b"k7"));
+        // The room kept for snapshots is in the blocks held back now: a save takes them
+        // from those it frees, as values would.
+        let mut released = ix.begin_save();
+        assert_eq!(released.len(), 7);
+        assert!(ix.take_free(4096).is_none());
+        let snapshot = ix.take_for_save(4096, &mut released).expect("room");
+        assert!(released.is_empty());
+        // The save failed: the one before may name blocks rewritten since.
+        assert_eq!(ix.stats().hold_back_overruns, 0);
+        ix.hold_again(released);
+        assert_eq!(ix.stats().hold_back_overruns, 1);
+        drop(snapshot);
+        // While the free list has room, a save leaves them alone.
+        let mut released = ix.begin_save();
+        assert_eq!(released.len(), 1);
+        let snapshot = ix.take_for_save(4096, &mut released).expect("room");
+        assert_eq!(released.len(), 1);
+        ix.hold_again(released);
+        assert_eq!(ix.stats().hold_back_overruns, 1);
+        drop(snapshot);
         // No free block left before a save: the held-back blocks are used after all
         // rather than every key evicted.
-        put(&mut ix, "k16", 4096).unwrap();
+        for i in 16..21 {
+            put(&mut ix, &format!("k{i}"), 4096).unwrap();
+            assert_eq!(ix.stats().hold_back_overruns, 1);
+        }
+        put(&mut ix, "k21", 4096).unwrap();
         assert_eq!(ix.stats().keys, 9);
-        assert_eq!(ix.stats().hold_back_overruns, 1);
+        assert_eq!(ix.stats().hold_back_overruns, 2);
         // Holding back stopped until the next save.
-        ix.remove(b"k16");
+        ix.remove(b"k21");
         assert!(ix.begin_save().is_empty());
     }
 

@@ -358,7 +358,7 @@ impl KvService {
             return Ok(false);
         }
         // From here blocks freed are held back, so every record copied stays true.
-        let released = index.begin_save();
+        let mut released = index.begin_save();
         let overruns = index.stats().hold_back_overruns;
         // The keys changed, if not the delta's, are dropped once the index is unlocked.
         let changed = index.take_changed();
@@ -387,7 +387,7 @@ impl KvService {
         drop(index);
         drop(unused);
         let delta = draft.is_delta();
-        let written = self.save_snapshot(draft, checkpoints.names.as_ref());
+        let written = self.save_snapshot(draft, checkpoints.names.as_ref(), &mut released);
         let mut index = self.lock();
         match written {
             Ok(save) => {
@@ -427,13 +427,15 @@ impl KvService {
         }
     }
 
-    /// Writes a checkpoint's snapshot or delta (on what `last` names): free blocks for
-    /// it (the index locked for that), the values kept in memory it names, then the copy
-    /// and the superblock.
+    /// Writes a checkpoint's snapshot or delta (on what `last` names): blocks for it (the
+    /// index locked for that; short of free ones, from `released`, see
+    /// [`Index::take_for_save`]), the values kept in memory it names, then the copy and
+    /// the superblock.
     fn save_snapshot(
         &self,
         draft: SnapshotDraft,
         last: Option<&persist::Superblock>,
+        released: &mut Vec<u64>,
     ) -> io::Result<persist::Save> {
         if draft.is_torn() {
             return Err(io::Error::other(
@@ -443,7 +445,7 @@ impl KvService {
         let inline = draft.inline_unwritten().to_vec();
         let delta = draft.is_delta();
         let snapshot = draft.encode();
-        let blocks = self.lock().take_free(snapshot.len() as u64);
+        let blocks = self.lock().take_for_save(snapshot.len() as u64, released);
         let blocks = blocks
             .ok_or_else(|| io::Error::other("too few free blocks for the index's snapshot"))?;
         let save = match (delta, last) {
