@@ -25,11 +25,13 @@ fn parsing(c: &mut Criterion) {
     let burst: Vec<u8> = (0..16)
         .flat_map(|i| request(&[b"GET", format!("model@layer{i}:chunk").as_bytes()]))
         .collect();
-    let mut args = Vec::new();
+    let (mut args, mut inline) = (Vec::new(), Vec::new());
     c.bench_function("resp: 16 pipelined GETs", |b| {
         b.iter(|| {
             let mut at = 0;
-            while let Ok(Some(n)) = resp::parse(&burst[at..], &mut args, resp::MAX_BULK) {
+            while let Ok(Some(n)) =
+                resp::parse(&burst[at..], &mut args, &mut inline, resp::MAX_BULK)
+            {
                 at += n;
             }
             black_box(at)
@@ -37,7 +39,7 @@ fn parsing(c: &mut Criterion) {
     });
     let set = request(&[b"SET", b"model@layer0:chunk", &vec![7u8; 65536]]);
     c.bench_function("resp: SET of 64 KiB", |b| {
-        b.iter(|| black_box(resp::parse(&set, &mut args, resp::MAX_BULK)))
+        b.iter(|| black_box(resp::parse(&set, &mut args, &mut inline, resp::MAX_BULK)))
     });
 }
 

@@ -1997,6 +1997,19 @@ fn protocol_errors_answer_as_redis_does() {
         b"ECHO a  b\r\n",
         b"PING\r\n\r\n\r\nPING\r\n",
         b"*2\r\n$4\r\nECHO\r\n$0\r\n\r\n",
+        // Inline commands as Redis splits them (sdssplitargs): escapes in double
+        // quotes, single quotes, quotes inside a word, and where they are unbalanced.
+        b"ECHO \"a\\nb\\x41\\x4g\\\"c\\\\\"\r\n",
+        b"ECHO 'it\\'s' 'a\\nb'\r\n",
+        b"ECHO ab\"c d\"e'f g'\r\n",
+        b"ECHO \"a\"b\r\n",
+        b"ECHO 'a'b\r\n",
+        b"ECHO 'unterminated\r\n",
+        b"ECHO \"a\\\"\r\n",
+        b"ECHO a\x0bb\x0c\r\n",
+        b"ECHO \"a\"\x0bb\r\n",
+        b"ECHO a\0b c\r\nPING\r\n",
+        b"SET \"\" \"\"\r\nGET \"\"\r\nECHO ''\r\n",
     ];
     let quiet = Duration::from_millis(300);
     let differ: Vec<String> = cases

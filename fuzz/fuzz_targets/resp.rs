@@ -6,14 +6,21 @@ use dpuflow::kvcache::resp;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|bytes: &[u8]| {
-    let mut args = Vec::new();
+    let (mut args, mut inline) = (Vec::new(), Vec::new());
     let mut at = 0;
     while at < bytes.len() {
         let buf = &bytes[at..];
-        match resp::parse(buf, &mut args, 1 << 20) {
+        match resp::parse(buf, &mut args, &mut inline, 1 << 20) {
             Ok(Some(n)) => {
                 assert!(n > 0 && n <= buf.len());
-                assert!(args.iter().all(|r| r.start <= r.end && r.end <= n));
+                // An inline command's words are unescaped, never longer than its line.
+                let within = if resp::is_inline(buf) {
+                    inline.len()
+                } else {
+                    n
+                };
+                assert!(within <= n);
+                assert!(args.iter().all(|r| r.start <= r.end && r.end <= within));
                 at += n;
             }
             Ok(None) => {

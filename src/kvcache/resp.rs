@@ -64,23 +64,31 @@ fn number(digits: &[u8]) -> Option<i64> {
 }
 
 /// Parses one request at the start of `buf`. `Ok(Some(n))`: a whole request of `n` bytes,
-/// its arguments' ranges (into `buf`) in `args`; `Ok(None)`: more bytes are needed (`args`
-/// then holds those of its arguments that have arrived whole, the command's name first;
-/// none of an inline command's); `Err`: the bytes are not RESP, or an argument would be
-/// longer than `max_bulk` (refused before its bytes arrive, so a client cannot make the
-/// server buffer more). An empty request (a blank inline line, or `*0`) parses with no
-/// arguments.
+/// its arguments' ranges in `args`: into `buf` for an array, into `inline` for an inline
+/// command ([`is_inline`]), whose arguments are unescaped there; `Ok(None)`: more bytes
+/// are needed (`args` then holds those of its arguments that have arrived whole, the
+/// command's name first; none of an inline command's); `Err`: the bytes are not RESP, or
+/// an argument would be longer than `max_bulk` (refused before its bytes arrive, so a
+/// client cannot make the server buffer more). An empty request (a blank inline line, or
+/// `*0`) parses with no arguments.
 pub fn parse(
     buf: &[u8],
     args: &mut Vec<Range<usize>>,
+    inline: &mut Vec<u8>,
     max_bulk: usize,
 ) -> Result<Option<usize>, ProtocolError> {
     args.clear();
     match buf.first() {
         None => Ok(None),
         Some(b'*') => parse_array(buf, args, max_bulk.min(MAX_BULK)),
-        Some(_) => parse_inline(buf, args),
+        Some(_) => parse_inline(buf, args, inline),
     }
+}
+
+/// Whether the request at the start of `buf` is an inline command (its arguments, as
+/// [`parse`] gives them, are not in `buf`).
+pub fn is_inline(buf: &[u8]) -> bool {
+    buf.first().is_some_and(|&b| b != b'*')
 }
 
 /// What is known of a request still arriving ([`awaited`]).
@@ -160,11 +168,23 @@ fn parse_array(
     Ok(Some(at))
 }
 
-/// An inline command: words separated by spaces, double-quoted words with the usual
-/// backslash escapes left as written (enough for typing commands by hand), ended by LF
-/// or CRLF.
-fn parse_inline(buf: &[u8], args: &mut Vec<Range<usize>>) -> Result<Option<usize>, ProtocolError> {
-    let Some(lf) = buf.iter().position(|&b| b == b'\n') else {
+/// An inline command, ended by LF or CRLF, its words split and unescaped into `words` as
+/// Redis's `sdssplitargs` does: words are separated by whitespace; a double-quoted part
+/// takes `\xHH`, `\n`, `\r`, `\t`, `\b`, `\a` and a backslash before any other
+/// byte (that byte), a single-quoted part only `\'`; quotes may begin inside a word but
+/// a word ends where they close, which must be before whitespace or the line's end.
+fn parse_inline(
+    buf: &[u8],
+    args: &mut Vec<Range<usize>>,
+    words: &mut Vec<u8>,
+) -> Result<Option<usize>, ProtocolError> {
+    // Redis looks for the line's end with `strchr`, which stops at a NUL: a line with
+    // one before its LF never ends.
+    let Some(lf) = buf
+        .iter()
+        .position(|&b| b == b'\n' || b == 0)
+        .filter(|&at| buf[at] == b'\n')
+    else {
         return if buf.len() > MAX_LINE {
             Err(ProtocolError::LineTooLong)
         } else {
@@ -179,29 +199,104 @@ fn parse_inline(buf: &[u8], args: &mut Vec<Range<usize>>) -> Result<Option<usize
     } else {
         lf
     };
+    let line = &buf[..end];
+    words.clear();
     let mut i = 0;
-    while i < end {
-        match buf[i] {
-            b' ' | b'\t' => i += 1,
-            b'"' => {
-                let close = buf[i + 1..end]
-                    .iter()
-                    .position(|&b| b == b'"')
-                    .ok_or(ProtocolError::Quotes)?;
-                args.push(i + 1..i + 1 + close);
-                i += close + 2;
+    loop {
+        while line.get(i).is_some_and(|b| is_space(*b)) {
+            i += 1;
+        }
+        if i == line.len() {
+            return Ok(Some(lf + 1));
+        }
+        let start = words.len();
+        i = split_word(line, i, words)?;
+        args.push(start..words.len());
+    }
+}
+
+/// The end of a word whose quotes closed just before `at`: the line's, or whitespace
+/// (anything else leaves the quotes unbalanced).
+fn closed(line: &[u8], at: usize) -> Result<usize, ProtocolError> {
+    match line.get(at) {
+        Some(&b) if !is_space(b) => Err(ProtocolError::Quotes),
+        _ => Ok(at),
+    }
+}
+
+/// C's `isspace`: what separates an inline command's words.
+fn is_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\x0b' | b'\x0c' | b'\r')
+}
+
+/// Appends the word of `line` starting at `i` to `words`, unescaped (see
+/// [`parse_inline`]); where it ends.
+fn split_word(line: &[u8], mut i: usize, words: &mut Vec<u8>) -> Result<usize, ProtocolError> {
+    let hex = |b: u8| char::from(b).to_digit(16);
+    loop {
+        match line.get(i) {
+            None | Some(b' ' | b'\t' | b'\r' | b'\n') => return Ok(i),
+            Some(b'"') => {
+                i += 1;
+                loop {
+                    match *line.get(i).ok_or(ProtocolError::Quotes)? {
+                        b'\\' => match line.get(i + 1) {
+                            Some(b'x') => match (
+                                line.get(i + 2).and_then(|&b| hex(b)),
+                                line.get(i + 3).and_then(|&b| hex(b)),
+                            ) {
+                                (Some(h), Some(l)) => {
+                                    words.push((h * 16 + l) as u8);
+                                    i += 4;
+                                }
+                                _ => {
+                                    words.push(b'x');
+                                    i += 2;
+                                }
+                            },
+                            Some(&c) => {
+                                words.push(match c {
+                                    b'n' => b'\n',
+                                    b'r' => b'\r',
+                                    b't' => b'\t',
+                                    b'b' => 0x08,
+                                    b'a' => 0x07,
+                                    c => c,
+                                });
+                                i += 2;
+                            }
+                            None => return Err(ProtocolError::Quotes),
+                        },
+                        b'"' => return closed(line, i + 1),
+                        c => {
+                            words.push(c);
+                            i += 1;
+                        }
+                    }
+                }
             }
-            _ => {
-                let len = buf[i..end]
-                    .iter()
-                    .position(|&b| b == b' ' || b == b'\t')
-                    .unwrap_or(end - i);
-                args.push(i..i + len);
-                i += len;
+            Some(b'\'') => {
+                i += 1;
+                loop {
+                    match *line.get(i).ok_or(ProtocolError::Quotes)? {
+                        b'\\' if line.get(i + 1) == Some(&b'\'') => {
+                            words.push(b'\'');
+                            i += 2;
+                        }
+                        b'\'' => return closed(line, i + 1),
+                        c => {
+                            words.push(c);
+                            i += 1;
+                        }
+                    }
+                }
+            }
+            Some(&c) => {
+                words.push(c);
+                i += 1;
             }
         }
     }
-    Ok(Some(lf + 1))
 }
 
 /// Replies, appended to an output buffer.
@@ -271,9 +366,10 @@ mod tests {
     type Words = Option<(usize, Vec<Vec<u8>>)>;
 
     fn words(buf: &[u8]) -> Result<Words, ProtocolError> {
-        let mut args = Vec::new();
-        Ok(parse(buf, &mut args, MAX_BULK)?
-            .map(|n| (n, args.iter().map(|r| buf[r.clone()].to_vec()).collect())))
+        let (mut args, mut inline) = (Vec::new(), Vec::new());
+        let n = parse(buf, &mut args, &mut inline, MAX_BULK)?;
+        let from = if is_inline(buf) { &inline[..] } else { buf };
+        Ok(n.map(|n| (n, args.iter().map(|r| from[r.clone()].to_vec()).collect())))
     }
 
     fn encode(args: &[Vec<u8>]) -> Vec<u8> {
@@ -296,7 +392,10 @@ mod tests {
             assert_eq!(words(&req[..cut]), Ok(None), "cut at {cut}");
         }
         let mut args = Vec::new();
-        assert_eq!(parse(&req[..20], &mut args, MAX_BULK), Ok(None));
+        assert_eq!(
+            parse(&req[..20], &mut args, &mut Vec::new(), MAX_BULK),
+            Ok(None)
+        );
         assert_eq!(args, [8..11, 17..18]);
         // Once an argument's length has arrived, so has the request's least length.
         for (cut, known) in [
@@ -307,7 +406,10 @@ mod tests {
             (22, None),
             (26, Some((31, 24))),
         ] {
-            assert_eq!(parse(&req[..cut], &mut args, MAX_BULK), Ok(None));
+            assert_eq!(
+                parse(&req[..cut], &mut args, &mut Vec::new(), MAX_BULK),
+                Ok(None)
+            );
             let known = known.map(|(len, data)| Awaited { len, data });
             assert_eq!(awaited(&req[..cut], &args), known, "cut at {cut}");
         }
@@ -327,6 +429,33 @@ mod tests {
         assert_eq!(words(b"\r\n").unwrap().unwrap(), (2, vec![]));
         assert_eq!(words(b"PIN"), Ok(None));
         assert_eq!(words(b"GET \"k\n"), Err(ProtocolError::Quotes));
+        // Escapes as Redis reads them: in double quotes C's and \xHH (else the byte
+        // after the backslash), in single quotes only \'; quotes inside a word.
+        let split = |line: &[u8]| words(line).map(|w| w.map(|(_, w)| w));
+        assert_eq!(
+            split(b"SET \"a\\tb\\x41\\x4g\\\"\\q\" 'it\\'s\\n'\n"),
+            Ok(Some(vec![
+                b"SET".to_vec(),
+                b"a\tbAx4g\"q".to_vec(),
+                b"it's\\n".to_vec()
+            ]))
+        );
+        assert_eq!(
+            split(b"a\"b c\"\x0bd'e'\n"),
+            Ok(Some(vec![b"ab c".to_vec(), b"de".to_vec()]))
+        );
+        assert_eq!(split(b"\"\" ''\n"), Ok(Some(vec![vec![], vec![]])));
+        // A NUL before the line's end: Redis never finds its end.
+        assert_eq!(split(b"a\0b c\nPING\n"), Ok(None));
+        for unbalanced in [
+            &b"\"a\"b\n"[..],
+            b"'a'b\n",
+            b"\"a\\\"\n",
+            b"'a\n",
+            b"a\"b\"c\n",
+        ] {
+            assert_eq!(split(unbalanced), Err(ProtocolError::Quotes));
+        }
     }
 
     #[test]
@@ -376,7 +505,7 @@ mod tests {
         #[test]
         fn never_panics(buf in proptest::collection::vec(any::<u8>(), 0..200)) {
             let mut args = Vec::new();
-            match parse(&buf, &mut args, 64) {
+            match parse(&buf, &mut args, &mut Vec::new(), 64) {
                 Ok(Some(n)) => {
                     prop_assert!(n <= buf.len());
                     prop_assert!(args.iter().all(|r| r.end <= n));
@@ -399,7 +528,7 @@ mod tests {
             prop_assert_eq!(words(&req).unwrap(), Some((req.len(), args)));
             let cut = cut.index(req.len());
             let mut parsed = Vec::new();
-            prop_assert_eq!(parse(&req[..cut], &mut parsed, MAX_BULK), Ok(None));
+            prop_assert_eq!(parse(&req[..cut], &mut parsed, &mut Vec::new(), MAX_BULK), Ok(None));
             if let Some(a) = awaited(&req[..cut], &parsed) {
                 prop_assert!(cut < a.len && a.len <= req.len());
                 // The arriving argument's bytes, and its CRLF, are in the request.

@@ -583,6 +583,8 @@ impl KvService {
         // The client has sent all it will (what is whole is still served).
         let mut closed = false;
         let mut args: Vec<Range<usize>> = Vec::new();
+        // An inline command's words, unescaped.
+        let mut inline = Vec::new();
         let mut out = Replies::with_capacity(READ_BUFFER);
         loop {
             let mut start = head;
@@ -592,15 +594,18 @@ impl KvService {
             // length arrives before its bytes).
             let mut awaited = None;
             while !quit {
-                match resp::parse(&buf[start..filled], &mut args, self.max_bulk()) {
+                match resp::parse(&buf[start..filled], &mut args, &mut inline, self.max_bulk()) {
                     Ok(Some(n)) => {
                         let req = &buf[start..start + n];
+                        // Typed by hand: served one at a time, from its unescaped words.
+                        let typed = resp::is_inline(req);
+                        let fast = authed && !typed;
                         // GETs and SETs the client pipelined, as many of one kind as
                         // are here in a row, go to the target together, as an MGET's
                         // values and an MSET's do.
                         let mut end = start + n;
                         let input = &buf[..filled];
-                        if let Some(key) = get_of(req, &args).filter(|_| authed) {
+                        if let Some(key) = get_of(req, &args).filter(|_| fast) {
                             let (keys, _) = self.pipelined(input, &mut end, &mut args, key, get_of);
                             let since = Instant::now();
                             self.values_in_shares(&keys, &mut out, &mut stream)?;
@@ -608,14 +613,14 @@ impl KvService {
                             start = end;
                             continue;
                         }
-                        if let Some(keys) = mget_of(req, &args).filter(|_| authed) {
+                        if let Some(keys) = mget_of(req, &args).filter(|_| fast) {
                             self.count("mget");
                             reply::array(&mut out, keys.len());
                             self.values_in_shares(&keys, &mut out, &mut stream)?;
                             start = end;
                             continue;
                         }
-                        if let Some(item) = set_of(req, &args).filter(|_| authed) {
+                        if let Some(item) = set_of(req, &args).filter(|_| fast) {
                             let (items, arriving) =
                                 self.pipelined(input, &mut end, &mut args, item, set_of);
                             let bytes: usize = items.iter().map(|(_, v)| v.len()).sum();
@@ -636,7 +641,8 @@ impl KvService {
                             start = end;
                             continue;
                         }
-                        let words: Vec<&[u8]> = args.iter().map(|r| &req[r.clone()]).collect();
+                        let from = if typed { &inline[..] } else { req };
+                        let words: Vec<&[u8]> = args.iter().map(|r| &from[r.clone()]).collect();
                         quit = if authed {
                             self.execute(&words, &mut out)
                         } else {
@@ -740,7 +746,11 @@ impl KvService {
         let mut run = vec![first];
         loop {
             let rest = &input[*end..];
-            match resp::parse(rest, args, self.max_bulk()) {
+            // A run is of arrays: an inline command is served on its own.
+            if resp::is_inline(rest) {
+                return (run, None);
+            }
+            match resp::parse(rest, args, &mut Vec::new(), self.max_bulk()) {
                 Ok(Some(m)) => {
                     let Some(taken) = pick(&rest[..m], args) else {
                         return (run, None);
