@@ -1194,19 +1194,28 @@ impl Index {
     /// names them; this one frees them). Keys leave room for the save
     /// (see `Index::kept_free`), but values take free blocks first and leave that room in
     /// the blocks held back: a full store that goes quiet would otherwise never save
-    /// again. They are all put back in use, values may take them too; should this save
-    /// then fail, the one before may name blocks since rewritten, an overrun
-    /// ([`Index::hold_again`] counts it). `None` when even they are too few, evicting
-    /// nothing.
+    /// again. Only the blocks this save takes leave `released` (values never get them
+    /// before it is durable); should it fail (or the service crash while it is written),
+    /// the one before may name blocks since rewritten, an overrun ([`Index::hold_again`]
+    /// counts it). `None` when even they are too few, evicting nothing.
     pub fn take_for_save(&mut self, len: u64, released: &mut Vec<u64>) -> Option<Extents> {
         let n = len.div_ceil(self.block_size);
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
         free.undiscarded_if_short(n);
-        if free.set.len() < n && !released.is_empty() {
-            free.set.put(std::mem::take(released));
-            free.save_took_released = true;
-        }
-        let blocks = free.set.take_longest_runs(n)?;
+        let blocks = if free.set.len() < n && !released.is_empty() {
+            free.set.put(released.iter().copied());
+            let blocks = free.set.take_longest_runs(n);
+            let taken: HashSet<u64> = blocks.iter().flatten().copied().collect();
+            let before = released.len();
+            released.retain(|b| !taken.contains(b));
+            free.save_took_released = released.len() < before;
+            // Just put there and not taken: all still free.
+            let back = free.set.take_these(released);
+            debug_assert!(back);
+            blocks
+        } else {
+            free.set.take_longest_runs(n)
+        }?;
         drop(free);
         Some(self.extents_of(blocks, len))
     }
@@ -1310,26 +1319,29 @@ mod tests {
         }
         assert_eq!(ix.stats().hold_back_overruns, 0);
         assert!(!ix.contains(b"k6") && ix.contains(b"k7"));
-        // The room kept for snapshots is in the blocks held back now: a save takes them
-        // from those it frees, as values would.
+        // The room kept for snapshots is in the blocks held back now: a save takes what
+        // it needs of those it frees, as values would.
         let mut released = ix.begin_save();
         assert_eq!(released.len(), 7);
         assert!(ix.take_free(4096).is_none());
         let snapshot = ix.take_for_save(4096, &mut released).expect("room");
-        assert!(released.is_empty());
-        // The save failed: the one before may name blocks rewritten since.
+        assert_eq!(released.len(), 6);
+        // It failed: the save before may name a block rewritten since.
         assert_eq!(ix.stats().hold_back_overruns, 0);
         ix.hold_again(released);
         assert_eq!(ix.stats().hold_back_overruns, 1);
         drop(snapshot);
-        // While the free list has room, a save leaves them alone.
+        // The next is durable; the one after finds room in the blocks it freed.
         let mut released = ix.begin_save();
-        assert_eq!(released.len(), 1);
+        assert_eq!(released.len(), 7);
         let snapshot = ix.take_for_save(4096, &mut released).expect("room");
-        assert_eq!(released.len(), 1);
-        ix.hold_again(released);
+        ix.release(released);
+        let mut released = ix.begin_save();
+        assert!(released.is_empty());
+        let next = ix.take_for_save(4096, &mut released).expect("room");
+        ix.release(released);
         assert_eq!(ix.stats().hold_back_overruns, 1);
-        drop(snapshot);
+        drop((snapshot, next));
         // No free block left before a save: the held-back blocks are used after all
         // rather than every key evicted.
         for i in 16..21 {
@@ -1715,11 +1727,17 @@ mod tests {
                     SaveOp::Remove(k) => {
                         ix.remove(&[k]);
                     }
+                    // As a checkpoint: the copy, then blocks for it, from those the
+                    // save frees where the free ones are too few.
                     SaveOp::Begin if writing.is_none() => {
+                        let mut released = ix.begin_save();
                         let len = ix.snapshot().len() as u64;
-                        if let Some(blocks) = ix.take_free(len) {
-                            let named = named_blocks(&ix, &blocks);
-                            writing = Some((ix.begin_save(), blocks, named));
+                        match ix.take_for_save(len, &mut released) {
+                            Some(blocks) => {
+                                let named = named_blocks(&ix, &blocks);
+                                writing = Some((released, blocks, named));
+                            }
+                            None => ix.hold_again(released),
                         }
                     }
                     SaveOp::End(durable_now) => {
