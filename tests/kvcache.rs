@@ -1660,6 +1660,52 @@ impl Resp {
     }
 }
 
+/// redis_exporter, what Redis dashboards are fed by, scrapes the service as it would a
+/// Redis: up, its keys, hits and misses, its uptime and role, and none of the commands it
+/// sends refused.
+#[test]
+fn redis_exporter_reads_the_service_as_a_redis() {
+    let dir = Scratch::new("kv-exporter");
+    let kv = KvService::start(&dir, &format!("file://{}", dir.path("blocks.img")), "4MiB");
+    for i in 0..5 {
+        assert_eq!(kv.cli(&["SET", &format!("k{i}"), "v"]).trim(), "OK");
+    }
+    kv.cli(&["GET", "k0"]);
+    kv.cli(&["GET", "missing"]);
+    let port = free_port();
+    let log = dir.path("exporter.log");
+    let _exporter = Running(
+        Command::new("prometheus-redis-exporter")
+            .args(["--redis.addr", &format!("redis://127.0.0.1:{}", kv.port)])
+            .args(["--web.listen-address", &format!("127.0.0.1:{port}")])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("`prometheus-redis-exporter` is required (scripts/test installs it)"),
+    );
+    wait_for_port(port, "redis_exporter");
+    // Go's server sends large bodies chunked: curl joins them.
+    let body = tool_ok(
+        "curl",
+        &["-sf", &format!("http://127.0.0.1:{port}/metrics")],
+    );
+    let value = |name: &str| metric(&body, name).unwrap_or_else(|| panic!("no {name} in\n{body}"));
+    assert_eq!(value("redis_up"), 1);
+    assert_eq!(value("redis_db_keys{db=\"db0\"}"), 5);
+    assert_eq!(value("redis_keyspace_hits_total"), 1);
+    assert_eq!(value("redis_keyspace_misses_total"), 1);
+    assert!(value("redis_uptime_in_seconds") < 600);
+    assert_eq!(value("redis_connected_slaves"), 0);
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with("redis_instance_info{") && l.contains("role=\"master\"")),
+        "{body}"
+    );
+    let said = std::fs::read_to_string(&log).expect("exporter log");
+    assert!(!said.contains("err:"), "{said}");
+    assert_eq!(kv.terminate(), 0);
+}
+
 /// A service on a small file target beside a redis-server of its own (keeping nothing on
 /// disk), for comparing their answers: the scratch directory, the service, the server and
 /// its port.
@@ -1891,6 +1937,14 @@ fn commands_answer_as_redis_does() {
         &["MEMORY"],
         &["MEMORY", "FOO"],
         &["MEMORY", "USAGE"],
+        &["LATENCY", "LATEST"],
+        &["LATENCY", "LATEST", "x"],
+        &["LATENCY", "HISTORY", "command"],
+        &["LATENCY", "HISTORY"],
+        &["LATENCY", "RESET"],
+        &["LATENCY", "RESET", "command", "fork"],
+        &["LATENCY", "FOO"],
+        &["LATENCY"],
         &["MEMORY", "USAGE", "missing"],
         &["MEMORY", "USAGE", "missing", "SAMPLES", "5"],
         &["MEMORY", "USAGE", "missing", "FOO"],

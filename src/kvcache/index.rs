@@ -40,7 +40,7 @@ struct FreeBlocks {
     /// Blocks freed and not yet discarded on the target, kept out of use until they are
     /// (see [`Index::discard_freed`]). `None` when the target is not told of freed blocks.
     undiscarded: Option<Vec<u64>>,
-    /// Whether the save under way put the blocks only the save before names back in use
+    /// Whether the save under way took for its copy blocks only the save before names
     /// ([`Index::take_for_save`]): an overrun should it fail.
     save_took_released: bool,
 }
@@ -1129,9 +1129,9 @@ impl Index {
     }
 
     /// Holds back again blocks [`Index::begin_save`] gave, the save having failed (or frees
-    /// them, if an overrun has stopped holding back since). A save that had put them back
-    /// in use ([`Index::take_for_save`]) leaves the save before naming blocks perhaps
-    /// rewritten since: an overrun.
+    /// them, if an overrun has stopped holding back since). A save that had taken some of
+    /// them for its copy ([`Index::take_for_save`]) leaves the save before naming blocks
+    /// perhaps rewritten since: an overrun.
     pub fn hold_again(&mut self, blocks: Vec<u64>) {
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
         if std::mem::take(&mut free.save_took_released) {

@@ -785,7 +785,7 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
     );
     fam.counter(
         "dpuflow_kvcache_checkpoint_overruns_total",
-        "Times values written between two checkpoints outgrew the free reserve and took blocks the last one names (its keys there then read as misses after a crash).",
+        "Times blocks the last checkpoint names were used before the next was durable: by values written between two that outgrew the free reserve, or by a checkpoint short of room that then failed (keys there read as misses after a crash).",
         per(&|_, g| g.hold_back_overruns),
     );
     fam.counter(

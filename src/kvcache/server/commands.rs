@@ -355,7 +355,9 @@ impl KvService {
                 }
             },
             "info" => reply::bulk(out, info_sections(&self.info(), args).as_bytes()),
-            "client" | "command" | "config" | "memory" => self.subcommand(&name, args, out),
+            "client" | "command" | "config" | "latency" | "memory" => {
+                self.subcommand(&name, args, out)
+            }
             "auth" => match self.auth(args) {
                 Ok(()) => reply::ok(out),
                 Err(e) => reply::error(out, e),
@@ -661,9 +663,9 @@ impl KvService {
         }
     }
 
-    /// `CLIENT`, `COMMAND`, `CONFIG` and `MEMORY`: what client libraries send on connecting
-    /// and what Redis tools read of the settings and the keys, each subcommand with its
-    /// arguments counted as Redis counts them.
+    /// `CLIENT`, `COMMAND`, `CONFIG`, `LATENCY` and `MEMORY`: what client libraries send on
+    /// connecting and what Redis tools (redis-cli, redis_exporter) read of the settings
+    /// and the keys, each subcommand with its arguments counted as Redis counts them.
     fn subcommand(&self, command: &str, args: &[&[u8]], out: &mut Vec<u8>) {
         let Some((sub, rest)) = args.split_first() else {
             match command {
@@ -685,6 +687,9 @@ impl KvService {
             ("config", b"get") => (1, usize::MAX),
             ("config", b"set") => (2, usize::MAX),
             ("config", b"resetstat" | b"rewrite") => (0, 0),
+            ("latency", b"latest") => (0, 0),
+            ("latency", b"history") => (1, 1),
+            ("latency", b"reset") => (0, usize::MAX),
             ("memory", b"usage") => (1, 3),
             _ => {
                 let sub = String::from_utf8_lossy(&sub[..sub.len().min(128)]);
@@ -708,6 +713,9 @@ impl KvService {
             ("command", b"count") => reply::integer(out, COMMANDS.len() as i64 + 8),
             ("command", _) => reply::array(out, 0),
             ("config", b"get") => self.config_get(rest, out),
+            // Nothing is recorded: Redis's latency monitor as it starts, off.
+            ("latency", b"reset") => reply::integer(out, 0),
+            ("latency", _) => reply::array(out, 0),
             ("memory", _) => self.memory_usage(rest, out),
             _ => reply::error(
                 out,
@@ -901,6 +909,7 @@ impl KvService {
         let c = &self.counters;
         let changes = (self.lock().changes()).saturating_sub(c.changes_at_last_save.load(Relaxed));
         let saving = matches!(self.checkpoints.try_lock(), Err(TryLockError::WouldBlock));
+        let uptime = self.started.elapsed().as_secs();
         let last_save = if c.last_save_failed.load(Relaxed) {
             "err"
         } else {
@@ -908,10 +917,11 @@ impl KvService {
         };
         format!(
             "# Server\r\nredis_version:7.0.0\r\ndpuflow_version:{}\r\nredis_mode:standalone\r\n\
-             tcp_port:{}\r\n\r\n# Clients\r\nconnected_clients:{}\r\nblocked_clients:0\r\n\r\n\
+             tcp_port:{}\r\nuptime_in_seconds:{}\r\nuptime_in_days:{}\r\n\r\n# Clients\r\nconnected_clients:{}\r\nblocked_clients:0\r\n\r\n\
              # Memory\r\nused_memory:{}\r\nmaxmemory:{}\r\nmaxmemory_policy:allkeys-lru\r\n\r\n\
              # Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\n\
              keyspace_hits:{}\r\nkeyspace_misses:{}\r\nevicted_keys:{}\r\nexpired_keys:{}\r\n\r\n\
+             # Replication\r\nrole:master\r\nconnected_slaves:0\r\n\r\n\
              # Persistence\r\nloading:0\r\nrdb_changes_since_last_save:{}\r\n\
              rdb_bgsave_in_progress:{}\r\nrdb_last_save_time:{}\r\nrdb_last_bgsave_status:{}\r\n\r\n\
              # Kvcache\r\n\
@@ -921,6 +931,8 @@ impl KvService {
              checkpoint_overruns:{}\r\nlast_checkpoint_time:{}\r\n\r\n# Keyspace\r\ndb0:keys={},expires={},avg_ttl=0\r\n",
             crate::VERSION,
             self.listen.port(),
+            uptime,
+            uptime / 86_400,
             c.clients.load(Relaxed),
             g.used_bytes,
             self.config.capacity,

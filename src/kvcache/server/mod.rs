@@ -271,6 +271,8 @@ pub struct KvService {
     /// Keys the start restored from the index saved on the target.
     pub restored_keys: u64,
     checkpoints: Mutex<Checkpoints>,
+    /// When it started serving (INFO's uptime).
+    started: Instant,
 }
 
 /// A snapshot of a service's index for metrics.
@@ -366,6 +368,7 @@ impl KvService {
             tls,
             restored_keys,
             checkpoints: Mutex::new(checkpoints),
+            started: Instant::now(),
         });
         let spawn = |thread: String, work: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
