@@ -232,70 +232,72 @@ fn is_space(b: u8) -> bool {
 /// Appends the word of `line` starting at `i` to `words`, unescaped (see
 /// [`parse_inline`]); where it ends.
 fn split_word(line: &[u8], mut i: usize, words: &mut Vec<u8>) -> Result<usize, ProtocolError> {
-    let hex = |b: u8| char::from(b).to_digit(16);
     loop {
         match line.get(i) {
             None | Some(b' ' | b'\t' | b'\r' | b'\n') => return Ok(i),
-            Some(b'"') => {
-                i += 1;
-                loop {
-                    match *line.get(i).ok_or(ProtocolError::Quotes)? {
-                        b'\\' => match line.get(i + 1) {
-                            Some(b'x') => match (
-                                line.get(i + 2).and_then(|&b| hex(b)),
-                                line.get(i + 3).and_then(|&b| hex(b)),
-                            ) {
-                                (Some(h), Some(l)) => {
-                                    words.push((h * 16 + l) as u8);
-                                    i += 4;
-                                }
-                                _ => {
-                                    words.push(b'x');
-                                    i += 2;
-                                }
-                            },
-                            Some(&c) => {
-                                words.push(match c {
-                                    b'n' => b'\n',
-                                    b'r' => b'\r',
-                                    b't' => b'\t',
-                                    b'b' => 0x08,
-                                    b'a' => 0x07,
-                                    c => c,
-                                });
-                                i += 2;
-                            }
-                            None => return Err(ProtocolError::Quotes),
-                        },
-                        b'"' => return closed(line, i + 1),
-                        c => {
-                            words.push(c);
-                            i += 1;
-                        }
-                    }
-                }
-            }
-            Some(b'\'') => {
-                i += 1;
-                loop {
-                    match *line.get(i).ok_or(ProtocolError::Quotes)? {
-                        b'\\' if line.get(i + 1) == Some(&b'\'') => {
-                            words.push(b'\'');
-                            i += 2;
-                        }
-                        b'\'' => return closed(line, i + 1),
-                        c => {
-                            words.push(c);
-                            i += 1;
-                        }
-                    }
-                }
-            }
+            Some(&quote @ (b'"' | b'\'')) => return quoted(line, i + 1, quote, words),
             Some(&c) => {
                 words.push(c);
                 i += 1;
             }
         }
+    }
+}
+
+/// Appends the part of `line` inside `quote`s from `i` on to `words`, unescaped; where
+/// the word ends, right after the closing quote.
+fn quoted(
+    line: &[u8],
+    mut i: usize,
+    quote: u8,
+    words: &mut Vec<u8>,
+) -> Result<usize, ProtocolError> {
+    loop {
+        let rest = &line[i.min(line.len())..];
+        if rest.first() == Some(&quote) {
+            return closed(line, i + 1);
+        }
+        let unit = match quote {
+            b'"' => in_double_quotes(rest),
+            _ => in_single_quotes(rest),
+        };
+        let (byte, len) = unit.ok_or(ProtocolError::Quotes)?;
+        words.push(byte);
+        i += len;
+    }
+}
+
+/// The byte the start of `rest`, inside double quotes, stands for and how many bytes
+/// say it: `\xHH`, C's escapes, any other byte after a backslash, or the byte itself;
+/// `None` at the line's end.
+fn in_double_quotes(rest: &[u8]) -> Option<(u8, usize)> {
+    let hex = |b: &u8| char::from(*b).to_digit(16);
+    match rest {
+        [b'\\', b'x', h, l, ..] if hex(h).is_some() && hex(l).is_some() => {
+            Some(((hex(h)? * 16 + hex(l)?) as u8, 4))
+        }
+        [b'\\', c, ..] => {
+            let byte = match c {
+                b'n' => b'\n',
+                b'r' => b'\r',
+                b't' => b'\t',
+                b'b' => 0x08,
+                b'a' => 0x07,
+                c => *c,
+            };
+            Some((byte, 2))
+        }
+        [b'\\'] | [] => None,
+        [c, ..] => Some((*c, 1)),
+    }
+}
+
+/// [`in_double_quotes`] inside single quotes, where only `\'` is an escape.
+fn in_single_quotes(rest: &[u8]) -> Option<(u8, usize)> {
+    match rest {
+        [b'\\', b'\'', ..] => Some((b'\'', 2)),
+        [c, ..] => Some((*c, 1)),
+        [] => None,
     }
 }
 
