@@ -600,7 +600,8 @@ impl KvService {
                 match resp::parse(&buf[start..filled], &mut args, &mut inline, self.max_bulk()) {
                     Ok(Some(n)) => {
                         let req = &buf[start..start + n];
-                        // Typed by hand: served one at a time, from its unescaped words.
+                        // Typed by hand: served one at a time, from its unescaped words
+                        // (its `args` are not in `req`).
                         let typed = resp::is_inline(req);
                         let fast = authed && !typed;
                         // GETs and SETs the client pipelined, as many of one kind as
@@ -608,7 +609,7 @@ impl KvService {
                         // values and an MSET's do.
                         let mut end = start + n;
                         let input = &buf[..filled];
-                        if let Some(key) = get_of(req, &args).filter(|_| fast) {
+                        if let Some(key) = fast.then(|| get_of(req, &args)).flatten() {
                             let (keys, _) = self.pipelined(input, &mut end, &mut args, key, get_of);
                             let since = Instant::now();
                             self.values_in_shares(&keys, &mut out, &mut stream)?;
@@ -616,14 +617,14 @@ impl KvService {
                             start = end;
                             continue;
                         }
-                        if let Some(keys) = mget_of(req, &args).filter(|_| fast) {
+                        if let Some(keys) = fast.then(|| mget_of(req, &args)).flatten() {
                             self.count("mget");
                             reply::array(&mut out, keys.len());
                             self.values_in_shares(&keys, &mut out, &mut stream)?;
                             start = end;
                             continue;
                         }
-                        if let Some(item) = set_of(req, &args).filter(|_| fast) {
+                        if let Some(item) = fast.then(|| set_of(req, &args)).flatten() {
                             let (items, arriving) =
                                 self.pipelined(input, &mut end, &mut args, item, set_of);
                             let bytes: usize = items.iter().map(|(_, v)| v.len()).sum();
