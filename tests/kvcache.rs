@@ -1661,8 +1661,8 @@ impl Resp {
 }
 
 /// redis_exporter, what Redis dashboards are fed by, scrapes the service as it would a
-/// Redis: up, its keys, hits and misses, its uptime and role, and none of the commands it
-/// sends refused.
+/// Redis: up, its keys, hits and misses, requests and their time by command, bytes in and
+/// out, its uptime and role, and none of the commands it sends refused.
 #[test]
 fn redis_exporter_reads_the_service_as_a_redis() {
     let dir = Scratch::new("kv-exporter");
@@ -1696,6 +1696,16 @@ fn redis_exporter_reads_the_service_as_a_redis() {
     assert_eq!(value("redis_keyspace_misses_total"), 1);
     assert!(value("redis_uptime_in_seconds") < 600);
     assert_eq!(value("redis_connected_slaves"), 0);
+    assert_eq!(value("redis_commands_total{cmd=\"set\"}"), 5);
+    assert_eq!(value("redis_commands_total{cmd=\"get\"}"), 2);
+    assert!(body.contains("\nredis_commands_duration_seconds_total{cmd=\"set\"} "));
+    for bytes in [
+        "redis_net_input_bytes_total",
+        "redis_net_output_bytes_total",
+    ] {
+        assert!(value(bytes) > 100, "{bytes}");
+    }
+    assert_eq!(value("redis_rejected_connections_total"), 0);
     assert!(
         body.lines()
             .any(|l| l.starts_with("redis_instance_info{") && l.contains("role=\"master\"")),

@@ -681,7 +681,7 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
         commands,
     );
     type Field = fn(&KvCounters) -> &AtomicU64;
-    let counters: [(&str, &str, Field); 14] = [
+    let counters: [(&str, &str, Field); 16] = [
         ("dpuflow_kvcache_hits_total", "Reads of keys held.", |c| {
             &c.hits
         }),
@@ -714,6 +714,16 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
             "dpuflow_kvcache_connections_total",
             "Client connections accepted.",
             |c| &c.connections,
+        ),
+        (
+            "dpuflow_kvcache_client_received_bytes_total",
+            "Bytes read from clients' connections (inside TLS, where configured).",
+            |c| &c.client_read_bytes,
+        ),
+        (
+            "dpuflow_kvcache_client_sent_bytes_total",
+            "Bytes written to clients' connections (inside TLS, where configured).",
+            |c| &c.client_written_bytes,
         ),
         (
             "dpuflow_kvcache_rejected_clients_total",

@@ -10,7 +10,7 @@ use crate::kvcache::resp::reply;
 use crate::kvcache::storage;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::TryLockError;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Whether `a` and `b` are equal, in a time that depends on their lengths only.
 fn same_secret(a: &[u8], b: &[u8]) -> bool {
@@ -66,21 +66,22 @@ fn unknown_command(name: &[u8], args: &[&[u8]]) -> String {
 }
 
 /// The sections of `info` (`# Name` and its lines, a blank line between sections) that
-/// `INFO section …` asks for, as Redis gives them: all of them for none, `all`,
-/// `everything` or `default`; nothing for a section there is not.
+/// `INFO section …` asks for, as Redis gives them: all of them for `all` or `everything`,
+/// all but commandstats for none or `default`; nothing for a section there is not.
 fn info_sections(info: &str, wanted: &[&[u8]]) -> String {
-    let all = wanted.is_empty()
-        || wanted.iter().any(|w| {
-            [&b"all"[..], b"everything", b"default"]
-                .iter()
-                .any(|a| w.eq_ignore_ascii_case(a))
-        });
+    let asked = |words: &[&[u8]]| {
+        wanted
+            .iter()
+            .any(|w| words.iter().any(|a| w.eq_ignore_ascii_case(a)))
+    };
+    let all = asked(&[b"all", b"everything"]);
+    let default = wanted.is_empty() || asked(&[b"default"]);
     let sections: Vec<&str> = info
         .split("\r\n\r\n")
         .map(|s| s.trim_end_matches("\r\n"))
         .filter(|s| {
             let name = s.lines().next().and_then(|l| l.strip_prefix("# "));
-            all || name.is_some_and(|n| wanted.iter().any(|w| w.eq_ignore_ascii_case(n.as_bytes())))
+            all || name.is_some_and(|n| (default && n != "Commandstats") || asked(&[n.as_bytes()]))
         })
         .collect();
     match sections.is_empty() {
@@ -191,12 +192,10 @@ pub(super) fn refusal(e: &StoreError) -> String {
 }
 
 impl KvService {
-    pub(super) fn count(&self, command: &str) {
-        self.count_n(command, 1);
-    }
-
-    /// Counts `n` requests of `command`.
-    pub(super) fn count_n(&self, command: &str, n: u64) {
+    /// Counts `n` requests of `command`, served together since `since`; how long that
+    /// took.
+    pub(super) fn served(&self, command: &str, n: u64, since: Instant) -> Duration {
+        let took = since.elapsed();
         // The forms of a command are counted as one.
         let command = match command {
             "getdel" | "getex" => "get",
@@ -208,7 +207,11 @@ impl KvService {
             .iter()
             .position(|c| *c == command)
             .unwrap_or(COMMANDS.len() - 1);
-        self.counters.commands[i].fetch_add(n, Relaxed);
+        let c = &self.counters;
+        c.commands[i].fetch_add(n, Relaxed);
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        c.command_ns[i].fetch_add(ns, Relaxed);
+        took
     }
 
     /// Runs one request, appending its reply to `out`; `true` when the client asked to
@@ -228,9 +231,7 @@ impl KvService {
             }
             ok
         };
-        self.count(&name);
-        let timed = TIMED.iter().position(|c| *c == name);
-        let since = timed.map(|_| Instant::now());
+        let since = Instant::now();
         match name.as_str() {
             "get" => {
                 if arity(1, out) {
@@ -345,6 +346,7 @@ impl KvService {
             }
             "quit" => {
                 reply::ok(out);
+                self.served(&name, 1, since);
                 return true;
             }
             "select" => match args {
@@ -375,8 +377,9 @@ impl KvService {
                 reply::error(out, &unknown_command(words[0], args));
             }
         }
-        if let (Some(i), Some(since)) = (timed, since) {
-            self.counters.durations[i].observe(since.elapsed());
+        let took = self.served(&name, 1, since);
+        if let Some(i) = TIMED.iter().position(|c| *c == name) {
+            self.counters.durations[i].observe(took);
         }
         false
     }
@@ -920,6 +923,7 @@ impl KvService {
              tcp_port:{}\r\nuptime_in_seconds:{}\r\nuptime_in_days:{}\r\n\r\n# Clients\r\nconnected_clients:{}\r\nblocked_clients:0\r\n\r\n\
              # Memory\r\nused_memory:{}\r\nmaxmemory:{}\r\nmaxmemory_policy:allkeys-lru\r\n\r\n\
              # Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\n\
+             total_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nrejected_connections:{}\r\n\
              keyspace_hits:{}\r\nkeyspace_misses:{}\r\nevicted_keys:{}\r\nexpired_keys:{}\r\n\r\n\
              # Replication\r\nrole:master\r\nconnected_slaves:0\r\n\r\n\
              # Persistence\r\nloading:0\r\nrdb_changes_since_last_save:{}\r\n\
@@ -928,7 +932,8 @@ impl KvService {
              target:{}\r\nblock_size:{}\r\ncapacity_bytes:{}\r\nused_bytes:{}\r\ninline_bytes:{}\r\n\
              storage_read_bytes:{}\r\nstorage_written_bytes:{}\r\nstorage_errors:{}\r\n\
              corrupt_values:{}\r\nrestored_keys:{}\r\ncheckpoints:{}\r\ncheckpoint_failures:{}\r\n\
-             checkpoint_overruns:{}\r\nlast_checkpoint_time:{}\r\n\r\n# Keyspace\r\ndb0:keys={},expires={},avg_ttl=0\r\n",
+             checkpoint_overruns:{}\r\nlast_checkpoint_time:{}\r\n\r\n# Commandstats\r\n{}\r\n\
+             # Keyspace\r\ndb0:keys={},expires={},avg_ttl=0\r\n",
             crate::VERSION,
             self.listen.port(),
             uptime,
@@ -938,6 +943,9 @@ impl KvService {
             self.config.capacity,
             c.connections.load(Relaxed),
             c.commands.iter().map(|n| n.load(Relaxed)).sum::<u64>(),
+            c.client_read_bytes.load(Relaxed),
+            c.client_written_bytes.load(Relaxed),
+            c.rejected_clients.load(Relaxed),
             c.hits.load(Relaxed),
             c.misses.load(Relaxed),
             g.evictions,
@@ -960,9 +968,30 @@ impl KvService {
             c.checkpoint_failures.load(Relaxed),
             g.hold_back_overruns,
             c.last_save_ms.load(Relaxed) / 1000,
+            self.command_stats(),
             g.keys,
             g.expiring,
         )
+    }
+
+    /// INFO's commandstats lines (each ending in CRLF), as Redis 6 gives them: each command served so far, its
+    /// requests and the time they took (forms of a command counted as one, see
+    /// [`KvService::served`]; commands outside [`COMMANDS`] are not listed).
+    fn command_stats(&self) -> String {
+        let c = &self.counters;
+        let mut lines = String::new();
+        for (i, name) in COMMANDS.iter().enumerate().filter(|(_, n)| **n != "other") {
+            let calls = c.commands[i].load(Relaxed);
+            if calls == 0 {
+                continue;
+            }
+            let usec = c.command_ns[i].load(Relaxed) / 1000;
+            let per_call = usec as f64 / calls as f64;
+            lines.push_str(&format!(
+                "cmdstat_{name}:calls={calls},usec={usec},usec_per_call={per_call:.2}\r\n"
+            ));
+        }
+        lines
     }
 }
 
@@ -1007,9 +1036,17 @@ mod tests {
 
     #[test]
     fn info_gives_the_sections_asked_for() {
-        let info = "# Server\r\na:1\r\n\r\n# Stats\r\nb:2\r\n\r\n# Keyspace\r\ndb0:keys=1\r\n";
-        assert_eq!(info_sections(info, &[]), info);
+        let info = "# Server\r\na:1\r\n\r\n# Stats\r\nb:2\r\n\r\n# Commandstats\r\n\
+                    cmdstat_get:calls=1\r\n\r\n# Keyspace\r\ndb0:keys=1\r\n";
+        let default = "# Server\r\na:1\r\n\r\n# Stats\r\nb:2\r\n\r\n# Keyspace\r\ndb0:keys=1\r\n";
+        assert_eq!(info_sections(info, &[]), default);
+        assert_eq!(info_sections(info, &[b"Default"]), default);
         assert_eq!(info_sections(info, &[b"ALL"]), info);
+        assert_eq!(info_sections(info, &[b"everything"]), info);
+        assert_eq!(
+            info_sections(info, &[b"commandstats"]),
+            "# Commandstats\r\ncmdstat_get:calls=1\r\n"
+        );
         assert_eq!(info_sections(info, &[b"server"]), "# Server\r\na:1\r\n");
         assert_eq!(
             info_sections(info, &[b"keyspace", b"Server"]),

@@ -153,6 +153,34 @@ fn send(stream: &mut impl Write, out: &mut Replies) -> io::Result<()> {
     Ok(())
 }
 
+/// A client's connection, counting the bytes read from it and written to it.
+struct Metered<'a, S> {
+    inner: S,
+    counters: &'a KvCounters,
+}
+
+impl<S: Read> Read for Metered<'_, S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.counters.client_read_bytes.fetch_add(n as u64, Relaxed);
+        Ok(n)
+    }
+}
+
+impl<S: Write> Write for Metered<'_, S> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.counters
+            .client_written_bytes
+            .fetch_add(n as u64, Relaxed);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 /// The key and value of a `SET key value` request (no options).
 fn set_of<'a>(req: &'a [u8], args: &[Range<usize>]) -> Option<(&'a [u8], &'a [u8])> {
     match args {
@@ -210,6 +238,9 @@ impl Durations {
 #[derive(Debug, Default)]
 pub struct KvCounters {
     pub commands: [AtomicU64; COMMANDS.len()],
+    /// Per command of [`COMMANDS`], the time its requests took to serve, in nanoseconds
+    /// (INFO's commandstats); a run of pipelined requests served together counts once.
+    pub command_ns: [AtomicU64; COMMANDS.len()],
     /// Per command of [`TIMED`].
     pub durations: [Durations; TIMED.len()],
     /// A value's I/O on a target connection, all its pieces, per operation of
@@ -225,6 +256,9 @@ pub struct KvCounters {
     /// Values read back whose checksum did not match what was written.
     pub corrupt_values: AtomicU64,
     pub clients: AtomicU64,
+    /// Bytes read from and written to hosts' connections (inside TLS, where configured).
+    pub client_read_bytes: AtomicU64,
+    pub client_written_bytes: AtomicU64,
     /// Client connections accepted (Redis's `total_connections_received`).
     pub connections: AtomicU64,
     pub rejected_clients: AtomicU64,
@@ -576,7 +610,11 @@ impl KvService {
     }
 
     /// The requests and replies of one client's connection.
-    fn talk(&self, mut stream: impl Read + Write) -> io::Result<()> {
+    fn talk(&self, stream: impl Read + Write) -> io::Result<()> {
+        let mut stream = Metered {
+            inner: stream,
+            counters: &self.counters,
+        };
         // Bytes read are `buf[head..filled]`; the rest is room, zeroed once when it grows
         // (not on every read: most reads are small requests). `head` is where a large
         // value's request starts so that the value lands aligned (see `place`).
@@ -618,9 +656,10 @@ impl KvService {
                             continue;
                         }
                         if let Some(keys) = fast.then(|| mget_of(req, &args)).flatten() {
-                            self.count("mget");
+                            let since = Instant::now();
                             reply::array(&mut out, keys.len());
                             self.values_in_shares(&keys, &mut out, &mut stream)?;
+                            self.served("mget", 1, since);
                             start = end;
                             continue;
                         }

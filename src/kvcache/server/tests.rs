@@ -936,6 +936,50 @@ fn errors_read_like_redis() {
     std::fs::remove_file(path).unwrap();
 }
 
+/// INFO counts a connection's bytes each way and each command's requests and time, as
+/// Redis's `total_net_*_bytes` and commandstats do (what redis_exporter turns into
+/// `redis_net_*_bytes_total` and `redis_commands_*`).
+#[test]
+fn info_counts_bytes_and_requests_by_command() {
+    let (svc, path) = service("info-counts", 1 << 20, 4096);
+    let requests = b"SET k v\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\nGET k\r\nPING\r\nGET\r\nQUIT\r\n";
+    let mut c = TcpStream::connect(svc.listen).unwrap();
+    c.write_all(requests).unwrap();
+    let mut back = Vec::new();
+    c.read_to_end(&mut back).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&back),
+        "+OK\r\n$1\r\nv\r\n$1\r\nv\r\n+PONG\r\n\
+         -ERR wrong number of arguments for 'get' command\r\n+OK\r\n"
+    );
+    let info = svc.info();
+    for field in [
+        format!("\r\ntotal_net_input_bytes:{}\r\n", requests.len()),
+        format!("\r\ntotal_net_output_bytes:{}\r\n", back.len()),
+        "\r\nrejected_connections:0\r\n".to_owned(),
+        "\r\n# Commandstats\r\ncmdstat_get:calls=3,usec=".to_owned(),
+        "\r\ncmdstat_set:calls=1,usec=".to_owned(),
+        "\r\ncmdstat_ping:calls=1,usec=".to_owned(),
+    ] {
+        assert!(info.contains(&field), "{field:?} in {info}");
+    }
+    // QUIT is none of the commands counted by name.
+    assert_eq!(info.matches("cmdstat_").count(), 3, "{info}");
+    let ping = info
+        .lines()
+        .find(|l| l.starts_with("cmdstat_ping:"))
+        .unwrap();
+    let field = |name: &str| -> f64 {
+        let (_, rest) = ping.split_once(&format!("{name}=")).unwrap();
+        rest.split(',').next().unwrap().parse().unwrap()
+    };
+    assert!(
+        (field("usec_per_call") - field("usec")).abs() < 0.01,
+        "{ping}"
+    );
+    std::fs::remove_file(path).unwrap();
+}
+
 #[test]
 fn pipelined_requests_over_tcp() {
     let (svc, path) = service("pipelined", 16 << 20, 4096);

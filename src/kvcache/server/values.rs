@@ -346,8 +346,8 @@ impl KvService {
             .iter()
             .position(|c| *c == command)
             .expect("a timed command");
-        self.count_n(command, n as u64);
-        self.counters.durations[timed].observe_n(since.elapsed(), n as u64);
+        let took = self.served(command, n as u64, since);
+        self.counters.durations[timed].observe_n(took, n as u64);
     }
 
     /// `key`'s value as a bulk string, read from the target straight into `out`; the null
