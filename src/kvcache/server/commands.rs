@@ -199,6 +199,7 @@ impl KvService {
         // The forms of a command are counted as one.
         let command = match command {
             "getdel" | "getex" => "get",
+            "setex" | "psetex" | "setnx" | "getset" => "set",
             "pexpire" | "expireat" | "pexpireat" => "expire",
             "pttl" | "expiretime" | "pexpiretime" => "ttl",
             c => c,
@@ -239,6 +240,7 @@ impl KvService {
                 }
             }
             "set" => self.set_command(args, out),
+            "setex" | "psetex" | "setnx" | "getset" => self.set_form(&name, args, out),
             "getdel" => {
                 if arity(1, out) {
                     self.getdel(args[0], out);
@@ -395,14 +397,58 @@ impl KvService {
             reply::error(out, "ERR syntax error");
             return;
         };
+        match self.set_with("set", key, value, o) {
+            Err(e) => reply::error(out, &e),
+            Ok((_, Some(old))) => out.extend_from_slice(&old),
+            Ok((true, None)) => reply::ok(out),
+            Ok((false, None)) => reply::null(out),
+        }
+    }
+
+    /// The older forms of `SET`, as Redis 7 answers them: `SETEX key seconds value` and
+    /// `PSETEX key ms value` (`SET … EX`/`PX`), `SETNX key value` (`SET … NX`, answered 1
+    /// or 0), `GETSET key value` (`SET … GET`).
+    fn set_form(&self, name: &str, args: &[&[u8]], out: &mut Vec<u8>) {
+        let mut o = StringOptions::default();
+        let (key, value) = match (name, args) {
+            ("setex" | "psetex", [key, amount, value]) => {
+                o.expire = Some(((name == "setex", true), *amount));
+                (key, value)
+            }
+            ("setnx", [key, value]) => {
+                o.only = Only::Absent;
+                (key, value)
+            }
+            ("getset", [key, value]) => {
+                o.get = true;
+                (key, value)
+            }
+            _ => {
+                let msg = format!("ERR wrong number of arguments for '{name}' command");
+                reply::error(out, &msg);
+                return;
+            }
+        };
+        match self.set_with(name, key, value, o) {
+            Err(e) => reply::error(out, &e),
+            Ok((_, Some(old))) => out.extend_from_slice(&old),
+            Ok((stored, None)) if name == "setnx" => reply::integer(out, i64::from(stored)),
+            Ok((_, None)) => reply::ok(out),
+        }
+    }
+
+    /// Stores `value` as `key`'s under the options `o` of `command` (a form of `SET`):
+    /// whether it was stored, and with `GET` the reply of the value the key held; or the
+    /// error to answer.
+    fn set_with(
+        &self,
+        command: &str,
+        key: &[u8],
+        value: &[u8],
+        o: StringOptions,
+    ) -> Result<(bool, Option<Vec<u8>>), String> {
         let expiry = match o.expire {
-            Some((unit, amount)) => match option_deadline("set", unit, amount, now_ms()) {
-                Ok(at) => Expiry::At(at),
-                Err(e) => {
-                    reply::error(out, &e);
-                    return;
-                }
-            },
+            Some((unit, amount)) => Expiry::At(option_deadline(command, unit, amount, now_ms())?),
             None if o.keep => Expiry::Keep,
             None => Expiry::Clear,
         };
@@ -428,12 +474,7 @@ impl KvService {
             }
             _ => self.store(key, value, only, expiry),
         };
-        match (stored, old) {
-            (Err(e), _) => reply::error(out, &e),
-            (Ok(_), Some(old)) => out.extend_from_slice(&old),
-            (Ok(true), None) => reply::ok(out),
-            (Ok(false), None) => reply::null(out),
-        }
+        Ok((stored?, old))
     }
 
     /// `EXPIRE key seconds`, `PEXPIRE key ms`, `EXPIREAT key unix-s`, `PEXPIREAT key
