@@ -1015,9 +1015,10 @@ impl KvService {
         )
     }
 
-    /// INFO's commandstats lines (each ending in CRLF), as Redis 6 gives them: each command served so far, its
-    /// requests and the time they took (forms of a command counted as one, see
-    /// [`KvService::served`]; commands outside [`COMMANDS`] are not listed).
+    /// INFO's commandstats lines (each ending in CRLF), as Redis 6 gives them: each
+    /// command served so far, its requests and the time they took (forms of a command
+    /// counted as one, see [`KvService::served`]; commands outside [`COMMANDS`] are not
+    /// listed).
     fn command_stats(&self) -> String {
         let c = &self.counters;
         let mut lines = String::new();
