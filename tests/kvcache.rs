@@ -1591,7 +1591,7 @@ impl Resp {
     }
 
     /// The reply to `words`, whole (a simple reply, an integer, an error, a bulk string,
-    /// an array of them).
+    /// an array of them; in RESP3 also a null, a map, a verbatim string).
     fn call(&mut self, words: &[&str]) -> String {
         let mut req = format!("*{}\r\n", words.len());
         for w in words {
@@ -1620,11 +1620,11 @@ impl Resp {
         let mut line = String::new();
         self.stream.read_line(&mut line).expect("reply");
         let count = |prefix| line.strip_prefix(prefix)?.trim().parse::<usize>().ok();
-        if let Some(n) = count('$') {
+        if let Some(n) = count('$').or_else(|| count('=')) {
             let mut body = vec![0u8; n + 2];
             self.stream.read_exact(&mut body).expect("bulk");
             line += &String::from_utf8_lossy(&body);
-        } else if let Some(n) = count('*') {
+        } else if let Some(n) = count('*').or_else(|| count('%').map(|pairs| pairs * 2)) {
             for _ in 0..n {
                 line += &self.reply();
             }
@@ -1873,6 +1873,64 @@ fn expiry_answers_as_redis_does() {
         assert_eq!(ours.call(words), theirs.call(words), "{words:?}");
     }
     assert!(kv.metric("dpuflow_kvcache_expired_keys_total{service=\"kvcache\"}") >= 1);
+    assert_eq!(kv.terminate(), 0);
+}
+
+/// A connection that asks for RESP3 with `HELLO 3` gets its replies in it as Redis 7
+/// writes them (nulls, maps, verbatim text), byte for byte against a real redis-server,
+/// until `HELLO 2` takes it back.
+#[test]
+fn in_resp3_the_commands_answer_as_redis_does() {
+    let (_dir, kv, _redis, redis_port) = beside_redis("kv-resp3");
+    let (mut ours, mut theirs) = (Resp::connect(kv.port), Resp::connect(redis_port));
+    let hello = ours.call(&["HELLO", "3"]);
+    assert!(
+        hello.starts_with("%6\r\n$6\r\nserver\r\n$7\r\ndpuflow\r\n")
+            && hello.contains("$5\r\nproto\r\n:3\r\n"),
+        "{hello:?}"
+    );
+    assert!(theirs.call(&["HELLO", "3"]).starts_with("%7\r\n"));
+    let script: &[&[&str]] = &[
+        &["GET", "nope"],
+        &["SET", "a", "1"],
+        &["SET", "a", "2", "NX"],
+        &["SET", "b", "1", "NX", "GET"],
+        &["MGET", "a", "nope", "b"],
+        &["INFO", "keyspace"],
+        &["GETDEL", "nope"],
+        &["GETEX", "nope"],
+        &["GETSET", "nope2", "x"],
+        &["SETNX", "a", "1"],
+        &["CLIENT", "GETNAME"],
+        &["MEMORY", "USAGE", "nope"],
+        &["CONFIG", "GET", "appendonly"],
+        &["CONFIG", "GET", "nosuch"],
+        &["LATENCY", "LATEST"],
+        &["SCAN", "0", "MATCH", "zz*"],
+        &["TTL", "a"],
+        &["EXISTS", "a", "nope"],
+        &["DEL", "a", "b", "nope2"],
+        &["HELLO", "4"],
+        &["HELLO", "x"],
+        &["GET", "nope"],
+    ];
+    let mut differ = Vec::new();
+    let mut compare = |ours: &mut Resp, theirs: &mut Resp| {
+        for words in script {
+            let (a, b) = (ours.call(words), theirs.call(words));
+            if a != b {
+                differ.push(format!("{words:?}: {a:?}, Redis {b:?}"));
+            }
+        }
+    };
+    compare(&mut ours, &mut theirs);
+    // Back to RESP2: the same requests answer as they did before HELLO 3.
+    let hello = ours.call(&["HELLO", "2"]);
+    assert!(hello.starts_with("*12\r\n"), "{hello:?}");
+    assert!(theirs.call(&["HELLO", "2"]).starts_with("*14\r\n"));
+    compare(&mut ours, &mut theirs);
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
+    assert_eq!(ours.call(&["GET", "nope"]), "$-1\r\n");
     assert_eq!(kv.terminate(), 0);
 }
 

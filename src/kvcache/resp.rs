@@ -1,7 +1,8 @@
-//! RESP2, the Redis serialization protocol, as far as a key-value block store needs it:
+//! RESP, the Redis serialization protocol, as far as a key-value block store needs it:
 //! requests are arrays of bulk strings (or inline commands typed by hand), replies are
-//! simple strings, errors, integers, bulk strings and arrays.
-//! Spec: <https://redis.io/docs/latest/develop/reference/protocol-spec/> (RESP2).
+//! simple strings, errors, integers, bulk strings and arrays, and in RESP3 (a connection
+//! asks for it with `HELLO 3`) also nulls, maps and verbatim strings.
+//! Spec: <https://redis.io/docs/latest/develop/reference/protocol-spec/> (RESP2 and RESP3).
 //!
 //! Sans-IO: [`parse`] finds one whole request at the start of a buffer and says where its
 //! arguments are; the caller owns reading and writing.
@@ -302,7 +303,17 @@ fn in_single_quotes(rest: &[u8]) -> Option<(u8, usize)> {
 }
 
 /// Replies, appended to an output buffer.
+/// The version of the protocol a connection's replies are in: RESP2 until the client
+/// asks for RESP3 with `HELLO 3`. Requests read the same in both.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Proto {
+    #[default]
+    Resp2,
+    Resp3,
+}
+
 pub mod reply {
+    use super::Proto;
     use std::io::Write;
 
     pub fn simple(out: &mut Vec<u8>, s: &str) {
@@ -344,9 +355,41 @@ pub mod reply {
         1 + len.checked_ilog10().map_or(1, |d| d as usize + 1) + 2
     }
 
-    /// The null bulk string: a missing key.
-    pub fn null(out: &mut Vec<u8>) {
-        out.extend_from_slice(b"$-1\r\n");
+    /// No value (a missing key): RESP2's null bulk string, RESP3's null.
+    pub fn null(out: &mut Vec<u8>, proto: Proto) {
+        out.extend_from_slice(null_bytes(proto));
+    }
+
+    /// What [`null`] writes.
+    pub fn null_bytes(proto: Proto) -> &'static [u8] {
+        match proto {
+            Proto::Resp2 => b"$-1\r\n",
+            Proto::Resp3 => b"_\r\n",
+        }
+    }
+
+    /// The header of `pairs` key-value pairs, which follow it: a RESP3 map, or in RESP2 an
+    /// array of keys and values one after another.
+    pub fn map(out: &mut Vec<u8>, pairs: usize, proto: Proto) {
+        match proto {
+            Proto::Resp2 => array(out, pairs * 2),
+            Proto::Resp3 => {
+                let _ = write!(out, "%{pairs}\r\n");
+            }
+        }
+    }
+
+    /// Text for people to read (`INFO`): a RESP3 verbatim string of format `txt`, or in
+    /// RESP2 a bulk string.
+    pub fn text(out: &mut Vec<u8>, text: &[u8], proto: Proto) {
+        match proto {
+            Proto::Resp2 => bulk(out, text),
+            Proto::Resp3 => {
+                let _ = write!(out, "={}\r\ntxt:", text.len() + 4);
+                out.extend_from_slice(text);
+                out.extend_from_slice(b"\r\n");
+            }
+        }
     }
 
     pub fn array(out: &mut Vec<u8>, len: usize) {
@@ -494,12 +537,20 @@ mod tests {
         reply::error(&mut out, "ERR two\r\nlines");
         reply::integer(&mut out, -3);
         reply::bulk(&mut out, b"hi");
-        reply::null(&mut out);
+        reply::null(&mut out, Proto::Resp2);
         reply::array(&mut out, 0);
+        reply::map(&mut out, 1, Proto::Resp2);
+        reply::text(&mut out, b"a:1\r\n", Proto::Resp2);
         assert_eq!(
             out,
-            b"+OK\r\n-ERR two  lines\r\n:-3\r\n$2\r\nhi\r\n$-1\r\n*0\r\n"
+            b"+OK\r\n-ERR two  lines\r\n:-3\r\n$2\r\nhi\r\n$-1\r\n*0\r\n*2\r\n$5\r\na:1\r\n\r\n"
         );
+        // RESP3's own types, as redis-server 7 writes them after `HELLO 3`.
+        let mut out = Vec::new();
+        reply::null(&mut out, Proto::Resp3);
+        reply::map(&mut out, 1, Proto::Resp3);
+        reply::text(&mut out, b"a:1\r\n", Proto::Resp3);
+        assert_eq!(out, b"_\r\n%1\r\n=9\r\ntxt:a:1\r\n\r\n");
     }
 
     proptest! {

@@ -6,7 +6,7 @@ use super::{now_ms, KvService, Replies, COMMANDS, TIMED};
 use crate::kvcache::glob;
 use crate::kvcache::index::StoreError;
 use crate::kvcache::keys::WalkStep;
-use crate::kvcache::resp::reply;
+use crate::kvcache::resp::{reply, Proto};
 use crate::kvcache::storage;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::TryLockError;
@@ -215,9 +215,10 @@ impl KvService {
         took
     }
 
-    /// Runs one request, appending its reply to `out`; `true` when the client asked to
-    /// leave.
-    pub(super) fn execute(&self, words: &[&[u8]], out: &mut Replies) -> bool {
+    /// Runs one request, appending its reply to `out` in the connection's protocol,
+    /// `proto` (which `HELLO` changes); `true` when the client asked to leave.
+    pub(super) fn execute(&self, words: &[&[u8]], out: &mut Replies, proto: &mut Proto) -> bool {
+        let p = *proto;
         let Some((name, args)) = words.split_first() else {
             return false;
         };
@@ -236,17 +237,17 @@ impl KvService {
         match name.as_str() {
             "get" => {
                 if arity(1, out) {
-                    self.get(args[0], out);
+                    self.get(args[0], out, p);
                 }
             }
-            "set" => self.set_command(args, out),
-            "setex" | "psetex" | "setnx" | "getset" => self.set_form(&name, args, out),
+            "set" => self.set_command(args, out, p),
+            "setex" | "psetex" | "setnx" | "getset" => self.set_form(&name, args, out, p),
             "getdel" => {
                 if arity(1, out) {
-                    self.getdel(args[0], out);
+                    self.getdel(args[0], out, p);
                 }
             }
-            "getex" => self.getex(args, out),
+            "getex" => self.getex(args, out, p),
             "mset" if !args.is_empty() && args.len() % 2 == 0 => {
                 let pairs: Vec<_> = args.chunks(2).map(|kv| (kv[0], kv[1])).collect();
                 let failed = self
@@ -358,16 +359,16 @@ impl KvService {
                     arity(1, out);
                 }
             },
-            "info" => reply::bulk(out, info_sections(&self.info(), args).as_bytes()),
+            "info" => reply::text(out, info_sections(&self.info(), args).as_bytes(), p),
             "client" | "command" | "config" | "latency" | "memory" => {
-                self.subcommand(&name, args, out)
+                self.subcommand(&name, args, out, p)
             }
             "auth" => match self.auth(args) {
                 Ok(()) => reply::ok(out),
                 Err(e) => reply::error(out, e),
             },
             "hello" => {
-                let _ = self.hello_command(args, out);
+                let _ = self.hello_command(args, out, proto);
             }
             "mget" | "mset" | "del" | "unlink" | "exists" => {
                 reply::error(
@@ -388,7 +389,7 @@ impl KvService {
 
     /// `SET key value [NX | XX] [GET] [EX s | PX ms | EXAT unix-s | PXAT unix-ms | KEEPTTL]`,
     /// as Redis 7 reads it: a deadline already passed stores nothing and removes the key.
-    fn set_command(&self, args: &[&[u8]], out: &mut Vec<u8>) {
+    fn set_command(&self, args: &[&[u8]], out: &mut Vec<u8>, proto: Proto) {
         let [key, value, opts @ ..] = args else {
             reply::error(out, "ERR wrong number of arguments for 'set' command");
             return;
@@ -397,18 +398,18 @@ impl KvService {
             reply::error(out, "ERR syntax error");
             return;
         };
-        match self.set_with("set", key, value, o) {
+        match self.set_with("set", key, value, o, proto) {
             Err(e) => reply::error(out, &e),
             Ok((_, Some(old))) => out.extend_from_slice(&old),
             Ok((true, None)) => reply::ok(out),
-            Ok((false, None)) => reply::null(out),
+            Ok((false, None)) => reply::null(out, proto),
         }
     }
 
     /// The older forms of `SET`, as Redis 7 answers them: `SETEX key seconds value` and
     /// `PSETEX key ms value` (`SET … EX`/`PX`), `SETNX key value` (`SET … NX`, answered 1
     /// or 0), `GETSET key value` (`SET … GET`).
-    fn set_form(&self, name: &str, args: &[&[u8]], out: &mut Vec<u8>) {
+    fn set_form(&self, name: &str, args: &[&[u8]], out: &mut Vec<u8>, proto: Proto) {
         let mut o = StringOptions::default();
         let (key, value) = match (name, args) {
             ("setex" | "psetex", [key, amount, value]) => {
@@ -429,7 +430,7 @@ impl KvService {
                 return;
             }
         };
-        match self.set_with(name, key, value, o) {
+        match self.set_with(name, key, value, o, proto) {
             Err(e) => reply::error(out, &e),
             Ok((_, Some(old))) => out.extend_from_slice(&old),
             Ok((stored, None)) if name == "setnx" => reply::integer(out, i64::from(stored)),
@@ -446,6 +447,7 @@ impl KvService {
         key: &[u8],
         value: &[u8],
         o: StringOptions,
+        proto: Proto,
     ) -> Result<(bool, Option<Vec<u8>>), String> {
         let expiry = match o.expire {
             Some((unit, amount)) => Expiry::At(option_deadline(command, unit, amount, now_ms())?),
@@ -459,7 +461,7 @@ impl KvService {
         let old = get.then(|| {
             let mut old = Vec::new();
             let extents = self.lock().get(key);
-            self.reply_value(key, extents, &mut old);
+            self.reply_value(key, extents, &mut old, proto);
             old
         });
         let stored = match expiry {
@@ -577,19 +579,19 @@ impl KvService {
 
     /// `GETDEL key`: the value, and the key gone, at once (the blocks stay readable to
     /// this request through its own reference).
-    fn getdel(&self, key: &[u8], out: &mut Vec<u8>) {
+    fn getdel(&self, key: &[u8], out: &mut Vec<u8>, proto: Proto) {
         let extents = {
             let mut ix = self.lock();
             let extents = ix.get(key);
             ix.remove(key);
             extents
         };
-        self.reply_value(key, extents, out);
+        self.reply_value(key, extents, out, proto);
     }
 
     /// `GETEX key [EX s | PX ms | EXAT unix-s | PXAT unix-ms | PERSIST]`: the value, its
     /// deadline set or taken away at once; a deadline already past removes the key.
-    fn getex(&self, args: &[&[u8]], out: &mut Vec<u8>) {
+    fn getex(&self, args: &[&[u8]], out: &mut Vec<u8>, proto: Proto) {
         let Some((key, opts)) = args.split_first() else {
             reply::error(out, "ERR wrong number of arguments for 'getex' command");
             return;
@@ -626,7 +628,7 @@ impl KvService {
             }
             extents
         };
-        self.reply_value(key, extents, out);
+        self.reply_value(key, extents, out, proto);
     }
 
     /// `KEYS pattern`: every key, gathered a map of the index's at a time (see
@@ -710,7 +712,7 @@ impl KvService {
     /// `CLIENT`, `COMMAND`, `CONFIG`, `LATENCY` and `MEMORY`: what client libraries send on
     /// connecting and what Redis tools (redis-cli, redis_exporter) read of the settings
     /// and the keys, each subcommand with its arguments counted as Redis counts them.
-    fn subcommand(&self, command: &str, args: &[&[u8]], out: &mut Vec<u8>) {
+    fn subcommand(&self, command: &str, args: &[&[u8]], out: &mut Vec<u8>, proto: Proto) {
         let Some((sub, rest)) = args.split_first() else {
             match command {
                 // The list of commands' details, of which none are given here.
@@ -752,15 +754,15 @@ impl KvService {
             return;
         }
         match (command, lower.as_slice()) {
-            ("client", b"getname") => reply::null(out),
+            ("client", b"getname") => reply::null(out, proto),
             ("client", _) => reply::ok(out),
             ("command", b"count") => reply::integer(out, COMMANDS.len() as i64 + 8),
             ("command", _) => reply::array(out, 0),
-            ("config", b"get") => self.config_get(rest, out),
+            ("config", b"get") => self.config_get(rest, out, proto),
             // Nothing is recorded: Redis's latency monitor as it starts, off.
             ("latency", b"reset") => reply::integer(out, 0),
             ("latency", _) => reply::array(out, 0),
-            ("memory", _) => self.memory_usage(rest, out),
+            ("memory", _) => self.memory_usage(rest, out, proto),
             _ => reply::error(
                 out,
                 "ERR the kvcache service's settings live in its pipeline file",
@@ -771,7 +773,7 @@ impl KvService {
     /// `MEMORY USAGE key [SAMPLES count]`: the storage a value takes, its blocks on the
     /// target, and its key (what `redis-cli --memkeys` ranks keys by); `SAMPLES` counts
     /// for nothing.
-    fn memory_usage(&self, args: &[&[u8]], out: &mut Vec<u8>) {
+    fn memory_usage(&self, args: &[&[u8]], out: &mut Vec<u8>, proto: Proto) {
         let [key, options @ ..] = args else {
             unreachable!("`subcommand` counted a key at least")
         };
@@ -784,12 +786,12 @@ impl KvService {
                 let bytes = n as u64 * self.config.block_size + key.len() as u64;
                 reply::integer(out, i64::try_from(bytes).unwrap_or(i64::MAX));
             }
-            None => reply::null(out),
+            None => reply::null(out, proto),
         }
     }
 
     /// `CONFIG GET pattern …`: the settings a Redis tool reads, as the service has them.
-    fn config_get(&self, patterns: &[&[u8]], out: &mut Vec<u8>) {
+    fn config_get(&self, patterns: &[&[u8]], out: &mut Vec<u8>, proto: Proto) {
         let settings = [
             ("save", String::new()),
             ("appendonly", "no".to_owned()),
@@ -802,7 +804,7 @@ impl KvService {
             .iter()
             .filter(|(k, _)| patterns.iter().any(|p| glob::matches(p, k.as_bytes())))
             .collect();
-        reply::array(out, hits.len() * 2);
+        reply::map(out, hits.len(), proto);
         for (k, v) in hits {
             reply::bulk(out, k.as_bytes());
             reply::bulk(out, v.as_bytes());
@@ -817,6 +819,7 @@ impl KvService {
         words: &[&[u8]],
         out: &mut Vec<u8>,
         authed: &mut bool,
+        proto: &mut Proto,
     ) -> bool {
         let Some((name, args)) = words.split_first() else {
             return false;
@@ -829,7 +832,7 @@ impl KvService {
                 }
                 Err(e) => reply::error(out, e),
             },
-            b"hello" if args.len() > 1 => *authed = self.hello_command(args, out),
+            b"hello" if args.len() > 1 => *authed = self.hello_command(args, out, proto),
             b"hello" => reply::error(
                 out,
                 "NOAUTH HELLO must be called with the client already authenticated, otherwise \
@@ -876,16 +879,17 @@ impl KvService {
         }
     }
 
-    /// `HELLO [2 [AUTH user password] [SETNAME name]]`; whether the client is now
-    /// authenticated (by this request's `AUTH`).
-    fn hello_command(&self, args: &[&[u8]], out: &mut Vec<u8>) -> bool {
+    /// `HELLO [2|3 [AUTH user password] [SETNAME name]]`: the connection's protocol set to
+    /// the version asked for once the options are good, and the server's facts in it;
+    /// whether the client is now authenticated (by this request's `AUTH`).
+    fn hello_command(&self, args: &[&[u8]], out: &mut Vec<u8>, proto: &mut Proto) -> bool {
         let Some((version, opts)) = args.split_first() else {
-            self.hello(out);
+            self.hello(out, *proto);
             return false;
         };
-        match integer(version) {
-            Some(2) => {}
-            // RESP3 included: only RESP2 is spoken here.
+        let asked = match integer(version) {
+            Some(2) => Proto::Resp2,
+            Some(3) => Proto::Resp3,
             Some(_) => {
                 reply::error(out, "NOPROTO unsupported protocol version");
                 return false;
@@ -897,7 +901,7 @@ impl KvService {
                 );
                 return false;
             }
-        }
+        };
         let mut authed = false;
         let mut rest = opts;
         while let Some((opt, tail)) = rest.split_first() {
@@ -921,26 +925,27 @@ impl KvService {
                 }
             }
         }
-        self.hello(out);
+        *proto = asked;
+        self.hello(out, asked);
         authed
     }
 
-    /// `HELLO` in RESP2: the server's facts as a flat array.
-    fn hello(&self, out: &mut Vec<u8>) {
+    /// `HELLO`'s reply: the server's facts, a map in `proto`.
+    fn hello(&self, out: &mut Vec<u8>, proto: Proto) {
         let facts = [
             ("server", "dpuflow"),
             ("version", env!("CARGO_PKG_VERSION")),
-            ("proto", "2"),
+            ("proto", ""),
             ("mode", "standalone"),
             ("role", "master"),
         ];
-        reply::array(out, facts.len() * 2 + 2);
+        reply::map(out, facts.len() + 1, proto);
         for (k, v) in facts {
             reply::bulk(out, k.as_bytes());
-            if k == "proto" {
-                reply::integer(out, 2);
-            } else {
-                reply::bulk(out, v.as_bytes());
+            match (k, proto) {
+                ("proto", Proto::Resp2) => reply::integer(out, 2),
+                ("proto", Proto::Resp3) => reply::integer(out, 3),
+                _ => reply::bulk(out, v.as_bytes()),
             }
         }
         reply::bulk(out, b"modules");

@@ -10,7 +10,7 @@
 
 use super::index::Index;
 use super::persist::{self, Layout};
-use super::resp::{self, reply, Awaited};
+use super::resp::{self, reply, Awaited, Proto};
 use super::storage::{self, Pool, TargetError};
 use crate::ir::KvCache;
 use std::io::{self, Read, Write};
@@ -621,6 +621,8 @@ impl KvService {
         let mut buf: Vec<u8> = vec![0; READ_BUFFER];
         let (mut head, mut filled) = (0, 0);
         let mut authed = self.password.is_none();
+        // The protocol the replies are in: RESP2 until `HELLO 3`.
+        let mut proto = Proto::Resp2;
         // The client has sent all it will (what is whole is still served).
         let mut closed = false;
         let mut args: Vec<Range<usize>> = Vec::new();
@@ -650,7 +652,7 @@ impl KvService {
                         if let Some(key) = fast.then(|| get_of(req, &args)).flatten() {
                             let (keys, _) = self.pipelined(input, &mut end, &mut args, key, get_of);
                             let since = Instant::now();
-                            self.values_in_shares(&keys, &mut out, &mut stream)?;
+                            self.values_in_shares(&keys, &mut out, &mut stream, proto)?;
                             self.count_run("get", keys.len(), since);
                             start = end;
                             continue;
@@ -658,7 +660,7 @@ impl KvService {
                         if let Some(keys) = fast.then(|| mget_of(req, &args)).flatten() {
                             let since = Instant::now();
                             reply::array(&mut out, keys.len());
-                            self.values_in_shares(&keys, &mut out, &mut stream)?;
+                            self.values_in_shares(&keys, &mut out, &mut stream, proto)?;
                             self.served("mget", 1, since);
                             start = end;
                             continue;
@@ -687,9 +689,9 @@ impl KvService {
                         let from = if typed { &inline[..] } else { req };
                         let words: Vec<&[u8]> = args.iter().map(|r| &from[r.clone()]).collect();
                         quit = if authed {
-                            self.execute(&words, &mut out)
+                            self.execute(&words, &mut out, &mut proto)
                         } else {
-                            self.unauthenticated(&words, &mut out, &mut authed)
+                            self.unauthenticated(&words, &mut out, &mut authed, &mut proto)
                         };
                         start += n;
                     }

@@ -72,7 +72,7 @@ fn a_share_of_several_values_keeps_the_first_in_place() {
     }
     let keys: Vec<&[u8]> = names.iter().map(Vec::as_slice).collect();
     let mut out = Replies::with_capacity(READ_BUFFER);
-    assert_eq!(svc.values_share(&keys, &mut out), 4);
+    assert_eq!(svc.values_share(&keys, &mut out, Proto::Resp2), 4);
     let header = reply::bulk_header_len(value.len());
     let first = out.as_ptr() as usize + out.from + header;
     assert_eq!(first % svc.value_alignment(), 0);
@@ -162,6 +162,17 @@ fn with_a_password_only_authenticated_clients_are_served() {
     talk(&mut c, "SET k v\r\nGET k\r\n", "+OK\r\n$1\r\nv\r\n");
     let mut c = TcpStream::connect(svc.listen).unwrap();
     talk(&mut c, "HELLO 2 AUTH default s3cret\r\n", "*12\r\n");
+    // RESP3 chosen as the client authenticates: its replies from then on are in it.
+    let mut c = TcpStream::connect(svc.listen).unwrap();
+    let version = env!("CARGO_PKG_VERSION");
+    let hello = format!(
+        "%6\r\n$6\r\nserver\r\n$7\r\ndpuflow\r\n$7\r\nversion\r\n${}\r\n{version}\r\n\
+         $5\r\nproto\r\n:3\r\n$4\r\nmode\r\n$10\r\nstandalone\r\n$4\r\nrole\r\n$6\r\nmaster\r\n\
+         $7\r\nmodules\r\n*0\r\n",
+        version.len()
+    );
+    talk(&mut c, "HELLO 3 AUTH default s3cret\r\n", &hello);
+    talk(&mut c, "GET nope\r\n", "_\r\n");
     assert_eq!(svc.counters.auth_failures.load(Relaxed), 2);
     // Without a password, AUTH says so.
     let (open, path) = service("no-auth", 1 << 20, 4096);
@@ -807,7 +818,11 @@ fn set_nx_and_xx_hold_under_races_and_full_stores() {
                 std::thread::spawn(move || {
                     let mut out = Replies::with_capacity(0);
                     start.wait();
-                    svc.execute(&[b"SET", key.as_bytes(), &[t; 3000], b"NX"], &mut out);
+                    svc.execute(
+                        &[b"SET", key.as_bytes(), &[t; 3000], b"NX"],
+                        &mut out,
+                        &mut Proto::Resp2,
+                    );
                     usize::from(out.pending() == b"+OK\r\n")
                 })
             })
@@ -1109,7 +1124,7 @@ proptest::proptest! {
                 reply::bulk(&mut sent, &k);
                 match model.get(&key) {
                     Some(v) => reply::bulk(&mut expect, v),
-                    None => reply::null(&mut expect),
+                    None => reply::null(&mut expect, Proto::Resp2),
                 }
             }
         }
@@ -1188,8 +1203,8 @@ fn a_value_the_target_changed_is_answered_as_a_miss() {
     // The replies around the corrupt one, a missing key's among them, stay whole.
     let mut expect = b"*4\r\n".to_vec();
     reply::bulk(&mut expect, &[1; 5000]);
-    reply::null(&mut expect);
-    reply::null(&mut expect);
+    reply::null(&mut expect, Proto::Resp2);
+    reply::null(&mut expect, Proto::Resp2);
     reply::bulk(&mut expect, &[3; 4096]);
     assert_eq!(run(&svc, &[b"MGET", b"a", b"none", b"b", b"c"]), expect);
     assert_eq!(run(&svc, &[b"EXISTS", b"a", b"b", b"c"]), b":2\r\n");
@@ -1225,7 +1240,7 @@ fn small_values_are_kept_in_memory_and_written_when_the_service_stops() {
     );
     let mut expect = b"*4\r\n".to_vec();
     reply::bulk(&mut expect, b"tiny");
-    reply::null(&mut expect);
+    reply::null(&mut expect, Proto::Resp2);
     reply::bulk(&mut expect, &big);
     reply::bulk(&mut expect, &[1; 100]);
     assert_eq!(
@@ -1316,14 +1331,18 @@ fn concurrent_writers_and_readers_never_see_a_torn_value() {
                     let mut out = Replies::with_capacity(0);
                     match (i + t) % 5 {
                         0 | 1 => {
-                            svc.execute(&[b"SET", key.as_bytes(), &fill(k, i % 16)], &mut out);
+                            svc.execute(
+                                &[b"SET", key.as_bytes(), &fill(k, i % 16)],
+                                &mut out,
+                                &mut Proto::Resp2,
+                            );
                             assert_eq!(out.pending(), b"+OK\r\n");
                         }
                         2 => {
-                            svc.execute(&[b"DEL", key.as_bytes()], &mut out);
+                            svc.execute(&[b"DEL", key.as_bytes()], &mut out, &mut Proto::Resp2);
                         }
                         _ => {
-                            svc.execute(&[b"GET", key.as_bytes()], &mut out);
+                            svc.execute(&[b"GET", key.as_bytes()], &mut out, &mut Proto::Resp2);
                             let out = out.pending();
                             if out == b"$-1\r\n" {
                                 continue;

@@ -4,7 +4,7 @@
 use super::commands::refusal;
 use super::{send, KvService, Replies, CACHE_LINE, READ, TIMED, WRITE};
 use crate::kvcache::index::{Extents, StoreError};
-use crate::kvcache::resp::reply;
+use crate::kvcache::resp::{reply, Proto};
 use crate::kvcache::storage::BlockTarget;
 use crc32c::crc32c;
 use std::io::{self, Write};
@@ -265,12 +265,12 @@ impl KvService {
 
     /// Appends `key`'s value as a bulk string (or the null bulk string) to `out`, read from
     /// the target straight into `out`.
-    pub(super) fn get(&self, key: &[u8], out: &mut Replies) {
+    pub(super) fn get(&self, key: &[u8], out: &mut Replies, proto: Proto) {
         let extents = self.lock().get(key);
         if let Some(len) = read_len(extents.as_deref()) {
             out.align_value(len, self.value_alignment());
         }
-        self.reply_value(key, extents, out);
+        self.reply_value(key, extents, out, proto);
     }
 
     /// The values of `keys`, their replies one after another in `out` (a pipeline's
@@ -281,11 +281,12 @@ impl KvService {
         keys: &[&[u8]],
         out: &mut Replies,
         stream: &mut impl Write,
+        proto: Proto,
     ) -> io::Result<()> {
-        let mut served = self.values_share(keys, out);
+        let mut served = self.values_share(keys, out, proto);
         while served < keys.len() {
             send(stream, out)?;
-            served += self.values_share(&keys[served..], out);
+            served += self.values_share(&keys[served..], out, proto);
         }
         Ok(())
     }
@@ -293,7 +294,7 @@ impl KvService {
     /// The values of the first of `keys`, up to the one that makes their length reach
     /// [`REPLY_SHARE`], their replies one after another, read from the target in one run
     /// (see [`KvService::reply_values`]); how many keys that was (at least one).
-    pub(super) fn values_share(&self, keys: &[&[u8]], out: &mut Replies) -> usize {
+    pub(super) fn values_share(&self, keys: &[&[u8]], out: &mut Replies, proto: Proto) -> usize {
         let values: Vec<_> = {
             let mut ix = self.lock();
             let mut bytes = 0;
@@ -312,7 +313,7 @@ impl KvService {
         let room: usize = values
             .iter()
             .map(|v| {
-                v.as_ref().map_or(5, |e| {
+                v.as_ref().map_or(reply::null_bytes(proto).len(), |e| {
                     reply::bulk_header_len(e.len() as usize) + e.len() as usize + 2
                 })
             })
@@ -321,7 +322,7 @@ impl KvService {
         if let Some(len) = read_len(values.first().and_then(Option::as_deref)) {
             out.align_value(len, self.value_alignment());
         }
-        self.reply_values(&keys[..values.len()], &values, out);
+        self.reply_values(&keys[..values.len()], &values, out, proto);
         values.len()
     }
 
@@ -352,8 +353,14 @@ impl KvService {
 
     /// `key`'s value as a bulk string, read from the target straight into `out`; the null
     /// bulk string for none.
-    pub(super) fn reply_value(&self, key: &[u8], extents: Option<Arc<Extents>>, out: &mut Vec<u8>) {
-        self.reply_values(&[key], &[extents], out);
+    pub(super) fn reply_value(
+        &self,
+        key: &[u8],
+        extents: Option<Arc<Extents>>,
+        out: &mut Vec<u8>,
+        proto: Proto,
+    ) {
+        self.reply_values(&[key], &[extents], out, proto);
     }
 
     /// The values of `keys` as bulk strings one after another (the null bulk string for
@@ -363,7 +370,13 @@ impl KvService {
     /// target's alignment has its last unit read aside and copied in. If the read fails,
     /// each value read answers the error. A value that does not match its checksum is
     /// answered as a miss (see [`KvService::drop_corrupt`]).
-    fn reply_values(&self, keys: &[&[u8]], values: &[Option<Arc<Extents>>], out: &mut Vec<u8>) {
+    fn reply_values(
+        &self,
+        keys: &[&[u8]],
+        values: &[Option<Arc<Extents>>],
+        out: &mut Vec<u8>,
+        proto: Proto,
+    ) {
         let before = out.len();
         // Each value to read from the target: its index in `values`, where it goes in
         // `out`, its blocks.
@@ -372,7 +385,7 @@ impl KvService {
         for (i, v) in values.iter().enumerate() {
             match v {
                 None => {
-                    reply::null(out);
+                    reply::null(out, proto);
                     missed += 1;
                 }
                 Some(extents) => {
@@ -455,7 +468,7 @@ impl KvService {
                 self.counters.hits.fetch_add(held.len() as u64 - n, Relaxed);
                 self.counters.misses.fetch_add(missed + n, Relaxed);
                 if !corrupt.is_empty() {
-                    self.drop_corrupt(keys, values, &corrupt, before, out);
+                    self.drop_corrupt(keys, values, &corrupt, before, out, proto);
                 }
             }
             Err(e) => {
@@ -466,7 +479,7 @@ impl KvService {
                 tracing::warn!(service = %self.name, error = %e, "kvcache read failed");
                 for v in values {
                     match v.as_deref().map(|e| e.inline()) {
-                        None => reply::null(out),
+                        None => reply::null(out, proto),
                         Some(Some(bytes)) => reply::bulk(out, bytes),
                         Some(None) => reply::error(out, &format!("ERR storage read failed: {e}")),
                     }
@@ -490,12 +503,13 @@ impl KvService {
         corrupt: &[usize],
         before: usize,
         out: &mut Vec<u8>,
+        proto: Proto,
     ) {
         let read = out.split_off(before);
         let mut replies = &read[..];
         for (i, value) in values.iter().enumerate() {
-            // A null bulk string, or a bulk string's header, its bytes and CRLF.
-            let len = value.as_ref().map_or(b"$-1\r\n".len(), |e| {
+            // A null, or a bulk string's header, its bytes and CRLF.
+            let len = value.as_ref().map_or(reply::null_bytes(proto).len(), |e| {
                 let n = e.len() as usize;
                 reply::bulk_header_len(n) + n + 2
             });
@@ -506,7 +520,7 @@ impl KvService {
                 continue;
             };
             let key = keys[i];
-            reply::null(out);
+            reply::null(out, proto);
             self.counters.corrupt_values.fetch_add(1, Relaxed);
             self.lock().remove_value(key, extents);
             tracing::warn!(
