@@ -191,6 +191,54 @@ pub(super) fn refusal(e: &StoreError) -> String {
     }
 }
 
+/// Every command [`KvService::execute`] serves, what `COMMAND COUNT` counts (a test
+/// checks that each is served).
+pub(super) const SERVED: [&str; 43] = [
+    "auth",
+    "client",
+    "command",
+    "config",
+    "dbsize",
+    "del",
+    "echo",
+    "exists",
+    "expire",
+    "expireat",
+    "expiretime",
+    "flushall",
+    "flushdb",
+    "get",
+    "getdel",
+    "getex",
+    "getset",
+    "hello",
+    "info",
+    "keys",
+    "lastsave",
+    "latency",
+    "memory",
+    "mget",
+    "mset",
+    "persist",
+    "pexpire",
+    "pexpireat",
+    "pexpiretime",
+    "ping",
+    "psetex",
+    "pttl",
+    "quit",
+    "save",
+    "scan",
+    "select",
+    "set",
+    "setex",
+    "setnx",
+    "strlen",
+    "ttl",
+    "type",
+    "unlink",
+];
+
 impl KvService {
     /// Counts `n` requests of `command`, served together since `since`; how long that
     /// took.
@@ -756,7 +804,7 @@ impl KvService {
         match (command, lower.as_slice()) {
             ("client", b"getname") => reply::null(out, proto),
             ("client", _) => reply::ok(out),
-            ("command", b"count") => reply::integer(out, COMMANDS.len() as i64 + 8),
+            ("command", b"count") => reply::integer(out, SERVED.len() as i64),
             ("command", _) => reply::array(out, 0),
             ("config", b"get") => self.config_get(rest, out, proto),
             // Nothing is recorded: Redis's latency monitor as it starts, off.

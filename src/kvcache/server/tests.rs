@@ -926,6 +926,34 @@ fn set_keeps_or_clears_the_deadline() {
     std::fs::remove_file(path).unwrap();
 }
 
+/// `COMMAND COUNT` counts the commands served: each of them is, and others are unknown.
+#[test]
+fn the_commands_counted_are_the_commands_served() {
+    let (svc, path) = service("served", 1 << 20, 4096);
+    let unknown = |name: &str| {
+        let reply = run(&svc, &[name.as_bytes()]);
+        String::from_utf8_lossy(&reply).starts_with("-ERR unknown command")
+    };
+    for name in commands::SERVED {
+        assert!(!unknown(name), "{name}");
+        assert!(!unknown(&name.to_ascii_uppercase()), "{name}");
+    }
+    for name in [
+        "hset",
+        "incr",
+        "lpush",
+        "append",
+        "multi",
+        "subscribe",
+        "shutdown",
+    ] {
+        assert!(unknown(name), "{name}");
+    }
+    let count = format!(":{}\r\n", commands::SERVED.len());
+    assert_eq!(run(&svc, &[b"COMMAND", b"COUNT"]), count.as_bytes());
+    std::fs::remove_file(path).unwrap();
+}
+
 #[test]
 fn errors_read_like_redis() {
     let (svc, path) = service("errors", 8192, 4096);
