@@ -302,7 +302,6 @@ fn in_single_quotes(rest: &[u8]) -> Option<(u8, usize)> {
     }
 }
 
-/// Replies, appended to an output buffer.
 /// The version of the protocol a connection's replies are in: RESP2 until the client
 /// asks for RESP3 with `HELLO 3`. Requests read the same in both.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -312,6 +311,7 @@ pub enum Proto {
     Resp3,
 }
 
+/// Replies, appended to an output buffer.
 pub mod reply {
     use super::Proto;
     use std::io::Write;

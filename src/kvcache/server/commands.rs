@@ -237,6 +237,7 @@ impl KvService {
             ok
         };
         let since = Instant::now();
+        let mut leaving = false;
         match name.as_str() {
             "get" => {
                 if arity(1, out) {
@@ -352,8 +353,7 @@ impl KvService {
             }
             "quit" => {
                 reply::ok(out);
-                self.served(&name, 1, since);
-                return true;
+                leaving = true;
             }
             "select" => match args {
                 [b"0"] => reply::ok(out),
@@ -387,7 +387,7 @@ impl KvService {
         if let Some(i) = TIMED.iter().position(|c| *c == name) {
             self.counters.durations[i].observe(took);
         }
-        false
+        leaving
     }
 
     /// `SET key value [NX | XX] [GET] [EX s | PX ms | EXAT unix-s | PXAT unix-ms | KEEPTTL]`,
@@ -401,12 +401,7 @@ impl KvService {
             reply::error(out, "ERR syntax error");
             return;
         };
-        match self.set_with("set", key, value, o, proto) {
-            Err(e) => reply::error(out, &e),
-            Ok((_, Some(old))) => out.extend_from_slice(&old),
-            Ok((true, None)) => reply::ok(out),
-            Ok((false, None)) => reply::null(out, proto),
-        }
+        self.set_and_reply("set", key, value, o, out, proto);
     }
 
     /// The older forms of `SET`, as Redis 7 answers them: `SETEX key seconds value` and
@@ -433,11 +428,26 @@ impl KvService {
                 return;
             }
         };
-        match self.set_with(name, key, value, o, proto) {
+        self.set_and_reply(name, key, value, o, out, proto);
+    }
+
+    /// [`KvService::set_with`], answered as `command` is: the value the key held for
+    /// `GET`, 1 or 0 for `SETNX`, else `OK` or, when `NX`/`XX` kept it from storing, null.
+    fn set_and_reply(
+        &self,
+        command: &str,
+        key: &[u8],
+        value: &[u8],
+        o: StringOptions,
+        out: &mut Vec<u8>,
+        proto: Proto,
+    ) {
+        match self.set_with(command, key, value, o, proto) {
             Err(e) => reply::error(out, &e),
             Ok((_, Some(old))) => out.extend_from_slice(&old),
-            Ok((stored, None)) if name == "setnx" => reply::integer(out, i64::from(stored)),
-            Ok((_, None)) => reply::ok(out),
+            Ok((stored, None)) if command == "setnx" => reply::integer(out, i64::from(stored)),
+            Ok((true, None)) => reply::ok(out),
+            Ok((false, None)) => reply::null(out, proto),
         }
     }
 
