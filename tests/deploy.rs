@@ -47,6 +47,7 @@ fn full_exposition() -> String {
             page_cache: None,
             discard: false,
             io_timeout: std::time::Duration::from_secs(30),
+            max_clients: dpuflow::ir::DEFAULT_MAX_CLIENTS,
             password_file: None,
             tls: None,
         },

@@ -1532,6 +1532,55 @@ fn more_clients_than_the_soft_file_limit_are_served() {
     assert_eq!(kv.terminate(), 0);
 }
 
+/// With `max_clients 2`, a third connection is told the service is full and closed (as
+/// Redis answers past its `maxclients`), counted; once one leaves, the next is served.
+#[test]
+fn clients_past_max_clients_are_refused() {
+    let dir = Scratch::new("kv-max-clients");
+    let target = format!("file://{}", dir.path("blocks.img"));
+    let kv = KvService::start_with(&dir, &target, "4MiB", "max_clients 2");
+    // The connection that found the service listening may not be gone yet.
+    let clients = "dpuflow_kvcache_clients{service=\"kvcache\"}";
+    for _ in 0..50 {
+        if kv.metric(clients) == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut first = Resp::connect(kv.port);
+    let mut second = Resp::connect(kv.port);
+    for c in [&mut first, &mut second] {
+        assert_eq!(c.call(&["PING"]), "+PONG\r\n");
+    }
+    assert_eq!(
+        first.call(&["CONFIG", "GET", "maxclients"]),
+        "*2\r\n$10\r\nmaxclients\r\n$1\r\n2\r\n"
+    );
+    let mut third = Resp::connect(kv.port);
+    let mut said = String::new();
+    use std::io::Read;
+    third.stream.read_to_string(&mut said).expect("read");
+    assert_eq!(said, "-ERR max number of clients reached\r\n");
+    assert_eq!(
+        kv.metric("dpuflow_kvcache_rejected_clients_total{service=\"kvcache\"}"),
+        1
+    );
+    drop(second);
+    // The service notices a connection gone within its poll of the socket (200 ms).
+    let mut served = false;
+    for _ in 0..50 {
+        let mut next = Resp::connect(kv.port);
+        next.send_raw(b"PING\r\n");
+        if next.reply() == "+PONG\r\n" {
+            served = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(served, "no connection served after one left");
+    assert_eq!(kv.terminate(), 0);
+}
+
 #[test]
 fn an_unreachable_target_fails_the_start() {
     let dir = Scratch::new("kv-refused");
@@ -1876,6 +1925,19 @@ fn expiry_answers_as_redis_does() {
     assert_eq!(kv.terminate(), 0);
 }
 
+/// The requests of `script` whose replies from the service (`ours`) and from Redis
+/// (`theirs`) differ, with both replies.
+fn answers_differ(ours: &mut Resp, theirs: &mut Resp, script: &[&[&str]]) -> Vec<String> {
+    let mut differ = Vec::new();
+    for words in script {
+        let (a, b) = (ours.call(words), theirs.call(words));
+        if a != b {
+            differ.push(format!("{words:?}: {a:?}, Redis {b:?}"));
+        }
+    }
+    differ
+}
+
 /// A connection that asks for RESP3 with `HELLO 3` gets its replies in it as Redis 7
 /// writes them (nulls, maps, verbatim text), byte for byte against a real redis-server,
 /// until `HELLO 2` takes it back.
@@ -1885,8 +1947,8 @@ fn in_resp3_the_commands_answer_as_redis_does() {
     let (mut ours, mut theirs) = (Resp::connect(kv.port), Resp::connect(redis_port));
     let hello = ours.call(&["HELLO", "3"]);
     assert!(
-        hello.starts_with("%6\r\n$6\r\nserver\r\n$7\r\ndpuflow\r\n")
-            && hello.contains("$5\r\nproto\r\n:3\r\n"),
+        hello.starts_with("%7\r\n$6\r\nserver\r\n$7\r\ndpuflow\r\n")
+            && hello.contains("$5\r\nproto\r\n:3\r\n$2\r\nid\r\n:"),
         "{hello:?}"
     );
     assert!(theirs.call(&["HELLO", "3"]).starts_with("%7\r\n"));
@@ -1914,23 +1976,151 @@ fn in_resp3_the_commands_answer_as_redis_does() {
         &["HELLO", "x"],
         &["GET", "nope"],
     ];
-    let mut differ = Vec::new();
-    let mut compare = |ours: &mut Resp, theirs: &mut Resp| {
-        for words in script {
-            let (a, b) = (ours.call(words), theirs.call(words));
-            if a != b {
-                differ.push(format!("{words:?}: {a:?}, Redis {b:?}"));
-            }
-        }
-    };
-    compare(&mut ours, &mut theirs);
+    let mut differ = answers_differ(&mut ours, &mut theirs, script);
     // Back to RESP2: the same requests answer as they did before HELLO 3.
     let hello = ours.call(&["HELLO", "2"]);
-    assert!(hello.starts_with("*12\r\n"), "{hello:?}");
+    assert!(hello.starts_with("*14\r\n"), "{hello:?}");
     assert!(theirs.call(&["HELLO", "2"]).starts_with("*14\r\n"));
-    compare(&mut ours, &mut theirs);
+    differ.extend(answers_differ(&mut ours, &mut theirs, script));
     assert!(differ.is_empty(), "{}", differ.join("\n"));
     assert_eq!(ours.call(&["GET", "nope"]), "$-1\r\n");
+    assert_eq!(kv.terminate(), 0);
+}
+
+/// `CLIENT LIST`, `INFO`, `ID`, `SETNAME`/`GETNAME` and `KILL`: their errors byte for
+/// byte against a real redis-server, and what they do on connections of the service's
+/// own: every connection listed with its address, name and last command, and the ones
+/// `CLIENT KILL` chooses closed.
+#[test]
+fn clients_are_listed_named_and_killed_as_redis_does() {
+    let (_dir, kv, _redis, redis_port) = beside_redis("kv-clients");
+    let (mut ours, mut theirs) = (Resp::connect(kv.port), Resp::connect(redis_port));
+    let script: &[&[&str]] = &[
+        &["CLIENT", "LIST", "TYPE", "foo"],
+        &["CLIENT", "LIST", "TYPE", "pubsub"],
+        &["CLIENT", "LIST", "TYPE", "replica"],
+        &["CLIENT", "LIST", "TYPE"],
+        &["CLIENT", "LIST", "ID", "x"],
+        &["CLIENT", "LIST", "ID", "0"],
+        &["CLIENT", "LIST", "ID", "999999", "y"],
+        &["CLIENT", "LIST", "ID"],
+        &["CLIENT", "LIST", "ID", "999999"],
+        &["CLIENT", "LIST", "foo"],
+        &["CLIENT", "ID", "x"],
+        &["CLIENT", "INFO", "x"],
+        &["CLIENT", "GETNAME"],
+        &["CLIENT", "SETNAME", "a b"],
+        &["CLIENT", "SETNAME", "a\nb"],
+        &["CLIENT", "SETNAME", "prefill-7"],
+        &["CLIENT", "GETNAME"],
+        &["CLIENT", "SETNAME", ""],
+        &["CLIENT", "GETNAME"],
+        &["CLIENT", "SETNAME"],
+        &["CLIENT", "KILL"],
+        &["CLIENT", "KILL", "192.0.2.1:5"],
+        &["CLIENT", "KILL", "ID", "0"],
+        &["CLIENT", "KILL", "ID", "x"],
+        &["CLIENT", "KILL", "ID", "999999"],
+        &["CLIENT", "KILL", "ID", "x", "TYPE"],
+        &["CLIENT", "KILL", "ID", "1", "TYPE"],
+        &["CLIENT", "KILL", "TYPE", "foo"],
+        &["CLIENT", "KILL", "TYPE", "master"],
+        &["CLIENT", "KILL", "USER", "bob"],
+        &["CLIENT", "KILL", "USER", "default", "ADDR", "192.0.2.1:5"],
+        &["CLIENT", "KILL", "SKIPME", "maybe"],
+        &["CLIENT", "KILL", "MAXAGE", "1"],
+        &["CLIENT", "KILL", "LADDR", "192.0.2.1:5"],
+        &["HELLO", "3", "SETNAME", "a b"],
+        // (Redis 7.0 names the connection before it finds the syntax error; 7.2 and
+        // the service do not.)
+        &["HELLO", "3", "SETNAME", "x", "AUTH"],
+    ];
+    let differ = answers_differ(&mut ours, &mut theirs, script);
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
+
+    // Two connections: each listed, by the address it has on its side.
+    let id = |r: &mut Resp| -> u64 {
+        let reply = r.call(&["CLIENT", "ID"]);
+        reply.trim().trim_start_matches(':').parse().expect("an id")
+    };
+    let mut decode = Resp::connect(kv.port);
+    let decode_addr = decode.stream.get_ref().local_addr().unwrap().to_string();
+    assert_eq!(decode.call(&["CLIENT", "SETNAME", "decode-3"]), "+OK\r\n");
+    assert_eq!(
+        decode.call(&["CLIENT", "SETINFO", "LIB-NAME", "redis-py"]),
+        "+OK\r\n"
+    );
+    assert_eq!(
+        decode.call(&["CLIENT", "SETINFO", "lib-ver", "5 0"]),
+        "-ERR lib-ver cannot contain spaces, newlines or special characters.\r\n"
+    );
+    assert_eq!(
+        decode.call(&["CLIENT", "SETINFO", "color", "red"]),
+        "-ERR Unrecognized option 'color'\r\n"
+    );
+    let (me, them) = (id(&mut ours), id(&mut decode));
+    decode.call(&["SET", "layer0", "kv"]);
+    assert!(me < them, "ids grow: {me}, {them}");
+    let list = ours.call(&["CLIENT", "LIST"]);
+    let lines: Vec<&str> = list.lines().skip(1).filter(|l| !l.is_empty()).collect();
+    assert_eq!(lines.len(), 2, "{list}");
+    let theirs_line = lines
+        .iter()
+        .find(|l| l.starts_with(&format!("id={them} ")))
+        .expect("the second connection listed");
+    for field in [
+        format!(" addr={decode_addr} "),
+        format!(" laddr=127.0.0.1:{} ", kv.port),
+        " name=decode-3 ".into(),
+        " cmd=set ".into(),
+        " user=default resp=2 lib-name=redis-py lib-ver=".into(),
+    ] {
+        assert!(theirs_line.contains(&field), "{field} in {theirs_line}");
+    }
+    let info = ours.call(&["CLIENT", "INFO"]);
+    assert!(
+        info.contains(&format!("id={me} ")) && info.contains(" cmd=client "),
+        "{info}"
+    );
+    assert_eq!(
+        ours.call(&["CLIENT", "LIST", "ID", &them.to_string()])
+            .lines()
+            .nth(1),
+        Some(*theirs_line)
+    );
+    let info = ours.call(&["INFO", "clients"]);
+    assert!(
+        info.contains("connected_clients:2\r\nmaxclients:1024\r\n"),
+        "{info}"
+    );
+
+    // Killed by id: its connection is closed, the others go on.
+    assert_eq!(
+        ours.call(&["CLIENT", "KILL", "ID", &them.to_string()]),
+        ":1\r\n"
+    );
+    let mut rest = Vec::new();
+    use std::io::Read;
+    let closed = decode.stream.read_to_end(&mut rest);
+    assert!(matches!(closed, Ok(0)), "{closed:?} {rest:?}");
+    // By address, the old form: OK, then no such client.
+    let mut third = Resp::connect(kv.port);
+    let third_addr = third.stream.get_ref().local_addr().unwrap().to_string();
+    assert_eq!(ours.call(&["CLIENT", "KILL", &third_addr]), "+OK\r\n");
+    assert!(matches!(third.stream.read_to_end(&mut rest), Ok(0)));
+    assert_eq!(
+        ours.call(&["CLIENT", "KILL", &third_addr]),
+        "-ERR No such client\r\n"
+    );
+    // A connection is skipped by its own filter unless it says SKIPME no; then it gets
+    // the reply and is closed.
+    let laddr = format!("127.0.0.1:{}", kv.port);
+    assert_eq!(ours.call(&["CLIENT", "KILL", "LADDR", &laddr]), ":0\r\n");
+    assert_eq!(
+        ours.call(&["CLIENT", "KILL", "LADDR", &laddr, "SKIPME", "no"]),
+        ":1\r\n"
+    );
+    assert!(matches!(ours.stream.read_to_end(&mut rest), Ok(0)));
     assert_eq!(kv.terminate(), 0);
 }
 

@@ -42,6 +42,7 @@ fn service() -> SocketAddr {
                 page_cache: None,
                 discard: true,
                 io_timeout: Duration::from_secs(30),
+                max_clients: dpuflow::ir::DEFAULT_MAX_CLIENTS,
                 password_file: None,
                 tls: None,
             };

@@ -896,15 +896,20 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
     crate::sys::map_large_allocations(LARGE_ALLOCATION);
     // Each KV-cache client holds a descriptor.
     let fd_limit = crate::sys::raise_fd_limit();
+    let max_clients: u64 = (program.services.iter())
+        .map(|svc| match &svc.kind {
+            ServiceKind::KvCache(c) => c.max_clients,
+        })
+        .sum();
     if !program.services.is_empty() {
         match fd_limit {
-            Ok(n) if n < crate::kvcache::server::MAX_CLIENTS + FDS_BESIDE_CLIENTS => {
+            Ok(n) if n < max_clients + FDS_BESIDE_CLIENTS => {
                 tracing::warn!(
                     limit = n,
                     "the open file limit leaves room for about {} KV-cache clients, not {} \
                      (raise LimitNOFILE or ulimit -n)",
                     n.saturating_sub(FDS_BESIDE_CLIENTS),
-                    crate::kvcache::server::MAX_CLIENTS
+                    max_clients
                 )
             }
             Ok(_) => {}

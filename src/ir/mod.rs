@@ -900,6 +900,10 @@ pub enum ServiceKind {
     KvCache(KvCache),
 }
 
+/// Client connections a KV-cache service serves at once unless its `max_clients` says
+/// otherwise: each has a thread and a descriptor.
+pub const DEFAULT_MAX_CLIENTS: u64 = 1024;
+
 /// The KV-cache block service: where it listens and where it stores blocks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvCache {
@@ -934,6 +938,9 @@ pub struct KvCache {
     /// How long a network target may keep a request waiting, for its answer or to take
     /// what is sent, before the request fails (`io_timeout`).
     pub io_timeout: Duration,
+    /// Client connections served at once (`max_clients`); more are answered with an
+    /// error and closed.
+    pub max_clients: u64,
     /// The file holding the password clients must give (`AUTH`), if any; read when the
     /// service starts.
     pub password_file: Option<PathBuf>,

@@ -55,6 +55,7 @@ pub fn block_keys(kind: BlockKind) -> Keys {
             ("page_cache", One),
             ("discard", One),
             ("io_timeout", One),
+            ("max_clients", One),
             ("password_file", One),
             ("tls_cert", One),
             ("tls_key", One),

@@ -1,8 +1,9 @@
 //! The requests that are not a value's I/O: options, deadlines, `SCAN`, `CONFIG`,
 //! authentication, `HELLO` and `INFO`, and the counts of each command.
 
+use super::clients::{self, Attribute, KillFilter, BAD_NAME};
 use super::values::{Expiry, Only};
-use super::{now_ms, KvService, Replies, COMMANDS, SERVED, TIMED};
+use super::{now_ms, KvService, Replies, Session, COMMANDS, SERVED, TIMED};
 use crate::kvcache::glob;
 use crate::kvcache::index::StoreError;
 use crate::kvcache::keys::WalkStep;
@@ -218,10 +219,11 @@ impl KvService {
         took
     }
 
-    /// Runs one request, appending its reply to `out` in the connection's protocol,
-    /// `proto` (which `HELLO` changes); `true` when the client asked to leave.
-    pub(super) fn execute(&self, words: &[&[u8]], out: &mut Replies, proto: &mut Proto) -> bool {
-        let p = *proto;
+    /// Runs one request of the connection `s`, appending its reply to `out` in the
+    /// connection's protocol (which `HELLO` changes); `true` when the client asked to
+    /// leave.
+    pub(super) fn execute(&self, words: &[&[u8]], out: &mut Replies, s: &mut Session) -> bool {
+        let p = s.proto;
         let Some((name, args)) = words.split_first() else {
             return false;
         };
@@ -364,15 +366,13 @@ impl KvService {
             },
             "info" => reply::text(out, info_sections(&self.info(), args).as_bytes(), p),
             "client" | "command" | "config" | "latency" | "memory" => {
-                self.subcommand(&name, args, out, p)
+                self.subcommand(&name, args, out, s)
             }
             "auth" => match self.auth(args) {
                 Ok(()) => reply::ok(out),
                 Err(e) => reply::error(out, e),
             },
-            "hello" => {
-                let _ = self.hello_command(args, out, proto);
-            }
+            "hello" => self.hello_command(args, out, s),
             "mget" | "mset" | "del" | "unlink" | "exists" => {
                 reply::error(
                     out,
@@ -387,6 +387,7 @@ impl KvService {
         if let Some(i) = TIMED.iter().position(|c| *c == name) {
             self.counters.durations[i].observe(took);
         }
+        s.client.served(&name);
         leaving
     }
 
@@ -723,9 +724,11 @@ impl KvService {
     }
 
     /// `CLIENT`, `COMMAND`, `CONFIG`, `LATENCY` and `MEMORY`: what client libraries send on
-    /// connecting and what Redis tools (redis-cli, redis_exporter) read of the settings
-    /// and the keys, each subcommand with its arguments counted as Redis counts them.
-    fn subcommand(&self, command: &str, args: &[&[u8]], out: &mut Vec<u8>, proto: Proto) {
+    /// connecting, what Redis tools (redis-cli, redis_exporter) read of the settings and
+    /// the keys, and the connections (`CLIENT LIST`, `KILL`), each subcommand with its
+    /// arguments counted as Redis counts them.
+    fn subcommand(&self, command: &str, args: &[&[u8]], out: &mut Vec<u8>, s: &Session) {
+        let proto = s.proto;
         let Some((sub, rest)) = args.split_first() else {
             match command {
                 // The list of commands' details, of which none are given here.
@@ -739,9 +742,11 @@ impl KvService {
         };
         let lower = sub.to_ascii_lowercase();
         let (least, most) = match (command, lower.as_slice()) {
-            ("client", b"getname") | ("command", b"count") => (0, 0),
+            ("client", b"getname" | b"id" | b"info") | ("command", b"count") => (0, 0),
             ("client", b"setname") => (1, 1),
             ("client", b"setinfo") => (2, 2),
+            ("client", b"list") => (0, usize::MAX),
+            ("client", b"kill") => (1, usize::MAX),
             ("command", b"docs" | b"info" | b"list") => (0, usize::MAX),
             ("config", b"get") => (1, usize::MAX),
             ("config", b"set") => (2, usize::MAX),
@@ -767,8 +772,7 @@ impl KvService {
             return;
         }
         match (command, lower.as_slice()) {
-            ("client", b"getname") => reply::null(out, proto),
-            ("client", _) => reply::ok(out),
+            ("client", _) => self.client_command(&lower, rest, out, s),
             ("command", b"count") => reply::integer(out, SERVED.len() as i64),
             ("command", _) => reply::array(out, 0),
             ("config", b"get") => self.config_get(rest, out, proto),
@@ -781,6 +785,111 @@ impl KvService {
                 "ERR the kvcache service's settings live in its pipeline file",
             ),
         }
+    }
+
+    /// `CLIENT` and a subcommand of those [`KvService::subcommand`] takes, for the
+    /// connection `s`, its arguments counted.
+    fn client_command(&self, sub: &[u8], args: &[&[u8]], out: &mut Vec<u8>, s: &Session) {
+        match (sub, args) {
+            (b"id", _) => reply::integer(out, s.client.id as i64),
+            (b"info", _) => reply::text(out, format!("{}\n", s.client.line()).as_bytes(), s.proto),
+            (b"getname", _) => match s.client.name() {
+                name if name.is_empty() => reply::null(out, s.proto),
+                name => reply::bulk(out, &name),
+            },
+            (b"setname", [name]) if clients::valid_attribute(name) => {
+                s.client.set(Attribute::Name, name);
+                reply::ok(out);
+            }
+            (b"setname", _) => reply::error(out, BAD_NAME),
+            (b"setinfo", [attribute, value]) => {
+                let which = match attribute.to_ascii_lowercase().as_slice() {
+                    b"lib-name" => Attribute::LibName,
+                    b"lib-ver" => Attribute::LibVer,
+                    _ => {
+                        let a = String::from_utf8_lossy(attribute);
+                        reply::error(out, &format!("ERR Unrecognized option '{a}'"));
+                        return;
+                    }
+                };
+                if clients::valid_attribute(value) {
+                    s.client.set(which, value);
+                    reply::ok(out);
+                } else {
+                    let a = String::from_utf8_lossy(attribute);
+                    let e =
+                        format!("ERR {a} cannot contain spaces, newlines or special characters.");
+                    reply::error(out, &e);
+                }
+            }
+            (b"list", _) => self.client_list(args, out, s.proto),
+            // The old form: one address, the connection asking among those it may end.
+            (b"kill", [addr]) => {
+                let only = KillFilter {
+                    addr: Some(addr.to_vec()),
+                    me_too: true,
+                    ..KillFilter::default()
+                };
+                match self.kill(&only, s) {
+                    0 => reply::error(out, "ERR No such client"),
+                    _ => reply::ok(out),
+                }
+            }
+            (b"kill", _) => match KillFilter::of(args) {
+                Ok(filter) => reply::integer(out, self.kill(&filter, s) as i64),
+                Err(e) => reply::error(out, &e),
+            },
+            _ => reply::ok(out),
+        }
+    }
+
+    /// `CLIENT LIST [TYPE type | ID id …]`: a line for each connection, as Redis reads
+    /// the options.
+    fn client_list(&self, args: &[&[u8]], out: &mut Vec<u8>, proto: Proto) {
+        let mut ids = Vec::new();
+        match args {
+            [] => {}
+            [option, kind] if option.eq_ignore_ascii_case(b"type") => {
+                match clients::normal_type(kind) {
+                    Ok(true) => {}
+                    Ok(false) => return reply::text(out, b"", proto),
+                    Err(e) => return reply::error(out, &e),
+                }
+            }
+            [option, listed @ ..] if option.eq_ignore_ascii_case(b"id") && !listed.is_empty() => {
+                for id in listed {
+                    match integer(id) {
+                        Some(id) => ids.push(id),
+                        None => return reply::error(out, "ERR Invalid client ID"),
+                    }
+                }
+            }
+            _ => return reply::error(out, "ERR syntax error"),
+        }
+        let mut text = String::new();
+        for c in self.clients.all() {
+            if ids.is_empty() || ids.contains(&(c.id as i64)) {
+                text.push_str(&c.line());
+                text.push('\n');
+            }
+        }
+        reply::text(out, text.as_bytes(), proto);
+    }
+
+    /// Marks the connections `filter` chooses to end (the connection asking, `s`, after
+    /// its reply); how many.
+    fn kill(&self, filter: &KillFilter, s: &Session) -> usize {
+        let chosen: Vec<_> = self
+            .clients
+            .all()
+            .into_iter()
+            .filter(|c| filter.chooses(c, s.client.id))
+            .collect();
+        for c in &chosen {
+            tracing::info!(service = %self.name, client = c.id, addr = %c.addr, "kvcache client killed (CLIENT KILL)");
+            c.kill();
+        }
+        chosen.len()
     }
 
     /// `MEMORY USAGE key [SAMPLES count]`: the storage a value takes, its blocks on the
@@ -810,6 +919,7 @@ impl KvService {
             ("appendonly", "no".to_owned()),
             ("maxmemory", self.config.capacity.to_string()),
             ("maxmemory-policy", "allkeys-lru".to_owned()),
+            ("maxclients", self.config.max_clients.to_string()),
             ("databases", "1".to_owned()),
         ];
         let patterns: Vec<Vec<u8>> = patterns.iter().map(|p| p.to_ascii_lowercase()).collect();
@@ -831,8 +941,7 @@ impl KvService {
         &self,
         words: &[&[u8]],
         out: &mut Vec<u8>,
-        authed: &mut bool,
-        proto: &mut Proto,
+        s: &mut Session,
     ) -> bool {
         let Some((name, args)) = words.split_first() else {
             return false;
@@ -840,18 +949,12 @@ impl KvService {
         match name.to_ascii_lowercase().as_slice() {
             b"auth" => match self.auth(args) {
                 Ok(()) => {
-                    *authed = true;
+                    s.authed = true;
                     reply::ok(out);
                 }
                 Err(e) => reply::error(out, e),
             },
-            b"hello" if args.len() > 1 => *authed = self.hello_command(args, out, proto),
-            b"hello" => reply::error(
-                out,
-                "NOAUTH HELLO must be called with the client already authenticated, otherwise \
-                 the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the \
-                 client and select the RESP protocol version at the same time",
-            ),
+            b"hello" => self.hello_command(args, out, s),
             b"quit" => {
                 reply::ok(out);
                 return true;
@@ -892,74 +995,87 @@ impl KvService {
         }
     }
 
-    /// `HELLO [2|3 [AUTH user password] [SETNAME name]]`: the connection's protocol set to
-    /// the version asked for once the options are good, and the server's facts in it;
-    /// whether the client is now authenticated (by this request's `AUTH`).
-    fn hello_command(&self, args: &[&[u8]], out: &mut Vec<u8>, proto: &mut Proto) -> bool {
-        let Some((version, opts)) = args.split_first() else {
-            self.hello(out, *proto);
-            return false;
-        };
-        let asked = match integer(version) {
-            Some(2) => Proto::Resp2,
-            Some(3) => Proto::Resp3,
-            Some(_) => {
-                reply::error(out, "NOPROTO unsupported protocol version");
-                return false;
-            }
-            None => {
-                reply::error(
-                    out,
-                    "ERR Protocol version is not an integer or out of range",
-                );
-                return false;
-            }
-        };
-        let mut authed = false;
-        let mut rest = opts;
+    /// `HELLO [2|3 [AUTH user password] [SETNAME name]]`, as Redis 7 reads it: the options
+    /// first (a bad name fails there), then the password, then, on an authenticated
+    /// connection, its name and protocol set and the server's facts in that protocol.
+    fn hello_command(&self, args: &[&[u8]], out: &mut Vec<u8>, s: &mut Session) {
+        let mut asked = s.proto;
+        if let Some(version) = args.first() {
+            asked = match integer(version) {
+                Some(2) => Proto::Resp2,
+                Some(3) => Proto::Resp3,
+                Some(_) => return reply::error(out, "NOPROTO unsupported protocol version"),
+                None => {
+                    let e = "ERR Protocol version is not an integer or out of range";
+                    return reply::error(out, e);
+                }
+            };
+        }
+        let (mut password, mut name) = (None, None);
+        let mut rest = args.get(1..).unwrap_or_default();
         while let Some((opt, tail)) = rest.split_first() {
             match (opt.to_ascii_lowercase().as_slice(), tail) {
                 (b"auth", [user, pass, more @ ..]) => {
-                    if let Err(e) = self.auth(&[user, pass]) {
-                        reply::error(out, e);
-                        return false;
-                    }
-                    authed = true;
+                    password = Some([*user, *pass]);
                     rest = more;
                 }
-                (b"setname", [_, more @ ..]) => rest = more,
+                (b"setname", [given, more @ ..]) => {
+                    if !clients::valid_attribute(given) {
+                        return reply::error(out, BAD_NAME);
+                    }
+                    name = Some(*given);
+                    rest = more;
+                }
                 _ => {
                     let opt = String::from_utf8_lossy(opt);
-                    reply::error(
-                        out,
-                        &format!("ERR Syntax error in HELLO option '{opt:.128}'"),
-                    );
-                    return false;
+                    let e = format!("ERR Syntax error in HELLO option '{opt:.128}'");
+                    return reply::error(out, &e);
                 }
             }
         }
-        *proto = asked;
-        self.hello(out, asked);
-        authed
+        if let Some(password) = password {
+            if let Err(e) = self.auth(&password) {
+                return reply::error(out, e);
+            }
+            s.authed = true;
+        }
+        if !s.authed {
+            return reply::error(
+                out,
+                "NOAUTH HELLO must be called with the client already authenticated, otherwise \
+                 the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the \
+                 client and select the RESP protocol version at the same time",
+            );
+        }
+        if let Some(name) = name {
+            s.client.set(Attribute::Name, name);
+        }
+        s.proto = asked;
+        s.client.set_resp(asked);
+        self.hello(out, s);
     }
 
-    /// `HELLO`'s reply: the server's facts, a map in `proto`.
-    fn hello(&self, out: &mut Vec<u8>, proto: Proto) {
-        let facts = [
+    /// `HELLO`'s reply: the server's facts, a map in the connection's protocol.
+    fn hello(&self, out: &mut Vec<u8>, s: &Session) {
+        let proto = match s.proto {
+            Proto::Resp2 => 2,
+            Proto::Resp3 => 3,
+        };
+        reply::map(out, 7, s.proto);
+        for (k, v) in [
             ("server", "dpuflow"),
             ("version", env!("CARGO_PKG_VERSION")),
-            ("proto", ""),
-            ("mode", "standalone"),
-            ("role", "master"),
-        ];
-        reply::map(out, facts.len() + 1, proto);
-        for (k, v) in facts {
+        ] {
             reply::bulk(out, k.as_bytes());
-            match (k, proto) {
-                ("proto", Proto::Resp2) => reply::integer(out, 2),
-                ("proto", Proto::Resp3) => reply::integer(out, 3),
-                _ => reply::bulk(out, v.as_bytes()),
-            }
+            reply::bulk(out, v.as_bytes());
+        }
+        reply::bulk(out, b"proto");
+        reply::integer(out, proto);
+        reply::bulk(out, b"id");
+        reply::integer(out, s.client.id as i64);
+        for (k, v) in [("mode", "standalone"), ("role", "master")] {
+            reply::bulk(out, k.as_bytes());
+            reply::bulk(out, v.as_bytes());
         }
         reply::bulk(out, b"modules");
         reply::array(out, 0);
@@ -979,7 +1095,7 @@ impl KvService {
         };
         format!(
             "# Server\r\nredis_version:7.0.0\r\ndpuflow_version:{}\r\nredis_mode:standalone\r\n\
-             tcp_port:{}\r\nuptime_in_seconds:{}\r\nuptime_in_days:{}\r\n\r\n# Clients\r\nconnected_clients:{}\r\nblocked_clients:0\r\n\r\n\
+             tcp_port:{}\r\nuptime_in_seconds:{}\r\nuptime_in_days:{}\r\n\r\n# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:0\r\n\r\n\
              # Memory\r\nused_memory:{}\r\nmaxmemory:{}\r\nmaxmemory_policy:allkeys-lru\r\n\r\n\
              # Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\n\
              total_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nrejected_connections:{}\r\n\
@@ -998,6 +1114,7 @@ impl KvService {
             uptime,
             uptime / 86_400,
             c.clients.load(Relaxed),
+            self.config.max_clients,
             g.used_bytes,
             self.config.capacity,
             c.connections.load(Relaxed),

@@ -13,14 +13,16 @@ use super::persist::{self, Layout};
 use super::resp::{self, reply, Awaited, Proto};
 use super::storage::{self, Pool, TargetError};
 use crate::ir::KvCache;
+use clients::{ClientInfo, Clients};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::ops::{Deref, DerefMut, Range};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+mod clients;
 mod commands;
 mod saved;
 mod values;
@@ -28,8 +30,6 @@ mod values;
 pub use saved::{inspect, Inspection, Strangers};
 use saved::{saved_index, Checkpoints};
 
-/// Client connections served at once; more are answered with an error and closed.
-pub const MAX_CLIENTS: u64 = 1024;
 /// A client connection's read buffer, and its reply buffer, while the client is quiet.
 const READ_BUFFER: usize = 64 << 10;
 /// The boundary a large value read from the target is placed on in its reply.
@@ -71,7 +71,6 @@ pub enum StartError {
     },
 }
 
-/// The commands counted by name; any other is counted as `other`.
 /// How long a client's connection may be idle before it is probed (Redis's default
 /// `tcp-keepalive`): a host gone without closing it (powered off, cut off) frees its
 /// thread within ten minutes instead of never.
@@ -83,6 +82,7 @@ const CLIENT_KEEP_ALIVE: Duration = Duration::from_secs(300);
 /// given one deadline passed it together (`bench/kv-expiry.sh`).
 const PURGED_AT_ONCE: usize = 256;
 
+/// The commands counted by name; any other is counted as `other`.
 pub const COMMANDS: &[&str] = &[
     "get", "set", "mget", "mset", "del", "exists", "strlen", "dbsize", "flushall", "ping", "info",
     "expire", "ttl", "persist", "other",
@@ -147,23 +147,45 @@ fn read_password(path: &std::path::Path) -> io::Result<Vec<u8>> {
     Ok(line.to_vec())
 }
 
-/// A client connection, counted in `clients` while it lives: uncounted when its thread
-/// ends, however it ends (a bug's panic included), so the count cannot creep up to
-/// [`MAX_CLIENTS`] and lock everyone out.
-struct Client(Arc<KvService>);
+/// A client connection, counted in `clients` and listed (`CLIENT LIST`) while it lives:
+/// uncounted and unlisted when its thread ends, however it ends (a bug's panic included),
+/// so the count cannot creep up to `max_clients` and lock everyone out.
+struct Client {
+    svc: Arc<KvService>,
+    info: Arc<ClientInfo>,
+}
 
 impl Client {
-    fn count(svc: Arc<KvService>) -> Client {
+    fn count(svc: Arc<KvService>, addr: SocketAddr, laddr: SocketAddr, fd: i32) -> Client {
         svc.counters.clients.fetch_add(1, Relaxed);
         svc.counters.connections.fetch_add(1, Relaxed);
-        Client(svc)
+        let info = svc.clients.register(addr, laddr, fd);
+        Client { svc, info }
+    }
+
+    /// What its requests start from: RESP2, authenticated where no password is asked.
+    fn session(&self) -> Session {
+        Session {
+            proto: Proto::Resp2,
+            authed: self.svc.password.is_none(),
+            client: Arc::clone(&self.info),
+        }
     }
 }
 
 impl Drop for Client {
     fn drop(&mut self) {
-        self.0.counters.clients.fetch_sub(1, Relaxed);
+        self.svc.clients.unregister(self.info.id);
+        self.svc.counters.clients.fetch_sub(1, Relaxed);
     }
+}
+
+/// What a connection's requests read and change of it.
+pub(super) struct Session {
+    /// The protocol its replies are in: RESP2 until `HELLO 3`.
+    pub proto: Proto,
+    pub authed: bool,
+    pub client: Arc<ClientInfo>,
 }
 
 /// The time of day in unix milliseconds, the clock deadlines are in.
@@ -367,6 +389,8 @@ pub struct KvService {
     checkpoints: Mutex<Checkpoints>,
     /// When it started serving (INFO's uptime).
     started: Instant,
+    /// The connections being served.
+    clients: Clients,
 }
 
 /// A snapshot of a service's index for metrics.
@@ -463,6 +487,7 @@ impl KvService {
             restored_keys,
             checkpoints: Mutex::new(checkpoints),
             started: Instant::now(),
+            clients: Clients::default(),
         });
         let spawn = |thread: String, work: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -617,18 +642,20 @@ impl KvService {
             match acceptor.accept(POLL) {
                 Ok(None) => {}
                 Ok(Some((stream, peer))) => {
-                    if self.counters.clients.load(Relaxed) >= MAX_CLIENTS {
+                    if self.counters.clients.load(Relaxed) >= self.config.max_clients {
                         self.counters.rejected_clients.fetch_add(1, Relaxed);
                         let mut s = stream;
                         let _ = s.write_all(b"-ERR max number of clients reached\r\n");
                         continue;
                     }
-                    let client = Client::count(Arc::clone(&self));
+                    let local = stream.local_addr().unwrap_or(self.listen);
+                    let fd = stream.as_raw_fd();
+                    let client = Client::count(Arc::clone(&self), peer, local, fd);
                     let spawned = std::thread::Builder::new()
                         .name(format!("kv-{}-client", self.name))
                         .spawn(move || {
-                            if let Err(e) = client.0.serve(stream) {
-                                tracing::debug!(service = %client.0.name, %peer, error = %e, "kvcache client gone");
+                            if let Err(e) = client.svc.serve(stream, client.session()) {
+                                tracing::debug!(service = %client.svc.name, %peer, error = %e, "kvcache client gone");
                             }
                         });
                     if let Err(e) = spawned {
@@ -647,7 +674,7 @@ impl KvService {
 
     /// Serves one client until it leaves, breaks the protocol, or the service stops; over
     /// TLS when configured (the handshake happens with the first read).
-    fn serve(&self, stream: TcpStream) -> io::Result<()> {
+    fn serve(&self, stream: TcpStream, session: Session) -> io::Result<()> {
         stream.set_nodelay(true)?;
         crate::sys::keep_alive(stream.as_fd(), CLIENT_KEEP_ALIVE)?;
         stream.set_read_timeout(Some(POLL))?;
@@ -655,7 +682,7 @@ impl KvService {
             Some(config) => {
                 let conn =
                     rustls::ServerConnection::new(config.current()).map_err(io::Error::other)?;
-                let talked = self.talk(rustls::StreamOwned::new(conn, stream));
+                let talked = self.talk(rustls::StreamOwned::new(conn, stream), session);
                 // rustls reports what breaks TLS as invalid data.
                 if talked
                     .as_ref()
@@ -665,12 +692,12 @@ impl KvService {
                 }
                 talked
             }
-            None => self.talk(stream),
+            None => self.talk(stream, session),
         }
     }
 
     /// The requests and replies of one client's connection.
-    fn talk(&self, stream: impl Read + Write) -> io::Result<()> {
+    fn talk(&self, stream: impl Read + Write, mut s: Session) -> io::Result<()> {
         let mut stream = Metered {
             inner: stream,
             counters: &self.counters,
@@ -680,9 +707,6 @@ impl KvService {
         // value's request starts so that the value lands aligned (see `place`).
         let mut buf: Vec<u8> = vec![0; READ_BUFFER];
         let (mut head, mut filled) = (0, 0);
-        let mut authed = self.password.is_none();
-        // The protocol the replies are in: RESP2 until `HELLO 3`.
-        let mut proto = Proto::Resp2;
         // The client has sent all it will (what is whole is still served).
         let mut closed = false;
         let mut args: Vec<Range<usize>> = Vec::new();
@@ -703,7 +727,7 @@ impl KvService {
                         // Typed by hand: served one at a time, from its unescaped words
                         // (its `args` are not in `req`).
                         let typed = resp::is_inline(req);
-                        let fast = authed && !typed;
+                        let fast = s.authed && !typed;
                         // GETs and SETs the client pipelined, as many of one kind as
                         // are here in a row, go to the target together, as an MGET's
                         // values and an MSET's do.
@@ -712,16 +736,18 @@ impl KvService {
                         if let Some(key) = fast.then(|| get_of(req, &args)).flatten() {
                             let (keys, _) = self.pipelined(input, &mut end, &mut args, key, get_of);
                             let since = Instant::now();
-                            self.values_in_shares(&keys, &mut out, &mut stream, proto)?;
+                            self.values_in_shares(&keys, &mut out, &mut stream, s.proto)?;
                             self.count_run("get", keys.len(), since);
+                            s.client.served("get");
                             start = end;
                             continue;
                         }
                         if let Some(keys) = fast.then(|| mget_of(req, &args)).flatten() {
                             let since = Instant::now();
                             reply::array(&mut out, keys.len());
-                            self.values_in_shares(&keys, &mut out, &mut stream, proto)?;
+                            self.values_in_shares(&keys, &mut out, &mut stream, s.proto)?;
                             self.served("mget", 1, since);
+                            s.client.served("mget");
                             start = end;
                             continue;
                         }
@@ -743,15 +769,16 @@ impl KvService {
                                 break;
                             }
                             self.sets(&items, &mut out);
+                            s.client.served("set");
                             start = end;
                             continue;
                         }
                         let from = if typed { &inline[..] } else { req };
                         let words: Vec<&[u8]> = args.iter().map(|r| &from[r.clone()]).collect();
-                        quit = if authed {
-                            self.execute(&words, &mut out, &mut proto)
+                        quit = if s.authed {
+                            self.execute(&words, &mut out, &mut s)
                         } else {
-                            self.unauthenticated(&words, &mut out, &mut authed, &mut proto)
+                            self.unauthenticated(&words, &mut out, &mut s)
                         };
                         start += n;
                     }
@@ -768,7 +795,8 @@ impl KvService {
             if !out.is_empty() {
                 send(&mut stream, &mut out)?;
             }
-            if quit || self.stop.load(Relaxed) {
+            // A connection `CLIENT KILL` chose ends here, after the replies it had.
+            if quit || self.stop.load(Relaxed) || s.client.is_killed() {
                 return Ok(());
             }
             let pending = filled - start;
@@ -784,6 +812,7 @@ impl KvService {
                 // A large value is arriving: room for half as much again.
                 buf.resize(filled + (filled / 2).clamp(READ_BUFFER, 16 << 20), 0);
             }
+            s.client.set_buffers(buf.len(), out.capacity());
             match stream.read(&mut buf[filled..]) {
                 Ok(0) if closed || filled == head => return Ok(()),
                 Ok(0) => closed = true,

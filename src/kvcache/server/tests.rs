@@ -110,6 +110,7 @@ fn on_with(path: &std::path::Path, capacity: u64, block: u64, inline_max: u64) -
         page_cache: None,
         discard: false,
         io_timeout: Duration::from_secs(30),
+        max_clients: crate::ir::DEFAULT_MAX_CLIENTS,
         password_file: None,
         tls: None,
     };
@@ -135,6 +136,7 @@ fn with_a_password_only_authenticated_clients_are_served() {
         page_cache: None,
         discard: false,
         io_timeout: Duration::from_secs(30),
+        max_clients: crate::ir::DEFAULT_MAX_CLIENTS,
         password_file: Some(secret.clone()),
         tls: None,
     };
@@ -161,16 +163,29 @@ fn with_a_password_only_authenticated_clients_are_served() {
     talk(&mut c, "AUTH default s3cret\r\n", "+OK\r\n");
     talk(&mut c, "SET k v\r\nGET k\r\n", "+OK\r\n$1\r\nv\r\n");
     let mut c = TcpStream::connect(svc.listen).unwrap();
-    talk(&mut c, "HELLO 2 AUTH default s3cret\r\n", "*12\r\n");
+    talk(&mut c, "HELLO 2 AUTH default s3cret\r\n", "*14\r\n");
     // RESP3 chosen as the client authenticates: its replies from then on are in it.
     let mut c = TcpStream::connect(svc.listen).unwrap();
     let version = env!("CARGO_PKG_VERSION");
     let hello = format!(
-        "%6\r\n$6\r\nserver\r\n$7\r\ndpuflow\r\n$7\r\nversion\r\n${}\r\n{version}\r\n\
-         $5\r\nproto\r\n:3\r\n$4\r\nmode\r\n$10\r\nstandalone\r\n$4\r\nrole\r\n$6\r\nmaster\r\n\
+        "%7\r\n$6\r\nserver\r\n$7\r\ndpuflow\r\n$7\r\nversion\r\n${}\r\n{version}\r\n\
+         $5\r\nproto\r\n:3\r\n$2\r\nid\r\n:3\r\n$4\r\nmode\r\n$10\r\nstandalone\r\n$4\r\nrole\r\n$6\r\nmaster\r\n\
          $7\r\nmodules\r\n*0\r\n",
         version.len()
     );
+    // Not authenticated, HELLO answers nothing but that (the third connection's id is 3).
+    talk(
+        &mut c,
+        "HELLO 3 SETNAME w1\r\n",
+        "-NOAUTH HELLO must be called",
+    );
+    let mut rest = Vec::new();
+    while !rest.ends_with(b"\r\n") {
+        let mut byte = [0u8];
+        c.read_exact(&mut byte).unwrap();
+        rest.push(byte[0]);
+    }
+    assert!(rest.ends_with(b"at the same time\r\n"), "{rest:?}");
     talk(&mut c, "HELLO 3 AUTH default s3cret\r\n", &hello);
     talk(&mut c, "GET nope\r\n", "_\r\n");
     assert_eq!(svc.counters.auth_failures.load(Relaxed), 2);
@@ -245,6 +260,7 @@ fn checkpointing_blocks(path: &std::path::Path, blocks: u64) -> Arc<KvService> {
         page_cache: None,
         discard: false,
         io_timeout: Duration::from_secs(30),
+        max_clients: crate::ir::DEFAULT_MAX_CLIENTS,
         password_file: None,
         tls: None,
     };
@@ -280,6 +296,7 @@ fn striped_config(paths: &[std::path::PathBuf]) -> KvCache {
         page_cache: None,
         discard: true,
         io_timeout: Duration::from_secs(30),
+        max_clients: crate::ir::DEFAULT_MAX_CLIENTS,
         password_file: None,
         tls: None,
     }
@@ -698,6 +715,16 @@ fn checkpoints_between_snapshots_save_the_keys_changed() {
     std::fs::remove_file(path).unwrap();
 }
 
+/// A connection's start, as a client from nowhere in particular.
+fn session(svc: &KvService) -> Session {
+    let nowhere = SocketAddr::from(([127, 0, 0, 1], 0));
+    Session {
+        proto: Proto::Resp2,
+        authed: svc.password.is_none(),
+        client: svc.clients.register(nowhere, nowhere, -1),
+    }
+}
+
 /// The reply to `words`, as it is sent to a client that sends them.
 fn run(svc: &KvService, words: &[&[u8]]) -> Vec<u8> {
     let mut request = Vec::new();
@@ -709,7 +736,7 @@ fn run(svc: &KvService, words: &[&[u8]]) -> Vec<u8> {
         pieces: [request].into(),
         written: Vec::new(),
     };
-    svc.talk(&mut client).expect("talk");
+    svc.talk(&mut client, session(svc)).expect("talk");
     client.written
 }
 
@@ -821,7 +848,7 @@ fn set_nx_and_xx_hold_under_races_and_full_stores() {
                     svc.execute(
                         &[b"SET", key.as_bytes(), &[t; 3000], b"NX"],
                         &mut out,
-                        &mut Proto::Resp2,
+                        &mut session(&svc),
                     );
                     usize::from(out.pending() == b"+OK\r\n")
                 })
@@ -1168,7 +1195,7 @@ proptest::proptest! {
             from = to;
         }
         let mut client = Scripted { pieces, written: Vec::new() };
-        svc.talk(&mut client).unwrap();
+        svc.talk(&mut client, session(&svc)).unwrap();
         proptest::prop_assert!(client.written == expect);
         std::fs::remove_file(path).unwrap();
     }
@@ -1363,15 +1390,15 @@ fn concurrent_writers_and_readers_never_see_a_torn_value() {
                             svc.execute(
                                 &[b"SET", key.as_bytes(), &fill(k, i % 16)],
                                 &mut out,
-                                &mut Proto::Resp2,
+                                &mut session(&svc),
                             );
                             assert_eq!(out.pending(), b"+OK\r\n");
                         }
                         2 => {
-                            svc.execute(&[b"DEL", key.as_bytes()], &mut out, &mut Proto::Resp2);
+                            svc.execute(&[b"DEL", key.as_bytes()], &mut out, &mut session(&svc));
                         }
                         _ => {
-                            svc.execute(&[b"GET", key.as_bytes()], &mut out, &mut Proto::Resp2);
+                            svc.execute(&[b"GET", key.as_bytes()], &mut out, &mut session(&svc));
                             let out = out.pending();
                             if out == b"$-1\r\n" {
                                 continue;

@@ -27,6 +27,9 @@ const DEFAULT_CHECKPOINT: Duration = Duration::from_secs(60);
 /// The shortest checkpoint interval: each one may write the whole index.
 const MIN_CHECKPOINT: Duration = Duration::from_secs(1);
 
+/// The most clients a service may serve at once: each is a thread of its own.
+const MAX_MAX_CLIENTS: u64 = 65536;
+
 /// How long a network target may keep a request waiting by default: Linux's NVMe
 /// `io_timeout` (`nvme_core.io_timeout`).
 const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(30);
@@ -96,6 +99,7 @@ impl Lowerer<'_> {
         let mut page_cache = None;
         let mut discard = false;
         let mut io_timeout = DEFAULT_IO_TIMEOUT;
+        let mut max_clients = DEFAULT_MAX_CLIENTS;
         let mut password_file = None;
         let (mut tls_cert, mut tls_key, mut tls_client_ca) = (None, None, None);
         let mut ok = true;
@@ -147,6 +151,16 @@ impl Lowerer<'_> {
                     value::size,
                 ) {
                     Some(n) => stripe = Some((n, w.span)),
+                    None => ok = false,
+                },
+                "max_clients" => match self.parsed_if(
+                    w,
+                    ("client count", "write a count from 1 to 65536"),
+                    value::count,
+                    |n| (1..=MAX_MAX_CLIENTS).contains(&n),
+                    |n| format!("`max_clients` is 1 to {MAX_MAX_CLIENTS}, not {n}"),
+                ) {
+                    Some(n) => max_clients = n,
                     None => ok = false,
                 },
                 "connections" => match self.parsed_if(
@@ -351,6 +365,7 @@ impl Lowerer<'_> {
                 page_cache,
                 discard,
                 io_timeout,
+                max_clients,
                 password_file,
                 tls,
             }),
