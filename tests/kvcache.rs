@@ -1711,7 +1711,8 @@ impl Resp {
 
 /// redis_exporter, what Redis dashboards are fed by, scrapes the service as it would a
 /// Redis: up, its keys, hits and misses, requests and their time by command, bytes in and
-/// out, its uptime and role, and none of the commands it sends refused.
+/// out, its uptime and role, its connections one by one (`-export-client-list`) and its
+/// bound on them, and none of the commands it sends refused.
 #[test]
 fn redis_exporter_reads_the_service_as_a_redis() {
     let dir = Scratch::new("kv-exporter");
@@ -1721,12 +1722,15 @@ fn redis_exporter_reads_the_service_as_a_redis() {
     }
     kv.cli(&["GET", "k0"]);
     kv.cli(&["GET", "missing"]);
+    let mut host = Resp::connect(kv.port);
+    assert_eq!(host.call(&["CLIENT", "SETNAME", "prefill-0"]), "+OK\r\n");
     let port = free_port();
     let log = dir.path("exporter.log");
     let _exporter = Running(
         Command::new("prometheus-redis-exporter")
             .args(["--redis.addr", &format!("redis://127.0.0.1:{}", kv.port)])
             .args(["--web.listen-address", &format!("127.0.0.1:{port}")])
+            .arg("-export-client-list")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()
@@ -1755,6 +1759,16 @@ fn redis_exporter_reads_the_service_as_a_redis() {
         assert!(value(bytes) > 100, "{bytes}");
     }
     assert_eq!(value("redis_rejected_connections_total"), 0);
+    assert_eq!(value("redis_config_maxclients"), 1024);
+    for name in ["prefill-0", "redis_exporter"] {
+        assert!(
+            body.lines()
+                .any(|l| l.starts_with("redis_connected_clients_details{")
+                    && l.contains(&format!("name=\"{name}\""))
+                    && l.contains("host=\"127.0.0.1\"")),
+            "{name} in {body}"
+        );
+    }
     assert!(
         body.lines()
             .any(|l| l.starts_with("redis_instance_info{") && l.contains("role=\"master\"")),
@@ -2072,8 +2086,7 @@ fn clients_are_listed_named_and_killed_as_redis_does() {
         format!(" addr={decode_addr} "),
         format!(" laddr=127.0.0.1:{} ", kv.port),
         " name=decode-3 ".into(),
-        " cmd=set ".into(),
-        " user=default resp=2 lib-name=redis-py lib-ver=".into(),
+        " events=r cmd=set user=default redir=-1 resp=2 lib-name=redis-py lib-ver=".into(),
     ] {
         assert!(theirs_line.contains(&field), "{field} in {theirs_line}");
     }

@@ -50,8 +50,11 @@ pub struct ClientInfo {
     last_command: AtomicUsize,
     /// 2 or 3.
     resp: AtomicU8,
-    /// Bytes its read buffer, and its reply buffer, hold room for.
+    /// Bytes its read buffer holds room for, of them the bytes of requests read and not
+    /// yet served, and the room of its reply buffer: as they were when it last waited
+    /// for requests.
     read_buffer: AtomicU64,
+    pending: AtomicU64,
     reply_buffer: AtomicU64,
     /// `CLIENT KILL` chose it: its thread closes it after the reply it is writing.
     killed: AtomicBool,
@@ -76,8 +79,11 @@ impl ClientInfo {
         self.resp.store(resp_number(proto), Relaxed);
     }
 
-    pub fn set_buffers(&self, read: usize, reply: usize) {
+    /// Its buffers as it waits for requests: `read` bytes of room for them, `pending` of
+    /// which hold what has arrived of the next; `reply` bytes of room for replies.
+    pub fn set_buffers(&self, read: usize, pending: usize, reply: usize) {
         self.read_buffer.store(read as u64, Relaxed);
+        self.pending.store(pending as u64, Relaxed);
         self.reply_buffer.store(reply as u64, Relaxed);
     }
 
@@ -105,9 +111,11 @@ impl ClientInfo {
         self.killed.load(Relaxed)
     }
 
-    /// Its line of `CLIENT LIST` (without the newline), as Redis 7 writes one, less the
-    /// fields of what the service does not have (pub/sub, transactions, tracking,
-    /// per-client output lists): `flags=N` (a normal client), `db=0`, `user=default`.
+    /// Its line of `CLIENT LIST` (without the newline), with Redis 7's fields in Redis's
+    /// order. What the service does not have reads as Redis gives it for a client that
+    /// does not use it: no subscriptions, no transaction (`multi=-1`), no tracking
+    /// (`redir=-1`), `flags=N`, `db=0`, `user=default`; replies are written before the
+    /// connection reads again, so none wait in an output buffer (`obl`, `oll`, `omem`).
     pub fn line(&self) -> String {
         let attributes = self
             .attributes
@@ -123,19 +131,22 @@ impl ClientInfo {
             i => SERVED[i - 1],
         };
         let read = self.read_buffer.load(Relaxed);
+        let pending = self.pending.load(Relaxed);
         let reply = self.reply_buffer.load(Relaxed);
-        let mut line = String::with_capacity(256);
+        let mut line = String::with_capacity(320);
         let _ = write!(
             line,
             "id={} addr={} laddr={} fd={} name={name} age={} idle={} flags=N db=0 sub=0 psub=0 \
-             ssub=0 multi=-1 rbs={read} tot-mem={} cmd={command} user=default resp={} \
-             lib-name={lib_name} lib-ver={lib_ver}",
+             ssub=0 multi=-1 qbuf={pending} qbuf-free={} argv-mem=0 multi-mem=0 rbs={read} \
+             rbp={read} obl=0 oll=0 omem=0 tot-mem={} events=r cmd={command} user=default \
+             redir=-1 resp={} lib-name={lib_name} lib-ver={lib_ver}",
             self.id,
             self.addr,
             self.laddr,
             self.fd,
             age.as_secs(),
             idle / 1000,
+            read.saturating_sub(pending),
             read + reply,
             self.resp.load(Relaxed),
         );
@@ -171,6 +182,7 @@ impl Clients {
             last_command: AtomicUsize::new(0),
             resp: AtomicU8::new(resp_number(Proto::Resp2)),
             read_buffer: AtomicU64::new(0),
+            pending: AtomicU64::new(0),
             reply_buffer: AtomicU64::new(0),
             killed: AtomicBool::new(false),
         });
@@ -281,7 +293,7 @@ mod tests {
         c.set(Attribute::LibName, b"redis-py");
         c.served("get");
         c.set_resp(Proto::Resp3);
-        c.set_buffers(65536, 1024);
+        c.set_buffers(65536, 10, 1024);
         let line = c.line();
         assert!(
             line.starts_with("id=1 addr=127.0.0.1:5000 laddr=127.0.0.1:6379 fd=9 name=prefill-7 age=0 idle=0 flags=N db=0"),
@@ -289,7 +301,9 @@ mod tests {
         );
         assert!(
             line.ends_with(
-                "rbs=65536 tot-mem=66560 cmd=get user=default resp=3 lib-name=redis-py lib-ver="
+                "qbuf=10 qbuf-free=65526 argv-mem=0 multi-mem=0 rbs=65536 rbp=65536 obl=0 oll=0 \
+                 omem=0 tot-mem=66560 events=r cmd=get user=default redir=-1 resp=3 \
+                 lib-name=redis-py lib-ver="
             ),
             "{line}"
         );

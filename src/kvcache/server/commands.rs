@@ -240,6 +240,8 @@ impl KvService {
         };
         let since = Instant::now();
         let mut leaving = false;
+        // Before it runs: `CLIENT LIST` names itself as the command of its connection.
+        s.client.served(&name);
         match name.as_str() {
             "get" => {
                 if arity(1, out) {
@@ -387,7 +389,6 @@ impl KvService {
         if let Some(i) = TIMED.iter().position(|c| *c == name) {
             self.counters.durations[i].observe(took);
         }
-        s.client.served(&name);
         leaving
     }
 

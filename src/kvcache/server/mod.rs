@@ -812,7 +812,7 @@ impl KvService {
                 // A large value is arriving: room for half as much again.
                 buf.resize(filled + (filled / 2).clamp(READ_BUFFER, 16 << 20), 0);
             }
-            s.client.set_buffers(buf.len(), out.capacity());
+            s.client.set_buffers(buf.len(), pending, out.capacity());
             match stream.read(&mut buf[filled..]) {
                 Ok(0) if closed || filled == head => return Ok(()),
                 Ok(0) => closed = true,
