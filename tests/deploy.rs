@@ -48,6 +48,7 @@ fn full_exposition() -> String {
             discard: false,
             io_timeout: std::time::Duration::from_secs(30),
             max_clients: dpuflow::ir::DEFAULT_MAX_CLIENTS,
+            slowlog: Some(dpuflow::ir::DEFAULT_SLOWLOG),
             password_file: None,
             tls: None,
         },

@@ -1532,6 +1532,78 @@ fn more_clients_than_the_soft_file_limit_are_served() {
     assert_eq!(kv.terminate(), 0);
 }
 
+/// `SLOWLOG`'s errors and settings as a real redis-server gives them; with `slowlog 0ms`
+/// every request is kept, newest first, with its arguments, time, address and the
+/// connection's name; a run of pipelined GETs is one entry; what carries a password is
+/// never kept; with `slowlog off`, nothing is.
+#[test]
+fn slow_requests_are_logged_as_redis_logs_them() {
+    let (_dir, kv, _redis, redis_port) = beside_redis("kv-slowlog");
+    let (mut ours, mut theirs) = (Resp::connect(kv.port), Resp::connect(redis_port));
+    let script: &[&[&str]] = &[
+        &["SLOWLOG"],
+        &["SLOWLOG", "foo"],
+        &["SLOWLOG", "LEN", "x"],
+        &["SLOWLOG", "RESET", "x"],
+        &["SLOWLOG", "GET", "x"],
+        &["SLOWLOG", "GET", "-2"],
+        &["SLOWLOG", "GET", "1", "2"],
+        &["SLOWLOG", "RESET"],
+        &["SLOWLOG", "GET", "0"],
+        &["CONFIG", "GET", "slowlog-max-len"],
+        &["CONFIG", "GET", "slowlog-log-slower-than"],
+    ];
+    let differ = answers_differ(&mut ours, &mut theirs, script);
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
+
+    let dir = Scratch::new("kv-slowlog-all");
+    let target = format!("file://{}", dir.path("blocks.img"));
+    let kv = KvService::start_with(&dir, &target, "4MiB", "slowlog 0ms");
+    let mut host = Resp::connect(kv.port);
+    let addr = host.stream.get_ref().local_addr().unwrap().to_string();
+    host.call(&["CLIENT", "SETNAME", "prefill-0"]);
+    host.call(&["SET", "layer0", "kv"]);
+    host.call(&["SLOWLOG", "RESET"]);
+    host.call(&["SET", "layer1", &"v".repeat(300)]);
+    host.call(&["AUTH", "secret"]);
+    host.send_raw(b"*2\r\n$3\r\nGET\r\n$1\r\na\r\n*2\r\n$3\r\nGET\r\n$1\r\nb\r\n*2\r\n$3\r\nGET\r\n$1\r\nc\r\n");
+    for _ in 0..3 {
+        assert_eq!(host.reply(), "$-1\r\n");
+    }
+    let got = host.call(&["SLOWLOG", "GET", "-1"]);
+    // Newest first: the pipelined GETs as one, then the SET (its value cut at 128 bytes),
+    // then the RESET; not the AUTH. Ids go on from before the RESET (SETNAME 0, SET 1).
+    let (run, rest) = got
+        .strip_prefix("*3\r\n*6\r\n:4\r\n:")
+        .and_then(|g| g.split_once("*6\r\n:3\r\n:"))
+        .unwrap_or_else(|| panic!("{got:?}"));
+    let tail = format!("\r\n${}\r\n{addr}\r\n$9\r\nprefill-0\r\n", addr.len());
+    assert!(
+        run.contains("\r\n*3\r\n$3\r\nGET\r\n$1\r\na\r\n$31\r\n... (2 more GET served with it)")
+            && run.ends_with(&tail),
+        "{run:?}"
+    );
+    let value = format!("$148\r\n{}... (172 more bytes)\r\n", "v".repeat(128));
+    assert!(
+        rest.contains(&value) && rest.contains("*6\r\n:2\r\n:") && rest.contains("$5\r\nRESET"),
+        "{rest:?}"
+    );
+    assert!(!got.contains("secret") && !got.contains("AUTH"), "{got:?}");
+    assert_eq!(host.call(&["SLOWLOG", "LEN"]), ":4\r\n");
+    assert_eq!(kv.terminate(), 0);
+
+    let dir = Scratch::new("kv-slowlog-off");
+    let target = format!("file://{}", dir.path("blocks.img"));
+    let kv = KvService::start_with(&dir, &target, "4MiB", "slowlog off");
+    let mut host = Resp::connect(kv.port);
+    assert_eq!(
+        host.call(&["CONFIG", "GET", "slowlog-log-slower-than"]),
+        "*2\r\n$23\r\nslowlog-log-slower-than\r\n$2\r\n-1\r\n"
+    );
+    assert_eq!(host.call(&["SLOWLOG", "LEN"]), ":0\r\n");
+    assert_eq!(kv.terminate(), 0);
+}
+
 /// With `max_clients 2`, a third connection is told the service is full and closed (as
 /// Redis answers past its `maxclients`), counted; once one leaves, the next is served.
 #[test]
@@ -1760,6 +1832,7 @@ fn redis_exporter_reads_the_service_as_a_redis() {
     }
     assert_eq!(value("redis_rejected_connections_total"), 0);
     assert_eq!(value("redis_config_maxclients"), 1024);
+    assert_eq!(value("redis_slowlog_length"), 0);
     for name in ["prefill-0", "redis_exporter"] {
         assert!(
             body.lines()

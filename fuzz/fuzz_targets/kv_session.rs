@@ -43,6 +43,7 @@ fn service() -> SocketAddr {
                 discard: true,
                 io_timeout: Duration::from_secs(30),
                 max_clients: dpuflow::ir::DEFAULT_MAX_CLIENTS,
+                slowlog: Some(Duration::ZERO),
                 password_file: None,
                 tls: None,
             };

@@ -904,6 +904,10 @@ pub enum ServiceKind {
 /// otherwise: each has a thread and a descriptor.
 pub const DEFAULT_MAX_CLIENTS: u64 = 1024;
 
+/// Requests a KV-cache service keeps in its slow log unless its `slowlog` says otherwise:
+/// those of 10 ms or more (Redis's `slowlog-log-slower-than`).
+pub const DEFAULT_SLOWLOG: Duration = Duration::from_millis(10);
+
 /// The KV-cache block service: where it listens and where it stores blocks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvCache {
@@ -941,6 +945,9 @@ pub struct KvCache {
     /// Client connections served at once (`max_clients`); more are answered with an
     /// error and closed.
     pub max_clients: u64,
+    /// Requests that take at least this long are kept in the slow log (`slowlog`);
+    /// `None`: none are.
+    pub slowlog: Option<Duration>,
     /// The file holding the password clients must give (`AUTH`), if any; read when the
     /// service starts.
     pub password_file: Option<PathBuf>,

@@ -56,6 +56,7 @@ pub fn block_keys(kind: BlockKind) -> Keys {
             ("discard", One),
             ("io_timeout", One),
             ("max_clients", One),
+            ("slowlog", One),
             ("password_file", One),
             ("tls_cert", One),
             ("tls_key", One),

@@ -367,7 +367,7 @@ impl KvService {
                 }
             },
             "info" => reply::text(out, info_sections(&self.info(), args).as_bytes(), p),
-            "client" | "command" | "config" | "latency" | "memory" => {
+            "client" | "command" | "config" | "latency" | "memory" | "slowlog" => {
                 self.subcommand(&name, args, out, s)
             }
             "auth" => match self.auth(args) {
@@ -388,6 +388,11 @@ impl KvService {
         let took = self.served(&name, 1, since);
         if let Some(i) = TIMED.iter().position(|c| *c == name) {
             self.counters.durations[i].observe(took);
+        }
+        // What carries a password is never logged.
+        if !matches!(name.as_str(), "auth" | "hello") {
+            self.slowlog
+                .note(took, words.iter().copied(), None, &s.client);
         }
         leaving
     }
@@ -755,6 +760,9 @@ impl KvService {
             ("latency", b"latest") => (0, 0),
             ("latency", b"history") => (1, 1),
             ("latency", b"reset") => (0, usize::MAX),
+            // More than a count is refused by `SlowLog::command`, in Redis's words.
+            ("slowlog", b"get") => (0, usize::MAX),
+            ("slowlog", b"len" | b"reset") => (0, 0),
             ("memory", b"usage") => (1, 3),
             _ => {
                 let sub = String::from_utf8_lossy(&sub[..sub.len().min(128)]);
@@ -781,6 +789,7 @@ impl KvService {
             ("latency", b"reset") => reply::integer(out, 0),
             ("latency", _) => reply::array(out, 0),
             ("memory", _) => self.memory_usage(rest, out, proto),
+            ("slowlog", _) => self.slowlog.command(sub, rest, out),
             _ => reply::error(
                 out,
                 "ERR the kvcache service's settings live in its pipeline file",
@@ -921,6 +930,11 @@ impl KvService {
             ("maxmemory", self.config.capacity.to_string()),
             ("maxmemory-policy", "allkeys-lru".to_owned()),
             ("maxclients", self.config.max_clients.to_string()),
+            (
+                "slowlog-log-slower-than",
+                self.slowlog.threshold_micros().to_string(),
+            ),
+            ("slowlog-max-len", super::slowlog::KEPT.to_string()),
             ("databases", "1".to_owned()),
         ];
         let patterns: Vec<Vec<u8>> = patterns.iter().map(|p| p.to_ascii_lowercase()).collect();

@@ -14,6 +14,7 @@ use super::resp::{self, reply, Awaited, Proto};
 use super::storage::{self, Pool, TargetError};
 use crate::ir::KvCache;
 use clients::{ClientInfo, Clients};
+use slowlog::SlowLog;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::ops::{Deref, DerefMut, Range};
@@ -25,6 +26,7 @@ use std::time::{Duration, Instant};
 mod clients;
 mod commands;
 mod saved;
+mod slowlog;
 mod values;
 
 pub use saved::{inspect, Inspection, Strangers};
@@ -90,7 +92,7 @@ pub const COMMANDS: &[&str] = &[
 
 /// Every command the service serves, sorted: what `COMMAND COUNT` counts and
 /// INFO's commandstats lists (a test checks that each is served).
-pub const SERVED: [&str; 43] = [
+pub const SERVED: [&str; 44] = [
     "auth",
     "client",
     "command",
@@ -130,6 +132,7 @@ pub const SERVED: [&str; 43] = [
     "set",
     "setex",
     "setnx",
+    "slowlog",
     "strlen",
     "ttl",
     "type",
@@ -391,6 +394,7 @@ pub struct KvService {
     started: Instant,
     /// The connections being served.
     clients: Clients,
+    slowlog: SlowLog,
 }
 
 /// A snapshot of a service's index for metrics.
@@ -488,6 +492,7 @@ impl KvService {
             checkpoints: Mutex::new(checkpoints),
             started: Instant::now(),
             clients: Clients::default(),
+            slowlog: SlowLog::new(config.slowlog),
         });
         let spawn = |thread: String, work: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -737,8 +742,11 @@ impl KvService {
                             let (keys, _) = self.pipelined(input, &mut end, &mut args, key, get_of);
                             let since = Instant::now();
                             self.values_in_shares(&keys, &mut out, &mut stream, s.proto)?;
-                            self.count_run("get", keys.len(), since);
+                            let took = self.count_run("get", keys.len(), since);
                             s.client.served("get");
+                            let first = [&b"GET"[..], keys[0]];
+                            let others = Some((keys.len() - 1, "GET"));
+                            self.slowlog.note(took, first, others, &s.client);
                             start = end;
                             continue;
                         }
@@ -746,8 +754,10 @@ impl KvService {
                             let since = Instant::now();
                             reply::array(&mut out, keys.len());
                             self.values_in_shares(&keys, &mut out, &mut stream, s.proto)?;
-                            self.served("mget", 1, since);
+                            let took = self.served("mget", 1, since);
                             s.client.served("mget");
+                            let words = std::iter::once(&b"MGET"[..]).chain(keys.iter().copied());
+                            self.slowlog.note(took, words, None, &s.client);
                             start = end;
                             continue;
                         }
@@ -768,8 +778,12 @@ impl KvService {
                                 });
                                 break;
                             }
-                            self.sets(&items, &mut out);
+                            let took = self.sets(&items, &mut out);
                             s.client.served("set");
+                            let (key, value) = items[0];
+                            let others = Some((items.len() - 1, "SET"));
+                            self.slowlog
+                                .note(took, [&b"SET"[..], key, value], others, &s.client);
                             start = end;
                             continue;
                         }

@@ -111,6 +111,7 @@ fn on_with(path: &std::path::Path, capacity: u64, block: u64, inline_max: u64) -
         discard: false,
         io_timeout: Duration::from_secs(30),
         max_clients: crate::ir::DEFAULT_MAX_CLIENTS,
+        slowlog: Some(crate::ir::DEFAULT_SLOWLOG),
         password_file: None,
         tls: None,
     };
@@ -137,6 +138,7 @@ fn with_a_password_only_authenticated_clients_are_served() {
         discard: false,
         io_timeout: Duration::from_secs(30),
         max_clients: crate::ir::DEFAULT_MAX_CLIENTS,
+        slowlog: Some(crate::ir::DEFAULT_SLOWLOG),
         password_file: Some(secret.clone()),
         tls: None,
     };
@@ -261,6 +263,7 @@ fn checkpointing_blocks(path: &std::path::Path, blocks: u64) -> Arc<KvService> {
         discard: false,
         io_timeout: Duration::from_secs(30),
         max_clients: crate::ir::DEFAULT_MAX_CLIENTS,
+        slowlog: Some(crate::ir::DEFAULT_SLOWLOG),
         password_file: None,
         tls: None,
     };
@@ -297,6 +300,7 @@ fn striped_config(paths: &[std::path::PathBuf]) -> KvCache {
         discard: true,
         io_timeout: Duration::from_secs(30),
         max_clients: crate::ir::DEFAULT_MAX_CLIENTS,
+        slowlog: Some(crate::ir::DEFAULT_SLOWLOG),
         password_file: None,
         tls: None,
     }

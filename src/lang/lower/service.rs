@@ -100,6 +100,7 @@ impl Lowerer<'_> {
         let mut discard = false;
         let mut io_timeout = DEFAULT_IO_TIMEOUT;
         let mut max_clients = DEFAULT_MAX_CLIENTS;
+        let mut slowlog = Some(DEFAULT_SLOWLOG);
         let mut password_file = None;
         let (mut tls_cert, mut tls_key, mut tls_client_ca) = (None, None, None);
         let mut ok = true;
@@ -161,6 +162,16 @@ impl Lowerer<'_> {
                     |n| format!("`max_clients` is 1 to {MAX_MAX_CLIENTS}, not {n}"),
                 ) {
                     Some(n) => max_clients = n,
+                    None => ok = false,
+                },
+                "slowlog" if w.as_str() == "off" => slowlog = None,
+                "slowlog" => match self.parsed(
+                    w,
+                    "slow log threshold",
+                    "write a duration such as `10ms`, or `off` to keep no slow log",
+                    value::duration,
+                ) {
+                    Some(d) => slowlog = Some(d),
                     None => ok = false,
                 },
                 "connections" => match self.parsed_if(
@@ -366,6 +377,7 @@ impl Lowerer<'_> {
                 discard,
                 io_timeout,
                 max_clients,
+                slowlog,
                 password_file,
                 tls,
             }),
