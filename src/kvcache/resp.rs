@@ -311,6 +311,16 @@ pub enum Proto {
     Resp3,
 }
 
+impl Proto {
+    /// Its number, as `HELLO` asks for it and `CLIENT LIST` shows it.
+    pub fn version(self) -> u8 {
+        match self {
+            Proto::Resp2 => 2,
+            Proto::Resp3 => 3,
+        }
+    }
+}
+
 /// Replies, appended to an output buffer.
 pub mod reply {
     use super::Proto;

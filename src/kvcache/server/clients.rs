@@ -76,7 +76,7 @@ impl ClientInfo {
     }
 
     pub fn set_resp(&self, proto: Proto) {
-        self.resp.store(resp_number(proto), Relaxed);
+        self.resp.store(proto.version(), Relaxed);
     }
 
     /// Its buffers as it waits for requests: `read` bytes of room for them, `pending` of
@@ -154,13 +154,6 @@ impl ClientInfo {
     }
 }
 
-fn resp_number(proto: Proto) -> u8 {
-    match proto {
-        Proto::Resp2 => 2,
-        Proto::Resp3 => 3,
-    }
-}
-
 /// The connections being served, by id.
 #[derive(Debug, Default)]
 pub struct Clients {
@@ -180,7 +173,7 @@ impl Clients {
             attributes: Mutex::default(),
             active_ms: AtomicU64::new(0),
             last_command: AtomicUsize::new(0),
-            resp: AtomicU8::new(resp_number(Proto::Resp2)),
+            resp: AtomicU8::new(Proto::Resp2.version()),
             read_buffer: AtomicU64::new(0),
             pending: AtomicU64::new(0),
             reply_buffer: AtomicU64::new(0),

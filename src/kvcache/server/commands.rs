@@ -1,5 +1,6 @@
 //! The requests that are not a value's I/O: options, deadlines, `SCAN`, `CONFIG`,
-//! authentication, `HELLO` and `INFO`, and the counts of each command.
+//! authentication, `HELLO`, `INFO`, the connections (`CLIENT`), and the counts of each
+//! command.
 
 use super::clients::{self, Attribute, KillFilter, BAD_NAME};
 use super::values::{Expiry, Only};
@@ -1072,10 +1073,6 @@ impl KvService {
 
     /// `HELLO`'s reply: the server's facts, a map in the connection's protocol.
     fn hello(&self, out: &mut Vec<u8>, s: &Session) {
-        let proto = match s.proto {
-            Proto::Resp2 => 2,
-            Proto::Resp3 => 3,
-        };
         reply::map(out, 7, s.proto);
         for (k, v) in [
             ("server", "dpuflow"),
@@ -1085,7 +1082,7 @@ impl KvService {
             reply::bulk(out, v.as_bytes());
         }
         reply::bulk(out, b"proto");
-        reply::integer(out, proto);
+        reply::integer(out, s.proto.version().into());
         reply::bulk(out, b"id");
         reply::integer(out, s.client.id as i64);
         for (k, v) in [("mode", "standalone"), ("role", "master")] {
