@@ -1532,6 +1532,40 @@ fn more_clients_than_the_soft_file_limit_are_served() {
     assert_eq!(kv.terminate(), 0);
 }
 
+/// A host that stops reading in the middle of a large reply (hung, its receive window
+/// shut: keepalives never end such a connection) holds its connection only until
+/// `CLIENT KILL` chooses it.
+#[test]
+fn a_client_that_stopped_reading_is_killed() {
+    let dir = Scratch::new("kv-kill-stuck");
+    let target = format!("file://{}", dir.path("blocks.img"));
+    let kv = KvService::start_with(&dir, &target, "128MiB", "");
+    let mut admin = Resp::connect(kv.port);
+    let value = "v".repeat(48 << 20);
+    assert_eq!(admin.call(&["SET", "big", &value]), "+OK\r\n");
+    drop(value);
+    let mut stuck = Resp::connect(kv.port);
+    let stuck_id = stuck.call(&["CLIENT", "ID"]);
+    stuck.send_raw(b"GET big\r\n");
+    let clients = "dpuflow_kvcache_clients{service=\"kvcache\"}";
+    // Its reply fills the sockets' buffers and its thread waits to write the rest.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(kv.metric(clients), 2);
+    let id = stuck_id.trim().trim_start_matches(':');
+    assert_eq!(admin.call(&["CLIENT", "KILL", "ID", id]), ":1\r\n");
+    let mut gone = false;
+    for _ in 0..50 {
+        if kv.metric(clients) == 1 {
+            gone = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(gone, "the killed client's connection is still served");
+    assert_eq!(admin.call(&["PING"]), "+PONG\r\n");
+    assert_eq!(kv.terminate(), 0);
+}
+
 /// `SLOWLOG`'s errors and settings as a real redis-server gives them; with `slowlog 0ms`
 /// every request is kept, newest first, with its arguments, time, address and the
 /// connection's name; a run of pipelined GETs is one entry; what carries a password is

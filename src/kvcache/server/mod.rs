@@ -226,10 +226,14 @@ fn send(stream: &mut impl Write, out: &mut Replies) -> io::Result<()> {
     Ok(())
 }
 
-/// A client's connection, counting the bytes read from it and written to it.
+/// A client's connection, counting the bytes read from it and written to it. A write the
+/// client takes nothing of for a while (a host hung with its receive window shut, which
+/// keepalives never end) waits on until the connection is killed or the service stops.
 struct Metered<'a, S> {
     inner: S,
     counters: &'a KvCounters,
+    client: &'a ClientInfo,
+    stop: &'a AtomicBool,
 }
 
 impl<S: Read> Read for Metered<'_, S> {
@@ -240,9 +244,27 @@ impl<S: Read> Read for Metered<'_, S> {
     }
 }
 
+impl<S> Metered<'_, S> {
+    /// `op` on the connection, again each time it times out while the connection is
+    /// still wanted.
+    fn patiently<T>(&mut self, mut op: impl FnMut(&mut S) -> io::Result<T>) -> io::Result<T> {
+        loop {
+            match op(&mut self.inner) {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) && !self.client.is_killed()
+                        && !self.stop.load(Relaxed) => {}
+                done => return done,
+            }
+        }
+    }
+}
+
 impl<S: Write> Write for Metered<'_, S> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.inner.write(buf)?;
+        let n = self.patiently(|s| s.write(buf))?;
         self.counters
             .client_written_bytes
             .fetch_add(n as u64, Relaxed);
@@ -250,7 +272,7 @@ impl<S: Write> Write for Metered<'_, S> {
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
+        self.patiently(|s| s.flush())
     }
 }
 
@@ -683,6 +705,7 @@ impl KvService {
         stream.set_nodelay(true)?;
         crate::sys::keep_alive(stream.as_fd(), CLIENT_KEEP_ALIVE)?;
         stream.set_read_timeout(Some(POLL))?;
+        stream.set_write_timeout(Some(POLL))?;
         match &self.tls {
             Some(config) => {
                 let conn =
@@ -703,9 +726,12 @@ impl KvService {
 
     /// The requests and replies of one client's connection.
     fn talk(&self, stream: impl Read + Write, mut s: Session) -> io::Result<()> {
+        let client = Arc::clone(&s.client);
         let mut stream = Metered {
             inner: stream,
             counters: &self.counters,
+            client: &client,
+            stop: &self.stop,
         };
         // Bytes read are `buf[head..filled]`; the rest is room, zeroed once when it grows
         // (not on every read: most reads are small requests). `head` is where a large
