@@ -1638,6 +1638,16 @@ fn slow_requests_are_logged_as_redis_logs_them() {
     assert_eq!(kv.terminate(), 0);
 }
 
+/// How many connections not yet accepted the listener on `port` holds (`ss`'s Send-Q
+/// of a listening socket).
+fn backlog(port: u16) -> u64 {
+    let listening = tool_ok("ss", &["-ltnH", &format!("sport = :{port}")]);
+    let field = listening.split_whitespace().nth(2);
+    field
+        .and_then(|f| f.parse().ok())
+        .unwrap_or_else(|| panic!("{listening}"))
+}
+
 /// With `max_clients 2`, a third connection is told the service is full and closed (as
 /// Redis answers past its `maxclients`), counted; once one leaves, the next is served.
 #[test]
@@ -1662,6 +1672,8 @@ fn clients_past_max_clients_are_refused() {
         first.call(&["CONFIG", "GET", "maxclients"]),
         "*2\r\n$10\r\nmaxclients\r\n$1\r\n2\r\n"
     );
+    // The listener holds Redis's backlog of connections not yet accepted.
+    assert_eq!(backlog(kv.port), 511);
     let mut third = Resp::connect(kv.port);
     let mut said = String::new();
     use std::io::Read;
@@ -2213,6 +2225,8 @@ fn clients_are_listed_named_and_killed_as_redis_does() {
         info.contains("connected_clients:2\r\nmaxclients:1024\r\n"),
         "{info}"
     );
+    // Room for all of them to connect at once.
+    assert_eq!(backlog(kv.port), 1024);
 
     // Killed by id: its connection is closed, the others go on.
     assert_eq!(

@@ -846,6 +846,23 @@ pub fn keep_alive(fd: std::os::fd::BorrowedFd, idle: std::time::Duration) -> std
     )
 }
 
+/// Lets a listening socket hold up to `backlog` connections not yet accepted (listen(2)
+/// again on a socket that listens changes only that; the kernel caps it at
+/// `net.core.somaxconn`). Std listens with 128: a burst of clients connecting at once
+/// beyond that, faster than they are accepted, has its SYNs dropped and retried a
+/// second later.
+#[cfg(target_os = "linux")]
+pub fn listen_backlog(listener: &std::net::TcpListener, backlog: u32) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let backlog = libc::c_int::try_from(backlog).unwrap_or(libc::c_int::MAX);
+    // SAFETY: listen(2) takes a descriptor and a number; the listener's descriptor is
+    // open while it is borrowed.
+    if unsafe { libc::listen(listener.as_raw_fd(), backlog) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Sends one frame through a packet socket of [`packet_socket`], behind a virtio-net
 /// header that asks nothing of the interface; false when the interface's queue is full
 /// (the frame is not sent). Other failures (the interface down or gone, a frame longer

@@ -36,6 +36,8 @@ use saved::{saved_index, Checkpoints};
 const READ_BUFFER: usize = 64 << 10;
 /// The boundary a large value read from the target is placed on in its reply.
 const CACHE_LINE: usize = 64;
+/// The least backlog of connections not yet accepted: Redis's `tcp-backlog`.
+const LEAST_BACKLOG: u64 = 511;
 /// How often blocked threads look at the stop flag.
 const POLL: Duration = Duration::from_millis(200);
 
@@ -493,11 +495,17 @@ impl KvService {
             index.discard_freed();
         }
         let checkpoints = Checkpoints::restored(kept, &mut index);
-        let listener = TcpListener::bind(config.listen).map_err(|source| StartError::Listen {
+        let listen_err = |source| StartError::Listen {
             service: name.to_owned(),
             addr: config.listen,
             source,
-        })?;
+        };
+        let listener = TcpListener::bind(config.listen).map_err(listen_err)?;
+        // Room for every client to connect at once (all of a host's workers after the
+        // service restarts, say): more than std's 128 are accepted without a SYN retried.
+        // At least Redis's `tcp-backlog`.
+        let backlog = u32::try_from(config.max_clients.max(LEAST_BACKLOG)).unwrap_or(u32::MAX);
+        crate::sys::listen_backlog(&listener, backlog).map_err(listen_err)?;
         let listen = listener.local_addr().unwrap_or(config.listen);
         let svc = Arc::new(KvService {
             name: name.to_owned(),
