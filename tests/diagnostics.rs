@@ -69,7 +69,7 @@ fn every_semantic_check_has_a_bad_file() {
         ),
         ("bad-blocks", "error: `discard` is on or off, not `always`"),
         ("bad-blocks", "error: `io_timeout` is at least 100ms, not 10ms"),
-        ("bad-blocks", "error: `max_clients` is 1 to 65536, not 100000"),
+        ("bad-blocks", "error: `max_clients` is 1 to 16384, not 20000"),
         ("bad-blocks", "error: invalid slow log threshold `fast`"),
         (
             "bad-blocks",

@@ -27,8 +27,10 @@ const DEFAULT_CHECKPOINT: Duration = Duration::from_secs(60);
 /// The shortest checkpoint interval: each one may write the whole index.
 const MIN_CHECKPOINT: Duration = Duration::from_secs(1);
 
-/// The most clients a service may serve at once: each is a thread of its own.
-const MAX_MAX_CLIENTS: u64 = 65536;
+/// The most clients a service may serve at once: each is a thread of its own, and a
+/// thread takes two memory mappings (its stack and the guard page below), of the 65530 a
+/// process has by default (`vm.max_map_count`).
+const MAX_MAX_CLIENTS: u64 = 16384;
 
 /// How long a network target may keep a request waiting by default: Linux's NVMe
 /// `io_timeout` (`nvme_core.io_timeout`).
@@ -156,7 +158,7 @@ impl Lowerer<'_> {
                 },
                 "max_clients" => match self.parsed_if(
                     w,
-                    ("client count", "write a count from 1 to 65536"),
+                    ("client count", "write a count from 1 to 16384"),
                     value::count,
                     |n| (1..=MAX_MAX_CLIENTS).contains(&n),
                     |n| format!("`max_clients` is 1 to {MAX_MAX_CLIENTS}, not {n}"),
