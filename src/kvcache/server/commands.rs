@@ -850,7 +850,7 @@ impl KvService {
                 Ok(filter) => reply::integer(out, self.kill(&filter, s) as i64),
                 Err(e) => reply::error(out, &e),
             },
-            _ => reply::ok(out),
+            _ => unreachable!("`subcommand` takes only these, their arguments counted"),
         }
     }
 
