@@ -6,6 +6,7 @@
 //! A request updates its connection's entry with a few relaxed stores; the registry is
 //! locked only when a connection comes or goes and when it is listed.
 
+use super::commands::SUBCOMMANDS;
 use super::SERVED;
 use crate::kvcache::resp::Proto;
 use std::collections::BTreeMap;
@@ -46,7 +47,8 @@ pub struct ClientInfo {
     attributes: Mutex<[Vec<u8>; 3]>,
     /// Milliseconds after `connected` of its last request.
     active_ms: AtomicU64,
-    /// Its last command: its place in [`SERVED`] plus one (0: none yet).
+    /// Its last command: its place in [`SERVED`] plus one, or for a subcommand its place
+    /// in [`SUBCOMMANDS`] plus one after those (0: none yet).
     last_command: AtomicUsize,
     /// 2 or 3.
     resp: AtomicU8,
@@ -67,6 +69,11 @@ impl ClientInfo {
             self.last_command.store(i + 1, Relaxed);
         }
         self.touch();
+    }
+
+    /// The request served now is the subcommand in place `i` of [`SUBCOMMANDS`].
+    pub fn serving_subcommand(&self, i: usize) {
+        self.last_command.store(SERVED.len() + i + 1, Relaxed);
     }
 
     /// The connection was active now.
@@ -128,7 +135,8 @@ impl ClientInfo {
             .saturating_sub(u128::from(self.active_ms.load(Relaxed)));
         let command = match self.last_command.load(Relaxed) {
             0 => "NULL",
-            i => SERVED[i - 1],
+            i if i <= SERVED.len() => SERVED[i - 1],
+            i => SUBCOMMANDS[i - 1 - SERVED.len()].0,
         };
         let read = self.read_buffer.load(Relaxed);
         let pending = self.pending.load(Relaxed);

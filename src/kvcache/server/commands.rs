@@ -14,6 +14,34 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::TryLockError;
 use std::time::{Duration, Instant};
 
+/// The subcommands served, named as Redis names them (and lists them in `CLIENT LIST`),
+/// with the fewest and most arguments each takes after its name.
+pub(super) const SUBCOMMANDS: [(&str, usize, usize); 22] = [
+    ("client|getname", 0, 0),
+    ("client|id", 0, 0),
+    ("client|info", 0, 0),
+    ("client|kill", 1, usize::MAX),
+    ("client|list", 0, usize::MAX),
+    ("client|setinfo", 2, 2),
+    ("client|setname", 1, 1),
+    ("command|count", 0, 0),
+    ("command|docs", 0, usize::MAX),
+    ("command|info", 0, usize::MAX),
+    ("command|list", 0, usize::MAX),
+    ("config|get", 1, usize::MAX),
+    ("config|resetstat", 0, 0),
+    ("config|rewrite", 0, 0),
+    ("config|set", 2, usize::MAX),
+    ("latency|history", 1, 1),
+    ("latency|latest", 0, 0),
+    ("latency|reset", 0, usize::MAX),
+    ("memory|usage", 1, 3),
+    // More than a count is refused by `SlowLog::command`, in Redis's words.
+    ("slowlog|get", 0, usize::MAX),
+    ("slowlog|len", 0, 0),
+    ("slowlog|reset", 0, 0),
+];
+
 /// Whether `a` and `b` are equal, in a time that depends on their lengths only.
 fn same_secret(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
@@ -748,36 +776,20 @@ impl KvService {
             return;
         };
         let lower = sub.to_ascii_lowercase();
-        let (least, most) = match (command, lower.as_slice()) {
-            ("client", b"getname" | b"id" | b"info") | ("command", b"count") => (0, 0),
-            ("client", b"setname") => (1, 1),
-            ("client", b"setinfo") => (2, 2),
-            ("client", b"list") => (0, usize::MAX),
-            ("client", b"kill") => (1, usize::MAX),
-            ("command", b"docs" | b"info" | b"list") => (0, usize::MAX),
-            ("config", b"get") => (1, usize::MAX),
-            ("config", b"set") => (2, usize::MAX),
-            ("config", b"resetstat" | b"rewrite") => (0, 0),
-            ("latency", b"latest") => (0, 0),
-            ("latency", b"history") => (1, 1),
-            ("latency", b"reset") => (0, usize::MAX),
-            // More than a count is refused by `SlowLog::command`, in Redis's words.
-            ("slowlog", b"get") => (0, usize::MAX),
-            ("slowlog", b"len" | b"reset") => (0, 0),
-            ("memory", b"usage") => (1, 3),
-            _ => {
-                let sub = String::from_utf8_lossy(&sub[..sub.len().min(128)]);
-                let help = command.to_ascii_uppercase();
-                reply::error(
-                    out,
-                    &format!("ERR unknown subcommand '{sub}'. Try {help} HELP."),
-                );
-                return;
-            }
+        let full = format!("{command}|{}", String::from_utf8_lossy(&lower));
+        let Some(i) = SUBCOMMANDS.iter().position(|(name, ..)| *name == full) else {
+            let sub = String::from_utf8_lossy(&sub[..sub.len().min(128)]);
+            let help = command.to_ascii_uppercase();
+            reply::error(
+                out,
+                &format!("ERR unknown subcommand '{sub}'. Try {help} HELP."),
+            );
+            return;
         };
+        s.client.serving_subcommand(i);
+        let (_, least, most) = SUBCOMMANDS[i];
         if !(least..=most).contains(&rest.len()) {
-            let sub = String::from_utf8_lossy(&lower);
-            let msg = format!("ERR wrong number of arguments for '{command}|{sub}' command");
+            let msg = format!("ERR wrong number of arguments for '{full}' command");
             reply::error(out, &msg);
             return;
         }

@@ -983,6 +983,38 @@ fn the_commands_counted_are_the_commands_served() {
     }
     let count = format!(":{}\r\n", SERVED.len());
     assert_eq!(run(&svc, &[b"COMMAND", b"COUNT"]), count.as_bytes());
+    // Each subcommand listed is served, with as few arguments as it takes, and none past
+    // its most; what CLIENT LIST names it by is its name.
+    let s = session(&svc);
+    for (i, (name, least, most)) in commands::SUBCOMMANDS.into_iter().enumerate() {
+        let (command, sub) = name.split_once('|').expect("command|sub");
+        let mut words = vec![command.as_bytes(), sub.as_bytes()];
+        words.extend(std::iter::repeat_n(&b"0"[..], least));
+        let mut out = Replies::with_capacity(0);
+        svc.execute(
+            &words,
+            &mut out,
+            &mut Session {
+                client: Arc::clone(&s.client),
+                ..s
+            },
+        );
+        let reply = String::from_utf8_lossy(out.pending()).into_owned();
+        assert!(
+            !reply.contains("unknown subcommand") && !reply.contains("wrong number"),
+            "{name}: {reply}"
+        );
+        assert!(
+            s.client.line().contains(&format!(" cmd={name} ")),
+            "{i} {name}"
+        );
+        if most < usize::MAX {
+            words.extend(std::iter::repeat_n(&b"0"[..], most + 1 - least));
+            let reply = run(&svc, &words);
+            let wrong = format!("-ERR wrong number of arguments for '{name}' command\r\n");
+            assert_eq!(String::from_utf8_lossy(&reply), wrong, "{name}");
+        }
+    }
     std::fs::remove_file(path).unwrap();
 }
 
