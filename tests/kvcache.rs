@@ -1532,6 +1532,103 @@ fn more_clients_than_the_soft_file_limit_are_served() {
     assert_eq!(kv.terminate(), 0);
 }
 
+/// `MONITOR` streams what every connection runs, as redis-server streams it: the same
+/// requests to both, the same lines (but for their time and address) in the same order,
+/// the administrative commands and those refused for their arguments left out, passwords
+/// redacted, arguments escaped; pipelined GETs each shown as sent.
+#[test]
+fn monitor_shows_requests_as_redis_does() {
+    let (_dir, kv, _redis, redis_port) = beside_redis("kv-monitor");
+    let watch = |port: u16| {
+        let mut w = Resp::connect(port);
+        assert_eq!(w.call(&["MONITOR"]), "+OK\r\n");
+        w
+    };
+    let (mut ours_watch, mut theirs_watch) = (watch(kv.port), watch(redis_port));
+    let (mut ours, mut theirs) = (Resp::connect(kv.port), Resp::connect(redis_port));
+    // Our MONITOR starts streaming once its reply is sent; a first request shows it has.
+    for (c, w) in [
+        (&mut ours, &mut ours_watch),
+        (&mut theirs, &mut theirs_watch),
+    ] {
+        c.call(&["PING", "ready"]);
+        assert!(w.reply().ends_with("\"PING\" \"ready\"\r\n"));
+    }
+    let script: &[&[&str]] = &[
+        &["SET", "a", "b"],
+        &["get", "a"],
+        &["CONFIG", "GET", "maxmemory"],
+        &["CLIENT", "SETNAME", "watched"],
+        &["CLIENT", "LIST"],
+        &["CLIENT", "ID"],
+        &["CLIENT", "KILL", "ID", "999999"],
+        &["SLOWLOG", "LEN"],
+        &["LASTSAVE"],
+        &["LATENCY", "LATEST"],
+        &["INFO", "keyspace"],
+        &["DBSIZE"],
+        &["MEMORY", "USAGE", "a"],
+        &["COMMAND", "COUNT"],
+        &["AUTH", "secret"],
+        &["ECHO", "tab\there \"quoted\" \u{1}\u{7f}"],
+        &["SCAN", "0"],
+        &["SELECT", "0"],
+        &["TYPE", "a"],
+        &["EXPIRE", "a", "100"],
+        &["MGET", "a", "b"],
+        &["GET"],
+        &["CLIENT", "SETNAME"],
+        &["FLUSHALL", "foo"],
+        &["SET", "k", "v", "PX", "0"],
+        &["GETEX", "a", "foo"],
+        &["NOSUCH", "x"],
+        &["DEL", "a"],
+    ];
+    for words in script {
+        ours.call(words);
+        theirs.call(words);
+    }
+    // Pipelined GETs, which the service otherwise serves as one run; an MGET typed by
+    // hand.
+    let mut typed = Vec::new();
+    for c in [&mut ours, &mut theirs] {
+        c.send_raw(b"*2\r\n$3\r\nGET\r\n$2\r\np1\r\n*2\r\n$3\r\nGET\r\n$2\r\np2\r\n");
+        c.send_raw(b"*2\r\n$3\r\nGET\r\n$2\r\np3\r\n");
+        for _ in 0..3 {
+            assert_eq!(c.reply(), "$-1\r\n");
+        }
+        c.call(&["SET", "t", "typed"]);
+        c.send_raw(b"MGET t nope\r\n");
+        typed.push(c.reply());
+        c.call(&["ECHO", "end"]);
+    }
+    assert_eq!(typed[0], typed[1]);
+    let shown = |w: &mut Resp| {
+        let mut lines = Vec::new();
+        loop {
+            let line = w.reply();
+            // `+1700000000.123456 [0 127.0.0.1:5000] "ECHO" "end"`: what follows the address.
+            let (_, request) = line.split_once("] ").unwrap_or_else(|| panic!("{line:?}"));
+            if request == "\"ECHO\" \"end\"\r\n" {
+                return lines;
+            }
+            lines.push(request.to_owned());
+        }
+    };
+    let (a, b) = (shown(&mut ours_watch), shown(&mut theirs_watch));
+    assert_eq!(a, b);
+    assert!(
+        a.contains(&"\"AUTH\" \"(redacted)\"\r\n".to_owned()),
+        "{a:?}"
+    );
+    assert_eq!(a.iter().filter(|l| l.starts_with("\"GET\" \"p")).count(), 3);
+    // A watcher leaves with QUIT; the service stops streaming to it.
+    ours_watch.send_raw(b"QUIT\r\n");
+    assert_eq!(ours_watch.reply(), "+OK\r\n");
+    assert_eq!(ours.call(&["PING"]), "+PONG\r\n");
+    assert_eq!(kv.terminate(), 0);
+}
+
 /// A host that stops reading in the middle of a large reply (hung, its receive window
 /// shut: keepalives never end such a connection) holds its connection only until
 /// `CLIENT KILL` chooses it.
@@ -1905,10 +2002,12 @@ fn beside_redis(name: &str) -> (Scratch, KvService, Running, u16) {
     let dir = Scratch::new(name);
     let kv = KvService::start(&dir, &format!("file://{}", dir.path("blocks.img")), "4MiB");
     let port = free_port();
+    // In the scratch directory: a dump.rdb in the working directory would be loaded.
     let server = Running(
         Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            .args(["--dir", &dir.path("")])
             .stdout(Stdio::null())
             .spawn()
             .expect("`redis-server` is required (scripts/test installs it)"),
@@ -2239,6 +2338,8 @@ fn clients_are_listed_named_and_killed_as_redis_does() {
     assert!(matches!(closed, Ok(0)), "{closed:?} {rest:?}");
     // By address, the old form: OK, then no such client.
     let mut third = Resp::connect(kv.port);
+    // Served, so listed (a connection not yet accepted is not).
+    assert_eq!(third.call(&["PING"]), "+PONG\r\n");
     let third_addr = third.stream.get_ref().local_addr().unwrap().to_string();
     assert_eq!(ours.call(&["CLIENT", "KILL", &third_addr]), "+OK\r\n");
     assert!(matches!(third.stream.read_to_end(&mut rest), Ok(0)));

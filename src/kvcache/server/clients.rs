@@ -144,7 +144,7 @@ impl ClientInfo {
         let mut line = String::with_capacity(320);
         let _ = write!(
             line,
-            "id={} addr={} laddr={} fd={} name={name} age={} idle={} flags=N db=0 sub=0 psub=0 \
+            "id={} addr={} laddr={} fd={} name={name} age={} idle={} flags={} db=0 sub=0 psub=0 \
              ssub=0 multi=-1 qbuf={pending} qbuf-free={} argv-mem=0 multi-mem=0 rbs={read} \
              rbp={read} obl=0 oll=0 omem=0 tot-mem={} events=r cmd={command} user=default \
              redir=-1 resp={} lib-name={lib_name} lib-ver={lib_ver}",
@@ -154,6 +154,8 @@ impl ClientInfo {
             self.fd,
             age.as_secs(),
             idle / 1000,
+            // Redis's flags: `A` to be closed as soon as possible, `N` none.
+            if self.is_killed() { "A" } else { "N" },
             read.saturating_sub(pending),
             read + reply,
             self.resp.load(Relaxed),
@@ -255,7 +257,10 @@ impl KillFilter {
             want.as_ref()
                 .is_none_or(|w| *w == have.to_string().as_bytes())
         };
+        // One killed already is on its way out (its thread closes it within a socket
+        // timeout): it is not chosen again.
         !self.none
+            && !c.is_killed()
             && (self.me_too || c.id != me)
             && self.id.is_none_or(|id| id == c.id)
             && same(&self.addr, c.addr)
@@ -274,6 +279,13 @@ pub(super) fn normal_type(kind: &[u8]) -> Result<bool, String> {
             String::from_utf8_lossy(kind)
         )),
     }
+}
+
+/// A connection from 10.0.0.7:4000 to 10.0.0.2:6379, for tests of what is made of one.
+#[cfg(test)]
+pub(super) fn a_host() -> Arc<ClientInfo> {
+    let from = "10.0.0.7:4000".parse().expect("address");
+    Clients::default().register(from, "10.0.0.2:6379".parse().expect("address"), 5)
 }
 
 #[cfg(test)]
@@ -335,6 +347,8 @@ mod tests {
         let a = clients.register(addr("10.0.0.1:5000"), addr("10.0.0.2:6379"), 9);
         let by_addr = KillFilter::of(&[b"addr", b"10.0.0.1:5000"]).unwrap();
         assert!(by_addr.chooses(&a, 7) && !by_addr.chooses(&a, a.id));
+        a.kill();
+        assert!(!by_addr.chooses(&a, 7) && a.line().contains(" flags=A "));
         assert!(!KillFilter::of(&[b"type", b"pubsub"])
             .unwrap()
             .chooses(&a, 7));

@@ -2,7 +2,7 @@
 //! authentication, `HELLO`, `INFO`, the connections (`CLIENT`), and the counts of each
 //! command.
 
-use super::clients::{self, Attribute, KillFilter, BAD_NAME};
+use super::clients::{self, Attribute, ClientInfo, KillFilter, BAD_NAME};
 use super::values::{Expiry, Only};
 use super::{now_ms, KvService, Replies, Session, COMMANDS, SERVED, TIMED};
 use crate::kvcache::glob;
@@ -269,6 +269,7 @@ impl KvService {
         };
         let since = Instant::now();
         let mut leaving = false;
+        let replied = out.len();
         // Before it runs: `CLIENT LIST` names itself as the command of its connection.
         s.client.served(&name);
         match name.as_str() {
@@ -285,6 +286,15 @@ impl KvService {
                 }
             }
             "getex" => self.getex(args, out, p),
+            // Typed by hand, or while someone watches (`MONITOR`); otherwise MGET is
+            // served as it is read, its values sent as they come (`talk`).
+            "mget" if !args.is_empty() => {
+                reply::array(out, args.len());
+                let mut served = 0;
+                while served < args.len() {
+                    served += self.values_share(&args[served..], out, p);
+                }
+            }
             "mset" if !args.is_empty() && args.len() % 2 == 0 => {
                 let pairs: Vec<_> = args.chunks(2).map(|kv| (kv[0], kv[1])).collect();
                 let failed = self
@@ -388,6 +398,13 @@ impl KvService {
                 reply::ok(out);
                 leaving = true;
             }
+            "monitor" => {
+                if arity(0, out) {
+                    reply::ok(out);
+                    // Watching from now: what comes after this reply is streamed.
+                    s.monitoring = Some(self.monitors.watch(s.client.id));
+                }
+            }
             "select" => match args {
                 [b"0"] => reply::ok(out),
                 [_] => reply::error(out, "ERR DB index is out of range"),
@@ -423,7 +440,24 @@ impl KvService {
             self.slowlog
                 .note(took, words.iter().copied(), None, &s.client);
         }
+        // Shown as Redis shows what it ran: not a command it does not know, nor one whose
+        // arguments it did not count right.
+        if self.monitors.watching()
+            && SERVED.binary_search(&name.as_str()).is_ok()
+            && !out[replied..].starts_with(b"-ERR wrong number of arguments")
+            && !out[replied..].starts_with(b"-ERR unknown subcommand")
+        {
+            self.show(words, &s.client);
+        }
         leaving
+    }
+
+    /// Offers a request served to those watching (`MONITOR`), stamped now.
+    pub(super) fn show(&self, words: &[&[u8]], client: &ClientInfo) {
+        let unix_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        self.monitors.offer(words, client, unix_us);
     }
 
     /// `SET key value [NX | XX] [GET] [EX s | PX ms | EXAT unix-s | PXAT unix-ms | KEEPTTL]`,

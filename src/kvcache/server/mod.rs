@@ -14,6 +14,7 @@ use super::resp::{self, reply, Awaited, Proto};
 use super::storage::{self, Pool, TargetError};
 use crate::ir::KvCache;
 use clients::{ClientInfo, Clients};
+use monitor::{Monitors, Watch};
 use slowlog::SlowLog;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -25,6 +26,7 @@ use std::time::{Duration, Instant};
 
 mod clients;
 mod commands;
+mod monitor;
 mod saved;
 mod slowlog;
 mod values;
@@ -94,7 +96,7 @@ pub const COMMANDS: &[&str] = &[
 
 /// Every command the service serves, sorted: what `COMMAND COUNT` counts and
 /// INFO's commandstats lists (a test checks that each is served).
-pub const SERVED: [&str; 44] = [
+pub const SERVED: [&str; 45] = [
     "auth",
     "client",
     "command",
@@ -119,6 +121,7 @@ pub const SERVED: [&str; 44] = [
     "latency",
     "memory",
     "mget",
+    "monitor",
     "mset",
     "persist",
     "pexpire",
@@ -173,6 +176,7 @@ impl Client {
         Session {
             proto: Proto::Resp2,
             authed: self.svc.password.is_none(),
+            monitoring: None,
             client: Arc::clone(&self.info),
         }
     }
@@ -190,6 +194,8 @@ pub(super) struct Session {
     /// The protocol its replies are in: RESP2 until `HELLO 3`.
     pub proto: Proto,
     pub authed: bool,
+    /// It asked for `MONITOR`: the lines it is to stream once its replies are sent.
+    pub monitoring: Option<crossbeam_channel::Receiver<Vec<u8>>>,
     pub client: Arc<ClientInfo>,
 }
 
@@ -419,6 +425,8 @@ pub struct KvService {
     /// The connections being served.
     clients: Clients,
     slowlog: SlowLog,
+    /// The connections streaming the requests served (`MONITOR`).
+    monitors: Monitors,
 }
 
 /// A snapshot of a service's index for metrics.
@@ -523,6 +531,7 @@ impl KvService {
             started: Instant::now(),
             clients: Clients::default(),
             slowlog: SlowLog::new(config.slowlog),
+            monitors: Monitors::default(),
         });
         let spawn = |thread: String, work: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -759,7 +768,7 @@ impl KvService {
             // where in them the argument arriving starts, where known (a large value's
             // length arrives before its bytes).
             let mut awaited = None;
-            while !quit {
+            while !quit && s.monitoring.is_none() {
                 match resp::parse(&buf[start..filled], &mut args, &mut inline, self.max_bulk()) {
                     Ok(Some(n)) => {
                         let req = &buf[start..start + n];
@@ -767,12 +776,16 @@ impl KvService {
                         // (its `args` are not in `req`).
                         let typed = resp::is_inline(req);
                         let fast = s.authed && !typed;
+                        // While someone watches, pipelined GETs and SETs are served one
+                        // by one, each shown as sent.
+                        let watched = self.monitors.watching();
                         // GETs and SETs the client pipelined, as many of one kind as
                         // are here in a row, go to the target together, as an MGET's
                         // values and an MSET's do.
                         let mut end = start + n;
                         let input = &buf[..filled];
-                        if let Some(key) = fast.then(|| get_of(req, &args)).flatten() {
+                        if let Some(key) = (fast && !watched).then(|| get_of(req, &args)).flatten()
+                        {
                             let (keys, _) = self.pipelined(input, &mut end, &mut args, key, get_of);
                             let since = Instant::now();
                             self.values_in_shares(&keys, &mut out, &mut stream, s.proto)?;
@@ -785,6 +798,11 @@ impl KvService {
                             continue;
                         }
                         if let Some(keys) = fast.then(|| mget_of(req, &args)).flatten() {
+                            if watched {
+                                let words: Vec<&[u8]> =
+                                    args.iter().map(|r| &req[r.clone()]).collect();
+                                self.show(&words, &s.client);
+                            }
                             let since = Instant::now();
                             reply::array(&mut out, keys.len());
                             self.values_in_shares(&keys, &mut out, &mut stream, s.proto)?;
@@ -795,7 +813,8 @@ impl KvService {
                             start = end;
                             continue;
                         }
-                        if let Some(item) = fast.then(|| set_of(req, &args)).flatten() {
+                        if let Some(item) = (fast && !watched).then(|| set_of(req, &args)).flatten()
+                        {
                             let (items, arriving) =
                                 self.pipelined(input, &mut end, &mut args, item, set_of);
                             let bytes: usize = items.iter().map(|(_, v)| v.len()).sum();
@@ -840,12 +859,17 @@ impl KvService {
                     }
                 }
             }
+            let watch =
+                (s.monitoring.take()).map(|lines| Watch::new(&self.monitors, s.client.id, lines));
             if !out.is_empty() {
                 send(&mut stream, &mut out)?;
             }
             // A connection `CLIENT KILL` chose ends here, after the replies it had.
             if quit || self.stop.load(Relaxed) || s.client.is_killed() {
                 return Ok(());
+            }
+            if let Some(watch) = watch {
+                return self.monitor(&mut stream, &s, &watch);
             }
             let pending = filled - start;
             match awaited.filter(|a| a.len > READ_BUFFER) {
@@ -888,6 +912,55 @@ impl KvService {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Streams the requests every connection makes to the connection `s` (`MONITOR`)
+    /// until it closes or sends `QUIT`, is killed, or the service stops. Lines are
+    /// written as they come; when none are waiting it reads (for up to the socket's
+    /// timeout), to notice the client leave.
+    fn monitor(
+        &self,
+        stream: &mut (impl Read + Write),
+        s: &Session,
+        watch: &Watch,
+    ) -> io::Result<()> {
+        let lines = &watch.lines;
+        let mut batch = Vec::new();
+        let mut asked = [0u8; 512];
+        while !self.stop.load(Relaxed) && !s.client.is_killed() {
+            batch.clear();
+            for line in lines.try_iter().take(4096) {
+                batch.extend_from_slice(&line);
+            }
+            if !batch.is_empty() {
+                stream.write_all(&batch)?;
+                stream.flush()?;
+                continue;
+            }
+            match stream.read(&mut asked) {
+                Ok(0) => break,
+                // What it may still send is `QUIT`; anything else is not served.
+                Ok(n)
+                    if asked[..n]
+                        .to_ascii_lowercase()
+                        .windows(4)
+                        .any(|w| w == b"quit") =>
+                {
+                    stream.write_all(b"+OK\r\n")?;
+                    break;
+                }
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock
+                            | io::ErrorKind::TimedOut
+                            | io::ErrorKind::Interrupted
+                    ) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// Places the bytes of a request still arriving, `buf[pending]`, for what is known of

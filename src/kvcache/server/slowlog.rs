@@ -174,13 +174,8 @@ fn shortened(arg: &[u8]) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::clients::Clients;
+    use super::super::clients::a_host;
     use super::*;
-
-    fn host() -> std::sync::Arc<ClientInfo> {
-        let from = "10.0.0.7:4000".parse().unwrap();
-        Clients::default().register(from, "10.0.0.2:6379".parse().unwrap(), 5)
-    }
 
     fn got(log: &SlowLog, args: &[&[u8]]) -> Vec<u8> {
         let mut out = Vec::new();
@@ -190,7 +185,7 @@ mod tests {
 
     #[test]
     fn slow_requests_are_kept_newest_first_and_shortened() {
-        let c = host();
+        let c = a_host();
         let log = SlowLog::new(Some(Duration::from_millis(10)));
         log.note(Duration::from_millis(9), [&b"GET"[..], b"fast"], None, &c);
         assert_eq!(got(&log, &[]), b"*0\r\n");
@@ -245,7 +240,7 @@ mod tests {
 
     #[test]
     fn only_the_newest_are_kept() {
-        let c = host();
+        let c = a_host();
         let log = SlowLog::new(Some(Duration::ZERO));
         for i in 0..KEPT + 5 {
             log.note(Duration::ZERO, [format!("k{i}").as_bytes()], None, &c);

@@ -725,6 +725,7 @@ fn session(svc: &KvService) -> Session {
     Session {
         proto: Proto::Resp2,
         authed: svc.password.is_none(),
+        monitoring: None,
         client: svc.clients.register(nowhere, nowhere, -1),
     }
 }
@@ -985,20 +986,13 @@ fn the_commands_counted_are_the_commands_served() {
     assert_eq!(run(&svc, &[b"COMMAND", b"COUNT"]), count.as_bytes());
     // Each subcommand listed is served, with as few arguments as it takes, and none past
     // its most; what CLIENT LIST names it by is its name.
-    let s = session(&svc);
+    let mut s = session(&svc);
     for (i, (name, least, most)) in commands::SUBCOMMANDS.into_iter().enumerate() {
         let (command, sub) = name.split_once('|').expect("command|sub");
         let mut words = vec![command.as_bytes(), sub.as_bytes()];
         words.extend(std::iter::repeat_n(&b"0"[..], least));
         let mut out = Replies::with_capacity(0);
-        svc.execute(
-            &words,
-            &mut out,
-            &mut Session {
-                client: Arc::clone(&s.client),
-                ..s
-            },
-        );
+        svc.execute(&words, &mut out, &mut s);
         let reply = String::from_utf8_lossy(out.pending()).into_owned();
         assert!(
             !reply.contains("unknown subcommand") && !reply.contains("wrong number"),
