@@ -1681,6 +1681,8 @@ fn slow_requests_are_logged_as_redis_logs_them() {
         &["SLOWLOG", "GET", "1", "2"],
         &["SLOWLOG", "RESET"],
         &["SLOWLOG", "GET", "0"],
+        &["SLOWLOG", "HELP", "x"],
+        &["CLIENT", "HELP", "x"],
         &["CONFIG", "GET", "slowlog-max-len"],
         &["CONFIG", "GET", "slowlog-log-slower-than"],
     ];

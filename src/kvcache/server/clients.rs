@@ -136,7 +136,7 @@ impl ClientInfo {
         let command = match self.last_command.load(Relaxed) {
             0 => "NULL",
             i if i <= SERVED.len() => SERVED[i - 1],
-            i => SUBCOMMANDS[i - 1 - SERVED.len()].0,
+            i => SUBCOMMANDS[i - 1 - SERVED.len()].name,
         };
         let read = self.read_buffer.load(Relaxed);
         let pending = self.pending.load(Relaxed);

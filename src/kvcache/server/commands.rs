@@ -14,32 +14,174 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::TryLockError;
 use std::time::{Duration, Instant};
 
-/// The subcommands served, named as Redis names them (and lists them in `CLIENT LIST`),
-/// with the fewest and most arguments each takes after its name.
-pub(super) const SUBCOMMANDS: [(&str, usize, usize); 22] = [
-    ("client|getname", 0, 0),
-    ("client|id", 0, 0),
-    ("client|info", 0, 0),
-    ("client|kill", 1, usize::MAX),
-    ("client|list", 0, usize::MAX),
-    ("client|setinfo", 2, 2),
-    ("client|setname", 1, 1),
-    ("command|count", 0, 0),
-    ("command|docs", 0, usize::MAX),
-    ("command|info", 0, usize::MAX),
-    ("command|list", 0, usize::MAX),
-    ("config|get", 1, usize::MAX),
-    ("config|resetstat", 0, 0),
-    ("config|rewrite", 0, 0),
-    ("config|set", 2, usize::MAX),
-    ("latency|history", 1, 1),
-    ("latency|latest", 0, 0),
-    ("latency|reset", 0, usize::MAX),
-    ("memory|usage", 1, 3),
+/// A subcommand served: its name as Redis names it (and `CLIENT LIST` shows it), the
+/// fewest and most arguments it takes after its name, and its `HELP`.
+pub(super) struct Subcommand {
+    pub name: &'static str,
+    pub least: usize,
+    pub most: usize,
+    pub usage: &'static str,
+    /// Its description, lines split at `|`.
+    pub what: &'static str,
+}
+
+/// The subcommands served, by command.
+pub(super) const SUBCOMMANDS: [Subcommand; 22] = [
+    Subcommand {
+        name: "client|getname",
+        least: 0,
+        most: 0,
+        usage: "GETNAME",
+        what: "Return the name of the current connection.",
+    },
+    Subcommand {
+        name: "client|id",
+        least: 0,
+        most: 0,
+        usage: "ID",
+        what: "Return the ID of the current connection.",
+    },
+    Subcommand {
+        name: "client|info",
+        least: 0,
+        most: 0,
+        usage: "INFO",
+        what: "Return information about the current connection, as a line of CLIENT LIST.",
+    },
+    Subcommand {
+        name: "client|kill",
+        least: 1,
+        most: usize::MAX,
+        usage: "KILL <ip:port> | <filter> [value] ... [<filter> [value] ...]",
+        what: "Close the connection at <ip:port>, or those the filters choose: ID <id>, ADDR <ip:port>,|LADDR <ip:port>, TYPE NORMAL, USER DEFAULT, SKIPME YES or NO (YES, unless given: not the one asking).",
+    },
+    Subcommand {
+        name: "client|list",
+        least: 0,
+        most: usize::MAX,
+        usage: "LIST [TYPE <type> | ID <id> [<id> ...]]",
+        what: "Return information about the connections, one line each.",
+    },
+    Subcommand {
+        name: "client|setinfo",
+        least: 2,
+        most: 2,
+        usage: "SETINFO LIB-NAME|LIB-VER <value>",
+        what: "Note the name or version of the client library, shown in CLIENT LIST.",
+    },
+    Subcommand {
+        name: "client|setname",
+        least: 1,
+        most: 1,
+        usage: "SETNAME <name>",
+        what: "Name the current connection.",
+    },
+    Subcommand {
+        name: "command|count",
+        least: 0,
+        most: 0,
+        usage: "COUNT",
+        what: "Return the number of commands served.",
+    },
+    Subcommand {
+        name: "command|docs",
+        least: 0,
+        most: usize::MAX,
+        usage: "DOCS [<command> ...]",
+        what: "Return nothing: the commands' documentation is not kept.",
+    },
+    Subcommand {
+        name: "command|info",
+        least: 0,
+        most: usize::MAX,
+        usage: "INFO [<command> ...]",
+        what: "Return nothing: the commands' details are not kept.",
+    },
+    Subcommand {
+        name: "command|list",
+        least: 0,
+        most: usize::MAX,
+        usage: "LIST [FILTERBY ...]",
+        what: "Return nothing: the commands' details are not kept.",
+    },
+    Subcommand {
+        name: "config|get",
+        least: 1,
+        most: usize::MAX,
+        usage: "GET <pattern> [<pattern> ...]",
+        what: "Return the settings whose names match the patterns.",
+    },
+    Subcommand {
+        name: "config|resetstat",
+        least: 0,
+        most: 0,
+        usage: "RESETSTAT",
+        what: "Refused: the settings live in the pipeline file.",
+    },
+    Subcommand {
+        name: "config|rewrite",
+        least: 0,
+        most: 0,
+        usage: "REWRITE",
+        what: "Refused: the settings live in the pipeline file.",
+    },
+    Subcommand {
+        name: "config|set",
+        least: 2,
+        most: usize::MAX,
+        usage: "SET <name> <value> [<name> <value> ...]",
+        what: "Refused: the settings live in the pipeline file.",
+    },
+    Subcommand {
+        name: "latency|history",
+        least: 1,
+        most: 1,
+        usage: "HISTORY <event>",
+        what: "Return nothing: the latency monitor is off.",
+    },
+    Subcommand {
+        name: "latency|latest",
+        least: 0,
+        most: 0,
+        usage: "LATEST",
+        what: "Return nothing: the latency monitor is off.",
+    },
+    Subcommand {
+        name: "latency|reset",
+        least: 0,
+        most: usize::MAX,
+        usage: "RESET [<event> ...]",
+        what: "Return 0: the latency monitor is off.",
+    },
+    Subcommand {
+        name: "memory|usage",
+        least: 1,
+        most: 3,
+        usage: "USAGE <key> [SAMPLES <count>]",
+        what: "Return the bytes a value takes on the target, its blocks, and its key's.",
+    },
     // More than a count is refused by `SlowLog::command`, in Redis's words.
-    ("slowlog|get", 0, usize::MAX),
-    ("slowlog|len", 0, 0),
-    ("slowlog|reset", 0, 0),
+    Subcommand {
+        name: "slowlog|get",
+        least: 0,
+        most: usize::MAX,
+        usage: "GET [<count>]",
+        what: "Return the <count> newest entries of the slow log (10 unless given, -1 for all):|id, unix time, microseconds, arguments, client address and name.",
+    },
+    Subcommand {
+        name: "slowlog|len",
+        least: 0,
+        most: 0,
+        usage: "LEN",
+        what: "Return the number of entries in the slow log.",
+    },
+    Subcommand {
+        name: "slowlog|reset",
+        least: 0,
+        most: 0,
+        usage: "RESET",
+        what: "Empty the slow log.",
+    },
 ];
 
 /// Whether `a` and `b` are equal, in a time that depends on their lengths only.
@@ -811,7 +953,10 @@ impl KvService {
         };
         let lower = sub.to_ascii_lowercase();
         let full = format!("{command}|{}", String::from_utf8_lossy(&lower));
-        let Some(i) = SUBCOMMANDS.iter().position(|(name, ..)| *name == full) else {
+        if lower == b"help" {
+            return self.help(command, rest, out);
+        }
+        let Some(i) = SUBCOMMANDS.iter().position(|c| c.name == full) else {
             let sub = String::from_utf8_lossy(&sub[..sub.len().min(128)]);
             let help = command.to_ascii_uppercase();
             reply::error(
@@ -821,7 +966,7 @@ impl KvService {
             return;
         };
         s.client.serving_subcommand(i);
-        let (_, least, most) = SUBCOMMANDS[i];
+        let Subcommand { least, most, .. } = SUBCOMMANDS[i];
         if !(least..=most).contains(&rest.len()) {
             let msg = format!("ERR wrong number of arguments for '{full}' command");
             reply::error(out, &msg);
@@ -841,6 +986,29 @@ impl KvService {
                 out,
                 "ERR the kvcache service's settings live in its pipeline file",
             ),
+        }
+    }
+
+    /// `command HELP`: its subcommands, how each is called and what it does, as Redis
+    /// lists its own.
+    fn help(&self, command: &str, args: &[&[u8]], out: &mut Vec<u8>) {
+        if !args.is_empty() {
+            let e = format!("ERR wrong number of arguments for '{command}|help' command");
+            return reply::error(out, &e);
+        }
+        let upper = command.to_ascii_uppercase();
+        let mut lines = vec![format!(
+            "{upper} <subcommand> [<arg> [value] [opt] ...]. Subcommands are:"
+        )];
+        let prefix = format!("{command}|");
+        for c in SUBCOMMANDS.iter().filter(|c| c.name.starts_with(&prefix)) {
+            lines.push(c.usage.to_owned());
+            lines.extend(c.what.split('|').map(|l| format!("    {l}")));
+        }
+        lines.extend(["HELP".to_owned(), "    Prints this help.".to_owned()]);
+        reply::array(out, lines.len());
+        for l in lines {
+            reply::simple(out, &l);
         }
     }
 

@@ -987,7 +987,8 @@ fn the_commands_counted_are_the_commands_served() {
     // Each subcommand listed is served, with as few arguments as it takes, and none past
     // its most; what CLIENT LIST names it by is its name.
     let mut s = session(&svc);
-    for (i, (name, least, most)) in commands::SUBCOMMANDS.into_iter().enumerate() {
+    for (i, c) in commands::SUBCOMMANDS.iter().enumerate() {
+        let (name, least, most) = (c.name, c.least, c.most);
         let (command, sub) = name.split_once('|').expect("command|sub");
         let mut words = vec![command.as_bytes(), sub.as_bytes()];
         words.extend(std::iter::repeat_n(&b"0"[..], least));
@@ -1008,6 +1009,31 @@ fn the_commands_counted_are_the_commands_served() {
             let wrong = format!("-ERR wrong number of arguments for '{name}' command\r\n");
             assert_eq!(String::from_utf8_lossy(&reply), wrong, "{name}");
         }
+    }
+    // HELP lists each command's subcommands, as Redis lists its own.
+    for command in [
+        "client", "command", "config", "latency", "memory", "slowlog",
+    ] {
+        let help = String::from_utf8(run(&svc, &[command.as_bytes(), b"HELP"])).unwrap();
+        let upper = command.to_ascii_uppercase();
+        let of_it = commands::SUBCOMMANDS
+            .iter()
+            .filter(|c| c.name.starts_with(command));
+        assert!(
+            help.starts_with('*') && help.contains(&format!("+{upper} <subcommand>")),
+            "{help}"
+        );
+        for c in of_it {
+            assert!(
+                help.contains(&format!("\r\n+{}\r\n+    ", c.usage)),
+                "{} in {help}",
+                c.name
+            );
+        }
+        assert!(
+            help.ends_with("+HELP\r\n+    Prints this help.\r\n"),
+            "{help}"
+        );
     }
     std::fs::remove_file(path).unwrap();
 }
