@@ -1978,6 +1978,8 @@ fn redis_exporter_reads_the_service_as_a_redis() {
     assert_eq!(value("redis_rejected_connections_total"), 0);
     assert_eq!(value("redis_config_maxclients"), 1024);
     assert_eq!(value("redis_slowlog_length"), 0);
+    // A connection's read buffer starts at 64 KiB.
+    assert_eq!(value("redis_client_recent_max_input_buffer_bytes"), 65536);
     for name in ["prefill-0", "redis_exporter"] {
         assert!(
             body.lines()

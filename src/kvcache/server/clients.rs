@@ -94,6 +94,14 @@ impl ClientInfo {
         self.reply_buffer.store(reply as u64, Relaxed);
     }
 
+    /// The room its read and reply buffers hold, bytes.
+    pub fn buffers(&self) -> (u64, u64) {
+        (
+            self.read_buffer.load(Relaxed),
+            self.reply_buffer.load(Relaxed),
+        )
+    }
+
     pub(super) fn set(&self, attribute: Attribute, value: &[u8]) {
         let mut a = self
             .attributes

@@ -1314,6 +1314,10 @@ impl KvService {
         let changes = (self.lock().changes()).saturating_sub(c.changes_at_last_save.load(Relaxed));
         let saving = matches!(self.checkpoints.try_lock(), Err(TryLockError::WouldBlock));
         let uptime = self.started.elapsed().as_secs();
+        // The largest buffers of the connections now (Redis's: of the last few seconds).
+        let (input_buffer, output_buffer) = (self.clients.all().iter())
+            .map(|c| c.buffers())
+            .fold((0, 0), |(i, o), (r, w)| (i.max(r), o.max(w)));
         let last_save = if c.last_save_failed.load(Relaxed) {
             "err"
         } else {
@@ -1321,7 +1325,8 @@ impl KvService {
         };
         format!(
             "# Server\r\nredis_version:7.0.0\r\ndpuflow_version:{}\r\nredis_mode:standalone\r\n\
-             tcp_port:{}\r\nuptime_in_seconds:{}\r\nuptime_in_days:{}\r\n\r\n# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:0\r\n\r\n\
+             tcp_port:{}\r\nuptime_in_seconds:{}\r\nuptime_in_days:{}\r\n\r\n# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\n\
+             client_recent_max_input_buffer:{}\r\nclient_recent_max_output_buffer:{}\r\nblocked_clients:0\r\n\r\n\
              # Memory\r\nused_memory:{}\r\nmaxmemory:{}\r\nmaxmemory_policy:allkeys-lru\r\n\r\n\
              # Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\n\
              total_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nrejected_connections:{}\r\n\
@@ -1341,6 +1346,8 @@ impl KvService {
             uptime / 86_400,
             c.clients.load(Relaxed),
             self.config.max_clients,
+            input_buffer,
+            output_buffer,
             g.used_bytes,
             self.config.capacity,
             c.connections.load(Relaxed),
