@@ -12,7 +12,7 @@ use crate::kvcache::resp::{reply, Proto};
 use crate::kvcache::storage;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::TryLockError;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// A subcommand served: its name as Redis names it (and `CLIENT LIST` shows it), the
 /// fewest and most arguments it takes after its name, and its `HELP`.
@@ -364,10 +364,22 @@ pub(super) fn refusal(e: &StoreError) -> String {
 }
 
 impl KvService {
-    /// Counts `n` requests of `command`, served together since `since`; how long that
-    /// took.
-    pub(super) fn served(&self, name: &str, n: u64, since: Instant) -> Duration {
+    /// Accounts for `n` requests of `name` served together since `since` (a run of
+    /// pipelined GETs or SETs, whose time is each one's): INFO's counts, the command's
+    /// duration histogram where it has one, and the slow log, given the request's `args`
+    /// and `others` as [`super::slowlog::SlowLog::note`] takes them; what carries a password is never
+    /// logged.
+    pub(super) fn finished<'a>(
+        &self,
+        name: &str,
+        n: usize,
+        since: Instant,
+        args: impl IntoIterator<Item = &'a [u8]>,
+        others: Option<(usize, &str)>,
+        client: &ClientInfo,
+    ) {
         let took = since.elapsed();
+        let n = n as u64;
         // The forms of a command are counted as one.
         let command = match name {
             "getdel" | "getex" => "get",
@@ -387,7 +399,12 @@ impl KvService {
             let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
             c.call_ns.0[i].fetch_add(ns, Relaxed);
         }
-        took
+        if let Some(i) = TIMED.iter().position(|c| *c == name) {
+            c.durations[i].observe_n(took, n);
+        }
+        if !matches!(name, "auth" | "hello") {
+            self.slowlog.note(took, args, others, client);
+        }
     }
 
     /// Runs one request of the connection `s`, appending its reply to `out` in the
@@ -573,15 +590,7 @@ impl KvService {
                 reply::error(out, &unknown_command(words[0], args));
             }
         }
-        let took = self.served(&name, 1, since);
-        if let Some(i) = TIMED.iter().position(|c| *c == name) {
-            self.counters.durations[i].observe(took);
-        }
-        // What carries a password is never logged.
-        if !matches!(name.as_str(), "auth" | "hello") {
-            self.slowlog
-                .note(took, words.iter().copied(), None, &s.client);
-        }
+        self.finished(&name, 1, since, words.iter().copied(), None, &s.client);
         // Shown as Redis shows what it ran: not a command it does not know, nor one whose
         // arguments it did not count right.
         if self.monitors.watching()

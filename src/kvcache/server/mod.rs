@@ -787,13 +787,12 @@ impl KvService {
                         if let Some(key) = (fast && !watched).then(|| get_of(req, &args)).flatten()
                         {
                             let (keys, _) = self.pipelined(input, &mut end, &mut args, key, get_of);
+                            s.client.served("get");
                             let since = Instant::now();
                             self.values_in_shares(&keys, &mut out, &mut stream, s.proto)?;
-                            let took = self.count_run("get", keys.len(), since);
-                            s.client.served("get");
                             let first = [&b"GET"[..], keys[0]];
                             let others = Some((keys.len() - 1, "GET"));
-                            self.slowlog.note(took, first, others, &s.client);
+                            self.finished("get", keys.len(), since, first, others, &s.client);
                             start = end;
                             continue;
                         }
@@ -803,13 +802,12 @@ impl KvService {
                                     args.iter().map(|r| &req[r.clone()]).collect();
                                 self.show(&words, &s.client);
                             }
+                            s.client.served("mget");
                             let since = Instant::now();
                             reply::array(&mut out, keys.len());
                             self.values_in_shares(&keys, &mut out, &mut stream, s.proto)?;
-                            let took = self.served("mget", 1, since);
-                            s.client.served("mget");
                             let words = std::iter::once(&b"MGET"[..]).chain(keys.iter().copied());
-                            self.slowlog.note(took, words, None, &s.client);
+                            self.finished("mget", 1, since, words, None, &s.client);
                             start = end;
                             continue;
                         }
@@ -831,12 +829,13 @@ impl KvService {
                                 });
                                 break;
                             }
-                            let took = self.sets(&items, &mut out);
                             s.client.served("set");
+                            let since = Instant::now();
+                            self.sets(&items, &mut out);
                             let (key, value) = items[0];
+                            let first = [&b"SET"[..], key, value];
                             let others = Some((items.len() - 1, "SET"));
-                            self.slowlog
-                                .note(took, [&b"SET"[..], key, value], others, &s.client);
+                            self.finished("set", items.len(), since, first, others, &s.client);
                             start = end;
                             continue;
                         }

@@ -2,7 +2,7 @@
 //! read back into replies for `GET`s, checked against their checksums.
 
 use super::commands::refusal;
-use super::{send, KvService, Replies, CACHE_LINE, READ, TIMED, WRITE};
+use super::{send, KvService, Replies, CACHE_LINE, READ, WRITE};
 use crate::kvcache::index::{Extents, StoreError};
 use crate::kvcache::resp::{reply, Proto};
 use crate::kvcache::storage::BlockTarget;
@@ -10,7 +10,7 @@ use crc32c::crc32c;
 use std::io::{self, Write};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// When a `SET` stores: always, or only if the key is absent (`NX`) or present (`XX`).
 #[derive(Debug, Clone, Copy, Default)]
@@ -327,29 +327,14 @@ impl KvService {
     }
 
     /// `SET key value` of each of `items`, their replies one after another, the values
-    /// written in one run (see [`KvService::store_all`]); each counted and timed as a
-    /// `SET`.
-    pub(super) fn sets(&self, items: &[(&[u8], &[u8])], out: &mut Vec<u8>) -> Duration {
-        let since = Instant::now();
+    /// written in one run (see [`KvService::store_all`]).
+    pub(super) fn sets(&self, items: &[(&[u8], &[u8])], out: &mut Vec<u8>) {
         for stored in self.store_all(items) {
             match stored {
                 Ok(()) => reply::ok(out),
                 Err(e) => reply::error(out, &e),
             }
         }
-        self.count_run("set", items.len(), since)
-    }
-
-    /// Counts `n` requests of the timed `command` served together since `since`, each
-    /// timed with the run's duration; that duration.
-    pub(super) fn count_run(&self, command: &str, n: usize, since: Instant) -> Duration {
-        let timed = TIMED
-            .iter()
-            .position(|c| *c == command)
-            .expect("a timed command");
-        let took = self.served(command, n as u64, since);
-        self.counters.durations[timed].observe_n(took, n as u64);
-        took
     }
 
     /// `key`'s value as a bulk string, read from the target straight into `out`; the null
