@@ -402,6 +402,16 @@ pub mod reply {
         }
     }
 
+    /// The header of a set of `len` items, which follow it: a RESP3 set, in RESP2 an array.
+    pub fn set(out: &mut Vec<u8>, len: usize, proto: Proto) {
+        match proto {
+            Proto::Resp2 => array(out, len),
+            Proto::Resp3 => {
+                let _ = write!(out, "~{len}\r\n");
+            }
+        }
+    }
+
     pub fn array(out: &mut Vec<u8>, len: usize) {
         let _ = write!(out, "*{len}\r\n");
     }

@@ -6,7 +6,7 @@
 //! A request updates its connection's entry with a few relaxed stores; the registry is
 //! locked only when a connection comes or goes and when it is listed.
 
-use super::commands::SUBCOMMANDS;
+use super::catalog::SUBCOMMANDS;
 use super::SERVED;
 use crate::kvcache::resp::Proto;
 use std::collections::BTreeMap;

@@ -2,6 +2,7 @@
 //! authentication, `HELLO`, `INFO`, the connections (`CLIENT`), and the counts of each
 //! command.
 
+use super::catalog::{self, Subcommand, CATALOG, SUBCOMMANDS};
 use super::clients::{self, Attribute, ClientInfo, KillFilter, BAD_NAME};
 use super::values::{Expiry, Only};
 use super::{now_ms, KvService, Replies, Session, COMMANDS, SERVED, TIMED};
@@ -14,175 +15,67 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::TryLockError;
 use std::time::Instant;
 
-/// A subcommand served: its name as Redis names it (and `CLIENT LIST` shows it), the
-/// fewest and most arguments it takes after its name, and its `HELP`.
-pub(super) struct Subcommand {
-    pub name: &'static str,
-    pub least: usize,
-    pub most: usize,
-    pub usage: &'static str,
-    /// Its description, lines split at `|`.
-    pub what: &'static str,
+/// `COMMAND LIST [FILTERBY MODULE name | ACLCAT category | PATTERN pattern]`: the names
+/// of the commands served, or of those the filter keeps, as Redis 7 reads it.
+fn command_list(args: &[&[u8]], out: &mut Vec<u8>) {
+    let keep: Box<dyn Fn(&catalog::Command) -> bool> = match args {
+        [] => Box::new(|_| true),
+        [by, kind, value] if by.eq_ignore_ascii_case(b"filterby") => {
+            let value = value.to_ascii_lowercase();
+            match kind.to_ascii_lowercase().as_slice() {
+                // No modules are loaded.
+                b"module" => Box::new(|_| false),
+                b"aclcat" => Box::new(move |c| {
+                    (c.traits.acl.split_whitespace()).any(|a| a.as_bytes()[1..] == value[..])
+                }),
+                b"pattern" => Box::new(move |c| glob::matches(&value, c.name.as_bytes())),
+                _ => return reply::error(out, "ERR syntax error"),
+            }
+        }
+        _ => return reply::error(out, "ERR syntax error"),
+    };
+    let names: Vec<&str> = CATALOG.iter().filter(|c| keep(c)).map(|c| c.name).collect();
+    reply::array(out, names.len());
+    for n in names {
+        reply::bulk(out, n.as_bytes());
+    }
 }
 
-/// The subcommands served, by command.
-pub(super) const SUBCOMMANDS: [Subcommand; 22] = [
-    Subcommand {
-        name: "client|getname",
-        least: 0,
-        most: 0,
-        usage: "GETNAME",
-        what: "Return the name of the current connection.",
-    },
-    Subcommand {
-        name: "client|id",
-        least: 0,
-        most: 0,
-        usage: "ID",
-        what: "Return the ID of the current connection.",
-    },
-    Subcommand {
-        name: "client|info",
-        least: 0,
-        most: 0,
-        usage: "INFO",
-        what: "Return information about the current connection, as a line of CLIENT LIST.",
-    },
-    Subcommand {
-        name: "client|kill",
-        least: 1,
-        most: usize::MAX,
-        usage: "KILL <ip:port> | <filter> [value] ... [<filter> [value] ...]",
-        what: "Close the connection at <ip:port>, or those the filters choose: ID <id>, ADDR <ip:port>,|LADDR <ip:port>, TYPE NORMAL, USER DEFAULT, SKIPME YES or NO (YES, unless given: not the one asking).",
-    },
-    Subcommand {
-        name: "client|list",
-        least: 0,
-        most: usize::MAX,
-        usage: "LIST [TYPE <type> | ID <id> [<id> ...]]",
-        what: "Return information about the connections, one line each.",
-    },
-    Subcommand {
-        name: "client|setinfo",
-        least: 2,
-        most: 2,
-        usage: "SETINFO LIB-NAME|LIB-VER <value>",
-        what: "Note the name or version of the client library, shown in CLIENT LIST.",
-    },
-    Subcommand {
-        name: "client|setname",
-        least: 1,
-        most: 1,
-        usage: "SETNAME <name>",
-        what: "Name the current connection.",
-    },
-    Subcommand {
-        name: "command|count",
-        least: 0,
-        most: 0,
-        usage: "COUNT",
-        what: "Return the number of commands served.",
-    },
-    Subcommand {
-        name: "command|docs",
-        least: 0,
-        most: usize::MAX,
-        usage: "DOCS [<command> ...]",
-        what: "Return nothing: the commands' documentation is not kept.",
-    },
-    Subcommand {
-        name: "command|info",
-        least: 0,
-        most: usize::MAX,
-        usage: "INFO [<command> ...]",
-        what: "Return nothing: the commands' details are not kept.",
-    },
-    Subcommand {
-        name: "command|list",
-        least: 0,
-        most: usize::MAX,
-        usage: "LIST [FILTERBY ...]",
-        what: "Return nothing: the commands' details are not kept.",
-    },
-    Subcommand {
-        name: "config|get",
-        least: 1,
-        most: usize::MAX,
-        usage: "GET <pattern> [<pattern> ...]",
-        what: "Return the settings whose names match the patterns.",
-    },
-    Subcommand {
-        name: "config|resetstat",
-        least: 0,
-        most: 0,
-        usage: "RESETSTAT",
-        what: "Refused: the settings live in the pipeline file.",
-    },
-    Subcommand {
-        name: "config|rewrite",
-        least: 0,
-        most: 0,
-        usage: "REWRITE",
-        what: "Refused: the settings live in the pipeline file.",
-    },
-    Subcommand {
-        name: "config|set",
-        least: 2,
-        most: usize::MAX,
-        usage: "SET <name> <value> [<name> <value> ...]",
-        what: "Refused: the settings live in the pipeline file.",
-    },
-    Subcommand {
-        name: "latency|history",
-        least: 1,
-        most: 1,
-        usage: "HISTORY <event>",
-        what: "Return nothing: the latency monitor is off.",
-    },
-    Subcommand {
-        name: "latency|latest",
-        least: 0,
-        most: 0,
-        usage: "LATEST",
-        what: "Return nothing: the latency monitor is off.",
-    },
-    Subcommand {
-        name: "latency|reset",
-        least: 0,
-        most: usize::MAX,
-        usage: "RESET [<event> ...]",
-        what: "Return 0: the latency monitor is off.",
-    },
-    Subcommand {
-        name: "memory|usage",
-        least: 1,
-        most: 3,
-        usage: "USAGE <key> [SAMPLES <count>]",
-        what: "Return the bytes a value takes on the target, its blocks, and its key's.",
-    },
-    // More than a count is refused by `SlowLog::command`, in Redis's words.
-    Subcommand {
-        name: "slowlog|get",
-        least: 0,
-        most: usize::MAX,
-        usage: "GET [<count>]",
-        what: "Return the <count> newest entries of the slow log (10 unless given, -1 for all):|id, unix time, microseconds, arguments, client address and name.",
-    },
-    Subcommand {
-        name: "slowlog|len",
-        least: 0,
-        most: 0,
-        usage: "LEN",
-        what: "Return the number of entries in the slow log.",
-    },
-    Subcommand {
-        name: "slowlog|reset",
-        least: 0,
-        most: 0,
-        usage: "RESET",
-        what: "Empty the slow log.",
-    },
-];
+/// `COMMAND GETKEYS command [arg …]`: the keys of that request, found where the command's
+/// key specification says; errors as Redis 7's.
+fn command_getkeys(words: &[&[u8]], out: &mut Vec<u8>) {
+    let name = String::from_utf8_lossy(words[0]).to_ascii_lowercase();
+    // A subcommand's keys are where its own specification says.
+    let sub = words.get(1).map(|w| {
+        let sub = String::from_utf8_lossy(w).to_ascii_lowercase();
+        format!("{name}|{sub}")
+    });
+    let found = match SUBCOMMANDS.iter().find(|s| Some(s.name) == sub.as_deref()) {
+        Some(s) => Some((s.arity(), s.traits)),
+        None => (CATALOG.iter().find(|c| c.name == name)).map(|c| (c.arity, c.traits)),
+    };
+    let Some((arity, traits)) = found else {
+        return reply::error(out, "ERR Invalid command specified");
+    };
+    let arity_holds = match usize::try_from(arity) {
+        Ok(n) => words.len() == n,
+        Err(_) => words.len() as u64 >= arity.unsigned_abs(),
+    };
+    if !arity_holds {
+        return reply::error(out, "ERR Invalid number of arguments specified for command");
+    }
+    let places: Vec<usize> = match traits.keys {
+        Some(k) => k.of(words.len()).map(Iterator::collect).unwrap_or_default(),
+        None => Vec::new(),
+    };
+    if places.is_empty() {
+        return reply::error(out, "ERR The command has no key arguments");
+    }
+    reply::array(out, places.len());
+    for i in places {
+        reply::bulk(out, words[i]);
+    }
+}
 
 /// Whether `a` and `b` are equal, in a time that depends on their lengths only.
 fn same_secret(a: &[u8], b: &[u8]) -> bool {
@@ -951,8 +844,7 @@ impl KvService {
         let proto = s.proto;
         let Some((sub, rest)) = args.split_first() else {
             match command {
-                // The list of commands' details, of which none are given here.
-                "command" => reply::array(out, 0),
+                "command" => self.command_info(&[], out, proto),
                 _ => reply::error(
                     out,
                     &format!("ERR wrong number of arguments for '{command}' command"),
@@ -984,7 +876,11 @@ impl KvService {
         match (command, lower.as_slice()) {
             ("client", _) => self.client_command(&lower, rest, out, s),
             ("command", b"count") => reply::integer(out, SERVED.len() as i64),
-            ("command", _) => reply::array(out, 0),
+            ("command", b"info") => self.command_info(rest, out, proto),
+            ("command", b"list") => command_list(rest, out),
+            ("command", b"getkeys") => command_getkeys(rest, out),
+            // The commands' documentation is not kept.
+            ("command", _) => reply::map(out, 0, proto),
             ("config", b"get") => self.config_get(rest, out, proto),
             // Nothing is recorded: Redis's latency monitor as it starts, off.
             ("latency", b"reset") => reply::integer(out, 0),
@@ -1018,6 +914,38 @@ impl KvService {
         reply::array(out, lines.len());
         for l in lines {
             reply::simple(out, &l);
+        }
+    }
+
+    /// `COMMAND INFO [name …]`: the entry of each command named (a subcommand as
+    /// `command|sub`), null for one not served; with no names, of every command.
+    fn command_info(&self, names: &[&[u8]], out: &mut Vec<u8>, proto: Proto) {
+        let entry = |out: &mut Vec<u8>, c: &catalog::Command| {
+            // A command's subcommands are together in the sorted table.
+            let prefix = format!("{}|", c.name);
+            let of_it = |s: &Subcommand| s.name.starts_with(&prefix);
+            let from = SUBCOMMANDS.iter().position(of_it).unwrap_or(0);
+            let n = SUBCOMMANDS[from..].iter().take_while(|s| of_it(s)).count();
+            let subs = &SUBCOMMANDS[from..from + n];
+            catalog::describe(out, c.name, c.arity, &c.traits, subs, proto);
+        };
+        if names.is_empty() {
+            reply::array(out, CATALOG.len());
+            for c in &CATALOG {
+                entry(out, c);
+            }
+            return;
+        }
+        reply::array(out, names.len());
+        for name in names {
+            let name = String::from_utf8_lossy(name).to_ascii_lowercase();
+            if let Some(c) = CATALOG.iter().find(|c| c.name == name) {
+                entry(out, c);
+            } else if let Some(s) = SUBCOMMANDS.iter().find(|s| s.name == name) {
+                catalog::describe(out, s.name, s.arity(), &s.traits, &[], proto);
+            } else {
+                reply::null(out, proto);
+            }
         }
     }
 

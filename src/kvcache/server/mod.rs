@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+mod catalog;
 mod clients;
 mod commands;
 mod monitor;
@@ -96,53 +97,7 @@ pub const COMMANDS: &[&str] = &[
 
 /// Every command the service serves, sorted: what `COMMAND COUNT` counts and
 /// INFO's commandstats lists (a test checks that each is served).
-pub const SERVED: [&str; 45] = [
-    "auth",
-    "client",
-    "command",
-    "config",
-    "dbsize",
-    "del",
-    "echo",
-    "exists",
-    "expire",
-    "expireat",
-    "expiretime",
-    "flushall",
-    "flushdb",
-    "get",
-    "getdel",
-    "getex",
-    "getset",
-    "hello",
-    "info",
-    "keys",
-    "lastsave",
-    "latency",
-    "memory",
-    "mget",
-    "monitor",
-    "mset",
-    "persist",
-    "pexpire",
-    "pexpireat",
-    "pexpiretime",
-    "ping",
-    "psetex",
-    "pttl",
-    "quit",
-    "save",
-    "scan",
-    "select",
-    "set",
-    "setex",
-    "setnx",
-    "slowlog",
-    "strlen",
-    "ttl",
-    "type",
-    "unlink",
-];
+pub const SERVED: [&str; catalog::CATALOG.len()] = catalog::names();
 
 /// The password in the file at `path`: its first line, which must not be empty.
 fn read_password(path: &std::path::Path) -> io::Result<Vec<u8>> {

@@ -984,10 +984,39 @@ fn the_commands_counted_are_the_commands_served() {
     }
     let count = format!(":{}\r\n", SERVED.len());
     assert_eq!(run(&svc, &[b"COMMAND", b"COUNT"]), count.as_bytes());
+    // `COMMAND INFO`'s arity of each is the one requests are held to: one word short of
+    // it, and one past an exact arity, is the wrong number of arguments.
+    for c in &catalog::CATALOG {
+        let words = c.arity.unsigned_abs() as usize;
+        let container =
+            (catalog::SUBCOMMANDS.iter()).any(|s| s.name.split('|').next() == Some(c.name));
+        let mut wrong = Vec::new();
+        if words >= 2 && !container {
+            wrong.push(words - 1);
+        }
+        if c.arity > 0 {
+            wrong.push(words + 1);
+        }
+        for n in wrong {
+            let mut request = vec![c.name.as_bytes()];
+            request.extend(std::iter::repeat_n(&b"1"[..], n - 1));
+            let reply = String::from_utf8_lossy(&run(&svc, &request)).into_owned();
+            let expected = format!("-ERR wrong number of arguments for '{}' command", c.name);
+            assert!(
+                reply.starts_with(&expected),
+                "{} in {n} words: {reply}",
+                c.name
+            );
+        }
+    }
+    assert!(
+        (catalog::SUBCOMMANDS.iter()).is_sorted_by_key(|s| s.name),
+        "a command's subcommands are found together"
+    );
     // Each subcommand listed is served, with as few arguments as it takes, and none past
     // its most; what CLIENT LIST names it by is its name.
     let mut s = session(&svc);
-    for (i, c) in commands::SUBCOMMANDS.iter().enumerate() {
+    for (i, c) in catalog::SUBCOMMANDS.iter().enumerate() {
         let (name, least, most) = (c.name, c.least, c.most);
         let (command, sub) = name.split_once('|').expect("command|sub");
         let mut words = vec![command.as_bytes(), sub.as_bytes()];
@@ -1016,7 +1045,7 @@ fn the_commands_counted_are_the_commands_served() {
     ] {
         let help = String::from_utf8(run(&svc, &[command.as_bytes(), b"HELP"])).unwrap();
         let upper = command.to_ascii_uppercase();
-        let of_it = commands::SUBCOMMANDS
+        let of_it = catalog::SUBCOMMANDS
             .iter()
             .filter(|c| c.name.starts_with(command));
         assert!(

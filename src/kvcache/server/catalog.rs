@@ -1,0 +1,760 @@
+//! What the service tells clients of the commands it serves, as Redis 7.0 tells of its
+//! own in `COMMAND` and `COMMAND INFO`: each command's arity, flags, where its keys are,
+//! ACL categories and tips, and its subcommands. Clients that route requests by key
+//! (redis-py's cluster client, go-redis's ring) read the keys' places from it.
+
+use crate::kvcache::resp::{reply, Proto};
+
+/// Where a command's keys are, as a Redis 7 key specification gives them: from argument
+/// `begin` (the command's name is 0) to `last` arguments after it (negative: counted
+/// from the end, -1 the last argument), every `step`th; `access`, what it does to them
+/// (words).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Keys {
+    pub begin: i64,
+    pub last: i64,
+    pub step: i64,
+    pub access: &'static str,
+}
+
+/// A command's one key, the argument after its name.
+const fn key(access: &'static str) -> Option<Keys> {
+    keys(0, 1, access)
+}
+
+/// A command's keys from the argument after its name to `last` after it, every `step`th.
+const fn keys(last: i64, step: i64, access: &'static str) -> Option<Keys> {
+    Some(Keys {
+        begin: 1,
+        last,
+        step,
+        access,
+    })
+}
+
+impl Keys {
+    /// The places of the keys in a request of `words` (its name first), or `None` when it
+    /// has fewer words than the keys need.
+    pub fn of(&self, words: usize) -> Option<impl Iterator<Item = usize>> {
+        let begin = usize::try_from(self.begin).ok()?;
+        let last = if self.last >= 0 {
+            begin + usize::try_from(self.last).ok()?
+        } else {
+            words.checked_sub(usize::try_from(-self.last).ok()?)?
+        };
+        let step = usize::try_from(self.step).ok()?.max(1);
+        (begin <= last && last < words).then(|| (begin..=last).step_by(step))
+    }
+
+    /// `COMMAND INFO`'s first key, last key and step (Redis 6's form): the last counted
+    /// from the name, or from the end when negative.
+    fn classic(&self) -> [i64; 3] {
+        let last = if self.last >= 0 {
+            self.begin + self.last
+        } else {
+            self.last
+        };
+        [self.begin, last, self.step]
+    }
+}
+
+/// What `COMMAND INFO` tells of a command or subcommand beside its name and arity; each
+/// list is of words.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Traits {
+    pub flags: &'static str,
+    /// Its ACL categories.
+    pub acl: &'static str,
+    /// How a cluster client routes it and merges its replies, and what varies in them.
+    pub tips: &'static str,
+    pub keys: Option<Keys>,
+}
+
+impl Traits {
+    /// These traits with `tips`.
+    const fn tips(self, tips: &'static str) -> Traits {
+        Traits { tips, ..self }
+    }
+}
+
+const fn traits(
+    flags: &'static str,
+    acl: &'static str,
+    tips: &'static str,
+    keys: Option<Keys>,
+) -> Traits {
+    Traits {
+        flags,
+        acl,
+        tips,
+        keys,
+    }
+}
+
+/// A command served.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Command {
+    pub name: &'static str,
+    /// How many words a request has, its name included: exactly that many, or at least
+    /// as many as its negation.
+    pub arity: i64,
+    pub traits: Traits,
+}
+
+const fn command(
+    name: &'static str,
+    arity: i64,
+    flags: &'static str,
+    acl: &'static str,
+    tips: &'static str,
+    keys: Option<Keys>,
+) -> Command {
+    Command {
+        name,
+        arity,
+        traits: traits(flags, acl, tips, keys),
+    }
+}
+
+/// Every command served, sorted by name: flags, ACL categories and tips are lists of
+/// words.
+pub(super) const CATALOG: [Command; 45] = [
+    command(
+        "auth",
+        -2,
+        "noscript loading stale fast no_auth allow_busy",
+        "@fast @connection",
+        "",
+        None,
+    ),
+    command("client", -2, "", "@slow", "", None),
+    command(
+        "command",
+        -1,
+        "loading stale",
+        "@slow @connection",
+        "nondeterministic_output_order",
+        None,
+    ),
+    command("config", -2, "", "@slow", "", None),
+    command(
+        "dbsize",
+        1,
+        "readonly fast",
+        "@keyspace @read @fast",
+        "request_policy:all_shards response_policy:agg_sum",
+        None,
+    ),
+    command(
+        "del",
+        -2,
+        "write",
+        "@keyspace @write @slow",
+        "request_policy:multi_shard response_policy:agg_sum",
+        keys(-1, 1, "RM delete"),
+    ),
+    command(
+        "echo",
+        2,
+        "loading stale fast",
+        "@fast @connection",
+        "",
+        None,
+    ),
+    command(
+        "exists",
+        -2,
+        "readonly fast",
+        "@keyspace @read @fast",
+        "request_policy:multi_shard response_policy:agg_sum",
+        keys(-1, 1, "RO"),
+    ),
+    command(
+        "expire",
+        -3,
+        "write fast",
+        "@keyspace @write @fast",
+        "",
+        key("RW update"),
+    ),
+    command(
+        "expireat",
+        -3,
+        "write fast",
+        "@keyspace @write @fast",
+        "",
+        key("RW update"),
+    ),
+    command(
+        "expiretime",
+        2,
+        "readonly fast",
+        "@keyspace @read @fast",
+        "",
+        key("RO access"),
+    ),
+    command(
+        "flushall",
+        -1,
+        "write",
+        "@keyspace @write @slow @dangerous",
+        "request_policy:all_shards response_policy:all_succeeded",
+        None,
+    ),
+    command(
+        "flushdb",
+        -1,
+        "write",
+        "@keyspace @write @slow @dangerous",
+        "request_policy:all_shards response_policy:all_succeeded",
+        None,
+    ),
+    command(
+        "get",
+        2,
+        "readonly fast",
+        "@read @string @fast",
+        "",
+        key("RO access"),
+    ),
+    command(
+        "getdel",
+        2,
+        "write fast",
+        "@write @string @fast",
+        "",
+        key("RW access delete"),
+    ),
+    command(
+        "getex",
+        -2,
+        "write fast",
+        "@write @string @fast",
+        "",
+        key("RW access update"),
+    ),
+    command(
+        "getset",
+        3,
+        "write denyoom fast",
+        "@write @string @fast",
+        "",
+        key("RW access update"),
+    ),
+    command(
+        "hello",
+        -1,
+        "noscript loading stale fast no_auth allow_busy",
+        "@fast @connection",
+        "",
+        None,
+    ),
+    command(
+        "info",
+        -1,
+        "loading stale",
+        "@slow @dangerous",
+        "nondeterministic_output request_policy:all_shards response_policy:special",
+        None,
+    ),
+    command(
+        "keys",
+        2,
+        "readonly",
+        "@keyspace @read @slow @dangerous",
+        "request_policy:all_shards nondeterministic_output_order",
+        None,
+    ),
+    command(
+        "lastsave",
+        1,
+        "loading stale fast",
+        "@admin @fast @dangerous",
+        "nondeterministic_output",
+        None,
+    ),
+    command("latency", -2, "", "@slow", "", None),
+    command("memory", -2, "", "@slow", "", None),
+    command(
+        "mget",
+        -2,
+        "readonly fast",
+        "@read @string @fast",
+        "request_policy:multi_shard",
+        keys(-1, 1, "RO access"),
+    ),
+    command(
+        "monitor",
+        1,
+        "admin noscript loading stale",
+        "@admin @slow @dangerous",
+        "",
+        None,
+    ),
+    command(
+        "mset",
+        -3,
+        "write denyoom",
+        "@write @string @slow",
+        "request_policy:multi_shard response_policy:all_succeeded",
+        keys(-1, 2, "OW update"),
+    ),
+    command(
+        "persist",
+        2,
+        "write fast",
+        "@keyspace @write @fast",
+        "",
+        key("RW update"),
+    ),
+    command(
+        "pexpire",
+        -3,
+        "write fast",
+        "@keyspace @write @fast",
+        "",
+        key("RW update"),
+    ),
+    command(
+        "pexpireat",
+        -3,
+        "write fast",
+        "@keyspace @write @fast",
+        "",
+        key("RW update"),
+    ),
+    command(
+        "pexpiretime",
+        2,
+        "readonly fast",
+        "@keyspace @read @fast",
+        "",
+        key("RO access"),
+    ),
+    command(
+        "ping",
+        -1,
+        "fast",
+        "@fast @connection",
+        "request_policy:all_shards response_policy:all_succeeded",
+        None,
+    ),
+    command(
+        "psetex",
+        4,
+        "write denyoom",
+        "@write @string @slow",
+        "",
+        key("OW update"),
+    ),
+    command(
+        "pttl",
+        2,
+        "readonly fast",
+        "@keyspace @read @fast",
+        "nondeterministic_output",
+        key("RO access"),
+    ),
+    command(
+        "quit",
+        -1,
+        "noscript loading stale fast no_auth allow_busy",
+        "@fast @connection",
+        "",
+        None,
+    ),
+    command(
+        "save",
+        1,
+        "admin noscript no_async_loading no_multi",
+        "@admin @slow @dangerous",
+        "",
+        None,
+    ),
+    command(
+        "scan",
+        -2,
+        "readonly",
+        "@keyspace @read @slow",
+        "nondeterministic_output request_policy:special",
+        None,
+    ),
+    command(
+        "select",
+        2,
+        "loading stale fast",
+        "@fast @connection",
+        "",
+        None,
+    ),
+    command(
+        "set",
+        -3,
+        "write denyoom",
+        "@write @string @slow",
+        "",
+        key("RW access update variable_flags"),
+    ),
+    command(
+        "setex",
+        4,
+        "write denyoom",
+        "@write @string @slow",
+        "",
+        key("OW update"),
+    ),
+    command(
+        "setnx",
+        3,
+        "write denyoom fast",
+        "@write @string @fast",
+        "",
+        key("OW insert"),
+    ),
+    command("slowlog", -2, "", "@slow", "", None),
+    command(
+        "strlen",
+        2,
+        "readonly fast",
+        "@read @string @fast",
+        "",
+        key("RO"),
+    ),
+    command(
+        "ttl",
+        2,
+        "readonly fast",
+        "@keyspace @read @fast",
+        "nondeterministic_output",
+        key("RO access"),
+    ),
+    command(
+        "type",
+        2,
+        "readonly fast",
+        "@keyspace @read @fast",
+        "",
+        key("RO"),
+    ),
+    command(
+        "unlink",
+        -2,
+        "write fast",
+        "@keyspace @write @fast",
+        "request_policy:multi_shard response_policy:agg_sum",
+        keys(-1, 1, "RM delete"),
+    ),
+];
+
+/// What the subcommands of a kind share.
+const CONNECTION: Traits = traits("noscript loading stale", "@slow @connection", "", None);
+const CLIENT_ADMIN: Traits = traits(
+    "admin noscript loading stale",
+    "@admin @slow @dangerous @connection",
+    "",
+    None,
+);
+const COMMAND_SUB: Traits = traits("loading stale", "@slow @connection", "", None);
+const ADMIN: Traits = traits(
+    "admin noscript loading stale",
+    "@admin @slow @dangerous",
+    "",
+    None,
+);
+const SLOWLOG: Traits = traits("admin loading stale", "@admin @slow @dangerous", "", None);
+/// `MEMORY USAGE key`'s key.
+const MEMORY_USAGE_KEY: Option<Keys> = Some(Keys {
+    begin: 2,
+    last: 0,
+    step: 1,
+    access: "RO",
+});
+
+/// A subcommand served: its name as Redis names it (and `CLIENT LIST` shows it), the
+/// fewest and most arguments it takes after its name, and its `HELP`.
+pub(super) struct Subcommand {
+    pub name: &'static str,
+    pub least: usize,
+    pub most: usize,
+    pub usage: &'static str,
+    /// Its description, lines split at `|`.
+    pub what: &'static str,
+    pub traits: Traits,
+}
+
+impl Subcommand {
+    /// Its arity as `COMMAND INFO` gives it: its words counted with the command's.
+    pub fn arity(&self) -> i64 {
+        let least = self.least as i64 + 2;
+        if self.least == self.most {
+            least
+        } else {
+            -least
+        }
+    }
+}
+
+/// The subcommands served, by command.
+pub(super) const SUBCOMMANDS: [Subcommand; 23] = [
+    Subcommand {
+        name: "client|getname",
+        least: 0,
+        most: 0,
+        usage: "GETNAME",
+        what: "Return the name of the current connection.",
+        traits: CONNECTION,
+    },
+    Subcommand {
+        name: "client|id",
+        least: 0,
+        most: 0,
+        usage: "ID",
+        what: "Return the ID of the current connection.",
+        traits: CONNECTION,
+    },
+    Subcommand {
+        name: "client|info",
+        least: 0,
+        most: 0,
+        usage: "INFO",
+        what: "Return information about the current connection, as a line of CLIENT LIST.",
+        traits: CONNECTION.tips("nondeterministic_output"),
+    },
+    Subcommand {
+        name: "client|kill",
+        least: 1,
+        most: usize::MAX,
+        usage: "KILL <ip:port> | <filter> [value] ... [<filter> [value] ...]",
+        what: "Close the connection at <ip:port>, or those the filters choose: ID <id>, ADDR <ip:port>,|LADDR <ip:port>, TYPE NORMAL, USER DEFAULT, SKIPME YES or NO (YES, unless given: not the one asking).",
+        traits: CLIENT_ADMIN,
+    },
+    Subcommand {
+        name: "client|list",
+        least: 0,
+        most: usize::MAX,
+        usage: "LIST [TYPE <type> | ID <id> [<id> ...]]",
+        what: "Return information about the connections, one line each.",
+        traits: CLIENT_ADMIN.tips("nondeterministic_output"),
+    },
+    Subcommand {
+        name: "client|setinfo",
+        least: 2,
+        most: 2,
+        usage: "SETINFO LIB-NAME|LIB-VER <value>",
+        what: "Note the name or version of the client library, shown in CLIENT LIST.",
+        traits: CONNECTION,
+    },
+    Subcommand {
+        name: "client|setname",
+        least: 1,
+        most: 1,
+        usage: "SETNAME <name>",
+        what: "Name the current connection.",
+        traits: CONNECTION,
+    },
+    Subcommand {
+        name: "command|count",
+        least: 0,
+        most: 0,
+        usage: "COUNT",
+        what: "Return the number of commands served.",
+        traits: COMMAND_SUB,
+    },
+    Subcommand {
+        name: "command|docs",
+        least: 0,
+        most: usize::MAX,
+        usage: "DOCS [<command> ...]",
+        what: "Return an empty map: the commands' documentation is not kept.",
+        traits: COMMAND_SUB.tips("nondeterministic_output_order"),
+    },
+    Subcommand {
+        name: "command|getkeys",
+        least: 2,
+        most: usize::MAX,
+        usage: "GETKEYS <full-command>",
+        what: "Return the keys the command given, with its arguments, names.",
+        traits: COMMAND_SUB,
+    },
+    Subcommand {
+        name: "command|info",
+        least: 0,
+        most: usize::MAX,
+        usage: "INFO [<command> ...]",
+        what: "Return the details of the commands named (all served, unless named): arity,|flags, where their keys are, ACL categories, tips, key specifications, subcommands.",
+        traits: COMMAND_SUB.tips("nondeterministic_output_order"),
+    },
+    Subcommand {
+        name: "command|list",
+        least: 0,
+        most: usize::MAX,
+        usage: "LIST [FILTERBY (MODULE <module-name>|ACLCAT <category>|PATTERN <pattern>)]",
+        what: "Return the names of the commands served, or of those the filter keeps.",
+        traits: COMMAND_SUB.tips("nondeterministic_output_order"),
+    },
+    Subcommand {
+        name: "config|get",
+        least: 1,
+        most: usize::MAX,
+        usage: "GET <pattern> [<pattern> ...]",
+        what: "Return the settings whose names match the patterns.",
+        traits: ADMIN,
+    },
+    Subcommand {
+        name: "config|resetstat",
+        least: 0,
+        most: 0,
+        usage: "RESETSTAT",
+        what: "Refused: the settings live in the pipeline file.",
+        traits: ADMIN,
+    },
+    Subcommand {
+        name: "config|rewrite",
+        least: 0,
+        most: 0,
+        usage: "REWRITE",
+        what: "Refused: the settings live in the pipeline file.",
+        traits: ADMIN,
+    },
+    Subcommand {
+        name: "config|set",
+        least: 2,
+        most: usize::MAX,
+        usage: "SET <name> <value> [<name> <value> ...]",
+        what: "Refused: the settings live in the pipeline file.",
+        traits: ADMIN.tips("request_policy:all_nodes response_policy:all_succeeded"),
+    },
+    Subcommand {
+        name: "latency|history",
+        least: 1,
+        most: 1,
+        usage: "HISTORY <event>",
+        what: "Return nothing: the latency monitor is off.",
+        traits: ADMIN.tips("nondeterministic_output request_policy:all_nodes response_policy:special"),
+    },
+    Subcommand {
+        name: "latency|latest",
+        least: 0,
+        most: 0,
+        usage: "LATEST",
+        what: "Return nothing: the latency monitor is off.",
+        traits: ADMIN.tips("nondeterministic_output request_policy:all_nodes response_policy:special"),
+    },
+    Subcommand {
+        name: "latency|reset",
+        least: 0,
+        most: usize::MAX,
+        usage: "RESET [<event> ...]",
+        what: "Return 0: the latency monitor is off.",
+        traits: ADMIN.tips("request_policy:all_nodes response_policy:all_succeeded"),
+    },
+    Subcommand {
+        name: "memory|usage",
+        least: 1,
+        most: 3,
+        usage: "USAGE <key> [SAMPLES <count>]",
+        what: "Return the bytes a value takes on the target, its blocks, and its key's.",
+        traits: traits("readonly", "@read @slow", "", MEMORY_USAGE_KEY),
+    },
+    // More than a count is refused by `SlowLog::command`, in Redis's words.
+    Subcommand {
+        name: "slowlog|get",
+        least: 0,
+        most: usize::MAX,
+        usage: "GET [<count>]",
+        what: "Return the <count> newest entries of the slow log (10 unless given, -1 for all):|id, unix time, microseconds, arguments, client address and name.",
+        traits: SLOWLOG.tips("request_policy:all_nodes nondeterministic_output"),
+    },
+    Subcommand {
+        name: "slowlog|len",
+        least: 0,
+        most: 0,
+        usage: "LEN",
+        what: "Return the number of entries in the slow log.",
+        traits: SLOWLOG.tips("request_policy:all_nodes response_policy:agg_sum nondeterministic_output"),
+    },
+    Subcommand {
+        name: "slowlog|reset",
+        least: 0,
+        most: 0,
+        usage: "RESET",
+        what: "Empty the slow log.",
+        traits: SLOWLOG.tips("request_policy:all_nodes response_policy:all_succeeded"),
+    },
+];
+
+/// The names of the commands of [`CATALOG`], in its order.
+pub(super) const fn names() -> [&'static str; CATALOG.len()] {
+    let mut names = [""; CATALOG.len()];
+    let mut i = 0;
+    while i < names.len() {
+        names[i] = CATALOG[i].name;
+        i += 1;
+    }
+    names
+}
+
+/// Appends `COMMAND INFO`'s entry of a command (`subcommands` of it listed in it) to
+/// `out`: name, arity, flags, first key, last key and step, ACL categories, tips, key
+/// specifications, subcommands; sets and maps in RESP3 as Redis writes them.
+pub(super) fn describe(
+    out: &mut Vec<u8>,
+    name: &str,
+    arity: i64,
+    t: &Traits,
+    subcommands: &[Subcommand],
+    proto: Proto,
+) {
+    reply::array(out, 10);
+    reply::bulk(out, name.as_bytes());
+    reply::integer(out, arity);
+    simple_set(out, t.flags, proto);
+    for n in t.keys.map_or([0; 3], |k| k.classic()) {
+        reply::integer(out, n);
+    }
+    simple_set(out, t.acl, proto);
+    // Tips are bulk strings.
+    reply::set(out, t.tips.split_whitespace().count(), proto);
+    for tip in t.tips.split_whitespace() {
+        reply::bulk(out, tip.as_bytes());
+    }
+    match t.keys {
+        None => reply::set(out, 0, proto),
+        Some(k) => {
+            reply::set(out, 1, proto);
+            reply::map(out, 3, proto);
+            reply::bulk(out, b"flags");
+            simple_set(out, k.access, proto);
+            reply::bulk(out, b"begin_search");
+            reply::map(out, 2, proto);
+            reply::bulk(out, b"type");
+            reply::bulk(out, b"index");
+            reply::bulk(out, b"spec");
+            reply::map(out, 1, proto);
+            reply::bulk(out, b"index");
+            reply::integer(out, k.begin);
+            reply::bulk(out, b"find_keys");
+            reply::map(out, 2, proto);
+            reply::bulk(out, b"type");
+            reply::bulk(out, b"range");
+            reply::bulk(out, b"spec");
+            reply::map(out, 3, proto);
+            for (field, n) in [("lastkey", k.last), ("keystep", k.step), ("limit", 0)] {
+                reply::bulk(out, field.as_bytes());
+                reply::integer(out, n);
+            }
+        }
+    }
+    reply::set(out, subcommands.len(), proto);
+    for s in subcommands {
+        describe(out, s.name, s.arity(), &s.traits, &[], proto);
+    }
+}
+
+/// A set of simple strings, of the words of `items`: flags, ACL categories.
+fn simple_set(out: &mut Vec<u8>, items: &str, proto: Proto) {
+    reply::set(out, items.split_whitespace().count(), proto);
+    for i in items.split_whitespace() {
+        reply::simple(out, i);
+    }
+}
