@@ -51,6 +51,7 @@ fn full_exposition() -> String {
             slowlog: Some(dpuflow::ir::DEFAULT_SLOWLOG),
             password_file: None,
             tls: None,
+            cluster: Vec::new(),
         },
         Arc::new(AtomicBool::new(false)),
     )

@@ -87,6 +87,15 @@ fn every_semantic_check_has_a_bad_file() {
             "bad-blocks",
             "error: `nvme_digest` applies to nvme-tcp:// targets only",
         ),
+        (
+            "bad-blocks",
+            "error: cluster node `10.0.0.1:6379` is given twice",
+        ),
+        ("bad-blocks", "error: invalid cluster node address `everywhere`"),
+        (
+            "bad-blocks",
+            "error: `listen` 127.0.0.1:6384 is not among the `cluster_node`s",
+        ),
         ("duplicate-names", "error: duplicate rule `a`"),
         ("duplicate-names", "error: duplicate pipe `ingress`"),
         (

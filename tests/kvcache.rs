@@ -89,19 +89,19 @@ impl KvService {
 
     /// [`KvService::start`] with more of the service block's options.
     fn start_with(dir: &Scratch, target: &str, capacity: &str, options: &str) -> KvService {
-        KvService::spawn(dir, target, capacity, options, None)
+        KvService::spawn(dir, free_port(), target, capacity, options, None)
     }
 
-    /// [`KvService::start_with`], started with a soft limit of `soft_fd_limit` open files
-    /// (the hard limit as it is), where given.
+    /// [`KvService::start_with`] listening on `port`, started with a soft limit of
+    /// `soft_fd_limit` open files (the hard limit as it is), where given.
     fn spawn(
         dir: &Scratch,
+        port: u16,
         target: &str,
         capacity: &str,
         options: &str,
         soft_fd_limit: Option<u32>,
     ) -> KvService {
-        let port = free_port();
         let pipe = dir.path("kv.pipe");
         std::fs::write(
             &pipe,
@@ -1506,6 +1506,7 @@ fn more_clients_than_the_soft_file_limit_are_served() {
     let dir = Scratch::new("kv-fds");
     let kv = KvService::spawn(
         &dir,
+        free_port(),
         &format!("file://{}", dir.path("blocks.img")),
         "4MiB",
         "",
@@ -1663,6 +1664,190 @@ fn a_client_that_stopped_reading_is_killed() {
     assert_eq!(kv.terminate(), 0);
 }
 
+/// Services listing each other as `cluster_node`s are one Redis Cluster: each serves the
+/// keys of its share of the hash slots and sends a client asking for another's there
+/// (`MOVED`), and keys of two slots in one request are refused (`CROSSSLOT`), as Redis
+/// refuses them; the slots are Redis's (`CLUSTER KEYSLOT` against a redis-server in
+/// cluster mode, for 300 keys, hash tags among them). Cluster clients use it as they
+/// would a Redis Cluster: `redis-cli -c` follows the redirections, and redis-py's
+/// `RedisCluster` puts and gets 300 keys, one at a time, pipelined and across slots,
+/// each landing on the node that serves it. GETs and SETs pipelined over both nodes'
+/// keys are answered in order, those of the other node redirected.
+#[test]
+fn services_listed_as_cluster_nodes_are_one_redis_cluster() {
+    let ports = [free_port(), free_port()];
+    let nodes: String = ports
+        .iter()
+        .map(|p| format!("cluster_node 127.0.0.1:{p}\n"))
+        .collect();
+    let dirs = [Scratch::new("kv-cluster-a"), Scratch::new("kv-cluster-b")];
+    let kvs: Vec<KvService> = (dirs.iter().zip(ports))
+        .map(|(d, port)| {
+            let target = format!("file://{}", d.path("blocks.img"));
+            KvService::spawn(d, port, &target, "64MiB", &nodes, None)
+        })
+        .collect();
+    // A redis-server in cluster mode, serving every slot itself.
+    let redis_port = free_port();
+    let _redis = Running(
+        Command::new("redis-server")
+            .args(["--port", &redis_port.to_string(), "--bind", "127.0.0.1"])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--cluster-enabled",
+                "yes",
+            ])
+            .args(["--cluster-config-file", &dirs[0].path("nodes.conf")])
+            .args(["--dir", &dirs[0].path("")])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("`redis-server` is required (scripts/test installs it)"),
+    );
+    wait_for_port(redis_port, "redis-server");
+    let (mut a, mut b) = (Resp::connect(ports[0]), Resp::connect(ports[1]));
+    let mut redis = Resp::connect(redis_port);
+    assert_eq!(
+        redis.call(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]),
+        "+OK\r\n"
+    );
+    let mut next = numbers(7);
+    let keys: Vec<String> = (0..300)
+        .map(|i| match i % 3 {
+            0 => format!("key:{i}"),
+            1 => format!("{{layer{}}}.chunk:{i}", next(8)),
+            _ => format!("{}{{}}{{x{i}", "é".repeat(next(4))),
+        })
+        .collect();
+    for k in &keys {
+        let slot = a.call(&["CLUSTER", "KEYSLOT", k]);
+        assert_eq!(slot, redis.call(&["CLUSTER", "KEYSLOT", k]), "{k}");
+        assert_eq!(slot, b.call(&["CLUSTER", "KEYSLOT", k]), "{k}");
+    }
+    // Redis's reply where a request's keys are of two slots; where a node does not serve
+    // the slot, the node that does.
+    for words in [
+        &["MSET", "a", "1", "b", "2"][..],
+        &["MGET", "a", "b"],
+        &["DEL", "a", "b"],
+        &["EXISTS", "{t}a", "b"],
+    ] {
+        let crossslot = redis.call(words);
+        assert!(crossslot.starts_with("-CROSSSLOT"), "{crossslot}");
+        assert_eq!(a.call(words), crossslot, "{words:?}");
+    }
+    let foo = format!("-MOVED 12182 127.0.0.1:{}\r\n", ports[1]);
+    assert_eq!(a.call(&["GET", "foo"]), foo);
+    assert_eq!(a.call(&["SET", "foo", "x"]), foo);
+    assert_eq!(a.call(&["MEMORY", "USAGE", "foo"]), foo);
+    assert_eq!(b.call(&["SET", "foo", "x"]), "+OK\r\n");
+    for r in [&mut a, &mut b] {
+        assert_eq!(r.call(&["READONLY"]), "+OK\r\n");
+        let info = r.call(&["CLUSTER", "INFO"]);
+        assert!(
+            info.contains("cluster_state:ok\r\n") && info.contains("cluster_known_nodes:2\r\n"),
+            "{info}"
+        );
+        assert!(r.call(&["INFO", "cluster"]).contains("cluster_enabled:1"));
+    }
+    // Both nodes list the same two, the one asked marked `myself`.
+    let (nodes_a, nodes_b) = (a.call(&["CLUSTER", "NODES"]), b.call(&["CLUSTER", "NODES"]));
+    assert_eq!(
+        nodes_a.replace("myself,", ""),
+        nodes_b.replace("myself,", "")
+    );
+    assert!(
+        nodes_a.contains(&format!(
+            ":{}@0 myself,master - 0 0 0 connected 0-8191\n",
+            ports[0]
+        )),
+        "{nodes_a}"
+    );
+    let id_b = b.call(&["CLUSTER", "MYID"]);
+    assert!(nodes_a.contains(&format!("{} 127.0.0.1:{}@0 master", &id_b[5..45], ports[1])));
+    // GETs and SETs pipelined over both nodes' keys: answered in order, each of the other
+    // node's redirected.
+    let mut slot_of = |k: &str| -> u16 {
+        let slot = redis.call(&["CLUSTER", "KEYSLOT", k]);
+        slot[1..slot.len() - 2].parse().expect("a slot")
+    };
+    let (here, there): (Vec<&String>, Vec<&String>) = keys.iter().partition(|k| slot_of(k) < 8192);
+    let mixed: Vec<&String> = (here.iter().zip(&there))
+        .flat_map(|(h, t)| [*h, *t])
+        .take(20)
+        .collect();
+    let mut pipelined = String::new();
+    let mut expected = Vec::new();
+    for (i, k) in mixed.iter().enumerate() {
+        pipelined += &format!(
+            "*3\r\n$3\r\nSET\r\n${}\r\n{k}\r\n$1\r\n{}\r\n",
+            k.len(),
+            i % 10
+        );
+        expected.push(match here.contains(k) {
+            true => "+OK\r\n".to_owned(),
+            false => format!("-MOVED {} 127.0.0.1:{}\r\n", slot_of(k), ports[1]),
+        });
+    }
+    for (i, k) in mixed.iter().enumerate() {
+        pipelined += &format!("*2\r\n$3\r\nGET\r\n${}\r\n{k}\r\n", k.len());
+        expected.push(match here.contains(k) {
+            true => format!("$1\r\n{}\r\n", i % 10),
+            false => expected[i].clone(),
+        });
+    }
+    a.send_raw(pipelined.as_bytes());
+    let replies: Vec<String> = expected.iter().map(|_| a.reply()).collect();
+    assert_eq!(replies, expected);
+    assert_eq!(a.call(&["FLUSHALL"]), "+OK\r\n");
+    assert_eq!(b.call(&["FLUSHALL"]), "+OK\r\n");
+    // `redis-cli -c` follows the redirection.
+    let cli = |port: u16, words: &[&str]| {
+        let port = port.to_string();
+        let args: Vec<&str> = ["-c", "-p", &port].iter().chain(words).copied().collect();
+        tool_ok("redis-cli", &args).trim().to_owned()
+    };
+    assert_eq!(cli(ports[0], &["SET", "foo", "bar"]), "OK");
+    assert_eq!(cli(ports[0], &["GET", "foo"]), "bar");
+    assert_eq!(b.call(&["DBSIZE"]), ":1\r\n");
+    // redis-py's cluster client, as a cache's connector would drive it.
+    let script = format!(
+        r#"
+import redis
+from redis.cluster import RedisCluster, ClusterNode
+rc = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", {a})])
+keys = {keys:?}
+for i, k in enumerate(keys):
+    assert rc.set(k, bytes([i % 256]) * (i * 97 % 5000 + 1))
+for i, k in enumerate(keys):
+    assert rc.get(k) == bytes([i % 256]) * (i * 97 % 5000 + 1), k
+assert rc.mset_nonatomic({{"x1": "1", "x2": "2", "x3": "3"}})
+assert rc.mget_nonatomic(["x1", "x2", "nope", "x3"]) == [b"1", b"2", None, b"3"]
+p = rc.pipeline()
+for k in keys[:50]:
+    p.exists(k)
+assert p.execute() == [1] * 50
+assert rc.delete(*keys[:10]) == 10
+nodes = [redis.Redis(port=p) for p in ({a}, {b})]
+sizes = [n.dbsize() for n in nodes]
+assert sum(sizes) == len(keys) - 10 + 3 + 1, sizes
+assert all(s > 50 for s in sizes), sizes
+for n, here in zip(nodes, (range(0, 8192), range(8192, 16384))):
+    for k in n.keys("*"):
+        assert rc.keyslot(k) in here, k
+print("ok")
+"#,
+        a = ports[0],
+        b = ports[1],
+    );
+    redis_py_ok(&script, "RedisCluster over two nodes");
+    for kv in kvs {
+        assert_eq!(kv.terminate(), 0);
+    }
+}
+
 /// `COMMAND INFO` describes each command served as Redis 7.0 describes its own — arity,
 /// flags, the keys' places, ACL categories, tips, key specifications — byte for byte
 /// against redis-server, in RESP2 and RESP3 (a command's subcommands: those served), so
@@ -1674,10 +1859,10 @@ fn commands_are_described_as_redis_describes_its_own() {
     let (_dir, kv, _redis, redis_port) = beside_redis("kv-command-info");
     let (mut ours, mut theirs) = (Resp::connect(kv.port), Resp::connect(redis_port));
     let containers = [
-        "client", "command", "config", "latency", "memory", "slowlog",
+        "client", "cluster", "command", "config", "latency", "memory", "slowlog",
     ];
     let served: Vec<String> = bulks(&ours.call(&["COMMAND", "LIST"]));
-    assert_eq!(served.len(), 45, "{served:?}");
+    assert_eq!(served.len(), 49, "{served:?}");
     for name in &served {
         let (a, b) = (
             ours.call(&["COMMAND", "INFO", name]),
@@ -1723,6 +1908,17 @@ fn commands_are_described_as_redis_describes_its_own() {
         &["COMMAND", "LIST", "FILTERBY"],
         &["COMMAND", "LIST", "FILTERBY", "NOPE", "x"],
         &["COMMAND", "LIST", "x", "y", "z"],
+        // A standalone service, as a standalone Redis.
+        &["CLUSTER", "INFO"],
+        &["CLUSTER", "KEYSLOT", "foo"],
+        &["CLUSTER", "KEYSLOT"],
+        &["CLUSTER", "NOSUCH"],
+        &["CLUSTER", "HELP"],
+        &["CLUSTER"],
+        &["READONLY"],
+        &["READWRITE", "x"],
+        &["ASKING"],
+        &["INFO", "cluster"],
     ];
     let differ = answers_differ(&mut ours, &mut theirs, script);
     assert!(differ.is_empty(), "{differ:#?}");

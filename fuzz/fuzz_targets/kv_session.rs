@@ -1,6 +1,9 @@
 //! Any bytes a client sends a running KV-cache service (storing on two local files, the
 //! store striped over them), over a real connection: the service answers and closes,
-//! never panics or hangs. The service lives across inputs, as it does across clients.
+//! never panics or hangs. Inputs of an odd length go to a service that is a node of a
+//! two-node cluster (keys of half the slots its own, the rest redirected), of an even
+//! length to a standalone one. The services live across inputs, as they do across
+//! clients.
 #![no_main]
 
 use dpuflow::ir::{KvCache, NvmeDigests, StorageTarget};
@@ -12,24 +15,27 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-fn service() -> SocketAddr {
-    static SERVICE: OnceLock<Arc<KvService>> = OnceLock::new();
-    SERVICE
+fn service(in_cluster: bool) -> SocketAddr {
+    static SERVICES: [OnceLock<Arc<KvService>>; 2] = [OnceLock::new(), OnceLock::new()];
+    SERVICES[usize::from(in_cluster)]
         .get_or_init(|| {
             let capacity = 16 << 20;
             let targets = ["a", "b"]
                 .iter()
                 .map(|half| {
-                    let path = std::env::temp_dir()
-                        .join(format!("dpuflow-fuzz-kv-{}-{half}.img", std::process::id()));
+                    let path = std::env::temp_dir().join(format!(
+                        "dpuflow-fuzz-kv-{}-{in_cluster}-{half}.img",
+                        std::process::id()
+                    ));
                     std::fs::File::create(&path)
                         .and_then(|f| f.set_len(capacity / 2))
                         .expect("make the store");
                     StorageTarget::Local { path }
                 })
                 .collect();
+            let listen: SocketAddr = "127.0.0.1:0".parse().expect("address");
             let config = KvCache {
-                listen: "127.0.0.1:0".parse().expect("address"),
+                listen,
                 targets,
                 capacity,
                 block_size: 4096,
@@ -46,6 +52,11 @@ fn service() -> SocketAddr {
                 slowlog: Some(Duration::ZERO),
                 password_file: None,
                 tls: None,
+                // The node listed first, as it listens: slots 0 to 8191.
+                cluster: match in_cluster {
+                    true => vec![listen, "127.0.0.1:1".parse().expect("address")],
+                    false => Vec::new(),
+                },
             };
             KvService::start("fuzz", &config, Arc::new(AtomicBool::new(false)))
                 .expect("start the service")
@@ -54,7 +65,7 @@ fn service() -> SocketAddr {
 }
 
 fuzz_target!(|bytes: &[u8]| {
-    let mut client = TcpStream::connect(service()).expect("connect");
+    let mut client = TcpStream::connect(service(bytes.len() % 2 == 1)).expect("connect");
     client
         .set_read_timeout(Some(Duration::from_secs(10)))
         .expect("timeout");

@@ -953,6 +953,9 @@ pub struct KvCache {
     pub password_file: Option<PathBuf>,
     /// TLS on `listen`, if configured.
     pub tls: Option<TlsFiles>,
+    /// The services of a Redis Cluster this one is a node of (`cluster_node`), in the
+    /// order that deals out the hash slots, `listen` among them; empty: standalone.
+    pub cluster: Vec<SocketAddr>,
 }
 
 /// A TLS server's PEM files, read when the service starts.

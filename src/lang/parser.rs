@@ -57,6 +57,7 @@ pub fn block_keys(kind: BlockKind) -> Keys {
             ("io_timeout", One),
             ("max_clients", One),
             ("slowlog", One),
+            ("cluster_node", One),
             ("password_file", One),
             ("tls_cert", One),
             ("tls_key", One),

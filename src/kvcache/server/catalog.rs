@@ -118,7 +118,8 @@ const fn command(
 
 /// Every command served, sorted by name: flags, ACL categories and tips are lists of
 /// words.
-pub(super) const CATALOG: [Command; 45] = [
+pub(super) const CATALOG: [Command; 49] = [
+    command("asking", 1, "fast", "@fast @connection", "", None),
     command(
         "auth",
         -2,
@@ -128,6 +129,7 @@ pub(super) const CATALOG: [Command; 45] = [
         None,
     ),
     command("client", -2, "", "@slow", "", None),
+    command("cluster", -2, "", "@slow", "", None),
     command(
         "command",
         -1,
@@ -364,6 +366,22 @@ pub(super) const CATALOG: [Command; 45] = [
         None,
     ),
     command(
+        "readonly",
+        1,
+        "loading stale fast",
+        "@fast @connection",
+        "",
+        None,
+    ),
+    command(
+        "readwrite",
+        1,
+        "loading stale fast",
+        "@fast @connection",
+        "",
+        None,
+    ),
+    command(
         "save",
         1,
         "admin noscript no_async_loading no_multi",
@@ -454,6 +472,7 @@ const CLIENT_ADMIN: Traits = traits(
     "",
     None,
 );
+const CLUSTER: Traits = traits("stale", "@slow", "", None);
 const COMMAND_SUB: Traits = traits("loading stale", "@slow @connection", "", None);
 const ADMIN: Traits = traits(
     "admin noscript loading stale",
@@ -495,7 +514,7 @@ impl Subcommand {
 }
 
 /// The subcommands served, by command.
-pub(super) const SUBCOMMANDS: [Subcommand; 23] = [
+pub(super) const SUBCOMMANDS: [Subcommand; 29] = [
     Subcommand {
         name: "client|getname",
         least: 0,
@@ -551,6 +570,54 @@ pub(super) const SUBCOMMANDS: [Subcommand; 23] = [
         usage: "SETNAME <name>",
         what: "Name the current connection.",
         traits: CONNECTION,
+    },
+    Subcommand {
+        name: "cluster|info",
+        least: 0,
+        most: 0,
+        usage: "INFO",
+        what: "Return the state of the cluster: every slot served, by the nodes listed.",
+        traits: CLUSTER.tips("nondeterministic_output"),
+    },
+    Subcommand {
+        name: "cluster|keyslot",
+        least: 1,
+        most: 1,
+        usage: "KEYSLOT <key>",
+        what: "Return the hash slot of <key>.",
+        traits: CLUSTER,
+    },
+    Subcommand {
+        name: "cluster|myid",
+        least: 0,
+        most: 0,
+        usage: "MYID",
+        what: "Return this node's id.",
+        traits: CLUSTER,
+    },
+    Subcommand {
+        name: "cluster|nodes",
+        least: 0,
+        most: 0,
+        usage: "NODES",
+        what: "Return the nodes, a line each: <id> <ip:port@bus-port> <flags> <master> <pings>|<pongs> <epoch> <link> <slots>.",
+        traits: CLUSTER.tips("nondeterministic_output"),
+    },
+    Subcommand {
+        name: "cluster|shards",
+        least: 0,
+        most: 0,
+        usage: "SHARDS",
+        what: "Return the shards: each node's slots, and the node.",
+        traits: CLUSTER.tips("nondeterministic_output"),
+    },
+    Subcommand {
+        name: "cluster|slots",
+        least: 0,
+        most: 0,
+        usage: "SLOTS",
+        what: "Return each node's range of slots, and its address, port and id.",
+        traits: CLUSTER.tips("nondeterministic_output"),
     },
     Subcommand {
         name: "command|count",
@@ -682,6 +749,20 @@ pub(super) const SUBCOMMANDS: [Subcommand; 23] = [
         traits: SLOWLOG.tips("request_policy:all_nodes response_policy:all_succeeded"),
     },
 ];
+
+/// The arity and traits of the command `name` (lowercase), or of its subcommand `sub`
+/// where it has that one; `None` for a command not served.
+pub(super) fn lookup(name: &str, sub: Option<&[u8]>) -> Option<(i64, Traits)> {
+    let c = &CATALOG[CATALOG.binary_search_by(|c| c.name.cmp(name)).ok()?];
+    let of_it = |s: &&Subcommand| {
+        let (command, its) = s.name.split_once('|').unwrap_or_default();
+        command == name && sub.is_some_and(|sub| its.as_bytes().eq_ignore_ascii_case(sub))
+    };
+    match SUBCOMMANDS.iter().find(of_it) {
+        Some(s) => Some((s.arity(), s.traits)),
+        None => Some((c.arity, c.traits)),
+    }
+}
 
 /// The names of the commands of [`CATALOG`], in its order.
 pub(super) const fn names() -> [&'static str; CATALOG.len()] {

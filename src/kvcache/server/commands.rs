@@ -4,6 +4,7 @@
 
 use super::catalog::{self, Subcommand, CATALOG, SUBCOMMANDS};
 use super::clients::{self, Attribute, ClientInfo, KillFilter, BAD_NAME};
+use super::cluster;
 use super::values::{Expiry, Only};
 use super::{now_ms, KvService, Replies, Session, COMMANDS, SERVED, TIMED};
 use crate::kvcache::glob;
@@ -45,16 +46,7 @@ fn command_list(args: &[&[u8]], out: &mut Vec<u8>) {
 /// key specification says; errors as Redis 7's.
 fn command_getkeys(words: &[&[u8]], out: &mut Vec<u8>) {
     let name = String::from_utf8_lossy(words[0]).to_ascii_lowercase();
-    // A subcommand's keys are where its own specification says.
-    let sub = words.get(1).map(|w| {
-        let sub = String::from_utf8_lossy(w).to_ascii_lowercase();
-        format!("{name}|{sub}")
-    });
-    let found = match SUBCOMMANDS.iter().find(|s| Some(s.name) == sub.as_deref()) {
-        Some(s) => Some((s.arity(), s.traits)),
-        None => (CATALOG.iter().find(|c| c.name == name)).map(|c| (c.arity, c.traits)),
-    };
-    let Some((arity, traits)) = found else {
+    let Some((arity, traits)) = catalog::lookup(&name, words.get(1).copied()) else {
         return reply::error(out, "ERR Invalid command specified");
     };
     let arity_holds = match usize::try_from(arity) {
@@ -324,6 +316,11 @@ impl KvService {
         let replied = out.len();
         // Before it runs: `CLIENT LIST` names itself as the command of its connection.
         s.client.served(&name);
+        if let Some(e) = self.redirection(&name, words) {
+            reply::error(out, &e);
+            self.finished(&name, 1, since, words.iter().copied(), None, &s.client);
+            return false;
+        }
         match name.as_str() {
             "get" => {
                 if arity(1, out) {
@@ -465,7 +462,16 @@ impl KvService {
                 }
             },
             "info" => reply::text(out, info_sections(&self.info(), args).as_bytes(), p),
-            "client" | "command" | "config" | "latency" | "memory" | "slowlog" => {
+            "asking" | "readonly" | "readwrite" if self.cluster.is_none() && args.is_empty() => {
+                reply::error(out, "ERR This instance has cluster support disabled");
+            }
+            // Every node serves its slots' keys to any client that asks.
+            "asking" | "readonly" | "readwrite" => {
+                if arity(0, out) {
+                    reply::ok(out);
+                }
+            }
+            "client" | "cluster" | "command" | "config" | "latency" | "memory" | "slowlog" => {
                 self.subcommand(&name, args, out, s)
             }
             "auth" => match self.auth(args) {
@@ -855,6 +861,9 @@ impl KvService {
         let lower = sub.to_ascii_lowercase();
         let full = format!("{command}|{}", String::from_utf8_lossy(&lower));
         if lower == b"help" {
+            if command == "cluster" && self.cluster.is_none() {
+                return reply::error(out, "ERR This instance has cluster support disabled");
+            }
             return self.help(command, rest, out);
         }
         let Some(i) = SUBCOMMANDS.iter().position(|c| c.name == full) else {
@@ -875,6 +884,7 @@ impl KvService {
         }
         match (command, lower.as_slice()) {
             ("client", _) => self.client_command(&lower, rest, out, s),
+            ("cluster", _) => self.cluster_command(&lower, rest, out, proto),
             ("command", b"count") => reply::integer(out, SERVED.len() as i64),
             ("command", b"info") => self.command_info(rest, out, proto),
             ("command", b"list") => command_list(rest, out),
@@ -914,6 +924,37 @@ impl KvService {
         reply::array(out, lines.len());
         for l in lines {
             reply::simple(out, &l);
+        }
+    }
+
+    /// What to answer instead of serving the request of `words` (`name` first) on a node
+    /// of a cluster: `CROSSSLOT` or `MOVED` when its keys (where the command's key
+    /// specification puts them, in a request of an arity it takes) are not all of one
+    /// slot of this node; `None` to serve it.
+    fn redirection(&self, name: &str, words: &[&[u8]]) -> Option<String> {
+        let cluster = self.cluster.as_ref()?;
+        let (arity, traits) = catalog::lookup(name, words.get(1).copied())?;
+        let keys = traits.keys?;
+        let holds = match usize::try_from(arity) {
+            Ok(n) => words.len() == n,
+            Err(_) => words.len() as u64 >= arity.unsigned_abs(),
+        };
+        cluster.redirect(words, keys.of(words.len()).filter(|_| holds)?)
+    }
+
+    /// `CLUSTER` and a subcommand of those [`KvService::subcommand`] takes, on a node of a
+    /// cluster.
+    fn cluster_command(&self, sub: &[u8], args: &[&[u8]], out: &mut Vec<u8>, proto: Proto) {
+        let Some(c) = &self.cluster else {
+            return reply::error(out, "ERR This instance has cluster support disabled");
+        };
+        match sub {
+            b"info" => reply::text(out, c.info().as_bytes(), proto),
+            b"keyslot" => reply::integer(out, cluster::slot(args[0]) as i64),
+            b"myid" => reply::bulk(out, c.my_id().as_bytes()),
+            b"nodes" => reply::text(out, c.nodes().as_bytes(), proto),
+            b"shards" => c.shards(out, proto),
+            _ => c.slots(out, proto),
         }
     }
 
@@ -1261,7 +1302,7 @@ impl KvService {
             "ok"
         };
         format!(
-            "# Server\r\nredis_version:7.0.0\r\ndpuflow_version:{}\r\nredis_mode:standalone\r\n\
+            "# Server\r\nredis_version:7.0.0\r\ndpuflow_version:{}\r\nredis_mode:{}\r\n\
              tcp_port:{}\r\nuptime_in_seconds:{}\r\nuptime_in_days:{}\r\n\r\n# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\n\
              client_recent_max_input_buffer:{}\r\nclient_recent_max_output_buffer:{}\r\nblocked_clients:0\r\n\r\n\
              # Memory\r\nused_memory:{}\r\nmaxmemory:{}\r\nmaxmemory_policy:allkeys-lru\r\n\r\n\
@@ -1276,8 +1317,10 @@ impl KvService {
              storage_read_bytes:{}\r\nstorage_written_bytes:{}\r\nstorage_errors:{}\r\n\
              corrupt_values:{}\r\nrestored_keys:{}\r\ncheckpoints:{}\r\ncheckpoint_failures:{}\r\n\
              checkpoint_overruns:{}\r\nlast_checkpoint_time:{}\r\n\r\n# Commandstats\r\n{}\r\n\
+             # Cluster\r\ncluster_enabled:{}\r\n\r\n\
              # Keyspace\r\ndb0:keys={},expires={},avg_ttl=0\r\n",
             crate::VERSION,
+            if self.cluster.is_some() { "cluster" } else { "standalone" },
             self.listen.port(),
             uptime,
             uptime / 86_400,
@@ -1315,6 +1358,7 @@ impl KvService {
             g.hold_back_overruns,
             c.last_save_ms.load(Relaxed) / 1000,
             self.command_stats(),
+            u8::from(self.cluster.is_some()),
             g.keys,
             g.expiring,
         )

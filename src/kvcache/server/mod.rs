@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 mod catalog;
 mod clients;
+mod cluster;
 mod commands;
 mod monitor;
 mod saved;
@@ -382,6 +383,8 @@ pub struct KvService {
     slowlog: SlowLog,
     /// The connections streaming the requests served (`MONITOR`).
     monitors: Monitors,
+    /// The cluster this service is a node of, if it is one.
+    cluster: Option<cluster::Cluster>,
 }
 
 /// A snapshot of a service's index for metrics.
@@ -487,6 +490,7 @@ impl KvService {
             clients: Clients::default(),
             slowlog: SlowLog::new(config.slowlog),
             monitors: Monitors::default(),
+            cluster: cluster::Cluster::new(&config.cluster, config.listen),
         });
         let spawn = |thread: String, work: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -739,9 +743,16 @@ impl KvService {
                         // values and an MSET's do.
                         let mut end = start + n;
                         let input = &buf[..filled];
-                        if let Some(key) = (fast && !watched).then(|| get_of(req, &args)).flatten()
+                        // On a node of a cluster, a run is of keys of this node's
+                        // slots; the first of another is answered on its own.
+                        let get_here = |req, args: &[Range<usize>]| {
+                            get_of(req, args).filter(|k| self.serves(k))
+                        };
+                        if let Some(key) =
+                            (fast && !watched).then(|| get_here(req, &args)).flatten()
                         {
-                            let (keys, _) = self.pipelined(input, &mut end, &mut args, key, get_of);
+                            let (keys, _) =
+                                self.pipelined(input, &mut end, &mut args, key, get_here);
                             s.client.served("get");
                             let since = Instant::now();
                             self.values_in_shares(&keys, &mut out, &mut stream, s.proto)?;
@@ -751,7 +762,12 @@ impl KvService {
                             start = end;
                             continue;
                         }
-                        if let Some(keys) = fast.then(|| mget_of(req, &args)).flatten() {
+                        let mget_here = || {
+                            let keys = mget_of(req, &args)?;
+                            let here = self.cluster.as_ref().is_none_or(|c| c.serves_all(&keys));
+                            here.then_some(keys)
+                        };
+                        if let Some(keys) = fast.then(mget_here).flatten() {
                             if watched {
                                 let words: Vec<&[u8]> =
                                     args.iter().map(|r| &req[r.clone()]).collect();
@@ -766,10 +782,14 @@ impl KvService {
                             start = end;
                             continue;
                         }
-                        if let Some(item) = (fast && !watched).then(|| set_of(req, &args)).flatten()
+                        let set_here = |req, args: &[Range<usize>]| {
+                            set_of(req, args).filter(|(k, _)| self.serves(k))
+                        };
+                        if let Some(item) =
+                            (fast && !watched).then(|| set_here(req, &args)).flatten()
                         {
                             let (items, arriving) =
-                                self.pipelined(input, &mut end, &mut args, item, set_of);
+                                self.pipelined(input, &mut end, &mut args, item, set_here);
                             let bytes: usize = items.iter().map(|(_, v)| v.len()).sum();
                             // A large value's SET is often served before the next has
                             // arrived whole: when one has begun to arrive (the client
@@ -971,6 +991,12 @@ impl KvService {
                 Err(_) => return (run, None),
             }
         }
+    }
+
+    /// Whether this service serves `key`: always, but on a node of a cluster only the keys
+    /// of its slots.
+    fn serves(&self, key: &[u8]) -> bool {
+        self.cluster.as_ref().is_none_or(|c| c.owns(key))
     }
 
     /// The longest argument a request may carry: no value longer than the store, though

@@ -114,6 +114,7 @@ fn on_with(path: &std::path::Path, capacity: u64, block: u64, inline_max: u64) -
         slowlog: Some(crate::ir::DEFAULT_SLOWLOG),
         password_file: None,
         tls: None,
+        cluster: Vec::new(),
     };
     KvService::start("kvcache", &config, Arc::new(AtomicBool::new(false))).unwrap()
 }
@@ -141,6 +142,7 @@ fn with_a_password_only_authenticated_clients_are_served() {
         slowlog: Some(crate::ir::DEFAULT_SLOWLOG),
         password_file: Some(secret.clone()),
         tls: None,
+        cluster: Vec::new(),
     };
     let svc = KvService::start("kvcache", &config, Arc::new(AtomicBool::new(false))).unwrap();
     let talk = |c: &mut TcpStream, req: &str, expect: &str| {
@@ -266,6 +268,7 @@ fn checkpointing_blocks(path: &std::path::Path, blocks: u64) -> Arc<KvService> {
         slowlog: Some(crate::ir::DEFAULT_SLOWLOG),
         password_file: None,
         tls: None,
+        cluster: Vec::new(),
     };
     KvService::start("kvcache", &config, Arc::new(AtomicBool::new(false))).unwrap()
 }
@@ -303,6 +306,7 @@ fn striped_config(paths: &[std::path::PathBuf]) -> KvCache {
         slowlog: Some(crate::ir::DEFAULT_SLOWLOG),
         password_file: None,
         tls: None,
+        cluster: Vec::new(),
     }
 }
 

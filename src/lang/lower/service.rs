@@ -5,6 +5,7 @@ use crate::ir::*;
 use crate::lang::ast::{self, Word};
 use crate::lang::diag::{did_you_mean, Span};
 use crate::lang::value;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -76,7 +77,7 @@ pub(super) fn target_span(b: &ast::NamedBlock, target: &StorageTarget) -> Span {
 
 impl Lowerer<'_> {
     pub(super) fn service(&mut self, b: &ast::NamedBlock) -> Option<Service> {
-        self.check_repeats(&b.options, &["target"]);
+        self.check_repeats(&b.options, &["target", "cluster_node"]);
         let kind = match opt_value(&b.options, "type") {
             Some(o) => self.single(o)?.text.to_string(),
             None => b.name.text.to_string(),
@@ -104,6 +105,7 @@ impl Lowerer<'_> {
         let mut max_clients = DEFAULT_MAX_CLIENTS;
         let mut slowlog = Some(DEFAULT_SLOWLOG);
         let mut password_file = None;
+        let mut cluster: Vec<(SocketAddr, Span)> = Vec::new();
         let (mut tls_cert, mut tls_key, mut tls_client_ca) = (None, None, None);
         let mut ok = true;
         for o in &b.options {
@@ -270,6 +272,25 @@ impl Lowerer<'_> {
                     Some(d) => io_timeout = d,
                     None => ok = false,
                 },
+                "cluster_node" => match self.parsed(
+                    w,
+                    "cluster node address",
+                    "write the IP:PORT hosts reach that node's service at, e.g. 10.0.0.2:6379",
+                    value::socket_addr,
+                ) {
+                    Some(a) => match cluster.iter().find(|(b, _)| *b == a) {
+                        Some(&(_, first)) => {
+                            self.err(w.span, format!("cluster node `{a}` is given twice"))
+                                .add_note(first, "first given here")
+                                .hint = Some(
+                                "list each node once, in the same order on every node".into(),
+                            );
+                            ok = false;
+                        }
+                        None => cluster.push((a, w.span)),
+                    },
+                    None => ok = false,
+                },
                 "password_file" => password_file = Some(PathBuf::from(w.as_str())),
                 "tls_cert" => tls_cert = Some(PathBuf::from(w.as_str())),
                 "tls_key" => tls_key = Some(PathBuf::from(w.as_str())),
@@ -363,6 +384,13 @@ impl Lowerer<'_> {
             );
             ok = false;
         }
+        if !cluster.is_empty() && !cluster.iter().any(|(a, _)| *a == listen) {
+            let at = opt_value(&b.options, "listen").map_or(b.name.span, |o| o.values[0].span);
+            self.err(at, format!("`listen` {listen} is not among the `cluster_node`s"))
+                .add_note(cluster[0].1, "the cluster's nodes are listed from here")
+                .hint = Some("list this node too, by the address it listens on and hosts reach it at: every node lists the same nodes in the same order".into());
+            ok = false;
+        }
         ok.then(|| Service {
             name: b.name.text.to_string(),
             kind: ServiceKind::KvCache(KvCache {
@@ -382,6 +410,7 @@ impl Lowerer<'_> {
                 slowlog,
                 password_file,
                 tls,
+                cluster: cluster.into_iter().map(|(a, _)| a).collect(),
             }),
         })
     }
