@@ -8,9 +8,10 @@
 # kernel is not counted; callgrind counts a `rep movsb` or `rep stosb` copy or fill a byte
 # at a time. Each build named is measured in turn. DIR puts the file elsewhere (a disk's
 # file system, to read and write it directly with KV_OPTIONS="page_cache off");
-# KV_OPTIONS adds options to the service block. Needs valgrind, redis-benchmark and
-# redis-cli.
-# Usage: [BUILDS="BIN …"] [DIR=/dev/shm] [KV_OPTIONS=…] bench/kv-instructions.sh [N] [VALUE]
+# KV_OPTIONS adds options to the service block; CLUSTER=1 makes the service a cluster of
+# one node (every slot its own: what finding each key's slot costs). Needs valgrind,
+# redis-benchmark and redis-cli.
+# Usage: [BUILDS="BIN …"] [DIR=/dev/shm] [KV_OPTIONS=…] [CLUSTER=1] bench/kv-instructions.sh [N] [VALUE]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/common.sh
@@ -31,7 +32,7 @@ run() { # BIN TEST REQUESTS
     cat >"$dir/kv.pipe" <<PIPE
 pipeline kv_bench
 port fabric { driver pcap }
-service kvcache { listen 127.0.0.1:$port  target "file://$dir/blocks.img"  capacity 256MiB  block_size 64KiB  ${KV_OPTIONS:-} }
+service kvcache { listen 127.0.0.1:$port  target "file://$dir/blocks.img"  capacity 256MiB  block_size 64KiB  ${KV_OPTIONS:-} ${CLUSTER:+cluster_node 127.0.0.1:$port} }
 pipe p root from fabric { default { actions to kvcache } }
 PIPE
     valgrind --tool=callgrind --callgrind-out-file="$out" "$1" run "$dir/kv.pipe" --metrics 127.0.0.1:0 >/dev/null 2>&1 &

@@ -1671,8 +1671,9 @@ fn a_client_that_stopped_reading_is_killed() {
 /// cluster mode, for 300 keys, hash tags among them). Cluster clients use it as they
 /// would a Redis Cluster: `redis-cli -c` follows the redirections, and redis-py's
 /// `RedisCluster` puts and gets 300 keys, one at a time, pipelined and across slots,
-/// each landing on the node that serves it. GETs and SETs pipelined over both nodes'
-/// keys are answered in order, those of the other node redirected.
+/// each landing on the node that serves it, and its asyncio client 64 chunks as
+/// LMCache's `redis-cluster://` connector keeps them. GETs and SETs pipelined over both
+/// nodes' keys are answered in order, those of the other node redirected.
 #[test]
 fn services_listed_as_cluster_nodes_are_one_redis_cluster() {
     let ports = [free_port(), free_port()];
@@ -1803,6 +1804,11 @@ fn services_listed_as_cluster_nodes_are_one_redis_cluster() {
     assert_eq!(replies, expected);
     assert_eq!(a.call(&["FLUSHALL"]), "+OK\r\n");
     assert_eq!(b.call(&["FLUSHALL"]), "+OK\r\n");
+    // Counted apart from the requests served: the 4 CROSSSLOT, the 3 MOVED, the 20
+    // pipelined to the other node.
+    let redirected = "dpuflow_kvcache_redirected_requests_total{service=\"kvcache\"}";
+    assert_eq!(kvs[0].metric(redirected), 27);
+    assert_eq!(kvs[1].metric(redirected), 0);
     // `redis-cli -c` follows the redirection.
     let cli = |port: u16, words: &[&str]| {
         let port = port.to_string();
@@ -1837,6 +1843,24 @@ assert all(s > 50 for s in sizes), sizes
 for n, here in zip(nodes, (range(0, 8192), range(8192, 16384))):
     for k in n.keys("*"):
         assert rc.keyslot(k) in here, k
+
+# As LMCache's redis-cluster:// connector keeps chunks: redis-py's asyncio cluster
+# client, a chunk's bytes then its metadata, many at once.
+import asyncio
+from redis.asyncio.cluster import RedisCluster as AsyncCluster, ClusterNode as AsyncNode
+async def chunks():
+    c = AsyncCluster(startup_nodes=[AsyncNode("127.0.0.1", {b})])
+    names = [f"model@{{i}}@chunk" for i in range(64)]
+    async def put(i, n):
+        await c.set(n + "kv_bytes", bytes([i]) * 70000)
+        await c.set(n + "metadata", str(i).encode())
+    await asyncio.gather(*(put(i, n) for i, n in enumerate(names)))
+    for i, n in enumerate(names):
+        assert await c.exists(n + "metadata") == 1
+        assert await c.get(n + "metadata") == str(i).encode()
+        assert await c.get(n + "kv_bytes") == bytes([i]) * 70000
+    await c.close()
+asyncio.run(chunks())
 print("ok")
 "#,
         a = ports[0],

@@ -681,7 +681,7 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
         commands,
     );
     type Field = fn(&KvCounters) -> &AtomicU64;
-    let counters: [(&str, &str, Field); 16] = [
+    let counters: [(&str, &str, Field); 17] = [
         ("dpuflow_kvcache_hits_total", "Reads of keys held.", |c| {
             &c.hits
         }),
@@ -729,6 +729,11 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
             "dpuflow_kvcache_rejected_clients_total",
             "Connections refused because the service had its most clients.",
             |c| &c.rejected_clients,
+        ),
+        (
+            "dpuflow_kvcache_redirected_requests_total",
+            "Requests a cluster node answered MOVED or CROSSSLOT rather than served.",
+            |c| &c.redirected,
         ),
         (
             "dpuflow_kvcache_auth_failures_total",

@@ -316,9 +316,10 @@ impl KvService {
         let replied = out.len();
         // Before it runs: `CLIENT LIST` names itself as the command of its connection.
         s.client.served(&name);
+        // As Redis, not served: counted apart, neither logged nor shown.
         if let Some(e) = self.redirection(&name, words) {
+            self.counters.redirected.fetch_add(1, Relaxed);
             reply::error(out, &e);
-            self.finished(&name, 1, since, words.iter().copied(), None, &s.client);
             return false;
         }
         match name.as_str() {

@@ -335,6 +335,9 @@ pub struct KvCounters {
     pub rejected_clients: AtomicU64,
     /// `AUTH` (or `HELLO … AUTH`) with a wrong password.
     pub auth_failures: AtomicU64,
+    /// Requests a node of a cluster answered `MOVED` (a key of another node's slot) or
+    /// `CROSSSLOT` (keys of two slots) rather than served.
+    pub redirected: AtomicU64,
     /// Connections that ended in a TLS error: a failed handshake (no or an untrusted
     /// client certificate, a client that does not trust ours, plaintext) or a bad record.
     pub tls_failures: AtomicU64,
