@@ -1669,7 +1669,8 @@ fn a_client_that_stopped_reading_is_killed() {
 /// (`MOVED`), and keys of two slots in one request are refused (`CROSSSLOT`), as Redis
 /// refuses them; the slots are Redis's (`CLUSTER KEYSLOT` against a redis-server in
 /// cluster mode, for 300 keys, hash tags among them). Cluster clients use it as they
-/// would a Redis Cluster: `redis-cli -c` follows the redirections, and redis-py's
+/// would a Redis Cluster: `redis-cli -c` follows the redirections, `redis-cli --cluster
+/// check` finds every slot covered and the nodes agreeing, and redis-py's
 /// `RedisCluster` puts and gets 300 keys, one at a time, pipelined and across slots,
 /// each landing on the node that serves it, and its asyncio client 64 chunks as
 /// LMCache's `redis-cluster://` connector keeps them. GETs and SETs pipelined over both
@@ -1702,8 +1703,10 @@ fn services_listed_as_cluster_nodes_are_one_redis_cluster() {
                 "yes",
             ])
             .args(["--cluster-config-file", &dirs[0].path("nodes.conf")])
+            // Its bus elsewhere than its port + 10000, which may be taken.
+            .args(["--cluster-port", &free_port().to_string()])
             .args(["--dir", &dirs[0].path("")])
-            .stdout(Stdio::null())
+            .stdout(std::fs::File::create(dirs[0].path("redis.log")).expect("log"))
             .spawn()
             .expect("`redis-server` is required (scripts/test installs it)"),
     );
@@ -1818,6 +1821,16 @@ fn services_listed_as_cluster_nodes_are_one_redis_cluster() {
     assert_eq!(cli(ports[0], &["SET", "foo", "bar"]), "OK");
     assert_eq!(cli(ports[0], &["GET", "foo"]), "bar");
     assert_eq!(b.call(&["DBSIZE"]), ":1\r\n");
+    // What an operator checks a cluster with: every slot covered, the nodes agreeing.
+    let node = format!("127.0.0.1:{}", ports[1]);
+    let check = tool_ok("redis-cli", &["--cluster", "check", &node]);
+    for ok in [
+        "[OK] 1 keys in 2 masters.",
+        "[OK] All nodes agree about slots configuration.",
+        "[OK] All 16384 slots covered.",
+    ] {
+        assert!(check.contains(ok), "{check}");
+    }
     // redis-py's cluster client, as a cache's connector would drive it.
     let script = format!(
         r#"

@@ -799,12 +799,12 @@ impl Index {
         self.map.values().map(|e| &*e.extents)
     }
 
-    /// Removes every key whose value `drop` picks; how many it removed.
-    pub fn remove_where(&mut self, mut drop: impl FnMut(&Extents) -> bool) -> usize {
+    /// Removes every key that `drop` picks, given it and its value; how many it removed.
+    pub fn remove_where(&mut self, mut drop: impl FnMut(&[u8], &Extents) -> bool) -> usize {
         let keys: Vec<Arc<[u8]>> = self
             .map
             .iter()
-            .filter(|(_, e)| drop(&e.extents))
+            .filter(|(k, e)| drop(k, &e.extents))
             .map(|(k, _)| Arc::clone(k))
             .collect();
         for k in &keys {

@@ -459,6 +459,18 @@ impl KvService {
                 service: name.to_owned(),
                 source,
             })?;
+        // Keys of slots another node serves (the node list changed) would only take room.
+        let cluster = cluster::Cluster::new(&config.cluster, config.listen);
+        if let Some(c) = &cluster {
+            let dropped = index.remove_where(|key, _| !c.owns(key));
+            if dropped > 0 {
+                tracing::warn!(
+                    service = name,
+                    keys = dropped,
+                    "kvcache: dropped the saved keys of hash slots other cluster nodes serve (the `cluster_node` list changed)"
+                );
+            }
+        }
         let restored_keys = index.stats().keys;
         if config.discard {
             index.discard_freed();
@@ -493,7 +505,7 @@ impl KvService {
             clients: Clients::default(),
             slowlog: SlowLog::new(config.slowlog),
             monitors: Monitors::default(),
-            cluster: cluster::Cluster::new(&config.cluster, config.listen),
+            cluster,
         });
         let spawn = |thread: String, work: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()

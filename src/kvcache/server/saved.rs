@@ -140,7 +140,7 @@ fn drop_strangers(
         flags[s] = true;
     }
     Some(Strangers {
-        values: index.remove_where(|e| persist::lies_on(layout, e, &flags)),
+        values: index.remove_where(|_, e| persist::lies_on(layout, e, &flags)),
         targets: strangers
             .iter()
             .map(|&s| storage::describe(&targets[s]))

@@ -95,6 +95,18 @@ fn on(path: &std::path::Path, capacity: u64, block: u64) -> Arc<KvService> {
 
 /// [`on`], values of up to `inline_max` bytes kept in memory.
 fn on_with(path: &std::path::Path, capacity: u64, block: u64, inline_max: u64) -> Arc<KvService> {
+    in_cluster(path, capacity, block, inline_max, Vec::new())
+}
+
+/// [`on_with`], a node of the cluster of `nodes` (the first listening as it does), or
+/// standalone with none.
+fn in_cluster(
+    path: &std::path::Path,
+    capacity: u64,
+    block: u64,
+    inline_max: u64,
+    nodes: Vec<SocketAddr>,
+) -> Arc<KvService> {
     let config = KvCache {
         listen: "127.0.0.1:0".parse().unwrap(),
         targets: vec![StorageTarget::Local {
@@ -114,7 +126,7 @@ fn on_with(path: &std::path::Path, capacity: u64, block: u64, inline_max: u64) -
         slowlog: Some(crate::ir::DEFAULT_SLOWLOG),
         password_file: None,
         tls: None,
-        cluster: Vec::new(),
+        cluster: nodes,
     };
     KvService::start("kvcache", &config, Arc::new(AtomicBool::new(false))).unwrap()
 }
@@ -236,6 +248,43 @@ fn a_clean_stop_keeps_the_index_for_the_next_start_only() {
     svc.shutdown();
     let svc = on(&path, 64 * 4096, 8192);
     assert_eq!(run(&svc, &[b"DBSIZE"]), b":0\r\n");
+    svc.shutdown();
+    std::fs::remove_file(path).unwrap();
+}
+
+/// A node of a cluster starting on the index a clean stop saved keeps the keys of its own
+/// slots and drops the rest, which no client would be sent to it for; their blocks are
+/// free again.
+#[test]
+fn a_node_keeps_only_the_saved_keys_of_its_slots() {
+    let (svc, path) = service("cluster-restart", 256 * 4096, 4096);
+    let keys: Vec<String> = (0..100).map(|i| format!("key:{i}")).collect();
+    for k in &keys {
+        run(&svc, &[b"SET", k.as_bytes(), &[1u8; 5000]]);
+    }
+    svc.stop.store(true, Relaxed);
+    svc.shutdown();
+    let me: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let other: SocketAddr = "127.0.0.1:1".parse().unwrap();
+    let svc = in_cluster(&path, 256 * 4096, 4096, 0, vec![me, other]);
+    let mine: Vec<&String> = (keys.iter())
+        .filter(|k| cluster::slot(k.as_bytes()) < cluster::SLOTS / 2)
+        .collect();
+    assert!((30..70).contains(&mine.len()), "{}", mine.len());
+    assert_eq!(svc.restored_keys, mine.len() as u64);
+    for k in &keys {
+        let reply = run(&svc, &[b"EXISTS", k.as_bytes()]);
+        let expected: &[u8] = if mine.contains(&k) {
+            b":1\r\n"
+        } else {
+            b"-MOVED"
+        };
+        assert!(reply.starts_with(expected), "{k}");
+    }
+    let keys_held = run(&svc, &[b"KEYS", b"*"]);
+    assert!(keys_held.starts_with(format!("*{}\r\n", mine.len()).as_bytes()));
+    // Two blocks a value: the others' are free.
+    assert_eq!(svc.gauges().used_bytes, mine.len() as u64 * 2 * 4096);
     svc.shutdown();
     std::fs::remove_file(path).unwrap();
 }
