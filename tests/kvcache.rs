@@ -1668,7 +1668,9 @@ fn a_client_that_stopped_reading_is_killed() {
 /// keys of its share of the hash slots and sends a client asking for another's there
 /// (`MOVED`), and keys of two slots in one request are refused (`CROSSSLOT`), as Redis
 /// refuses them; the slots are Redis's (`CLUSTER KEYSLOT` against a redis-server in
-/// cluster mode, for 300 keys, hash tags among them). Cluster clients use it as they
+/// cluster mode, for 300 keys, hash tags among them), and a cluster of one node answers
+/// `CLUSTER SLOTS`, `SHARDS`, `NODES` and `INFO` as that redis-server does, but for its
+/// id and its bus. Cluster clients use it as they
 /// would a Redis Cluster: `redis-cli -c` follows the redirections, `redis-cli --cluster
 /// check` finds every slot covered and the nodes agreeing, and redis-py's
 /// `RedisCluster` puts and gets 300 keys, one at a time, pipelined and across slots,
@@ -1690,7 +1692,7 @@ fn services_listed_as_cluster_nodes_are_one_redis_cluster() {
         })
         .collect();
     // A redis-server in cluster mode, serving every slot itself.
-    let redis_port = free_port();
+    let (redis_port, bus_port) = (free_port(), free_port());
     let _redis = Running(
         Command::new("redis-server")
             .args(["--port", &redis_port.to_string(), "--bind", "127.0.0.1"])
@@ -1703,8 +1705,9 @@ fn services_listed_as_cluster_nodes_are_one_redis_cluster() {
                 "yes",
             ])
             .args(["--cluster-config-file", &dirs[0].path("nodes.conf")])
+            .args(["--cluster-announce-ip", "127.0.0.1"])
             // Its bus elsewhere than its port + 10000, which may be taken.
-            .args(["--cluster-port", &free_port().to_string()])
+            .args(["--cluster-port", &bus_port.to_string()])
             .args(["--dir", &dirs[0].path("")])
             .stdout(std::fs::File::create(dirs[0].path("redis.log")).expect("log"))
             .spawn()
@@ -1717,6 +1720,48 @@ fn services_listed_as_cluster_nodes_are_one_redis_cluster() {
         redis.call(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]),
         "+OK\r\n"
     );
+    // A cluster of one node describes itself as that Redis does, but for its id and its
+    // bus (none here); wait for Redis to take its slots.
+    let alone_port = free_port();
+    let alone_dir = Scratch::new("kv-cluster-alone");
+    let target = format!("file://{}", alone_dir.path("blocks.img"));
+    let one = format!("cluster_node 127.0.0.1:{alone_port}");
+    let alone = KvService::spawn(&alone_dir, alone_port, &target, "4MiB", &one, None);
+    let mut solo = Resp::connect(alone_port);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !redis
+        .call(&["CLUSTER", "INFO"])
+        .contains("cluster_state:ok")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "redis-server's cluster never became ok"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let redis_id = redis.call(&["CLUSTER", "MYID"])[5..45].to_owned();
+    let solo_id = solo.call(&["CLUSTER", "MYID"])[5..45].to_owned();
+    for words in [
+        &["CLUSTER", "SLOTS"][..],
+        &["CLUSTER", "SHARDS"],
+        &["CLUSTER", "NODES"],
+        &["CLUSTER", "INFO"],
+    ] {
+        let theirs = (redis.call(words))
+            .replace(&redis_id, &solo_id)
+            .replace(
+                &format!("{redis_port}@{bus_port}"),
+                &format!("{alone_port}@0"),
+            )
+            .replace(&format!(":{redis_port}\r\n"), &format!(":{alone_port}\r\n"));
+        // Text (NODES, INFO) compared without its length, which the bus port changes.
+        let body = |r: &str| match r.strip_prefix('$') {
+            Some(text) => text.split_once("\r\n").map(|(_, t)| t.to_owned()),
+            None => Some(r.to_owned()),
+        };
+        assert_eq!(body(&solo.call(words)), body(&theirs), "{words:?}");
+    }
+    assert_eq!(alone.terminate(), 0);
     let mut next = numbers(7);
     let keys: Vec<String> = (0..300)
         .map(|i| match i % 3 {
