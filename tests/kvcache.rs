@@ -1794,6 +1794,10 @@ fn services_listed_as_cluster_nodes_are_one_redis_cluster() {
     assert_eq!(b.call(&["SET", "foo", "x"]), "+OK\r\n");
     for r in [&mut a, &mut b] {
         assert_eq!(r.call(&["READONLY"]), "+OK\r\n");
+        let hello = r.call(&["HELLO", "2"]);
+        assert!(hello.contains("$4\r\nmode\r\n$7\r\ncluster\r\n"), "{hello}");
+        let server = r.call(&["INFO", "server"]);
+        assert!(server.contains("redis_mode:cluster\r\n"), "{server}");
         let info = r.call(&["CLUSTER", "INFO"]);
         assert!(
             info.contains("cluster_state:ok\r\n") && info.contains("cluster_known_nodes:2\r\n"),

@@ -1278,12 +1278,20 @@ impl KvService {
         reply::integer(out, s.proto.version().into());
         reply::bulk(out, b"id");
         reply::integer(out, s.client.id as i64);
-        for (k, v) in [("mode", "standalone"), ("role", "master")] {
+        for (k, v) in [("mode", self.mode()), ("role", "master")] {
             reply::bulk(out, k.as_bytes());
             reply::bulk(out, v.as_bytes());
         }
         reply::bulk(out, b"modules");
         reply::array(out, 0);
+    }
+
+    /// How Redis names what the service is (`HELLO`'s `mode`, INFO's `redis_mode`).
+    fn mode(&self) -> &'static str {
+        match self.cluster {
+            Some(_) => "cluster",
+            None => "standalone",
+        }
     }
 
     /// `INFO`: Redis's sections that clients read, and the service's own.
@@ -1321,7 +1329,7 @@ impl KvService {
              # Cluster\r\ncluster_enabled:{}\r\n\r\n\
              # Keyspace\r\ndb0:keys={},expires={},avg_ttl=0\r\n",
             crate::VERSION,
-            if self.cluster.is_some() { "cluster" } else { "standalone" },
+            self.mode(),
             self.listen.port(),
             uptime,
             uptime / 86_400,
