@@ -1672,7 +1672,8 @@ fn a_client_that_stopped_reading_is_killed() {
 /// `CLUSTER SLOTS`, `SHARDS`, `NODES` and `INFO` as that redis-server does, but for its
 /// id and its bus. Cluster clients use it as they
 /// would a Redis Cluster: `redis-cli -c` follows the redirections, `redis-cli --cluster
-/// check` finds every slot covered and the nodes agreeing, and redis-py's
+/// check` finds every slot covered and the nodes agreeing, redis_exporter exports the
+/// cluster's state, and redis-py's
 /// `RedisCluster` puts and gets 300 keys, one at a time, pipelined and across slots,
 /// each landing on the node that serves it, and its asyncio client 64 chunks as
 /// LMCache's `redis-cluster://` connector keeps them. GETs and SETs pipelined over both
@@ -1929,6 +1930,38 @@ print("ok")
         b = ports[1],
     );
     redis_py_ok(&script, "RedisCluster over two nodes");
+    // What a Redis cluster's dashboards are fed: redis_exporter's cluster metrics.
+    let port = free_port();
+    let log = dirs[0].path("exporter.log");
+    let _exporter = Running(
+        Command::new("prometheus-redis-exporter")
+            .args(["--redis.addr", &format!("redis://127.0.0.1:{}", ports[0])])
+            .args(["--web.listen-address", &format!("127.0.0.1:{port}")])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("`prometheus-redis-exporter` is required (scripts/test installs it)"),
+    );
+    wait_for_port(port, "redis_exporter");
+    let body = tool_ok(
+        "curl",
+        &["-sf", &format!("http://127.0.0.1:{port}/metrics")],
+    );
+    for (name, expected) in [
+        ("redis_up", 1),
+        ("redis_cluster_enabled", 1),
+        ("redis_cluster_state", 1),
+        ("redis_cluster_slots_assigned", 16384),
+        ("redis_cluster_slots_ok", 16384),
+        ("redis_cluster_slots_fail", 0),
+        ("redis_cluster_known_nodes", 2),
+        ("redis_cluster_size", 2),
+    ] {
+        assert_eq!(metric(&body, name), Some(expected), "{name} in\n{body}");
+    }
+    assert!(body.contains("redis_mode=\"cluster\""), "{body}");
+    let said = std::fs::read_to_string(&log).expect("exporter log");
+    assert!(!said.contains("err:"), "{said}");
     for kv in kvs {
         assert_eq!(kv.terminate(), 0);
     }
