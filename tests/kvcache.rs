@@ -1762,6 +1762,33 @@ fn services_listed_as_cluster_nodes_are_one_redis_cluster() {
         };
         assert_eq!(body(&solo.call(words)), body(&theirs), "{words:?}");
     }
+    // Keys held of a slot, counted and listed, errors included, as that Redis does.
+    for r in [&mut solo, &mut redis] {
+        for k in ["{t}a", "{t}b", "c"] {
+            assert_eq!(r.call(&["SET", k, "1"]), "+OK\r\n");
+        }
+    }
+    let t = redis.call(&["CLUSTER", "KEYSLOT", "{t}"]);
+    let t = t.trim_start_matches(':').trim_end();
+    let script: &[&[&str]] = &[
+        &["CLUSTER", "COUNTKEYSINSLOT", t],
+        &["CLUSTER", "GETKEYSINSLOT", t, "0"],
+        &["CLUSTER", "COUNTKEYSINSLOT", "abc"],
+        &["CLUSTER", "COUNTKEYSINSLOT", "16384"],
+        &["CLUSTER", "COUNTKEYSINSLOT", "-1"],
+        &["CLUSTER", "GETKEYSINSLOT", "0", "-1"],
+        &["CLUSTER", "GETKEYSINSLOT", "x", "1"],
+        &["CLUSTER", "GETKEYSINSLOT", "16384", "1"],
+        &["CLUSTER", "GETKEYSINSLOT", "0", "abc"],
+    ];
+    let differ = answers_differ(&mut solo, &mut redis, script);
+    assert!(differ.is_empty(), "{differ:#?}");
+    let mut both = bulks(&solo.call(&["CLUSTER", "GETKEYSINSLOT", t, "10"]));
+    both.sort_unstable();
+    assert_eq!(both, ["{t}a", "{t}b"]);
+    let one = bulks(&solo.call(&["CLUSTER", "GETKEYSINSLOT", t, "1"]));
+    assert!(one.len() == 1 && both.contains(&one[0]), "{one:?}");
+    assert_eq!(redis.call(&["FLUSHALL"]), "+OK\r\n");
     assert_eq!(alone.terminate(), 0);
     let mut next = numbers(7);
     let keys: Vec<String> = (0..300)

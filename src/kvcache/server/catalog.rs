@@ -514,7 +514,7 @@ impl Subcommand {
 }
 
 /// The subcommands served, by command.
-pub(super) const SUBCOMMANDS: [Subcommand; 29] = [
+pub(super) const SUBCOMMANDS: [Subcommand; 31] = [
     Subcommand {
         name: "client|getname",
         least: 0,
@@ -570,6 +570,22 @@ pub(super) const SUBCOMMANDS: [Subcommand; 29] = [
         usage: "SETNAME <name>",
         what: "Name the current connection.",
         traits: CONNECTION,
+    },
+    Subcommand {
+        name: "cluster|countkeysinslot",
+        least: 1,
+        most: 1,
+        usage: "COUNTKEYSINSLOT <slot>",
+        what: "Return the number of keys held of <slot> (all the keys are looked through).",
+        traits: CLUSTER,
+    },
+    Subcommand {
+        name: "cluster|getkeysinslot",
+        least: 2,
+        most: 2,
+        usage: "GETKEYSINSLOT <slot> <count>",
+        what: "Return up to <count> keys held of <slot> (all the keys are looked through).",
+        traits: CLUSTER.tips("nondeterministic_output"),
     },
     Subcommand {
         name: "cluster|info",

@@ -950,6 +950,34 @@ impl KvService {
             return reply::error(out, "ERR This instance has cluster support disabled");
         };
         match sub {
+            b"countkeysinslot" | b"getkeysinslot" => {
+                let Some(slot) = integer(args[0]) else {
+                    return reply::error(out, "ERR value is not an integer or out of range");
+                };
+                let slot = usize::try_from(slot).ok().filter(|&s| s < cluster::SLOTS);
+                if sub == b"countkeysinslot" {
+                    match slot {
+                        Some(slot) => {
+                            reply::integer(out, self.keys_in_slot(slot, usize::MAX).len() as i64)
+                        }
+                        None => reply::error(out, "ERR Invalid slot"),
+                    }
+                    return;
+                }
+                let Some(most) = integer(args[1]) else {
+                    return reply::error(out, "ERR value is not an integer or out of range");
+                };
+                match (slot, usize::try_from(most)) {
+                    (Some(slot), Ok(most)) => {
+                        let keys = self.keys_in_slot(slot, most);
+                        reply::array(out, keys.len());
+                        for k in keys {
+                            reply::bulk(out, &k);
+                        }
+                    }
+                    _ => reply::error(out, "ERR Invalid slot or number of keys"),
+                }
+            }
             b"info" => reply::text(out, c.info().as_bytes(), proto),
             b"keyslot" => reply::integer(out, cluster::slot(args[0]) as i64),
             b"myid" => reply::bulk(out, c.my_id().as_bytes()),
@@ -957,6 +985,23 @@ impl KvService {
             b"shards" => c.shards(out, proto),
             _ => c.slots(out, proto),
         }
+    }
+
+    /// Up to `most` keys held of hash slot `slot`, found among all the keys, a map of the
+    /// index at a time (as `KEYS`).
+    fn keys_in_slot(&self, slot: usize, most: usize) -> Vec<std::sync::Arc<[u8]>> {
+        let mut keys = Vec::new();
+        for map in 0.. {
+            let Some(found) = self.lock().keys_of_map(map) else {
+                break;
+            };
+            keys.extend(found.into_iter().filter(|k| cluster::slot(k) == slot));
+            if keys.len() >= most {
+                keys.truncate(most);
+                break;
+            }
+        }
+        keys
     }
 
     /// `COMMAND INFO [name …]`: the entry of each command named (a subcommand as
