@@ -1,7 +1,8 @@
 //! What the service tells clients of the commands it serves, as Redis 7.0 tells of its
 //! own in `COMMAND` and `COMMAND INFO`: each command's arity, flags, where its keys are,
-//! ACL categories and tips, and its subcommands. Clients that route requests by key
-//! (redis-py's cluster client, go-redis's ring) read the keys' places from it.
+//! ACL categories and tips, and its subcommands. Clients that route requests by key read
+//! the keys' places from it (redis-py's cluster client does), and a node of a cluster
+//! checks a request's keys where the same table puts them.
 
 use crate::kvcache::resp::{reply, Proto};
 
