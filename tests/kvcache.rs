@@ -1958,22 +1958,7 @@ print("ok")
     );
     redis_py_ok(&script, "RedisCluster over two nodes");
     // What a Redis cluster's dashboards are fed: redis_exporter's cluster metrics.
-    let port = free_port();
-    let log = dirs[0].path("exporter.log");
-    let _exporter = Running(
-        Command::new("prometheus-redis-exporter")
-            .args(["--redis.addr", &format!("redis://127.0.0.1:{}", ports[0])])
-            .args(["--web.listen-address", &format!("127.0.0.1:{port}")])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .spawn()
-            .expect("`prometheus-redis-exporter` is required (scripts/test installs it)"),
-    );
-    wait_for_port(port, "redis_exporter");
-    let body = tool_ok(
-        "curl",
-        &["-sf", &format!("http://127.0.0.1:{port}/metrics")],
-    );
+    let (body, said) = redis_exporter_scrape(&dirs[0], ports[0], &[]);
     for (name, expected) in [
         ("redis_up", 1),
         ("redis_cluster_enabled", 1),
@@ -1987,7 +1972,6 @@ print("ok")
         assert_eq!(metric(&body, name), Some(expected), "{name} in\n{body}");
     }
     assert!(body.contains("redis_mode=\"cluster\""), "{body}");
-    let said = std::fs::read_to_string(&log).expect("exporter log");
     assert!(!said.contains("err:"), "{said}");
     for kv in kvs {
         assert_eq!(kv.terminate(), 0);
@@ -2174,14 +2158,10 @@ fn bulks_at_depth(list: &str) -> Vec<String> {
         .collect()
 }
 
-/// The bulk strings of an array reply of them.
+/// The bulk strings of an array reply of them (none holding CRLF).
 fn bulks(reply: &str) -> Vec<String> {
-    reply
-        .split("\r\n")
-        .skip(1)
-        .filter(|l| !l.starts_with('$') && !l.is_empty())
-        .map(String::from)
-        .collect()
+    let lines = reply.split("\r\n").skip(2).step_by(2);
+    lines.map(String::from).collect()
 }
 
 /// `SLOWLOG`'s errors and settings as a real redis-server gives them; with `slowlog 0ms`
@@ -2390,13 +2370,7 @@ impl Resp {
 
     /// The keys `KEYS pattern` lists, sorted.
     fn keys(&mut self, pattern: &str) -> Vec<String> {
-        let reply = self.call(&["KEYS", pattern]);
-        let mut keys: Vec<String> = reply
-            .split("\r\n")
-            .skip(2)
-            .step_by(2)
-            .map(String::from)
-            .collect();
+        let mut keys = bulks(&self.call(&["KEYS", pattern]));
         keys.sort_unstable();
         keys
     }
@@ -2464,24 +2438,7 @@ fn redis_exporter_reads_the_service_as_a_redis() {
     kv.cli(&["GET", "missing"]);
     let mut host = Resp::connect(kv.port);
     assert_eq!(host.call(&["CLIENT", "SETNAME", "prefill-0"]), "+OK\r\n");
-    let port = free_port();
-    let log = dir.path("exporter.log");
-    let _exporter = Running(
-        Command::new("prometheus-redis-exporter")
-            .args(["--redis.addr", &format!("redis://127.0.0.1:{}", kv.port)])
-            .args(["--web.listen-address", &format!("127.0.0.1:{port}")])
-            .arg("-export-client-list")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .spawn()
-            .expect("`prometheus-redis-exporter` is required (scripts/test installs it)"),
-    );
-    wait_for_port(port, "redis_exporter");
-    // Go's server sends large bodies chunked: curl joins them.
-    let body = tool_ok(
-        "curl",
-        &["-sf", &format!("http://127.0.0.1:{port}/metrics")],
-    );
+    let (body, said) = redis_exporter_scrape(&dir, kv.port, &["-export-client-list"]);
     let value = |name: &str| metric(&body, name).unwrap_or_else(|| panic!("no {name} in\n{body}"));
     assert_eq!(value("redis_up"), 1);
     assert_eq!(value("redis_db_keys{db=\"db0\"}"), 5);
@@ -2517,9 +2474,33 @@ fn redis_exporter_reads_the_service_as_a_redis() {
             .any(|l| l.starts_with("redis_instance_info{") && l.contains("role=\"master\"")),
         "{body}"
     );
-    let said = std::fs::read_to_string(&log).expect("exporter log");
     assert!(!said.contains("err:"), "{said}");
     assert_eq!(kv.terminate(), 0);
+}
+
+/// redis_exporter started with `options` on the Redis at `port`, scraped once: the
+/// metrics, and what it logged (in `dir`) until then.
+fn redis_exporter_scrape(dir: &Scratch, port: u16, options: &[&str]) -> (String, String) {
+    let listen = free_port();
+    let log = dir.path("exporter.log");
+    let _exporter = Running(
+        Command::new("prometheus-redis-exporter")
+            .args(["--redis.addr", &format!("redis://127.0.0.1:{port}")])
+            .args(["--web.listen-address", &format!("127.0.0.1:{listen}")])
+            .args(options)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("`prometheus-redis-exporter` is required (scripts/test installs it)"),
+    );
+    wait_for_port(listen, "redis_exporter");
+    // Go's server sends large bodies chunked: curl joins them.
+    let body = tool_ok(
+        "curl",
+        &["-sf", &format!("http://127.0.0.1:{listen}/metrics")],
+    );
+    let said = std::fs::read_to_string(&log).expect("exporter log");
+    (body, said)
 }
 
 /// A service on a small file target beside a redis-server of its own (keeping nothing on

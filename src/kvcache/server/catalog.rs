@@ -771,13 +771,29 @@ pub(super) const SUBCOMMANDS: [Subcommand; 31] = [
 /// where it has that one; `None` for a command not served.
 pub(super) fn lookup(name: &str, sub: Option<&[u8]>) -> Option<(i64, Traits)> {
     let c = &CATALOG[CATALOG.binary_search_by(|c| c.name.cmp(name)).ok()?];
-    let of_it = |s: &&Subcommand| {
-        let (command, its) = s.name.split_once('|').unwrap_or_default();
-        command == name && sub.is_some_and(|sub| its.as_bytes().eq_ignore_ascii_case(sub))
+    let named = |s: &&Subcommand| {
+        let its = s.name.split_once('|').map_or("", |(_, its)| its);
+        sub.is_some_and(|sub| its.as_bytes().eq_ignore_ascii_case(sub))
     };
-    match SUBCOMMANDS.iter().find(of_it) {
+    match subcommands_of(name).iter().find(named) {
         Some(s) => Some((s.arity(), s.traits)),
         None => Some((c.arity, c.traits)),
+    }
+}
+
+/// The subcommands of the command `name`, together in the sorted [`SUBCOMMANDS`].
+pub(super) fn subcommands_of(name: &str) -> &'static [Subcommand] {
+    let of_it = |s: &Subcommand| s.name.split_once('|').is_some_and(|(c, _)| c == name);
+    let from = SUBCOMMANDS.iter().position(of_it).unwrap_or(0);
+    let n = SUBCOMMANDS[from..].iter().take_while(|s| of_it(s)).count();
+    &SUBCOMMANDS[from..from + n]
+}
+
+/// Whether a request of `words` words, its name included, has a number `arity` allows.
+pub(super) fn arity_holds(arity: i64, words: usize) -> bool {
+    match usize::try_from(arity) {
+        Ok(n) => words == n,
+        Err(_) => words as u64 >= arity.unsigned_abs(),
     }
 }
 

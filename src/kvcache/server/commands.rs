@@ -49,11 +49,7 @@ fn command_getkeys(words: &[&[u8]], out: &mut Vec<u8>) {
     let Some((arity, traits)) = catalog::lookup(&name, words.get(1).copied()) else {
         return reply::error(out, "ERR Invalid command specified");
     };
-    let arity_holds = match usize::try_from(arity) {
-        Ok(n) => words.len() == n,
-        Err(_) => words.len() as u64 >= arity.unsigned_abs(),
-    };
-    if !arity_holds {
+    if !catalog::arity_holds(arity, words.len()) {
         return reply::error(out, "ERR Invalid number of arguments specified for command");
     }
     let places: Vec<usize> = match traits.keys {
@@ -916,8 +912,7 @@ impl KvService {
         let mut lines = vec![format!(
             "{upper} <subcommand> [<arg> [value] [opt] ...]. Subcommands are:"
         )];
-        let prefix = format!("{command}|");
-        for c in SUBCOMMANDS.iter().filter(|c| c.name.starts_with(&prefix)) {
+        for c in catalog::subcommands_of(command) {
             lines.push(c.usage.to_owned());
             lines.extend(c.what.split('|').map(|l| format!("    {l}")));
         }
@@ -936,10 +931,7 @@ impl KvService {
         let cluster = self.cluster.as_ref()?;
         let (arity, traits) = catalog::lookup(name, words.get(1).copied())?;
         let keys = traits.keys?;
-        let holds = match usize::try_from(arity) {
-            Ok(n) => words.len() == n,
-            Err(_) => words.len() as u64 >= arity.unsigned_abs(),
-        };
+        let holds = catalog::arity_holds(arity, words.len());
         cluster.redirect(words, keys.of(words.len()).filter(|_| holds)?)
     }
 
@@ -1008,12 +1000,7 @@ impl KvService {
     /// `command|sub`), null for one not served; with no names, of every command.
     fn command_info(&self, names: &[&[u8]], out: &mut Vec<u8>, proto: Proto) {
         let entry = |out: &mut Vec<u8>, c: &catalog::Command| {
-            // A command's subcommands are together in the sorted table.
-            let prefix = format!("{}|", c.name);
-            let of_it = |s: &Subcommand| s.name.starts_with(&prefix);
-            let from = SUBCOMMANDS.iter().position(of_it).unwrap_or(0);
-            let n = SUBCOMMANDS[from..].iter().take_while(|s| of_it(s)).count();
-            let subs = &SUBCOMMANDS[from..from + n];
+            let subs = catalog::subcommands_of(c.name);
             catalog::describe(out, c.name, c.arity, &c.traits, subs, proto);
         };
         if names.is_empty() {
