@@ -1,14 +1,16 @@
 //! TLS on the service's listeners, the KV-cache service's and the metrics endpoint's
 //! (rustls with ring): the certificate chain and key from PEM files, and, when given, the
-//! CAs whose certificates clients must present (mutual TLS). KV-cache blocks derive from
+//! CAs whose certificates clients must present (mutual TLS); and a cluster node's
+//! connections to the other nodes (`peer_config`). KV-cache blocks derive from
 //! users' prompts, and a scrape tells what a DPU carries: on a network others share,
 //! neither should cross it in the clear.
 
 use crate::ir::TlsFiles;
+use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
-use rustls::{RootCertStore, ServerConfig};
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -49,42 +51,79 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     Ok(certs)
 }
 
+/// The private key of `files`.
+fn private_key(files: &TlsFiles) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_file(&files.key).map_err(|e| TlsError::File {
+        path: files.key.clone(),
+        what: e.to_string(),
+    })
+}
+
+/// The CA certificates in a PEM file, as the roots a peer's certificate must chain to.
+fn roots(path: &Path) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for ca in certificates(path)? {
+        roots.add(ca)?;
+    }
+    Ok(roots)
+}
+
+/// Why `files`' certificate and key make no configuration.
+fn key_pair(files: &TlsFiles) -> impl FnOnce(rustls::Error) -> TlsError + '_ {
+    |source| TlsError::KeyPair {
+        cert: files.cert.clone(),
+        key: files.key.clone(),
+        source,
+    }
+}
+
+/// ring, which rustls now marks as lacking post-quantum key exchange (its aws-lc-rs has
+/// X25519MLKEM768): ring builds for the DPU's Arm cores with nothing but the cross
+/// linker, where aws-lc-rs compiles a C library for them. Key exchange is X25519 or the
+/// NIST curves.
+#[allow(deprecated)]
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
 /// The server configuration `files` describe: TLS 1.2 and 1.3 with rustls's safe
 /// defaults.
 pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
     let certs = certificates(&files.cert)?;
-    let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|e| TlsError::File {
-        path: files.key.clone(),
-        what: e.to_string(),
-    })?;
-    // ring, which rustls now marks as lacking post-quantum key exchange (its aws-lc-rs
-    // has X25519MLKEM768): ring builds for the DPU's Arm cores with nothing but the cross
-    // linker, where aws-lc-rs compiles a C library for them. Key exchange is X25519 or
-    // the NIST curves.
-    #[allow(deprecated)]
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let key = private_key(files)?;
+    let provider = provider();
     let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()?;
     let builder = match &files.client_ca {
         Some(path) => {
-            let mut roots = RootCertStore::empty();
-            for ca in certificates(path)? {
-                roots.add(ca)?;
-            }
             let verifier =
-                WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider).build()?;
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots(path)?), provider)
+                    .build()?;
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),
     };
     let config = builder
         .with_single_cert(certs, key)
-        .map_err(|source| TlsError::KeyPair {
-            cert: files.cert.clone(),
-            key: files.key.clone(),
-            source,
-        })?;
+        .map_err(key_pair(files))?;
     Ok(Arc::new(config))
+}
+
+/// The configuration a node of a cluster of KV-cache services connects to another node
+/// with, from its own `files`: it trusts the CAs of `tls_client_ca`, which sign every
+/// node's certificate in a cluster whose nodes authenticate each other, and presents its
+/// own certificate as a client's. `None` without `tls_client_ca`: nothing to verify the
+/// other node with.
+pub fn peer_config(files: &TlsFiles) -> Result<Option<Arc<ClientConfig>>, TlsError> {
+    let Some(ca) = &files.client_ca else {
+        return Ok(None);
+    };
+    let config = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots(ca)?)
+        .with_client_auth_cert(certificates(&files.cert)?, private_key(files)?)
+        .map_err(key_pair(files))?;
+    Ok(Some(Arc::new(config)))
 }
 
 /// A listener's TLS configuration, made again from its files when asked (on SIGHUP), so

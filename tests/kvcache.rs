@@ -1978,6 +1978,225 @@ print("ok")
     }
 }
 
+/// A cluster grown by a node keeps its cache: the nodes started with the longer list hand
+/// the saved keys of the slots that changed hands to the nodes now serving them (with
+/// their deadlines, and not over a value the new node was given meanwhile), trying again
+/// a node that is not up yet, over AUTH. Read back through redis-py's cluster client and
+/// checked with `redis-cli --cluster check`.
+#[test]
+fn a_cluster_grown_by_a_node_hands_it_the_keys_of_its_slots() {
+    let ports = [free_port(), free_port(), free_port()];
+    let dirs = [
+        Scratch::new("kv-grow-a"),
+        Scratch::new("kv-grow-b"),
+        Scratch::new("kv-grow-c"),
+    ];
+    let secret = dirs[0].path("kv.secret");
+    std::fs::write(&secret, "grow it\n").expect("secret");
+    let start = |i: usize, nodes: usize| {
+        let list: String = (ports[..nodes].iter())
+            .map(|p| format!("cluster_node 127.0.0.1:{p}\n"))
+            .collect();
+        let target = format!("file://{}", dirs[i].path("blocks.img"));
+        let options = format!("{list} password_file \"{secret}\"");
+        KvService::spawn(&dirs[i], ports[i], &target, "64MiB", &options, None)
+    };
+    let (a, b) = (start(0, 2), start(1, 2));
+    // 300 keys over the two nodes, a third of them expiring in ten minutes.
+    let script = format!(
+        r#"
+from redis.cluster import RedisCluster, ClusterNode
+rc = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", {a})], password="grow it")
+for i in range(300):
+    assert rc.set(f"chunk:{{i}}", bytes([i % 256]) * (i * 131 % 9000 + 1), px=600000 if i % 3 == 0 else None)
+assert rc.set("moved-and-renewed", b"old")
+print("ok")
+"#,
+        a = ports[0]
+    );
+    redis_py_ok(&script, "300 keys over two nodes");
+    // The keys that change hands: of slots 5461-8191, from the first node to the second;
+    // of 10922-16383, from the second to the third.
+    let slots: Vec<u16> = {
+        let mut ask = Resp::connect(ports[0]);
+        assert_eq!(ask.call(&["AUTH", "grow it"]), "+OK\r\n");
+        let keys = (0..300).map(|i| format!("chunk:{i}"));
+        (keys.chain(["moved-and-renewed".to_owned()]))
+            .map(|k| {
+                let slot = ask.call(&["CLUSTER", "KEYSLOT", &k]);
+                slot[1..slot.len() - 2].parse().expect("a slot")
+            })
+            .collect()
+    };
+    let to_b = slots.iter().filter(|s| (5461..8192).contains(*s)).count() as u64;
+    // The renewed key among them: it counts as handed over, the third node having a value.
+    let to_c = slots.iter().filter(|s| **s >= 10922).count() as u64;
+    assert!(
+        slots[300] >= 10922 && to_b > 30 && to_c > 60,
+        "{to_b} {to_c}"
+    );
+    assert_eq!((a.terminate(), b.terminate()), (0, 0));
+    // The new node first, given a newer value of a key it now serves; then the first node,
+    // whose keys of slots 5461-8191 go to the second, not up yet; then the second.
+    let c = start(2, 3);
+    assert_eq!(
+        c.cli(&[
+            "-a",
+            "grow it",
+            "--no-auth-warning",
+            "SET",
+            "moved-and-renewed",
+            "new"
+        ])
+        .trim(),
+        "OK"
+    );
+    let a = start(0, 3);
+    std::thread::sleep(Duration::from_millis(1500));
+    let b = start(1, 3);
+    let handed = "dpuflow_kvcache_handed_off_keys_total{service=\"kvcache\"}";
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let script = format!(
+        r#"
+from redis.cluster import RedisCluster, ClusterNode
+import redis
+rc = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", {c})], password="grow it")
+for i in range(300):
+    assert rc.get(f"chunk:{{i}}") == bytes([i % 256]) * (i * 131 % 9000 + 1), i
+    ttl = rc.pttl(f"chunk:{{i}}")
+    assert (0 < ttl <= 600000) if i % 3 == 0 else ttl == -1, (i, ttl)
+assert rc.get("moved-and-renewed") == b"new"
+nodes = [redis.Redis(port=p, password="grow it") for p in ({a}, {b}, {c})]
+sizes = [n.dbsize() for n in nodes]
+assert sum(sizes) == 301, sizes
+for n, here in zip(nodes, (range(0, 5461), range(5461, 10922), range(10922, 16384))):
+    for k in n.keys("*"):
+        assert rc.keyslot(k) in here, (k, here)
+print("ok")
+"#,
+        a = ports[0],
+        b = ports[1],
+        c = ports[2],
+    );
+    while (a.metric(handed), b.metric(handed)) != (to_b, to_c) {
+        assert!(
+            Instant::now() < deadline,
+            "handed over {} and {} of {to_b} and {to_c}",
+            a.metric(handed),
+            b.metric(handed),
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    redis_py_ok(&script, "the keys after the third node joined");
+    assert_eq!(c.metric(handed), 0);
+    let node = format!("127.0.0.1:{}", ports[2]);
+    let check = tool_ok(
+        "redis-cli",
+        &[
+            "-a",
+            "grow it",
+            "--no-auth-warning",
+            "--cluster",
+            "check",
+            &node,
+        ],
+    );
+    for ok in [
+        "[OK] 301 keys in 3 masters.",
+        "[OK] All nodes agree about slots configuration.",
+        "[OK] All 16384 slots covered.",
+    ] {
+        assert!(check.contains(ok), "{check}");
+    }
+    for kv in [a, b, c] {
+        assert_eq!(kv.terminate(), 0);
+    }
+}
+
+/// Over mutual TLS, a node hands keys over as a client the other node verifies, and
+/// verifies that node's certificate with the CA of `tls_client_ca`: a node alone, grown
+/// into a cluster of two, gives the second the keys of its half of the slots (which
+/// speaks nothing but TLS and takes only clients with a certificate of that CA).
+#[test]
+fn over_tls_a_node_hands_keys_to_a_node_it_verifies() {
+    let dir = Scratch::new("kv-grow-tls");
+    certificates(&dir);
+    let p = |f: &str| dir.path(f);
+    let ports = [free_port(), free_port()];
+    let dirs = [Scratch::new("kv-grow-tls-a"), Scratch::new("kv-grow-tls-b")];
+    let start = |i: usize, nodes: usize| {
+        let list: String = (ports[..nodes].iter())
+            .map(|p| format!("cluster_node 127.0.0.1:{p}\n"))
+            .collect();
+        let target = format!("file://{}", dirs[i].path("blocks.img"));
+        let tls = format!(
+            "tls_cert \"{}\" tls_key \"{}\" tls_client_ca \"{}\"",
+            p("node.pem"),
+            p("node.key"),
+            p("ca.pem")
+        );
+        KvService::spawn(
+            &dirs[i],
+            ports[i],
+            &target,
+            "64MiB",
+            &format!("{list} {tls}"),
+            None,
+        )
+    };
+    let client = format!(
+        "ssl=True, ssl_ca_certs='{}', ssl_certfile='{}', ssl_keyfile='{}'",
+        p("ca.pem"),
+        p("client.pem"),
+        p("client.key")
+    );
+    let alone = start(0, 1);
+    // 200 keys, and how many are of the second node's half (slots 8192-16383).
+    let script = format!(
+        r#"
+import redis
+from redis.crc import key_slot
+r = redis.Redis(host="127.0.0.1", port={a}, {client})
+for i in range(200):
+    assert r.set(f"layer:{{i}}", str(i) * 500)
+print(sum(key_slot(f"layer:{{i}}".encode()) >= 8192 for i in range(200)))
+"#,
+        a = ports[0]
+    );
+    let out = tool(PYTHON, &["-c", &script]);
+    let second: u64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("redis-py: {}", String::from_utf8_lossy(&out.stderr)));
+    assert!((60..140).contains(&second), "{second}");
+    assert_eq!(alone.terminate(), 0);
+    let (a, b) = (start(0, 2), start(1, 2));
+    let handed = "dpuflow_kvcache_handed_off_keys_total{service=\"kvcache\"}";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while a.metric(handed) != second {
+        assert!(
+            Instant::now() < deadline,
+            "handed over {}",
+            a.metric(handed)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let script = format!(
+        r#"
+from redis.cluster import RedisCluster, ClusterNode
+rc = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", {b})], {client})
+for i in range(200):
+    assert rc.get(f"layer:{{i}}") == (str(i) * 500).encode(), i
+sizes = [n.redis_connection.dbsize() for n in rc.get_primaries()]
+assert sorted(sizes) == sorted([200 - {second}, {second}]), sizes
+print("ok")
+"#,
+        b = ports[1]
+    );
+    redis_py_ok(&script, "the keys over TLS after the second node joined");
+    assert_eq!((a.terminate(), b.terminate()), (0, 0));
+}
+
 /// `COMMAND INFO` describes each command served as Redis 7.0 describes its own — arity,
 /// flags, the keys' places, ACL categories, tips, key specifications — byte for byte
 /// against redis-server, in RESP2 and RESP3 (a command's subcommands: those served), so

@@ -813,6 +813,20 @@ impl Index {
         keys.len()
     }
 
+    /// The keys held that `pick` picks, given each.
+    pub fn keys_where(&self, mut pick: impl FnMut(&[u8]) -> bool) -> Vec<Arc<[u8]>> {
+        self.map
+            .iter()
+            .filter(|(k, e)| !self.past(e) && pick(k))
+            .map(|(k, _)| Arc::clone(k))
+            .collect()
+    }
+
+    /// `key`'s value and deadline, its recency unchanged.
+    pub fn peek(&self, key: &[u8]) -> Option<(Arc<Extents>, Option<u64>)> {
+        self.live(key).map(|e| (Arc::clone(&e.extents), e.deadline))
+    }
+
     /// Whether `key` is held (its recency unchanged).
     pub fn contains(&self, key: &[u8]) -> bool {
         self.live(key).is_some()

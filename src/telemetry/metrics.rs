@@ -681,7 +681,7 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
         commands,
     );
     type Field = fn(&KvCounters) -> &AtomicU64;
-    let counters: [(&str, &str, Field); 17] = [
+    let counters: [(&str, &str, Field); 18] = [
         ("dpuflow_kvcache_hits_total", "Reads of keys held.", |c| {
             &c.hits
         }),
@@ -734,6 +734,11 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
             "dpuflow_kvcache_redirected_requests_total",
             "Requests a cluster node answered MOVED or CROSSSLOT rather than served.",
             |c| &c.redirected,
+        ),
+        (
+            "dpuflow_kvcache_handed_off_keys_total",
+            "Keys of hash slots the cluster's node list gave another node, taken by that node (or held there already).",
+            |c| &c.handed_off,
         ),
         (
             "dpuflow_kvcache_auth_failures_total",

@@ -415,8 +415,9 @@ impl Manager {
     }
 }
 
-/// A test CA and what it signs with openssl: `server.pem`/`server.key` for 127.0.0.1 and
-/// `client.pem`/`client.key` for a client, all P-256.
+/// A test CA and what it signs with openssl: `server.pem`/`server.key` for 127.0.0.1,
+/// `client.pem`/`client.key` for a client, and `node.pem`/`node.key` for 127.0.0.1 as
+/// both (a cluster node, a client of the others), all P-256.
 pub fn certificates(dir: &Scratch) {
     let sh = |script: &str| {
         let out = Command::new("sh")
@@ -437,6 +438,11 @@ pub fn certificates(dir: &Scratch) {
     for (name, usage, san) in [
         ("server", "serverAuth", "subjectAltName=IP:127.0.0.1"),
         ("client", "clientAuth", "subjectAltName=DNS:inference-host"),
+        (
+            "node",
+            "serverAuth,clientAuth",
+            "subjectAltName=IP:127.0.0.1",
+        ),
     ] {
         sh(&format!(
             "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \

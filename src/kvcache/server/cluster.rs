@@ -5,7 +5,9 @@
 //! and `CLUSTER SLOTS`, `SHARDS`, `NODES`, `INFO`, `MYID` and `KEYSLOT` as Redis 7.0
 //! answers them (Redis Cluster Specification, "Key distribution model" and
 //! "Redirection and resharding"). Each node keeps its own slots' keys on its own
-//! target. The slots are fixed by the file: no resharding, no replicas, no cluster bus.
+//! target. The slots are fixed by the file: no resharding while serving, no replicas, no
+//! cluster bus; keys a node holds of slots the file now gives another node are handed to
+//! it when the node starts (`handoff`).
 
 use crate::kvcache::resp::{reply, Proto};
 use std::net::SocketAddr;
@@ -54,6 +56,11 @@ impl Cluster {
     /// Whether this node serves `key`'s slot.
     pub fn owns(&self, key: &[u8]) -> bool {
         self.owner(slot(key)) == self.me
+    }
+
+    /// The node serving `key`'s slot.
+    pub fn node_of(&self, key: &[u8]) -> SocketAddr {
+        self.nodes[self.owner(slot(key))]
     }
 
     /// Whether this node serves all of `keys` in one request: they are of one of its slots.

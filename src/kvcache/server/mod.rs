@@ -28,6 +28,7 @@ mod catalog;
 mod clients;
 mod cluster;
 mod commands;
+mod handoff;
 mod monitor;
 mod saved;
 mod slowlog;
@@ -338,6 +339,9 @@ pub struct KvCounters {
     /// Requests a node of a cluster answered `MOVED` (a key of another node's slot) or
     /// `CROSSSLOT` (keys of two slots) rather than served.
     pub redirected: AtomicU64,
+    /// Keys of slots another node serves since the node list changed, taken by that
+    /// node (see the `handoff` module).
+    pub handed_off: AtomicU64,
     /// Connections that ended in a TLS error: a failed handshake (no or an untrusted
     /// client certificate, a client that does not trust ours, plaintext) or a bad record.
     pub tls_failures: AtomicU64,
@@ -459,17 +463,39 @@ impl KvService {
                 service: name.to_owned(),
                 source,
             })?;
-        // Keys of slots another node serves (the node list changed) would only take room.
+        // Keys of slots another node serves (the node list changed) go to that node.
         let cluster = cluster::Cluster::new(&config.cluster, config.listen);
-        if let Some(c) = &cluster {
-            let dropped = index.remove_where(|key, _| !c.owns(key));
-            if dropped > 0 {
-                tracing::warn!(
-                    service = name,
-                    keys = dropped,
-                    "kvcache: dropped the saved keys of hash slots other cluster nodes serve (the `cluster_node` list changed)"
-                );
+        let strangers = cluster
+            .as_ref()
+            .map(|c| handoff::strangers(&index, c))
+            .unwrap_or_default();
+        let peer_tls = match &config.tls {
+            Some(files) if !strangers.is_empty() => {
+                crate::tls::peer_config(files).map_err(|source| StartError::Tls {
+                    service: name.to_owned(),
+                    source: Box::new(source),
+                })?
             }
+            _ => None,
+        };
+        let waiting: usize = strangers.iter().map(|(_, keys)| keys.len()).sum();
+        if waiting > 0 && config.tls.is_some() && peer_tls.is_none() {
+            // Over TLS without `tls_client_ca` nothing says the other node is the one
+            // listed: they would only take room.
+            let dropped =
+                index.remove_where(|key, _| cluster.as_ref().is_some_and(|c| !c.owns(key)));
+            tracing::warn!(
+                service = name,
+                keys = dropped,
+                "kvcache: dropped the saved keys of hash slots other cluster nodes serve (the `cluster_node` list changed): handing them over TLS needs `tls_client_ca` to verify the nodes"
+            );
+        } else if waiting > 0 {
+            tracing::info!(
+                service = name,
+                keys = waiting,
+                nodes = strangers.len(),
+                "kvcache: handing the saved keys of hash slots other cluster nodes serve (the `cluster_node` list changed) to those nodes"
+            );
         }
         let restored_keys = index.stats().keys;
         if config.discard {
@@ -529,6 +555,13 @@ impl KvService {
             spawn(
                 format!("kv-{name}-discard"),
                 Box::new(move || s.discard_freed_blocks()),
+            )?;
+        }
+        if waiting > 0 && (config.tls.is_none() || peer_tls.is_some()) {
+            let s = Arc::clone(&svc);
+            spawn(
+                format!("kv-{name}-handoff"),
+                Box::new(move || s.hand_off(strangers, peer_tls)),
             )?;
         }
         let s = Arc::clone(&svc);

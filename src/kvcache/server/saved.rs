@@ -82,7 +82,11 @@ fn read_saved(t: &mut dyn BlockTarget, layout: &Layout) -> io::Result<SavedRead>
 
 /// `bytes` as the pieces that `runs` of blocks of `bs` bytes read into, in order: each the
 /// run's offset on the target and its part of `bytes`.
-fn run_pieces(runs: impl Iterator<Item = Run>, bs: u64, bytes: &mut [u8]) -> Vec<(u64, &mut [u8])> {
+pub(super) fn run_pieces(
+    runs: impl Iterator<Item = Run>,
+    bs: u64,
+    bytes: &mut [u8],
+) -> Vec<(u64, &mut [u8])> {
     let mut rest = bytes;
     runs.map(|(block, n)| {
         let (piece, after) = std::mem::take(&mut rest).split_at_mut((n * bs) as usize);

@@ -2,6 +2,7 @@
 //! read back into replies for `GET`s, checked against their checksums.
 
 use super::commands::refusal;
+use super::saved::run_pieces;
 use super::{send, KvService, Replies, CACHE_LINE, READ, WRITE};
 use crate::kvcache::index::{Extents, StoreError};
 use crate::kvcache::resp::{reply, Proto};
@@ -335,6 +336,28 @@ impl KvService {
                 Err(e) => reply::error(out, &e),
             }
         }
+    }
+
+    /// The bytes of a value held, as written: copied when kept in memory, else read from
+    /// the target; `None` when they do not match their checksum (counted, as a read for a
+    /// client counts them). Not a client's read: no hit or miss is counted.
+    pub(super) fn read_whole(&self, value: &Extents) -> io::Result<Option<Vec<u8>>> {
+        if let Some(bytes) = value.inline() {
+            return Ok(Some(bytes.to_vec()));
+        }
+        let bs = self.config.block_size;
+        let len = value.len() as usize;
+        let mut bytes = vec![0u8; (value.runs().map(|(_, n)| n).sum::<u64>() * bs) as usize];
+        self.with_target(READ, |t| {
+            t.read_many(&mut run_pieces(value.runs(), bs, &mut bytes))
+        })?;
+        bytes.truncate(len);
+        self.counters.read_bytes.fetch_add(len as u64, Relaxed);
+        if value.checksum().is_some_and(|c| crc32c(&bytes) != c) {
+            self.counters.corrupt_values.fetch_add(1, Relaxed);
+            return Ok(None);
+        }
+        Ok(Some(bytes))
     }
 
     /// `key`'s value as a bulk string, read from the target straight into `out`; the null

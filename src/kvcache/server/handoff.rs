@@ -1,0 +1,368 @@
+//! Keys handed to their new node when a cluster's node list changes (`cluster_node`). A
+//! node that starts with saved keys of hash slots the list now gives another node sends
+//! each to that node as a client of it would (`SET key value NX`, with its deadline as
+//! `PXAT`), and forgets it once taken: a cluster that grows by a node keeps its cache
+//! rather than losing the keys of every slot that changed hands.
+//!
+//! Until a key is taken it stays here, unserved: a request for it is answered `MOVED` to
+//! its node, which misses it meanwhile (as a slot's keys stay on the node the slot
+//! migrates from in Redis until `MIGRATE` moves them). `NX` keeps the value the new node
+//! may have been given meanwhile, which is newer. A node that does not take them yet (it
+//! has not started, or still has the old list and answers `MOVED`) is tried again while
+//! this one runs, less often the longer it refuses; the keys waiting are saved with the
+//! index, and go first to make room when it runs short, least recently used as they are.
+
+use super::cluster::Cluster;
+use super::{KvService, POLL};
+use crate::kvcache::index::{Extents, Index};
+use crate::kvcache::resp::reply;
+use rustls::pki_types::ServerName;
+use rustls::ClientConfig;
+use std::collections::BTreeMap;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The longest wait for a connection to another node, and for its replies.
+const PEER_TIMEOUT: Duration = Duration::from_secs(10);
+/// The wait before trying a node again, doubled after each round it took nothing, up to
+/// [`LONGEST_RETRY`].
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+const LONGEST_RETRY: Duration = Duration::from_secs(60);
+/// Requests sent to a node before their replies are read: at most so many keys, and about
+/// so many bytes.
+const BATCH_KEYS: usize = 64;
+const BATCH_BYTES: usize = 8 << 20;
+
+/// The keys to hand over, by the node they go to.
+pub(super) type Pending = Vec<(SocketAddr, Vec<Arc<[u8]>>)>;
+
+/// The keys `index` holds of slots another node of `cluster` serves, by that node.
+pub(super) fn strangers(index: &Index, cluster: &Cluster) -> Pending {
+    let mut by_node: BTreeMap<SocketAddr, Vec<Arc<[u8]>>> = BTreeMap::new();
+    for key in index.keys_where(|k| !cluster.owns(k)) {
+        by_node.entry(cluster.node_of(&key)).or_default().push(key);
+    }
+    by_node.into_iter().collect()
+}
+
+/// `SET key value NX [PXAT deadline]` as a request's bytes, appended to `out`.
+fn set_request(out: &mut Vec<u8>, key: &[u8], value: &[u8], deadline: Option<u64>) {
+    let at = deadline.map(|d| d.to_string());
+    reply::array(out, if at.is_some() { 6 } else { 4 });
+    for word in [&b"SET"[..], key, value, b"NX"] {
+        reply::bulk(out, word);
+    }
+    if let Some(at) = at {
+        reply::bulk(out, b"PXAT");
+        reply::bulk(out, at.as_bytes());
+    }
+}
+
+/// What a node answered a request.
+#[derive(Debug, PartialEq, Eq)]
+enum Answer {
+    /// `+OK` (or any status or number).
+    Done,
+    /// The null reply: `SET … NX` of a key the node holds already.
+    Null,
+    Error(String),
+}
+
+/// Whether a node's error says it does not serve the key's slot yet (it still has the
+/// node list before the change) or cannot take requests for a while, rather than
+/// refusing the value.
+fn not_yet(error: &str) -> bool {
+    ["MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN", "LOADING"]
+        .iter()
+        .any(|p| error.starts_with(p))
+}
+
+trait Duplex: Read + Write {}
+impl<T: Read + Write> Duplex for T {}
+
+/// A connection to another node, and the bytes of its replies read but not yet taken.
+struct Peer {
+    stream: Box<dyn Duplex>,
+    buf: Vec<u8>,
+    /// Where the next reply starts in `buf`.
+    at: usize,
+}
+
+impl Peer {
+    /// A connection to `node`, over TLS when `tls` is given (the node's address as the
+    /// name its certificate must carry).
+    fn connect(node: SocketAddr, tls: Option<&Arc<ClientConfig>>) -> io::Result<Peer> {
+        let tcp = TcpStream::connect_timeout(&node, PEER_TIMEOUT)?;
+        tcp.set_nodelay(true)?;
+        tcp.set_read_timeout(Some(PEER_TIMEOUT))?;
+        tcp.set_write_timeout(Some(PEER_TIMEOUT))?;
+        let stream: Box<dyn Duplex> = match tls {
+            Some(config) => {
+                let name = ServerName::from(node.ip());
+                let conn = rustls::ClientConnection::new(Arc::clone(config), name)
+                    .map_err(io::Error::other)?;
+                Box::new(rustls::StreamOwned::new(conn, tcp))
+            }
+            None => Box::new(tcp),
+        };
+        Ok(Peer {
+            stream,
+            buf: Vec::new(),
+            at: 0,
+        })
+    }
+
+    /// Sends `AUTH password`; an error unless the node takes it.
+    fn auth(&mut self, password: &[u8]) -> io::Result<()> {
+        let mut out = Vec::new();
+        reply::array(&mut out, 2);
+        reply::bulk(&mut out, b"AUTH");
+        reply::bulk(&mut out, password);
+        self.stream.write_all(&out)?;
+        match self.answer()? {
+            Answer::Done => Ok(()),
+            other => Err(io::Error::other(format!("AUTH answered {other:?}"))),
+        }
+    }
+
+    /// The next reply (RESP2 or RESP3): a status, a number, a null or an error; a bulk
+    /// string's bytes are passed over.
+    fn answer(&mut self) -> io::Result<Answer> {
+        let end = loop {
+            if let Some(i) = self.buf[self.at..].windows(2).position(|w| w == b"\r\n") {
+                break self.at + i;
+            }
+            self.fill()?;
+        };
+        let line = String::from_utf8_lossy(&self.buf[self.at..end]).into_owned();
+        self.at = end + 2;
+        let (kind, rest) = line.split_at(line.len().min(1));
+        Ok(match kind {
+            "+" | ":" => Answer::Done,
+            "_" => Answer::Null,
+            "-" => Answer::Error(rest.to_owned()),
+            "$" => match rest.parse::<i64>() {
+                Ok(n) if n < 0 => Answer::Null,
+                Ok(n) => {
+                    let skip = n as usize + 2;
+                    while self.buf.len() - self.at < skip {
+                        self.fill()?;
+                    }
+                    self.at += skip;
+                    Answer::Done
+                }
+                Err(_) => return Err(io::Error::other(format!("a reply of `${rest}`"))),
+            },
+            _ => return Err(io::Error::other(format!("an unexpected reply `{line}`"))),
+        })
+    }
+
+    /// Reads more of the replies into `buf`, dropping those taken.
+    fn fill(&mut self) -> io::Result<()> {
+        self.buf.drain(..self.at);
+        self.at = 0;
+        let had = self.buf.len();
+        self.buf.resize(had + (64 << 10), 0);
+        let n = self.stream.read(&mut self.buf[had..])?;
+        self.buf.truncate(had + n);
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        Ok(())
+    }
+}
+
+impl KvService {
+    /// Hands `pending` to their nodes, round after round, until every key is taken (or
+    /// gone: evicted, expired, flushed) or the service stops.
+    pub(super) fn hand_off(&self, mut pending: Pending, tls: Option<Arc<ClientConfig>>) {
+        // The nodes that failed their last round, with the error logged.
+        let mut failing: BTreeMap<SocketAddr, String> = BTreeMap::new();
+        let mut wait = FIRST_RETRY;
+        loop {
+            let mut took = 0;
+            for (node, keys) in &mut pending {
+                let waiting = keys.len();
+                match self.hand_to(*node, keys, tls.as_ref()) {
+                    Ok(n) => {
+                        took += n;
+                        if failing.remove(node).is_some() {
+                            tracing::info!(service = %self.name, node = %node, keys = n,
+                                "kvcache: the node takes the keys of its slots");
+                        }
+                    }
+                    Err(e) => {
+                        // Logged again only when the error changes: a node not up yet,
+                        // then one that refuses our certificate, say.
+                        let e = e.to_string();
+                        if failing.get(node) != Some(&e) {
+                            tracing::warn!(service = %self.name, node = %node, keys = waiting,
+                                error = %e, "kvcache: keys of slots another node serves not handed to it yet; trying again");
+                            failing.insert(*node, e);
+                        }
+                    }
+                }
+            }
+            pending.retain(|(_, keys)| !keys.is_empty());
+            if pending.is_empty() {
+                tracing::info!(service = %self.name,
+                    "kvcache: every saved key of the slots other nodes serve is handed to its node");
+                return;
+            }
+            wait = if took > 0 {
+                FIRST_RETRY
+            } else {
+                (wait * 2).min(LONGEST_RETRY)
+            };
+            let until = Instant::now() + wait;
+            while Instant::now() < until {
+                if self.stop.load(Relaxed) {
+                    return;
+                }
+                std::thread::sleep(POLL);
+            }
+        }
+    }
+
+    /// Sends `keys` to `node` and forgets those it takes; those it does not take yet stay
+    /// in `keys`. How many it took; an error when it cannot be reached or a reply is
+    /// missing, and, once the rest were sent, when it refused a key other than for
+    /// [`not_yet`] or a value could not be read.
+    fn hand_to(
+        &self,
+        node: SocketAddr,
+        keys: &mut Vec<Arc<[u8]>>,
+        tls: Option<&Arc<ClientConfig>>,
+    ) -> io::Result<u64> {
+        let mut peer = Peer::connect(node, tls)?;
+        if let Some(password) = &self.password {
+            peer.auth(password)?;
+        }
+        let mut later = Vec::new();
+        let mut trouble = None;
+        let sent = self.hand_batches(&mut peer, keys, &mut later, &mut trouble);
+        keys.append(&mut later);
+        let took = sent?;
+        match trouble {
+            Some(e) => Err(io::Error::other(e)),
+            None => Ok(took),
+        }
+    }
+
+    /// [`KvService::hand_to`]'s batches, taking each from the front of `keys` once its
+    /// replies are read; the keys to try again go to `later`, and what kept the first of
+    /// them from being taken to `trouble`.
+    fn hand_batches(
+        &self,
+        peer: &mut Peer,
+        keys: &mut Vec<Arc<[u8]>>,
+        later: &mut Vec<Arc<[u8]>>,
+        trouble: &mut Option<String>,
+    ) -> io::Result<u64> {
+        let mut took = 0;
+        while !keys.is_empty() {
+            let mut out = Vec::new();
+            let mut sent: Vec<(&Arc<[u8]>, Arc<Extents>)> = Vec::new();
+            // This batch's keys to try again: in `keys` until its replies are read.
+            let mut again = Vec::new();
+            let mut taken = 0;
+            for key in keys.iter() {
+                if sent.len() == BATCH_KEYS || out.len() >= BATCH_BYTES {
+                    break;
+                }
+                taken += 1;
+                // Gone since: evicted, expired or flushed.
+                let Some((value, deadline)) = self.lock().peek(key) else {
+                    continue;
+                };
+                match self.read_whole(&value) {
+                    Ok(Some(bytes)) => {
+                        set_request(&mut out, key, &bytes, deadline);
+                        sent.push((key, value));
+                    }
+                    // Not what was written: dropped, as a client's read drops it.
+                    Ok(None) => {
+                        self.lock().remove_value(key, &value);
+                    }
+                    Err(e) => {
+                        self.counters.storage_errors.fetch_add(1, Relaxed);
+                        again.push(Arc::clone(key));
+                        trouble.get_or_insert_with(|| format!("reading a value to hand over: {e}"));
+                    }
+                }
+            }
+            peer.stream.write_all(&out)?;
+            for (key, value) in &sent {
+                match peer.answer()? {
+                    Answer::Done | Answer::Null => {
+                        self.lock().remove_value(key, value);
+                        self.counters.handed_off.fetch_add(1, Relaxed);
+                        took += 1;
+                    }
+                    Answer::Error(e) => {
+                        again.push(Arc::clone(key));
+                        if !not_yet(&e) {
+                            trouble.get_or_insert_with(|| format!("the node refused a key: {e}"));
+                        }
+                    }
+                }
+            }
+            keys.drain(..taken);
+            later.append(&mut again);
+        }
+        Ok(took)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_goes_as_a_set_that_keeps_a_newer_value_and_its_deadline() {
+        let mut out = Vec::new();
+        set_request(&mut out, b"k", b"v\r\n", None);
+        assert_eq!(
+            out,
+            b"*4\r\n$3\r\nSET\r\n$1\r\nk\r\n$3\r\nv\r\n\r\n$2\r\nNX\r\n"
+        );
+        out.clear();
+        set_request(&mut out, b"k", b"", Some(1_700_000_000_123));
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("*6\r\n$3\r\nSET\r\n$1\r\nk\r\n$0\r\n\r\n$2\r\nNX\r\n"));
+        assert!(
+            text.ends_with("$4\r\nPXAT\r\n$13\r\n1700000000123\r\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn replies_are_read_whole_and_redirects_tried_again() {
+        let replies =
+            b"+OK\r\n$-1\r\n_\r\n-MOVED 3999 127.0.0.1:7001\r\n$5\r\nhello\r\n:1\r\n-ERR no\r\n";
+        let mut peer = Peer {
+            stream: Box::new(io::Cursor::new(replies.to_vec())),
+            buf: Vec::new(),
+            at: 0,
+        };
+        let answers: Vec<Answer> = (0..7).map(|_| peer.answer().unwrap()).collect();
+        assert_eq!(
+            answers,
+            [
+                Answer::Done,
+                Answer::Null,
+                Answer::Null,
+                Answer::Error("MOVED 3999 127.0.0.1:7001".into()),
+                Answer::Done,
+                Answer::Done,
+                Answer::Error("ERR no".into()),
+            ]
+        );
+        assert!(peer.answer().is_err(), "the end of the stream");
+        assert!(not_yet("MOVED 3999 127.0.0.1:7001") && not_yet("CLUSTERDOWN The cluster is down"));
+        assert!(!not_yet("OOM no room") && !not_yet("ERR value too large"));
+    }
+}
