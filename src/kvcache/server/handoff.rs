@@ -35,6 +35,8 @@ const LONGEST_RETRY: Duration = Duration::from_secs(60);
 /// so many bytes.
 const BATCH_KEYS: usize = 64;
 const BATCH_BYTES: usize = 8 << 20;
+/// The longest reply line read (an error's text, say): a node sends short ones.
+const LONGEST_LINE: usize = 64 << 10;
 
 /// The keys to hand over, by the node they go to.
 pub(super) type Pending = Vec<(SocketAddr, Vec<Arc<[u8]>>)>;
@@ -135,6 +137,9 @@ impl Peer {
             if let Some(i) = self.buf[self.at..].windows(2).position(|w| w == b"\r\n") {
                 break self.at + i;
             }
+            if self.buf.len() - self.at > LONGEST_LINE {
+                return Err(io::Error::other("a reply line without its end"));
+            }
             self.fill()?;
         };
         let line = String::from_utf8_lossy(&self.buf[self.at..end]).into_owned();
@@ -147,11 +152,18 @@ impl Peer {
             "$" => match rest.parse::<i64>() {
                 Ok(n) if n < 0 => Answer::Null,
                 Ok(n) => {
-                    let skip = n as usize + 2;
-                    while self.buf.len() - self.at < skip {
+                    // Passed over as it comes, not kept.
+                    let mut skip = n as u64 + 2;
+                    loop {
+                        let here = (self.buf.len() - self.at) as u64;
+                        if here >= skip {
+                            self.at += skip as usize;
+                            break;
+                        }
+                        skip -= here;
+                        self.at = self.buf.len();
                         self.fill()?;
                     }
-                    self.at += skip;
                     Answer::Done
                 }
                 Err(_) => return Err(io::Error::other(format!("a reply of `${rest}`"))),
@@ -320,6 +332,83 @@ impl KvService {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// A node's replies, read at most `chunk` bytes at a time.
+    struct Trickle {
+        bytes: Vec<u8>,
+        at: usize,
+        chunk: usize,
+    }
+
+    impl Read for Trickle {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let n = buf.len().min(self.chunk).min(self.bytes.len() - self.at);
+            buf[..n].copy_from_slice(&self.bytes[self.at..self.at + n]);
+            self.at += n;
+            Ok(n)
+        }
+    }
+
+    impl Write for Trickle {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn peer_of(bytes: Vec<u8>, chunk: usize) -> Peer {
+        Peer {
+            stream: Box::new(Trickle {
+                bytes,
+                at: 0,
+                chunk,
+            }),
+            buf: Vec::new(),
+            at: 0,
+        }
+    }
+
+    proptest! {
+        /// Whatever a node sends back, each reply is read or refused, never a panic.
+        #[test]
+        fn any_bytes_back_are_survived(bytes in proptest::collection::vec(any::<u8>(), 0..300), chunk in 1usize..9) {
+            let mut p = peer_of(bytes, chunk);
+            for _ in 0..50 {
+                if p.answer().is_err() {
+                    break;
+                }
+            }
+        }
+
+        /// Replies are read as sent, however the connection splits them.
+        #[test]
+        fn replies_are_read_as_sent(
+            kinds in proptest::collection::vec(0u8..5, 0..40),
+            chunk in 1usize..9,
+        ) {
+            let mut bytes = Vec::new();
+            let mut expected = Vec::new();
+            for (i, kind) in kinds.iter().enumerate() {
+                let (text, answer): (String, Answer) = match kind {
+                    0 => ("+OK\r\n".into(), Answer::Done),
+                    1 => ("$-1\r\n".into(), Answer::Null),
+                    2 => (format!("-MOVED {i} 10.0.0.1:6379\r\n"), Answer::Error(format!("MOVED {i} 10.0.0.1:6379"))),
+                    3 => (format!("${}\r\n{}\r\n", i, "x".repeat(i)), Answer::Done),
+                    _ => (format!(":{i}\r\n"), Answer::Done),
+                };
+                bytes.extend_from_slice(text.as_bytes());
+                expected.push(answer);
+            }
+            let mut p = peer_of(bytes, chunk);
+            for e in expected {
+                prop_assert_eq!(p.answer().unwrap(), e);
+            }
+            prop_assert!(p.answer().is_err());
+        }
+    }
 
     #[test]
     fn a_key_goes_as_a_set_that_keeps_a_newer_value_and_its_deadline() {
@@ -343,11 +432,7 @@ mod tests {
     fn replies_are_read_whole_and_redirects_tried_again() {
         let replies =
             b"+OK\r\n$-1\r\n_\r\n-MOVED 3999 127.0.0.1:7001\r\n$5\r\nhello\r\n:1\r\n-ERR no\r\n";
-        let mut peer = Peer {
-            stream: Box::new(io::Cursor::new(replies.to_vec())),
-            buf: Vec::new(),
-            at: 0,
-        };
+        let mut peer = peer_of(replies.to_vec(), 64 << 10);
         let answers: Vec<Answer> = (0..7).map(|_| peer.answer().unwrap()).collect();
         assert_eq!(
             answers,
@@ -362,6 +447,10 @@ mod tests {
             ]
         );
         assert!(peer.answer().is_err(), "the end of the stream");
+        // A line that does not end is refused once too long to be a reply's.
+        let mut endless = peer_of(vec![b'-'; 3 * LONGEST_LINE], 64 << 10);
+        let e = endless.answer().unwrap_err();
+        assert!(e.to_string().contains("without its end"), "{e}");
         assert!(not_yet("MOVED 3999 127.0.0.1:7001") && not_yet("CLUSTERDOWN The cluster is down"));
         assert!(!not_yet("OOM no room") && !not_yet("ERR value too large"));
     }
