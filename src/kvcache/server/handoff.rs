@@ -276,36 +276,47 @@ impl KvService {
     ) -> io::Result<u64> {
         let mut took = 0;
         while !keys.is_empty() {
-            let mut out = Vec::new();
-            let mut sent: Vec<(&Arc<[u8]>, Arc<Extents>)> = Vec::new();
-            // This batch's keys to try again: in `keys` until its replies are read.
-            let mut again = Vec::new();
-            let mut taken = 0;
+            // The batch: the keys still held of the first `taken`, with their values.
+            let mut batch = Vec::new();
+            let (mut taken, mut bytes) = (0, 0);
             for key in keys.iter() {
-                if sent.len() == BATCH_KEYS || out.len() >= BATCH_BYTES {
+                if batch.len() == BATCH_KEYS || bytes >= BATCH_BYTES {
                     break;
                 }
                 taken += 1;
-                // Gone since: evicted, expired or flushed.
-                let Some((value, deadline)) = self.lock().peek(key) else {
+                // Not if gone since: evicted, expired or flushed.
+                if let Some((value, deadline)) = self.lock().peek(key) {
+                    bytes += value.len() as usize;
+                    batch.push((key, value, deadline));
+                }
+            }
+            let values: Vec<&Extents> = batch.iter().map(|(_, v, _)| &**v).collect();
+            let read = match self.read_all(&values) {
+                Ok(read) => read,
+                Err(e) => {
+                    self.counters.storage_errors.fetch_add(1, Relaxed);
+                    trouble.get_or_insert_with(|| format!("reading values to hand over: {e}"));
+                    later.extend(batch.iter().map(|(key, _, _)| Arc::clone(key)));
+                    keys.drain(..taken);
                     continue;
-                };
-                match self.read_whole(&value) {
-                    Ok(Some(bytes)) => {
+                }
+            };
+            let mut out = Vec::new();
+            let mut sent = Vec::new();
+            for ((key, value, deadline), bytes) in batch.into_iter().zip(read) {
+                match bytes {
+                    Some(bytes) => {
                         set_request(&mut out, key, &bytes, deadline);
                         sent.push((key, value));
                     }
                     // Not what was written: dropped, as a client's read drops it.
-                    Ok(None) => {
+                    None => {
                         self.lock().remove_value(key, &value);
-                    }
-                    Err(e) => {
-                        self.counters.storage_errors.fetch_add(1, Relaxed);
-                        again.push(Arc::clone(key));
-                        trouble.get_or_insert_with(|| format!("reading a value to hand over: {e}"));
                     }
                 }
             }
+            // This batch's keys to try again: in `keys` until its replies are read.
+            let mut again = Vec::new();
             peer.stream.write_all(&out)?;
             for (key, value) in &sent {
                 match peer.answer()? {

@@ -338,26 +338,42 @@ impl KvService {
         }
     }
 
-    /// The bytes of a value held, as written: copied when kept in memory, else read from
-    /// the target; `None` when they do not match their checksum (counted, as a read for a
-    /// client counts them). Not a client's read: no hit or miss is counted.
-    pub(super) fn read_whole(&self, value: &Extents) -> io::Result<Option<Vec<u8>>> {
-        if let Some(bytes) = value.inline() {
-            return Ok(Some(bytes.to_vec()));
-        }
+    /// The bytes of values held, as written: copied when kept in memory, the rest read from
+    /// the target in one run of requests (one round trip, not one a value); `None` for a
+    /// value whose bytes do not match its checksum (counted, as a read for a client counts
+    /// it). Not a client's read: no hit or miss is counted.
+    pub(super) fn read_all(&self, values: &[&Extents]) -> io::Result<Vec<Option<Vec<u8>>>> {
         let bs = self.config.block_size;
-        let len = value.len() as usize;
-        let mut bytes = vec![0u8; (value.runs().map(|(_, n)| n).sum::<u64>() * bs) as usize];
-        self.with_target(READ, |t| {
-            t.read_many(&mut run_pieces(value.runs(), bs, &mut bytes))
-        })?;
-        bytes.truncate(len);
-        self.counters.read_bytes.fetch_add(len as u64, Relaxed);
-        if value.checksum().is_some_and(|c| crc32c(&bytes) != c) {
-            self.counters.corrupt_values.fetch_add(1, Relaxed);
-            return Ok(None);
+        // Whole blocks of each value on the target; nothing for one in memory.
+        let mut bufs: Vec<Vec<u8>> = (values.iter())
+            .map(|v| match v.inline() {
+                Some(_) => Vec::new(),
+                None => vec![0u8; (v.runs().map(|(_, n)| n).sum::<u64>() * bs) as usize],
+            })
+            .collect();
+        if values.iter().any(|v| v.inline().is_none()) {
+            self.with_target(READ, |t| {
+                let mut pieces = Vec::new();
+                let on_target = values.iter().zip(bufs.iter_mut());
+                for (v, buf) in on_target.filter(|(v, _)| v.inline().is_none()) {
+                    pieces.extend(run_pieces(v.runs(), bs, buf));
+                }
+                t.read_many(&mut pieces)
+            })?;
         }
-        Ok(Some(bytes))
+        let read = values.iter().zip(bufs).map(|(v, mut bytes)| {
+            if let Some(kept) = v.inline() {
+                return Some(kept.to_vec());
+            }
+            bytes.truncate(v.len() as usize);
+            self.counters.read_bytes.fetch_add(v.len(), Relaxed);
+            if v.checksum().is_some_and(|c| crc32c(&bytes) != c) {
+                self.counters.corrupt_values.fetch_add(1, Relaxed);
+                return None;
+            }
+            Some(bytes)
+        });
+        Ok(read.collect())
     }
 
     /// `key`'s value as a bulk string, read from the target straight into `out`; the null
