@@ -6,8 +6,9 @@
 # saying all are handed over, keys a second and MB of values a second. ROUNDS rounds, each
 # on a fresh fill. TARGET=nbd puts each node's store behind a qemu-nbd of its own (where a
 # value read costs a round trip) instead of the file itself; DPUFLOW=BIN runs another
-# build. Needs redis-tools, and qemu-utils for TARGET=nbd.
-# Usage: [TARGET=nbd] [DPUFLOW=BIN] bench/kv-handoff.sh [ROUNDS] [KEYS] [SIZE]
+# build; SHOW_LOG=1 also prints the first node's log of each round (when its hand-off began
+# and ended). Needs redis-tools, and qemu-utils for TARGET=nbd.
+# Usage: [TARGET=nbd] [DPUFLOW=BIN] [SHOW_LOG=1] bench/kv-handoff.sh [ROUNDS] [KEYS] [SIZE]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/common.sh
