@@ -52,6 +52,7 @@ fn full_exposition() -> String {
             password_file: None,
             tls: None,
             cluster: Vec::new(),
+            cluster_leaving: false,
         },
         Arc::new(AtomicBool::new(false)),
     )

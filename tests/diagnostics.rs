@@ -65,9 +65,21 @@ fn every_semantic_check_has_a_bad_file() {
         ),
         (
             "bad-blocks",
-            "error: `page_cache` is on or off, not `sometimes`",
+            "error: `page_cache` is `on` or `off`, not `sometimes`",
         ),
-        ("bad-blocks", "error: `discard` is on or off, not `always`"),
+        ("bad-blocks", "error: `discard` is `on` or `off`, not `always`"),
+        (
+            "bad-blocks",
+            "error: `cluster_leaving` is `on` or `off`, not `maybe`",
+        ),
+        (
+            "bad-blocks",
+            "error: a node leaving a cluster needs the `cluster_node`s it hands its keys to",
+        ),
+        (
+            "bad-blocks",
+            "error: `listen` 10.0.0.3:6379 is among the `cluster_node`s of a node leaving the cluster",
+        ),
         ("bad-blocks", "error: `io_timeout` is at least 100ms, not 10ms"),
         ("bad-blocks", "error: `max_clients` is 1 to 16384, not 20000"),
         ("bad-blocks", "error: invalid slow log threshold `fast`"),

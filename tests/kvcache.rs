@@ -1981,8 +1981,9 @@ print("ok")
 /// A cluster grown by a node keeps its cache: the nodes started with the longer list hand
 /// the saved keys of the slots that changed hands to the nodes now serving them (with
 /// their deadlines, and not over a value the new node was given meanwhile), trying again
-/// a node that is not up yet, over AUTH. Read back through redis-py's cluster client and
-/// checked with `redis-cli --cluster check`.
+/// a node that is not up yet, over AUTH. And shrunk again: the node taken out, started
+/// as leaving, hands all its keys to the nodes that stay. Read back through redis-py's
+/// cluster client and checked with `redis-cli --cluster check` each time.
 #[test]
 fn a_cluster_grown_by_a_node_hands_it_the_keys_of_its_slots() {
     let ports = [free_port(), free_port(), free_port()];
@@ -1993,14 +1994,15 @@ fn a_cluster_grown_by_a_node_hands_it_the_keys_of_its_slots() {
     ];
     let secret = dirs[0].path("kv.secret");
     std::fs::write(&secret, "grow it\n").expect("secret");
-    let start = |i: usize, nodes: usize| {
+    let start_as = |i: usize, nodes: usize, more: &str| {
         let list: String = (ports[..nodes].iter())
             .map(|p| format!("cluster_node 127.0.0.1:{p}\n"))
             .collect();
         let target = format!("file://{}", dirs[i].path("blocks.img"));
-        let options = format!("{list} password_file \"{secret}\"");
+        let options = format!("{list} password_file \"{secret}\" {more}");
         KvService::spawn(&dirs[i], ports[i], &target, "64MiB", &options, None)
     };
+    let start = |i: usize, nodes: usize| start_as(i, nodes, "");
     let (a, b) = (start(0, 2), start(1, 2));
     // 300 keys over the two nodes, a third of them expiring in ten minutes.
     let script = format!(
@@ -2056,11 +2058,14 @@ print("ok")
     let b = start(1, 3);
     let handed = "dpuflow_kvcache_handed_off_keys_total{service=\"kvcache\"}";
     let deadline = Instant::now() + Duration::from_secs(60);
-    let script = format!(
-        r#"
+    // Every key read back through the cluster of the first `n` nodes, each node holding
+    // its own slots' keys only (a node taken out, none).
+    let read_back = |n: usize| {
+        format!(
+            r#"
 from redis.cluster import RedisCluster, ClusterNode
 import redis
-rc = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", {c})], password="grow it")
+rc = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", {a})], password="grow it")
 for i in range(300):
     assert rc.get(f"chunk:{{i}}") == bytes([i % 256]) * (i * 131 % 9000 + 1), i
     ttl = rc.pttl(f"chunk:{{i}}")
@@ -2068,16 +2073,17 @@ for i in range(300):
 assert rc.get("moved-and-renewed") == b"new"
 nodes = [redis.Redis(port=p, password="grow it") for p in ({a}, {b}, {c})]
 sizes = [n.dbsize() for n in nodes]
-assert sum(sizes) == 301, sizes
-for n, here in zip(nodes, (range(0, 5461), range(5461, 10922), range(10922, 16384))):
-    for k in n.keys("*"):
-        assert rc.keyslot(k) in here, (k, here)
+assert sum(sizes[:{n}]) == 301 and sum(sizes[{n}:]) == 0, sizes
+for i, node in enumerate(nodes[:{n}]):
+    for k in node.keys("*"):
+        assert i * 16384 // {n} <= rc.keyslot(k) < (i + 1) * 16384 // {n}, (k, i)
 print("ok")
 "#,
-        a = ports[0],
-        b = ports[1],
-        c = ports[2],
-    );
+            a = ports[0],
+            b = ports[1],
+            c = ports[2],
+        )
+    };
     while (a.metric(handed), b.metric(handed)) != (to_b, to_c) {
         assert!(
             Instant::now() < deadline,
@@ -2087,27 +2093,51 @@ print("ok")
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    redis_py_ok(&script, "the keys after the third node joined");
+    redis_py_ok(&read_back(3), "the keys after the third node joined");
     assert_eq!(c.metric(handed), 0);
-    let node = format!("127.0.0.1:{}", ports[2]);
-    let check = tool_ok(
-        "redis-cli",
-        &[
-            "-a",
-            "grow it",
-            "--no-auth-warning",
-            "--cluster",
-            "check",
-            &node,
-        ],
-    );
-    for ok in [
-        "[OK] 301 keys in 3 masters.",
-        "[OK] All nodes agree about slots configuration.",
-        "[OK] All 16384 slots covered.",
-    ] {
-        assert!(check.contains(ok), "{check}");
+    let checked = |port: u16, masters: usize| {
+        let node = format!("127.0.0.1:{port}");
+        let check = tool_ok(
+            "redis-cli",
+            &[
+                "-a",
+                "grow it",
+                "--no-auth-warning",
+                "--cluster",
+                "check",
+                &node,
+            ],
+        );
+        for ok in [
+            format!("[OK] 301 keys in {masters} masters."),
+            "[OK] All nodes agree about slots configuration.".into(),
+            "[OK] All 16384 slots covered.".into(),
+        ] {
+            assert!(check.contains(&ok), "{check}");
+        }
+    };
+    checked(ports[2], 3);
+    for kv in [a, b, c] {
+        assert_eq!(kv.terminate(), 0);
     }
+    // The third node taken out: the others started with the list of two, it with that
+    // list and leaving. Its keys go to the second node, the second's of slots 5461-8191
+    // to the first.
+    let (a, b) = (start(0, 2), start(1, 2));
+    let c = start_as(2, 2, "cluster_leaving on");
+    let to_a = slots.iter().filter(|s| (5461..8192).contains(*s)).count() as u64;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while (a.metric(handed), b.metric(handed), c.metric(handed)) != (0, to_a, to_c) {
+        assert!(
+            Instant::now() < deadline,
+            "handed over {} and {}",
+            b.metric(handed),
+            c.metric(handed)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    redis_py_ok(&read_back(2), "the keys after the third node left");
+    checked(ports[0], 2);
     for kv in [a, b, c] {
         assert_eq!(kv.terminate(), 0);
     }

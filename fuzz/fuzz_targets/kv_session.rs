@@ -57,6 +57,7 @@ fn service(in_cluster: bool) -> SocketAddr {
                     true => vec![listen, "127.0.0.1:1".parse().expect("address")],
                     false => Vec::new(),
                 },
+                cluster_leaving: false,
             };
             KvService::start("fuzz", &config, Arc::new(AtomicBool::new(false)))
                 .expect("start the service")

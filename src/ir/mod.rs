@@ -954,8 +954,12 @@ pub struct KvCache {
     /// TLS on `listen`, if configured.
     pub tls: Option<TlsFiles>,
     /// The services of a Redis Cluster this one is a node of (`cluster_node`), in the
-    /// order that deals out the hash slots, `listen` among them; empty: standalone.
+    /// order that deals out the hash slots, `listen` among them unless it is leaving;
+    /// empty: standalone.
     pub cluster: Vec<SocketAddr>,
+    /// This node is leaving the cluster of `cluster` (`cluster_leaving on`): it serves no
+    /// slot, and hands its keys to the nodes listed.
+    pub cluster_leaving: bool,
 }
 
 /// A TLS server's PEM files, read when the service starts.

@@ -58,6 +58,7 @@ pub fn block_keys(kind: BlockKind) -> Keys {
             ("max_clients", One),
             ("slowlog", One),
             ("cluster_node", One),
+            ("cluster_leaving", One),
             ("password_file", One),
             ("tls_cert", One),
             ("tls_key", One),

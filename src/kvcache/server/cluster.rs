@@ -19,20 +19,31 @@ pub const SLOTS: usize = 16384;
 #[derive(Debug)]
 pub struct Cluster {
     nodes: Vec<SocketAddr>,
-    me: usize,
+    /// This service's place among `nodes`; `None` for a node leaving the cluster, which
+    /// serves no slot.
+    me: Option<usize>,
     /// Each node's 40-character id, the same on every node.
     ids: Vec<String>,
+    /// This service's address and id.
+    my_address: SocketAddr,
+    my_id: String,
 }
 
 impl Cluster {
-    /// The cluster of `nodes` as the node at `me`; `None` when there are none (a
-    /// standalone service) or `me` is not one of them.
-    pub fn new(nodes: &[SocketAddr], me: SocketAddr) -> Option<Cluster> {
-        let at = nodes.iter().position(|n| *n == me)?;
+    /// The cluster of `nodes` as the node listening at `me`, one of them unless it is
+    /// `leaving`; `None` when there are none (a standalone service), or `me` is not one
+    /// of them and not leaving.
+    pub fn new(nodes: &[SocketAddr], me: SocketAddr, leaving: bool) -> Option<Cluster> {
+        let at = nodes.iter().position(|n| *n == me);
+        if nodes.is_empty() || (at.is_none() && !leaving) {
+            return None;
+        }
         Some(Cluster {
             nodes: nodes.to_vec(),
             me: at,
             ids: nodes.iter().map(node_id).collect(),
+            my_address: me,
+            my_id: node_id(&me),
         })
     }
 
@@ -55,7 +66,7 @@ impl Cluster {
 
     /// Whether this node serves `key`'s slot.
     pub fn owns(&self, key: &[u8]) -> bool {
-        self.owner(slot(key)) == self.me
+        Some(self.owner(slot(key))) == self.me
     }
 
     /// The node serving `key`'s slot.
@@ -66,7 +77,7 @@ impl Cluster {
     /// Whether this node serves all of `keys` in one request: they are of one of its slots.
     pub fn serves_all(&self, keys: &[&[u8]]) -> bool {
         let first = keys.first().map_or(0, |k| slot(k));
-        self.owner(first) == self.me && keys.iter().all(|k| slot(k) == first)
+        Some(self.owner(first)) == self.me && keys.iter().all(|k| slot(k) == first)
     }
 
     /// What to answer instead of serving a request of `words` whose keys are at `places`:
@@ -82,7 +93,7 @@ impl Cluster {
             return Some("CROSSSLOT Keys in request don't hash to the same slot".into());
         }
         let owner = self.owner(first);
-        (owner != self.me).then(|| {
+        (Some(owner) != self.me).then(|| {
             let node = self.nodes[owner];
             format!("MOVED {first} {}:{}", node.ip(), node.port())
         })
@@ -90,15 +101,17 @@ impl Cluster {
 
     /// This node's id (`CLUSTER MYID`).
     pub fn my_id(&self) -> &str {
-        &self.ids[self.me]
+        &self.my_id
     }
 
-    /// `CLUSTER INFO`: every slot served, by as many nodes as are listed.
+    /// `CLUSTER INFO`: every slot served, by as many nodes as are listed, this one known
+    /// too when it is leaving.
     pub fn info(&self) -> String {
         let n = self.nodes.len();
+        let known = n + usize::from(self.me.is_none());
         format!(
             "cluster_state:ok\r\ncluster_slots_assigned:{SLOTS}\r\ncluster_slots_ok:{SLOTS}\r\n\
-             cluster_slots_pfail:0\r\ncluster_slots_fail:0\r\ncluster_known_nodes:{n}\r\n\
+             cluster_slots_pfail:0\r\ncluster_slots_fail:0\r\ncluster_known_nodes:{known}\r\n\
              cluster_size:{n}\r\ncluster_current_epoch:0\r\ncluster_my_epoch:0\r\n\
              cluster_stats_messages_sent:0\r\ncluster_stats_messages_received:0\r\n\
              total_cluster_links_buffer_limit_exceeded:0\r\n"
@@ -106,11 +119,11 @@ impl Cluster {
     }
 
     /// `CLUSTER NODES`: a line a node, its id, address (no cluster bus: port 0), flags,
-    /// and slots, every node connected.
+    /// and slots, every node connected; a node leaving, last, with no slots.
     pub fn nodes(&self) -> String {
         let mut lines = String::new();
         for (i, node) in self.nodes.iter().enumerate() {
-            let flags = if i == self.me {
+            let flags = if Some(i) == self.me {
                 "myself,master"
             } else {
                 "master"
@@ -121,6 +134,15 @@ impl Cluster {
                 self.ids[i],
                 node.ip(),
                 node.port()
+            );
+        }
+        if self.me.is_none() {
+            let me = self.my_address;
+            lines += &format!(
+                "{} {}:{}@0 myself,master - 0 0 0 connected\n",
+                self.my_id,
+                me.ip(),
+                me.port()
             );
         }
         lines
@@ -259,7 +281,7 @@ mod tests {
         let addr = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
         for n in [1, 2, 3, 5, 7, 1000] {
             let nodes: Vec<SocketAddr> = (0..n).map(|i| addr(7000 + i)).collect();
-            let c = Cluster::new(&nodes, nodes[0]).expect("a node of it");
+            let c = Cluster::new(&nodes, nodes[0], false).expect("a node of it");
             let mut served = vec![0; usize::from(n)];
             let mut last = 0;
             for s in 0..SLOTS {
@@ -274,6 +296,31 @@ mod tests {
             assert_eq!(ids.len(), usize::from(n));
             assert!(c.ids.iter().all(|id| id.len() == 40));
         }
-        assert!(Cluster::new(&[addr(1)], addr(2)).is_none());
+        assert!(Cluster::new(&[addr(1)], addr(2), false).is_none());
+        assert!(Cluster::new(&[], addr(2), true).is_none());
+    }
+
+    #[test]
+    fn a_node_leaving_serves_no_slot_and_says_so() {
+        let addr = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
+        let c = Cluster::new(&[addr(1), addr(2)], addr(3), true).expect("leaving");
+        assert!((0..2000u32).all(|i| !c.owns(format!("k{i}").as_bytes())));
+        assert_eq!(
+            c.redirect(&[b"GET", b"foo"], [1].into_iter()),
+            Some("MOVED 12182 127.0.0.1:2".into())
+        );
+        let nodes = c.nodes();
+        let mine = format!(
+            "{} 127.0.0.1:3@0 myself,master - 0 0 0 connected\n",
+            c.my_id()
+        );
+        assert!(
+            nodes.ends_with(&mine) && nodes.lines().count() == 3,
+            "{nodes}"
+        );
+        assert!(!c.ids.contains(&c.my_id().to_owned()));
+        assert!(c
+            .info()
+            .contains("cluster_known_nodes:3\r\ncluster_size:2\r\n"));
     }
 }

@@ -464,7 +464,7 @@ impl KvService {
                 source,
             })?;
         // Keys of slots another node serves (the node list changed) go to that node.
-        let cluster = cluster::Cluster::new(&config.cluster, config.listen);
+        let cluster = cluster::Cluster::new(&config.cluster, config.listen, config.cluster_leaving);
         let strangers = cluster
             .as_ref()
             .map(|c| handoff::strangers(&index, c))
@@ -494,7 +494,7 @@ impl KvService {
                 service = name,
                 keys = waiting,
                 nodes = strangers.len(),
-                "kvcache: handing the saved keys of hash slots other cluster nodes serve (the `cluster_node` list changed) to those nodes"
+                "kvcache: handing the saved keys of hash slots other cluster nodes serve to those nodes"
             );
         }
         let restored_keys = index.stats().keys;

@@ -127,6 +127,7 @@ fn in_cluster(
         password_file: None,
         tls: None,
         cluster: nodes,
+        cluster_leaving: false,
     };
     KvService::start("kvcache", &config, Arc::new(AtomicBool::new(false))).unwrap()
 }
@@ -155,6 +156,7 @@ fn with_a_password_only_authenticated_clients_are_served() {
         password_file: Some(secret.clone()),
         tls: None,
         cluster: Vec::new(),
+        cluster_leaving: false,
     };
     let svc = KvService::start("kvcache", &config, Arc::new(AtomicBool::new(false))).unwrap();
     let talk = |c: &mut TcpStream, req: &str, expect: &str| {
@@ -320,6 +322,7 @@ fn checkpointing_blocks(path: &std::path::Path, blocks: u64) -> Arc<KvService> {
         password_file: None,
         tls: None,
         cluster: Vec::new(),
+        cluster_leaving: false,
     };
     KvService::start("kvcache", &config, Arc::new(AtomicBool::new(false))).unwrap()
 }
@@ -358,6 +361,7 @@ fn striped_config(paths: &[std::path::PathBuf]) -> KvCache {
         password_file: None,
         tls: None,
         cluster: Vec::new(),
+        cluster_leaving: false,
     }
 }
 

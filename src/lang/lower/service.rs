@@ -101,6 +101,7 @@ impl Lowerer<'_> {
         let mut nvme_digests = NvmeDigests::default();
         let mut page_cache = None;
         let mut discard = false;
+        let mut leaving = false;
         let mut io_timeout = DEFAULT_IO_TIMEOUT;
         let mut max_clients = DEFAULT_MAX_CLIENTS;
         let mut slowlog = Some(DEFAULT_SLOWLOG);
@@ -240,21 +241,17 @@ impl Lowerer<'_> {
                     };
                     nvme_digests = NvmeDigests { header, data };
                 }
-                "page_cache" => match w.as_str() {
-                    "on" => page_cache = Some(true),
-                    "off" => page_cache = Some(false),
-                    other => {
-                        self.err(w.span, format!("`page_cache` is on or off, not `{other}`"));
-                        ok = false;
-                    }
+                "page_cache" => match self.on_off(o, "reads and writes a local target through the kernel's page cache") {
+                    Some(on) => page_cache = Some(on),
+                    None => ok = false,
                 },
-                "discard" => match w.as_str() {
-                    "on" => discard = true,
-                    "off" => discard = false,
-                    other => {
-                        self.err(w.span, format!("`discard` is on or off, not `{other}`"));
-                        ok = false;
-                    }
+                "discard" => match self.on_off(o, "tells the target which blocks no longer hold data") {
+                    Some(on) => discard = on,
+                    None => ok = false,
+                },
+                "cluster_leaving" => match self.on_off(o, "takes this node out of the cluster, its keys handed to the nodes listed") {
+                    Some(on) => leaving = on,
+                    None => ok = false,
                 },
                 "io_timeout" => match self.parsed_if(
                     w,
@@ -384,11 +381,32 @@ impl Lowerer<'_> {
             );
             ok = false;
         }
-        if !cluster.is_empty() && !cluster.iter().any(|(a, _)| *a == listen) {
+        let listed = cluster.iter().any(|(a, _)| *a == listen);
+        let leaving_at =
+            opt_value(&b.options, "cluster_leaving").map_or(b.name.span, |o| o.values[0].span);
+        if leaving && cluster.is_empty() {
+            self.err(
+                leaving_at,
+                "a node leaving a cluster needs the `cluster_node`s it hands its keys to",
+            )
+            .hint = Some("list the nodes that stay, as they list themselves".into());
+            ok = false;
+        } else if leaving && listed {
+            let at = opt_value(&b.options, "listen").map_or(b.name.span, |o| o.values[0].span);
+            self.err(
+                at,
+                format!(
+                    "`listen` {listen} is among the `cluster_node`s of a node leaving the cluster"
+                ),
+            )
+            .add_note(leaving_at, "leaving from here")
+            .hint = Some("list the nodes that stay, without this one".into());
+            ok = false;
+        } else if !leaving && !cluster.is_empty() && !listed {
             let at = opt_value(&b.options, "listen").map_or(b.name.span, |o| o.values[0].span);
             self.err(at, format!("`listen` {listen} is not among the `cluster_node`s"))
                 .add_note(cluster[0].1, "the cluster's nodes are listed from here")
-                .hint = Some("list this node too, by the address it listens on and hosts reach it at: every node lists the same nodes in the same order".into());
+                .hint = Some("list this node too, by the address it listens on and hosts reach it at: every node lists the same nodes in the same order (or, to take it out of the cluster and hand its keys to the nodes listed, add `cluster_leaving on`)".into());
             ok = false;
         }
         ok.then(|| Service {
@@ -411,6 +429,7 @@ impl Lowerer<'_> {
                 password_file,
                 tls,
                 cluster: cluster.into_iter().map(|(a, _)| a).collect(),
+                cluster_leaving: leaving,
             }),
         })
     }
