@@ -2084,7 +2084,9 @@ print("ok")
             c = ports[2],
         )
     };
-    while (a.metric(handed), b.metric(handed)) != (to_b, to_c) {
+    let waiting = "dpuflow_kvcache_handoff_keys{service=\"kvcache\"}";
+    let none_waiting = |kvs: &[&KvService]| kvs.iter().all(|kv| kv.metric(waiting) == 0);
+    while (a.metric(handed), b.metric(handed)) != (to_b, to_c) || !none_waiting(&[&a, &b]) {
         assert!(
             Instant::now() < deadline,
             "handed over {} and {} of {to_b} and {to_c}",
@@ -2127,7 +2129,9 @@ print("ok")
     let c = start_as(2, 2, "cluster_leaving on");
     let to_a = slots.iter().filter(|s| (5461..8192).contains(*s)).count() as u64;
     let deadline = Instant::now() + Duration::from_secs(60);
-    while (a.metric(handed), b.metric(handed), c.metric(handed)) != (0, to_a, to_c) {
+    while (a.metric(handed), b.metric(handed), c.metric(handed)) != (0, to_a, to_c)
+        || !none_waiting(&[&a, &b, &c])
+    {
         assert!(
             Instant::now() < deadline,
             "handed over {} and {}",

@@ -663,6 +663,11 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
         as_gauge(per(&|_, g| g.inline_bytes)),
     );
     fam.gauge(
+        "dpuflow_kvcache_handoff_keys",
+        "Keys held of hash slots the cluster's node list gave another node, not yet handed to it.",
+        as_gauge(per(&|s, _| s.counters.handoff_waiting.load(Relaxed))),
+    );
+    fam.gauge(
         "dpuflow_kvcache_clients",
         "Client connections open.",
         as_gauge(per(&|s, _| s.counters.clients.load(Relaxed))),

@@ -220,6 +220,7 @@ impl KvService {
             }
             pending.retain(|(_, keys)| !keys.is_empty());
             if pending.is_empty() {
+                self.counters.handoff_waiting.store(0, Relaxed);
                 tracing::info!(service = %self.name,
                     "kvcache: every saved key of the slots other nodes serve is handed to its node");
                 return;
@@ -285,9 +286,12 @@ impl KvService {
                 }
                 taken += 1;
                 // Not if gone since: evicted, expired or flushed.
-                if let Some((value, deadline)) = self.lock().peek(key) {
-                    bytes += value.len() as usize;
-                    batch.push((key, value, deadline));
+                match self.lock().peek(key) {
+                    Some((value, deadline)) => {
+                        bytes += value.len() as usize;
+                        batch.push((key, value, deadline));
+                    }
+                    None => self.no_longer_waiting(),
                 }
             }
             let values: Vec<&Extents> = batch.iter().map(|(_, v, _)| &**v).collect();
@@ -312,6 +316,7 @@ impl KvService {
                     // Not what was written: dropped, as a client's read drops it.
                     None => {
                         self.lock().remove_value(key, &value);
+                        self.no_longer_waiting();
                     }
                 }
             }
@@ -323,6 +328,7 @@ impl KvService {
                     Answer::Done | Answer::Null => {
                         self.lock().remove_value(key, value);
                         self.counters.handed_off.fetch_add(1, Relaxed);
+                        self.no_longer_waiting();
                         took += 1;
                     }
                     Answer::Error(e) => {
@@ -337,6 +343,12 @@ impl KvService {
             later.append(&mut again);
         }
         Ok(took)
+    }
+
+    /// A key waiting to be handed over is no longer: taken, or gone.
+    fn no_longer_waiting(&self) {
+        let waiting = &self.counters.handoff_waiting;
+        let _ = waiting.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1));
     }
 }
 

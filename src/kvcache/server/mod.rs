@@ -342,6 +342,8 @@ pub struct KvCounters {
     /// Keys of slots another node serves since the node list changed, taken by that
     /// node (see the `handoff` module).
     pub handed_off: AtomicU64,
+    /// Keys held of slots another node serves, not yet handed over.
+    pub handoff_waiting: AtomicU64,
     /// Connections that ended in a TLS error: a failed handshake (no or an untrusted
     /// client certificate, a client that does not trust ours, plaintext) or a bad record.
     pub tls_failures: AtomicU64,
@@ -558,6 +560,7 @@ impl KvService {
             )?;
         }
         if waiting > 0 && (config.tls.is_none() || peer_tls.is_some()) {
+            svc.counters.handoff_waiting.store(waiting as u64, Relaxed);
             let s = Arc::clone(&svc);
             spawn(
                 format!("kv-{name}-handoff"),

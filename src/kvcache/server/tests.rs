@@ -287,6 +287,8 @@ fn a_node_keeps_the_saved_keys_of_other_slots_for_their_node() {
         // Two blocks a value, every value still held.
         assert_eq!(svc.gauges().used_bytes, keys.len() as u64 * 2 * 4096);
         assert_eq!(svc.counters.handed_off.load(Relaxed), 0);
+        let theirs = (keys.len() - mine.len()) as u64;
+        assert_eq!(svc.counters.handoff_waiting.load(Relaxed), theirs);
         svc.stop.store(true, Relaxed);
         svc.shutdown();
     }
