@@ -7,7 +7,7 @@
 //! "Redirection and resharding"). Each node keeps its own slots' keys on its own
 //! target. The slots are fixed by the file: no resharding while serving, no replicas, no
 //! cluster bus; keys a node holds of slots the file now gives another node are handed to
-//! it when the node starts (`handoff`).
+//! it when the node starts (`handoff`), all of them by a node leaving the cluster.
 
 use crate::kvcache::resp::{reply, Proto};
 use std::net::SocketAddr;

@@ -2,7 +2,8 @@
 //! node that starts with saved keys of hash slots the list now gives another node sends
 //! each to that node as a client of it would (`SET key value NX`, with its deadline as
 //! `PXAT`), and forgets it once taken: a cluster that grows by a node keeps its cache
-//! rather than losing the keys of every slot that changed hands.
+//! rather than losing the keys of every slot that changed hands. A node leaving the
+//! cluster (`cluster_leaving`) serves no slot, so it hands over all its keys.
 //!
 //! Until a key is taken it stays here, unserved: a request for it is answered `MOVED` to
 //! its node, which misses it meanwhile (as a slot's keys stay on the node the slot

@@ -465,7 +465,8 @@ impl KvService {
                 service: name.to_owned(),
                 source,
             })?;
-        // Keys of slots another node serves (the node list changed) go to that node.
+        // Keys of slots another node serves (the node list changed, or this node is
+        // leaving) go to that node.
         let cluster = cluster::Cluster::new(&config.cluster, config.listen, config.cluster_leaving);
         let strangers = cluster
             .as_ref()
