@@ -482,17 +482,19 @@ impl KvService {
             _ => None,
         };
         let waiting: usize = strangers.iter().map(|(_, keys)| keys.len()).sum();
-        if waiting > 0 && config.tls.is_some() && peer_tls.is_none() {
-            // Over TLS without `tls_client_ca` nothing says the other node is the one
-            // listed: they would only take room.
-            let dropped =
-                index.remove_where(|key, _| cluster.as_ref().is_some_and(|c| !c.owns(key)));
+        // Over TLS without `tls_client_ca` nothing says the other node is the one listed.
+        let handing = waiting > 0 && (config.tls.is_none() || peer_tls.is_some());
+        if waiting > 0 && !handing {
+            // They would only take room.
+            for key in strangers.iter().flat_map(|(_, keys)| keys) {
+                index.remove(key);
+            }
             tracing::warn!(
                 service = name,
-                keys = dropped,
+                keys = waiting,
                 "kvcache: dropped the saved keys of hash slots other cluster nodes serve (the `cluster_node` list changed): handing them over TLS needs `tls_client_ca` to verify the nodes"
             );
-        } else if waiting > 0 {
+        } else if handing {
             tracing::info!(
                 service = name,
                 keys = waiting,
@@ -560,7 +562,7 @@ impl KvService {
                 Box::new(move || s.discard_freed_blocks()),
             )?;
         }
-        if waiting > 0 && (config.tls.is_none() || peer_tls.is_some()) {
+        if handing {
             svc.counters.handoff_waiting.store(waiting as u64, Relaxed);
             let s = Arc::clone(&svc);
             spawn(
