@@ -143,14 +143,18 @@ impl Peer {
             }
             self.fill()?;
         };
-        let line = String::from_utf8_lossy(&self.buf[self.at..end]).into_owned();
+        // The kind by its first byte: a text made of bytes that are not UTF-8 has no
+        // first character one byte long.
+        let (kind, rest) = match self.buf[self.at..end].split_first() {
+            Some((&k, rest)) => (k, String::from_utf8_lossy(rest).into_owned()),
+            None => (0, String::new()),
+        };
         self.at = end + 2;
-        let (kind, rest) = line.split_at(line.len().min(1));
         Ok(match kind {
-            "+" | ":" => Answer::Done,
-            "_" => Answer::Null,
-            "-" => Answer::Error(rest.to_owned()),
-            "$" => match rest.parse::<i64>() {
+            b'+' | b':' => Answer::Done,
+            b'_' => Answer::Null,
+            b'-' => Answer::Error(rest),
+            b'$' => match rest.parse::<i64>() {
                 Ok(n) if n < 0 => Answer::Null,
                 Ok(n) => {
                     // Passed over as it comes, not kept.
@@ -169,7 +173,12 @@ impl Peer {
                 }
                 Err(_) => return Err(io::Error::other(format!("a reply of `${rest}`"))),
             },
-            _ => return Err(io::Error::other(format!("an unexpected reply `{line}`"))),
+            _ => {
+                return Err(io::Error::other(format!(
+                    "an unexpected reply `{}{rest}`",
+                    kind as char
+                )))
+            }
         })
     }
 
