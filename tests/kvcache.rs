@@ -2245,7 +2245,7 @@ fn commands_are_described_as_redis_describes_its_own() {
         "client", "cluster", "command", "config", "latency", "memory", "slowlog",
     ];
     let served: Vec<String> = bulks(&ours.call(&["COMMAND", "LIST"]));
-    assert_eq!(served.len(), 49, "{served:?}");
+    assert_eq!(served.len(), 52, "{served:?}");
     for name in &served {
         let (a, b) = (
             ours.call(&["COMMAND", "INFO", name]),
@@ -2612,13 +2612,26 @@ impl Resp {
 
     /// The reply to `words`, whole (a simple reply, an integer, an error, a bulk string,
     /// an array of them; in RESP3 also a null, a map, a set, a verbatim string).
-    fn call(&mut self, words: &[&str]) -> String {
-        let mut req = format!("*{}\r\n", words.len());
-        for w in words {
-            req += &format!("${}\r\n{w}\r\n", w.len());
-        }
-        self.send_raw(req.as_bytes());
+    fn call<W: AsRef<[u8]>>(&mut self, words: &[W]) -> String {
+        self.send(words);
         self.reply()
+    }
+
+    /// Sends `words` as one request.
+    fn send<W: AsRef<[u8]>>(&mut self, words: &[W]) {
+        let mut req = format!("*{}\r\n", words.len()).into_bytes();
+        for w in words.iter().map(AsRef::as_ref) {
+            req.extend_from_slice(format!("${}\r\n", w.len()).as_bytes());
+            req.extend_from_slice(w);
+            req.extend_from_slice(b"\r\n");
+        }
+        self.send_raw(&req);
+    }
+
+    /// `DUMP key`'s payload.
+    fn dump(&mut self, key: &str) -> Vec<u8> {
+        self.send(&["DUMP", key]);
+        self.bulk()
     }
 
     /// The keys `KEYS pattern` lists, sorted.
@@ -3262,6 +3275,235 @@ fn commands_answer_as_redis_does() {
         .collect();
     assert!(differ.is_empty(), "{}", differ.join("\n"));
     assert_eq!(kv.terminate(), 0);
+}
+
+/// `DUMP` and `RESTORE` as Redis 7 answers them, with payloads redis-server made: the
+/// options, their errors and the order Redis checks them in, deadlines relative and
+/// absolute, a deadline already past, a key already there; a payload of a type not held
+/// (a list) is refused.
+#[test]
+fn dump_and_restore_answer_as_redis_does() {
+    let (_dir, kv, _redis, redis_port) = beside_redis("kv-restore");
+    let (mut ours, mut theirs) = (Resp::connect(kv.port), Resp::connect(redis_port));
+    assert_eq!(theirs.call(&["SET", "text", "hello"]), "+OK\r\n");
+    assert_eq!(theirs.call(&["RPUSH", "list", "a", "b"]), ":2\r\n");
+    let text = theirs.dump("text");
+    let list = theirs.dump("list");
+    theirs.call(&["DEL", "text", "list"]);
+    let mut broken = text.clone();
+    broken[3] ^= 1;
+    let past = "1000000000000";
+    let later = (std::time::SystemTime::now() + Duration::from_secs(3600))
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis()
+        .to_string();
+    let t: &[u8] = &text;
+    let script: &[&[&[u8]]] = &[
+        &[b"DUMP", b"missing"],
+        &[b"DUMP"],
+        &[b"DUMP", b"a", b"b"],
+        &[b"RESTORE", b"k", b"0"],
+        &[b"RESTORE", b"k", b"0", t],
+        &[b"GET", b"k"],
+        &[b"TTL", b"k"],
+        &[b"RESTORE", b"k", b"0", t],
+        // The key is looked for before the deadline and the payload are.
+        &[b"RESTORE", b"k", b"-1", b"junk"],
+        &[b"RESTORE", b"k", b"-1", t, b"REPLACE"],
+        &[b"RESTORE", b"k", b"x", t, b"REPLACE"],
+        &[b"RESTORE", b"k", b"0", b"junk", b"REPLACE"],
+        &[b"RESTORE", b"k", b"0", &broken, b"REPLACE"],
+        &[b"RESTORE", b"k", b"0", t, b"REPLACE", b"FOO"],
+        &[b"RESTORE", b"k", b"0", t, b"REPLACE", b"IDLETIME"],
+        &[b"RESTORE", b"k", b"0", t, b"REPLACE", b"IDLETIME", b"-1"],
+        &[b"RESTORE", b"k", b"0", t, b"REPLACE", b"IDLETIME", b"x"],
+        &[b"RESTORE", b"k", b"0", t, b"REPLACE", b"FREQ", b"256"],
+        &[
+            b"RESTORE",
+            b"k",
+            b"0",
+            t,
+            b"REPLACE",
+            b"FREQ",
+            b"5",
+            b"IDLETIME",
+            b"5",
+        ],
+        &[b"RESTORE", b"k", b"0", t, b"REPLACE", b"IDLETIME", b"100"],
+        &[
+            b"RESTORE", b"k", b"0", t, b"REPLACE", b"FREQ", b"255", b"REPLACE",
+        ],
+        &[b"RESTORE", b"k", later.as_bytes(), t, b"REPLACE", b"ABSTTL"],
+        &[b"EXPIRETIME", b"k"],
+        // Already past: nothing stored, and a key replaced is gone.
+        &[b"RESTORE", b"gone", past.as_bytes(), t, b"ABSTTL"],
+        &[b"EXISTS", b"gone"],
+        &[b"RESTORE", b"k", past.as_bytes(), t, b"ABSTTL", b"REPLACE"],
+        &[b"EXISTS", b"k"],
+        &[b"RESTORE-ASKING", b"k", b"0", t],
+        &[b"GET", b"k"],
+        &[b"RESTORE-ASKING", b"k"],
+    ];
+    let differ: Vec<String> = script
+        .iter()
+        .filter_map(|words| {
+            let (a, b) = (ours.call(words), theirs.call(words));
+            let shown: Vec<_> = words.iter().map(|w| String::from_utf8_lossy(w)).collect();
+            (a != b).then(|| format!("{shown:?}: {a:?}, Redis {b:?}"))
+        })
+        .collect();
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
+    // A relative deadline is from now.
+    ours.call(&[&b"RESTORE"[..], b"soon", b"60000", t]);
+    let left: i64 = ours.call(&["PTTL", "soon"])[1..]
+        .trim()
+        .parse()
+        .expect("PTTL");
+    assert!((59_000..=60_000).contains(&left), "{left}");
+    let refused = ours.call(&[&b"RESTORE"[..], b"list", b"0", &list]);
+    assert!(refused.starts_with("-ERR Bad data format"), "{refused}");
+    assert_eq!(ours.call(&["EXISTS", "list"]), ":0\r\n");
+    assert_eq!(kv.terminate(), 0);
+}
+
+/// Redis's own `MIGRATE` moves its keys into the service (as `redis-cli --cluster
+/// import` and other tools have it do), whatever encoding Redis chose for each value:
+/// short and long text, integers, an empty string, LZF-compressed runs, random bytes
+/// larger than a block, a deadline; and what `DUMP` gives here restores into Redis.
+#[test]
+fn keys_move_between_redis_and_the_service_as_redis_moves_them() {
+    let (_dir, kv, _redis, redis_port) = beside_redis("kv-migrate");
+    let mut theirs = Resp::connect(redis_port);
+    let repeated: Vec<u8> = b"layer-0:".iter().cycle().take(100_000).copied().collect();
+    let values: Vec<(&str, Vec<u8>)> = vec![
+        ("text", b"hello".to_vec()),
+        ("int", b"12345".to_vec()),
+        ("negative", b"-5".to_vec()),
+        ("wide", b"4294967296".to_vec()),
+        ("empty", Vec::new()),
+        (
+            "long-text",
+            b"0123456789abcdefghijklmnopqrstuvwxyz".to_vec(),
+        ),
+        ("repeated", repeated),
+        ("random", value(70_000, 7)),
+        ("expiring", b"for a while".to_vec()),
+    ];
+    for (key, v) in &values {
+        assert_eq!(theirs.call(&[&b"SET"[..], key.as_bytes(), v]), "+OK\r\n");
+    }
+    theirs.call(&["PEXPIRE", "expiring", "600000"]);
+    let keys: Vec<&str> = values.iter().map(|(k, _)| *k).collect();
+    let port = kv.port.to_string();
+    let migrate = |options: &[&'static str]| {
+        let mut words = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000"];
+        words.extend_from_slice(options);
+        words.push("KEYS");
+        words.extend_from_slice(&keys);
+        words
+    };
+    let mut theirs = Resp::connect(redis_port);
+    assert_eq!(theirs.call(&migrate(&["COPY"])), "+OK\r\n");
+    // Already there: Redis passes on the service's refusal, then replaces them.
+    let again = theirs.call(&migrate(&["COPY"]));
+    assert!(
+        again.contains("BUSYKEY Target key name already exists."),
+        "{again}"
+    );
+    assert_eq!(theirs.call(&migrate(&["COPY", "REPLACE"])), "+OK\r\n");
+    let mut ours = Resp::connect(kv.port);
+    for (key, v) in &values {
+        ours.send(&["GET", key]);
+        assert_eq!(&ours.bulk(), v, "{key}");
+    }
+    let left: i64 = ours.call(&["PTTL", "expiring"])[1..]
+        .trim()
+        .parse()
+        .expect("PTTL");
+    assert!((590_000..=600_000).contains(&left), "{left}");
+    assert_eq!(ours.call(&["TTL", "text"]), ":-1\r\n");
+    // And back: each payload made here restores into Redis as the same value.
+    for (key, v) in &values {
+        let payload = ours.dump(key);
+        let back = format!("back:{key}");
+        let restored = theirs.call(&[&b"RESTORE"[..], back.as_bytes(), b"0", &payload]);
+        assert_eq!(restored, "+OK\r\n", "{key}");
+        theirs.send(&["GET", &back]);
+        assert_eq!(&theirs.bulk(), v, "{key}");
+    }
+    assert_eq!(kv.terminate(), 0);
+}
+
+/// A Redis's keys imported into a cluster of services with `redis-cli --cluster
+/// import` (which has the Redis `MIGRATE` each key to the node serving its slot): every
+/// key on its own node with its value and deadline, read back through redis-py's
+/// cluster client, and the cluster checked whole.
+#[test]
+fn redis_cli_imports_a_redis_into_a_cluster_of_services() {
+    let ports = [free_port(), free_port()];
+    let nodes: String = ports
+        .iter()
+        .map(|p| format!("cluster_node 127.0.0.1:{p}\n"))
+        .collect();
+    let dirs = [Scratch::new("kv-import-a"), Scratch::new("kv-import-b")];
+    let kvs: Vec<KvService> = (dirs.iter().zip(ports))
+        .map(|(d, port)| {
+            let target = format!("file://{}", d.path("blocks.img"));
+            KvService::spawn(d, port, &target, "64MiB", &nodes, None)
+        })
+        .collect();
+    let (_dir, _plain, _redis, redis_port) = beside_redis("kv-import-source");
+    let script = format!(
+        r#"
+import redis
+r = redis.Redis(port={redis_port})
+for i in range(200):
+    r.set(f"chunk:{{i}}", bytes([i]) * (i * 331 % 9000))
+r.set("chunk:17", b"expiring", px=600000)
+print("ok")
+"#
+    );
+    redis_py_ok(&script, "filling the Redis to import");
+    let node = format!("127.0.0.1:{}", ports[0]);
+    let from = format!("127.0.0.1:{redis_port}");
+    let import = tool_ok(
+        "redis-cli",
+        &[
+            "--cluster",
+            "import",
+            &node,
+            "--cluster-from",
+            &from,
+            "--cluster-copy",
+        ],
+    );
+    assert!(!import.contains("ERR"), "{import}");
+    let check = tool_ok("redis-cli", &["--cluster", "check", &node]);
+    assert!(check.contains("[OK] 200 keys in 2 masters."), "{check}");
+    let script = format!(
+        r#"
+import redis
+from redis.cluster import RedisCluster, ClusterNode
+rc = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", {a})])
+for i in range(200):
+    want = b"expiring" if i == 17 else bytes([i]) * (i * 331 % 9000)
+    assert rc.get(f"chunk:{{i}}") == want, i
+assert 590000 <= rc.pttl("chunk:17") <= 600000
+assert rc.ttl("chunk:18") == -1
+for n, here in zip([redis.Redis(port=p) for p in ({a}, {b})], (range(0, 8192), range(8192, 16384))):
+    assert 50 < n.dbsize() < 150
+    for k in n.keys("*"):
+        assert rc.keyslot(k) in here, k
+print("ok")
+"#,
+        a = ports[0],
+        b = ports[1],
+    );
+    redis_py_ok(&script, "reading the imported keys through the cluster");
+    for kv in kvs {
+        assert_eq!(kv.terminate(), 0);
+    }
 }
 
 /// What each server sends back for `bytes` on a fresh connection, `<closed>` appended

@@ -4,6 +4,7 @@
 //! NVMe/TCP namespace through [`nvme_tcp`]), so the hosts' CPUs stay out of it. [`server`] puts them together as a service of
 //! `dpuflow run`, over TLS where configured ([`crate::tls`]).
 
+pub mod dump;
 mod free;
 pub mod glob;
 pub mod index;

@@ -119,7 +119,7 @@ const fn command(
 
 /// Every command served, sorted by name: flags, ACL categories and tips are lists of
 /// words.
-pub(super) const CATALOG: [Command; 49] = [
+pub(super) const CATALOG: [Command; 52] = [
     command("asking", 1, "fast", "@fast @connection", "", None),
     command(
         "auth",
@@ -155,6 +155,14 @@ pub(super) const CATALOG: [Command; 49] = [
         "@keyspace @write @slow",
         "request_policy:multi_shard response_policy:agg_sum",
         keys(-1, 1, "RM delete"),
+    ),
+    command(
+        "dump",
+        2,
+        "readonly",
+        "@keyspace @read @slow",
+        "nondeterministic_output",
+        key("RO access"),
     ),
     command(
         "echo",
@@ -381,6 +389,22 @@ pub(super) const CATALOG: [Command; 49] = [
         "@fast @connection",
         "",
         None,
+    ),
+    command(
+        "restore",
+        -4,
+        "write denyoom",
+        "@keyspace @write @slow @dangerous",
+        "",
+        key("OW update"),
+    ),
+    command(
+        "restore-asking",
+        -4,
+        "write denyoom asking",
+        "@keyspace @write @slow @dangerous",
+        "",
+        key("OW update"),
     ),
     command(
         "save",

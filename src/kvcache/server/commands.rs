@@ -332,6 +332,12 @@ impl KvService {
                 }
             }
             "getex" => self.getex(args, out, p),
+            "dump" => {
+                if arity(1, out) {
+                    self.dump(args[0], out, p);
+                }
+            }
+            "restore" | "restore-asking" => self.restore(&name, args, out),
             // Typed by hand, or while someone watches (`MONITOR`); otherwise MGET is
             // served as it is read, its values sent as they come (`talk`).
             "mget" if !args.is_empty() => {

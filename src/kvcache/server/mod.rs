@@ -31,6 +31,7 @@ mod commands;
 mod handoff;
 mod monitor;
 mod saved;
+mod serialized;
 mod slowlog;
 mod values;
 
