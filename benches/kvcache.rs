@@ -2,10 +2,11 @@
 //! requests (a pipelined burst of GETs; a SET carrying a 64 KiB value, whose bytes the
 //! parser must not walk), and the index at a million keys (a GET's lookup; a SET's
 //! allocation and insert in a full store, evicting the least recently used), and the
-//! NVMe/TCP data digest of a MiB (`nvme_digest data`), and what a checkpoint does with the
-//! index locked at a million keys. Run with `cargo bench --bench kvcache`.
+//! NVMe/TCP data digest of a MiB (`nvme_digest data`), what a checkpoint does with the
+//! index locked at a million keys, and a 64 KiB value's `DUMP` payload made and read. Run with `cargo bench --bench kvcache`.
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use dpuflow::kvcache::dump;
 use dpuflow::kvcache::index::{Index, SNAPSHOT_PART};
 use dpuflow::kvcache::resp::{self, reply};
 use std::hint::black_box;
@@ -204,5 +205,20 @@ fn digest(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, parsing, index, digest, checkpoint);
+/// A 64 KiB value's `DUMP` payload made, and read back as `RESTORE` reads it: a copy and
+/// Redis's CRC-64 over the bytes.
+fn payload(c: &mut Criterion) {
+    let value: Vec<u8> = (0..65536u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    let payload = dump::encode(&value);
+    c.bench_function("DUMP payload of 64 KiB made", |b| {
+        b.iter(|| dump::encode(black_box(&value)))
+    });
+    c.bench_function("DUMP payload of 64 KiB read", |b| {
+        b.iter(|| dump::decode(black_box(&payload), u64::MAX).map(|v| v.len()))
+    });
+}
+
+criterion_group!(benches, parsing, index, digest, checkpoint, payload);
 criterion_main!(benches);

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# How fast a Redis moves its keys into the service with its own MIGRATE, against moving
+# them into another redis-server: KEYS keys of SIZE-byte random values in a source
+# redis-server, migrated (COPY REPLACE, BATCH keys a command, one command at a time, as
+# `redis-cli --cluster import` sends them one key at a time and tools that batch send
+# them) to each target in turn, round after round; prints each target's median keys a
+# second and MB a second. The service stores on a file on tmpfs (64 KiB blocks, or
+# whole blocks of SIZE rounded up); everything shares the machine's cores. DPUFLOW=BIN
+# runs another build. Needs redis-server, redis-tools and python3-redis.
+# Usage: [DPUFLOW=BIN] bench/kv-migrate.sh [ROUNDS] [KEYS] [SIZE] [BATCH]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bench/common.sh
+rounds=${1:-3}
+keys=${2:-20000}
+size=${3:-65536}
+batch=${4:-100}
+need redis-server redis-server
+need redis-tools redis-cli
+dpuflow_bin
+shm_scratch kv-migrate
+block=$(( size < 65536 ? 4096 : 65536 ))
+capacity=$(( keys * ((size + block - 1) / block) * block * 3 / 2 / 1048576 + 64 ))
+
+# A redis-server on a free port, keeping nothing on disk; its port into `redis_port`.
+redis() {
+    redis_port=$(free_port)
+    redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
+        --dir "$dir" >/dev/null &
+    pids+=($!)
+    wait_port "$redis_port"
+}
+
+redis
+source_port=$redis_port
+redis
+plain_port=$redis_port
+kv_port=$(free_port)
+truncate -s "$(( capacity + 1 ))M" "$dir/kv.img"
+cat >"$dir/kv.pipe" <<PIPE
+pipeline kv
+port fabric { driver pcap }
+service kvcache { listen 127.0.0.1:$kv_port  target "file://$dir/kv.img"
+    capacity ${capacity}MiB  block_size $block }
+pipe from_fabric root from fabric {
+    rule kv { match tcp.dst $kv_port  actions to kvcache }
+    default { actions drop }
+}
+PIPE
+"$bin" run "$dir/kv.pipe" --metrics "127.0.0.1:$(free_port)" 2>"$dir/kv.log" >/dev/null &
+pids+=($!)
+wait_port "$kv_port"
+
+/usr/bin/python3 - "$source_port" "$keys" "$size" <<'PY'
+import os, sys, redis
+port, keys, size = (int(a) for a in sys.argv[1:])
+r = redis.Redis(port=port)
+p = r.pipeline(transaction=False)
+for i in range(keys):
+    p.set(f"chunk:{i}", os.urandom(size))
+    if i % 256 == 255:
+        p.execute()
+p.execute()
+PY
+
+# Seconds the source takes to migrate every key to PORT.
+migrate() { # PORT
+    /usr/bin/python3 - "$source_port" "$1" "$keys" "$batch" <<'PY'
+import sys, time, redis
+source, target, keys, batch = (int(a) for a in sys.argv[1:])
+r = redis.Redis(port=source)
+names = [f"chunk:{i}" for i in range(keys)]
+began = time.monotonic()
+for at in range(0, keys, batch):
+    r.migrate("127.0.0.1", target, names[at:at + batch], 0, 60000, copy=True, replace=True)
+print(f"{time.monotonic() - began:.3f}")
+PY
+}
+
+declare -A took
+for round in $(seq "$rounds"); do
+    line="round $round:"
+    for target in redis-server dpuflow; do
+        port=$plain_port
+        [ "$target" = dpuflow ] && port=$kv_port
+        s=$(migrate "$port")
+        took[$target]+="$s "
+        line+=" $target ${s}s"
+    done
+    echo "$line" >&2
+done
+mb=$(( keys * size / 1000000 ))
+for target in redis-server dpuflow; do
+    s=$(echo "${took[$target]}" | median)
+    awk -v t="$target" -v s="$s" -v k="$keys" -v mb="$mb" \
+        'BEGIN {printf "%-13s median %.3f s  %8.0f keys/s  %7.1f MB/s\n", t, s, k / s, mb / s}'
+done
