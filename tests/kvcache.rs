@@ -1780,6 +1780,20 @@ fn services_listed_as_cluster_nodes_are_one_redis_cluster() {
         &["CLUSTER", "GETKEYSINSLOT", "x", "1"],
         &["CLUSTER", "GETKEYSINSLOT", "16384", "1"],
         &["CLUSTER", "GETKEYSINSLOT", "0", "abc"],
+        // A transaction's keys must share a slot, as each request's must.
+        &["MULTI"],
+        &["SET", "{t}a", "2"],
+        &["GET", "{t}b"],
+        &["EXEC"],
+        &["MULTI"],
+        &["SET", "{t}a", "3"],
+        &["SET", "c", "3"],
+        &["EXEC"],
+        &["MGET", "{t}a", "{t}b"],
+        &["GET", "c"],
+        &["MULTI"],
+        &["MSET", "{t}a", "4", "c", "4"],
+        &["EXEC"],
     ];
     let differ = answers_differ(&mut solo, &mut redis, script);
     assert!(differ.is_empty(), "{differ:#?}");
@@ -2245,7 +2259,7 @@ fn commands_are_described_as_redis_describes_its_own() {
         "client", "cluster", "command", "config", "latency", "memory", "slowlog",
     ];
     let served: Vec<String> = bulks(&ours.call(&["COMMAND", "LIST"]));
-    assert_eq!(served.len(), 52, "{served:?}");
+    assert_eq!(served.len(), 55, "{served:?}");
     for name in &served {
         let (a, b) = (
             ours.call(&["COMMAND", "INFO", name]),
@@ -3274,6 +3288,121 @@ fn commands_answer_as_redis_does() {
         })
         .collect();
     assert!(differ.is_empty(), "{}", differ.join("\n"));
+    assert_eq!(kv.terminate(), 0);
+}
+
+/// Transactions as Redis 7 answers them: `MULTI`, requests queued, `EXEC` with their
+/// replies in one array (a request failing as it runs fails alone), `DISCARD`; a request
+/// refused as it is queued (unknown, the wrong number of arguments, not allowed in a
+/// transaction) fails the `EXEC`; nesting and `EXEC`/`DISCARD` without `MULTI`.
+#[test]
+fn transactions_answer_as_redis_does() {
+    let (_dir, kv, _redis, redis_port) = beside_redis("kv-multi");
+    let (mut ours, mut theirs) = (Resp::connect(kv.port), Resp::connect(redis_port));
+    let script: &[&[&str]] = &[
+        &["EXEC"],
+        &["DISCARD"],
+        &["MULTI", "x"],
+        &["MULTI"],
+        &["MULTI"],
+        &["SET", "a", "1"],
+        &["GET"],
+        &["EXEC"],
+        &["GET", "a"],
+        &["MULTI"],
+        &["SET", "a", "1"],
+        &["SET", "b", "2", "EX", "100"],
+        &["GET", "a"],
+        &["MGET", "a", "b", "c"],
+        &["TTL", "b"],
+        &["SET", "c", "1", "FOO"],
+        &["SETEX", "c", "x", "1"],
+        &["DEL", "b"],
+        &["EXISTS", "a", "b", "c"],
+        &["PING"],
+        &["ECHO", "hi"],
+        &["EXEC", "x"],
+        &["EXEC"],
+        &["MULTI"],
+        &["NOSUCH", "x"],
+        &["SET", "a", "2"],
+        &["EXEC"],
+        &["GET", "a"],
+        &["MULTI"],
+        &["SAVE"],
+        &["DISCARD"],
+        &["MULTI"],
+        &["EXEC"],
+        &["MULTI"],
+        &["SET", "a", "3"],
+        &["DISCARD"],
+        &["GET", "a"],
+        &["MULTI"],
+        &["MONITOR"],
+        &["GETDEL", "a"],
+        &["EXEC"],
+        &["MULTI"],
+        &["FLUSHALL"],
+        &["DBSIZE"],
+        &["EXEC"],
+    ];
+    let differ = answers_differ(&mut ours, &mut theirs, script);
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
+    assert_eq!(kv.terminate(), 0);
+}
+
+/// A transaction's requests meet no other client's: writers set two keys to the same
+/// value in transactions, over and over, while readers read both in transactions and
+/// must never see them differ; and redis-py's default pipeline (a transaction) stores
+/// and reads large values.
+#[test]
+fn a_transaction_is_served_whole_between_other_clients_requests() {
+    let dir = Scratch::new("kv-isolation");
+    let kv = KvService::start(&dir, &format!("file://{}", dir.path("blocks.img")), "64MiB");
+    let script = format!(
+        r#"
+import threading, redis
+port = {port}
+r = redis.Redis(port=port)
+p = r.pipeline()
+for i in range(20):
+    p.set(f"layer:{{i}}", bytes([i]) * 200000)
+assert p.execute() == [True] * 20
+p = r.pipeline()
+for i in range(20):
+    p.get(f"layer:{{i}}")
+assert p.execute() == [bytes([i]) * 200000 for i in range(20)]
+
+failures = []
+def write(n):
+    c = redis.Redis(port=port)
+    for i in range(400):
+        p = c.pipeline()
+        v = f"{{n}}-{{i}}".encode() * (1 + i % 50)
+        p.set("left", v)
+        p.set("right", v)
+        p.execute()
+def read():
+    c = redis.Redis(port=port)
+    for _ in range(400):
+        p = c.pipeline()
+        p.get("left")
+        p.get("right")
+        left, right = p.execute()
+        if left != right:
+            failures.append((left, right))
+threads = [threading.Thread(target=write, args=(n,)) for n in range(3)]
+threads += [threading.Thread(target=read) for _ in range(3)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+assert not failures, failures[:3]
+print("ok")
+"#,
+        port = kv.port
+    );
+    redis_py_ok(&script, "transactions against each other");
     assert_eq!(kv.terminate(), 0);
 }
 

@@ -119,7 +119,7 @@ const fn command(
 
 /// Every command served, sorted by name: flags, ACL categories and tips are lists of
 /// words.
-pub(super) const CATALOG: [Command; 52] = [
+pub(super) const CATALOG: [Command; 55] = [
     command("asking", 1, "fast", "@fast @connection", "", None),
     command(
         "auth",
@@ -157,6 +157,14 @@ pub(super) const CATALOG: [Command; 52] = [
         keys(-1, 1, "RM delete"),
     ),
     command(
+        "discard",
+        1,
+        "noscript loading stale fast allow_busy",
+        "@fast @transaction",
+        "",
+        None,
+    ),
+    command(
         "dump",
         2,
         "readonly",
@@ -169,6 +177,14 @@ pub(super) const CATALOG: [Command; 52] = [
         2,
         "loading stale fast",
         "@fast @connection",
+        "",
+        None,
+    ),
+    command(
+        "exec",
+        1,
+        "noscript loading stale skip_slowlog",
+        "@slow @transaction",
         "",
         None,
     ),
@@ -309,6 +325,14 @@ pub(super) const CATALOG: [Command; 52] = [
         "@write @string @slow",
         "request_policy:multi_shard response_policy:all_succeeded",
         keys(-1, 2, "OW update"),
+    ),
+    command(
+        "multi",
+        1,
+        "noscript loading stale fast allow_busy",
+        "@fast @transaction",
+        "",
+        None,
     ),
     command(
         "persist",

@@ -5,6 +5,7 @@
 use super::catalog::{self, Subcommand, CATALOG, SUBCOMMANDS};
 use super::clients::{self, Attribute, ClientInfo, KillFilter, BAD_NAME};
 use super::cluster;
+use super::transaction;
 use super::values::{Expiry, Only};
 use super::{now_ms, KvService, Replies, Session, COMMANDS, SERVED, TIMED};
 use crate::kvcache::glob;
@@ -101,7 +102,7 @@ fn cursor_of(arg: &[u8]) -> Option<u64> {
 
 /// Redis's error for a command it does not know: the name as sent and the first
 /// arguments, each quoted, as much of them as fits in 128 bytes.
-fn unknown_command(name: &[u8], args: &[&[u8]]) -> String {
+pub(super) fn unknown_command(name: &[u8], args: &[&[u8]]) -> String {
     const SHOWN: usize = 128;
     let name = String::from_utf8_lossy(&name[..name.len().min(SHOWN)]);
     let mut shown = Vec::new();
@@ -283,7 +284,8 @@ impl KvService {
         if let Some(i) = TIMED.iter().position(|c| *c == name) {
             c.durations[i].observe_n(took, n);
         }
-        if !matches!(name, "auth" | "hello") {
+        // As Redis: a transaction's requests are logged, not its `EXEC` (`skip_slowlog`).
+        if !matches!(name, "auth" | "hello" | "exec") {
             self.slowlog.note(took, args, others, client);
         }
     }
@@ -316,6 +318,13 @@ impl KvService {
         if let Some(e) = self.redirection(&name, words) {
             self.counters.redirected.fetch_add(1, Relaxed);
             reply::error(out, &e);
+            if let Some(queued) = &mut s.transaction {
+                queued.refuse();
+            }
+            return false;
+        }
+        if s.transaction.is_some() && !transaction::served_at_once(&name) {
+            self.queue(&name, words, out, s);
             return false;
         }
         match name.as_str() {
@@ -338,6 +347,12 @@ impl KvService {
                 }
             }
             "restore" | "restore-asking" => self.restore(&name, args, out),
+            "multi" | "exec" | "discard" if !args.is_empty() => {
+                self.transaction_arity(&name, out, s);
+            }
+            "multi" => self.multi(out, s),
+            "exec" => self.exec(out, s),
+            "discard" => self.discard(out, s),
             // Typed by hand, or while someone watches (`MONITOR`); otherwise MGET is
             // served as it is read, its values sent as they come (`talk`).
             "mget" if !args.is_empty() => {

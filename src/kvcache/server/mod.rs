@@ -33,6 +33,7 @@ mod monitor;
 mod saved;
 mod serialized;
 mod slowlog;
+mod transaction;
 mod values;
 
 pub use saved::{inspect, Inspection, Strangers};
@@ -136,6 +137,7 @@ impl Client {
             authed: self.svc.password.is_none(),
             monitoring: None,
             client: Arc::clone(&self.info),
+            transaction: None,
         }
     }
 }
@@ -155,6 +157,8 @@ pub(super) struct Session {
     /// It asked for `MONITOR`: the lines it is to stream once its replies are sent.
     pub monitoring: Option<crossbeam_channel::Receiver<Vec<u8>>>,
     pub client: Arc<ClientInfo>,
+    /// The requests queued since its `MULTI`, while in a transaction.
+    transaction: Option<transaction::Queued>,
 }
 
 /// The time of day in unix milliseconds, the clock deadlines are in.
@@ -395,6 +399,8 @@ pub struct KvService {
     monitors: Monitors,
     /// The cluster this service is a node of, if it is one.
     cluster: Option<cluster::Cluster>,
+    /// Requests served at once, or a transaction's alone.
+    turns: transaction::Turns,
 }
 
 /// A snapshot of a service's index for metrics.
@@ -538,6 +544,7 @@ impl KvService {
             slowlog: SlowLog::new(config.slowlog),
             monitors: Monitors::default(),
             cluster,
+            turns: transaction::Turns::default(),
         });
         let spawn = |thread: String, work: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -789,7 +796,8 @@ impl KvService {
                         // Typed by hand: served one at a time, from its unescaped words
                         // (its `args` are not in `req`).
                         let typed = resp::is_inline(req);
-                        let fast = s.authed && !typed;
+                        // In a transaction every request is queued (`execute`).
+                        let fast = s.authed && !typed && s.transaction.is_none();
                         // While someone watches, pipelined GETs and SETs are served one
                         // by one, each shown as sent.
                         let watched = self.monitors.watching();
@@ -861,6 +869,7 @@ impl KvService {
                             }
                             s.client.served("set");
                             let since = Instant::now();
+                            let _turn = self.turns.take(false);
                             self.sets(&items, &mut out);
                             let (key, value) = items[0];
                             let first = [&b"SET"[..], key, value];
@@ -871,6 +880,8 @@ impl KvService {
                         }
                         let from = if typed { &inline[..] } else { req };
                         let words: Vec<&[u8]> = args.iter().map(|r| &from[r.clone()]).collect();
+                        let _turn =
+                            (self.turns).take(transaction::is_exec(&s, words.first().copied()));
                         quit = if s.authed {
                             self.execute(&words, &mut out, &mut s)
                         } else {

@@ -788,6 +788,7 @@ fn session(svc: &KvService) -> Session {
         authed: svc.password.is_none(),
         monitoring: None,
         client: svc.clients.register(nowhere, nowhere, -1),
+        transaction: None,
     }
 }
 
@@ -1037,7 +1038,7 @@ fn the_commands_counted_are_the_commands_served() {
         "incr",
         "lpush",
         "append",
-        "multi",
+        "watch",
         "subscribe",
         "shutdown",
     ] {

@@ -284,10 +284,15 @@ impl KvService {
         stream: &mut impl Write,
         proto: Proto,
     ) -> io::Result<()> {
-        let mut served = self.values_share(keys, out, proto);
+        // A turn a share: none is held while a client takes its replies.
+        let share = |keys, out: &mut Replies| {
+            let _turn = self.turns.take(false);
+            self.values_share(keys, out, proto)
+        };
+        let mut served = share(keys, out);
         while served < keys.len() {
             send(stream, out)?;
-            served += self.values_share(&keys[served..], out, proto);
+            served += share(&keys[served..], out);
         }
         Ok(())
     }
