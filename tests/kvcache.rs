@@ -2259,7 +2259,7 @@ fn commands_are_described_as_redis_describes_its_own() {
         "client", "cluster", "command", "config", "latency", "memory", "slowlog",
     ];
     let served: Vec<String> = bulks(&ours.call(&["COMMAND", "LIST"]));
-    assert_eq!(served.len(), 55, "{served:?}");
+    assert_eq!(served.len(), 57, "{served:?}");
     for name in &served {
         let (a, b) = (
             ours.call(&["COMMAND", "INFO", name]),
@@ -3294,7 +3294,8 @@ fn commands_answer_as_redis_does() {
 /// Transactions as Redis 7 answers them: `MULTI`, requests queued, `EXEC` with their
 /// replies in one array (a request failing as it runs fails alone), `DISCARD`; a request
 /// refused as it is queued (unknown, the wrong number of arguments, not allowed in a
-/// transaction) fails the `EXEC`; nesting and `EXEC`/`DISCARD` without `MULTI`.
+/// transaction) fails the `EXEC`; nesting and `EXEC`/`DISCARD` without `MULTI`; keys
+/// watched, changed by a write or a new deadline (or not), in RESP2 and RESP3.
 #[test]
 fn transactions_answer_as_redis_does() {
     let (_dir, kv, _redis, redis_port) = beside_redis("kv-multi");
@@ -3345,16 +3346,87 @@ fn transactions_answer_as_redis_does() {
         &["FLUSHALL"],
         &["DBSIZE"],
         &["EXEC"],
+        // Keys watched: the EXEC runs only if none changed since.
+        &["WATCH"],
+        &["WATCH", "a"],
+        &["SET", "a", "1"],
+        &["MULTI"],
+        &["GET", "a"],
+        &["EXEC"],
+        &["WATCH", "a", "a", "missing"],
+        &["MULTI"],
+        &["SET", "a", "2"],
+        &["EXEC"],
+        &["WATCH", "a"],
+        &["GET", "a"],
+        &["MULTI"],
+        &["WATCH", "b"],
+        &["GET", "a"],
+        &["EXEC"],
+        &["WATCH", "a"],
+        &["SET", "a", "2"],
+        &["MULTI"],
+        &["PING"],
+        &["EXEC"],
+        &["WATCH", "a"],
+        &["EXPIRE", "a", "100"],
+        &["MULTI"],
+        &["PING"],
+        &["EXEC"],
+        &["WATCH", "a"],
+        &["UNWATCH"],
+        &["DEL", "a"],
+        &["MULTI"],
+        &["GET", "a"],
+        &["EXEC"],
+        &["UNWATCH", "x"],
+        &["WATCH", "a"],
+        &["DISCARD"],
+        &["SET", "a", "3"],
+        &["MULTI"],
+        &["PING"],
+        &["EXEC"],
+        &["WATCH", "a"],
+        &["SET", "a", "4"],
+        &["MULTI"],
+        &["NOSUCH"],
+        &["EXEC"],
+        &["MULTI"],
+        &["PING"],
+        &["EXEC"],
+        &["WATCH", "a"],
+        &["MULTI"],
+        &["UNWATCH"],
+        &["DISCARD"],
+        &["SET", "a", "5"],
+        &["MULTI"],
+        &["PING"],
+        &["EXEC"],
     ];
-    let differ = answers_differ(&mut ours, &mut theirs, script);
+    let mut differ = answers_differ(&mut ours, &mut theirs, script);
+    // RESP3: a transaction a watched key failed answers a null.
+    ours.call(&["HELLO", "3"]);
+    theirs.call(&["HELLO", "3"]);
+    let script: &[&[&str]] = &[
+        &["WATCH", "a"],
+        &["SET", "a", "6"],
+        &["MULTI"],
+        &["PING"],
+        &["EXEC"],
+        &["MULTI"],
+        &["GET", "a"],
+        &["EXEC"],
+    ];
+    differ.extend(answers_differ(&mut ours, &mut theirs, script));
     assert!(differ.is_empty(), "{}", differ.join("\n"));
     assert_eq!(kv.terminate(), 0);
 }
 
 /// A transaction's requests meet no other client's: writers set two keys to the same
 /// value in transactions, over and over, while readers read both in transactions and
-/// must never see them differ; and redis-py's default pipeline (a transaction) stores
-/// and reads large values.
+/// must never see them differ; redis-py's default pipeline (a transaction) stores and
+/// reads large values; and clients raising one count with redis-py's `transaction()`
+/// (`WATCH`, read, `MULTI`, write, `EXEC`, again if the key changed) lose no step.
 #[test]
 fn a_transaction_is_served_whole_between_other_clients_requests() {
     let dir = Scratch::new("kv-isolation");
@@ -3398,6 +3470,24 @@ for t in threads:
 for t in threads:
     t.join()
 assert not failures, failures[:3]
+
+# Read-modify-write with WATCH, as redis-py's transaction() runs it: a count raised by
+# several clients at once loses no step (a step whose key changed is run again).
+r.set("count", b"0")
+def raise_count():
+    c = redis.Redis(port=port)
+    def step(p):
+        n = int(p.get("count"))
+        p.multi()
+        p.set("count", str(n + 1))
+    for _ in range(100):
+        c.transaction(step, "count")
+threads = [threading.Thread(target=raise_count) for _ in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+assert r.get("count") == b"400", r.get("count")
 print("ok")
 "#,
         port = kv.port

@@ -119,7 +119,7 @@ const fn command(
 
 /// Every command served, sorted by name: flags, ACL categories and tips are lists of
 /// words.
-pub(super) const CATALOG: [Command; 55] = [
+pub(super) const CATALOG: [Command; 57] = [
     command("asking", 1, "fast", "@fast @connection", "", None),
     command(
         "auth",
@@ -510,6 +510,22 @@ pub(super) const CATALOG: [Command; 55] = [
         "@keyspace @write @fast",
         "request_policy:multi_shard response_policy:agg_sum",
         keys(-1, 1, "RM delete"),
+    ),
+    command(
+        "unwatch",
+        1,
+        "noscript loading stale fast allow_busy",
+        "@fast @transaction",
+        "",
+        None,
+    ),
+    command(
+        "watch",
+        -2,
+        "noscript loading stale fast allow_busy",
+        "@fast @transaction",
+        "",
+        keys(-1, 1, "RO"),
     ),
 ];
 

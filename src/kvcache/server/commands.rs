@@ -350,6 +350,13 @@ impl KvService {
             "multi" | "exec" | "discard" if !args.is_empty() => {
                 self.transaction_arity(&name, out, s);
             }
+            "watch" if !args.is_empty() => self.watch(args, out, s),
+            "unwatch" => {
+                if arity(0, out) {
+                    s.watched.clear();
+                    reply::ok(out);
+                }
+            }
             "multi" => self.multi(out, s),
             "exec" => self.exec(out, s),
             "discard" => self.discard(out, s),
@@ -497,7 +504,7 @@ impl KvService {
                 Err(e) => reply::error(out, e),
             },
             "hello" => self.hello_command(args, out, s),
-            "mget" | "mset" | "del" | "unlink" | "exists" => {
+            "mget" | "mset" | "del" | "unlink" | "exists" | "watch" => {
                 reply::error(
                     out,
                     &format!("ERR wrong number of arguments for '{name}' command"),

@@ -138,6 +138,7 @@ impl Client {
             monitoring: None,
             client: Arc::clone(&self.info),
             transaction: None,
+            watched: Vec::new(),
         }
     }
 }
@@ -159,6 +160,8 @@ pub(super) struct Session {
     pub client: Arc<ClientInfo>,
     /// The requests queued since its `MULTI`, while in a transaction.
     transaction: Option<transaction::Queued>,
+    /// The keys it `WATCH`es.
+    watched: Vec<transaction::Watched>,
 }
 
 /// The time of day in unix milliseconds, the clock deadlines are in.

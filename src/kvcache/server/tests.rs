@@ -789,6 +789,7 @@ fn session(svc: &KvService) -> Session {
         monitoring: None,
         client: svc.clients.register(nowhere, nowhere, -1),
         transaction: None,
+        watched: Vec::new(),
     }
 }
 
@@ -1038,7 +1039,7 @@ fn the_commands_counted_are_the_commands_served() {
         "incr",
         "lpush",
         "append",
-        "watch",
+        "psubscribe",
         "subscribe",
         "shutdown",
     ] {

@@ -5,7 +5,9 @@
 //! not allowed in a transaction, keys another node serves) fails the `EXEC` that follows
 //! (`EXECABORT`); one that fails as it runs fails alone, the others running, as in Redis.
 //! Clients send them for a pipeline of requests that must not be split: redis-py's
-//! `pipeline()` does by default. Keys cannot be `WATCH`ed.
+//! `pipeline()` does by default. Keys `WATCH`ed before the `MULTI` make the `EXEC` do
+//! nothing (a null reply) if any of them changed meanwhile: optimistic locking, as
+//! redis-py's `transaction()` runs a read-modify-write.
 //!
 //! Clients are served in parallel, each on its thread: requests take the service's turn
 //! ([`Turns`]) shared, an `EXEC` alone, so a transaction's requests meet no other's. A
@@ -15,8 +17,9 @@ use super::catalog;
 use super::cluster;
 use super::commands::unknown_command;
 use super::{KvService, Replies, Session};
-use crate::kvcache::resp::reply;
-use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use crate::kvcache::index::Extents;
+use crate::kvcache::resp::{reply, Proto};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 /// The requests a connection queued since its `MULTI`.
 #[derive(Debug, Default)]
@@ -24,6 +27,19 @@ pub(super) struct Queued {
     requests: Vec<Vec<Vec<u8>>>,
     /// One was refused as it was queued: the `EXEC` is refused.
     refused: bool,
+}
+
+/// A key a connection `WATCH`es, and what it held then: its value and deadline, or
+/// nothing. The value is known by its place in memory, which stays its own while watched
+/// (a weak reference keeps the place, not the value's blocks): any `SET` of the key,
+/// even of the same bytes, gives it a new value, and a key removed, expired, evicted or
+/// given another deadline differs too. A key absent when watched and absent again at the
+/// `EXEC` counts as unchanged even if it was set and removed between (Redis would fail
+/// the `EXEC`).
+#[derive(Debug)]
+pub(super) struct Watched {
+    key: Vec<u8>,
+    held: Option<(Weak<Extents>, Option<u64>)>,
 }
 
 /// Who is served: any number of requests at once, or one `EXEC` alone.
@@ -58,7 +74,7 @@ pub(super) fn is_exec(s: &Session, first: Option<&[u8]>) -> bool {
 
 /// Whether the command `name` is served at once in a transaction rather than queued.
 pub(super) fn served_at_once(name: &str) -> bool {
-    matches!(name, "exec" | "discard" | "multi" | "quit")
+    matches!(name, "exec" | "discard" | "multi" | "quit" | "watch")
 }
 
 impl Queued {
@@ -98,12 +114,51 @@ impl KvService {
         }
     }
 
-    /// `DISCARD`: drops the transaction and what it queued.
+    /// `DISCARD`: drops the transaction and what it queued, and forgets the keys watched.
     pub(super) fn discard(&self, out: &mut Vec<u8>, s: &mut Session) {
         match s.transaction.take() {
-            Some(_) => reply::ok(out),
+            Some(_) => {
+                s.watched.clear();
+                reply::ok(out);
+            }
             None => reply::error(out, "ERR DISCARD without MULTI"),
         }
+    }
+
+    /// `WATCH key [key …]`: notes what each key holds now, for the next `EXEC` to check
+    /// (a key watched already keeps its first note); not within a transaction.
+    pub(super) fn watch(&self, keys: &[&[u8]], out: &mut Vec<u8>, s: &mut Session) {
+        if s.transaction.is_some() {
+            return reply::error(out, "ERR WATCH inside MULTI is not allowed");
+        }
+        let ix = self.lock();
+        for key in keys {
+            if s.watched.iter().all(|w| w.key != *key) {
+                let held = ix
+                    .peek(key)
+                    .map(|(v, d)| (std::sync::Arc::downgrade(&v), d));
+                s.watched.push(Watched {
+                    key: key.to_vec(),
+                    held,
+                });
+            }
+        }
+        reply::ok(out);
+    }
+
+    /// Whether a key of `watched` holds other than it did when watched.
+    fn changed(&self, watched: &[Watched]) -> bool {
+        let ix = self.lock();
+        watched.iter().any(|w| {
+            let now = ix.peek(&w.key);
+            match (&w.held, &now) {
+                (None, None) => false,
+                (Some((value, d0)), Some((current, d1))) => {
+                    value.as_ptr() != std::sync::Arc::as_ptr(current) || d0 != d1
+                }
+                _ => true,
+            }
+        })
     }
 
     /// Queues `words`, a request of the command `name` in a transaction, or refuses it
@@ -140,14 +195,23 @@ impl KvService {
 
     /// `EXEC`: serves the requests queued, in order, their replies in one array (the
     /// caller holds the service's turn alone); refused if one was refused as it was
-    /// queued or, on a node of a cluster, when their keys are of more than one slot.
+    /// queued or, on a node of a cluster, when their keys are of more than one slot;
+    /// nothing run if a key watched changed. The keys watched are forgotten.
     pub(super) fn exec(&self, out: &mut Replies, s: &mut Session) {
         let Some(queued) = s.transaction.take() else {
             return reply::error(out, "ERR EXEC without MULTI");
         };
+        let watched = std::mem::take(&mut s.watched);
         if queued.refused {
             let e = "EXECABORT Transaction discarded because of previous errors.";
             return reply::error(out, e);
+        }
+        if self.changed(&watched) {
+            // The null array: nothing was run.
+            return out.extend_from_slice(match s.proto {
+                Proto::Resp2 => b"*-1\r\n",
+                Proto::Resp3 => b"_\r\n",
+            });
         }
         let requests: Vec<Vec<&[u8]>> = (queued.requests.iter())
             .map(|r| r.iter().map(Vec::as_slice).collect())
