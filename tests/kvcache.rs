@@ -1584,6 +1584,16 @@ fn monitor_shows_requests_as_redis_does() {
         &["GETEX", "a", "foo"],
         &["NOSUCH", "x"],
         &["DEL", "a"],
+        // A transaction's requests are shown as they run, at its EXEC.
+        &["WATCH", "a"],
+        &["MULTI"],
+        &["SET", "a", "1"],
+        &["GET", "a"],
+        &["GET"],
+        &["EXEC"],
+        &["MULTI"],
+        &["SET", "a", "2"],
+        &["DISCARD"],
     ];
     for words in script {
         ours.call(words);
