@@ -3356,6 +3356,17 @@ fn transactions_answer_as_redis_does() {
         &["FLUSHALL"],
         &["DBSIZE"],
         &["EXEC"],
+        // Runs of SETs and GETs (served together).
+        &["MULTI"],
+        &["SET", "x", "1"],
+        &["SET", "y", "2"],
+        &["SET", "x", "3"],
+        &["GET", "x"],
+        &["GET", "missing"],
+        &["GET", "y"],
+        &["SET", "z", "4"],
+        &["GET", "z"],
+        &["EXEC"],
         // Keys watched: the EXEC runs only if none changed since.
         &["WATCH"],
         &["WATCH", "a"],

@@ -870,14 +870,8 @@ impl KvService {
                                 });
                                 break;
                             }
-                            s.client.served("set");
-                            let since = Instant::now();
                             let _turn = self.turns.take(false);
-                            self.sets(&items, &mut out);
-                            let (key, value) = items[0];
-                            let first = [&b"SET"[..], key, value];
-                            let others = Some((items.len() - 1, "SET"));
-                            self.finished("set", items.len(), since, first, others, &s.client);
+                            self.set_run(&items, &mut out, &s.client);
                             start = end;
                             continue;
                         }

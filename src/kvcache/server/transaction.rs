@@ -220,15 +220,40 @@ impl KvService {
             return reply::error(out, "CROSSSLOT Keys in request don't hash to the same slot");
         }
         reply::array(out, requests.len());
-        for words in &requests {
+        // Runs of plain SETs and GETs go to the target together, as pipelined ones do
+        // (unless someone watches, who is shown each request as it runs).
+        let together = !self.monitors.watching();
+        let mut rest = &requests[..];
+        while let Some(words) = rest.first() {
+            let sets = run_of(rest, b"set", 3);
+            if together && sets > 1 {
+                let items: Vec<_> = rest[..sets].iter().map(|w| (w[1], w[2])).collect();
+                self.set_run(&items, out, &s.client);
+                rest = &rest[sets..];
+                continue;
+            }
+            let gets = run_of(rest, b"get", 2);
+            if together && gets > 1 {
+                let keys: Vec<_> = rest[..gets].iter().map(|w| w[1]).collect();
+                self.get_run(&keys, out, s.proto, &s.client);
+                rest = &rest[gets..];
+                continue;
+            }
             // Its connection would stream what others do, and not read its requests.
             if words[0].eq_ignore_ascii_case(b"monitor") {
                 reply::error(out, "ERR MONITOR isn't allowed for DENY BLOCKING client");
-                continue;
+            } else {
+                self.execute(words, out, s);
             }
-            self.execute(words, out, s);
+            rest = &rest[1..];
         }
     }
+}
+
+/// How many of `requests`, from the first, are of the command `name` with `words` words.
+fn run_of(requests: &[Vec<&[u8]>], name: &[u8], words: usize) -> usize {
+    let of_it = |w: &&Vec<&[u8]>| w.len() == words && w[0].eq_ignore_ascii_case(name);
+    requests.iter().take_while(of_it).count()
 }
 
 /// The slots of the keys of `requests`, each once (in order of first appearance).

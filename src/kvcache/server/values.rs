@@ -1,6 +1,7 @@
 //! Values between a connection and the target: blocks taken and written for `SET`s,
 //! read back into replies for `GET`s, checked against their checksums.
 
+use super::clients::ClientInfo;
 use super::commands::refusal;
 use super::saved::run_pieces;
 use super::{send, KvService, Replies, CACHE_LINE, READ, WRITE};
@@ -330,6 +331,40 @@ impl KvService {
         }
         self.reply_values(&keys[..values.len()], &values, out, proto);
         values.len()
+    }
+
+    /// A run of `SET key value` requests, one of each of `items`, served as [`sets`]
+    /// serves them and counted as that many `SET`s of `client`'s.
+    ///
+    /// [`sets`]: KvService::sets
+    pub(super) fn set_run(&self, items: &[(&[u8], &[u8])], out: &mut Vec<u8>, client: &ClientInfo) {
+        client.served("set");
+        let since = Instant::now();
+        self.sets(items, out);
+        let (key, value) = items[0];
+        let first = [&b"SET"[..], key, value];
+        let others = Some((items.len() - 1, "SET"));
+        self.finished("set", items.len(), since, first, others, client);
+    }
+
+    /// A run of `GET key` requests, one of each of `keys`, their values read share after
+    /// share into `out` (not sent between), counted as that many `GET`s of `client`'s.
+    pub(super) fn get_run(
+        &self,
+        keys: &[&[u8]],
+        out: &mut Replies,
+        proto: Proto,
+        client: &ClientInfo,
+    ) {
+        client.served("get");
+        let since = Instant::now();
+        let mut served = 0;
+        while served < keys.len() {
+            served += self.values_share(&keys[served..], out, proto);
+        }
+        let first = [&b"GET"[..], keys[0]];
+        let others = Some((keys.len() - 1, "GET"));
+        self.finished("get", keys.len(), since, first, others, client);
     }
 
     /// `SET key value` of each of `items`, their replies one after another, the values
