@@ -2269,7 +2269,7 @@ fn commands_are_described_as_redis_describes_its_own() {
         "client", "cluster", "command", "config", "latency", "memory", "slowlog",
     ];
     let served: Vec<String> = bulks(&ours.call(&["COMMAND", "LIST"]));
-    assert_eq!(served.len(), 57, "{served:?}");
+    assert_eq!(served.len(), 58, "{served:?}");
     for name in &served {
         let (a, b) = (
             ours.call(&["COMMAND", "INFO", name]),
@@ -2650,6 +2650,12 @@ impl Resp {
             req.extend_from_slice(b"\r\n");
         }
         self.send_raw(&req);
+    }
+
+    /// `PTTL key`'s milliseconds.
+    fn pttl(&mut self, key: &str) -> i64 {
+        let reply = self.call(&["PTTL", key]);
+        reply[1..].trim().parse().expect("PTTL")
     }
 
     /// `DUMP key`'s payload.
@@ -3539,6 +3545,9 @@ fn dump_and_restore_answer_as_redis_does() {
         .as_millis()
         .to_string();
     let t: &[u8] = &text;
+    // A port nothing listens on.
+    let closed = free_port().to_string();
+    let closed = closed.as_bytes();
     let script: &[&[&[u8]]] = &[
         &[b"DUMP", b"missing"],
         &[b"DUMP"],
@@ -3584,6 +3593,58 @@ fn dump_and_restore_answer_as_redis_does() {
         &[b"RESTORE-ASKING", b"k", b"0", t],
         &[b"GET", b"k"],
         &[b"RESTORE-ASKING", b"k"],
+        // MIGRATE's reading of its arguments, and a target that cannot be reached.
+        &[b"MIGRATE", b"127.0.0.1", closed, b"missing", b"0", b"100"],
+        &[
+            b"MIGRATE",
+            b"127.0.0.1",
+            closed,
+            b"",
+            b"0",
+            b"100",
+            b"KEYS",
+            b"missing",
+        ],
+        &[b"MIGRATE", b"127.0.0.1", closed, b"k", b"0", b"100", b"FOO"],
+        &[
+            b"MIGRATE",
+            b"127.0.0.1",
+            closed,
+            b"k",
+            b"0",
+            b"100",
+            b"AUTH",
+        ],
+        &[
+            b"MIGRATE",
+            b"127.0.0.1",
+            closed,
+            b"k",
+            b"0",
+            b"100",
+            b"AUTH2",
+            b"u",
+        ],
+        &[b"MIGRATE", b"127.0.0.1", closed, b"k", b"x", b"100"],
+        &[b"MIGRATE", b"127.0.0.1", closed, b"k", b"0", b"x", b"COPY"],
+        &[
+            b"MIGRATE",
+            b"127.0.0.1",
+            closed,
+            b"k",
+            b"0",
+            b"100",
+            b"KEYS",
+            b"k",
+        ],
+        &[b"MIGRATE", b"127.0.0.1", closed, b"k", b"0"],
+        &[
+            b"COMMAND", b"GETKEYS", b"MIGRATE", b"h", b"1", b"", b"0", b"5", b"AUTH2", b"u",
+            b"keys", b"KEYS", b"a", b"b",
+        ],
+        &[
+            b"COMMAND", b"GETKEYS", b"MIGRATE", b"h", b"1", b"k", b"0", b"5", b"COPY",
+        ],
     ];
     let differ: Vec<String> = script
         .iter()
@@ -3594,12 +3655,15 @@ fn dump_and_restore_answer_as_redis_does() {
         })
         .collect();
     assert!(differ.is_empty(), "{}", differ.join("\n"));
+    // Redis says it failed writing to a target that refused the connection.
+    let unreachable = ours.call(&[&b"MIGRATE"[..], b"127.0.0.1", closed, b"k", b"0", b"100"]);
+    assert_eq!(
+        unreachable,
+        "-IOERR error or timeout connecting to the client\r\n"
+    );
     // A relative deadline is from now.
     ours.call(&[&b"RESTORE"[..], b"soon", b"60000", t]);
-    let left: i64 = ours.call(&["PTTL", "soon"])[1..]
-        .trim()
-        .parse()
-        .expect("PTTL");
+    let left = ours.pttl("soon");
     assert!((59_000..=60_000).contains(&left), "{left}");
     let refused = ours.call(&[&b"RESTORE"[..], b"list", b"0", &list]);
     assert!(refused.starts_with("-ERR Bad data format"), "{refused}");
@@ -3610,7 +3674,8 @@ fn dump_and_restore_answer_as_redis_does() {
 /// Redis's own `MIGRATE` moves its keys into the service (as `redis-cli --cluster
 /// import` and other tools have it do), whatever encoding Redis chose for each value:
 /// short and long text, integers, an empty string, LZF-compressed runs, random bytes
-/// larger than a block, a deadline; and what `DUMP` gives here restores into Redis.
+/// larger than a block, a deadline; and what `DUMP` gives here restores into Redis, and
+/// the service's own `MIGRATE` moves them back into Redis.
 #[test]
 fn keys_move_between_redis_and_the_service_as_redis_moves_them() {
     let (_dir, kv, _redis, redis_port) = beside_redis("kv-migrate");
@@ -3636,13 +3701,7 @@ fn keys_move_between_redis_and_the_service_as_redis_moves_them() {
     theirs.call(&["PEXPIRE", "expiring", "600000"]);
     let keys: Vec<&str> = values.iter().map(|(k, _)| *k).collect();
     let port = kv.port.to_string();
-    let migrate = |options: &[&'static str]| {
-        let mut words = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000"];
-        words.extend_from_slice(options);
-        words.push("KEYS");
-        words.extend_from_slice(&keys);
-        words
-    };
+    let migrate = |options: &[&'static str]| migrate_request(&port, options, &keys);
     let mut theirs = Resp::connect(redis_port);
     assert_eq!(theirs.call(&migrate(&["COPY"])), "+OK\r\n");
     // Already there: Redis passes on the service's refusal, then replaces them.
@@ -3657,10 +3716,7 @@ fn keys_move_between_redis_and_the_service_as_redis_moves_them() {
         ours.send(&["GET", key]);
         assert_eq!(&ours.bulk(), v, "{key}");
     }
-    let left: i64 = ours.call(&["PTTL", "expiring"])[1..]
-        .trim()
-        .parse()
-        .expect("PTTL");
+    let left = ours.pttl("expiring");
     assert!((590_000..=600_000).contains(&left), "{left}");
     assert_eq!(ours.call(&["TTL", "text"]), ":-1\r\n");
     // And back: each payload made here restores into Redis as the same value.
@@ -3672,13 +3728,40 @@ fn keys_move_between_redis_and_the_service_as_redis_moves_them() {
         theirs.send(&["GET", &back]);
         assert_eq!(&theirs.bulk(), v, "{key}");
     }
+    // And with the service's own MIGRATE: refused while Redis holds the keys, as Redis
+    // passes on a refusal, then replacing them; the keys leave the service.
+    let redis_port = redis_port.to_string();
+    let to_redis = |options: &[&'static str]| migrate_request(&redis_port, options, &keys);
+    let refused =
+        "-ERR Target instance replied with error: BUSYKEY Target key name already exists.\r\n";
+    assert_eq!(ours.call(&to_redis(&[])), refused);
+    assert_eq!(theirs.call(&["SET", "text", "stale"]), "+OK\r\n");
+    assert_eq!(ours.call(&to_redis(&["REPLACE"])), "+OK\r\n");
+    assert_eq!(ours.call(&["DBSIZE"]), ":0\r\n");
+    for (key, v) in &values {
+        theirs.send(&["GET", key]);
+        assert_eq!(&theirs.bulk(), v, "{key}");
+    }
+    let left = theirs.pttl("expiring");
+    assert!((590_000..=600_000).contains(&left), "{left}");
+    assert_eq!(ours.call(&to_redis(&[])), "+NOKEY\r\n");
     assert_eq!(kv.terminate(), 0);
+}
+
+/// `MIGRATE` of `keys` to 127.0.0.1:`port` within 5 s, with `options`.
+fn migrate_request<'a>(port: &'a str, options: &[&'a str], keys: &[&'a str]) -> Vec<&'a str> {
+    let mut words = vec!["MIGRATE", "127.0.0.1", port, "", "0", "5000"];
+    words.extend_from_slice(options);
+    words.push("KEYS");
+    words.extend_from_slice(keys);
+    words
 }
 
 /// A Redis's keys imported into a cluster of services with `redis-cli --cluster
 /// import` (which has the Redis `MIGRATE` each key to the node serving its slot): every
 /// key on its own node with its value and deadline, through the nodes' password, read
-/// back through redis-py's cluster client, and the cluster checked whole.
+/// back through redis-py's cluster client, and the cluster checked whole; then a
+/// service's keys moved into the cluster the same way, by its own `MIGRATE`.
 #[test]
 fn redis_cli_imports_a_redis_into_a_cluster_of_services() {
     let ports = [free_port(), free_port()];
@@ -3742,6 +3825,52 @@ print("ok")
         b = ports[1],
     );
     redis_py_ok(&script, "reading the imported keys through the cluster");
+    // From a service alone into the cluster: the source's own MIGRATE, which moves them
+    // (no `--cluster-copy`), over a value the cluster holds (`--cluster-replace`).
+    let alone_dir = Scratch::new("kv-import-alone");
+    let alone = KvService::start(
+        &alone_dir,
+        &format!("file://{}", alone_dir.path("blocks.img")),
+        "16MiB",
+    );
+    let script = format!(
+        r#"
+import redis
+r = redis.Redis(port={port})
+for i in range(150, 250):
+    r.set(f"chunk:{{i}}", b"from the service %d" % i, px=600000 if i % 2 else None)
+print("ok")
+"#,
+        port = alone.port
+    );
+    redis_py_ok(&script, "filling a service to import");
+    let from = format!("127.0.0.1:{}", alone.port);
+    let import = cli(&[
+        "import",
+        &node,
+        "--cluster-from",
+        &from,
+        "--cluster-replace",
+    ]);
+    assert!(!import.contains("ERR"), "{import}");
+    assert!(cli(&["check", &node]).contains("[OK] 250 keys in 2 masters."));
+    assert_eq!(alone.cli(&["DBSIZE"]).trim(), "0");
+    let script = format!(
+        r#"
+from redis.cluster import RedisCluster, ClusterNode
+rc = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", {a})], password="move-it")
+for i in range(150, 250):
+    assert rc.get(f"chunk:{{i}}") == b"from the service %d" % i, i
+    if i % 2:
+        assert 590000 <= rc.pttl(f"chunk:{{i}}") <= 600000
+    else:
+        assert rc.ttl(f"chunk:{{i}}") == -1
+print("ok")
+"#,
+        a = ports[0],
+    );
+    redis_py_ok(&script, "reading the keys imported from a service");
+    assert_eq!(alone.terminate(), 0);
     for kv in kvs {
         assert_eq!(kv.terminate(), 0);
     }

@@ -3,7 +3,9 @@
 //! never panics or hangs. Inputs of an odd length go to a service that is a node of a
 //! two-node cluster (keys of half the slots its own, the rest redirected), of an even
 //! length to a standalone one. The services live across inputs, as they do across
-//! clients.
+//! clients. Everything runs in a network namespace of its own (as root), where only
+//! loopback is up: a request can make the service connect anywhere (`MIGRATE host
+//! port`), and the fuzzer's must not leave the machine.
 #![no_main]
 
 use dpuflow::ir::{KvCache, NvmeDigests, StorageTarget};
@@ -11,11 +13,34 @@ use dpuflow::kvcache::server::KvService;
 use libfuzzer_sys::fuzz_target;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::process::Command;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Once, OnceLock};
 use std::time::Duration;
 
+/// Moves this thread, and the threads and processes it starts from now on, into a new
+/// network namespace with loopback up.
+fn isolate_network() {
+    static ISOLATED: Once = Once::new();
+    ISOLATED.call_once(|| {
+        // SAFETY: unshare(2) takes no pointers; it changes only this thread's namespace.
+        let moved = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+        assert_eq!(
+            moved,
+            0,
+            "a network namespace of its own (run as root): {}",
+            std::io::Error::last_os_error()
+        );
+        let up = Command::new("ip")
+            .args(["link", "set", "lo", "up"])
+            .status()
+            .expect("`ip` is required (iproute2)");
+        assert!(up.success(), "loopback not brought up: {up}");
+    });
+}
+
 fn service(in_cluster: bool) -> SocketAddr {
+    isolate_network();
     static SERVICES: [OnceLock<Arc<KvService>>; 2] = [OnceLock::new(), OnceLock::new()];
     SERVICES[usize::from(in_cluster)]
         .get_or_init(|| {

@@ -59,6 +59,19 @@ impl Keys {
     }
 }
 
+/// Keys a command names after a keyword, past those its first key specification covers
+/// (`MIGRATE … KEYS key …`): Redis 7 describes them by a second specification, marked
+/// incomplete, that searches for `keyword` from argument `from` (negative: counted from
+/// the end, searching back) and takes every argument after it; and finds a request's
+/// keys by the command's own reading of its arguments (`places`), as it does here.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct KeywordKeys {
+    pub keyword: &'static str,
+    pub from: i64,
+    pub access: &'static str,
+    pub places: fn(&[&[u8]]) -> Vec<usize>,
+}
+
 /// What `COMMAND INFO` tells of a command or subcommand beside its name and arity; each
 /// list is of words.
 #[derive(Debug, Clone, Copy)]
@@ -69,9 +82,19 @@ pub(super) struct Traits {
     /// How a cluster client routes it and merges its replies, and what varies in them.
     pub tips: &'static str,
     pub keys: Option<Keys>,
+    pub keyword_keys: Option<KeywordKeys>,
 }
 
 impl Traits {
+    /// The places of the keys of a request of `words` (its name first); `None` when it
+    /// has fewer words than its keys need.
+    pub fn key_places(&self, words: &[&[u8]]) -> Option<Vec<usize>> {
+        match self.keyword_keys {
+            Some(k) => Some((k.places)(words)),
+            None => Some(self.keys?.of(words.len())?.collect()),
+        }
+    }
+
     /// These traits with `tips`.
     const fn tips(self, tips: &'static str) -> Traits {
         Traits { tips, ..self }
@@ -89,6 +112,7 @@ const fn traits(
         acl,
         tips,
         keys,
+        keyword_keys: None,
     }
 }
 
@@ -119,7 +143,7 @@ const fn command(
 
 /// Every command served, sorted by name: flags, ACL categories and tips are lists of
 /// words.
-pub(super) const CATALOG: [Command; 57] = [
+pub(super) const CATALOG: [Command; 58] = [
     command("asking", 1, "fast", "@fast @connection", "", None),
     command(
         "auth",
@@ -310,6 +334,29 @@ pub(super) const CATALOG: [Command; 57] = [
         "request_policy:multi_shard",
         keys(-1, 1, "RO access"),
     ),
+    Command {
+        name: "migrate",
+        arity: -6,
+        traits: Traits {
+            keyword_keys: Some(KeywordKeys {
+                keyword: "KEYS",
+                from: -2,
+                access: "RW access delete incomplete",
+                places: super::migrate::key_places,
+            }),
+            ..traits(
+                "write movablekeys",
+                "@keyspace @write @slow @dangerous",
+                "nondeterministic_output",
+                Some(Keys {
+                    begin: 3,
+                    last: 0,
+                    step: 1,
+                    access: "RW access delete",
+                }),
+            )
+        },
+    },
     command(
         "monitor",
         1,
@@ -896,36 +943,54 @@ pub(super) fn describe(
     for tip in t.tips.split_whitespace() {
         reply::bulk(out, tip.as_bytes());
     }
-    match t.keys {
-        None => reply::set(out, 0, proto),
-        Some(k) => {
-            reply::set(out, 1, proto);
-            reply::map(out, 3, proto);
-            reply::bulk(out, b"flags");
-            simple_set(out, k.access, proto);
-            reply::bulk(out, b"begin_search");
-            reply::map(out, 2, proto);
-            reply::bulk(out, b"type");
-            reply::bulk(out, b"index");
-            reply::bulk(out, b"spec");
-            reply::map(out, 1, proto);
-            reply::bulk(out, b"index");
-            reply::integer(out, k.begin);
-            reply::bulk(out, b"find_keys");
-            reply::map(out, 2, proto);
-            reply::bulk(out, b"type");
-            reply::bulk(out, b"range");
-            reply::bulk(out, b"spec");
-            reply::map(out, 3, proto);
-            for (field, n) in [("lastkey", k.last), ("keystep", k.step), ("limit", 0)] {
-                reply::bulk(out, field.as_bytes());
-                reply::integer(out, n);
-            }
-        }
+    let specs = usize::from(t.keys.is_some()) + usize::from(t.keyword_keys.is_some());
+    reply::set(out, specs, proto);
+    if let Some(k) = t.keys {
+        begin_search(out, k.access, b"index", 1, proto);
+        reply::bulk(out, b"index");
+        reply::integer(out, k.begin);
+        range(out, k.last, k.step, proto);
+    }
+    if let Some(k) = t.keyword_keys {
+        begin_search(out, k.access, b"keyword", 2, proto);
+        reply::bulk(out, b"keyword");
+        reply::bulk(out, k.keyword.as_bytes());
+        reply::bulk(out, b"startfrom");
+        reply::integer(out, k.from);
+        range(out, -1, 1, proto);
     }
     reply::set(out, subcommands.len(), proto);
     for s in subcommands {
         describe(out, s.name, s.arity(), &s.traits, &[], proto);
+    }
+}
+
+/// A key specification up to its `begin_search` spec's `fields` fields, which follow:
+/// its flags (`access`), and a search of `kind`.
+fn begin_search(out: &mut Vec<u8>, access: &str, kind: &[u8], fields: usize, proto: Proto) {
+    reply::map(out, 3, proto);
+    reply::bulk(out, b"flags");
+    simple_set(out, access, proto);
+    reply::bulk(out, b"begin_search");
+    reply::map(out, 2, proto);
+    reply::bulk(out, b"type");
+    reply::bulk(out, kind);
+    reply::bulk(out, b"spec");
+    reply::map(out, fields, proto);
+}
+
+/// A key specification's `find_keys` of every `step`th argument up to `last` (negative:
+/// counted from the end).
+fn range(out: &mut Vec<u8>, last: i64, step: i64, proto: Proto) {
+    reply::bulk(out, b"find_keys");
+    reply::map(out, 2, proto);
+    reply::bulk(out, b"type");
+    reply::bulk(out, b"range");
+    reply::bulk(out, b"spec");
+    reply::map(out, 3, proto);
+    for (field, n) in [("lastkey", last), ("keystep", step), ("limit", 0)] {
+        reply::bulk(out, field.as_bytes());
+        reply::integer(out, n);
     }
 }
 

@@ -53,10 +53,7 @@ fn command_getkeys(words: &[&[u8]], out: &mut Vec<u8>) {
     if !catalog::arity_holds(arity, words.len()) {
         return reply::error(out, "ERR Invalid number of arguments specified for command");
     }
-    let places: Vec<usize> = match traits.keys {
-        Some(k) => k.of(words.len()).map(Iterator::collect).unwrap_or_default(),
-        None => Vec::new(),
-    };
+    let places = traits.key_places(words).unwrap_or_default();
     if places.is_empty() {
         return reply::error(out, "ERR The command has no key arguments");
     }
@@ -347,6 +344,7 @@ impl KvService {
                 }
             }
             "restore" | "restore-asking" => self.restore(&name, args, out),
+            "migrate" => self.migrate(args, out),
             "multi" | "exec" | "discard" if !args.is_empty() => {
                 self.transaction_arity(&name, out, s);
             }
@@ -958,9 +956,9 @@ impl KvService {
     fn redirection(&self, name: &str, words: &[&[u8]]) -> Option<String> {
         let cluster = self.cluster.as_ref()?;
         let (arity, traits) = catalog::lookup(name, words.get(1).copied())?;
-        let keys = traits.keys?;
         let holds = catalog::arity_holds(arity, words.len());
-        cluster.redirect(words, keys.of(words.len()).filter(|_| holds)?)
+        let places = traits.key_places(words).filter(|_| holds)?;
+        cluster.redirect(words, places.into_iter())
     }
 
     /// `CLUSTER` and a subcommand of those [`KvService::subcommand`] takes, on a node of a

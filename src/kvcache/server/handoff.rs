@@ -14,14 +14,14 @@
 //! index, and go first to make room when it runs short, least recently used as they are.
 
 use super::cluster::Cluster;
+use super::peer::{Answer, Peer};
 use super::{KvService, POLL};
 use crate::kvcache::index::{Extents, Index};
 use crate::kvcache::resp::reply;
-use rustls::pki_types::ServerName;
 use rustls::ClientConfig;
 use std::collections::BTreeMap;
-use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{self, Write};
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,8 +36,6 @@ const LONGEST_RETRY: Duration = Duration::from_secs(60);
 /// so many bytes.
 const BATCH_KEYS: usize = 64;
 const BATCH_BYTES: usize = 8 << 20;
-/// The longest reply line read (an error's text, say): a node sends short ones.
-const LONGEST_LINE: usize = 64 << 10;
 
 /// The keys to hand over, by the node they go to.
 pub(super) type Pending = Vec<(SocketAddr, Vec<Arc<[u8]>>)>;
@@ -64,16 +62,6 @@ fn set_request(out: &mut Vec<u8>, key: &[u8], value: &[u8], deadline: Option<u64
     }
 }
 
-/// What a node answered a request.
-#[derive(Debug, PartialEq, Eq)]
-enum Answer {
-    /// `+OK` (or any status or number).
-    Done,
-    /// The null reply: `SET … NX` of a key the node holds already.
-    Null,
-    Error(String),
-}
-
 /// Whether a node's error says it does not serve the key's slot yet (it still has the
 /// node list before the change) or cannot take requests for a while, rather than
 /// refusing the value.
@@ -81,120 +69,6 @@ fn not_yet(error: &str) -> bool {
     ["MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN", "LOADING"]
         .iter()
         .any(|p| error.starts_with(p))
-}
-
-trait Duplex: Read + Write {}
-impl<T: Read + Write> Duplex for T {}
-
-/// A connection to another node, and the bytes of its replies read but not yet taken.
-struct Peer {
-    stream: Box<dyn Duplex>,
-    buf: Vec<u8>,
-    /// Where the next reply starts in `buf`.
-    at: usize,
-}
-
-impl Peer {
-    /// A connection to `node`, over TLS when `tls` is given (the node's address as the
-    /// name its certificate must carry).
-    fn connect(node: SocketAddr, tls: Option<&Arc<ClientConfig>>) -> io::Result<Peer> {
-        let tcp = TcpStream::connect_timeout(&node, PEER_TIMEOUT)?;
-        tcp.set_nodelay(true)?;
-        tcp.set_read_timeout(Some(PEER_TIMEOUT))?;
-        tcp.set_write_timeout(Some(PEER_TIMEOUT))?;
-        let stream: Box<dyn Duplex> = match tls {
-            Some(config) => {
-                let name = ServerName::from(node.ip());
-                let conn = rustls::ClientConnection::new(Arc::clone(config), name)
-                    .map_err(io::Error::other)?;
-                Box::new(rustls::StreamOwned::new(conn, tcp))
-            }
-            None => Box::new(tcp),
-        };
-        Ok(Peer {
-            stream,
-            buf: Vec::new(),
-            at: 0,
-        })
-    }
-
-    /// Sends `AUTH password`; an error unless the node takes it.
-    fn auth(&mut self, password: &[u8]) -> io::Result<()> {
-        let mut out = Vec::new();
-        reply::array(&mut out, 2);
-        reply::bulk(&mut out, b"AUTH");
-        reply::bulk(&mut out, password);
-        self.stream.write_all(&out)?;
-        match self.answer()? {
-            Answer::Done => Ok(()),
-            other => Err(io::Error::other(format!("AUTH answered {other:?}"))),
-        }
-    }
-
-    /// The next reply (RESP2 or RESP3): a status, a number, a null or an error; a bulk
-    /// string's bytes are passed over.
-    fn answer(&mut self) -> io::Result<Answer> {
-        let end = loop {
-            if let Some(i) = self.buf[self.at..].windows(2).position(|w| w == b"\r\n") {
-                break self.at + i;
-            }
-            if self.buf.len() - self.at > LONGEST_LINE {
-                return Err(io::Error::other("a reply line without its end"));
-            }
-            self.fill()?;
-        };
-        // The kind by its first byte: a text made of bytes that are not UTF-8 has no
-        // first character one byte long.
-        let (kind, rest) = match self.buf[self.at..end].split_first() {
-            Some((&k, rest)) => (k, String::from_utf8_lossy(rest).into_owned()),
-            None => (0, String::new()),
-        };
-        self.at = end + 2;
-        Ok(match kind {
-            b'+' | b':' => Answer::Done,
-            b'_' => Answer::Null,
-            b'-' => Answer::Error(rest),
-            b'$' => match rest.parse::<i64>() {
-                Ok(n) if n < 0 => Answer::Null,
-                Ok(n) => {
-                    // Passed over as it comes, not kept.
-                    let mut skip = n as u64 + 2;
-                    loop {
-                        let here = (self.buf.len() - self.at) as u64;
-                        if here >= skip {
-                            self.at += skip as usize;
-                            break;
-                        }
-                        skip -= here;
-                        self.at = self.buf.len();
-                        self.fill()?;
-                    }
-                    Answer::Done
-                }
-                Err(_) => return Err(io::Error::other(format!("a reply of `${rest}`"))),
-            },
-            _ => {
-                return Err(io::Error::other(format!(
-                    "an unexpected reply `{}{rest}`",
-                    kind as char
-                )))
-            }
-        })
-    }
-
-    /// Reads more of the replies into `buf`, dropping those taken.
-    fn fill(&mut self) -> io::Result<()> {
-        self.buf.drain(..self.at);
-        self.at = 0;
-        let had = self.buf.len();
-        self.buf.resize(had + (64 << 10), 0);
-        let n = self.stream.read(&mut self.buf[had..])?;
-        self.buf.truncate(had + n);
-        if n == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        Ok(())
-    }
 }
 
 impl KvService {
@@ -260,7 +134,7 @@ impl KvService {
         keys: &mut Vec<Arc<[u8]>>,
         tls: Option<&Arc<ClientConfig>>,
     ) -> io::Result<u64> {
-        let mut peer = Peer::connect(node, tls)?;
+        let mut peer = Peer::connect(node, tls, PEER_TIMEOUT)?;
         if let Some(password) = &self.password {
             peer.auth(password)?;
         }
@@ -365,83 +239,6 @@ impl KvService {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
-
-    /// A node's replies, read at most `chunk` bytes at a time.
-    struct Trickle {
-        bytes: Vec<u8>,
-        at: usize,
-        chunk: usize,
-    }
-
-    impl Read for Trickle {
-        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-            let n = buf.len().min(self.chunk).min(self.bytes.len() - self.at);
-            buf[..n].copy_from_slice(&self.bytes[self.at..self.at + n]);
-            self.at += n;
-            Ok(n)
-        }
-    }
-
-    impl Write for Trickle {
-        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
-
-    fn peer_of(bytes: Vec<u8>, chunk: usize) -> Peer {
-        Peer {
-            stream: Box::new(Trickle {
-                bytes,
-                at: 0,
-                chunk,
-            }),
-            buf: Vec::new(),
-            at: 0,
-        }
-    }
-
-    proptest! {
-        /// Whatever a node sends back, each reply is read or refused, never a panic.
-        #[test]
-        fn any_bytes_back_are_survived(bytes in proptest::collection::vec(any::<u8>(), 0..300), chunk in 1usize..9) {
-            let mut p = peer_of(bytes, chunk);
-            for _ in 0..50 {
-                if p.answer().is_err() {
-                    break;
-                }
-            }
-        }
-
-        /// Replies are read as sent, however the connection splits them.
-        #[test]
-        fn replies_are_read_as_sent(
-            kinds in proptest::collection::vec(0u8..5, 0..40),
-            chunk in 1usize..9,
-        ) {
-            let mut bytes = Vec::new();
-            let mut expected = Vec::new();
-            for (i, kind) in kinds.iter().enumerate() {
-                let (text, answer): (String, Answer) = match kind {
-                    0 => ("+OK\r\n".into(), Answer::Done),
-                    1 => ("$-1\r\n".into(), Answer::Null),
-                    2 => (format!("-MOVED {i} 10.0.0.1:6379\r\n"), Answer::Error(format!("MOVED {i} 10.0.0.1:6379"))),
-                    3 => (format!("${}\r\n{}\r\n", i, "x".repeat(i)), Answer::Done),
-                    _ => (format!(":{i}\r\n"), Answer::Done),
-                };
-                bytes.extend_from_slice(text.as_bytes());
-                expected.push(answer);
-            }
-            let mut p = peer_of(bytes, chunk);
-            for e in expected {
-                prop_assert_eq!(p.answer().unwrap(), e);
-            }
-            prop_assert!(p.answer().is_err());
-        }
-    }
 
     #[test]
     fn a_key_goes_as_a_set_that_keeps_a_newer_value_and_its_deadline() {
@@ -462,28 +259,7 @@ mod tests {
     }
 
     #[test]
-    fn replies_are_read_whole_and_redirects_tried_again() {
-        let replies =
-            b"+OK\r\n$-1\r\n_\r\n-MOVED 3999 127.0.0.1:7001\r\n$5\r\nhello\r\n:1\r\n-ERR no\r\n";
-        let mut peer = peer_of(replies.to_vec(), 64 << 10);
-        let answers: Vec<Answer> = (0..7).map(|_| peer.answer().unwrap()).collect();
-        assert_eq!(
-            answers,
-            [
-                Answer::Done,
-                Answer::Null,
-                Answer::Null,
-                Answer::Error("MOVED 3999 127.0.0.1:7001".into()),
-                Answer::Done,
-                Answer::Done,
-                Answer::Error("ERR no".into()),
-            ]
-        );
-        assert!(peer.answer().is_err(), "the end of the stream");
-        // A line that does not end is refused once too long to be a reply's.
-        let mut endless = peer_of(vec![b'-'; 3 * LONGEST_LINE], 64 << 10);
-        let e = endless.answer().unwrap_err();
-        assert!(e.to_string().contains("without its end"), "{e}");
+    fn redirects_and_a_cluster_not_ready_are_tried_again() {
         assert!(not_yet("MOVED 3999 127.0.0.1:7001") && not_yet("CLUSTERDOWN The cluster is down"));
         assert!(!not_yet("OOM no room") && !not_yet("ERR value too large"));
     }

@@ -1,7 +1,7 @@
 //! Values as Redis serializes them ([`dump`]): `DUMP` and `RESTORE`, the commands with
 //! which Redis's own tools move keys between servers (`MIGRATE`, and `redis-cli
 //! --cluster import` through it), so that a cache can move from a Redis to the service
-//! and back.
+//! and back (the service's own `MIGRATE` is in `migrate.rs`).
 
 use super::commands::integer;
 use super::values::{Expiry, Only};

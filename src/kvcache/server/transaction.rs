@@ -264,8 +264,7 @@ fn slots_of<'a>(requests: &'a [Vec<&'a [u8]>]) -> impl Iterator<Item = usize> + 
         .flat_map(|words| {
             let name = String::from_utf8_lossy(words[0]).to_ascii_lowercase();
             let keys = catalog::lookup(&name, words.get(1).copied())
-                .and_then(|(_, t)| t.keys)
-                .and_then(|k| k.of(words.len()));
+                .and_then(|(_, t)| t.key_places(words));
             keys.into_iter()
                 .flatten()
                 .map(|at| cluster::slot(words[at]))
