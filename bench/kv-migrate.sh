@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# How fast a Redis moves its keys into the service with its own MIGRATE, against moving
-# them into another redis-server: KEYS keys of SIZE-byte random values in a source
-# redis-server, migrated (COPY REPLACE, BATCH keys a command, one command at a time, as
-# `redis-cli --cluster import` sends them one key at a time and tools that batch send
-# them) to each target in turn, round after round; prints each target's median keys a
-# second and MB a second. The service stores on a file on tmpfs (64 KiB blocks, or
-# whole blocks of SIZE rounded up); everything shares the machine's cores. DPUFLOW=BIN
-# runs another build. Needs redis-server, redis-tools and python3-redis.
+# How fast keys move with MIGRATE between a redis-server and the service, against between
+# two redis-servers: KEYS keys of SIZE-byte random values in a source redis-server,
+# migrated (COPY REPLACE, BATCH keys a command, one command at a time) to another
+# redis-server, to the service, then from the service to that redis-server, round after
+# round; prints each move's median seconds, keys a second and MB a second. The service
+# stores on a file on tmpfs (64 KiB blocks, or whole blocks of SIZE rounded up);
+# everything shares the machine's cores. DPUFLOW=BIN runs another build. Needs
+# redis-server, redis-tools and python3-redis.
 # Usage: [DPUFLOW=BIN] bench/kv-migrate.sh [ROUNDS] [KEYS] [SIZE] [BATCH]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -63,9 +63,9 @@ for i in range(keys):
 p.execute()
 PY
 
-# Seconds the source takes to migrate every key to PORT.
-migrate() { # PORT
-    /usr/bin/python3 - "$source_port" "$1" "$keys" "$batch" <<'PY'
+# Seconds the server on port FROM takes to migrate every key to port TO.
+migrate() { # FROM TO
+    /usr/bin/python3 - "$1" "$2" "$keys" "$batch" <<'PY'
 import sys, time, redis
 source, target, keys, batch = (int(a) for a in sys.argv[1:])
 r = redis.Redis(port=source)
@@ -77,21 +77,28 @@ print(f"{time.monotonic() - began:.3f}")
 PY
 }
 
+# The moves timed: source and target ports, by name.
+declare -A moves=(
+    ["redis-server to redis-server"]="$source_port $plain_port"
+    ["redis-server to dpuflow"]="$source_port $kv_port"
+    ["dpuflow to redis-server"]="$kv_port $plain_port"
+)
+order=("redis-server to redis-server" "redis-server to dpuflow" "dpuflow to redis-server")
 declare -A took
 for round in $(seq "$rounds"); do
     line="round $round:"
-    for target in redis-server dpuflow; do
-        port=$plain_port
-        [ "$target" = dpuflow ] && port=$kv_port
-        s=$(migrate "$port")
-        took[$target]+="$s "
-        line+=" $target ${s}s"
+    # In this order: the service holds the keys before it sends them.
+    for move in "${order[@]}"; do
+        # shellcheck disable=SC2086 # two ports
+        s=$(migrate ${moves[$move]})
+        took[$move]+="$s "
+        line+=" $move ${s}s,"
     done
-    echo "$line" >&2
+    echo "${line%,}" >&2
 done
 mb=$(( keys * size / 1000000 ))
-for target in redis-server dpuflow; do
-    s=$(echo "${took[$target]}" | median)
-    awk -v t="$target" -v s="$s" -v k="$keys" -v mb="$mb" \
-        'BEGIN {printf "%-13s median %.3f s  %8.0f keys/s  %7.1f MB/s\n", t, s, k / s, mb / s}'
+for move in "${order[@]}"; do
+    s=$(echo "${took[$move]}" | median)
+    awk -v t="$move" -v s="$s" -v k="$keys" -v mb="$mb" \
+        'BEGIN {printf "%-28s median %.3f s  %8.0f keys/s  %7.1f MB/s\n", t, s, k / s, mb / s}'
 done
