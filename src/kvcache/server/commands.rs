@@ -694,10 +694,10 @@ impl KvService {
             return;
         };
         let current = current.map(|d| i64::try_from(d).unwrap_or(i64::MAX));
+        // XX and GT (or LT) together must both hold, as in Redis.
         let allowed = match current {
             _ if nx => current.is_none(),
-            _ if xx => current.is_some(),
-            None => !gt,
+            None => !xx && !gt,
             Some(c) => !(gt && at <= c || lt && at >= c),
         };
         if allowed {

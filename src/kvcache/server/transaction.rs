@@ -95,12 +95,14 @@ impl KvService {
     }
 
     /// `MULTI`, `EXEC` or `DISCARD` (`name`) given arguments, as Redis refuses them: in a
-    /// transaction that refuses it, an `EXEC` ending it at once.
+    /// transaction that refuses it; an `EXEC`, in a transaction or not, as the end of one
+    /// (what was queued and watched forgotten).
     pub(super) fn transaction_arity(&self, name: &str, out: &mut Vec<u8>, s: &mut Session) {
         let e = format!("wrong number of arguments for '{name}' command");
         match s.transaction.as_mut() {
-            Some(_) if name == "exec" => {
+            _ if name == "exec" => {
                 s.transaction = None;
+                s.watched.clear();
                 reply::error(
                     out,
                     &format!("EXECABORT Transaction discarded because of: {e}"),
