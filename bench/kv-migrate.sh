@@ -4,10 +4,11 @@
 # migrated (COPY REPLACE, BATCH keys a command, one command at a time) to another
 # redis-server, to the service, then from the service to that redis-server, round after
 # round; prints each move's median seconds, keys a second and MB a second. The service
-# stores on a file on tmpfs (64 KiB blocks, or whole blocks of SIZE rounded up);
-# everything shares the machine's cores. DPUFLOW=BIN runs another build. Needs
-# redis-server, redis-tools and python3-redis.
-# Usage: [DPUFLOW=BIN] bench/kv-migrate.sh [ROUNDS] [KEYS] [SIZE] [BATCH]
+# stores on a file on tmpfs (64 KiB blocks, or whole blocks of SIZE rounded up), or with
+# TARGET=nbd on a qemu-nbd export of it (where each write is a round trip); everything
+# shares the machine's cores. DPUFLOW=BIN runs another build. Needs redis-server,
+# redis-tools and python3-redis, and qemu-utils for TARGET=nbd.
+# Usage: [DPUFLOW=BIN] [TARGET=nbd] bench/kv-migrate.sh [ROUNDS] [KEYS] [SIZE] [BATCH]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/common.sh
@@ -37,10 +38,16 @@ redis
 plain_port=$redis_port
 kv_port=$(free_port)
 truncate -s "$(( capacity + 1 ))M" "$dir/kv.img"
+target="file://$dir/kv.img"
+if [ "${TARGET:-file}" = nbd ]; then
+    need qemu-utils qemu-nbd
+    start_nbd "$dir/kv.img"
+    target="nbd://127.0.0.1:$nbd_port/kv"
+fi
 cat >"$dir/kv.pipe" <<PIPE
 pipeline kv
 port fabric { driver pcap }
-service kvcache { listen 127.0.0.1:$kv_port  target "file://$dir/kv.img"
+service kvcache { listen 127.0.0.1:$kv_port  target "$target"
     capacity ${capacity}MiB  block_size $block }
 pipe from_fabric root from fabric {
     rule kv { match tcp.dst $kv_port  actions to kvcache }
