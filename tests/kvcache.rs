@@ -1674,6 +1674,32 @@ fn a_client_that_stopped_reading_is_killed() {
     assert_eq!(kv.terminate(), 0);
 }
 
+/// Two services, `NAME-a` and `NAME-b`, listed as the nodes of one cluster in that
+/// order, each storing on a file of 64 MiB, with the service options `more` makes (given
+/// the first's scratch directory).
+fn two_nodes(
+    name: &str,
+    more: impl FnOnce(&Scratch) -> String,
+) -> ([u16; 2], [Scratch; 2], Vec<KvService>) {
+    let ports = [free_port(), free_port()];
+    let nodes: String = ports
+        .iter()
+        .map(|p| format!("cluster_node 127.0.0.1:{p}\n"))
+        .collect();
+    let dirs = [
+        Scratch::new(&format!("{name}-a")),
+        Scratch::new(&format!("{name}-b")),
+    ];
+    let options = format!("{nodes} {}", more(&dirs[0]));
+    let kvs = (dirs.iter().zip(ports))
+        .map(|(d, port)| {
+            let target = format!("file://{}", d.path("blocks.img"));
+            KvService::spawn(d, port, &target, "64MiB", &options, None)
+        })
+        .collect();
+    (ports, dirs, kvs)
+}
+
 /// Services listing each other as `cluster_node`s are one Redis Cluster: each serves the
 /// keys of its share of the hash slots and sends a client asking for another's there
 /// (`MOVED`), and keys of two slots in one request are refused (`CROSSSLOT`), as Redis
@@ -1690,18 +1716,7 @@ fn a_client_that_stopped_reading_is_killed() {
 /// nodes' keys are answered in order, those of the other node redirected.
 #[test]
 fn services_listed_as_cluster_nodes_are_one_redis_cluster() {
-    let ports = [free_port(), free_port()];
-    let nodes: String = ports
-        .iter()
-        .map(|p| format!("cluster_node 127.0.0.1:{p}\n"))
-        .collect();
-    let dirs = [Scratch::new("kv-cluster-a"), Scratch::new("kv-cluster-b")];
-    let kvs: Vec<KvService> = (dirs.iter().zip(ports))
-        .map(|(d, port)| {
-            let target = format!("file://{}", d.path("blocks.img"));
-            KvService::spawn(d, port, &target, "64MiB", &nodes, None)
-        })
-        .collect();
+    let (ports, dirs, kvs) = two_nodes("kv-cluster", |_| String::new());
     // A redis-server in cluster mode, serving every slot itself.
     let (redis_port, bus_port) = (free_port(), free_port());
     let _redis = Running(
@@ -3769,22 +3784,12 @@ fn migrate_request<'a>(port: &'a str, options: &[&'a str], keys: &[&'a str]) -> 
 /// service's keys moved into the cluster the same way, by its own `MIGRATE`.
 #[test]
 fn redis_cli_imports_a_redis_into_a_cluster_of_services() {
-    let ports = [free_port(), free_port()];
-    let nodes: String = ports
-        .iter()
-        .map(|p| format!("cluster_node 127.0.0.1:{p}\n"))
-        .collect();
-    let dirs = [Scratch::new("kv-import-a"), Scratch::new("kv-import-b")];
-    let secret = dirs[0].path("kv.secret");
-    // Without a space: redis-cli 7.0 splits the password it puts in MIGRATE at one.
-    std::fs::write(&secret, "move-it\n").expect("secret");
-    let options = format!("{nodes} password_file \"{secret}\"");
-    let kvs: Vec<KvService> = (dirs.iter().zip(ports))
-        .map(|(d, port)| {
-            let target = format!("file://{}", d.path("blocks.img"));
-            KvService::spawn(d, port, &target, "64MiB", &options, None)
-        })
-        .collect();
+    let (ports, _dirs, kvs) = two_nodes("kv-import", |first| {
+        let secret = first.path("kv.secret");
+        // Without a space: redis-cli 7.0 splits the password it puts in MIGRATE at one.
+        std::fs::write(&secret, "move-it\n").expect("secret");
+        format!("password_file \"{secret}\"")
+    });
     let (_dir, _plain, _redis, redis_port) = beside_redis("kv-import-source");
     let script = format!(
         r#"

@@ -5,7 +5,7 @@
 //! The connection is made for the request, in plain TCP.
 
 use super::commands::integer;
-use super::peer::{Answer, Peer};
+use super::peer::{request, Answer, Peer};
 use super::{now_ms, KvService};
 use crate::kvcache::dump;
 use crate::kvcache::index::Extents;
@@ -237,15 +237,6 @@ impl KvService {
             }
         }
         refused.map_or(Ok(()), |e| Err(Failure::Refused(e)))
-    }
-}
-
-/// Appends a request of `words` to `out`.
-fn request<'w>(out: &mut Vec<u8>, words: impl IntoIterator<Item = &'w [u8]>) {
-    let words: Vec<&[u8]> = words.into_iter().collect();
-    reply::array(out, words.len());
-    for w in words {
-        reply::bulk(out, w);
     }
 }
 

@@ -68,9 +68,7 @@ impl Peer {
     /// Sends `AUTH password`; an error unless the node takes it.
     pub(super) fn auth(&mut self, password: &[u8]) -> io::Result<()> {
         let mut out = Vec::new();
-        reply::array(&mut out, 2);
-        reply::bulk(&mut out, b"AUTH");
-        reply::bulk(&mut out, password);
+        request(&mut out, [&b"AUTH"[..], password]);
         self.stream.write_all(&out)?;
         match self.answer()? {
             Answer::Done => Ok(()),
@@ -141,6 +139,15 @@ impl Peer {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
         Ok(())
+    }
+}
+
+/// Appends a request of `words` to `out`.
+pub(super) fn request<'w>(out: &mut Vec<u8>, words: impl IntoIterator<Item = &'w [u8]>) {
+    let words: Vec<&[u8]> = words.into_iter().collect();
+    reply::array(out, words.len());
+    for w in words {
+        reply::bulk(out, w);
     }
 }
 
