@@ -1,7 +1,7 @@
 //! TLS on the service's listeners, the KV-cache service's and the metrics endpoint's
 //! (rustls with ring): the certificate chain and key from PEM files, and, when given, the
-//! CAs whose certificates clients must present (mutual TLS); and a cluster node's
-//! connections to the other nodes (`peer_config`). KV-cache blocks derive from
+//! CAs whose certificates clients must present (mutual TLS); and a KV-cache service's
+//! connections to other servers (`peer_config`). KV-cache blocks derive from
 //! users' prompts, and a scrape tells what a DPU carries: on a network others share,
 //! neither should cross it in the clear.
 
@@ -109,12 +109,12 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
     Ok(Arc::new(config))
 }
 
-/// The configuration a node of a cluster of KV-cache services connects to another node
-/// with, from its own `files`: it trusts the CAs of `tls_client_ca`, which sign every
-/// node's certificate in a cluster whose nodes authenticate each other, and presents its
-/// own certificate as a client's. `None` without `tls_client_ca`: nothing to verify the
-/// other node with.
-pub fn peer_config(files: &TlsFiles) -> Result<Option<Arc<ClientConfig>>, TlsError> {
+/// The configuration a KV-cache service connects to another server with (a node of its
+/// cluster it hands keys to, the target of `MIGRATE`), from its own `files`: it trusts
+/// the CAs of `tls_client_ca`, which sign every node's certificate in a cluster whose
+/// nodes authenticate each other, and presents its own certificate as a client's. `None`
+/// without `tls_client_ca`: nothing to verify the other server with.
+fn peer_config(files: &TlsFiles) -> Result<Option<Arc<ClientConfig>>, TlsError> {
     let Some(ca) = &files.client_ca else {
         return Ok(None);
     };
@@ -128,34 +128,63 @@ pub fn peer_config(files: &TlsFiles) -> Result<Option<Arc<ClientConfig>>, TlsErr
 
 /// A listener's TLS configuration, made again from its files when asked (on SIGHUP), so
 /// that certificates are rotated without a restart; each connection takes the one current
-/// when it arrives.
+/// when it arrives. A KV-cache service's also holds the configuration it connects to
+/// other servers with ([`peer_config`]), rotated with it.
 #[derive(Debug)]
 pub struct Rotating {
     files: TlsFiles,
-    current: Mutex<Arc<ServerConfig>>,
+    /// Whether connections out are made too.
+    peers: bool,
+    current: Mutex<Configs>,
+}
+
+/// The configurations a [`Rotating`] hands out.
+#[derive(Debug)]
+struct Configs {
+    server: Arc<ServerConfig>,
+    peer: Option<Arc<ClientConfig>>,
 }
 
 impl Rotating {
-    /// The configuration `files` describe now.
-    pub fn new(files: &TlsFiles) -> Result<Rotating, TlsError> {
+    /// The configuration `files` describe now, and when `peers`, the one connections
+    /// out take ([`peer_config`]).
+    pub fn new(files: &TlsFiles, peers: bool) -> Result<Rotating, TlsError> {
         Ok(Rotating {
             files: files.clone(),
-            current: Mutex::new(server_config(files)?),
+            peers,
+            current: Mutex::new(configs(files, peers)?),
         })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Configs> {
+        self.current.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The configuration for a connection arriving now.
     pub fn current(&self) -> Arc<ServerConfig> {
-        Arc::clone(&self.current.lock().unwrap_or_else(PoisonError::into_inner))
+        Arc::clone(&self.lock().server)
+    }
+
+    /// The configuration for a connection made now to another server; `None` where
+    /// there is no `tls_client_ca` to verify it with (or connections out were not asked).
+    pub fn peer(&self) -> Option<Arc<ClientConfig>> {
+        self.lock().peer.clone()
     }
 
     /// Reads the files again; when they no longer make a configuration, the one before
     /// stays and the error says why.
     pub fn reread(&self) -> Result<(), TlsError> {
-        let fresh = server_config(&self.files)?;
-        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = fresh;
+        let fresh = configs(&self.files, self.peers)?;
+        *self.lock() = fresh;
         Ok(())
     }
+}
+
+fn configs(files: &TlsFiles, peers: bool) -> Result<Configs, TlsError> {
+    Ok(Configs {
+        server: server_config(files)?,
+        peer: if peers { peer_config(files)? } else { None },
+    })
 }
 
 #[cfg(test)]

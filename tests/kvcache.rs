@@ -3777,6 +3777,122 @@ fn migrate_request<'a>(port: &'a str, options: &[&'a str], keys: &[&'a str]) -> 
     words
 }
 
+/// Over TLS, keys move as between Redises with `tls-cluster yes`: the service's `MIGRATE`
+/// verifies the target with the CA of `tls_client_ca` and presents its own certificate,
+/// into a Redis speaking only TLS and another service, and Redis's `MIGRATE` into the
+/// service comes over TLS the same way. A service over TLS without `tls_client_ca` moves
+/// nothing (it could not tell where the keys went), and a target speaking plaintext gets
+/// nothing.
+#[test]
+fn over_tls_keys_move_between_redis_and_the_service() {
+    let dir = Scratch::new("kv-migrate-tls");
+    certificates(&dir);
+    let p = |f: &str| dir.path(f);
+    let files = |ca: bool| {
+        let ca = if ca {
+            format!("tls_client_ca \"{}\"", p("ca.pem"))
+        } else {
+            String::new()
+        };
+        format!(
+            "tls_cert \"{}\" tls_key \"{}\" {ca}",
+            p("node.pem"),
+            p("node.key")
+        )
+    };
+    let kv = KvService::start_with(
+        &dir,
+        &format!("file://{}", p("a.img")),
+        "4MiB",
+        &files(true),
+    );
+    let other_dir = Scratch::new("kv-migrate-tls-b");
+    let unverifying = KvService::start_with(
+        &other_dir,
+        &format!("file://{}", other_dir.path("b.img")),
+        "4MiB",
+        &files(false),
+    );
+    let redis_port = free_port();
+    // Listening on `port`, in plaintext unless `tls` says otherwise.
+    let redis = |port: u16, tls: &[&str]| {
+        let plain = if tls.is_empty() { port } else { 0 };
+        let server = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--dir", &p("")])
+            .args(["--port", &plain.to_string()])
+            .args(tls)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("`redis-server` is required (scripts/test installs it)");
+        wait_for_port(port, "redis-server");
+        Running(server)
+    };
+    let tls_port = redis_port.to_string();
+    let _tls_redis = redis(
+        redis_port,
+        &[
+            "--tls-port",
+            &tls_port,
+            "--tls-cert-file",
+            &p("node.pem"),
+            "--tls-key-file",
+            &p("node.key"),
+            "--tls-ca-cert-file",
+            &p("ca.pem"),
+            "--tls-cluster",
+            "yes",
+        ],
+    );
+    let (ca, cert, key) = (p("ca.pem"), p("client.pem"), p("client.key"));
+    let cli = |port: u16, args: &[&str]| {
+        let port = port.to_string();
+        let mut all = vec!["-h", "127.0.0.1", "-p", &port, "--tls", "--cacert", &ca];
+        all.extend_from_slice(&["--cert", &cert, "--key", &key]);
+        all.extend_from_slice(args);
+        String::from_utf8_lossy(&tool("redis-cli", &all).stdout)
+            .trim_end()
+            .to_owned()
+    };
+    let values: Vec<(String, String)> = (0..6)
+        .map(|i| (format!("layer:{i}"), format!("{i}-").repeat(1 << (i * 3))))
+        .collect();
+    for (k, v) in &values {
+        assert_eq!(cli(kv.port, &["SET", k, v]), "OK");
+    }
+    let keys: Vec<&str> = values.iter().map(|(k, _)| k.as_str()).collect();
+    let to = |port: u16| port.to_string();
+    let (redis_at, kv_at, unverifying_at) = (to(redis_port), to(kv.port), to(unverifying.port));
+    let reads_back = |port: u16| {
+        for (k, v) in &values {
+            assert_eq!(&cli(port, &["GET", k]), v, "{k} on {port}");
+        }
+    };
+    assert_eq!(cli(kv.port, &migrate_request(&redis_at, &[], &keys)), "OK");
+    assert_eq!(cli(kv.port, &["DBSIZE"]), "0");
+    reads_back(redis_port);
+    assert_eq!(cli(redis_port, &migrate_request(&kv_at, &[], &keys)), "OK");
+    reads_back(kv.port);
+    assert_eq!(cli(redis_port, &["DBSIZE"]), "0");
+    // Service to service.
+    let to_other = migrate_request(&unverifying_at, &["COPY"], &keys);
+    assert_eq!(cli(kv.port, &to_other), "OK");
+    reads_back(unverifying.port);
+    let refused = cli(unverifying.port, &migrate_request(&redis_at, &[], &keys));
+    assert!(refused.contains("needs `tls_client_ca`"), "{refused}");
+    assert_eq!(cli(unverifying.port, &["DBSIZE"]), "6");
+    assert_eq!(cli(redis_port, &["DBSIZE"]), "0");
+    let plain_port = free_port();
+    let _plain_redis = redis(plain_port, &[]);
+    let plain_at = plain_port.to_string();
+    let failed = cli(kv.port, &migrate_request(&plain_at, &[], &keys));
+    assert!(failed.starts_with("IOERR"), "{failed}");
+    let plain = tool_ok("redis-cli", &["-p", &plain_at, "DBSIZE"]);
+    assert_eq!(plain.trim(), "0");
+    assert_eq!(cli(kv.port, &["DBSIZE"]), "6");
+    assert_eq!((kv.terminate(), unverifying.terminate()), (0, 0));
+}
+
 /// A Redis's keys imported into a cluster of services with `redis-cli --cluster
 /// import` (which has the Redis `MIGRATE` each key to the node serving its slot): every
 /// key on its own node with its value and deadline, through the nodes' password, read

@@ -935,7 +935,7 @@ pub fn run(program: Program, load_seconds: f64, opts: Options) -> Result<(), Run
         None => None,
     };
     let metrics_tls = match &program.telemetry.prometheus_tls {
-        Some(files) => Some(crate::tls::Rotating::new(files).map_err(RunError::MetricsTls)?),
+        Some(files) => Some(crate::tls::Rotating::new(files, false).map_err(RunError::MetricsTls)?),
         None => None,
     };
     let metrics_users = match &program.telemetry.prometheus_users {

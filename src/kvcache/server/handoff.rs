@@ -18,7 +18,7 @@ use super::peer::{Answer, Peer};
 use super::{KvService, POLL};
 use crate::kvcache::index::{Extents, Index};
 use crate::kvcache::resp::reply;
-use rustls::ClientConfig;
+use rustls::pki_types::ServerName;
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::net::SocketAddr;
@@ -74,7 +74,7 @@ fn not_yet(error: &str) -> bool {
 impl KvService {
     /// Hands `pending` to their nodes, round after round, until every key is taken (or
     /// gone: evicted, expired, flushed) or the service stops.
-    pub(super) fn hand_off(&self, mut pending: Pending, tls: Option<Arc<ClientConfig>>) {
+    pub(super) fn hand_off(&self, mut pending: Pending) {
         // The nodes that failed their last round, with the error logged.
         let mut failing: BTreeMap<SocketAddr, String> = BTreeMap::new();
         let mut wait = FIRST_RETRY;
@@ -82,7 +82,7 @@ impl KvService {
             let mut took = 0;
             for (node, keys) in &mut pending {
                 let waiting = keys.len();
-                match self.hand_to(*node, keys, tls.as_ref()) {
+                match self.hand_to(*node, keys) {
                     Ok(n) => {
                         took += n;
                         if failing.remove(node).is_some() {
@@ -128,13 +128,10 @@ impl KvService {
     /// in `keys`. How many it took; an error when it cannot be reached or a reply is
     /// missing, and, once the rest were sent, when it refused a key other than for
     /// [`not_yet`] or a value could not be read.
-    fn hand_to(
-        &self,
-        node: SocketAddr,
-        keys: &mut Vec<Arc<[u8]>>,
-        tls: Option<&Arc<ClientConfig>>,
-    ) -> io::Result<u64> {
-        let mut peer = Peer::connect(node, tls, PEER_TIMEOUT)?;
+    fn hand_to(&self, node: SocketAddr, keys: &mut Vec<Arc<[u8]>>) -> io::Result<u64> {
+        let tls = self.peer_tls().map_err(io::Error::other)?;
+        let name = ServerName::from(node.ip());
+        let mut peer = Peer::connect(node, tls.map(|c| (c, name)), PEER_TIMEOUT)?;
         if let Some(password) = &self.password {
             peer.auth(password)?;
         }

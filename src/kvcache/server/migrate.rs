@@ -2,7 +2,8 @@
 //! Redis 7 sends them, each as a `RESTORE` of its value serialized ([`dump`]) with the
 //! time it has left, and removed here once taken unless `COPY` is given. What Redis's
 //! tools drive to move keys: `redis-cli --cluster import` from a service into a cluster.
-//! The connection is made for the request, in plain TCP.
+//! The connection is made for the request; a service that speaks TLS makes it over TLS,
+//! as a Redis with `tls-cluster yes` does.
 
 use super::commands::integer;
 use super::peer::{request, Answer, Peer};
@@ -10,6 +11,7 @@ use super::{now_ms, KvService};
 use crate::kvcache::dump;
 use crate::kvcache::index::Extents;
 use crate::kvcache::resp::reply;
+use rustls::pki_types::ServerName;
 use std::io::{self, Write};
 use std::net::ToSocketAddrs;
 use std::sync::atomic::Ordering::Relaxed;
@@ -102,6 +104,8 @@ impl<'a> Migration<'a> {
 
 /// How a migration failed, as the client is told.
 enum Failure {
+    /// Over TLS, with nothing to verify the target with.
+    Unverifiable(&'static str),
     Connect,
     Write,
     Read,
@@ -130,6 +134,7 @@ impl KvService {
         }
         match self.send_keys(&m, &held) {
             Ok(()) => reply::ok(out),
+            Err(Failure::Unverifiable(e)) => reply::error(out, &format!("ERR {e}")),
             Err(Failure::Connect) => {
                 reply::error(out, "IOERR error or timeout connecting to the client")
             }
@@ -165,7 +170,15 @@ impl KvService {
         let addr = port
             .and_then(|p| (host.as_ref(), p).to_socket_addrs().ok()?.next())
             .ok_or(Failure::Connect)?;
-        let mut peer = Peer::connect(addr, None, m.timeout).map_err(|_| Failure::Connect)?;
+        let tls = match self.peer_tls().map_err(Failure::Unverifiable)? {
+            // The name the target's certificate must carry: the host as given.
+            Some(config) => {
+                let name = ServerName::try_from(host.into_owned()).map_err(|_| Failure::Connect)?;
+                Some((config, name))
+            }
+            None => None,
+        };
+        let mut peer = Peer::connect(addr, tls, m.timeout).map_err(|_| Failure::Connect)?;
         let mut out = Vec::new();
         if !m.auth.is_empty() {
             request(

@@ -445,17 +445,16 @@ impl KvService {
             })?),
             None => None,
         };
-        let tls = match &config.tls {
-            Some(files) => {
-                Some(
-                    crate::tls::Rotating::new(files).map_err(|source| StartError::Tls {
+        let tls =
+            match &config.tls {
+                Some(files) => Some(crate::tls::Rotating::new(files, true).map_err(|source| {
+                    StartError::Tls {
                         service: name.to_owned(),
                         source: Box::new(source),
-                    })?,
-                )
-            }
-            None => None,
-        };
+                    }
+                })?),
+                None => None,
+            };
         let pool = Pool::connect(config).map_err(target_err)?;
         let align = pool.alignment();
         if config.block_size % align != 0 {
@@ -484,15 +483,7 @@ impl KvService {
             .as_ref()
             .map(|c| handoff::strangers(&index, c))
             .unwrap_or_default();
-        let peer_tls = match &config.tls {
-            Some(files) if !strangers.is_empty() => {
-                crate::tls::peer_config(files).map_err(|source| StartError::Tls {
-                    service: name.to_owned(),
-                    source: Box::new(source),
-                })?
-            }
-            _ => None,
-        };
+        let peer_tls = tls.as_ref().and_then(crate::tls::Rotating::peer);
         let waiting: usize = strangers.iter().map(|(_, keys)| keys.len()).sum();
         // Over TLS without `tls_client_ca` nothing says the other node is the one listed.
         let handing = waiting > 0 && (config.tls.is_none() || peer_tls.is_some());
@@ -580,7 +571,7 @@ impl KvService {
             let s = Arc::clone(&svc);
             spawn(
                 format!("kv-{name}-handoff"),
-                Box::new(move || s.hand_off(strangers, peer_tls)),
+                Box::new(move || s.hand_off(strangers)),
             )?;
         }
         let s = Arc::clone(&svc);
@@ -667,6 +658,20 @@ impl KvService {
             Err(e) => {
                 tracing::warn!(service = %self.name, error = %e, "kvcache TLS files not usable: the ones read before stay")
             }
+        }
+    }
+
+    /// How connections to other servers (a node keys are handed to, the target of
+    /// `MIGRATE`) are made now: in plain TCP by a service that speaks no TLS, over TLS by
+    /// one that does, verifying the server with the CAs of `tls_client_ca` and presenting
+    /// the service's certificate; without those CAs, nothing would say the server is the
+    /// one named, and the error says so.
+    pub(super) fn peer_tls(&self) -> Result<Option<Arc<rustls::ClientConfig>>, &'static str> {
+        match &self.tls {
+            None => Ok(None),
+            Some(tls) => tls.peer().map(Some).ok_or(
+                "connecting over TLS needs `tls_client_ca`, to verify the server connected to",
+            ),
         }
     }
 

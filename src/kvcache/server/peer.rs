@@ -37,12 +37,12 @@ pub(super) struct Peer {
 }
 
 impl Peer {
-    /// A connection to `node`, over TLS when `tls` is given (the node's address as the
-    /// name its certificate must carry), waiting at most `timeout` for it and for each
-    /// read and write.
+    /// A connection to `node`, over TLS when `tls` is given (with the name the node's
+    /// certificate must carry), waiting at most `timeout` for it and for each read and
+    /// write.
     pub(super) fn connect(
         node: SocketAddr,
-        tls: Option<&Arc<ClientConfig>>,
+        tls: Option<(Arc<ClientConfig>, ServerName<'static>)>,
         timeout: Duration,
     ) -> io::Result<Peer> {
         let tcp = TcpStream::connect_timeout(&node, timeout)?;
@@ -50,10 +50,8 @@ impl Peer {
         tcp.set_read_timeout(Some(timeout))?;
         tcp.set_write_timeout(Some(timeout))?;
         let stream: Box<dyn Duplex> = match tls {
-            Some(config) => {
-                let name = ServerName::from(node.ip());
-                let conn = rustls::ClientConnection::new(Arc::clone(config), name)
-                    .map_err(io::Error::other)?;
+            Some((config, name)) => {
+                let conn = rustls::ClientConnection::new(config, name).map_err(io::Error::other)?;
                 Box::new(rustls::StreamOwned::new(conn, tcp))
             }
             None => Box::new(tcp),
