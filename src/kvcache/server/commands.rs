@@ -6,7 +6,7 @@ use super::catalog::{self, Subcommand, CATALOG, SUBCOMMANDS};
 use super::clients::{self, Attribute, ClientInfo, KillFilter, BAD_NAME};
 use super::cluster;
 use super::transaction;
-use super::values::{Expiry, Only};
+use super::values::{Expiry, Only, Storing};
 use super::{now_ms, KvService, Replies, Session, COMMANDS, SERVED, TIMED};
 use crate::kvcache::glob;
 use crate::kvcache::index::StoreError;
@@ -343,7 +343,7 @@ impl KvService {
                     self.dump(args[0], out, p);
                 }
             }
-            "restore" | "restore-asking" => self.restore(&name, args, out),
+            "restore" | "restore-asking" => self.restores(&[words], out),
             "migrate" => self.migrate(args, out),
             "multi" | "exec" | "discard" if !args.is_empty() => {
                 self.transaction_arity(&name, out, s);
@@ -368,7 +368,10 @@ impl KvService {
                 }
             }
             "mset" if !args.is_empty() && args.len() % 2 == 0 => {
-                let pairs: Vec<_> = args.chunks(2).map(|kv| (kv[0], kv[1])).collect();
+                let pairs: Vec<_> = args
+                    .chunks(2)
+                    .map(|kv| Storing::set(kv[0], kv[1]))
+                    .collect();
                 let failed = self
                     .store_all(&pairs)
                     .into_iter()

@@ -63,8 +63,8 @@ impl SlowLog {
     }
 
     /// Logs the request of `args` from `client` when it `took` the threshold or longer;
-    /// `others`, where it was served in a run with more requests like it (pipelined GETs or
-    /// SETs, whose time is the run's), names them in a last argument.
+    /// `others`, where it was served in a run with more requests like it (pipelined GETs,
+    /// SETs or RESTOREs, whose time is the run's), names them in a last argument.
     pub fn note<'a>(
         &self,
         took: Duration,

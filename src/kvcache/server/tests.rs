@@ -1393,6 +1393,60 @@ fn a_set_arriving_in_pieces_joins_the_run_before_it() {
     std::fs::remove_file(path).unwrap();
 }
 
+/// Pipelined `RESTORE`s (as `MIGRATE` sends them) are answered as they would be one at a
+/// time, key restored again in the run, busy key, deadline already past, bad TTL and
+/// bad payload included, and their values written in runs: one for the values before a
+/// key comes again, one for the rest.
+#[test]
+fn pipelined_restores_are_answered_as_one_at_a_time_and_written_together() {
+    let payload = |byte: u8| crate::kvcache::dump::encode(&[byte; 5000]);
+    let (p1, p2, p3, p4, p5) = (payload(1), payload(2), payload(3), payload(4), payload(5));
+    let requests: [&[&[u8]]; 8] = [
+        &[b"RESTORE", b"a", b"0", &p1],
+        &[b"RESTORE", b"b", b"0", &p2],
+        &[b"RESTORE", b"a", b"0", &p3],
+        &[b"restore", b"a", b"0", &p4, b"REPLACE"],
+        &[b"RESTORE", b"c", b"50000", &p5],
+        &[b"RESTORE", b"b", b"1", &p1, b"REPLACE", b"ABSTTL"],
+        &[b"RESTORE", b"d", b"-1", &p1],
+        &[b"RESTORE", b"e", b"0", b"not a payload"],
+    ];
+    let (one_by_one, path) = service("restore_one_by_one", 1 << 20, 4096);
+    let expect: Vec<u8> = requests.iter().flat_map(|r| run(&one_by_one, r)).collect();
+    assert_eq!(one_by_one.counters.storage[WRITE].count.load(Relaxed), 4);
+    let (pipelined, other_path) = service("restore_pipelined", 1 << 20, 4096);
+    let mut sent = Vec::new();
+    for words in requests {
+        reply::array(&mut sent, words.len());
+        for w in words {
+            reply::bulk(&mut sent, w);
+        }
+    }
+    let mut client = Scripted {
+        pieces: [sent].into(),
+        written: Vec::new(),
+    };
+    pipelined.talk(&mut client, session(&pipelined)).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&client.written),
+        String::from_utf8_lossy(&expect)
+    );
+    assert!(expect.starts_with(b"+OK\r\n+OK\r\n-BUSYKEY"), "{expect:?}");
+    assert_eq!(pipelined.counters.storage[WRITE].count.load(Relaxed), 2);
+    for svc in [&one_by_one, &pipelined] {
+        let mut value = b"$5000\r\n".to_vec();
+        value.extend_from_slice(&[4; 5000]);
+        value.extend_from_slice(b"\r\n");
+        assert_eq!(run(svc, &[b"GET", b"a"]), value);
+        assert_eq!(run(svc, &[b"EXISTS", b"b", b"c", b"d", b"e"]), b":1\r\n");
+        let left = String::from_utf8(run(svc, &[b"PTTL", b"c"])).unwrap();
+        let left: u64 = left.trim_start_matches(':').trim_end().parse().unwrap();
+        assert!((40_000..=50_000).contains(&left), "{left}");
+    }
+    std::fs::remove_file(path).unwrap();
+    std::fs::remove_file(other_path).unwrap();
+}
+
 /// A value whose bytes on the target changed under the service (a failing disk) is
 /// answered as a miss and its key removed; the values beside it are served as written.
 #[test]

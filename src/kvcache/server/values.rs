@@ -42,6 +42,29 @@ pub(super) enum Expiry {
     At(i64),
 }
 
+/// A value to store in a run of them ([`KvService::store_all`]), and on what terms.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Storing<'a> {
+    pub(super) key: &'a [u8],
+    pub(super) value: &'a [u8],
+    /// Whether it is stored where the key is held, or is not, when it comes to be.
+    pub(super) only: Only,
+    /// Unix milliseconds it is removed at, if ever.
+    pub(super) deadline: Option<u64>,
+}
+
+impl<'a> Storing<'a> {
+    /// What `SET key value` stores.
+    pub(super) fn set(key: &'a [u8], value: &'a [u8]) -> Storing<'a> {
+        Storing {
+            key,
+            value,
+            only: Only::Any,
+            deadline: None,
+        }
+    }
+}
+
 /// The values read for a connection's replies before they are sent: an `MGET` of many
 /// large values, or a deep pipeline of `GET`s, is answered a share at a time, so what it
 /// holds is bounded by this (and one value), not by how many keys the client asked for.
@@ -102,32 +125,34 @@ impl KvService {
         Ok(true)
     }
 
-    /// Stores each of `items` (key, value) as `SET key value` would, in order, their
-    /// writes sent to the target together (an `MSET`, a run of pipelined `SET`s): about
-    /// one round trip for them all rather than one each. Blocks are taken for the values
-    /// first, up to [`KvService::batch_limit`] bytes at a time (blocks taken and not yet
-    /// written cannot be evicted for other clients); should the store find no room for
-    /// one while others wait to be written, those are written and made their keys' first
-    /// and room is sought again, as one `SET` after another would find it.
-    pub(super) fn store_all(&self, items: &[(&[u8], &[u8])]) -> Vec<Result<(), String>> {
-        let mut results = vec![Ok(()); items.len()];
+    /// Stores each of `items` as `SET key value` would (on its terms: only where the key
+    /// is or is not held when it comes to be stored, with its deadline), in order, their
+    /// writes sent to the target together (an `MSET`, a run of pipelined `SET`s or
+    /// `RESTORE`s): about one round trip for them all rather than one each; whether each
+    /// was stored. Blocks are taken for the values first, up to
+    /// [`KvService::batch_limit`] bytes at a time (blocks taken and not yet written
+    /// cannot be evicted for other clients); should the store find no room for one while
+    /// others wait to be written, those are written and made their keys' first and room
+    /// is sought again, as one `SET` after another would find it.
+    pub(super) fn store_all(&self, items: &[Storing]) -> Vec<Result<bool, String>> {
+        let mut results = vec![Ok(true); items.len()];
         let mut waiting = Vec::new();
         let mut waiting_bytes = 0;
-        for (i, (key, value)) in items.iter().enumerate() {
-            let len = value.len() as u64;
+        for (i, item) in items.iter().enumerate() {
+            let len = item.value.len() as u64;
             if waiting_bytes + len > self.batch_limit() {
                 self.commit(items, &mut waiting, &mut results);
                 waiting_bytes = 0;
             }
-            let mut taken = self.lock().allocate(key, len);
+            let mut taken = self.lock().allocate(item.key, len);
             if matches!(taken, Err(StoreError::Busy)) && !waiting.is_empty() {
                 self.commit(items, &mut waiting, &mut results);
                 waiting_bytes = 0;
-                taken = self.lock().allocate(key, len);
+                taken = self.lock().allocate(item.key, len);
             }
             match taken {
                 Ok(mut extents) => {
-                    self.fill(&mut extents, value);
+                    self.fill(&mut extents, item.value);
                     waiting.push((i, extents));
                     waiting_bytes += len;
                 }
@@ -156,14 +181,14 @@ impl KvService {
     }
 
     /// Writes the values of the `items` that `waiting` took blocks for (by index), in one
-    /// run (those kept in memory are not written now), and makes each its key's, without
-    /// a deadline; if the write fails, each of them answers the error (their blocks go
-    /// back to the free list).
+    /// run (those kept in memory are not written now), and makes each its key's, with
+    /// its deadline, where its terms allow; if the write fails, each of them answers the
+    /// error (their blocks go back to the free list, as do those of values not stored).
     fn commit(
         &self,
-        items: &[(&[u8], &[u8])],
+        items: &[Storing],
         waiting: &mut Vec<(usize, Extents)>,
-        results: &mut [Result<(), String>],
+        results: &mut [Result<bool, String>],
     ) {
         if waiting.is_empty() {
             return;
@@ -171,7 +196,7 @@ impl KvService {
         let values: Vec<_> = waiting
             .iter()
             .filter(|(_, e)| e.inline().is_none())
-            .map(|(i, e)| (e, items[*i].1))
+            .map(|(i, e)| (e, items[*i].value))
             .collect();
         let written = if values.is_empty() {
             Ok(())
@@ -182,7 +207,15 @@ impl KvService {
             Ok(()) => {
                 let mut ix = self.lock();
                 for (i, extents) in waiting.drain(..) {
-                    ix.insert(items[i].0, extents);
+                    let item = &items[i];
+                    if !item.only.allows(ix.contains(item.key)) {
+                        results[i] = Ok(false);
+                        continue;
+                    }
+                    ix.insert(item.key, extents);
+                    if item.deadline.is_some() {
+                        ix.set_deadline(item.key, item.deadline);
+                    }
                 }
             }
             Err(e) => {
@@ -370,9 +403,10 @@ impl KvService {
     /// `SET key value` of each of `items`, their replies one after another, the values
     /// written in one run (see [`KvService::store_all`]).
     pub(super) fn sets(&self, items: &[(&[u8], &[u8])], out: &mut Vec<u8>) {
-        for stored in self.store_all(items) {
+        let items: Vec<Storing> = items.iter().map(|&(k, v)| Storing::set(k, v)).collect();
+        for stored in self.store_all(&items) {
             match stored {
-                Ok(()) => reply::ok(out),
+                Ok(_) => reply::ok(out),
                 Err(e) => reply::error(out, &e),
             }
         }
