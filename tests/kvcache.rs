@@ -2658,13 +2658,7 @@ impl Resp {
 
     /// Sends `words` as one request.
     fn send<W: AsRef<[u8]>>(&mut self, words: &[W]) {
-        let mut req = format!("*{}\r\n", words.len()).into_bytes();
-        for w in words.iter().map(AsRef::as_ref) {
-            req.extend_from_slice(format!("${}\r\n", w.len()).as_bytes());
-            req.extend_from_slice(w);
-            req.extend_from_slice(b"\r\n");
-        }
-        self.send_raw(&req);
+        self.send_raw(&request(words));
     }
 
     /// `PTTL key`'s milliseconds.
@@ -3891,6 +3885,88 @@ fn over_tls_keys_move_between_redis_and_the_service() {
     assert_eq!(plain.trim(), "0");
     assert_eq!(cli(kv.port, &["DBSIZE"]), "6");
     assert_eq!((kv.terminate(), unverifying.terminate()), (0, 0));
+}
+
+/// The request of `words`, as a client sends it.
+fn request<W: AsRef<[u8]>>(words: &[W]) -> Vec<u8> {
+    let mut req = format!("*{}\r\n", words.len()).into_bytes();
+    for w in words.iter().map(AsRef::as_ref) {
+        req.extend_from_slice(format!("${}\r\n", w.len()).as_bytes());
+        req.extend_from_slice(w);
+        req.extend_from_slice(b"\r\n");
+    }
+    req
+}
+
+/// Pipelined `RESTORE`s, as `MIGRATE` sends them, answered as Redis answers them: random
+/// runs over a few keys (a key again in its run, `REPLACE` or not, deadlines ahead, past
+/// or invalid, payloads Redis made and bytes that are none), every reply the same, and
+/// the same values left with deadlines alike.
+#[test]
+fn pipelined_restores_answer_as_redis_does() {
+    let (_dir, kv, _redis, redis_port) = beside_redis("kv-restore-runs");
+    let (mut ours, mut theirs) = (Resp::connect(kv.port), Resp::connect(redis_port));
+    let mut payloads: Vec<Vec<u8>> = Vec::new();
+    for v in [
+        b"hello".to_vec(),
+        b"12345".to_vec(),
+        value(20_000, 3),
+        vec![b'x'; 30_000],
+    ] {
+        assert_eq!(theirs.call(&[&b"SET"[..], b"source", &v]), "+OK\r\n");
+        payloads.push(theirs.dump("source"));
+    }
+    theirs.call(&["DEL", "source"]);
+    payloads.push(b"not a payload".to_vec());
+    let mut next = numbers(0x5851_f42d_4c95_7f2d);
+    let relative = ["0", "0", "100000", "-5", "x"];
+    let absolute = ["1", "4000000000000"];
+    let mut differ = Vec::new();
+    let mut kinds = std::collections::BTreeSet::new();
+    for round in 0..300 {
+        let n = 1 + next(12);
+        let mut pipeline = Vec::new();
+        for _ in 0..n {
+            let key = format!("k{}", next(4));
+            let at = next(4) == 0;
+            let ttl = if at {
+                absolute[next(absolute.len())]
+            } else {
+                relative[next(relative.len())]
+            };
+            let payload = &payloads[next(payloads.len())];
+            let mut words: Vec<&[u8]> = vec![b"RESTORE", key.as_bytes(), ttl.as_bytes(), payload];
+            if next(2) == 0 {
+                words.push(b"REPLACE");
+            }
+            if at {
+                words.push(b"ABSTTL");
+            }
+            pipeline.extend(request(&words));
+        }
+        ours.send_raw(&pipeline);
+        theirs.send_raw(&pipeline);
+        for i in 0..n {
+            let (a, b) = (ours.reply(), theirs.reply());
+            if a != b {
+                differ.push(format!("round {round}, request {i}: {a:?}, Redis {b:?}"));
+            }
+            kinds.insert(b.split(' ').next().map(str::to_owned));
+        }
+    }
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
+    // Each kind of answer came up: `OK`, `BUSYKEY` and the `ERR`s.
+    assert_eq!(kinds.len(), 3, "{kinds:?}");
+    let sign = |ms: i64| ms.clamp(-2, 1);
+    for key in ["k0", "k1", "k2", "k3"] {
+        assert_eq!(
+            ours.call(&["GET", key]),
+            theirs.call(&["GET", key]),
+            "{key}"
+        );
+        assert_eq!(sign(ours.pttl(key)), sign(theirs.pttl(key)), "{key}");
+    }
+    assert_eq!(kv.terminate(), 0);
 }
 
 /// A Redis's keys imported into a cluster of services with `redis-cli --cluster
