@@ -270,16 +270,6 @@ fn restore_of<'a>(req: &'a [u8], args: &[Range<usize>]) -> Option<Vec<&'a [u8]>>
     (restore && args.len() >= 4).then(|| args.iter().map(|r| &req[r.clone()]).collect())
 }
 
-/// Where to wait for the rest of the requests of a run, the one arriving included: from
-/// `start`, the run's first, to `end`, the next, then those arriving (their `args` as
-/// read so far).
-fn awaited_from(input: &[u8], start: usize, end: usize, args: &[Range<usize>]) -> Option<Awaited> {
-    resp::awaited(&input[end..], args).map(|a| Awaited {
-        len: end - start + a.len,
-        data: end - start + a.data,
-    })
-}
-
 /// The commands whose durations are kept, in [`KvCounters::durations`].
 pub const TIMED: [&str; 2] = ["get", "set"];
 
@@ -883,8 +873,17 @@ impl KvService {
                             let (items, arriving) =
                                 self.pipelined(input, &mut end, &mut args, item, set_here);
                             let bytes: usize = items.iter().map(|(_, v)| v.len()).sum();
-                            if self.run_waits(b"set", arriving, bytes, closed) {
-                                awaited = awaited_from(input, start, end, &args);
+                            // A large value's SET is often served before the next has
+                            // arrived whole: when one has begun to arrive (the client
+                            // is sending, not waiting), the run waits for it.
+                            if !closed
+                                && arriving.is_some_and(|name| name.eq_ignore_ascii_case(b"set"))
+                                && (bytes as u64) < self.batch_limit()
+                            {
+                                awaited = resp::awaited(&input[end..], &args).map(|a| Awaited {
+                                    len: end - start + a.len,
+                                    data: end - start + a.data,
+                                });
                                 break;
                             }
                             let _turn = self.turns.take(false);
@@ -892,7 +891,9 @@ impl KvService {
                             start = end;
                             continue;
                         }
-                        // As SETs, RESTOREs (what MIGRATE sends, many at once).
+                        // As SETs, RESTOREs (what MIGRATE sends, many at once); a run
+                        // is of those read, not waiting for the one arriving: storing
+                        // them meanwhile overlaps the rest's arrival (measured faster).
                         let restore_here = |req, args: &[Range<usize>]| {
                             restore_of(req, args).filter(|words| self.serves(words[1]))
                         };
@@ -901,16 +902,11 @@ impl KvService {
                             .flatten()
                         {
                             let name = first[0];
-                            let (requests, arriving) =
+                            let (requests, _) =
                                 self.pipelined(input, &mut end, &mut args, first, |req, args| {
                                     let words = restore_here(req, args)?;
                                     words[0].eq_ignore_ascii_case(name).then_some(words)
                                 });
-                            let bytes: usize = requests.iter().map(|words| words[3].len()).sum();
-                            if self.run_waits(name, arriving, bytes, closed) {
-                                awaited = awaited_from(input, start, end, &args);
-                                break;
-                            }
                             let _turn = self.turns.take(false);
                             self.restore_run(&requests, &mut out, &s.client);
                             start = end;
@@ -1095,17 +1091,6 @@ impl KvService {
                 Err(_) => return (run, None),
             }
         }
-    }
-
-    /// Whether a run of pipelined `name` requests whose values come to `bytes` waits for
-    /// the next request, `arriving` (its name, as read so far): one of the same name has
-    /// begun to arrive (the client is sending, not waiting), and the run holds less than
-    /// a batch. A large value's request is often served before the next has arrived
-    /// whole; waiting makes the run, and its writes together, longer.
-    fn run_waits(&self, name: &[u8], arriving: Option<&[u8]>, bytes: usize, closed: bool) -> bool {
-        !closed
-            && arriving.is_some_and(|a| a.eq_ignore_ascii_case(name))
-            && (bytes as u64) < self.batch_limit()
     }
 
     /// Whether this service serves `key`: always, but on a node of a cluster only the keys
