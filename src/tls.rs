@@ -129,7 +129,7 @@ fn peer_config(files: &TlsFiles) -> Result<Option<Arc<ClientConfig>>, TlsError> 
 /// A listener's TLS configuration, made again from its files when asked (on SIGHUP), so
 /// that certificates are rotated without a restart; each connection takes the one current
 /// when it arrives. A KV-cache service's also holds the configuration it connects to
-/// other servers with ([`peer_config`]), rotated with it.
+/// other servers with (`peer_config`), rotated with it.
 #[derive(Debug)]
 pub struct Rotating {
     files: TlsFiles,
@@ -147,7 +147,7 @@ struct Configs {
 
 impl Rotating {
     /// The configuration `files` describe now, and when `peers`, the one connections
-    /// out take ([`peer_config`]).
+    /// out take (`peer_config`).
     pub fn new(files: &TlsFiles, peers: bool) -> Result<Rotating, TlsError> {
         Ok(Rotating {
             files: files.clone(),
