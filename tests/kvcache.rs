@@ -2815,6 +2815,12 @@ fn beside_redis(name: &str) -> (Scratch, KvService, Running, u16) {
     let dir = Scratch::new(name);
     let kv = KvService::start(&dir, &format!("file://{}", dir.path("blocks.img")), "4MiB");
     let port = free_port();
+    let server = redis_server(&dir, port);
+    (dir, kv, server, port)
+}
+
+/// A redis-server listening on 127.0.0.1:`port`, keeping nothing on disk.
+fn redis_server(dir: &Scratch, port: u16) -> Running {
     // In the scratch directory: a dump.rdb in the working directory would be loaded.
     let server = Running(
         Command::new("redis-server")
@@ -2826,7 +2832,7 @@ fn beside_redis(name: &str) -> (Scratch, KvService, Running, u16) {
             .expect("`redis-server` is required (scripts/test installs it)"),
     );
     wait_for_port(port, "redis-server");
-    (dir, kv, server, port)
+    server
 }
 
 /// A deterministic stream of numbers below the bound asked for (an LCG from `seed`), for
@@ -3759,6 +3765,57 @@ fn keys_move_between_redis_and_the_service_as_redis_moves_them() {
     let left = theirs.pttl("expiring");
     assert!((590_000..=600_000).contains(&left), "{left}");
     assert_eq!(ours.call(&to_redis(&[])), "+NOKEY\r\n");
+    assert_eq!(kv.terminate(), 0);
+}
+
+/// `MIGRATE` keeps its connection for the next to the same place, as Redis does: one
+/// connection for several, another database selected on it; a target restarted meanwhile
+/// is connected to again; unused for ten seconds, it is closed.
+#[test]
+fn migrate_keeps_its_connection_as_redis_does() {
+    let (dir, kv, redis, redis_port) = beside_redis("kv-migrate-kept");
+    let mut ours = Resp::connect(kv.port);
+    for key in ["a", "b", "c", "d"] {
+        assert_eq!(ours.call(&["SET", key, key]), "+OK\r\n");
+    }
+    let info = |field: &str| {
+        let mut theirs = Resp::connect(redis_port);
+        let info = theirs.call(&["INFO"]);
+        let line = (info.lines()).find_map(|l| l.strip_prefix(&format!("{field}:")));
+        line.and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {field} in {info}"))
+    };
+    let port = redis_port.to_string();
+    let before = info("total_connections_received");
+    for key in ["a", "b"] {
+        let words = ["MIGRATE", "127.0.0.1", &port, key, "0", "5000"];
+        assert_eq!(ours.call(&words), "+OK\r\n");
+    }
+    let words = ["MIGRATE", "127.0.0.1", &port, "c", "1", "5000"];
+    assert_eq!(ours.call(&words), "+OK\r\n");
+    // One for the three, and this INFO's.
+    assert_eq!(info("total_connections_received"), before + 2);
+    let mut theirs = Resp::connect(redis_port);
+    assert_eq!(
+        theirs.call(&["MGET", "a", "b", "c"]),
+        "*3\r\n$1\r\na\r\n$1\r\nb\r\n$-1\r\n"
+    );
+    assert_eq!(theirs.call(&["SELECT", "1"]), "+OK\r\n");
+    assert_eq!(theirs.call(&["GET", "c"]), "$1\r\nc\r\n");
+    drop((theirs, redis));
+    let _redis = redis_server(&dir, redis_port);
+    let words = ["MIGRATE", "127.0.0.1", &port, "d", "0", "5000"];
+    assert_eq!(ours.call(&words), "+OK\r\n");
+    assert_eq!(Resp::connect(redis_port).call(&["GET", "d"]), "$1\r\nd\r\n");
+    assert_eq!(info("connected_clients"), 2);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while info("connected_clients") > 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the connection kept is still open"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
     assert_eq!(kv.terminate(), 0);
 }
 

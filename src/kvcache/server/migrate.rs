@@ -2,8 +2,9 @@
 //! Redis 7 sends them, each as a `RESTORE` of its value serialized ([`dump`]) with the
 //! time it has left, and removed here once taken unless `COPY` is given. What Redis's
 //! tools drive to move keys: `redis-cli --cluster import` from a service into a cluster.
-//! The connection is made for the request; a service that speaks TLS makes it over TLS,
-//! as a Redis with `tls-cluster yes` does.
+//! The connection is kept for the next `MIGRATE` to the same place for ten seconds, as
+//! Redis keeps it; a service that speaks TLS makes it over TLS, as a Redis with
+//! `tls-cluster yes` does.
 
 use super::commands::integer;
 use super::peer::{request, Answer, Peer};
@@ -15,8 +16,8 @@ use rustls::pki_types::ServerName;
 use std::io::{self, Write};
 use std::net::ToSocketAddrs;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 /// About how many bytes of values are read and sent before their replies are read.
 const SHARE: u64 = 8 << 20;
@@ -38,6 +39,73 @@ pub(super) fn key_places(words: &[&[u8]]) -> Vec<usize> {
         at += 1;
     }
     (words.len() > 3).then_some(3).into_iter().collect()
+}
+
+/// How long a connection `MIGRATE` made is kept unused for the next to the same place,
+/// and how many are kept: as Redis keeps them.
+const KEPT_FOR: Duration = Duration::from_secs(10);
+const MOST_KEPT: usize = 64;
+
+/// The connections `MIGRATE` made, kept for the next to the same host and port (a
+/// `redis-cli --cluster import` from the service sends one key a `MIGRATE`), with the
+/// database each has selected.
+#[derive(Default)]
+pub(super) struct Connections {
+    kept: Mutex<Vec<Kept>>,
+}
+
+struct Kept {
+    host: Vec<u8>,
+    port: Vec<u8>,
+    peer: Peer,
+    db: i64,
+    used: Instant,
+}
+
+impl std::fmt::Debug for Connections {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Connections({})", self.lock().len())
+    }
+}
+
+impl Connections {
+    fn lock(&self) -> MutexGuard<'_, Vec<Kept>> {
+        self.kept.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The connection kept to `host` `port`, taken for a `MIGRATE`, and its database.
+    fn take(&self, host: &[u8], port: &[u8]) -> Option<(Peer, i64)> {
+        let mut kept = self.lock();
+        let i = kept.iter().position(|k| k.host == host && k.port == port)?;
+        let k = kept.swap_remove(i);
+        Some((k.peer, k.db))
+    }
+
+    /// Keeps `peer`, to `host` `port` with `db` selected, for the next `MIGRATE` there;
+    /// the one unused longest goes when as many as are kept are.
+    fn keep(&self, host: &[u8], port: &[u8], peer: Peer, db: i64) {
+        let mut kept = self.lock();
+        if kept.len() >= MOST_KEPT {
+            if let Some(i) = (0..kept.len()).min_by_key(|&i| kept[i].used) {
+                kept.swap_remove(i);
+            }
+        }
+        kept.push(Kept {
+            host: host.to_vec(),
+            port: port.to_vec(),
+            peer,
+            db,
+            used: Instant::now(),
+        });
+    }
+
+    /// Closes the connections unused for [`KEPT_FOR`].
+    pub(super) fn close_idle(&self) {
+        let mut kept = self.lock();
+        if !kept.is_empty() {
+            kept.retain(|k| k.used.elapsed() < KEPT_FOR);
+        }
+    }
 }
 
 /// What a `MIGRATE` asks: where, which keys, and how.
@@ -107,8 +175,8 @@ enum Failure {
     /// Over TLS, with nothing to verify the target with.
     Unverifiable(&'static str),
     Connect,
-    Write,
-    Read,
+    Write(io::Error),
+    Read(io::Error),
     /// The target refused a request; its error.
     Refused(String),
     /// Reading a value from the store failed.
@@ -138,10 +206,10 @@ impl KvService {
             Err(Failure::Connect) => {
                 reply::error(out, "IOERR error or timeout connecting to the client")
             }
-            Err(Failure::Write) => {
+            Err(Failure::Write(_)) => {
                 reply::error(out, "IOERR error or timeout writing to target instance")
             }
-            Err(Failure::Read) => {
+            Err(Failure::Read(_)) => {
                 reply::error(out, "IOERR error or timeout reading to target instance")
             }
             Err(Failure::Refused(e)) => {
@@ -154,15 +222,50 @@ impl KvService {
         }
     }
 
-    /// Sends `held` (key, value, deadline) to the target of `m`, a share of their values
-    /// at a time, and reads each share's replies; removes each key the target took
-    /// (unless `COPY`) if it still holds the value sent. The first refusal is the
-    /// failure, after the rest of the replies are read.
+    /// Sends `held` (key, value, deadline) to the target of `m` (see
+    /// [`KvService::send_over`]), over the connection kept from a `MIGRATE` before to
+    /// the same place, or a new one; keeps the connection for the next unless it failed.
     fn send_keys(
         &self,
         m: &Migration,
         held: &[(&[u8], Arc<Extents>, Option<u64>)],
     ) -> Result<(), Failure> {
+        let kept = self.migrations.take(m.host, m.port);
+        let reused = kept.is_some();
+        let (mut peer, db) = match kept {
+            Some((peer, db)) => {
+                peer.wait_at_most(m.timeout).map_err(|_| Failure::Connect)?;
+                (peer, Some(db))
+            }
+            None => (self.connect_for(m)?, None),
+        };
+        let mut answered = false;
+        let mut sent = self.send_over(&mut peer, m, held, db, &mut answered);
+        // A connection kept may have been closed by the target since (its idle clients'
+        // timeout, a restart): tried once more on a new one, as Redis does, where it
+        // answered nothing and did not time out (a target that is slow, not gone, may
+        // have taken keys it did not answer yet).
+        let gone = |e: &io::Error| {
+            !matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            )
+        };
+        if reused
+            && !answered
+            && matches!(&sent, Err(Failure::Write(e) | Failure::Read(e)) if gone(e))
+        {
+            peer = self.connect_for(m)?;
+            sent = self.send_over(&mut peer, m, held, None, &mut answered);
+        }
+        if matches!(sent, Ok(()) | Err(Failure::Refused(_))) {
+            self.migrations.keep(m.host, m.port, peer, m.db);
+        }
+        sent
+    }
+
+    /// A new connection to the target of `m`: over TLS where the service speaks it.
+    fn connect_for(&self, m: &Migration) -> Result<Peer, Failure> {
         let host = String::from_utf8_lossy(m.host);
         let port = std::str::from_utf8(m.port)
             .ok()
@@ -178,7 +281,22 @@ impl KvService {
             }
             None => None,
         };
-        let mut peer = Peer::connect(addr, tls, m.timeout).map_err(|_| Failure::Connect)?;
+        Peer::connect(addr, tls, m.timeout).map_err(|_| Failure::Connect)
+    }
+
+    /// Sends `held` over `peer` (its database `db`, where it has selected one), a share
+    /// of their values at a time, and reads each share's replies; removes each key the
+    /// target took (unless `COPY`) if it still holds the value sent. The first refusal is
+    /// the failure, after the rest of the replies are read. `answered` says whether the
+    /// target answered anything.
+    fn send_over(
+        &self,
+        peer: &mut Peer,
+        m: &Migration,
+        held: &[(&[u8], Arc<Extents>, Option<u64>)],
+        db: Option<i64>,
+        answered: &mut bool,
+    ) -> Result<(), Failure> {
         let mut out = Vec::new();
         if !m.auth.is_empty() {
             request(
@@ -186,9 +304,11 @@ impl KvService {
                 [&b"AUTH"[..]].into_iter().chain(m.auth.iter().copied()),
             );
         }
-        let db = m.db.to_string();
-        request(&mut out, [&b"SELECT"[..], db.as_bytes()]);
-        let opening = 1 + usize::from(!m.auth.is_empty());
+        let select = db != Some(m.db);
+        if select {
+            request(&mut out, [&b"SELECT"[..], m.db.to_string().as_bytes()]);
+        }
+        let opening = usize::from(select) + usize::from(!m.auth.is_empty());
         let mut refused = None;
         let mut awaited = opening;
         let restore: &[u8] = match self.cluster {
@@ -230,15 +350,19 @@ impl KvService {
                 request(&mut out, words);
                 sent.push((*key, value));
             }
-            peer.stream.write_all(&out).map_err(|_| Failure::Write)?;
+            peer.stream.write_all(&out).map_err(Failure::Write)?;
             out.clear();
             for _ in 0..std::mem::take(&mut awaited) {
-                if let Answer::Error(e) = peer.answer().map_err(|_| Failure::Read)? {
+                let answer = peer.answer().map_err(Failure::Read)?;
+                *answered = true;
+                if let Answer::Error(e) = answer {
                     refused.get_or_insert(e);
                 }
             }
             for (key, value) in sent {
-                match peer.answer().map_err(|_| Failure::Read)? {
+                let answer = peer.answer().map_err(Failure::Read)?;
+                *answered = true;
+                match answer {
                     Answer::Error(e) => {
                         refused.get_or_insert(e);
                     }

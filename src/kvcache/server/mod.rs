@@ -415,6 +415,8 @@ pub struct KvService {
     cluster: Option<cluster::Cluster>,
     /// Requests served at once, or a transaction's alone.
     turns: transaction::Turns,
+    /// The connections `MIGRATE` made, kept for the next.
+    migrations: migrate::Connections,
 }
 
 /// A snapshot of a service's index for metrics.
@@ -550,6 +552,7 @@ impl KvService {
             monitors: Monitors::default(),
             cluster,
             turns: transaction::Turns::default(),
+            migrations: migrate::Connections::default(),
         });
         let spawn = |thread: String, work: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -724,7 +727,7 @@ impl KvService {
         let mut accept_warning = crate::telemetry::WarnThrottle::default();
         while !self.stop.load(Relaxed) {
             match acceptor.accept(POLL) {
-                Ok(None) => {}
+                Ok(None) => self.migrations.close_idle(),
                 Ok(Some((stream, peer))) => {
                     if self.counters.clients.load(Relaxed) >= self.config.max_clients {
                         self.counters.rejected_clients.fetch_add(1, Relaxed);

@@ -25,12 +25,14 @@ pub(super) enum Answer {
     Error(String),
 }
 
-pub(super) trait Duplex: Read + Write {}
-impl<T: Read + Write> Duplex for T {}
+pub(super) trait Duplex: Read + Write + Send {}
+impl<T: Read + Write + Send> Duplex for T {}
 
 /// A connection to another server, and the bytes of its replies read but not yet taken.
 pub(super) struct Peer {
     pub(super) stream: Box<dyn Duplex>,
+    /// The connection's socket (under TLS, the one `stream` speaks it over).
+    socket: TcpStream,
     buf: Vec<u8>,
     /// Where the next reply starts in `buf`.
     at: usize,
@@ -47,8 +49,7 @@ impl Peer {
     ) -> io::Result<Peer> {
         let tcp = TcpStream::connect_timeout(&node, timeout)?;
         tcp.set_nodelay(true)?;
-        tcp.set_read_timeout(Some(timeout))?;
-        tcp.set_write_timeout(Some(timeout))?;
+        let socket = tcp.try_clone()?;
         let stream: Box<dyn Duplex> = match tls {
             Some((config, name)) => {
                 let conn = rustls::ClientConnection::new(config, name).map_err(io::Error::other)?;
@@ -56,11 +57,20 @@ impl Peer {
             }
             None => Box::new(tcp),
         };
-        Ok(Peer {
+        let peer = Peer {
             stream,
+            socket,
             buf: Vec::new(),
             at: 0,
-        })
+        };
+        peer.wait_at_most(timeout)?;
+        Ok(peer)
+    }
+
+    /// Waits at most `timeout` for each read and write from now on.
+    pub(super) fn wait_at_most(&self, timeout: Duration) -> io::Result<()> {
+        self.socket.set_read_timeout(Some(timeout))?;
+        self.socket.set_write_timeout(Some(timeout))
     }
 
     /// Sends `AUTH password`; an error unless the node takes it.
@@ -180,12 +190,16 @@ mod tests {
     }
 
     fn peer_of(bytes: Vec<u8>, chunk: usize) -> Peer {
+        // A socket to stand for the connection's, on loopback: not read or written.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let socket = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         Peer {
             stream: Box::new(Trickle {
                 bytes,
                 at: 0,
                 chunk,
             }),
+            socket,
             buf: Vec::new(),
             at: 0,
         }
