@@ -102,19 +102,7 @@ impl KvService {
         options: &str,
         soft_fd_limit: Option<u32>,
     ) -> KvService {
-        let pipe = dir.path("kv.pipe");
-        std::fs::write(
-            &pipe,
-            format!(
-                "pipeline kv\nport fabric {{ driver pcap }}\n\
-                 service kvcache {{ listen 127.0.0.1:{port}  target \"{target}\"  \
-                 capacity {capacity}  block_size 64KiB  {options} }}\n\
-                 pipe from_fabric root from fabric {{\n\
-                     rule kv {{ match tcp.dst {port}  actions to kvcache }}\n\
-                     default {{ actions drop }}\n}}\n"
-            ),
-        )
-        .expect("write pipeline");
+        let pipe = write_pipe(dir, port, target, capacity, options);
         let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
         let mut command = match soft_fd_limit {
             None => dpuflow_command(),
@@ -154,6 +142,21 @@ impl KvService {
             std::thread::sleep(Duration::from_millis(50));
         }
         service
+    }
+
+    /// Rewrites its pipeline file (in `dir`, as [`KvService::spawn`] wrote it) with
+    /// `options`, sends SIGHUP and waits for the reload to succeed.
+    fn reload(&self, dir: &Scratch, target: &str, capacity: &str, options: &str) {
+        write_pipe(dir, self.port, target, capacity, options);
+        let reloads = "dpuflow_pipeline_reloads_total{result=\"success\"}";
+        let before = self.metric(reloads);
+        tool_ok("kill", &["-HUP", &self.child.0.id().to_string()]);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.metric(reloads) == before {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            assert!(Instant::now() < deadline, "no reload: {log}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// redis-cli's `--raw` output of `GET key`: the value's bytes and a newline.
@@ -2270,6 +2273,115 @@ print("ok")
     assert_eq!((a.terminate(), b.terminate()), (0, 0));
 }
 
+/// A cluster grown and shrunk without a restart: the node list of a node's file changed
+/// and SIGHUP sent, the node redirects by the new list at once and hands the keys of the
+/// slots that changed hands to the node now serving them; every key reads back through
+/// redis-py's cluster client, and `redis-cli --cluster check` finds the cluster whole.
+/// Shrunk again the same way: the second node's file made `cluster_leaving`, it hands all
+/// its keys back.
+#[test]
+fn a_cluster_regrouped_by_a_reload_hands_over_the_keys_of_the_slots_that_moved() {
+    let ports = [free_port(), free_port()];
+    let dirs = [Scratch::new("kv-regroup-a"), Scratch::new("kv-regroup-b")];
+    let targets: Vec<String> = (dirs.iter())
+        .map(|d| format!("file://{}", d.path("blocks.img")))
+        .collect();
+    let nodes = |n: usize| -> String {
+        (ports[..n].iter())
+            .map(|p| format!("cluster_node 127.0.0.1:{p}\n"))
+            .collect()
+    };
+    let a = KvService::spawn(&dirs[0], ports[0], &targets[0], "64MiB", &nodes(1), None);
+    let script = format!(
+        r#"
+import redis
+from redis.crc import key_slot
+r = redis.Redis(port={a})
+for i in range(200):
+    assert r.set(f"layer:{{i}}", str(i) * 300)
+print(sum(key_slot(f"layer:{{i}}".encode()) >= 8192 for i in range(200)))
+"#,
+        a = ports[0]
+    );
+    let out = tool(PYTHON, &["-c", &script]);
+    let second: u64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("redis-py: {}", String::from_utf8_lossy(&out.stderr)));
+    assert!((60..140).contains(&second), "{second}");
+    let b = KvService::spawn(&dirs[1], ports[1], &targets[1], "64MiB", &nodes(2), None);
+    a.reload(&dirs[0], &targets[0], "64MiB", &nodes(2));
+    let handed = "dpuflow_kvcache_handed_off_keys_total{service=\"kvcache\"}";
+    let waiting = "dpuflow_kvcache_handoff_keys{service=\"kvcache\"}";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while a.metric(handed) != second || a.metric(waiting) != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "handed over {}",
+            a.metric(handed)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let read_back = |sizes: &str| {
+        format!(
+            r#"
+from redis.cluster import RedisCluster, ClusterNode
+rc = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", {b})])
+for i in range(200):
+    assert rc.get(f"layer:{{i}}") == (str(i) * 300).encode(), i
+sizes = sorted(n.redis_connection.dbsize() for n in rc.get_primaries())
+assert sizes == {sizes}, sizes
+print("ok")
+"#,
+            b = ports[1]
+        )
+    };
+    let sizes = format!("sorted([200 - {second}, {second}])");
+    redis_py_ok(&read_back(&sizes), "the keys after the node list grew");
+    let check = tool(
+        "redis-cli",
+        &["--cluster", "check", &format!("127.0.0.1:{}", ports[1])],
+    );
+    let said = String::from_utf8_lossy(&check.stdout);
+    assert!(said.contains("[OK] All 16384 slots covered."), "{said}");
+    assert!(
+        said.contains("[OK] All nodes agree about slots configuration."),
+        "{said}"
+    );
+    // Shrunk: the first node serves every slot, then the second leaves.
+    a.reload(&dirs[0], &targets[0], "64MiB", &nodes(1));
+    b.reload(
+        &dirs[1],
+        &targets[1],
+        "64MiB",
+        &format!("{} cluster_leaving on", nodes(1)),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while b.metric(handed) != second {
+        assert!(
+            Instant::now() < deadline,
+            "handed back {}",
+            b.metric(handed)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let script = format!(
+        r#"
+import redis
+r = redis.Redis(port={a})
+for i in range(200):
+    assert r.get(f"layer:{{i}}") == (str(i) * 300).encode(), i
+assert r.dbsize() == 200
+assert redis.Redis(port={b}).dbsize() == 0
+print("ok")
+"#,
+        a = ports[0],
+        b = ports[1]
+    );
+    redis_py_ok(&script, "the keys after the node list shrank");
+    assert_eq!((a.terminate(), b.terminate()), (0, 0));
+}
+
 /// `COMMAND INFO` describes each command served as Redis 7.0 describes its own — arity,
 /// flags, the keys' places, ACL categories, tips, key specifications — byte for byte
 /// against redis-server, in RESP2 and RESP3 (a command's subcommands: those served), so
@@ -2833,6 +2945,25 @@ fn redis_server(dir: &Scratch, port: u16) -> Running {
     );
     wait_for_port(port, "redis-server");
     server
+}
+
+/// The pipeline file of a KV-cache service listening on 127.0.0.1:`port`, written in
+/// `dir`; its path.
+fn write_pipe(dir: &Scratch, port: u16, target: &str, capacity: &str, options: &str) -> String {
+    let pipe = dir.path("kv.pipe");
+    std::fs::write(
+        &pipe,
+        format!(
+            "pipeline kv\nport fabric {{ driver pcap }}\n\
+             service kvcache {{ listen 127.0.0.1:{port}  target \"{target}\"  \
+             capacity {capacity}  block_size 64KiB  {options} }}\n\
+             pipe from_fabric root from fabric {{\n\
+                 rule kv {{ match tcp.dst {port}  actions to kvcache }}\n\
+                 default {{ actions drop }}\n}}\n"
+        ),
+    )
+    .expect("write pipeline");
+    pipe
 }
 
 /// A deterministic stream of numbers below the bound asked for (an LCG from `seed`), for

@@ -105,12 +105,6 @@ pub(super) fn control(file: &PipelineFile, hup: &AtomicBool, stop: &AtomicBool, 
             shared.reread_credentials();
             credentials_reread = true;
         }
-        if shared.dataplane_done.load(Ordering::Relaxed) {
-            hup.store(false, Ordering::Relaxed);
-            credentials_reread = false;
-            tracing::warn!("reload ignored: the inputs are done, no packets run");
-            continue;
-        }
         let current = shared.loaded();
         if !shared.workers_run(current.generation) {
             continue;
@@ -154,6 +148,12 @@ fn take_reload(
     });
     match next {
         Ok(next) => {
+            // A KV-cache service's new cluster node list applies at once.
+            for (name, nodes, leaving) in reload::regrouped(&current.program, &next.program) {
+                if let Some(kv) = shared.kv.iter().find(|kv| kv.name == name) {
+                    kv.regroup(nodes, leaving);
+                }
+            }
             let (generation, seconds) = (next.generation, next.seconds);
             let (pipes, entries) = (next.program.pipes.len(), next.program.entry_count());
             *shared.loaded.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);

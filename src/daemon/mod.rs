@@ -415,11 +415,12 @@ impl Shared {
         Arc::clone(&self.loaded.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// Whether every worker has published counts of generation `g`.
+    /// Whether every worker has published counts of generation `g`, or none runs any
+    /// longer (the inputs are done): a reload then waits for no worker, and what it
+    /// changes in the KV-cache services still applies.
     fn workers_run(&self, g: u64) -> bool {
-        self.snapshots
-            .iter()
-            .all(|s| s.lock().map_or(true, |s| s.generation == g))
+        self.dataplane_done.load(Ordering::Relaxed)
+            || (self.snapshots.iter()).all(|s| s.lock().map_or(true, |s| s.generation == g))
     }
 }
 

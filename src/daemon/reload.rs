@@ -9,9 +9,12 @@
 //! What a reload cannot change — the ports, the local services, the connection table's
 //! capacity and window tracking, the telemetry block — is named in the refusal: the
 //! packet sockets, the tables' memory and the exporters were made for the old values.
+//! A KV-cache service's cluster node list is the exception: its service takes the new
+//! one at once (`KvService::regroup`).
 
 use crate::engine::{Compiled, Renumbering, SharedMeter};
-use crate::ir::{Program, Telemetry};
+use crate::ir::{Program, Service, ServiceKind, Telemetry};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -137,7 +140,7 @@ pub fn restart_needed(old: &Program, new: &Program) -> Vec<String> {
     } else if let Some((o, _)) = old.ports.iter().zip(&new.ports).find(|(o, n)| o != n) {
         why.push(format!("port `{}` changed", o.name));
     }
-    if old.services != new.services {
+    if restarting(&old.services) != restarting(&new.services) {
         why.push("the local services changed".into());
     }
     match (&old.conntrack, &new.conntrack) {
@@ -155,6 +158,37 @@ pub fn restart_needed(old: &Program, new: &Program) -> Vec<String> {
         why.push("the `telemetry` block changed".into());
     }
     why
+}
+
+/// `services` as far as only a restart changes them: not a KV-cache service's cluster
+/// node list, or whether it is leaving the cluster ([`regrouped`]).
+fn restarting(services: &[Service]) -> Vec<Service> {
+    let mut services = services.to_vec();
+    for s in &mut services {
+        let ServiceKind::KvCache(c) = &mut s.kind;
+        c.cluster.clear();
+        c.cluster_leaving = false;
+    }
+    services
+}
+
+/// The KV-cache services of `new` whose cluster node list (or whether they are leaving)
+/// is not what it was in `old`: their names, and the list and leaving they take now.
+pub fn regrouped<'a>(old: &Program, new: &'a Program) -> Vec<(&'a str, &'a [SocketAddr], bool)> {
+    let cluster = |s: &Service| {
+        let ServiceKind::KvCache(c) = &s.kind;
+        (c.cluster.clone(), c.cluster_leaving)
+    };
+    (new.services.iter())
+        .filter(|n| {
+            let before = old.services.iter().find(|o| o.name == n.name);
+            before.is_some_and(|o| cluster(o) != cluster(n))
+        })
+        .map(|n| {
+            let ServiceKind::KvCache(c) = &n.kind;
+            (n.name.as_str(), &c.cluster[..], c.cluster_leaving)
+        })
+        .collect()
 }
 
 /// Reads, checks and compiles `file` as the successor of `current`, for `workers`
@@ -235,6 +269,37 @@ mod tests {
         assert_eq!(
             restart_needed(&old, &program(&telemetry)),
             ["the `telemetry` block changed"]
+        );
+    }
+
+    #[test]
+    fn a_kv_cache_clusters_node_list_reloads_but_the_rest_of_the_service_needs_a_restart() {
+        let kv = |capacity: &str, options: &str| {
+            program(&format!(
+                "pipeline p\nport a {{ driver pcap }}\n\
+                 service kvcache {{ listen 127.0.0.1:7000 target \"file:///tmp/kv.img\" \
+                 capacity {capacity} {options} }}\n\
+                 pipe f root from a {{ default {{ actions to kvcache }} }}\n"
+            ))
+        };
+        let alone = kv("64MiB", "cluster_node 127.0.0.1:7000");
+        let two = kv(
+            "64MiB",
+            "cluster_node 127.0.0.1:7000 cluster_node 127.0.0.1:7001",
+        );
+        assert_eq!(restart_needed(&alone, &two), Vec::<String>::new());
+        let nodes: [SocketAddr; 2] = [
+            "127.0.0.1:7000".parse().unwrap(),
+            "127.0.0.1:7001".parse().unwrap(),
+        ];
+        assert_eq!(regrouped(&alone, &two), [("kvcache", &nodes[..], false)]);
+        let leaving = kv("64MiB", "cluster_node 127.0.0.1:7001 cluster_leaving on");
+        assert_eq!(regrouped(&two, &leaving), [("kvcache", &nodes[1..], true)]);
+        assert!(regrouped(&two, &two).is_empty());
+        let bigger = kv("128MiB", "cluster_node 127.0.0.1:7000");
+        assert_eq!(
+            restart_needed(&alone, &bigger),
+            ["the local services changed"]
         );
     }
 }

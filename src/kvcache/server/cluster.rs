@@ -5,9 +5,10 @@
 //! and `CLUSTER SLOTS`, `SHARDS`, `NODES`, `INFO`, `MYID` and `KEYSLOT` as Redis 7.0
 //! answers them (Redis Cluster Specification, "Key distribution model" and
 //! "Redirection and resharding"). Each node keeps its own slots' keys on its own
-//! target. The slots are fixed by the file: no resharding while serving, no replicas, no
+//! target. The slots are fixed by the file: no slot moved by a command, no replicas, no
 //! cluster bus; keys a node holds of slots the file now gives another node are handed to
-//! it when the node starts (`handoff`), all of them by a node leaving the cluster.
+//! it when the node starts or reloads the file (`handoff`), all of them by a node leaving
+//! the cluster.
 
 use crate::kvcache::resp::{reply, Proto};
 use std::net::SocketAddr;

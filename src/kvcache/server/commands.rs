@@ -488,7 +488,7 @@ impl KvService {
                 }
             },
             "info" => reply::text(out, info_sections(&self.info(), args).as_bytes(), p),
-            "asking" | "readonly" | "readwrite" if self.cluster.is_none() && args.is_empty() => {
+            "asking" | "readonly" | "readwrite" if self.cluster().is_none() && args.is_empty() => {
                 reply::error(out, "ERR This instance has cluster support disabled");
             }
             // Every node serves its slots' keys to any client that asks.
@@ -887,7 +887,7 @@ impl KvService {
         let lower = sub.to_ascii_lowercase();
         let full = format!("{command}|{}", String::from_utf8_lossy(&lower));
         if lower == b"help" {
-            if command == "cluster" && self.cluster.is_none() {
+            if command == "cluster" && self.cluster().is_none() {
                 return reply::error(out, "ERR This instance has cluster support disabled");
             }
             return self.help(command, rest, out);
@@ -957,7 +957,7 @@ impl KvService {
     /// specification puts them, in a request of an arity it takes) are not all of one
     /// slot of this node; `None` to serve it.
     fn redirection(&self, name: &str, words: &[&[u8]]) -> Option<String> {
-        let cluster = self.cluster.as_ref()?;
+        let cluster = self.cluster()?;
         let (arity, traits) = catalog::lookup(name, words.get(1).copied())?;
         let holds = catalog::arity_holds(arity, words.len());
         let places = traits.key_places(words).filter(|_| holds)?;
@@ -967,7 +967,7 @@ impl KvService {
     /// `CLUSTER` and a subcommand of those [`KvService::subcommand`] takes, on a node of a
     /// cluster.
     fn cluster_command(&self, sub: &[u8], args: &[&[u8]], out: &mut Vec<u8>, proto: Proto) {
-        let Some(c) = &self.cluster else {
+        let Some(c) = self.cluster() else {
             return reply::error(out, "ERR This instance has cluster support disabled");
         };
         match sub {
@@ -1349,7 +1349,7 @@ impl KvService {
 
     /// How Redis names what the service is (`HELLO`'s `mode`, INFO's `redis_mode`).
     fn mode(&self) -> &'static str {
-        match self.cluster {
+        match self.cluster() {
             Some(_) => "cluster",
             None => "standalone",
         }
@@ -1428,7 +1428,7 @@ impl KvService {
             g.hold_back_overruns,
             c.last_save_ms.load(Relaxed) / 1000,
             self.command_stats(),
-            u8::from(self.cluster.is_some()),
+            u8::from(self.cluster().is_some()),
             g.keys,
             g.expiring,
         )

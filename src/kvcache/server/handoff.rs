@@ -1,6 +1,7 @@
 //! Keys handed to their new node when a cluster's node list changes (`cluster_node`). A
-//! node that starts with saved keys of hash slots the list now gives another node sends
-//! each to that node as a client of it would (`SET key value NX`, with its deadline as
+//! node that starts with saved keys of hash slots the list now gives another node, or
+//! holds them when a reload of its pipeline file (SIGHUP) changes the list, sends each
+//! to that node as a client of it would (`SET key value NX`, with its deadline as
 //! `PXAT`), and forgets it once taken: a cluster that grows by a node keeps its cache
 //! rather than losing the keys of every slot that changed hands. A node leaving the
 //! cluster (`cluster_leaving`) serves no slot, so it hands over all its keys.
@@ -23,7 +24,7 @@ use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 /// The longest wait for a connection to another node, and for its replies.
@@ -72,15 +73,60 @@ fn not_yet(error: &str) -> bool {
 }
 
 impl KvService {
+    /// Takes `nodes` as the cluster's node list from now on (this node `leaving` it, or
+    /// not), as a reload of the pipeline file gives them: requests are redirected by the
+    /// new list at once, and the keys held of slots it gives other nodes are handed to
+    /// them as at a start. A hand-off under way stops; this one takes its keys too. The
+    /// index is locked while its keys are looked through.
+    pub fn regroup(self: &Arc<Self>, nodes: &[SocketAddr], leaving: bool) {
+        let cluster = Cluster::new(nodes, self.config.listen, leaving).map(Arc::new);
+        let round = self.handoff_round.fetch_add(1, Relaxed) + 1;
+        *self.cluster.write().unwrap_or_else(PoisonError::into_inner) = cluster.clone();
+        let pending = match &cluster {
+            Some(c) => strangers(&self.lock(), c),
+            None => Vec::new(),
+        };
+        let waiting: usize = pending.iter().map(|(_, keys)| keys.len()).sum();
+        let name = &self.name;
+        tracing::info!(service = %name, nodes = nodes.len(), keys = waiting,
+            "kvcache: the cluster's node list changed; keys of slots other nodes serve now go to them");
+        if waiting > 0 && self.peer_tls().is_err() {
+            let mut ix = self.lock();
+            for key in pending.iter().flat_map(|(_, keys)| keys) {
+                ix.remove(key);
+            }
+            tracing::warn!(service = %name, keys = waiting,
+                "kvcache: dropped the keys of hash slots other cluster nodes serve: handing them over TLS needs `tls_client_ca` to verify the nodes");
+            self.counters.handoff_waiting.store(0, Relaxed);
+            return;
+        }
+        self.counters.handoff_waiting.store(waiting as u64, Relaxed);
+        if waiting > 0 {
+            let s = Arc::clone(self);
+            let thread = std::thread::Builder::new()
+                .name(format!("kv-{name}-handoff"))
+                .spawn(move || s.hand_off(pending, round));
+            if let Err(e) = thread {
+                tracing::error!(service = %name, error = %e, "kvcache cannot start the hand-off");
+            }
+        }
+    }
+
     /// Hands `pending` to their nodes, round after round, until every key is taken (or
-    /// gone: evicted, expired, flushed) or the service stops.
-    pub(super) fn hand_off(&self, mut pending: Pending) {
+    /// gone: evicted, expired, flushed), the service stops, or the node list changes
+    /// again (the hand-off `round` is no longer the service's: another has begun, from
+    /// the keys held then).
+    pub(super) fn hand_off(&self, mut pending: Pending, round: u64) {
+        let superseded = || self.handoff_round.load(Relaxed) != round;
         // The nodes that failed their last round, with the error logged.
         let mut failing: BTreeMap<SocketAddr, String> = BTreeMap::new();
         let mut wait = FIRST_RETRY;
         loop {
             let mut took = 0;
             for (node, keys) in &mut pending {
+                if superseded() {
+                    return;
+                }
                 let waiting = keys.len();
                 match self.hand_to(*node, keys) {
                     Ok(n) => {
@@ -116,7 +162,7 @@ impl KvService {
             };
             let until = Instant::now() + wait;
             while Instant::now() < until {
-                if self.stop.load(Relaxed) {
+                if self.stop.load(Relaxed) || superseded() {
                     return;
                 }
                 std::thread::sleep(POLL);

@@ -311,7 +311,7 @@ impl KvService {
         let opening = usize::from(select) + usize::from(!m.auth.is_empty());
         let mut refused = None;
         let mut awaited = opening;
-        let restore: &[u8] = match self.cluster {
+        let restore: &[u8] = match self.cluster() {
             Some(_) => b"RESTORE-ASKING",
             None => b"RESTORE",
         };

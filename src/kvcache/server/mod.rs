@@ -21,7 +21,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::ops::{Deref, DerefMut, Range};
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 mod catalog;
@@ -411,8 +411,12 @@ pub struct KvService {
     slowlog: SlowLog,
     /// The connections streaming the requests served (`MONITOR`).
     monitors: Monitors,
-    /// The cluster this service is a node of, if it is one.
-    cluster: Option<cluster::Cluster>,
+    /// The cluster this service is a node of, if it is one; another on a reload that
+    /// changes the node list ([`KvService::regroup`]).
+    cluster: RwLock<Option<Arc<cluster::Cluster>>>,
+    /// The hand-off of keys to other nodes under way: each change of the node list starts
+    /// another, and the one before stops.
+    handoff_round: AtomicU64,
     /// Requests served at once, or a transaction's alone.
     turns: transaction::Turns,
     /// The connections `MIGRATE` made, kept for the next.
@@ -550,7 +554,8 @@ impl KvService {
             clients: Clients::default(),
             slowlog: SlowLog::new(config.slowlog),
             monitors: Monitors::default(),
-            cluster,
+            cluster: RwLock::new(cluster.map(Arc::new)),
+            handoff_round: AtomicU64::new(0),
             turns: transaction::Turns::default(),
             migrations: migrate::Connections::default(),
         });
@@ -583,7 +588,7 @@ impl KvService {
             let s = Arc::clone(&svc);
             spawn(
                 format!("kv-{name}-handoff"),
-                Box::new(move || s.hand_off(strangers)),
+                Box::new(move || s.hand_off(strangers, 0)),
             )?;
         }
         let s = Arc::clone(&svc);
@@ -849,7 +854,7 @@ impl KvService {
                         }
                         let mget_here = || {
                             let keys = mget_of(req, &args)?;
-                            let here = self.cluster.as_ref().is_none_or(|c| c.serves_all(&keys));
+                            let here = self.cluster().is_none_or(|c| c.serves_all(&keys));
                             here.then_some(keys)
                         };
                         if let Some(keys) = fast.then(mget_here).flatten() {
@@ -1099,7 +1104,13 @@ impl KvService {
     /// Whether this service serves `key`: always, but on a node of a cluster only the keys
     /// of its slots.
     fn serves(&self, key: &[u8]) -> bool {
-        self.cluster.as_ref().is_none_or(|c| c.owns(key))
+        self.cluster().is_none_or(|c| c.owns(key))
+    }
+
+    /// The cluster this service is a node of now, if it is one.
+    fn cluster(&self) -> Option<Arc<cluster::Cluster>> {
+        let cluster = self.cluster.read().unwrap_or_else(PoisonError::into_inner);
+        cluster.clone()
     }
 
     /// The longest argument a request may carry: no value longer than the store, though

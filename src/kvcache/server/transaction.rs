@@ -218,7 +218,7 @@ impl KvService {
         let requests: Vec<Vec<&[u8]>> = (queued.requests.iter())
             .map(|r| r.iter().map(Vec::as_slice).collect())
             .collect();
-        if self.cluster.is_some() && slots_of(&requests).nth(1).is_some() {
+        if self.cluster().is_some() && slots_of(&requests).nth(1).is_some() {
             return reply::error(out, "CROSSSLOT Keys in request don't hash to the same slot");
         }
         reply::array(out, requests.len());
