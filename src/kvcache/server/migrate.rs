@@ -54,6 +54,7 @@ pub(super) struct Connections {
     kept: Mutex<Vec<Kept>>,
 }
 
+/// A connection kept: where it goes, what it has selected, when it was last used.
 struct Kept {
     host: Vec<u8>,
     port: Vec<u8>,

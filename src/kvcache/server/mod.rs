@@ -731,8 +731,9 @@ impl KvService {
         // Descriptors exhausted fail every accept until some are closed.
         let mut accept_warning = crate::telemetry::WarnThrottle::default();
         while !self.stop.load(Relaxed) {
+            self.migrations.close_idle();
             match acceptor.accept(POLL) {
-                Ok(None) => self.migrations.close_idle(),
+                Ok(None) => {}
                 Ok(Some((stream, peer))) => {
                     if self.counters.clients.load(Relaxed) >= self.config.max_clients {
                         self.counters.rejected_clients.fetch_add(1, Relaxed);

@@ -10,6 +10,7 @@ use super::{now_ms, KvService};
 use crate::kvcache::dump;
 use crate::kvcache::resp::{reply, Proto};
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
@@ -44,12 +45,15 @@ impl KvService {
     /// in the run, which waits for those before it.
     pub(super) fn restores<'a, R: AsRef<[&'a [u8]]>>(&self, requests: &[R], out: &mut Vec<u8>) {
         let mut replies: Vec<Result<(), String>> = Vec::with_capacity(requests.len());
-        // The values to store, and which request each is.
+        // The values to store, and which request each is; their keys.
         let mut pending: Vec<(usize, Restored)> = Vec::new();
+        let mut keys: HashSet<&[u8]> = HashSet::new();
         for (i, words) in requests.iter().enumerate() {
             let words = words.as_ref();
-            if (pending.iter()).any(|(_, r)| words.get(1) == Some(&r.key)) {
+            if words.get(1).is_some_and(|key| !keys.insert(key)) {
                 self.store_restored(&mut pending, &mut replies);
+                keys.clear();
+                keys.insert(words[1]);
             }
             match self.restoring(words) {
                 Ok(Some(restored)) => pending.push((i, restored)),
