@@ -128,7 +128,7 @@ impl KvService {
                     return;
                 }
                 let waiting = keys.len();
-                match self.hand_to(*node, keys) {
+                match self.hand_to(*node, keys, round) {
                     Ok(n) => {
                         took += n;
                         if failing.remove(node).is_some() {
@@ -150,9 +150,11 @@ impl KvService {
             }
             pending.retain(|(_, keys)| !keys.is_empty());
             if pending.is_empty() {
-                self.counters.handoff_waiting.store(0, Relaxed);
-                tracing::info!(service = %self.name,
-                    "kvcache: every saved key of the slots other nodes serve is handed to its node");
+                if !superseded() {
+                    self.counters.handoff_waiting.store(0, Relaxed);
+                    tracing::info!(service = %self.name,
+                        "kvcache: every key held of the slots other nodes serve is handed to its node");
+                }
                 return;
             }
             wait = if took > 0 {
@@ -173,8 +175,8 @@ impl KvService {
     /// Sends `keys` to `node` and forgets those it takes; those it does not take yet stay
     /// in `keys`. How many it took; an error when it cannot be reached or a reply is
     /// missing, and, once the rest were sent, when it refused a key other than for
-    /// [`not_yet`] or a value could not be read.
-    fn hand_to(&self, node: SocketAddr, keys: &mut Vec<Arc<[u8]>>) -> io::Result<u64> {
+    /// [`not_yet`] or a value could not be read. `round` is the hand-off's.
+    fn hand_to(&self, node: SocketAddr, keys: &mut Vec<Arc<[u8]>>, round: u64) -> io::Result<u64> {
         let tls = self.peer_tls().map_err(io::Error::other)?;
         let name = ServerName::from(node.ip());
         let mut peer = Peer::connect(node, tls.map(|c| (c, name)), PEER_TIMEOUT)?;
@@ -183,7 +185,7 @@ impl KvService {
         }
         let mut later = Vec::new();
         let mut trouble = None;
-        let sent = self.hand_batches(&mut peer, keys, &mut later, &mut trouble);
+        let sent = self.hand_batches(&mut peer, keys, &mut later, &mut trouble, round);
         keys.append(&mut later);
         let took = sent?;
         match trouble {
@@ -201,6 +203,7 @@ impl KvService {
         keys: &mut Vec<Arc<[u8]>>,
         later: &mut Vec<Arc<[u8]>>,
         trouble: &mut Option<String>,
+        round: u64,
     ) -> io::Result<u64> {
         let mut took = 0;
         while !keys.is_empty() {
@@ -218,7 +221,7 @@ impl KvService {
                         bytes += value.len() as usize;
                         batch.push((key, value, deadline));
                     }
-                    None => self.no_longer_waiting(),
+                    None => self.no_longer_waiting(round),
                 }
             }
             let values: Vec<&Extents> = batch.iter().map(|(_, v, _)| &**v).collect();
@@ -243,7 +246,7 @@ impl KvService {
                     // Not what was written: dropped, as a client's read drops it.
                     None => {
                         self.lock().remove_value(key, &value);
-                        self.no_longer_waiting();
+                        self.no_longer_waiting(round);
                     }
                 }
             }
@@ -255,7 +258,7 @@ impl KvService {
                     Answer::Done | Answer::Null => {
                         self.lock().remove_value(key, value);
                         self.counters.handed_off.fetch_add(1, Relaxed);
-                        self.no_longer_waiting();
+                        self.no_longer_waiting(round);
                         took += 1;
                     }
                     Answer::Error(e) => {
@@ -272,8 +275,13 @@ impl KvService {
         Ok(took)
     }
 
-    /// A key waiting to be handed over is no longer: taken, or gone.
-    fn no_longer_waiting(&self) {
+    /// A key waiting to be handed over by the hand-off `round` is no longer: taken, or
+    /// gone. Not counted once another hand-off has begun: it counted the keys waiting
+    /// afresh.
+    fn no_longer_waiting(&self, round: u64) {
+        if self.handoff_round.load(Relaxed) != round {
+            return;
+        }
         let waiting = &self.counters.handoff_waiting;
         let _ = waiting.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1));
     }
