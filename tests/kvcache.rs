@@ -2189,6 +2189,29 @@ print("ok")
     }
 }
 
+/// Puts 200 keys `layer:I`, each I's digits `repeat` times, through redis-py (its
+/// connection's further `options`, each after a comma) into the node at `port`; how many
+/// are of the second half of the slots (8192-16383), which a second node would serve.
+fn put_layers(port: u16, options: &str, repeat: usize) -> u64 {
+    let script = format!(
+        r#"
+import redis
+from redis.crc import key_slot
+r = redis.Redis(host="127.0.0.1", port={port}{options})
+for i in range(200):
+    assert r.set(f"layer:{{i}}", str(i) * {repeat})
+print(sum(key_slot(f"layer:{{i}}".encode()) >= 8192 for i in range(200)))
+"#
+    );
+    let out = tool(PYTHON, &["-c", &script]);
+    let second: u64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("redis-py: {}", String::from_utf8_lossy(&out.stderr)));
+    assert!((60..140).contains(&second), "{second}");
+    second
+}
+
 /// Over mutual TLS, a node hands keys over as a client the other node verifies, and
 /// verifies that node's certificate with the CA of `tls_client_ca`: a node alone, grown
 /// into a cluster of two, gives the second the keys of its half of the slots (which
@@ -2227,24 +2250,7 @@ fn over_tls_a_node_hands_keys_to_a_node_it_verifies() {
         p("client.key")
     );
     let alone = start(0, 1);
-    // 200 keys, and how many are of the second node's half (slots 8192-16383).
-    let script = format!(
-        r#"
-import redis
-from redis.crc import key_slot
-r = redis.Redis(host="127.0.0.1", port={a}, {client})
-for i in range(200):
-    assert r.set(f"layer:{{i}}", str(i) * 500)
-print(sum(key_slot(f"layer:{{i}}".encode()) >= 8192 for i in range(200)))
-"#,
-        a = ports[0]
-    );
-    let out = tool(PYTHON, &["-c", &script]);
-    let second: u64 = String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("redis-py: {}", String::from_utf8_lossy(&out.stderr)));
-    assert!((60..140).contains(&second), "{second}");
+    let second = put_layers(ports[0], &format!(", {client}"), 500);
     assert_eq!(alone.terminate(), 0);
     let (a, b) = (start(0, 2), start(1, 2));
     let handed = "dpuflow_kvcache_handed_off_keys_total{service=\"kvcache\"}";
@@ -2292,23 +2298,7 @@ fn a_cluster_regrouped_by_a_reload_hands_over_the_keys_of_the_slots_that_moved()
             .collect()
     };
     let a = KvService::spawn(&dirs[0], ports[0], &targets[0], "64MiB", &nodes(1), None);
-    let script = format!(
-        r#"
-import redis
-from redis.crc import key_slot
-r = redis.Redis(port={a})
-for i in range(200):
-    assert r.set(f"layer:{{i}}", str(i) * 300)
-print(sum(key_slot(f"layer:{{i}}".encode()) >= 8192 for i in range(200)))
-"#,
-        a = ports[0]
-    );
-    let out = tool(PYTHON, &["-c", &script]);
-    let second: u64 = String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("redis-py: {}", String::from_utf8_lossy(&out.stderr)));
-    assert!((60..140).contains(&second), "{second}");
+    let second = put_layers(ports[0], "", 300);
     let b = KvService::spawn(&dirs[1], ports[1], &targets[1], "64MiB", &nodes(2), None);
     a.reload(&dirs[0], &targets[0], "64MiB", &nodes(2));
     let handed = "dpuflow_kvcache_handed_off_keys_total{service=\"kvcache\"}";

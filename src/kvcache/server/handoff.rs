@@ -50,6 +50,17 @@ pub(super) fn strangers(index: &Index, cluster: &Cluster) -> Pending {
     by_node.into_iter().collect()
 }
 
+/// Removes the keys of `pending` from `index`, where the service speaks TLS with nothing
+/// to verify the other nodes with (no `tls_client_ca`): kept, they would only take room.
+pub(super) fn drop_unverifiable(index: &mut Index, pending: &Pending, service: &str) {
+    let keys = pending.iter().flat_map(|(_, keys)| keys);
+    for key in keys.clone() {
+        index.remove(key);
+    }
+    tracing::warn!(service, keys = keys.count(),
+        "kvcache: dropped the keys held of hash slots other cluster nodes serve (the `cluster_node` list changed): handing them over TLS needs `tls_client_ca` to verify the nodes");
+}
+
 /// `SET key value NX [PXAT deadline]` as a request's bytes, appended to `out`.
 fn set_request(out: &mut Vec<u8>, key: &[u8], value: &[u8], deadline: Option<u64>) {
     let at = deadline.map(|d| d.to_string());
@@ -91,12 +102,7 @@ impl KvService {
         tracing::info!(service = %name, nodes = nodes.len(), keys = waiting,
             "kvcache: the cluster's node list changed; keys of slots other nodes serve now go to them");
         if waiting > 0 && self.peer_tls().is_err() {
-            let mut ix = self.lock();
-            for key in pending.iter().flat_map(|(_, keys)| keys) {
-                ix.remove(key);
-            }
-            tracing::warn!(service = %name, keys = waiting,
-                "kvcache: dropped the keys of hash slots other cluster nodes serve: handing them over TLS needs `tls_client_ca` to verify the nodes");
+            drop_unverifiable(&mut self.lock(), &pending, name);
             self.counters.handoff_waiting.store(0, Relaxed);
             return;
         }

@@ -503,15 +503,7 @@ impl KvService {
         // Over TLS without `tls_client_ca` nothing says the other node is the one listed.
         let handing = waiting > 0 && (config.tls.is_none() || peer_tls.is_some());
         if waiting > 0 && !handing {
-            // They would only take room.
-            for key in strangers.iter().flat_map(|(_, keys)| keys) {
-                index.remove(key);
-            }
-            tracing::warn!(
-                service = name,
-                keys = waiting,
-                "kvcache: dropped the saved keys of hash slots other cluster nodes serve (the `cluster_node` list changed): handing them over TLS needs `tls_client_ca` to verify the nodes"
-            );
+            handoff::drop_unverifiable(&mut index, &strangers, name);
         } else if handing {
             tracing::info!(
                 service = name,

@@ -795,13 +795,21 @@ fn session(svc: &KvService) -> Session {
 
 /// The reply to `words`, as it is sent to a client that sends them.
 fn run(svc: &KvService, words: &[&[u8]]) -> Vec<u8> {
-    let mut request = Vec::new();
-    reply::array(&mut request, words.len());
-    for w in words {
-        reply::bulk(&mut request, w);
+    run_pipelined(svc, &[words])
+}
+
+/// The replies to `requests` (each its words), as they are sent to a client that sends
+/// them all at once.
+fn run_pipelined(svc: &KvService, requests: &[&[&[u8]]]) -> Vec<u8> {
+    let mut sent = Vec::new();
+    for words in requests {
+        reply::array(&mut sent, words.len());
+        for w in *words {
+            reply::bulk(&mut sent, w);
+        }
     }
     let mut client = Scripted {
-        pieces: [request].into(),
+        pieces: [sent].into(),
         written: Vec::new(),
     };
     svc.talk(&mut client, session(svc)).expect("talk");
@@ -1415,20 +1423,9 @@ fn pipelined_restores_are_answered_as_one_at_a_time_and_written_together() {
     let expect: Vec<u8> = requests.iter().flat_map(|r| run(&one_by_one, r)).collect();
     assert_eq!(one_by_one.counters.storage[WRITE].count.load(Relaxed), 4);
     let (pipelined, other_path) = service("restore_pipelined", 1 << 20, 4096);
-    let mut sent = Vec::new();
-    for words in requests {
-        reply::array(&mut sent, words.len());
-        for w in words {
-            reply::bulk(&mut sent, w);
-        }
-    }
-    let mut client = Scripted {
-        pieces: [sent].into(),
-        written: Vec::new(),
-    };
-    pipelined.talk(&mut client, session(&pipelined)).unwrap();
+    let written = run_pipelined(&pipelined, &requests);
     assert_eq!(
-        String::from_utf8_lossy(&client.written),
+        String::from_utf8_lossy(&written),
         String::from_utf8_lossy(&expect)
     );
     assert!(expect.starts_with(b"+OK\r\n+OK\r\n-BUSYKEY"), "{expect:?}");
