@@ -665,7 +665,7 @@ pub fn render_kv(services: &[Arc<KvService>]) -> String {
     fam.gauge(
         "dpuflow_kvcache_handoff_keys",
         "Keys held of hash slots the cluster's node list gave another node, not yet handed to it.",
-        as_gauge(per(&|s, _| s.counters.handoff_waiting.load(Relaxed))),
+        as_gauge(per(&|s, _| s.counters.handoffs.waiting())),
     );
     fam.gauge(
         "dpuflow_kvcache_clients",

@@ -23,7 +23,7 @@ use rustls::pki_types::ServerName;
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -37,6 +37,53 @@ const LONGEST_RETRY: Duration = Duration::from_secs(60);
 /// so many bytes.
 const BATCH_KEYS: usize = 64;
 const BATCH_BYTES: usize = 8 << 20;
+
+/// The hand-off under way as one word, so that one a later node-list change superseded
+/// cannot touch the count of the one after it: its round (the high bits: one a change)
+/// and the keys it still has to hand over (the low [`Handoffs::COUNT_BITS`]; the
+/// `dpuflow_kvcache_handoff_keys` gauge).
+#[derive(Debug, Default)]
+pub struct Handoffs(AtomicU64);
+
+impl Handoffs {
+    const COUNT_BITS: u32 = 40;
+    const COUNT: u64 = (1 << Self::COUNT_BITS) - 1;
+
+    /// Begins the next round, which supersedes the one before; the keys still count as
+    /// waiting until [`Handoffs::waiting_for`] counts them afresh. Returns the round.
+    pub(super) fn begin(&self) -> u64 {
+        let step = 1 << Self::COUNT_BITS;
+        (self.0.fetch_add(step, Relaxed).wrapping_add(step)) >> Self::COUNT_BITS
+    }
+
+    /// The round under way.
+    pub(super) fn round(&self) -> u64 {
+        self.0.load(Relaxed) >> Self::COUNT_BITS
+    }
+
+    /// Keys held of slots other nodes serve, not yet handed over.
+    pub fn waiting(&self) -> u64 {
+        self.0.load(Relaxed) & Self::COUNT
+    }
+
+    /// Changes the count of `round`, if it is still the one under way.
+    fn update(&self, round: u64, count: impl Fn(u64) -> u64) {
+        let _ = self.0.fetch_update(Relaxed, Relaxed, |word| {
+            (word >> Self::COUNT_BITS == round)
+                .then(|| word & !Self::COUNT | count(word & Self::COUNT).min(Self::COUNT))
+        });
+    }
+
+    /// `round` has `keys` to hand over.
+    pub(super) fn waiting_for(&self, round: u64, keys: u64) {
+        self.update(round, |_| keys);
+    }
+
+    /// One key of `round` is no longer waiting: taken, or gone.
+    fn one_less(&self, round: u64) {
+        self.update(round, |n| n.saturating_sub(1));
+    }
+}
 
 /// The keys to hand over, by the node they go to.
 pub(super) type Pending = Vec<(SocketAddr, Vec<Arc<[u8]>>)>;
@@ -91,7 +138,8 @@ impl KvService {
     /// index is locked while its keys are looked through.
     pub fn regroup(self: &Arc<Self>, nodes: &[SocketAddr], leaving: bool) {
         let cluster = Cluster::new(nodes, self.config.listen, leaving).map(Arc::new);
-        let round = self.handoff_round.fetch_add(1, Relaxed) + 1;
+        let handoffs = &self.counters.handoffs;
+        let round = handoffs.begin();
         *self.cluster.write().unwrap_or_else(PoisonError::into_inner) = cluster.clone();
         let pending = match &cluster {
             Some(c) => strangers(&self.lock(), c),
@@ -103,10 +151,10 @@ impl KvService {
             "kvcache: the cluster's node list changed; keys of slots other nodes serve now go to them");
         if waiting > 0 && self.peer_tls().is_err() {
             drop_unverifiable(&mut self.lock(), &pending, name);
-            self.counters.handoff_waiting.store(0, Relaxed);
+            handoffs.waiting_for(round, 0);
             return;
         }
-        self.counters.handoff_waiting.store(waiting as u64, Relaxed);
+        handoffs.waiting_for(round, waiting as u64);
         if waiting > 0 {
             let s = Arc::clone(self);
             let thread = std::thread::Builder::new()
@@ -123,7 +171,7 @@ impl KvService {
     /// again (the hand-off `round` is no longer the service's: another has begun, from
     /// the keys held then).
     pub(super) fn hand_off(&self, mut pending: Pending, round: u64) {
-        let superseded = || self.handoff_round.load(Relaxed) != round;
+        let superseded = || self.counters.handoffs.round() != round;
         // The nodes that failed their last round, with the error logged.
         let mut failing: BTreeMap<SocketAddr, String> = BTreeMap::new();
         let mut wait = FIRST_RETRY;
@@ -157,7 +205,7 @@ impl KvService {
             pending.retain(|(_, keys)| !keys.is_empty());
             if pending.is_empty() {
                 if !superseded() {
-                    self.counters.handoff_waiting.store(0, Relaxed);
+                    self.counters.handoffs.waiting_for(round, 0);
                     tracing::info!(service = %self.name,
                         "kvcache: every key held of the slots other nodes serve is handed to its node");
                 }
@@ -282,20 +330,38 @@ impl KvService {
     }
 
     /// A key waiting to be handed over by the hand-off `round` is no longer: taken, or
-    /// gone. Not counted once another hand-off has begun: it counted the keys waiting
+    /// gone. Not counted once another hand-off has begun: it counts the keys waiting
     /// afresh.
     fn no_longer_waiting(&self, round: u64) {
-        if self.handoff_round.load(Relaxed) != round {
-            return;
-        }
-        let waiting = &self.counters.handoff_waiting;
-        let _ = waiting.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1));
+        self.counters.handoffs.one_less(round);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_superseded_hand_off_leaves_the_count_of_the_next_alone() {
+        let h = Handoffs::default();
+        let first = h.begin();
+        h.waiting_for(first, 3);
+        h.one_less(first);
+        assert_eq!(h.waiting(), 2);
+        // A change of the node list: the keys still count until counted afresh.
+        let second = h.begin();
+        assert_eq!((h.round(), h.waiting()), (second, 2));
+        h.waiting_for(second, 5);
+        // The first, still finishing, neither counts down nor clears the second's.
+        h.one_less(first);
+        h.waiting_for(first, 0);
+        assert_eq!(h.waiting(), 5);
+        h.one_less(second);
+        assert_eq!(h.waiting(), 4);
+        h.waiting_for(second, 0);
+        h.one_less(second);
+        assert_eq!(h.waiting(), 0);
+    }
 
     #[test]
     fn a_key_goes_as_a_set_that_keeps_a_newer_value_and_its_deadline() {

@@ -361,8 +361,9 @@ pub struct KvCounters {
     /// Keys of slots another node serves since the node list changed, taken by that
     /// node (see the `handoff` module).
     pub handed_off: AtomicU64,
-    /// Keys held of slots another node serves, not yet handed over.
-    pub handoff_waiting: AtomicU64,
+    /// The hand-off under way: its round, and the keys held of slots another node
+    /// serves, not yet handed over.
+    pub handoffs: handoff::Handoffs,
     /// Connections that ended in a TLS error: a failed handshake (no or an untrusted
     /// client certificate, a client that does not trust ours, plaintext) or a bad record.
     pub tls_failures: AtomicU64,
@@ -414,9 +415,6 @@ pub struct KvService {
     /// The cluster this service is a node of, if it is one; another on a reload that
     /// changes the node list ([`KvService::regroup`]).
     cluster: RwLock<Option<Arc<cluster::Cluster>>>,
-    /// The hand-off of keys to other nodes under way: each change of the node list starts
-    /// another, and the one before stops.
-    handoff_round: AtomicU64,
     /// Requests served at once, or a transaction's alone.
     turns: transaction::Turns,
     /// The connections `MIGRATE` made, kept for the next.
@@ -547,7 +545,6 @@ impl KvService {
             slowlog: SlowLog::new(config.slowlog),
             monitors: Monitors::default(),
             cluster: RwLock::new(cluster.map(Arc::new)),
-            handoff_round: AtomicU64::new(0),
             turns: transaction::Turns::default(),
             migrations: migrate::Connections::default(),
         });
@@ -576,11 +573,12 @@ impl KvService {
             )?;
         }
         if handing {
-            svc.counters.handoff_waiting.store(waiting as u64, Relaxed);
+            let round = svc.counters.handoffs.begin();
+            svc.counters.handoffs.waiting_for(round, waiting as u64);
             let s = Arc::clone(&svc);
             spawn(
                 format!("kv-{name}-handoff"),
-                Box::new(move || s.hand_off(strangers, 0)),
+                Box::new(move || s.hand_off(strangers, round)),
             )?;
         }
         let s = Arc::clone(&svc);

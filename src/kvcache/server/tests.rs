@@ -288,7 +288,7 @@ fn a_node_keeps_the_saved_keys_of_other_slots_for_their_node() {
         assert_eq!(svc.gauges().used_bytes, keys.len() as u64 * 2 * 4096);
         assert_eq!(svc.counters.handed_off.load(Relaxed), 0);
         let theirs = (keys.len() - mine.len()) as u64;
-        assert_eq!(svc.counters.handoff_waiting.load(Relaxed), theirs);
+        assert_eq!(svc.counters.handoffs.waiting(), theirs);
         svc.stop.store(true, Relaxed);
         svc.shutdown();
     }
