@@ -4,7 +4,7 @@
 //! Time inside the engine is the packets' capture time, so a replay is deterministic: the
 //! same inputs give byte-identical outputs and the same counters.
 
-use crate::engine::{Engine, Observer, PacketBuf, Stats, Verdict, DEFAULT_MAX_FRAME};
+use crate::engine::{Engine, Observer, PacketBuf, Stats, DEFAULT_MAX_FRAME};
 use crate::firewall::conntrack::{CtStats, Invalid};
 use crate::io::pcap::{CaptureError, CaptureReader, CaptureWriter};
 use crate::ir::{PortId, Program};
@@ -244,7 +244,7 @@ pub fn replay<O: Observer>(
         }
         engine.process(&mut slots[..n], obs);
         for pkt in slots[..n].iter().chain(engine.mirrors()) {
-            if let Verdict::Forward(port) = pkt.verdict {
+            if let Some(port) = pkt.verdict.sent_to() {
                 match &mut writers[port.index()] {
                     Some(w) => w.write(pkt.ts_ns, pkt.data())?,
                     None => unwritten[port.index()] += 1,

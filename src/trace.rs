@@ -2,7 +2,7 @@
 //! that matched, the actions that ran and the packet's fate.
 
 use crate::engine::parse::{self, TunnelPorts, L3};
-use crate::engine::{Observer, PacketBuf, Verdict};
+use crate::engine::{DropReason, Observer, PacketBuf, Verdict};
 use crate::firewall::conntrack::Lookup;
 use crate::ir::{PipeId, Program};
 use crate::wire::{be16, ip_proto};
@@ -104,6 +104,13 @@ impl Observer for Tracer<'_> {
                     summary(pkt.data())
                 ),
                 Verdict::Drop(r) => format!("dropped: {}", r.name()),
+                Verdict::TooBig(p) => format!(
+                    "dropped: {}; its sender told so out of {}, {} bytes: {}",
+                    DropReason::PacketTooBig.name(),
+                    self.program.port(p).name,
+                    pkt.len(),
+                    summary(pkt.data())
+                ),
                 Verdict::Service(s) => format!(
                     "queued to service {}",
                     self.program.services[s.index()].name

@@ -369,3 +369,93 @@ wrpcap("in.pcap", pkts)
         "{fields}"
     );
 }
+
+/// A gateway's host port with frames that fill its 1500-byte MTU: once encapsulated
+/// they no longer fit the uplink's, and each sender that can be told is answered with the
+/// MTU inside the tunnel (RFC 1191, RFC 8201), out of the port it sent from, its VLAN tag
+/// kept; tshark reads the answers as the quoting ICMP errors they are.
+#[test]
+fn senders_of_packets_too_big_for_the_tunnel_are_told_its_mtu() {
+    let dir = Scratch::new("too-big");
+    let pipe = dir.path("gateway.pipe");
+    std::fs::write(
+        &pipe,
+        "pipeline gateway\n\
+         port host   { driver pcap }\n\
+         port uplink { driver pcap }\n\
+         pipe from_host root from host {\n\
+             rule v4 { match ipv4.dst 10.1.0.0/16  actions vxlan.encap { vni 100  src 192.0.2.1  dst 192.0.2.10\n\
+                       smac 02:00:00:00:00:01  dmac 02:00:00:00:00:02 }, fwd uplink }\n\
+             rule v6 { match ipv6.dst 2001:db8:1::/48  actions vxlan.encap { vni 100  src 192.0.2.1  dst 192.0.2.10\n\
+                       smac 02:00:00:00:00:01  dmac 02:00:00:00:00:02 }, fwd uplink }\n\
+             default { actions drop }\n\
+         }\n",
+    )
+    .expect("write pipeline");
+    scapy(
+        &dir.0,
+        r#"
+e = Ether(src="02:00:00:00:00:aa", dst="02:00:00:00:00:bb")
+tcp = TCP(sport=40000, dport=80, seq=1000, flags="A")
+wrpcap("in.pcap", [
+    e/IP(src="10.0.0.1", dst="10.1.0.1", flags="DF")/tcp/Raw(b"a" * 1460),       # told: 1450
+    e/IP(src="10.0.0.1", dst="10.1.0.1")/tcp/Raw(b"b" * 1460),                   # may be cut up: dropped
+    e/IPv6(src="2001:db8::1", dst="2001:db8:1::1")/tcp/Raw(b"c" * 1440),         # told: 1450
+    e/IP(src="10.0.0.1", dst="10.1.0.1", flags="DF")/tcp/Raw(b"d" * 1410),       # fits once encapsulated
+    e/IP(src="10.0.0.1", dst="10.1.0.1", flags="DF")/ICMP(type=3, code=1)/Raw(b"e" * 1472),  # an error: dropped
+    e/Dot1Q(vlan=7)/IP(src="10.0.0.2", dst="10.1.0.9", flags="DF")/tcp/Raw(b"f" * 1460),  # told, tagged
+])
+"#,
+    );
+    let out = dpuflow_ok(&[
+        "replay",
+        &pipe,
+        "--in",
+        &format!("host={}", dir.path("in.pcap")),
+        "--out",
+        &format!("host={}", dir.path("told.pcap")),
+        "--out",
+        &format!("uplink={}", dir.path("uplink.pcap")),
+        "--json",
+    ]);
+    let s: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let drops = &s["ports"][0]["drops"];
+    assert_eq!(drops["packet_too_big"], 3, "{s}");
+    assert_eq!(drops["mtu_exceeded"], 2, "{s}");
+    assert_eq!(s["ports"][1]["tx_packets"], 1, "{s}");
+    assert_eq!(s["ports"][0]["tx_packets"], 3, "{s}");
+    let told = dir.path("told.pcap");
+    assert_tshark_clean(&told);
+    let fields = [
+        "eth.src",
+        "eth.dst",
+        "vlan.id",
+        "ip.src",
+        "ip.dst",
+        "icmp.type",
+        "icmp.code",
+        "icmp.mtu",
+        "icmp.checksum.status",
+        "ipv6.src",
+        "ipv6.dst",
+        "icmpv6.type",
+        "icmpv6.mtu",
+        "icmpv6.checksum.status",
+        "tcp.srcport",
+        "frame.len",
+    ];
+    // The answer's own headers first, then the quoted packet's: the first of each.
+    let rows = tshark_table(&told, &["-E", "occurrence=f"], ',', &fields);
+    // Each answer from the address the packet was for, to its sender, quoting it: 576
+    // bytes of IPv4 at most, 1280 of IPv6 (RFC 1812 §4.3.2.3, RFC 4443 §3.2). A tagged
+    // frame's tag takes 4 of the tunnel's bytes too.
+    assert_eq!(
+        rows.lines().collect::<Vec<_>>(),
+        [
+            "02:00:00:00:00:bb,02:00:00:00:00:aa,,10.1.0.1,10.0.0.1,3,4,1450,1,,,,,,40000,590",
+            "02:00:00:00:00:bb,02:00:00:00:00:aa,,,,,,,,2001:db8:1::1,2001:db8::1,2,1450,1,40000,1294",
+            "02:00:00:00:00:bb,02:00:00:00:00:aa,7,10.1.0.9,10.0.0.2,3,4,1446,1,,,,,,40000,594",
+        ],
+        "{told}"
+    );
+}

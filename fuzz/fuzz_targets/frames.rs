@@ -13,7 +13,7 @@
 
 use dpuflow::daemon::restart_needed;
 use dpuflow::engine::parse::{parse, pseudo_header, Meta, TunnelPorts, L3};
-use dpuflow::engine::{Compiled, DropReason, Engine, NoObserver, PacketBuf, Renumbering, Verdict};
+use dpuflow::engine::{Compiled, DropReason, Engine, NoObserver, PacketBuf, Renumbering};
 use dpuflow::ir::{PortId, Program};
 use dpuflow::telemetry::ipfix::Exporter;
 use dpuflow::wire::checksum::{checksum, fold, sum};
@@ -125,8 +125,8 @@ fuzz_target!(|bytes: &[u8]| {
         // What a pipeline forwards was parsed whole, and whatever it did (rewrites,
         // encapsulation, decapsulation) leaves a frame that parses whole again; all but
         // a tunnel inside it: a decapsulated frame may itself be UDP to a tunnel port,
-        // whatever it carries.
-        if let Verdict::Forward(_) = pkt.verdict {
+        // whatever it carries. So does the ICMP error answering one too big to send.
+        if pkt.verdict.sent_to().is_some() {
             match parse(pkt.data(), code.tunnels()) {
                 Ok(_) | Err(DropReason::TunnelMalformed) => {}
                 Err(e) => panic!("a forwarded frame does not parse: {e:?}"),

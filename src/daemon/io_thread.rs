@@ -6,7 +6,7 @@ use super::worker::{batches_in_flight, pump, Worker, WorkerChannels};
 use super::{
     live_clock_ns, live_clock_to_wall, Options, Processed, RunError, Shared, PUBLISH_EVERY,
 };
-use crate::engine::{parse, Compiled, PacketBuf, Verdict, DEFAULT_MAX_FRAME};
+use crate::engine::{parse, Compiled, PacketBuf, DEFAULT_MAX_FRAME};
 use crate::firewall::fragments::Fragments;
 use crate::io::live::{LivePort, Received, Sent};
 use crate::io::pcap::CaptureWriter;
@@ -605,7 +605,7 @@ impl Outputs {
     fn write(&mut self, mut batch: Processed) -> Result<(), RunError> {
         self.returned += 1;
         for pkt in batch.packets.iter().chain(&batch.mirrors) {
-            if let Verdict::Forward(port) = pkt.verdict {
+            if let Some(port) = pkt.verdict.sent_to() {
                 let i = port.index();
                 if let Some(w) = &mut self.writers[i] {
                     w.write(pkt.ts_ns.saturating_add_signed(self.to_wall), pkt.data())?;

@@ -12,6 +12,7 @@ mod lpm;
 mod meter;
 pub mod packet;
 pub mod parse;
+pub mod pmtu;
 pub mod prefetch;
 mod reload;
 pub mod table;
@@ -51,6 +52,7 @@ reasons! {
         TtlExpired => "ttl_expired", "TTL or hop limit reached zero";
         MeterRed => "meter_red", "a meter marked the packet red";
         MtuExceeded => "mtu_exceeded", "larger than the output port's MTU";
+        PacketTooBig => "packet_too_big", "encapsulated, then larger than the output port's MTU: its sender was sent an ICMP Fragmentation Needed or ICMPv6 Packet Too Big with the MTU inside the tunnel";
         NoHeadroom => "no_headroom", "no room in front of the packet to add headers";
         Oversize => "oversize", "larger than the engine's packet buffers";
         CtFull => "ct_full", "a new connection found the connection table full";
@@ -66,6 +68,21 @@ pub enum Verdict {
     Drop(DropReason),
     /// Handed to a local service's queue.
     Service(ServiceId),
+    /// Dropped as too big for its output port once encapsulated
+    /// ([`DropReason::PacketTooBig`]); the packet is now the ICMP error telling its
+    /// sender so, sent out of this port, the one it came in by (see [`pmtu`]).
+    TooBig(PortId),
+}
+
+impl Verdict {
+    /// The port the packet leaves by, if it leaves.
+    #[inline]
+    pub fn sent_to(self) -> Option<PortId> {
+        match self {
+            Verdict::Forward(p) | Verdict::TooBig(p) => Some(p),
+            Verdict::Drop(_) | Verdict::Service(_) => None,
+        }
+    }
 }
 
 /// Packet and byte counts.
@@ -297,6 +314,8 @@ struct Runtime {
     ct: Option<Conntrack>,
     /// Flow cache for IPFIX, when enabled.
     flows: Option<FlowCache>,
+    /// What answering packets too big for a port takes.
+    too_big: Box<pmtu::Answering>,
 }
 
 impl Compiled {
@@ -469,6 +488,7 @@ impl Engine {
             stats: f.stats.clone(),
             mirrors: if f.mirrors { mirror_pool() } else { Vec::new() },
             mirrored: 0,
+            too_big: Box::new(pmtu::Answering::new(code.tunnels.clone())),
             ct: f.conntrack.as_ref().map(|c| {
                 let capacity = usize::try_from(c.capacity).unwrap_or(usize::MAX);
                 let mut ct = Conntrack::new(capacity, c.timeouts.clone());
@@ -694,6 +714,11 @@ impl Engine {
             match v {
                 Verdict::Forward(out) => self.rt.stats.ports[out.index()].tx.add(pkt.len()),
                 Verdict::Drop(r) => self.rt.stats.ports[port].drops[r as usize] += 1,
+                Verdict::TooBig(back) => {
+                    let ports = &mut self.rt.stats.ports;
+                    ports[port].drops[DropReason::PacketTooBig as usize] += 1;
+                    ports[back.index()].tx.add(pkt.len());
+                }
                 Verdict::Service(s) => self.rt.stats.services[s.index()].add(pkt.len()),
             }
             pkt.verdict = v;
@@ -871,6 +896,7 @@ impl Engine {
                 let step = match op {
                     Op::Encap(t) => {
                         stale = true;
+
                         let hash = parse::flow_hash(pkt.data(), &meta.outer);
                         code.encaps[*t].apply(pkt, hash).map(|()| None)
                     }
@@ -958,7 +984,7 @@ pub(crate) fn staged_packets(mut staged: u32) -> impl Iterator<Item = usize> {
 fn fate(v: Verdict) -> (Option<u16>, bool) {
     match v {
         Verdict::Forward(p) => (Some(p.0), false),
-        Verdict::Drop(_) => (None, true),
+        Verdict::Drop(_) | Verdict::TooBig(_) => (None, true),
         Verdict::Service(_) => (None, false),
     }
 }
@@ -1063,8 +1089,9 @@ fn exec(
         Action::Encap(_) => unreachable!("compiled to Op::Encap"),
         Action::Fwd(port) => {
             let l3_len = pkt.len().saturating_sub(action::l3_offset(pkt.data()));
-            if l3_len > usize::from(rt.mtus[port.index()]) {
-                return Err(DropReason::MtuExceeded);
+            let mtu = rt.mtus[port.index()];
+            if l3_len > usize::from(mtu) {
+                return rt.too_big.answer(pkt, mtu).map(|v| Some(Next::Done(v)));
             }
             return Ok(Some(Next::Done(Verdict::Forward(*port))));
         }

@@ -111,6 +111,7 @@ impl Engine {
         let rt = &mut self.rt;
         rt.stats = renumbering.stats(std::mem::take(&mut rt.stats));
         rt.meters = f.meters.clone();
+        rt.too_big.tunnels.clone_from(&code.tunnels);
         if f.mirrors && rt.mirrors.is_empty() {
             rt.mirrors = super::mirror_pool();
         }

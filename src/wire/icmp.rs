@@ -1,7 +1,7 @@
 //! ICMP (RFC 792) and ICMPv6 (RFC 4443) share their first four bytes: type, code,
 //! checksum. Echo messages then carry an identifier and a sequence number.
 
-use super::{be16, need, Result};
+use super::{be16, checksum, need, Result};
 
 pub const HEADER_LEN: usize = 8;
 
@@ -66,5 +66,71 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// For error messages: the quoted original packet.
     pub fn quoted(&self) -> &[u8] {
         &self.buffer.as_ref()[HEADER_LEN..]
+    }
+
+    /// The MTU an ICMPv4 Fragmentation Needed (RFC 1191 §4: the low 16 bits of the
+    /// second word) or an ICMPv6 Packet Too Big (RFC 4443 §3.2: the whole word) gives.
+    pub fn next_hop_mtu(&self, v6: bool) -> u32 {
+        let b = self.buffer.as_ref();
+        match v6 {
+            true => u32::from_be_bytes([b[4], b[5], b[6], b[7]]),
+            false => u32::from(be16(b, 6)),
+        }
+    }
+}
+
+/// A message saying a packet was too big for the next hop, to build: ICMP Destination
+/// Unreachable, code 4 "fragmentation needed and DF set" (RFC 792) with the next-hop
+/// MTU (RFC 1191 §4), or ICMPv6 Packet Too Big (RFC 4443 §3.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooBigRepr {
+    pub v6: bool,
+    pub mtu: u32,
+}
+
+impl TooBigRepr {
+    /// Writes the header into `msg`, whose bytes after [`HEADER_LEN`] are the quoted
+    /// packet, and the checksum over all of `msg`: with the IPv6 pseudo-header's sum
+    /// `pseudo` for ICMPv6 (RFC 4443 §2.3), none for ICMPv4 (`pseudo` 0).
+    pub fn emit(&self, msg: &mut [u8], pseudo: u32) {
+        let (kind, code, rest) = match self.v6 {
+            true => (v6_type::PACKET_TOO_BIG, 0, self.mtu),
+            false => (v4_type::DEST_UNREACHABLE, 4, self.mtu & 0xffff),
+        };
+        let b = &mut msg[..HEADER_LEN];
+        b[0] = kind;
+        b[1] = code;
+        b[2..4].fill(0);
+        b[4..8].copy_from_slice(&rest.to_be_bytes());
+        let c = !checksum::fold(checksum::sum(pseudo, msg));
+        super::put16(msg, 2, c);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// A message built reads back as built, and its checksum verifies (the sum of a
+        /// message with its checksum, pseudo-header included, folds to all ones).
+        #[test]
+        fn too_big_messages_read_back(v6: bool, mtu: u32, quote in prop::collection::vec(any::<u8>(), 0..64), pseudo in 0u32..0x7fff_ffff) {
+            let mut msg = vec![0xa5; HEADER_LEN];
+            msg.extend_from_slice(&quote);
+            let pseudo = if v6 { pseudo } else { 0 };
+            TooBigRepr { v6, mtu }.emit(&mut msg, pseudo);
+            let p = Packet::new_checked(&msg[..]).unwrap();
+            let (kind, code) = match v6 {
+                true => (v6_type::PACKET_TOO_BIG, 0),
+                false => (v4_type::DEST_UNREACHABLE, 4),
+            };
+            prop_assert_eq!((p.msg_type(), p.code()), (kind, code));
+            prop_assert!(is_error(v6, p.msg_type()));
+            prop_assert_eq!(p.next_hop_mtu(v6), if v6 { mtu } else { mtu & 0xffff });
+            prop_assert_eq!(p.quoted(), &quote[..]);
+            prop_assert_eq!(checksum::fold(checksum::sum(pseudo, &msg)), 0xffff);
+        }
     }
 }
