@@ -24,7 +24,7 @@ use crate::wire::{be16, checksum, icmp, ip_proto, ipv4, ipv6};
 /// ICMP errors a worker sends a second at most, and at once: a token bucket, Linux's
 /// `icmp_msgs_per_sec` and `icmp_msgs_burst` by default.
 pub const PER_SECOND: u64 = 1000;
-const BURST: u64 = 50;
+pub const BURST: u64 = 50;
 const NS_A_MESSAGE: u64 = 1_000_000_000 / PER_SECOND;
 
 /// The longest Ethernet header with its VLAN tags a quoted frame may have (four tags).
