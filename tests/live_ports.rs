@@ -1160,7 +1160,10 @@ fn the_vxlan_gateway_talks_to_the_kernels_vxlan_over_af_xdp_queues_of_two_worker
     vxlan_gateway_to_the_kernel("af_xdp", "j", "2", 2);
 }
 
-fn vxlan_gateway_to_the_kernel(driver: &str, tag: &str, workers: &str, queues: u16) {
+/// The client, the gateway and a server behind a kernel vxlan device (VNI 100, VTEP
+/// 192.0.2.10; the gateway's 192.0.2.1): the lab, its scratch directory and the gateway's
+/// pipeline file, ports `inside` and `outside` on `driver`.
+fn vxlan_lab(driver: &str, tag: &str, queues: u16) -> (Lab, Scratch, String) {
     const VXLAN_MAC: &str = "02:00:00:00:02:02";
     let lab = Lab::for_driver_with_queues(driver, tag, queues);
     let (client_mac, underlay_mac) = (lab.mac(&lab.client, "c0"), lab.mac(&lab.server, "s0"));
@@ -1264,6 +1267,11 @@ fn vxlan_gateway_to_the_kernel(driver: &str, tag: &str, workers: &str, queues: u
         ),
     )
     .expect("write pipeline");
+    (lab, dir, pipe_path)
+}
+
+fn vxlan_gateway_to_the_kernel(driver: &str, tag: &str, workers: &str, queues: u16) {
+    let (lab, dir, pipe_path) = vxlan_lab(driver, tag, queues);
     let body: Vec<u8> = (0..1_000_000u32).map(|i| (i * 13 % 251) as u8).collect();
     std::fs::write(dir.0.join("file.bin"), &body).expect("write file");
     let _server = lab.serve(&lab.server, SERVER, "80", &dir);
@@ -1293,6 +1301,64 @@ fn vxlan_gateway_to_the_kernel(driver: &str, tag: &str, workers: &str, queues: u
         let shared = format!("mode={queues} queue(s) shared by {workers} workers");
         assert!(log.contains(&shared), "{log}");
     }
+}
+
+/// A client whose link's MTU is the gateway's uplink's: its full-sized packets no longer
+/// fit once encapsulated. The gateway tells it the MTU inside the tunnel (ICMP
+/// Fragmentation Needed, RFC 1191), the client's kernel takes it (its route to the server
+/// learns MTU 1450) and sends smaller segments, and a megabyte crosses, where it would
+/// otherwise stall at the first full-sized segment. The server's vxlan device carries
+/// 1500-byte packets (its link 1550), so it asks for full-sized segments (MSS 1460).
+#[test]
+fn the_vxlan_gateway_tells_a_host_the_mtu_inside_the_tunnel() {
+    let (lab, _dir, pipe_path) = vxlan_lab("af_packet", "m", 1);
+    lab.run(&lab.server, &["ip", "link", "set", "s0", "mtu", "1550"]);
+    lab.run(&lab.server, &["ip", "link", "set", "vxlan0", "mtu", "1500"]);
+    let sink = Watcher::start(
+        &lab.server,
+        &format!(
+            r#"
+import socket
+s = socket.create_server(("{SERVER}", 9000))
+print("listening", flush=True)
+c, _ = s.accept()
+n = 0
+while True:
+    b = c.recv(65536)
+    if not b:
+        break
+    n += len(b)
+c.sendall(str(n).encode())
+c.close()
+print(n, flush=True)
+"#
+        ),
+    );
+    let dpuflow = lab.start(&pipe_path, "1");
+    assert!(lab.ping(&lab.client, SERVER), "no ping through the gateway");
+    let sent = lab.run(
+        &lab.client,
+        &[
+            PYTHON,
+            "-c",
+            &format!(
+                r#"
+import socket
+c = socket.create_connection(("{SERVER}", 9000), timeout=20)
+c.sendall(bytes(range(250)) * 4000)
+c.shutdown(socket.SHUT_WR)
+print(c.recv(100).decode())
+"#
+            ),
+        ],
+    );
+    assert_eq!(sent.trim(), "1000000", "the server's count");
+    assert_eq!(sink.seen(), "1000000");
+    let route = lab.run(&lab.client, &["ip", "route", "get", SERVER]);
+    assert!(route.contains("mtu 1450"), "the client's route: {route}");
+    let told = "dpuflow_port_dropped_packets_total{port=\"inside\",reason=\"packet_too_big\"}";
+    lab.metrics_until(|m| metric(m, told).unwrap_or(0) >= 1, "told the client");
+    stop(dpuflow);
 }
 
 /// An af_xdp port's XDP program is dpuflow's while it runs and goes with it, however it
