@@ -1160,11 +1160,16 @@ fn the_vxlan_gateway_talks_to_the_kernels_vxlan_over_af_xdp_queues_of_two_worker
     vxlan_gateway_to_the_kernel("af_xdp", "j", "2", 2);
 }
 
+/// The server's vxlan device's MAC address, and its IPv6 address in the overlay
+/// (the client's is [`CLIENT6`]).
+const VXLAN_MAC: &str = "02:00:00:00:02:02";
+const SERVER6: &str = "fd00:77::2";
+const CLIENT6: &str = "fd00:77::1";
+
 /// The client, the gateway and a server behind a kernel vxlan device (VNI 100, VTEP
 /// 192.0.2.10; the gateway's 192.0.2.1): the lab, its scratch directory and the gateway's
 /// pipeline file, ports `inside` and `outside` on `driver`.
 fn vxlan_lab(driver: &str, tag: &str, queues: u16) -> (Lab, Scratch, String) {
-    const VXLAN_MAC: &str = "02:00:00:00:02:02";
     let lab = Lab::for_driver_with_queues(driver, tag, queues);
     let (client_mac, underlay_mac) = (lab.mac(&lab.client, "c0"), lab.mac(&lab.server, "s0"));
     // The server: underlay 192.0.2.10 on its link, the overlay address on a vxlan device
@@ -1258,6 +1263,12 @@ fn vxlan_lab(driver: &str, tag: &str, queues: u16) -> (Lab, Scratch, String) {
                                             smac 02:00:00:00:01:01  dmac {underlay_mac} }},\n\
                              fwd outside\n\
                  }}\n\
+                 rule to_server6 {{\n\
+                     match ipv6.dst {SERVER6}\n\
+                     actions vxlan.encap {{ vni 100  src 192.0.2.1  dst 192.0.2.10\n\
+                                            smac 02:00:00:00:01:01  dmac {underlay_mac} }},\n\
+                             fwd outside\n\
+                 }}\n\
                  default {{ actions drop }}\n\
              }}\n\
              pipe decap root from outside {{\n\
@@ -1307,19 +1318,37 @@ fn vxlan_gateway_to_the_kernel(driver: &str, tag: &str, workers: &str, queues: u
 /// fit once encapsulated. The gateway tells it the MTU inside the tunnel (ICMP
 /// Fragmentation Needed, RFC 1191), the client's kernel takes it (its route to the server
 /// learns MTU 1450) and sends smaller segments, and a megabyte crosses, where it would
-/// otherwise stall at the first full-sized segment. The server's vxlan device carries
-/// 1500-byte packets (its link 1550), so it asks for full-sized segments (MSS 1460).
+/// otherwise stall at the first full-sized segment; and the same over IPv6 (ICMPv6 Packet
+/// Too Big, RFC 8201). The server's vxlan device carries 1500-byte packets (its link
+/// 1550), so it asks for full-sized segments (MSS 1460, 1440 over IPv6).
 #[test]
 fn the_vxlan_gateway_tells_a_host_the_mtu_inside_the_tunnel() {
     let (lab, _dir, pipe_path) = vxlan_lab("af_packet", "m", 1);
     lab.run(&lab.server, &["ip", "link", "set", "s0", "mtu", "1550"]);
     lab.run(&lab.server, &["ip", "link", "set", "vxlan0", "mtu", "1500"]);
-    let sink = Watcher::start(
-        &lab.server,
-        &format!(
-            r#"
+    // IPv6 beside IPv4 in the overlay, neighbours known (no discovery through the
+    // gateway, which forwards only what its rules name).
+    let client_mac = lab.mac(&lab.client, "c0");
+    for (ns, dev, me, peer, mac) in [
+        (&lab.client, "c0", CLIENT6, SERVER6, VXLAN_MAC),
+        (&lab.server, "vxlan0", SERVER6, CLIENT6, client_mac.as_str()),
+    ] {
+        let me = format!("{me}/64");
+        lab.run(ns, &["ip", "-6", "addr", "add", &me, "dev", dev, "nodad"]);
+        let neigh = [
+            "ip", "-6", "neigh", "replace", peer, "lladdr", mac, "dev", dev,
+        ];
+        lab.run(ns, &[&neigh[..], &["nud", "permanent"]].concat());
+    }
+    let dpuflow = lab.start(&pipe_path, "1");
+    assert!(lab.ping(&lab.client, SERVER), "no ping through the gateway");
+    for (family, server) in [("AF_INET", SERVER), ("AF_INET6", SERVER6)] {
+        let sink = Watcher::start(
+            &lab.server,
+            &format!(
+                r#"
 import socket
-s = socket.create_server(("{SERVER}", 9000))
+s = socket.create_server(("{server}", 9000), family=socket.{family})
 print("listening", flush=True)
 c, _ = s.accept()
 n = 0
@@ -1332,32 +1361,25 @@ c.sendall(str(n).encode())
 c.close()
 print(n, flush=True)
 "#
-        ),
-    );
-    let dpuflow = lab.start(&pipe_path, "1");
-    assert!(lab.ping(&lab.client, SERVER), "no ping through the gateway");
-    let sent = lab.run(
-        &lab.client,
-        &[
-            PYTHON,
-            "-c",
-            &format!(
-                r#"
+            ),
+        );
+        let upload = format!(
+            r#"
 import socket
-c = socket.create_connection(("{SERVER}", 9000), timeout=20)
+c = socket.create_connection(("{server}", 9000), timeout=20)
 c.sendall(bytes(range(250)) * 4000)
 c.shutdown(socket.SHUT_WR)
 print(c.recv(100).decode())
 "#
-            ),
-        ],
-    );
-    assert_eq!(sent.trim(), "1000000", "the server's count");
-    assert_eq!(sink.seen(), "1000000");
-    let route = lab.run(&lab.client, &["ip", "route", "get", SERVER]);
-    assert!(route.contains("mtu 1450"), "the client's route: {route}");
+        );
+        let sent = lab.run(&lab.client, &[PYTHON, "-c", &upload]);
+        assert_eq!(sent.trim(), "1000000", "the server's count over {family}");
+        assert_eq!(sink.seen(), "1000000");
+        let route = lab.run(&lab.client, &["ip", "route", "get", server]);
+        assert!(route.contains("mtu 1450"), "the client's route: {route}");
+    }
     let told = "dpuflow_port_dropped_packets_total{port=\"inside\",reason=\"packet_too_big\"}";
-    lab.metrics_until(|m| metric(m, told).unwrap_or(0) >= 1, "told the client");
+    lab.metrics_until(|m| metric(m, told).unwrap_or(0) >= 2, "told the client");
     stop(dpuflow);
 }
 
