@@ -405,6 +405,16 @@ fn lower(p: &Program, wanted: &[bool]) -> Plan {
                 .into(),
         });
     }
+    // The software engine answers a packet its encapsulation made too big for the port;
+    // the NIC drops it.
+    if !planner.encaps.is_empty() {
+        notes.push(
+            "a packet an encapsulation in hardware makes too big for its port's MTU is \
+             dropped by the NIC: its sender is not told the MTU inside the tunnel, as the \
+             software engine tells it (ICMP Fragmentation Needed, ICMPv6 Packet Too Big)"
+                .into(),
+        );
+    }
     // The flow cache and connection entries that make IPFIX records are the software
     // engine's: a packet the NIC forwards never meets them.
     if planner.hw.iter().any(Option::is_some) {
