@@ -459,3 +459,51 @@ wrpcap("in.pcap", [
         "{told}"
     );
 }
+
+/// `clamp tcp.mss` before an encapsulation: SYNs and SYN-ACKs offering more come out of
+/// the tunnel offering the clamp, with right checksums (tshark checks them inside the
+/// VXLAN); lower offers, and segments that are not SYNs, come out as they went in.
+#[test]
+fn syns_offering_more_than_the_clamp_offer_the_clamp() {
+    let dir = Scratch::new("clamp");
+    scapy(
+        &dir.0,
+        r#"
+e = Ether(src="02:00:00:00:00:aa", dst="02:00:00:00:00:bb")
+v4 = IP(src="10.0.0.1", dst="10.1.0.1")
+wrpcap("in.pcap", [
+    e/v4/TCP(sport=40000, dport=80, flags="S", options=[("MSS", 1460), ("SAckOK", b""), ("WScale", 7)]),
+    e/v4/TCP(sport=40001, dport=80, flags="S", options=[("MSS", 1200)]),
+    e/v4/TCP(sport=80, dport=40002, flags="SA", options=[("NOP", None), ("MSS", 8960)]),
+    e/v4/TCP(sport=40003, dport=80, flags="A", options=[("MSS", 1460)])/Raw(b"data"),
+    e/IPv6(src="2001:db8::1", dst="2001:db8:1::1")/TCP(sport=40004, dport=80, flags="S", options=[("MSS", 1440)]),
+])
+"#,
+    );
+    let out = dir.path("uplink.pcap");
+    dpuflow_ok(&[
+        "replay",
+        "tests/data/mss-clamp.pipe",
+        "--in",
+        &format!("host={}", dir.path("in.pcap")),
+        "--out",
+        &format!("uplink={out}"),
+    ]);
+    assert_tshark_clean(&out);
+    let rows = tshark_table(
+        &out,
+        &["-o", "tcp.check_checksum:TRUE"],
+        ',',
+        &["tcp.srcport", "tcp.options.mss_val", "tcp.checksum.status"],
+    );
+    assert_eq!(
+        rows.lines().collect::<Vec<_>>(),
+        [
+            "40000,1410,1",
+            "40001,1200,1",
+            "80,1410,1",
+            "40003,1460,1",
+            "40004,1410,1"
+        ]
+    );
+}

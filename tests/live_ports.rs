@@ -1168,8 +1168,9 @@ const CLIENT6: &str = "fd00:77::1";
 
 /// The client, the gateway and a server behind a kernel vxlan device (VNI 100, VTEP
 /// 192.0.2.10; the gateway's 192.0.2.1): the lab, its scratch directory and the gateway's
-/// pipeline file, ports `inside` and `outside` on `driver`.
-fn vxlan_lab(driver: &str, tag: &str, queues: u16) -> (Lab, Scratch, String) {
+/// pipeline file, ports `inside` and `outside` on `driver`; `also` (actions) goes before
+/// each encapsulation and after the decapsulation.
+fn vxlan_lab(driver: &str, tag: &str, queues: u16, also: &str) -> (Lab, Scratch, String) {
     let lab = Lab::for_driver_with_queues(driver, tag, queues);
     let (client_mac, underlay_mac) = (lab.mac(&lab.client, "c0"), lab.mac(&lab.server, "s0"));
     // The server: underlay 192.0.2.10 on its link, the overlay address on a vxlan device
@@ -1259,20 +1260,20 @@ fn vxlan_lab(driver: &str, tag: &str, queues: u16) -> (Lab, Scratch, String) {
              pipe encap root from inside {{\n\
                  rule to_server {{\n\
                      match ipv4.dst {SERVER}\n\
-                     actions vxlan.encap {{ vni 100  src 192.0.2.1  dst 192.0.2.10\n\
+                     actions {also} vxlan.encap {{ vni 100  src 192.0.2.1  dst 192.0.2.10\n\
                                             smac 02:00:00:00:01:01  dmac {underlay_mac} }},\n\
                              fwd outside\n\
                  }}\n\
                  rule to_server6 {{\n\
                      match ipv6.dst {SERVER6}\n\
-                     actions vxlan.encap {{ vni 100  src 192.0.2.1  dst 192.0.2.10\n\
+                     actions {also} vxlan.encap {{ vni 100  src 192.0.2.1  dst 192.0.2.10\n\
                                             smac 02:00:00:00:01:01  dmac {underlay_mac} }},\n\
                              fwd outside\n\
                  }}\n\
                  default {{ actions drop }}\n\
              }}\n\
              pipe decap root from outside {{\n\
-                 rule vni100 {{ match udp.dst 4789  vxlan.vni 100  actions vxlan.decap, fwd inside }}\n\
+                 rule vni100 {{ match udp.dst 4789  vxlan.vni 100  actions vxlan.decap, {also} fwd inside }}\n\
                  default {{ actions drop }}\n\
              }}\n"
         ),
@@ -1282,7 +1283,7 @@ fn vxlan_lab(driver: &str, tag: &str, queues: u16) -> (Lab, Scratch, String) {
 }
 
 fn vxlan_gateway_to_the_kernel(driver: &str, tag: &str, workers: &str, queues: u16) {
-    let (lab, dir, pipe_path) = vxlan_lab(driver, tag, queues);
+    let (lab, dir, pipe_path) = vxlan_lab(driver, tag, queues, "");
     let body: Vec<u8> = (0..1_000_000u32).map(|i| (i * 13 % 251) as u8).collect();
     std::fs::write(dir.0.join("file.bin"), &body).expect("write file");
     let _server = lab.serve(&lab.server, SERVER, "80", &dir);
@@ -1314,37 +1315,42 @@ fn vxlan_gateway_to_the_kernel(driver: &str, tag: &str, workers: &str, queues: u
     }
 }
 
-/// A client whose link's MTU is the gateway's uplink's: its full-sized packets no longer
-/// fit once encapsulated. The gateway tells it the MTU inside the tunnel (ICMP
-/// Fragmentation Needed, RFC 1191), the client's kernel takes it (its route to the server
-/// learns MTU 1450) and sends smaller segments, and a megabyte crosses, where it would
-/// otherwise stall at the first full-sized segment; and the same over IPv6 (ICMPv6 Packet
-/// Too Big, RFC 8201). The server's vxlan device carries 1500-byte packets (its link
-/// 1550), so it asks for full-sized segments (MSS 1460, 1440 over IPv6).
-#[test]
-fn the_vxlan_gateway_tells_a_host_the_mtu_inside_the_tunnel() {
-    let (lab, _dir, pipe_path) = vxlan_lab("af_packet", "m", 1);
-    lab.run(&lab.server, &["ip", "link", "set", "s0", "mtu", "1550"]);
-    lab.run(&lab.server, &["ip", "link", "set", "vxlan0", "mtu", "1500"]);
-    // IPv6 beside IPv4 in the overlay, neighbours known (no discovery through the
-    // gateway, which forwards only what its rules name).
-    let client_mac = lab.mac(&lab.client, "c0");
-    for (ns, dev, me, peer, mac) in [
-        (&lab.client, "c0", CLIENT6, SERVER6, VXLAN_MAC),
-        (&lab.server, "vxlan0", SERVER6, CLIENT6, client_mac.as_str()),
-    ] {
-        let me = format!("{me}/64");
-        lab.run(ns, &["ip", "-6", "addr", "add", &me, "dev", dev, "nodad"]);
-        let neigh = [
-            "ip", "-6", "neigh", "replace", peer, "lladdr", mac, "dev", dev,
-        ];
-        lab.run(ns, &[&neigh[..], &["nud", "permanent"]].concat());
+impl Lab {
+    /// The server's vxlan device carries 1500-byte packets (its link 1550), so it asks
+    /// the client for full-sized segments (MSS 1460, 1440 over IPv6); IPv6 beside IPv4 in
+    /// the overlay, neighbours known (no discovery through the gateway, which forwards
+    /// only what its rules name).
+    fn full_sized_overlay(&self) {
+        self.run(&self.server, &["ip", "link", "set", "s0", "mtu", "1550"]);
+        self.run(
+            &self.server,
+            &["ip", "link", "set", "vxlan0", "mtu", "1500"],
+        );
+        let client_mac = self.mac(&self.client, "c0");
+        for (ns, dev, me, peer, mac) in [
+            (&self.client, "c0", CLIENT6, SERVER6, VXLAN_MAC),
+            (
+                &self.server,
+                "vxlan0",
+                SERVER6,
+                CLIENT6,
+                client_mac.as_str(),
+            ),
+        ] {
+            let me = format!("{me}/64");
+            self.run(ns, &["ip", "-6", "addr", "add", &me, "dev", dev, "nodad"]);
+            let neigh = [
+                "ip", "-6", "neigh", "replace", peer, "lladdr", mac, "dev", dev,
+            ];
+            self.run(ns, &[&neigh[..], &["nud", "permanent"]].concat());
+        }
     }
-    let dpuflow = lab.start(&pipe_path, "1");
-    assert!(lab.ping(&lab.client, SERVER), "no ping through the gateway");
-    for (family, server) in [("AF_INET", SERVER), ("AF_INET6", SERVER6)] {
+
+    /// The client sends a megabyte over TCP to `server` (of socket family `family`),
+    /// which counts it all; the client's route to it after.
+    fn upload(&self, family: &str, server: &str) -> String {
         let sink = Watcher::start(
-            &lab.server,
+            &self.server,
             &format!(
                 r#"
 import socket
@@ -1372,14 +1378,48 @@ c.shutdown(socket.SHUT_WR)
 print(c.recv(100).decode())
 "#
         );
-        let sent = lab.run(&lab.client, &[PYTHON, "-c", &upload]);
+        let sent = self.run(&self.client, &[PYTHON, "-c", &upload]);
         assert_eq!(sent.trim(), "1000000", "the server's count over {family}");
         assert_eq!(sink.seen(), "1000000");
-        let route = lab.run(&lab.client, &["ip", "route", "get", server]);
+        self.run(&self.client, &["ip", "route", "get", server])
+    }
+}
+
+const TOLD: &str = "dpuflow_port_dropped_packets_total{port=\"inside\",reason=\"packet_too_big\"}";
+
+/// A client whose link's MTU is the gateway's uplink's, talking to a server that takes
+/// full-sized segments: its full-sized packets no longer fit once encapsulated. The
+/// gateway tells it the MTU inside the tunnel (ICMP Fragmentation Needed, RFC 1191), the
+/// client's kernel takes it (its route to the server learns MTU 1450) and sends smaller
+/// segments, and a megabyte crosses, where it would otherwise stall at the first
+/// full-sized segment; and the same over IPv6 (ICMPv6 Packet Too Big, RFC 8201).
+#[test]
+fn the_vxlan_gateway_tells_a_host_the_mtu_inside_the_tunnel() {
+    let (lab, _dir, pipe_path) = vxlan_lab("af_packet", "m", 1, "");
+    lab.full_sized_overlay();
+    let dpuflow = lab.start(&pipe_path, "1");
+    assert!(lab.ping(&lab.client, SERVER), "no ping through the gateway");
+    for (family, server) in [("AF_INET", SERVER), ("AF_INET6", SERVER6)] {
+        let route = lab.upload(family, server);
         assert!(route.contains("mtu 1450"), "the client's route: {route}");
     }
-    let told = "dpuflow_port_dropped_packets_total{port=\"inside\",reason=\"packet_too_big\"}";
-    lab.metrics_until(|m| metric(m, told).unwrap_or(0) >= 2, "told the client");
+    lab.metrics_until(|m| metric(m, TOLD).unwrap_or(0) >= 2, "told the client");
+    stop(dpuflow);
+}
+
+/// The same client and server, the gateway clamping the MSS of SYNs both ways to 1410
+/// (the tunnel's 1450 less the IPv4 and TCP headers; the server's SYN-ACK is what tells
+/// the client how much to send): the client never sends what would not fit, so nobody
+/// is told anything and its route learns no MTU.
+#[test]
+fn a_clamped_mss_keeps_a_hosts_segments_inside_the_tunnel() {
+    let (lab, _dir, pipe_path) = vxlan_lab("af_packet", "n", 1, "clamp tcp.mss 1410,");
+    lab.full_sized_overlay();
+    let dpuflow = lab.start(&pipe_path, "1");
+    assert!(lab.ping(&lab.client, SERVER), "no ping through the gateway");
+    let route = lab.upload("AF_INET", SERVER);
+    assert!(!route.contains("mtu"), "the client's route: {route}");
+    assert_eq!(metric(&lab.metrics(), TOLD), Some(0));
     stop(dpuflow);
 }
 

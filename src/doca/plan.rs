@@ -836,6 +836,9 @@ impl Planner<'_> {
                             .into(),
                     )
                 }
+                Action::ClampMss(_) => {
+                    return Err("`clamp tcp.mss`: DOCA Flow does not rewrite TCP options".into())
+                }
                 Action::Fwd(_) | Action::Goto(_) | Action::Drop | Action::ToService(_) => {
                     unreachable!("only the last action is terminal")
                 }

@@ -6,7 +6,7 @@ use super::parse::{self, Layers, Meta, L3};
 use super::DropReason;
 use crate::ir::{Encap, Field, FieldId, Tunnel};
 use crate::wire::ethernet::{self, ethertype};
-use crate::wire::{be16, checksum, geneve, ip_proto, ipv4, ipv6, put16, sctp, udp, vxlan};
+use crate::wire::{be16, checksum, geneve, ip_proto, ipv4, ipv6, put16, sctp, tcp, udp, vxlan};
 use std::net::IpAddr;
 
 /// Outer headers of one `*.encap` action, built once; per packet only lengths, the UDP
@@ -267,6 +267,46 @@ pub fn vlan_pop(pkt: &mut PacketBuf) {
     }
 }
 
+/// Lowers the Maximum Segment Size a TCP SYN segment offers (RFC 9293 §3.7.1) to `mss`
+/// where it offers more, patching the TCP checksum (RFC 1624); anything else, a fragment
+/// included, is left as it is. A SYN without the option offers the default 536 (IPv4;
+/// 1220 over IPv6), under any clamp.
+pub fn clamp_mss(frame: &mut [u8], l: &Layers, mss: u16) {
+    if !l.l4_ok || l.proto != ip_proto::TCP {
+        return;
+    }
+    let Some(seg) = frame.get_mut(usize::from(l.l4)..usize::from(l.l3_end)) else {
+        return;
+    };
+    let Ok(tcp) = tcp::Packet::new_checked(&*seg) else {
+        return;
+    };
+    let Some(at) = tcp.mss_at().filter(|_| tcp.flags() & tcp::flags::SYN != 0) else {
+        return;
+    };
+    if be16(seg, at) <= mss {
+        return;
+    }
+    // The option need not be aligned: patch the two 16-bit words of the segment the
+    // value's bytes fall in (the segment starts on a word of the checksummed data; a
+    // last odd byte is summed as if followed by a zero, RFC 9293 §3.1).
+    let word = |s: &[u8], i: usize| {
+        u16::from_be_bytes([
+            s.get(i).copied().unwrap_or(0),
+            s.get(i + 1).copied().unwrap_or(0),
+        ])
+    };
+    let first = at & !1;
+    let old = [word(seg, first), word(seg, first + 2)];
+    put16(seg, at, mss);
+    let new = [word(seg, first), word(seg, first + 2)];
+    let sum = old
+        .iter()
+        .zip(new)
+        .fold(be16(seg, 16), |c, (&o, n)| checksum::update16(c, o, n));
+    put16(seg, 16, sum);
+}
+
 /// Decrements the IPv4 TTL or IPv6 hop limit; a packet that would reach zero is dropped.
 pub fn dec_ttl(frame: &mut [u8], l: &Layers) -> Result<(), DropReason> {
     let at = usize::from(l.l3);
@@ -481,6 +521,40 @@ mod tests {
             any.load(&frame, PortId(0), 0);
             prop_assert_eq!(t.apply_short_v4(&head, &mut short, hash), t.apply_any(&mut any, hash));
             prop_assert_eq!(short.data(), any.data());
+        }
+
+        /// A SYN's MSS comes down to the clamp and no lower, wherever the option sits
+        /// (aligned or not), and its checksum stays right; other segments are left alone.
+        #[test]
+        fn a_clamp_lowers_only_a_syns_larger_mss(
+            v6 in any::<bool>(),
+            nops in 0usize..4,
+            offered in any::<u16>(),
+            clamp in 536u16..,
+            syn in any::<bool>(),
+            payload in prop::collection::vec(any::<u8>(), 0..9),
+        ) {
+            let mut seg = vec![0u8; 20];
+            seg.extend(std::iter::repeat_n(tcp::option::NOP, nops));
+            seg.extend([tcp::option::MSS, 4]);
+            seg.extend(offered.to_be_bytes());
+            seg.resize(seg.len().div_ceil(4) * 4, tcp::option::END);
+            seg[12] = ((seg.len() / 4) as u8) << 4;
+            seg[13] = if syn { tcp::flags::SYN } else { tcp::flags::ACK };
+            seg.extend(&payload);
+            let mut frame = crate::wire::testing::ip_frame(v6, 1 << 40 | 7, 9, ip_proto::TCP, 0, &seg);
+            let l = parse::parse(&frame, &parse::TunnelPorts::default()).unwrap().outer;
+            let (at, len) = (usize::from(l.l4), seg.len());
+            let pseudo = parse::pseudo_header(&frame, &l, ip_proto::TCP, len).unwrap();
+            let c = !checksum::fold(checksum::sum(pseudo, &frame[at..]));
+            put16(&mut frame, at + 16, c);
+            let before = frame.clone();
+            clamp_mss(&mut frame, &l, clamp);
+            let mss = be16(&frame, at + 20 + nops + 2);
+            prop_assert_eq!(mss, if syn { offered.min(clamp) } else { offered });
+            prop_assert_eq!(checksum::fold(checksum::sum(pseudo, &frame[at..])), 0xffff);
+            let changed = (0..frame.len()).filter(|&i| frame[i] != before[i]).count();
+            prop_assert!(changed <= 4);
         }
     }
 }

@@ -1000,6 +1000,7 @@ fn keeps_tuple(op: &Op) -> bool {
                 | Action::Mark(_)
                 | Action::CtCommit { .. }
                 | Action::DecTtl
+                | Action::ClampMss(_)
         )
     )
 }
@@ -1012,7 +1013,11 @@ fn needs_meta(op: &Op) -> bool {
         op,
         Op::Encap(_)
             | Op::Ir(
-                Action::Set { .. } | Action::DecTtl | Action::Decap(_) | Action::CtCommit { .. }
+                Action::Set { .. }
+                    | Action::DecTtl
+                    | Action::ClampMss(_)
+                    | Action::Decap(_)
+                    | Action::CtCommit { .. }
             )
     )
 }
@@ -1074,6 +1079,7 @@ fn exec(
         }
         Action::Mark(m) => state.mark = *m,
         Action::DecTtl => action::dec_ttl(pkt.data_mut(), &meta.outer)?,
+        Action::ClampMss(mss) => action::clamp_mss(pkt.data_mut(), &meta.outer, *mss),
         Action::VlanPush { vid, pcp } => {
             action::vlan_push(pkt, *vid, *pcp)?;
             *stale = true;

@@ -73,6 +73,7 @@ impl Program {
                 format!("set {field} {}", display_value(*value, field.kind()))
             }
             Action::DecTtl => "dec ttl".into(),
+            Action::ClampMss(mss) => format!("clamp tcp.mss {mss}"),
             Action::VlanPush { vid, pcp } => format!("vlan.push {{ id {vid} pcp {pcp} }}"),
             Action::VlanPop => "vlan.pop".into(),
             Action::Encap(e) => format!(
@@ -534,6 +535,8 @@ pub enum Action {
     },
     /// Decrement IPv4 TTL or IPv6 hop limit; the packet is dropped at zero.
     DecTtl,
+    /// Lower the MSS option of a TCP SYN segment to this where it is larger.
+    ClampMss(u16),
     VlanPush {
         vid: u16,
         pcp: u8,

@@ -140,6 +140,7 @@ const ACTIONS: &[(&str, Arity)] = &[
     ("mirror", Arity::One),
     ("set", Arity::Two),
     ("dec", Arity::One),
+    ("clamp", Arity::Two),
     ("mark", Arity::One),
     ("vlan.push", Arity::OneOrBlock(VLAN_PUSH_KEYS)),
     ("vlan.pop", Arity::Zero),

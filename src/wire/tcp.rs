@@ -60,6 +60,40 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn checksum(&self) -> u16 {
         be16(self.buffer.as_ref(), 16)
     }
+
+    /// Where the value of the Maximum Segment Size option is in the header, if it has
+    /// one (RFC 9293 §3.2: kind 2, length 4). Options are walked as §3.1 lays them out:
+    /// kind 0 ends the list, kind 1 is one byte of padding, any other kind gives its
+    /// length; a length under 2 or past the header ends the walk. Needs
+    /// [`Packet::check_len`].
+    pub fn mss_at(&self) -> Option<usize> {
+        let b = &self.buffer.as_ref()[..self.header_len()];
+        let mut at = MIN_HEADER_LEN;
+        while let Some(&kind) = b.get(at) {
+            match kind {
+                option::END => return None,
+                option::NOP => at += 1,
+                _ => {
+                    let len = usize::from(*b.get(at + 1)?);
+                    if len < 2 || at + len > b.len() {
+                        return None;
+                    }
+                    if kind == option::MSS && len == 4 {
+                        return Some(at + 2);
+                    }
+                    at += len;
+                }
+            }
+        }
+        None
+    }
+}
+
+/// TCP option kinds (RFC 9293 §3.2).
+pub mod option {
+    pub const END: u8 = 0;
+    pub const NOP: u8 = 1;
+    pub const MSS: u8 = 2;
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
@@ -82,6 +116,40 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
+        /// Whatever the option bytes, the walk stays within the header; an MSS option
+        /// placed after any run of padding and other options is found where it is.
+        #[test]
+        fn the_mss_option_is_found_where_it_is(
+            noise in prop::collection::vec(any::<u8>(), 0..40),
+            before in prop::collection::vec((2u8..30, 0usize..6), 0..4),
+            nops in 0usize..4,
+        ) {
+            let mut buf = vec![0u8; 20];
+            buf.extend_from_slice(&noise);
+            buf.resize(20 + noise.len().div_ceil(4) * 4, 0);
+            buf[12] = ((buf.len() / 4) as u8) << 4;
+            if let Ok(p) = Packet::new_checked(&buf[..]) {
+                if let Some(at) = p.mss_at() {
+                    prop_assert!(at + 2 <= p.header_len());
+                }
+            }
+            let mut opts = vec![option::NOP; nops];
+            for (kind, len) in before {
+                let kind = if kind == option::MSS { 3 } else { kind };
+                opts.extend([kind, len as u8 + 2]);
+                opts.extend(std::iter::repeat_n(9, len));
+            }
+            let at = 20 + opts.len() + 2;
+            opts.extend([option::MSS, 4, 0x05, 0xb4]);
+            opts.resize(opts.len().div_ceil(4) * 4, option::END);
+            let mut seg = vec![0u8; 20];
+            seg.extend_from_slice(&opts);
+            seg[12] = ((seg.len() / 4) as u8) << 4;
+            let p = Packet::new_checked(&seg[..]).unwrap();
+            prop_assert_eq!(p.mss_at(), Some(at));
+            prop_assert_eq!(be16(&seg, at), 1460);
+        }
+
         /// The data offset is checked against the fixed header and the buffer (RFC 9293
         /// §3.1: at least 5 words, options included).
         #[test]

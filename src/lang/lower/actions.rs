@@ -134,6 +134,16 @@ impl Lowerer<'_> {
                 }
                 Action::DecTtl
             }
+            "clamp" => {
+                let w = arg(a, 0)?;
+                if w.text != "tcp.mss" {
+                    self.err(w.span, format!("cannot clamp `{}`", w.text)).hint =
+                        Some("write `clamp tcp.mss N` (the MSS option of TCP SYN segments)".into());
+                    return None;
+                }
+                // RFC 9293 §3.7.1: 536 is the MSS every IPv4 host takes.
+                Action::ClampMss(self.int_in(arg(a, 1)?, "MSS", 536, 65535)? as u16)
+            }
             "set" => {
                 let fw = arg(a, 0)?;
                 let field = self.field(fw)?;
