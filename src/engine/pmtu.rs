@@ -3,7 +3,7 @@
 //! MTU its packets have room for inside the tunnel: ICMP Fragmentation Needed with the
 //! next-hop MTU (RFC 1191 §4) or ICMPv6 Packet Too Big (RFC 8201 §4, RFC 4443 §3.2), sent
 //! back out of the port the packet came in by, as a tunnel's entry point reports its
-//! MTU (RFC 4459 §3.2; Linux's vxlan device does so for the bridge it serves). Without
+//! MTU (RFC 4459; Linux's vxlan device does so for the bridge it serves). Without
 //! it a host whose packets fill its own link sends into a black hole: its TCP
 //! connections open, then stall at the first full-sized segment.
 //!
