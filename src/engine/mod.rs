@@ -896,7 +896,6 @@ impl Engine {
                 let step = match op {
                     Op::Encap(t) => {
                         stale = true;
-
                         let hash = parse::flow_hash(pkt.data(), &meta.outer);
                         code.encaps[*t].apply(pkt, hash).map(|()| None)
                     }
