@@ -1387,6 +1387,16 @@ print(c.recv(100).decode())
 
 const TOLD: &str = "dpuflow_port_dropped_packets_total{port=\"inside\",reason=\"packet_too_big\"}";
 
+/// [`vxlan_lab`] over AF_PACKET with [`Lab::full_sized_overlay`], the gateway running
+/// with one worker and a ping through it answered.
+fn full_sized_gateway(tag: &str, also: &str) -> (Lab, Scratch, Running) {
+    let (lab, dir, pipe_path) = vxlan_lab("af_packet", tag, 1, also);
+    lab.full_sized_overlay();
+    let dpuflow = lab.start(&pipe_path, "1");
+    assert!(lab.ping(&lab.client, SERVER), "no ping through the gateway");
+    (lab, dir, dpuflow)
+}
+
 /// A client whose link's MTU is the gateway's uplink's, talking to a server that takes
 /// full-sized segments: its full-sized packets no longer fit once encapsulated. The
 /// gateway tells it the MTU inside the tunnel (ICMP Fragmentation Needed, RFC 1191), the
@@ -1395,10 +1405,7 @@ const TOLD: &str = "dpuflow_port_dropped_packets_total{port=\"inside\",reason=\"
 /// full-sized segment; and the same over IPv6 (ICMPv6 Packet Too Big, RFC 8201).
 #[test]
 fn the_vxlan_gateway_tells_a_host_the_mtu_inside_the_tunnel() {
-    let (lab, _dir, pipe_path) = vxlan_lab("af_packet", "m", 1, "");
-    lab.full_sized_overlay();
-    let dpuflow = lab.start(&pipe_path, "1");
-    assert!(lab.ping(&lab.client, SERVER), "no ping through the gateway");
+    let (lab, _dir, dpuflow) = full_sized_gateway("m", "");
     for (family, server) in [("AF_INET", SERVER), ("AF_INET6", SERVER6)] {
         let route = lab.upload(family, server);
         assert!(route.contains("mtu 1450"), "the client's route: {route}");
@@ -1413,10 +1420,7 @@ fn the_vxlan_gateway_tells_a_host_the_mtu_inside_the_tunnel() {
 /// is told anything and its route learns no MTU.
 #[test]
 fn a_clamped_mss_keeps_a_hosts_segments_inside_the_tunnel() {
-    let (lab, _dir, pipe_path) = vxlan_lab("af_packet", "n", 1, "clamp tcp.mss 1410,");
-    lab.full_sized_overlay();
-    let dpuflow = lab.start(&pipe_path, "1");
-    assert!(lab.ping(&lab.client, SERVER), "no ping through the gateway");
+    let (lab, _dir, dpuflow) = full_sized_gateway("n", "clamp tcp.mss 1410,");
     let route = lab.upload("AF_INET", SERVER);
     assert!(!route.contains("mtu"), "the client's route: {route}");
     assert_eq!(metric(&lab.metrics(), TOLD), Some(0));

@@ -287,24 +287,16 @@ pub fn clamp_mss(frame: &mut [u8], l: &Layers, mss: u16) {
     if be16(seg, at) <= mss {
         return;
     }
-    // The option need not be aligned: patch the two 16-bit words of the segment the
-    // value's bytes fall in (the segment starts on a word of the checksummed data; a
+    // The option need not be aligned: the checksum is patched over the aligned four
+    // bytes that hold its value (the segment starts on a word of the checksummed data; a
     // last odd byte is summed as if followed by a zero, RFC 9293 §3.1).
-    let word = |s: &[u8], i: usize| {
-        u16::from_be_bytes([
-            s.get(i).copied().unwrap_or(0),
-            s.get(i + 1).copied().unwrap_or(0),
-        ])
-    };
     let first = at & !1;
-    let old = [word(seg, first), word(seg, first + 2)];
+    let window =
+        |s: &[u8]| -> [u8; 4] { std::array::from_fn(|i| s.get(first + i).copied().unwrap_or(0)) };
+    let old = window(seg);
     put16(seg, at, mss);
-    let new = [word(seg, first), word(seg, first + 2)];
-    let sum = old
-        .iter()
-        .zip(new)
-        .fold(be16(seg, 16), |c, (&o, n)| checksum::update16(c, o, n));
-    put16(seg, 16, sum);
+    let c = checksum::update_bytes(be16(seg, 16), &old, &window(seg));
+    put16(seg, 16, c);
 }
 
 /// Decrements the IPv4 TTL or IPv6 hop limit; a packet that would reach zero is dropped.

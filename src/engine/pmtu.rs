@@ -20,6 +20,7 @@ use super::parse::{self, TunnelPorts};
 use super::{DropReason, Verdict};
 use crate::wire::ethernet::ethertype;
 use crate::wire::{be16, checksum, icmp, ip_proto, ipv4, ipv6};
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// ICMP errors a worker sends a second at most, and at once: a token bucket, Linux's
 /// `icmp_msgs_per_sec` and `icmp_msgs_burst` by default.
@@ -77,8 +78,9 @@ pub fn encapsulated_as_arrived(pkt: &PacketBuf, tunnels: &TunnelPorts) -> Option
     (pkt.headroom() + usize::from(t.inner) == HEADROOM).then(|| pkt.len() - usize::from(t.inner))
 }
 
-/// What an engine answers packets too big for a port with: the tunnels it knows, and its
-/// limit.
+/// What an engine answers packets too big for a port with: the tunnels it knows (a copy
+/// of its compiled program's, since actions see only the engine's runtime state; kept
+/// in step on a reload), and its limit.
 #[derive(Debug, Clone)]
 pub struct Answering {
     pub(super) tunnels: TunnelPorts,
@@ -266,15 +268,14 @@ fn answerable_v4(src: [u8; 4], dst: [u8; 4]) -> bool {
 /// unspecified, loopback or multicast (RFC 4443 §2.4 (e)).
 fn answerable_v6(src: &[u8; 16], dst: &[u8; 16]) -> bool {
     let one_host = |a: &[u8; 16]| {
-        let loopback = a[..15].iter().all(|&b| b == 0) && a[15] == 1;
-        let unspecified = a.iter().all(|&b| b == 0);
-        a[0] != 0xff && !loopback && !unspecified
+        let a = Ipv6Addr::from(*a);
+        !(a.is_multicast() || a.is_loopback() || a.is_unspecified())
     };
     one_host(src) && one_host(dst)
 }
 
 fn mapped(a: [u8; 4]) -> [u8; 16] {
-    std::net::Ipv4Addr::from(a).to_ipv6_mapped().octets()
+    Ipv4Addr::from(a).to_ipv6_mapped().octets()
 }
 
 fn unmapped(a: &[u8; 16]) -> [u8; 4] {
