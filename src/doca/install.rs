@@ -364,13 +364,14 @@ impl<W: std::io::Write> Steering for Listing<'_, W> {
     fn encap(&mut self, id: u32, e: &Encap) -> Result<(), Self::Error> {
         writeln!(
             self.out,
-            "shared encap {id}: {} vni {} {} -> {} udp {} ttl {}",
+            "shared encap {id}: {} vni {} {} -> {} udp {} ttl {} dscp {}",
             e.tunnel.name(),
             e.vni,
             e.src,
             e.dst,
             e.udp_dst,
-            e.ttl
+            e.ttl,
+            e.dscp
         )
     }
 

@@ -19,8 +19,8 @@ use super::fields::{
     Selector,
 };
 use crate::ir::{
-    Action, ActionList, Encap, Field, FieldId, MeterId, Pattern, PipeBody, PipeId, PortId, Program,
-    ServiceId, Tunnel,
+    Action, ActionList, Encap, Field, FieldId, MeterId, OuterDscp, Pattern, PipeBody, PipeId,
+    PortId, Program, ServiceId, Tunnel,
 };
 
 /// A control pipe's priorities: 0 (first) to 7 (last), as NVIDIA documents them.
@@ -405,9 +405,27 @@ fn lower(p: &Program, wanted: &[bool]) -> Plan {
                 .into(),
         });
     }
+    // ECN across the tunnel (RFC 6040) is the software engine's: the plan has no step
+    // that reads one header's ECN field into the other's.
+    if !planner.decaps.is_empty() {
+        notes.push(
+            "decapsulation in hardware leaves the inner packet's ECN field as it is: a \
+             Congestion Experienced mark on the outer header is lost, where the software \
+             engine copies it inside (or drops the packet if it is not ECN-capable, RFC \
+             6040 §4.2)"
+                .into(),
+        );
+    }
     // The software engine answers a packet its encapsulation made too big for the port;
     // the NIC drops it.
     if !planner.encaps.is_empty() {
+        notes.push(
+            "an encapsulation in hardware sends the outer header Not-ECT (RFC 6040 \
+             compatibility mode), where the software engine copies the inner packet's ECN \
+             field (normal mode): the fabric drops those packets where it would have \
+             marked them"
+                .into(),
+        );
         notes.push(
             "a packet an encapsulation in hardware makes too big for its port's MTU is \
              dropped by the NIC: its sender is not told the MTU inside the tunnel, as the \
@@ -813,6 +831,14 @@ impl Planner<'_> {
                         ));
                     }
                     step
+                }
+                Action::Encap(e) if e.dscp == OuterDscp::Inherit => {
+                    return Err(format!(
+                        "`{}.encap {{ dscp inherit }}`: a DOCA Flow encapsulation's outer \
+                         header is fixed, so the inner packet's DSCP is copied into it on \
+                         the Arm cores",
+                        e.tunnel.name()
+                    ))
                 }
                 Action::Encap(e) => Step::Encap(self.encap(e)),
                 Action::Meter(_) | Action::Mirror(_) | Action::DecTtl => {
@@ -1414,13 +1440,14 @@ impl fmt::Display for Plan {
         for (i, e) in self.encaps.iter().enumerate() {
             writeln!(
                 f,
-                "encap {i}: {} vni {} {} -> {}, udp dst {}, ttl {}{}",
+                "encap {i}: {} vni {} {} -> {}, udp dst {}, ttl {}, dscp {}{}",
                 e.tunnel.name(),
                 e.vni,
                 e.src,
                 e.dst,
                 e.udp_dst,
                 e.ttl,
+                e.dscp,
                 if e.options.is_empty() {
                     String::new()
                 } else {

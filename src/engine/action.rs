@@ -4,19 +4,23 @@
 use super::packet::PacketBuf;
 use super::parse::{self, Layers, Meta, L3};
 use super::DropReason;
-use crate::ir::{Encap, Field, FieldId, Tunnel};
+use crate::ir::{Encap, Field, FieldId, OuterDscp, Tunnel};
 use crate::wire::ethernet::{self, ethertype};
 use crate::wire::{be16, checksum, geneve, ip_proto, ipv4, ipv6, put16, sctp, tcp, udp, vxlan};
 use std::net::IpAddr;
 
 /// Outer headers of one `*.encap` action, built once; per packet only lengths, the UDP
-/// source port and checksums are filled in.
+/// source port, the DS field's bits the inner packet gives and checksums are filled in.
 #[derive(Debug, Clone)]
 pub struct EncapTemplate {
     bytes: Box<[u8]>,
     v6: bool,
-    /// Sum of the outer IPv4 header with total length and checksum zero.
+    /// Sum of the outer IPv4 header with total length, checksum and the inner packet's
+    /// bits of the DS field zero.
     ip_sum: u32,
+    /// The bits of the inner packet's DS field the outer one takes: its ECN field
+    /// always (RFC 6040 §4.1, normal mode), its DSCP too with `dscp inherit`.
+    ds_inherited: u8,
     /// `bytes` again when they are [`SHORT_V4`] long, the common shape: copied and filled
     /// in at places fixed when compiled, with no length to check.
     short_v4: Option<[u8; SHORT_V4]>,
@@ -30,6 +34,10 @@ const SHORT_V4: usize = IP_AT + ipv4::MIN_HEADER_LEN + udp::HEADER_LEN + 8;
 impl EncapTemplate {
     pub fn new(e: &Encap) -> EncapTemplate {
         let v6 = e.dst.is_ipv6();
+        let (dscp, ds_inherited) = match e.dscp {
+            OuterDscp::Fixed(d) => (d, ECN_MASK),
+            OuterDscp::Inherit => (0, 0xff),
+        };
         let ip_len = if v6 {
             ipv6::HEADER_LEN
         } else {
@@ -56,7 +64,7 @@ impl EncapTemplate {
                 dst: d.octets(),
                 protocol: ip_proto::UDP,
                 ttl: e.ttl,
-                dscp: 0,
+                dscp,
                 dont_frag: true,
                 payload_len: 0,
             }
@@ -66,7 +74,7 @@ impl EncapTemplate {
                 dst: to_v6(d),
                 next_header: ip_proto::UDP,
                 hop_limit: e.ttl,
-                dscp: 0,
+                dscp,
                 flow_label: 0,
                 payload_len: 0,
             }
@@ -96,6 +104,7 @@ impl EncapTemplate {
             bytes: b.into_boxed_slice(),
             v6,
             ip_sum,
+            ds_inherited,
         }
     }
 
@@ -108,18 +117,21 @@ impl EncapTemplate {
     }
 
     /// Prepends the outer headers. `hash` is the inner flow's hash, spread over the
-    /// ephemeral range 49152–65535 as the UDP source port (RFC 7348 §5, RFC 8926 §3.3).
+    /// ephemeral range 49152–65535 as the UDP source port (RFC 7348 §5, RFC 8926 §3.3);
+    /// `inner_ds` the inner packet's DS field ([`ds_field`]).
     #[inline(always)]
-    pub fn apply(&self, pkt: &mut PacketBuf, hash: u32) -> Result<(), DropReason> {
+    pub fn apply(&self, pkt: &mut PacketBuf, hash: u32, inner_ds: u8) -> Result<(), DropReason> {
+        let ds = inner_ds & self.ds_inherited;
         match &self.short_v4 {
-            Some(head) => self.apply_short_v4(head, pkt, hash),
-            None => self.apply_any(pkt, hash),
+            Some(head) => self.apply_short_v4(head, pkt, hash, ds),
+            None => self.apply_any(pkt, hash, ds),
         }
     }
 
-    /// [`EncapTemplate::apply`] for any outer headers.
+    /// [`EncapTemplate::apply`] for any outer headers; `ds` the DS field's bits taken
+    /// from the inner packet.
     #[inline(never)]
-    fn apply_any(&self, pkt: &mut PacketBuf, hash: u32) -> Result<(), DropReason> {
+    fn apply_any(&self, pkt: &mut PacketBuf, hash: u32, ds: u8) -> Result<(), DropReason> {
         if !pkt.push_front(self.bytes.len()) {
             return Err(DropReason::NoHeadroom);
         }
@@ -139,6 +151,9 @@ impl EncapTemplate {
         put16(b, udp_at, 0xc000 | (hash as u16 & 0x3fff));
         put16(b, udp_at + 4, udp_len as u16);
         if self.v6 {
+            // The traffic class straddles the first two bytes (RFC 8200 §3).
+            b[IP_AT] |= ds >> 4;
+            b[IP_AT + 1] |= ds << 4;
             put16(b, IP_AT + 4, udp_len as u16);
             // UDP over IPv6 carries a real checksum (RFC 8200 §8.1; RFC 6935/6936 allow a
             // zero one only under conditions this dataplane does not check).
@@ -152,11 +167,12 @@ impl EncapTemplate {
             put16(b, udp_at + 6, if c == 0 { 0xffff } else { c });
         } else {
             let ip_total = (total - IP_AT) as u16;
+            b[IP_AT + 1] |= ds;
             put16(b, IP_AT + 2, ip_total);
             put16(
                 b,
                 IP_AT + 10,
-                !checksum::fold(self.ip_sum + u32::from(ip_total)),
+                !checksum::fold(self.ip_sum + u32::from(ds) + u32::from(ip_total)),
             );
             // UDP checksum zero over IPv4 (RFC 7348 §5).
         }
@@ -170,6 +186,7 @@ impl EncapTemplate {
         head: &[u8; SHORT_V4],
         pkt: &mut PacketBuf,
         hash: u32,
+        ds: u8,
     ) -> Result<(), DropReason> {
         const UDP_AT: usize = IP_AT + ipv4::MIN_HEADER_LEN;
         if !pkt.push_front(SHORT_V4) {
@@ -183,11 +200,48 @@ impl EncapTemplate {
         let udp_len = ip_total - ipv4::MIN_HEADER_LEN as u16;
         b[UDP_AT..UDP_AT + 2].copy_from_slice(&(0xc000 | (hash as u16 & 0x3fff)).to_be_bytes());
         b[UDP_AT + 4..UDP_AT + 6].copy_from_slice(&udp_len.to_be_bytes());
+        b[IP_AT + 1] |= ds;
         b[IP_AT + 2..IP_AT + 4].copy_from_slice(&ip_total.to_be_bytes());
-        let sum = !checksum::fold(self.ip_sum + u32::from(ip_total));
+        let sum = !checksum::fold(self.ip_sum + u32::from(ds) + u32::from(ip_total));
         b[IP_AT + 10..IP_AT + 12].copy_from_slice(&sum.to_be_bytes());
         // UDP checksum zero over IPv4 (RFC 7348 §5).
         Ok(())
+    }
+}
+
+/// The ECN field: the DS field's low two bits (RFC 3168 §5).
+const ECN_MASK: u8 = 3;
+/// Congestion Experienced (RFC 3168 §5).
+const CE: u8 = 3;
+/// ECN-Capable Transport (1) (RFC 3168 §5).
+const ECT1: u8 = 1;
+
+/// The DS field (DSCP and ECN, RFC 2474 §3, RFC 3168 §5) of the IP packet `l` describes;
+/// 0, Not-ECT, for a frame that is not IP.
+#[inline(always)]
+pub fn ds_field(frame: &[u8], l: &Layers) -> u8 {
+    let at = usize::from(l.l3);
+    match (l.l3_kind, frame.get(at..at + 2)) {
+        (L3::V4, Some(b)) => b[1],
+        (L3::V6, Some(b)) => (b[0] << 4) | (b[1] >> 4),
+        _ => 0,
+    }
+}
+
+/// The ECN field a decapsulated packet leaves with, from its inner and outer ones
+/// (RFC 6040 §4.2, Figure 4; RFC 9601 §4 applies it to VXLAN and Geneve), or `None`
+/// where it must be dropped: a congestion mark on a packet whose transport does not
+/// understand one (Not-ECT inside CE) may not be lost or passed on. Linux's tunnels
+/// carry CE the same way and drop the same packets; they leave ECT(0) inside ECT(1)
+/// as it is, where the figure asks for ECT(1).
+#[inline(always)]
+fn decapsulated_ecn(inner: u8, outer: u8) -> Option<u8> {
+    match (inner, outer) {
+        (0, CE) => None,
+        (0, _) => Some(0),
+        (_, CE) => Some(CE),
+        (_, ECT1) if inner != CE => Some(ECT1),
+        _ => Some(inner),
     }
 }
 
@@ -226,8 +280,31 @@ pub fn decap(pkt: &mut PacketBuf, meta: &Meta, tunnel: Tunnel) -> Result<(), Dro
             }
         }
     }
+    // Only ECT(1) and CE outside change what is inside (RFC 6040 §4.2).
+    let outer_ecn = ds_field(frame, &meta.outer) & ECN_MASK;
+    if outer_ecn & ECT1 != 0 {
+        carry_ecn(pkt.data_mut(), &meta.inner, outer_ecn)?;
+    }
     pkt.truncate(usize::from(meta.outer.l3_end));
     pkt.pull_front(usize::from(t.inner));
+    Ok(())
+}
+
+/// Gives the inner packet `inner` describes the ECN field RFC 6040 asks for when its
+/// tunnel's outer header carried `outer_ecn`; a frame that is not IP is left as it is,
+/// as Linux leaves it.
+#[cold]
+fn carry_ecn(frame: &mut [u8], inner: &Layers, outer_ecn: u8) -> Result<(), DropReason> {
+    let before = ds_field(frame, inner) & ECN_MASK;
+    let after = decapsulated_ecn(before, outer_ecn).ok_or(DropReason::EcnNotCapable)?;
+    if after != before {
+        let l3 = &mut frame[usize::from(inner.l3)..];
+        match inner.l3_kind {
+            L3::V4 => ipv4::Packet::new_unchecked(l3).set_ecn(after),
+            L3::V6 => ipv6::Packet::new_unchecked(l3).set_ecn(after),
+            L3::None => {}
+        }
+    }
     Ok(())
 }
 
@@ -482,6 +559,37 @@ mod tests {
     use crate::ir::PortId;
     use proptest::prelude::*;
 
+    /// RFC 6040 §4.2, Figure 4, as written there: rows the arriving inner header, columns
+    /// the arriving outer header, each Not-ECT, ECT(0), ECT(1), CE; `None` a drop.
+    fn figure_4(inner: u8, outer: u8) -> Option<u8> {
+        const NOT_ECT: Option<u8> = Some(0);
+        const ECT_0: Option<u8> = Some(2);
+        const ECT_1: Option<u8> = Some(1);
+        const CE_: Option<u8> = Some(3);
+        const FIGURE: [[Option<u8>; 4]; 4] = [
+            [NOT_ECT, NOT_ECT, NOT_ECT, None],
+            [ECT_0, ECT_0, ECT_1, CE_],
+            [ECT_1, ECT_1, ECT_1, CE_],
+            [CE_, CE_, CE_, CE_],
+        ];
+        // The figure's order of codepoints, by their value (RFC 3168 §5).
+        let place = |ecn: u8| [0, 2, 1, 3][usize::from(ecn)];
+        FIGURE[place(inner)][place(outer)]
+    }
+
+    #[test]
+    fn decapsulation_follows_rfc_6040_figure_4() {
+        for inner in 0..4 {
+            for outer in 0..4 {
+                assert_eq!(
+                    decapsulated_ecn(inner, outer),
+                    figure_4(inner, outer),
+                    "inner {inner:#04b}, outer {outer:#04b}"
+                );
+            }
+        }
+    }
+
     proptest! {
         /// The common shape's fixed path writes what the general one does.
         #[test]
@@ -491,8 +599,10 @@ mod tests {
             src in any::<[u8; 4]>(),
             dst in any::<[u8; 4]>(),
             ttl in 1u8..=255,
+            dscp in prop_oneof![(0u8..64).prop_map(OuterDscp::Fixed), Just(OuterDscp::Inherit)],
             inner in 14usize..9000,
             hash in any::<u32>(),
+            ds in any::<u8>(),
         ) {
             let e = Encap {
                 tunnel: if geneve { Tunnel::Geneve } else { Tunnel::Vxlan },
@@ -503,6 +613,7 @@ mod tests {
                 dmac: [2, 0, 0, 0, 0, 2],
                 udp_dst: if geneve { 6081 } else { 4789 },
                 ttl,
+                dscp,
                 options: Vec::new(),
             };
             let t = EncapTemplate::new(&e);
@@ -511,8 +622,88 @@ mod tests {
             let (mut short, mut any) = (PacketBuf::new(9000), PacketBuf::new(9000));
             short.load(&frame, PortId(0), 0);
             any.load(&frame, PortId(0), 0);
-            prop_assert_eq!(t.apply_short_v4(&head, &mut short, hash), t.apply_any(&mut any, hash));
+            prop_assert_eq!(
+                t.apply_short_v4(&head, &mut short, hash, ds),
+                t.apply_any(&mut any, hash, ds)
+            );
             prop_assert_eq!(short.data(), any.data());
+        }
+
+        /// The outer header takes the inner packet's ECN field, and its DSCP with
+        /// `inherit`, its checksum right; decapsulated, the inner packet is given the ECN
+        /// field Figure 4 of RFC 6040 gives it for the outer one the fabric left, or
+        /// dropped, its own checksum right.
+        #[test]
+        fn ecn_crosses_the_tunnel_both_ways(
+            v6_outer in any::<bool>(),
+            v6_inner in any::<bool>(),
+            dscp in prop_oneof![(0u8..64).prop_map(OuterDscp::Fixed), Just(OuterDscp::Inherit)],
+            inner_dscp in 0u8..64,
+            inner_ecn in 0u8..4,
+            fabric_ecn in 0u8..4,
+            geneve in any::<bool>(),
+        ) {
+            let tunnel = if geneve { Tunnel::Geneve } else { Tunnel::Vxlan };
+            let (src, dst) = if v6_outer {
+                (IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, 1]), IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, 2]))
+            } else {
+                (IpAddr::from([192, 0, 2, 1]), IpAddr::from([192, 0, 2, 2]))
+            };
+            let e = Encap {
+                tunnel,
+                vni: 100,
+                src,
+                dst,
+                smac: [2, 0, 0, 0, 0, 1],
+                dmac: [2, 0, 0, 0, 0, 2],
+                udp_dst: tunnel.default_port(),
+                ttl: 64,
+                dscp,
+                options: Vec::new(),
+            };
+            let mut frame = crate::wire::testing::frame(v6_inner, 1, 2, ip_proto::UDP, 1000, 2000, 0, inner_dscp);
+            let l = parse::parse(&frame, &parse::TunnelPorts::default()).unwrap().outer;
+            let l3 = &mut frame[usize::from(l.l3)..];
+            if v6_inner {
+                ipv6::Packet::new_unchecked(l3).set_ecn(inner_ecn);
+            } else {
+                let mut p = ipv4::Packet::new_unchecked(l3);
+                p.fill_checksum();
+                p.set_ecn(inner_ecn);
+            }
+            let ds = ds_field(&frame, &l);
+            prop_assert_eq!(ds, inner_dscp << 2 | inner_ecn);
+
+            let mut pkt = PacketBuf::new(2048);
+            pkt.load(&frame, PortId(0), 0);
+            EncapTemplate::new(&e).apply(&mut pkt, 7, ds).unwrap();
+            let meta = parse::parse(pkt.data(), &parse::TunnelPorts::default()).unwrap();
+            let outer = ds_field(pkt.data(), &meta.outer);
+            let want_dscp = match dscp {
+                OuterDscp::Fixed(d) => d,
+                OuterDscp::Inherit => inner_dscp,
+            };
+            prop_assert_eq!(outer, want_dscp << 2 | inner_ecn);
+            let outer_l3 = &mut pkt.data_mut()[usize::from(meta.outer.l3)..];
+            if v6_outer {
+                ipv6::Packet::new_unchecked(outer_l3).set_ecn(fabric_ecn);
+            } else {
+                prop_assert!(ipv4::Packet::new_unchecked(&*outer_l3).verify_checksum());
+                ipv4::Packet::new_unchecked(outer_l3).set_ecn(fabric_ecn);
+            }
+
+            let meta = parse::parse(pkt.data(), &parse::TunnelPorts::default()).unwrap();
+            let r = decap(&mut pkt, &meta, tunnel);
+            match figure_4(inner_ecn, fabric_ecn) {
+                None => prop_assert_eq!(r, Err(DropReason::EcnNotCapable)),
+                Some(want) => {
+                    prop_assert_eq!(r, Ok(()));
+                    let l = parse::parse(pkt.data(), &parse::TunnelPorts::default()).unwrap().outer;
+                    prop_assert_eq!(ds_field(pkt.data(), &l), inner_dscp << 2 | want);
+                    let l3 = &pkt.data()[usize::from(l.l3)..];
+                    prop_assert!(v6_inner || ipv4::Packet::new_unchecked(l3).verify_checksum());
+                }
+            }
         }
 
         /// A SYN's MSS comes down to the clamp and no lower, wherever the option sits

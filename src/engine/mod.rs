@@ -48,6 +48,7 @@ reasons! {
         VxlanInvalid => "vxlan_invalid", "VXLAN without the I flag or with reserved bits set";
         GeneveCriticalOption => "geneve_critical_option", "a Geneve option marked critical that dpuflow does not know";
         GeneveOam => "geneve_oam", "a Geneve OAM frame, not data";
+        EcnNotCapable => "ecn_not_ect", "decapsulated from an outer header marked Congestion Experienced, but not ECN-capable inside: the mark may be neither lost nor passed on (RFC 6040 §4.2)";
         NotTunnelled => "not_tunnelled", "decapsulation of a packet that carries no such tunnel";
         TtlExpired => "ttl_expired", "TTL or hop limit reached zero";
         MeterRed => "meter_red", "a meter marked the packet red";
@@ -897,7 +898,8 @@ impl Engine {
                     Op::Encap(t) => {
                         stale = true;
                         let hash = parse::flow_hash(pkt.data(), &meta.outer);
-                        code.encaps[*t].apply(pkt, hash).map(|()| None)
+                        let ds = action::ds_field(pkt.data(), &meta.outer);
+                        code.encaps[*t].apply(pkt, hash, ds).map(|()| None)
                     }
                     Op::Ir(a) => exec(
                         a,

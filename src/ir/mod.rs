@@ -12,6 +12,7 @@ pub use field::{
     TCP_FLAG_NAMES,
 };
 
+use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -77,7 +78,7 @@ impl Program {
             Action::VlanPush { vid, pcp } => format!("vlan.push {{ id {vid} pcp {pcp} }}"),
             Action::VlanPop => "vlan.pop".into(),
             Action::Encap(e) => format!(
-                "{}.encap {{ vni {} src {} dst {} smac {} dmac {} dport {} ttl {}{} }}",
+                "{}.encap {{ vni {} src {} dst {} smac {} dmac {} dport {} ttl {} dscp {}{} }}",
                 e.tunnel.name(),
                 e.vni,
                 e.src,
@@ -86,6 +87,7 @@ impl Program {
                 mac(&e.dmac),
                 e.udp_dst,
                 e.ttl,
+                e.dscp,
                 e.options
                     .iter()
                     .map(|o| format!(
@@ -609,8 +611,29 @@ pub struct Encap {
     pub dmac: [u8; 6],
     pub udp_dst: u16,
     pub ttl: u8,
+    pub dscp: OuterDscp,
     /// Geneve options (RFC 8926 §3.5); empty for VXLAN.
     pub options: Vec<GeneveOption>,
+}
+
+/// The DSCP of an encapsulation's outer header (RFC 2983 §3). Its ECN field is always
+/// the inner packet's (RFC 6040 §4.1, normal mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OuterDscp {
+    /// This value, whatever the inner packet's ("pipe" model): the default, 0.
+    Fixed(u8),
+    /// The inner packet's DSCP, 0 for a frame that is not IP ("uniform" model; Linux's
+    /// vxlan `tos inherit`), so the fabric queues the tunnel's packets by their class.
+    Inherit,
+}
+
+impl fmt::Display for OuterDscp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OuterDscp::Fixed(d) => write!(f, "{d}"),
+            OuterDscp::Inherit => f.write_str("inherit"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -828,8 +851,8 @@ impl std::str::FromStr for HostPort {
     }
 }
 
-impl std::fmt::Display for HostPort {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Display for HostPort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.host.contains(':') {
             write!(f, "[{}]:{}", self.host, self.port)
         } else {

@@ -100,6 +100,7 @@ pub const ENCAP_KEYS: Keys = &[
     ("dmac", Values::One),
     ("dport", Values::One),
     ("ttl", Values::One),
+    ("dscp", Values::One),
     ("option", Values::Three),
 ];
 /// Keys of the `vlan.push { … }` block.

@@ -125,6 +125,14 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         self.patch_checksum(old, be16(self.buffer.as_ref(), 0));
     }
 
+    /// Sets ECN, keeping DSCP, updating the header checksum incrementally.
+    pub fn set_ecn(&mut self, ecn: u8) {
+        let old = be16(self.buffer.as_ref(), 0);
+        let b = self.buffer.as_mut();
+        b[1] = (b[1] & !3) | (ecn & 3);
+        self.patch_checksum(old, be16(self.buffer.as_ref(), 0));
+    }
+
     pub fn set_src(&mut self, a: [u8; 4]) {
         let old = be32(self.buffer.as_ref(), 12);
         put32(self.buffer.as_mut(), 12, u32::from_be_bytes(a));
@@ -271,23 +279,29 @@ mod tests {
         }
 
         /// The payload is what the total length says, whatever follows it in the buffer
-        /// (an Ethernet frame's padding); a DSCP set keeps the ECN bits (RFC 2474 §3).
+        /// (an Ethernet frame's padding); a DSCP set keeps the ECN bits and an ECN set
+        /// the DSCP (RFC 2474 §3, RFC 3168 §5), each with the checksum kept right.
         #[test]
         fn payload_ends_at_the_total_length(
             data in 0usize..40,
             trailer in 0usize..8,
             tos in any::<u8>(),
             dscp in 0u8..64,
+            ecn in 0u8..4,
         ) {
             let mut buf = vec![0u8; MIN_HEADER_LEN + data + trailer];
             buf[0] = 0x45;
             buf[1] = tos;
             let mut p = Packet::new_unchecked(&mut buf[..]);
             p.set_total_len((MIN_HEADER_LEN + data) as u16);
+            p.fill_checksum();
             p.set_dscp(dscp);
+            prop_assert_eq!((p.dscp(), p.ecn()), (dscp, tos & 3));
+            p.set_ecn(ecn);
             let p = Packet::new_checked(&buf[..]).expect("a whole datagram");
             prop_assert_eq!(p.payload().len(), data);
-            prop_assert_eq!((p.dscp(), p.ecn()), (dscp, tos & 3));
+            prop_assert_eq!((p.dscp(), p.ecn()), (dscp, ecn));
+            prop_assert!(p.verify_checksum());
         }
 
         #[test]

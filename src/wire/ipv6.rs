@@ -158,6 +158,11 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         put16(b, 0, w);
     }
 
+    pub fn set_ecn(&mut self, ecn: u8) {
+        let b = self.buffer.as_mut();
+        b[1] = (b[1] & !0x30) | ((ecn & 3) << 4);
+    }
+
     pub fn set_src(&mut self, a: [u8; 16]) {
         self.buffer.as_mut()[8..24].copy_from_slice(&a);
     }
@@ -245,13 +250,14 @@ mod tests {
 
     proptest! {
         /// Each field set reads back; the DSCP keeps the ECN bits and the flow label beside
-        /// it (RFC 8200 §3, RFC 2474 §3).
+        /// it, and the ECN the DSCP (RFC 8200 §3, RFC 2474 §3).
         #[test]
         fn fields_read_back_as_set(
             header in proptest::array::uniform32(any::<u8>()),
             payload_len in any::<u16>(),
             hop_limit in any::<u8>(),
             dscp in 0u8..64,
+            ecn in 0u8..4,
             src in any::<[u8; 16]>(),
             dst in any::<[u8; 16]>(),
         ) {
@@ -269,6 +275,8 @@ mod tests {
             prop_assert_eq!((p.src(), p.dst()), (src, dst));
             prop_assert_eq!((p.version(), p.ecn(), p.flow_label()), (6, before.ecn(), before.flow_label()));
             prop_assert_eq!(p.next_header(), before.next_header());
+            p.set_ecn(ecn);
+            prop_assert_eq!((p.dscp(), p.ecn(), p.flow_label()), (dscp, ecn, before.flow_label()));
         }
 
         #[test]

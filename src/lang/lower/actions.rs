@@ -223,6 +223,7 @@ impl Lowerer<'_> {
         let mut dmac = None;
         let mut udp_dst = tunnel.default_port();
         let mut ttl = 64;
+        let mut dscp = OuterDscp::Fixed(0);
         let mut options = Vec::new();
         let mut ok = true;
         let mac_field = Field {
@@ -262,6 +263,19 @@ impl Lowerer<'_> {
                     .int_in(w, "UDP port", 1, 65535)
                     .map(|p| udp_dst = p as u16),
                 "ttl" => self.int_in(w, "TTL", 1, 255).map(|t| ttl = t as u8),
+                "dscp" if w.text == "inherit" => {
+                    dscp = OuterDscp::Inherit;
+                    Some(())
+                }
+                "dscp" => self
+                    .parsed_if(
+                        w,
+                        ("DSCP", "write 0 to 63, or `inherit` for the inner packet's"),
+                        value::integer,
+                        |d| d <= 63,
+                        |d| format!("DSCP {d} is out of range (0-63)"),
+                    )
+                    .map(|d| dscp = OuterDscp::Fixed(d as u8)),
                 _ => unreachable!("the parser accepts only encap keys"),
             };
             ok &= r.is_some();
@@ -275,7 +289,7 @@ impl Lowerer<'_> {
         ] {
             if missing && ok {
                 self.err(a.name.span, format!("`{}` needs `{key}`", a.name.text)).hint =
-                    Some("encapsulation takes vni, src, dst, smac and dmac (dport, ttl and option are optional)".into());
+                    Some("encapsulation takes vni, src, dst, smac and dmac (dport, ttl, dscp and option are optional)".into());
                 ok = false;
             }
         }
@@ -308,6 +322,7 @@ impl Lowerer<'_> {
             dmac: mac_bytes(dmac?),
             udp_dst,
             ttl,
+            dscp,
             options,
         })
     }
