@@ -507,3 +507,99 @@ wrpcap("in.pcap", [
         ]
     );
 }
+
+/// ECN and DSCP across the tunnel, read back by tshark (IPv4 header checksums validated).
+/// Into it, the outer header takes the inner packet's ECN field (RFC 6040 §4.1) and the
+/// DSCP the pipeline gives, fixed (26) or the inner packet's (`inherit`); out of it, the
+/// inner packet takes the mark the fabric left outside as RFC 6040's Figure 4 says, and a
+/// packet marked CE whose transport is not ECN-capable is dropped (`ecn_not_ect`); a
+/// frame that is not IP (ARP) leaves as it is.
+#[test]
+fn ecn_and_dscp_cross_the_tunnel_as_rfc_6040_says() {
+    let dir = Scratch::new("ecn");
+    scapy(
+        &dir.0,
+        r#"
+from scapy.contrib.geneve import GENEVE
+e = Ether(src="02:00:00:00:00:aa", dst="02:00:00:00:00:bb")
+u = UDP(sport=1000, dport=2000)/Raw(b"x" * 20)
+wrpcap("host.pcap", [
+    e/IP(src="10.0.0.1", dst="10.1.0.1", tos=46 << 2 | 2)/u,        # EF, ECT(0)
+    e/IP(src="10.0.0.1", dst="10.1.0.1", tos=46 << 2 | 3)/u,        # EF, CE
+    e/IP(src="10.0.0.1", dst="10.1.0.1", tos=46 << 2)/u,            # EF, Not-ECT
+    e/IPv6(src="2001:db8::5", dst="2001:db8:1::1", tc=26 << 2 | 1)/u,  # AF31, ECT(1)
+    e/IPv6(src="2001:db8::5", dst="2001:db8:1::1", tc=46 << 2 | 2)/u,  # EF, ECT(0)
+])
+o = Ether(src="02:00:00:00:00:02", dst="02:00:00:00:00:01")
+def vxlan(ecn, inner):
+    return o/IP(src="192.0.2.10", dst="192.0.2.1", tos=ecn)/UDP(sport=50000, dport=4789)/VXLAN(vni=100, flags=0x08)/inner
+def geneve(ecn, inner):
+    return o/IPv6(src="2001:db8::2", dst="2001:db8::1", tc=ecn)/UDP(sport=50000, dport=6081)/GENEVE(vni=200, proto=0x6558)/inner
+h = Ether(src="02:00:00:00:00:bb", dst="02:00:00:00:00:aa")
+v4 = lambda ecn: h/IP(src="10.1.0.1", dst="10.0.0.1", tos=10 << 2 | ecn)/u
+v6 = lambda ecn: h/IPv6(src="2001:db8:1::1", dst="2001:db8::5", tc=10 << 2 | ecn)/u
+wrpcap("uplink.pcap", [
+    vxlan(3, v4(2)),    # CE outside ECT(0): CE
+    vxlan(3, v4(0)),    # CE outside Not-ECT: dropped
+    vxlan(1, v4(2)),    # ECT(1) outside ECT(0): ECT(1)
+    vxlan(2, v4(0)),    # ECT(0) outside Not-ECT: Not-ECT
+    geneve(3, v6(1)),   # CE outside ECT(1), IPv6 in Geneve over IPv6: CE
+    vxlan(3, h/ARP(pdst="10.0.0.1")),  # not IP: as it is
+    vxlan(1, v4(3)),    # ECT(1) outside CE: CE
+])
+"#,
+    );
+    let (to_host, to_uplink) = (dir.path("to-host.pcap"), dir.path("to-uplink.pcap"));
+    let out = dpuflow_ok(&[
+        "replay",
+        "tests/data/ecn.pipe",
+        "--in",
+        &format!("host={}", dir.path("host.pcap")),
+        "--in",
+        &format!("uplink={}", dir.path("uplink.pcap")),
+        "--out",
+        &format!("host={to_host}"),
+        "--out",
+        &format!("uplink={to_uplink}"),
+        "--json",
+    ]);
+    let s: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(s["ports"][1]["drops"]["ecn_not_ect"], 1, "{s}");
+    let checked = ["-o", "ip.check_checksum:TRUE", "-E", "occurrence=a"];
+    for path in [&to_host, &to_uplink] {
+        assert_tshark_clean(path);
+    }
+    // Outer, then inner: the DS field (DSCP << 2 | ECN) and the IPv4 checksums' status.
+    let fields = ["ip.dsfield", "ipv6.tclass", "ip.checksum.status"];
+    assert_eq!(
+        tshark_table(&to_uplink, &checked, ';', &fields)
+            .lines()
+            .collect::<Vec<_>>(),
+        [
+            "0x6a,0xba;;1,1",
+            "0x6b,0xbb;;1,1",
+            "0x68,0xb8;;1,1",
+            ";0x00000069,0x00000069;",
+            ";0x000000ba,0x000000ba;",
+        ]
+    );
+    let fields = [
+        "ip.dsfield",
+        "ipv6.tclass",
+        "ip.checksum.status",
+        "arp.opcode",
+    ];
+    assert_eq!(
+        tshark_table(&to_host, &checked, ';', &fields)
+            .lines()
+            .collect::<Vec<_>>(),
+        [
+            "0x2b;;1;",
+            "0x29;;1;",
+            "0x28;;1;",
+            ";0x0000002b;;",
+            ";;;1",
+            "0x2b;;1;",
+        ]
+    );
+}

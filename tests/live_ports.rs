@@ -1427,6 +1427,100 @@ fn a_clamped_mss_keeps_a_hosts_segments_inside_the_tunnel() {
     stop(dpuflow);
 }
 
+/// A fabric that marks congestion rather than drop: the server's link marks Congestion
+/// Experienced on every tunnelled packet that is ECN-capable outside, both ways
+/// (nftables, as a switch's queue would). The client's TCP asks for ECN (`tcp_ecn=1`).
+/// Uploading, its segments leave the gateway ECT(0) outside, so they are marked, the
+/// kernel's vxlan device carries the mark inside and the server echoes it (the client's
+/// `TCPDeliveredCE` rises); downloading, the gateway carries inside the marks the fabric
+/// put on the server's tunnel (RFC 6040), and the client echoes them (the server's
+/// rises). Without either half, neither count moves (checked against the build before).
+#[test]
+fn congestion_marks_cross_the_vxlan_gateway_both_ways() {
+    let (lab, dir, pipe_path) = vxlan_lab("af_packet", "e", 1, "");
+    lab.run(&lab.client, &["sysctl", "-qw", "net.ipv4.tcp_ecn=1"]);
+    let marking = dir.path("marking.nft");
+    std::fs::write(
+        &marking,
+        "table netdev fabric {\n\
+             chain towards_server {\n\
+                 type filter hook ingress device s0 priority 0;\n\
+                 udp dport 4789 ip ecn ect0 counter ip ecn set ce\n\
+             }\n\
+             chain towards_gateway {\n\
+                 type filter hook egress device s0 priority 0;\n\
+                 udp dport 4789 ip ecn ect0 counter ip ecn set ce\n\
+             }\n\
+         }\n",
+    )
+    .expect("write the ruleset");
+    lab.run(&lab.server, &["nft", "-f", &marking]);
+    let dpuflow = lab.start(&pipe_path, "1");
+    assert!(lab.ping(&lab.client, SERVER), "no ping through the gateway");
+
+    lab.upload("AF_INET", SERVER);
+    let echoed = delivered_ce(&lab, &lab.client);
+    assert!(
+        echoed > 0,
+        "the server echoed no mark of the client's segments"
+    );
+
+    let body = vec![7u8; 1_000_000];
+    std::fs::write(dir.0.join("file.bin"), &body).expect("write file");
+    let _http = lab.serve(&lab.server, SERVER, "80", &dir);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let fetched = loop {
+        match lab.fetch(&lab.client, &format!("http://{SERVER}/file.bin"), "10") {
+            Some(got) => break got,
+            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(200)),
+            None => panic!("no HTTP connection through the gateway"),
+        }
+    };
+    assert_eq!(fetched, (200, body.len() as u64), "the file arrives whole");
+    let echoed = delivered_ce(&lab, &lab.server);
+    assert!(
+        echoed > 0,
+        "the client echoed no mark of the server's segments"
+    );
+
+    let counters = lab.run(&lab.server, &["nft", "list", "table", "netdev", "fabric"]);
+    let marked: Vec<u64> = counters
+        .split("counter packets ")
+        .skip(1)
+        .map(|c| {
+            c.split(' ')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .expect("a count")
+        })
+        .collect();
+    assert!(
+        marked.len() == 2 && marked.iter().all(|&n| n > 0),
+        "{counters}"
+    );
+    let not_ect = "dpuflow_port_dropped_packets_total{port=\"outside\",reason=\"ecn_not_ect\"}";
+    assert_eq!(metric(&lab.metrics(), not_ect), Some(0));
+    stop(dpuflow);
+}
+
+/// Segments of `ns`'s connections its peer acknowledged with ECN-Echo set (Linux's
+/// `TcpExt: TCPDeliveredCE`).
+fn delivered_ce(lab: &Lab, ns: &str) -> u64 {
+    let netstat = lab.run(ns, &["cat", "/proc/net/netstat"]);
+    let mut lines = netstat.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (names, values) = (lines.next().expect("names"), lines.next().expect("values"));
+    let at = names
+        .split_whitespace()
+        .position(|n| n == "TCPDeliveredCE")
+        .expect("TCPDeliveredCE");
+    values
+        .split_whitespace()
+        .nth(at)
+        .expect("a value")
+        .parse()
+        .expect("a count")
+}
+
 /// An af_xdp port's XDP program is dpuflow's while it runs and goes with it, however it
 /// ends: a second service on the same interface is refused while the first runs, and
 /// after the first is killed (SIGKILL: no clean-up of its own) the interface has no

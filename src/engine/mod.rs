@@ -897,8 +897,9 @@ impl Engine {
                 let step = match op {
                     Op::Encap(t) => {
                         stale = true;
-                        let hash = parse::flow_hash(pkt.data(), &meta.outer);
-                        let ds = action::ds_field(pkt.data(), &meta.outer);
+                        let frame = pkt.data();
+                        let hash = parse::flow_hash(frame, &meta.outer);
+                        let ds = action::ds_field(frame, &meta.outer);
                         code.encaps[*t].apply(pkt, hash, ds).map(|()| None)
                     }
                     Op::Ir(a) => exec(
