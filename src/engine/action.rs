@@ -2,7 +2,7 @@
 //! TTL decrement, VLAN push and pop, tunnel encapsulation and decapsulation.
 
 use super::packet::PacketBuf;
-use super::parse::{self, Layers, Meta, L3};
+use super::parse::{self, ds_field, Layers, Meta, L3};
 use super::DropReason;
 use crate::ir::{Encap, Field, FieldId, OuterDscp, Tunnel};
 use crate::wire::ethernet::{self, ethertype};
@@ -118,7 +118,7 @@ impl EncapTemplate {
 
     /// Prepends the outer headers. `hash` is the inner flow's hash, spread over the
     /// ephemeral range 49152–65535 as the UDP source port (RFC 7348 §5, RFC 8926 §3.3);
-    /// `inner_ds` the inner packet's DS field ([`ds_field`]).
+    /// `inner_ds` the inner packet's DS field ([`parse::ds_field`]).
     #[inline(always)]
     pub fn apply(&self, pkt: &mut PacketBuf, hash: u32, inner_ds: u8) -> Result<(), DropReason> {
         let ds = inner_ds & self.ds_inherited;
@@ -215,22 +215,6 @@ const ECN_MASK: u8 = 3;
 const CE: u8 = 3;
 /// ECN-Capable Transport (1) (RFC 3168 §5).
 const ECT1: u8 = 1;
-
-/// The DS field (DSCP and ECN, RFC 2474 §3, RFC 3168 §5) of the IP packet `l` describes;
-/// 0, Not-ECT, for a frame that is not IP. Read when needed rather than kept in [`Layers`]
-/// by the parse: one byte more there made every packet's parse 9 instructions dearer.
-#[inline(always)]
-pub fn ds_field(frame: &[u8], l: &Layers) -> u8 {
-    let at = usize::from(l.l3);
-    let Some(&second) = frame.get(at + 1) else {
-        return 0;
-    };
-    match l.l3_kind {
-        L3::V4 => second,
-        L3::V6 => (frame[at] << 4) | (second >> 4),
-        L3::None => 0,
-    }
-}
 
 /// The ECN field a decapsulated packet leaves with, from its inner and outer ones
 /// (RFC 6040 §4.2, Figure 4; RFC 9601 §4 applies it to VXLAN and Geneve), or `None`

@@ -899,7 +899,7 @@ impl Engine {
                         stale = true;
                         let frame = pkt.data();
                         let hash = parse::flow_hash(frame, &meta.outer);
-                        let ds = action::ds_field(frame, &meta.outer);
+                        let ds = parse::ds_field(frame, &meta.outer);
                         code.encaps[*t].apply(pkt, hash, ds).map(|()| None)
                     }
                     Op::Ir(a) => exec(
