@@ -295,6 +295,16 @@ impl Report {
         if !drops.is_empty() {
             let _ = write!(out, "drops (by input port and reason):\n{drops}");
         }
+        for (i, port) in program.ports.iter().enumerate() {
+            let n = self.stats.ports[i].congestion_marked;
+            if n > 0 {
+                let _ = writeln!(
+                    out,
+                    "{}: {n} marked CE by the fabric, the mark carried inside",
+                    port.name
+                );
+            }
+        }
         let _ = writeln!(out, "entries matched:");
         for (pi, pipe) in program.pipes.iter().enumerate() {
             for (name, c) in pipe.entry_names().iter().zip(&self.stats.entries[pi]) {
@@ -363,6 +373,7 @@ impl Report {
                     "rx_packets": s.rx.packets, "rx_bytes": s.rx.bytes,
                     "tx_packets": s.tx.packets, "tx_bytes": s.tx.bytes,
                     "drops": drops,
+                    "congestion_marked": s.congestion_marked,
                     "unwritten": self.unwritten[i],
                 })
             })

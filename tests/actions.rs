@@ -565,6 +565,8 @@ wrpcap("uplink.pcap", [
     ]);
     let s: serde_json::Value = serde_json::from_str(&out).expect("JSON");
     assert_eq!(s["ports"][1]["drops"]["ecn_not_ect"], 1, "{s}");
+    // CE outside ECT(0) and ECT(1): the ARP frame's mark has nowhere to go.
+    assert_eq!(s["ports"][1]["congestion_marked"], 2, "{s}");
     let checked = ["-o", "ip.check_checksum:TRUE", "-E", "occurrence=a"];
     for path in [&to_host, &to_uplink] {
         assert_tshark_clean(path);

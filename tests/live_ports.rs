@@ -1499,7 +1499,12 @@ fn congestion_marks_cross_the_vxlan_gateway_both_ways() {
         "{counters}"
     );
     let not_ect = "dpuflow_port_dropped_packets_total{port=\"outside\",reason=\"ecn_not_ect\"}";
-    assert_eq!(metric(&lab.metrics(), not_ect), Some(0));
+    let marked = "dpuflow_port_congestion_marked_packets_total{port=\"outside\"}";
+    let m = lab.metrics_until(
+        |m| metric(m, marked).unwrap_or(0) > 0,
+        "the marks carried inside counted",
+    );
+    assert_eq!(metric(&m, not_ect), Some(0));
     stop(dpuflow);
 }
 

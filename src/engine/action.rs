@@ -240,11 +240,21 @@ fn to_v6(a: IpAddr) -> [u8; 16] {
     }
 }
 
+/// What a decapsulation found of the outer header's ECN field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OuterMark {
+    /// Anything but the below.
+    Unmarked,
+    /// Congestion Experienced: the fabric marked the packet, and the mark went inside.
+    Ce,
+}
+
 /// Removes the outer headers of `tunnel`, checking the header first: VXLAN needs the I
 /// flag and zero reserved bits; Geneve may not carry critical options dpuflow does not
-/// know (it knows none, RFC 8926 §3.5.1) and may not be an OAM frame.
+/// know (it knows none, RFC 8926 §3.5.1) and may not be an OAM frame. The outer ECN
+/// field's mark goes inside (RFC 6040 §4.2).
 #[inline]
-pub fn decap(pkt: &mut PacketBuf, meta: &Meta, tunnel: Tunnel) -> Result<(), DropReason> {
+pub fn decap(pkt: &mut PacketBuf, meta: &Meta, tunnel: Tunnel) -> Result<OuterMark, DropReason> {
     let Some(t) = meta.tunnel.filter(|t| t.kind == tunnel) else {
         return Err(DropReason::NotTunnelled);
     };
@@ -270,21 +280,22 @@ pub fn decap(pkt: &mut PacketBuf, meta: &Meta, tunnel: Tunnel) -> Result<(), Dro
     }
     // Only ECT(1) and CE outside change what is inside (RFC 6040 §4.2).
     let outer_ecn = ds_field(frame, &meta.outer) & ECN_MASK;
+    let mut outer = OuterMark::Unmarked;
     if outer_ecn & ECT1 != 0 {
-        carry_ecn(pkt.data_mut(), &meta.inner, outer_ecn)?;
+        outer = carry_ecn(pkt.data_mut(), &meta.inner, outer_ecn)?;
     }
     pkt.truncate(usize::from(meta.outer.l3_end));
     pkt.pull_front(usize::from(t.inner));
-    Ok(())
+    Ok(outer)
 }
 
 /// Gives the inner packet `inner` describes the ECN field RFC 6040 asks for when its
 /// tunnel's outer header carried `outer_ecn`; a frame that is not IP is left as it is,
 /// as Linux leaves it.
 #[cold]
-fn carry_ecn(frame: &mut [u8], inner: &Layers, outer_ecn: u8) -> Result<(), DropReason> {
+fn carry_ecn(frame: &mut [u8], inner: &Layers, outer_ecn: u8) -> Result<OuterMark, DropReason> {
     if inner.l3_kind == L3::None {
-        return Ok(());
+        return Ok(OuterMark::Unmarked);
     }
     let before = ds_field(frame, inner) & ECN_MASK;
     let after = decapsulated_ecn(before, outer_ecn).ok_or(DropReason::EcnNotCapable)?;
@@ -296,7 +307,11 @@ fn carry_ecn(frame: &mut [u8], inner: &Layers, outer_ecn: u8) -> Result<(), Drop
             ipv6::Packet::new_unchecked(l3).set_ecn(after);
         }
     }
-    Ok(())
+    Ok(if outer_ecn == CE {
+        OuterMark::Ce
+    } else {
+        OuterMark::Unmarked
+    })
 }
 
 /// Offset of the L3 header after Ethernet and any VLAN tags.
@@ -601,7 +616,10 @@ mod tests {
         pkt.load(&frame, PortId(0), 0);
         let meta = parse::parse(pkt.data(), &parse::TunnelPorts::default()).unwrap();
         assert_eq!(meta.inner.l3_kind, L3::None);
-        assert_eq!(decap(&mut pkt, &meta, Tunnel::Vxlan), Ok(()));
+        assert_eq!(
+            decap(&mut pkt, &meta, Tunnel::Vxlan),
+            Ok(OuterMark::Unmarked)
+        );
         assert_eq!(pkt.data(), &inner[..]);
     }
 
@@ -712,7 +730,8 @@ mod tests {
             match figure_4(inner_ecn, fabric_ecn) {
                 None => prop_assert_eq!(r, Err(DropReason::EcnNotCapable)),
                 Some(want) => {
-                    prop_assert_eq!(r, Ok(()));
+                    let marked = if fabric_ecn == CE { OuterMark::Ce } else { OuterMark::Unmarked };
+                    prop_assert_eq!(r, Ok(marked));
                     let l = parse::parse(pkt.data(), &parse::TunnelPorts::default()).unwrap().outer;
                     prop_assert_eq!(ds_field(pkt.data(), &l), inner_dscp << 2 | want);
                     let l3 = &pkt.data()[usize::from(l.l3)..];

@@ -107,6 +107,9 @@ pub struct PortStats {
     pub tx: Counter,
     /// Drops of packets received on this port, indexed by `DropReason as usize`.
     pub drops: Vec<u64>,
+    /// Tunnelled packets received on this port whose outer header the fabric marked
+    /// Congestion Experienced, decapsulated with the mark carried inside (RFC 6040 §4.2).
+    pub congestion_marked: u64,
 }
 
 /// By hand for `clone_from`, which copies into the vectors already there: a worker
@@ -117,12 +120,14 @@ impl Clone for PortStats {
             rx: self.rx,
             tx: self.tx,
             drops: self.drops.clone(),
+            congestion_marked: self.congestion_marked,
         }
     }
 
     fn clone_from(&mut self, source: &Self) {
         (self.rx, self.tx) = (source.rx, source.tx);
         self.drops.clone_from(&source.drops);
+        self.congestion_marked = source.congestion_marked;
     }
 }
 
@@ -1091,7 +1096,9 @@ fn exec(
             *stale = true;
         }
         Action::Decap(t) => {
-            action::decap(pkt, meta, *t)?;
+            if action::decap(pkt, meta, *t)? == action::OuterMark::Ce {
+                rt.stats.ports[pkt.port.index()].congestion_marked += 1;
+            }
             *stale = true;
         }
         Action::Encap(_) => unreachable!("compiled to Op::Encap"),
@@ -1126,6 +1133,7 @@ mod tests {
             rx: counter(3),
             tx: counter(2),
             drops: vec![1, 0, 4],
+            congestion_marked: 6,
         };
         let source = Stats {
             ports: vec![port.clone(), PortStats::default()],

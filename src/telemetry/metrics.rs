@@ -264,6 +264,12 @@ pub fn render(program: &Program, snap: &Snapshot, info: &Info, state: &ServiceSt
         drops,
     );
     fam.counter(
+        "dpuflow_port_congestion_marked_packets_total",
+        "Tunnelled packets received on the port whose outer header the fabric marked \
+         Congestion Experienced, decapsulated with the mark carried inside (RFC 6040).",
+        per_port(&|i| s.ports[i].congestion_marked),
+    );
+    fam.counter(
         "dpuflow_port_unsent_packets_total",
         "Packets forwarded to the port and not sent: its link down or its interface gone, \
          its transmit queue full, or no output bound to it.",

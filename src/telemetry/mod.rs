@@ -124,6 +124,7 @@ impl Snapshot {
                 for (x, y) in a.drops.iter_mut().zip(&b.drops) {
                     *x += y;
                 }
+                a.congestion_marked += b.congestion_marked;
             }
             for (pa, pb) in s.entries.iter_mut().zip(&o.stats.entries) {
                 for (a, b) in pa.iter_mut().zip(pb) {
