@@ -585,6 +585,13 @@ wrpcap("uplink.pcap", [
             ";0x000000ba,0x000000ba;",
         ]
     );
+    // Over IPv6 the outer flow label is the inner flow's: one flow, one label, not 0.
+    let labels = tshark_table(&to_uplink, &["-E", "occurrence=f"], ';', &["ipv6.flow"]);
+    let labels: Vec<_> = labels.lines().filter(|l| !l.is_empty()).collect();
+    assert!(
+        labels.len() == 2 && labels[0] == labels[1] && labels[0] != "0x00000000",
+        "{labels:?}"
+    );
     let fields = [
         "ip.dsfield",
         "ipv6.tclass",

@@ -81,7 +81,9 @@ fn geneve_options_over_ipv6_match_scapy() {
         &dir.0,
         &reference(
             &dir,
-            r#"r = Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")/IPv6(src="2001:db8::1", dst="2001:db8::2", hlim=32)/UDP(sport=sport, dport=6081)/GENEVE(vni=300, proto=0x6558, options=[GeneveOptions(classid=0x0102, type=0x01, data=b"\x00\x00\x00\x0a"), GeneveOptions(classid=0xff00, type=0x05, data=bytes(range(1, 9)))])/f"#,
+            // The flow label, like the source port, is the inner flow's hash's: taken
+            // from what came out, and never 0.
+            r#"assert g[IPv6].fl != 0; r = Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")/IPv6(src="2001:db8::1", dst="2001:db8::2", hlim=32, fl=g[IPv6].fl)/UDP(sport=sport, dport=6081)/GENEVE(vni=300, proto=0x6558, options=[GeneveOptions(classid=0x0102, type=0x01, data=b"\x00\x00\x00\x0a"), GeneveOptions(classid=0xff00, type=0x05, data=bytes(range(1, 9)))])/f"#,
         ),
     );
     // scapy computes the UDP checksum over IPv6 itself: equality checks ours too.

@@ -6,7 +6,9 @@ use super::parse::{self, ds_field, Layers, Meta, L3};
 use super::DropReason;
 use crate::ir::{Encap, Field, FieldId, OuterDscp, Tunnel};
 use crate::wire::ethernet::{self, ethertype};
-use crate::wire::{be16, checksum, geneve, ip_proto, ipv4, ipv6, put16, sctp, tcp, udp, vxlan};
+use crate::wire::{
+    be16, be32, checksum, geneve, ip_proto, ipv4, ipv6, put16, sctp, tcp, udp, vxlan,
+};
 use std::net::IpAddr;
 
 /// Outer headers of one `*.encap` action, built once; per packet only lengths, the UDP
@@ -151,9 +153,13 @@ impl EncapTemplate {
         put16(b, udp_at, 0xc000 | (hash as u16 & 0x3fff));
         put16(b, udp_at + 4, udp_len as u16);
         if self.v6 {
-            // The traffic class straddles the first two bytes (RFC 8200 §3).
-            b[IP_AT] |= ds >> 4;
-            b[IP_AT + 1] |= ds << 4;
+            // Version, traffic class and flow label share the first word (RFC 8200 §3).
+            // The label is the inner flow's too, from other bits of its hash than the
+            // port's, never 0 ("no label"), so fabrics that spread flows by addresses and
+            // label alone spread the tunnel's (RFC 6438 §3, RFC 6437 §3).
+            let label = ((hash >> 12) & 0x000f_ffff).max(1);
+            let first = be32(b, IP_AT) | (u32::from(ds) << 20) | label;
+            b[IP_AT..IP_AT + 4].copy_from_slice(&first.to_be_bytes());
             put16(b, IP_AT + 4, udp_len as u16);
             // UDP over IPv6 carries a real checksum (RFC 8200 §8.1; RFC 6935/6936 allow a
             // zero one only under conditions this dataplane does not check).
@@ -660,6 +666,38 @@ mod tests {
                 t.apply_any(&mut any, hash, ds)
             );
             prop_assert_eq!(short.data(), any.data());
+        }
+
+        /// Over IPv6 the outer header's first word holds the version, the template's
+        /// DSCP with the inner ECN field, and a flow label from the inner flow's hash
+        /// that is never 0; flows whose hashes differ in the label's bits differ in it.
+        #[test]
+        fn an_ipv6_outer_header_labels_the_inner_flow(
+            hash in any::<u32>(),
+            dscp in 0u8..64,
+            ecn in 0u8..4,
+        ) {
+            let e = Encap {
+                tunnel: Tunnel::Vxlan,
+                vni: 100,
+                src: IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, 1]),
+                dst: IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, 2]),
+                smac: [2, 0, 0, 0, 0, 1],
+                dmac: [2, 0, 0, 0, 0, 2],
+                udp_dst: 4789,
+                ttl: 64,
+                dscp: OuterDscp::Fixed(dscp),
+                options: Vec::new(),
+            };
+            let frame = crate::wire::testing::frame(false, 1, 2, ip_proto::UDP, 1000, 2000, 0, 0);
+            let mut pkt = PacketBuf::new(2048);
+            pkt.load(&frame, PortId(0), 0);
+            EncapTemplate::new(&e).apply(&mut pkt, hash, ecn).unwrap();
+            let outer = ipv6::Packet::new_checked(&pkt.data()[IP_AT..]).unwrap();
+            prop_assert_eq!((outer.version(), outer.dscp(), outer.ecn()), (6, dscp, ecn));
+            let label = outer.flow_label();
+            prop_assert!(label != 0);
+            prop_assert!(label == (hash >> 12) & 0xf_ffff || (hash >> 12) & 0xf_ffff == 0);
         }
 
         /// The outer header takes the inner packet's ECN field, and its DSCP with
