@@ -513,7 +513,8 @@ wrpcap("in.pcap", [
 /// DSCP the pipeline gives, fixed (26) or the inner packet's (`inherit`); out of it, the
 /// inner packet takes the mark the fabric left outside as RFC 6040's Figure 4 says, and a
 /// packet marked CE whose transport is not ECN-capable is dropped (`ecn_not_ect`); a
-/// frame that is not IP (ARP) leaves as it is.
+/// frame that is not IP (ARP) leaves as it is. `set ip.ecn 0` before the tunnel makes a
+/// packet Not-ECT inside and out.
 #[test]
 fn ecn_and_dscp_cross_the_tunnel_as_rfc_6040_says() {
     let dir = Scratch::new("ecn");
@@ -529,6 +530,7 @@ wrpcap("host.pcap", [
     e/IP(src="10.0.0.1", dst="10.1.0.1", tos=46 << 2)/u,            # EF, Not-ECT
     e/IPv6(src="2001:db8::5", dst="2001:db8:1::1", tc=26 << 2 | 1)/u,  # AF31, ECT(1)
     e/IPv6(src="2001:db8::5", dst="2001:db8:1::1", tc=46 << 2 | 2)/u,  # EF, ECT(0)
+    e/IP(src="10.0.0.1", dst="10.3.0.1", tos=46 << 2 | 2)/u,        # made Not-ECT first
 ])
 o = Ether(src="02:00:00:00:00:02", dst="02:00:00:00:00:01")
 def vxlan(ecn, inner):
@@ -583,6 +585,7 @@ wrpcap("uplink.pcap", [
             "0x68,0xb8;;1,1",
             ";0x00000069,0x00000069;",
             ";0x000000ba,0x000000ba;",
+            "0x00,0xb8;;1,1",
         ]
     );
     // Over IPv6 the outer flow label is the inner flow's: one flow, one label, not 0.

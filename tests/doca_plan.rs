@@ -348,6 +348,14 @@ fn a_rewrite_of_either_ip_version_gets_a_template_for_each() {
         text.contains("modify outer.ip6.traffic_class=0xb8/0xfc"),
         "{text}"
     );
+    // The ECN field is the same byte's two low bits, the DSCP left as it is.
+    let p = one_rule("rule bleach { match udp.dst 4791 actions set ip.ecn 0, fwd b }");
+    let text = p.to_string();
+    assert!(text.contains("modify outer.ip4.dscp_ecn=0x0/0x3"), "{text}");
+    assert!(
+        text.contains("modify outer.ip6.traffic_class=0x0/0x3"),
+        "{text}"
+    );
 }
 
 #[test]

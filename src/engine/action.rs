@@ -525,6 +525,12 @@ fn rewrite(frame: &mut [u8], l: &Layers, field: Field, value: u128) {
         FieldId::IpDscp if l.l3_kind == L3::V6 => {
             ipv6::Packet::new_unchecked(&mut frame[l3..]).set_dscp(value as u8)
         }
+        FieldId::IpEcn if l.l3_kind == L3::V4 => {
+            ipv4::Packet::new_unchecked(&mut frame[l3..]).set_ecn(value as u8)
+        }
+        FieldId::IpEcn if l.l3_kind == L3::V6 => {
+            ipv6::Packet::new_unchecked(&mut frame[l3..]).set_ecn(value as u8)
+        }
         FieldId::IpTtl if l.l3_kind == L3::V4 => {
             ipv4::Packet::new_unchecked(&mut frame[l3..]).set_ttl(value as u8)
         }

@@ -226,7 +226,7 @@ pub const FIELDS: &[FieldInfo] = &[
         "ip.ecn",
         int(2),
         true,
-        false,
+        true,
         "ECN (lower 2 bits of TOS / traffic class)",
     ),
     f(
