@@ -7,7 +7,7 @@ use super::DropReason;
 use crate::ir::{Encap, Field, FieldId, OuterDscp, Tunnel};
 use crate::wire::ethernet::{self, ethertype};
 use crate::wire::{
-    be16, be32, checksum, geneve, ip_proto, ipv4, ipv6, put16, sctp, tcp, udp, vxlan,
+    be16, be32, checksum, ecn, geneve, ip_proto, ipv4, ipv6, put16, sctp, tcp, udp, vxlan,
 };
 use std::net::IpAddr;
 
@@ -37,7 +37,7 @@ impl EncapTemplate {
     pub fn new(e: &Encap) -> EncapTemplate {
         let v6 = e.dst.is_ipv6();
         let (dscp, ds_inherited) = match e.dscp {
-            OuterDscp::Fixed(d) => (d, ECN_MASK),
+            OuterDscp::Fixed(d) => (d, ecn::MASK),
             OuterDscp::Inherit => (0, 0xff),
         };
         let ip_len = if v6 {
@@ -215,26 +215,20 @@ impl EncapTemplate {
     }
 }
 
-/// The ECN field: the DS field's low two bits (RFC 3168 §5).
-const ECN_MASK: u8 = 3;
-/// Congestion Experienced (RFC 3168 §5).
-const CE: u8 = 3;
-/// ECN-Capable Transport (1) (RFC 3168 §5).
-const ECT1: u8 = 1;
-
 /// The ECN field a decapsulated packet leaves with, from its inner and outer ones
-/// (RFC 6040 §4.2, Figure 4; RFC 9601 §4 applies it to VXLAN and Geneve), or `None`
-/// where it must be dropped: a congestion mark on a packet whose transport does not
-/// understand one (Not-ECT inside CE) may not be lost or passed on. Linux's tunnels
-/// carry CE the same way and drop the same packets; they leave ECT(0) inside ECT(1)
-/// as it is, where the figure asks for ECT(1).
+/// (RFC 6040 §4.2, Figure 4; RFC 9601 extends RFC 6040 to tunnels with a shim header
+/// between the IP headers, VXLAN's and Geneve's), or `None` where it must be dropped: a
+/// congestion mark on a packet whose transport does not understand one (Not-ECT inside
+/// CE) may not be lost or passed on. Linux's tunnels carry CE the same way and drop the
+/// same packets; they leave ECT(0) inside ECT(1) as it is, where the figure asks for
+/// ECT(1).
 #[inline(always)]
 fn decapsulated_ecn(inner: u8, outer: u8) -> Option<u8> {
     match (inner, outer) {
-        (0, CE) => None,
-        (0, _) => Some(0),
-        (_, CE) => Some(CE),
-        (_, ECT1) if inner != CE => Some(ECT1),
+        (ecn::NOT_ECT, ecn::CE) => None,
+        (ecn::NOT_ECT, _) => Some(ecn::NOT_ECT),
+        (_, ecn::CE) => Some(ecn::CE),
+        (_, ecn::ECT1) if inner != ecn::CE => Some(ecn::ECT1),
         _ => Some(inner),
     }
 }
@@ -285,9 +279,9 @@ pub fn decap(pkt: &mut PacketBuf, meta: &Meta, tunnel: Tunnel) -> Result<OuterMa
         }
     }
     // Only ECT(1) and CE outside change what is inside (RFC 6040 §4.2).
-    let outer_ecn = ds_field(frame, &meta.outer) & ECN_MASK;
+    let outer_ecn = ds_field(frame, &meta.outer) & ecn::MASK;
     let mut outer = OuterMark::Unmarked;
-    if outer_ecn & ECT1 != 0 {
+    if outer_ecn & ecn::ECT1 != 0 {
         outer = carry_ecn(pkt.data_mut(), &meta.inner, outer_ecn)?;
     }
     pkt.truncate(usize::from(meta.outer.l3_end));
@@ -303,7 +297,7 @@ fn carry_ecn(frame: &mut [u8], inner: &Layers, outer_ecn: u8) -> Result<OuterMar
     if inner.l3_kind == L3::None {
         return Ok(OuterMark::Unmarked);
     }
-    let before = ds_field(frame, inner) & ECN_MASK;
+    let before = ds_field(frame, inner) & ecn::MASK;
     let after = decapsulated_ecn(before, outer_ecn).ok_or(DropReason::EcnNotCapable)?;
     if after != before {
         let l3 = &mut frame[usize::from(inner.l3)..];
@@ -313,7 +307,7 @@ fn carry_ecn(frame: &mut [u8], inner: &Layers, outer_ecn: u8) -> Result<OuterMar
             ipv6::Packet::new_unchecked(l3).set_ecn(after);
         }
     }
-    Ok(if outer_ecn == CE {
+    Ok(if outer_ecn == ecn::CE {
         OuterMark::Ce
     } else {
         OuterMark::Unmarked
@@ -623,7 +617,7 @@ mod tests {
         let l = parse::parse(&frame, &parse::TunnelPorts::default())
             .unwrap()
             .outer;
-        ipv4::Packet::new_unchecked(&mut frame[usize::from(l.l3)..]).set_ecn(CE);
+        ipv4::Packet::new_unchecked(&mut frame[usize::from(l.l3)..]).set_ecn(ecn::CE);
         let mut pkt = PacketBuf::new(2048);
         pkt.load(&frame, PortId(0), 0);
         let meta = parse::parse(pkt.data(), &parse::TunnelPorts::default()).unwrap();
@@ -774,7 +768,7 @@ mod tests {
             match figure_4(inner_ecn, fabric_ecn) {
                 None => prop_assert_eq!(r, Err(DropReason::EcnNotCapable)),
                 Some(want) => {
-                    let marked = if fabric_ecn == CE { OuterMark::Ce } else { OuterMark::Unmarked };
+                    let marked = if fabric_ecn == ecn::CE { OuterMark::Ce } else { OuterMark::Unmarked };
                     prop_assert_eq!(r, Ok(marked));
                     let l = parse::parse(pkt.data(), &parse::TunnelPorts::default()).unwrap().outer;
                     prop_assert_eq!(ds_field(pkt.data(), &l), inner_dscp << 2 | want);

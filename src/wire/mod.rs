@@ -58,6 +58,15 @@ pub enum Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// ECN codepoints: the low two bits of the IPv4 TOS byte and the IPv6 traffic class
+/// (RFC 3168 §5).
+pub mod ecn {
+    pub const MASK: u8 = 3;
+    pub const NOT_ECT: u8 = 0;
+    pub const ECT1: u8 = 1;
+    pub const CE: u8 = 3;
+}
+
 /// IP protocol numbers (IANA "Assigned Internet Protocol Numbers").
 pub mod ip_proto {
     pub const HOP_BY_HOP: u8 = 0;
