@@ -312,3 +312,122 @@ wrpcap("host.pcap", pkts)
     );
     assert_tshark_clean(&dir.path("decapped.pcap"));
 }
+
+/// The kernel's vxlan device and dpuflow decapsulate the same sixteen frames, every
+/// inner ECN field inside every outer one (RFC 6040 §4.2, Figure 4): both drop the one
+/// marked CE whose inner packet is not ECN-capable and give the other fifteen the same
+/// ECN field. Encapsulating, they differ on purpose: the kernel sends a CE-marked
+/// packet's outer header ECT(0) (RFC 3168's older rule), dpuflow CE (RFC 6040 §4.1's
+/// normal mode); both copy ECT(0).
+#[test]
+fn decapsulated_ecn_agrees_with_the_kernels() {
+    let dir = Scratch::new("kernel-vxlan-ecn");
+    let ns = setup();
+    // Each frame's inner UDP source port names its pair: 40000 + 4 × inner + outer. The
+    // kernel's copy is addressed to its VTEP, dpuflow's to the gateway's.
+    scapy(
+        &dir.0,
+        r#"
+def frames(src, dst, dmac):
+    out = []
+    for inner in range(4):
+        for outer in range(4):
+            f = Ether(src="02:00:00:00:00:aa", dst="02:00:00:00:00:bb")/IP(src="10.0.0.1", dst="10.1.0.1", tos=10 << 2 | inner)/UDP(sport=40000 + 4 * inner + outer, dport=7)/Raw(b"ecn")
+            out.append(Ether(src="02:00:00:00:00:01", dst=dmac)/IP(src=src, dst=dst, tos=outer)/UDP(sport=50000, dport=4789, chksum=0)/VXLAN(vni=100, flags=0x08)/f)
+    return out
+wrpcap("to-kernel.pcap", frames("192.0.2.1", "192.0.2.10", "02:00:00:00:00:02"))
+wrpcap("to-dpuflow.pcap", frames("192.0.2.10", "192.0.2.1", "02:00:00:00:00:01"))
+"#,
+    );
+    let cap = ns.capture(
+        &ns.b,
+        "vxlan100",
+        &dir.path("kernel-inner.pcap"),
+        &["udp", "and", "dst", "port", "7"],
+    );
+    ns.run(
+        &ns.a,
+        &[
+            "tcpreplay",
+            "-q",
+            "--topspeed",
+            "-i",
+            "vA",
+            &dir.path("to-kernel.pcap"),
+        ],
+    );
+    stop(cap);
+    dpuflow_ok(&[
+        "replay",
+        "pipelines/vxlan-gateway.pipe",
+        "--in",
+        &format!("uplink={}", dir.path("to-dpuflow.pcap")),
+        "--out",
+        &format!("host={}", dir.path("dpuflow-inner.pcap")),
+    ]);
+    // Source port → inner ECN field, as each delivered them.
+    let delivered = |path: &str| -> std::collections::BTreeMap<u16, u8> {
+        tshark_fields(path, &["udp.srcport", "ip.dsfield.ecn"])
+            .iter()
+            .map(|row| {
+                let (port, ecn) = row.split_once(',').expect("two fields");
+                (
+                    port.parse().expect("a port"),
+                    ecn.parse().expect("an ECN field"),
+                )
+            })
+            .collect()
+    };
+    let kernel = delivered(&dir.path("kernel-inner.pcap"));
+    let dpuflow = delivered(&dir.path("dpuflow-inner.pcap"));
+    let (not_ect, ce) = (0, 3);
+    assert_eq!(kernel.len(), 15, "the kernel delivered {kernel:?}");
+    assert!(
+        !kernel.contains_key(&(40000 + 4 * not_ect + ce)),
+        "{kernel:?}"
+    );
+    assert_eq!(dpuflow, kernel);
+
+    // The kernel encapsulates pings marked ECT(0) and CE (ICMP keeps the ECN bits a
+    // socket sets): its outer headers are ECT(0) both times.
+    ns.run(
+        &ns.b,
+        &[
+            "ip",
+            "neigh",
+            "replace",
+            "10.1.0.2",
+            "lladdr",
+            "02:00:00:00:00:cc",
+            "dev",
+            "vxlan100",
+            "nud",
+            "permanent",
+        ],
+    );
+    let outer = ns.capture(
+        &ns.b,
+        "vB",
+        &dir.path("kernel-outer.pcap"),
+        &["udp", "port", "4789", "and", "src", "host", "192.0.2.10"],
+    );
+    for tos in ["0x2a", "0x2b"] {
+        let _ = Command::new("ip")
+            .args([
+                "netns", "exec", &ns.b, "ping", "-c", "1", "-W", "1", "-Q", tos, "10.1.0.2",
+            ])
+            .output();
+    }
+    stop(outer);
+    let rows = tshark_table(
+        &dir.path("kernel-outer.pcap"),
+        &["-E", "occurrence=a"],
+        ';',
+        &["ip.dsfield.ecn"],
+    );
+    assert_eq!(
+        rows.lines().collect::<Vec<_>>(),
+        ["2,2", "2,3"],
+        "outer, inner"
+    );
+}
