@@ -318,7 +318,7 @@ wrpcap("host.pcap", pkts)
 /// marked CE whose inner packet is not ECN-capable and give the other fifteen the same
 /// ECN field. Encapsulating, they differ on purpose: the kernel sends a CE-marked
 /// packet's outer header ECT(0) (RFC 3168's older rule), dpuflow CE (RFC 6040 §4.1's
-/// normal mode); both copy ECT(0).
+/// normal mode); both copy ECT(0), and the DSCP with `tos inherit` / `dscp inherit`.
 #[test]
 fn decapsulated_ecn_agrees_with_the_kernels() {
     let dir = Scratch::new("kernel-vxlan-ecn");
@@ -411,23 +411,76 @@ wrpcap("to-dpuflow.pcap", frames("192.0.2.10", "192.0.2.1", "02:00:00:00:00:01")
         &dir.path("kernel-outer.pcap"),
         &["udp", "port", "4789", "and", "src", "host", "192.0.2.10"],
     );
-    for tos in ["0x2a", "0x2b"] {
+    let ping = |tos: &str| {
         let _ = Command::new("ip")
             .args([
                 "netns", "exec", &ns.b, "ping", "-c", "1", "-W", "1", "-Q", tos, "10.1.0.2",
             ])
             .output();
-    }
+    };
+    ping("0x2a");
+    ping("0x2b");
+    // With `tos inherit` (dpuflow's `dscp inherit`) the DSCP goes outside too: EF.
+    ns.run(
+        &ns.b,
+        &[
+            "ip", "link", "set", "vxlan100", "type", "vxlan", "tos", "inherit",
+        ],
+    );
+    ping("0xba");
+    ping("0xbb");
     stop(outer);
     let rows = tshark_table(
         &dir.path("kernel-outer.pcap"),
         &["-E", "occurrence=a"],
         ';',
-        &["ip.dsfield.ecn"],
+        &["ip.dsfield"],
     );
     assert_eq!(
         rows.lines().collect::<Vec<_>>(),
-        ["2,2", "2,3"],
+        ["0x02,0x2a", "0x02,0x2b", "0xba,0xba", "0xba,0xbb"],
+        "outer, inner"
+    );
+    // dpuflow, the same inner DS fields into a tunnel with `dscp inherit`: the same but
+    // for CE, which goes outside as it is.
+    let pipe = dir.path("inherit.pipe");
+    std::fs::write(
+        &pipe,
+        "pipeline inherit\n\
+         port host   { driver pcap }\n\
+         port uplink { driver pcap }\n\
+         pipe from_host root from host {\n\
+             rule tunnel { match ipv4.dst 10.1.0.0/16\n\
+                           actions vxlan.encap { vni 100  src 192.0.2.1  dst 192.0.2.10\n\
+                                                 smac 02:00:00:00:00:01  dmac 02:00:00:00:00:02\n\
+                                                 dscp inherit }, fwd uplink }\n\
+             default { actions drop }\n\
+         }\n",
+    )
+    .expect("write pipeline");
+    scapy(
+        &dir.0,
+        r#"
+wrpcap("pings.pcap", [Ether()/IP(src="10.1.0.1", dst="10.1.0.2", tos=t)/ICMP() for t in (0xba, 0xbb)])
+"#,
+    );
+    dpuflow_ok(&[
+        "replay",
+        &pipe,
+        "--in",
+        &format!("host={}", dir.path("pings.pcap")),
+        "--out",
+        &format!("uplink={}", dir.path("inherited.pcap")),
+    ]);
+    let rows = tshark_table(
+        &dir.path("inherited.pcap"),
+        &["-E", "occurrence=a"],
+        ';',
+        &["ip.dsfield"],
+    );
+    assert_eq!(
+        rows.lines().collect::<Vec<_>>(),
+        ["0xba,0xba", "0xbb,0xbb"],
         "outer, inner"
     );
 }
