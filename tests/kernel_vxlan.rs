@@ -17,11 +17,12 @@ struct Namespaces {
 }
 
 impl Namespaces {
-    fn new() -> Namespaces {
+    /// `tag` keeps the names of tests running at once apart.
+    fn new(tag: &str) -> Namespaces {
         let id = std::process::id();
         let ns = Namespaces {
-            a: format!("dpf{id}a"),
-            b: format!("dpf{id}b"),
+            a: format!("dpf{id}{tag}a"),
+            b: format!("dpf{id}{tag}b"),
         };
         add_netns(&[&ns.a, &ns.b]);
         ns
@@ -86,8 +87,8 @@ fn stop(mut tcpdump: Child) {
     let _ = tcpdump.wait();
 }
 
-fn setup() -> Namespaces {
-    let ns = Namespaces::new();
+fn setup(tag: &str) -> Namespaces {
+    let ns = Namespaces::new(tag);
     for n in [&ns.a, &ns.b] {
         ns.run(n, &["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"]);
         ns.run(
@@ -201,7 +202,7 @@ fn setup() -> Namespaces {
 #[test]
 fn kernel_vxlan_interop_both_directions() {
     let dir = Scratch::new("kernel-vxlan");
-    let ns = setup();
+    let ns = setup("i");
 
     // 1. dpuflow encapsulates; the kernel decapsulates.
     scapy(
@@ -322,7 +323,7 @@ wrpcap("host.pcap", pkts)
 #[test]
 fn decapsulated_ecn_agrees_with_the_kernels() {
     let dir = Scratch::new("kernel-vxlan-ecn");
-    let ns = setup();
+    let ns = setup("e");
     // Each frame's inner UDP source port names its pair: 40000 + 4 × inner + outer. The
     // kernel's copy is addressed to its VTEP, dpuflow's to the gateway's.
     scapy(
