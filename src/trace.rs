@@ -103,7 +103,7 @@ impl Observer for Tracer<'_> {
                     pkt.len(),
                     summary(pkt.data())
                 ),
-                Verdict::Drop(r) => format!("dropped: {}", r.name()),
+                Verdict::Drop(r) => format!("dropped: {} ({})", r.name(), r.describe()),
                 Verdict::TooBig(p) => format!(
                     "dropped: {}; its sender told so out of {}, {} bytes: {}",
                     DropReason::PacketTooBig.name(),

@@ -247,7 +247,8 @@ open("expected.txt", "w").write("\n".join(c for c, _ in cases))
             if l.starts_with("forwarded") {
                 "forwarded".to_owned()
             } else {
-                l.trim_start_matches("dropped: ").to_owned()
+                let reason = l.trim_start_matches("dropped: ");
+                reason.split(" (").next().unwrap_or(reason).to_owned()
             }
         })
         .collect();

@@ -248,7 +248,7 @@ fn trace_shows_the_walk() {
     ]);
     assert_eq!(
         out,
-        "packet 9: in_port host, 42 bytes: 10.0.0.1 > 10.2.0.1 UDP 53 > 5001\n  pipe from_host\n    no match: default\n      count\n      drop\n  => dropped: rule\n"
+        "packet 9: in_port host, 42 bytes: 10.0.0.1 > 10.2.0.1 UDP 53 > 5001\n  pipe from_host\n    no match: default\n      count\n      drop\n  => dropped: rule (a `drop` action)\n"
     );
     let out = dpuflow_ok(&[
         "trace",

@@ -171,7 +171,7 @@ wrpcap("up.pcap", [up, syn]); wrpcap("host.pcap", [reply, stranger, synack])
         let fates: Vec<&str> = trace
             .lines()
             .filter_map(|l| l.strip_prefix("  => "))
-            .map(|l| l.split(',').next().unwrap_or(l))
+            .map(|l| l.split([',', '(']).next().unwrap_or(l).trim_end())
             .collect();
         assert_eq!(
             fates,
