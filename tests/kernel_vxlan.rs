@@ -71,6 +71,32 @@ impl Namespaces {
         std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
         child
     }
+
+    /// Makes B's kernel know 10.1.0.2 behind its vxlan device, and starts capturing
+    /// into `file` the tunnelled frames the kernel then sends out of vB.
+    fn kernel_tunnel_capture(&self, file: &str) -> Child {
+        self.run(
+            &self.b,
+            &[
+                "ip",
+                "neigh",
+                "replace",
+                "10.1.0.2",
+                "lladdr",
+                "02:00:00:00:00:cc",
+                "dev",
+                "vxlan100",
+                "nud",
+                "permanent",
+            ],
+        );
+        self.capture(
+            &self.b,
+            "vB",
+            file,
+            &["udp", "port", "4789", "and", "src", "host", "192.0.2.10"],
+        )
+    }
 }
 
 impl Drop for Namespaces {
@@ -258,27 +284,7 @@ wrpcap("host.pcap", pkts)
     );
 
     // 2. The kernel encapsulates; dpuflow decapsulates.
-    ns.run(
-        &ns.b,
-        &[
-            "ip",
-            "neigh",
-            "add",
-            "10.1.0.2",
-            "lladdr",
-            "02:00:00:00:00:cc",
-            "dev",
-            "vxlan100",
-            "nud",
-            "permanent",
-        ],
-    );
-    let outer = ns.capture(
-        &ns.b,
-        "vB",
-        &dir.path("kernel-outer.pcap"),
-        &["udp", "port", "4789", "and", "src", "host", "192.0.2.10"],
-    );
+    let outer = ns.kernel_tunnel_capture(&dir.path("kernel-outer.pcap"));
     let inner = ns.capture(
         &ns.b,
         "vxlan100",
@@ -391,27 +397,7 @@ wrpcap("to-dpuflow.pcap", frames("192.0.2.10", "192.0.2.1", "02:00:00:00:00:01")
 
     // The kernel encapsulates pings marked ECT(0) and CE (ICMP keeps the ECN bits a
     // socket sets): its outer headers are ECT(0) both times.
-    ns.run(
-        &ns.b,
-        &[
-            "ip",
-            "neigh",
-            "replace",
-            "10.1.0.2",
-            "lladdr",
-            "02:00:00:00:00:cc",
-            "dev",
-            "vxlan100",
-            "nud",
-            "permanent",
-        ],
-    );
-    let outer = ns.capture(
-        &ns.b,
-        "vB",
-        &dir.path("kernel-outer.pcap"),
-        &["udp", "port", "4789", "and", "src", "host", "192.0.2.10"],
-    );
+    let outer = ns.kernel_tunnel_capture(&dir.path("kernel-outer.pcap"));
     let ping = |tos: &str| {
         let _ = Command::new("ip")
             .args([
@@ -442,32 +428,17 @@ wrpcap("to-dpuflow.pcap", frames("192.0.2.10", "192.0.2.1", "02:00:00:00:00:01")
         ["0x02,0x2a", "0x02,0x2b", "0xba,0xba", "0xba,0xbb"],
         "outer, inner"
     );
-    // dpuflow, the same inner DS fields into a tunnel with `dscp inherit`: the same but
-    // for CE, which goes outside as it is.
-    let pipe = dir.path("inherit.pipe");
-    std::fs::write(
-        &pipe,
-        "pipeline inherit\n\
-         port host   { driver pcap }\n\
-         port uplink { driver pcap }\n\
-         pipe from_host root from host {\n\
-             rule tunnel { match ipv4.dst 10.1.0.0/16\n\
-                           actions vxlan.encap { vni 100  src 192.0.2.1  dst 192.0.2.10\n\
-                                                 smac 02:00:00:00:00:01  dmac 02:00:00:00:00:02\n\
-                                                 dscp inherit }, fwd uplink }\n\
-             default { actions drop }\n\
-         }\n",
-    )
-    .expect("write pipeline");
+    // dpuflow, the same inner DS fields into a tunnel with `dscp inherit`
+    // (tests/data/ecn.pipe's `inherit4`): the same but for CE, which goes outside as it is.
     scapy(
         &dir.0,
         r#"
-wrpcap("pings.pcap", [Ether()/IP(src="10.1.0.1", dst="10.1.0.2", tos=t)/ICMP() for t in (0xba, 0xbb)])
+wrpcap("pings.pcap", [Ether()/IP(src="10.1.0.1", dst="10.4.0.2", tos=t)/ICMP() for t in (0xba, 0xbb)])
 "#,
     );
     dpuflow_ok(&[
         "replay",
-        &pipe,
+        "tests/data/ecn.pipe",
         "--in",
         &format!("host={}", dir.path("pings.pcap")),
         "--out",

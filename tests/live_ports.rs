@@ -156,6 +156,21 @@ impl Lab {
         (code != 0).then(|| (code, size.parse().unwrap_or(0)))
     }
 
+    /// The client fetches `file.bin` of `len` bytes from the server (each try given
+    /// `timeout`), trying again for 10 s while no connection is made (then failing the
+    /// test with `never`); the file must arrive whole.
+    fn fetch_whole_file(&self, timeout: &str, len: usize, never: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let fetched = loop {
+            match self.fetch(&self.client, &format!("http://{SERVER}/file.bin"), timeout) {
+                Some(got) => break got,
+                None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(200)),
+                None => panic!("{never}"),
+            }
+        };
+        assert_eq!(fetched, (200, len as u64), "the file arrives whole");
+    }
+
     /// How many of `n` UDP datagrams sent from `ns` to port 53 of `to`, each from a port of
     /// its own, were answered by an ICMP port unreachable (ECONNREFUSED) within a second.
     fn refused_queries(&self, ns: &str, to: &str, n: usize) -> usize {
@@ -571,15 +586,11 @@ fn firewall_between_two_hosts(driver: &str, log: &str, tag: &str) {
 
     let dpuflow = lab.start(&pipe_path, "2");
     // The servers take a moment to listen.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let fetched = loop {
-        match lab.fetch(&lab.client, &format!("http://{SERVER}/file.bin"), "5") {
-            Some(got) => break got,
-            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(200)),
-            None => panic!("no HTTP connection from inside to outside through dpuflow"),
-        }
-    };
-    assert_eq!(fetched, (200, body.len() as u64), "the file arrives whole");
+    lab.fetch_whole_file(
+        "5",
+        body.len(),
+        "no HTTP connection from inside to outside through dpuflow",
+    );
     // More connections, each a new flow for the workers' steering to keep together.
     for n in 0..12 {
         let got = lab.fetch(&lab.client, &format!("http://{SERVER}/"), "5");
@@ -1289,15 +1300,7 @@ fn vxlan_gateway_to_the_kernel(driver: &str, tag: &str, workers: &str, queues: u
     let _server = lab.serve(&lab.server, SERVER, "80", &dir);
     let dpuflow = lab.start(&pipe_path, workers);
     assert!(lab.ping(&lab.client, SERVER), "no ping through the gateway");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let fetched = loop {
-        match lab.fetch(&lab.client, &format!("http://{SERVER}/file.bin"), "5") {
-            Some(got) => break got,
-            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(200)),
-            None => panic!("no HTTP connection through the gateway"),
-        }
-    };
-    assert_eq!(fetched, (200, body.len() as u64), "the file arrives whole");
+    lab.fetch_whole_file("5", body.len(), "no HTTP connection through the gateway");
     // The megabyte in segments of at most 1410 bytes (the vxlan device's MTU, 1450, less
     // the IP and TCP headers), and the client's side: its SYN, request and ACKs.
     let (out, back) = (
@@ -1468,15 +1471,7 @@ fn congestion_marks_cross_the_vxlan_gateway_both_ways() {
     let body = vec![7u8; 1_000_000];
     std::fs::write(dir.0.join("file.bin"), &body).expect("write file");
     let _http = lab.serve(&lab.server, SERVER, "80", &dir);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let fetched = loop {
-        match lab.fetch(&lab.client, &format!("http://{SERVER}/file.bin"), "10") {
-            Some(got) => break got,
-            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(200)),
-            None => panic!("no HTTP connection through the gateway"),
-        }
-    };
-    assert_eq!(fetched, (200, body.len() as u64), "the file arrives whole");
+    lab.fetch_whole_file("10", body.len(), "no HTTP connection through the gateway");
     let echoed = delivered_ce(&lab, &lab.server);
     assert!(
         echoed > 0,
