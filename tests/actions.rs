@@ -615,3 +615,111 @@ wrpcap("uplink.pcap", [
         ]
     );
 }
+
+/// Address resolution answered by the gateway, read back by tshark (ICMPv6 checksums
+/// verified): ARP requests for the overlay's addresses and for the tunnel endpoint get
+/// their replies out of the port they came in by (a VLAN tag kept), neighbour
+/// solicitations their advertisements (Router flag where asked, Solicited but for
+/// duplicate address detection, which goes to all nodes); an announcement and a
+/// solicitation with a hop limit below 255 (not from the link) are not answered.
+#[test]
+fn address_resolution_is_answered_by_the_gateway() {
+    let dir = Scratch::new("neighbors");
+    scapy(
+        &dir.0,
+        r#"
+e = Ether(src="02:00:00:00:00:aa", dst="ff:ff:ff:ff:ff:ff")
+sn = lambda a: "ff02::1:ff" + a[-7:-5] + ":" + a[-4:]
+ns = lambda src, tgt, hlim=255: Ether(src="02:00:00:00:00:aa", dst="33:33:ff:00:00:05")/IPv6(src=src, dst="ff02::1:ff00:5", hlim=hlim)/ICMPv6ND_NS(tgt=tgt)
+wrpcap("host.pcap", [
+    e/ARP(op=1, hwsrc="02:00:00:00:00:aa", psrc="10.0.0.5", pdst="10.1.2.3"),
+    e/Dot1Q(vlan=7)/ARP(op=1, hwsrc="02:00:00:00:00:aa", psrc="10.0.0.5", pdst="10.1.0.9"),
+    e/ARP(op=1, hwsrc="02:00:00:00:00:aa", psrc="10.0.0.5", pdst="10.2.0.1"),   # not ours
+    e/ARP(op=1, hwsrc="02:00:00:00:00:aa", psrc="10.1.0.7", pdst="10.1.0.7"),   # announcement
+    e/ARP(op=2, hwsrc="02:00:00:00:00:aa", psrc="10.0.0.5", pdst="10.1.0.7"),   # a reply
+    ns("2001:db8::5", "2001:db8:1::5")/ICMPv6NDOptSrcLLAddr(lladdr="02:00:00:00:00:ab"),
+    ns("2001:db8::5", "2001:db8:1::5", hlim=64),                                 # routed
+    ns("::", "2001:db8:1::5"),                                                   # DAD
+])
+u = Ether(src="02:00:00:00:00:02", dst="ff:ff:ff:ff:ff:ff")
+wrpcap("uplink.pcap", [
+    u/ARP(op=1, hwsrc="02:00:00:00:00:02", psrc="192.0.2.254", pdst="192.0.2.1"),
+    Ether(src="02:00:00:00:00:02", dst="33:33:ff:00:00:01")/IPv6(src="fe80::2", dst="ff02::1:ff00:1", hlim=255)/ICMPv6ND_NS(tgt="2001:db8::1")/ICMPv6NDOptSrcLLAddr(lladdr="02:00:00:00:00:02"),
+])
+"#,
+    );
+    let (to_host, to_uplink) = (dir.path("to-host.pcap"), dir.path("to-uplink.pcap"));
+    let out = dpuflow_ok(&[
+        "replay",
+        "tests/data/neighbors.pipe",
+        "--in",
+        &format!("host={}", dir.path("host.pcap")),
+        "--in",
+        &format!("uplink={}", dir.path("uplink.pcap")),
+        "--out",
+        &format!("host={to_host}"),
+        "--out",
+        &format!("uplink={to_uplink}"),
+        "--json",
+    ]);
+    let s: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    // The announcement and the routed solicitation; the request for an address not
+    // ours and the reply match no rule that answers.
+    assert_eq!(s["ports"][0]["drops"]["unanswerable"], 2, "{s}");
+    assert_eq!(s["ports"][0]["drops"]["rule"], 2, "{s}");
+    for path in [&to_host, &to_uplink] {
+        assert_tshark_clean(path);
+    }
+    let arp = [
+        "eth.dst",
+        "eth.src",
+        "vlan.id",
+        "arp.opcode",
+        "arp.src.hw_mac",
+        "arp.src.proto_ipv4",
+        "arp.dst.hw_mac",
+        "arp.dst.proto_ipv4",
+    ];
+    let nd = [
+        "eth.dst",
+        "eth.src",
+        "ipv6.src",
+        "ipv6.dst",
+        "ipv6.hlim",
+        "icmpv6.type",
+        "icmpv6.checksum.status",
+        "icmpv6.nd.na.flag.r",
+        "icmpv6.nd.na.flag.s",
+        "icmpv6.nd.na.flag.o",
+        "icmpv6.nd.na.target_address",
+        "icmpv6.opt.linkaddr",
+    ];
+    let table = |path: &str, filter: &str, fields: &[&str]| {
+        tshark_table(path, &["-Y", filter], ',', fields)
+            .lines()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        table(&to_host, "arp", &arp),
+        [
+            "02:00:00:00:00:aa,02:00:00:00:00:0e,,2,02:00:00:00:00:0e,10.1.2.3,02:00:00:00:00:aa,10.0.0.5",
+            "02:00:00:00:00:aa,02:00:00:00:00:0e,7,2,02:00:00:00:00:0e,10.1.0.9,02:00:00:00:00:aa,10.0.0.5",
+        ]
+    );
+    assert_eq!(
+        table(&to_host, "icmpv6", &nd),
+        [
+            "02:00:00:00:00:ab,02:00:00:00:00:0e,2001:db8:1::5,2001:db8::5,255,136,1,1,1,1,2001:db8:1::5,02:00:00:00:00:0e",
+            "33:33:00:00:00:01,02:00:00:00:00:0e,2001:db8:1::5,ff02::1,255,136,1,1,0,1,2001:db8:1::5,02:00:00:00:00:0e",
+        ]
+    );
+    assert_eq!(
+        table(&to_uplink, "arp", &arp),
+        ["02:00:00:00:00:02,02:00:00:00:00:01,,2,02:00:00:00:00:01,192.0.2.1,02:00:00:00:00:02,192.0.2.254"]
+    );
+    assert_eq!(
+        table(&to_uplink, "icmpv6", &nd),
+        ["02:00:00:00:00:02,02:00:00:00:00:01,2001:db8::1,fe80::2,255,136,1,0,1,1,2001:db8::1,02:00:00:00:00:01"]
+    );
+}

@@ -307,6 +307,16 @@ fn place(f: Field, cx: &Context, setting: bool) -> Result<Place, String> {
             shift = 8;
             "tun.geneve.vni".into()
         }
+        FieldId::ArpOp
+        | FieldId::ArpSha
+        | FieldId::ArpSpa
+        | FieldId::ArpTpa
+        | FieldId::NdTarget => {
+            return Err(format!(
+                "{f}: DOCA Flow parses neither ARP nor the body of neighbour discovery \
+                 messages"
+            ))
+        }
         FieldId::GeneveOptClass | FieldId::GeneveOptType => {
             return Err(format!(
                 "{f}: Geneve options are matched through a TLV parser \

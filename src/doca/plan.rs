@@ -865,6 +865,12 @@ impl Planner<'_> {
                 Action::ClampMss(_) => {
                     return Err("`clamp tcp.mss`: DOCA Flow does not rewrite TCP options".into())
                 }
+                Action::ArpReply(_) | Action::NdAdvert { .. } => {
+                    return Err(format!(
+                        "`{}`: DOCA Flow does not turn a request into its answer",
+                        self.p.describe(a)
+                    ))
+                }
                 Action::Fwd(_) | Action::Goto(_) | Action::Drop | Action::ToService(_) => {
                     unreachable!("only the last action is terminal")
                 }

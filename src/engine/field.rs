@@ -2,7 +2,8 @@
 
 use super::parse::{l4_fields, Layers, Meta, L3};
 use crate::ir::{Field, FieldId};
-use crate::wire::{be128, be16, be32, be64, geneve, ip_proto};
+use crate::wire::ethernet::ethertype;
+use crate::wire::{arp, be128, be16, be32, be64, geneve, icmp, ip_proto, ndp};
 
 /// Per-packet state the pipeline itself sets: the arrival port, the mark, the
 /// connection-tracking verdict.
@@ -25,6 +26,10 @@ pub fn read(frame: &[u8], meta: &Meta, st: &PacketState, field: Field) -> Option
             let at = usize::from(l.l3) + if field.id == FieldId::Ipv6Src { 8 } else { 24 };
             (l.l3_kind == L3::V6).then(|| be128(frame, at))
         }
+        FieldId::NdTarget => {
+            let l = layers(meta, field)?;
+            nd_message(frame, l).map(|at| be128(frame, at + 8))
+        }
         _ => read_narrow(frame, meta, st, field).map(u128::from),
     }
 }
@@ -44,7 +49,11 @@ fn layers(meta: &Meta, field: Field) -> Option<&Layers> {
 pub fn is_narrow(field: Field) -> bool {
     !matches!(
         field.id,
-        FieldId::Ipv6Src | FieldId::Ipv6Dst | FieldId::GeneveOptClass | FieldId::GeneveOptType
+        FieldId::Ipv6Src
+            | FieldId::Ipv6Dst
+            | FieldId::NdTarget
+            | FieldId::GeneveOptClass
+            | FieldId::GeneveOptType
     )
 }
 
@@ -91,6 +100,15 @@ pub fn read_narrow(frame: &[u8], meta: &Meta, st: &PacketState, field: Field) ->
         FieldId::IcmpCode if v4 && has_l4(ip_proto::ICMP) => u64::from(frame[l4 + 1]),
         FieldId::Icmp6Type if v6 && has_l4(ip_proto::ICMPV6) => u64::from(frame[l4]),
         FieldId::Icmp6Code if v6 && has_l4(ip_proto::ICMPV6) => u64::from(frame[l4 + 1]),
+        FieldId::ArpOp | FieldId::ArpSha | FieldId::ArpSpa | FieldId::ArpTpa => {
+            let a = arp::Packet::new_checked(arp_packet(frame, l)?).ok()?;
+            match field.id {
+                FieldId::ArpOp => u64::from(a.op()),
+                FieldId::ArpSha => a.sha().iter().fold(0, |v, &b| v << 8 | u64::from(b)),
+                FieldId::ArpSpa => u64::from(u32::from(a.spa())),
+                _ => u64::from(u32::from(a.tpa())),
+            }
+        }
         FieldId::VxlanVni => match meta.tunnel {
             Some(t) if t.kind == crate::ir::Tunnel::Vxlan => u64::from(t.vni),
             _ => return None,
@@ -106,6 +124,29 @@ pub fn read_narrow(frame: &[u8], meta: &Meta, st: &PacketState, field: Field) ->
         // `geneve_options`).
         _ => return None,
     })
+}
+
+/// The bytes after the Ethernet header (and tags) of an ARP frame.
+#[inline]
+fn arp_packet<'a>(frame: &'a [u8], l: &Layers) -> Option<&'a [u8]> {
+    (l.ethertype == ethertype::ARP).then(|| &frame[usize::from(l.l3)..usize::from(l.l3_end)])
+}
+
+/// Where a whole neighbour solicitation or advertisement starts in the frame, if it
+/// carries one.
+#[inline]
+pub fn nd_message(frame: &[u8], l: &Layers) -> Option<usize> {
+    let at = usize::from(l.l4);
+    let whole = l.l3_kind == L3::V6
+        && l.proto == ip_proto::ICMPV6
+        && l.l4_ok
+        && at + ndp::HEADER_LEN <= usize::from(l.l3_end);
+    let kind = frame.get(at).copied().filter(|_| whole)?;
+    matches!(
+        kind,
+        icmp::v6_type::NEIGHBOR_SOLICIT | icmp::v6_type::NEIGHBOR_ADVERT
+    )
+    .then_some(at)
 }
 
 /// `read` for one field, as a function with that field's header checks folded in, for

@@ -105,6 +105,16 @@ impl PacketBuf {
         self.len -= n;
     }
 
+    /// Makes the packet `len` bytes long, at the tail; false when the buffer is too
+    /// small. Bytes it grows by hold whatever the buffer held: write them.
+    pub fn set_len(&mut self, len: usize) -> bool {
+        if len > self.buf.len() - self.head {
+            return false;
+        }
+        self.len = len;
+        true
+    }
+
     /// Shortens the packet to `len` bytes (drops trailing padding).
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
@@ -126,5 +136,7 @@ mod tests {
         assert_eq!(p.data(), &[2, 3]);
         assert!(!p.push_front(HEADROOM + 10));
         assert!(!p.load(&[0; 65], PortId(0), 0));
+        assert!(p.set_len(4) && p.data()[..3] == [1, 2, 3]);
+        assert!(!p.set_len(HEADROOM + 64));
     }
 }

@@ -492,6 +492,9 @@ impl Layout {
         for field in fields {
             let width = match (field.id, field.kind()) {
                 (FieldId::GeneveOptClass | FieldId::GeneveOptType, _) => return None,
+                // Addresses the family word cannot vouch for: an ARP frame is not IPv4,
+                // and an IPv6 packet need not be a neighbour discovery message.
+                (FieldId::ArpSpa | FieldId::ArpTpa | FieldId::NdTarget, _) => return None,
                 (_, ValueKind::Ipv4) => 1,
                 (_, ValueKind::Ipv6) => 4,
                 (_, k) if k.bits() < 32 => 0,

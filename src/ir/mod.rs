@@ -75,6 +75,14 @@ impl Program {
             }
             Action::DecTtl => "dec ttl".into(),
             Action::ClampMss(mss) => format!("clamp tcp.mss {mss}"),
+            Action::ArpReply(m) => format!("arp.reply {}", mac(m)),
+            Action::NdAdvert { mac: m, router } => {
+                format!(
+                    "nd.advert {}{}",
+                    mac(m),
+                    if *router { " router" } else { "" }
+                )
+            }
             Action::VlanPush { vid, pcp } => format!("vlan.push {{ id {vid} pcp {pcp} }}"),
             Action::VlanPop => "vlan.pop".into(),
             Action::Encap(e) => format!(
@@ -539,6 +547,15 @@ pub enum Action {
     DecTtl,
     /// Lower the MSS option of a TCP SYN segment to this where it is larger.
     ClampMss(u16),
+    /// Turn an ARP request into the reply of the host owning its target address,
+    /// whose hardware address this is.
+    ArpReply([u8; 6]),
+    /// Turn an IPv6 neighbour solicitation into the advertisement of its target, at
+    /// this hardware address, from a router or not.
+    NdAdvert {
+        mac: [u8; 6],
+        router: bool,
+    },
     VlanPush {
         vid: u16,
         pcp: u8,

@@ -129,6 +129,8 @@ enum Arity {
     OneOrBlock(Keys),
     /// `ct.commit` or `ct.commit zone N`.
     OptionalZone,
+    /// One value, then optionally this word.
+    OneThenWord(&'static str),
 }
 
 const ACTIONS: &[(&str, Arity)] = &[
@@ -143,6 +145,8 @@ const ACTIONS: &[(&str, Arity)] = &[
     ("dec", Arity::One),
     ("clamp", Arity::Two),
     ("mark", Arity::One),
+    ("arp.reply", Arity::One),
+    ("nd.advert", Arity::OneThenWord("router")),
     ("vlan.push", Arity::OneOrBlock(VLAN_PUSH_KEYS)),
     ("vlan.pop", Arity::Zero),
     ("vxlan.encap", Arity::Block(ENCAP_KEYS)),
@@ -620,7 +624,7 @@ impl<'a> Parser<'a, '_> {
         };
         let mut args = Vec::with_capacity(match arity {
             Arity::One | Arity::OneOrBlock(_) => 1,
-            Arity::Two => 2,
+            Arity::Two | Arity::OneThenWord(_) => 2,
             Arity::Zero | Arity::Block(_) | Arity::OptionalZone => 0,
         });
         let mut block = None;
@@ -637,6 +641,12 @@ impl<'a> Parser<'a, '_> {
                 if self.at(TokenKind::LBrace) {
                     block = Some(self.option_block(keys)?);
                 } else {
+                    args.push(self.value_or(what)?);
+                }
+            }
+            Arity::OneThenWord(word) => {
+                args.push(self.value_or(what)?);
+                if self.peek_is_word(word) {
                     args.push(self.value_or(what)?);
                 }
             }

@@ -18,6 +18,9 @@ pub mod v6_type {
     pub const TIME_EXCEEDED: u8 = 3;
     pub const ECHO_REQUEST: u8 = 128;
     pub const ECHO_REPLY: u8 = 129;
+    /// Neighbour discovery (RFC 4861 §4.3, §4.4).
+    pub const NEIGHBOR_SOLICIT: u8 = 135;
+    pub const NEIGHBOR_ADVERT: u8 = 136;
 }
 
 /// Whether a message of type `msg_type` is an error, which quotes the packet it is about:

@@ -33,12 +33,14 @@ macro_rules! view {
     };
 }
 
+pub mod arp;
 pub mod checksum;
 pub mod ethernet;
 pub mod geneve;
 pub mod icmp;
 pub mod ipv4;
 pub mod ipv6;
+pub mod ndp;
 pub mod sctp;
 pub mod tcp;
 pub mod udp;
@@ -269,6 +271,12 @@ mod tests {
             }
             if let Ok(v) = vxlan::Packet::new_checked(b) {
                 let _ = (v.flags(), v.vni(), v.is_strictly_valid(), v.payload().len());
+            }
+            if let Ok(a) = arp::Packet::new_checked(b) {
+                let _ = arp::Repr::parse(&a);
+            }
+            if let Ok(n) = ndp::Packet::new_checked(b) {
+                let _ = (n.msg_type(), n.code(), n.flags(), n.target(), n.link_addr(1));
             }
             let _ = geneve::options_in(b).count();
         }

@@ -144,6 +144,21 @@ impl Lowerer<'_> {
                 // RFC 9293 §3.7.1: 536 is the MSS every IPv4 host takes.
                 Action::ClampMss(self.int_in(arg(a, 1)?, "MSS", 536, 65535)? as u16)
             }
+            "arp.reply" | "nd.advert" => {
+                let mac_field = Field {
+                    id: FieldId::EthSrc,
+                    inner: false,
+                };
+                let mac = mac_bytes(self.mac(mac_field, arg(a, 0)?)?);
+                if name == "arp.reply" {
+                    Action::ArpReply(mac)
+                } else {
+                    Action::NdAdvert {
+                        mac,
+                        router: a.args.len() > 1,
+                    }
+                }
+            }
             "set" => {
                 let fw = arg(a, 0)?;
                 let field = self.field(fw)?;

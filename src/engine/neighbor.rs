@@ -1,0 +1,340 @@
+//! Answering address resolution: an ARP request (RFC 826) or an IPv6 neighbour
+//! solicitation (RFC 4861 §7.2.4) turned, where it lies in its buffer, into the reply its
+//! target would send, for the pipeline to send back. A gateway so answers for its own
+//! tunnel endpoint on the underlay, and for the overlay's addresses to its host (as
+//! OVN's ARP and ND responders, and EVPN's ARP suppression, do), where nobody else on
+//! the link would.
+
+use super::packet::PacketBuf;
+use super::parse::{Layers, L3};
+use super::DropReason;
+use crate::wire::ethernet::{self, ethertype};
+use crate::wire::{arp, checksum, icmp, ip_proto, ipv6, ndp};
+
+/// An ARP request's reply from `mac`, to the requester's hardware address. A frame that
+/// is not an Ethernet/IPv4 ARP request, or is an announcement (sender and target
+/// addresses equal, RFC 5227 §2.3: nobody is asked), is not answered.
+#[cold]
+#[inline(never)]
+pub fn reply_arp(frame: &mut [u8], l: &Layers, mac: ethernet::Address) -> Result<(), DropReason> {
+    let at = usize::from(l.l3);
+    let request = match frame.get(at..).map(arp::Packet::new_checked) {
+        Some(Ok(p)) if l.ethertype == ethertype::ARP => arp::Repr::parse(&p),
+        _ => return Err(DropReason::Unanswerable),
+    };
+    if request.op != arp::op::REQUEST || request.spa == request.tpa {
+        return Err(DropReason::Unanswerable);
+    }
+    arp::Repr::reply_to(&request, mac).emit(&mut frame[at..]);
+    set_macs(frame, l, request.sha, mac);
+    Ok(())
+}
+
+/// A neighbour solicitation's advertisement from `mac` (RFC 4861 §7.2.4): to the
+/// soliciting address, Solicited; or, answering duplicate address detection (a
+/// solicitation from the unspecified address), to all nodes. Override is set, as OVN's
+/// responder sets it: the answer is the one address the pipeline gives for the target.
+/// A solicitation §7.1.1 says to discard is not answered.
+#[cold]
+#[inline(never)]
+pub fn advertise(
+    pkt: &mut PacketBuf,
+    l: &Layers,
+    mac: ethernet::Address,
+    router: bool,
+) -> Result<(), DropReason> {
+    let solicitation = Solicitation::read(pkt.data(), l).ok_or(DropReason::Unanswerable)?;
+    let l3 = usize::from(l.l3);
+    // The advertisement follows the IPv6 header at once, whatever extension headers the
+    // solicitation had.
+    let len = l3 + ipv6::HEADER_LEN + ndp::ADVERT_LEN;
+    if !pkt.set_len(len) {
+        return Err(DropReason::Oversize);
+    }
+    let frame = pkt.data_mut();
+    let (dst, eth_dst) = match solicitation.reply_to {
+        Some((ip, mac)) => (ip, mac),
+        None => (ALL_NODES, ALL_NODES_MAC),
+    };
+    ipv6::Repr {
+        src: solicitation.target,
+        dst,
+        next_header: ip_proto::ICMPV6,
+        hop_limit: 255,
+        dscp: 0,
+        flow_label: 0,
+        payload_len: ndp::ADVERT_LEN as u16,
+    }
+    .emit(&mut frame[l3..]);
+    let pseudo = checksum::pseudo_v6(
+        &solicitation.target,
+        &dst,
+        ip_proto::ICMPV6,
+        ndp::ADVERT_LEN as u32,
+    );
+    ndp::AdvertRepr {
+        router,
+        solicited: solicitation.reply_to.is_some(),
+        override_cache: true,
+        target: solicitation.target,
+        target_mac: mac,
+    }
+    .emit(&mut frame[l3 + ipv6::HEADER_LEN..], pseudo);
+    set_macs(frame, l, eth_dst, mac);
+    Ok(())
+}
+
+/// The all-nodes multicast address, ff02::1, and its Ethernet group (RFC 2464 §7).
+const ALL_NODES: [u8; 16] = [0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+const ALL_NODES_MAC: ethernet::Address = [0x33, 0x33, 0, 0, 0, 1];
+
+fn set_macs(frame: &mut [u8], l: &Layers, dst: ethernet::Address, src: ethernet::Address) {
+    let mut eth = ethernet::Frame::new_unchecked(&mut frame[usize::from(l.l2)..]);
+    eth.set_dst(dst);
+    eth.set_src(src);
+}
+
+/// What answering a valid solicitation takes from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Solicitation {
+    target: [u8; 16],
+    /// The solicitor's address and hardware address; `None` for duplicate address
+    /// detection.
+    reply_to: Option<([u8; 16], ethernet::Address)>,
+}
+
+impl Solicitation {
+    /// The solicitation in `frame`, if RFC 4861 §7.1.1 lets a node take it: hop limit
+    /// 255 (it comes from the link), a correct checksum, code 0, at least 24 bytes, a
+    /// target that is not multicast, well-formed options, and from the unspecified
+    /// address only to a solicited-node group and without a source link-layer address.
+    fn read(frame: &[u8], l: &Layers) -> Option<Solicitation> {
+        if l.l3_kind != L3::V6 || l.proto != ip_proto::ICMPV6 || !l.l4_ok {
+            return None;
+        }
+        let ip = ipv6::Packet::new_checked(&frame[usize::from(l.l3)..]).ok()?;
+        let msg = &frame[usize::from(l.l4)..usize::from(l.l3_end)];
+        let nd = ndp::Packet::new_checked(msg).ok()?;
+        let (src, dst) = (ip.src(), ip.dst());
+        let sum = checksum::pseudo_v6(&src, &dst, ip_proto::ICMPV6, msg.len() as u32);
+        let valid = ip.hop_limit() == 255
+            && nd.msg_type() == icmp::v6_type::NEIGHBOR_SOLICIT
+            && nd.code() == 0
+            && checksum::fold(checksum::sum(sum, msg)) == 0xffff
+            && nd.target()[0] != 0xff;
+        let source_mac = nd.link_addr(ndp::option::SOURCE_LINK_ADDR).ok()?;
+        if !valid {
+            return None;
+        }
+        let reply_to = if src == [0; 16] {
+            let solicited_node = dst[..13] == [0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff];
+            if !solicited_node || source_mac.is_some() {
+                return None;
+            }
+            None
+        } else {
+            let eth = ethernet::Frame::new_checked(&frame[usize::from(l.l2)..]).ok()?;
+            Some((src, source_mac.unwrap_or(eth.src())))
+        };
+        Some(Solicitation {
+            target: nd.target(),
+            reply_to,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::parse::{self, TunnelPorts};
+    use crate::ir::PortId;
+
+    const GATEWAY: [u8; 6] = [2, 0, 0, 0, 1, 1];
+    const HOST: [u8; 6] = [2, 0, 0, 0, 0, 0x0a];
+
+    fn arp_frame(op: u16, spa: [u8; 4], tpa: [u8; 4]) -> Vec<u8> {
+        let mut f = vec![0u8; 60];
+        ethernet::Repr {
+            src: HOST,
+            dst: [0xff; 6],
+            ethertype: ethertype::ARP,
+        }
+        .emit(&mut f);
+        arp::Repr {
+            op,
+            sha: HOST,
+            spa: spa.into(),
+            tha: [0; 6],
+            tpa: tpa.into(),
+        }
+        .emit(&mut f[ethernet::HEADER_LEN..]);
+        f
+    }
+
+    fn answer_arp(frame: &mut [u8]) -> Result<(), DropReason> {
+        let meta = parse::parse(frame, &TunnelPorts::default()).unwrap();
+        reply_arp(frame, &meta.outer, GATEWAY)
+    }
+
+    #[test]
+    fn an_arp_request_becomes_its_reply() {
+        let mut f = arp_frame(arp::op::REQUEST, [192, 0, 2, 10], [192, 0, 2, 1]);
+        answer_arp(&mut f).unwrap();
+        let eth = ethernet::Frame::new_checked(&f[..]).unwrap();
+        assert_eq!(
+            (eth.dst(), eth.src(), eth.ethertype()),
+            (HOST, GATEWAY, ethertype::ARP)
+        );
+        let r = arp::Repr::parse(&arp::Packet::new_checked(eth.payload()).unwrap());
+        assert_eq!(
+            r,
+            arp::Repr {
+                op: arp::op::REPLY,
+                sha: GATEWAY,
+                spa: [192, 0, 2, 1].into(),
+                tha: HOST,
+                tpa: [192, 0, 2, 10].into(),
+            }
+        );
+        assert_eq!(f.len(), 60, "padding kept");
+    }
+
+    #[test]
+    fn replies_announcements_and_other_frames_are_not_answered() {
+        let reply = arp_frame(arp::op::REPLY, [192, 0, 2, 10], [192, 0, 2, 1]);
+        let announcement = arp_frame(arp::op::REQUEST, [192, 0, 2, 1], [192, 0, 2, 1]);
+        let mut short = arp_frame(arp::op::REQUEST, [192, 0, 2, 10], [192, 0, 2, 1]);
+        short.truncate(ethernet::HEADER_LEN + arp::LEN - 1);
+        let ip = crate::wire::testing::frame(false, 1, 2, ip_proto::UDP, 1, 2, 0, 0);
+        for mut f in [reply, announcement, short, ip] {
+            let before = f.clone();
+            assert_eq!(answer_arp(&mut f), Err(DropReason::Unanswerable));
+            assert_eq!(f, before, "left as it was");
+        }
+    }
+
+    const HOST6: u128 = 0x2001_0db8_0000_0000_0000_0000_0000_000a;
+    const TARGET: u128 = 0x2001_0db8_0000_0000_0000_0000_0000_0001;
+    const SOLICITED_NODE: u128 = 0xff02_0000_0000_0000_0000_0001_ff00_0001;
+
+    /// A solicitation for `TARGET` from `src` to `dst`, with `options` after its target.
+    fn solicitation(src: u128, dst: u128, hop_limit: u8, options: &[u8]) -> Vec<u8> {
+        let mut msg = vec![icmp::v6_type::NEIGHBOR_SOLICIT, 0, 0, 0, 0, 0, 0, 0];
+        msg.extend(TARGET.to_be_bytes());
+        msg.extend_from_slice(options);
+        let (s, d) = (src.to_be_bytes(), dst.to_be_bytes());
+        let pseudo = checksum::pseudo_v6(&s, &d, ip_proto::ICMPV6, msg.len() as u32);
+        let c = !checksum::fold(checksum::sum(pseudo, &msg));
+        msg[2..4].copy_from_slice(&c.to_be_bytes());
+        let mut f = crate::wire::testing::ip_frame(true, src, dst, ip_proto::ICMPV6, 0, &msg);
+        f[ethernet::HEADER_LEN + 7] = hop_limit;
+        f[6..12].copy_from_slice(&HOST);
+        f
+    }
+
+    fn answer_nd(frame: &[u8], router: bool) -> Result<Vec<u8>, DropReason> {
+        let mut pkt = PacketBuf::new(256);
+        assert!(pkt.load(frame, PortId(0), 0));
+        let meta = parse::parse(frame, &TunnelPorts::default()).unwrap();
+        advertise(&mut pkt, &meta.outer, GATEWAY, router)?;
+        Ok(pkt.data().to_vec())
+    }
+
+    /// An advertisement's fields, as sent.
+    #[derive(Debug, PartialEq, Eq)]
+    struct Advert {
+        eth_dst: [u8; 6],
+        eth_src: [u8; 6],
+        ip_src: u128,
+        ip_dst: u128,
+        hop_limit: u8,
+        /// R, S and O.
+        flags: u32,
+        target: u128,
+        target_mac: [u8; 6],
+    }
+
+    /// The advertisement in `f`, its checksum verified.
+    fn read_advert(f: &[u8]) -> Advert {
+        let eth = ethernet::Frame::new_checked(f).unwrap();
+        let ip = ipv6::Packet::new_checked(eth.payload()).unwrap();
+        assert_eq!(ip.next_header(), ip_proto::ICMPV6);
+        assert_eq!(usize::from(ip.payload_len()), ndp::ADVERT_LEN);
+        let msg = &eth.payload()[ipv6::HEADER_LEN..];
+        assert_eq!(msg.len(), ndp::ADVERT_LEN);
+        let pseudo = checksum::pseudo_v6(&ip.src(), &ip.dst(), ip_proto::ICMPV6, 32);
+        assert_eq!(checksum::fold(checksum::sum(pseudo, msg)), 0xffff);
+        let nd = ndp::Packet::new_checked(msg).unwrap();
+        assert_eq!(nd.msg_type(), icmp::v6_type::NEIGHBOR_ADVERT);
+        Advert {
+            eth_dst: eth.dst(),
+            eth_src: eth.src(),
+            ip_src: u128::from_be_bytes(ip.src()),
+            ip_dst: u128::from_be_bytes(ip.dst()),
+            hop_limit: ip.hop_limit(),
+            flags: nd.flags() >> 29,
+            target: u128::from_be_bytes(nd.target()),
+            target_mac: nd
+                .link_addr(ndp::option::TARGET_LINK_ADDR)
+                .unwrap()
+                .unwrap(),
+        }
+    }
+
+    /// What the gateway advertises for `TARGET`, to these addresses with these flags.
+    fn advert(eth_dst: [u8; 6], ip_dst: u128, flags: u32) -> Advert {
+        Advert {
+            eth_dst,
+            eth_src: GATEWAY,
+            ip_src: TARGET,
+            ip_dst,
+            hop_limit: 255,
+            flags,
+            target: TARGET,
+            target_mac: GATEWAY,
+        }
+    }
+
+    #[test]
+    fn a_solicitation_becomes_its_advertisement() {
+        let sll = [1, 1, 2, 0, 0, 0, 0, 0x0b];
+        for (options, to_mac) in [(&sll[..], [2, 0, 0, 0, 0, 0x0b]), (&[][..], HOST)] {
+            let f = solicitation(HOST6, SOLICITED_NODE, 255, options);
+            let answer = answer_nd(&f, false).unwrap();
+            assert_eq!(read_advert(&answer), advert(to_mac, HOST6, 0b011));
+            let router = read_advert(&answer_nd(&f, true).unwrap()).flags;
+            assert_eq!(router, 0b111);
+        }
+    }
+
+    #[test]
+    fn duplicate_address_detection_is_answered_to_all_nodes() {
+        let f = solicitation(0, SOLICITED_NODE, 255, &[]);
+        let all_nodes = u128::from_be_bytes(ALL_NODES);
+        assert_eq!(
+            read_advert(&answer_nd(&f, false).unwrap()),
+            advert(ALL_NODES_MAC, all_nodes, 0b001)
+        );
+    }
+
+    #[test]
+    fn solicitations_a_node_discards_are_not_answered() {
+        let sll = [1, 1, 2, 0, 0, 0, 0, 0x0b];
+        let mut bad_checksum = solicitation(HOST6, SOLICITED_NODE, 255, &[]);
+        let n = bad_checksum.len();
+        bad_checksum[n - 1] ^= 1;
+        let mut advert = solicitation(HOST6, SOLICITED_NODE, 255, &[]);
+        advert[ethernet::HEADER_LEN + ipv6::HEADER_LEN] = icmp::v6_type::NEIGHBOR_ADVERT;
+        for f in [
+            solicitation(HOST6, SOLICITED_NODE, 64, &[]),
+            solicitation(0, SOLICITED_NODE, 255, &sll),
+            solicitation(0, HOST6, 255, &[]),
+            solicitation(HOST6, SOLICITED_NODE, 255, &[1, 0, 0, 0, 0, 0, 0, 0]),
+            bad_checksum,
+            advert,
+            crate::wire::testing::frame(true, 1, 2, ip_proto::UDP, 1, 2, 0, 0),
+        ] {
+            assert_eq!(answer_nd(&f, false), Err(DropReason::Unanswerable));
+        }
+    }
+}
