@@ -1981,3 +1981,114 @@ fn traffic_steered_to_the_kv_service_reaches_it_and_goes_no_further() {
         "KV traffic was forwarded to the server"
     );
 }
+
+/// No static neighbour anywhere: the gateway answers the server's ARP requests for its
+/// tunnel endpoint on the underlay, and the client's ARP requests and IPv6 neighbour
+/// solicitations for the server's overlay addresses (with the Router flag), while the
+/// server's own requests for the client's address cross the tunnel and the client's
+/// replies cross back. The kernels on both sides take the answers (their neighbour
+/// tables hold the gateway's addresses, learned, the IPv6 one as a router's) and the
+/// hosts ping each other through the tunnel over IPv4 and IPv6.
+#[test]
+fn hosts_resolve_the_gateway_and_the_overlay_from_its_answers() {
+    let (lab, dir, _) = vxlan_lab("af_packet", "r", 1, "");
+    let client_mac = lab.mac(&lab.client, "c0");
+    for (ns, args) in [
+        (&lab.server, ["neigh", "flush", "dev", "s0"]),
+        (&lab.server, ["neigh", "flush", "dev", "vxlan0"]),
+        (&lab.client, ["neigh", "flush", "dev", "c0"]),
+    ] {
+        lab.run(
+            ns,
+            &[&["ip", "-s"][..], &args[..], &["nud", "all"]].concat(),
+        );
+    }
+    for (ns, me, dev) in [
+        (&lab.client, CLIENT6, "c0"),
+        (&lab.server, SERVER6, "vxlan0"),
+    ] {
+        let me = format!("{me}/64");
+        lab.run(ns, &["ip", "-6", "addr", "add", &me, "dev", dev, "nodad"]);
+    }
+    let underlay_mac = lab.mac(&lab.server, "s0");
+    let encap = format!(
+        "vxlan.encap {{ vni 100  src 192.0.2.1  dst 192.0.2.10 \
+         smac 02:00:00:00:01:01  dmac {underlay_mac} }}"
+    );
+    let pipe_path = dir.path("answering.pipe");
+    std::fs::write(
+        &pipe_path,
+        format!(
+            "pipeline answering\n\
+             port inside  {{ driver af_packet  iface \"in0\" }}\n\
+             port outside {{ driver af_packet  iface \"out0\" }}\n\
+             pipe encap root from inside {{\n\
+                 rule to_server  {{ match ipv4.dst {SERVER}  actions {encap}, fwd outside }}\n\
+                 rule to_server6 {{ match ipv6.dst {SERVER6}  actions {encap}, fwd outside }}\n\
+                 default {{ actions goto resolve_overlay }}\n\
+             }}\n\
+             pipe resolve_overlay {{\n\
+                 rule arp {{ match arp.op 1  arp.tpa {SERVER}  actions arp.reply {VXLAN_MAC}, fwd inside }}\n\
+                 rule nd  {{ match icmp6.type 135  nd.target {SERVER6}\n\
+                            actions nd.advert {VXLAN_MAC} router, fwd inside }}\n\
+                 rule arp_replies {{ match arp.op 2  actions {encap}, fwd outside }}\n\
+                 default {{ actions drop }}\n\
+             }}\n\
+             pipe decap root from outside {{\n\
+                 rule vni100 {{ match udp.dst 4789  vxlan.vni 100  actions vxlan.decap, fwd inside }}\n\
+                 default {{ actions goto resolve_vtep }}\n\
+             }}\n\
+             pipe resolve_vtep {{\n\
+                 rule arp {{ match arp.op 1  arp.tpa 192.0.2.1  actions arp.reply 02:00:00:00:01:01, fwd outside }}\n\
+                 default {{ actions drop }}\n\
+             }}\n"
+        ),
+    )
+    .expect("write pipeline");
+    let dpuflow = lab.start(&pipe_path, "1");
+    assert!(lab.ping(&lab.client, SERVER), "no ping over IPv4");
+    assert!(lab.ping(&lab.client, SERVER6), "no ping over IPv6");
+    let neighbour = |ns: &str, family: &str, addr: &str, dev: &str| {
+        lab.run(ns, &["ip", family, "neigh", "show", addr, "dev", dev])
+    };
+    for (seen, mac, router) in [
+        (neighbour(&lab.client, "-4", SERVER, "c0"), VXLAN_MAC, false),
+        (neighbour(&lab.client, "-6", SERVER6, "c0"), VXLAN_MAC, true),
+        (
+            neighbour(&lab.server, "-4", "192.0.2.1", "s0"),
+            "02:00:00:00:01:01",
+            false,
+        ),
+        (
+            neighbour(&lab.server, "-4", CLIENT, "vxlan0"),
+            &client_mac,
+            false,
+        ),
+    ] {
+        assert!(
+            seen.contains(&format!("lladdr {mac}")) && !seen.contains("PERMANENT"),
+            "{seen}"
+        );
+        assert_eq!(seen.contains(" router "), router, "{seen}");
+    }
+    let matched = |pipe: &str, rule: &str| {
+        format!("dpuflow_rule_matched_packets_total{{pipe=\"{pipe}\",rule=\"{rule}\"}}")
+    };
+    let m = lab.metrics_until(
+        |m| {
+            [
+                ("resolve_overlay", "arp"),
+                ("resolve_overlay", "nd"),
+                ("resolve_overlay", "arp_replies"),
+                ("resolve_vtep", "arp"),
+            ]
+            .iter()
+            .all(|(p, r)| metric(m, &matched(p, r)).unwrap_or(0) >= 1)
+        },
+        "answered each kind",
+    );
+    let unanswerable =
+        "dpuflow_port_dropped_packets_total{port=\"inside\",reason=\"unanswerable\"}";
+    assert_eq!(metric(&m, unanswerable), Some(0), "{m}");
+    stop(dpuflow);
+}
