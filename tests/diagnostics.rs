@@ -208,6 +208,10 @@ fn every_semantic_check_has_a_bad_file() {
         ("bad-actions", "error: zone 70000 is out of range (0-65535)"),
         (
             "bad-actions",
+            "error: invalid MAC address `02:00:00:00:01` for `arp.reply`",
+        ),
+        (
+            "bad-actions",
             "error: outer `src` and `dst` are of different IP versions",
         ),
         ("bad-actions", "error: VXLAN has no options"),

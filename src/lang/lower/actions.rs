@@ -145,11 +145,7 @@ impl Lowerer<'_> {
                 Action::ClampMss(self.int_in(arg(a, 1)?, "MSS", 536, 65535)? as u16)
             }
             "arp.reply" | "nd.advert" => {
-                let mac_field = Field {
-                    id: FieldId::EthSrc,
-                    inner: false,
-                };
-                let mac = mac_bytes(self.mac(mac_field, arg(a, 0)?)?);
+                let mac = mac_bytes(self.mac(name, arg(a, 0)?)?);
                 if name == "arp.reply" {
                     Action::ArpReply(mac)
                 } else {
@@ -241,10 +237,6 @@ impl Lowerer<'_> {
         let mut dscp = OuterDscp::Fixed(0);
         let mut options = Vec::new();
         let mut ok = true;
-        let mac_field = Field {
-            id: FieldId::EthSrc,
-            inner: false,
-        };
         for o in opts {
             if o.key.text == "option" {
                 match self.geneve_option(o, tunnel) {
@@ -272,8 +264,8 @@ impl Lowerer<'_> {
                             dst = Some(ip)
                         }
                     }),
-                "smac" => self.mac(mac_field, w).map(|m| smac = Some(m)),
-                "dmac" => self.mac(mac_field, w).map(|m| dmac = Some(m)),
+                "smac" => self.mac("smac", w).map(|m| smac = Some(m)),
+                "dmac" => self.mac("dmac", w).map(|m| dmac = Some(m)),
                 "dport" => self
                     .int_in(w, "UDP port", 1, 65535)
                     .map(|p| udp_dst = p as u16),

@@ -177,13 +177,14 @@ impl Lowerer<'_> {
         }
     }
 
-    pub(super) fn mac(&mut self, field: Field, w: &Word) -> Option<u128> {
+    /// A MAC address, `what` naming its place for the error (a field, an action, a key).
+    pub(super) fn mac(&mut self, what: impl std::fmt::Display, w: &Word) -> Option<u128> {
         match value::mac(&w.text) {
             Some(b) => Some(b.iter().fold(0u128, |acc, &x| acc << 8 | u128::from(x))),
             None => {
                 self.err(
                     w.span,
-                    format!("invalid MAC address `{}` for `{field}`", w.text),
+                    format!("invalid MAC address `{}` for `{what}`", w.text),
                 )
                 .hint = Some("write six hex bytes: 02:00:00:00:00:01".into());
                 None
