@@ -5,7 +5,8 @@ use crate::engine::parse::{self, TunnelPorts, L3};
 use crate::engine::{DropReason, Observer, PacketBuf, Verdict};
 use crate::firewall::conntrack::Lookup;
 use crate::ir::{PipeId, Program};
-use crate::wire::{be16, ip_proto};
+use crate::wire::ethernet::ethertype;
+use crate::wire::{arp, be16, ip_proto};
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
@@ -156,7 +157,21 @@ fn layers(frame: &[u8], l: &parse::Layers) -> String {
             Ipv6Addr::from(<[u8; 16]>::try_from(&frame[l3 + 24..l3 + 40]).unwrap_or_default())
                 .to_string(),
         ),
-        L3::None => return format!("ethertype {:#06x}", l.ethertype),
+        L3::None => {
+            let arp = (l.ethertype == ethertype::ARP)
+                .then(|| arp::Packet::new_checked(&frame[l3..]).ok())
+                .flatten();
+            return match arp.map(|p| arp::Repr::parse(&p)) {
+                Some(a) if a.op == arp::op::REQUEST => {
+                    format!("ARP who-has {} tell {}", a.tpa, a.spa)
+                }
+                Some(a) if a.op == arp::op::REPLY => {
+                    let mac = a.sha.map(|b| format!("{b:02x}")).join(":");
+                    format!("ARP {} is-at {mac}", a.spa)
+                }
+                _ => format!("ethertype {:#06x}", l.ethertype),
+            };
+        }
     };
     let l4 = usize::from(l.l4);
     let what = match l.proto {

@@ -718,6 +718,20 @@ wrpcap("uplink.pcap", [
         table(&to_uplink, "arp", &arp),
         ["02:00:00:00:00:02,02:00:00:00:00:01,,2,02:00:00:00:00:01,192.0.2.1,02:00:00:00:00:02,192.0.2.254"]
     );
+    // `trace` says what was asked, what was answered and why an announcement was not.
+    let trace = dpuflow_ok(&[
+        "trace",
+        "tests/data/neighbors.pipe",
+        "--in",
+        &format!("host={}", dir.path("host.pcap")),
+    ]);
+    for line in [
+        "packet 1: in_port host, 42 bytes: ARP who-has 10.1.2.3 tell 10.0.0.5",
+        "=> forwarded to host, 42 bytes: ARP 10.1.2.3 is-at 02:00:00:00:00:0e",
+        "=> dropped: unanswerable (",
+    ] {
+        assert!(trace.contains(line), "{line}\n{trace}");
+    }
     assert_eq!(
         table(&to_uplink, "icmpv6", &nd),
         ["02:00:00:00:00:02,02:00:00:00:00:01,2001:db8::1,fe80::2,255,136,1,0,1,1,2001:db8::1,02:00:00:00:00:01"]

@@ -50,7 +50,7 @@ reasons! {
         GeneveCriticalOption => "geneve_critical_option", "a Geneve option marked critical that dpuflow does not know";
         GeneveOam => "geneve_oam", "a Geneve OAM frame, not data";
         EcnNotCapable => "ecn_not_ect", "decapsulated from an outer header marked Congestion Experienced, but not ECN-capable inside: the mark may be neither lost nor passed on (RFC 6040 §4.2)";
-        Unanswerable => "unanswerable", "`arp.reply` of a frame that is not an ARP request, or `nd.advert` of one that is not a neighbour solicitation a node may take (RFC 4861 §7.1.1)";
+        Unanswerable => "unanswerable", "`arp.reply` of a frame that is not an ARP request for another host's address (a reply, an announcement, ARP not of IPv4 over Ethernet), or `nd.advert` of one that is not a neighbour solicitation a node may take (RFC 4861 §7.1.1)";
         NotTunnelled => "not_tunnelled", "decapsulation of a packet that carries no such tunnel";
         TtlExpired => "ttl_expired", "TTL or hop limit reached zero";
         MeterRed => "meter_red", "a meter marked the packet red";
