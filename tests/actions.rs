@@ -620,10 +620,11 @@ wrpcap("uplink.pcap", [
 /// verified): ARP requests for the overlay's addresses and for the tunnel endpoint get
 /// their replies out of the port they came in by (a VLAN tag kept), neighbour
 /// solicitations their advertisements (Router flag where asked, Solicited but for
-/// duplicate address detection, which goes to all nodes); an announcement and a
-/// solicitation with a hop limit below 255 (not from the link) are not answered.
+/// duplicate address detection, which goes to all nodes), pings of the tunnel endpoint
+/// their echo replies; an announcement, a solicitation with a hop limit below 255 (not
+/// from the link) and a ping with a bad checksum are not answered.
 #[test]
-fn address_resolution_is_answered_by_the_gateway() {
+fn address_resolution_and_pings_are_answered_by_the_gateway() {
     let dir = Scratch::new("neighbors");
     scapy(
         &dir.0,
@@ -645,6 +646,9 @@ u = Ether(src="02:00:00:00:00:02", dst="ff:ff:ff:ff:ff:ff")
 wrpcap("uplink.pcap", [
     u/ARP(op=1, hwsrc="02:00:00:00:00:02", psrc="192.0.2.254", pdst="192.0.2.1"),
     Ether(src="02:00:00:00:00:02", dst="33:33:ff:00:00:01")/IPv6(src="fe80::2", dst="ff02::1:ff00:1", hlim=255)/ICMPv6ND_NS(tgt="2001:db8::1")/ICMPv6NDOptSrcLLAddr(lladdr="02:00:00:00:00:02"),
+    Ether(src="02:00:00:00:00:02", dst="02:00:00:00:00:01")/IP(src="192.0.2.254", dst="192.0.2.1", ttl=3)/ICMP(id=9, seq=1)/Raw(b"ping"),
+    Ether(src="02:00:00:00:00:02", dst="02:00:00:00:00:01")/IPv6(src="2001:db8::fe", dst="2001:db8::1")/ICMPv6EchoRequest(id=9, seq=2, data=b"ping6"),
+    Ether(src="02:00:00:00:00:02", dst="02:00:00:00:00:01")/IP(src="192.0.2.254", dst="192.0.2.1")/ICMP(id=9, seq=3, chksum=1)/Raw(b"bad"),
 ])
 "#,
     );
@@ -664,9 +668,10 @@ wrpcap("uplink.pcap", [
     ]);
     let s: serde_json::Value = serde_json::from_str(&out).expect("JSON");
     // The announcement and the routed solicitation; the request for an address not
-    // ours and the reply match no rule that answers.
+    // ours and the reply match no rule that answers; the ping with a bad checksum.
     assert_eq!(s["ports"][0]["drops"]["unanswerable"], 2, "{s}");
     assert_eq!(s["ports"][0]["drops"]["rule"], 2, "{s}");
+    assert_eq!(s["ports"][1]["drops"]["unanswerable"], 1, "{s}");
     for path in [&to_host, &to_uplink] {
         assert_tshark_clean(path);
     }
@@ -708,7 +713,7 @@ wrpcap("uplink.pcap", [
         ]
     );
     assert_eq!(
-        table(&to_host, "icmpv6", &nd),
+        table(&to_host, "icmpv6.type == 136", &nd),
         [
             "02:00:00:00:00:ab,02:00:00:00:00:0e,2001:db8:1::5,2001:db8::5,255,136,1,1,1,1,2001:db8:1::5,02:00:00:00:00:0e",
             "33:33:00:00:00:01,02:00:00:00:00:0e,2001:db8:1::5,ff02::1,255,136,1,1,0,1,2001:db8:1::5,02:00:00:00:00:0e",
@@ -733,7 +738,42 @@ wrpcap("uplink.pcap", [
         assert!(trace.contains(line), "{line}\n{trace}");
     }
     assert_eq!(
-        table(&to_uplink, "icmpv6", &nd),
+        table(&to_uplink, "icmpv6.type == 136", &nd),
         ["02:00:00:00:00:02,02:00:00:00:00:01,2001:db8::1,fe80::2,255,136,1,0,1,1,2001:db8::1,02:00:00:00:00:01"]
+    );
+    // The pings' replies, checksums verified: addresses swapped, TTL 64, the request's
+    // identifier, sequence number and data.
+    let echo = [
+        "eth.dst",
+        "eth.src",
+        "ip.src",
+        "ip.dst",
+        "ip.ttl",
+        "ip.checksum.status",
+        "ipv6.src",
+        "ipv6.dst",
+        "ipv6.hlim",
+        "icmp.type",
+        "icmp.checksum.status",
+        "icmp.seq",
+        "icmpv6.type",
+        "icmpv6.checksum.status",
+        "icmpv6.echo.sequence_number",
+        "data.data",
+    ];
+    let checked = [
+        "-o",
+        "ip.check_checksum:TRUE",
+        "-Y",
+        "icmp || icmpv6.type == 129",
+    ];
+    assert_eq!(
+        tshark_table(&to_uplink, &checked, ',', &echo)
+            .lines()
+            .collect::<Vec<_>>(),
+        [
+            "02:00:00:00:00:02,02:00:00:00:00:01,192.0.2.1,192.0.2.254,64,1,,,,0,1,1,,,,70696e67",
+            "02:00:00:00:00:02,02:00:00:00:00:01,,,,,2001:db8::1,2001:db8::fe,64,,,,129,1,2,70696e6736",
+        ]
     );
 }

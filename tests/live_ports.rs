@@ -1988,9 +1988,12 @@ fn traffic_steered_to_the_kv_service_reaches_it_and_goes_no_further() {
 /// server's own requests for the client's address cross the tunnel and the client's
 /// replies cross back. The kernels on both sides take the answers (their neighbour
 /// tables hold the gateway's addresses, learned, the IPv6 one as a router's) and the
-/// hosts ping each other through the tunnel over IPv4 and IPv6.
+/// hosts ping each other through the tunnel over IPv4 and IPv6. The server pings the
+/// tunnel endpoint, and the client an address of the gateway's on its side over IPv6
+/// (resolved, then answered): the kernels take the echo replies.
 #[test]
 fn hosts_resolve_the_gateway_and_the_overlay_from_its_answers() {
+    const GATEWAY6: &str = "fd00:77::fe";
     let (lab, dir, _) = vxlan_lab("af_packet", "r", 1, "");
     let client_mac = lab.mac(&lab.client, "c0");
     for (ns, args) in [
@@ -2032,6 +2035,9 @@ fn hosts_resolve_the_gateway_and_the_overlay_from_its_answers() {
                  rule nd  {{ match icmp6.type 135  nd.target {SERVER6}\n\
                             actions nd.advert {VXLAN_MAC} router, fwd inside }}\n\
                  rule arp_replies {{ match arp.op 2  actions {encap}, fwd outside }}\n\
+                 rule nd_gateway {{ match icmp6.type 135  nd.target {GATEWAY6}\n\
+                                   actions nd.advert 02:00:00:00:01:01 router, fwd inside }}\n\
+                 rule ping_gateway {{ match ipv6.dst {GATEWAY6}  icmp6.type 128  actions echo.reply, fwd inside }}\n\
                  default {{ actions drop }}\n\
              }}\n\
              pipe decap root from outside {{\n\
@@ -2040,6 +2046,7 @@ fn hosts_resolve_the_gateway_and_the_overlay_from_its_answers() {
              }}\n\
              pipe resolve_vtep {{\n\
                  rule arp {{ match arp.op 1  arp.tpa 192.0.2.1  actions arp.reply 02:00:00:00:01:01, fwd outside }}\n\
+                 rule ping {{ match ipv4.dst 192.0.2.1  icmp.type 8  actions echo.reply, fwd outside }}\n\
                  default {{ actions drop }}\n\
              }}\n"
         ),
@@ -2048,6 +2055,11 @@ fn hosts_resolve_the_gateway_and_the_overlay_from_its_answers() {
     let dpuflow = lab.start(&pipe_path, "1");
     assert!(lab.ping(&lab.client, SERVER), "no ping over IPv4");
     assert!(lab.ping(&lab.client, SERVER6), "no ping over IPv6");
+    assert!(
+        lab.ping(&lab.server, "192.0.2.1"),
+        "the tunnel endpoint not answering"
+    );
+    assert!(lab.ping(&lab.client, GATEWAY6), "the gateway not answering");
     let neighbour = |ns: &str, family: &str, addr: &str, dev: &str| {
         lab.run(ns, &["ip", family, "neigh", "show", addr, "dev", dev])
     };
@@ -2080,7 +2092,9 @@ fn hosts_resolve_the_gateway_and_the_overlay_from_its_answers() {
                 ("resolve_overlay", "arp"),
                 ("resolve_overlay", "nd"),
                 ("resolve_overlay", "arp_replies"),
+                ("resolve_overlay", "ping_gateway"),
                 ("resolve_vtep", "arp"),
+                ("resolve_vtep", "ping"),
             ]
             .iter()
             .all(|(p, r)| metric(m, &matched(p, r)).unwrap_or(0) >= 1)

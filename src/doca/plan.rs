@@ -865,7 +865,7 @@ impl Planner<'_> {
                 Action::ClampMss(_) => {
                     return Err("`clamp tcp.mss`: DOCA Flow does not rewrite TCP options".into())
                 }
-                Action::ArpReply(_) | Action::NdAdvert { .. } => {
+                Action::ArpReply(_) | Action::NdAdvert { .. } | Action::EchoReply => {
                     return Err(format!(
                         "`{}`: DOCA Flow does not turn a request into its answer",
                         self.p.describe(a)

@@ -7,10 +7,10 @@
 //! counters are plain arrays indexed by port, pipe entry and drop reason.
 
 mod action;
+mod answer;
 pub mod field;
 mod lpm;
 mod meter;
-mod neighbor;
 pub mod packet;
 pub mod parse;
 pub mod pmtu;
@@ -50,7 +50,7 @@ reasons! {
         GeneveCriticalOption => "geneve_critical_option", "a Geneve option marked critical that dpuflow does not know";
         GeneveOam => "geneve_oam", "a Geneve OAM frame, not data";
         EcnNotCapable => "ecn_not_ect", "decapsulated from an outer header marked Congestion Experienced, but not ECN-capable inside: the mark may be neither lost nor passed on (RFC 6040 §4.2)";
-        Unanswerable => "unanswerable", "`arp.reply` of a frame that is not an ARP request for another host's address (a reply, an announcement, ARP not of IPv4 over Ethernet), or `nd.advert` of one that is not a neighbour solicitation a node may take (RFC 4861 §7.1.1)";
+        Unanswerable => "unanswerable", "`arp.reply` of a frame that is not an ARP request for another host's address (a reply, an announcement, ARP not of IPv4 over Ethernet), `nd.advert` of one that is not a neighbour solicitation a node may take (RFC 4861 §7.1.1), or `echo.reply` of one that is not a whole echo request between unicast addresses";
         NotTunnelled => "not_tunnelled", "decapsulation of a packet that carries no such tunnel";
         TtlExpired => "ttl_expired", "TTL or hop limit reached zero";
         MeterRed => "meter_red", "a meter marked the packet red";
@@ -1027,6 +1027,7 @@ fn needs_meta(op: &Op) -> bool {
                     | Action::ClampMss(_)
                     | Action::ArpReply(_)
                     | Action::NdAdvert { .. }
+                    | Action::EchoReply
                     | Action::Decap(_)
                     | Action::CtCommit { .. }
             )
@@ -1092,11 +1093,15 @@ fn exec(
         Action::DecTtl => action::dec_ttl(pkt.data_mut(), &meta.outer)?,
         Action::ClampMss(mss) => action::clamp_mss(pkt.data_mut(), &meta.outer, *mss),
         Action::ArpReply(mac) => {
-            neighbor::reply_arp(pkt.data_mut(), &meta.outer, *mac)?;
+            answer::reply_arp(pkt.data_mut(), &meta.outer, *mac)?;
             *stale = true;
         }
         Action::NdAdvert { mac, router } => {
-            neighbor::advertise(pkt, &meta.outer, *mac, *router)?;
+            answer::advertise(pkt, &meta.outer, *mac, *router)?;
+            *stale = true;
+        }
+        Action::EchoReply => {
+            answer::reply_echo(pkt.data_mut(), &meta.outer)?;
             *stale = true;
         }
         Action::VlanPush { vid, pcp } => {

@@ -76,6 +76,7 @@ impl Program {
             Action::DecTtl => "dec ttl".into(),
             Action::ClampMss(mss) => format!("clamp tcp.mss {mss}"),
             Action::ArpReply(m) => format!("arp.reply {}", mac(m)),
+            Action::EchoReply => "echo.reply".into(),
             Action::NdAdvert { mac: m, router } => {
                 format!(
                     "nd.advert {}{}",
@@ -556,6 +557,8 @@ pub enum Action {
         mac: [u8; 6],
         router: bool,
     },
+    /// Turn an ICMP or ICMPv6 echo request into its echo reply.
+    EchoReply,
     VlanPush {
         vid: u16,
         pcp: u8,

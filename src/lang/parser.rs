@@ -147,6 +147,7 @@ const ACTIONS: &[(&str, Arity)] = &[
     ("mark", Arity::One),
     ("arp.reply", Arity::One),
     ("nd.advert", Arity::OneThenWord("router")),
+    ("echo.reply", Arity::Zero),
     ("vlan.push", Arity::OneOrBlock(VLAN_PUSH_KEYS)),
     ("vlan.pop", Arity::Zero),
     ("vxlan.encap", Arity::Block(ENCAP_KEYS)),

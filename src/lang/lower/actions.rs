@@ -155,6 +155,7 @@ impl Lowerer<'_> {
                     }
                 }
             }
+            "echo.reply" => Action::EchoReply,
             "set" => {
                 let fw = arg(a, 0)?;
                 let field = self.field(fw)?;

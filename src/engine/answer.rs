@@ -1,15 +1,15 @@
-//! Answering address resolution: an ARP request (RFC 826) or an IPv6 neighbour
-//! solicitation (RFC 4861 §7.2.4) turned, where it lies in its buffer, into the reply its
-//! target would send, for the pipeline to send back. A gateway so answers for its own
-//! tunnel endpoint on the underlay, and for the overlay's addresses to its host (as
-//! OVN's ARP and ND responders, and EVPN's ARP suppression, do), where nobody else on
-//! the link would.
+//! Answering for addresses the pipeline owns: an ARP request (RFC 826), an IPv6
+//! neighbour solicitation (RFC 4861 §7.2.4) or an ICMP or ICMPv6 echo request (RFC 792,
+//! RFC 4443 §4.2) turned, where it lies in its buffer, into the reply its target would
+//! send, for the pipeline to send back. A gateway so answers for its own tunnel endpoint
+//! on the underlay, and for the overlay's addresses to its host (as OVN's ARP and ND
+//! responders, and EVPN's ARP suppression, do), where nobody else on the link would.
 
 use super::packet::PacketBuf;
 use super::parse::{Layers, L3};
 use super::DropReason;
 use crate::wire::ethernet::{self, ethertype};
-use crate::wire::{arp, checksum, icmp, ip_proto, ipv6, ndp};
+use crate::wire::{arp, be16, checksum, icmp, ip_proto, ipv4, ipv6, ndp, put16};
 
 /// An ARP request's reply from `mac`, to the requester's hardware address. A frame that
 /// is not an Ethernet/IPv4 ARP request, or is an announcement (sender and target
@@ -81,6 +81,78 @@ pub fn advertise(
     }
     .emit(&mut frame[l3 + ipv6::HEADER_LEN..], pseudo);
     set_macs(frame, l, eth_dst, mac);
+    Ok(())
+}
+
+/// An echo request's reply (RFC 792, RFC 4443 §4.2): the addresses swapped (Ethernet and
+/// IP), the type made the reply's, TTL or hop limit 64, checksums updated (swapping the
+/// addresses leaves the pseudo-header's sum as it was). Not answered: a request that is
+/// not whole (a fragment, a bad checksum, a code other than 0), one to or from an
+/// address no reply can be sent from or to (multicast, broadcast, unspecified; RFC 1122
+/// §3.2.2.6 lets a host keep quiet there), and over IPv6 one behind extension headers.
+#[cold]
+#[inline(never)]
+pub fn reply_echo(frame: &mut [u8], l: &Layers) -> Result<(), DropReason> {
+    let (l3, l4, end) = (usize::from(l.l3), usize::from(l.l4), usize::from(l.l3_end));
+    let v6 = match (l.l3_kind, l.proto) {
+        (L3::V4, ip_proto::ICMP) => false,
+        (L3::V6, ip_proto::ICMPV6) if l4 == l3 + ipv6::HEADER_LEN => true,
+        _ => return Err(DropReason::Unanswerable),
+    };
+    if !l.l4_ok || end < l4 + icmp::HEADER_LEN || end > frame.len() {
+        return Err(DropReason::Unanswerable);
+    }
+    let (request, reply) = match v6 {
+        true => (icmp::v6_type::ECHO_REQUEST, icmp::v6_type::ECHO_REPLY),
+        false => (icmp::v4_type::ECHO_REQUEST, icmp::v4_type::ECHO_REPLY),
+    };
+    let pseudo = match v6 {
+        true => {
+            let ip = ipv6::Packet::new_unchecked(&frame[l3..]);
+            let (src, dst) = (ip.src(), ip.dst());
+            if src[0] == 0xff || src == [0; 16] || dst[0] == 0xff {
+                return Err(DropReason::Unanswerable);
+            }
+            checksum::pseudo_v6(&src, &dst, ip_proto::ICMPV6, (end - l4) as u32)
+        }
+        false => {
+            let ip = ipv4::Packet::new_unchecked(&frame[l3..]);
+            let unicast = |a: [u8; 4]| a[0] != 0 && a[0] < 224;
+            if !unicast(ip.src()) || !unicast(ip.dst()) {
+                return Err(DropReason::Unanswerable);
+            }
+            0
+        }
+    };
+    let msg = &frame[l4..end];
+    if msg[0] != request || msg[1] != 0 || checksum::fold(checksum::sum(pseudo, msg)) != 0xffff {
+        return Err(DropReason::Unanswerable);
+    }
+    let eth = ethernet::Frame::new_unchecked(&frame[usize::from(l.l2)..]);
+    let (eth_src, eth_dst) = (eth.src(), eth.dst());
+    if eth_dst[0] & 1 != 0 {
+        // Sent to a group: the reply would come from one.
+        return Err(DropReason::Unanswerable);
+    }
+    if v6 {
+        let mut ip = ipv6::Packet::new_unchecked(&mut frame[l3..]);
+        let (src, dst) = (ip.src(), ip.dst());
+        ip.set_src(dst);
+        ip.set_dst(src);
+        ip.set_hop_limit(64);
+    } else {
+        let mut ip = ipv4::Packet::new_unchecked(&mut frame[l3..]);
+        let (src, dst) = (ip.src(), ip.dst());
+        // The header's checksum sums both addresses either way round.
+        ip.set_src(dst);
+        ip.set_dst(src);
+        ip.set_ttl(64);
+    }
+    let old = be16(frame, l4);
+    frame[l4] = reply;
+    let c = checksum::update16(be16(frame, l4 + 2), old, be16(frame, l4));
+    put16(frame, l4 + 2, c);
+    set_macs(frame, l, eth_src, eth_dst);
     Ok(())
 }
 
@@ -335,6 +407,105 @@ mod tests {
             crate::wire::testing::frame(true, 1, 2, ip_proto::UDP, 1, 2, 0, 0),
         ] {
             assert_eq!(answer_nd(&f, false), Err(DropReason::Unanswerable));
+        }
+    }
+
+    /// An echo request from `src` to `dst`, its checksum right, sent from `HOST` to
+    /// `eth_dst`.
+    fn echo(v6: bool, src: u128, dst: u128, eth_dst: [u8; 6]) -> Vec<u8> {
+        let kind = match v6 {
+            true => icmp::v6_type::ECHO_REQUEST,
+            false => icmp::v4_type::ECHO_REQUEST,
+        };
+        let mut msg = vec![kind, 0, 0, 0, 0x12, 0x34, 0, 7];
+        msg.extend_from_slice(b"abcdefgh");
+        let pseudo = match v6 {
+            true => checksum::pseudo_v6(
+                &src.to_be_bytes(),
+                &dst.to_be_bytes(),
+                ip_proto::ICMPV6,
+                msg.len() as u32,
+            ),
+            false => 0,
+        };
+        let c = !checksum::fold(checksum::sum(pseudo, &msg));
+        msg[2..4].copy_from_slice(&c.to_be_bytes());
+        let proto = if v6 { ip_proto::ICMPV6 } else { ip_proto::ICMP };
+        let mut f = crate::wire::testing::ip_frame(v6, src, dst, proto, 0, &msg);
+        if !v6 {
+            ipv4::Packet::new_unchecked(&mut f[ethernet::HEADER_LEN..]).fill_checksum();
+        }
+        f[..6].copy_from_slice(&eth_dst);
+        f[6..12].copy_from_slice(&HOST);
+        f
+    }
+
+    fn answer_echo(frame: &mut [u8]) -> Result<(), DropReason> {
+        let meta = parse::parse(frame, &TunnelPorts::default()).unwrap();
+        reply_echo(frame, &meta.outer)
+    }
+
+    #[test]
+    fn an_echo_request_becomes_its_reply() {
+        let (host4, me4) = (0xc000_020a, 0xc000_0201);
+        for (v6, src, dst) in [(false, host4, me4), (true, HOST6, TARGET)] {
+            let mut f = echo(v6, src, dst, GATEWAY);
+            answer_echo(&mut f).unwrap();
+            let meta = parse::parse(&f, &TunnelPorts::default()).unwrap();
+            let l = meta.outer;
+            let (l3, l4) = (usize::from(l.l3), usize::from(l.l4));
+            let eth = ethernet::Frame::new_checked(&f[..]).unwrap();
+            assert_eq!((eth.dst(), eth.src()), (HOST, GATEWAY));
+            let msg = &f[l4..usize::from(l.l3_end)];
+            let (addrs, ttl, pseudo, reply) = if v6 {
+                let ip = ipv6::Packet::new_checked(&f[l3..]).unwrap();
+                let sum =
+                    checksum::pseudo_v6(&ip.src(), &ip.dst(), ip_proto::ICMPV6, msg.len() as u32);
+                let addrs = (u128::from_be_bytes(ip.src()), u128::from_be_bytes(ip.dst()));
+                (addrs, ip.hop_limit(), sum, icmp::v6_type::ECHO_REPLY)
+            } else {
+                let ip = ipv4::Packet::new_checked(&f[l3..]).unwrap();
+                assert_eq!(checksum::checksum(&f[l3..l4]), 0, "IPv4 header checksum");
+                let addrs = (
+                    u128::from(u32::from_be_bytes(ip.src())),
+                    u128::from(u32::from_be_bytes(ip.dst())),
+                );
+                (addrs, ip.ttl(), 0, icmp::v4_type::ECHO_REPLY)
+            };
+            assert_eq!((addrs, ttl), ((dst, src), 64));
+            assert_eq!(checksum::fold(checksum::sum(pseudo, msg)), 0xffff);
+            assert_eq!((msg[0], msg[1]), (reply, 0));
+            assert_eq!(
+                &msg[4..],
+                b"\x12\x34\x00\x07abcdefgh",
+                "identifier, sequence, data"
+            );
+        }
+    }
+
+    #[test]
+    fn echo_requests_no_reply_can_answer_are_not_answered() {
+        let (host4, me4) = (0xc000_020a, 0xc000_0201);
+        let mut bad_checksum = echo(false, host4, me4, GATEWAY);
+        let n = bad_checksum.len();
+        bad_checksum[n - 1] ^= 1;
+        let mut reply = echo(true, HOST6, TARGET, GATEWAY);
+        let l4 = ethernet::HEADER_LEN + ipv6::HEADER_LEN;
+        reply[l4] = icmp::v6_type::ECHO_REPLY;
+        for mut f in [
+            bad_checksum,
+            reply,
+            echo(false, host4, 0xffff_ffff, GATEWAY),
+            echo(false, 0, me4, GATEWAY),
+            echo(false, host4, 0xe000_0001, GATEWAY),
+            echo(false, host4, me4, [0xff; 6]),
+            echo(true, HOST6, 0xff02 << 112 | 1, [0x33, 0x33, 0, 0, 0, 1]),
+            echo(true, 0, TARGET, GATEWAY),
+            crate::wire::testing::frame(false, host4, me4, ip_proto::UDP, 1, 2, 0, 0),
+        ] {
+            let before = f.clone();
+            assert_eq!(answer_echo(&mut f), Err(DropReason::Unanswerable));
+            assert_eq!(f, before, "left as it was");
         }
     }
 }
