@@ -777,3 +777,76 @@ wrpcap("uplink.pcap", [
         ]
     );
 }
+
+/// The far side's hosts asking, through the tunnel, for an address of the host's side are
+/// answered from the gateway, back through the tunnel, rather than flooding the host
+/// (EVPN's ARP suppression): `inner.arp.*` matches the request inside, and the answer is
+/// made after the decapsulation and encapsulated again. Read back by tshark: the outer
+/// headers towards the far tunnel endpoint, the reply inside.
+#[test]
+fn requests_inside_the_tunnel_are_answered_back_through_it() {
+    let dir = Scratch::new("tunnelled-arp");
+    let pipe = dir.path("suppress.pipe");
+    std::fs::write(
+        &pipe,
+        "pipeline suppress\n\
+         port host   { driver pcap }\n\
+         port uplink { driver pcap }\n\
+         pipe from_uplink root from uplink {\n\
+             rule arp_for_host { match udp.dst 4789  vxlan.vni 100  inner.arp.op 1  inner.arp.tpa 10.0.0.0/24\n\
+                 actions vxlan.decap, arp.reply 02:00:00:00:00:aa,\n\
+                         vxlan.encap { vni 100  src 192.0.2.1  dst 192.0.2.10\n\
+                                       smac 02:00:00:00:00:01  dmac 02:00:00:00:00:02 },\n\
+                         fwd uplink }\n\
+             rule vni100 { match udp.dst 4789  vxlan.vni 100  actions vxlan.decap, fwd host }\n\
+             default { actions drop }\n\
+         }\n\
+         pipe from_host root from host { default { actions drop } }\n",
+    )
+    .expect("write pipeline");
+    scapy(
+        &dir.0,
+        r#"
+o = Ether(src="02:00:00:00:00:02", dst="02:00:00:00:00:01")/IP(src="192.0.2.10", dst="192.0.2.1")/UDP(sport=50000, dport=4789)/VXLAN(vni=100, flags=0x08)
+wrpcap("uplink.pcap", [
+    o/Ether(src="02:00:00:00:00:bb", dst="ff:ff:ff:ff:ff:ff")/ARP(op=1, hwsrc="02:00:00:00:00:bb", psrc="10.1.0.1", pdst="10.0.0.5"),
+    o/Ether(src="02:00:00:00:00:bb", dst="ff:ff:ff:ff:ff:ff")/ARP(op=1, hwsrc="02:00:00:00:00:bb", psrc="10.1.0.1", pdst="10.9.0.5"),
+])
+"#,
+    );
+    let (to_host, to_uplink) = (dir.path("to-host.pcap"), dir.path("to-uplink.pcap"));
+    dpuflow_ok(&[
+        "replay",
+        &pipe,
+        "--in",
+        &format!("uplink={}", dir.path("uplink.pcap")),
+        "--out",
+        &format!("host={to_host}"),
+        "--out",
+        &format!("uplink={to_uplink}"),
+    ]);
+    for path in [&to_host, &to_uplink] {
+        assert_tshark_clean(path);
+    }
+    let fields = [
+        "ip.src",
+        "ip.dst",
+        "vxlan.vni",
+        "eth.dst",
+        "arp.opcode",
+        "arp.src.hw_mac",
+        "arp.src.proto_ipv4",
+        "arp.dst.hw_mac",
+        "arp.dst.proto_ipv4",
+    ];
+    let checked = ["-o", "ip.check_checksum:TRUE", "-E", "occurrence=l"];
+    assert_eq!(
+        tshark_table(&to_uplink, &checked, ',', &fields).trim(),
+        "192.0.2.1,192.0.2.10,100,02:00:00:00:00:bb,2,02:00:00:00:00:aa,10.0.0.5,02:00:00:00:00:bb,10.1.0.1"
+    );
+    // The request for an address not of the host's side goes to the host, as it came.
+    assert_eq!(
+        tshark_table(&to_host, &[], ',', &["arp.opcode", "arp.dst.proto_ipv4"]).trim(),
+        "1,10.9.0.5"
+    );
+}
