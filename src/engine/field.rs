@@ -135,7 +135,7 @@ fn arp_packet<'a>(frame: &'a [u8], l: &Layers) -> Option<&'a [u8]> {
 /// Where a whole neighbour solicitation or advertisement starts in the frame, if it
 /// carries one.
 #[inline]
-pub fn nd_message(frame: &[u8], l: &Layers) -> Option<usize> {
+fn nd_message(frame: &[u8], l: &Layers) -> Option<usize> {
     let at = usize::from(l.l4);
     let whole = l.l3_kind == L3::V6
         && l.proto == ip_proto::ICMPV6
@@ -266,5 +266,47 @@ mod tests {
         assert_eq!(narrow(FieldId::TcpFlags), Some(0x12));
         assert_eq!(read_narrow(&v4, &meta, &st, outer(FieldId::Ipv6Dst)), None);
         assert_eq!(read(FieldId::VxlanVni), None);
+    }
+
+    /// ARP fields read from an Ethernet/IPv4 ARP frame, inside a VLAN tag too, and
+    /// `nd.target` from a solicitation; on other frames they are absent.
+    #[test]
+    fn arp_and_neighbour_discovery_fields() {
+        use crate::wire::{arp, ethernet};
+        let st = PacketState::default();
+        let mut f = vec![0u8; 60];
+        f[..6].fill(0xff);
+        f[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 0x0a]);
+        f[12..14].copy_from_slice(&[0x81, 0x00]);
+        f[14..16].copy_from_slice(&7u16.to_be_bytes());
+        f[16..18].copy_from_slice(&ethertype::ARP.to_be_bytes());
+        arp::Repr {
+            op: arp::op::REQUEST,
+            sha: [2, 0, 0, 0, 0, 0x0a],
+            spa: [192, 0, 2, 10].into(),
+            tha: [0; 6],
+            tpa: [192, 0, 2, 1].into(),
+        }
+        .emit(&mut f[ethernet::HEADER_LEN + 4..]);
+        let meta = parse::parse(&f, &TunnelPorts::default()).expect("parsed");
+        let read = |f: &[u8], meta: &Meta, id| FieldReader::new(outer(id)).read(f, meta, &st);
+        assert_eq!(read(&f, &meta, FieldId::ArpOp), Some(1));
+        assert_eq!(read(&f, &meta, FieldId::ArpSha), Some(0x0200_0000_000a));
+        assert_eq!(read(&f, &meta, FieldId::ArpSpa), Some(0xc000_020a));
+        assert_eq!(read(&f, &meta, FieldId::ArpTpa), Some(0xc000_0201));
+        assert_eq!(read(&f, &meta, FieldId::NdTarget), None);
+        // A hardware type other than Ethernet's: not ARP these fields describe.
+        f[ethernet::HEADER_LEN + 5] = 6;
+        assert_eq!(read(&f, &meta, FieldId::ArpTpa), None);
+        let target = 0x2001_0db8_0000_0000_0000_0000_0000_0001u128;
+        let mut ns = vec![icmp::v6_type::NEIGHBOR_SOLICIT, 0, 0, 0, 0, 0, 0, 0];
+        ns.extend(target.to_be_bytes());
+        let v6 = crate::wire::testing::ip_frame(true, 1, 2, ip_proto::ICMPV6, 0, &ns);
+        let meta = parse::parse(&v6, &TunnelPorts::default()).expect("parsed");
+        assert_eq!(read(&v6, &meta, FieldId::NdTarget), Some(target));
+        assert_eq!(read(&v6, &meta, FieldId::ArpOp), None);
+        let echo = crate::wire::testing::ip_frame(true, 1, 2, ip_proto::ICMPV6, 0, &[128; 24]);
+        let meta = parse::parse(&echo, &TunnelPorts::default()).expect("parsed");
+        assert_eq!(read(&echo, &meta, FieldId::NdTarget), None);
     }
 }
