@@ -211,6 +211,10 @@ fn every_semantic_check_has_a_bad_file() {
             "error: invalid MAC address `02:00:00:00:01` for `arp.reply`",
         ),
         (
+            "unanswerable",
+            "warning: `arp.reply` in a rule that does not match `arp.op 1`",
+        ),
+        (
             "bad-actions",
             "error: outer `src` and `dst` are of different IP versions",
         ),

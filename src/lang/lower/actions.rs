@@ -3,7 +3,7 @@
 use super::{matches_tunnel, opt_value, Lowerer, PipeCtx};
 use crate::ir::*;
 use crate::lang::ast::{self, Opt, Word};
-use crate::lang::diag::Span;
+use crate::lang::diag::{Diagnostic, Span};
 use crate::lang::value;
 use std::net::IpAddr;
 
@@ -145,6 +145,7 @@ impl Lowerer<'_> {
                 Action::ClampMss(self.int_in(arg(a, 1)?, "MSS", 536, 65535)? as u16)
             }
             "arp.reply" | "nd.advert" => {
+                self.check_answers_a_request(a, matched);
                 let mac = mac_bytes(self.mac(name, arg(a, 0)?)?);
                 if name == "arp.reply" {
                     Action::ArpReply(mac)
@@ -155,7 +156,10 @@ impl Lowerer<'_> {
                     }
                 }
             }
-            "echo.reply" => Action::EchoReply,
+            "echo.reply" => {
+                self.check_answers_a_request(a, matched);
+                Action::EchoReply
+            }
             "set" => {
                 let fw = arg(a, 0)?;
                 let field = self.field(fw)?;
@@ -369,6 +373,38 @@ impl Lowerer<'_> {
             critical: kind & 0x80 != 0,
             data,
         })
+    }
+
+    /// Warns where an answering action's rule does not match the request it answers
+    /// (`arp.op 1`, `icmp6.type 135`, `icmp.type 8` or `icmp6.type 128`, outside or
+    /// inside a tunnel): every other frame the rule takes is dropped as unanswerable.
+    fn check_answers_a_request(&mut self, a: &ast::Action, matched: &[FieldMatch]) {
+        let (requests, write): (&[(FieldId, u128)], &str) = match a.name.as_str() {
+            "arp.reply" => (&[(FieldId::ArpOp, 1)], "`arp.op 1`"),
+            "nd.advert" => (&[(FieldId::Icmp6Type, 135)], "`icmp6.type 135`"),
+            _ => (
+                &[(FieldId::IcmpType, 8), (FieldId::Icmp6Type, 128)],
+                "`icmp.type 8` or `icmp6.type 128`",
+            ),
+        };
+        let answers = matched.iter().any(|m| {
+            requests
+                .iter()
+                .any(|&(id, v)| m.field.id == id && m.pattern == Pattern::exact(v, m.field.kind()))
+        });
+        if !answers {
+            self.diags.push(
+                Diagnostic::warning(
+                    a.span,
+                    format!(
+                        "`{}` in a rule that does not match {write}: the other frames it \
+                         takes are dropped as unanswerable",
+                        a.name.text
+                    ),
+                )
+                .hint(format!("match {write} in the same rule")),
+            );
+        }
     }
 
     // ---- whole-pipeline checks -----------------------------------------------------
