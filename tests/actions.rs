@@ -33,6 +33,35 @@ fn replay_through(dir: &Scratch, pipeline: &str) -> String {
     out
 }
 
+/// Replays the dir's host.pcap (where there is one) and uplink.pcap through `pipeline`
+/// (ports `host`, `uplink`), each port's output written to its own capture, which
+/// tshark must read clean: the replay's JSON summary and the captures' paths.
+fn replay_both_ports(dir: &Scratch, pipeline: &str) -> (serde_json::Value, String, String) {
+    let (to_host, to_uplink) = (dir.path("to-host.pcap"), dir.path("to-uplink.pcap"));
+    let mut args = vec!["replay".to_owned(), pipeline.to_owned()];
+    for port in ["host", "uplink"] {
+        let input = dir.path(&format!("{port}.pcap"));
+        if std::path::Path::new(&input).exists() {
+            args.extend(["--in".to_owned(), format!("{port}={input}")]);
+        }
+    }
+    args.extend(["--out".to_owned(), format!("host={to_host}")]);
+    args.extend([
+        "--out".to_owned(),
+        format!("uplink={to_uplink}"),
+        "--json".to_owned(),
+    ]);
+    let out = dpuflow_ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    for path in [&to_host, &to_uplink] {
+        assert_tshark_clean(path);
+    }
+    (
+        serde_json::from_str(&out).expect("JSON"),
+        to_host,
+        to_uplink,
+    )
+}
+
 #[test]
 fn rewrites_keep_checksums_valid() {
     let dir = Scratch::new("actions");
@@ -551,28 +580,11 @@ wrpcap("uplink.pcap", [
 ])
 "#,
     );
-    let (to_host, to_uplink) = (dir.path("to-host.pcap"), dir.path("to-uplink.pcap"));
-    let out = dpuflow_ok(&[
-        "replay",
-        "tests/data/ecn.pipe",
-        "--in",
-        &format!("host={}", dir.path("host.pcap")),
-        "--in",
-        &format!("uplink={}", dir.path("uplink.pcap")),
-        "--out",
-        &format!("host={to_host}"),
-        "--out",
-        &format!("uplink={to_uplink}"),
-        "--json",
-    ]);
-    let s: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let (s, to_host, to_uplink) = replay_both_ports(&dir, "tests/data/ecn.pipe");
     assert_eq!(s["ports"][1]["drops"]["ecn_not_ect"], 1, "{s}");
     // CE outside ECT(0) and ECT(1): the ARP frame's mark has nowhere to go.
     assert_eq!(s["ports"][1]["congestion_marked"], 2, "{s}");
     let checked = ["-o", "ip.check_checksum:TRUE", "-E", "occurrence=a"];
-    for path in [&to_host, &to_uplink] {
-        assert_tshark_clean(path);
-    }
     // Outer, then inner: the DS field (DSCP << 2 | ECN) and the IPv4 checksums' status.
     let fields = ["ip.dsfield", "ipv6.tclass", "ip.checksum.status"];
     assert_eq!(
@@ -652,29 +664,12 @@ wrpcap("uplink.pcap", [
 ])
 "#,
     );
-    let (to_host, to_uplink) = (dir.path("to-host.pcap"), dir.path("to-uplink.pcap"));
-    let out = dpuflow_ok(&[
-        "replay",
-        "tests/data/neighbors.pipe",
-        "--in",
-        &format!("host={}", dir.path("host.pcap")),
-        "--in",
-        &format!("uplink={}", dir.path("uplink.pcap")),
-        "--out",
-        &format!("host={to_host}"),
-        "--out",
-        &format!("uplink={to_uplink}"),
-        "--json",
-    ]);
-    let s: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let (s, to_host, to_uplink) = replay_both_ports(&dir, "tests/data/neighbors.pipe");
     // The announcement and the routed solicitation; the request for an address not
     // ours and the reply match no rule that answers; the ping with a bad checksum.
     assert_eq!(s["ports"][0]["drops"]["unanswerable"], 2, "{s}");
     assert_eq!(s["ports"][0]["drops"]["rule"], 2, "{s}");
     assert_eq!(s["ports"][1]["drops"]["unanswerable"], 1, "{s}");
-    for path in [&to_host, &to_uplink] {
-        assert_tshark_clean(path);
-    }
     let arp = [
         "eth.dst",
         "eth.src",
@@ -814,20 +809,7 @@ wrpcap("uplink.pcap", [
 ])
 "#,
     );
-    let (to_host, to_uplink) = (dir.path("to-host.pcap"), dir.path("to-uplink.pcap"));
-    dpuflow_ok(&[
-        "replay",
-        &pipe,
-        "--in",
-        &format!("uplink={}", dir.path("uplink.pcap")),
-        "--out",
-        &format!("host={to_host}"),
-        "--out",
-        &format!("uplink={to_uplink}"),
-    ]);
-    for path in [&to_host, &to_uplink] {
-        assert_tshark_clean(path);
-    }
+    let (_, to_host, to_uplink) = replay_both_ports(&dir, &pipe);
     let fields = [
         "ip.src",
         "ip.dst",

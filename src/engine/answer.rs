@@ -6,7 +6,8 @@
 //! responders, and EVPN's ARP suppression, do), where nobody else on the link would.
 
 use super::packet::PacketBuf;
-use super::parse::{Layers, L3};
+use super::parse::{self, Layers, L3};
+use super::pmtu;
 use super::DropReason;
 use crate::wire::ethernet::{self, ethertype};
 use crate::wire::{arp, be16, checksum, icmp, ip_proto, ipv4, ipv6, ndp, put16};
@@ -88,8 +89,9 @@ pub fn advertise(
 /// IP), the type made the reply's, TTL or hop limit 64, checksums updated (swapping the
 /// addresses leaves the pseudo-header's sum as it was). Not answered: a request that is
 /// not whole (a fragment, a bad checksum, a code other than 0), one to or from an
-/// address no reply can be sent from or to (multicast, broadcast, unspecified; RFC 1122
-/// §3.2.2.6 lets a host keep quiet there), and over IPv6 one behind extension headers.
+/// address that is not one host's (multicast, broadcast, unspecified, loopback: the
+/// addresses the too-big answers refuse too; RFC 1122 §3.2.2.6 lets a host keep quiet
+/// there), and over IPv6 one behind extension headers.
 #[cold]
 #[inline(never)]
 pub fn reply_echo(frame: &mut [u8], l: &Layers) -> Result<(), DropReason> {
@@ -106,26 +108,18 @@ pub fn reply_echo(frame: &mut [u8], l: &Layers) -> Result<(), DropReason> {
         true => (icmp::v6_type::ECHO_REQUEST, icmp::v6_type::ECHO_REPLY),
         false => (icmp::v4_type::ECHO_REQUEST, icmp::v4_type::ECHO_REPLY),
     };
-    let pseudo = match v6 {
+    let one_host_each = match v6 {
         true => {
             let ip = ipv6::Packet::new_unchecked(&frame[l3..]);
-            let (src, dst) = (ip.src(), ip.dst());
-            if src[0] == 0xff || src == [0; 16] || dst[0] == 0xff {
-                return Err(DropReason::Unanswerable);
-            }
-            checksum::pseudo_v6(&src, &dst, ip_proto::ICMPV6, (end - l4) as u32)
+            pmtu::answerable_v6(&ip.src(), &ip.dst())
         }
         false => {
             let ip = ipv4::Packet::new_unchecked(&frame[l3..]);
-            let unicast = |a: [u8; 4]| a[0] != 0 && a[0] < 224;
-            if !unicast(ip.src()) || !unicast(ip.dst()) {
-                return Err(DropReason::Unanswerable);
-            }
-            0
+            pmtu::answerable_v4(ip.src(), ip.dst())
         }
     };
     let msg = &frame[l4..end];
-    if msg[0] != request || msg[1] != 0 || checksum::fold(checksum::sum(pseudo, msg)) != 0xffff {
+    if !one_host_each || msg[0] != request || msg[1] != 0 || !icmp_checksum_ok(frame, l) {
         return Err(DropReason::Unanswerable);
     }
     let eth = ethernet::Frame::new_unchecked(&frame[usize::from(l.l2)..]);
@@ -154,6 +148,17 @@ pub fn reply_echo(frame: &mut [u8], l: &Layers) -> Result<(), DropReason> {
     put16(frame, l4 + 2, c);
     set_macs(frame, l, eth_src, eth_dst);
     Ok(())
+}
+
+/// Whether the ICMP or ICMPv6 message of a whole packet sums right: over the message
+/// (RFC 792), with the IPv6 pseudo-header (RFC 4443 §2.3).
+fn icmp_checksum_ok(frame: &[u8], l: &Layers) -> bool {
+    let msg = &frame[usize::from(l.l4)..usize::from(l.l3_end)];
+    let pseudo = match l.l3_kind {
+        L3::V6 => parse::pseudo_header(frame, l, ip_proto::ICMPV6, msg.len()),
+        _ => Some(0),
+    };
+    pseudo.is_some_and(|p| checksum::fold(checksum::sum(p, msg)) == 0xffff)
 }
 
 /// The all-nodes multicast address, ff02::1, and its Ethernet group (RFC 2464 §7).
@@ -188,11 +193,10 @@ impl Solicitation {
         let msg = &frame[usize::from(l.l4)..usize::from(l.l3_end)];
         let nd = ndp::Packet::new_checked(msg).ok()?;
         let (src, dst) = (ip.src(), ip.dst());
-        let sum = checksum::pseudo_v6(&src, &dst, ip_proto::ICMPV6, msg.len() as u32);
         let valid = ip.hop_limit() == 255
             && nd.msg_type() == icmp::v6_type::NEIGHBOR_SOLICIT
             && nd.code() == 0
-            && checksum::fold(checksum::sum(sum, msg)) == 0xffff
+            && icmp_checksum_ok(frame, l)
             && nd.target()[0] != 0xff;
         let source_mac = nd.link_addr(ndp::option::SOURCE_LINK_ADDR).ok()?;
         if !valid {

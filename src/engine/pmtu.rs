@@ -259,14 +259,14 @@ impl TooBig {
 /// An IPv4 packet whose sender can be answered from its destination: the source one
 /// host's (not 0/8, loopback, multicast, reserved or broadcast) and the destination
 /// not a multicast or broadcast group (RFC 1122 §3.2.2).
-fn answerable_v4(src: [u8; 4], dst: [u8; 4]) -> bool {
+pub(super) fn answerable_v4(src: [u8; 4], dst: [u8; 4]) -> bool {
     let one_host = |a: [u8; 4]| !matches!(a[0], 0 | 127 | 224..=255);
     one_host(src) && one_host(dst)
 }
 
 /// An IPv6 packet whose sender can be answered from its destination: neither address
 /// unspecified, loopback or multicast (RFC 4443 §2.4 (e)).
-fn answerable_v6(src: &[u8; 16], dst: &[u8; 16]) -> bool {
+pub(super) fn answerable_v6(src: &[u8; 16], dst: &[u8; 16]) -> bool {
     let one_host = |a: &[u8; 16]| {
         let a = Ipv6Addr::from(*a);
         !(a.is_multicast() || a.is_loopback() || a.is_unspecified())
