@@ -50,8 +50,8 @@ enum Command {
     Plan {
         /// Pipeline file.
         file: PathBuf,
-        /// Exit 3 when any pipe of the pipeline would run in software (a deployment
-        /// that must be entirely in the NIC can check for it).
+        /// Exit 3 when any pipe or rule of the pipeline would run in software (a
+        /// deployment that must be entirely in the NIC can check for it).
         #[arg(long)]
         hardware_only: bool,
         /// Print, instead of the plan, the calls installing it would make: every
@@ -390,7 +390,7 @@ enum Format {
 
 /// Exit statuses shared by the subcommands.
 const EXIT_INVALID: u8 = 1;
-/// `plan --hardware-only`: a pipe would run in software.
+/// `plan --hardware-only`: a pipe or a rule would run in software.
 const EXIT_SOFTWARE: u8 = 3;
 const EXIT_USAGE: u8 = 2;
 
@@ -424,11 +424,12 @@ fn main() -> ExitCode {
                 } else {
                     print!("{plan}");
                 }
-                if hardware_only && !plan.software.is_empty() {
+                if hardware_only && !(plan.software.is_empty() && plan.software_rules.is_empty()) {
                     eprintln!(
-                        "{}: {} of its pipes would run in software",
+                        "{}: {} of its pipes and {} of its rules would run in software",
                         file.display(),
-                        plan.software.len()
+                        plan.software.len(),
+                        plan.software_rules.len()
                     );
                     return ExitCode::from(EXIT_SOFTWARE);
                 }

@@ -295,7 +295,10 @@ fn plan_says_when_a_pipe_would_run_in_software() {
     let out = dpuflow(&["plan", "--hardware-only", "pipelines/kv-offload.pipe"]);
     assert_eq!(out.status.code(), Some(0));
     let plan = String::from_utf8_lossy(&out.stdout);
-    assert!(plan.contains("0 pipeline pipes in software"), "{plan}");
+    assert!(
+        plan.contains("0 pipeline pipes and 0 rules in software"),
+        "{plan}"
+    );
     // The gateway answers ARP for its tunnel endpoint on the Arm cores.
     let out = dpuflow(&["plan", "--hardware-only", "pipelines/vxlan-gateway.pipe"]);
     assert_eq!(out.status.code(), Some(3));
@@ -307,7 +310,7 @@ fn plan_says_when_a_pipe_would_run_in_software() {
     assert_eq!(out.status.code(), Some(3));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("2 of its pipes would run in software"),
+        err.contains("1 of its pipes and 4 of its rules would run in software"),
         "{err}"
     );
     // Without the flag, a plan with pipes in software is still a plan.

@@ -83,11 +83,13 @@ fn one_rule(rule: &str) -> Plan {
     ))
 }
 
+/// Why the pipe, or one of its rules, is left to software.
 fn software_reason(plan: &Plan, pipe: u16) -> Option<&str> {
-    plan.software
-        .iter()
-        .find(|(id, _)| id.0 == pipe)
+    let whole = plan.software.iter().find(|(id, _)| id.0 == pipe);
+    let rule = plan.software_rules.iter().find(|r| r.pipe.0 == pipe);
+    whole
         .map(|(_, why)| why.as_str())
+        .or(rule.map(|r| r.why.as_str()))
 }
 
 /// What DOCA Flow requires of a plan: a pipe created after every pipe it forwards to (an
@@ -380,7 +382,7 @@ fn a_software_pipe_is_reached_through_rss_from_the_hardware_before_it() {
         }
         pipe q {
             rule r { match eth.src 02:00:00:00:00:01 actions set ip.dscp 10, fwd b }
-            default { actions goto r }
+            default { actions set ip.dscp 12, goto r }
         }
         pipe r {
             rule s { match udp.dst 53 actions fwd b }
@@ -399,6 +401,79 @@ fn a_software_pipe_is_reached_through_rss_from_the_hardware_before_it() {
     let control = p.pipes.iter().find(|x| x.name == "p").expect("pipe p");
     assert_eq!(control.actions[0].fwd, Fwd::Software(PipeId(1)));
     assert!(control.actions[0].counter);
+}
+
+#[test]
+fn a_rule_the_nic_cannot_decide_sends_what_it_may_take_to_software() {
+    // ARP fields are not parsed, but ARP is no IP packet to the parser; an answer is no
+    // DOCA Flow action, but its rule's fields are all matched. The rest stays in the NIC.
+    let p = plan_of(
+        "pipe p root from a {
+            rule web  { match tcp.dst 80 actions count, fwd b }
+            rule arp  { match arp.op 1 arp.tpa 192.0.2.1 actions arp.reply 02:00:00:00:00:01, fwd a }
+            rule ping { match ipv4.dst 192.0.2.1 icmp.type 8 actions echo.reply, fwd a }
+            default   { actions count, drop }
+        }",
+    );
+    assert!(p.software.is_empty(), "{p}");
+    let rules: Vec<&str> = p.software_rules.iter().map(|r| r.rule.as_str()).collect();
+    assert_eq!(rules, ["arp", "ping"], "{p}");
+    assert!(p.software_rules[0].why.contains("ARP"), "{p}");
+    let control = p.pipes.iter().find(|x| x.name == "p").expect("pipe p");
+    let Entries::Listed(entries) = &control.entries else {
+        panic!("{p}")
+    };
+    let action_of = |label: &str| {
+        let e = entries.iter().find(|e| e.label == label).expect(label);
+        &control.actions[e.action]
+    };
+    assert_eq!(action_of("arp").fwd, Fwd::Software(PipeId(0)));
+    assert_eq!(action_of("ping").fwd, Fwd::Software(PipeId(0)));
+    assert!(!action_of("arp").counter && action_of("web").counter, "{p}");
+    assert_eq!(action_of("default").fwd, Fwd::Drop);
+    let arp = entries.iter().find(|e| e.label == "arp").expect("arp");
+    assert!(arp.matches.is_empty(), "{p}");
+    assert!(
+        arp.selectors
+            .iter()
+            .any(|s| s.value == "DOCA_FLOW_L3_META_NONE"),
+        "{p}"
+    );
+    let ping = entries.iter().find(|e| e.label == "ping").expect("ping");
+    assert_eq!(ping.matches.len(), 2, "{p}");
+
+    // A rule the NIC can check nothing of takes every packet from its priority on:
+    // rules before it stay in hardware, and nothing after it is planned.
+    let p = plan_of(
+        "pipe p root from a {
+            rule dns  { match udp.dst 53 actions fwd b }
+            rule any  { match nd.target 2001:db8::1 actions fwd b }
+            rule all  { match ct.state established actions fwd b }
+            rule late { match tcp.dst 80 actions meter m, fwd b }
+            default   { actions drop }
+        }",
+    );
+    assert!(p.software.is_empty(), "{p}");
+    assert!(p.meters.is_empty(), "{p}");
+    let control = p.pipes.iter().find(|x| x.name == "p").expect("pipe p");
+    let Entries::Listed(entries) = &control.entries else {
+        panic!("{p}")
+    };
+    let labels: Vec<&str> = entries.iter().map(|e| e.label.as_str()).collect();
+    assert_eq!(labels, ["dns", "any", "all"], "{p}");
+    assert_eq!(control.miss, Fwd::Drop);
+    // nd.target is read from ICMPv6 only.
+    assert!(entries[1]
+        .selectors
+        .iter()
+        .any(|s| s.value == "DOCA_FLOW_L4_META_ICMP"));
+
+    // When the NIC would decide nothing, the pipe is software's, whole.
+    let p = one_rule("rule all { match ct.state established actions fwd b }");
+    assert!(software_reason(&p, 0)
+        .expect("in software")
+        .contains("rule all: ct.state"));
+    assert!(p.software_rules.is_empty(), "{p}");
 }
 
 #[test]
@@ -560,16 +635,21 @@ fn walk_pipes(plan: &Plan, mut choose: impl FnMut(HwId) -> Option<(Option<usize>
     let mut at = plan.root;
     loop {
         let pipe = &plan.pipes[at.0];
+        // An entry sending the packet to software from its own pipe decides nothing
+        // there: the software backend runs that pipe from its start.
+        let undecided = |fwd: Fwd| pipe.of.is_some_and(|of| fwd == Fwd::Software(of));
         let fwd = match choose(at) {
             Some((entry, action)) => {
+                let fwd = pipe.actions[action].fwd;
                 match pipe.role {
+                    _ if undecided(fwd) => {}
                     Role::Pipe | Role::PipeRest => {
                         steps.push((pipe.of.expect("a pipeline pipe"), entry))
                     }
                     Role::Default => steps.push((pipe.of.expect("a pipeline pipe"), None)),
                     _ => {}
                 }
-                pipe.actions[action].fwd
+                fwd
             }
             None => {
                 // A miss: to the default's own pipe (which records it), else the default
@@ -863,6 +943,7 @@ fn selector_holds(s: &Selector, meta: &parse::Meta) -> bool {
     let l3 = |l: &parse::Layers, v: &str| match v {
         "DOCA_FLOW_L3_META_IPV4" => l.l3_kind == L3::V4,
         "DOCA_FLOW_L3_META_IPV6" => l.l3_kind == L3::V6,
+        "DOCA_FLOW_L3_META_NONE" => l.l3_kind == L3::None,
         _ => panic!("unknown L3 type {v}"),
     };
     let l4 = |l: &parse::Layers, v: &str| {
@@ -1001,7 +1082,9 @@ struct Pkt {
     dst: usize,
     ttl: u8,
     dscp: u8,
-    /// 0 TCP, 1 UDP, 2 ICMP (v4) or ICMPv6, 3 SCTP (ports, not TCP or UDP).
+    /// 0 TCP, 1 UDP, 2 ICMP (v4) or ICMPv6 echo request, 3 SCTP (ports, not TCP or UDP),
+    /// 4 an ARP request (reply when `flags` has SYN clear), 5 an IPv6 neighbour
+    /// solicitation (IPv4: an echo reply).
     l4: u8,
     sport: usize,
     dport: usize,
@@ -1018,7 +1101,7 @@ fn pkt() -> impl Strategy<Value = Pkt> {
         0..4usize,
         prop_oneof![Just(1u8), Just(64)],
         prop_oneof![Just(0u8), Just(46)],
-        0..4u8,
+        0..6u8,
         0..6usize,
         0..6usize,
         prop_oneof![Just(0x02u8), Just(0x12), Just(0x10), Just(0x04)],
@@ -1108,18 +1191,39 @@ fn frame(p: &Pkt) -> Vec<u8> {
         }
         2 if p.v6 => (58, vec![128, 0, 0, 0, 0, 1, 0, 1]),
         2 => (1, vec![8, 0, 0, 0, 0, 1, 0, 1]),
+        4 => (0, Vec::new()),
+        5 if p.v6 => {
+            // RFC 4861 §4.3: type 135, the target one of the addresses.
+            let mut ns = vec![135, 0, 0, 0, 0, 0, 0, 0, 0x20, 0x01, 0x0d, 0xb8];
+            ns.extend([0; 11]);
+            ns.push(V6_LAST[p.dst % 3]);
+            (58, ns)
+        }
+        5 => (1, vec![0, 0, 0, 0, 0, 1, 0, 1]),
         _ => {
             let mut s = ports.clone();
             s.extend([0u8; 8]);
             (132, s)
         }
     };
-    let ethertype = if p.v6 { 0x86dd } else { 0x0800 };
-    let inner = ethernet(
-        p.vlan,
-        ethertype,
-        &ip(p.v6, p.src, p.dst, p.ttl, p.dscp, proto, &l4),
-    );
+    let inner = if p.l4 == 4 {
+        // RFC 826 over Ethernet and IPv4: request or reply, from one address for another.
+        let op: u16 = if p.flags & 0x02 != 0 { 1 } else { 2 };
+        let mut arp = vec![0, 1, 8, 0, 6, 4];
+        arp.extend(op.to_be_bytes());
+        arp.extend([2, 0, 0, 0, 0, 1]);
+        arp.extend(V4[p.src]);
+        arp.extend([0; 6]);
+        arp.extend(V4[p.dst]);
+        ethernet(p.vlan, 0x0806, &arp)
+    } else {
+        let ethertype = if p.v6 { 0x86dd } else { 0x0800 };
+        ethernet(
+            p.vlan,
+            ethertype,
+            &ip(p.v6, p.src, p.dst, p.ttl, p.dscp, proto, &l4),
+        )
+    };
     let Some(vni) = p.vxlan else {
         return inner;
     };
@@ -1169,6 +1273,14 @@ const MATCHES: &[&str] = &[
     "vxlan.vni 100 inner.ipv4.dst 10.0.0.1",
     "vxlan.vni 200 inner.tcp.dst 80",
     "vxlan.vni 100 inner.udp.dst {53, 443} inner.ip.ttl 64",
+    // Fields DOCA Flow does not parse: the NIC sends what may match them to software.
+    "arp.op 1 arp.tpa 192.0.2.1",
+    "arp.spa 10.0.0.0/30",
+    "eth.type 0x0806 arp.op 2",
+    "icmp6.type 135 nd.target 2001:db8::1",
+    "nd.target 2001:db8::2",
+    "vxlan.vni 100 inner.arp.op 1",
+    "vlan.id 10 eth.type {0x0800, 0x0806}",
 ];
 
 #[derive(Debug, Clone)]
@@ -1179,7 +1291,7 @@ enum PipeSpec {
 }
 
 fn pipe_spec() -> impl Strategy<Value = PipeSpec> {
-    let fate = 0..12u8;
+    let fate = 0..14u8;
     prop_oneof![
         4 => (prop::collection::vec((prop::collection::vec(0..MATCHES.len(), 0..3), fate.clone()), 1..16), fate.clone())
             .prop_map(|(r, d)| PipeSpec::Rules(r, d)),
@@ -1191,9 +1303,9 @@ fn pipe_spec() -> impl Strategy<Value = PipeSpec> {
 }
 
 /// Actions ending in a fate: forward, count and forward, drop, count and drop, meter,
-/// mirror or decrement the TTL and forward, rewrite (or tag, or encapsulate) and forward,
-/// or a goto to a later pipe (forward out of the last). Rewrites end the walk, so the
-/// plan's pipes are always run on the packet as it came.
+/// mirror or decrement the TTL and forward, rewrite (or tag, or encapsulate, or answer:
+/// software's) and forward, or a goto to a later pipe (forward out of the last).
+/// Rewrites end the walk, so the plan's pipes are always run on the packet as it came.
 fn actions(fate: u8, i: usize, pipes: usize) -> String {
     match fate {
         0 => "fwd b".into(),
@@ -1208,6 +1320,8 @@ fn actions(fate: u8, i: usize, pipes: usize) -> String {
         9 => "vxlan.encap { vni 5 src 192.0.2.1 dst 192.0.2.2 smac 02:00:00:00:00:01 \
               dmac 02:00:00:00:00:02 }, count, fwd b"
             .into(),
+        10 => "arp.reply 02:00:00:00:00:09, count, fwd a".into(),
+        11 => "echo.reply, fwd b".into(),
         _ if i + 1 < pipes => format!("goto p{}", i + 1 + usize::from(fate) % (pipes - i - 1)),
         _ => "fwd b".into(),
     }
@@ -1257,7 +1371,7 @@ fn pipeline(specs: &[PipeSpec]) -> String {
                         let [w, x, y, z] = V4[a];
                         text += &format!(
                             "    {w}.{x}.{y}.{z} {dscp} => {}\n",
-                            actions(j as u8 % 12, i, n)
+                            actions(j as u8 % 14, i, n)
                         );
                     }
                 }
@@ -1273,7 +1387,7 @@ fn pipeline(specs: &[PipeSpec]) -> String {
                         let [w, x, y, z] = v.to_be_bytes();
                         text += &format!(
                             "    {w}.{x}.{y}.{z}/{len} => {}\n",
-                            actions(j as u8 % 12, i, n)
+                            actions(j as u8 % 14, i, n)
                         );
                     }
                 }

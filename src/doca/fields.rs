@@ -6,7 +6,7 @@
 //! `tun.type`): a field's [`Place`] carries those selectors, and a field whose header
 //! the rest of its rule leaves open (`ip.ttl` without an IPv4 or IPv6 field) has no place.
 
-use crate::ir::{Field, FieldId, Tunnel};
+use crate::ir::{Field, FieldId, Pattern, Tunnel};
 
 /// The member a field's value goes in, the selectors it needs beside it, and the bits it
 /// takes of the member (a VLAN id and priority share the TCI).
@@ -143,6 +143,42 @@ pub fn ethertype_gate(f: Field, value: u128, cx: &Context) -> Result<Vec<Selecto
     }
     Ok(gate)
 }
+
+/// What DOCA Flow can still check of a field it cannot match (`f` by `pattern`): the
+/// header types every packet the field matches is sure to have. An ARP field's packet
+/// is no IP one to the parser, a neighbour discovery target's is ICMPv6, a Geneve
+/// option's is in Geneve; an `eth.type` that no IP packet has is no IP one either.
+/// Matching these instead of the field takes more packets, never fewer.
+pub fn implied_selectors(f: Field, pattern: &Pattern, cx: &Context) -> Vec<Selector> {
+    let layer = if f.inner { "inner" } else { "outer" };
+    let tunnel = || inner_tunnel(f, cx).ok().filter(|_| f.inner);
+    let not_ip = || {
+        let verdict = Selector::new(format!("parser_meta.{layer}_l3_type"), L3_META_NONE);
+        [verdict].into_iter().chain(tunnel()).collect()
+    };
+    match f.id {
+        FieldId::ArpOp | FieldId::ArpSha | FieldId::ArpSpa | FieldId::ArpTpa => not_ip(),
+        FieldId::EthType
+            if !pattern.matches(ETHERTYPE_IPV4) && !pattern.matches(ETHERTYPE_IPV6) =>
+        {
+            not_ip()
+        }
+        FieldId::NdTarget => {
+            let icmp6 = Field {
+                id: FieldId::Icmp6Type,
+                inner: f.inner,
+            };
+            match_place(icmp6, cx).map_or_else(|_| Vec::new(), |p| p.selectors)
+        }
+        FieldId::GeneveOptClass | FieldId::GeneveOptType => {
+            vec![tunnel_selector(Tunnel::Geneve)]
+        }
+        _ => match_place(f, cx).map_or_else(|_| Vec::new(), |p| p.selectors),
+    }
+}
+
+/// The parser's verdict on an L3 header that is neither IPv4 nor IPv6.
+const L3_META_NONE: &str = "DOCA_FLOW_L3_META_NONE";
 
 /// Where `set` writes field `f` in a `doca_flow_actions`, or why it cannot.
 pub fn set_place(f: Field, cx: &Context) -> Result<Place, String> {

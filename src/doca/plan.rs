@@ -3,6 +3,13 @@
 //! created (a pipe after every pipe it forwards to); and the pipeline's pipes that stay
 //! with the software backend on the Arm cores, each with the reason.
 //!
+//! A rule the NIC cannot decide (a field DOCA Flow does not parse, an action it does not
+//! have) does not take its whole pipe to software: its entries match what the NIC can
+//! check of it, a superset of its packets, and send those to the Arm cores, where the
+//! software backend runs the pipe from its start. The rest of the pipe (rules before and
+//! after, the default) stays in hardware: a gateway answering ARP on the Arm cores still
+//! drops, in the NIC, the packets nothing takes.
+//!
 //! The shapes follow DOCA Flow 3.0 in switch mode, as a BlueField runs it: every port's
 //! packets enter one root pipe on the switch port, which sends each to its port's root
 //! pipe by `parser_meta.port_id`; a pipe's miss goes to another pipe or drops (`fwd_miss`
@@ -15,8 +22,8 @@
 use std::fmt::{self, Write as _};
 
 use super::fields::{
-    ethertype_gate, family_selectors, match_place, set_place, Context, Family, Headers, Place,
-    Selector,
+    ethertype_gate, family_selectors, implied_selectors, match_place, set_place, Context, Family,
+    Headers, Place, Selector,
 };
 use crate::ir::{
     Action, ActionList, Encap, Field, FieldId, MeterId, OuterDscp, Pattern, PipeBody, PipeId,
@@ -48,6 +55,8 @@ pub struct Plan {
     pub root: HwId,
     /// The pipeline's pipes the software backend runs, and why each is not in hardware.
     pub software: Vec<(PipeId, String)>,
+    /// Rules of pipes in hardware that the software backend decides, and why.
+    pub software_rules: Vec<SoftwareRule>,
     /// Shared encapsulation resources (`DOCA_FLOW_SHARED_RESOURCE_ENCAP`), by id.
     pub encaps: Vec<Encap>,
     /// Shared meter resources (`DOCA_FLOW_SHARED_RESOURCE_METER`), by id: the pipeline's
@@ -57,6 +66,16 @@ pub struct Plan {
     pub notes: Vec<String>,
     /// The pipeline's port, pipe and service names, by id, for people.
     names: Names,
+}
+
+/// A rule (a table's entries of one action list, a default) of a pipe in hardware that
+/// the NIC cannot decide: its entries send the packets it may take to the Arm cores.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SoftwareRule {
+    pub pipe: PipeId,
+    /// The rule's name, `default`, or a table entry's key.
+    pub rule: String,
+    pub why: String,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -329,6 +348,7 @@ fn lower(p: &Program, wanted: &[bool]) -> Plan {
         p,
         hw: vec![None; p.pipes.len()],
         software: Vec::new(),
+        software_rules: Vec::new(),
         pipes: Vec::new(),
         encaps: Vec::new(),
         meters: Vec::new(),
@@ -449,6 +469,7 @@ fn lower(p: &Program, wanted: &[bool]) -> Plan {
         pipes: planner.pipes,
         root,
         software: planner.software,
+        software_rules: planner.software_rules,
         encaps: planner.encaps,
         meters: planner.meters,
         notes,
@@ -488,11 +509,94 @@ struct Planner<'p> {
     /// The hardware pipe each pipeline pipe starts at, once lowered.
     hw: Vec<Option<HwId>>,
     software: Vec<(PipeId, String)>,
+    software_rules: Vec<SoftwareRule>,
     pipes: Vec<HwPipe>,
     encaps: Vec<Encap>,
     meters: Vec<MeterId>,
     /// Tunnels some hardware pipe decapsulates.
     decaps: Vec<Tunnel>,
+}
+
+/// The lengths of what a [`Planner`] has made.
+#[derive(Debug, Clone, Copy)]
+struct Checkpoint {
+    pipes: usize,
+    encaps: usize,
+    meters: usize,
+    decaps: usize,
+    software_rules: usize,
+}
+
+/// What a rule pipe's rules are planned from.
+struct RuleSet<'r> {
+    rules: &'r [crate::ir::Rule],
+    /// What each rule's fields pin down of the headers.
+    contexts: Vec<Context>,
+    /// Whether a rule can match at all: one an earlier rule covers never does (the
+    /// checker warns of it) and takes no entries.
+    live: Vec<bool>,
+    /// The contexts each rule's entries are made in (see [`families`]).
+    variants: Vec<Vec<Context>>,
+    /// Which of each rule's fields the NIC matches, and why not the others (see
+    /// [`matchable`]).
+    kept: Vec<(Vec<bool>, Option<String>)>,
+    /// Each rule's priority level (see [`priority_levels`]).
+    levels: Vec<u32>,
+}
+
+impl<'r> RuleSet<'r> {
+    fn of(rules: &'r [crate::ir::Rule]) -> RuleSet<'r> {
+        let contexts: Vec<Context> = rules
+            .iter()
+            .map(|r| {
+                Context::of(
+                    r.matches
+                        .iter()
+                        .map(|m| (m.field, exact(m.field, &m.pattern))),
+                )
+            })
+            .collect();
+        let plain: Vec<&crate::ir::Rule> = rules.iter().collect();
+        let live: Vec<bool> = crate::ir::shadowing(&plain)
+            .iter()
+            .map(Option::is_none)
+            .collect();
+        let variants: Vec<Vec<Context>> = rules
+            .iter()
+            .zip(&contexts)
+            .map(|(r, cx)| families(r, cx))
+            .collect();
+        let kept: Vec<(Vec<bool>, Option<String>)> = rules
+            .iter()
+            .zip(&variants)
+            .map(|(r, v)| matchable(r, v))
+            .collect();
+        // Priorities by what the entries match: a rule's superset comes after every
+        // earlier rule it overlaps, so no two entries of one priority take one packet.
+        let widened: Vec<crate::ir::Rule> = rules
+            .iter()
+            .zip(&kept)
+            .map(|(r, (keep, _))| crate::ir::Rule {
+                matches: r
+                    .matches
+                    .iter()
+                    .zip(keep)
+                    .filter(|(_, &k)| k)
+                    .map(|(m, _)| m.clone())
+                    .collect(),
+                ..r.clone()
+            })
+            .collect();
+        let levels = priority_levels(&widened, &contexts, &live);
+        RuleSet {
+            rules,
+            contexts,
+            live,
+            variants,
+            kept,
+            levels,
+        }
+    }
 }
 
 impl Planner<'_> {
@@ -504,102 +608,144 @@ impl Planner<'_> {
     /// Plans pipeline pipe `id`, returning the hardware pipe packets enter it by; on
     /// failure, nothing is planned.
     fn lower(&mut self, id: PipeId) -> Result<HwId, String> {
-        let (first, encaps, meters, decaps) = (
-            self.pipes.len(),
-            self.encaps.len(),
-            self.meters.len(),
-            self.decaps.len(),
-        );
+        let before = self.checkpoint();
         let lowered = match &self.p.pipe(id).body {
             PipeBody::Rules(_) => self.lower_rules(id),
             PipeBody::Exact { .. } | PipeBody::Lpm { .. } => self.lower_table(id),
         };
         if lowered.is_err() {
-            self.pipes.truncate(first);
-            self.encaps.truncate(encaps);
-            self.meters.truncate(meters);
-            self.decaps.truncate(decaps);
+            self.rollback(before);
         }
         lowered
     }
 
-    /// A rule pipe as a control pipe: each rule expanded to an entry per combination of its
-    /// fields' alternatives, at a priority after every earlier rule it overlaps (see
-    /// [`priority_levels`]); a `default` with more than a drop or a goto as a last,
-    /// match-all entry.
-    fn lower_rules(&mut self, id: PipeId) -> Result<HwId, String> {
-        let pipe = self.p.pipe(id);
-        let PipeBody::Rules(rules) = &pipe.body else {
-            unreachable!("lower_rules takes rule pipes");
-        };
-        let mut actions = Vec::with_capacity(rules.len() + 1);
-        let mut entries = Vec::new();
-        let contexts: Vec<Context> = rules
+    /// How much the planner has made, to go back to when a part fails.
+    fn checkpoint(&self) -> Checkpoint {
+        Checkpoint {
+            pipes: self.pipes.len(),
+            encaps: self.encaps.len(),
+            meters: self.meters.len(),
+            decaps: self.decaps.len(),
+            software_rules: self.software_rules.len(),
+        }
+    }
+
+    fn rollback(&mut self, to: Checkpoint) {
+        self.pipes.truncate(to.pipes);
+        self.encaps.truncate(to.encaps);
+        self.meters.truncate(to.meters);
+        self.decaps.truncate(to.decaps);
+        self.software_rules.truncate(to.software_rules);
+    }
+
+    /// The template of `list` in pipeline pipe `of`, or where it cannot be one, the
+    /// software's: what the list made before it failed is undone, and the reason noted
+    /// against `rule`.
+    fn template_or_software(
+        &mut self,
+        of: PipeId,
+        rule: &str,
+        list: &ActionList,
+        cx: &Context,
+        has: &[Selector],
+    ) -> ActionTemplate {
+        let before = self.checkpoint();
+        self.template(of, list, cx, has).unwrap_or_else(|why| {
+            self.rollback(before);
+            self.leave_to_software(of, rule, why)
+        })
+    }
+
+    /// An action template sending packets to the software backend from pipeline pipe
+    /// `of`, for `rule`, which the NIC cannot decide because of `why`.
+    fn leave_to_software(&mut self, of: PipeId, rule: &str, why: String) -> ActionTemplate {
+        self.software_rules.push(SoftwareRule {
+            pipe: of,
+            rule: rule.into(),
+            why,
+        });
+        ActionTemplate::to(Fwd::Software(of))
+    }
+
+    /// The action templates of a rule whose entries for each of `variants` are
+    /// `expanded`, pushed to `actions`: the index of each variant's.
+    fn rule_templates(
+        &mut self,
+        id: PipeId,
+        rule: &crate::ir::Rule,
+        cx: &Context,
+        variants: &[Context],
+        expanded: &[Vec<EntryKey>],
+        actions: &mut Vec<ActionTemplate>,
+    ) -> Result<Vec<usize>, String> {
+        let per_variant = variants.len() > 1
+            && rule
+                .actions
+                .0
+                .iter()
+                .any(|a| matches!(a, Action::Set { .. }));
+        if !per_variant {
+            let all: Vec<EntryKey> = expanded.iter().flatten().cloned().collect();
+            actions.push(self.template(id, &rule.actions, cx, &common_selectors(&all))?);
+            return Ok(vec![actions.len() - 1; variants.len()]);
+        }
+        variants
             .iter()
-            .map(|r| {
-                Context::of(
-                    r.matches
-                        .iter()
-                        .map(|m| (m.field, exact(m.field, &m.pattern))),
-                )
+            .zip(expanded)
+            .map(|(fcx, variant)| {
+                let has = common_selectors(variant);
+                actions.push(self.template(id, &rule.actions, fcx, &has)?);
+                Ok(actions.len() - 1)
             })
-            .collect();
-        // A rule an earlier one covers never matches (the checker warns of it): it takes
-        // no entries, and no priority level.
-        let plain: Vec<&crate::ir::Rule> = rules.iter().collect();
-        let live: Vec<bool> = crate::ir::shadowing(&plain)
-            .iter()
-            .map(Option::is_none)
-            .collect();
-        let levels = priority_levels(rules, &contexts, &live);
-        for (i, (rule, cx)) in rules.iter().zip(&contexts).enumerate() {
-            if !live[i] {
+            .collect()
+    }
+
+    /// The action templates and entries of a rule pipe's rules, those at priority levels
+    /// up to `upto` (all without). A rule the NIC cannot decide gets entries matching
+    /// what it can check of it, sending those packets to software from pipe `id`.
+    fn plan_rules(
+        &mut self,
+        id: PipeId,
+        set: &RuleSet,
+        upto: Option<u32>,
+    ) -> (Vec<ActionTemplate>, Vec<Entry>) {
+        let mut actions = Vec::with_capacity(set.rules.len() + 1);
+        let mut entries = Vec::new();
+        for (i, rule) in set.rules.iter().enumerate() {
+            if !set.live[i] || upto.is_some_and(|u| set.levels[i] > u) {
                 continue;
             }
             // Entries for each IP version the rule's fields or rewrites need told apart,
             // each version's with its own template when the rule rewrites the packet (a
             // rewrite is planned only for headers its entries make sure of).
-            let variants = families(rule, cx);
-            let mut expanded = Vec::with_capacity(variants.len());
-            for fcx in &variants {
-                let mut e = rule_entries(rule.matches.iter().map(|m| (m.field, &m.pattern)), fcx)
-                    .map_err(|e| format!("rule {}: {e}", rule.name))?;
-                // Each version's entries take only packets of that version.
-                if let (true, Some(family)) = (variants.len() > 1, fcx.outer.family) {
-                    for (selectors, _) in &mut e {
-                        selectors.extend(family_selectors("outer", family));
-                        selectors.sort();
-                        selectors.dedup();
-                    }
-                    e.retain(|key| !contradictory(key));
+            let (keep, unmatchable) = &set.kept[i];
+            let variants = &set.variants[i];
+            let expanded: Vec<Vec<EntryKey>> = variants
+                .iter()
+                .map(|fcx| rule_entries(rule, keep, fcx, variants.len() > 1))
+                .collect();
+            let before = (self.checkpoint(), actions.len());
+            let planned = match unmatchable {
+                Some(why) => Err(why.clone()),
+                None => {
+                    let cx = &set.contexts[i];
+                    self.rule_templates(id, rule, cx, variants, &expanded, &mut actions)
                 }
-                expanded.push(e);
-            }
-            let per_variant = variants.len() > 1
-                && rule
-                    .actions
-                    .0
-                    .iter()
-                    .any(|a| matches!(a, Action::Set { .. }));
-            let shared = if per_variant {
-                None
-            } else {
-                let all: Vec<EntryKey> = expanded.iter().flatten().cloned().collect();
-                actions.push(self.template(id, &rule.actions, cx, &common_selectors(&all))?);
-                Some(actions.len() - 1)
             };
-            for (fcx, variant) in variants.iter().zip(expanded) {
-                let action = match shared {
-                    Some(a) => a,
-                    None => {
-                        let has = common_selectors(&variant);
-                        actions.push(self.template(id, &rule.actions, fcx, &has)?);
-                        actions.len() - 1
-                    }
-                };
+            let chosen = planned.unwrap_or_else(|why| {
+                self.rollback(before.0);
+                actions.truncate(before.1);
+                let to = self.leave_to_software(id, &rule.name, why);
+                let a = actions.iter().position(|a| *a == to).unwrap_or_else(|| {
+                    actions.push(to);
+                    actions.len() - 1
+                });
+                vec![a; expanded.len()]
+            });
+            for (variant, action) in expanded.into_iter().zip(chosen) {
                 for (selectors, matches) in variant {
                     entries.push(Entry {
-                        priority: Some(levels[i]),
+                        priority: Some(set.levels[i]),
                         selectors,
                         matches,
                         action,
@@ -609,12 +755,56 @@ impl Planner<'_> {
                 }
             }
         }
+        (actions, entries)
+    }
+
+    /// A rule pipe as a control pipe: each rule expanded to an entry per combination of its
+    /// fields' alternatives, at a priority after every earlier rule it overlaps (see
+    /// [`priority_levels`]); a `default` with more than a drop or a goto as a last,
+    /// match-all entry. A rule the NIC cannot decide sends what it may take to software
+    /// (see [`matchable`]); the pipe is left to software whole when the NIC would decide
+    /// no packet in it.
+    fn lower_rules(&mut self, id: PipeId) -> Result<HwId, String> {
+        let pipe = self.p.pipe(id);
+        let PipeBody::Rules(rules) = &pipe.body else {
+            unreachable!("lower_rules takes rule pipes");
+        };
+        let set = RuleSet::of(rules);
+        let first_software = self.software_rules.len();
+        let start = self.checkpoint();
+        let (mut actions, mut entries) = self.plan_rules(id, &set, None);
+        // From a rule the NIC can check nothing of, every packet goes to software: what
+        // comes after it is never reached, and is planned again without it.
+        let software = Fwd::Software(id);
+        let cut = entries
+            .iter()
+            .filter(|e| actions[e.action].fwd == software)
+            .filter(|e| e.selectors.is_empty() && e.matches.is_empty())
+            .filter_map(|e| e.priority)
+            .min();
+        if let Some(c) = cut.filter(|&c| entries.iter().any(|e| e.priority > Some(c))) {
+            self.rollback(start);
+            (actions, entries) = self.plan_rules(id, &set, Some(c));
+        }
+        let mut decided = entries
+            .iter()
+            .any(|e| actions[e.action].fwd != software && cut.is_none_or(|c| e.priority < Some(c)));
         // The default overlaps every rule: it comes after them all.
-        let mut used = levels.iter().max().map_or(0, |l| l + 1);
-        let miss = match self.miss_fwd(&pipe.miss)? {
-            Some(fwd) => fwd,
-            None => {
-                actions.push(self.template(id, &pipe.miss, &Context::default(), &[])?);
+        let mut used = match cut {
+            Some(c) => c + 1,
+            None => set.levels.iter().max().map_or(0, |l| l + 1),
+        };
+        let miss = match (cut, self.miss_fwd(&pipe.miss)) {
+            (Some(_), _) => Fwd::Drop,
+            (None, Some(fwd)) => {
+                decided = true;
+                fwd
+            }
+            (None, None) => {
+                let a =
+                    self.template_or_software(id, "default", &pipe.miss, &Context::default(), &[]);
+                decided |= a.fwd != software;
+                actions.push(a);
                 entries.push(Entry {
                     priority: Some(used),
                     ..match_all(actions.len() - 1)
@@ -623,6 +813,15 @@ impl Planner<'_> {
                 Fwd::Drop
             }
         };
+        if !decided {
+            return Err(self.software_rules.get(first_software).map_or_else(
+                || "the NIC would decide none of its packets".into(),
+                |r| match r.rule.as_str() {
+                    "default" => format!("default: {}", r.why),
+                    name => format!("rule {name}: {}", r.why),
+                },
+            ));
+        }
         // Eight priorities a control pipe: deeper rules go on in control pipes chained by
         // their misses, each taking the next eight levels. A packet reaches a level only
         // if it matched nothing at the levels before, which is what priority gives.
@@ -697,17 +896,43 @@ impl Planner<'_> {
         }
         selectors.sort();
         selectors.dedup();
-        let templates = actions
+        let indices = actions.indices();
+        let templates: Vec<ActionTemplate> = actions
             .distinct()
             .iter()
-            .map(|l| self.template(id, l, &cx, &selectors))
-            .collect::<Result<Vec<_>, _>>()?;
+            .enumerate()
+            .map(|(k, l)| {
+                // Named for people by the entries taking it.
+                let mut users = (0..indices.len()).filter(|&i| indices[i] as usize == k);
+                let first = users
+                    .next()
+                    .map_or_else(String::new, |i| pipe.entry_name(i));
+                let label = match users.count() {
+                    0 => first,
+                    more => format!("{first} and {more} more entries with its actions"),
+                };
+                self.template_or_software(id, &label, l, &cx, &selectors)
+            })
+            .collect();
+        let miss = self.miss(id);
+        let software = Fwd::Software(id);
+        let miss_decided = match miss {
+            Fwd::Pipe(h) => {
+                self.pipes[h.0].role != Role::Default || self.pipes[h.0].actions[0].fwd != software
+            }
+            _ => true,
+        };
+        if !miss_decided && templates.iter().all(|t| t.fwd == software) {
+            return Err(self
+                .software_rules
+                .last()
+                .map_or_else(String::new, |r| format!("default: {}", r.why)));
+        }
         let template = selectors
             .into_iter()
             .map(TemplateItem::Fixed)
             .chain(per_entry)
             .collect();
-        let miss = self.miss(id)?;
         Ok(self.push(HwPipe {
             name: pipe.name.clone(),
             kind,
@@ -728,13 +953,14 @@ impl Planner<'_> {
 
     /// Where a table's misses go: its `default` as `fwd_miss` when that is a drop or a
     /// goto, else a basic pipe of one match-all entry running it.
-    fn miss(&mut self, id: PipeId) -> Result<Fwd, String> {
+    fn miss(&mut self, id: PipeId) -> Fwd {
         let pipe = self.p.pipe(id);
-        if let Some(fwd) = self.miss_fwd(&pipe.miss)? {
-            return Ok(fwd);
+        if let Some(fwd) = self.miss_fwd(&pipe.miss) {
+            return fwd;
         }
-        let template = self.template(id, &pipe.miss, &Context::default(), &[])?;
-        Ok(Fwd::Pipe(self.push(HwPipe {
+        let template =
+            self.template_or_software(id, "default", &pipe.miss, &Context::default(), &[]);
+        Fwd::Pipe(self.push(HwPipe {
             name: format!("{}.default", pipe.name),
             kind: PipeType::Basic,
             role: Role::Default,
@@ -744,19 +970,19 @@ impl Planner<'_> {
             actions: vec![template],
             entries: Entries::Listed(vec![match_all(0)]),
             miss: Fwd::Drop,
-        })))
+        }))
     }
 
     /// The `fwd_miss` a `default` is by itself, if it is one DOCA Flow takes (a drop, or
     /// a goto to a hardware pipe).
-    fn miss_fwd(&self, list: &ActionList) -> Result<Option<Fwd>, String> {
+    fn miss_fwd(&self, list: &ActionList) -> Option<Fwd> {
         if list.0.len() > 1 {
-            return Ok(None);
+            return None;
         }
-        Ok(match self.fwd(list.terminal()) {
+        match self.fwd(list.terminal()) {
             fwd @ (Fwd::Drop | Fwd::Pipe(_)) => Some(fwd),
             _ => None,
-        })
+        }
     }
 
     fn fwd(&self, terminal: &Action) -> Fwd {
@@ -1296,19 +1522,53 @@ fn exact(field: Field, p: &Pattern) -> Option<u128> {
 /// and the members.
 type EntryKey = (Vec<Selector>, Vec<EntryMatch>);
 
-/// The entries a rule's matches expand to: each a choice of one (value, mask) per field.
-fn rule_entries<'a>(
-    matches: impl Iterator<Item = (Field, &'a Pattern)>,
-    cx: &Context,
-) -> Result<Vec<EntryKey>, String> {
+/// Which of a rule's fields the NIC matches in every one of its `variants` (contexts),
+/// and why it cannot match the first it does not: a field DOCA Flow does not parse, or
+/// one whose values would take the rule past [`ENTRIES_PER_RULE`] entries. Entries
+/// without the others take a superset of the rule's packets.
+fn matchable(rule: &crate::ir::Rule, variants: &[Context]) -> (Vec<bool>, Option<String>) {
+    let mut keep = Vec::with_capacity(rule.matches.len());
+    let mut why = None;
+    let mut entries = 1;
+    for m in &rule.matches {
+        let alternatives = variants
+            .iter()
+            .map(|cx| field_alternatives(m.field, &m.pattern, cx).map(|a| a.len()))
+            .try_fold(0, |most, n| n.map(|n| most.max(n)));
+        let fits = match alternatives {
+            Ok(n) if entries * n <= ENTRIES_PER_RULE => {
+                entries *= n.max(1);
+                true
+            }
+            Ok(_) => {
+                why.get_or_insert_with(|| {
+                    format!("its fields' values need more than {ENTRIES_PER_RULE} entries")
+                });
+                false
+            }
+            Err(e) => {
+                why.get_or_insert(e);
+                false
+            }
+        };
+        keep.push(fits);
+    }
+    (keep, why)
+}
+
+/// The entries a rule's matches expand to in context `cx`: each a choice of one
+/// (value, mask) per field it `keep`s, with the header types the others imply (see
+/// [`implied_selectors`]); `split`: the rule has entries for each IP version, these
+/// taking only packets of `cx`'s.
+fn rule_entries(rule: &crate::ir::Rule, keep: &[bool], cx: &Context, split: bool) -> Vec<EntryKey> {
     let mut entries: Vec<EntryKey> = vec![(Vec::new(), Vec::new())];
-    for (field, pattern) in matches {
-        let alternatives = field_alternatives(field, pattern, cx)?;
-        if entries.len() * alternatives.len() > ENTRIES_PER_RULE {
-            return Err(format!(
-                "its fields' values need more than {ENTRIES_PER_RULE} entries"
-            ));
-        }
+    for (m, &kept) in rule.matches.iter().zip(keep) {
+        let implied = || vec![(implied_selectors(m.field, &m.pattern, cx), Vec::new())];
+        let alternatives = if kept {
+            field_alternatives(m.field, &m.pattern, cx).unwrap_or_else(|_| implied())
+        } else {
+            implied()
+        };
         entries = entries
             .into_iter()
             .flat_map(|(selectors, matches)| {
@@ -1323,11 +1583,14 @@ fn rule_entries<'a>(
             .collect();
     }
     for (selectors, _) in &mut entries {
+        if let (true, Some(family)) = (split, cx.outer.family) {
+            selectors.extend(family_selectors("outer", family));
+        }
         selectors.sort();
         selectors.dedup();
     }
     entries.retain(|key| !contradictory(key));
-    Ok(entries)
+    entries
 }
 
 /// Whether an entry's (sorted, deduplicated) selectors or its matches set one member to
@@ -1432,13 +1695,14 @@ impl fmt::Display for Plan {
         writeln!(
             f,
             "plan {}: {} DOCA Flow pipes, {entries} entries, {} counters, {} shared encaps, \
-             {} shared meters; {} pipeline pipes in software",
+             {} shared meters; {} pipeline pipes and {} rules in software",
             self.name,
             self.pipes.len(),
             self.counters(),
             self.encaps.len(),
             self.meters.len(),
-            self.software.len()
+            self.software.len(),
+            self.software_rules.len()
         )?;
         for note in &self.notes {
             writeln!(f, "note: {note}")?;
@@ -1466,6 +1730,16 @@ impl fmt::Display for Plan {
         }
         for (id, why) in &self.software {
             writeln!(f, "software pipe {}: {why}", self.names.pipes[id.index()])?;
+        }
+        for r in &self.software_rules {
+            writeln!(
+                f,
+                "software rule {}.{}: {} (the NIC sends the packets it may take to the Arm \
+                 cores)",
+                self.names.pipes[r.pipe.index()],
+                r.rule,
+                r.why
+            )?;
         }
         for (i, pipe) in self.pipes.iter().enumerate() {
             writeln!(f)?;
