@@ -468,6 +468,37 @@ fn a_rule_the_nic_cannot_decide_sends_what_it_may_take_to_software() {
         .iter()
         .any(|s| s.value == "DOCA_FLOW_L4_META_ICMP"));
 
+    // A mark made in hardware would be lost where a later pipe hands the packet to
+    // software (pkt_meta names the pipe to go on from): the marking rule is software's.
+    let p = plan_of(
+        "pipe p root from a {
+            rule tag  { match udp.dst 53 actions mark 3, goto q }
+            rule web  { match tcp.dst 80 actions mark 4, goto r }
+            default   { actions drop }
+        }
+        pipe q {
+            rule arp { match arp.op 1 actions arp.reply 02:00:00:00:00:01, fwd a }
+            default  { actions fwd b }
+        }
+        pipe r {
+            rule m { match meta.mark 4 actions fwd b }
+            default { actions drop }
+        }",
+    );
+    let rules: Vec<(u16, &str)> = p
+        .software_rules
+        .iter()
+        .map(|r| (r.pipe.0, r.rule.as_str()))
+        .collect();
+    assert_eq!(rules, [(0, "tag")], "{p}");
+    assert!(p.software_rules[0].why.contains("mark"), "{p}");
+    // q's packets now all come through software, so q is the software's; r is reached
+    // by a mark made in the NIC, and reads it there.
+    assert!(software_reason(&p, 1)
+        .expect("q in software")
+        .contains("no port's packets"));
+    assert!(p.pipes.iter().any(|x| x.of == Some(PipeId(2))), "{p}");
+
     // When the NIC would decide nothing, the pipe is software's, whole.
     let p = one_rule("rule all { match ct.state established actions fwd b }");
     assert!(software_reason(&p, 0)

@@ -667,6 +667,27 @@ impl Planner<'_> {
         ActionTemplate::to(Fwd::Software(of))
     }
 
+    /// Whether a packet entering hardware pipe `h` may be handed to the software backend
+    /// further on (which overwrites `pkt_meta` with the pipe to go on from).
+    fn may_reach_software(&self, h: HwId) -> bool {
+        let mut seen = vec![false; self.pipes.len()];
+        let mut todo = vec![h];
+        while let Some(h) = todo.pop() {
+            if std::mem::replace(&mut seen[h.0], true) {
+                continue;
+            }
+            let pipe = &self.pipes[h.0];
+            for fwd in pipe.actions.iter().map(|a| a.fwd).chain([pipe.miss]) {
+                match fwd {
+                    Fwd::Software(_) => return true,
+                    Fwd::Pipe(next) => todo.push(next),
+                    _ => {}
+                }
+            }
+        }
+        false
+    }
+
     /// The action templates of a rule whose entries for each of `variants` are
     /// `expanded`, pushed to `actions`: the index of each variant's.
     fn rule_templates(
@@ -1127,10 +1148,15 @@ impl Planner<'_> {
             steps.push(step);
         }
         let fwd = self.fwd(terminal);
-        if (scope.marked || marks(&steps)) && matches!(fwd, Fwd::Software(_)) {
+        let to_software = match fwd {
+            Fwd::Software(_) => true,
+            Fwd::Pipe(next) => self.may_reach_software(next),
+            _ => false,
+        };
+        if (scope.marked || marks(&steps)) && to_software {
             return Err(
-                "a mark on a packet bound for the Arm cores: pkt_meta carries where the \
-                 software backend takes it on"
+                "a mark on a packet that may go on to the Arm cores: pkt_meta carries where \
+                 the software backend takes it on"
                     .into(),
             );
         }
