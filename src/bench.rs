@@ -61,7 +61,7 @@ pub fn run(
             for s in &slots[..n] {
                 let i = match s.verdict {
                     Verdict::Forward(_) => 0,
-                    Verdict::Drop(_) | Verdict::TooBig(_) => 1,
+                    Verdict::Drop(_) | Verdict::Told(..) => 1,
                     Verdict::Service(_) => 2,
                 };
                 verdicts[i] += 1;

@@ -2,7 +2,7 @@
 //! that matched, the actions that ran and the packet's fate.
 
 use crate::engine::parse::{self, TunnelPorts, L3};
-use crate::engine::{DropReason, Observer, PacketBuf, Verdict};
+use crate::engine::{Observer, PacketBuf, Verdict};
 use crate::firewall::conntrack::Lookup;
 use crate::ir::{PipeId, Program};
 use crate::wire::ethernet::ethertype;
@@ -105,9 +105,9 @@ impl Observer for Tracer<'_> {
                     summary(pkt.data())
                 ),
                 Verdict::Drop(r) => format!("dropped: {} ({})", r.name(), r.describe()),
-                Verdict::TooBig(p) => format!(
+                Verdict::Told(p, r) => format!(
                     "dropped: {}; its sender told so out of {}, {} bytes: {}",
-                    DropReason::PacketTooBig.name(),
+                    r.name(),
                     self.program.port(p).name,
                     pkt.len(),
                     summary(pkt.data())

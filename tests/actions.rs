@@ -489,6 +489,104 @@ wrpcap("in.pcap", [
     );
 }
 
+/// `dec ttl` on a packet whose TTL runs out: its sender is sent ICMP Time Exceeded from
+/// the address of the port it came in by (traceroute's answer from each hop), quoting
+/// the packet as it came; not where the port has no address of its IP version, nor about
+/// a packet the walk changed first, a later fragment, an ICMP error or a multicast.
+#[test]
+fn senders_of_packets_whose_ttl_runs_out_are_told_from_the_port_address() {
+    let dir = Scratch::new("time-exceeded");
+    let pipe = dir.path("router.pipe");
+    std::fs::write(
+        &pipe,
+        "pipeline router\n\
+         port host   { driver pcap  address 10.0.0.1  address 2001:db8::1 }\n\
+         port uplink { driver pcap  address 192.0.2.1 }\n\
+         pipe from_host root from host {\n\
+             rule routed  { match ipv4.dst 198.51.100.0/24  actions count, dec ttl, fwd uplink }\n\
+             rule routed6 { match ipv6.dst 2001:db8:2::/48  actions dec ttl, fwd uplink }\n\
+             rule natted  { match ipv4.dst 203.0.113.0/24  actions set ipv4.dst 198.51.100.9, dec ttl, fwd uplink }\n\
+             rule group   { match ipv4.dst 224.0.0.0/4  actions dec ttl, fwd uplink }\n\
+             default { actions drop }\n\
+         }\n\
+         pipe from_uplink root from uplink {\n\
+             rule back  { match ipv4.dst 10.0.0.0/8  actions dec ttl, fwd host }\n\
+             rule back6 { match ipv6.dst 2001:db8::/48  actions dec ttl, fwd host }\n\
+             default { actions drop }\n\
+         }\n",
+    )
+    .expect("write pipeline");
+    scapy(
+        &dir.0,
+        r#"
+e = Ether(src="02:00:00:00:00:aa", dst="02:00:00:00:00:bb")
+probe = UDP(sport=40000, dport=33434)/Raw(b"p" * 32)
+wrpcap("host.pcap", [
+    e/IP(src="10.0.0.2", dst="198.51.100.7", ttl=1)/probe,                 # told
+    e/Dot1Q(vlan=7)/IP(src="10.0.0.2", dst="198.51.100.7", ttl=0)/probe,   # told, tagged
+    e/IPv6(src="2001:db8::2", dst="2001:db8:2::7", hlim=1)/probe,          # told
+    e/IP(src="10.0.0.2", dst="198.51.100.7", ttl=2)/probe,                 # forwarded
+    e/IP(src="10.0.0.2", dst="198.51.100.7", ttl=1, frag=8)/Raw(b"q" * 40),  # a later fragment
+    e/IP(src="10.0.0.2", dst="198.51.100.7", ttl=1)/ICMP(type=3, code=3)/Raw(b"r" * 28),  # an error
+    e/IP(src="10.0.0.2", dst="203.0.113.7", ttl=1)/probe,                  # rewritten first
+    e/IP(src="10.0.0.2", dst="239.1.1.1", ttl=1)/probe,                    # a group
+])
+wrpcap("uplink.pcap", [
+    e/IP(src="192.0.2.9", dst="10.0.0.2", ttl=1)/probe,                    # told, from 192.0.2.1
+    e/IPv6(src="2001:db8:2::9", dst="2001:db8::2", hlim=1)/probe,          # no IPv6 address: dropped
+])
+"#,
+    );
+    let (s, to_host, to_uplink) = replay_both_ports(&dir, &pipe);
+    assert_eq!(s["ports"][0]["drops"]["ttl_expired"], 7, "{s}");
+    assert_eq!(s["ports"][1]["drops"]["ttl_expired"], 2, "{s}");
+    assert_eq!(s["ports"][0]["tx_packets"], 3, "{s}");
+    assert_eq!(s["ports"][1]["tx_packets"], 2, "{s}");
+    let fields = [
+        "eth.src",
+        "eth.dst",
+        "vlan.id",
+        "ip.src",
+        "ip.dst",
+        "ip.ttl",
+        "ip.dsfield.dscp",
+        "icmp.type",
+        "icmp.code",
+        "icmp.checksum.status",
+        "ipv6.src",
+        "ipv6.dst",
+        "icmpv6.type",
+        "icmpv6.code",
+        "icmpv6.checksum.status",
+        "udp.dstport",
+        "frame.len",
+    ];
+    // The message's own headers, then the quoted packet's, as it came (TTL 1 or 0).
+    let rows = |path: &str| {
+        tshark_table(path, &["-o", "ip.check_checksum:TRUE"], ';', &fields)
+            .lines()
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        rows(&to_host),
+        [
+            "02:00:00:00:00:bb;02:00:00:00:00:aa;;10.0.0.1,10.0.0.2;10.0.0.2,198.51.100.7;64,1;48,0;11;0;1;;;;;;33434;102",
+            "02:00:00:00:00:bb;02:00:00:00:00:aa;7;10.0.0.1,10.0.0.2;10.0.0.2,198.51.100.7;64,0;48,0;11;0;1;;;;;;33434;106",
+            "02:00:00:00:00:bb;02:00:00:00:00:aa;;;;;;;;;2001:db8::1,2001:db8::2;2001:db8::2,2001:db8:2::7;3;0;1;33434;142",
+        ],
+        "{to_host}"
+    );
+    let uplink = rows(&to_uplink);
+    assert_eq!(uplink.len(), 2, "{to_uplink}");
+    assert_eq!(
+        uplink[1],
+        "02:00:00:00:00:bb;02:00:00:00:00:aa;;192.0.2.1,192.0.2.9;192.0.2.9,10.0.0.2;64,1;48,0;11;0;1;;;;;;33434;102",
+        "{to_uplink}"
+    );
+    assert!(uplink[0].contains(";198.51.100.7;1;"), "{to_uplink}");
+}
+
 /// `clamp tcp.mss` before an encapsulation: SYNs and SYN-ACKs offering more come out of
 /// the tunnel offering the clamp, with right checksums (tshark checks them inside the
 /// VXLAN); lower offers, and segments that are not SYNs, come out as they went in.

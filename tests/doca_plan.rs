@@ -580,7 +580,7 @@ fn engine_walk(engine: &mut Engine, frame: &[u8], port: PortId) -> Walk {
     engine.process(&mut batch, &mut rec);
     let end = match rec.verdict.expect("a verdict") {
         Verdict::Forward(p) => End::Port(p),
-        Verdict::Drop(_) | Verdict::TooBig(_) => End::Drop,
+        Verdict::Drop(_) | Verdict::Told(..) => End::Drop,
         Verdict::Service(s) => End::Service(s),
     };
     Walk {

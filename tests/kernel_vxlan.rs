@@ -2,7 +2,9 @@
 //! veth pair: dpuflow's encapsulation must be accepted by a kernel `vxlan` device, and the
 //! kernel's own encapsulation must decapsulate in dpuflow to exactly the frames it sent.
 //! And the kernel as the tunnel endpoint's host: its answers to ARP, neighbour
-//! solicitations and pings for its address, which the gateway's must equal.
+//! solicitations and pings for its address, which the gateway's must equal; and as a
+//! router: its Time Exceeded for a packet whose TTL runs out, which `dec ttl`'s must
+//! equal.
 //!
 //! Needs root (CI runs as root) for `ip netns`; traffic stays inside the namespaces.
 
@@ -465,10 +467,10 @@ wrpcap("pings.pcap", [Ether()/IP(src="10.1.0.1", dst="10.4.0.2", tos=t)/ICMP() f
 /// answer them with the same fields (tshark's reading of both captures, checksums
 /// verified). Left out: what a reply may carry either way (the IPv4 identification and
 /// DF flag of a ping's reply, frames' padding).
-#[test]
-fn answers_equal_the_kernels() {
-    let ns = Namespaces::new("ans");
-    let dir = Scratch::new("kernel-answers");
+/// Two namespaces joined by a veth pair, `vA` (02:00:00:00:00:01) in `a` with the
+/// kernel's addresses 192.0.2.1/24 and 2001:db8::1/64, `vB` (02:00:00:00:00:02) in `b`.
+fn kernel_on_a_link(tag: &str) -> Namespaces {
+    let ns = Namespaces::new(tag);
     let (a, b) = (&ns.a, &ns.b);
     tool_ok(
         "ip",
@@ -498,6 +500,49 @@ fn answers_equal_the_kernels() {
             "nodad",
         ],
     );
+    ns
+}
+
+/// The frames of `dir`'s capture `input` replayed through `pipe` (its port `uplink`), and
+/// sent in turn to the kernel of [`kernel_on_a_link`]: the captures of what each sent back.
+fn replay_and_send(ns: &Namespaces, dir: &Scratch, pipe: &str, input: &str) -> (String, String) {
+    let ours = dir.path("ours.pcap");
+    dpuflow_ok(&[
+        "replay",
+        pipe,
+        "--in",
+        &format!("uplink={}", dir.path(input)),
+        "--out",
+        &format!("uplink={ours}"),
+    ]);
+    let kernels = dir.path("kernels.pcap");
+    let tcpdump = ns.capture(
+        &ns.b,
+        "vB",
+        &kernels,
+        &["ether", "src", "02:00:00:00:00:01"],
+    );
+    send_in_turn(&ns.b, &dir.path(input));
+    stop(tcpdump);
+    (ours, kernels)
+}
+
+/// Sends the frames of capture `pcap` out of `vB` in namespace `b` one at a time, each
+/// answer given time to come before the next frame and after the last.
+fn send_in_turn(b: &str, pcap: &str) {
+    let send = format!(
+        "import time\nfrom scapy.all import *\n\
+         for f in rdpcap('{pcap}'):\n    sendp(f, iface='vB', verbose=0)\n    time.sleep(0.3)\n\
+         time.sleep(0.3)\nprint('sent')"
+    );
+    let sent = in_netns(b, &[PYTHON, "-c", &send]);
+    assert!(sent.contains("sent"), "{sent}");
+}
+
+#[test]
+fn answers_equal_the_kernels() {
+    let ns = kernel_on_a_link("ans");
+    let dir = Scratch::new("kernel-answers");
     scapy(
         &dir.0,
         r#"
@@ -524,28 +569,9 @@ wrpcap("requests.pcap", [
          }\n",
     )
     .expect("write pipeline");
-    let ours = dir.path("ours.pcap");
-    dpuflow_ok(&[
-        "replay",
-        &pipe,
-        "--in",
-        &format!("uplink={}", dir.path("requests.pcap")),
-        "--out",
-        &format!("uplink={ours}"),
-    ]);
-    let kernels = dir.path("kernels.pcap");
-    let tcpdump = ns.capture(b, "vB", &kernels, &["ether", "src", "02:00:00:00:00:01"]);
     // One at a time, so each answer comes before the next request (the kernel takes the
     // requester's address from the ARP request and the solicitation it answers first).
-    let send = format!(
-        "import time\nfrom scapy.all import *\n\
-         for f in rdpcap('{}'):\n    sendp(f, iface='vB', verbose=0)\n    time.sleep(0.2)\n\
-         print('sent')",
-        dir.path("requests.pcap")
-    );
-    let sent = in_netns(b, &[PYTHON, "-c", &send]);
-    assert!(sent.contains("sent"), "{sent}");
-    stop(tcpdump);
+    let (ours, kernels) = replay_and_send(&ns, &dir, &pipe, "requests.pcap");
     let fields = [
         "eth.dst",
         "eth.src",
@@ -585,5 +611,126 @@ wrpcap("requests.pcap", [
     };
     let (kernel, dpuflow) = (table(&kernels), table(&ours));
     assert_eq!(kernel.lines().count(), 4, "the kernel's answers:\n{kernel}");
+    assert_eq!(dpuflow, kernel);
+}
+
+/// A packet whose TTL (hop limit) runs out at a hop: the Linux kernel forwarding between
+/// its interfaces answers with ICMP Time Exceeded from its address on the interface the
+/// packet came in by; a pipeline's `dec ttl` must answer the same probes alike, from
+/// its port's `address`. Traceroute reads each hop from these.
+#[test]
+fn time_exceeded_equals_the_kernels() {
+    let ns = kernel_on_a_link("ttl");
+    let dir = Scratch::new("kernel-time-exceeded");
+    let (a, b) = (&ns.a, &ns.b);
+    // The router: a network beyond it, forwarding on.
+    ns.run(
+        a,
+        &[
+            "ip", "link", "add", "beyond", "type", "veth", "peer", "name", "far",
+        ],
+    );
+    for dev in ["beyond", "far"] {
+        ns.run(a, &["ip", "link", "set", dev, "up"]);
+    }
+    ns.run(
+        a,
+        &["ip", "addr", "add", "198.51.100.1/24", "dev", "beyond"],
+    );
+    ns.run(
+        a,
+        &[
+            "ip",
+            "-6",
+            "addr",
+            "add",
+            "2001:db8:2::1/48",
+            "dev",
+            "beyond",
+            "nodad",
+        ],
+    );
+    ns.run(a, &["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"]);
+    ns.run(a, &["sysctl", "-q", "-w", "net.ipv6.conf.all.forwarding=1"]);
+    // The sender, whose addresses the router resolves to answer.
+    ns.run(b, &["ip", "addr", "add", "192.0.2.254/24", "dev", "vB"]);
+    ns.run(
+        b,
+        &[
+            "ip",
+            "-6",
+            "addr",
+            "add",
+            "2001:db8::fe/64",
+            "dev",
+            "vB",
+            "nodad",
+        ],
+    );
+    scapy(
+        &dir.0,
+        r#"
+e = Ether(src="02:00:00:00:00:02", dst="02:00:00:00:00:01")
+wrpcap("probes.pcap", [
+    e/IP(src="192.0.2.254", dst="198.51.100.7", ttl=1)/UDP(sport=40000, dport=33434)/Raw(b"probe one"),
+    e/IPv6(src="2001:db8::fe", dst="2001:db8:2::7", hlim=1)/UDP(sport=40000, dport=33435)/Raw(b"probe two"),
+    e/IP(src="192.0.2.254", dst="198.51.100.7", ttl=1, tos=0x10)/TCP(sport=40001, dport=80, flags="S"),
+])
+"#,
+    );
+    let pipe = dir.path("router.pipe");
+    std::fs::write(
+        &pipe,
+        "pipeline router\n\
+         port uplink { driver pcap  address 192.0.2.1  address 2001:db8::1 }\n\
+         port beyond { driver pcap }\n\
+         pipe routes root from uplink {\n\
+             rule v4 { match ipv4.dst 198.51.100.0/24  actions dec ttl, fwd beyond }\n\
+             rule v6 { match ipv6.dst 2001:db8:2::/48  actions dec ttl, fwd beyond }\n\
+             default { actions drop }\n\
+         }\n",
+    )
+    .expect("write pipeline");
+    let (ours, kernels) = replay_and_send(&ns, &dir, &pipe, "probes.pcap");
+    // The message's headers and the quoted packet's, each field's occurrences in turn.
+    // Not compared: the IPv4 identification and DF flag, and IPv6's traffic class
+    // (Linux sends its ICMPv6 errors in class 0; dpuflow in CS6, as its IPv4 ones).
+    let fields = [
+        "eth.dst",
+        "eth.src",
+        "ip.src",
+        "ip.dst",
+        "ip.ttl",
+        "ip.dsfield",
+        "ip.len",
+        "ip.checksum.status",
+        "icmp.type",
+        "icmp.code",
+        "icmp.checksum.status",
+        "ipv6.src",
+        "ipv6.dst",
+        "ipv6.hlim",
+        "ipv6.plen",
+        "icmpv6.type",
+        "icmpv6.code",
+        "icmpv6.checksum.status",
+        "udp.srcport",
+        "udp.dstport",
+        "tcp.dstport",
+        "tcp.flags",
+        "data.data",
+        "frame.len",
+    ];
+    let errors = "icmp.type == 11 || icmpv6.type == 3";
+    let table = |path: &str| {
+        let options = ["-o", "ip.check_checksum:TRUE", "-Y", errors];
+        tshark_table(path, &options, ';', &fields)
+    };
+    let (kernel, dpuflow) = (table(&kernels), table(&ours));
+    assert_eq!(
+        kernel.lines().count(),
+        3,
+        "the kernel's messages:\n{kernel}"
+    );
     assert_eq!(dpuflow, kernel);
 }

@@ -453,6 +453,17 @@ fn lower(p: &Program, wanted: &[bool]) -> Plan {
                 .into(),
         );
     }
+    // The software engine tells a packet's sender its TTL ran out, from the address of
+    // the port it came in by; the NIC drops it.
+    let expires = planner.pipes.iter().any(|x| x.role == Role::DecTtl);
+    if expires && p.ports.iter().any(|x| x.ipv4.is_some() || x.ipv6.is_some()) {
+        notes.push(
+            "a packet whose TTL (hop limit) runs out in a `dec ttl` in hardware is dropped \
+             by the NIC: its sender is not sent the ICMP Time Exceeded the software engine \
+             sends from its port's address"
+                .into(),
+        );
+    }
     // The flow cache and connection entries that make IPFIX records are the software
     // engine's: a packet the NIC forwards never meets them.
     if planner.hw.iter().any(Option::is_some) {
@@ -1088,7 +1099,7 @@ impl Planner<'_> {
                     ))
                 }
                 Action::Encap(e) => Step::Encap(self.encap(e)),
-                Action::Meter(_) | Action::Mirror(_) | Action::DecTtl => {
+                Action::Meter(_) | Action::Mirror(_) | Action::DecTtl { .. } => {
                     scope.marked |= marks(&steps);
                     let next = match a {
                         Action::Meter(m) => self.meter(of, *m, rest, terminal, scope)?,

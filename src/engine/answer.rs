@@ -5,9 +5,9 @@
 //! on the underlay, and for the overlay's addresses to its host (as OVN's ARP and ND
 //! responders, and EVPN's ARP suppression, do), where nobody else on the link would.
 
+use super::icmp_error;
 use super::packet::PacketBuf;
 use super::parse::{self, Layers, L3};
-use super::pmtu;
 use super::DropReason;
 use crate::wire::ethernet::{self, ethertype};
 use crate::wire::{arp, be16, checksum, icmp, ip_proto, ipv4, ipv6, ndp, put16};
@@ -111,11 +111,11 @@ pub fn reply_echo(frame: &mut [u8], l: &Layers) -> Result<(), DropReason> {
     let one_host_each = match v6 {
         true => {
             let ip = ipv6::Packet::new_unchecked(&frame[l3..]);
-            pmtu::answerable_v6(&ip.src(), &ip.dst())
+            icmp_error::answerable_v6(&ip.src(), &ip.dst())
         }
         false => {
             let ip = ipv4::Packet::new_unchecked(&frame[l3..]);
-            pmtu::answerable_v4(ip.src(), ip.dst())
+            icmp_error::answerable_v4(ip.src(), ip.dst())
         }
     };
     let msg = &frame[l4..end];

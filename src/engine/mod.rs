@@ -9,6 +9,7 @@
 mod action;
 mod answer;
 pub mod field;
+pub mod icmp_error;
 mod lpm;
 mod meter;
 pub mod packet;
@@ -52,7 +53,7 @@ reasons! {
         EcnNotCapable => "ecn_not_ect", "decapsulated from an outer header marked Congestion Experienced, but not ECN-capable inside: the mark may be neither lost nor passed on (RFC 6040 §4.2)";
         Unanswerable => "unanswerable", "`arp.reply` of a frame that is not an ARP request for another host's address (a reply, an announcement, ARP not of IPv4 over Ethernet), `nd.advert` of one that is not a neighbour solicitation a node may take (RFC 4861 §7.1.1), or `echo.reply` of one that is not a whole echo request between unicast addresses";
         NotTunnelled => "not_tunnelled", "decapsulation of a packet that carries no such tunnel";
-        TtlExpired => "ttl_expired", "TTL or hop limit reached zero";
+        TtlExpired => "ttl_expired", "TTL or hop limit reached zero; where the port it came in by has an address, its sender is sent an ICMP Time Exceeded";
         MeterRed => "meter_red", "a meter marked the packet red";
         MtuExceeded => "mtu_exceeded", "larger than the output port's MTU";
         PacketTooBig => "packet_too_big", "encapsulated, then larger than the output port's MTU: its sender was sent an ICMP Fragmentation Needed or ICMPv6 Packet Too Big with the MTU inside the tunnel";
@@ -71,10 +72,10 @@ pub enum Verdict {
     Drop(DropReason),
     /// Handed to a local service's queue.
     Service(ServiceId),
-    /// Dropped as too big for its output port once encapsulated
-    /// ([`DropReason::PacketTooBig`]); the packet is now the ICMP error telling its
-    /// sender so, sent out of this port, the one it came in by (see [`pmtu`]).
-    TooBig(PortId),
+    /// Dropped for this reason ([`DropReason::PacketTooBig`], [`DropReason::TtlExpired`]);
+    /// the packet is now the ICMP error telling its sender so, sent out of this port, the
+    /// one it came in by (see [`icmp_error`]).
+    Told(PortId, DropReason),
 }
 
 impl Verdict {
@@ -82,7 +83,7 @@ impl Verdict {
     #[inline]
     pub fn sent_to(self) -> Option<PortId> {
         match self {
-            Verdict::Forward(p) | Verdict::TooBig(p) => Some(p),
+            Verdict::Forward(p) | Verdict::Told(p, _) => Some(p),
             Verdict::Drop(_) | Verdict::Service(_) => None,
         }
     }
@@ -293,6 +294,8 @@ pub struct Compiled {
     port_states: Box<[PacketState]>,
     encaps: Vec<EncapTemplate>,
     tunnels: TunnelPorts,
+    /// Each port's own addresses, which the Time Exceeded it sends come from.
+    addresses: icmp_error::PortAddresses,
     /// What each engine's own state starts from.
     fresh: Fresh,
 }
@@ -322,8 +325,8 @@ struct Runtime {
     ct: Option<Conntrack>,
     /// Flow cache for IPFIX, when enabled.
     flows: Option<FlowCache>,
-    /// What answering packets too big for a port takes.
-    too_big: Box<pmtu::Answering>,
+    /// What sending ICMP errors about dropped packets takes.
+    errors: Box<icmp_error::Errors>,
 }
 
 impl Compiled {
@@ -414,6 +417,7 @@ impl Compiled {
                 reads_ct,
             });
         }
+
         let stats = Stats {
             ports: p
                 .ports
@@ -469,6 +473,7 @@ impl Compiled {
                 .collect(),
             encaps,
             tunnels,
+            addresses: p.ports.iter().map(|port| (port.ipv4, port.ipv6)).collect(),
             fresh: Fresh {
                 mtus: p.ports.iter().map(|port| port.mtu).collect(),
                 meters: p.meters.iter().map(MeterState::new).collect(),
@@ -496,7 +501,10 @@ impl Engine {
             stats: f.stats.clone(),
             mirrors: if f.mirrors { mirror_pool() } else { Vec::new() },
             mirrored: 0,
-            too_big: Box::new(pmtu::Answering::new(code.tunnels.clone())),
+            errors: Box::new(icmp_error::Errors::new(
+                code.tunnels.clone(),
+                code.addresses.clone(),
+            )),
             ct: f.conntrack.as_ref().map(|c| {
                 let capacity = usize::try_from(c.capacity).unwrap_or(usize::MAX);
                 let mut ct = Conntrack::new(capacity, c.timeouts.clone());
@@ -722,9 +730,9 @@ impl Engine {
             match v {
                 Verdict::Forward(out) => self.rt.stats.ports[out.index()].tx.add(pkt.len()),
                 Verdict::Drop(r) => self.rt.stats.ports[port].drops[r as usize] += 1,
-                Verdict::TooBig(back) => {
+                Verdict::Told(back, r) => {
                     let ports = &mut self.rt.stats.ports;
-                    ports[port].drops[DropReason::PacketTooBig as usize] += 1;
+                    ports[port].drops[r as usize] += 1;
                     ports[back.index()].tx.add(pkt.len());
                 }
                 Verdict::Service(s) => self.rt.stats.services[s.index()].add(pkt.len()),
@@ -993,25 +1001,14 @@ pub(crate) fn staged_packets(mut staged: u32) -> impl Iterator<Item = usize> {
 fn fate(v: Verdict) -> (Option<u16>, bool) {
     match v {
         Verdict::Forward(p) => (Some(p.0), false),
-        Verdict::Drop(_) | Verdict::TooBig(_) => (None, true),
+        Verdict::Drop(_) | Verdict::Told(..) => (None, true),
         Verdict::Service(_) => (None, false),
     }
 }
 
 /// Whether an op leaves the addresses, protocol and ports conntrack keys on unchanged.
 fn keeps_tuple(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Ir(
-            Action::Count
-                | Action::Meter(_)
-                | Action::Mirror(_)
-                | Action::Mark(_)
-                | Action::CtCommit { .. }
-                | Action::DecTtl
-                | Action::ClampMss(_)
-        )
-    )
+    matches!(op, Op::Ir(a) if a.keeps_packet())
 }
 
 /// Whether an op reads header offsets (and so needs fresh metadata after a rewrite). A
@@ -1022,8 +1019,8 @@ fn needs_meta(op: &Op) -> bool {
         op,
         Op::Encap(_)
             | Op::Ir(
-                Action::Set { .. }
-                    | Action::DecTtl
+                Action::DecTtl { .. }
+                    | Action::Set { .. }
                     | Action::ClampMss(_)
                     | Action::ArpReply(_)
                     | Action::NdAdvert { .. }
@@ -1090,7 +1087,14 @@ fn exec(
             }
         }
         Action::Mark(m) => state.mark = *m,
-        Action::DecTtl => action::dec_ttl(pkt.data_mut(), &meta.outer)?,
+        Action::DecTtl { as_arrived } => {
+            if let Err(r) = action::dec_ttl(pkt.data_mut(), &meta.outer) {
+                return match as_arrived {
+                    true => Ok(Some(Next::Done(rt.errors.time_exceeded(pkt)))),
+                    false => Err(r),
+                };
+            }
+        }
         Action::ClampMss(mss) => action::clamp_mss(pkt.data_mut(), &meta.outer, *mss),
         Action::ArpReply(mac) => {
             answer::reply_arp(pkt.data_mut(), &meta.outer, *mac)?;
@@ -1123,7 +1127,7 @@ fn exec(
             let l3_len = pkt.len().saturating_sub(action::l3_offset(pkt.data()));
             let mtu = rt.mtus[port.index()];
             if l3_len > usize::from(mtu) {
-                return rt.too_big.answer(pkt, mtu).map(|v| Some(Next::Done(v)));
+                return rt.errors.too_big(pkt, mtu).map(|v| Some(Next::Done(v)));
             }
             return Ok(Some(Next::Done(Verdict::Forward(*port))));
         }

@@ -111,7 +111,8 @@ impl Engine {
         let rt = &mut self.rt;
         rt.stats = renumbering.stats(std::mem::take(&mut rt.stats));
         rt.meters = f.meters.clone();
-        rt.too_big.tunnels.clone_from(&code.tunnels);
+        rt.errors.tunnels.clone_from(&code.tunnels);
+        rt.errors.addresses = code.addresses.clone();
         if f.mirrors && rt.mirrors.is_empty() {
             rt.mirrors = super::mirror_pool();
         }

@@ -50,6 +50,47 @@ impl Program {
         &self.pipes[id.index()]
     }
 
+    /// Notes which `dec ttl`s see every packet as it came (`as_arrived`): no action
+    /// before them in their list, nor before the `goto` in any pipe a walk to theirs
+    /// passes, changes the packet ([`Action::keeps_packet`]). An ICMP error about such a
+    /// packet can quote it and go back to where it came from.
+    pub fn note_arrivals(&mut self) {
+        let n = self.pipes.len();
+        // Pipes every walk enters with the packet as it came; the goto graph is acyclic,
+        // so as many passes as pipes settle it.
+        let mut entered = vec![true; n];
+        for _ in 0..n {
+            let mut changed = false;
+            for from in 0..n {
+                let pipe = &self.pipes[from];
+                for list in pipe.body.action_lists().chain([&pipe.miss]) {
+                    if let Some((Action::Goto(to), before)) = list.0.split_last() {
+                        let kept = entered[from] && before.iter().all(Action::keeps_packet);
+                        if !kept && entered[to.index()] {
+                            entered[to.index()] = false;
+                            changed = true;
+                        }
+                    }
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+        for (pipe, entered) in self.pipes.iter_mut().zip(entered) {
+            let Pipe { body, miss, .. } = pipe;
+            for list in body.action_lists_mut().chain([miss]) {
+                let mut kept = entered;
+                for a in &mut list.0 {
+                    if let Action::DecTtl { as_arrived } = a {
+                        *as_arrived = kept;
+                    }
+                    kept &= a.keeps_packet();
+                }
+            }
+        }
+    }
+
     /// The root pipe fed by a port, if any.
     pub fn root_of(&self, port: PortId) -> Option<PipeId> {
         self.pipes
@@ -73,7 +114,7 @@ impl Program {
             Action::Set { field, value } => {
                 format!("set {field} {}", display_value(*value, field.kind()))
             }
-            Action::DecTtl => "dec ttl".into(),
+            Action::DecTtl { .. } => "dec ttl".into(),
             Action::ClampMss(mss) => format!("clamp tcp.mss {mss}"),
             Action::ArpReply(m) => format!("arp.reply {}", mac(m)),
             Action::EchoReply => "echo.reply".into(),
@@ -170,6 +211,9 @@ pub struct Port {
     pub queues: u16,
     /// Largest IP packet the port sends, in bytes (the L3 MTU).
     pub mtu: u16,
+    /// The port's own addresses, which ICMP errors it sends come from.
+    pub ipv4: Option<std::net::Ipv4Addr>,
+    pub ipv6: Option<std::net::Ipv6Addr>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -266,6 +310,15 @@ impl PipeBody {
         }
     }
 
+    fn action_lists_mut(&mut self) -> Box<dyn Iterator<Item = &mut ActionList> + '_> {
+        match self {
+            PipeBody::Rules(r) => Box::new(r.iter_mut().map(|r| &mut r.actions)),
+            PipeBody::Exact { actions, .. } | PipeBody::Lpm { actions, .. } => {
+                Box::new(actions.distinct_mut().iter_mut())
+            }
+        }
+    }
+
     /// The key of an exact table's entry `i`.
     pub fn exact_key(&self, i: usize) -> Option<&[u128]> {
         match self {
@@ -312,6 +365,10 @@ impl EntryActions {
     /// The distinct lists, in the order their first entries came.
     pub fn distinct(&self) -> &[ActionList] {
         &self.lists
+    }
+
+    fn distinct_mut(&mut self) -> &mut [ActionList] {
+        &mut self.lists
     }
 }
 
@@ -545,7 +602,11 @@ pub enum Action {
         value: u128,
     },
     /// Decrement IPv4 TTL or IPv6 hop limit; the packet is dropped at zero.
-    DecTtl,
+    /// `as_arrived`: no action before it, in any walk reaching it, changes the packet's
+    /// addresses or headers, so its sender can be told (see [`Program::note_arrivals`]).
+    DecTtl {
+        as_arrived: bool,
+    },
     /// Lower the MSS option of a TCP SYN segment to this where it is larger.
     ClampMss(u16),
     /// Turn an ARP request into the reply of the host owning its target address,
@@ -577,6 +638,21 @@ pub enum Action {
 }
 
 impl Action {
+    /// Whether the action leaves the packet's addresses, protocol, ports and headers as
+    /// they are (it may count, meter, copy, mark, track or decrement the TTL).
+    pub fn keeps_packet(&self) -> bool {
+        matches!(
+            self,
+            Action::Count
+                | Action::Meter(_)
+                | Action::Mirror(_)
+                | Action::Mark(_)
+                | Action::CtCommit { .. }
+                | Action::DecTtl { .. }
+                | Action::ClampMss(_)
+        )
+    }
+
     pub fn is_terminal(&self) -> bool {
         matches!(
             self,
@@ -1061,6 +1137,38 @@ pub fn display_prefix(v: u128, len: u8, kind: ValueKind) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `dec ttl` sees the packet as it came unless an action before it, in its list or
+    /// on any way to its pipe, changes the packet.
+    #[test]
+    fn ttl_decrements_know_whether_the_packet_is_as_it_came() {
+        let text = "pipeline t\nport a { driver pcap }\nport b { driver pcap }\n\
+            pipe p root from a {\n\
+              rule counted { match udp.dst 1 actions count, mark 3, goto q }\n\
+              rule plain   { match udp.dst 2 actions dec ttl, fwd b }\n\
+              rule late    { match udp.dst 3 actions set ip.dscp 10, dec ttl, fwd b }\n\
+              rule tagged  { match udp.dst 4 actions vlan.push { id 7 }, goto r }\n\
+              default { actions goto r }\n\
+            }\n\
+            pipe q { default { actions dec ttl, fwd b } }\n\
+            pipe r { default { actions dec ttl, fwd b } }\n";
+        let checked = crate::lang::check_source("t.pipe", text, std::path::Path::new("."));
+        let p = checked.program.expect("valid");
+        let arrived = |list: &ActionList| {
+            list.0.iter().find_map(|a| match a {
+                Action::DecTtl { as_arrived } => Some(*as_arrived),
+                _ => None,
+            })
+        };
+        let PipeBody::Rules(rules) = &p.pipes[0].body else {
+            panic!("rules")
+        };
+        assert_eq!(arrived(&rules[1].actions), Some(true));
+        assert_eq!(arrived(&rules[2].actions), Some(false));
+        assert_eq!(arrived(&p.pipes[1].miss), Some(true));
+        // r is reached once tagged, though its other way in keeps the packet.
+        assert_eq!(arrived(&p.pipes[2].miss), Some(false));
+    }
 
     #[test]
     fn collectors_are_addresses_or_host_names() {

@@ -31,6 +31,7 @@ pub fn block_keys(kind: BlockKind) -> Keys {
             ("iface", One),
             ("queues", One),
             ("mtu", One),
+            ("address", One),
             ("file", One),
             ("out", One),
         ],

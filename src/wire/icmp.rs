@@ -82,23 +82,28 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 }
 
-/// A message saying a packet was too big for the next hop, to build: ICMP Destination
-/// Unreachable, code 4 "fragmentation needed and DF set" (RFC 792) with the next-hop
-/// MTU (RFC 1191 §4), or ICMPv6 Packet Too Big (RFC 4443 §3.2).
+/// An error message about a packet, to build (its header; the quoted packet follows).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TooBigRepr {
-    pub v6: bool,
-    pub mtu: u32,
+pub enum ErrorRepr {
+    /// The packet was too big for the next hop: ICMP Destination Unreachable, code 4
+    /// "fragmentation needed and DF set" (RFC 792) with the next-hop MTU (RFC 1191 §4),
+    /// or ICMPv6 Packet Too Big (RFC 4443 §3.2).
+    TooBig { v6: bool, mtu: u32 },
+    /// Its TTL or hop limit ran out in transit: Time Exceeded, code 0 (RFC 792; RFC
+    /// 4443 §3.3), the second word unused.
+    TimeExceeded { v6: bool },
 }
 
-impl TooBigRepr {
+impl ErrorRepr {
     /// Writes the header into `msg`, whose bytes after [`HEADER_LEN`] are the quoted
     /// packet, and the checksum over all of `msg`: with the IPv6 pseudo-header's sum
     /// `pseudo` for ICMPv6 (RFC 4443 §2.3), none for ICMPv4 (`pseudo` 0).
     pub fn emit(&self, msg: &mut [u8], pseudo: u32) {
-        let (kind, code, rest) = match self.v6 {
-            true => (v6_type::PACKET_TOO_BIG, 0, self.mtu),
-            false => (v4_type::DEST_UNREACHABLE, 4, self.mtu & 0xffff),
+        let (kind, code, rest) = match *self {
+            ErrorRepr::TooBig { v6: true, mtu } => (v6_type::PACKET_TOO_BIG, 0, mtu),
+            ErrorRepr::TooBig { v6: false, mtu } => (v4_type::DEST_UNREACHABLE, 4, mtu & 0xffff),
+            ErrorRepr::TimeExceeded { v6: true } => (v6_type::TIME_EXCEEDED, 0, 0),
+            ErrorRepr::TimeExceeded { v6: false } => (v4_type::TIME_EXCEEDED, 0, 0),
         };
         let b = &mut msg[..HEADER_LEN];
         b[0] = kind;
@@ -119,19 +124,30 @@ mod tests {
         /// A message built reads back as built, and its checksum verifies (the sum of a
         /// message with its checksum, pseudo-header included, folds to all ones).
         #[test]
-        fn too_big_messages_read_back(v6: bool, mtu: u32, quote in prop::collection::vec(any::<u8>(), 0..64), pseudo in 0u32..0x7fff_ffff) {
+        fn error_messages_read_back(v6: bool, expired: bool, mtu: u32, quote in prop::collection::vec(any::<u8>(), 0..64), pseudo in 0u32..0x7fff_ffff) {
             let mut msg = vec![0xa5; HEADER_LEN];
             msg.extend_from_slice(&quote);
             let pseudo = if v6 { pseudo } else { 0 };
-            TooBigRepr { v6, mtu }.emit(&mut msg, pseudo);
+            let repr = if expired {
+                ErrorRepr::TimeExceeded { v6 }
+            } else {
+                ErrorRepr::TooBig { v6, mtu }
+            };
+            repr.emit(&mut msg, pseudo);
             let p = Packet::new_checked(&msg[..]).unwrap();
-            let (kind, code) = match v6 {
-                true => (v6_type::PACKET_TOO_BIG, 0),
-                false => (v4_type::DEST_UNREACHABLE, 4),
+            let (kind, code, rest) = match (expired, v6) {
+                (true, true) => (v6_type::TIME_EXCEEDED, 0, 0),
+                (true, false) => (v4_type::TIME_EXCEEDED, 0, 0),
+                (false, true) => (v6_type::PACKET_TOO_BIG, 0, mtu),
+                (false, false) => (v4_type::DEST_UNREACHABLE, 4, mtu & 0xffff),
             };
             prop_assert_eq!((p.msg_type(), p.code()), (kind, code));
             prop_assert!(is_error(v6, p.msg_type()));
-            prop_assert_eq!(p.next_hop_mtu(v6), if v6 { mtu } else { mtu & 0xffff });
+            if expired {
+                prop_assert_eq!(&msg[4..8], &[0u8; 4][..]);
+            } else {
+                prop_assert_eq!(p.next_hop_mtu(v6), rest);
+            }
             prop_assert_eq!(p.quoted(), &quote[..]);
             prop_assert_eq!(checksum::fold(checksum::sum(pseudo, &msg)), 0xffff);
         }

@@ -132,7 +132,8 @@ impl Lowerer<'_> {
                         .hint = Some("write `dec ttl` (IPv4 TTL or IPv6 hop limit)".into());
                     return None;
                 }
-                Action::DecTtl
+                // Worked out for the whole program (`Program::note_arrivals`).
+                Action::DecTtl { as_arrived: false }
             }
             "clamp" => {
                 let w = arg(a, 0)?;

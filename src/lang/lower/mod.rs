@@ -229,7 +229,7 @@ impl Lowerer<'_> {
                 checksum: false,
             })
         });
-        Some(Program {
+        let mut program = Program {
             name,
             ports,
             pipes,
@@ -237,7 +237,9 @@ impl Lowerer<'_> {
             services,
             conntrack,
             telemetry,
-        })
+        };
+        program.note_arrivals();
+        Some(program)
     }
 
     // ---- option blocks -------------------------------------------------------------

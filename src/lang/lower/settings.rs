@@ -19,7 +19,8 @@ pub(super) const DEFAULT_CT_CAPACITY: u64 = 1 << 20;
 
 impl Lowerer<'_> {
     pub(super) fn port(&mut self, b: &ast::NamedBlock) -> Option<Port> {
-        self.check_repeats(&b.options, &[]);
+        // An address of each IP version.
+        self.check_repeats(&b.options, &["address"]);
         let mut port = Port {
             name: b.name.text.to_string(),
             driver: Driver::Pcap,
@@ -28,6 +29,8 @@ impl Lowerer<'_> {
             out: None,
             queues: 1,
             mtu: 1500,
+            ipv4: None,
+            ipv6: None,
         };
         let mut driver = None;
         let mut ok = true;
@@ -60,6 +63,34 @@ impl Lowerer<'_> {
                     Some(m) => port.mtu = m as u16,
                     None => ok = false,
                 },
+                "address" => {
+                    let (v4, v6) = (value::ipv4(&w.text), value::ipv6(&w.text));
+                    let taken = match (v4, v6) {
+                        (Some(a), _) => port.ipv4.replace(a).is_some(),
+                        (_, Some(a)) => port.ipv6.replace(a).is_some(),
+                        (None, None) => {
+                            self.err(w.span, format!("invalid address `{}`", w.text))
+                                .hint = Some("an IPv4 or IPv6 address: `address 192.0.2.1`".into());
+                            ok = false;
+                            continue;
+                        }
+                    };
+                    let one_host = match (v4, v6) {
+                        (Some(a), _) => {
+                            !(a.is_unspecified() || a.is_multicast() || a.is_broadcast())
+                        }
+                        (_, Some(a)) => !(a.is_unspecified() || a.is_multicast()),
+                        _ => true,
+                    };
+                    if taken {
+                        self.err(w.span, "the port has an address of this IP version already")
+                            .hint = Some("give one IPv4 and one IPv6 address at most".into());
+                        ok = false;
+                    } else if !one_host {
+                        self.err(w.span, format!("`{}` is not one host's address", w.text));
+                        ok = false;
+                    }
+                }
                 _ => unreachable!("the parser accepts only port keys"),
             }
         }
