@@ -803,6 +803,62 @@ fn tagged_frames_keep_their_tags() {
     assert_eq!(metric(&m, series), Some(1), "{m}");
 }
 
+/// A routing hop: `dec ttl` both ways, the inside port with an `address`. Linux's
+/// traceroute from the client (UDP probes of rising TTL, one at a time) names the gateway,
+/// from the Time Exceeded it answers the first probe with, as hop 1, and the server as
+/// hop 2.
+#[test]
+fn traceroute_names_the_gateway_as_a_hop() {
+    let lab = Lab::for_driver("af_packet", "t");
+    let dir = Scratch::new("live-traceroute");
+    let pipe = dir.path("hop.pipe");
+    std::fs::write(
+        &pipe,
+        format!(
+            "pipeline hop\n\
+             port inside  {{ driver af_packet  iface \"in0\"  address 10.77.0.254 }}\n\
+             port outside {{ driver af_packet  iface \"out0\" }}\n\
+             pipe out root from inside {{\n\
+                 rule routed {{ match ipv4.dst {SERVER}  actions dec ttl, fwd outside }}\n\
+                 default {{ actions drop }}\n\
+             }}\n\
+             pipe back root from outside {{\n\
+                 rule routed {{ match ipv4.dst {CLIENT}  actions dec ttl, fwd inside }}\n\
+                 default {{ actions drop }}\n\
+             }}\n"
+        ),
+    )
+    .expect("write pipeline");
+    let _dpuflow = lab.start(&pipe, "1");
+    let out = lab.run(
+        &lab.client,
+        &[
+            "traceroute",
+            "-n",
+            "-N",
+            "1",
+            "-q",
+            "1",
+            "-w",
+            "2",
+            "-m",
+            "4",
+            SERVER,
+        ],
+    );
+    // " 1  10.77.0.254  0.301 ms", after the heading.
+    let hops: Vec<&str> = out
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .collect();
+    assert_eq!(hops, ["10.77.0.254", SERVER], "{out}");
+    let series = "dpuflow_port_dropped_packets_total{port=\"inside\",reason=\"ttl_expired\"}";
+    let m = lab.metrics_until(|m| metric(m, series) == Some(1), "one probe expired");
+    let sent = "dpuflow_port_transmitted_packets_total{port=\"inside\"}";
+    assert!(metric(&m, sent).is_some_and(|n| n >= 2), "{m}");
+}
+
 /// A link going down and up again is survived (the port reads again). An interface
 /// removed under its port closes the port (its socket would never see another frame: an
 /// AF_XDP socket is not even told) and the rest carries on: frames for it are counted
