@@ -651,11 +651,11 @@ impl Planner<'_> {
 
     /// The template of `list` in pipeline pipe `of`, or where it cannot be one, the
     /// software's: what the list made before it failed is undone, and the reason noted
-    /// against `rule`.
+    /// against the rule `rule` names (asked only then).
     fn template_or_software(
         &mut self,
         of: PipeId,
-        rule: &str,
+        rule: impl FnOnce() -> String,
         list: &ActionList,
         cx: &Context,
         has: &[Selector],
@@ -663,7 +663,7 @@ impl Planner<'_> {
         let before = self.checkpoint();
         self.template(of, list, cx, has).unwrap_or_else(|why| {
             self.rollback(before);
-            self.leave_to_software(of, rule, why)
+            self.leave_to_software(of, &rule(), why)
         })
     }
 
@@ -833,8 +833,13 @@ impl Planner<'_> {
                 fwd
             }
             (None, None) => {
-                let a =
-                    self.template_or_software(id, "default", &pipe.miss, &Context::default(), &[]);
+                let a = self.template_or_software(
+                    id,
+                    || "default".into(),
+                    &pipe.miss,
+                    &Context::default(),
+                    &[],
+                );
                 decided |= a.fwd != software;
                 actions.push(a);
                 entries.push(Entry {
@@ -935,15 +940,17 @@ impl Planner<'_> {
             .enumerate()
             .map(|(k, l)| {
                 // Named for people by the entries taking it.
-                let mut users = (0..indices.len()).filter(|&i| indices[i] as usize == k);
-                let first = users
-                    .next()
-                    .map_or_else(String::new, |i| pipe.entry_name(i));
-                let label = match users.count() {
-                    0 => first,
-                    more => format!("{first} and {more} more entries with its actions"),
+                let label = || {
+                    let mut users = (0..indices.len()).filter(|&i| indices[i] as usize == k);
+                    let first = users
+                        .next()
+                        .map_or_else(String::new, |i| pipe.entry_name(i));
+                    match users.count() {
+                        0 => first,
+                        more => format!("{first} and {more} more entries with its actions"),
+                    }
                 };
-                self.template_or_software(id, &label, l, &cx, &selectors)
+                self.template_or_software(id, label, l, &cx, &selectors)
             })
             .collect();
         let miss = self.miss(id);
@@ -990,8 +997,13 @@ impl Planner<'_> {
         if let Some(fwd) = self.miss_fwd(&pipe.miss) {
             return fwd;
         }
-        let template =
-            self.template_or_software(id, "default", &pipe.miss, &Context::default(), &[]);
+        let template = self.template_or_software(
+            id,
+            || "default".into(),
+            &pipe.miss,
+            &Context::default(),
+            &[],
+        );
         Fwd::Pipe(self.push(HwPipe {
             name: format!("{}.default", pipe.name),
             kind: PipeType::Basic,
