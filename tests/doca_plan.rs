@@ -441,6 +441,13 @@ fn a_rule_the_nic_cannot_decide_sends_what_it_may_take_to_software() {
     );
     let ping = entries.iter().find(|e| e.label == "ping").expect("ping");
     assert_eq!(ping.matches.len(), 2, "{p}");
+    // No packet is both ARP and TCP or ICMP: the three share a priority.
+    let web = entries.iter().find(|e| e.label == "web").expect("web");
+    assert_eq!(
+        [web.priority, arp.priority, ping.priority],
+        [Some(0); 3],
+        "{p}"
+    );
 
     // A rule the NIC can check nothing of takes every packet from its priority on:
     // rules before it stay in hardware, and nothing after it is planned.

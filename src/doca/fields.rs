@@ -50,6 +50,9 @@ pub struct Headers {
     pub family: Option<Family>,
     /// IANA protocol number, when one value is matched exactly.
     pub proto: Option<u8>,
+    /// Whether the header is sure to be neither IPv4 nor IPv6: an ARP field, or an
+    /// `eth.type` of another protocol, is matched.
+    pub not_ip: bool,
 }
 
 /// The headers, outer and inner, that a set of matched fields pins down; `exact` gives a
@@ -71,6 +74,10 @@ impl Context {
                 FieldId::EthType if exact == Some(ETHERTYPE_IPV6) => h.family = Some(Family::V6),
                 FieldId::Ipv4Src | FieldId::Ipv4Dst => h.family = Some(Family::V4),
                 FieldId::Ipv6Src | FieldId::Ipv6Dst => h.family = Some(Family::V6),
+                FieldId::EthType if exact.is_some() => h.not_ip = true,
+                FieldId::ArpOp | FieldId::ArpSha | FieldId::ArpSpa | FieldId::ArpTpa => {
+                    h.not_ip = true
+                }
                 FieldId::IpProto => h.proto = exact.and_then(|v| u8::try_from(v).ok()),
                 FieldId::TcpSrc | FieldId::TcpDst | FieldId::TcpFlags => h.proto = Some(6),
                 FieldId::UdpSrc | FieldId::UdpDst => h.proto = Some(17),

@@ -1339,7 +1339,7 @@ impl Planner<'_> {
             let cx = Context {
                 outer: Headers {
                     family: Some(family),
-                    proto: None,
+                    ..Headers::default()
                 },
                 ..Context::default()
             };
@@ -1537,14 +1537,20 @@ fn priority_levels(rules: &[crate::ir::Rule], contexts: &[Context], live: &[bool
 }
 
 /// Whether two rules' fields pin different IP versions, transport protocols or tunnels:
-/// no packet has both a TCP and a UDP header.
+/// no packet has both a TCP and a UDP header, nor an ARP and an IP one.
 fn disjoint_headers(a: &Context, b: &Context) -> bool {
     fn differ<T: PartialEq>(x: Option<T>, y: Option<T>) -> bool {
         matches!((x, y), (Some(x), Some(y)) if x != y)
     }
+    let ip = |h: &Headers| h.family.is_some() || h.proto.is_some();
     [(a.outer, b.outer), (a.inner, b.inner)]
         .iter()
-        .any(|(x, y)| differ(x.family, y.family) || differ(x.proto, y.proto))
+        .any(|(x, y)| {
+            differ(x.family, y.family)
+                || differ(x.proto, y.proto)
+                || x.not_ip && ip(y)
+                || y.not_ip && ip(x)
+        })
         || differ(a.tunnel, b.tunnel)
 }
 
