@@ -3,8 +3,9 @@
 //! records off, exact and sampled, and a counting allocator watches the thread running
 //! them. Connection tables, flow caches and record buffers are sized up front; what the
 //! warmup may allocate (a flow cache's index growing with its first flows) happens before
-//! the count starts. The steady phase spaces packets 1 ms apart, so flows reach their
-//! active timeout and the sweeps make records as the service's workers do.
+//! the count starts. The steady phase spaces packets 2 ms apart, so over its 200 seconds
+//! flows reach their active timeout and the sweeps make records as the service's workers
+//! do.
 
 mod counting;
 
@@ -51,8 +52,8 @@ enum Records {
     Sampled(u32),
 }
 
-const WARMUP_PACKETS: u64 = 50_000;
-const COUNTED_PACKETS: u64 = 200_000;
+const WARMUP_PACKETS: u64 = 25_000;
+const COUNTED_PACKETS: u64 = 100_000;
 
 /// Runs `traffic` into a fresh engine for `program` on `port`; the allocations of the
 /// counted phase.
@@ -88,7 +89,7 @@ fn steady_allocations(
         }
     };
     run(WARMUP_PACKETS, 100, &mut taken);
-    allocations_in(|| run(COUNTED_PACKETS, 1_000_000, &mut taken))
+    allocations_in(|| run(COUNTED_PACKETS, 2_000_000, &mut taken))
 }
 
 fn program(path: &str) -> Program {
