@@ -412,12 +412,13 @@ fn a_rule_the_nic_cannot_decide_sends_what_it_may_take_to_software() {
             rule web  { match tcp.dst 80 actions count, fwd b }
             rule arp  { match arp.op 1 arp.tpa 192.0.2.1 actions arp.reply 02:00:00:00:00:01, fwd a }
             rule ping { match ipv4.dst 192.0.2.1 icmp.type 8 actions echo.reply, fwd a }
+            rule nd   { match nd.target 2001:db8::1 actions nd.advert 02:00:00:00:00:01, fwd a }
             default   { actions count, drop }
         }",
     );
     assert!(p.software.is_empty(), "{p}");
     let rules: Vec<&str> = p.software_rules.iter().map(|r| r.rule.as_str()).collect();
-    assert_eq!(rules, ["arp", "ping"], "{p}");
+    assert_eq!(rules, ["arp", "ping", "nd"], "{p}");
     assert!(p.software_rules[0].why.contains("ARP"), "{p}");
     let control = p.pipes.iter().find(|x| x.name == "p").expect("pipe p");
     let Entries::Listed(entries) = &control.entries else {
@@ -441,11 +442,13 @@ fn a_rule_the_nic_cannot_decide_sends_what_it_may_take_to_software() {
     );
     let ping = entries.iter().find(|e| e.label == "ping").expect("ping");
     assert_eq!(ping.matches.len(), 2, "{p}");
-    // No packet is both ARP and TCP or ICMP: the three share a priority.
+    // No packet is two of ARP, TCP, ICMP and ICMPv6 (where a neighbour discovery target
+    // is): the four share a priority.
     let web = entries.iter().find(|e| e.label == "web").expect("web");
+    let nd = entries.iter().find(|e| e.label == "nd").expect("nd");
     assert_eq!(
-        [web.priority, arp.priority, ping.priority],
-        [Some(0); 3],
+        [web.priority, arp.priority, ping.priority, nd.priority],
+        [Some(0); 4],
         "{p}"
     );
 

@@ -85,7 +85,8 @@ impl Context {
                     h.family = Some(Family::V4);
                     h.proto = Some(1);
                 }
-                FieldId::Icmp6Type | FieldId::Icmp6Code => {
+                // A neighbour discovery target is in an ICMPv6 message.
+                FieldId::Icmp6Type | FieldId::Icmp6Code | FieldId::NdTarget => {
                     h.family = Some(Family::V6);
                     h.proto = Some(58);
                 }
