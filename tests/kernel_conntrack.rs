@@ -402,7 +402,9 @@ for family, v6 in (("v4", False), ("v6", True)):
 
 mode = sys.argv[1]
 if mode == "write":
-    # One pair of captures per scenario for dpuflow, timestamps in send order.
+    # One pair of captures per scenario of the family named for dpuflow, timestamps in
+    # send order.
+    sc = {name: pkts for name, pkts in sc.items() if name.startswith(sys.argv[2] + "_")}
     for name, pkts in sc.items():
         cs, ss, t = [], [], 1000.0
         for side, p in pkts:
@@ -450,12 +452,14 @@ struct Lab {
 }
 
 impl Lab {
-    fn new() -> Lab {
+    /// Namespaces named after this process and `family`, so that the labs of both
+    /// families run side by side.
+    fn new(family: &str) -> Lab {
         let id = std::process::id();
         let lab = Lab {
-            c: format!("dpc{id}c"),
-            r: format!("dpc{id}r"),
-            s: format!("dpc{id}s"),
+            c: format!("dpc{id}{family}c"),
+            r: format!("dpc{id}{family}r"),
+            s: format!("dpc{id}{family}s"),
         };
         add_netns(&[&lab.c, &lab.r, &lab.s]);
         // The ends only send raw frames: with no addresses of either family, their stacks
@@ -596,7 +600,7 @@ impl Lab {
             ct state new counter name \"new\"\n ct state established counter name \"established\"\n\
             ct state related counter name \"related\"\n ct state invalid counter name \"invalid\"\n\
             ct state untracked counter name \"untracked\"\n }\n}\n";
-        let file = std::env::temp_dir().join(format!("dpuflow-ct-{id}.nft"));
+        let file = std::env::temp_dir().join(format!("dpuflow-ct-{id}-{family}.nft"));
         std::fs::write(&file, rules).expect("write rules");
         lab.run(r, &["nft", "-f", &file.display().to_string()]);
         // As tests/data/ct-count*.pipe say, so that the capped timeouts show in seconds.
@@ -658,16 +662,29 @@ impl Drop for Lab {
     }
 }
 
+// The families apart, each in its own lab: the scenarios that wait for the kernel's
+// timeouts (about half a minute of each family's) then wait side by side.
 #[test]
-fn conntrack_states_equal_the_kernels() {
-    let dir = Scratch::new("kernel-ct");
+fn conntrack_states_equal_the_kernels_over_ipv4() {
+    states_equal_the_kernels("v4");
+}
+
+#[test]
+fn conntrack_states_equal_the_kernels_over_ipv6() {
+    states_equal_the_kernels("v6");
+}
+
+/// Sends the scenarios of `family` (`v4` or `v6`) through a lab of its own and replays
+/// them through dpuflow.
+fn states_equal_the_kernels(family: &str) {
+    let dir = Scratch::new(&format!("kernel-ct-{family}"));
     std::fs::write(
         dir.0.join("scenarios.py"),
         format!("from scapy.all import *\n{SCENARIOS}"),
     )
     .expect("write");
     let written = Command::new(PYTHON)
-        .args(["scenarios.py", "write"])
+        .args(["scenarios.py", "write", family])
         .current_dir(&dir.0)
         .output()
         .expect("python3 with scapy");
@@ -676,7 +693,7 @@ fn conntrack_states_equal_the_kernels() {
         "scenario script: {}",
         String::from_utf8_lossy(&written.stderr)
     );
-    let lab = Lab::new();
+    let lab = Lab::new(family);
     let mut sender = Command::new(PYTHON)
         .args(["scenarios.py", "send", &lab.c, &lab.s])
         .current_dir(&dir.0)
