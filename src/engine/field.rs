@@ -1,6 +1,6 @@
 //! Reading match fields out of a parsed frame.
 
-use super::parse::{l4_fields, Layers, Meta, L3};
+use super::parse::{ds_field, l4_fields, Layers, Meta, L3};
 use crate::ir::{Field, FieldId};
 use crate::wire::ethernet::ethertype;
 use crate::wire::{arp, be128, be16, be32, be64, geneve, icmp, ip_proto, ndp};
@@ -79,10 +79,8 @@ pub fn read_narrow(frame: &[u8], meta: &Meta, st: &PacketState, field: Field) ->
         FieldId::Ipv4Src if v4 => u64::from(be32(frame, l3 + 12)),
         FieldId::Ipv4Dst if v4 => u64::from(be32(frame, l3 + 16)),
         FieldId::IpProto if v4 || v6 => u64::from(l.proto),
-        FieldId::IpDscp if v4 => u64::from(frame[l3 + 1] >> 2),
-        FieldId::IpDscp if v6 => u64::from((be16(frame, l3) >> 6) & 0x3f),
-        FieldId::IpEcn if v4 => u64::from(frame[l3 + 1] & 3),
-        FieldId::IpEcn if v6 => u64::from((be16(frame, l3) >> 4) & 3),
+        FieldId::IpDscp if v4 || v6 => u64::from(ds_field(frame, l) >> 2),
+        FieldId::IpEcn if v4 || v6 => u64::from(ds_field(frame, l) & 3),
         FieldId::IpTtl if v4 => u64::from(frame[l3 + 8]),
         FieldId::IpTtl if v6 => u64::from(frame[l3 + 7]),
         FieldId::L4Src if ip_proto::has_ports(l.proto) && l4_fields(frame, l) => {
@@ -243,6 +241,7 @@ mod tests {
         assert_eq!(read(FieldId::Ipv6Dst), Some(dst));
         assert_eq!(read(FieldId::UdpDst), Some(53));
         assert_eq!(read(FieldId::IpDscp), Some(10));
+        assert_eq!(read(FieldId::IpEcn), Some(0));
         assert_eq!(read(FieldId::TcpDst), None);
         assert_eq!(read(FieldId::Ipv4Src), None);
         assert!(matches!(
@@ -264,6 +263,20 @@ mod tests {
         let narrow = |id| narrow_reader(outer(id)).expect("narrow")(&v4, &meta, &st);
         assert_eq!(narrow(FieldId::Ipv4Src), Some(0xc000_0201));
         assert_eq!(narrow(FieldId::TcpFlags), Some(0x12));
+        assert_eq!(narrow(FieldId::IpDscp), Some(0));
+        // ECN in the low bits of the traffic class and of the TOS byte (RFC 3168 §5).
+        let mut ce = f.clone();
+        ce[15] |= 0x30;
+        let meta6 = parse::parse(&ce, &TunnelPorts::default()).expect("parsed");
+        let ecn = |f: &[u8], m: &Meta| read_narrow(f, m, &st, outer(FieldId::IpEcn));
+        assert_eq!(ecn(&ce, &meta6), Some(3));
+        assert_eq!(
+            read_narrow(&ce, &meta6, &st, outer(FieldId::IpDscp)),
+            Some(10)
+        );
+        let mut ect0 = v4.clone();
+        ect0[15] |= 2;
+        assert_eq!(ecn(&ect0, &meta), Some(2));
         assert_eq!(read_narrow(&v4, &meta, &st, outer(FieldId::Ipv6Dst)), None);
         assert_eq!(read(FieldId::VxlanVni), None);
     }
