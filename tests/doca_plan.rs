@@ -613,8 +613,7 @@ fn plan_walk(
     let meta = parse::parse(frame, tunnels).expect("test packets parse");
     let st = PacketState {
         in_port: port.0,
-        mark: 0,
-        ct_state: 0,
+        ..PacketState::default()
     };
     walk_pipes(plan, |at| {
         let pipe = &plan.pipes[at.0];

@@ -1473,15 +1473,18 @@ fn the_vxlan_gateway_tells_a_host_the_mtu_inside_the_tunnel() {
     stop(dpuflow);
 }
 
-/// The same client and server, the gateway clamping the MSS of SYNs both ways to 1410
-/// (the tunnel's 1450 less the IPv4 and TCP headers; the server's SYN-ACK is what tells
-/// the client how much to send): the client never sends what would not fit, so nobody
-/// is told anything and its route learns no MTU.
+/// The same client and server, the gateway clamping the MSS of SYNs both ways to what
+/// fits the tunnel (`clamp tcp.mss mtu`: the tunnel's 1450 less the IPv4 and TCP
+/// headers, 1410, or the IPv6 and TCP ones, 1390; the server's SYN-ACK is what tells the
+/// client how much to send): the client never sends what would not fit, so nobody is
+/// told anything and its routes learn no MTU.
 #[test]
 fn a_clamped_mss_keeps_a_hosts_segments_inside_the_tunnel() {
-    let (lab, _dir, dpuflow) = full_sized_gateway("n", "clamp tcp.mss 1410,");
-    let route = lab.upload("AF_INET", SERVER);
-    assert!(!route.contains("mtu"), "the client's route: {route}");
+    let (lab, _dir, dpuflow) = full_sized_gateway("n", "clamp tcp.mss mtu,");
+    for (family, server) in [("AF_INET", SERVER), ("AF_INET6", SERVER6)] {
+        let route = lab.upload(family, server);
+        assert!(!route.contains("mtu"), "the client's route: {route}");
+    }
     assert_eq!(metric(&lab.metrics(), TOLD), Some(0));
     stop(dpuflow);
 }

@@ -1132,7 +1132,7 @@ impl Planner<'_> {
                             .into(),
                     )
                 }
-                Action::ClampMss(_) => {
+                Action::ClampMss(_) | Action::ClampMssToMtu => {
                     return Err("`clamp tcp.mss`: DOCA Flow does not rewrite TCP options".into())
                 }
                 Action::ArpReply(_) | Action::NdAdvert { .. } | Action::EchoReply => {

@@ -1,7 +1,7 @@
 //! Packet-rewriting actions: field sets with incremental checksum updates (RFC 1624),
 //! TTL decrement, VLAN push and pop, tunnel encapsulation and decapsulation.
 
-use super::packet::PacketBuf;
+use super::packet::{PacketBuf, HEADROOM};
 use super::parse::{self, ds_field, Layers, Meta, L3};
 use super::DropReason;
 use crate::ir::{Encap, Field, FieldId, OuterDscp, Tunnel};
@@ -381,6 +381,52 @@ pub fn clamp_mss(frame: &mut [u8], l: &Layers, mss: u16) {
     put16(seg, 16, c);
 }
 
+/// Whether the packet carries a TCP SYN, outside or inside its tunnel: what
+/// [`clamp_mss_to_mtu`] may clamp where it leaves, so that others are not looked at again.
+pub fn carries_syn(frame: &[u8], meta: &Meta) -> bool {
+    let syn = |l: &Layers| {
+        l.l4_ok
+            && l.proto == ip_proto::TCP
+            && frame
+                .get(usize::from(l.l4) + 13)
+                .is_some_and(|f| f & tcp::flags::SYN != 0)
+    };
+    syn(&meta.outer) || meta.tunnel.is_some() && syn(&meta.inner)
+}
+
+/// Lowers the MSS a leaving TCP SYN offers to what fits both ways (RFC 9293 §3.7.1): out
+/// of a port of `mtu` bytes of IP packet, behind every header now in front of the
+/// segment's IP header (a tunnel's, when the packet carries one), and back in by the port
+/// of `back` bytes it arrived by, behind every header that was in front of that IP header
+/// there (a tunnel's, when the walk took it out); less the fixed IP and TCP headers. So
+/// nftables' `tcp option maxseg size set rt mtu` does with the MTUs of the route out and
+/// of the route back to the source, a tunnel device's being its link's less the tunnel.
+/// Where the packet arrived is read from where its frame started in its buffer, as if
+/// its Ethernet header was untagged: behind a tagged one, 4 bytes are left to spare.
+/// The segment inside a tunnel is clamped as it is on its own: the checksum patch keeps
+/// the segment's sum, so an outer UDP checksum over it stays right. Left as it is when an
+/// MTU has no room for the headers.
+pub fn clamp_mss_to_mtu(pkt: &mut PacketBuf, meta: &Meta, mtu: u16, back: u16) {
+    let l = match meta.tunnel {
+        Some(_) => &meta.inner,
+        None => &meta.outer,
+    };
+    let fixed = match l.l3_kind {
+        L3::V4 => ipv4::MIN_HEADER_LEN + tcp::MIN_HEADER_LEN,
+        L3::V6 => ipv6::HEADER_LEN + tcp::MIN_HEADER_LEN,
+        L3::None => return,
+    };
+    let ip = usize::from(l.l3);
+    let in_front_now = ip.saturating_sub(usize::from(meta.outer.l3));
+    let in_front_then = (pkt.headroom() + ip).saturating_sub(HEADROOM + ethernet::HEADER_LEN);
+    let out = usize::from(mtu).checked_sub(in_front_now);
+    let back = usize::from(back).checked_sub(in_front_then);
+    let room = out.zip(back).map(|(out, back)| out.min(back));
+    if let Some(mss) = room.and_then(|r| r.checked_sub(fixed)) {
+        clamp_mss(pkt.data_mut(), l, mss as u16);
+    }
+}
+
 /// Decrements the IPv4 TTL or IPv6 hop limit; a packet that would reach zero is dropped.
 pub fn dec_ttl(frame: &mut [u8], l: &Layers) -> Result<(), DropReason> {
     let at = usize::from(l.l3);
@@ -588,6 +634,61 @@ mod tests {
         FIGURE[place(inner)][place(outer)]
     }
 
+    /// An encapsulation in VNI 100 between documentation addresses of IPv4 or IPv6, to
+    /// the tunnel's own UDP port, without options.
+    fn encap_between(tunnel: Tunnel, v6: bool, dscp: OuterDscp) -> Encap {
+        let (src, dst) = if v6 {
+            let ip = |last| IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, last]);
+            (ip(1), ip(2))
+        } else {
+            (IpAddr::from([192, 0, 2, 1]), IpAddr::from([192, 0, 2, 2]))
+        };
+        Encap {
+            tunnel,
+            vni: 100,
+            src,
+            dst,
+            smac: [2, 0, 0, 0, 0, 1],
+            dmac: [2, 0, 0, 0, 0, 2],
+            udp_dst: tunnel.default_port(),
+            ttl: 64,
+            dscp,
+            options: Vec::new(),
+        }
+    }
+
+    /// An IPv4 or IPv6 frame of a TCP segment, a SYN or an ACK, offering `offered` as its
+    /// MSS after `nops` NOP options, with `payload`, its checksum right; and its layers.
+    fn tcp_frame(
+        v6: bool,
+        nops: usize,
+        offered: u16,
+        syn: bool,
+        payload: &[u8],
+    ) -> (Vec<u8>, Layers) {
+        let mut seg = vec![0u8; 20];
+        seg.extend(std::iter::repeat_n(tcp::option::NOP, nops));
+        seg.extend([tcp::option::MSS, 4]);
+        seg.extend(offered.to_be_bytes());
+        seg.resize(seg.len().div_ceil(4) * 4, tcp::option::END);
+        seg[12] = ((seg.len() / 4) as u8) << 4;
+        seg[13] = if syn {
+            tcp::flags::SYN
+        } else {
+            tcp::flags::ACK
+        };
+        seg.extend(payload);
+        let mut frame = crate::wire::testing::ip_frame(v6, 1 << 40 | 7, 9, ip_proto::TCP, 0, &seg);
+        let l = parse::parse(&frame, &parse::TunnelPorts::default())
+            .unwrap()
+            .outer;
+        let at = usize::from(l.l4);
+        let pseudo = parse::pseudo_header(&frame, &l, ip_proto::TCP, seg.len()).unwrap();
+        let c = !checksum::fold(checksum::sum(pseudo, &frame[at..usize::from(l.l3_end)]));
+        put16(&mut frame, at + 16, c);
+        (frame, l)
+    }
+
     #[test]
     fn decapsulation_follows_rfc_6040_figure_4() {
         for inner in 0..4 {
@@ -676,18 +777,7 @@ mod tests {
             dscp in 0u8..64,
             ecn in 0u8..4,
         ) {
-            let e = Encap {
-                tunnel: Tunnel::Vxlan,
-                vni: 100,
-                src: IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, 1]),
-                dst: IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, 2]),
-                smac: [2, 0, 0, 0, 0, 1],
-                dmac: [2, 0, 0, 0, 0, 2],
-                udp_dst: 4789,
-                ttl: 64,
-                dscp: OuterDscp::Fixed(dscp),
-                options: Vec::new(),
-            };
+            let e = encap_between(Tunnel::Vxlan, true, OuterDscp::Fixed(dscp));
             let frame = crate::wire::testing::frame(false, 1, 2, ip_proto::UDP, 1000, 2000, 0, 0);
             let mut pkt = PacketBuf::new(2048);
             pkt.load(&frame, PortId(0), 0);
@@ -714,23 +804,7 @@ mod tests {
             geneve in any::<bool>(),
         ) {
             let tunnel = if geneve { Tunnel::Geneve } else { Tunnel::Vxlan };
-            let (src, dst) = if v6_outer {
-                (IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, 1]), IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, 2]))
-            } else {
-                (IpAddr::from([192, 0, 2, 1]), IpAddr::from([192, 0, 2, 2]))
-            };
-            let e = Encap {
-                tunnel,
-                vni: 100,
-                src,
-                dst,
-                smac: [2, 0, 0, 0, 0, 1],
-                dmac: [2, 0, 0, 0, 0, 2],
-                udp_dst: tunnel.default_port(),
-                ttl: 64,
-                dscp,
-                options: Vec::new(),
-            };
+            let e = encap_between(tunnel, v6_outer, dscp);
             let mut frame = crate::wire::testing::frame(v6_inner, 1, 2, ip_proto::UDP, 1000, 2000, 0, inner_dscp);
             let l = parse::parse(&frame, &parse::TunnelPorts::default()).unwrap().outer;
             let l3 = &mut frame[usize::from(l.l3)..];
@@ -788,27 +862,70 @@ mod tests {
             syn in any::<bool>(),
             payload in prop::collection::vec(any::<u8>(), 0..9),
         ) {
-            let mut seg = vec![0u8; 20];
-            seg.extend(std::iter::repeat_n(tcp::option::NOP, nops));
-            seg.extend([tcp::option::MSS, 4]);
-            seg.extend(offered.to_be_bytes());
-            seg.resize(seg.len().div_ceil(4) * 4, tcp::option::END);
-            seg[12] = ((seg.len() / 4) as u8) << 4;
-            seg[13] = if syn { tcp::flags::SYN } else { tcp::flags::ACK };
-            seg.extend(&payload);
-            let mut frame = crate::wire::testing::ip_frame(v6, 1 << 40 | 7, 9, ip_proto::TCP, 0, &seg);
-            let l = parse::parse(&frame, &parse::TunnelPorts::default()).unwrap().outer;
-            let (at, len) = (usize::from(l.l4), seg.len());
-            let pseudo = parse::pseudo_header(&frame, &l, ip_proto::TCP, len).unwrap();
-            let c = !checksum::fold(checksum::sum(pseudo, &frame[at..]));
-            put16(&mut frame, at + 16, c);
+            let (mut frame, l) = tcp_frame(v6, nops, offered, syn, &payload);
+            let at = usize::from(l.l4);
+            let pseudo = parse::pseudo_header(&frame, &l, ip_proto::TCP, usize::from(l.l3_end) - at).unwrap();
             let before = frame.clone();
             clamp_mss(&mut frame, &l, clamp);
             let mss = be16(&frame, at + 20 + nops + 2);
             prop_assert_eq!(mss, if syn { offered.min(clamp) } else { offered });
-            prop_assert_eq!(checksum::fold(checksum::sum(pseudo, &frame[at..])), 0xffff);
+            prop_assert_eq!(checksum::fold(checksum::sum(pseudo, &frame[at..usize::from(l.l3_end)])), 0xffff);
             let changed = (0..frame.len()).filter(|&i| frame[i] != before[i]).count();
             prop_assert!(changed <= 4);
+        }
+
+        /// Clamped to the MTUs where it leaves and where it came in, a SYN offers at most
+        /// what fills the smaller behind the headers in front of it there: the fixed IP and
+        /// TCP ones and, where it is in a tunnel (encapsulated on the way, or arrived so and
+        /// decapsulated), the tunnel's (50 bytes for VXLAN over IPv4, 70 over IPv6; Geneve
+        /// the same without options). Its checksum stays right, and so does an outer UDP
+        /// checksum over it (IPv6).
+        #[test]
+        fn a_clamp_to_the_mtu_leaves_room_for_every_header(
+            v6_inner in any::<bool>(),
+            tunnel in prop::option::of((any::<bool>(), any::<bool>(), any::<bool>())),
+            offered in any::<u16>(),
+            mtu in 60u16..9216,
+            back in 60u16..9216,
+        ) {
+            let (frame, _) = tcp_frame(v6_inner, 1, offered, true, b"data");
+            let mut pkt = PacketBuf::new(2048);
+            pkt.load(&frame, PortId(0), 0);
+            let (mut out_overhead, mut back_overhead) = (0, 0);
+            if let Some((v6_outer, geneve, arrived)) = tunnel {
+                let kind = if geneve { Tunnel::Geneve } else { Tunnel::Vxlan };
+                let e = encap_between(kind, v6_outer, OuterDscp::Inherit);
+                EncapTemplate::new(&e).apply(&mut pkt, 7, 0).unwrap();
+                let overhead = if v6_outer { 70 } else { 50 };
+                if arrived {
+                    let tunnelled = pkt.data().to_vec();
+                    pkt.load(&tunnelled, PortId(0), 0);
+                    let meta = parse::parse(pkt.data(), &parse::TunnelPorts::default()).unwrap();
+                    decap(&mut pkt, &meta, kind).unwrap();
+                    back_overhead = overhead;
+                } else {
+                    out_overhead = overhead;
+                }
+            }
+            let meta = parse::parse(pkt.data(), &parse::TunnelPorts::default()).unwrap();
+            clamp_mss_to_mtu(&mut pkt, &meta, mtu, back);
+            let l = if meta.tunnel.is_some() { meta.inner } else { meta.outer };
+            let b = pkt.data();
+            let at = usize::from(l.l4);
+            let fixed = if v6_inner { 60 } else { 40 };
+            let room = usize::from(mtu).checked_sub(out_overhead)
+                .zip(usize::from(back).checked_sub(back_overhead))
+                .and_then(|(out, back)| out.min(back).checked_sub(fixed));
+            let want = room.map_or(offered, |r| offered.min(r as u16));
+            prop_assert_eq!(be16(b, at + 20 + 1 + 2), want);
+            let segment = |l: &Layers| {
+                let pseudo = parse::pseudo_header(b, l, l.proto, usize::from(l.l3_end - l.l4)).unwrap();
+                checksum::fold(checksum::sum(pseudo, &b[usize::from(l.l4)..usize::from(l.l3_end)]))
+            };
+            prop_assert_eq!(segment(&l), 0xffff);
+            if meta.tunnel.is_some() && meta.outer.l3_kind == L3::V6 {
+                prop_assert_eq!(segment(&meta.outer), 0xffff);
+            }
         }
     }
 }

@@ -13,6 +13,9 @@ pub struct PacketState {
     pub mark: u32,
     /// One of the `ct.state` bits, 0 before any lookup.
     pub ct_state: u8,
+    /// `clamp tcp.mss mtu` ran: the MSS is clamped where the packet leaves. (In the
+    /// padding byte: a state of 12 bytes rather than 8 cost every packet 9 instructions.)
+    pub clamp_mss_to_mtu: bool,
 }
 
 /// The value of `field` in `frame`, or `None` when the packet does not have that header

@@ -1022,6 +1022,7 @@ fn needs_meta(op: &Op) -> bool {
                 Action::DecTtl { .. }
                     | Action::Set { .. }
                     | Action::ClampMss(_)
+                    | Action::ClampMssToMtu
                     | Action::ArpReply(_)
                     | Action::NdAdvert { .. }
                     | Action::EchoReply
@@ -1096,6 +1097,7 @@ fn exec(
             }
         }
         Action::ClampMss(mss) => action::clamp_mss(pkt.data_mut(), &meta.outer, *mss),
+        Action::ClampMssToMtu => state.clamp_mss_to_mtu |= action::carries_syn(pkt.data(), meta),
         Action::ArpReply(mac) => {
             answer::reply_arp(pkt.data_mut(), &meta.outer, *mac)?;
             *stale = true;
@@ -1124,8 +1126,11 @@ fn exec(
         }
         Action::Encap(_) => unreachable!("compiled to Op::Encap"),
         Action::Fwd(port) => {
-            let l3_len = pkt.len().saturating_sub(action::l3_offset(pkt.data()));
+            if state.clamp_mss_to_mtu {
+                clamp_mss_leaving(pkt, meta, *stale, state.in_port, *port, rt)?;
+            }
             let mtu = rt.mtus[port.index()];
+            let l3_len = pkt.len().saturating_sub(action::l3_offset(pkt.data()));
             if l3_len > usize::from(mtu) {
                 return rt.errors.too_big(pkt, mtu).map(|v| Some(Next::Done(v)));
             }
@@ -1136,6 +1141,27 @@ fn exec(
         Action::ToService(s) => return Ok(Some(Next::Done(Verdict::Service(*s)))),
     }
     Ok(None)
+}
+
+/// `clamp tcp.mss mtu` of a packet leaving by `out`, having come in by `in_port`. Out of
+/// line: only the packets of rules that clamp come here, and inline its code cost every
+/// packet a few instructions.
+#[cold]
+#[inline(never)]
+fn clamp_mss_leaving(
+    pkt: &mut PacketBuf,
+    meta: &mut Meta,
+    stale: bool,
+    in_port: u16,
+    out: PortId,
+    rt: &Runtime,
+) -> Result<(), DropReason> {
+    if stale {
+        *meta = parse::parse(pkt.data(), &rt.errors.tunnels)?;
+    }
+    let (mtu, back) = (rt.mtus[out.index()], rt.mtus[usize::from(in_port)]);
+    action::clamp_mss_to_mtu(pkt, meta, mtu, back);
+    Ok(())
 }
 
 #[cfg(test)]

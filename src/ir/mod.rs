@@ -116,6 +116,7 @@ impl Program {
             }
             Action::DecTtl { .. } => "dec ttl".into(),
             Action::ClampMss(mss) => format!("clamp tcp.mss {mss}"),
+            Action::ClampMssToMtu => "clamp tcp.mss mtu".into(),
             Action::ArpReply(m) => format!("arp.reply {}", mac(m)),
             Action::EchoReply => "echo.reply".into(),
             Action::NdAdvert { mac: m, router } => {
@@ -609,6 +610,9 @@ pub enum Action {
     },
     /// Lower the MSS option of a TCP SYN segment to this where it is larger.
     ClampMss(u16),
+    /// Lower it, where the packet leaves, to what a segment may carry to fill the output
+    /// port's MTU behind every header then in front of its TCP header (a tunnel's too).
+    ClampMssToMtu,
     /// Turn an ARP request into the reply of the host owning its target address,
     /// whose hardware address this is.
     ArpReply([u8; 6]),
@@ -650,6 +654,7 @@ impl Action {
                 | Action::CtCommit { .. }
                 | Action::DecTtl { .. }
                 | Action::ClampMss(_)
+                | Action::ClampMssToMtu
         )
     }
 

@@ -224,6 +224,31 @@ mod tests {
         );
     }
 
+    /// `clamp tcp.mss` takes an MSS of 536 or more, or `mtu`; nothing else.
+    #[test]
+    fn clamps_take_an_mss_or_the_mtu() {
+        let text = |to: &str| {
+            format!(
+                "pipeline p\nport a {{ driver pcap }}\n\
+                 pipe x root from a {{ default {{ actions clamp tcp.mss {to}, fwd a }} }}"
+            )
+        };
+        let first = |to: &str| program(&text(to)).pipes[0].miss.0[0].clone();
+        assert_eq!(first("1410"), Action::ClampMss(1410));
+        assert_eq!(first("mtu"), Action::ClampMssToMtu);
+        for (to, error) in [
+            ("535", "MSS 535 is out of range (536-65535)"),
+            ("pmtu", "MSS"),
+        ] {
+            let c = check_source("t.pipe", &text(to), Path::new("."));
+            assert!(
+                c.has_errors() && c.render().contains(error),
+                "{}",
+                c.render()
+            );
+        }
+    }
+
     #[test]
     fn telemetry_block_sets_the_ipfix_settings() {
         let text =

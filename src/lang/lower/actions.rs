@@ -139,11 +139,16 @@ impl Lowerer<'_> {
                 let w = arg(a, 0)?;
                 if w.text != "tcp.mss" {
                     self.err(w.span, format!("cannot clamp `{}`", w.text)).hint =
-                        Some("write `clamp tcp.mss N` (the MSS option of TCP SYN segments)".into());
+                        Some("write `clamp tcp.mss N` or `clamp tcp.mss mtu` (the MSS option of TCP SYN segments)".into());
                     return None;
                 }
-                // RFC 9293 §3.7.1: 536 is the MSS every IPv4 host takes.
-                Action::ClampMss(self.int_in(arg(a, 1)?, "MSS", 536, 65535)? as u16)
+                let to = arg(a, 1)?;
+                if to.text == "mtu" {
+                    Action::ClampMssToMtu
+                } else {
+                    // RFC 9293 §3.7.1: 536 is the MSS every IPv4 host takes.
+                    Action::ClampMss(self.int_in(to, "MSS", 536, 65535)? as u16)
+                }
             }
             "arp.reply" | "nd.advert" => {
                 self.check_answers_a_request(a, matched);
