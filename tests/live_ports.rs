@@ -2041,19 +2041,15 @@ fn traffic_steered_to_the_kv_service_reaches_it_and_goes_no_further() {
     );
 }
 
-/// No static neighbour anywhere: the gateway answers the server's ARP requests for its
-/// tunnel endpoint on the underlay, and the client's ARP requests and IPv6 neighbour
-/// solicitations for the server's overlay addresses (with the Router flag), while the
-/// server's own requests for the client's address cross the tunnel and the client's
-/// replies cross back. The kernels on both sides take the answers (their neighbour
-/// tables hold the gateway's addresses, learned, the IPv6 one as a router's) and the
-/// hosts ping each other through the tunnel over IPv4 and IPv6. The server pings the
-/// tunnel endpoint, and the client an address of the gateway's on its side over IPv6
-/// (resolved, then answered): the kernels take the echo replies.
-#[test]
-fn hosts_resolve_the_gateway_and_the_overlay_from_its_answers() {
-    const GATEWAY6: &str = "fd00:77::fe";
-    let (lab, dir, _) = vxlan_lab("af_packet", "r", 1, "");
+/// An address of the gateway's on the client's side.
+const GATEWAY6: &str = "fd00:77::fe";
+
+/// The VXLAN lab with no static neighbour, IPv6 addresses on the overlay, and a gateway
+/// pipeline that answers for its tunnel endpoint on the underlay, and for the server's
+/// overlay addresses and one of its own on the client's side: the lab, its scratch
+/// directory, the pipeline's path and the client's MAC.
+fn answering_gateway(tag: &str) -> (Lab, Scratch, String, String) {
+    let (lab, dir, _) = vxlan_lab("af_packet", tag, 1, "");
     let client_mac = lab.mac(&lab.client, "c0");
     for (ns, args) in [
         (&lab.server, ["neigh", "flush", "dev", "s0"]),
@@ -2111,6 +2107,67 @@ fn hosts_resolve_the_gateway_and_the_overlay_from_its_answers() {
         ),
     )
     .expect("write pipeline");
+    (lab, dir, pipe_path, client_mac)
+}
+
+/// Neighbours holding another hardware address for the addresses the gateway answers
+/// for (an address moved here from another gateway): as its ports open, the gateway
+/// announces them (an ARP Announcement, an unsolicited Neighbor Advertisement with the
+/// Override flag), and the kernels on both sides take the gateway's address at once,
+/// the IPv6 one as a router's, with no packet of theirs sent to the old one.
+#[test]
+fn neighbours_take_the_addresses_the_gateway_announces() {
+    let (lab, _dir, pipe_path, _) = answering_gateway("g");
+    let neighbours = [
+        (&lab.client, "-4", SERVER, "c0", VXLAN_MAC),
+        (&lab.client, "-6", SERVER6, "c0", VXLAN_MAC),
+        (&lab.client, "-6", GATEWAY6, "c0", "02:00:00:00:01:01"),
+        (&lab.server, "-4", "192.0.2.1", "s0", "02:00:00:00:01:01"),
+    ];
+    for (ns, family, addr, dev, _) in neighbours {
+        let moved_away = [
+            "ip",
+            family,
+            "neigh",
+            "replace",
+            addr,
+            "lladdr",
+            "02:00:00:00:00:99",
+            "dev",
+            dev,
+            "nud",
+            "stale",
+        ];
+        lab.run(ns, &moved_away);
+    }
+    let dpuflow = lab.start(&pipe_path, "1");
+    for (ns, family, addr, dev, mac) in neighbours {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let seen = lab.run(ns, &["ip", family, "neigh", "show", addr, "dev", dev]);
+            if seen.contains(&format!("lladdr {mac}")) {
+                assert_eq!(seen.contains(" router "), family == "-6", "{seen}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "not taken: {seen}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    stop(dpuflow);
+}
+
+/// No static neighbour anywhere: the gateway answers the server's ARP requests for its
+/// tunnel endpoint on the underlay, and the client's ARP requests and IPv6 neighbour
+/// solicitations for the server's overlay addresses (with the Router flag), while the
+/// server's own requests for the client's address cross the tunnel and the client's
+/// replies cross back. The kernels on both sides take the answers (their neighbour
+/// tables hold the gateway's addresses, learned, the IPv6 one as a router's) and the
+/// hosts ping each other through the tunnel over IPv4 and IPv6. The server pings the
+/// tunnel endpoint, and the client an address of the gateway's on its side over IPv6
+/// (resolved, then answered): the kernels take the echo replies.
+#[test]
+fn hosts_resolve_the_gateway_and_the_overlay_from_its_answers() {
+    let (lab, _dir, pipe_path, client_mac) = answering_gateway("r");
     let dpuflow = lab.start(&pipe_path, "1");
     assert!(lab.ping(&lab.client, SERVER), "no ping over IPv4");
     assert!(lab.ping(&lab.client, SERVER6), "no ping over IPv6");

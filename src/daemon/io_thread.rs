@@ -6,11 +6,11 @@ use super::worker::{batches_in_flight, pump, Worker, WorkerChannels};
 use super::{
     live_clock_ns, live_clock_to_wall, Options, Processed, RunError, Shared, PUBLISH_EVERY,
 };
-use crate::engine::{parse, Compiled, PacketBuf, DEFAULT_MAX_FRAME};
+use crate::engine::{announcement, parse, Compiled, PacketBuf, DEFAULT_MAX_FRAME};
 use crate::firewall::fragments::Fragments;
 use crate::io::live::{LivePort, Received, Sent};
 use crate::io::pcap::CaptureWriter;
-use crate::ir::PortId;
+use crate::ir::{PortId, Program};
 use crate::replay::{Merged, Merger};
 use crate::sys::Readable;
 use crate::telemetry::WarnThrottle;
@@ -180,6 +180,11 @@ pub(super) fn io(
     };
     let (n, batch) = (to_workers.len(), opts.batch.max(1));
     let loaded = shared.loaded();
+    for (i, port) in out.live.iter_mut().enumerate() {
+        if let Some(port) = port {
+            announce(port, i, &loaded.program);
+        }
+    }
     let mut dealer = Dealer {
         shared,
         code: Arc::clone(&loaded.code),
@@ -460,7 +465,8 @@ fn look_at_ports(out: &mut Outputs, source: &mut Source, shared: &Shared) {
             let group = shared.groups.as_ref().map(|g| (&g[i], out.member));
             let busy = shared.busy_poll;
             match LivePort::open(PortId(i as u16), iface, spec.driver, spec.mtu, group, busy) {
-                Ok(port) => {
+                Ok(mut port) => {
+                    announce(&mut port, i, &loaded.program);
                     // A shared port opens once: with the socket that starts its group.
                     if port.group().is_none_or(|joined| joined.started) {
                         let said = match closed {
@@ -487,6 +493,30 @@ fn look_at_ports(out: &mut Outputs, source: &mut Source, shared: &Shared) {
     if let (true, Source::Live(readable_now)) = (changed, source) {
         *readable_now = readable(&out.live);
     }
+}
+
+/// Announces out of live port `i`, just opened, the addresses the pipeline answers for
+/// there (see [`crate::ir::Program::announcements`]), once: by the thread whose socket opened the port
+/// when the workers share it.
+fn announce(port: &mut LivePort, i: usize, program: &Program) {
+    if !port.group().is_none_or(|joined| joined.started) {
+        return;
+    }
+    let announcements = program.announcements();
+    let Some(list) = announcements.get(i).filter(|l| !l.is_empty()) else {
+        return;
+    };
+    let sent = list
+        .iter()
+        .filter(|a| matches!(port.send(&announcement(a)), Sent::Yes))
+        .count();
+    let dropped = port.flush().unwrap_or(0);
+    tracing::info!(
+        iface = port.iface(),
+        addresses = list.len(),
+        sent = sent.saturating_sub(dropped),
+        "announced the addresses the pipeline answers for"
+    );
 }
 
 /// What to wait on for frames from the live ports open.

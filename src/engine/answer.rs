@@ -9,6 +9,7 @@ use super::icmp_error;
 use super::packet::PacketBuf;
 use super::parse::{self, Layers, L3};
 use super::DropReason;
+use crate::ir::Announcement;
 use crate::wire::ethernet::{self, ethertype};
 use crate::wire::{arp, be16, checksum, icmp, ip_proto, ipv4, ipv6, ndp, put16};
 
@@ -162,6 +163,64 @@ fn icmp_checksum_ok(frame: &[u8], l: &Layers) -> bool {
 }
 
 /// The all-nodes multicast address, ff02::1, and its Ethernet group (RFC 2464 §7).
+/// The frame that announces `a` (see [`crate::ir::Program::announcements`]): an ARP Announcement,
+/// broadcast (RFC 5227 §2.3: a request whose sender and target addresses are both the
+/// address, its target hardware address zero); or an unsolicited Neighbor Advertisement
+/// from the address to all nodes, Override set and Solicited not (RFC 4861 §7.2.6),
+/// Router as the rule answers. Padded to Ethernet's least frame, 60 bytes before the FCS.
+pub fn announcement(a: &Announcement) -> Vec<u8> {
+    let mut frame = vec![0u8; ethernet::HEADER_LEN];
+    let (dst, src, kind) = match *a {
+        Announcement::Arp { ip, mac } => {
+            let mut request = [0u8; arp::LEN];
+            arp::Repr {
+                op: arp::op::REQUEST,
+                sha: mac,
+                spa: ip,
+                tha: [0; 6],
+                tpa: ip,
+            }
+            .emit(&mut request);
+            frame.extend_from_slice(&request);
+            ([0xff; 6], mac, ethertype::ARP)
+        }
+        Announcement::Nd { ip, mac, router } => {
+            let target = ip.octets();
+            let mut packet = [0u8; ipv6::HEADER_LEN + ndp::ADVERT_LEN];
+            ipv6::Repr {
+                src: target,
+                dst: ALL_NODES,
+                next_header: ip_proto::ICMPV6,
+                hop_limit: 255,
+                dscp: 0,
+                flow_label: 0,
+                payload_len: ndp::ADVERT_LEN as u16,
+            }
+            .emit(&mut packet);
+            let len = ndp::ADVERT_LEN as u32;
+            let pseudo = checksum::pseudo_v6(&target, &ALL_NODES, ip_proto::ICMPV6, len);
+            ndp::AdvertRepr {
+                router,
+                solicited: false,
+                override_cache: true,
+                target,
+                target_mac: mac,
+            }
+            .emit(&mut packet[ipv6::HEADER_LEN..], pseudo);
+            frame.extend_from_slice(&packet);
+            (ALL_NODES_MAC, mac, ethertype::IPV6)
+        }
+    };
+    ethernet::Repr {
+        src,
+        dst,
+        ethertype: kind,
+    }
+    .emit(&mut frame);
+    frame.resize(frame.len().max(ethernet::HEADER_LEN + 46), 0);
+    frame
+}
+
 const ALL_NODES: [u8; 16] = [0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
 const ALL_NODES_MAC: ethernet::Address = [0x33, 0x33, 0, 0, 0, 1];
 
@@ -368,6 +427,44 @@ mod tests {
             flags,
             target: TARGET,
             target_mac: GATEWAY,
+        }
+    }
+
+    /// An address's announcements: an ARP request from and for it, broadcast, which a
+    /// gateway's own `arp.reply` leaves unanswered; an unsolicited advertisement of it to
+    /// all nodes, Override set, Router as the rule says.
+    #[test]
+    fn announcements_are_an_arp_announcement_and_an_unsolicited_advertisement() {
+        let ip = std::net::Ipv4Addr::new(192, 0, 2, 1);
+        let frame = announcement(&Announcement::Arp { ip, mac: GATEWAY });
+        assert_eq!(frame.len(), 60);
+        let eth = ethernet::Frame::new_checked(&frame[..]).unwrap();
+        assert_eq!(
+            (eth.dst(), eth.src(), eth.ethertype()),
+            ([0xff; 6], GATEWAY, ethertype::ARP)
+        );
+        let request = arp::Repr::parse(&arp::Packet::new_checked(eth.payload()).unwrap());
+        let want = arp::Repr {
+            op: arp::op::REQUEST,
+            sha: GATEWAY,
+            spa: ip,
+            tha: [0; 6],
+            tpa: ip,
+        };
+        assert_eq!(request, want);
+        let l = parse::parse(&frame, &TunnelPorts::default()).unwrap().outer;
+        let answered = reply_arp(&mut frame.clone(), &l, GATEWAY);
+        assert_eq!(answered, Err(DropReason::Unanswerable));
+        for router in [false, true] {
+            let ip = std::net::Ipv6Addr::from(TARGET);
+            let frame = announcement(&Announcement::Nd {
+                ip,
+                mac: GATEWAY,
+                router,
+            });
+            let all_nodes = u128::from_be_bytes(ALL_NODES);
+            let flags = 0b001 | u32::from(router) << 2;
+            assert_eq!(read_advert(&frame), advert(ALL_NODES_MAC, all_nodes, flags));
         }
     }
 

@@ -20,6 +20,7 @@ mod reload;
 pub mod table;
 
 pub use action::EncapTemplate;
+pub use answer::announcement;
 pub use meter::Color;
 pub use packet::{PacketBuf, DEFAULT_MAX_FRAME, HEADROOM};
 pub use reload::Renumbering;

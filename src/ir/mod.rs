@@ -4,7 +4,10 @@
 //! are in range, every action list ends in exactly one terminal action, the pipe graph is
 //! acyclic. Nothing here knows about syntax or source locations.
 
+mod announce;
 mod field;
+
+pub use announce::Announcement;
 
 pub(crate) use field::with_field_ids;
 pub use field::{
