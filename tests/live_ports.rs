@@ -2114,10 +2114,11 @@ fn answering_gateway(tag: &str) -> (Lab, Scratch, String, String) {
 /// for (an address moved here from another gateway): as its ports open, the gateway
 /// announces them (an ARP Announcement, an unsolicited Neighbor Advertisement with the
 /// Override flag), and the kernels on both sides take the gateway's address at once,
-/// the IPv6 one as a router's, with no packet of theirs sent to the old one.
+/// the IPv6 one as a router's, with no packet of theirs sent to the old one. Each is
+/// announced twice, 2 seconds apart (RFC 5227 §2.3), as the server's link shows.
 #[test]
 fn neighbours_take_the_addresses_the_gateway_announces() {
-    let (lab, _dir, pipe_path, _) = answering_gateway("g");
+    let (lab, dir, pipe_path, _) = answering_gateway("g");
     let neighbours = [
         (&lab.client, "-4", SERVER, "c0", VXLAN_MAC),
         (&lab.client, "-6", SERVER6, "c0", VXLAN_MAC),
@@ -2140,6 +2141,9 @@ fn neighbours_take_the_addresses_the_gateway_announces() {
         ];
         lab.run(ns, &moved_away);
     }
+    let pcap = dir.path("server-link.pcap");
+    let capture = lab.capture(&pcap, "arp");
+    let started = Instant::now();
     let dpuflow = lab.start(&pipe_path, "1");
     for (ns, family, addr, dev, mac) in neighbours {
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -2153,6 +2157,23 @@ fn neighbours_take_the_addresses_the_gateway_announces() {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+    std::thread::sleep(
+        (started + Duration::from_secs(4)).saturating_duration_since(Instant::now()),
+    );
+    capture.stop();
+    // An ARP request from the gateway's MAC whose sender and target are 192.0.2.1.
+    let announcement = |f: &Vec<u8>| {
+        f.len() >= 42
+            && f[20..22] == [0, 1]
+            && f[22..28] == [2, 0, 0, 0, 1, 1]
+            && f[28..32] == [192, 0, 2, 1]
+            && f[38..42] == [192, 0, 2, 1]
+    };
+    let announced = frames(&pcap).iter().filter(|f| announcement(f)).count();
+    assert_eq!(
+        announced, 2,
+        "announcements of 192.0.2.1 on the server's link"
+    );
     stop(dpuflow);
 }
 

@@ -177,12 +177,13 @@ pub(super) fn io(
         spares_back,
         tx_warning: WarnThrottle::default(),
         reopen_warning: WarnThrottle::default(),
+        announce_again: vec![None; ports],
     };
     let (n, batch) = (to_workers.len(), opts.batch.max(1));
     let loaded = shared.loaded();
     for (i, port) in out.live.iter_mut().enumerate() {
         if let Some(port) = port {
-            announce(port, i, &loaded.program);
+            out.announce_again[i] = announce(port, i, &loaded.program);
         }
     }
     let mut dealer = Dealer {
@@ -414,6 +415,10 @@ fn look_at_ports(out: &mut Outputs, source: &mut Source, shared: &Shared) {
     let mut changed = false;
     for (i, slot) in out.live.iter_mut().enumerate() {
         if let Some(port) = slot {
+            if out.announce_again[i].is_some_and(|at| at <= Instant::now()) {
+                announce(port, i, &shared.loaded().program);
+                out.announce_again[i] = None;
+            }
             let dropped = port.ring_drops();
             if dropped > 0 {
                 shared.ring_full[i].fetch_add(dropped, Ordering::Relaxed);
@@ -466,7 +471,7 @@ fn look_at_ports(out: &mut Outputs, source: &mut Source, shared: &Shared) {
             let busy = shared.busy_poll;
             match LivePort::open(PortId(i as u16), iface, spec.driver, spec.mtu, group, busy) {
                 Ok(mut port) => {
-                    announce(&mut port, i, &loaded.program);
+                    out.announce_again[i] = announce(&mut port, i, &loaded.program);
                     // A shared port opens once: with the socket that starts its group.
                     if port.group().is_none_or(|joined| joined.started) {
                         let said = match closed {
@@ -496,16 +501,15 @@ fn look_at_ports(out: &mut Outputs, source: &mut Source, shared: &Shared) {
 }
 
 /// Announces out of live port `i`, just opened, the addresses the pipeline answers for
-/// there (see [`crate::ir::Program::announcements`]), once: by the thread whose socket opened the port
-/// when the workers share it.
-fn announce(port: &mut LivePort, i: usize, program: &Program) {
+/// there (see [`crate::ir::Program::announcements`]): by the thread whose socket opened
+/// the port when the workers share it. When to announce them again, if it did: RFC 5227
+/// §2.3 announces twice, [`ANNOUNCE_INTERVAL`] apart, as one frame may be lost.
+fn announce(port: &mut LivePort, i: usize, program: &Program) -> Option<Instant> {
     if !port.group().is_none_or(|joined| joined.started) {
-        return;
+        return None;
     }
     let announcements = program.announcements();
-    let Some(list) = announcements.get(i).filter(|l| !l.is_empty()) else {
-        return;
-    };
+    let list = announcements.get(i).filter(|l| !l.is_empty())?;
     let sent = list
         .iter()
         .filter(|a| matches!(port.send(&announcement(a)), Sent::Yes))
@@ -517,7 +521,11 @@ fn announce(port: &mut LivePort, i: usize, program: &Program) {
         sent = sent.saturating_sub(dropped),
         "announced the addresses the pipeline answers for"
     );
+    Some(Instant::now() + ANNOUNCE_INTERVAL)
 }
+
+/// RFC 5227 §1.1's ANNOUNCE_INTERVAL.
+const ANNOUNCE_INTERVAL: Duration = Duration::from_secs(2);
 
 /// What to wait on for frames from the live ports open.
 pub(super) fn readable(live: &[Option<LivePort>]) -> Readable {
@@ -629,6 +637,8 @@ pub(super) struct Outputs {
     spares_back: Vec<Sender<Vec<PacketBuf>>>,
     tx_warning: WarnThrottle,
     reopen_warning: WarnThrottle,
+    /// Per port: when to announce its addresses the second time (see [`announce`]).
+    announce_again: Vec<Option<Instant>>,
 }
 
 impl Outputs {
