@@ -603,7 +603,7 @@ impl KvService {
         // saved index is worth trying again.
         self.pool.failures().until_reconnect();
         // After any checkpoint under way.
-        let _checkpoints = self
+        let mut checkpoints = self
             .checkpoints
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
@@ -624,6 +624,10 @@ impl KvService {
                 tracing::warn!(service = %self.name, error = %e, "kvcache index not saved")
             }
         }
+        // Its blocks stay taken until the process ends: freed, they would be discarded
+        // (`discard on`) by the discard's last round, which may come after this save and
+        // punch holes in it.
+        checkpoints.keep(save.blocks);
     }
 
     /// Tells the target of the blocks freed, every [`POLL`] until the service stops, before

@@ -286,6 +286,11 @@ pub(super) struct Checkpoints {
 }
 
 impl Checkpoints {
+    /// Keeps `blocks` taken from now on: those of the save made at a clean stop.
+    pub(super) fn keep(&mut self, blocks: Extents) {
+        self.kept.push(blocks);
+    }
+
     /// Where checkpoints stand after a start restored `index` and, with it, `restored`.
     pub(super) fn restored(restored: Restored, index: &mut Index) -> Checkpoints {
         let (kept, names) = restored.map_or((None, None), |(kept, last)| (Some(kept), last));
