@@ -2115,7 +2115,9 @@ fn answering_gateway(tag: &str) -> (Lab, Scratch, String, String) {
 /// announces them (an ARP Announcement, an unsolicited Neighbor Advertisement with the
 /// Override flag), and the kernels on both sides take the gateway's address at once,
 /// the IPv6 one as a router's, with no packet of theirs sent to the old one. Each is
-/// announced twice, 2 seconds apart (RFC 5227 §2.3), as the server's link shows.
+/// announced twice, 2 seconds apart (RFC 5227 §2.3), as the server's link shows. A
+/// reload that answers for the tunnel endpoint with another MAC announces that one twice,
+/// and nothing else.
 #[test]
 fn neighbours_take_the_addresses_the_gateway_announces() {
     let (lab, dir, pipe_path, _) = answering_gateway("g");
@@ -2145,36 +2147,80 @@ fn neighbours_take_the_addresses_the_gateway_announces() {
     let capture = lab.capture(&pcap, "arp");
     let started = Instant::now();
     let dpuflow = lab.start(&pipe_path, "1");
-    for (ns, family, addr, dev, mac) in neighbours {
+    // What `ns`'s neighbour table holds for `addr` once it holds `mac` for it.
+    let taken = |ns: &str, family: &str, addr: &str, dev: &str, mac: &str| {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let seen = lab.run(ns, &["ip", family, "neigh", "show", addr, "dev", dev]);
             if seen.contains(&format!("lladdr {mac}")) {
-                assert_eq!(seen.contains(" router "), family == "-6", "{seen}");
-                break;
+                return seen;
             }
             assert!(Instant::now() < deadline, "not taken: {seen}");
             std::thread::sleep(Duration::from_millis(50));
         }
+    };
+    for (ns, family, addr, dev, mac) in neighbours {
+        let seen = taken(ns, family, addr, dev, mac);
+        assert_eq!(seen.contains(" router "), family == "-6", "{seen}");
     }
     std::thread::sleep(
         (started + Duration::from_secs(4)).saturating_duration_since(Instant::now()),
     );
     capture.stop();
-    // An ARP request from the gateway's MAC whose sender and target are 192.0.2.1.
-    let announcement = |f: &Vec<u8>| {
-        f.len() >= 42
-            && f[20..22] == [0, 1]
-            && f[22..28] == [2, 0, 0, 0, 1, 1]
-            && f[28..32] == [192, 0, 2, 1]
-            && f[38..42] == [192, 0, 2, 1]
+    // An ARP request from MAC whose sender and target are 192.0.2.1.
+    let announced_from = |pcap: &str, mac: [u8; 6]| {
+        let frames = frames(pcap);
+        let announcement = |f: &&Vec<u8>| {
+            f.len() >= 42
+                && f[20..22] == [0, 1]
+                && f[22..28] == mac
+                && f[28..32] == [192, 0, 2, 1]
+                && f[38..42] == [192, 0, 2, 1]
+        };
+        frames.iter().filter(announcement).count()
     };
-    let announced = frames(&pcap).iter().filter(|f| announcement(f)).count();
+    let announced = announced_from(&pcap, [2, 0, 0, 0, 1, 1]);
     assert_eq!(
         announced, 2,
         "announcements of 192.0.2.1 on the server's link"
     );
-    stop(dpuflow);
+
+    // A reload that answers for the tunnel endpoint with another MAC announces that one,
+    // twice, and nothing it answered for before.
+    let (old_mac, new_mac) = ("02:00:00:00:01:01", "02:00:00:00:01:02");
+    let (server, endpoint) = (&lab.server, "192.0.2.1");
+    let held = [
+        "ip", "neigh", "replace", endpoint, "lladdr", old_mac, "dev", "s0", "nud", "stale",
+    ];
+    lab.run(server, &held);
+    let text = std::fs::read_to_string(&pipe_path).expect("read pipeline");
+    let answer = "arp.reply 02:00:00:00:01:01, fwd outside";
+    let moved = text.replace(answer, &format!("arp.reply {new_mac}, fwd outside"));
+    assert_ne!(moved, text);
+    std::fs::write(&pipe_path, moved).expect("write pipeline");
+    let pcap = dir.path("server-link-reloaded.pcap");
+    let capture = lab.capture(&pcap, "arp");
+    let reloaded = Instant::now();
+    tool_ok("kill", &["-HUP", &dpuflow.0.id().to_string()]);
+    taken(server, "-4", endpoint, "s0", new_mac);
+    std::thread::sleep(
+        (reloaded + Duration::from_secs(4)).saturating_duration_since(Instant::now()),
+    );
+    capture.stop();
+    assert_eq!(
+        (
+            announced_from(&pcap, [2, 0, 0, 0, 1, 1]),
+            announced_from(&pcap, [2, 0, 0, 0, 1, 2])
+        ),
+        (0, 2),
+        "announcements of 192.0.2.1 after the reload, from the old MAC and the new"
+    );
+    let log = stop(dpuflow);
+    let anew: Vec<_> = log.lines().filter(|l| l.contains("anew")).collect();
+    assert!(
+        anew.len() == 1 && anew[0].contains("out0") && anew[0].contains("addresses=1"),
+        "only the changed answer is announced:\n{log}"
+    );
 }
 
 /// No static neighbour anywhere: the gateway answers the server's ARP requests for its

@@ -1,16 +1,17 @@
 //! The I/O thread: reads the inputs, deals their packets to the workers, writes what
 //! the workers send back.
 
+use super::announce::Announcer;
 use super::steering;
 use super::worker::{batches_in_flight, pump, Worker, WorkerChannels};
 use super::{
     live_clock_ns, live_clock_to_wall, Options, Processed, RunError, Shared, PUBLISH_EVERY,
 };
-use crate::engine::{announcement, parse, Compiled, PacketBuf, DEFAULT_MAX_FRAME};
+use crate::engine::{parse, Compiled, PacketBuf, DEFAULT_MAX_FRAME};
 use crate::firewall::fragments::Fragments;
 use crate::io::live::{LivePort, Received, Sent};
 use crate::io::pcap::CaptureWriter;
-use crate::ir::{PortId, Program};
+use crate::ir::PortId;
 use crate::replay::{Merged, Merger};
 use crate::sys::Readable;
 use crate::telemetry::WarnThrottle;
@@ -177,13 +178,13 @@ pub(super) fn io(
         spares_back,
         tx_warning: WarnThrottle::default(),
         reopen_warning: WarnThrottle::default(),
-        announce_again: vec![None; ports],
+        announcer: Announcer::new(shared),
     };
     let (n, batch) = (to_workers.len(), opts.batch.max(1));
     let loaded = shared.loaded();
     for (i, port) in out.live.iter_mut().enumerate() {
         if let Some(port) = port {
-            out.announce_again[i] = announce(port, i, &loaded.program);
+            out.announcer.opened(port, i);
         }
     }
     let mut dealer = Dealer {
@@ -399,7 +400,7 @@ const LOOK_AT_PORTS_EVERY: u64 = 1 << 16;
 
 /// The I/O thread's look at the ports, every tenth of a second while they are quiet and
 /// every [`LOOK_AT_PORTS_EVERY`] packets while they are not. It publishes the unsent
-/// counts; notes how the live ports' clock stands to the wall clock (for capture
+/// counts; sends the announcements due (see [`Announcer`]); notes how the live ports' clock stands to the wall clock (for capture
 /// outputs); adds what the live ports' receive rings dropped since the last look to the
 /// ports' counts (one getsockopt a port); closes a live port whose interface was removed
 /// (one interface lookup a port), as its socket would never see another frame, even from
@@ -412,13 +413,11 @@ fn look_at_ports(out: &mut Outputs, source: &mut Source, shared: &Shared) {
     if shared.live {
         out.to_wall = live_clock_to_wall();
     }
+    out.announcer.reloaded(&mut out.live, shared);
     let mut changed = false;
     for (i, slot) in out.live.iter_mut().enumerate() {
         if let Some(port) = slot {
-            if out.announce_again[i].is_some_and(|at| at <= Instant::now()) {
-                announce(port, i, &shared.loaded().program);
-                out.announce_again[i] = None;
-            }
+            out.announcer.due(port, i);
             let dropped = port.ring_drops();
             if dropped > 0 {
                 shared.ring_full[i].fetch_add(dropped, Ordering::Relaxed);
@@ -471,7 +470,7 @@ fn look_at_ports(out: &mut Outputs, source: &mut Source, shared: &Shared) {
             let busy = shared.busy_poll;
             match LivePort::open(PortId(i as u16), iface, spec.driver, spec.mtu, group, busy) {
                 Ok(mut port) => {
-                    out.announce_again[i] = announce(&mut port, i, &loaded.program);
+                    out.announcer.opened(&mut port, i);
                     // A shared port opens once: with the socket that starts its group.
                     if port.group().is_none_or(|joined| joined.started) {
                         let said = match closed {
@@ -499,33 +498,6 @@ fn look_at_ports(out: &mut Outputs, source: &mut Source, shared: &Shared) {
         *readable_now = readable(&out.live);
     }
 }
-
-/// Announces out of live port `i`, just opened, the addresses the pipeline answers for
-/// there (see [`crate::ir::Program::announcements`]): by the thread whose socket opened
-/// the port when the workers share it. When to announce them again, if it did: RFC 5227
-/// §2.3 announces twice, [`ANNOUNCE_INTERVAL`] apart, as one frame may be lost.
-fn announce(port: &mut LivePort, i: usize, program: &Program) -> Option<Instant> {
-    if !port.group().is_none_or(|joined| joined.started) {
-        return None;
-    }
-    let announcements = program.announcements();
-    let list = announcements.get(i).filter(|l| !l.is_empty())?;
-    let sent = list
-        .iter()
-        .filter(|a| matches!(port.send(&announcement(a)), Sent::Yes))
-        .count();
-    let dropped = port.flush().unwrap_or(0);
-    tracing::info!(
-        iface = port.iface(),
-        addresses = list.len(),
-        sent = sent.saturating_sub(dropped),
-        "announced the addresses the pipeline answers for"
-    );
-    Some(Instant::now() + ANNOUNCE_INTERVAL)
-}
-
-/// RFC 5227 §1.1's ANNOUNCE_INTERVAL.
-const ANNOUNCE_INTERVAL: Duration = Duration::from_secs(2);
 
 /// What to wait on for frames from the live ports open.
 pub(super) fn readable(live: &[Option<LivePort>]) -> Readable {
@@ -637,8 +609,7 @@ pub(super) struct Outputs {
     spares_back: Vec<Sender<Vec<PacketBuf>>>,
     tx_warning: WarnThrottle,
     reopen_warning: WarnThrottle,
-    /// Per port: when to announce its addresses the second time (see [`announce`]).
-    announce_again: Vec<Option<Instant>>,
+    announcer: Announcer,
 }
 
 impl Outputs {

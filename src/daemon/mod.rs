@@ -36,6 +36,7 @@
 //! (reloads, health, the service manager); how packets are dealt in `steering.rs`, which
 //! cores take which thread in `cpus.rs`.
 
+mod announce;
 mod control;
 pub mod cpus;
 mod export;
