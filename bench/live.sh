@@ -10,8 +10,11 @@
 # stateful firewall instead of a plain bridge: every flow from inside committed to
 # connection tracking, only tracked ones (and ARP) let in from outside. QUEUES=N gives
 # the links N queues each (default 1; AF_XDP workers share a port by queue). FLAGS='…'
-# adds flags to `dpuflow run` (--busy-poll, say). Needs root, tcpreplay and ethtool.
-# Usage: [DPUFLOW=BIN] [DRIVER=af_packet|af_xdp] [RELOAD_EVERY=S] [TRACK=1] [QUEUES=N] [FLAGS=…] bench/live.sh [WORKERS] [RATE...]
+# adds flags to `dpuflow run` (--busy-poll, say). SYSCALLS=1 adds a column of the system
+# calls dpuflow made a frame offered (perf stat on raw_syscalls:sys_enter). Needs root,
+# tcpreplay and ethtool (and perf for SYSCALLS).
+# A RATE of max offers them as fast as tcpreplay can (--topspeed).
+# Usage: [DPUFLOW=BIN] [DRIVER=af_packet|af_xdp] [RELOAD_EVERY=S] [TRACK=1] [QUEUES=N] [FLAGS=…] [SYSCALLS=1] bench/live.sh [WORKERS] [RATE...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/common.sh
@@ -64,7 +67,7 @@ busy() {
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 tick_us=$((1000000 / $(getconf CLK_TCK)))
 printf '%-14s %-16s %-10s %-13s %-13s %s\n' "offered (pps)" "achieved (pps)" "delivered" "CPU µs/frame" \
-    "busy (cores)" "${RELOAD_EVERY:+reloads}"
+    "busy (cores)" "${SYSCALLS:+syscalls/frame }${RELOAD_EVERY:+reloads}"
 for pps in "${rates[@]}"; do
     # shellcheck disable=SC2086 # FLAGS are words
     ip netns exec $d "$bin" run "$tmp/bridge.pipe" --workers "$workers" --metrics 127.0.0.1:9464 \
@@ -79,18 +82,29 @@ for pps in "${rates[@]}"; do
         (while sleep "$RELOAD_EVERY"; do kill -HUP "$pid" 2>/dev/null || break; done) &
         hupper=$!
     fi
-    achieved=$(ip netns exec $c tcpreplay -i c0 --pps "$pps" --loop $loops "$tmp/udp64.pcap" 2>&1 |
+    if [ -n "${SYSCALLS:-}" ]; then
+        perf stat -x, -e raw_syscalls:sys_enter -p "$pid" -o "$tmp/syscalls" & perf=$!
+        sleep 0.2
+    fi
+    pace=(--pps "$pps")
+    [ "$pps" != max ] || pace=(--topspeed)
+    achieved=$(ip netns exec $c tcpreplay -i c0 "${pace[@]}" --loop $loops "$tmp/udp64.pcap" 2>&1 |
         sed -n 's/.* \([0-9.]*\) pps.*/\1/p')
     cpu_after=$(cpu "$pid")
     busy_cores=$(echo "scale=2; ($(busy) - $busy_before) / ($(date +%s.%N) - $started)" | bc)
     [ -z "${hupper:-}" ] || kill "$hupper"
     sleep 0.5
     after=$(rx)
+    syscalls=
+    if [ -n "${SYSCALLS:-}" ]; then
+        kill -INT $perf; wait $perf || true
+        syscalls="$(echo "scale=3; $(awk -F, '/sys_enter/ {print $1}' "$tmp/syscalls") / $offered" | bc) "
+    fi
     kill "$(cat "$tmp/pid")"; wait "$(cat "$tmp/pid")" 2>/dev/null || true
     [ -z "${LIVE_LOG:-}" ] || tail -3 "$tmp/log" >&2
     printf '%-14s %-16s %-10s %-13s %-13s %s\n' "$pps" "$achieved" "$(echo "scale=4; ($after - $before) / $offered" | bc)" \
         "$(echo "scale=2; ($cpu_after - $cpu_before) * $tick_us / $offered" | bc)" "$busy_cores" \
-        "${RELOAD_EVERY:+$(grep -c 'pipeline reloaded' "$tmp/log" || true)}"
+        "$syscalls${RELOAD_EVERY:+$(grep -c 'pipeline reloaded' "$tmp/log" || true)}"
 done
 ip -n $c addr add 10.9.0.1/24 dev c0
 ip -n $s addr add 10.9.0.2/24 dev s0

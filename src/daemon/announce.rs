@@ -109,7 +109,7 @@ fn send(port: &mut LivePort, list: &[Announcement], what: &str) {
         .iter()
         .filter(|a| matches!(port.send(&announcement(a)), Sent::Yes))
         .count();
-    let dropped = port.flush().unwrap_or(0);
+    let dropped = port.flush().dropped;
     tracing::info!(
         iface = port.iface(),
         addresses = list.len(),

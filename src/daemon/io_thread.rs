@@ -9,7 +9,7 @@ use super::{
 };
 use crate::engine::{parse, Compiled, PacketBuf, DEFAULT_MAX_FRAME};
 use crate::firewall::fragments::Fragments;
-use crate::io::live::{LivePort, Received, Sent};
+use crate::io::live::{LivePort, Received, Sent, Unsent, Why};
 use crate::io::pcap::CaptureWriter;
 use crate::ir::PortId;
 use crate::replay::{Merged, Merger};
@@ -652,27 +652,25 @@ impl Outputs {
         Ok(())
     }
 
-    /// Hands the live ports what was sent through them (AF_XDP queues frames until then).
+    /// Hands the live ports what was sent through them (they queue frames until then).
     fn flush_live(&mut self) {
         for (live, unsent) in self.live.iter_mut().zip(&mut self.unsent) {
             let Some(live) = live else { continue };
-            match live.flush() {
-                Ok(0) => {}
-                Ok(dropped) => {
-                    *unsent += dropped as u64;
-                    if self.tx_warning.ready() {
-                        tracing::warn!(
-                            iface = live.iface(),
-                            dropped,
-                            "interface down: frames dropped"
-                        );
-                    }
+            let Unsent { dropped, why } = live.flush();
+            *unsent += dropped as u64;
+            let Some(why) = why.filter(|_| self.tx_warning.ready()) else {
+                continue;
+            };
+            let iface = live.iface();
+            match why {
+                Why::QueueFull => {
+                    tracing::warn!(iface, dropped, "transmit queue full: frames dropped")
                 }
-                Err(e) => {
-                    if self.tx_warning.ready() {
-                        tracing::warn!(iface = live.iface(), error = %e, "send failed: frames wait");
-                    }
+                Why::LinkDown => tracing::warn!(iface, dropped, "interface down: frames dropped"),
+                Why::Refused(e) => {
+                    tracing::warn!(iface, dropped, error = %e, "send failed: frames dropped")
                 }
+                Why::Waiting(e) => tracing::warn!(iface, error = %e, "send failed: frames wait"),
             }
         }
     }

@@ -1,7 +1,8 @@
 //! Live ports on Linux network interfaces through AF_PACKET sockets (packet(7)): the
 //! frames the interface receives arrive in a ring mapped from the kernel (TPACKET_V2, no
-//! system call a frame) and are copied into packet buffers; every frame sent out of the
-//! port is one writev(2). The socket sees the interface promiscuously and not the frames
+//! system call a frame) and are copied into packet buffers; the frames sent out of the
+//! port are copied into a queue, which each flush sends with one sendmmsg(2) for every
+//! [`crate::sys::FRAMES_A_CALL`]. The socket sees the interface promiscuously and not the frames
 //! sent through it, so a port can sit in the path between two hosts (a bump in the
 //! wire).
 //!
@@ -13,7 +14,7 @@
 //! segmentation offloads (TSO, GSO) on, merged or unsegmented frames larger than any wire
 //! carries, which must be turned off (docs/operations.md).
 
-use super::live::{Joined, Made, Received, Sent};
+use super::live::{Joined, Made, Received, Sent, Unsent, Why};
 use crate::engine::PacketBuf;
 use crate::ir::PortId;
 use crate::sys::RxRing;
@@ -37,6 +38,8 @@ pub struct PacketPort {
     fd: OwnedFd,
     /// The fanout group the socket is in, when it shares the port with other sockets.
     group: Option<Joined>,
+    /// Frames sent, until the next flush.
+    tx: TxQueue,
 }
 
 /// A port's fanout group, when each worker has a socket of its own on the port: the
@@ -119,6 +122,7 @@ impl Fanout {
                     id: joined,
                     started: m == member,
                 }),
+                tx: TxQueue::new(),
             }));
         }
         let first = sockets.first().and_then(Option::as_ref);
@@ -178,6 +182,7 @@ impl PacketPort {
             ring,
             fd,
             group: None,
+            tx: TxQueue::new(),
         })
     }
 
@@ -253,21 +258,116 @@ impl PacketPort {
         })
     }
 
-    /// Sends a frame out of the interface, trying again a few times while its transmit
-    /// queue is full.
-    pub fn send(&self, frame: &[u8]) -> Sent {
-        let mut refused = None;
-        for _ in 0..=TX_RETRIES {
-            match crate::sys::send(self.fd.as_fd(), frame) {
-                Ok(true) => return Sent::Yes,
-                Ok(false) => std::thread::yield_now(),
+    /// Queues a copy of a frame to be sent at the next [`PacketPort::flush`] (at once,
+    /// with those queued before it, when the queue has no room for it).
+    pub fn send(&mut self, frame: &[u8]) -> Sent {
+        if !self.tx.has_room(frame.len()) {
+            let unsent = self.flush();
+            self.tx.unsent.dropped += unsent.dropped;
+            self.tx.unsent.why = unsent.why.or(self.tx.unsent.why.take());
+        }
+        match self.tx.push(frame) {
+            true => Sent::Yes,
+            false => Sent::Refused(std::io::Error::from_raw_os_error(libc::EMSGSIZE)),
+        }
+    }
+
+    /// Sends the frames queued, [`crate::sys::FRAMES_A_CALL`] a system call, trying
+    /// again a few times while the interface's transmit queue is full: what it did not
+    /// send (with what a full queue made [`PacketPort::send`] flush).
+    pub fn flush(&mut self) -> Unsent {
+        let mut unsent = std::mem::take(&mut self.tx.unsent);
+        let mut frames: [&[u8]; crate::sys::FRAMES_A_CALL] = [&[]; crate::sys::FRAMES_A_CALL];
+        let (mut at, mut full, mut refused) = (0, 0, None);
+        while at < self.tx.len() {
+            let n = self.tx.frames(at, &mut frames);
+            match crate::sys::send_frames(self.fd.as_fd(), &frames[..n]) {
+                Ok(0) if full < TX_RETRIES => {
+                    full += 1;
+                    std::thread::yield_now();
+                }
+                Ok(0) => {
+                    unsent.dropped += self.tx.len() - at;
+                    unsent.why = Some(Why::QueueFull);
+                    break;
+                }
+                Ok(sent) => {
+                    at += sent;
+                    full = 0;
+                }
                 // The first error may be an old one: the socket keeps its link's going
                 // down as a pending error, which the next call reports (and clears).
                 Err(e) if refused.is_none() => refused = Some(e),
-                Err(e) => return Sent::Refused(e),
+                // The first frame refused: dropped, and the next tried.
+                Err(e) => {
+                    at += 1;
+                    unsent.dropped += 1;
+                    unsent.why = Some(Why::Refused(e));
+                }
             }
         }
-        refused.map_or(Sent::QueueFull, Sent::Refused)
+        self.tx.clear();
+        unsent
+    }
+}
+
+/// Room for the frames one flush sends, copied: all a processed batch sends out of a port
+/// fits, unless its frames are large.
+const TX_BYTES: usize = 256 << 10;
+
+/// The frames a port queues for its next flush, one after the other in one buffer.
+#[derive(Debug)]
+struct TxQueue {
+    bytes: Vec<u8>,
+    /// Where each frame ends in `bytes`.
+    ends: Vec<usize>,
+    /// What flushes made to make room did not send, for the next flush to report.
+    unsent: Unsent,
+}
+
+impl TxQueue {
+    fn new() -> TxQueue {
+        TxQueue {
+            bytes: Vec::with_capacity(TX_BYTES),
+            ends: Vec::with_capacity(TX_BYTES / 64),
+            unsent: Unsent::default(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Whether a frame of `len` bytes fits without the buffers growing.
+    fn has_room(&self, len: usize) -> bool {
+        self.bytes.len() + len <= self.bytes.capacity() && self.ends.len() < self.ends.capacity()
+    }
+
+    /// Queues a copy of `frame`; `false` for one larger than the whole queue.
+    fn push(&mut self, frame: &[u8]) -> bool {
+        if frame.len() > TX_BYTES {
+            return false;
+        }
+        self.bytes.extend_from_slice(frame);
+        self.ends.push(self.bytes.len());
+        true
+    }
+
+    /// Fills `frames` with the frames queued from the `at`th on: how many.
+    fn frames<'a>(&'a self, at: usize, frames: &mut [&'a [u8]]) -> usize {
+        let mut n = 0;
+        let mut start = at.checked_sub(1).map_or(0, |i| self.ends[i]);
+        for (slot, &end) in frames.iter_mut().zip(&self.ends[at..]) {
+            *slot = &self.bytes[start..end];
+            start = end;
+            n += 1;
+        }
+        n
+    }
+
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.ends.clear();
     }
 }
 
@@ -296,6 +396,32 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
+        /// The frames a flush hands the kernel, a call's worth from any place on, are the
+        /// frames queued, whole and in order; the queue takes frames while it has room.
+        #[test]
+        fn queued_frames_come_out_as_they_went_in(
+            lens in proptest::collection::vec(0usize..9000, 0..200),
+            at in 0usize..200,
+        ) {
+            let mut q = TxQueue::new();
+            let mut queued = Vec::new();
+            for (i, len) in lens.into_iter().enumerate() {
+                if !q.has_room(len) {
+                    break;
+                }
+                let frame = vec![i as u8; len];
+                prop_assert!(q.push(&frame));
+                queued.push(frame);
+            }
+            let at = at.min(q.len());
+            let mut frames: [&[u8]; crate::sys::FRAMES_A_CALL] = [&[]; crate::sys::FRAMES_A_CALL];
+            let n = q.frames(at, &mut frames);
+            prop_assert_eq!(n, (q.len() - at).min(crate::sys::FRAMES_A_CALL));
+            for (got, want) in frames[..n].iter().zip(&queued[at..]) {
+                prop_assert_eq!(got, &want.as_slice());
+            }
+        }
+
         /// A checksum left partial is finished as a NIC would: a TCP or UDP packet (IPv4
         /// or IPv6, tagged or not) whose checksum field holds its pseudo-header's sum comes
         /// out with the checksum a whole computation gives, and any place in any bytes is

@@ -89,13 +89,46 @@ pub struct Joined {
 /// What became of a frame sent ([`LivePort::send`]).
 #[derive(Debug)]
 pub enum Sent {
-    /// Handed to the interface (AF_XDP: queued until [`LivePort::flush`]).
+    /// Queued for the interface until [`LivePort::flush`].
     Yes,
-    /// The interface's transmit queue stayed full: the frame was dropped.
+    /// The port's transmit queue is full: the frame was dropped.
     QueueFull,
     /// The interface refused the frame (it is down or gone, or the frame is longer than
     /// its MTU): dropped. The port stays open and sends again once it can.
     Refused(std::io::Error),
+}
+
+/// What [`LivePort::flush`] did not send: frames dropped, and why the last of them was.
+#[derive(Debug, Default)]
+pub struct Unsent {
+    pub dropped: usize,
+    pub why: Option<Why>,
+}
+
+/// Why frames were not sent.
+#[derive(Debug)]
+pub enum Why {
+    /// The interface's transmit queue stayed full: dropped.
+    QueueFull,
+    /// The interface is down: dropped (AF_XDP, whose kernel would send them stale once
+    /// it is up).
+    LinkDown,
+    /// The interface refused a frame (it is down or gone, or the frame is longer than its
+    /// MTU): dropped. The port stays open and sends again once it can.
+    Refused(std::io::Error),
+    /// The kernel could not be asked to send (AF_XDP): the frames wait in the port's
+    /// queue for the next flush.
+    Waiting(std::io::Error),
+}
+
+impl Unsent {
+    /// `dropped` frames, dropped for `why`.
+    pub fn dropped(dropped: usize, why: Why) -> Unsent {
+        Unsent {
+            dropped,
+            why: Some(why),
+        }
+    }
 }
 
 /// What [`LivePort::receive`] took from the interface.
@@ -263,7 +296,7 @@ impl LivePort {
         }
     }
 
-    /// Sends a frame out of the interface (AF_XDP: at the next [`LivePort::flush`]).
+    /// Queues a frame to be sent out of the interface at the next [`LivePort::flush`].
     pub fn send(&mut self, frame: &[u8]) -> Sent {
         match &mut self.socket {
             Socket::Packet(p) => p.send(frame),
@@ -271,12 +304,15 @@ impl LivePort {
         }
     }
 
-    /// Hands the interface what [`LivePort::send`] queued, or drops it while the
-    /// interface is down: how many frames were dropped.
-    pub fn flush(&mut self) -> std::io::Result<usize> {
+    /// Hands the interface what [`LivePort::send`] queued: what it did not send.
+    pub fn flush(&mut self) -> Unsent {
         match &mut self.socket {
-            Socket::Packet(_) => Ok(0),
-            Socket::Xdp(x) => x.flush(),
+            Socket::Packet(p) => p.flush(),
+            Socket::Xdp(x) => match x.flush() {
+                Ok(0) => Unsent::default(),
+                Ok(dropped) => Unsent::dropped(dropped, Why::LinkDown),
+                Err(e) => Unsent::dropped(0, Why::Waiting(e)),
+            },
         }
     }
 }
