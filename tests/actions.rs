@@ -587,6 +587,96 @@ wrpcap("uplink.pcap", [
     assert!(uplink[0].contains(";198.51.100.7;1;"), "{to_uplink}");
 }
 
+/// `dec ttl` after a decapsulation, and nothing else: the sender of a packet whose TTL
+/// runs out is told through the tunnel it came in (the far side's traceroute names the
+/// gateway): the tunnel's headers turned back (addresses swapped, the UDP ports, VNI and
+/// Geneve options as they came, an IPv6 UDP checksum made anew, which tshark checks) in
+/// front of Time Exceeded from the uplink's address of the inner packet's version. Not
+/// where the walk also rewrote the packet, nor for a version the port has no address of.
+#[test]
+fn senders_in_a_tunnel_are_told_through_it() {
+    let dir = Scratch::new("time-exceeded-tunnel");
+    let pipe = dir.path("vtep.pipe");
+    std::fs::write(
+        &pipe,
+        "pipeline vtep\n\
+         port host   { driver pcap }\n\
+         port uplink { driver pcap  address 192.0.2.1 }\n\
+         pipe from_host root from host { default { actions drop } }\n\
+         pipe from_uplink root from uplink {\n\
+             rule vxlan  { match vxlan.vni 100  actions vxlan.decap, dec ttl, fwd host }\n\
+             rule geneve { match geneve.vni 200  actions geneve.decap, count, goto routed }\n\
+             rule natted { match vxlan.vni 300  actions vxlan.decap, set ipv4.dst 10.0.0.9, dec ttl, fwd host }\n\
+             default { actions drop }\n\
+         }\n\
+         pipe routed { default { actions dec ttl, fwd host } }\n",
+    )
+    .expect("write pipeline");
+    scapy(
+        &dir.0,
+        r#"
+load_contrib("geneve")
+o = Ether(src="02:00:00:00:00:02", dst="02:00:00:00:00:01")
+inner = Ether(src="02:00:00:00:00:aa", dst="02:00:00:00:00:bb")
+probe = UDP(sport=40000, dport=33434)/Raw(b"p" * 32)
+v4 = inner/IP(src="10.0.0.2", dst="10.1.0.7", ttl=1)/probe
+v6 = inner/IPv6(src="2001:db8::2", dst="2001:db8:1::7", hlim=1)/probe
+opt = bytes([0x01, 0x02, 0x03, 0x01, 9, 9, 9, 9])  # class 0x0102, type 3, one word
+wrpcap("uplink.pcap", [
+    o/IP(src="192.0.2.10", dst="192.0.2.1")/UDP(sport=50000, dport=4789)/VXLAN(vni=100, flags=0x08)/v4,  # told
+    o/IPv6(src="2001:db8:ff::10", dst="2001:db8:ff::1")/UDP(sport=50001, dport=6081)
+        /GENEVE(vni=200, proto=0x6558, optionlen=2, options=opt)/v4,                                     # told
+    o/IP(src="192.0.2.10", dst="192.0.2.1")/UDP(sport=50002, dport=4789)/VXLAN(vni=100, flags=0x08)/v6,  # no IPv6 address
+    o/IP(src="192.0.2.10", dst="192.0.2.1")/UDP(sport=50003, dport=4789)/VXLAN(vni=300, flags=0x08)/v4,  # rewritten
+])
+"#,
+    );
+    let (s, _, to_uplink) = replay_both_ports(&dir, &pipe);
+    assert_eq!(s["ports"][1]["drops"]["ttl_expired"], 4, "{s}");
+    assert_eq!(s["ports"][1]["tx_packets"], 2, "{s}");
+    let fields = [
+        "eth.src",
+        "eth.dst",
+        "ip.src",
+        "ip.dst",
+        "ip.ttl",
+        "ipv6.src",
+        "ipv6.dst",
+        "ipv6.hlim",
+        "udp.srcport",
+        "udp.dstport",
+        "udp.checksum.status",
+        "vxlan.vni",
+        "geneve.vni",
+        "geneve.option.length",
+        "icmp.type",
+        "icmp.checksum.status",
+        "frame.len",
+    ];
+    let rows = tshark_table(
+        &to_uplink,
+        &[
+            "-o",
+            "ip.check_checksum:TRUE",
+            "-o",
+            "udp.check_checksum:TRUE",
+        ],
+        ';',
+        &fields,
+    );
+    // The outer headers, then the message's (from 192.0.2.1 to the inner sender, TTL 64),
+    // then the quoted probe's, as it came (TTL 1). UDP checksums: none over IPv4 (3),
+    // good (1) over IPv6 and the probe's.
+    assert_eq!(
+        rows.lines().collect::<Vec<_>>(),
+        [
+            "02:00:00:00:00:01,02:00:00:00:00:bb;02:00:00:00:00:02,02:00:00:00:00:aa;192.0.2.1,192.0.2.1,10.0.0.2;192.0.2.10,10.0.0.2,10.1.0.7;64,64,1;;;;50000,40000;4789,33434;3,1;100;;;11;1;152",
+            "02:00:00:00:00:01,02:00:00:00:00:bb;02:00:00:00:00:02,02:00:00:00:00:aa;192.0.2.1,10.0.0.2;10.0.0.2,10.1.0.7;64,1;2001:db8:ff::1;2001:db8:ff::10;64;50001,40000;6081,33434;1,1;;0x0000c8;8,8;11;1;180",
+        ],
+        "{rows}"
+    );
+}
+
 /// `clamp tcp.mss` before an encapsulation: SYNs and SYN-ACKs offering more come out of
 /// the tunnel offering the clamp, with right checksums (tshark checks them inside the
 /// VXLAN); lower offers, and segments that are not SYNs, come out as they went in.

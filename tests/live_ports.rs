@@ -830,33 +830,41 @@ fn traceroute_names_the_gateway_as_a_hop() {
     )
     .expect("write pipeline");
     let _dpuflow = lab.start(&pipe, "1");
-    let out = lab.run(
-        &lab.client,
-        &[
-            "traceroute",
-            "-n",
-            "-N",
-            "1",
-            "-q",
-            "1",
-            "-w",
-            "2",
-            "-m",
-            "4",
-            SERVER,
-        ],
-    );
-    // " 1  10.77.0.254  0.301 ms", after the heading.
-    let hops: Vec<&str> = out
-        .lines()
-        .skip(1)
-        .filter_map(|l| l.split_whitespace().nth(1))
-        .collect();
+    let (hops, out) = traceroute(&lab, &lab.client, SERVER);
     assert_eq!(hops, ["10.77.0.254", SERVER], "{out}");
     let series = "dpuflow_port_dropped_packets_total{port=\"inside\",reason=\"ttl_expired\"}";
     let m = lab.metrics_until(|m| metric(m, series) == Some(1), "one probe expired");
     let sent = "dpuflow_port_transmitted_packets_total{port=\"inside\"}";
     assert!(metric(&m, sent).is_some_and(|n| n >= 2), "{m}");
+}
+
+/// A routing VTEP: `dec ttl` after the decapsulation, the uplink with an address.
+/// Linux's traceroute from the far side of the tunnel (the server, through its kernel's
+/// vxlan device) names the gateway as hop 1, from the Time Exceeded it sends back
+/// through the tunnel, which the server's vxlan device takes in, and the client as hop 2.
+#[test]
+fn traceroute_through_the_tunnel_names_the_gateway() {
+    let (lab, _dir, pipe_path) = vxlan_lab("af_packet", "u", 1, "dec ttl,");
+    let text = std::fs::read_to_string(&pipe_path).expect("read pipeline");
+    let uplink = "iface \"out0\" }";
+    let addressed = text.replace(uplink, "iface \"out0\"  address 192.0.2.1 }");
+    assert_ne!(addressed, text);
+    std::fs::write(&pipe_path, addressed).expect("write pipeline");
+    let _dpuflow = lab.start(&pipe_path, "1");
+    let (hops, out) = traceroute(&lab, &lab.server, CLIENT);
+    assert_eq!(hops, ["192.0.2.1", CLIENT], "{out}");
+}
+
+/// Linux's traceroute from namespace `ns` to `to` (UDP probes of rising TTL, one at a
+/// time, up to 4 hops): the address of each hop, and what it printed.
+fn traceroute(lab: &Lab, ns: &str, to: &str) -> (Vec<String>, String) {
+    let probe = ["-n", "-N", "1", "-q", "1", "-w", "2", "-m", "4", to];
+    let out = lab.run(ns, &[&["traceroute"][..], &probe[..]].concat());
+    // " 1  10.77.0.254  0.301 ms", after the heading.
+    let hops = (out.lines().skip(1))
+        .filter_map(|l| l.split_whitespace().nth(1).map(String::from))
+        .collect();
+    (hops, out)
 }
 
 /// A link going down and up again is survived (the port reads again). An interface

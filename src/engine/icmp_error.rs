@@ -2,7 +2,9 @@
 //! tunnel (see [`super::pmtu`]) and one whose TTL or hop limit `dec ttl` finds run out
 //! (ICMP Time Exceeded, RFC 792 and RFC 4443 §3.3, which traceroute reads each hop's
 //! address from). Each is the dropped packet itself made into the message, in place, and
-//! sent back out of the port it came in by, to the Ethernet address it came from.
+//! sent back out of the port it came in by, to the Ethernet address it came from; a
+//! Time Exceeded about a packet the walk only took out of its tunnel goes back through
+//! that tunnel.
 //!
 //! Nobody is told about a fragment other than a datagram's first, an ICMP error, or a
 //! packet from or to an address that cannot be answered (RFC 1122 §3.2.2, RFC 1812
@@ -10,12 +12,12 @@
 //! 4443 §2.4 (f)).
 
 use super::action::l3_offset;
-use super::packet::PacketBuf;
-use super::parse::TunnelPorts;
+use super::packet::{PacketBuf, HEADROOM};
+use super::parse::{self, Layers, TunnelPorts, L3};
 use super::pmtu;
 use super::{DropReason, Verdict};
 use crate::wire::ethernet::ethertype;
-use crate::wire::{be16, checksum, icmp, ip_proto, ipv4, ipv6};
+use crate::wire::{be16, checksum, icmp, ip_proto, ipv4, ipv6, udp};
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
@@ -27,6 +29,10 @@ const NS_A_MESSAGE: u64 = 1_000_000_000 / PER_SECOND;
 
 /// The longest Ethernet header with its VLAN tags a quoted frame may have (four tags).
 const MAX_L2: usize = 30;
+
+/// The most tunnel headers a message goes back through: Ethernet with its tags, IPv6,
+/// UDP, and Geneve with the most options (RFC 8926 §3.4: 252 bytes).
+const MAX_TUNNEL: usize = MAX_L2 + ipv6::HEADER_LEN + 8 + 8 + 252;
 
 /// Hop limit of the messages (RFC 1700's default TTL).
 const HOP_LIMIT: u8 = 64;
@@ -110,16 +116,64 @@ impl Errors {
     #[cold]
     #[inline(never)]
     pub fn time_exceeded(&mut self, pkt: &mut PacketBuf) -> Verdict {
-        let from = self.addresses[pkt.port.index()];
-        let message = Offender::of(pkt.data(), 0, false).and_then(|o| {
-            let source = match o.v6 {
-                false => from.0.map(|a| a.to_ipv6_mapped().octets()),
-                true => from.1.map(|a| a.octets()),
-            };
-            Some(o.message(icmp::ErrorRepr::TimeExceeded { v6: o.v6 }, source?))
-        });
+        let message = self.expired(pkt, 0);
         self.send(pkt, message, DropReason::TtlExpired)
             .unwrap_or(Verdict::Drop(DropReason::TtlExpired))
+    }
+
+    /// A packet whose TTL or hop limit ran out after its walk took it out of the tunnel
+    /// it came in, and did nothing else to it: made ICMP Time Exceeded as
+    /// [`Errors::time_exceeded`] makes it, and sent back through that tunnel, out of the
+    /// port it came in by, so a traceroute from the far side of the tunnel sees this hop.
+    /// In front of the message go the tunnel's headers as they came (they still lie in
+    /// front of the packet), turned back: Ethernet and IP addresses swapped, lengths
+    /// and checksums made anew (an IPv4 UDP checksum zero, as RFC 7348 §5 and RFC 8926
+    /// §3.3 allow), TTL or hop limit 64, ECN Not-ECT; the UDP ports, and the tunnel's
+    /// header with its VNI and any options, as they were: the far end sent to this
+    /// port from that one.
+    #[cold]
+    #[inline(never)]
+    pub fn time_exceeded_in_tunnel(&mut self, pkt: &mut PacketBuf) -> Verdict {
+        let expired = Verdict::Drop(DropReason::TtlExpired);
+        let tunnel = pkt.headroom().checked_sub(HEADROOM);
+        let Some(tunnel) = tunnel.filter(|n| (1..=MAX_TUNNEL).contains(n)) else {
+            return expired;
+        };
+        // The frame as it came.
+        if !pkt.push_front(tunnel) {
+            return expired;
+        }
+        let came = parse::parse(pkt.data(), &self.tunnels).ok();
+        let Some(outer) = came.filter(|m| m.tunnel.is_some_and(|t| usize::from(t.inner) == tunnel))
+        else {
+            pkt.pull_front(tunnel);
+            return expired;
+        };
+        let mut headers = [0u8; MAX_TUNNEL];
+        headers[..tunnel].copy_from_slice(&pkt.data()[..tunnel]);
+        let message = self.expired(pkt, tunnel);
+        if self.send(pkt, message, DropReason::TtlExpired).is_none() {
+            pkt.pull_front(tunnel);
+            return expired;
+        }
+        if !pkt.push_front(tunnel) {
+            return expired;
+        }
+        turn_back(pkt.data_mut(), &headers[..tunnel], &outer.outer);
+        Verdict::Told(pkt.port, DropReason::TtlExpired)
+    }
+
+    /// The Time Exceeded message about the frame at `frame_at` of `pkt`, from the address
+    /// of its IP version of the port it came in by, where the port has one and its
+    /// sender can be told.
+    fn expired(&self, pkt: &PacketBuf, frame_at: usize) -> Option<Message> {
+        let from = self.addresses[pkt.port.index()];
+        let o = Offender::of(pkt.data(), frame_at, false)?;
+        let source = match o.v6 {
+            false => from.0.map(|a| a.to_ipv6_mapped().octets()),
+            true => from.1.map(|a| a.octets()),
+        };
+        Some(o.message(icmp::ErrorRepr::TimeExceeded { v6: o.v6 }, source?))
     }
 
     /// Makes `pkt` `message`, if there is one and the limit lets it go.
@@ -314,6 +368,54 @@ impl Message {
         };
         self.repr.emit(msg, pseudo);
         true
+    }
+}
+
+/// Writes `headers`, a tunnel's headers as they came (their layers `l`), turned back
+/// (see [`Errors::time_exceeded_in_tunnel`]) in front of what `frame` carries after them.
+fn turn_back(frame: &mut [u8], headers: &[u8], l: &Layers) {
+    let (l3, l4) = (usize::from(l.l3), usize::from(l.l4));
+    let len = frame.len();
+    frame[..headers.len()].copy_from_slice(headers);
+    let (to, from) = frame.split_at_mut(6);
+    to.swap_with_slice(&mut from[..6]);
+    let udp_len = (len - l4) as u16;
+    let pseudo = match l.l3_kind {
+        L3::V4 => {
+            let mut ip = ipv4::Packet::new_unchecked(&mut frame[l3..]);
+            let (src, dst) = (ip.src(), ip.dst());
+            ip.set_src(dst);
+            ip.set_dst(src);
+            ip.set_total_len((len - l3) as u16);
+            ip.set_ttl(HOP_LIMIT);
+            ip.set_ecn(0);
+            ip.fill_checksum();
+            None
+        }
+        L3::V6 => {
+            let mut ip = ipv6::Packet::new_unchecked(&mut frame[l3..]);
+            let (src, dst) = (ip.src(), ip.dst());
+            ip.set_src(dst);
+            ip.set_dst(src);
+            ip.set_payload_len((len - l3 - ipv6::HEADER_LEN) as u16);
+            ip.set_hop_limit(HOP_LIMIT);
+            ip.set_ecn(0);
+            Some(checksum::pseudo_v6(
+                &dst,
+                &src,
+                ip_proto::UDP,
+                udp_len.into(),
+            ))
+        }
+        L3::None => return,
+    };
+    let mut udp = udp::Packet::new_unchecked(&mut frame[l4..]);
+    udp.set_len(udp_len);
+    udp.set_checksum(0);
+    if let Some(pseudo) = pseudo {
+        // RFC 768: a sum of zero is sent as all ones (zero is no checksum).
+        let c = !checksum::fold(checksum::sum(pseudo, &frame[l4..]));
+        udp::Packet::new_unchecked(&mut frame[l4..]).set_checksum(if c == 0 { 0xffff } else { c });
     }
 }
 

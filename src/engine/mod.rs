@@ -54,7 +54,7 @@ reasons! {
         EcnNotCapable => "ecn_not_ect", "decapsulated from an outer header marked Congestion Experienced, but not ECN-capable inside: the mark may be neither lost nor passed on (RFC 6040 §4.2)";
         Unanswerable => "unanswerable", "`arp.reply` of a frame that is not an ARP request for another host's address (a reply, an announcement, ARP not of IPv4 over Ethernet), `nd.advert` of one that is not a neighbour solicitation a node may take (RFC 4861 §7.1.1), or `echo.reply` of one that is not a whole echo request between unicast addresses";
         NotTunnelled => "not_tunnelled", "decapsulation of a packet that carries no such tunnel";
-        TtlExpired => "ttl_expired", "TTL or hop limit reached zero; where the port it came in by has an address, its sender is sent an ICMP Time Exceeded";
+        TtlExpired => "ttl_expired", "TTL or hop limit reached zero; where the port it came in by has an address, its sender is sent an ICMP Time Exceeded (through the tunnel it came in, where the walk only took it out)";
         MeterRed => "meter_red", "a meter marked the packet red";
         MtuExceeded => "mtu_exceeded", "larger than the output port's MTU";
         PacketTooBig => "packet_too_big", "encapsulated, then larger than the output port's MTU: its sender was sent an ICMP Fragmentation Needed or ICMPv6 Packet Too Big with the MTU inside the tunnel";
@@ -1089,11 +1089,14 @@ fn exec(
             }
         }
         Action::Mark(m) => state.mark = *m,
-        Action::DecTtl { as_arrived } => {
+        Action::DecTtl { seen } => {
             if let Err(r) = action::dec_ttl(pkt.data_mut(), &meta.outer) {
-                return match as_arrived {
-                    true => Ok(Some(Next::Done(rt.errors.time_exceeded(pkt)))),
-                    false => Err(r),
+                return match seen {
+                    ir::Arrival::AsArrived => Ok(Some(Next::Done(rt.errors.time_exceeded(pkt)))),
+                    ir::Arrival::Decapsulated => {
+                        Ok(Some(Next::Done(rt.errors.time_exceeded_in_tunnel(pkt))))
+                    }
+                    ir::Arrival::Changed => Err(r),
                 };
             }
         }

@@ -53,24 +53,31 @@ impl Program {
         &self.pipes[id.index()]
     }
 
-    /// Notes which `dec ttl`s see every packet as it came (`as_arrived`): no action
-    /// before them in their list, nor before the `goto` in any pipe a walk to theirs
-    /// passes, changes the packet ([`Action::keeps_packet`]). An ICMP error about such a
-    /// packet can quote it and go back to where it came from.
+    /// Notes what the actions before each `dec ttl` did to every packet reaching it
+    /// ([`Arrival`]): in its list, and before the `goto` in every pipe a walk to it
+    /// passes. An ICMP error about a packet as it came can quote it and go back to where
+    /// it came from; about one only taken out of its tunnel, back through that tunnel.
     pub fn note_arrivals(&mut self) {
         let n = self.pipes.len();
-        // Pipes every walk enters with the packet as it came; the goto graph is acyclic,
-        // so as many passes as pipes settle it.
-        let mut entered = vec![true; n];
-        for _ in 0..n {
+        // How walks enter each pipe (`None`: none seen yet); a port's root pipe with the
+        // packet as it came. The goto graph is acyclic and a pipe's state only falls, so
+        // a few passes for each pipe settle it.
+        let mut entered: Vec<Option<Arrival>> = (self.pipes.iter())
+            .map(|p| (!p.from.is_empty()).then_some(Arrival::AsArrived))
+            .collect();
+        for _ in 0..3 * n {
             let mut changed = false;
             for from in 0..n {
+                let Some(state) = entered[from] else {
+                    continue;
+                };
                 let pipe = &self.pipes[from];
                 for list in pipe.body.action_lists().chain([&pipe.miss]) {
                     if let Some((Action::Goto(to), before)) = list.0.split_last() {
-                        let kept = entered[from] && before.iter().all(Action::keeps_packet);
-                        if !kept && entered[to.index()] {
-                            entered[to.index()] = false;
+                        let arrives = before.iter().fold(state, Arrival::after);
+                        let met = entered[to.index()].map_or(arrives, |e| e.meet(arrives));
+                        if entered[to.index()] != Some(met) {
+                            entered[to.index()] = Some(met);
                             changed = true;
                         }
                     }
@@ -83,12 +90,12 @@ impl Program {
         for (pipe, entered) in self.pipes.iter_mut().zip(entered) {
             let Pipe { body, miss, .. } = pipe;
             for list in body.action_lists_mut().chain([miss]) {
-                let mut kept = entered;
+                let mut state = entered.unwrap_or(Arrival::Changed);
                 for a in &mut list.0 {
-                    if let Action::DecTtl { as_arrived } = a {
-                        *as_arrived = kept;
+                    if let Action::DecTtl { seen } = a {
+                        *seen = state;
                     }
-                    kept &= a.keeps_packet();
+                    state = state.after(a);
                 }
             }
         }
@@ -605,11 +612,11 @@ pub enum Action {
         field: Field,
         value: u128,
     },
-    /// Decrement IPv4 TTL or IPv6 hop limit; the packet is dropped at zero.
-    /// `as_arrived`: no action before it, in any walk reaching it, changes the packet's
-    /// addresses or headers, so its sender can be told (see [`Program::note_arrivals`]).
+    /// Decrement IPv4 TTL or IPv6 hop limit; the packet is dropped at zero. `seen`: what
+    /// the actions before it, in every walk reaching it, did to the packet, so whether
+    /// its sender can be told (see [`Program::note_arrivals`]).
     DecTtl {
-        as_arrived: bool,
+        seen: Arrival,
     },
     /// Lower the MSS option of a TCP SYN segment to this where it is larger.
     ClampMss(u16),
@@ -642,6 +649,39 @@ pub enum Action {
     Goto(PipeId),
     Drop,
     ToService(ServiceId),
+}
+
+/// What a walk's actions have done to a packet, up to a point in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Arrival {
+    /// Nothing: it is as it came.
+    AsArrived,
+    /// Taken out of the tunnel it came in, and nothing else: the tunnel's headers lie
+    /// in front of it as they came.
+    Decapsulated,
+    /// Anything else, or not the same in every walk.
+    #[default]
+    Changed,
+}
+
+impl Arrival {
+    /// The state after action `a`.
+    pub fn after(self, a: &Action) -> Arrival {
+        match (self, a) {
+            (state, a) if a.keeps_packet() => state,
+            (Arrival::AsArrived, Action::Decap(_)) => Arrival::Decapsulated,
+            _ => Arrival::Changed,
+        }
+    }
+
+    /// The state of a pipe walks enter in `self` and in `other`.
+    fn meet(self, other: Arrival) -> Arrival {
+        if self == other {
+            self
+        } else {
+            Arrival::Changed
+        }
+    }
 }
 
 impl Action {
@@ -1147,35 +1187,51 @@ mod tests {
     use super::*;
 
     /// A `dec ttl` sees the packet as it came unless an action before it, in its list or
-    /// on any way to its pipe, changes the packet.
+    /// on any way to its pipe, changes the packet; as only taken out of its tunnel where
+    /// a decapsulation is all that did, in every walk to it.
     #[test]
-    fn ttl_decrements_know_whether_the_packet_is_as_it_came() {
+    fn ttl_decrements_know_what_became_of_the_packet() {
         let text = "pipeline t\nport a { driver pcap }\nport b { driver pcap }\n\
             pipe p root from a {\n\
               rule counted { match udp.dst 1 actions count, mark 3, goto q }\n\
               rule plain   { match udp.dst 2 actions dec ttl, fwd b }\n\
               rule late    { match udp.dst 3 actions set ip.dscp 10, dec ttl, fwd b }\n\
               rule tagged  { match udp.dst 4 actions vlan.push { id 7 }, goto r }\n\
+              rule decap   { match vxlan.vni 1 actions vxlan.decap, count, dec ttl, fwd b }\n\
+              rule decap_set { match vxlan.vni 2 actions vxlan.decap, set ip.dscp 1, dec ttl, fwd b }\n\
+              rule into_s  { match geneve.vni 3 actions geneve.decap, goto s }\n\
+              rule into_t  { match vxlan.vni 4 actions vxlan.decap, goto t }\n\
               default { actions goto r }\n\
             }\n\
             pipe q { default { actions dec ttl, fwd b } }\n\
-            pipe r { default { actions dec ttl, fwd b } }\n";
+            pipe r { default { actions dec ttl, fwd b } }\n\
+            pipe s { default { actions dec ttl, fwd b } }\n\
+            pipe t { rule rewritten { match udp.dst 6 actions set ip.dscp 1, goto s }\n\
+                     default { actions dec ttl, fwd b } }\n\
+            pipe u root from b { default { actions goto t } }\n";
         let checked = crate::lang::check_source("t.pipe", text, std::path::Path::new("."));
         let p = checked.program.expect("valid");
-        let arrived = |list: &ActionList| {
+        let seen = |list: &ActionList| {
             list.0.iter().find_map(|a| match a {
-                Action::DecTtl { as_arrived } => Some(*as_arrived),
+                Action::DecTtl { seen } => Some(*seen),
                 _ => None,
             })
         };
         let PipeBody::Rules(rules) = &p.pipes[0].body else {
             panic!("rules")
         };
-        assert_eq!(arrived(&rules[1].actions), Some(true));
-        assert_eq!(arrived(&rules[2].actions), Some(false));
-        assert_eq!(arrived(&p.pipes[1].miss), Some(true));
+        use Arrival::*;
+        assert_eq!(seen(&rules[1].actions), Some(AsArrived));
+        assert_eq!(seen(&rules[2].actions), Some(Changed));
+        assert_eq!(seen(&rules[4].actions), Some(Decapsulated));
+        assert_eq!(seen(&rules[5].actions), Some(Changed));
+        assert_eq!(seen(&p.pipes[1].miss), Some(AsArrived));
         // r is reached once tagged, though its other way in keeps the packet.
-        assert_eq!(arrived(&p.pipes[2].miss), Some(false));
+        assert_eq!(seen(&p.pipes[2].miss), Some(Changed));
+        // s is reached decapsulated from p, and rewritten from t.
+        assert_eq!(seen(&p.pipes[3].miss), Some(Changed));
+        // t is reached decapsulated from p and as it came from u.
+        assert_eq!(seen(&p.pipes[4].miss), Some(Changed));
     }
 
     #[test]

@@ -133,7 +133,9 @@ impl Lowerer<'_> {
                     return None;
                 }
                 // Worked out for the whole program (`Program::note_arrivals`).
-                Action::DecTtl { as_arrived: false }
+                Action::DecTtl {
+                    seen: Arrival::Changed,
+                }
             }
             "clamp" => {
                 let w = arg(a, 0)?;
