@@ -636,8 +636,12 @@ impl KvService {
     fn discard_freed_blocks(self: Arc<Self>) {
         let mut failure_warning = crate::telemetry::WarnThrottle::default();
         let block = self.config.block_size;
-        while !self.stop.load(Relaxed) {
+        loop {
             std::thread::sleep(POLL);
+            // Checked after the sleep: a stop in it ends the rounds, none after it.
+            if self.stop.load(Relaxed) {
+                break;
+            }
             let runs = self.lock().take_undiscarded();
             if runs.is_empty() {
                 continue;
