@@ -803,6 +803,43 @@ fn tagged_frames_keep_their_tags() {
     assert_eq!(metric(&m, series), Some(1), "{m}");
 }
 
+/// A tagged frame too big for the tunnel once encapsulated: its sender is told the MTU
+/// inside the tunnel (ICMP Fragmentation Needed) on its VLAN. The kernel took the tag out
+/// as the frame arrived; the port put it back where every received frame starts, so the
+/// gateway knows the tunnel carries the frame as it came.
+#[test]
+fn tagged_frames_too_big_for_the_tunnel_are_answered_on_their_vlan() {
+    let (lab, _dir, pipe_path) = Lab::with_pipeline(
+        "w",
+        "pipe out root from inside {\n\
+             rule tunnelled { match vlan.id 200  actions vxlan.encap { vni 5  src 192.0.2.1  \
+               dst 192.0.2.2  smac 02:00:00:00:00:01  dmac 02:00:00:00:00:02 }, fwd outside }\n\
+             default { actions drop }\n\
+         }\n",
+    );
+    let _dpuflow = lab.start(&pipe_path, "1");
+    let send = format!(
+        "from scapy.all import *\n\
+         f = Ether(src='02:00:00:00:00:01', dst='02:00:00:00:00:02')/Dot1Q(vlan=200)\
+         /IP(src='{CLIENT}', dst='{SERVER}', flags='DF')/UDP(sport=4000, dport=5000)/Raw(b'b' * 1452)\n\
+         told = AsyncSniffer(iface='c0', lfilter=lambda p: ICMP in p)\n\
+         told.start()\n\
+         time.sleep(0.5)\n\
+         sendp(f, iface='c0', verbose=0)\n\
+         time.sleep(1)\n\
+         for p in told.stop():\n\
+         \x20   print(p[Dot1Q].vlan, p[ICMP].type, p[ICMP].code, p[ICMP].nexthopmtu, p[IP].src)\n"
+    );
+    let out = lab.run(&lab.client, &[PYTHON, "-c", &send]);
+    // 1500 less the tunnel (outer IPv4, UDP, VXLAN) and the tagged inner Ethernet header.
+    assert_eq!(
+        out.trim(),
+        format!("200 3 4 1446 {SERVER}"),
+        "{out}\n{}",
+        lab.metrics()
+    );
+}
+
 /// A routing hop: `dec ttl` both ways, the inside port with an `address`. Linux's
 /// traceroute from the client (UDP probes of rising TTL, one at a time) names the gateway,
 /// from the Time Exceeded it answers the first probe with, as hop 1, and the server as

@@ -233,26 +233,29 @@ impl PacketPort {
             if aux.outgoing {
                 return None;
             }
+            // A tag the interface took out goes back after the addresses, as the frame
+            // is copied: the frame starts where every received frame does, which the
+            // ICMP errors about it look for (see `engine::pmtu`).
+            let tag = aux.vlan.filter(|_| frame.len() >= 12);
+            let len = frame.len() + if tag.is_some() { VLAN_TAG } else { 0 };
             let room = slot.room();
-            if aux.len > frame.len() || frame.len() > room.len() {
+            if aux.len > frame.len() || len > room.len() {
                 slot.received(0, port, ts_ns);
                 return Some(Received::Oversize(aux.len));
             }
-            room[..frame.len()].copy_from_slice(frame);
-            slot.received(frame.len(), port, ts_ns);
-            if let Some((tpid, tci)) = aux.vlan {
-                if frame.len() >= 12 && slot.push_front(VLAN_TAG) {
-                    // The addresses move to the new front; the tag goes after them.
-                    let frame = slot.data_mut();
-                    frame.copy_within(VLAN_TAG..VLAN_TAG + 12, 0);
-                    put16(frame, 12, tpid);
-                    put16(frame, 14, tci);
+            match tag {
+                Some((tpid, tci)) => {
+                    room[..12].copy_from_slice(&frame[..12]);
+                    put16(room, 12, tpid);
+                    put16(room, 14, tci);
+                    room[12 + VLAN_TAG..len].copy_from_slice(&frame[12..]);
                 }
+                None => room[..len].copy_from_slice(frame),
             }
+            slot.received(len, port, ts_ns);
             if let Some((start, offset)) = aux.partial_checksum {
                 // Counted from the frame as the kernel had it: before any tag put back.
-                let tag = slot.len() - frame.len();
-                finish_checksum(slot.data_mut(), start + tag, offset);
+                finish_checksum(slot.data_mut(), start + (len - frame.len()), offset);
             }
             Some(Received::Frame)
         })
