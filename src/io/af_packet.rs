@@ -265,9 +265,8 @@ impl PacketPort {
     /// with those queued before it, when the queue has no room for it).
     pub fn send(&mut self, frame: &[u8]) -> Sent {
         if !self.tx.has_room(frame.len()) {
-            let unsent = self.flush();
-            self.tx.unsent.dropped += unsent.dropped;
-            self.tx.unsent.why = unsent.why.or(self.tx.unsent.why.take());
+            // What it did not send (and what earlier flushes did not) waits to be told.
+            self.tx.unsent = self.flush();
         }
         match self.tx.push(frame) {
             true => Sent::Yes,
