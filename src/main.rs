@@ -333,6 +333,11 @@ struct BenchFlags {
     /// The port the traffic arrives on; by default the first port that feeds a root pipe.
     #[arg(long)]
     port: Option<String>,
+    /// Make every flow for the root pipe's rule of this name (by default the flows are
+    /// spread over all its entries): one path through the pipeline, such as a gateway's
+    /// decapsulation without its address-resolution rules.
+    #[arg(long, value_name = "NAME", conflicts_with = "trace")]
+    rule: Option<String>,
     /// Packets handed to the engine per call (it runs them 32 at a time).
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=1024))]
     batch: u16,
@@ -738,6 +743,7 @@ fn bench(f: BenchFlags) -> ExitCode {
         telemetry,
         ipfix_sampling,
         port,
+        rule,
         batch,
         write,
         trace,
@@ -772,7 +778,7 @@ fn bench(f: BenchFlags) -> ExitCode {
     };
     let size = usize::from(size);
     if conversations {
-        let mut traffic = match Conversations::new(&program, port, size, flows) {
+        let mut traffic = match Conversations::new(&program, port, rule.as_deref(), size, flows) {
             Ok(t) => t,
             Err(e) => {
                 eprintln!("error: {}: {e}", path.display());
@@ -795,9 +801,18 @@ fn bench(f: BenchFlags) -> ExitCode {
         );
         return bench_report(&program, port, &r, (n, traffic.max_frame()), batch);
     }
-    let frames = match &trace {
-        None => dpuflow::traffic::generate(&program, port, size, flows),
-        Some(t) => match dpuflow::traffic::from_trace(t, size) {
+    let frames = match (&trace, &rule) {
+        (None, None) => dpuflow::traffic::generate(&program, port, size, flows),
+        (None, Some(rule)) => {
+            match dpuflow::traffic::generate_for_rule(&program, port, rule, size, flows) {
+                Ok(f) => f,
+                Err(e) => {
+                    eprintln!("error: {}: {e}", path.display());
+                    return ExitCode::from(EXIT_USAGE);
+                }
+            }
+        }
+        (Some(t), _) => match dpuflow::traffic::from_trace(t, size) {
             Ok(f) => f,
             Err(e) => {
                 eprintln!("error: {}: {e}", t.display());

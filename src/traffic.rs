@@ -402,21 +402,51 @@ pub fn from_trace(path: &std::path::Path, size: usize) -> Result<Vec<Vec<u8>>, S
 /// Packets for `port`'s root pipe: `flows` flows spread round-robin over its entries
 /// (its default when it has none). Empty when the port feeds no pipe.
 pub fn generate(p: &Program, port: PortId, size: usize, flows: u32) -> Vec<Vec<u8>> {
-    specs(p, port, flows)
-        .iter()
-        .map(|s| s.frame(size))
-        .collect()
+    frames(&specs(p, port, None, flows), size)
 }
 
-/// The headers of [`generate`]'s flows.
-fn specs(p: &Program, port: PortId, flows: u32) -> Vec<Spec> {
+/// [`generate`]'s packets, all made for the root pipe's rule named `rule`: an error when
+/// it has none of that name.
+pub fn generate_for_rule(
+    p: &Program,
+    port: PortId,
+    rule: &str,
+    size: usize,
+    flows: u32,
+) -> Result<Vec<Vec<u8>>, String> {
+    let specs = specs(p, port, Some(rule), flows);
+    match specs.is_empty() {
+        true => Err(no_such_rule(p, port, rule)),
+        false => Ok(frames(&specs, size)),
+    }
+}
+
+fn frames(specs: &[Spec], size: usize) -> Vec<Vec<u8>> {
+    specs.iter().map(|s| s.frame(size)).collect()
+}
+
+fn no_such_rule(p: &Program, port: PortId, rule: &str) -> String {
+    let pipe = p.root_of(port).map(|r| p.pipe(r).name.as_str());
+    format!(
+        "the root pipe `{}` has no rule `{rule}`",
+        pipe.unwrap_or("-")
+    )
+}
+
+/// The headers of [`generate`]'s flows, made for the root pipe's rule named `rule` alone
+/// where one is named (none when it has no such rule).
+fn specs(p: &Program, port: PortId, rule: Option<&str>, flows: u32) -> Vec<Spec> {
     let Some(root) = p.root_of(port) else {
         return Vec::new();
     };
     let pipe = p.pipe(root);
+    if let (Some(_), PipeBody::Exact { .. } | PipeBody::Lpm { .. }) = (rule, &pipe.body) {
+        return Vec::new();
+    }
     let mut specs: Vec<Spec> = match &pipe.body {
         PipeBody::Rules(rules) => rules
             .iter()
+            .filter(|r| rule.is_none_or(|name| r.name == name))
             .map(|r| {
                 let mut s = Spec::default();
                 // Tunnel fields first, so inner fields land in the right header.
@@ -460,6 +490,9 @@ fn specs(p: &Program, port: PortId, flows: u32) -> Vec<Spec> {
             .collect(),
     };
     if specs.is_empty() {
+        if rule.is_some() {
+            return Vec::new();
+        }
         specs.push(Spec::default());
     }
     let flows = flows.max(1);
@@ -551,13 +584,22 @@ struct Conversation {
 pub const HANDSHAKE_ROUNDS: u64 = 3;
 
 impl Conversations {
-    /// The connections of `flows` flows through `port`'s root pipe, with data segments of
-    /// `size` bytes; an error when an entry's packets are not plain TCP (tunnelled, or
-    /// another protocol) or leave no room for data.
-    pub fn new(p: &Program, port: PortId, size: usize, flows: u32) -> Result<Self, String> {
-        let specs = specs(p, port, flows);
-        if specs.is_empty() {
-            return Err("the port feeds no root pipe".into());
+    /// The connections of `flows` flows through `port`'s root pipe (its rule named `rule`
+    /// alone, where one is named), with data segments of `size` bytes; an error when an
+    /// entry's packets are not plain TCP (tunnelled, or another protocol) or leave no room
+    /// for data.
+    pub fn new(
+        p: &Program,
+        port: PortId,
+        rule: Option<&str>,
+        size: usize,
+        flows: u32,
+    ) -> Result<Self, String> {
+        let specs = specs(p, port, rule, flows);
+        match (specs.is_empty(), rule) {
+            (true, Some(rule)) => return Err(no_such_rule(p, port, rule)),
+            (true, None) => return Err("the port feeds no root pipe".into()),
+            _ => {}
         }
         let flows = specs
             .iter()

@@ -2,7 +2,7 @@
 //! output, the DOCA plan's verdict.
 
 mod common;
-use common::{dpuflow, dpuflow_command, Scratch};
+use common::{dpuflow, dpuflow_command, dpuflow_ok, tshark_fields, Scratch};
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -73,6 +73,26 @@ fn numeric_flags_out_of_range_are_usage_errors() {
     ] {
         assert_usage_error(args, "invalid value");
     }
+}
+
+/// `bench --rule NAME` makes every flow for that rule of the root pipe: the capture it
+/// writes for the firewall's `dns` rule holds DNS queries only, one a flow; a rule the
+/// root pipe does not have is a usage error.
+#[test]
+fn bench_aims_every_flow_at_one_rule() {
+    let dir = Scratch::new("bench-rule");
+    let pcap = dir.path("dns.pcap");
+    let firewall = [
+        "bench",
+        "pipelines/stateful-firewall.pipe",
+        "--port",
+        "inside",
+    ];
+    let aimed = ["--rule", "dns", "--flows", "16", "--write", &pcap];
+    dpuflow_ok(&[&firewall[..], &aimed[..]].concat());
+    assert_eq!(tshark_fields(&pcap, &["udp.dstport"]), vec!["53"; 16]);
+    let astray = [&firewall[..], &["--rule", "nope"][..]].concat();
+    assert_usage_error(&astray, "has no rule `nope`");
 }
 
 /// A collector's name that does not resolve, or is not a name, stops `run` at once.

@@ -156,7 +156,7 @@ fn connections_allocate_nothing_per_packet() {
         let program = program(path);
         let port = root_ports(&program)[0];
         for records in RECORDS {
-            let mut traffic = Conversations::new(&program, port, 64, 1024).expect("traffic");
+            let mut traffic = Conversations::new(&program, port, None, 64, 1024).expect("traffic");
             let n = steady_allocations(&program, port, &mut traffic, records);
             assert_eq!(n, 0, "{path}, records {records:?}");
         }
