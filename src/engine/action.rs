@@ -490,7 +490,7 @@ fn patch_l4(frame: &mut [u8], l: &Layers, old: &[u8], new: &[u8]) {
 /// Recomputes a tunnel's outer UDP checksum once its payload, the inner frame, has changed
 /// (it covers it: RFC 768). A zero checksum, none sent (allowed over IPv4; RFC 6935 over
 /// IPv6 for tunnels), stays zero.
-fn refresh_outer_udp_checksum(frame: &mut [u8], outer: &Layers) {
+pub(super) fn refresh_outer_udp_checksum(frame: &mut [u8], outer: &Layers) {
     if !(outer.l4_ok && outer.proto == ip_proto::UDP) {
         return;
     }

@@ -11,7 +11,7 @@
 //! §4.3.2.7, RFC 4443 §2.4 (e)); messages are limited to [`PER_SECOND`] a worker (RFC
 //! 4443 §2.4 (f)).
 
-use super::action::l3_offset;
+use super::action::{l3_offset, refresh_outer_udp_checksum};
 use super::packet::{PacketBuf, HEADROOM};
 use super::parse::{self, Layers, TunnelPorts, L3};
 use super::pmtu;
@@ -379,9 +379,11 @@ fn turn_back(frame: &mut [u8], headers: &[u8], l: &Layers) {
     frame[..headers.len()].copy_from_slice(headers);
     let (to, from) = frame.split_at_mut(6);
     to.swap_with_slice(&mut from[..6]);
-    let udp_len = (len - l4) as u16;
-    let pseudo = match l.l3_kind {
+    let mut udp = udp::Packet::new_unchecked(&mut frame[l4..]);
+    udp.set_len((len - l4) as u16);
+    match l.l3_kind {
         L3::V4 => {
+            udp.set_checksum(0);
             let mut ip = ipv4::Packet::new_unchecked(&mut frame[l3..]);
             let (src, dst) = (ip.src(), ip.dst());
             ip.set_src(dst);
@@ -390,7 +392,6 @@ fn turn_back(frame: &mut [u8], headers: &[u8], l: &Layers) {
             ip.set_ttl(HOP_LIMIT);
             ip.set_ecn(0);
             ip.fill_checksum();
-            None
         }
         L3::V6 => {
             let mut ip = ipv6::Packet::new_unchecked(&mut frame[l3..]);
@@ -400,23 +401,17 @@ fn turn_back(frame: &mut [u8], headers: &[u8], l: &Layers) {
             ip.set_payload_len((len - l3 - ipv6::HEADER_LEN) as u16);
             ip.set_hop_limit(HOP_LIMIT);
             ip.set_ecn(0);
-            Some(checksum::pseudo_v6(
-                &dst,
-                &src,
-                ip_proto::UDP,
-                udp_len.into(),
-            ))
         }
         L3::None => return,
-    };
-    let mut udp = udp::Packet::new_unchecked(&mut frame[l4..]);
-    udp.set_len(udp_len);
-    udp.set_checksum(0);
-    if let Some(pseudo) = pseudo {
-        // RFC 768: a sum of zero is sent as all ones (zero is no checksum).
-        let c = !checksum::fold(checksum::sum(pseudo, &frame[l4..]));
-        udp::Packet::new_unchecked(&mut frame[l4..]).set_checksum(if c == 0 { 0xffff } else { c });
     }
+    // The UDP checksum over the message, where there is one (IPv6).
+    refresh_outer_udp_checksum(
+        frame,
+        &Layers {
+            l3_end: len as u16,
+            ..*l
+        },
+    );
 }
 
 /// An IPv4 packet whose sender can be answered from its destination: the source one
