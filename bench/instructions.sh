@@ -21,6 +21,7 @@ printf '%-22s %14s\n' case "instr/packet"
 for c in "forward bench/forward.pipe a" "exact-match-forward bench/exact-forward.pipe a" \
          "vxlan-encap pipelines/vxlan-gateway.pipe host" "vxlan-decap pipelines/vxlan-gateway.pipe uplink" \
          "geneve-encap pipelines/geneve-gateway.pipe host" "geneve-decap pipelines/geneve-gateway.pipe uplink" \
+         "vni-stitch bench/vni-stitch.pipe uplink" \
          "vxlan-encap+ipfix pipelines/vxlan-gateway.pipe host --telemetry" \
          "conntrack bench/conntrack.pipe a" "conntrack+ipfix bench/conntrack.pipe a --telemetry" \
          "conntrack-tcp bench/conntrack-tcp.pipe a" "conntrack-tcp+window bench/conntrack-tcp-window.pipe a" \

@@ -587,6 +587,34 @@ wrpcap("uplink.pcap", [
     assert!(uplink[0].contains(";198.51.100.7;1;"), "{to_uplink}");
 }
 
+/// The Ethernet, IP, UDP and tunnel fields of each frame of `pcap`, then `extra`, by
+/// tshark with IPv4 and UDP checksums checked: a frame a line, its fields apart by `;`
+/// (a field's occurrences, outer first, by `,`).
+fn tunnel_rows(pcap: &str, extra: &[&str]) -> String {
+    let checks = [
+        "-o",
+        "ip.check_checksum:TRUE",
+        "-o",
+        "udp.check_checksum:TRUE",
+    ];
+    let mut fields = vec![
+        "eth.src",
+        "eth.dst",
+        "ip.src",
+        "ip.dst",
+        "ipv6.src",
+        "ipv6.dst",
+        "udp.srcport",
+        "udp.dstport",
+        "udp.checksum.status",
+        "vxlan.vni",
+        "geneve.vni",
+        "geneve.option.length",
+    ];
+    fields.extend(extra);
+    tshark_table(pcap, &checks, ';', &fields)
+}
+
 /// `dec ttl` after a decapsulation, and nothing else: the sender of a packet whose TTL
 /// runs out is told through the tunnel it came in (the far side's traceroute names the
 /// gateway): the tunnel's headers turned back (addresses swapped, the UDP ports, VNI and
@@ -634,44 +662,101 @@ wrpcap("uplink.pcap", [
     let (s, _, to_uplink) = replay_both_ports(&dir, &pipe);
     assert_eq!(s["ports"][1]["drops"]["ttl_expired"], 4, "{s}");
     assert_eq!(s["ports"][1]["tx_packets"], 2, "{s}");
-    let fields = [
-        "eth.src",
-        "eth.dst",
-        "ip.src",
-        "ip.dst",
+    let extra = [
         "ip.ttl",
-        "ipv6.src",
-        "ipv6.dst",
         "ipv6.hlim",
-        "udp.srcport",
-        "udp.dstport",
-        "udp.checksum.status",
-        "vxlan.vni",
-        "geneve.vni",
-        "geneve.option.length",
         "icmp.type",
         "icmp.checksum.status",
         "frame.len",
     ];
-    let rows = tshark_table(
-        &to_uplink,
-        &[
-            "-o",
-            "ip.check_checksum:TRUE",
-            "-o",
-            "udp.check_checksum:TRUE",
-        ],
-        ';',
-        &fields,
-    );
+    let rows = tunnel_rows(&to_uplink, &extra);
     // The outer headers, then the message's (from 192.0.2.1 to the inner sender, TTL 64),
     // then the quoted probe's, as it came (TTL 1). UDP checksums: none over IPv4 (3),
     // good (1) over IPv6 and the probe's.
     assert_eq!(
         rows.lines().collect::<Vec<_>>(),
         [
-            "02:00:00:00:00:01,02:00:00:00:00:bb;02:00:00:00:00:02,02:00:00:00:00:aa;192.0.2.1,192.0.2.1,10.0.0.2;192.0.2.10,10.0.0.2,10.1.0.7;64,64,1;;;;50000,40000;4789,33434;3,1;100;;;11;1;152",
-            "02:00:00:00:00:01,02:00:00:00:00:bb;02:00:00:00:00:02,02:00:00:00:00:aa;192.0.2.1,10.0.0.2;10.0.0.2,10.1.0.7;64,1;2001:db8:ff::1;2001:db8:ff::10;64;50001,40000;6081,33434;1,1;;0x0000c8;8,8;11;1;180",
+            "02:00:00:00:00:01,02:00:00:00:00:bb;02:00:00:00:00:02,02:00:00:00:00:aa;192.0.2.1,192.0.2.1,10.0.0.2;192.0.2.10,10.0.0.2,10.1.0.7;;;50000,40000;4789,33434;3,1;100;;;64,64,1;;11;1;152",
+            "02:00:00:00:00:01,02:00:00:00:00:bb;02:00:00:00:00:02,02:00:00:00:00:aa;192.0.2.1,10.0.0.2;10.0.0.2,10.1.0.7;2001:db8:ff::1;2001:db8:ff::10;50001,40000;6081,33434;1,1;;0x0000c8;8,8;64,1;64;11;1;180",
+        ],
+        "{rows}"
+    );
+}
+
+/// A gateway that carries packets from one tunnel into another (VNI 100 of VXLAN over
+/// IPv4 into VNI 200 of Geneve with an option over IPv6, and Geneve back into VXLAN): a
+/// packet the second tunnel makes too big for the uplink is answered with the MTU inside
+/// that tunnel, sent back through the tunnel its sender used, headers turned back as
+/// for Time Exceeded (tshark checks the IPv6 UDP checksum); not where the walk also
+/// rewrote the packet.
+#[test]
+fn senders_across_two_tunnels_are_told_through_theirs() {
+    let dir = Scratch::new("too-big-stitched");
+    let pipe = dir.path("stitch.pipe");
+    std::fs::write(
+        &pipe,
+        "pipeline stitch\n\
+         port host   { driver pcap }\n\
+         port uplink { driver pcap }\n\
+         pipe from_host root from host { default { actions drop } }\n\
+         pipe from_uplink root from uplink {\n\
+             rule vxlan  { match vxlan.vni 100  actions vxlan.decap, count, goto into_geneve }\n\
+             rule geneve { match geneve.vni 300  actions geneve.decap,\n\
+                 vxlan.encap { vni 400  src 192.0.2.1  dst 192.0.2.40\n\
+                               smac 02:00:00:00:00:01  dmac 02:00:00:00:00:04 }, fwd uplink }\n\
+             rule natted { match vxlan.vni 500  actions vxlan.decap, set ipv4.dst 10.1.0.9,\n\
+                 vxlan.encap { vni 600  src 2001:db8:ff::1  dst 2001:db8:ff::60\n\
+                               smac 02:00:00:00:00:01  dmac 02:00:00:00:00:06 }, fwd uplink }\n\
+             default { actions drop }\n\
+         }\n\
+         pipe into_geneve { default { actions\n\
+             geneve.encap { vni 200  src 2001:db8:ff::1  dst 2001:db8:ff::20\n\
+                            smac 02:00:00:00:00:01  dmac 02:00:00:00:00:20\n\
+                            option 0x0102 0x03 0x09090909 }, fwd uplink } }\n",
+    )
+    .expect("write pipeline");
+    scapy(
+        &dir.0,
+        r#"
+load_contrib("geneve")
+o = Ether(src="02:00:00:00:00:02", dst="02:00:00:00:00:01")
+inner = Ether(src="02:00:00:00:00:aa", dst="02:00:00:00:00:bb")
+tcp = TCP(sport=40000, dport=80, seq=1000, flags="A")
+v4 = inner/IP(src="10.0.0.2", dst="10.1.0.7", flags="DF")/tcp/Raw(b"a" * 1410)  # 1450 bytes of IP
+v6 = inner/IPv6(src="2001:db8::2", dst="2001:db8:1::7")/tcp/Raw(b"b" * 1400)    # 1460
+opt = bytes([0x01, 0x02, 0x03, 0x01, 7, 7, 7, 7])
+wrpcap("uplink.pcap", [
+    o/IP(src="192.0.2.10", dst="192.0.2.1")/UDP(sport=50000, dport=4789)/VXLAN(vni=100, flags=0x08)/v4,  # told: 1422
+    o/IPv6(src="2001:db8:ff::30", dst="2001:db8:ff::1")/UDP(sport=50001, dport=6081)
+        /GENEVE(vni=300, proto=0x6558, optionlen=2, options=opt)/v6,                                     # told: 1450
+    o/IP(src="192.0.2.50", dst="192.0.2.1")/UDP(sport=50002, dport=4789)/VXLAN(vni=500, flags=0x08)/v4,  # rewritten
+    o/IP(src="192.0.2.10", dst="192.0.2.1")/UDP(sport=50003, dport=4789)/VXLAN(vni=100, flags=0x08)
+        /inner/IP(src="10.0.0.2", dst="10.1.0.7", flags="DF")/tcp/Raw(b"c" * 1000),                      # fits
+])
+"#,
+    );
+    let (s, _, to_uplink) = replay_both_ports(&dir, &pipe);
+    let drops = &s["ports"][1]["drops"];
+    assert_eq!(drops["packet_too_big"], 2, "{s}");
+    assert_eq!(drops["mtu_exceeded"], 1, "{s}");
+    assert_eq!(s["ports"][1]["tx_packets"], 3, "{s}");
+    let extra = [
+        "icmp.type",
+        "icmp.mtu",
+        "icmpv6.type",
+        "icmpv6.mtu",
+        "frame.len",
+    ];
+    let rows = tunnel_rows(&to_uplink, &extra);
+    // The outer headers turned back, then the message's (from the address the packet
+    // was for, to its sender), then the quoted packet's; 576 bytes of IPv4 message at
+    // most, 1280 of IPv6. Last, the packet that fit, in the Geneve tunnel.
+    assert_eq!(
+        rows.lines().collect::<Vec<_>>(),
+        [
+            "02:00:00:00:00:01,02:00:00:00:00:bb;02:00:00:00:00:02,02:00:00:00:00:aa;192.0.2.1,10.1.0.7,10.0.0.2;192.0.2.10,10.0.0.2,10.1.0.7;;;50000;4789;3;100;;;3;1422;;;640",
+            "02:00:00:00:00:01,02:00:00:00:00:bb;02:00:00:00:00:02,02:00:00:00:00:aa;;;2001:db8:ff::1,2001:db8:1::7,2001:db8::2;2001:db8:ff::30,2001:db8::2,2001:db8:1::7;50001;6081;1;;0x00012c;8,8;;;2;1450;1372",
+            "02:00:00:00:00:01,02:00:00:00:00:aa;02:00:00:00:00:20,02:00:00:00:00:bb;10.0.0.2;10.1.0.7;2001:db8:ff::1;2001:db8:ff::20;62216;6081;1;;0x0000c8;8,8;;;;;1132",
         ],
         "{rows}"
     );

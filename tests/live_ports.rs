@@ -1287,53 +1287,8 @@ fn vxlan_lab(driver: &str, tag: &str, queues: u16, also: &str) -> (Lab, Scratch,
     let (client_mac, underlay_mac) = (lab.mac(&lab.client, "c0"), lab.mac(&lab.server, "s0"));
     // The server: underlay 192.0.2.10 on its link, the overlay address on a vxlan device
     // whose remote VTEP is the gateway's 192.0.2.1.
+    lab.behind_vxlan(&lab.server, "s0", "192.0.2.10", SERVER, 100, VXLAN_MAC);
     let s = |args: &[&str]| lab.run(&lab.server, args);
-    // Over AF_PACKET the server leaves its checksums to hardware, the inner one of each
-    // encapsulated segment included, and the port finishes them where the kernel says
-    // (over AF_XDP the hosts finish their own: see `Lab::for_driver`).
-    s(&["ip", "addr", "flush", "dev", "s0"]);
-    s(&["ip", "addr", "add", "192.0.2.10/24", "dev", "s0"]);
-    s(&[
-        "ip",
-        "neigh",
-        "replace",
-        "192.0.2.1",
-        "lladdr",
-        "02:00:00:00:01:01",
-        "dev",
-        "s0",
-        "nud",
-        "permanent",
-    ]);
-    s(&[
-        "ip",
-        "link",
-        "add",
-        "vxlan0",
-        "address",
-        VXLAN_MAC,
-        "type",
-        "vxlan",
-        "id",
-        "100",
-        "local",
-        "192.0.2.10",
-        "remote",
-        "192.0.2.1",
-        "dstport",
-        "4789",
-        "dev",
-        "s0",
-    ]);
-    s(&["ip", "link", "set", "vxlan0", "up"]);
-    s(&[
-        "ip",
-        "addr",
-        "add",
-        &format!("{SERVER}/24"),
-        "dev",
-        "vxlan0",
-    ]);
     s(&[
         "ip",
         "neigh",
@@ -1420,6 +1375,55 @@ fn vxlan_gateway_to_the_kernel(driver: &str, tag: &str, workers: &str, queues: u
 }
 
 impl Lab {
+    /// Puts host `ns`'s overlay address `overlay` on a vxlan device, `vxlan0`, of VNI
+    /// `vni` and MAC `mac`, whose remote VTEP is the gateway's 192.0.2.1 (MAC
+    /// 02:00:00:00:01:01); its link `link` takes the underlay address `underlay`
+    /// instead. Over AF_PACKET the host leaves its checksums to hardware, the inner one
+    /// of each encapsulated segment included, and the port finishes them where the
+    /// kernel says (over AF_XDP the hosts finish their own: see `Lab::for_driver`).
+    fn behind_vxlan(
+        &self,
+        ns: &str,
+        link: &str,
+        underlay: &str,
+        overlay: &str,
+        vni: u32,
+        mac: &str,
+    ) {
+        let run = |args: &[&str]| self.run(ns, args);
+        run(&["ip", "addr", "flush", "dev", link]);
+        run(&["ip", "addr", "add", &format!("{underlay}/24"), "dev", link]);
+        let gateway = ["192.0.2.1", "lladdr", "02:00:00:00:01:01", "dev", link];
+        run(&[
+            &["ip", "neigh", "replace"][..],
+            &gateway,
+            &["nud", "permanent"],
+        ]
+        .concat());
+        let vni = vni.to_string();
+        let device = ["vxlan0", "address", mac, "type", "vxlan", "id", &vni];
+        let ends = [
+            "local",
+            underlay,
+            "remote",
+            "192.0.2.1",
+            "dstport",
+            "4789",
+            "dev",
+            link,
+        ];
+        run(&[&["ip", "link", "add"][..], &device, &ends].concat());
+        run(&["ip", "link", "set", "vxlan0", "up"]);
+        run(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{overlay}/24"),
+            "dev",
+            "vxlan0",
+        ]);
+    }
+
     /// The server's vxlan device carries 1500-byte packets (its link 1550), so it asks
     /// the client for full-sized segments (MSS 1460, 1440 over IPv6); IPv6 beside IPv4 in
     /// the overlay, neighbours known (no discovery through the gateway, which forwards
@@ -1515,6 +1519,75 @@ fn the_vxlan_gateway_tells_a_host_the_mtu_inside_the_tunnel() {
         assert!(route.contains("mtu 1450"), "the client's route: {route}");
     }
     lab.metrics_until(|m| metric(m, TOLD).unwrap_or(0) >= 2, "told the client");
+    stop(dpuflow);
+}
+
+/// A gateway carrying an overlay from one VNI into another: the client behind its
+/// kernel's vxlan device in VNI 100, the server behind its own in VNI 200, both devices
+/// carrying 1550-byte packets (links of 1600), and the fabric on the server's side
+/// 1500 bytes (the gateway's `outside` port). The client's full-sized packets no longer
+/// fit once in VNI 200: the gateway tells it the MTU inside that tunnel, through VNI
+/// 100, the client's kernel takes the message from its vxlan device (its route to the
+/// server learns MTU 1450), and a megabyte crosses.
+#[test]
+fn a_gateway_between_two_vnis_tells_a_host_the_mtu_through_its_own() {
+    let lab = Lab::for_driver("af_packet", "w");
+    let under = [lab.mac(&lab.client, "c0"), lab.mac(&lab.server, "s0")];
+    for (ns, link, dut_end) in [(&lab.client, "c0", "in0"), (&lab.server, "s0", "out0")] {
+        lab.run(ns, &["ip", "link", "set", link, "mtu", "1600"]);
+        lab.run(&lab.dut, &["ip", "link", "set", dut_end, "mtu", "1600"]);
+    }
+    const CLIENT_VXLAN_MAC: &str = "02:00:00:00:02:01";
+    let vteps = [
+        (
+            &lab.client,
+            "c0",
+            "192.0.2.20",
+            CLIENT,
+            100,
+            CLIENT_VXLAN_MAC,
+        ),
+        (&lab.server, "s0", "192.0.2.10", SERVER, 200, VXLAN_MAC),
+    ];
+    for (i, &(ns, link, underlay, overlay, vni, mac)) in vteps.iter().enumerate() {
+        lab.behind_vxlan(ns, link, underlay, overlay, vni, mac);
+        lab.run(ns, &["ip", "link", "set", "vxlan0", "mtu", "1550"]);
+        let (peer, peer_mac) = (vteps[1 - i].3, vteps[1 - i].5);
+        let neigh = ["ip", "neigh", "replace", peer, "lladdr", peer_mac];
+        lab.run(
+            ns,
+            &[&neigh[..], &["dev", "vxlan0", "nud", "permanent"]].concat(),
+        );
+    }
+    let dir = Scratch::new("live-two-vnis");
+    let pipe_path = dir.path("stitch.pipe");
+    std::fs::write(
+        &pipe_path,
+        format!(
+            "pipeline stitch\n\
+             port inside  {{ driver af_packet  iface \"in0\"  mtu 1600 }}\n\
+             port outside {{ driver af_packet  iface \"out0\"  mtu 1500 }}\n\
+             pipe from_client root from inside {{\n\
+                 rule vni100 {{ match udp.dst 4789  vxlan.vni 100\n\
+                     actions vxlan.decap, vxlan.encap {{ vni 200  src 192.0.2.1  dst 192.0.2.10\n\
+                         smac 02:00:00:00:01:01  dmac {} }}, fwd outside }}\n\
+                 default {{ actions drop }}\n\
+             }}\n\
+             pipe from_server root from outside {{\n\
+                 rule vni200 {{ match udp.dst 4789  vxlan.vni 200\n\
+                     actions vxlan.decap, vxlan.encap {{ vni 100  src 192.0.2.1  dst 192.0.2.20\n\
+                         smac 02:00:00:00:01:01  dmac {} }}, fwd inside }}\n\
+                 default {{ actions drop }}\n\
+             }}\n",
+            under[1], under[0]
+        ),
+    )
+    .expect("write pipeline");
+    let dpuflow = lab.start(&pipe_path, "1");
+    assert!(lab.ping(&lab.client, SERVER), "no ping through the gateway");
+    let route = lab.upload("AF_INET", SERVER);
+    assert!(route.contains("mtu 1450"), "the client's route: {route}");
+    lab.metrics_until(|m| metric(m, TOLD).unwrap_or(0) >= 1, "told the client");
     stop(dpuflow);
 }
 

@@ -3,8 +3,9 @@
 //! (ICMP Time Exceeded, RFC 792 and RFC 4443 §3.3, which traceroute reads each hop's
 //! address from). Each is the dropped packet itself made into the message, in place, and
 //! sent back out of the port it came in by, to the Ethernet address it came from; a
-//! Time Exceeded about a packet the walk only took out of its tunnel goes back through
-//! that tunnel.
+//! Time Exceeded about a packet the walk only took out of its tunnel, and a too-big
+//! message about one it only moved from that tunnel into another, go back through that
+//! tunnel.
 //!
 //! Nobody is told about a fragment other than a datagram's first, an ICMP error, or a
 //! packet from or to an address that cannot be answered (RFC 1122 §3.2.2, RFC 1812
@@ -13,7 +14,7 @@
 
 use super::action::{l3_offset, refresh_outer_udp_checksum};
 use super::packet::{PacketBuf, HEADROOM};
-use super::parse::{self, Layers, TunnelPorts, L3};
+use super::parse::{self, Layers, Meta, TunnelPorts, L3};
 use super::pmtu;
 use super::{DropReason, Verdict};
 use crate::wire::ethernet::ethertype;
@@ -86,6 +87,19 @@ pub struct Errors {
     pub(super) tunnels: TunnelPorts,
     pub(super) addresses: PortAddresses,
     limit: Limiter,
+    /// The tunnel a packet of the part being run came in, where it was put in another
+    /// ([`Errors::keep_arrival`]).
+    arrival: ArrivalTunnel,
+}
+
+/// A tunnel's headers as they came, their layers, and the packet they are of.
+#[derive(Debug, Clone)]
+struct ArrivalTunnel {
+    headers: [u8; MAX_TUNNEL],
+    len: usize,
+    layers: Layers,
+    /// The [`PacketBuf::id`] of the packet, if one's are kept.
+    of: Option<usize>,
 }
 
 impl Errors {
@@ -94,19 +108,79 @@ impl Errors {
             tunnels,
             addresses,
             limit: Limiter::default(),
+            arrival: ArrivalTunnel {
+                headers: [0; MAX_TUNNEL],
+                len: 0,
+                layers: Layers::default(),
+                of: None,
+            },
         }
+    }
+
+    /// Keeps the headers of the tunnel `pkt` came in, which the walk took off it and
+    /// nothing else, before it is put in another: `arrived` is its parse as it came.
+    /// Kept where they are the headers taken off, until [`Errors::forget_arrival`]: the
+    /// engine forgets them after each part of a batch, whose packets each have their own
+    /// buffer, so they are never taken for another packet's.
+    #[inline(never)]
+    pub fn keep_arrival(&mut self, pkt: &PacketBuf, arrived: &Meta) {
+        let taken = pkt.taken_off();
+        let tunnel = arrived.tunnel.map(|t| usize::from(t.inner));
+        if tunnel != Some(taken.len()) || taken.len() > MAX_TUNNEL {
+            return;
+        }
+        let a = &mut self.arrival;
+        a.headers[..taken.len()].copy_from_slice(taken);
+        a.len = taken.len();
+        a.layers = arrived.outer;
+        a.of = Some(pkt.id());
+    }
+
+    /// Forgets the tunnel [`Errors::keep_arrival`] kept, if any.
+    pub fn forget_arrival(&mut self) {
+        self.arrival.of = None;
     }
 
     /// A packet too big for a port of `mtu`: made the ICMP error out of the port it came in
     /// by where the walk encapsulated it as it arrived and its sender can be told, rate
-    /// permitting; else to be dropped.
+    /// permitting; else to be dropped. Where the walk took it out of the tunnel it came
+    /// in and put it in another (VNI to VNI, VXLAN to Geneve), having kept the first's
+    /// headers ([`Errors::keep_arrival`]), the message goes back through that tunnel, as
+    /// [`Errors::time_exceeded_in_tunnel`] sends its.
     #[cold]
     #[inline(never)]
     pub fn too_big(&mut self, pkt: &mut PacketBuf, mtu: u16) -> Result<Verdict, DropReason> {
+        if self.arrival.of == Some(pkt.id()) {
+            return self
+                .too_big_in_tunnel(pkt, mtu)
+                .ok_or(DropReason::MtuExceeded);
+        }
         let arrived = pmtu::encapsulated_as_arrived(pkt, &self.tunnels);
         let message = arrived.and_then(|len| pmtu::too_big(pkt, len, mtu));
         self.send(pkt, message, DropReason::PacketTooBig)
             .ok_or(DropReason::MtuExceeded)
+    }
+
+    /// [`Errors::too_big`] about a packet carried from the tunnel it came in to another,
+    /// the first's headers kept: where the frame it carries is where it lay when it
+    /// came (no action since moved it), the message about it, with those headers turned
+    /// back in front.
+    fn too_big_in_tunnel(&mut self, pkt: &mut PacketBuf, mtu: u16) -> Option<Verdict> {
+        let now = parse::parse(pkt.data(), &self.tunnels).ok()?.tunnel?;
+        let inner = usize::from(now.inner);
+        if pkt.headroom() + inner != HEADROOM + self.arrival.len {
+            return None;
+        }
+        let message = pmtu::too_big(pkt, pkt.len() - inner, mtu);
+        let told = self.send(pkt, message, DropReason::PacketTooBig)?;
+        let a = &self.arrival;
+        // The message starts a little before where the frame it is about lay, and the
+        // tunnel's headers lay in front of that frame: there is room for them.
+        if !pkt.push_front(a.len) {
+            return None;
+        }
+        turn_back(pkt.data_mut(), &a.headers[..a.len], &a.layers);
+        Some(told)
     }
 
     /// A packet whose TTL or hop limit ran out, as it arrived (no action of its walk has

@@ -213,6 +213,10 @@ enum Body {
 enum Op {
     Ir(Action),
     Encap(usize),
+    /// An encapsulation of a packet the walk only took out of the tunnel it came in:
+    /// that tunnel's headers are kept first, so a packet the new tunnel makes too big
+    /// is answered through the tunnel its sender used.
+    Retunnel(usize),
 }
 
 #[derive(Debug)]
@@ -349,21 +353,31 @@ impl Compiled {
     pub fn new(p: &ir::Program) -> Compiled {
         let mut encaps = Vec::new();
         let mut tunnels = TunnelPorts::default();
-        let mut compile_list = |list: &ActionList| -> Box<[Op]> {
+        // What each pipe's walks did to the packet before it.
+        let arrivals = p.arrivals();
+        let mut compile_list = |list: &ActionList, entered: ir::Arrival| -> Box<[Op]> {
+            let mut state = entered;
             list.0
                 .iter()
-                .map(|a| match a {
-                    Action::Encap(e) => {
-                        tunnels.add(e.udp_dst, e.tunnel);
-                        encaps.push(EncapTemplate::new(e));
-                        Op::Encap(encaps.len() - 1)
-                    }
-                    other => Op::Ir(other.clone()),
+                .map(|a| {
+                    let op = match a {
+                        Action::Encap(e) => {
+                            tunnels.add(e.udp_dst, e.tunnel);
+                            encaps.push(EncapTemplate::new(e));
+                            match state {
+                                ir::Arrival::Decapsulated => Op::Retunnel(encaps.len() - 1),
+                                _ => Op::Encap(encaps.len() - 1),
+                            }
+                        }
+                        other => Op::Ir(other.clone()),
+                    };
+                    state = state.after(a);
+                    op
                 })
                 .collect()
         };
         let mut pipes = Vec::new();
-        for pipe in &p.pipes {
+        for (pipe, &entered) in p.pipes.iter().zip(&arrivals) {
             // Rules' lists are found among the distinct ones here; tables come with theirs.
             let rule_actions: EntryActions;
             let (body, actions) = match &pipe.body {
@@ -398,7 +412,7 @@ impl Compiled {
                     actions,
                 ),
             };
-            let miss = compile_list(&pipe.miss);
+            let miss = compile_list(&pipe.miss, entered);
             let reads_ct = match &pipe.body {
                 PipeBody::Rules(rules) => rules
                     .iter()
@@ -409,7 +423,9 @@ impl Compiled {
                 }
                 PipeBody::Lpm { .. } => false,
             };
-            let lists = actions.distinct().iter().map(&mut compile_list).collect();
+            let lists = (actions.distinct().iter())
+                .map(|l| compile_list(l, entered))
+                .collect();
             pipes.push(CompiledPipe {
                 body,
                 entry_list: actions.indices().to_vec(),
@@ -767,6 +783,8 @@ impl Engine {
         if let Some(last) = batch.last() {
             self.sweep(last.ts_ns, crate::sweep::MAX_SLOTS);
         }
+        // What was kept of the part's packets is theirs alone.
+        self.rt.errors.forget_arrival();
     }
 
     /// Time is `now` (in the packets' clock) though no packet came: what timed out in the
@@ -913,10 +931,12 @@ impl Engine {
                 let step = match op {
                     Op::Encap(t) => {
                         stale = true;
-                        let frame = pkt.data();
-                        let hash = parse::flow_hash(frame, &meta.outer);
-                        let ds = parse::ds_field(frame, &meta.outer);
-                        code.encaps[*t].apply(pkt, hash, ds).map(|()| None)
+                        encapsulate(&code.encaps[*t], pkt, &meta)
+                    }
+                    Op::Retunnel(t) => {
+                        self.rt.errors.keep_arrival(pkt, &self.metas[staged_at]);
+                        stale = true;
+                        encapsulate(&code.encaps[*t], pkt, &meta)
                     }
                     Op::Ir(a) => exec(
                         a,
@@ -1007,6 +1027,19 @@ fn fate(v: Verdict) -> (Option<u16>, bool) {
     }
 }
 
+/// Puts `pkt`, parsed as `meta`, in the tunnel `e` makes.
+#[inline(always)]
+fn encapsulate(
+    e: &EncapTemplate,
+    pkt: &mut PacketBuf,
+    meta: &Meta,
+) -> Result<Option<Next>, DropReason> {
+    let frame = pkt.data();
+    let hash = parse::flow_hash(frame, &meta.outer);
+    let ds = parse::ds_field(frame, &meta.outer);
+    e.apply(pkt, hash, ds).map(|()| None)
+}
+
 /// Whether an op leaves the addresses, protocol and ports conntrack keys on unchanged.
 fn keeps_tuple(op: &Op) -> bool {
     matches!(op, Op::Ir(a) if a.keeps_packet())
@@ -1019,6 +1052,7 @@ fn needs_meta(op: &Op) -> bool {
     matches!(
         op,
         Op::Encap(_)
+            | Op::Retunnel(_)
             | Op::Ir(
                 Action::DecTtl { .. }
                     | Action::Set { .. }

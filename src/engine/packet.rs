@@ -88,6 +88,17 @@ impl PacketBuf {
         self.head
     }
 
+    /// What tells this buffer from every other one alive: its memory's address.
+    pub fn id(&self) -> usize {
+        self.buf.as_ptr() as usize
+    }
+
+    /// The bytes between where frames are loaded ([`HEADROOM`]) and where the packet now
+    /// starts: the headers the walk took off its front (empty if it took none).
+    pub fn taken_off(&self) -> &[u8] {
+        self.buf.get(HEADROOM..self.head).unwrap_or(&[])
+    }
+
     /// Grows the packet at the front by `n` bytes; false when the headroom is too small.
     pub fn push_front(&mut self, n: usize) -> bool {
         if n > self.head {

@@ -58,10 +58,27 @@ impl Program {
     /// passes. An ICMP error about a packet as it came can quote it and go back to where
     /// it came from; about one only taken out of its tunnel, back through that tunnel.
     pub fn note_arrivals(&mut self) {
+        let entered = self.arrivals();
+        for (pipe, entered) in self.pipes.iter_mut().zip(entered) {
+            let Pipe { body, miss, .. } = pipe;
+            for list in body.action_lists_mut().chain([miss]) {
+                let mut state = entered;
+                for a in &mut list.0 {
+                    if let Action::DecTtl { seen } = a {
+                        *seen = state;
+                    }
+                    state = state.after(a);
+                }
+            }
+        }
+    }
+
+    /// What every walk entering each pipe has done to the packet, by pipe: a port's root
+    /// pipe has it as it came; a pipe no walk enters, [`Arrival::Changed`].
+    pub fn arrivals(&self) -> Vec<Arrival> {
         let n = self.pipes.len();
-        // How walks enter each pipe (`None`: none seen yet); a port's root pipe with the
-        // packet as it came. The goto graph is acyclic and a pipe's state only falls, so
-        // a few passes for each pipe settle it.
+        // How walks enter each pipe (`None`: none seen yet). The goto graph is acyclic
+        // and a pipe's state only falls, so a few passes for each pipe settle it.
         let mut entered: Vec<Option<Arrival>> = (self.pipes.iter())
             .map(|p| (!p.from.is_empty()).then_some(Arrival::AsArrived))
             .collect();
@@ -87,18 +104,10 @@ impl Program {
                 break;
             }
         }
-        for (pipe, entered) in self.pipes.iter_mut().zip(entered) {
-            let Pipe { body, miss, .. } = pipe;
-            for list in body.action_lists_mut().chain([miss]) {
-                let mut state = entered.unwrap_or(Arrival::Changed);
-                for a in &mut list.0 {
-                    if let Action::DecTtl { seen } = a {
-                        *seen = state;
-                    }
-                    state = state.after(a);
-                }
-            }
-        }
+        entered
+            .into_iter()
+            .map(|e| e.unwrap_or(Arrival::Changed))
+            .collect()
     }
 
     /// The root pipe fed by a port, if any.
