@@ -454,6 +454,15 @@ impl Watcher {
     }
 }
 
+/// A test that fails before it reads what a watcher saw stops it: left running, it would
+/// keep the test's output open (and its namespace) after the test has ended.
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 impl Lab {
     /// Counts the UDP datagrams the server's link receives by destination port, with a
     /// packet socket (it reads on through the link's going down and up: tcpdump gives up
