@@ -6,7 +6,7 @@
 
 use super::Shared;
 use crate::engine::announcement;
-use crate::io::live::{LivePort, Sent};
+use crate::io::live::LivePort;
 use crate::ir::Announcement;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -107,7 +107,7 @@ impl Announcer {
 fn send(port: &mut LivePort, list: &[Announcement], what: &str) {
     let sent = list
         .iter()
-        .filter(|a| matches!(port.send(&announcement(a)), Sent::Yes))
+        .filter(|a| port.send(&announcement(a)).is_ok())
         .count();
     let dropped = port.flush().dropped;
     tracing::info!(

@@ -9,7 +9,7 @@ use super::{
 };
 use crate::engine::{parse, Compiled, PacketBuf, DEFAULT_MAX_FRAME};
 use crate::firewall::fragments::Fragments;
-use crate::io::live::{LivePort, Received, Sent, Unsent, Why};
+use crate::io::live::{LivePort, Received, Unsent, Why};
 use crate::io::pcap::CaptureWriter;
 use crate::ir::PortId;
 use crate::replay::{Merged, Merger};
@@ -612,6 +612,18 @@ pub(super) struct Outputs {
     announcer: Announcer,
 }
 
+/// Says why `dropped` frames for `iface` were not sent (or, [`Why::Waiting`], wait).
+fn warn_unsent(iface: &str, dropped: usize, why: Why) {
+    match why {
+        Why::QueueFull => tracing::warn!(iface, dropped, "transmit queue full: frames dropped"),
+        Why::LinkDown => tracing::warn!(iface, dropped, "interface down: frames dropped"),
+        Why::Refused(e) => {
+            tracing::warn!(iface, dropped, error = %e, "send failed: frames dropped")
+        }
+        Why::Waiting(e) => tracing::warn!(iface, error = %e, "send failed: frames wait"),
+    }
+}
+
 impl Outputs {
     fn write(&mut self, mut batch: Processed) -> Result<(), RunError> {
         self.returned += 1;
@@ -621,21 +633,10 @@ impl Outputs {
                 if let Some(w) = &mut self.writers[i] {
                     w.write(pkt.ts_ns.saturating_add_signed(self.to_wall), pkt.data())?;
                 } else if let Some(live) = &mut self.live[i] {
-                    let sent = live.send(pkt.data());
-                    if !matches!(sent, Sent::Yes) {
+                    if let Err(why) = live.send(pkt.data()) {
                         self.unsent[i] += 1;
                         if self.tx_warning.ready() {
-                            match sent {
-                                Sent::Refused(e) => tracing::warn!(
-                                    iface = live.iface(),
-                                    error = %e,
-                                    "send failed: frame dropped"
-                                ),
-                                _ => tracing::warn!(
-                                    iface = live.iface(),
-                                    "transmit queue full: frame dropped"
-                                ),
-                            }
+                            warn_unsent(live.iface(), 1, why);
                         }
                     }
                 } else {
@@ -658,19 +659,8 @@ impl Outputs {
             let Some(live) = live else { continue };
             let Unsent { dropped, why } = live.flush();
             *unsent += dropped as u64;
-            let Some(why) = why.filter(|_| self.tx_warning.ready()) else {
-                continue;
-            };
-            let iface = live.iface();
-            match why {
-                Why::QueueFull => {
-                    tracing::warn!(iface, dropped, "transmit queue full: frames dropped")
-                }
-                Why::LinkDown => tracing::warn!(iface, dropped, "interface down: frames dropped"),
-                Why::Refused(e) => {
-                    tracing::warn!(iface, dropped, error = %e, "send failed: frames dropped")
-                }
-                Why::Waiting(e) => tracing::warn!(iface, error = %e, "send failed: frames wait"),
+            if let Some(why) = why.filter(|_| self.tx_warning.ready()) {
+                warn_unsent(live.iface(), dropped, why);
             }
         }
     }

@@ -14,7 +14,7 @@
 //! segmentation offloads (TSO, GSO) on, merged or unsegmented frames larger than any wire
 //! carries, which must be turned off (docs/operations.md).
 
-use super::live::{Joined, Made, Received, Sent, Unsent, Why};
+use super::live::{Joined, Made, Received, Unsent, Why};
 use crate::engine::PacketBuf;
 use crate::ir::PortId;
 use crate::sys::RxRing;
@@ -263,14 +263,16 @@ impl PacketPort {
 
     /// Queues a copy of a frame to be sent at the next [`PacketPort::flush`] (at once,
     /// with those queued before it, when the queue has no room for it).
-    pub fn send(&mut self, frame: &[u8]) -> Sent {
+    pub fn send(&mut self, frame: &[u8]) -> Result<(), Why> {
         if !self.tx.has_room(frame.len()) {
             // What it did not send (and what earlier flushes did not) waits to be told.
             self.tx.unsent = self.flush();
         }
         match self.tx.push(frame) {
-            true => Sent::Yes,
-            false => Sent::Refused(std::io::Error::from_raw_os_error(libc::EMSGSIZE)),
+            true => Ok(()),
+            false => Err(Why::Refused(std::io::Error::from_raw_os_error(
+                libc::EMSGSIZE,
+            ))),
         }
     }
 

@@ -10,7 +10,7 @@
 //! segmentation offloads must be off (docs/operations.md). A frame must fit a chunk of the
 //! socket's memory (3840 bytes at most): a port of a larger MTU is refused.
 
-use super::live::{Joined, Made, Received, Sent};
+use super::live::{Joined, Made, Received, Why};
 use crate::engine::PacketBuf;
 use crate::ir::PortId;
 use crate::sys::xdp::{Queued, XdpSocket, XdpSteering};
@@ -265,11 +265,13 @@ impl XdpPort {
 
     /// Queues a frame to be sent at the next [`XdpPort::flush`] (from the first queue's
     /// socket; any socket of the interface sends out of it).
-    pub fn send(&mut self, frame: &[u8]) -> Sent {
+    pub fn send(&mut self, frame: &[u8]) -> Result<(), Why> {
         match self.sockets[0].send(frame) {
-            Queued::Yes => Sent::Yes,
-            Queued::Full => Sent::QueueFull,
-            Queued::TooLong => Sent::Refused(std::io::Error::from_raw_os_error(libc::EMSGSIZE)),
+            Queued::Yes => Ok(()),
+            Queued::Full => Err(Why::QueueFull),
+            Queued::TooLong => Err(Why::Refused(std::io::Error::from_raw_os_error(
+                libc::EMSGSIZE,
+            ))),
         }
     }
 

@@ -86,18 +86,6 @@ pub struct Joined {
     pub started: bool,
 }
 
-/// What became of a frame sent ([`LivePort::send`]).
-#[derive(Debug)]
-pub enum Sent {
-    /// Queued for the interface until [`LivePort::flush`].
-    Yes,
-    /// The port's transmit queue is full: the frame was dropped.
-    QueueFull,
-    /// The interface refused the frame (it is down or gone, or the frame is longer than
-    /// its MTU): dropped. The port stays open and sends again once it can.
-    Refused(std::io::Error),
-}
-
 /// What [`LivePort::flush`] did not send: frames dropped, and why the last of them was.
 #[derive(Debug, Default)]
 pub struct Unsent {
@@ -105,10 +93,11 @@ pub struct Unsent {
     pub why: Option<Why>,
 }
 
-/// Why frames were not sent.
+/// Why frames were not sent: a frame [`LivePort::send`] did not queue, or those
+/// [`LivePort::flush`] did not hand over.
 #[derive(Debug)]
 pub enum Why {
-    /// The interface's transmit queue stayed full: dropped.
+    /// The port's or the interface's transmit queue stayed full: dropped.
     QueueFull,
     /// The interface is down: dropped (AF_XDP, whose kernel would send them stale once
     /// it is up).
@@ -296,8 +285,9 @@ impl LivePort {
         }
     }
 
-    /// Queues a frame to be sent out of the interface at the next [`LivePort::flush`].
-    pub fn send(&mut self, frame: &[u8]) -> Sent {
+    /// Queues a frame to be sent out of the interface at the next [`LivePort::flush`];
+    /// else it is dropped, for the reason given.
+    pub fn send(&mut self, frame: &[u8]) -> Result<(), Why> {
         match &mut self.socket {
             Socket::Packet(p) => p.send(frame),
             Socket::Xdp(x) => x.send(frame),
