@@ -282,7 +282,7 @@ impl PacketPort {
     pub fn flush(&mut self) -> Unsent {
         let mut unsent = std::mem::take(&mut self.tx.unsent);
         let mut frames: [&[u8]; crate::sys::FRAMES_A_CALL] = [&[]; crate::sys::FRAMES_A_CALL];
-        let (mut at, mut full, mut refused) = (0, 0, None);
+        let (mut at, mut full, mut retried) = (0, 0, false);
         while at < self.tx.len() {
             let n = self.tx.frames(at, &mut frames);
             match crate::sys::send_frames(self.fd.as_fd(), &frames[..n]) {
@@ -300,8 +300,9 @@ impl PacketPort {
                     full = 0;
                 }
                 // The first error may be an old one: the socket keeps its link's going
-                // down as a pending error, which the next call reports (and clears).
-                Err(e) if refused.is_none() => refused = Some(e),
+                // down as a pending error, which the next call reports (and clears). So
+                // the same frames are tried again once.
+                Err(_) if !retried => retried = true,
                 // The first frame refused: dropped, and the next tried.
                 Err(e) => {
                     at += 1;
